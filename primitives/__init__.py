@@ -1,0 +1,31 @@
+"""ringzero.primitives: collectives built only from point-to-point send/recv.
+
+Drop-in for torch.distributed: same positional arguments, same in-place semantics, plus a
+keyword-only `algorithm=` (see ALGORITHMS; "auto" picks by the α-β cost model).
+"""
+from primitives.all_gather import all_gather, all_gather_single
+from primitives.all_reduce import all_reduce
+from primitives.broadcast import broadcast
+from primitives.comm import Communicator, PeerError, get_comm
+from primitives.core import CollectiveError, ReduceOp, handshake_enabled, set_handshake
+from primitives.gather import gather
+from primitives.ledger import LEDGER
+from primitives.reduce import reduce
+from primitives.reduce_scatter import reduce_scatter, reduce_scatter_single
+from primitives.scatter import scatter
+
+ALGORITHMS = {
+    "broadcast": ["linear", "ring", "tree"],
+    "reduce": ["linear", "ring", "tree"],
+    "all_reduce": ["linear", "ring", "recursive_doubling", "rabenseifner"],
+    "all_gather": ["linear", "ring"],
+    "all_gather_single": ["linear", "ring"],
+    "scatter": ["linear", "ring", "tree"],
+    "gather": ["linear", "ring", "tree"],
+    "reduce_scatter": ["linear", "ring"],
+    "reduce_scatter_single": ["linear", "ring"],
+}
+
+__all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
+           "reduce_scatter", "reduce_scatter_single", "ALGORITHMS", "ReduceOp", "LEDGER", "get_comm",
+           "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled"]

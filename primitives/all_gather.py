@@ -1,0 +1,90 @@
+"""All-gather from point-to-point: every rank ends with every rank's tensor, in rank order.
+
+    torchrun --nproc_per_node 4 primitives/all_gather.py        (also: primitives/allgather.py)
+    mpiexec -n 4 python primitives/all_gather.py --backend mpi
+
+Cost, S = bytes each rank contributes (the output holds N·S):
+  linear  gather to rank 0, which then sends each rank the N-1 blocks it lacks.
+          Rank 0 sends (N-1)² messages, (N-1)²·S bytes; the others send S once.
+  ring    N-1 steps; at step s rank r passes block (r-s) on to r+1.
+          N-1 messages, (N-1)·S bytes per rank.           (N-1)(α + Sβ)
+"""
+from __future__ import annotations
+
+from primitives.core import Check, flat_work, get_comm, resolve, run, wait_all
+
+
+def _linear(comm, blocks):
+    n, r = comm.size, comm.rank
+    if r == 0:
+        wait_all([comm.irecv(blocks[p], p) for p in range(1, n)])
+        wait_all([comm.isend(blocks[i], p) for p in range(1, n) for i in range(n) if i != p])
+    else:
+        comm.send(blocks[r], 0)
+        wait_all([comm.irecv(blocks[i], 0) for i in range(n) if i != r])
+
+
+def _ring(comm, blocks):
+    n, r = comm.size, comm.rank
+    nxt, prev = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        rq = comm.irecv(blocks[(r - s - 1) % n], prev)
+        sq = comm.isend(blocks[(r - s) % n], nxt)
+        rq.wait()
+        sq.wait()
+
+
+ALGOS = {"linear": _linear, "ring": _ring}
+
+
+def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None):
+    nbytes = tensor.numel() * tensor.element_size() if ok else 0
+    algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
+
+    def body():
+        work = [flat_work(b) for b in blocks()]
+        flat = [w for w, _ in work]
+        src, _ = flat_work(tensor)
+        if flat[comm.rank].data_ptr() != src.data_ptr():
+            flat[comm.rank].copy_(src)
+        if src.numel() and comm.size > 1:
+            ALGOS[algo](comm, flat)
+        for orig, (w, copied) in zip(blocks(), work):
+            if copied:
+                orig.copy_(w.view_as(orig))
+        if post is not None:
+            post()
+    return run(comm, name, algo, check, numel=tensor.numel() if ok else -1,
+               dtype=tensor.dtype if ok else None, op=None, root=-1,
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="auto"):
+    """Like torch.distributed.all_gather(tensor_list, tensor): tensor_list[i] <- rank i's tensor."""
+    comm = get_comm(group)
+    check = Check(comm, "all_gather")
+    ok = check.tensor("tensor", tensor) and check.tensor_list("tensor_list", tensor_list, tensor)
+    return _run("all_gather", lambda: tensor_list, tensor, comm, check, algorithm, ok, async_op)
+
+
+def all_gather_single(output, input, group=None, async_op=False, *, algorithm="auto"):
+    """Like torch.distributed.all_gather_single: output (N·numel elements) <- all inputs, rank-major."""
+    comm = get_comm(group)
+    check = Check(comm, "all_gather_single")
+    ok = check.tensor("input", input) and check.tensor("output", output)
+    if ok and output.dtype != input.dtype:
+        check.fail(f"argument 'output' has dtype {output.dtype}, expected {input.dtype} like 'input'")
+        ok = False
+    if ok:
+        check.sizes(f"argument 'output' must hold world_size({comm.size}) × input.numel()({input.numel()})",
+                    output.numel(), comm.size * input.numel())
+        ok = not check.errors
+    out = output if not ok or output.is_contiguous() else output.contiguous()
+    blocks = lambda: list(out.view(-1).tensor_split(comm.size))  # noqa: E731
+    post = None if out is output else (lambda: output.copy_(out))
+    return _run("all_gather_single", blocks, input, comm, check, algorithm, ok, async_op, post)
+
+
+if __name__ == "__main__":
+    from primitives.runner import main
+    main("all_gather")

@@ -1,0 +1,149 @@
+"""All-reduce from point-to-point: every rank ends with the elementwise op over all tensors.
+
+    torchrun --nproc_per_node 4 primitives/all_reduce.py        (also: primitives/allreduce.py)
+    mpiexec -n 4 python primitives/all_reduce.py --backend mpi
+
+Cost for S bytes on N ranks; P = largest power of two ≤ N, R = N - P ranks fold in first:
+  linear              reduce to rank 0, broadcast back (a star). Rank 0 receives and sends
+                      (N-1)·S; the others send S.          2(N-1)(α + Sβ)
+  ring                reduce-scatter then all-gather over N chunks (tensor_split sizes).
+                      2(N-1) messages, 2(N-1)/N·S bytes per rank.  2(N-1)α + 2(N-1)/N·Sβ
+  recursive_doubling  log2 P exchanges of the whole buffer with rank ^ 2^k (+1 fold message
+                      before and after when N is not a power of two). log2 P·S per rank.
+                                                           log2 P·(α + Sβ + Sγ)
+  rabenseifner        recursive halving reduce-scatter, then recursive doubling all-gather,
+                      over P chunks: 2·log2 P messages, 2(P-1)/P·S bytes per rank (+ folds).
+                                                           2·log2 P·α + 2(P-1)/P·Sβ
+Floating SUM differs from the backend's result only by summation order: each algorithm sums
+in a fixed order, and every rank ends with bitwise-identical values.
+"""
+from __future__ import annotations
+
+from primitives.broadcast import _linear as _bcast_linear
+from primitives.reduce import _linear as _reduce_linear
+from primitives.core import (Check, ReduceOp, chunk_bounds, combine_, finish_avg_, flat_work, get_comm,
+                             resolve, run, scratch, wait_all)
+
+
+def _linear(comm, buf, op):
+    _reduce_linear(comm, buf, 0, op)
+    _bcast_linear(comm, buf, 0)
+
+
+def _ring(comm, buf, op):
+    n, r = comm.size, comm.rank
+    b = chunk_bounds(buf.numel(), n)
+    chunk = [buf[s:e] for s, e in b]
+    tmp = scratch(comm, b[0][1] - b[0][0], buf.dtype)
+    nxt, prev = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):                       # reduce-scatter: after it, rank r owns chunk r+1
+        send_i, recv_i = (r - s) % n, (r - s - 1) % n
+        inc = tmp[:chunk[recv_i].numel()]
+        rq = comm.irecv(inc, prev)
+        sq = comm.isend(chunk[send_i], nxt)
+        rq.wait()
+        sq.wait()                                 # the chunk we send is not touched this step
+        combine_(chunk[recv_i], inc, op)
+    for s in range(n - 1):                       # all-gather: pass finished chunks around
+        send_i, recv_i = (r + 1 - s) % n, (r - s) % n
+        rq = comm.irecv(chunk[recv_i], prev)
+        sq = comm.isend(chunk[send_i], nxt)
+        rq.wait()
+        sq.wait()
+
+
+def _fold_in(comm, buf, op):
+    """Non-power-of-two N: ranks 0,2,..,2R-2 hand their data to their odd neighbour and sit out.
+    Returns (my rank among the P survivors or -1, P, function mapping survivor rank -> real rank)."""
+    n, r = comm.size, comm.rank
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    real = (lambda nr: 2 * nr + 1 if nr < rem else nr + rem)
+    if r < 2 * rem:
+        if r % 2 == 0:
+            comm.send(buf, r + 1)
+            return -1, p, real
+        tmp = scratch(comm, buf.numel(), buf.dtype)
+        comm.recv(tmp, r - 1)
+        combine_(buf, tmp, op)
+        return r // 2, p, real
+    return r - rem, p, real
+
+
+def _fold_out(comm, buf, p):
+    rem, r = comm.size - p, comm.rank
+    if r < 2 * rem:
+        if r % 2 == 0:
+            comm.recv(buf, r + 1)
+        else:
+            comm.send(buf, r - 1)
+
+
+def _exchange(comm, send, recv, peer):
+    rq = comm.irecv(recv, peer)
+    sq = comm.isend(send, peer)
+    rq.wait()
+    sq.wait()
+
+
+def _recursive_doubling(comm, buf, op):
+    nr, p, real = _fold_in(comm, buf, op)
+    if nr >= 0:
+        tmp = scratch(comm, buf.numel(), buf.dtype)
+        mask = 1
+        while mask < p:
+            _exchange(comm, buf, tmp, real(nr ^ mask))
+            combine_(buf, tmp, op)                # a∘b == b∘a bitwise, so both partners agree
+            mask <<= 1
+    _fold_out(comm, buf, p)
+
+
+def _rabenseifner(comm, buf, op):
+    nr, p, real = _fold_in(comm, buf, op)
+    if nr >= 0:
+        b = chunk_bounds(buf.numel(), p)
+        span = lambda lo, hi: buf[b[lo][0]:b[hi - 1][1]]  # noqa: E731
+        tmp = scratch(comm, b[0][1] * ((p + 1) // 2), buf.dtype)
+        steps, lo, hi, mask = [], 0, p, p >> 1
+        while mask:                                # recursive halving: keep the half my bit names
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if not nr & mask else ((mid, hi), (lo, mid))
+            mine = span(*keep)
+            inc = tmp[:mine.numel()]
+            _exchange(comm, span(*give), inc, real(nr ^ mask))
+            combine_(mine, inc, op)
+            steps.append((keep, give, mask))
+            (lo, hi), mask = keep, mask >> 1
+        for keep, give, mask in reversed(steps):   # recursive doubling: swap finished halves back
+            _exchange(comm, span(*keep), span(*give), real(nr ^ mask))
+    _fold_out(comm, buf, p)
+
+
+ALGOS = {"linear": _linear, "ring": _ring, "recursive_doubling": _recursive_doubling,
+         "rabenseifner": _rabenseifner}
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
+    """Like torch.distributed.all_reduce(tensor, op): in place on every rank."""
+    comm = get_comm(group)
+    check = Check(comm, "all_reduce")
+    ok = check.tensor("tensor", tensor)
+    opn = check.op(op, tensor.dtype if ok else None)
+    nbytes = tensor.numel() * tensor.element_size() if ok else 0
+    algo = resolve("all_reduce", algorithm, ALGOS, comm, nbytes, check)
+
+    def body():
+        buf, copied = flat_work(tensor)
+        if buf.numel() and comm.size > 1:
+            ALGOS[algo](comm, buf, opn)
+        finish_avg_(buf, opn, comm.size)
+        if copied:
+            tensor.copy_(buf.view_as(tensor))
+    return run(comm, "all_reduce", algo, check, numel=tensor.numel() if ok else -1,
+               dtype=tensor.dtype if ok else None, op=opn, root=-1,
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+
+
+if __name__ == "__main__":
+    from primitives.runner import main
+    main("all_reduce")

@@ -1,0 +1,210 @@
+"""Communicator: the one small interface every algorithm in ringzero talks through.
+
+    rank, size, device        this process's place in the group, and where its buffers live
+    isend(t, peer) / irecv(t, peer) -> Request      non-blocking point-to-point
+    send(t, peer) / recv(t, peer)                   the blocking forms
+    builtin                                         the backend's own collectives (references only)
+
+Two implementations share it:
+  * TorchComm  — torch.distributed point-to-point, gloo (CPU tensors) or nccl (CUDA tensors);
+  * MPIComm    — mpi4py on CPU tensors (torch wheels ship no MPI backend).
+
+Peers are *group* ranks (0..size-1); TorchComm maps them to global ranks. Every message is
+recorded in primitives.ledger.LEDGER. Every wait has a deadline (`timeout`, default 60 s,
+env RINGZERO_TIMEOUT): a peer that died or never arrives becomes a PeerError naming this
+rank and the peer, never a silent hang. No torch.cuda.synchronize() here: nccl ordering is
+stream-ordered, and wait() on a Work is enough.
+"""
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from primitives.ledger import LEDGER
+
+DEFAULT_TIMEOUT = float(os.environ.get("RINGZERO_TIMEOUT", "60"))
+
+
+class PeerError(RuntimeError):
+    """A point-to-point transfer failed or timed out; the message names both ranks."""
+
+
+class NotInitializedError(RuntimeError):
+    pass
+
+
+NOT_INIT_MSG = (
+    "no process group is initialised. Launch with one of:\n"
+    "  torchrun --nproc_per_node 4 SCRIPT.py             (gloo, or nccl with one GPU per rank)\n"
+    "  mpiexec -n 4 python SCRIPT.py --backend mpi       (needs `pip install mpi4py mpich`)\n"
+    "or call primitives.launch.init_from_env() / primitives.launch.spawn(fn, world_size) first."
+)
+
+
+class Request:
+    """A pending send or receive. wait() honours the communicator's deadline."""
+
+    def __init__(self, comm: "Communicator", handle, peer: int, kind: str):
+        self.comm, self.handle, self.peer, self.kind = comm, handle, peer, kind
+
+    def wait(self) -> None:
+        try:
+            self.comm._wait(self.handle)
+        except PeerError:
+            raise
+        except Exception as e:  # gloo raises RuntimeError with its own wording; add who and whom
+            raise PeerError(self.comm._describe(self.peer, self.kind, e)) from e
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+_DONE = _Done()
+
+
+class Communicator:
+    rank: int
+    size: int
+    backend: str
+    device: torch.device
+    timeout: float = DEFAULT_TIMEOUT
+
+    # Empty messages are skipped on both sides (both know the size), so they cost nothing
+    # and never appear in the ledger.
+    def isend(self, tensor: torch.Tensor, peer: int) -> Request:
+        if tensor.numel() == 0:
+            return _DONE
+        LEDGER.sent(tensor.numel() * tensor.element_size())
+        return Request(self, self._isend(tensor, peer), peer, "sending to")
+
+    def irecv(self, tensor: torch.Tensor, peer: int) -> Request:
+        if tensor.numel() == 0:
+            return _DONE
+        LEDGER.received(tensor.numel() * tensor.element_size())
+        return Request(self, self._irecv(tensor, peer), peer, "receiving from")
+
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        self.isend(tensor, peer).wait()
+
+    def recv(self, tensor: torch.Tensor, peer: int) -> None:
+        self.irecv(tensor, peer).wait()
+
+    def _describe(self, peer: int, kind: str, err: Exception | None = None) -> str:
+        why = f": {err}" if err is not None else ""
+        return (f"rank {self.rank}: failed {kind} rank {peer} (backend {self.backend}, "
+                f"timeout {self.timeout:.0f}s; did rank {peer} die or skip this call?){why}")
+
+    # implemented by subclasses
+    def _isend(self, tensor, peer): raise NotImplementedError
+    def _irecv(self, tensor, peer): raise NotImplementedError
+    def _wait(self, handle): raise NotImplementedError
+
+
+class TorchComm(Communicator):
+    """torch.distributed point-to-point over gloo or nccl, optionally inside a subgroup."""
+
+    def __init__(self, group=None, timeout: float | None = None):
+        if not dist.is_initialized():
+            raise NotInitializedError(NOT_INIT_MSG)
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise ValueError(f"rank {dist.get_rank()}: this process is not a member of the group it passed")
+        self.backend = str(dist.get_backend(group))
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if self.backend == "nccl" else torch.device("cpu"))
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self._global = [dist.get_global_rank(group, r) if group is not None else r for r in range(self.size)]
+        self.builtin = dist
+
+    def global_rank(self, group_rank: int) -> int:
+        return self._global[group_rank]
+
+    def _isend(self, tensor, peer):
+        return dist.isend(tensor, self._global[peer], group=self.group)
+
+    def _irecv(self, tensor, peer):
+        return dist.irecv(tensor, self._global[peer], group=self.group)
+
+    def _wait(self, handle):
+        if not handle.wait(timeout=timedelta(seconds=self.timeout)):
+            raise PeerError(f"timed out after {self.timeout:.0f}s")
+
+
+class MPIComm(Communicator):
+    """mpi4py point-to-point on CPU tensors, sent as raw bytes (so bf16/fp16 travel too)."""
+
+    def __init__(self, mpi_comm=None, timeout: float | None = None):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
+        self.backend, self.device = "mpi", torch.device("cpu")
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self.builtin = self.mpi
+
+    def global_rank(self, group_rank: int) -> int:
+        return group_rank
+
+    @staticmethod
+    def _bytes(tensor):
+        if not tensor.is_contiguous():
+            raise ValueError("internal: MPIComm needs contiguous buffers")
+        return tensor.reshape(-1).view(torch.uint8).numpy()
+
+    def _isend(self, tensor, peer):
+        return self.mpi.Isend([self._bytes(tensor), self.MPI.BYTE], dest=peer, tag=7)
+
+    def _irecv(self, tensor, peer):
+        return self.mpi.Irecv([self._bytes(tensor), self.MPI.BYTE], source=peer, tag=7)
+
+    def _wait(self, req):
+        # MPI_Wait has no deadline: poll. Spin first (MPICH is tuned for it), then back off
+        # so ranks sharing a core still make progress.
+        deadline, spins, nap = time.monotonic() + self.timeout, 0, 0.0
+        while not req.Test():
+            spins += 1
+            if spins > 2000:
+                if time.monotonic() > deadline:
+                    raise PeerError(f"timed out after {self.timeout:.0f}s")
+                nap = min(1e-3, nap + 1e-5)
+                time.sleep(nap)
+
+
+_MPI_WORLD: MPIComm | None = None
+_COMMS: dict = {}
+
+
+def set_mpi_world(comm: MPIComm | None) -> None:
+    global _MPI_WORLD
+    _MPI_WORLD = comm
+    _COMMS.clear()
+
+
+def get_comm(group=None) -> Communicator:
+    """The communicator for `group` (None = the default group, or MPI's COMM_WORLD)."""
+    if _MPI_WORLD is not None:
+        if group is None or group is _MPI_WORLD:
+            return _MPI_WORLD
+        if isinstance(group, Communicator):
+            return group
+        key = ("mpi", id(group))
+        if key not in _COMMS:
+            _COMMS[key] = MPIComm(group, _MPI_WORLD.timeout)
+        return _COMMS[key]
+    if isinstance(group, Communicator):
+        return group
+    if not dist.is_initialized():
+        raise NotInitializedError(NOT_INIT_MSG)
+    key = id(group) if group is not None else None
+    c = _COMMS.get(key)
+    if c is None or c.group is not group:
+        c = _COMMS[key] = TorchComm(group)
+    return c

@@ -1,0 +1,312 @@
+"""What every collective shares: argument checks, the metadata handshake, reduce ops,
+chunking, scratch buffers, async execution and algorithm selection.
+
+The handshake is the cheap trick that turns bad input into errors instead of hangs: before
+moving data, every rank sends every other rank eight int64s (call, algorithm, op, root, dtype,
+numel, shape hash, "my arguments are bad"). One round, N-1 tiny messages per rank. If any rank
+disagrees or flagged an error, *every* rank raises, naming the rank and what differed.
+Switch it off for benchmarks with set_handshake(False) or RINGZERO_HANDSHAKE=0.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from primitives.comm import Communicator, get_comm
+from primitives.ledger import LEDGER
+
+ReduceOp = dist.ReduceOp
+_HANDSHAKE = os.environ.get("RINGZERO_HANDSHAKE", "1") != "0"
+
+
+def set_handshake(enabled: bool) -> None:
+    global _HANDSHAKE
+    _HANDSHAKE = bool(enabled)
+
+
+def handshake_enabled() -> bool:
+    return _HANDSHAKE
+
+
+class CollectiveError(ValueError):
+    """Bad arguments to a collective; raised on every rank of the call."""
+
+
+# ----------------------------------------------------------------------------- reduce ops
+
+_OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "product", ReduceOp.MIN: "min",
+        ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
+_OP_CODES = {n: i for i, n in enumerate(("sum", "product", "min", "max", "avg"))}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64, torch.bool)
+_DTYPE_CODES = {d: i for i, d in enumerate(_DTYPES)}
+
+
+def op_name(op) -> str | None:
+    if isinstance(op, str):
+        return op.lower() if op.lower() in _OP_CODES else None
+    for k, v in _OPS.items():
+        try:
+            if op == k:
+                return v
+        except Exception:
+            pass
+    return None
+
+
+def combine_(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
+    """acc <- acc (op) other, in place. AVG is summed here and divided once at the end."""
+    if op in ("sum", "avg"):
+        acc.add_(other)
+    elif op == "product":
+        acc.mul_(other)
+    elif op == "min":
+        torch.minimum(acc, other, out=acc)
+    else:
+        torch.maximum(acc, other, out=acc)
+
+
+def finish_avg_(t: torch.Tensor, op: str, n: int) -> None:
+    if op == "avg" and n > 1:
+        t.div_(n)
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+class Check:
+    """Collects this rank's argument errors; raise_if_any() raises them on every rank."""
+
+    def __init__(self, comm: Communicator, name: str):
+        self.comm, self.name, self.errors = comm, name, []
+
+    def fail(self, msg: str) -> None:
+        self.errors.append(msg)
+
+    def tensor(self, arg: str, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            self.fail(f"argument {arg!r} must be a torch.Tensor, got {type(t).__name__}")
+            return False
+        if t.dtype not in _DTYPE_CODES:
+            self.fail(f"argument {arg!r} has dtype {t.dtype}; supported: {[str(d) for d in _DTYPES]}")
+            return False
+        if t.device.type != self.comm.device.type:
+            self.fail(f"argument {arg!r} is on {t.device} but backend {self.comm.backend} "
+                      f"needs {self.comm.device.type} tensors")
+            return False
+        return True
+
+    def op(self, op, dtype) -> str:
+        name = op_name(op)
+        if name is None:
+            self.fail(f"argument 'op' is {op!r}; expected torch.distributed.ReduceOp SUM, PRODUCT, MIN, MAX or AVG")
+            return "sum"
+        if name == "avg" and (dtype is None or not dtype.is_floating_point):
+            self.fail(f"argument 'op' is AVG but the tensor dtype is {dtype}; AVG needs a floating dtype")
+        if dtype == torch.bool and name in ("sum", "product", "avg"):
+            self.fail(f"argument 'op' is {name.upper()}, not defined for torch.bool; use MIN or MAX")
+        return name
+
+    def rank(self, arg: str, value) -> int:
+        n = self.comm.size
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(f"argument {arg!r} must be an int rank, got {value!r}")
+            return 0
+        try:
+            g = self._group_rank(value)
+        except Exception:
+            g = -1
+        if not 0 <= g < n:
+            self.fail(f"argument {arg!r} = {value} is not a rank of this group "
+                      f"(expected a global rank among {[self.comm.global_rank(r) for r in range(n)]})")
+            return 0
+        return g
+
+    def _group_rank(self, global_rank: int) -> int:
+        grp = getattr(self.comm, "group", None)
+        if grp is None:
+            return global_rank
+        return dist.get_group_rank(grp, global_rank)
+
+    def tensor_list(self, arg: str, lst, like: torch.Tensor) -> bool:
+        n = self.comm.size
+        if not isinstance(lst, (list, tuple)) or len(lst) != n:
+            got = f"length {len(lst)}" if isinstance(lst, (list, tuple)) else type(lst).__name__
+            self.fail(f"argument {arg!r} must be a list of {n} tensors (one per rank), got {got}")
+            return False
+        for i, t in enumerate(lst):
+            if not self.tensor(f"{arg}[{i}]", t):
+                return False
+            if t.dtype != like.dtype or t.numel() != like.numel():
+                self.fail(f"argument {arg}[{i}] has dtype {t.dtype} and {t.numel()} elements; expected "
+                          f"{like.dtype} and {like.numel()} elements like the tensor argument")
+                return False
+        return True
+
+    def sizes(self, what: str, got: int, expected: int) -> None:
+        if got != expected:
+            self.fail(f"{what}: got {got} elements, expected {expected}")
+
+
+# ----------------------------------------------------------------------------- handshake
+
+def _handshake(comm: Communicator, name: str, meta: list[int], local_errors: list[str], meta_desc) -> None:
+    n, me = comm.size, comm.rank
+    mine = torch.tensor(meta + [len(local_errors)], dtype=torch.int64, device=comm.device)
+    theirs = torch.empty((n, mine.numel()), dtype=torch.int64, device=comm.device)
+    theirs[me] = mine
+    if n > 1:
+        with LEDGER.control_traffic():
+            reqs = [comm.irecv(theirs[p], p) for p in range(n) if p != me]
+            reqs += [comm.isend(mine, p) for p in range(n) if p != me]
+            for r in reqs:
+                r.wait()
+    if local_errors:
+        raise CollectiveError(f"rank {me}: {name}: " + "; ".join(local_errors))
+    table = theirs.cpu().tolist()
+    bad = [p for p in range(n) if table[p][-1]]
+    if bad:
+        raise CollectiveError(f"rank {me}: {name} aborted: rank(s) {bad} passed invalid arguments "
+                              "(their own error says which)")
+    for p in range(n):
+        if table[p][:-1] != table[me][:-1]:
+            raise CollectiveError(f"rank {me}: {name}: ranks disagree on the call: rank {me} passed "
+                                  f"{meta_desc(table[me])} but rank {p} passed {meta_desc(table[p])}")
+
+
+def _code(s: str) -> int:
+    return zlib.crc32(s.encode()) & 0x7FFFFFFF
+
+
+def _meta_desc(names):
+    def desc(row):
+        d = dict(zip(names, row))
+        dtype = _DTYPES[d["dtype"]] if 0 <= d["dtype"] < len(_DTYPES) else "?"
+        return (f"(dtype={dtype}, numel={d['numel']}, op={list(_OP_CODES)[d['op']] if d['op'] >= 0 else '-'}, "
+                f"root={d['root']}, algorithm#={d['algorithm']}, call#={d['call']})")
+    return desc
+
+
+# ----------------------------------------------------------------------------- execution
+
+_executors: dict[int, ThreadPoolExecutor] = {}
+_pending: dict[int, list[Future]] = {}
+_lock = threading.Lock()
+
+
+class AsyncWork:
+    """What async_op=True returns: wait() blocks until the collective finished (re-raising its error)."""
+
+    def __init__(self, fut: Future):
+        self._fut = fut
+
+    def wait(self, timeout=None) -> bool:
+        self._fut.result()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+
+def run(comm: Communicator, name: str, algorithm: str, check: Check, *, numel: int, dtype,
+        op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False):
+    """Validate (locally and, via the handshake, across ranks), then run body() under the ledger.
+
+    Collectives on one communicator run in call order on a single worker thread when any of
+    them is asynchronous, so point-to-point messages of different calls can never interleave.
+    """
+    def go():
+        if _HANDSHAKE:
+            meta = [_code(name), _code(algorithm), _OP_CODES.get(op, -1), root,
+                    _DTYPE_CODES.get(dtype, -1), numel, _code(str(tuple(shape)))]
+            _handshake(comm, name, meta, check.errors,
+                       _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape"]))
+        elif check.errors:
+            raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
+        with LEDGER.call(name, algorithm, nbytes):
+            body()
+
+    key = id(comm)
+    with _lock:
+        pend = [f for f in _pending.get(key, []) if not f.done()]
+        _pending[key] = pend
+        if not async_op and not pend:
+            ex = None
+        else:
+            ex = _executors.get(key)
+            if ex is None:
+                ex = _executors[key] = ThreadPoolExecutor(1, thread_name_prefix=f"ringzero-{name}")
+            fut = ex.submit(go)
+            pend.append(fut)
+    if ex is None:
+        go()
+        return None
+    if async_op:
+        return AsyncWork(fut)
+    fut.result()
+    return None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
+    """torch.tensor_split's rule: the first numel % n chunks get one extra element."""
+    q, r = divmod(numel, n)
+    out, start = [], 0
+    for i in range(n):
+        size = q + (1 if i < r else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+PIPELINE_BYTES = 1 << 20   # chain algorithms send in segments of about this size
+
+
+def pipeline_segments(buf: torch.Tensor) -> int:
+    """k = ceil(S / 1 MiB) segments (at least 1, at most one per element)."""
+    nbytes = buf.numel() * buf.element_size()
+    return max(1, min(buf.numel(), -(-nbytes // PIPELINE_BYTES)))
+
+
+_scratch: dict = {}
+
+
+def scratch(comm: Communicator, numel: int, dtype, slot: int = 0) -> torch.Tensor:
+    """A reusable buffer per (dtype, slot): allocated once and grown, never freed mid-run."""
+    key = (comm.device, dtype, slot)
+    buf = _scratch.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _scratch[key] = torch.empty(max(numel, 1), dtype=dtype, device=comm.device)
+    return buf[:numel]
+
+
+def flat_work(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A contiguous 1-D view of t, or a contiguous copy when t is not contiguous."""
+    if t.is_contiguous():
+        return t.view(-1), False
+    return t.contiguous().view(-1), True
+
+
+def wait_all(reqs) -> None:
+    for r in reqs:
+        r.wait()
+
+
+def resolve(name: str, algorithm: str, algos: dict, comm: Communicator, nbytes: int, check: Check) -> str:
+    if algorithm == "auto":
+        from primitives.cost import choose
+        return choose(name, comm.size, nbytes, comm.backend)
+    if algorithm not in algos:
+        check.fail(f"argument 'algorithm' is {algorithm!r}; {name} accepts {['auto', *algos]}")
+        return next(iter(algos))
+    return algorithm
+
+
+__all__ = ["ReduceOp", "CollectiveError", "Check", "run", "chunk_bounds", "scratch", "flat_work",
+           "combine_", "finish_avg_", "wait_all", "resolve", "get_comm", "set_handshake",
+           "pipeline_segments", "PIPELINE_BYTES"]

@@ -1,0 +1,100 @@
+"""Counts every point-to-point message this process sends and receives.
+
+The ledger is what lets a test say "ring all-reduce sent exactly 2(N-1) messages and
+2(N-1)/N·S bytes" instead of trusting a docstring. Communicator.isend/irecv record into it;
+each collective call opens a CallRecord so counts are also available per call.
+
+Data traffic (the algorithm's own messages) is kept apart from control traffic (the small
+metadata handshake that turns mismatched arguments into errors), so formulas compare
+against data alone.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Counts:
+    msgs_sent: int = 0
+    bytes_sent: int = 0
+    msgs_recv: int = 0
+    bytes_recv: int = 0
+
+    def __sub__(self, other: "Counts") -> "Counts":
+        return Counts(self.msgs_sent - other.msgs_sent, self.bytes_sent - other.bytes_sent,
+                      self.msgs_recv - other.msgs_recv, self.bytes_recv - other.bytes_recv)
+
+    def copy(self) -> "Counts":
+        return Counts(self.msgs_sent, self.bytes_sent, self.msgs_recv, self.bytes_recv)
+
+
+@dataclass
+class CallRecord:
+    """One collective call: its name, the algorithm that ran, and the data traffic it caused."""
+    name: str
+    algorithm: str
+    nbytes: int                      # size of the caller's buffer (S in the formulas)
+    counts: Counts = field(default_factory=Counts)
+
+
+class Ledger:
+    def __init__(self):
+        self.data = Counts()         # all data messages since the last reset
+        self.control = Counts()      # handshake messages
+        self.calls: list[CallRecord] = []
+        self._current: CallRecord | None = None
+        self._control_depth = 0
+        self.keep_calls = True       # benchmarks turn this off to avoid growing a list
+
+    def reset(self) -> None:
+        self.data, self.control, self.calls = Counts(), Counts(), []
+
+    def _target(self) -> list[Counts]:
+        if self._control_depth:
+            return [self.control]
+        return [self.data] + ([self._current.counts] if self._current else [])
+
+    def sent(self, nbytes: int) -> None:
+        for c in self._target():
+            c.msgs_sent += 1
+            c.bytes_sent += nbytes
+
+    def received(self, nbytes: int) -> None:
+        for c in self._target():
+            c.msgs_recv += 1
+            c.bytes_recv += nbytes
+
+    @contextlib.contextmanager
+    def call(self, name: str, algorithm: str, nbytes: int):
+        rec = CallRecord(name, algorithm, nbytes)
+        prev, self._current = self._current, rec
+        try:
+            yield rec
+        finally:
+            self._current = prev
+            if self.keep_calls and prev is None:
+                self.calls.append(rec)
+
+    @contextlib.contextmanager
+    def control_traffic(self):
+        self._control_depth += 1
+        try:
+            yield
+        finally:
+            self._control_depth -= 1
+
+    @contextlib.contextmanager
+    def track(self):
+        """`with LEDGER.track() as delta:` ... afterwards `delta` holds the data traffic inside."""
+        start = self.data.copy()
+        delta = Counts()
+        try:
+            yield delta
+        finally:
+            d = self.data - start
+            delta.msgs_sent, delta.bytes_sent = d.msgs_sent, d.bytes_sent
+            delta.msgs_recv, delta.bytes_recv = d.msgs_recv, d.bytes_recv
+
+
+LEDGER = Ledger()   # one per process: every communicator records here

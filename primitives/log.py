@@ -1,0 +1,33 @@
+"""Rank-aware printing: print0 on rank 0 only (llm.c's printf0), rprint with a rank prefix."""
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+
+console = Console(highlight=False)
+
+
+def rank() -> int:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    from primitives import comm
+    if comm._MPI_WORLD is not None:
+        return comm._MPI_WORLD.rank
+    return int(os.environ.get("RANK", os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0))))
+
+
+def is_rank0() -> bool:
+    return rank() == 0
+
+
+def print0(*objects, **kwargs) -> None:
+    """Print (text or rich renderables such as tables) on rank 0 only."""
+    if is_rank0():
+        console.print(*objects, **kwargs)
+
+
+def rprint(*objects, **kwargs) -> None:
+    """Print on every rank with a `[rank r]` prefix: for output that is per-rank by design."""
+    console.print(f"[bold][rank {rank()}][/bold]", *objects, **kwargs)

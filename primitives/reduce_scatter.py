@@ -1,0 +1,103 @@
+"""Reduce-scatter from point-to-point: rank r ends with block r of the elementwise op over
+every rank's N-block input.
+
+    torchrun --nproc_per_node 4 primitives/reduce_scatter.py    (also: primitives/reducescatter.py)
+    mpiexec -n 4 python primitives/reduce_scatter.py --backend mpi
+
+Cost, S = bytes of one block (each input holds N·S):
+  linear  reduce every whole input to rank 0, which sends each rank its block.
+          Non-root ranks send N·S; rank 0 sends (N-1)·S.  (N-1)(α + NSβ + NSγ) + (N-1)(α + Sβ)
+  ring    N-1 steps; at step s rank r adds its own block (r-s-2) to the partial sum it just
+          received and passes it on. N-1 messages, (N-1)·S bytes per rank.
+                                                           (N-1)(α + Sβ + Sγ)
+The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
+buffer is never overwritten while its send is in flight).
+"""
+from __future__ import annotations
+
+from primitives.reduce import _linear as _reduce_linear
+from primitives.core import (Check, ReduceOp, combine_, finish_avg_, flat_work, get_comm, resolve, run,
+                             scratch, wait_all)
+
+
+def _linear(comm, blocks, out, op):
+    n, r = comm.size, comm.rank
+    s = blocks[0].numel()
+    work = scratch(comm, n * s, out.dtype, slot=2)
+    for i, b in enumerate(blocks):                   # pack (and protect the caller's input)
+        work[i * s:(i + 1) * s].copy_(b)
+    _reduce_linear(comm, work, 0, op)
+    if r == 0:
+        wait_all([comm.isend(work[p * s:(p + 1) * s], p) for p in range(1, n)])
+        out.copy_(work[:s])
+    else:
+        comm.recv(out, 0)
+
+
+def _ring(comm, blocks, out, op):
+    n, r = comm.size, comm.rank
+    nxt, prev = (r + 1) % n, (r - 1) % n
+    slots = [scratch(comm, out.numel(), out.dtype, slot=i) for i in (0, 1)]
+    sq = comm.isend(blocks[(r - 1) % n], nxt)
+    for s in range(n - 1):
+        inc = slots[s % 2]
+        rq = comm.irecv(inc, prev)
+        rq.wait()
+        sq.wait()
+        combine_(inc, blocks[(r - s - 2) % n], op)
+        if s < n - 2:
+            sq = comm.isend(inc, nxt)
+    out.copy_(inc)
+
+
+ALGOS = {"linear": _linear, "ring": _ring}
+
+
+def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op):
+    nbytes = output.numel() * output.element_size() * comm.size if ok else 0
+    algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
+
+    def body():
+        out, copied = flat_work(output)
+        flat = [flat_work(b)[0] for b in blocks()]
+        if comm.size == 1 or out.numel() == 0:
+            out.copy_(flat[comm.rank])
+        else:
+            ALGOS[algo](comm, flat, out, opn)
+        finish_avg_(out, opn, comm.size)
+        if copied:
+            output.copy_(out.view_as(output))
+    return run(comm, name, algo, check, numel=output.numel() if ok else -1,
+               dtype=output.dtype if ok else None, op=opn, root=-1,
+               shape=tuple(output.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
+    """Like torch.distributed.reduce_scatter(output, input_list, op)."""
+    comm = get_comm(group)
+    check = Check(comm, "reduce_scatter")
+    ok = check.tensor("output", output) and check.tensor_list("input_list", input_list, output)
+    opn = check.op(op, output.dtype if ok else None)
+    return _run("reduce_scatter", lambda: input_list, output, comm, check, opn, algorithm, ok, async_op)
+
+
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
+    """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
+    comm = get_comm(group)
+    check = Check(comm, "reduce_scatter_single")
+    ok = check.tensor("output", output) and check.tensor("input", input)
+    if ok and output.dtype != input.dtype:
+        check.fail(f"argument 'input' has dtype {input.dtype}, expected {output.dtype} like 'output'")
+        ok = False
+    if ok:
+        check.sizes(f"argument 'input' must hold world_size({comm.size}) × output.numel()({output.numel()})",
+                    input.numel(), comm.size * output.numel())
+        ok = not check.errors
+    opn = check.op(op, output.dtype if ok else None)
+    blocks = lambda: list(flat_work(input)[0].tensor_split(comm.size))  # noqa: E731
+    return _run("reduce_scatter_single", blocks, output, comm, check, opn, algorithm, ok, async_op)
+
+
+if __name__ == "__main__":
+    from primitives.runner import main
+    main("reduce_scatter")

@@ -1,0 +1,103 @@
+"""Scatter from point-to-point: rank i receives scatter_list[i] from src.
+
+    torchrun --nproc_per_node 4 primitives/scatter.py
+    mpiexec -n 4 python primitives/scatter.py --backend mpi
+
+Cost, S = bytes of one block (src holds N·S):
+  linear  src sends block i straight to rank i: N-1 messages, (N-1)·S bytes from src.
+  ring    a chain src → src+1 → …: src sends the farthest rank's block first; each rank keeps
+          the last block it receives and forwards the others. The rank at chain position v
+          sends N-1-v blocks.                              (N-1)(α + Sβ), pipelined
+  tree    binomial tree: each rank receives its whole subtree's blocks at once and hands each
+          child its subtree. src sends ceil(log2 N) messages, (N-1)·S bytes in all.
+                                                           log2 N·α + (N-1)Sβ
+"""
+from __future__ import annotations
+
+from primitives.core import Check, flat_work, get_comm, resolve, run, scratch, wait_all
+
+
+def _linear(comm, out, blocks, root):
+    if comm.rank == root:
+        wait_all([comm.isend(blocks[p], p) for p in range(comm.size) if p != root])
+        out.copy_(blocks[root])
+    else:
+        comm.recv(out, root)
+
+
+def _ring(comm, out, blocks, root):
+    n = comm.size
+    v = (comm.rank - root) % n
+    nxt, prev = (comm.rank + 1) % n, (comm.rank - 1) % n
+    if v == 0:
+        wait_all([comm.isend(blocks[(u + root) % n], nxt) for u in range(n - 1, 0, -1)])
+        out.copy_(blocks[root])
+        return
+    slots = [scratch(comm, out.numel(), out.dtype, slot=i) for i in (0, 1)]
+    sends = [None, None]
+    for j in range(n - 1 - v):                      # blocks for ranks further down the chain
+        buf = slots[j % 2]
+        if sends[j % 2] is not None:
+            sends[j % 2].wait()                      # never overwrite a buffer still being sent
+        comm.recv(buf, prev)
+        sends[j % 2] = comm.isend(buf, nxt)
+    comm.recv(out, prev)
+    wait_all([s for s in sends if s is not None])
+
+
+def _tree(comm, out, blocks, root):
+    n, k = comm.size, out.numel()
+    v = (comm.rank - root) % n
+    low = v & -v if v else 1 << n.bit_length()     # my subtree spans [v, v + low) ∩ [0, n)
+    size = min(low, n - v)
+    buf = scratch(comm, size * k, out.dtype)
+    if v == 0:
+        for u in range(n):                           # pack in chain order, so subtrees are contiguous
+            buf[u * k:(u + 1) * k].copy_(blocks[(u + root) % n])
+    else:
+        comm.recv(buf, (v - low + root) % n)
+    sends, m = [], low >> 1
+    while m:
+        if v + m < n:
+            end = min(2 * m, size)
+            sends.append(comm.isend(buf[m * k:end * k], (v + m + root) % n))
+        m >>= 1
+    wait_all(sends)
+    out.copy_(buf[:k])
+
+
+ALGOS = {"linear": _linear, "ring": _ring, "tree": _tree}
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, algorithm="auto"):
+    """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on src only."""
+    comm = get_comm(group)
+    check = Check(comm, "scatter")
+    ok = check.tensor("tensor", tensor)
+    root = check.rank("src", src)
+    is_root = comm.rank == root
+    if ok and is_root:
+        ok = check.tensor_list("scatter_list", scatter_list, tensor)
+    elif ok and scatter_list not in (None, []):
+        check.fail(f"argument 'scatter_list' must be None on non-src ranks (src is {src})")
+        ok = False
+    nbytes = tensor.numel() * tensor.element_size() if ok else 0
+    algo = resolve("scatter", algorithm, ALGOS, comm, nbytes, check)
+
+    def body():
+        out, copied = flat_work(tensor)
+        blocks = [flat_work(b)[0] for b in scatter_list] if is_root else None
+        if comm.size == 1:
+            out.copy_(blocks[0])
+        elif out.numel():
+            ALGOS[algo](comm, out, blocks, root)
+        if copied:
+            tensor.copy_(out.view_as(tensor))
+    return run(comm, "scatter", algo, check, numel=tensor.numel() if ok else -1,
+               dtype=tensor.dtype if ok else None, op=None, root=root,
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+
+
+if __name__ == "__main__":
+    from primitives.runner import main
+    main("scatter")

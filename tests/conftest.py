@@ -1,0 +1,39 @@
+"""Shared fixtures. `spawn` runs a function on N fresh ranks (primitives.launch.spawn):
+file-store rendezvous, a deadline, per-rank exit codes and tracebacks; the first failing rank
+ends the run, so a multi-rank test fails instead of hanging."""
+import functools
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from primitives.launch import spawn as _spawn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def spawn():
+    return functools.partial(_spawn, timeout=180.0)
+
+
+def run_cmd(cmd, timeout=300, env=None, check=True):
+    """Run a shell command from the repo root with this venv first on PATH; return the result."""
+    e = dict(os.environ)
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e.update(env or {})
+    r = subprocess.run(cmd, shell=True, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"command failed ({r.returncode}): {cmd}\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-4000:]}")
+    return r
+
+
+def have_mpi() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) is not None
