@@ -38,7 +38,7 @@ ALGOS = {"linear": _linear, "ring": _ring}
 
 
 def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None):
-    nbytes = tensor.numel() * tensor.element_size() if ok else 0
+    nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: the full output
     algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
 
     def body():

@@ -251,6 +251,15 @@ def run(comm: Communicator, name: str, algorithm: str, check: Check, *, numel: i
     return None
 
 
+def drain() -> None:
+    """Wait for outstanding async collectives and stop their worker threads."""
+    with _lock:
+        ex, _ = list(_executors.values()), _executors.clear()
+        _pending.clear()
+    for e in ex:
+        e.shutdown(wait=True)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:

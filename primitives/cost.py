@@ -40,7 +40,8 @@ def segments(numel: int, elem_size: int) -> int:
 
 
 def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
-    """Predicted seconds for one call. nbytes = S as each module's docstring defines it."""
+    """Predicted seconds for one call. nbytes = S, the full buffer as nccl-tests counts it
+    (for all-gather the output, for reduce-scatter the input, for scatter/gather all N blocks)."""
     a, b, g, S = p.alpha, p.beta, p.gamma, nbytes
     if n <= 1:
         return 0.0
@@ -60,14 +61,13 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
                 "ring": 2 * (n - 1) * a + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
                 "recursive_doubling": lp * (a + S * (b + g)) + fold,
                 "rabenseifner": 2 * lp * a + 2 * (P - 1) / P * S * b + (P - 1) / P * S * g + fold}[algo]
+    s = S / n
     if name in ("all_gather", "all_gather_single"):
-        return {"linear": (n - 1) * (a + S * b) + (n - 1) ** 2 * (a + S * b), "ring": (n - 1) * (a + S * b)}[algo]
+        return {"linear": (n - 1) * (a + s * b) + (n - 1) ** 2 * (a + s * b), "ring": (n - 1) * (a + s * b)}[algo]
     if name in ("reduce_scatter", "reduce_scatter_single"):
-        s = S / n
         return {"linear": (n - 1) * (a + S * (b + g)) + (n - 1) * (a + s * b),
                 "ring": (n - 1) * (a + s * (b + g))}[algo]
     if name in ("scatter", "gather"):
-        s = S
         return {"linear": (n - 1) * (a + s * b), "ring": (n - 1) * (a + s * b) + (n - 2) * a,
                 "tree": L * a + (n - 1) * s * b}[algo]
     raise KeyError(name)
@@ -78,9 +78,7 @@ def choose(name: str, n: int, nbytes: int, backend: str = "gloo") -> str:
     from primitives import ALGORITHMS
     p = DEFAULTS.get(backend, DEFAULTS["gloo"])
     algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
-    # reduce_scatter/all_gather take S as the per-rank block; the model wants the full buffer
-    S = nbytes * n if name in ("all_gather", "all_gather_single") else nbytes
-    return min(algos, key=lambda al: predict(name, al, n, S, p))
+    return min(algos, key=lambda al: predict(name, al, n, nbytes, p))
 
 
 def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0) -> tuple[int, int]:

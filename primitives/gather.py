@@ -79,7 +79,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, *, algor
     elif ok and gather_list not in (None, []):
         check.fail(f"argument 'gather_list' must be None on non-dst ranks (dst is {dst})")
         ok = False
-    nbytes = tensor.numel() * tensor.element_size() if ok else 0
+    nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
     algo = resolve("gather", algorithm, ALGOS, comm, nbytes, check)
 
     def body():

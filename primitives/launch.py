@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import queue
@@ -78,7 +79,21 @@ def init_from_env(backend: str = "auto", timeout: float | None = None) -> _comm.
     _comm._COMMS.clear()
     c = _comm.get_comm()
     c.timeout = timeout
+    atexit.register(shutdown)
     return c
+
+
+def shutdown() -> None:
+    """Tear the process group down before interpreter exit: gloo's threads otherwise abort
+    the process ("terminate called without an active exception") and the launcher reports
+    a failure although every rank finished."""
+    from primitives import core
+    core.drain()
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
 
 
 # ----------------------------------------------------------------------------- spawn

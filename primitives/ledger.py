@@ -34,7 +34,7 @@ class CallRecord:
     """One collective call: its name, the algorithm that ran, and the data traffic it caused."""
     name: str
     algorithm: str
-    nbytes: int                      # size of the caller's buffer (S in the formulas)
+    nbytes: int                      # S: the full buffer, as nccl-tests counts it
     counts: Counts = field(default_factory=Counts)
 
 

@@ -5,7 +5,11 @@ import os
 
 from rich.console import Console
 
-console = Console(highlight=False)
+import sys
+
+# Piped output (CI, tests, torchrun's log capture) would get rich's 80-column default and
+# squeeze tables into unreadable cells; use a wide fixed width there.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def rank() -> int:

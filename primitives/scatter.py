@@ -81,7 +81,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, alg
     elif ok and scatter_list not in (None, []):
         check.fail(f"argument 'scatter_list' must be None on non-src ranks (src is {src})")
         ok = False
-    nbytes = tensor.numel() * tensor.element_size() if ok else 0
+    nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
     algo = resolve("scatter", algorithm, ALGOS, comm, nbytes, check)
 
     def body():
