@@ -1,0 +1,21 @@
+"""ZeRO-1/2/3 from scratch, driven by DeepSpeed's API and JSON config.
+
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2
+    python -m zero_from_scratch.report --model distilbert --world-size 2      (arithmetic only)
+    python -m zero_from_scratch.zero_to_fp32 CKPT_DIR OUT.pt
+
+    engine, optimizer, _, lr_scheduler = zero_from_scratch.initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json")
+    loss = engine(**batch).loss; engine.backward(loss); engine.step()
+
+Files: config.py (JSON → dataclasses), sharding.py (the one layout function), optim.py (Adam on
+shards, DeepSpeed's LR schedules), precision.py (bf16/fp16, loss scaler), comm.py (primitives or
+torch.distributed), stage1.py / stage2.py / stage3.py (what each stage changes), engine.py,
+ledger.py (memory and communication vs the formulas), checkpoint.py (+ zero_to_fp32.py).
+"""
+from zero_from_scratch.checkpoint import CheckpointError, consolidate
+from zero_from_scratch.config import load_config
+from zero_from_scratch.engine import ZeroEngine, initialize
+from zero_from_scratch.stage3 import ZeroDivergenceError
+
+__all__ = ["initialize", "ZeroEngine", "load_config", "consolidate", "CheckpointError", "ZeroDivergenceError"]

@@ -1,0 +1,115 @@
+"""ZeRO-3 specifics: a tiny DistilBERT equals the single-process model, parameters are empty
+outside forward, gathered_parameters(modifier_rank=) edits reach every shard, and a module run a
+different number of times on different ranks is an error naming the module, not a hang."""
+import pytest
+import torch
+import torch.nn as nn
+
+import zero_from_scratch
+from zero_from_scratch import ZeroDivergenceError
+
+CFG = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+       "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
+
+
+def tiny_bert(seed=0):
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    torch.manual_seed(seed)
+    cfg = DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100, max_position_embeddings=32,
+                           dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=2)
+    return DistilBertForSequenceClassification(cfg)
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return {"input_ids": torch.randint(0, 100, (2, 12), generator=g), "labels": torch.randint(0, 2, (2,), generator=g)}
+
+
+def _bert(rank, world, stage):
+    model = tiny_bert()
+    engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(),
+                                              config={**CFG, "zero_optimization": {"stage": stage}})
+    empty = all(p.numel() == 0 for p in model.parameters()) if stage == 3 else None
+    losses = []
+    for step in range(10):
+        loss = engine(**batch(step, rank)).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    with engine.gathered_parameters(model.parameters()):
+        final = {n: p.detach().tolist() for n, p in model.named_parameters()}
+    return losses, empty, final
+
+
+def test_tiny_distilbert_stage3_equals_single_process(spawn):
+    world = 2
+    res = spawn(_bert, world, args=(3,))
+    model = tiny_bert()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    ref = {r: [] for r in range(world)}
+    for step in range(10):
+        opt.zero_grad()
+        for r in range(world):
+            loss = model(**batch(step, r)).loss
+            (loss / world).backward()
+            ref[r].append(loss.item())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    for r, (losses, empty, final) in enumerate(res):
+        assert empty, "stage 3 must leave parameters empty outside forward"
+        # fp32 summation order only (see test_zero_parity.py). Weights: Adam divides m by sqrt(v), so an
+        # element whose gradient is at rounding level (~1e-9, e.g. a bias whose gradient cancels) can move by
+        # up to lr = 1e-2 per step either way; atol 1e-4 (1% of one step) still catches any real bug.
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref[r]), rtol=1e-5, atol=1e-5)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(torch.tensor(final[n]), p.detach(), rtol=1e-4, atol=1e-4,
+                                       msg=lambda m: f"rank {r} {n}: {m}")
+
+
+def _modify(rank, world):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    engine, *_ = zero_from_scratch.initialize(model=model, config=CFG)
+    shape_outside = tuple(model[0].weight.shape)
+    with engine.gathered_parameters([model[0].weight], modifier_rank=1):
+        shape_inside = tuple(model[0].weight.shape)
+        if rank == 1:
+            model[0].weight.data.fill_(0.5)      # only rank 1's edit should survive
+        else:
+            model[0].weight.data.fill_(-9.0)
+    out = engine(torch.ones(1, 4))               # forward gathers the edited shards
+    with engine.gathered_parameters(model[0].weight):
+        w = model[0].weight.detach().clone()
+    return shape_outside, shape_inside, w.tolist(), out.shape[-1]
+
+
+def test_gathered_parameters_modifier_rank(spawn):
+    for shape_out, shape_in, w, _ in spawn(_modify, 3):
+        assert shape_out == (0,) and shape_in == (6, 4)
+        assert torch.equal(torch.tensor(w), torch.full((6, 4), 0.5))
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, times):
+        for _ in range(times):
+            x = self.a(x)
+        return self.b(x).sum()
+
+
+def _diverge(rank, world):
+    torch.manual_seed(0)
+    engine, *_ = zero_from_scratch.initialize(model=Branchy(), config=CFG)
+    loss = engine(torch.ones(2, 4), times=1 if rank == 0 else 2)   # rank 1 runs `a` twice
+    engine.backward(loss)
+    return "no error"
+
+
+def test_divergent_module_calls_raise_naming_the_module(spawn):
+    res = spawn(_diverge, 2, allow_fail=True)
+    assert all(status == "error" for status, _ in res), res
+    for status, tb in res:
+        assert "ZeroDivergenceError" in tb and "'a'" in tb and "'b'" in tb and "call #" in tb

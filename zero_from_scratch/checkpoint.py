@@ -1,0 +1,261 @@
+"""Sharded checkpoints: one file per rank plus a manifest; consolidation and resharding.
+
+    engine.save_checkpoint("ckpt")                 # ckpt/global_step10/{zero_rank000.pt, …, manifest.json}, ckpt/latest
+    engine.load_checkpoint("ckpt")                 # same N: bit-exact resume
+    engine.load_checkpoint("ckpt", reshard=True)   # different N or stage: re-partitioned from the manifest
+    python -m zero_from_scratch.zero_to_fp32 ckpt out.pt    # one full fp32 state_dict
+
+Each rank writes its local shards (params in the model dtype, the fp32 master in mixed
+precision, Adam's m and v) and its RNG state. Rank 0 writes manifest.json: the layout (every
+unit's parameters with global offsets, shapes, padding, N), step counters, optimizer
+hyper-parameters and step counts, scheduler and loss-scaler state, each shard file's byte size
+and a save id shared by every file of one save. `latest` is written last.
+
+Every file is written to a temporary name, fsync'ed and renamed (atomic on POSIX), so a process
+killed mid-save leaves the previous checkpoint and `latest` intact. Loading checks: a different
+model (names/shapes), a different layout without reshard=True, missing or truncated shard files,
+and files from different saves each raise CheckpointError naming the problem.
+
+Loading always goes through full tensors (unshard, then shard with the current layout); at the
+same N that is pure copying, hence bit-exact, and it is the same code that reshards. Cost: each
+rank reads every shard file once (O(Ψ) memory transiently).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+FORMAT = "ringzero-zero/1"
+KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _fsync_dir(d: str) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace(tmp: str, path: str) -> None:
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def atomic_write(path: str, write) -> int:
+    """write(f) into a temp file, fsync, rename onto path; returns the byte size."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    size = os.path.getsize(tmp)
+    _replace(tmp, path)
+    return size
+
+
+def _shard_file(rank: int) -> str:
+    return f"zero_rank{rank:03d}.pt"
+
+
+def _local_params(engine) -> list[torch.Tensor]:
+    out = []
+    for g in range(len(engine.layout.group_local)):
+        parts = [engine.stage.param_shard(u) for u in engine.layout.units_of_group(g)]
+        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=engine.dtype))
+    return out
+
+
+def _model_spec(engine) -> list:
+    return [[n, list(engine.params_by_name[n].shape) if engine.stage_id != 3 else list(engine.layout.where[n][1].shape), g]
+            for g, ns in enumerate(engine.group_names) for n in ns]
+
+
+def save(engine, save_dir: str, tag, client_state: dict) -> str:
+    c = engine.comm
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    d = os.path.join(save_dir, tag)
+    os.makedirs(d, exist_ok=True)
+    sid = torch.tensor([int.from_bytes(os.urandom(6), "little") if c.rank == 0 else 0], dtype=torch.int64)
+    if c.size > 1:
+        c.broadcast(sid, 0, "checkpoint")
+    sid = int(sid.item())
+    params = _local_params(engine)
+    local = [{"param": params[g], "master": engine.master[g] if engine.mixed else None,
+              "exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"]} for g, s in enumerate(engine.optimizer.state)]
+    sharded = set(engine.params_by_name)
+    aliases = {}
+    for n, p in engine.module.named_parameters(remove_duplicate=False):
+        canon = next((k for k, q in engine.params_by_name.items() if q is p), None)
+        if canon is not None and canon != n:
+            aliases[n] = canon
+    extras = {k: v.clone() for k, v in engine.module.state_dict().items() if k not in sharded and k not in aliases}
+    blob = {"format": FORMAT, "save_id": sid, "rank": c.rank, "local": local, "rng": engine.rng_state(),
+            "extras": extras if c.rank == 0 else None}
+    size = atomic_write(os.path.join(d, _shard_file(c.rank)), lambda f: torch.save(blob, f))
+    sizes = c.gather_ints([size], "checkpoint") if c.size > 1 else [[size]]
+    if c.rank == 0:
+        man = {"format": FORMAT, "save_id": sid, "tag": tag, "world_size": c.size, "stage": engine.stage_id,
+               "dtype": str(engine.dtype), "layout": engine.layout.to_manifest(), "params": _model_spec(engine),
+               "aliases": aliases, "global_steps": engine.global_steps, "micro_steps": engine.micro_steps,
+               "skipped_steps": engine.skipped_steps,
+               "optimizer": {"hyper": engine.optimizer.hyper_state(), "steps": [s["step"] for s in engine.optimizer.state]},
+               "scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+               "loss_scaler": engine.loss_scaler.state_dict(), "client_state": client_state,
+               "shard_files": {str(r): {"file": _shard_file(r), "bytes": sizes[r][0]} for r in range(c.size)}}
+        atomic_write(os.path.join(d, "manifest.json"), lambda f: f.write(json.dumps(man, indent=1).encode()))
+        atomic_write(os.path.join(save_dir, "latest"), lambda f: f.write(tag.encode()))
+    if c.size > 1:
+        c.gather_ints([0], "checkpoint")         # barrier: nobody loads before the manifest exists
+    for k in ("checkpoint",):
+        c.usage.pop(k, None)
+    return d
+
+
+def read_manifest(load_dir: str, tag=None) -> tuple[str, dict]:
+    if tag is None:
+        latest = os.path.join(load_dir, "latest")
+        if not os.path.exists(latest):
+            raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
+        tag = open(latest).read().strip()
+    d = os.path.join(load_dir, str(tag))
+    path = os.path.join(d, "manifest.json")
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint {d!r} has no manifest.json (missing or from another tool)")
+    try:
+        man = json.load(open(path))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}): the file is damaged") from None
+    if man.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {man.get('format')!r}, expected {FORMAT!r}")
+    return d, man
+
+
+def read_shards(d: str, man: dict) -> list[dict]:
+    """The shard files the layout needs (ranks 0..layout N-1), each verified against the manifest."""
+    out = []
+    for r in range(man["layout"]["world_size"]):
+        info = man["shard_files"][str(r)]
+        path = os.path.join(d, info["file"])
+        if not os.path.exists(path):
+            raise CheckpointError(f"shard file {path} is missing (checkpoint saved by {man['world_size']} ranks)")
+        got = os.path.getsize(path)
+        if got != info["bytes"]:
+            raise CheckpointError(f"shard file {path} has {got} bytes, the manifest says {info['bytes']}: "
+                                  "truncated or overwritten")
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise CheckpointError(f"shard file {path} cannot be read ({type(e).__name__}): corrupt") from None
+        if blob.get("save_id") != man["save_id"]:
+            raise CheckpointError(f"shard file {path} belongs to a different save than manifest.json "
+                                  "(an interrupted save over the same tag?)")
+        out.append(blob)
+    return out
+
+
+def unshard(man: dict, shards: list[dict]) -> dict:
+    """{param name: {key: full tensor}} from the per-rank local buffers, using the manifest's layout."""
+    lay = man["layout"]
+    full: dict[str, dict] = {}
+    for u in lay["units"]:
+        g, s, off = u["group"], u["shard"], u["local_offset"]
+        for key in KEYS:
+            if shards[0]["local"][g][key] is None:
+                continue
+            buf = torch.cat([sh["local"][g][key][off:off + s] for sh in shards])
+            for name, shape, o in u["slots"]:
+                n = 1
+                for dim in shape:
+                    n *= dim
+                full.setdefault(name, {})[key] = buf[o:o + n].view(shape)
+    return full
+
+
+def _check_model(engine, man: dict) -> None:
+    mine, theirs = _model_spec(engine), man["params"]
+    if [m[:2] for m in mine] != [t[:2] for t in theirs]:
+        a, b = {m[0]: m[1] for m in mine}, {t[0]: t[1] for t in theirs}
+        diff = ([f"{k}: missing in checkpoint" for k in a if k not in b] + [f"{k}: not in this model" for k in b if k not in a]
+                + [f"{k}: shape {b[k]} in checkpoint vs {a[k]} here" for k in a if k in b and a[k] != b[k]])
+        raise CheckpointError("checkpoint is from a different model: " + ("; ".join(diff[:4]) or "parameter order differs"))
+
+
+def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
+    c = engine.comm
+    d, man = read_manifest(load_dir, tag)
+    _check_model(engine, man)
+    if man["layout"] != engine.layout.to_manifest() and not reshard:
+        raise CheckpointError(
+            f"rank {c.rank}: checkpoint {d} was saved with N={man['world_size']} ranks at ZeRO stage {man['stage']}; "
+            f"this run has N={c.size} at stage {engine.stage_id}, so the shards do not line up. Pass "
+            "load_checkpoint(..., reshard=True) to re-partition from the manifest (optimizer state included)")
+    shards = read_shards(d, man)
+    full = unshard(man, shards)
+    lay, st = engine.layout, engine.stage
+    for u in lay.units:
+        lo, hi = u.shard_range(st.owner())
+        bufs = {k: torch.zeros(u.padded, dtype=torch.float32 if k != "param" else engine.dtype) for k in KEYS}
+        for s in u.slots:
+            src = full[s.name]
+            master = src.get("master")
+            bufs["param"][s.offset:s.offset + s.numel].copy_((src["param"] if master is None or not engine.mixed
+                                                              else src["param"]).reshape(-1))
+            if engine.mixed:
+                m = master if master is not None else src["param"].float()
+                bufs["master"][s.offset:s.offset + s.numel].copy_(m.reshape(-1))
+            elif master is not None:                  # mixed checkpoint into an fp32 run: take the master
+                bufs["param"][s.offset:s.offset + s.numel].copy_(master.reshape(-1))
+            for k in ("exp_avg", "exp_avg_sq"):
+                bufs[k][s.offset:s.offset + s.numel].copy_(src[k].reshape(-1))
+        if engine.stage_id == 3:
+            st.param_shard(u).copy_(bufs["param"][lo:hi])
+        else:
+            st.flat[u.group][u.flat_offset:u.flat_offset + u.padded].copy_(bufs["param"])
+        sl = slice(u.local_offset, u.local_offset + u.shard)
+        if engine.mixed:
+            engine.master[u.group][sl].copy_(bufs["master"][lo:hi])
+        if load_optimizer_states:
+            for k in ("exp_avg", "exp_avg_sq"):
+                engine.optimizer.state[u.group][k][sl].copy_(bufs[k][lo:hi])
+    if load_optimizer_states:
+        for g, (h, step) in enumerate(zip(man["optimizer"]["hyper"], man["optimizer"]["steps"])):
+            engine.optimizer.param_groups[g].update({k: (tuple(v) if k == "betas" else v) for k, v in h.items()})
+            engine.optimizer.state[g]["step"] = step
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and man["scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(man["scheduler"])
+    engine.loss_scaler.load_state_dict(man["loss_scaler"])
+    engine.global_steps, engine.micro_steps = man["global_steps"], man["micro_steps"]
+    engine.skipped_steps = man["skipped_steps"]
+    if shards[0].get("extras"):
+        engine.module.load_state_dict(shards[0]["extras"], strict=False)
+    if man["world_size"] == c.size:                   # same ranks: same random streams
+        import random
+        own = shards[c.rank] if c.rank < len(shards) else torch.load(
+            os.path.join(d, man["shard_files"][str(c.rank)]["file"]), map_location="cpu", weights_only=False)
+        torch.set_rng_state(own["rng"]["torch"])
+        random.setstate(own["rng"]["python"])
+    st.zero_grad()
+    return d, man.get("client_state", {})
+
+
+def consolidate(load_dir: str, tag=None) -> dict:
+    """One full fp32 state_dict (master weights when the run was mixed precision)."""
+    d, man = read_manifest(load_dir, tag)
+    shards = read_shards(d, man)
+    full = unshard(man, shards)
+    sd = {}
+    for name, _shape, _g in man["params"]:
+        t = full[name].get("master")
+        sd[name] = (t if t is not None else full[name]["param"]).float().clone()
+    for alias, canon in man["aliases"].items():
+        sd[alias] = sd[canon]
+    for k, v in (shards[0].get("extras") or {}).items():
+        sd[k] = v
+    return sd

@@ -1,0 +1,261 @@
+"""initialize(model, model_parameters, config) → a ZeRO engine driven exactly like DeepSpeed's.
+
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2
+    deepspeed --num_gpus 2 --module zero_from_scratch.demo --stage 2
+
+    engine, optimizer, _, lr_scheduler = zero_from_scratch.initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json")
+    loss = engine(**batch).loss; engine.backward(loss); engine.step()   # step() after every micro-batch
+
+What one optimizer step does (stage-specific parts live in stage1/2/3.py):
+  backward   loss ÷ gradient_accumulation_steps × loss_scale, autograd, gradient hooks fill the
+             stage's gradient storage; at the boundary (stage 1) or every micro-batch (2, 3) the
+             gradients are reduce-scattered: each rank ends with the SUM of its shard.
+  step       norm² of the local shard (fp32), one 8-byte all-reduce → the global norm (padding is
+             zero, so uneven shards are exact; eps is added once, after the sum); overflow → skip;
+             grads × clip_coef / (N · loss_scale); Adam on the owned shard; stages 1-2 all-gather
+             the updated shards.
+Every rank must call forward/backward/step the same number of times (the collectives pair up).
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn as nn
+
+from zero_from_scratch import checkpoint as ckpt
+from zero_from_scratch import ledger
+from zero_from_scratch.comm import Comm
+from zero_from_scratch.config import load_config
+from zero_from_scratch.optim import ShardedAdam, build_scheduler
+from zero_from_scratch.precision import build_loss_scaler, model_dtype
+from zero_from_scratch.sharding import bucket_units, shard_layout
+from zero_from_scratch.stage1 import Stage0, Stage1
+from zero_from_scratch.stage2 import Stage2
+from zero_from_scratch.stage3 import Stage3
+
+_STAGES = {0: Stage0, 1: Stage1, 2: Stage2, 3: Stage3}
+_HYPER = ("lr", "betas", "eps", "weight_decay")
+
+
+def _param_groups(module: nn.Module, model_parameters, opt_cfg) -> tuple[list[list[str]], list[dict]]:
+    """Names of the parameters of each group, and each group's hyper-parameters."""
+    name_of = {}
+    for n, p in module.named_parameters():
+        name_of.setdefault(id(p), n)
+    base = {"lr": opt_cfg.lr, "betas": opt_cfg.betas, "eps": opt_cfg.eps, "weight_decay": opt_cfg.weight_decay}
+    if model_parameters is None:
+        model_parameters = [p for p in module.parameters() if p.requires_grad]
+    items = list(model_parameters)
+    if items and not isinstance(items[0], dict):
+        items = [{"params": items}]
+    names, hypers, seen = [], [], set()
+    for gi, g in enumerate(items):
+        if not isinstance(g, dict) or "params" not in g:
+            raise TypeError(f"model_parameters group {gi} must be a dict with 'params' (like torch optimizers)")
+        extra = set(g) - {"params", *_HYPER}
+        if extra:
+            raise ValueError(f"model_parameters group {gi} has unsupported keys {sorted(extra)}; allowed: {list(_HYPER)}")
+        ns = []
+        for p in g["params"]:
+            if id(p) not in name_of:
+                raise ValueError(f"model_parameters group {gi} holds a tensor of shape {tuple(p.shape)} that is not a "
+                                 "parameter of `model`")
+            if id(p) in seen:
+                raise ValueError(f"parameter {name_of[id(p)]!r} appears in more than one param group")
+            seen.add(id(p))
+            if p.requires_grad:
+                ns.append(name_of[id(p)])
+        names.append(ns)
+        hypers.append({**base, **{k: (tuple(v) if k == "betas" else v) for k, v in g.items() if k != "params"}})
+    missing = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in seen]
+    if missing:
+        raise ValueError(f"trainable parameters missing from model_parameters: {missing[:5]}{'…' if len(missing) > 5 else ''}; "
+                         "pass them or set requires_grad=False")
+    return names, hypers
+
+
+def _module_units(module: nn.Module, names: list[list[str]]) -> list:
+    """Stage 3 units: one per (module, param group), in module registration order."""
+    group_of = {n: g for g, ns in enumerate(names) for n in ns}
+    by_id = {}
+    for n, p in module.named_parameters():
+        by_id.setdefault(id(p), n)
+    units, taken = [], set()
+    for mname, m in module.named_modules():
+        per_group: dict[int, list] = {}
+        for p in m.parameters(recurse=False):
+            n = by_id[id(p)]
+            if n in group_of and n not in taken:
+                taken.add(n)
+                per_group.setdefault(group_of[n], []).append((n, tuple(p.shape)))
+        for g in sorted(per_group):
+            units.append((g, mname or "<root>", per_group[g]))
+    return units
+
+
+class ZeroEngine(nn.Module):
+    def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives"):
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
+        if config is None:
+            raise ValueError("initialize(config=...) is required: a DeepSpeed JSON path or dict")
+        self.comm = Comm(comm_impl)
+        self.config = load_config(config, self.comm.size)
+        if self.config.resolved_auto and self.comm.rank == 0:
+            from primitives.log import print0
+            print0("[zero_from_scratch] \"auto\" resolved: "
+                   + ", ".join(f"{k}={v}" for k, v in self.config.resolved_auto.items()))
+        self.dtype = model_dtype(self.config)
+        self.mixed = self.dtype != torch.float32
+        self.module = model.to(self.dtype) if self.mixed else model
+        self.stage_id = self.config.zero.stage
+        names, hypers = _param_groups(model, model_parameters, self.config.optimizer)
+        self.group_names = names
+        self.params_by_name = dict((n, p) for n, p in model.named_parameters() if any(n in g for g in names))
+        for n, p in self.params_by_name.items():
+            if not p.is_floating_point():
+                raise TypeError(f"parameter {n!r} has dtype {p.dtype}; ZeRO shards floating-point parameters only")
+        if self.stage_id == 3:
+            units = _module_units(model, names)
+        else:
+            shapes = [[(n, tuple(self.params_by_name[n].shape)) for n in g] for g in names]
+            units = bucket_units(shapes, self.config.zero.reduce_bucket_size)
+        self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
+        self.stage = _STAGES[self.stage_id](self)
+        self.optimizer = ShardedAdam(hypers, list(self.layout.group_local), self.config.optimizer.adam_w_mode)
+        self.master = ([torch.zeros(n, dtype=torch.float32) for n in self.layout.group_local] if self.mixed else None)
+        self.refresh_master()
+        self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
+        self.loss_scaler = build_loss_scaler(self.config)
+        self.micro_steps = self.global_steps = self.skipped_steps = 0
+        self._global_grad_norm = None
+        self.comm.reset_step()
+
+    # ------------------------------------------------------------------ DeepSpeed's API
+    def forward(self, *args, **kwargs):
+        if self.stage_id == 3:
+            self.stage.forward_done()
+        return self.module(*args, **kwargs)
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError("engine.backward(loss) needs a scalar loss tensor")
+        boundary = self.is_gradient_accumulation_boundary()
+        scaled = loss.float()
+        if self.gradient_accumulation_steps() > 1:
+            scaled = scaled / self.gradient_accumulation_steps()
+        if self.loss_scaler.loss_scale != 1.0:
+            scaled = scaled * self.loss_scaler.loss_scale
+        self.stage.before_backward(boundary)
+        scaled.backward(retain_graph=retain_graph)
+        self.stage.after_backward(boundary)
+        return loss
+
+    def step(self) -> None:
+        if self.is_gradient_accumulation_boundary():
+            self._optimizer_step()
+        self.micro_steps += 1
+
+    def zero_grad(self) -> None:
+        self.stage.zero_grad()
+
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        return self._global_grad_norm
+
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        self.training = mode
+        return self
+
+    def gathered_parameters(self, params, modifier_rank=None):
+        """Context manager: full parameters inside (stage 3); all ranks must enter it."""
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        return self.stage.gathered(list(params), modifier_rank)
+
+    # ------------------------------------------------------------------ the optimizer step
+    def refresh_master(self) -> None:
+        """fp32 master shards ← the model-dtype shards (after init or an edit of the weights)."""
+        if self.mixed:
+            for u in self.layout.units:
+                self.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(self.stage.param_shard(u))
+
+    def _optimizer_step(self) -> None:
+        N, units = self.comm.size, self.layout.units
+        sq = torch.zeros(1, dtype=torch.float64)
+        for u in units:
+            g = self.stage.grad_shard(u)
+            sq += torch.linalg.vector_norm(g, dtype=torch.float32).double() ** 2
+        if self.stage_id > 0 and N > 1:
+            self.comm.all_reduce(sq, "grad-norm all-reduce")
+        scale = N * self.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
+        norm = math.sqrt(sq.item()) / scale
+        overflow = not math.isfinite(norm)
+        if overflow:
+            self._global_grad_norm = float("inf")
+            self.skipped_steps += 1
+        else:
+            self._global_grad_norm = norm
+            clip = self.config.gradient_clipping
+            coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0   # eps once, on the global norm
+            first = set()
+            for u in units:
+                g = self.stage.grad_shard(u)
+                g32 = g.mul_(coef / scale) if not self.mixed else g.float().mul_(coef / scale)
+                master = (self.master[u.group][u.local_offset:u.local_offset + u.shard] if self.mixed
+                          else self.stage.param_shard(u))
+                self.optimizer.step_group(u.group, master, g32, u.local_offset, u.local_offset + u.shard,
+                                          count=u.group not in first)
+                first.add(u.group)
+                if self.mixed:
+                    self.stage.param_shard(u).copy_(master)
+            self.stage.after_step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        self.loss_scaler.update_scale(overflow)
+        self.stage.zero_grad()
+        self.global_steps += 1
+        self.comm.reset_step()
+
+    # ------------------------------------------------------------------ reports and checkpoints
+    def memory_report(self, print_table: bool = True) -> dict:
+        return ledger.memory_report(self, print_table)
+
+    def comm_report(self, print_table: bool = True) -> dict:
+        return ledger.comm_report(self, print_table)
+
+    def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
+        return ckpt.save(self, save_dir, tag, client_state or {})
+
+    def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, reshard: bool = False):
+        return ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+
+    def rng_state(self) -> dict:
+        return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, lr_scheduler=None, config=None,
+               config_params=None, comm_impl: str = "primitives", **kwargs):
+    """Like deepspeed.initialize: returns (engine, optimizer, None, lr_scheduler).
+    A client optimizer / scheduler is not supported: the config's optimizer is built on the shards."""
+    if optimizer is not None or lr_scheduler is not None:
+        raise ValueError("initialize(optimizer=/lr_scheduler=) objects are not supported: describe them in the "
+                         "config's 'optimizer' / 'scheduler' sections (the optimizer must live on the shards)")
+    if kwargs:
+        raise TypeError(f"initialize() got unexpected arguments {sorted(kwargs)}")
+    engine = ZeroEngine(model, model_parameters, config if config is not None else config_params, comm_impl)
+    return engine, engine.optimizer, None, engine.lr_scheduler

@@ -1,0 +1,138 @@
+"""Adam/AdamW on flat shards, and DeepSpeed's WarmupLR / WarmupDecayLR.
+
+    python -m pytest tests/test_zero_optim.py
+
+Ownership: a rank holds Adam's m and v (fp32) only for the elements it owns: one contiguous
+local buffer per param group (the concatenation of its shards of that group's units, see
+sharding.py). Memory: 8 bytes per owned element instead of 8Ψ. The update is elementwise, so a
+shard can be stepped without its neighbours; the arithmetic is exactly torch's single-tensor
+Adam (`foreach=False`), so with equal gradients the result is bit-identical to torch.optim.AdamW.
+
+The scheduler formulas are DeepSpeed's (deepspeed/runtime/lr_schedules.py): the LR starts at
+warmup_min_lr (the first *two* steps use it with log warm-up, since log(1) = 0), rises over
+max(2, warmup_num_steps) steps (log or linear), then is held (WarmupLR) or decays linearly to 0
+at total_num_steps (WarmupDecayLR).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class ShardedAdam:
+    """Adam(W) over each group's local fp32 master shard. `param_groups` holds the
+    hyper-parameters (lr, betas, eps, weight_decay) like a torch optimizer, so schedulers and
+    users can change them; no communication happens here."""
+
+    def __init__(self, groups: list[dict], local_numels: list[int], adam_w_mode: bool = True):
+        self.param_groups = [dict(g) for g in groups]
+        self.adam_w_mode = adam_w_mode
+        self.state = [{"step": 0, "exp_avg": torch.zeros(n, dtype=torch.float32),
+                       "exp_avg_sq": torch.zeros(n, dtype=torch.float32)} for n in local_numels]
+
+    def step_group(self, g: int, master: torch.Tensor, grad: torch.Tensor, lo: int, hi: int, count: bool) -> None:
+        """Update master[...] (a view of elements lo:hi of group g's local buffer) with grad (fp32).
+        `count` increments the group's step once per optimizer step (first unit only)."""
+        hp, st = self.param_groups[g], self.state[g]
+        if count:
+            st["step"] += 1
+        step = st["step"]
+        lr, (b1, b2), eps, wd = hp["lr"], hp["betas"], hp["eps"], hp["weight_decay"]
+        m, v = st["exp_avg"][lo:hi], st["exp_avg_sq"][lo:hi]
+        if wd != 0:
+            if self.adam_w_mode:
+                master.mul_(1 - lr * wd)
+            else:
+                grad = grad.add(master, alpha=wd)
+        m.lerp_(grad, 1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
+        denom = (v.sqrt() / (bc2 ** 0.5)).add_(eps)   # torch's exact expression
+        master.addcdiv_(m, denom, value=-(lr / bc1))
+
+    # torch-style (de)serialisation of the hyper-parameters; the tensors go through checkpoint.py
+    def hyper_state(self) -> list[dict]:
+        return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+                for g in self.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # the engine owns gradients
+        pass
+
+
+class WarmupLR:
+    """lr = min + (max - min)·γ(t), γ = log(t+1)/log(W) or t/W during warm-up, then 1."""
+
+    def __init__(self, optimizer: ShardedAdam, warmup_min_lr=0.0, warmup_max_lr=None, warmup_num_steps=1000,
+                 warmup_type="log", last_batch_iteration=-1):
+        self.optimizer = optimizer
+        n = len(optimizer.param_groups)
+        maxes = warmup_max_lr if warmup_max_lr is not None else [g["lr"] for g in optimizer.param_groups]
+        self.min_lrs = list(warmup_min_lr) if isinstance(warmup_min_lr, (list, tuple)) else [warmup_min_lr] * n
+        self.max_lrs = list(maxes) if isinstance(maxes, (list, tuple)) else [maxes] * n
+        self.delta_lrs = [b - a for a, b in zip(self.min_lrs, self.max_lrs)]
+        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.warmup_type = warmup_type
+        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        self.last_batch_iteration = last_batch_iteration
+        if last_batch_iteration == -1:
+            self._apply()
+
+    def _gamma(self) -> float:
+        t = self.last_batch_iteration
+        if t < self.warmup_num_steps:
+            if self.warmup_type == "log":
+                return self.inverse_log_warm_up * math.log(t + 1)
+            return t / self.warmup_num_steps
+        return 1.0
+
+    def get_lr(self) -> list[float]:
+        if self.last_batch_iteration < 0:
+            return list(self.min_lrs)
+        gamma = self._gamma()
+        return [a + d * gamma for a, d in zip(self.min_lrs, self.delta_lrs)]
+
+    def _apply(self) -> None:
+        for g, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            g["lr"] = lr
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return self._last_lr
+
+    def step(self, last_batch_iteration=None) -> None:
+        self.last_batch_iteration = self.last_batch_iteration + 1 if last_batch_iteration is None else last_batch_iteration
+        self._apply()
+
+    def state_dict(self) -> dict:
+        return {"last_batch_iteration": self.last_batch_iteration}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.last_batch_iteration = sd["last_batch_iteration"]
+        self._apply()
+
+
+class WarmupDecayLR(WarmupLR):
+    """WarmupLR, then γ = max(0, (T - t) / max(1, T - W)): linear decay to 0 at total_num_steps T."""
+
+    def __init__(self, optimizer, total_num_steps, warmup_min_lr=0.0, warmup_max_lr=0.001, warmup_num_steps=1000,
+                 warmup_type="log", last_batch_iteration=-1):
+        self.total_num_steps = total_num_steps
+        super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, last_batch_iteration)
+
+    def _gamma(self) -> float:
+        if self.last_batch_iteration < self.warmup_num_steps:
+            return super()._gamma()
+        return max(0.0, float(self.total_num_steps - self.last_batch_iteration)
+                   / float(max(1.0, self.total_num_steps - self.warmup_num_steps)))
+
+
+def build_scheduler(cfg, optimizer: ShardedAdam):
+    """cfg: config.SchedulerConfig or None."""
+    if cfg is None:
+        return None
+    common = dict(warmup_min_lr=cfg.warmup_min_lr, warmup_num_steps=cfg.warmup_num_steps, warmup_type=cfg.warmup_type)
+    if cfg.type == "WarmupLR":
+        return WarmupLR(optimizer, warmup_max_lr=cfg.warmup_max_lr, **common)
+    maxlr = cfg.warmup_max_lr if cfg.warmup_max_lr is not None else 0.001
+    return WarmupDecayLR(optimizer, cfg.total_num_steps, warmup_max_lr=maxlr, **common)

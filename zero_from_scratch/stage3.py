@@ -1,0 +1,183 @@
+"""ZeRO-3: partition the parameters too. Only what differs from stage2.py.
+
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3
+
+A unit is one module's own parameters (per param group). Between uses a rank keeps only its
+shard (Ψ/N elements); every parameter's `.data` is an empty tensor (torch.Size([0]), exactly as
+DeepSpeed leaves them, issue #3570). Module hooks bring full parameters just in time:
+
+  forward pre-hook      all-gather the module's units             (N-1)/N·Ψ per micro-batch
+  forward post-hook     free them
+  backward pre-hook     all-gather again for the module's backward (N-1)/N·Ψ
+  grad hooks            when a unit's gradients are complete: reduce-scatter into the
+                        gradient shard and free the parameters     (N-1)/N·Ψ
+Total 3(N-1)/N·Ψ per micro-batch. The optimizer steps the shard in place (it is the fp32
+master in fp32 mode); nothing is all-gathered after the step: the next forward gathers.
+
+Divergence: before every collective each rank states (what, unit, call#) in one tiny int64
+all-gather. If a module runs a different number of times, or in a different order, on some
+rank, every rank raises ZeroDivergenceError naming the module on each rank, instead of pairing
+unrelated collectives or hanging (DeepSpeed #7998).
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+from zero_from_scratch.stage2 import Stage2
+
+_KIND = {"forward": 1, "backward": 2, "reduce": 3, "gather_ctx": 4}
+
+
+class ZeroDivergenceError(RuntimeError):
+    """Ranks ran different modules (or a module a different number of times)."""
+
+
+class Stage3(Stage2):
+    stage = 3
+
+    def __init__(self, engine):   # replaces Stage1.__init__: no full flat parameter buffer
+        self.e = engine
+        lay, dt, c = engine.layout, engine.dtype, engine.comm
+        self.params = engine.params_by_name
+        self.pshard = [torch.zeros(n, dtype=dt) for n in lay.group_local]
+        self.flat = []
+        for u in lay.units:
+            full = torch.zeros(u.padded, dtype=dt)
+            for s in u.slots:
+                full[s.offset:s.offset + s.numel].copy_(self.params[s.name].data.reshape(-1))
+            if c.size > 1:
+                c.broadcast(full, 0, "init broadcast")
+            lo, hi = u.shard_range(c.rank)
+            self.pshard[u.group][u.local_offset:u.local_offset + u.shard].copy_(full[lo:hi])
+        self.gathered_units: set[int] = set()
+        self.calls: dict[int, int] = {}
+        self.tag_of = {u.index: u.tag for u in lay.units}
+        for s_name, p in self.params.items():
+            p.data = torch.empty(0, dtype=dt)
+        self._make_grad_storage()
+        self.hooks = [self.params[s.name].register_post_accumulate_grad_hook(self._make_hook(u, s))
+                      for u in lay.units for s in u.slots]
+        unit_of_param = {id(self.params[s.name]): u for u in lay.units for s in u.slots}
+        for name, m in engine.module.named_modules():
+            units = sorted({unit_of_param[id(p)].index for p in m.parameters(recurse=False) if id(p) in unit_of_param})
+            if not units:
+                continue
+            us = [lay.units[i] for i in units]
+            self.hooks.append(m.register_forward_pre_hook(self._pre_forward(name, us)))
+            self.hooks.append(m.register_forward_hook(self._post_forward(us)))
+            self.hooks.append(m.register_full_backward_pre_hook(self._pre_backward(name, us)))
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                                "respect to module outputs")  # expected: the first module's inputs are token ids
+
+    # ------------------------------------------------------------------ divergence check
+    def _check(self, kind: str, u, label: str) -> None:
+        c = self.e.comm
+        if c.size == 1:
+            return
+        n = self.calls[u.index] = self.calls.get(u.index, 0) + 1
+        rows = c.gather_ints([_KIND[kind], u.index, n])
+        if any(r != rows[c.rank] for r in rows):
+            def say(r):
+                k = {v: key for key, v in _KIND.items()}.get(r[0], "?")
+                return f"{k} of module {self.tag_of.get(r[1], '?')!r} (call #{r[2]})"
+            desc = "; ".join(f"rank {i}: {say(r)}" for i, r in enumerate(rows))
+            raise ZeroDivergenceError(
+                f"rank {c.rank}: ZeRO-3 ranks diverged at {label}: {desc}. Every rank must run the same "
+                "modules, the same number of times, in the same order (same control flow on every rank)")
+
+    # ------------------------------------------------------------------ gather / release
+    def _gather(self, u, kind: str, label: str) -> None:
+        if u.index in self.gathered_units:
+            return
+        self._check(kind, u, label)
+        full = torch.empty(u.padded, dtype=self.e.dtype)
+        self.e.comm.all_gather(full, self.param_shard(u), f"param all-gather ({kind})")
+        for s in u.slots:
+            self.params[s.name].data = full[s.offset:s.offset + s.numel].view(s.shape)
+        self.gathered_units.add(u.index)
+
+    def _release(self, u) -> None:
+        if u.index in self.gathered_units:
+            for s in u.slots:
+                self.params[s.name].data = torch.empty(0, dtype=self.e.dtype)
+            self.gathered_units.discard(u.index)
+
+    def _pre_forward(self, name, units):
+        def hook(module, args):
+            for u in units:
+                self._gather(u, "forward", f"forward of {name!r}")
+        return hook
+
+    def _post_forward(self, units):
+        def hook(module, args, output):
+            for u in units:
+                self._release(u)
+        return hook
+
+    def _pre_backward(self, name, units):
+        def hook(module, grad_output):
+            for u in units:
+                self._gather(u, "backward", f"backward of {name!r}")
+        return hook
+
+    # ------------------------------------------------------------------ gradients: reduce when complete
+    def _unit_complete(self, u) -> None:
+        self._reduce(u)                 # module order is checked, so no reordering needed
+
+    def _reduce(self, u) -> None:
+        self._check("reduce", u, f"gradient reduce-scatter of {u.tag!r}")
+        super()._reduce(u)
+        self._release(u)
+
+    def after_backward(self, boundary: bool) -> None:
+        for u in self.e.layout.units:    # units with no gradient (unused this micro-batch), in unit order
+            if self.pending[u.index] != -1:
+                self._reduce(u)
+        self.calls.clear()              # call counts restart every micro-batch (same on all ranks)
+
+    def before_backward(self, boundary: bool) -> None:
+        self.pending = {u.index: len(u.slots) for u in self.e.layout.units}
+
+    def forward_done(self) -> None:
+        """Called before each forward: eval / no-grad passes leave no state behind."""
+        if not torch.is_grad_enabled():
+            self.calls.clear()
+
+    # ------------------------------------------------------------------ optimizer view
+    def param_shard(self, u) -> torch.Tensor:
+        return self.pshard[u.group][u.local_offset:u.local_offset + u.shard]
+
+    def after_step(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def gathered(self, params, modifier_rank=None):
+        """Full parameters for `params` inside the block (all ranks must enter it). With
+        modifier_rank, that rank's edits are broadcast and written back into every shard."""
+        lay, c = self.e.layout, self.e.comm
+        wanted = {id(p) for p in params}
+        units = [u for u in lay.units if any(id(self.params[s.name]) in wanted for s in u.slots)]
+        mine = [u for u in units if u.index not in self.gathered_units]
+        for u in mine:
+            self._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")
+        try:
+            yield
+        finally:
+            for u in mine:
+                if modifier_rank is not None:
+                    full = torch.empty(u.padded, dtype=self.e.dtype)
+                    for s in u.slots:
+                        full[s.offset:s.offset + s.numel].copy_(self.params[s.name].data.reshape(-1))
+                    c.broadcast(full, modifier_rank, "gathered_parameters broadcast")
+                    lo, hi = u.shard_range(c.rank)
+                    self.param_shard(u).copy_(full[lo:hi])
+                self._release(u)
+            if modifier_rank is not None:
+                self.e.refresh_master()
+
+    def memory(self) -> dict:
+        nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+        return {"params": nb(self.pshard), "grads": nb(self.gshard)}
