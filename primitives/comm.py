@@ -81,13 +81,20 @@ class Communicator:
         if tensor.numel() == 0:
             return _DONE
         LEDGER.sent(tensor.numel() * tensor.element_size())
-        return Request(self, self._isend(tensor, peer), peer, "sending to")
+        return Request(self, self._post(self._isend, tensor, peer, "sending to"), peer, "sending to")
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Request:
         if tensor.numel() == 0:
             return _DONE
         LEDGER.received(tensor.numel() * tensor.element_size())
-        return Request(self, self._irecv(tensor, peer), peer, "receiving from")
+        return Request(self, self._post(self._irecv, tensor, peer, "receiving from"), peer, "receiving from")
+
+    def _post(self, fn, tensor, peer, kind):
+        # gloo can fail when the operation is posted (the peer has already gone), not only in wait()
+        try:
+            return fn(tensor, peer)
+        except Exception as e:
+            raise PeerError(self._describe(peer, kind, e)) from e
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         self.isend(tensor, peer).wait()

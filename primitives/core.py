@@ -156,7 +156,8 @@ class Check:
 
 def _handshake(comm: Communicator, name: str, meta: list[int], local_errors: list[str], meta_desc) -> None:
     n, me = comm.size, comm.rank
-    mine = torch.tensor(meta + [len(local_errors)], dtype=torch.int64, device=comm.device)
+    text = "; ".join(local_errors).encode()      # the last field: length of my error text (0 = ok)
+    mine = torch.tensor(meta + [len(text)], dtype=torch.int64, device=comm.device)
     theirs = torch.empty((n, mine.numel()), dtype=torch.int64, device=comm.device)
     theirs[me] = mine
     if n > 1:
@@ -165,13 +166,21 @@ def _handshake(comm: Communicator, name: str, meta: list[int], local_errors: lis
             reqs += [comm.isend(mine, p) for p in range(n) if p != me]
             for r in reqs:
                 r.wait()
-    if local_errors:
-        raise CollectiveError(f"rank {me}: {name}: " + "; ".join(local_errors))
     table = theirs.cpu().tolist()
     bad = [p for p in range(n) if table[p][-1]]
-    if bad:
-        raise CollectiveError(f"rank {me}: {name} aborted: rank(s) {bad} passed invalid arguments "
-                              "(their own error says which)")
+    if bad:  # a second round, only on error: the bad ranks send their text, so every rank can say what was wrong
+        texts = {p: torch.empty(table[p][-1], dtype=torch.uint8, device=comm.device) for p in bad}
+        with LEDGER.control_traffic():
+            reqs = [comm.irecv(texts[p], p) for p in bad if p != me]
+            if text:
+                msg = torch.tensor(list(text), dtype=torch.uint8, device=comm.device)
+                reqs += [comm.isend(msg, p) for p in range(n) if p != me]
+            for r in reqs:
+                r.wait()
+        if local_errors:
+            raise CollectiveError(f"rank {me}: {name}: " + text.decode())
+        why = "; ".join(f"rank {p}: {bytes(texts[p].cpu().tolist()).decode()}" for p in bad)
+        raise CollectiveError(f"rank {me}: {name} aborted because rank(s) {bad} passed invalid arguments: {why}")
     for p in range(n):
         if table[p][:-1] != table[me][:-1]:
             raise CollectiveError(f"rank {me}: {name}: ranks disagree on the call: rank {me} passed "
@@ -184,10 +193,13 @@ def _code(s: str) -> int:
 
 def _meta_desc(names):
     def desc(row):
+        from primitives import ALGORITHMS   # decode the crc32 codes back to names for the message
+        known = {_code(s): s for s in [*ALGORITHMS, *(a for v in ALGORITHMS.values() for a in v)]}
         d = dict(zip(names, row))
         dtype = _DTYPES[d["dtype"]] if 0 <= d["dtype"] < len(_DTYPES) else "?"
-        return (f"(dtype={dtype}, numel={d['numel']}, op={list(_OP_CODES)[d['op']] if d['op'] >= 0 else '-'}, "
-                f"root={d['root']}, algorithm#={d['algorithm']}, call#={d['call']})")
+        return (f"(call={known.get(d['call'], '?')}, algorithm={known.get(d['algorithm'], '?')}, dtype={dtype}, "
+                f"numel={d['numel']}, shape#={d['shape']}, "
+                f"op={list(_OP_CODES)[d['op']] if d['op'] >= 0 else '-'}, root={d['root']})")
     return desc
 
 

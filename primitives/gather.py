@@ -74,6 +74,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, *, algor
     ok = check.tensor("tensor", tensor)
     root = check.rank("dst", dst)
     is_root = comm.rank == root
+    ok = ok and not check.errors                 # a bad root already explains itself
     if ok and is_root:
         ok = check.tensor_list("gather_list", gather_list, tensor)
     elif ok and gather_list not in (None, []):

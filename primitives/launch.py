@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import tempfile
@@ -126,7 +127,9 @@ def _child(rank: int, job: _Job, q) -> None:
         _comm._COMMS.clear()
         _comm.get_comm().timeout = job.comm_timeout
         result = job.fn(rank, job.world_size, *job.args, **job.kwargs)
-        q.put((rank, "ok", result))
+        # plain pickle, by value: the queue's own pickler shares tensors through file descriptors
+        # that die with this process (ConnectionResetError in the parent after os._exit)
+        q.put((rank, "ok", pickle.dumps(result)))
         code = 0
     except BaseException:
         q.put((rank, "error", traceback.format_exc()))
@@ -180,6 +183,8 @@ def spawn(fn, world_size: int, *, args: tuple = (), kwargs: dict | None = None, 
                 break
             try:
                 r, status, value = q.get(timeout=0.1)
+                if status == "ok":
+                    value = pickle.loads(value)
                 results[r] = (status, value)
                 if status != "ok" and first_failure is None:
                     first_failure = time.monotonic()

@@ -11,6 +11,7 @@ against data alone.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 
 
@@ -38,51 +39,61 @@ class CallRecord:
     counts: Counts = field(default_factory=Counts)
 
 
+class _PerThread(threading.local):
+    # async collectives of different communicators run on different worker threads: the
+    # call being recorded, and whether we are inside a handshake, belong to the thread
+    current: "CallRecord | None" = None
+    control_depth: int = 0
+
+
 class Ledger:
     def __init__(self):
         self.data = Counts()         # all data messages since the last reset
         self.control = Counts()      # handshake messages
         self.calls: list[CallRecord] = []
-        self._current: CallRecord | None = None
-        self._control_depth = 0
+        self._t = _PerThread()
+        self._lock = threading.Lock()
         self.keep_calls = True       # benchmarks turn this off to avoid growing a list
 
     def reset(self) -> None:
         self.data, self.control, self.calls = Counts(), Counts(), []
 
     def _target(self) -> list[Counts]:
-        if self._control_depth:
+        if self._t.control_depth:
             return [self.control]
-        return [self.data] + ([self._current.counts] if self._current else [])
+        return [self.data] + ([self._t.current.counts] if self._t.current else [])
 
     def sent(self, nbytes: int) -> None:
-        for c in self._target():
-            c.msgs_sent += 1
-            c.bytes_sent += nbytes
+        with self._lock:
+            for c in self._target():
+                c.msgs_sent += 1
+                c.bytes_sent += nbytes
 
     def received(self, nbytes: int) -> None:
-        for c in self._target():
-            c.msgs_recv += 1
-            c.bytes_recv += nbytes
+        with self._lock:
+            for c in self._target():
+                c.msgs_recv += 1
+                c.bytes_recv += nbytes
 
     @contextlib.contextmanager
     def call(self, name: str, algorithm: str, nbytes: int):
         rec = CallRecord(name, algorithm, nbytes)
-        prev, self._current = self._current, rec
+        prev, self._t.current = self._t.current, rec
         try:
             yield rec
         finally:
-            self._current = prev
+            self._t.current = prev
             if self.keep_calls and prev is None:
-                self.calls.append(rec)
+                with self._lock:
+                    self.calls.append(rec)
 
     @contextlib.contextmanager
     def control_traffic(self):
-        self._control_depth += 1
+        self._t.control_depth += 1
         try:
             yield
         finally:
-            self._control_depth -= 1
+            self._t.control_depth -= 1
 
     @contextlib.contextmanager
     def track(self):

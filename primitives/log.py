@@ -34,4 +34,4 @@ def print0(*objects, **kwargs) -> None:
 
 def rprint(*objects, **kwargs) -> None:
     """Print on every rank with a `[rank r]` prefix: for output that is per-rank by design."""
-    console.print(f"[bold][rank {rank()}][/bold]", *objects, **kwargs)
+    console.print(f"[bold]\\[rank {rank()}][/bold]", *objects, **kwargs)   # \[ : a literal bracket, not a style tag

@@ -48,12 +48,12 @@ def _ref_torch(name, comm, args, opn):
         dist.all_reduce(args[0], op=op, group=g)
     elif name == "all_gather":
         dist.all_gather(args[0], args[1], group=g)
-    elif name == "all_gather_single":
-        dist.all_gather_single(args[0], args[1], group=g)
+    elif name == "all_gather_single":   # torch 2.13 name; older torch calls it all_gather_into_tensor
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(args[0], args[1], group=g)
     elif name == "reduce_scatter":
         dist.reduce_scatter(args[0], list(args[1]), op=op, group=g)
-    elif name == "reduce_scatter_single":
-        dist.reduce_scatter_single(args[0], args[1], op=op, group=g)
+    elif name == "reduce_scatter_single":  # older torch: reduce_scatter_tensor
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(args[0], args[1], op=op, group=g)
     elif name == "scatter":
         dist.scatter(args[0], args[1] if comm.rank == _group_rank(comm, args[2]) else None, src=args[2], group=g)
     elif name == "gather":

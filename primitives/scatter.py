@@ -76,6 +76,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, alg
     ok = check.tensor("tensor", tensor)
     root = check.rank("src", src)
     is_root = comm.rank == root
+    ok = ok and not check.errors                 # a bad root already explains itself
     if ok and is_root:
         ok = check.tensor_list("scatter_list", scatter_list, tensor)
     elif ok and scatter_list not in (None, []):

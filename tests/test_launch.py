@@ -1,0 +1,66 @@
+"""The launchers: torchrun exits non-zero when a rank dies, the spawn harness surfaces failing
+ranks and never hangs, and plain `python` gives a world of one."""
+import time
+
+import pytest
+import torch
+
+import primitives as P
+from primitives.launch import SpawnError, spawn
+
+from conftest import run_cmd
+
+
+def test_torchrun_exits_nonzero_when_a_rank_dies():
+    t0 = time.monotonic()
+    r = run_cmd("torchrun --standalone --nproc_per_node 2 tests/launch_dying_rank.py --timeout 10",
+                timeout=150, check=False)
+    elapsed = time.monotonic() - t0
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "finished an all-reduce without rank 1" not in r.stdout
+    assert elapsed < 120, f"torchrun took {elapsed:.0f}s to notice the dead rank"
+
+
+def test_plain_python_is_a_world_of_one():
+    r = run_cmd("python -c \"from primitives.launch import init_from_env; import torch, primitives as P; "
+                "c = init_from_env('gloo'); t = torch.arange(3.); P.all_reduce(t); print(c.rank, c.size, c.backend, t.tolist())\"",
+                timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "0 1 gloo [0.0, 1.0, 2.0]"
+
+
+def _fails_on_rank_1(rank, n):
+    if rank == 1:
+        raise ValueError("boom on purpose")
+    P.broadcast(torch.zeros(3), 1)          # rank 0 waits for rank 1, which never sends
+    return "unreachable"
+
+
+def test_spawn_surfaces_the_failing_rank_and_does_not_hang():
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError) as ei:
+        spawn(_fails_on_rank_1, 2, grace=2.0, comm_timeout=30, timeout=60)
+    msg = str(ei.value)
+    assert "rank 1 (error" in msg and "ValueError: boom on purpose" in msg
+    assert time.monotonic() - t0 < 25, "the first failure must end the run after `grace` seconds"
+
+
+def _sleeps(rank, n):
+    time.sleep(600)
+
+
+def test_spawn_deadline_kills_ranks_that_never_finish():
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError) as ei:
+        spawn(_sleeps, 2, timeout=3.0)
+    assert "never reported" in str(ei.value) and "[0, 1]" in str(ei.value)
+    assert time.monotonic() - t0 < 20
+
+
+def _returns(rank, n, k):
+    return {"rank": rank, "n": n, "k": k, "t": torch.full((2,), rank)}
+
+
+def test_spawn_returns_per_rank_values_in_rank_order():
+    out = spawn(_returns, 3, args=(7,))
+    assert [o["rank"] for o in out] == [0, 1, 2] and all(o["n"] == 3 and o["k"] == 7 for o in out)
+    assert torch.equal(out[2]["t"], torch.full((2,), 2))

@@ -1,0 +1,192 @@
+"""Every collective × every algorithm (+ "auto") against gloo's built-in, and the ledger
+against each algorithm's traffic formula, at world sizes 1-8.
+
+One spawn per world size runs a whole matrix of calls (tests/collective_checks.py); each rank
+returns its errors, its traffic per call and a digest of every all-reduce result, and the
+checks that need every rank (identical all-reduce results, conservation of bytes, per-algorithm
+identities) run here in the test process.
+"""
+import pytest
+import torch
+
+import primitives as P
+from primitives.ledger import LEDGER
+
+import collective_checks as C
+
+
+def _errors(results):
+    return [e for errs, _ in results for e in errs]
+
+
+def _assert_clean(results):
+    errs = _errors(results)
+    assert not errs, f"{len(errs)} mismatches, first ones:\n" + "\n".join(errs[:15])
+
+
+def _assert_allreduce_identical(results):
+    """All ranks of an all-reduce must hold bitwise-identical results (not just close ones)."""
+    cases = results[0][1]
+    for key, info in cases.items():
+        if key[0] == "all_reduce":
+            digests = {rank: res[1][key]["digest"] for rank, res in enumerate(results)}
+            assert len(set(digests.values())) == 1, f"{key}: ranks disagree bitwise: {digests}"
+
+
+def _assert_identities(results, n, dtype=torch.int64):
+    elem = torch.empty(0, dtype=dtype).element_size()
+    errs = []
+    for key, info in results[0][1].items():
+        name, _, numel, _, _, root = key
+        algos = {res[1][key]["algorithm"] for res in results}
+        assert len(algos) == 1, f"{key}: ranks ran different algorithms {algos}"
+        counts = [res[1][key]["counts"] for res in results]
+        errs += C.traffic_identities(name, algos.pop(), n, numel, elem, root, counts)
+    assert not errs, "\n".join(errs[:10])
+
+
+# ----------------------------------------------------------------------------- workers
+
+def _matrix_work(rank, n, numels, dtype, ops, layouts, names):
+    return C.matrix(P.get_comm(), numels, dtype=dtype, ops=ops, layouts=layouts, names=names)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_every_collective_and_algorithm_int64(spawn, n):
+    """Bitwise vs gloo for numel 0, 1, a count not divisible by N, and ~10k; ledger == formulas."""
+    numels = [0, 1, 2 * n + 1, 10007]
+    results = spawn(_matrix_work, n, args=(numels, torch.int64, ("sum",), ("contig",), None))
+    _assert_clean(results)
+    _assert_allreduce_identical(results)
+    _assert_identities(results, n)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_non_contiguous_inputs_outputs_and_list_elements(spawn, n):
+    """Strided and transposed views for inputs, outputs and list elements; gaps stay untouched."""
+    results = spawn(_matrix_work, n, args=([15, 105], torch.int64, ("sum", "max"),
+                                           ("strided", "transposed"), None))
+    _assert_clean(results)
+    _assert_allreduce_identical(results)
+
+
+def _dtype_work(rank, n):
+    comm = P.get_comm()
+    errs, digests = [], {}
+    for i, dtype in enumerate((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64)):
+        ops = ("sum", "product", "min", "max") + (("avg",) if dtype.is_floating_point else ())
+        e, cases = C.matrix(comm, [37], dtype=dtype, ops=ops, seed=1000 * i)
+        errs += e
+        digests.update({(str(dtype),) + k: v for k, v in cases.items()})
+    return errs, digests
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_dtypes_and_ops(spawn, n):
+    """float16/bfloat16/float32/float64/int32/int64 × SUM/PRODUCT/MIN/MAX/AVG(floats):
+    bitwise for ints and MIN/MAX, floating SUM/AVG/PRODUCT within the summation-order bound
+    derived in tests/collective_checks.py."""
+    results = spawn(_dtype_work, n)
+    _assert_clean(results)
+    for key, info in results[0][1].items():
+        if key[1] == "all_reduce":
+            assert len({res[1][key]["digest"] for res in results}) == 1, f"{key}: ranks differ bitwise"
+
+
+def test_large_buffer_pipelined_segments(spawn):
+    """> 1 MiB so the chain algorithms (ring broadcast / reduce) send several segments."""
+    def_numel = (3 << 20) // 8 + 5                      # 3 MiB of int64 + a ragged tail: k = 4
+    results = spawn(_matrix_work, 3, args=([def_numel], torch.int64, ("sum",), ("contig",),
+                                           ["broadcast", "reduce", "all_reduce"]))
+    _assert_clean(results)
+    _assert_identities(results, 3)
+    key = next(k for k in results[0][1] if k[:2] == ("broadcast", "ring"))
+    msgs = sorted(res[1][key]["counts"][0] for res in results)
+    assert msgs == [0, 4, 4], f"ring broadcast of 3 MiB + 40 B goes in 4 segments per hop: {msgs}"
+
+
+# ----------------------------------------------------------------------------- subgroups
+
+def _subgroup_work(rank, n, members):
+    import torch.distributed as dist
+    grp = dist.new_group(members)
+    other = dist.new_group([r for r in range(n) if r not in members])   # every rank must create every group
+    if rank not in members:
+        # the complementary group runs a collective at the same time, on its own communicator
+        t = torch.full((3,), rank + 1)
+        P.all_reduce(t, group=other, algorithm="ring")
+        return [] if t.tolist() == [sum(r + 1 for r in range(n) if r not in members)] * 3 else ["other group wrong"], {}
+    comm = P.get_comm(grp)
+    assert comm.size == len(members) and comm.rank == sorted(members).index(rank)
+    return C.matrix(comm, [0, 1, 7, 1000], group=grp, to_global=lambda g: sorted(members)[g])
+
+
+def test_subgroup_with_global_src_dst(spawn):
+    """group=dist.new_group([1, 3, 4]) on 5 ranks: src/dst are GLOBAL ranks, as in torch."""
+    members = [1, 3, 4]
+    results = spawn(_subgroup_work, 5, args=(members,))
+    _assert_clean(results)
+    in_group = [results[r] for r in members]
+    _assert_allreduce_identical(in_group)
+    _assert_identities(in_group, len(members))
+
+
+# ----------------------------------------------------------------------------- handshake vs data
+
+def _handshake_traffic_work(rank, n):
+    out = []
+    for hs in (True, False):
+        P.set_handshake(hs)
+        for name, call in (("all_reduce", lambda: P.all_reduce(torch.ones(1000), algorithm="ring")),
+                           ("broadcast", lambda: P.broadcast(torch.ones(1000), 0, algorithm="tree"))):
+            c0 = LEDGER.control.copy()
+            with LEDGER.track() as d:
+                call()
+            dc = LEDGER.control - c0
+            out.append((name, hs, (d.msgs_sent, d.bytes_sent, d.msgs_recv, d.bytes_recv),
+                        (dc.msgs_sent, dc.bytes_sent), LEDGER.calls[-1].counts.bytes_sent))
+    P.set_handshake(True)
+    return out
+
+
+def test_handshake_is_control_traffic_not_data(spawn):
+    n = 3
+    results = spawn(_handshake_traffic_work, n)
+    for rank, rows in enumerate(results):
+        by = {(name, hs): (data, ctrl, per_call) for name, hs, data, ctrl, per_call in rows}
+        for name in ("all_reduce", "broadcast"):
+            on, off = by[(name, True)], by[(name, False)]
+            assert on[0] == off[0], f"rank {rank} {name}: data counts change with the handshake: {on[0]} vs {off[0]}"
+            assert on[2] == on[0][1], "the per-call record holds the data bytes only"
+            # handshake: one message of 8 int64 to each of the N-1 peers
+            assert on[1] == (n - 1, (n - 1) * 8 * 8), f"rank {rank}: handshake traffic {on[1]}"
+            assert off[1] == (0, 0), "no control traffic with the handshake off"
+
+
+# ----------------------------------------------------------------------------- async
+
+def _async_work(rank, n):
+    ts = [torch.full((257,), float(rank + i)) for i in range(4)]
+    handles = [P.all_reduce(t, async_op=True, algorithm=a)
+               for t, a in zip(ts, ["ring", "recursive_doubling", "rabenseifner", "linear"])]
+    assert all(h is not None and hasattr(h, "wait") for h in handles)
+    # a sync call after async ones must wait for them (same communicator, same order on every rank)
+    x = torch.full((5,), float(rank))
+    P.broadcast(x, n - 1)
+    sync_done_flags = [h.is_completed() for h in handles]
+    for h in reversed(handles):                        # waiting out of order is fine
+        h.wait()
+    y = torch.full((3,), 2.0 ** rank)
+    h = P.all_reduce(y, op=P.ReduceOp.MAX, async_op=True)
+    h.wait()
+    return [t[0].item() for t in ts], x.tolist(), sync_done_flags, y.tolist()
+
+
+def test_async_queue_in_order(spawn):
+    n = 3
+    results = spawn(_async_work, n)
+    for rank, (sums, bx, flags, y) in enumerate(results):
+        assert sums == [sum(r + i for r in range(n)) for i in range(4)], f"rank {rank}: {sums}"
+        assert bx == [float(n - 1)] * 5
+        assert all(flags), "a sync collective returned before the async ones queued before it"
+        assert y == [2.0 ** (n - 1)] * 3

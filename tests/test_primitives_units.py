@@ -1,0 +1,107 @@
+"""Communication-free logic, no processes: chunking, the cost model, "auto", traffic formulas."""
+import math
+
+import pytest
+import torch
+
+import primitives as P
+from primitives.core import chunk_bounds, op_name
+from primitives.cost import DEFAULTS, choose, predict, traffic
+
+
+@pytest.mark.parametrize("numel", [0, 1, 2, 7, 8, 9, 100, 1001])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8])
+def test_chunk_bounds_matches_tensor_split(numel, n):
+    expected = [(int(c[0]), int(c[-1]) + 1) if c.numel() else None
+                for c in torch.arange(numel).tensor_split(n)]
+    got = chunk_bounds(numel, n)
+    assert len(got) == n
+    assert got[0][0] == 0 and got[-1][1] == numel
+    for (s, e), exp, (s2, _) in zip(got, expected, got[1:] + [(numel, None)]):
+        assert e == s2, "chunks are contiguous and in order"
+        if exp is not None:
+            assert (s, e) == exp
+        else:
+            assert s == e
+    sizes = [e - s for s, e in got]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_op_name_accepts_reduceops_and_rejects_others():
+    assert [op_name(o) for o in (P.ReduceOp.SUM, P.ReduceOp.PRODUCT, P.ReduceOp.MIN, P.ReduceOp.MAX,
+                                 P.ReduceOp.AVG)] == ["sum", "product", "min", "max", "avg"]
+    assert op_name("median") is None and op_name(3.5) is None
+
+
+GLOO = DEFAULTS["gloo"]
+
+
+def test_predict_latency_vs_bandwidth_crossover_at_4_ranks():
+    """Recursive doubling (log2 P messages of the whole buffer) wins for tiny messages; ring
+    (2(N-1) messages of S/N) wins for huge ones, as the α-β model says."""
+    tiny, huge = 64, 256 << 20
+    assert predict("all_reduce", "recursive_doubling", 4, tiny, GLOO) < predict("all_reduce", "ring", 4, tiny, GLOO)
+    assert predict("all_reduce", "ring", 4, huge, GLOO) < predict("all_reduce", "recursive_doubling", 4, huge, GLOO)
+    assert choose("all_reduce", 4, tiny) in ("recursive_doubling", "rabenseifner")
+    assert choose("all_reduce", 4, huge) in ("ring", "rabenseifner")
+    # the same crossover for broadcast: a binomial tree for small, the pipelined chain for big
+    assert choose("broadcast", 8, 64) == "tree"
+    assert predict("broadcast", "ring", 8, huge, GLOO) < predict("broadcast", "tree", 8, huge, GLOO)
+
+
+@pytest.mark.parametrize("name", list(P.ALGORITHMS))
+def test_predict_is_monotone_in_size_and_zero_for_one_rank(name):
+    for algo in P.ALGORITHMS[name]:
+        for n in (2, 3, 4, 8):
+            ts = [predict(name, algo, n, s, GLOO) for s in (0, 1 << 10, 1 << 16, 1 << 22, 1 << 26)]
+            assert all(a <= b for a, b in zip(ts, ts[1:])), (algo, n, ts)
+            assert ts[-1] > 0
+        assert predict(name, algo, 1, 1 << 20, GLOO) == 0.0
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi", "nccl", "unknown"])
+def test_choose_returns_a_valid_algorithm_everywhere(backend):
+    for name, algos in P.ALGORITHMS.items():
+        for n in range(1, 17):
+            for nbytes in (0, 1, 4096, 1 << 20, 1 << 26):
+                a = choose(name, n, nbytes, backend)
+                assert a in algos, (name, n, nbytes, a)
+                # linear is the naive baseline: auto never picks it beyond 2 ranks
+                assert n <= 2 or a != "linear"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8])
+def test_traffic_sums_match_closed_forms(n):
+    """Summed over ranks, traffic() gives the textbook totals (independent of the per-rank detail)."""
+    numel, elem = 1000, 4
+    S = numel * elem
+    tot = lambda name, algo, root=0: [sum(x) for x in zip(*(traffic(name, algo, n, r, numel, elem, root) for r in range(n)))]  # noqa: E731
+    p2 = 1 << (n.bit_length() - 1)
+    rem, lg = n - p2, int(math.log2(p2))
+    assert tot("all_reduce", "ring") == [2 * n * (n - 1), 2 * (n - 1) * S]
+    assert tot("all_reduce", "linear") == [2 * (n - 1), 2 * (n - 1) * S]
+    assert tot("all_reduce", "recursive_doubling") == [p2 * lg + 2 * rem, (p2 * lg + 2 * rem) * S]
+    assert tot("all_reduce", "rabenseifner")[1] == (2 * (p2 - 1) + 2 * rem) * S
+    for root in range(n):
+        for algo in ("linear", "tree"):
+            assert tot("broadcast", algo, root) == [n - 1, (n - 1) * S]
+            assert tot("reduce", algo, root) == [n - 1, (n - 1) * S]
+        assert tot("scatter", "ring", root) == [n * (n - 1) // 2, n * (n - 1) // 2 * S]
+        assert tot("gather", "ring", root) == [n * (n - 1) // 2, n * (n - 1) // 2 * S]
+        assert tot("scatter", "tree", root)[0] == n - 1
+        assert tot("gather", "tree", root)[1] == tot("scatter", "tree", root)[1]
+    for name in ("all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single"):
+        assert tot(name, "ring") == [n * (n - 1), n * (n - 1) * S]
+    assert tot("all_gather", "linear") == [(n - 1) ** 2 + n - 1, ((n - 1) ** 2 + n - 1) * S]
+    # nothing moves for one rank or an empty tensor
+    assert all(traffic(name, a, 1, 0, numel, elem) == (0, 0) for name, al in P.ALGORITHMS.items() for a in al)
+    assert all(traffic(name, a, n, 0, 0, elem) == (0, 0) for name, al in P.ALGORITHMS.items() for a in al)
+
+
+def test_ring_all_reduce_bytes_per_rank_follow_chunk_rounding():
+    """2(N-1)/N·S up to tensor_split's rounding: between 2(N-1)⌊numel/N⌋ and 2(N-1)⌈numel/N⌉ elements."""
+    for n in (3, 5, 7):
+        for numel in (n - 1, n + 1, 10 * n + 3):
+            for r in range(n):
+                msgs, nbytes = traffic("all_reduce", "ring", n, r, numel, 1)
+                assert 2 * (n - 1) * (numel // n) <= nbytes <= 2 * (n - 1) * -(-numel // n)
