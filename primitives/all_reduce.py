@@ -8,6 +8,10 @@ Cost for S bytes on N ranks; P = largest power of two ≤ N, R = N - P ranks fol
                       (N-1)·S; the others send S.          2(N-1)(α + Sβ)
   ring                reduce-scatter then all-gather over N chunks (tensor_split sizes).
                       2(N-1) messages, 2(N-1)/N·S bytes per rank.  2(N-1)α + 2(N-1)/N·Sβ
+  direct              reduce-scatter then all-gather, each in one round where every rank
+                      talks to every other at once (see reduce_scatter.py / all_gather.py):
+                      2(N-1) messages and the ring's 2(N-1)/N·S bytes, but 2 rounds instead
+                      of 2(N-1) dependent steps.     2α + 2(N-2)·o + 2(N-1)/N·Sβ
   recursive_doubling  log2 P exchanges of the whole buffer with rank ^ 2^k (+1 fold message
                       before and after when N is not a power of two). log2 P·S per rank.
                                                            log2 P·(α + Sβ + Sγ)
@@ -50,6 +54,23 @@ def _ring(comm, buf, op):
         sq = comm.isend(chunk[send_i], nxt)
         rq.wait()
         sq.wait()
+
+
+def _direct(comm, buf, op):
+    n, r = comm.size, comm.rank
+    b = chunk_bounds(buf.numel(), n)
+    chunk = [buf[s:e] for s, e in b]
+    mine = chunk[r]
+    tmp = scratch(comm, (n - 1) * mine.numel(), buf.dtype).view(n - 1, -1)
+    peers = [(r + i) % n for i in range(1, n)]
+    wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)] + [comm.isend(chunk[p], p) for p in peers])
+    rows = {p: tmp[i] for i, p in enumerate(peers)}
+    rows[r] = mine
+    acc = scratch(comm, mine.numel(), buf.dtype, slot=1).copy_(rows[0])
+    for p in range(1, n):                            # fixed rank order: every chunk summed alike
+        combine_(acc, rows[p], op)
+    mine.copy_(acc)
+    wait_all([comm.irecv(chunk[p], p) for p in peers] + [comm.isend(mine, p) for p in peers])
 
 
 def _fold_in(comm, buf, op):
@@ -119,7 +140,7 @@ def _rabenseifner(comm, buf, op):
     _fold_out(comm, buf, p)
 
 
-ALGOS = {"linear": _linear, "ring": _ring, "recursive_doubling": _recursive_doubling,
+ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "recursive_doubling": _recursive_doubling,
          "rabenseifner": _rabenseifner}
 
 

@@ -3,6 +3,8 @@ and the choice algorithm="auto" makes.
 
     T(message of S bytes) = α + S·β          (α: latency, β: seconds per byte)
     reducing S bytes costs S·γ
+    posting m messages at once costs α + (m-1)·o + (bytes)·β: they share one latency
+    (o is the per-message software overhead; the "direct" algorithms rely on it being < α)
 
 `traffic()` is the closed form each algorithm's docstring states: messages and bytes a given
 rank sends. Tests compare it with what the ledger counted. `bench.py --fit` measures α and β
@@ -18,16 +20,17 @@ from primitives.core import PIPELINE_BYTES, chunk_bounds
 
 @dataclass(frozen=True)
 class Params:
-    alpha: float   # seconds per message
+    alpha: float   # seconds per message: the latency of one dependent step
     beta: float    # seconds per byte on the wire
     gamma: float   # seconds per byte reduced
+    o: float = 0.0 # seconds of sender-side overhead per extra message posted in the same round
 
 
 # Fitted by `python primitives/bench.py --fit` on the development machine (see tutorial 02).
 DEFAULTS = {
-    "gloo": Params(alpha=2.5e-4, beta=4.0e-10, gamma=2.5e-10),
-    "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10),
-    "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12),
+    "gloo": Params(alpha=2.5e-4, beta=4.0e-10, gamma=2.5e-10, o=2.5e-4),
+    "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10, o=2.0e-5),
+    "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12, o=1.0e-5),
 }
 
 
@@ -42,7 +45,7 @@ def segments(numel: int, elem_size: int) -> int:
 def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     """Predicted seconds for one call. nbytes = S, the full buffer as nccl-tests counts it
     (for all-gather the output, for reduce-scatter the input, for scatter/gather all N blocks)."""
-    a, b, g, S = p.alpha, p.beta, p.gamma, nbytes
+    a, b, g, o, S = p.alpha, p.beta, p.gamma, p.o, nbytes
     if n <= 1:
         return 0.0
     L = _log2(n)
@@ -59,14 +62,17 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
         lp = int(math.log2(P))
         return {"linear": 2 * (n - 1) * (a + S * b) + (n - 1) * S * g,
                 "ring": 2 * (n - 1) * a + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
+                "direct": 2 * a + 2 * (n - 2) * o + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
                 "recursive_doubling": lp * (a + S * (b + g)) + fold,
                 "rabenseifner": 2 * lp * a + 2 * (P - 1) / P * S * b + (P - 1) / P * S * g + fold}[algo]
     s = S / n
     if name in ("all_gather", "all_gather_single"):
-        return {"linear": (n - 1) * (a + s * b) + (n - 1) ** 2 * (a + s * b), "ring": (n - 1) * (a + s * b)}[algo]
+        return {"linear": (n - 1) * (a + s * b) + (n - 1) ** 2 * (a + s * b), "ring": (n - 1) * (a + s * b),
+                "direct": a + (n - 2) * o + (n - 1) * s * b}[algo]
     if name in ("reduce_scatter", "reduce_scatter_single"):
         return {"linear": (n - 1) * (a + S * (b + g)) + (n - 1) * (a + s * b),
-                "ring": (n - 1) * (a + s * (b + g))}[algo]
+                "ring": (n - 1) * (a + s * (b + g)),
+                "direct": a + (n - 2) * o + (n - 1) * s * (b + g)}[algo]
     if name in ("scatter", "gather"):
         return {"linear": (n - 1) * (a + s * b), "ring": (n - 1) * (a + s * b) + (n - 2) * a,
                 "tree": L * a + (n - 1) * s * b}[algo]
@@ -123,6 +129,9 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
         if algo == "ring":
             c = [(e - s) * elem for s, e in chunk_bounds(numel, n)]
             return msgs([c[i] for i in range(n) if i != (rank + 1) % n] + [c[i] for i in range(n) if i != (rank + 2) % n])
+        if algo == "direct":
+            c = [(e - s) * elem for s, e in chunk_bounds(numel, n)]
+            return msgs([c[i] for i in range(n) if i != rank] + [c[rank]] * (n - 1))
         if rank < 2 * rem and rank % 2 == 0:
             return 1, S
         fold = [S] if rank < 2 * rem else []
@@ -137,7 +146,7 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
     if base == "all_gather":
         if algo == "linear":
             return msgs([S] * (n - 1) ** 2) if rank == 0 else (1, S)
-        return msgs([S] * (n - 1))
+        return msgs([S] * (n - 1))                                              # ring and direct
     if base == "reduce_scatter":
         if algo == "linear":
             return msgs([S] * (n - 1)) if rank == 0 else (1, n * S)

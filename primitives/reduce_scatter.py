@@ -10,6 +10,9 @@ Cost, S = bytes of one block (each input holds N·S):
   ring    N-1 steps; at step s rank r adds its own block (r-s-2) to the partial sum it just
           received and passes it on. N-1 messages, (N-1)·S bytes per rank.
                                                            (N-1)(α + Sβ + Sγ)
+  direct  one round: rank r sends block p to rank p and receives block r from everyone at
+          once, then reduces the N contributions in rank order 0..N-1. N-1 messages,
+          (N-1)·S bytes per rank; (N-1)·S bytes of scratch.  α + (N-1)·o + (N-1)S(β + γ)
 The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
 buffer is never overwritten while its send is in flight).
 """
@@ -50,7 +53,19 @@ def _ring(comm, blocks, out, op):
     out.copy_(inc)
 
 
-ALGOS = {"linear": _linear, "ring": _ring}
+def _direct(comm, blocks, out, op):
+    n, r, k = comm.size, comm.rank, out.numel()
+    tmp = scratch(comm, (n - 1) * k, out.dtype).view(n - 1, k)
+    peers = [(r + i) % n for i in range(1, n)]
+    wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)] + [comm.isend(blocks[p], p) for p in peers])
+    rows = {p: tmp[i] for i, p in enumerate(peers)}
+    rows[r] = blocks[r]
+    out.copy_(rows[0])
+    for p in range(1, n):                            # fixed rank order: deterministic
+        combine_(out, rows[p], op)
+
+
+ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct}
 
 
 def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op):

@@ -322,6 +322,13 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             want(all(lo <= b <= hi for b in bs), f"each rank within [{lo}, {hi}] bytes")
             if numel >= n:
                 want(all(m == 2 * (n - 1) for m in ms), "each rank 2(N-1) messages")
+        elif algo == "direct":
+            want(sum(bs) == 2 * (n - 1) * S, "Σ bytes == 2(N-1)·S")
+            c = [len(x) * elem for x in torch.arange(numel).tensor_split(n)]
+            want(all(b == S - c[r] + (n - 1) * c[r] for r, b in enumerate(bs)),
+                 "rank r sends every chunk but its own once, then its own chunk to N-1 peers")
+            if numel >= n:
+                want(all(m == 2 * (n - 1) for m in ms), "each rank 2(N-1) messages")
         elif algo == "linear":
             want(ms[0] == n - 1 and bs[0] == (n - 1) * S, "rank 0 sends (N-1) × S")
             want(all(ms[r] == 1 and bs[r] == S for r in range(1, n)), "others send S once")
@@ -338,14 +345,14 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             if numel >= p2:
                 want(sum(ms) == p2 * 2 * lg + 2 * rem, "Σ msgs == P·2log2 P + 2R")
     elif base == "all_gather":
-        if algo == "ring":
+        if algo in ("ring", "direct"):
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "each rank (N-1) × S")
         else:
             want(ms[0] == (n - 1) ** 2 and bs[0] == (n - 1) ** 2 * S, "rank 0 sends (N-1)² × S")
             want(all(ms[r] == 1 and bs[r] == S for r in range(1, n)), "others send S once")
         want(all(b == (n - 1) * S for b in br), "every rank receives (N-1)·S")
     elif base == "reduce_scatter":
-        if algo == "ring":
+        if algo in ("ring", "direct"):
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "each rank (N-1) × block")
         else:
             want(ms[0] == n - 1 and bs[0] == (n - 1) * S, "rank 0 sends N-1 blocks")
