@@ -47,7 +47,7 @@ def _direct(comm, blocks):
 ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct}
 
 
-def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None):
+def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None, tag=0):
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: the full output
     algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
 
@@ -66,18 +66,18 @@ def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None):
             post()
     return run(comm, name, algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=-1,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="auto"):
+def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_gather(tensor_list, tensor): tensor_list[i] <- rank i's tensor."""
     comm = get_comm(group)
     check = Check(comm, "all_gather")
     ok = check.tensor("tensor", tensor) and check.tensor_list("tensor_list", tensor_list, tensor)
-    return _run("all_gather", lambda: tensor_list, tensor, comm, check, algorithm, ok, async_op)
+    return _run("all_gather", lambda: tensor_list, tensor, comm, check, algorithm, ok, async_op, tag=tag)
 
 
-def all_gather_single(output, input, group=None, async_op=False, *, algorithm="auto"):
+def all_gather_single(output, input, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_gather_single: output (N·numel elements) <- all inputs, rank-major."""
     comm = get_comm(group)
     check = Check(comm, "all_gather_single")
@@ -92,7 +92,7 @@ def all_gather_single(output, input, group=None, async_op=False, *, algorithm="a
     out = output if not ok or output.is_contiguous() else output.contiguous()
     blocks = lambda: list(out.view(-1).tensor_split(comm.size))  # noqa: E731
     post = None if out is output else (lambda: output.copy_(out))
-    return _run("all_gather_single", blocks, input, comm, check, algorithm, ok, async_op, post)
+    return _run("all_gather_single", blocks, input, comm, check, algorithm, ok, async_op, post, tag=tag)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "recursive_doublin
          "rabenseifner": _rabenseifner}
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_reduce(tensor, op): in place on every rank."""
     comm = get_comm(group)
     check = Check(comm, "all_reduce")
@@ -162,7 +162,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
             tensor.copy_(buf.view_as(tensor))
     return run(comm, "all_reduce", algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=opn, root=-1,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def _tree(comm, buf, root):
 ALGOS = {"linear": _linear, "ring": _ring, "tree": _tree}
 
 
-def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto"):
+def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.broadcast: tensor on every rank becomes src's tensor (src is a global rank)."""
     comm = get_comm(group)
     check = Check(comm, "broadcast")
@@ -79,7 +79,7 @@ def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto"):
             tensor.copy_(buf.view_as(tensor))
     return run(comm, "broadcast", algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """What every collective shares: argument checks, the metadata handshake, reduce ops,
 chunking, scratch buffers, async execution and algorithm selection.
 
+Callers can add their own `tag=` (an int every rank must agree on, e.g. which module a ZeRO-3
+gather belongs to) and get that identity checked in the same round.
+
 The handshake is the cheap trick that turns bad input into errors instead of hangs: before
 moving data, every rank sends every other rank eight int64s (call, algorithm, op, root, dtype,
 numel, shape hash, "my arguments are bad"). One round, N-1 tiny messages per rank. If any rank
@@ -198,7 +201,7 @@ def _meta_desc(names):
         d = dict(zip(names, row))
         dtype = _DTYPES[d["dtype"]] if 0 <= d["dtype"] < len(_DTYPES) else "?"
         return (f"(call={known.get(d['call'], '?')}, algorithm={known.get(d['algorithm'], '?')}, dtype={dtype}, "
-                f"numel={d['numel']}, shape#={d['shape']}, "
+                f"numel={d['numel']}, shape#={d['shape']}, tag={d['tag']}, "
                 f"op={list(_OP_CODES)[d['op']] if d['op'] >= 0 else '-'}, root={d['root']})")
     return desc
 
@@ -225,7 +228,7 @@ class AsyncWork:
 
 
 def run(comm: Communicator, name: str, algorithm: str, check: Check, *, numel: int, dtype,
-        op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False):
+        op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0):
     """Validate (locally and, via the handshake, across ranks), then run body() under the ledger.
 
     Collectives on one communicator run in call order on a single worker thread when any of
@@ -234,9 +237,9 @@ def run(comm: Communicator, name: str, algorithm: str, check: Check, *, numel: i
     def go():
         if _HANDSHAKE:
             meta = [_code(name), _code(algorithm), _OP_CODES.get(op, -1), root,
-                    _DTYPE_CODES.get(dtype, -1), numel, _code(str(tuple(shape)))]
+                    _DTYPE_CODES.get(dtype, -1), numel, _code(str(tuple(shape))), int(tag)]
             _handshake(comm, name, meta, check.errors,
-                       _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape"]))
+                       _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape", "tag"]))
         elif check.errors:
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
         with LEDGER.call(name, algorithm, nbytes):

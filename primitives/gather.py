@@ -67,7 +67,7 @@ def _tree(comm, mine, blocks, root):
 ALGOS = {"linear": _linear, "ring": _ring, "tree": _tree}
 
 
-def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, *, algorithm="auto"):
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.gather(tensor, gather_list, dst); gather_list is written on dst only."""
     comm = get_comm(group)
     check = Check(comm, "gather")
@@ -97,7 +97,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, *, algor
                     orig.copy_(w.view_as(orig))
     return run(comm, "gather", algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 
 if __name__ == "__main__":

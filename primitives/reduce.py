@@ -74,7 +74,7 @@ def _tree(comm, buf, root, op):
 ALGOS = {"linear": _linear, "ring": _ring, "tree": _tree}
 
 
-def reduce(tensor, dst, op=None, group=None, async_op=False, *, algorithm="auto"):
+def reduce(tensor, dst, op=None, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce(tensor, dst, op): the result lands in dst's tensor."""
     from primitives.core import ReduceOp
     op = ReduceOp.SUM if op is None else op
@@ -96,7 +96,7 @@ def reduce(tensor, dst, op=None, group=None, async_op=False, *, algorithm="auto"
                 tensor.copy_(buf.view_as(tensor))
     return run(comm, "reduce", algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=opn, root=root,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 
 if __name__ == "__main__":

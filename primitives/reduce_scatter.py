@@ -60,15 +60,16 @@ def _direct(comm, blocks, out, op):
     wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)] + [comm.isend(blocks[p], p) for p in peers])
     rows = {p: tmp[i] for i, p in enumerate(peers)}
     rows[r] = blocks[r]
-    out.copy_(rows[0])
+    acc = scratch(comm, k, out.dtype, slot=1).copy_(rows[0])   # out may alias blocks[r]
     for p in range(1, n):                            # fixed rank order: deterministic
-        combine_(out, rows[p], op)
+        combine_(acc, rows[p], op)
+    out.copy_(acc)
 
 
 ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct}
 
 
-def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op):
+def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0):
     nbytes = output.numel() * output.element_size() * comm.size if ok else 0
     algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
 
@@ -84,19 +85,19 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op):
             output.copy_(out.view_as(output))
     return run(comm, name, algo, check, numel=output.numel() if ok else -1,
                dtype=output.dtype if ok else None, op=opn, root=-1,
-               shape=tuple(output.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+               shape=tuple(output.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 
-def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter(output, input_list, op)."""
     comm = get_comm(group)
     check = Check(comm, "reduce_scatter")
     ok = check.tensor("output", output) and check.tensor_list("input_list", input_list, output)
     opn = check.op(op, output.dtype if ok else None)
-    return _run("reduce_scatter", lambda: input_list, output, comm, check, opn, algorithm, ok, async_op)
+    return _run("reduce_scatter", lambda: input_list, output, comm, check, opn, algorithm, ok, async_op, tag=tag)
 
 
-def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
     comm = get_comm(group)
     check = Check(comm, "reduce_scatter_single")
@@ -110,7 +111,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         ok = not check.errors
     opn = check.op(op, output.dtype if ok else None)
     blocks = lambda: list(flat_work(input)[0].tensor_split(comm.size))  # noqa: E731
-    return _run("reduce_scatter_single", blocks, output, comm, check, opn, algorithm, ok, async_op)
+    return _run("reduce_scatter_single", blocks, output, comm, check, opn, algorithm, ok, async_op, tag=tag)
 
 
 if __name__ == "__main__":

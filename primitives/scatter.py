@@ -69,7 +69,7 @@ def _tree(comm, out, blocks, root):
 ALGOS = {"linear": _linear, "ring": _ring, "tree": _tree}
 
 
-def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, algorithm="auto"):
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on src only."""
     comm = get_comm(group)
     check = Check(comm, "scatter")
@@ -96,7 +96,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, alg
             tensor.copy_(out.view_as(tensor))
     return run(comm, "scatter", algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 
 if __name__ == "__main__":

@@ -158,8 +158,9 @@ def test_handshake_is_control_traffic_not_data(spawn):
             on, off = by[(name, True)], by[(name, False)]
             assert on[0] == off[0], f"rank {rank} {name}: data counts change with the handshake: {on[0]} vs {off[0]}"
             assert on[2] == on[0][1], "the per-call record holds the data bytes only"
-            # handshake: one message of 8 int64 to each of the N-1 peers
-            assert on[1] == (n - 1, (n - 1) * 8 * 8), f"rank {rank}: handshake traffic {on[1]}"
+            # handshake: one message of 9 int64 (7 call fields, the caller's tag, the error
+            # flag) to each of the N-1 peers
+            assert on[1] == (n - 1, (n - 1) * 9 * 8), f"rank {rank}: handshake traffic {on[1]}"
             assert off[1] == (0, 0), "no control traffic with the handshake off"
 
 

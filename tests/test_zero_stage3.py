@@ -100,16 +100,17 @@ class Branchy(nn.Module):
         return self.b(x).sum()
 
 
-def _diverge(rank, world):
+def _diverge(rank, world, impl):
     torch.manual_seed(0)
-    engine, *_ = zero_from_scratch.initialize(model=Branchy(), config=CFG)
+    engine, *_ = zero_from_scratch.initialize(model=Branchy(), config=CFG, comm_impl=impl)
     loss = engine(torch.ones(2, 4), times=1 if rank == 0 else 2)   # rank 1 runs `a` twice
     engine.backward(loss)
     return "no error"
 
 
-def test_divergent_module_calls_raise_naming_the_module(spawn):
-    res = spawn(_diverge, 2, allow_fail=True)
+@pytest.mark.parametrize("impl", ["primitives", "torch"])   # tag in the handshake / separate check round
+def test_divergent_module_calls_raise_naming_the_module(spawn, impl):
+    res = spawn(_diverge, 2, args=(impl,), allow_fail=True)
     assert all(status == "error" for status, _ in res), res
     for status, tb in res:
         assert "ZeroDivergenceError" in tb and "'a'" in tb and "'b'" in tb and "call #" in tb

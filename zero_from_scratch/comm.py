@@ -85,10 +85,12 @@ class Comm:
     def all_reduce(self, t: torch.Tensor, purpose: str) -> None:
         self._run(purpose, "all_reduce", t.numel() * t.element_size(), lambda: self._all_reduce(t))
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, purpose: str) -> None:
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0) -> None:
         """out (numel/N) <- this rank's block of the sum of every rank's inp. out may alias inp's block."""
         def go():
-            if self.impl == "torch" and _overlaps(out, inp):
+            if self.impl == "primitives":
+                self._rs(out, inp, tag=tag)
+            elif _overlaps(out, inp):
                 tmp = torch.empty_like(out)
                 self._rs(tmp, inp)
                 out.copy_(tmp)
@@ -96,10 +98,22 @@ class Comm:
                 self._rs(out, inp)
         self._run(purpose, "reduce_scatter", inp.numel() * inp.element_size(), go)
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, purpose: str) -> None:
+    @property
+    def checks_tags(self) -> bool:
+        """True when every collective already verifies a caller tag across ranks (the primitives
+        handshake), so callers need no separate consistency round."""
+        if self.impl != "primitives":
+            return False
+        import primitives
+        return primitives.handshake_enabled()
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0) -> None:
         """out (N·numel) <- every rank's inp, rank-major. inp may be out's own block."""
         def go():
-            self._ag(out, inp.clone() if self.impl == "torch" and _overlaps(out, inp) else inp)
+            if self.impl == "primitives":
+                self._ag(out, inp, tag=tag)
+                return
+            self._ag(out, inp.clone() if _overlaps(out, inp) else inp)
         self._run(purpose, "all_gather", out.numel() * out.element_size(), go)
 
     def broadcast(self, t: torch.Tensor, src: int, purpose: str) -> None:

@@ -56,13 +56,13 @@ class Stage2(Stage1):
             self._reduce(units[self.next_unit])
             self.next_unit += 1
 
-    def _reduce(self, u) -> None:
+    def _reduce(self, u, tag: int = 0) -> None:
         c = self.e.comm
         b = self.bucket.pop(u.index, None)
         if b is None:
             b = torch.zeros(u.padded, dtype=self.e.dtype)    # no gradient here this micro-batch
         lo, hi = u.shard_range(c.rank)
-        c.reduce_scatter(b[lo:hi], b, "grad reduce-scatter")
+        c.reduce_scatter(b[lo:hi], b, "grad reduce-scatter", tag=tag)
         self.gshard[u.group][u.local_offset:u.local_offset + u.shard].add_(b[lo:hi])
         self.pending[u.index] = -1                              # done for this micro-batch
 

@@ -14,8 +14,8 @@ DeepSpeed leaves them, issue #3570). Module hooks bring full parameters just in 
 Total 3(N-1)/N·Ψ per micro-batch. The optimizer steps the shard in place (it is the fp32
 master in fp32 mode); nothing is all-gathered after the step: the next forward gathers.
 
-Divergence: before every collective each rank states (what, unit, call#) in one tiny int64
-all-gather. If a module runs a different number of times, or in a different order, on some
+Divergence: every collective carries (what, unit, call#) as its handshake tag (or, with the
+handshake off or comm_impl="torch", in one tiny int64 all-gather before it). If a module runs a different number of times, or in a different order, on some
 rank, every rank raises ZeroDivergenceError naming the module on each rank, instead of pairing
 unrelated collectives or hanging (DeepSpeed #7998).
 """
@@ -73,12 +73,25 @@ class Stage3(Stage2):
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
     # ------------------------------------------------------------------ divergence check
-    def _check(self, kind: str, u, label: str) -> None:
+    def _check(self, kind: str, u, label: str) -> int:
+        """Count this (kind, unit) call and make sure every rank is at the same one.
+
+        With the primitives handshake on, the identity rides along as the collective's `tag`
+        (checked in the handshake round the collective does anyway: no extra latency) and is
+        only spelled out, by _diverged, once the handshake has flagged a mismatch on every
+        rank. Otherwise it costs one tiny all-gather here."""
         c = self.e.comm
         if c.size == 1:
-            return
+            return 0
         n = self.calls[u.index] = self.calls.get(u.index, 0) + 1
-        rows = c.gather_ints([_KIND[kind], u.index, n])
+        mine = [_KIND[kind], u.index, n]
+        if c.checks_tags:
+            return (mine[0] << 48) | (mine[1] << 24) | mine[2]
+        self._diverged(c.gather_ints(mine), label)
+        return 0
+
+    def _diverged(self, rows, label: str) -> None:
+        c = self.e.comm
         if any(r != rows[c.rank] for r in rows):
             def say(r):
                 k = {v: key for key, v in _KIND.items()}.get(r[0], "?")
@@ -88,13 +101,27 @@ class Stage3(Stage2):
                 f"rank {c.rank}: ZeRO-3 ranks diverged at {label}: {desc}. Every rank must run the same "
                 "modules, the same number of times, in the same order (same control flow on every rank)")
 
+    @contextlib.contextmanager
+    def _tagged(self, tag: int, label: str):
+        """Turn a handshake mismatch of the tagged collective into a ZeroDivergenceError that names
+        the modules. Every rank sees the mismatch, so every rank can take part in gather_ints."""
+        from primitives import CollectiveError
+        try:
+            yield
+        except CollectiveError as e:
+            if not tag:
+                raise
+            self._diverged(self.e.comm.gather_ints([tag >> 48, (tag >> 24) & 0xFFFFFF, tag & 0xFFFFFF]), label)
+            raise ZeroDivergenceError(f"rank {self.e.comm.rank}: ZeRO-3 collective failed at {label}: {e}") from e
+
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u, kind: str, label: str) -> None:
         if u.index in self.gathered_units:
             return
-        self._check(kind, u, label)
+        tag = self._check(kind, u, label)
         full = torch.empty(u.padded, dtype=self.e.dtype)
-        self.e.comm.all_gather(full, self.param_shard(u), f"param all-gather ({kind})")
+        with self._tagged(tag, label):
+            self.e.comm.all_gather(full, self.param_shard(u), f"param all-gather ({kind})", tag=tag)
         for s in u.slots:
             self.params[s.name].data = full[s.offset:s.offset + s.numel].view(s.shape)
         self.gathered_units.add(u.index)
@@ -127,9 +154,11 @@ class Stage3(Stage2):
     def _unit_complete(self, u) -> None:
         self._reduce(u)                 # module order is checked, so no reordering needed
 
-    def _reduce(self, u) -> None:
-        self._check("reduce", u, f"gradient reduce-scatter of {u.tag!r}")
-        super()._reduce(u)
+    def _reduce(self, u, tag: int = 0) -> None:
+        label = f"gradient reduce-scatter of {u.tag!r}"
+        tag = self._check("reduce", u, label)
+        with self._tagged(tag, label):
+            super()._reduce(u, tag)
         self._release(u)
 
     def after_backward(self, boundary: bool) -> None:
