@@ -173,16 +173,17 @@ class MPIComm(Communicator):
         return self.mpi.Irecv([self._bytes(tensor), self.MPI.BYTE], source=peer, tag=7)
 
     def _wait(self, req):
-        # MPI_Wait has no deadline: poll. Spin first (MPICH is tuned for it), then back off
-        # so ranks sharing a core still make progress.
-        deadline, spins, nap = time.monotonic() + self.timeout, 0, 0.0
+        # MPI_Wait has no deadline, so poll. Yield the core between polls (sleep(0)) instead of
+        # napping: with more ranks than cores the peer needs the CPU, and a nap of even 100 µs
+        # per dependent step showed up as a 2x slower ring all-reduce at 4 ranks on 2 cores.
+        if req.Test():
+            return
+        deadline, spins = time.monotonic() + self.timeout, 0
         while not req.Test():
             spins += 1
-            if spins > 2000:
-                if time.monotonic() > deadline:
-                    raise PeerError(f"timed out after {self.timeout:.0f}s")
-                nap = min(1e-3, nap + 1e-5)
-                time.sleep(nap)
+            time.sleep(0)
+            if spins % 4096 == 0 and time.monotonic() > deadline:
+                raise PeerError(f"timed out after {self.timeout:.0f}s")
 
 
 _MPI_WORLD: MPIComm | None = None

@@ -26,9 +26,12 @@ class Params:
     o: float = 0.0 # seconds of sender-side overhead per extra message posted in the same round
 
 
-# Fitted by `python primitives/bench.py --fit` on the development machine (see tutorial 02).
+# gloo: fitted by `torchrun --nproc_per_node 2|4 primitives/bench.py --fit` on the 2-core
+# development machine (α ≈ 150–165 µs, β ≈ 0.27 ns/B ≈ 3.7 GB/s, γ ≈ 0.07–0.12 ns/B; tutorial 02).
+# o = α: posting extra messages in one round was measured no cheaper than a dependent step
+# here, so "direct" is never preferred over the ring by the model on this machine.
 DEFAULTS = {
-    "gloo": Params(alpha=2.5e-4, beta=4.0e-10, gamma=2.5e-10, o=2.5e-4),
+    "gloo": Params(alpha=1.5e-4, beta=2.7e-10, gamma=1.0e-10, o=1.5e-4),
     "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10, o=2.0e-5),
     "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12, o=1.0e-5),
 }

@@ -195,3 +195,21 @@ def test_grad_norm_sum_of_squares_is_exact_on_a_large_gradient():
     assert abs(ours - exact) <= 1e-12 * exact
     naive = float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2   # what the engine used to do
     assert abs(naive - exact) > 1e-7 * exact, "the float32 sum was expected to be measurably off"
+
+
+def test_engine_reports_deepspeed_accessors(spawn):
+    res = spawn(_accessors, 2)
+    assert res[0] == res[1] == (16, 4, 2, 0.5, False, True)
+
+
+def _accessors(rank, world):
+    import zero_from_scratch
+    model = torch.nn.Linear(4, 2)
+    cfg = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.5,
+           "bf16": {"enabled": True}, "zero_optimization": {"stage": 2},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    e, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    # 16 = 4 per rank × 2 ranks × accumulation 2: accumulation is derived, as in DeepSpeed
+    assert e.gradient_accumulation_steps() == 2
+    return (e.train_batch_size(), e.train_micro_batch_size_per_gpu(), e.zero_optimization_stage(),
+            e.gradient_clipping(), e.fp16_enabled(), e.bf16_enabled())

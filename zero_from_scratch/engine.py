@@ -179,6 +179,25 @@ class ZeroEngine(nn.Module):
     def zero_grad(self) -> None:
         self.stage.zero_grad()
 
+    # DeepSpeed's read-only accessors, so code written against DeepSpeedEngine can report them
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage_id
+
+    def gradient_clipping(self) -> float:
+        return self.config.gradient_clipping
+
+    def fp16_enabled(self) -> bool:
+        return self.config.fp16.enabled
+
+    def bf16_enabled(self) -> bool:
+        return self.config.bf16
+
     def get_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 
