@@ -47,16 +47,17 @@ def build(model: str):
     return DistilBertForSequenceClassification(cfg)
 
 
-def ds_config(stage: int, bf16: bool, micro: int) -> dict:
-    """DeepSpeed's defaults where they matter (5e8-element buckets), AdamW via torch."""
+def ds_config(stage: int, bf16: bool, micro: int, bucket: int = int(5e8)) -> dict:
+    """DeepSpeed's defaults where they matter (5e8-element buckets unless --bucket), AdamW via torch."""
     return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
             "steps_per_print": 10 ** 9, "bf16": {"enabled": bf16},
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01, "torch_adam": True}},
-            "zero_optimization": {"stage": stage, "reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8),
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
                                   "overlap_comm": False, "contiguous_gradients": True}}
 
 
-def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warmup, t_launch, threads):
+def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warmup, t_launch, threads,
+               bucket=int(5e8)):
     """spawn target: build, wrap, train warmup + steps; return timings and this rank's peak RSS."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
@@ -81,7 +82,7 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
     else:
         from zero_from_scratch.ds_parity import make_engine
         e = make_engine("deepspeed" if engine == "deepspeed" else "ours", m, m.parameters(),
-                        ds_config(stage, dtype == "bf16", micro), "primitives")
+                        ds_config(stage, dtype == "bf16", micro, bucket), "primitives")
 
         def one_step():
             loss = e(**batch).loss
@@ -102,7 +103,8 @@ def run_one(engine, stage, dtype, a):
     from primitives.launch import spawn
     t0 = time.time()
     res = spawn(bench_rank, a.world_size, timeout=a.timeout, comm_timeout=600.0, threads=a.threads,
-                args=(engine, stage, dtype, a.model, a.micro_batch, a.seq, a.steps, a.warmup, t0, a.threads))
+                args=(engine, stage, dtype, a.model, a.micro_batch, a.seq, a.steps, a.warmup, t0, a.threads,
+                      int(a.bucket)))
     step = [max(r["times"][i] for r in res) for i in range(a.steps)]  # a step ends when the slowest rank ends
     return {"engine": engine, "stage": stage, "dtype": dtype, "step_s": step,
             "rss_gib": [r["rss"] / GIB for r in res], "first_s": max(r["first"] for r in res)}
@@ -154,6 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=None, help="tokens per sample (default 128, --quick 32)")
+    ap.add_argument("--bucket", type=float, default=5e8,
+                    help="reduce/allgather_bucket_size in elements, both engines (DeepSpeed's default 5e8 "
+                         "makes DistilBERT-base one bucket, so stage 2 holds a full-size gradient bucket)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default 5, --quick 2)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)

@@ -17,6 +17,7 @@ stream-ordered, and wait() on a Work is enough.
 """
 from __future__ import annotations
 
+import abc
 import os
 import time
 from datetime import timedelta
@@ -68,7 +69,7 @@ class _Done:
 _DONE = _Done()
 
 
-class Communicator:
+class Communicator(abc.ABC):
     rank: int
     size: int
     backend: str
@@ -107,10 +108,18 @@ class Communicator:
         return (f"rank {self.rank}: failed {kind} rank {peer} (backend {self.backend}, "
                 f"timeout {self.timeout:.0f}s; did rank {peer} die or skip this call?){why}")
 
-    # implemented by subclasses
-    def _isend(self, tensor, peer): raise NotImplementedError
-    def _irecv(self, tensor, peer): raise NotImplementedError
-    def _wait(self, handle): raise NotImplementedError
+    # what a backend provides: post a send / a receive, and wait for one (honouring self.timeout)
+    @abc.abstractmethod
+    def _isend(self, tensor, peer): ...
+
+    @abc.abstractmethod
+    def _irecv(self, tensor, peer): ...
+
+    @abc.abstractmethod
+    def _wait(self, handle): ...
+
+    @abc.abstractmethod
+    def global_rank(self, group_rank: int) -> int: ...
 
 
 class TorchComm(Communicator):

@@ -127,8 +127,7 @@ def _engine_available(kind):
 
 @pytest.mark.parametrize("kind", ["zero", "ddp"])
 def test_other_engines_under_torchrun(easy, kind):
-    if not _engine_available(kind):
-        pytest.skip(f"--engine {kind}: its package is not in this checkout yet")
+    assert _engine_available(kind), f"--engine {kind}: its package does not provide the engine API"
     out = easy / kind
     run_cmd(f"torchrun --standalone --nproc_per_node 2 classification/train.py --engine {kind} "
             f"--dataset {easy}/easy.jsonl --config {easy}/tiny.json --epochs 2 {COMMON} --output-dir {out}", timeout=300)

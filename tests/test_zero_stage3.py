@@ -114,3 +114,37 @@ def test_divergent_module_calls_raise_naming_the_module(spawn, impl):
     assert all(status == "error" for status, _ in res), res
     for status, tb in res:
         assert "ZeroDivergenceError" in tb and "'a'" in tb and "'b'" in tb and "call #" in tb
+
+
+def _freed_between_forward_and_backward(rank, world):
+    """Every buffer gathered for forward must be gone before backward starts (autograd saves a
+    reference to the unit, not the tensor), and backward must still see the weights."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef   # a weak reference to the bytes
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 1))
+    engine, *_ = zero_from_scratch.initialize(model=m, model_parameters=m.parameters(), config=CFG)
+    st, refs, saved_as_refs = engine.stage, [], []
+    gather, pack = st._gather, st._pack
+
+    def spy_gather(u, kind, label):
+        gather(u, kind, label)
+        if kind == "forward":
+            refs.append(StorageWeakRef(st.full_of[u.index].untyped_storage()))
+    st._gather = spy_gather
+    st._pack = lambda t: (lambda r: (saved_as_refs.append(isinstance(r, tuple)), r)[1])(pack(t))
+    x = torch.randn(2, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()  # so W.t() is saved
+    loss = engine(x).sum()
+    gc.collect()
+    alive = sum(not r.expired() for r in refs)
+    engine.backward(loss)                       # must still find every weight it saved
+    engine.step()
+    return len(refs), alive, sum(saved_as_refs)
+
+
+def test_gathered_weights_are_freed_between_forward_and_backward(spawn):
+    for n_gathered, alive, n_refs in spawn(_freed_between_forward_and_backward, 2):
+        assert n_gathered == 4                  # four modules own parameters (GELU has none)
+        assert alive == 0, f"{alive} gathered buffers still alive after forward"
+        assert n_refs >= 3                      # the Linear weights were saved by reference

@@ -31,6 +31,10 @@ from zero_from_scratch.stage2 import Stage2
 _KIND = {"forward": 1, "backward": 2, "reduce": 3, "gather_ctx": 4}
 
 
+class _SavedView:
+    """Marker: a saved tensor that is a view of a gathered parameter unit (see _pack)."""
+
+
 class ZeroDivergenceError(RuntimeError):
     """Ranks ran different modules (or a module a different number of times)."""
 
@@ -53,6 +57,8 @@ class Stage3(Stage2):
             lo, hi = u.shard_range(c.rank)
             self.pshard[u.group][u.local_offset:u.local_offset + u.shard].copy_(full[lo:hi])
         self.gathered_units: set[int] = set()
+        self.full_of: dict[int, torch.Tensor] = {}        # unit -> its gathered buffer, while gathered
+        self.unit_of_storage: dict[int, int] = {}         # that buffer's storage pointer -> unit
         self.calls: dict[int, int] = {}
         self.tag_of = {u.index: u.tag for u in lay.units}
         for s_name, p in self.params.items():
@@ -125,12 +131,47 @@ class Stage3(Stage2):
         for s in u.slots:
             self.params[s.name].data = full[s.offset:s.offset + s.numel].view(s.shape)
         self.gathered_units.add(u.index)
+        self.full_of[u.index] = full
+        self.unit_of_storage[full.untyped_storage().data_ptr()] = u.index
 
     def _release(self, u) -> None:
         if u.index in self.gathered_units:
             for s in u.slots:
                 self.params[s.name].data = torch.empty(0, dtype=self.e.dtype)
             self.gathered_units.discard(u.index)
+            full = self.full_of.pop(u.index, None)
+            if full is not None:
+                self.unit_of_storage.pop(full.untyped_storage().data_ptr(), None)
+
+    # ------------------------------------------------------------------ saved weights
+    # Autograd saves what backward needs, and for a Linear that is the weight (as W.t()). Saved
+    # as a tensor, it would keep the whole gathered buffer alive from forward to backward, so
+    # releasing after forward would free nothing. Instead, a view of a gathered unit is saved as
+    # (unit, shape, stride, offset) and rebuilt, on first use in backward, from the buffer the
+    # backward pre-hook has gathered again. DeepSpeed gets the same effect with its own Linear.
+    @contextlib.contextmanager
+    def saved_weights_by_reference(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+
+    def _pack(self, t: torch.Tensor):
+        if t.device.type == "meta" or t.layout != torch.strided:
+            return t
+        idx = self.unit_of_storage.get(t.untyped_storage().data_ptr())
+        if idx is None:
+            return t
+        return (_SavedView, idx, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.requires_grad)
+
+    def _unpack(self, x):
+        if not (isinstance(x, tuple) and x and x[0] is _SavedView):
+            return x
+        _, idx, shape, stride, offset, _ = x
+        full = self.full_of.get(idx)
+        if full is None:
+            raise RuntimeError(f"rank {self.e.comm.rank}: ZeRO-3 needs the parameters of "
+                               f"{self.tag_of.get(idx, idx)!r} in backward but they are not gathered "
+                               "(was the module's output used after its backward hook could run?)")
+        return full.as_strided(shape, stride, offset)
 
     def _pre_forward(self, name, units):
         def hook(module, args):
