@@ -33,8 +33,8 @@ def _disable_deepspeed_shm_build():
     behaviour."""
     if os.environ.get("RINGZERO_DS_SHM") == "1":
         return
-    import deepspeed.ops
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    from zero_from_scratch.ds_parity import skip_shm_op_build
+    skip_shm_op_build()
 
 
 class _Native:

@@ -73,8 +73,15 @@ def prepare_deepspeed(skip_shm_build: bool = True):
     import deepspeed.ops
     deepspeed.utils.logger.setLevel(logging.ERROR)
     if skip_shm_build:
-        deepspeed.ops.__compatible_ops__[SHM_OP] = False  # lazy dict: probe first, then override
+        skip_shm_op_build()
     return deepspeed
+
+
+def skip_shm_op_build() -> None:
+    """Mark DeepSpeed's `deepspeed_shm_comm` op incompatible, so it is never JIT-built (it serves
+    only inference_all_reduce; ZeRO training goes through torch.distributed)."""
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__[SHM_OP] = False  # lazy dict: probe first, then override
 
 
 # ----------------------------------------------------------------------------- models and data
