@@ -1,6 +1,12 @@
 """Every ```bash and ```python block of every tutorial chapter runs here, in order, from the
 repo root with the venv first on PATH. A block that fails fails its chapter's test.
-```text blocks are sample output and are not run."""
+
+```text blocks are sample output and are not run, but a sample that shows a rich table is
+checked against what the block before it really printed: every table title and every row
+name in the sample must appear in the real output (numbers may differ; names may not). So a
+table that lost a row, renamed a column or changed its title fails the chapter's test.
+Every picture a chapter embeds must exist and carry the metadata of the figure script that
+drew it (figures/common.py), so a hand-made or orphaned PNG fails too."""
 import os
 import re
 import sys
@@ -12,11 +18,57 @@ from conftest import ROOT, run_cmd
 TUT = os.path.join(ROOT, "tutorials")
 CHAPTERS = sorted(f for f in os.listdir(TUT) if re.match(r"\d\d_.*\.md$", f))
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.M | re.S)
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
+BOX_ROW, BOX_HEAD = "│", "┃"
+RULES = set("┏┓┗┛┡┩┢┪└┘┌┐├┤╭╮╰╯━─═┳┻┼╇╈┯┷ ")
 
 
 def blocks(path):
     with open(path) as f:
-        return [(lang, body) for lang, body in FENCE.findall(f.read()) if lang in ("bash", "python")]
+        return FENCE.findall(f.read())
+
+
+def _pattern(label: str) -> re.Pattern:
+    """A label with its numbers generalised: 'step 12' matches 'step 3', 'rank 0' 'rank 1'."""
+    parts = [r"\d+(?:[.,]\d+)*" if p.isdigit() else re.escape(p) for p in re.split(r"(\d+)", " ".join(label.split()))]
+    return re.compile(r"\s+".join("".join(parts).split(r"\ ")))
+
+
+def sample_signature(text: str) -> list[str]:
+    """Table titles and row names of the rich tables in a sample (empty if it shows none)."""
+    lines = text.splitlines()
+    if not any(BOX_ROW in ln or BOX_HEAD in ln for ln in lines):
+        return []
+    out = []
+    for ln in lines:
+        s = ln.strip()
+        if not s or set(s) <= RULES or s.strip(".… ") == "":
+            continue
+        if s[0] in (BOX_ROW, BOX_HEAD):
+            if s[0] == BOX_HEAD:
+                out += [c.strip() for c in s.strip(BOX_HEAD).split(BOX_HEAD) if c.strip()]
+            else:
+                first = s.strip(BOX_ROW).split(BOX_ROW)[0].strip()
+                if first and first.strip(".… ") and not re.fullmatch(r"[\d.,:%×x/ +-]+", first):
+                    out.append(first)
+        elif len(ln) - len(ln.lstrip()) >= 4:   # rich centres a table's title above it
+            out.append(s)
+    return out
+
+
+def missing_from(output: str, signature: list[str]) -> list[str]:
+    flat = " ".join(output.split())
+    return [lab for lab in signature if not _pattern(lab).search(flat)]
+
+
+def test_signature_catches_a_stale_row():
+    sample = ("      bytes per step\n┏━━━━━━┳━━━━━┓\n┃ what ┃ MiB ┃\n┡━━━━━━╇━━━━━┩\n"
+              "│ grads │ 1.0 │\n│ divergence check │ 2 │\n└──────┴─────┘\n")
+    real = "      bytes per step\n┃ what ┃ MiB ┃\n│ grads │ 3.5 │\n"
+    assert sample_signature(sample) == ["bytes per step", "what", "MiB", "grads", "divergence check"]
+    assert missing_from(real, sample_signature(sample)) == ["divergence check"]
+    assert missing_from(real.replace("grads", "gradients"), ["grads"]) == ["grads"]
+    assert missing_from("step 3 of 12", ["step 1 of 2"]) == []
 
 
 def test_index_lists_every_chapter():
@@ -27,15 +79,39 @@ def test_index_lists_every_chapter():
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_pictures_come_from_the_figure_scripts(chapter):
+    from figures.common import read_meta
+    with open(os.path.join(TUT, chapter)) as f:
+        for rel in IMAGE.findall(f.read()):
+            path = os.path.normpath(os.path.join(TUT, rel))
+            assert os.path.exists(path), f"{chapter} embeds {rel}, which does not exist: run `make figures`"
+            meta = read_meta(path)
+            src = meta.get("Source", "")
+            assert meta.get("Software") == "ringzero figures" and src, \
+                f"{chapter}: {rel} was not drawn by a figure script (no ringzero metadata)"
+            mod = os.path.join(ROOT, *src.split(".")) + ".py"
+            assert os.path.exists(mod), f"{chapter}: {rel} says it was drawn by {src}, which does not exist"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_runs(chapter, tmp_path):
     found = blocks(os.path.join(TUT, chapter))
-    assert found, f"{chapter} has no runnable block"
+    assert any(lang in ("bash", "python") for lang, _ in found), f"{chapter} has no runnable block"
+    last_output, stale = None, []
     for i, (lang, body) in enumerate(found):
         if lang == "bash":
             script = tmp_path / f"block{i}.sh"
             script.write_text("set -euo pipefail\n" + body)
-            run_cmd(f"bash {script}", timeout=600)
-        else:
+            r = run_cmd(f"bash {script}", timeout=600, env={"COLUMNS": "160"})
+        elif lang == "python":
             script = tmp_path / f"block{i}.py"
             script.write_text(body)
-            run_cmd(f"{sys.executable} {script}", timeout=600)
+            r = run_cmd(f"{sys.executable} {script}", timeout=600, env={"COLUMNS": "160"})
+        else:
+            if lang == "text" and last_output is not None:
+                gone = missing_from(last_output, sample_signature(body))
+                if gone:
+                    stale.append(f"sample output block {i} shows {gone}, which the command before it no longer prints")
+            continue                 # samples are checked against the last command run before them
+        last_output = r.stdout + r.stderr
+    assert not stale, f"{chapter}: " + "\n".join(stale)
