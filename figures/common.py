@@ -53,6 +53,7 @@ def pyplot():
 def save(fig, name: str, source: str, note: str = "") -> str:
     """Write tutorials/img/<name>.png with the stamp as a footer and as PNG metadata."""
     os.makedirs(IMG, exist_ok=True)
+    fig.tight_layout()
     footer = (note + "\n" if note else "") + f"python -m {source}  ·  {stamp()}"
     fig.text(0.01, -0.01, footer, fontsize=6.5, color="0.35", ha="left", va="top")  # below the axes
     path = os.path.join(IMG, f"{name}.png")
