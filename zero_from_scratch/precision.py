@@ -1,6 +1,6 @@
 """Precision: which dtype the model runs in, and fp16's dynamic loss scaler.
 
-    python -m pytest tests/test_zero_precision.py
+    python -m pytest tests/test_zero_units.py
 
 fp32   params, grads and Adam in fp32; the flat parameter buffer *is* the master copy.
 bf16   params and grads in bf16 (2 bytes), an fp32 master shard per rank, Adam in fp32.

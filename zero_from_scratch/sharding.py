@@ -1,6 +1,6 @@
 """The one sharding function: flatten, pad to a multiple of N, give every rank its offsets.
 
-    python -m pytest tests/test_zero_sharding.py        (pure arithmetic, no processes)
+    python -m pytest tests/test_zero_units.py -k shard     (pure arithmetic, no processes)
 
 Every part of the ZeRO engine that needs to know "which elements does rank r own" asks the
 Layout built here: the optimizer step, the gradient norm, the collectives and the checkpoint
