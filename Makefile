@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ringzero-installed
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow figures install clean
 
 $(STAMP): setup.cfg constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=python3)"; exit 1; }
@@ -29,6 +29,10 @@ test: $(STAMP)
 # the slow parity sweeps and long multi-process runs the default suite leaves out
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# every picture the tutorials embed, redrawn from fresh measurements (tutorials/img/*.png)
+figures: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m figures
 
 clean:
 	rm -rf $(VENV)
