@@ -2,8 +2,8 @@
 repo root with the venv first on PATH. A block that fails fails its chapter's test.
 
 ```text blocks are sample output and are not run, but a sample that shows a rich table is
-checked against what the block before it really printed: every table title and every row
-name in the sample must appear in the real output (numbers may differ; names may not). So a
+checked against what the chapter's commands really printed: every table title, column heading
+and row name in the sample must appear in the real output (numbers may differ; names may not). So a
 table that lost a row, renamed a column or changed its title fails the chapter's test.
 Every picture a chapter embeds must exist and carry the metadata of the figure script that
 drew it (figures/common.py), so a hand-made or orphaned PNG fails too."""
@@ -97,7 +97,7 @@ def test_chapter_pictures_come_from_the_figure_scripts(chapter):
 def test_chapter_runs(chapter, tmp_path):
     found = blocks(os.path.join(TUT, chapter))
     assert any(lang in ("bash", "python") for lang, _ in found), f"{chapter} has no runnable block"
-    last_output, stale = None, []
+    outputs, samples = [], []
     for i, (lang, body) in enumerate(found):
         if lang == "bash":
             script = tmp_path / f"block{i}.sh"
@@ -108,10 +108,12 @@ def test_chapter_runs(chapter, tmp_path):
             script.write_text(body)
             r = run_cmd(f"{sys.executable} {script}", timeout=600, env={"COLUMNS": "160"})
         else:
-            if lang == "text" and last_output is not None:
-                gone = missing_from(last_output, sample_signature(body))
-                if gone:
-                    stale.append(f"sample output block {i} shows {gone}, which the command before it no longer prints")
-            continue                 # samples are checked against the last command run before them
-        last_output = r.stdout + r.stderr
+            if lang == "text":
+                samples.append((i, sample_signature(body)))
+            continue
+        outputs.append(r.stdout + r.stderr)
+    # a sample may show the output of a command run further down the chapter: check against all
+    everything = "\n".join(outputs)
+    stale = [f"sample output block {i} shows {gone}, which no command of the chapter prints any more"
+             for i, sig in samples if (gone := missing_from(everything, sig))]
     assert not stale, f"{chapter}: " + "\n".join(stale)
