@@ -35,3 +35,11 @@ def print0(*objects, **kwargs) -> None:
 def rprint(*objects, **kwargs) -> None:
     """Print on every rank with a `[rank r]` prefix: for output that is per-rank by design."""
     console.print(f"[bold]\\[rank {rank()}][/bold]", *objects, **kwargs)   # \[ : a literal bracket, not a style tag
+
+
+def fail(message: str, code: int = 2):
+    """Exit with `message` on stderr as ONE write: under a launcher every rank writes to the same
+    stream, and SystemExit's own printing (text, then a newline, separately) lets two ranks'
+    messages run together on one line."""
+    os.write(2, (message.rstrip("\n") + "\n").encode())
+    raise SystemExit(code)

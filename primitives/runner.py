@@ -18,7 +18,7 @@ import torch
 import primitives as P
 from primitives.cost import traffic
 from primitives.launch import add_launch_args, init_from_env
-from primitives.log import print0
+from primitives.log import fail, print0
 from primitives.reference import ref
 
 ROOTED = ("broadcast", "reduce", "scatter", "gather")
@@ -130,15 +130,20 @@ def main(name: str, argv=None) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64", "int32", "int64"])
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--root", type=int, default=0, help="src/dst for rooted collectives")
-    ap.add_argument("--algorithms", default=",".join(P.ALGORITHMS[name] + ["auto"]))
+    valid = P.ALGORITHMS[name] + ["auto"]
+    ap.add_argument("--algorithms", default=",".join(valid), help=f"comma list of {', '.join(valid)}")
     args = ap.parse_args(argv)
+    bad = [a for a in args.algorithms.split(",") if a not in valid]
+    if bad:   # refuse at parsing, not at the collective's safety check after a long traceback
+        ap.error(f"--algorithms: {', '.join(map(repr, bad))} is not a {name} algorithm; expected a comma list of "
+                 f"{', '.join(valid)}")
     comm = init_from_env(args.backend, args.timeout)
     n = comm.size
     dtype = getattr(torch, args.dtype)
     numel = max(1, args.size // torch.empty(0, dtype=dtype).element_size())
     root = args.root if name in ROOTED else 0
     if not 0 <= root < n:
-        raise SystemExit(f"rank {comm.rank}: --root {root} is out of range for world size {n}")
+        fail(f"rank {comm.rank}: --root {root} is out of range for world size {n}: expected 0 ≤ root ≤ {n - 1}")
     if n == 1:
         print0(f"[yellow]World size 1: {name} has nobody to talk to, so every algorithm is a local copy.[/]\n"
                f"  For more ranks: [bold]torchrun --nproc_per_node 4 primitives/{name}.py[/]\n"
@@ -179,4 +184,4 @@ def main(name: str, argv=None) -> None:
     print0(table)
     print0("busbw = algbw × nccl-tests' factor; algbw = S / time, S = the full buffer for gather/scatter-type ops.")
     if failures:
-        raise SystemExit(f"rank {comm.rank}: {failures} check(s) failed")
+        fail(f"rank {comm.rank}: {failures} check(s) failed", code=1)
