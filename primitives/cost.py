@@ -34,7 +34,10 @@ DEFAULTS = {
     "gloo": Params(alpha=1.5e-4, beta=2.7e-10, gamma=1.0e-10, o=1.5e-4),
     "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10, o=2.0e-5),
     "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12, o=1.0e-5),
+    # shared memory (primitives/shm.py): fitted by `RINGZERO_TRANSPORT=shm torchrun ... bench.py --fit`
+    "shm": Params(alpha=2.0e-5, beta=2.0e-10, gamma=1.0e-10, o=2.0e-5),
 }
+SHM_NATIVE = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single")
 
 
 def _log2(n: int) -> int:
@@ -55,6 +58,14 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     P = 1 << (n.bit_length() - 1)
     fold = 2 * (a + S * b) + S * g if P != n else 0.0
     k = max(1, math.ceil(S / PIPELINE_BYTES))
+    if algo == "shm":     # shm_collectives: rounds of one workspace, 1-2 barriers (α) each, copies at β
+        from primitives.shm import WS_BYTES
+        if name == "all_reduce":
+            return 2 * math.ceil(S / WS_BYTES) * a + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g
+        s = S / n
+        rounds = math.ceil(s * (1 if name.startswith("all_gather") else n) / WS_BYTES)
+        red = (n - 1) * s * g if name.startswith("reduce_scatter") else 0.0
+        return max(1, rounds) * a + (n - 1) * s * b + red
     if name == "broadcast":
         return {"linear": (n - 1) * (a + S * b), "ring": (n - 2 + k) * (a + S * b / k),
                 "tree": L * (a + S * b)}[algo]
@@ -82,11 +93,13 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     raise KeyError(name)
 
 
-def choose(name: str, n: int, nbytes: int, backend: str = "gloo") -> str:
-    """algorithm="auto": the algorithm with the lowest predicted time (ties: first listed)."""
+def choose(name: str, n: int, nbytes: int, backend: str = "gloo", transport: str | None = None) -> str:
+    """algorithm="auto": the algorithm with the lowest predicted time (ties: first listed).
+    On the shared-memory transport its own fitted parameters, and the "shm" algorithms too."""
     from primitives import ALGORITHMS
-    p = DEFAULTS.get(backend, DEFAULTS["gloo"])
+    p = DEFAULTS["shm"] if transport in ("shm", "shm+tcp") else DEFAULTS.get(backend, DEFAULTS["gloo"])
     algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
+    algos += ["shm"] if transport == "shm" and name in SHM_NATIVE else []
     return min(algos, key=lambda al: predict(name, al, n, nbytes, p))
 
 
@@ -99,6 +112,7 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
     S = numel * elem
     if n <= 1 or numel == 0:
         return 0, 0
+    algo = "direct" if algo == "shm" else algo     # shm_collectives: peers read what "direct" sends
     v = (rank - root) % n
     low = v & -v if v else 1 << n.bit_length()
     base = name.replace("_single", "")
