@@ -41,7 +41,7 @@ SLOT_BYTES = int(os.environ.get("RINGZERO_SHM_SLOT_BYTES", 256 << 10))
 SLOTS = int(os.environ.get("RINGZERO_SHM_SLOTS", 4))
 WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 2 << 20))   # per rank, ×2 (double-buffered)
 LINE = 64                                                            # one cache line per counter
-SPIN, YIELDS = 64, 2000
+SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
 
 
 def transport_from_env(transport: str | None) -> str:
@@ -117,6 +117,8 @@ class ShmComm(TorchComm):
         self.transport = "shm" if n == self.size else "shm+tcp"
         self.u8 = torch.frombuffer(mm, dtype=torch.uint8)
         self.i64 = np.frombuffer(mm, dtype=np.int64)
+        self.i32 = np.frombuffer(mm, dtype=np.int32)
+        self._base = seg.base_address(mm)
         self.n_local = n
         self._sendq = {r: collections.deque() for r in local if r != self.rank}
         self._recvq = {r: collections.deque() for r in local if r != self.rank}
@@ -129,6 +131,16 @@ class ShmComm(TorchComm):
     # ------------------------------------------------------------------ channel geometry
     def _chan(self, src_rank: int, dst_rank: int) -> int:
         return self.L["chan0"] + (self.local[src_rank] * self.n_local + self.local[dst_rank]) * self.L["chan"]
+
+    def _door(self, rank: int) -> int:
+        """Byte offset of rank's doorbell: an int32 in its control line (the barrier count is at +0)."""
+        return self.L["ctl"] + self.local[rank] * LINE + 32
+
+    def ring(self, rank: int) -> None:
+        """Tell rank something it may be waiting for changed: bump its doorbell, wake it."""
+        d = self._door(rank)
+        self.i32[d // 4] += 1
+        seg.futex_wake(self._base + d)
 
     def _slot(self, chan: int, seq: int) -> int:
         return chan + 2 * LINE + (seq % SLOTS) * self.L["slot"]
@@ -175,7 +187,9 @@ class ShmComm(TorchComm):
                     if op.off == op.total:
                         op.done = True
                         sq.popleft()
-                self._head[peer] = head
+                if head != self._head[peer]:
+                    self._head[peer] = head
+                    self.ring(peer)
             if rq:
                 ch = self._chan(peer, self.rank)
                 tail, head = self._tail[peer], int(i64[ch // 8])
@@ -194,7 +208,9 @@ class ShmComm(TorchComm):
                     if op.off == op.total:
                         op.done = True
                         rq.popleft()
-                self._tail[peer] = tail
+                if tail != self._tail[peer]:
+                    self._tail[peer] = tail
+                    self.ring(peer)                                 # its sender may wait for a slot
             if not sq and not rq:
                 self._busy.discard(peer)
 
@@ -210,10 +226,13 @@ class ShmComm(TorchComm):
             handle.out = None
 
     def spin_until(self, ready, peer: int, kind: str, progress: bool = False) -> None:
-        """Poll ready() (advancing transfers when progress): spin, then yield, then nap with
-        backoff; a dead local peer or the deadline raises PeerError."""
-        spins, nap, deadline, check = 0, 2e-5, None, 0.0
+        """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
+        YIELD_S, then block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
+        Every 50 ms a dead local peer, and the deadline, become a PeerError."""
+        spins, start, check = 0, None, 0.0
+        door = self._door(self.rank)
         while True:
+            bell = int(self.i32[door // 4])              # read before checking: no lost wake-up
             if progress:
                 with self._lock:
                     self._progress()
@@ -222,22 +241,19 @@ class ShmComm(TorchComm):
             spins += 1
             if spins < SPIN:
                 continue
-            if spins < SPIN + YIELDS:
-                os.sched_yield()
-                if spins % 64:
-                    continue
             now = time.monotonic()
-            if deadline is None:
-                deadline = now + self.timeout
+            if start is None:
+                start = now
             if now >= check:
                 self._check_peers(peer, kind)
                 check = now + 0.05
-            if now > deadline:
+            if now - start > self.timeout:
                 raise PeerError(self._describe(peer, kind, RuntimeError(
                     f"timed out after {self.timeout:.0f}s on the shared-memory transport")))
-            if spins >= SPIN + YIELDS:
-                time.sleep(nap)
-                nap = min(2 * nap, 1e-3)
+            if now - start < YIELD_S:
+                os.sched_yield()
+            else:
+                seg.futex_wait(self._base + door, bell, 5e-3)
 
     def _check_peers(self, peer: int, kind: str) -> None:
         for r in [peer] + [r for r in self.procs if r not in (peer, self.rank)]:
@@ -255,6 +271,9 @@ class ShmComm(TorchComm):
         v, i64, base = self._bar, self.i64, self.L["ctl"] // 8
         stride = LINE // 8
         i64[base + self.me * stride] = v
+        for r in self.local:
+            if r != self.rank:
+                self.ring(r)
         others = [(r, base + i * stride) for r, i in self.local.items() if r != self.rank]
         pending = list(others)
 
@@ -277,3 +296,11 @@ def build(group=None, timeout: float | None = None, transport: str | None = None
             raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
         return TorchComm(group, timeout)
     return ShmComm(group, DEFAULT_TIMEOUT if timeout is None else timeout, transport)
+
+
+def describe(comm) -> str:
+    """One line for a script's start-up output: which transport its bytes travel on."""
+    t = getattr(comm, "transport", comm.backend)
+    where = {"shm": "shared memory, every rank on this host", "tcp": f"{comm.backend} over TCP",
+             "shm+tcp": "shared memory within a host, TCP between hosts"}.get(t, f"{comm.backend}'s own")
+    return f"transport: {t} ({where}; RINGZERO_TRANSPORT=auto|shm|tcp)"

@@ -22,6 +22,7 @@ import mmap
 import os
 import secrets
 import socket
+import time
 
 SHM_DIR = "/dev/shm"
 PREFIX = "ringzero-"
@@ -173,3 +174,38 @@ def rendezvous(group, rank: int, size: int, nbytes_for, gather) -> tuple:
     if errs:
         return None, local, procs, token, "; ".join(errs)
     return mm, local, procs, token, ""
+
+
+# ----------------------------------------------------------------------------- doorbells
+# A waiting rank blocks in the kernel on a 32-bit word of the segment (futex), and whoever
+# publishes something it may wait for bumps the word and wakes it. Under oversubscription
+# (more busy processes than cores) a blocked-then-woken process is scheduled promptly, where
+# a spinning or sched_yield()ing one waits behind everyone else's time slice.
+
+import ctypes  # noqa: E402
+import platform  # noqa: E402
+
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_libc = ctypes.CDLL(None, use_errno=True) if _SYS_FUTEX else None
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def base_address(mm) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(mm))
+
+
+def futex_wait(addr: int, expected: int, seconds: float) -> None:
+    """Sleep while the int32 at addr equals expected, at most `seconds` (or nap without futex)."""
+    if _libc is None:
+        time.sleep(min(seconds, 1e-3))
+        return
+    ts = _Timespec(int(seconds), int((seconds % 1) * 1e9))
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), 0, ctypes.c_int(expected), ctypes.byref(ts), None, 0)
+
+
+def futex_wake(addr: int) -> None:
+    if _libc is not None:
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), 1, ctypes.c_int(1 << 30), None, None, 0)
