@@ -58,14 +58,19 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     P = 1 << (n.bit_length() - 1)
     fold = 2 * (a + S * b) + S * g if P != n else 0.0
     k = max(1, math.ceil(S / PIPELINE_BYTES))
-    if algo == "shm":     # shm_collectives: rounds of one workspace, 1-2 barriers (α) each, copies at β
-        from primitives.shm import WS_BYTES
+    if algo == "shm":     # shm_collectives: rounds of one workspace, 1-2 barriers (α) each. A message
+        from primitives.shm import WS_BYTES   # is copied twice (into a slot, out of it): β; the
+        c = b / 2                             # workspace once, peers read it in place: c = β/2 a byte
+        if name == "all_reduce" and S <= _one_shot():
+            return a + S * c + (n - 1) * S * g
         if name == "all_reduce":
-            return 2 * math.ceil(S / WS_BYTES) * a + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g
+            rounds = max(1, math.ceil(S / WS_BYTES))
+            return 2 * rounds * a + (2 * n - 1) / n * S * c + (n - 1) / n * S * g
         s = S / n
-        rounds = math.ceil(s * (1 if name.startswith("all_gather") else n) / WS_BYTES)
-        red = (n - 1) * s * g if name.startswith("reduce_scatter") else 0.0
-        return max(1, rounds) * a + (n - 1) * s * b + red
+        rounds = max(1, math.ceil(s * (1 if name.startswith("all_gather") else n) / WS_BYTES))
+        if name.startswith("all_gather"):
+            return rounds * a + n * s * c
+        return rounds * a + n * s * c + (n - 1) * s * g
     if name == "broadcast":
         return {"linear": (n - 1) * (a + S * b), "ring": (n - 2 + k) * (a + S * b / k),
                 "tree": L * (a + S * b)}[algo]
@@ -99,7 +104,7 @@ def choose(name: str, n: int, nbytes: int, backend: str = "gloo", transport: str
     from primitives import ALGORITHMS
     p = DEFAULTS["shm"] if transport in ("shm", "shm+tcp") else DEFAULTS.get(backend, DEFAULTS["gloo"])
     algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
-    algos += ["shm"] if transport == "shm" and name in SHM_NATIVE else []
+    algos = (["shm"] if transport == "shm" and name in SHM_NATIVE else []) + algos   # ties: shm (no messages)
     return min(algos, key=lambda al: predict(name, al, n, nbytes, p))
 
 
@@ -112,10 +117,12 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
     S = numel * elem
     if n <= 1 or numel == 0:
         return 0, 0
+    base = name.replace("_single", "")
+    if algo == "shm" and base == "all_reduce" and S <= _one_shot():
+        return n - 1, (n - 1) * S                   # shm_collectives one-shot: peers read all of mine
     algo = "direct" if algo == "shm" else algo     # shm_collectives: peers read what "direct" sends
     v = (rank - root) % n
     low = v & -v if v else 1 << n.bit_length()
-    base = name.replace("_single", "")
 
     def kids(v):  # children of v in a binomial tree: v+1, v+2, v+4, … below lowbit(v)
         out, m = [], 1
@@ -182,6 +189,11 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
             return (0, 0) if v == 0 else msgs([S] * (n - v))
         return (0, 0) if v == 0 else (1, min(low, n - v) * S)
     raise KeyError(name)
+
+
+def _one_shot() -> int:
+    from primitives.shm_collectives import ONE_SHOT_BYTES
+    return ONE_SHOT_BYTES
 
 
 def _all_kids(v: int, n: int) -> list[int]:

@@ -37,8 +37,8 @@ from primitives import shm_segment as seg
 from primitives.comm import DEFAULT_TIMEOUT, PeerError, TorchComm
 
 TRANSPORTS = ("auto", "shm", "tcp")
-SLOT_BYTES = int(os.environ.get("RINGZERO_SHM_SLOT_BYTES", 256 << 10))
-SLOTS = int(os.environ.get("RINGZERO_SHM_SLOTS", 4))
+SLOT_BYTES = int(os.environ.get("RINGZERO_SHM_SLOT_BYTES", 512 << 10))
+SLOTS = int(os.environ.get("RINGZERO_SHM_SLOTS", 8))
 WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 2 << 20))   # per rank, ×2 (double-buffered)
 LINE = 64                                                            # one cache line per counter
 SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))

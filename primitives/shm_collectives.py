@@ -14,6 +14,8 @@ passed the barrier of round g-1, i.e. finished reading round g-2 from it.
                   slices out. Per rank: 2(N-1)/N·S copied + N·S/N reduced; 2 barriers per round.
                   Peers read (N-1)/N·S of my input and (N-1)·S/N of my result: 2(N-1)/N·S,
                   what the ledger counts as sent — the same as "direct" (and the ring's total).
+                  Up to ONE_SHOT_BYTES (64 KiB) instead: publish all of it (barrier), every rank
+                  reduces all N in rank order. One barrier; peers read (N-1)·S of mine.
   all_gather      copy my block in (barrier), copy the N-1 others out. Ledger: (N-1)·S sent.
   reduce_scatter  copy the N-1 blocks others own in (barrier), reduce mine in rank order from
                   all workspaces. Ledger: (N-1)·S sent (S = one block).
@@ -27,6 +29,8 @@ import torch
 from primitives.core import chunk_bounds, combine_
 from primitives.ledger import LEDGER
 from primitives.shm import WS_BYTES
+
+ONE_SHOT_BYTES = min(WS_BYTES, 64 << 10)   # all-reduce up to this: one barrier, N·S reduced per rank
 
 _FIRST = {"sum": torch.add, "avg": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum}
 
@@ -54,8 +58,23 @@ def _elems(buf) -> int:
     return WS_BYTES // buf.element_size()
 
 
+def _all_reduce_one_shot(comm, buf, op):
+    """Small buffers: everyone publishes the whole buffer (barrier), then every rank reduces all
+    of it from the N workspaces in rank order: one barrier instead of two, same bits everywhere."""
+    n, r = comm.size, comm.rank
+    g = comm.ws_gen = comm.ws_gen + 1
+    ws = [comm.workspace(p, g, buf.dtype, buf.numel()) for p in range(n)]
+    ws[r].copy_(buf)
+    comm.barrier_local("all_reduce")
+    _reduce(buf, ws, op)
+    S = buf.numel() * buf.element_size()
+    _count([S] * (n - 1), [S] * (n - 1))
+
+
 def all_reduce(comm, buf, op):
     n, r, esz = comm.size, comm.rank, buf.element_size()
+    if buf.numel() * esz <= ONE_SHOT_BYTES:
+        return _all_reduce_one_shot(comm, buf, op)
     b = chunk_bounds(buf.numel(), n)
     m = max(1, _elems(buf) // n)                       # elements of each slice per round
     rounds = -(-max(e - s for s, e in b) // m)

@@ -323,6 +323,8 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             want(all(lo <= b <= hi for b in bs), f"each rank within [{lo}, {hi}] bytes")
             if numel >= n:
                 want(all(m == 2 * (n - 1) for m in ms), "each rank 2(N-1) messages")
+        elif algo == "shm" and S <= P.shm_collectives.ONE_SHOT_BYTES:
+            want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "one-shot: N-1 peers read all S")
         elif algo in ("direct", "shm"):       # shm: peers read what direct would send
             want(sum(bs) == 2 * (n - 1) * S, "Σ bytes == 2(N-1)·S")
             c = [len(x) * elem for x in torch.arange(numel).tensor_split(n)]
