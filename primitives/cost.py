@@ -34,8 +34,11 @@ DEFAULTS = {
     "gloo": Params(alpha=1.5e-4, beta=2.7e-10, gamma=1.0e-10, o=1.5e-4),
     "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10, o=2.0e-5),
     "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12, o=1.0e-5),
-    # shared memory (primitives/shm.py): fitted by `RINGZERO_TRANSPORT=shm torchrun ... bench.py --fit`
-    "shm": Params(alpha=2.0e-5, beta=2.0e-10, gamma=1.0e-10, o=2.0e-5),
+    # shared memory (primitives/shm.py): ping-pong fitted by `mpiexec -n 2 python benchmarks/transports.py
+    # --fit` on the 2-core machine while it was shared (load ~25): α ≈ 0.6 ms (gloo in the same run
+    # also ≈ 0.6 ms), β ≈ 1.3 ns/B (gloo 1.4). On an idle machine both α are far smaller; only the
+    # ratios between algorithms on this transport matter for auto.
+    "shm": Params(alpha=6.0e-4, beta=1.3e-9, gamma=1.0e-10, o=6.0e-4),
 }
 SHM_NATIVE = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single")
 
@@ -105,7 +108,7 @@ def choose(name: str, n: int, nbytes: int, backend: str = "gloo", transport: str
     p = DEFAULTS["shm"] if transport in ("shm", "shm+tcp") else DEFAULTS.get(backend, DEFAULTS["gloo"])
     algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
     algos = (["shm"] if transport == "shm" and name in SHM_NATIVE else []) + algos   # ties: shm (no messages)
-    return min(algos, key=lambda al: predict(name, al, n, nbytes, p))
+    return min(algos, key=lambda al: round(predict(name, al, n, nbytes, p), 9))   # ns: ties are ties
 
 
 def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0) -> tuple[int, int]:

@@ -39,7 +39,7 @@ from primitives.comm import DEFAULT_TIMEOUT, PeerError, TorchComm
 TRANSPORTS = ("auto", "shm", "tcp")
 SLOT_BYTES = int(os.environ.get("RINGZERO_SHM_SLOT_BYTES", 512 << 10))
 SLOTS = int(os.environ.get("RINGZERO_SHM_SLOTS", 8))
-WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 2 << 20))   # per rank, ×2 (double-buffered)
+WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 8 << 20))   # per rank, ×2 (double-buffered)
 LINE = 64                                                            # one cache line per counter
 SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
 
@@ -67,6 +67,14 @@ class _Op:
     def __init__(self, peer, kind, buf, out=None):
         self.peer, self.kind, self.buf, self.out = peer, kind, buf, out
         self.total, self.off, self.done = buf.numel(), 0, False
+
+
+def _advance(queue, op: _Op, k: int) -> None:
+    """k more bytes of the op at the head of queue moved; pop it when complete."""
+    op.off += k
+    if op.off == op.total:
+        op.done = True
+        queue.popleft()
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -183,10 +191,7 @@ class ShmComm(TorchComm):
                     u8[s + LINE:s + LINE + k].copy_(op.buf[op.off:op.off + k])
                     head += 1
                     i64[ch // 8] = head                          # publish after the data (TSO)
-                    op.off += k
-                    if op.off == op.total:
-                        op.done = True
-                        sq.popleft()
+                    _advance(sq, op, k)
                 if head != self._head[peer]:
                     self._head[peer] = head
                     self.ring(peer)
@@ -204,10 +209,7 @@ class ShmComm(TorchComm):
                     op.buf[op.off:op.off + k].copy_(u8[s + LINE:s + LINE + k])
                     tail += 1
                     i64[(ch + LINE) // 8] = tail                  # hand the slot back
-                    op.off += k
-                    if op.off == op.total:
-                        op.done = True
-                        rq.popleft()
+                    _advance(rq, op, k)
                 if tail != self._tail[peer]:
                     self._tail[peer] = tail
                     self.ring(peer)                                 # its sender may wait for a slot

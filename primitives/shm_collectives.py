@@ -4,7 +4,7 @@ group is on this host (ShmComm.transport == "shm"); `auto` picks them by the cos
 
     RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/all_reduce.py
 
-Each rank owns a workspace of W bytes (RINGZERO_SHM_WORKSPACE), two of them used in turn so
+Each rank owns a workspace of W = 8 MiB (RINGZERO_SHM_WORKSPACE), two of them used in turn so
 that one barrier per round is enough: rank r rewrites buffer g%2 only after every rank has
 passed the barrier of round g-1, i.e. finished reading round g-2 from it.
 

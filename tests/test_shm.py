@@ -145,3 +145,17 @@ def test_unknown_transport_is_refused():
     with pytest.raises(ValueError, match="expected one of"):
         transport_from_env("infiniband")
     assert transport_from_env("SHM") == "shm"
+
+
+def test_auto_on_shm_picks_the_shm_collectives_and_the_ledger_formula_follows():
+    """No processes: the cost model of this transport, and traffic() for algorithm="shm"."""
+    from primitives.cost import choose, traffic
+    from primitives.shm_collectives import ONE_SHOT_BYTES
+    for name in ("all_reduce", "all_gather", "reduce_scatter_single"):
+        for nbytes in (8, 4096, 1 << 20, 1 << 26):
+            assert choose(name, 4, nbytes, "gloo", "shm") == "shm", (name, nbytes)
+            assert choose(name, 4, nbytes, "gloo", "tcp") != "shm"
+    small, big = ONE_SHOT_BYTES // 8, (ONE_SHOT_BYTES // 8) * 4 + 3          # int64 elements
+    assert traffic("all_reduce", "shm", 4, 1, small, 8) == (3, 3 * small * 8)   # one-shot: 3 peers read all
+    assert traffic("all_reduce", "shm", 4, 1, big, 8) == traffic("all_reduce", "direct", 4, 1, big, 8)
+    assert traffic("all_gather", "shm", 4, 2, 100, 4) == (3, 1200)
