@@ -87,7 +87,9 @@ class ShmComm(TorchComm):
     def __init__(self, group=None, timeout: float | None = None, transport: str | None = None):
         super().__init__(group, timeout)
         want = transport_from_env(transport)
-        self.transport, self.local, self.mm = "tcp", {}, None
+        self.transport, self.local, self.mm, self.token = "tcp", {}, None, None
+        self.why_not = ("a world of one" if self.size == 1 else f"backend {self.backend}" if self.backend != "gloo"
+                        else f"RINGZERO_TRANSPORT={want}")
         self._lock = threading.RLock()
         if want == "tcp" or self.size == 1 or self.backend != "gloo":
             if want == "shm" and self.backend != "gloo":
@@ -100,6 +102,7 @@ class ShmComm(TorchComm):
         except Exception as e:
             raise PeerError(f"rank {self.rank}: shared-memory rendezvous failed (did a rank die "
                             f"before it?): {e}") from e
+        self.why_not = why
         if mm is None:
             if want == "shm":
                 raise ValueError(f"rank {self.rank}: transport 'shm' asked for, but {why}; "
@@ -305,4 +308,5 @@ def describe(comm) -> str:
     t = getattr(comm, "transport", comm.backend)
     where = {"shm": "shared memory, every rank on this host", "tcp": f"{comm.backend} over TCP",
              "shm+tcp": "shared memory within a host, TCP between hosts"}.get(t, f"{comm.backend}'s own")
-    return f"transport: {t} ({where}; RINGZERO_TRANSPORT=auto|shm|tcp)"
+    why = f"; shared memory not used: {comm.why_not}" if t == "tcp" and getattr(comm, "why_not", "") else ""
+    return f"transport: {t} ({where}{why}; RINGZERO_TRANSPORT=auto|shm|tcp)"

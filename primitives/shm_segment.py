@@ -152,6 +152,10 @@ def rendezvous(group, rank: int, size: int, nbytes_for, gather) -> tuple:
     if leader:
         try:
             sweep_stale()
+            st = os.statvfs(SHM_DIR)            # a full /dev/shm (Docker's default is 64 MiB) would
+            if st.f_bavail * st.f_frsize < size_b:   # SIGBUS on first touch: refuse it up front
+                raise OSError(f"{SHM_DIR} has {st.f_bavail * st.f_frsize:,} bytes free, {size_b:,} needed "
+                              "(RINGZERO_SHM_SLOTS / _SLOT_BYTES / _WORKSPACE make it smaller)")
             name = segment_name(token, hosts.index(me[0]))
             mm = create(name, size_b, nonce)
         except OSError as e:
