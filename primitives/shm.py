@@ -10,22 +10,24 @@ C bytes (RINGZERO_SHM_SLOTS, RINGZERO_SHM_SLOT_BYTES). The sender copies the mes
 from its tensor into free slots, C bytes at a time, and publishes each with a counter; the
 receiver copies each slot straight into its tensor and hands the slot back. So a large
 message is pipelined through K slots: 2 copies of S in all (gloo: 2 copies plus the kernel's
-socket buffers), α ≈ a few µs of Python instead of ~150 µs of loopback TCP.
+socket buffers), and no system call per message except a wake-up when the peer sleeps.
 The counters rely on x86's store order (TSO): data is written before the counter publishing it.
 
 Semantics are MPI's: messages between a pair arrive in posting order; isend completes once
 its bytes are in the ring (buffered); nothing moves in the background, so every wait() also
 advances every other pending transfer of this communicator (no deadlock when two ranks
-send to each other before receiving). Waiting spins briefly, then yields the core, then naps
-with backoff up to 1 ms; every 50 ms it checks each local peer's pid (with its start time,
-so a reused pid does not count): a dead peer is a PeerError naming it, the deadline
-(`timeout`) one naming the peer waited for. A receive whose sender posted a different size
-is a PeerError too, never a silent truncation.
+send to each other before receiving). Waiting spins 32 polls, optionally yields the core for
+RINGZERO_SHM_YIELD_S (default 0), then blocks on a futex "doorbell" in the segment that every
+publisher rings (≤ 5 ms per block, so nothing waits on a lost wake-up for long); every 50 ms
+it checks each local peer's pid (with its start time, so a reused pid does not count): a
+dead peer is a PeerError naming it, the deadline (`timeout`) one naming the peer waited for.
+A receive whose sender posted a different size is a PeerError too, never a silent truncation.
 """
 from __future__ import annotations
 
 import collections
 import os
+import platform
 import threading
 import time
 
@@ -91,6 +93,11 @@ class ShmComm(TorchComm):
         self.why_not = ("a world of one" if self.size == 1 else f"backend {self.backend}" if self.backend != "gloo"
                         else f"RINGZERO_TRANSPORT={want}")
         self._lock = threading.RLock()
+        if platform.machine() not in ("x86_64", "AMD64"):     # the slot counters rely on x86's store order
+            self.why_not = f"{platform.machine()} is not x86-64 (no total store order)"
+            if want == "shm":
+                raise ValueError(f"rank {self.rank}: transport 'shm' asked for, but {self.why_not}")
+            return
         if want == "tcp" or self.size == 1 or self.backend != "gloo":
             if want == "shm" and self.backend != "gloo":
                 raise ValueError(f"rank {self.rank}: transport 'shm' needs CPU tensors (backend gloo), "
