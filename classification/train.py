@@ -101,6 +101,10 @@ def main(argv=None):
     torch.set_num_threads(threads)
     from primitives.launch import init_from_env
     comm = init_from_env("gloo" if a.backend == "auto" and not torch.cuda.is_available() else a.backend, a.timeout)
+    from primitives.log import print0                 # which transport ringzero's collectives use (shm.py)
+    from primitives.shm import describe
+    print0(describe(comm) + (" (ringzero's collectives; DeepSpeed's own go through torch.distributed)"
+                             if a.engine == "deepspeed" else ""))
     from classification.loop import run
     return run(a, raw, bundle, comm, threads, local)
 

@@ -223,7 +223,8 @@ def main(wrap, title: str, *, single_process: bool = False, needs_torch_dist: bo
         P.all_reduce(spread, P.ReduceOp.MAX)
     steady = res.step_times[1:] or res.step_times
     b = res.bytes_sent[-1]
-    rows = [("backend", comm.backend), ("optimizer steps", str(cfg.steps)),
+    rows = [("backend", comm.backend), ("transport", getattr(comm, "transport", comm.backend)),   # shm.py
+            ("optimizer steps", str(cfg.steps)),
             ("ranks × micro-batches", f"{world} × {cfg.accum}"),
             ("parameters Ψ", f"{psi:,}"),
             ("final loss (global batch)", f"{loss.item():.6f}"),

@@ -26,6 +26,14 @@ ALGORITHMS = {
     "reduce_scatter_single": ["linear", "ring", "direct"],
 }
 
-__all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
+
+
+def algorithms_for(name: str, comm) -> list[str]:
+    """ALGORITHMS[name], plus "shm" when every rank of comm shares this host's memory (shm.py)."""
+    from primitives.cost import SHM_NATIVE
+    return ALGORITHMS[name] + (["shm"] if getattr(comm, "transport", None) == "shm" and name in SHM_NATIVE else [])
+
+
+__all__ = ["algorithms_for", "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
            "reduce_scatter", "reduce_scatter_single", "ALGORITHMS", "ReduceOp", "LEDGER", "get_comm",
            "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled"]

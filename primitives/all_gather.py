@@ -15,6 +15,7 @@ Cost, S = bytes each rank contributes (the output holds N·S):
 """
 from __future__ import annotations
 
+from primitives import shm_collectives
 from primitives.core import Check, flat_work, get_comm, resolve, run, wait_all
 
 
@@ -44,7 +45,7 @@ def _direct(comm, blocks):
     wait_all([comm.irecv(blocks[p], p) for p in peers] + [comm.isend(blocks[r], p) for p in peers])
 
 
-ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct}
+ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "shm": shm_collectives.all_gather}  # "shm": shm transport only
 
 
 def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None, tag=0):

@@ -23,6 +23,7 @@ in a fixed order, and every rank ends with bitwise-identical values.
 """
 from __future__ import annotations
 
+from primitives import shm_collectives
 from primitives.broadcast import _linear as _bcast_linear
 from primitives.reduce import _linear as _reduce_linear
 from primitives.core import (Check, ReduceOp, chunk_bounds, combine_, finish_avg_, flat_work, get_comm,
@@ -141,7 +142,7 @@ def _rabenseifner(comm, buf, op):
 
 
 ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "recursive_doubling": _recursive_doubling,
-         "rabenseifner": _rabenseifner}
+         "rabenseifner": _rabenseifner, "shm": shm_collectives.all_reduce}   # "shm": shm transport only
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):

@@ -1,6 +1,7 @@
 """nccl-tests-style sweep: from-scratch collectives vs the backend's built-in, side by side.
 
     torchrun --standalone --nproc_per_node 4 primitives/bench.py
+    RINGZERO_TRANSPORT=tcp torchrun --standalone --nproc_per_node 2 primitives/bench.py   (the transport column says which ran)
     torchrun --standalone --nproc_per_node 2 primitives/bench.py --ops all_reduce --fit --json out.json
     mpiexec -n 4 python primitives/bench.py --backend mpi
 
@@ -62,13 +63,14 @@ def per_rank_numel(op: str, size: int, n: int, esz: int) -> int:
 
 def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
     n, rows = comm.size, []
+    transport = getattr(comm, "transport", comm.backend)     # shm / tcp / shm+tcp (primitives/shm.py)
     esz = torch.empty(0, dtype=dtype).element_size()
     for op in ops:
         for size in sizes:
             case = Case(op, comm, per_rank_numel(op, size, n, esz), dtype, 0, fill="zeros")
             impls = {"built-in": (lambda a=case.args()[0]: builtin_call(op, comm, a))}
             for al in algos:
-                if al == "auto" or al in P.ALGORITHMS[op]:
+                if al == "auto" or al in P.algorithms_for(op, comm):
                     a = case.args()[0]
                     impls[al] = (lambda a=a, al=al: getattr(P, op)(*a, algorithm=al))
             for fn in impls.values():
@@ -84,8 +86,9 @@ def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
                 med = statistics.median(ts)
                 bus = S / med * BUS_FACTOR[op](n) / 1e9 if n > 1 else 0.0
                 ref_bus = bus if k == "built-in" else ref_bus
-                chosen = choose(op, n, S, comm.backend) if k == "auto" else ""
-                rows.append(dict(op=op, size=S, impl=k, chosen=chosen, median_s=med, min_s=min(ts), max_s=max(ts),
+                chosen = choose(op, n, S, comm.backend, transport) if k == "auto" else ""
+                rows.append(dict(op=op, size=S, impl=k, chosen=chosen,
+                                 transport=comm.backend if k == "built-in" else transport, median_s=med, min_s=min(ts), max_s=max(ts),
                                  algbw=S / med / 1e9, busbw=bus, ratio=(bus / ref_bus) if ref_bus else None))
     return rows
 
@@ -149,7 +152,7 @@ def main(argv=None):
     P.LEDGER.keep_calls = False
     n, dtype = comm.size, getattr(torch, args.dtype)
     ops = args.ops.split(",")
-    algos = sorted({a for op in ops for a in P.ALGORITHMS[op]}) + ["auto"] if args.algorithms == "all" \
+    algos = sorted({a for op in ops for a in P.algorithms_for(op, comm)}) + ["auto"] if args.algorithms == "all" \
         else args.algorithms.split(",")
     sizes = sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes))
     if n == 1:
@@ -167,12 +170,12 @@ def main(argv=None):
     from rich.table import Table
     for op in ops:
         t = Table(title=f"{op}: {n} ranks, backend {comm.backend}, {args.dtype} (median of {args.reps} reps × {args.iters} iters)")
-        for c in ("size", "impl", "median µs", "min–max µs", "algbw GB/s", "busbw GB/s", "busbw vs built-in"):
+        for c in ("size", "impl", "transport", "median µs", "min–max µs", "algbw GB/s", "busbw GB/s", "busbw vs built-in"):
             t.add_column(c, justify="left" if c == "impl" else "right")
         for r in (r for r in rows if r["op"] == op):
             impl = r["impl"] + (f" → {r['chosen']}" if r["chosen"] else "")
             ratio = "" if r["ratio"] is None else (f"[green]{r['ratio']:.2f}×[/]" if r["ratio"] >= 1 else f"[red]{r['ratio']:.2f}×[/]")
-            t.add_row(f"{r['size']:,}", impl, f"{r['median_s'] * 1e6:,.0f}", f"{r['min_s'] * 1e6:,.0f}–{r['max_s'] * 1e6:,.0f}",
+            t.add_row(f"{r['size']:,}", impl, r["transport"], f"{r['median_s'] * 1e6:,.0f}", f"{r['min_s'] * 1e6:,.0f}–{r['max_s'] * 1e6:,.0f}",
                       f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", ratio)
         print0(t)
     print0(f"memcpy ceiling on this machine: {result['memcpy_GBps']:.2f} GB/s (one core, 64 MiB copy)")
@@ -181,18 +184,18 @@ def main(argv=None):
         result["fit"] = dict(alpha=params.alpha, beta=params.beta, gamma=params.gamma, pingpong=pts)
         print0(f"ping-pong fit: α = {params.alpha * 1e6:.1f} µs, β = {params.beta * 1e9:.3f} ns/byte "
                f"({1 / params.beta / 1e9:.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/byte "
-               f"(defaults in cost.py: {DEFAULTS.get(comm.backend)})")
+               f"(defaults in cost.py: {DEFAULTS.get('shm' if getattr(comm, 'transport', '') == 'shm' else comm.backend)})")
         t = Table(title="cost model vs measured (all_reduce)")
         for c in ("size", "algorithm", "predicted µs", "measured µs", "predicted/measured"):
             t.add_column(c, justify="right")
-        for r in (r for r in rows if r["op"] == "all_reduce" and r["impl"] in P.ALGORITHMS["all_reduce"]):
+        for r in (r for r in rows if r["op"] == "all_reduce" and r["impl"] in P.algorithms_for("all_reduce", comm)):
             pred = predict("all_reduce", r["impl"], n, r["size"], params)
             t.add_row(f"{r['size']:,}", r["impl"], f"{pred * 1e6:,.0f}", f"{r['median_s'] * 1e6:,.0f}", f"{pred / r['median_s']:.2f}")
         print0(t)
         for op in ops:
             prev, spans = None, []
             for s in sizes_between(1 << 10, 1 << 28, 2):
-                c = choose(op, n, s, comm.backend)
+                c = choose(op, n, s, comm.backend, getattr(comm, "transport", None))
                 if c != prev:
                     spans.append(f"{s:,} B → {c}")
                     prev = c

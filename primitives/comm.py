@@ -223,5 +223,6 @@ def get_comm(group=None) -> Communicator:
     key = id(group) if group is not None else None
     c = _COMMS.get(key)
     if c is None or c.group is not group:
-        c = _COMMS[key] = TorchComm(group)
+        from primitives.shm import build   # transport hook (shm): RINGZERO_TRANSPORT=auto|shm|tcp
+        c = _COMMS[key] = build(group)       # ShmComm on gloo (falls back to TCP), TorchComm otherwise
     return c

@@ -322,9 +322,14 @@ def wait_all(reqs) -> None:
 
 
 def resolve(name: str, algorithm: str, algos: dict, comm: Communicator, nbytes: int, check: Check) -> str:
+    transport = getattr(comm, "transport", None)           # shm transport: auto may pick "shm"
     if algorithm == "auto":
         from primitives.cost import choose
-        return choose(name, comm.size, nbytes, comm.backend)
+        return choose(name, comm.size, nbytes, comm.backend, transport)
+    if algorithm == "shm" and "shm" in algos and transport != "shm":   # shm transport
+        check.fail(f"argument 'algorithm' is 'shm', which needs every rank of the group on this host on the "
+                   f"shared-memory transport; this communicator's transport is {transport or comm.backend!r}")
+        return next(iter(algos))
     if algorithm not in algos:
         check.fail(f"argument 'algorithm' is {algorithm!r}; {name} accepts {['auto', *algos]}")
         return next(iter(algos))

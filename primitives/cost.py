@@ -34,7 +34,13 @@ DEFAULTS = {
     "gloo": Params(alpha=1.5e-4, beta=2.7e-10, gamma=1.0e-10, o=1.5e-4),
     "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10, o=2.0e-5),
     "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12, o=1.0e-5),
+    # shared memory (primitives/shm.py): ping-pong fitted by `mpiexec -n 2 python benchmarks/transports.py
+    # --fit` on the 2-core machine while it was shared (load ~25): α ≈ 0.6 ms (gloo in the same run
+    # also ≈ 0.6 ms), β ≈ 1.3 ns/B (gloo 1.4). On an idle machine both α are far smaller; only the
+    # ratios between algorithms on this transport matter for auto.
+    "shm": Params(alpha=6.0e-4, beta=1.3e-9, gamma=1.0e-10, o=6.0e-4),
 }
+SHM_NATIVE = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single")
 
 
 def _log2(n: int) -> int:
@@ -55,6 +61,19 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     P = 1 << (n.bit_length() - 1)
     fold = 2 * (a + S * b) + S * g if P != n else 0.0
     k = max(1, math.ceil(S / PIPELINE_BYTES))
+    if algo == "shm":     # shm_collectives: rounds of one workspace, 1-2 barriers (α) each. A message
+        from primitives.shm import WS_BYTES   # is copied twice (into a slot, out of it): β; the
+        c = b / 2                             # workspace once, peers read it in place: c = β/2 a byte
+        if name == "all_reduce" and S <= _one_shot():
+            return a + S * c + (n - 1) * S * g
+        if name == "all_reduce":
+            rounds = max(1, math.ceil(S / WS_BYTES))
+            return 2 * rounds * a + (2 * n - 1) / n * S * c + (n - 1) / n * S * g
+        s = S / n
+        rounds = max(1, math.ceil(s * (1 if name.startswith("all_gather") else n) / WS_BYTES))
+        if name.startswith("all_gather"):
+            return rounds * a + n * s * c
+        return rounds * a + n * s * c + (n - 1) * s * g
     if name == "broadcast":
         return {"linear": (n - 1) * (a + S * b), "ring": (n - 2 + k) * (a + S * b / k),
                 "tree": L * (a + S * b)}[algo]
@@ -82,12 +101,14 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     raise KeyError(name)
 
 
-def choose(name: str, n: int, nbytes: int, backend: str = "gloo") -> str:
-    """algorithm="auto": the algorithm with the lowest predicted time (ties: first listed)."""
+def choose(name: str, n: int, nbytes: int, backend: str = "gloo", transport: str | None = None) -> str:
+    """algorithm="auto": the algorithm with the lowest predicted time (ties: first listed).
+    On the shared-memory transport its own fitted parameters, and the "shm" algorithms too."""
     from primitives import ALGORITHMS
-    p = DEFAULTS.get(backend, DEFAULTS["gloo"])
+    p = DEFAULTS["shm"] if transport in ("shm", "shm+tcp") else DEFAULTS.get(backend, DEFAULTS["gloo"])
     algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
-    return min(algos, key=lambda al: predict(name, al, n, nbytes, p))
+    algos = (["shm"] if transport == "shm" and name in SHM_NATIVE else []) + algos   # ties: shm (no messages)
+    return min(algos, key=lambda al: round(predict(name, al, n, nbytes, p), 9))   # ns: ties are ties
 
 
 def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0) -> tuple[int, int]:
@@ -99,9 +120,12 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
     S = numel * elem
     if n <= 1 or numel == 0:
         return 0, 0
+    base = name.replace("_single", "")
+    if algo == "shm" and base == "all_reduce" and S <= _one_shot():
+        return n - 1, (n - 1) * S                   # shm_collectives one-shot: peers read all of mine
+    algo = "direct" if algo == "shm" else algo     # shm_collectives: peers read what "direct" sends
     v = (rank - root) % n
     low = v & -v if v else 1 << n.bit_length()
-    base = name.replace("_single", "")
 
     def kids(v):  # children of v in a binomial tree: v+1, v+2, v+4, … below lowbit(v)
         out, m = [], 1
@@ -168,6 +192,11 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
             return (0, 0) if v == 0 else msgs([S] * (n - v))
         return (0, 0) if v == 0 else (1, min(low, n - v) * S)
     raise KeyError(name)
+
+
+def _one_shot() -> int:
+    from primitives.shm_collectives import ONE_SHOT_BYTES
+    return ONE_SHOT_BYTES
 
 
 def _all_kids(v: int, n: int) -> list[int]:

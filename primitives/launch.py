@@ -47,8 +47,13 @@ def _default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_from_env(backend: str = "auto", timeout: float | None = None) -> _comm.Communicator:
-    """Initialise from the launcher's environment and return the world communicator."""
+def init_from_env(backend: str = "auto", timeout: float | None = None,
+                  transport: str | None = None) -> _comm.Communicator:
+    """Initialise from the launcher's environment and return the world communicator.
+    transport: auto|shm|tcp (default: $RINGZERO_TRANSPORT, else auto; see primitives/shm.py)."""
+    if transport is not None:                    # shm transport: every communicator built later uses it
+        from primitives.shm import transport_from_env
+        os.environ["RINGZERO_TRANSPORT"] = transport_from_env(transport)
     timeout = _comm.DEFAULT_TIMEOUT if timeout is None else timeout
     mpi_size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     if backend == "mpi":
@@ -113,11 +118,14 @@ class _Job:
     store: str
     comm_timeout: float
     threads: int
+    transport: str | None = None
 
 
 def _child(rank: int, job: _Job, q) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
                       RINGZERO_TIMEOUT=str(job.comm_timeout))
+    if job.transport:                            # shm transport: auto|shm|tcp for this run
+        os.environ["RINGZERO_TRANSPORT"] = job.transport
     torch.set_num_threads(job.threads)
     try:
         if job.backend == "nccl":
@@ -158,18 +166,18 @@ def _context():
 
 def spawn(fn, world_size: int, *, args: tuple = (), kwargs: dict | None = None, backend: str = "gloo",
           timeout: float = 120.0, comm_timeout: float = 30.0, grace: float = 5.0,
-          threads: int = 1, allow_fail: bool = False):
+          threads: int = 1, allow_fail: bool = False, transport: str | None = None):
     """Run fn(rank, world_size, *args, **kwargs) on `world_size` fresh processes.
 
     Returns the list of per-rank return values. Raises SpawnError if any rank raises, exits
     non-zero or does not finish within `timeout` seconds. With allow_fail=True it instead
     returns a list of ("ok", value) / ("error", traceback) / ("exit", code) per rank, for
-    tests whose point is that a rank fails.
+    tests whose point is that a rank fails. transport: auto|shm|tcp (default $RINGZERO_TRANSPORT).
     """
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="ringzero-") as tmp:
         job = _Job(fn, tuple(args), dict(kwargs or {}), backend, world_size,
-                   os.path.join(tmp, "store"), comm_timeout, threads)
+                   os.path.join(tmp, "store"), comm_timeout, threads, transport)
         q = ctx.Queue()
         procs = [ctx.Process(target=_child, args=(r, job, q), daemon=True) for r in range(world_size)]
         for p in procs:

@@ -18,6 +18,7 @@ buffer is never overwritten while its send is in flight).
 """
 from __future__ import annotations
 
+from primitives import shm_collectives
 from primitives.reduce import _linear as _reduce_linear
 from primitives.core import (Check, ReduceOp, combine_, finish_avg_, flat_work, get_comm, resolve, run,
                              scratch, wait_all)
@@ -66,7 +67,7 @@ def _direct(comm, blocks, out, op):
     out.copy_(acc)
 
 
-ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct}
+ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "shm": shm_collectives.reduce_scatter}  # shm transport only
 
 
 def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0):

@@ -240,8 +240,8 @@ def check_case(comm, name, algo, *, numel, dtype=torch.int64, op="sum", root=0, 
     used = LEDGER.calls[-1].algorithm if LEDGER.calls else "?"
     if algo != "auto" and used != algo:
         errs.append(f"{tag}: ledger says algorithm {used!r}")
-    if used not in P.ALGORITHMS[name]:
-        errs.append(f"{tag}: auto chose {used!r}, not one of {P.ALGORITHMS[name]}")
+    if used not in P.algorithms_for(name, comm):
+        errs.append(f"{tag}: auto chose {used!r}, not one of {P.algorithms_for(name, comm)}")
     counts = (d.msgs_sent, d.bytes_sent, d.msgs_recv, d.bytes_recv)
     if check_traffic:
         elem = torch.empty(0, dtype=dtype).element_size()
@@ -252,8 +252,9 @@ def check_case(comm, name, algo, *, numel, dtype=torch.int64, op="sum", root=0, 
     return errs, {"algorithm": used, "counts": counts, "digest": dig}
 
 
-def algorithms(name):
-    return P.ALGORITHMS[name] + ["auto"]
+def algorithms(name, comm=None):
+    """Every algorithm of `name` that `comm` can run (with "shm" on the shared-memory transport)."""
+    return (P.algorithms_for(name, comm) if comm is not None else P.ALGORITHMS[name]) + ["auto"]
 
 
 def matrix(comm, numels, *, dtype=torch.int64, ops=("sum",), layouts=("contig",), names=None, seed=0,
@@ -264,7 +265,7 @@ def matrix(comm, numels, *, dtype=torch.int64, ops=("sum",), layouts=("contig",)
     n = comm.size
     k = 0
     for name in names or P.ALGORITHMS:
-        for algo in algorithms(name):
+        for algo in algorithms(name, comm):
             for numel in numels:
                 for op in (ops if name in REDUCING else ("sum",)):
                     if op == "avg" and not dtype.is_floating_point:
@@ -322,7 +323,9 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             want(all(lo <= b <= hi for b in bs), f"each rank within [{lo}, {hi}] bytes")
             if numel >= n:
                 want(all(m == 2 * (n - 1) for m in ms), "each rank 2(N-1) messages")
-        elif algo == "direct":
+        elif algo == "shm" and S <= P.shm_collectives.ONE_SHOT_BYTES:
+            want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "one-shot: N-1 peers read all S")
+        elif algo in ("direct", "shm"):       # shm: peers read what direct would send
             want(sum(bs) == 2 * (n - 1) * S, "Σ bytes == 2(N-1)·S")
             c = [len(x) * elem for x in torch.arange(numel).tensor_split(n)]
             want(all(b == S - c[r] + (n - 1) * c[r] for r, b in enumerate(bs)),
@@ -345,14 +348,14 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             if numel >= p2:
                 want(sum(ms) == p2 * 2 * lg + 2 * rem, "Σ msgs == P·2log2 P + 2R")
     elif base == "all_gather":
-        if algo in ("ring", "direct"):
+        if algo in ("ring", "direct", "shm"):
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "each rank (N-1) × S")
         else:
             want(ms[0] == (n - 1) ** 2 and bs[0] == (n - 1) ** 2 * S, "rank 0 sends (N-1)² × S")
             want(all(ms[r] == 1 and bs[r] == S for r in range(1, n)), "others send S once")
         want(all(b == (n - 1) * S for b in br), "every rank receives (N-1)·S")
     elif base == "reduce_scatter":
-        if algo in ("ring", "direct"):
+        if algo in ("ring", "direct", "shm"):
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "each rank (N-1) × block")
         else:
             want(ms[0] == n - 1 and bs[0] == (n - 1) * S, "rank 0 sends N-1 blocks")

@@ -29,6 +29,8 @@ def main(argv=None) -> None:
     add_launch_args(ap)
     a = ap.parse_args(argv)
     comm = init_from_env("gloo" if a.backend == "auto" else a.backend, a.timeout)
+    from primitives.shm import describe
+    print0(describe(comm))                            # which transport the engine's collectives use
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.GELU(), nn.Linear(256, 10))
     cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "bf16": {"enabled": a.bf16},
