@@ -64,8 +64,23 @@ def C_console():
 def node_env(c: C.Cluster, i: int, port: int) -> dict:
     env = dict(os.environ)
     env.update(NODE_RANK=str(i), NNODES=str(c.nodes), MASTER_ADDR=c.master_addr, MASTER_PORT=str(port),
-               GLOO_SOCKET_IFNAME=C.IFNAME, RINGZERO_NODE=c.ns(i), PYTHONUNBUFFERED="1")
+               GLOO_SOCKET_IFNAME=C.IFNAME, RINGZERO_NODE=c.ns(i), PYTHONUNBUFFERED="1",
+               RINGZERO_CLUSTER_STATE=c.state_path(), RINGZERO_RSH=rsh_script(),
+               HOSTFILE=c.hostfile(int(os.environ.get("RINGZERO_SLOTS", "2"))))
     return env
+
+
+def rsh_script() -> str:
+    """An executable wrapper for hydra's -launcher-exec (it takes one path, not a command line)."""
+    path = os.path.join(C.STATE_DIR, "rsh")
+    body = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(os.path.join(os.path.dirname(__file__), 'rsh.py')))} \"$@\"\n"
+    if not os.path.exists(path) or open(path).read() != body:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(body)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    return path
 
 
 def _failed_ranks(lines) -> list[int]:

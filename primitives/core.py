@@ -324,6 +324,9 @@ def wait_all(reqs) -> None:
 def resolve(name: str, algorithm: str, algos: dict, comm: Communicator, nbytes: int, check: Check) -> str:
     if algorithm == "auto":
         from primitives.cost import choose
+        from primitives.topology import prefers_hierarchical   # multinode: ranks on >1 node
+        if "hierarchical" in algos and prefers_hierarchical(comm):
+            return "hierarchical"
         return choose(name, comm.size, nbytes, comm.backend)
     if algorithm not in algos:
         check.fail(f"argument 'algorithm' is {algorithm!r}; {name} accepts {['auto', *algos]}")

@@ -1,0 +1,50 @@
+"""Run under torchrun across the namespaced cluster (tests/test_multinode_launch.py):
+
+    python -m multinode run -- torchrun --nnodes 2 --nproc_per_node 2 --node_rank '$NODE_RANK' \
+        --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' tests/multinode_worker.py [--die RANK]
+
+Every two-level-capable collective × algorithm vs gloo's built-in over the real link, the per-link
+ledger vs cost.link_traffic, and the launcher's topology vs the hostnames'. Prints
+"MULTINODE CHECK OK" on rank 0, or every error and exits 1. --die R: rank R exits mid-run.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import primitives as P  # noqa: E402
+from multinode_util import checks_on_two_nodes  # noqa: E402
+from primitives.launch import add_launch_args, init_from_env  # noqa: E402
+from primitives.topology import Topology, topology  # noqa: E402
+
+ap = argparse.ArgumentParser()
+add_launch_args(ap)
+ap.add_argument("--die", type=int, default=-1)
+args = ap.parse_args()
+comm = init_from_env(args.backend, timeout=args.timeout)
+if args.die >= 0:
+    if comm.rank == args.die:
+        print(f"rank {comm.rank}: exiting on purpose", flush=True)
+        os._exit(3)
+    P.all_reduce(torch.ones(1000))
+    print(f"rank {comm.rank} finished an all-reduce without rank {args.die} (wrong)", flush=True)
+    sys.exit(0)
+errs, nodes, intra, inter, auto = checks_on_two_nodes(comm.rank, comm.size, local=None, numels=(1, 1001))
+by_host = Topology.from_hostnames(comm).nodes
+if by_host != topology(comm).nodes:
+    errs.append(f"rank {comm.rank}: hostnames say nodes {by_host}, LOCAL_WORLD_SIZE says {topology(comm).nodes}")
+if auto != "hierarchical":
+    errs.append(f"rank {comm.rank}: auto chose {auto} on {max(nodes) + 1} nodes")
+everyone = [None] * comm.size
+dist.all_gather_object(everyone, (errs, os.uname().nodename, nodes))   # reference plumbing only
+if comm.rank == 0:
+    all_errs = [e for es, _, _ in everyone for e in es]
+    print("hosts by rank:", [h for _, h, _ in everyone], "nodes:", nodes, flush=True)
+    if all_errs:
+        print("\n".join(all_errs[:50]), flush=True)
+        sys.exit(1)
+    print(f"MULTINODE CHECK OK on {comm.size} ranks, {max(nodes) + 1} nodes", flush=True)
