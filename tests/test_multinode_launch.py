@@ -1,7 +1,7 @@
 """Launchers across the two namespaced nodes: torchrun (primitives, ddp_examples, zero_from_scratch),
 deepspeed --no_ssh, and mpiexec through hydra's ssh launcher pointed at multinode/rsh.py.
 
-The primitives check and the dying-rank check run by default; the heavier launches are
+The primitives check runs by default; the heavier launches are
 @pytest.mark.slow (python -m pytest -m slow tests/test_multinode_launch.py)."""
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def test_torchrun_every_collective_across_nodes():
     assert f"hosts by rank: ['{c.ns(0)}', '{c.ns(0)}', '{c.ns(1)}', '{c.ns(1)}']" in out
 
 
+@pytest.mark.slow      # the same end-everything path at the shell level runs by default (test_multinode.py)
 def test_a_rank_dying_on_node_1_ends_both_nodes():
     with cluster(2, 400) as c:
         t0 = time.monotonic()
