@@ -2,7 +2,7 @@
 and bucketed (overlapped) vs flat data parallelism on the slow link. Needs root.
 
     python benchmarks/multinode.py                         # 400 and 100 Mbit/s, writes benchmarks/multinode.png
-    python benchmarks/multinode.py --rates 100 --sizes 1,4,8 --reps 3 --no-ddp
+    python benchmarks/multinode.py --rates 100 --sizes 1,4,8 --reps 3 --parts collectives,zero
 
 For each rate: `multinode up` a fresh 2-node cluster, run this file under torchrun on 2 nodes ×
 2 ranks (--worker), then `down`. The worker
@@ -14,7 +14,9 @@ For each rate: `multinode up` a fresh 2-node cluster, run this file under torchr
 The model (primitives.cost.predict_2level with the fitted links) is printed next to each
 measurement and dashed in the figure. Then benchmarks/ddp_overlap.py runs across the nodes
 at the slowest rate: chapter 3 (flat, one all-reduce after backward) vs chapter 4 (buckets
-all-reduced during backward). Figures are from a shared 2-core machine: ratios, not absolutes.
+all-reduced during backward), and ZeRO-3 vs ZeRO-3 + hpZ (zero_hpz_partition_size = ranks per
+node): step time and the inter-node bytes the ledger counted. Figures are from a shared 2-core
+machine: ratios, not absolutes.
 """
 from __future__ import annotations
 
@@ -115,6 +117,49 @@ def worker(args) -> None:
             json.dump(res, f)
 
 
+def zero_worker(args) -> None:
+    """ZeRO-3 vs ZeRO-3 + hpZ (k = ranks per node), same model and data, steps interleaved."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    import zero_from_scratch
+    from primitives.launch import init_from_env
+    from primitives.ledger import LEDGER
+    comm = init_from_env("gloo", timeout=600)
+    k = comm.intra_node().size
+    engines = {}
+    for name, hpz in (("zero3", 1), ("zero3+hpZ", k)):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(1024, 1024), nn.Tanh())], nn.Linear(1024, 16))
+        cfg = {"train_micro_batch_size_per_gpu": 32, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+               "zero_optimization": {"stage": 3, "zero_hpz_partition_size": hpz}}
+        engines[name] = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+    times = {n: [] for n in engines}
+    inter = {n: 0 for n in engines}
+    for step in range(args.reps + 1):
+        g = torch.Generator().manual_seed(step * 100 + comm.rank)
+        x, y = torch.randn(32, 1024, generator=g), torch.randint(0, 16, (32,), generator=g)
+        for name, eng in engines.items():
+            dist.barrier()
+            LEDGER.reset()
+            t0 = time.perf_counter()
+            loss = nn.functional.cross_entropy(eng(x), y)
+            eng.backward(loss)
+            eng.step()
+            el = torch.tensor([time.perf_counter() - t0])
+            mine = torch.tensor([float(LEDGER.links["inter"].bytes_sent if "inter" in LEDGER.links else 0)])
+            dist.all_reduce(el, op=dist.ReduceOp.MAX)
+            dist.all_reduce(mine)
+            if step:                                      # step 0 is the warm-up
+                times[name].append(el.item())
+                inter[name] = mine.item() / comm.inter_node().size   # bytes one node sends across
+    if comm.rank == 0:
+        with open(args.zero_worker, "w") as f:
+            json.dump({"times": times, "inter_bytes_per_node": inter, "k": k, "world": comm.size,
+                       "params": sum(u.numel for u in engines["zero3"].layout.units)}, f)
+
+
 # ----------------------------------------------------------------------------- driver
 
 def _links(res):
@@ -166,11 +211,16 @@ def main() -> None:
     ap.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "multinode.png"))
     ap.add_argument("--json", default=None, help="also write every figure here")
     ap.add_argument("--verbose", action="store_true", help="stream the nodes' output")
+    ap.add_argument("--parts", default="collectives,ddp,zero", help="which parts to run")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--zero-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [float(s) for s in args.sizes.split(",")]
     if args.worker:
         return worker(args)
+    if args.zero_worker:
+        return zero_worker(args)
+    parts = set(args.parts.split(","))
     VERBOSE = args.verbose
     from rich.console import Console
     from rich.table import Table
@@ -179,7 +229,7 @@ def main() -> None:
     con = Console()
     rates = [float(x) for x in args.rates.split(",")]
     results = {}
-    for rate in rates:
+    for rate in (rates if "collectives" in parts else []):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "res.json")
             on_cluster(rate, TORCHRUN + f"{os.path.abspath(__file__)} --worker {out} --reps {args.reps} "
@@ -210,9 +260,10 @@ def main() -> None:
                       f"{bw['hierarchical']:.1f} [{model['hierarchical']:.1f}]", f"{bw['built-in']:.1f}",
                       f"{bw['hierarchical'] / bw['built-in']:.2f}×", f"{bw['hierarchical'] / bw['ring']:.2f}×")
         con.print(t)
-    _figure(results, args.png)
-    con.print(f"figure: {args.png}")
-    if not args.no_ddp:
+    if results:
+        _figure(results, args.png)
+        con.print(f"figure: {args.png}")
+    if "ddp" in parts and not args.no_ddp:
         slow = min(rates)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "ddp.json")
@@ -225,6 +276,25 @@ def main() -> None:
         con.print(f"DDP on {slow:g} Mbit/s, 2 nodes × 2 ranks: flat (chapter 3) / bucketed (chapter 4) step time = "
                   f"[bold]{ddp['ratio_flat_over_bucketed']:.2f}×[/]; bucketed / torch DDP = "
                   f"{ddp['ratio_bucketed_over_ddp']:.2f}×  ({json.dumps(med)[:200]})")
+    if "zero" in parts:
+        slow = min(rates)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "zero.json")
+            on_cluster(slow, TORCHRUN + f"{os.path.abspath(__file__)} --zero-worker {out} --reps {args.reps}",
+                       timeout=1200)
+            with open(out) as f:
+                z = json.load(f)
+        results["zero"] = z
+        med = {n: statistics.median(v) for n, v in z["times"].items()}
+        t = Table(title=f"ZeRO-3 on {slow:g} Mbit/s, 2 nodes × {z['k']} ranks, Ψ = {z['params']:,}: per step, "
+                        f"median of {args.reps}")
+        for col in ("engine", "step s (min–max)", "inter-node bytes a node sends (ledger)", "vs ZeRO-3"):
+            t.add_column(col, justify="right")
+        for n, v in z["times"].items():
+            t.add_row(n, f"{med[n]:.2f} ({min(v):.2f}–{max(v):.2f})", f"{z['inter_bytes_per_node'][n]:,.0f}",
+                      f"{med[n] / med['zero3']:.2f}× time, "
+                      f"{z['inter_bytes_per_node'][n] / z['inter_bytes_per_node']['zero3']:.2f}× bytes")
+        con.print(t)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({str(k_): v for k_, v in results.items()}, f, indent=1)
