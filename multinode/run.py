@@ -15,6 +15,7 @@ with anything outside the cluster: each cluster has its own network namespaces.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -36,12 +37,7 @@ def add_args(p) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before every node is ended")
     p.add_argument("--port", type=int, default=29500, help="MASTER_PORT (private to the cluster)")
     p.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
-    p.add_argument("command", nargs=argparse_remainder(), help="-- CMD ...")
-
-
-def argparse_remainder():
-    import argparse
-    return argparse.REMAINDER
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
 
 
 def run_from_args(args) -> int:
@@ -52,13 +48,9 @@ def run_from_args(args) -> int:
     code, err = run(c, " ".join(cmd) if len(cmd) > 1 else cmd[0], timeout=args.timeout,
                     port=args.port, grace=args.grace)
     if err:
-        C_console().print(f"[red]multinode run failed:[/] {err}")
+        from rich.console import Console
+        Console(stderr=True).print(f"[red]multinode run failed:[/] {err}")
     return code
-
-
-def C_console():
-    from rich.console import Console
-    return Console(stderr=True)
 
 
 def node_env(c: C.Cluster, i: int, port: int) -> dict:

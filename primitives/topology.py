@@ -114,7 +114,14 @@ def topology(comm: Communicator) -> Topology:
     key = _root_key(comm)
     t = _WORLD.get(key) if key in _WORLD else _WORLD.get(None)
     if t is None or (key is None and len(t.nodes) != _world_size(comm)):   # a new world: re-read
-        t = _WORLD[None] = Topology.from_env(_world_size(comm))
+        try:
+            t = Topology.from_env(_world_size(comm))
+        except TopologyError as e:   # e.g. uneven nodes: say so once, and treat the world as one node
+            import warnings
+            warnings.warn(f"primitives.topology: {e}; treating all ranks as one node "
+                          "(call set_topology() or Topology.from_hostnames() to say otherwise)", stacklevel=2)
+            t = Topology((0,) * _world_size(comm))
+        _WORLD[None] = t
     return t
 
 

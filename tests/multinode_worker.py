@@ -3,7 +3,7 @@
     python -m multinode run -- torchrun --nnodes 2 --nproc_per_node 2 --node_rank '$NODE_RANK' \
         --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' tests/multinode_worker.py [--die RANK]
 
-Every two-level-capable collective × algorithm vs gloo's built-in over the real link, the per-link
+Every collective × algorithm vs gloo's built-in over the real link, the per-link
 ledger vs cost.link_traffic, and the launcher's topology vs the hostnames'. Prints
 "MULTINODE CHECK OK" on rank 0, or every error and exits 1. --die R: rank R exits mid-run.
 """
@@ -34,6 +34,9 @@ if args.die >= 0:
     print(f"rank {comm.rank} finished an all-reduce without rank {args.die} (wrong)", flush=True)
     sys.exit(0)
 errs, nodes, intra, inter, auto = checks_on_two_nodes(comm.rank, comm.size, local=None, numels=(1, 1001))
+import collective_checks as C  # noqa: E402
+e2, _ = C.matrix(comm, [1001], names=["broadcast", "reduce", "scatter", "gather"])   # the rest, once
+errs += e2
 by_host = Topology.from_hostnames(comm).nodes
 if by_host != topology(comm).nodes:
     errs.append(f"rank {comm.rank}: hostnames say nodes {by_host}, LOCAL_WORLD_SIZE says {topology(comm).nodes}")
