@@ -6,6 +6,7 @@
 Every collective × algorithm vs gloo's built-in over the real link, the per-link
 ledger vs cost.link_traffic, and the launcher's topology vs the hostnames'. Prints
 "MULTINODE CHECK OK" on rank 0, or every error and exits 1. --die R: rank R exits mid-run.
+--zero2: ZeRO-2 across the nodes vs single-process AdamW, as tests/test_zero_parity.py does on one host.
 """
 import argparse
 import os
@@ -24,8 +25,22 @@ from primitives.topology import Topology, topology  # noqa: E402
 ap = argparse.ArgumentParser()
 add_launch_args(ap)
 ap.add_argument("--die", type=int, default=-1)
+ap.add_argument("--zero2", action="store_true", help="ZeRO-2 vs single-process AdamW (tests/test_zero_parity.py)")
 args = ap.parse_args()
 comm = init_from_env(args.backend, timeout=args.timeout)
+if args.zero2:
+    import test_zero_parity as Z   # the single-host parity test's model, data, reference and tolerance
+    losses, norms, final, _ = Z._train(comm.rank, comm.size, 2, "primitives", 200)
+    if comm.rank == 0:
+        ref_losses, ref_norms, ref = Z.reference(comm.size)
+        worst = max((torch.tensor(final[n]) - t).abs().max().item() for n, t in ref.items())
+        ok = all(torch.allclose(torch.tensor(final[n]), t, atol=2e-5, rtol=1e-4) for n, t in ref.items())
+        ok &= torch.allclose(torch.tensor(losses), torch.tensor(ref_losses[0]), rtol=1e-5)
+        print(f"ZeRO-2 on {comm.size} ranks vs single-process AdamW: max |param diff| = {worst:.2e}", flush=True)
+        if not ok:
+            sys.exit(1)
+        print("ZERO2 PARITY OK", flush=True)
+    sys.exit(0)
 if args.die >= 0:
     if comm.rank == args.die:
         print(f"rank {comm.rank}: exiting on purpose", flush=True)
