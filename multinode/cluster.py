@@ -90,6 +90,8 @@ def state_path(name: str) -> str:
 
 
 def load(name: str) -> Cluster:
+    require_root()
+    check_name(name)
     try:
         with open(state_path(name)) as f:
             c = Cluster(**json.load(f))
