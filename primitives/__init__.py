@@ -17,13 +17,13 @@ from primitives.scatter import scatter
 ALGORITHMS = {
     "broadcast": ["linear", "ring", "tree"],
     "reduce": ["linear", "ring", "tree"],
-    "all_reduce": ["linear", "ring", "direct", "recursive_doubling", "rabenseifner"],
-    "all_gather": ["linear", "ring", "direct"],
-    "all_gather_single": ["linear", "ring", "direct"],
+    "all_reduce": ["linear", "ring", "direct", "recursive_doubling", "rabenseifner", "hierarchical"],
+    "all_gather": ["linear", "ring", "direct", "hierarchical"],
+    "all_gather_single": ["linear", "ring", "direct", "hierarchical"],
     "scatter": ["linear", "ring", "tree"],
     "gather": ["linear", "ring", "tree"],
-    "reduce_scatter": ["linear", "ring", "direct"],
-    "reduce_scatter_single": ["linear", "ring", "direct"],
+    "reduce_scatter": ["linear", "ring", "direct", "hierarchical"],
+    "reduce_scatter_single": ["linear", "ring", "direct", "hierarchical"],
 }
 
 

@@ -12,6 +12,8 @@ Cost, S = bytes each rank contributes (the output holds N·S):
           other rank at once (staggered r+1, r+2, … so nobody is everyone's first peer).
           Same bytes as the ring, N-1 messages, but no step waits for another: on an
           oversubscribed host that is what matters.       α + (N-1)·o + (N-1)Sβ
+  hierarchical  across m nodes × k ranks: inter ring, then intra rings (primitives/hierarchical.py);
+          (m-1)·S inter-node and m(k-1)·S intra-node bytes per rank.
 """
 from __future__ import annotations
 
@@ -45,7 +47,13 @@ def _direct(comm, blocks):
     wait_all([comm.irecv(blocks[p], p) for p in peers] + [comm.isend(blocks[r], p) for p in peers])
 
 
-ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "shm": shm_collectives.all_gather}  # "shm": shm transport only
+def _hierarchical(comm, blocks):   # multinode: inter ring of my block, then intra rings per node
+    from primitives.hierarchical import all_gather_2level
+    all_gather_2level(comm, blocks)
+
+
+ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "hierarchical": _hierarchical,
+         "shm": shm_collectives.all_gather}  # "shm": shm transport only
 
 
 def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None, tag=0):

@@ -18,6 +18,10 @@ Cost for S bytes on N ranks; P = largest power of two ≤ N, R = N - P ranks fol
   rabenseifner        recursive halving reduce-scatter, then recursive doubling all-gather,
                       over P chunks: 2·log2 P messages, 2(P-1)/P·S bytes per rank (+ folds).
                                                            2·log2 P·α + 2(P-1)/P·Sβ
+  hierarchical        m nodes × k ranks: ring reduce-scatter inside the node, ring all-reduce of
+                      my S/k shard with my peers on the other nodes, ring all-gather inside the
+                      node (primitives/hierarchical.py). Per rank 2(k-1)/k·S intra-node and only
+                      2(m-1)/m·S/k inter-node bytes.
 Floating SUM differs from the backend's result only by summation order: each algorithm sums
 in a fixed order, and every rank ends with bitwise-identical values.
 """
@@ -36,10 +40,15 @@ def _linear(comm, buf, op):
 
 
 def _ring(comm, buf, op):
+    chunk = [buf[s:e] for s, e in chunk_bounds(buf.numel(), comm.size)]
+    _ring_reduce_scatter(comm, chunk, op)
+    _ring_all_gather(comm, chunk)
+
+
+def _ring_reduce_scatter(comm, chunk, op):
+    """The ring's first half (also used by primitives/hierarchical.py): rank r ends owning chunk r+1."""
     n, r = comm.size, comm.rank
-    b = chunk_bounds(buf.numel(), n)
-    chunk = [buf[s:e] for s, e in b]
-    tmp = scratch(comm, b[0][1] - b[0][0], buf.dtype)
+    tmp = scratch(comm, chunk[0].numel(), chunk[0].dtype)
     nxt, prev = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):                       # reduce-scatter: after it, rank r owns chunk r+1
         send_i, recv_i = (r - s) % n, (r - s - 1) % n
@@ -49,6 +58,12 @@ def _ring(comm, buf, op):
         rq.wait()
         sq.wait()                                 # the chunk we send is not touched this step
         combine_(chunk[recv_i], inc, op)
+
+
+def _ring_all_gather(comm, chunk):
+    """The ring's second half: rank r starts owning chunk r+1 and ends with every chunk."""
+    n, r = comm.size, comm.rank
+    nxt, prev = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):                       # all-gather: pass finished chunks around
         send_i, recv_i = (r + 1 - s) % n, (r - s) % n
         rq = comm.irecv(chunk[recv_i], prev)
@@ -141,8 +156,14 @@ def _rabenseifner(comm, buf, op):
     _fold_out(comm, buf, p)
 
 
+def _hierarchical(comm, buf, op):   # multinode: intra reduce-scatter, inter all-reduce, intra all-gather
+    from primitives.hierarchical import all_reduce_2level
+    all_reduce_2level(comm, buf, op)
+
+
 ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "recursive_doubling": _recursive_doubling,
-         "rabenseifner": _rabenseifner, "shm": shm_collectives.all_reduce}   # "shm": shm transport only
+         "rabenseifner": _rabenseifner, "hierarchical": _hierarchical,
+         "shm": shm_collectives.all_reduce}   # "shm": shm transport only
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):

@@ -81,14 +81,36 @@ class Communicator(abc.ABC):
     def isend(self, tensor: torch.Tensor, peer: int) -> Request:
         if tensor.numel() == 0:
             return _DONE
-        LEDGER.sent(tensor.numel() * tensor.element_size())
+        LEDGER.sent(tensor.numel() * tensor.element_size(), self.link_to(peer))
         return Request(self, self._post(self._isend, tensor, peer, "sending to"), peer, "sending to")
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Request:
         if tensor.numel() == 0:
             return _DONE
-        LEDGER.received(tensor.numel() * tensor.element_size())
+        LEDGER.received(tensor.numel() * tensor.element_size(), self.link_to(peer))
         return Request(self, self._post(self._irecv, tensor, peer, "receiving from"), peer, "receiving from")
+
+    # ---- multinode topology (primitives/topology.py): which node each rank is on
+    def node_of(self, rank: int) -> int:
+        """The node (0..num_nodes-1) of group rank `rank`."""
+        from primitives.topology import topology
+        return topology(self).node_of(self.global_rank(rank))
+
+    def link_to(self, peer: int) -> str:
+        """"intra" when `peer` shares this rank's node, else "inter" (for the ledger)."""
+        from primitives.topology import topology
+        t = topology(self)
+        return "intra" if t.node_of(self.global_rank(peer)) == t.node_of(self.global_rank(self.rank)) else "inter"
+
+    def intra_node(self) -> "Communicator":
+        """The ranks of this communicator on this rank's node (see primitives/topology.py)."""
+        from primitives.topology import split
+        return split(self)[0]
+
+    def inter_node(self) -> "Communicator":
+        """One rank per node: those with this rank's local index."""
+        from primitives.topology import split
+        return split(self)[1]
 
     def _post(self, fn, tensor, peer, kind):
         # gloo can fail when the operation is posted (the peer has already gone), not only in wait()

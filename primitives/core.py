@@ -325,6 +325,9 @@ def resolve(name: str, algorithm: str, algos: dict, comm: Communicator, nbytes: 
     transport = getattr(comm, "transport", None)           # shm transport: auto may pick "shm"
     if algorithm == "auto":
         from primitives.cost import choose
+        from primitives.topology import prefers_hierarchical   # multinode: ranks on >1 node
+        if "hierarchical" in algos and prefers_hierarchical(comm):
+            return "hierarchical"
         return choose(name, comm.size, nbytes, comm.backend, transport)
     if algorithm == "shm" and "shm" in algos and transport != "shm":   # shm transport
         check.fail(f"argument 'algorithm' is 'shm', which needs every rank of the group on this host on the "

@@ -80,6 +80,8 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     if name == "reduce":
         return {"linear": (n - 1) * (a + S * (b + g)), "ring": (n - 2 + k) * (a + S * (b + g) / k),
                 "tree": L * (a + S * (b + g))}[algo]
+    if algo == "hierarchical":     # one link class means one node: the hierarchy is the plain ring
+        algo = "ring"
     if name == "all_reduce":
         lp = int(math.log2(P))
         return {"linear": 2 * (n - 1) * (a + S * b) + (n - 1) * S * g,
@@ -106,17 +108,24 @@ def choose(name: str, n: int, nbytes: int, backend: str = "gloo", transport: str
     On the shared-memory transport its own fitted parameters, and the "shm" algorithms too."""
     from primitives import ALGORITHMS
     p = DEFAULTS["shm"] if transport in ("shm", "shm+tcp") else DEFAULTS.get(backend, DEFAULTS["gloo"])
-    algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
+    # "hierarchical" only pays with more than one node: core.resolve asks primitives.topology first
+    algos = [a for a in ALGORITHMS[name] if (a != "linear" or n <= 2) and a != "hierarchical"]
     algos = (["shm"] if transport == "shm" and name in SHM_NATIVE else []) + algos   # ties: shm (no messages)
     return min(algos, key=lambda al: round(predict(name, al, n, nbytes, p), 9))   # ns: ties are ties
 
 
-def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0) -> tuple[int, int]:
+def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0,
+            local: int | None = None) -> tuple[int, int]:
     """(messages, bytes) that `rank` sends in one call, per the algorithm's docstring.
 
     numel is the caller's tensor (for reduce_scatter*: the output block; all_gather*: the
     input). Empty messages are never sent, so a zero-sized block costs no message.
+    local: ranks per node, nodes numbered in rank blocks (only "hierarchical" depends on it;
+    None = one node).
     """
+    if algo == "hierarchical":
+        t = link_traffic(name, algo, n, rank, numel, elem, local or n)
+        return t["intra"][0] + t["inter"][0], t["intra"][1] + t["inter"][1]
     S = numel * elem
     if n <= 1 or numel == 0:
         return 0, 0
@@ -218,3 +227,108 @@ def _half_bytes(c, nr, P, i):
     mid = (lo + hi) // 2
     give = (mid, hi) if not nr & mask else (lo, mid)
     return sum(c[give[0]:give[1]])
+
+
+# ----------------------------------------------------------------------------- two link classes
+# multinode: m nodes × k ranks, ranks numbered node by node (how torchrun, deepspeed and mpiexec
+# place them). "intra" = between ranks of one node (loopback here), "inter" = across the NIC.
+
+@dataclass(frozen=True)
+class Links:
+    intra: Params
+    inter: Params
+
+
+def predict_2level(name: str, algo: str, m: int, k: int, nbytes: int, links: Links) -> float:
+    """Predicted seconds on m nodes × k ranks. algo: "ring" (flat, what a topology-blind ring does,
+    also our model of gloo's built-in), or "hierarchical". S = nbytes as in predict().
+
+    Flat ring: every step has one inter-node hop per node and waits for it, so each of its
+    2(N-1) steps costs α_e + S/N·β_e. Hierarchical: the k ranks of a node send their inter-node
+    shares at the same time through one NIC, so a step of the inter ring costs α_e + k·(S/k)/m·β_e.
+    """
+    a, e, S, n = links.intra, links.inter, nbytes, m * k
+    if n <= 1:
+        return 0.0
+    s = S / n
+    if name == "all_reduce":
+        if algo == "ring":
+            return 2 * (n - 1) * (e.alpha + s * e.beta) + (n - 1) * s * e.gamma
+        return (2 * (k - 1) * (a.alpha + S / k * a.beta) + (k - 1) / k * S * a.gamma
+                + 2 * (m - 1) * (e.alpha + S / m * e.beta) + (m - 1) / m * S / k * e.gamma)
+    if name.startswith("all_gather"):
+        if algo == "ring":
+            return (n - 1) * (e.alpha + s * e.beta)
+        return (m - 1) * (e.alpha + k * s * e.beta) + m * (k - 1) * (a.alpha + s * a.beta)
+    if name.startswith("reduce_scatter"):
+        if algo == "ring":
+            return (n - 1) * (e.alpha + s * (e.beta + e.gamma))
+        return m * (k - 1) * (a.alpha + s * (a.beta + a.gamma)) + (m - 1) * (e.alpha + k * s * e.beta + s * e.gamma)
+    raise KeyError(name)
+
+
+def link_traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, local: int) -> dict:
+    """{"intra": (messages, bytes), "inter": (messages, bytes)} that `rank` sends, with `local`
+    ranks per node (node of rank r = r // local). Derivations:
+      hierarchical all-reduce = a ring all-reduce on the k node-mates of the whole buffer (its
+        reduce-scatter and all-gather halves) + a ring all-reduce, on the m same-index ranks, of
+        the chunk (j+1) mod k this rank owns after the reduce-scatter.
+      hierarchical all-gather / reduce-scatter: (m-1) inter messages of one block; m(k-1) intra.
+      flat algorithms: each message is intra or inter by its peer (peers() below)."""
+    if n % local:
+        raise ValueError(f"{local} ranks per node does not divide {n}")
+    k, m = local, n // local
+    node, j = divmod(rank, k)
+    base = name.replace("_single", "")
+    S = numel * elem
+    if algo == "hierarchical":
+        if base == "all_reduce":
+            intra = traffic("all_reduce", "ring", k, j, numel, elem)
+            own = chunk_bounds(numel, k)[(j + 1) % k]
+            inter = traffic("all_reduce", "ring", m, node, own[1] - own[0], elem)
+            return {"intra": intra, "inter": inter}
+        if base in ("all_gather", "reduce_scatter"):
+            if numel == 0:
+                return {"intra": (0, 0), "inter": (0, 0)}
+            return {"intra": (m * (k - 1), m * (k - 1) * S), "inter": (m - 1, (m - 1) * S)}
+        raise KeyError(name)
+    out = {"intra": [0, 0], "inter": [0, 0]}
+    for peer, b in peers(name, algo, n, rank, numel, elem):
+        if b:
+            c = out["intra" if peer // k == node else "inter"]
+            c[0] += 1
+            c[1] += b
+    return {key: tuple(v) for key, v in out.items()}
+
+
+def peers(name: str, algo: str, n: int, rank: int, numel: int, elem: int) -> list[tuple[int, int]]:
+    """(peer, bytes) of every message `rank` sends, for the flat all-reduce / all-gather /
+    reduce-scatter algorithms (recursive doubling and Rabenseifner: N a power of two)."""
+    S, base, r = numel * elem, name.replace("_single", ""), rank
+    if base == "all_reduce":
+        c = [(e - s) * elem for s, e in chunk_bounds(numel, n)]
+        if algo == "linear":
+            return [(p, S) for p in range(1, n)] if r == 0 else [(0, S)]
+        if algo == "ring":
+            nxt = (r + 1) % n
+            return ([(nxt, c[i]) for i in range(n) if i != (r + 1) % n]
+                    + [(nxt, c[i]) for i in range(n) if i != (r + 2) % n])
+        if algo == "direct":
+            return [(p, c[p]) for p in range(n) if p != r] + [(p, c[r]) for p in range(n) if p != r]
+        if n & (n - 1):
+            raise ValueError("peers(): recursive algorithms are derived for a power-of-two N only")
+        steps = n.bit_length() - 1
+        if algo == "recursive_doubling":
+            return [(r ^ (1 << i), S) for i in range(steps)]
+        halving = [(r ^ (n >> (i + 1)), _half_bytes(c, r, n, i)) for i in range(steps)]
+        doubling = [(r ^ mk, sum(c[(r & ~(mk - 1)) + jj] for jj in range(mk))) for mk in (1 << i for i in range(steps))]
+        return halving + doubling
+    if base in ("all_gather", "reduce_scatter"):
+        if algo == "ring":
+            return [((r + 1) % n, S)] * (n - 1)
+        if algo == "direct":
+            return [(p, S) for p in range(n) if p != r]
+        if base == "all_gather":
+            return [(p, S) for p in range(1, n) for _ in range(n - 1)] if r == 0 else [(0, S)]
+        return [(p, S) for p in range(1, n)] if r == 0 else [(0, n * S)]
+    raise KeyError(name)

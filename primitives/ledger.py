@@ -37,6 +37,7 @@ class CallRecord:
     algorithm: str
     nbytes: int                      # S: the full buffer, as nccl-tests counts it
     counts: Counts = field(default_factory=Counts)
+    links: dict = field(default_factory=dict)   # multinode: "intra"/"inter" -> Counts (primitives/topology.py)
 
 
 class _PerThread(threading.local):
@@ -51,27 +52,37 @@ class Ledger:
         self.data = Counts()         # all data messages since the last reset
         self.control = Counts()      # handshake messages
         self.calls: list[CallRecord] = []
+        self.links: dict[str, Counts] = {}   # data traffic per link class ("intra"/"inter" node)
         self._t = _PerThread()
         self._lock = threading.Lock()
         self.keep_calls = True       # benchmarks turn this off to avoid growing a list
 
     def reset(self) -> None:
-        self.data, self.control, self.calls = Counts(), Counts(), []
+        self.data, self.control, self.calls, self.links = Counts(), Counts(), [], {}
 
     def _target(self) -> list[Counts]:
         if self._t.control_depth:
             return [self.control]
         return [self.data] + ([self._t.current.counts] if self._t.current else [])
 
-    def sent(self, nbytes: int) -> None:
+    def _link_targets(self, link: str | None) -> list[Counts]:
+        # multinode: data messages are also counted per link class (intra- / inter-node)
+        if link is None or self._t.control_depth:
+            return []
+        out = [self.links.setdefault(link, Counts())]
+        if self._t.current is not None:
+            out.append(self._t.current.links.setdefault(link, Counts()))
+        return out
+
+    def sent(self, nbytes: int, link: str | None = None) -> None:
         with self._lock:
-            for c in self._target():
+            for c in self._target() + self._link_targets(link):
                 c.msgs_sent += 1
                 c.bytes_sent += nbytes
 
-    def received(self, nbytes: int) -> None:
+    def received(self, nbytes: int, link: str | None = None) -> None:
         with self._lock:
-            for c in self._target():
+            for c in self._target() + self._link_targets(link):
                 c.msgs_recv += 1
                 c.bytes_recv += nbytes
 

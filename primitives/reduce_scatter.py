@@ -13,6 +13,8 @@ Cost, S = bytes of one block (each input holds N·S):
   direct  one round: rank r sends block p to rank p and receives block r from everyone at
           once, then reduces the N contributions in rank order 0..N-1. N-1 messages,
           (N-1)·S bytes per rank; (N-1)·S bytes of scratch.  α + (N-1)·o + (N-1)S(β + γ)
+  hierarchical  across m nodes × k ranks: intra rings per node, then an inter ring of the partial
+          sums (primitives/hierarchical.py); m(k-1)·S intra-node and (m-1)·S inter-node bytes per rank.
 The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
 buffer is never overwritten while its send is in flight).
 """
@@ -67,7 +69,13 @@ def _direct(comm, blocks, out, op):
     out.copy_(acc)
 
 
-ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "shm": shm_collectives.reduce_scatter}  # shm transport only
+def _hierarchical(comm, blocks, out, op):   # multinode: intra rings per node, then an inter ring
+    from primitives.hierarchical import reduce_scatter_2level
+    reduce_scatter_2level(comm, blocks, out, op)
+
+
+ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "hierarchical": _hierarchical,
+         "shm": shm_collectives.reduce_scatter}  # "shm": shm transport only
 
 
 def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0):

@@ -117,7 +117,7 @@ def digest(t: torch.Tensor) -> str:
 
 
 def check_case(comm, name, algo, *, numel, dtype=torch.int64, op="sum", root=0, layout="contig",
-               seed=0, group=None, global_root=None, check_traffic=True):
+               seed=0, group=None, global_root=None, check_traffic=True, local=None):
     """Run primitives.<name> and the built-in on the same inputs; compare results and traffic.
 
     numel is the caller's tensor (reduce_scatter*: the output block; all_gather*: the input).
@@ -245,7 +245,7 @@ def check_case(comm, name, algo, *, numel, dtype=torch.int64, op="sum", root=0, 
     counts = (d.msgs_sent, d.bytes_sent, d.msgs_recv, d.bytes_recv)
     if check_traffic:
         elem = torch.empty(0, dtype=dtype).element_size()
-        exp = traffic(name, used, n, r, numel, elem, root)
+        exp = traffic(name, used, n, r, numel, elem, root, local=local)   # local: ranks per node (multinode)
         if (d.msgs_sent, d.bytes_sent) != exp:
             errs.append(f"{tag}: ledger (msgs, bytes) sent {(d.msgs_sent, d.bytes_sent)} != cost.traffic {exp}")
     dig = digest(ours_out[0][0]) if name == "all_reduce" and ours_out else None
@@ -258,7 +258,7 @@ def algorithms(name, comm=None):
 
 
 def matrix(comm, numels, *, dtype=torch.int64, ops=("sum",), layouts=("contig",), names=None, seed=0,
-           group=None, to_global=None):
+           group=None, to_global=None, local=None):
     """check_case over names × algorithms × numels × ops × layouts; roots rotate through the ranks.
     Returns (errors, cases) where cases maps a case key to that rank's info dict."""
     errs, cases = [], {}
@@ -275,7 +275,8 @@ def matrix(comm, numels, *, dtype=torch.int64, ops=("sum",), layouts=("contig",)
                         root = (k * 3 + 1) % n if name in ROOTED else 0
                         groot = to_global(root) if to_global else root
                         e, info = check_case(comm, name, algo, numel=numel, dtype=dtype, op=op, root=root,
-                                             layout=layout, seed=seed + k, group=group, global_root=groot)
+                                             layout=layout, seed=seed + k, group=group, global_root=groot,
+                                             local=local)
                         errs += e
                         cases[(name, algo, numel, op, layout, root)] = info
     return errs, cases
@@ -335,6 +336,8 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
         elif algo == "linear":
             want(ms[0] == n - 1 and bs[0] == (n - 1) * S, "rank 0 sends (N-1) × S")
             want(all(ms[r] == 1 and bs[r] == S for r in range(1, n)), "others send S once")
+        elif algo == "hierarchical":   # m·2(k-1)·S inside the nodes + 2(m-1)·S across = 2(N-1)·S
+            want(sum(bs) == 2 * (n - 1) * S, "Σ bytes == 2(N-1)·S")
         elif algo == "recursive_doubling":
             want(sum(ms) == p2 * lg + 2 * rem and sum(bs) == (p2 * lg + 2 * rem) * S,
                  "Σ = (P·log2 P + 2R) whole-buffer messages")
@@ -348,14 +351,14 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             if numel >= p2:
                 want(sum(ms) == p2 * 2 * lg + 2 * rem, "Σ msgs == P·2log2 P + 2R")
     elif base == "all_gather":
-        if algo in ("ring", "direct", "shm"):
+        if algo in ("ring", "direct", "shm", "hierarchical"):   # hierarchical: (m-1) + m(k-1) = N-1 messages
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "each rank (N-1) × S")
         else:
             want(ms[0] == (n - 1) ** 2 and bs[0] == (n - 1) ** 2 * S, "rank 0 sends (N-1)² × S")
             want(all(ms[r] == 1 and bs[r] == S for r in range(1, n)), "others send S once")
         want(all(b == (n - 1) * S for b in br), "every rank receives (N-1)·S")
     elif base == "reduce_scatter":
-        if algo in ("ring", "direct", "shm"):
+        if algo in ("ring", "direct", "shm", "hierarchical"):   # hierarchical: (m-1) + m(k-1) = N-1 messages
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "each rank (N-1) × block")
         else:
             want(ms[0] == n - 1 and bs[0] == (n - 1) * S, "rank 0 sends N-1 blocks")

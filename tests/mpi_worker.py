@@ -32,10 +32,11 @@ def correctness(comm) -> list[str]:
         (torch.bfloat16, ("sum",), [37], ["broadcast", "all_gather", "all_gather_single", "scatter", "gather"]),
     ]
     for i, (dtype, ops, numels, names) in enumerate(plans):
-        e, c = C.matrix(comm, numels, dtype=dtype, ops=ops, names=names, seed=100 * i)
+        e, c = C.matrix(comm, numels, dtype=dtype, ops=ops, names=names, seed=100 * i,
+                        local=comm.intra_node().size)   # multinode: ranks per host
         errs += e
         cases.update({(str(dtype),) + k: v for k, v in c.items()})
-    e, c = C.matrix(comm, [15], layouts=("strided", "transposed"), seed=999)
+    e, c = C.matrix(comm, [15], layouts=("strided", "transposed"), seed=999, local=comm.intra_node().size)
     errs += e
     everyone = comm.mpi.allgather((errs, cases))
     if comm.rank != 0:

@@ -25,7 +25,8 @@ KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_c
               "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
               "stage3_max_live_parameters", "stage3_max_reuse_distance",
-              "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "offload_optimizer", "offload_param"}
+              "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "offload_optimizer", "offload_param",
+              "zero_hpz_partition_size"}   # ZeRO++ hpZ: zero_from_scratch/hpz.py
 KNOWN_FP16 = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
               "consecutive_hysteresis", "min_loss_scale", "auto_cast"}
 KNOWN_OPT = {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction"}
@@ -112,6 +113,7 @@ class ZeroConfig:
     contiguous_gradients: bool = True         # accepted; gradients always live in flat buffers
     stage3_prefetch_bucket_size: int = 50_000_000      # accepted, not used (no prefetch)
     stage3_param_persistence_threshold: int = 100_000  # accepted, not used (every param is partitioned)
+    zero_hpz_partition_size: int = 1          # ZeRO++ hpZ (hpz.py): secondary weight shards in groups of this many ranks
 
     def __post_init__(self):
         if self.stage not in (0, 1, 2, 3):
@@ -240,7 +242,10 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
                       reduce_bucket_size=_auto(z, "reduce_bucket_size", "reduce_bucket_size", 500_000_000, resolved),
                       allgather_bucket_size=_auto(z, "allgather_bucket_size", "allgather_bucket_size", 500_000_000, resolved),
                       overlap_comm=bool(z.get("overlap_comm", False)),
-                      contiguous_gradients=bool(z.get("contiguous_gradients", True)))
+                      contiguous_gradients=bool(z.get("contiguous_gradients", True)),
+                      zero_hpz_partition_size=z.get("zero_hpz_partition_size", 1))
+    from zero_from_scratch.hpz import check_config       # multinode: ZeRO++ hpZ
+    check_config(zero, world_size)
 
     f = raw.get("fp16", {})
     unknown += [f"fp16.{k}" for k in f if k not in KNOWN_FP16]

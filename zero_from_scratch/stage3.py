@@ -56,6 +56,8 @@ class Stage3(Stage2):
                 c.broadcast(full, 0, "init broadcast")
             lo, hi = u.shard_range(c.rank)
             self.pshard[u.group][u.local_offset:u.local_offset + u.shard].copy_(full[lo:hi])
+        from zero_from_scratch import hpz
+        self.hpz = hpz.make(engine)                       # ZeRO++ hpZ (hpz.py), None when off
         self.gathered_units: set[int] = set()
         self.full_of: dict[int, torch.Tensor] = {}        # unit -> its gathered buffer, while gathered
         self.unit_of_storage: dict[int, int] = {}         # that buffer's storage pointer -> unit
@@ -127,7 +129,10 @@ class Stage3(Stage2):
         tag = self._check(kind, u, label)
         full = torch.empty(u.padded, dtype=self.e.dtype)
         with self._tagged(tag, label):
-            self.e.comm.all_gather(full, self.param_shard(u), f"param all-gather ({kind})", tag=tag)
+            if not (self.hpz and self.hpz.gather(u, kind, full, tag)):      # hpZ: backward stays in the node
+                self.e.comm.all_gather(full, self.param_shard(u), f"param all-gather ({kind})", tag=tag)
+                if self.hpz:
+                    self.hpz.keep(u, full)
         for s in u.slots:
             self.params[s.name].data = full[s.offset:s.offset + s.numel].view(s.shape)
         self.gathered_units.add(u.index)
@@ -201,6 +206,8 @@ class Stage3(Stage2):
         with self._tagged(tag, label):
             super()._reduce(u, tag)
         self._release(u)
+        if self.hpz:
+            self.hpz.release(u)
 
     def after_backward(self, boundary: bool) -> None:
         for u in self.e.layout.units:    # units with no gradient (unused this micro-batch), in unit order
@@ -221,7 +228,8 @@ class Stage3(Stage2):
         return self.pshard[u.group][u.local_offset:u.local_offset + u.shard]
 
     def after_step(self) -> None:
-        pass
+        if self.hpz:
+            self.hpz.clear()            # secondary shards are stale once the weights move
 
     @contextlib.contextmanager
     def gathered(self, params, modifier_rank=None):

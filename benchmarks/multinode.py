@@ -1,0 +1,328 @@
+"""Flat ring vs hierarchical vs gloo's built-in across two namespaced nodes on a shaped link,
+and bucketed (overlapped) vs flat data parallelism on the slow link. Needs root.
+
+    python benchmarks/multinode.py                         # 400 and 100 Mbit/s, writes benchmarks/multinode.png
+    python benchmarks/multinode.py --rates 100 --sizes 1,4,8 --reps 3 --parts collectives,zero
+
+For each rate: `multinode up` a fresh 2-node cluster, run this file under torchrun on 2 nodes ×
+2 ranks (--worker), then `down`. The worker
+  1. fits α, β per link class with a gloo ping-pong (rank 0 ↔ 1 on one node, rank 0 ↔ 2 across),
+  2. times all-reduce of S bytes (S = --sizes MiB) with algorithm="ring" (flat), "hierarchical"
+     and torch.distributed.all_reduce (gloo's built-in, which does not know the topology),
+     interleaved call by call, a barrier before each, medians over --reps; busbw = S/t·2(N-1)/N,
+  3. and the same for all-gather and reduce-scatter at the largest size.
+The model (primitives.cost.predict_2level with the fitted links) is printed next to each
+measurement and dashed in the figure. Then benchmarks/ddp_overlap.py runs across the nodes
+at the slowest rate: chapter 3 (flat, one all-reduce after backward) vs chapter 4 (buckets
+all-reduced during backward), and ZeRO-3 vs ZeRO-3 + hpZ (zero_hpz_partition_size = ranks per
+node): step time and the inter-node bytes the ledger counted. Figures are from a shared 2-core
+machine: ratios, not absolutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+ALGOS = ("ring", "hierarchical", "built-in")
+MIB = 1 << 20
+
+
+# ----------------------------------------------------------------------------- worker (on every rank)
+
+def _pingpong(comm, peer, sizes, reps):
+    import torch
+    pts = []
+    for s in sizes:
+        buf = torch.zeros(max(1, s // 4))
+        ts = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            if comm.rank == 0:
+                comm.send(buf, peer)
+                comm.recv(buf, peer)
+            else:
+                comm.recv(buf, 0)
+                comm.send(buf, 0)
+            ts.append((time.perf_counter() - t0) / 2)
+        pts.append((buf.numel() * 4, min(ts[1:])))
+    return pts
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import primitives as P
+    from multinode.pingpong import fit
+    from primitives.launch import init_from_env
+    comm = init_from_env("gloo", timeout=300)
+    n, r = comm.size, comm.rank
+    res = {"world": n, "local": comm.intra_node().size, "nodes": comm.inter_node().size}
+    sizes_pp = [8, 64 << 10, MIB, 4 * MIB]
+    for link, peer in (("intra", 1), ("inter", res["local"])):     # rank 0 <-> 1 share a node; 0 <-> k do not
+        pts = None
+        if r in (0, peer):
+            pts = _pingpong(comm, peer if r == 0 else 0, sizes_pp, 3)
+        dist.barrier()
+        if r == 0:
+            res[link] = fit(pts)
+    x = torch.zeros(8 * MIB // 4)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        x.add_(x)
+    res["gamma"] = (time.perf_counter() - t0) / 3 / x.numel() / 4
+
+    def one(name, algo, nbytes):
+        numel = nbytes // 4
+        if name == "all_reduce":
+            t = torch.zeros(numel)
+            call = (lambda: dist.all_reduce(t)) if algo == "built-in" else (lambda: P.all_reduce(t, algorithm=algo))
+        elif name == "all_gather":
+            inp, out = torch.zeros(numel // n), torch.zeros(numel // n * n)
+            call = ((lambda: dist.all_gather_into_tensor(out, inp)) if algo == "built-in"
+                    else (lambda: P.all_gather_single(out, inp, algorithm=algo)))
+        else:
+            inp, out = torch.zeros(numel // n * n), torch.zeros(numel // n)
+            call = ((lambda: dist.reduce_scatter_tensor(out, inp)) if algo == "built-in"
+                    else (lambda: P.reduce_scatter_single(out, inp, algorithm=algo)))
+        dist.barrier()
+        t0 = time.perf_counter()
+        call()
+        el = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(el, op=dist.ReduceOp.MAX)        # the slowest rank decides
+        return el.item()
+
+    cases = [("all_reduce", int(s * MIB)) for s in args.sizes]
+    cases += [(nm, int(max(args.sizes) * MIB)) for nm in ("all_gather", "reduce_scatter")]
+    times = {f"{nm}|{s}|{a}": [] for nm, s in cases for a in ALGOS}
+    for nm, s in cases:                                   # warm-up: connections, scratch buffers
+        for a in ALGOS:
+            one(nm, a, s)
+    for rep in range(args.reps):
+        for nm, s in cases:
+            order = ALGOS[rep % 3:] + ALGOS[:rep % 3]     # rotate who goes first
+            for a in order:
+                times[f"{nm}|{s}|{a}"].append(one(nm, a, s))
+    res["times"] = times
+    if r == 0:
+        with open(args.worker, "w") as f:
+            json.dump(res, f)
+
+
+def zero_worker(args) -> None:
+    """ZeRO-3 vs ZeRO-3 + hpZ (k = ranks per node), same model and data, steps interleaved."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    import zero_from_scratch
+    from primitives.launch import init_from_env
+    from primitives.ledger import LEDGER
+    comm = init_from_env("gloo", timeout=600)
+    k = comm.intra_node().size
+    engines = {}
+    for name, hpz in (("zero3", 1), ("zero3+hpZ", k)):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(1024, 1024), nn.Tanh())], nn.Linear(1024, 16))
+        cfg = {"train_micro_batch_size_per_gpu": 32, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+               "zero_optimization": {"stage": 3, "zero_hpz_partition_size": hpz}}
+        engines[name] = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+    times = {n: [] for n in engines}
+    inter = {n: 0 for n in engines}
+    for step in range(args.reps + 1):
+        g = torch.Generator().manual_seed(step * 100 + comm.rank)
+        x, y = torch.randn(32, 1024, generator=g), torch.randint(0, 16, (32,), generator=g)
+        for name, eng in engines.items():
+            dist.barrier()
+            LEDGER.reset()
+            t0 = time.perf_counter()
+            loss = nn.functional.cross_entropy(eng(x), y)
+            eng.backward(loss)
+            eng.step()
+            el = torch.tensor([time.perf_counter() - t0])
+            mine = torch.tensor([float(LEDGER.links["inter"].bytes_sent if "inter" in LEDGER.links else 0)])
+            dist.all_reduce(el, op=dist.ReduceOp.MAX)
+            dist.all_reduce(mine)
+            if step:                                      # step 0 is the warm-up
+                times[name].append(el.item())
+                inter[name] = mine.item() / comm.inter_node().size   # bytes one node sends across
+    if comm.rank == 0:
+        with open(args.zero_worker, "w") as f:
+            json.dump({"times": times, "inter_bytes_per_node": inter, "k": k, "world": comm.size,
+                       "params": sum(u.numel for u in engines["zero3"].layout.units)}, f)
+
+
+# ----------------------------------------------------------------------------- driver
+
+def _links(res):
+    from primitives.cost import Links, Params
+    g = res["gamma"]
+    return Links(intra=Params(res["intra"]["alpha_s"], res["intra"]["beta_s_per_byte"], g),
+                 inter=Params(res["inter"]["alpha_s"], res["inter"]["beta_s_per_byte"], g))
+
+
+def _env():
+    e = dict(os.environ)
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    e["OMP_NUM_THREADS"] = "1"
+    return e
+
+
+def on_cluster(rate, cmd, timeout):
+    from multinode import cluster as C
+    from multinode.run import run
+    name = f"rzb{os.getpid() % 100000}"
+    old_env, old_cwd = dict(os.environ), os.getcwd()
+    try:
+        c = C.up(2, rate, name)
+        os.environ.update(_env())
+        os.chdir(ROOT)
+        code, err = run(c, cmd, timeout=timeout, port=29555, out=open(os.devnull, "w") if not VERBOSE else None)
+        if code:
+            raise SystemExit(f"benchmark run on {rate} Mbit/s failed: {err}")
+    finally:
+        os.chdir(old_cwd)
+        os.environ.clear()
+        os.environ.update(old_env)
+        C.down(name)
+
+
+VERBOSE = False
+TORCHRUN = ("torchrun --nnodes 2 --nproc_per_node 2 --node_rank $NODE_RANK --master_addr $MASTER_ADDR "
+            "--master_port $MASTER_PORT ")
+
+
+def main() -> None:
+    global VERBOSE
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", default="400,100", help="Mbit/s per node, comma-separated")
+    ap.add_argument("--sizes", default="0.25,1,4,8", help="all-reduce sizes in MiB")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-ddp", action="store_true", help="skip the bucketed-vs-flat DDP comparison")
+    ap.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "multinode.png"))
+    ap.add_argument("--json", default=None, help="also write every figure here")
+    ap.add_argument("--verbose", action="store_true", help="stream the nodes' output")
+    ap.add_argument("--parts", default="collectives,ddp,zero", help="which parts to run")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--zero-worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.sizes = [float(s) for s in args.sizes.split(",")]
+    if args.worker:
+        return worker(args)
+    if args.zero_worker:
+        return zero_worker(args)
+    parts = set(args.parts.split(","))
+    VERBOSE = args.verbose
+    from rich.console import Console
+    from rich.table import Table
+
+    from primitives.cost import predict_2level
+    con = Console()
+    rates = [float(x) for x in args.rates.split(",")]
+    results = {}
+    for rate in (rates if "collectives" in parts else []):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "res.json")
+            on_cluster(rate, TORCHRUN + f"{os.path.abspath(__file__)} --worker {out} --reps {args.reps} "
+                       f"--sizes {','.join(map(str, args.sizes))}", timeout=1200)
+            with open(out) as f:
+                results[rate] = json.load(f)
+    for rate, res in results.items():
+        links, n, m, k = _links(res), res["world"], res["nodes"], res["local"]
+        con.print(f"[bold]{rate:g} Mbit/s[/]: fitted intra α={links.intra.alpha * 1e6:.0f} µs, "
+                  f"{8 / links.intra.beta / 1e6:.0f} Mbit/s; inter α={links.inter.alpha * 1e6:.0f} µs, "
+                  f"{8 / links.inter.beta / 1e6:.0f} Mbit/s; γ={res['gamma'] * 1e9:.2f} ns/B (gloo ping-pong)")
+        t = Table(title=f"{m} nodes × {k} ranks, {rate:g} Mbit/s per node: busbw MB/s, median of {args.reps} "
+                        "(model in brackets)")
+        for col in ("collective", "size", "ring (flat)", "hierarchical", "gloo built-in", "hier / built-in",
+                    "hier / ring"):
+            t.add_column(col, justify="right")
+        res["rows"] = []
+        for key in sorted({k_.rsplit("|", 1)[0] for k_ in res["times"]}, key=lambda s: (s.split("|")[0], int(s.split("|")[1]))):
+            nm, s = key.split("|")
+            s = int(s)
+            factor = 2 * (n - 1) / n if nm == "all_reduce" else (n - 1) / n
+            med = {a: statistics.median(res["times"][f"{key}|{a}"]) for a in ALGOS}
+            bw = {a: s / med[a] * factor / 1e6 for a in ALGOS}
+            model = {a: s / predict_2level(nm, "ring" if a == "built-in" else a, m, k, s, links) * factor / 1e6
+                     for a in ("ring", "hierarchical")}
+            res["rows"].append({"name": nm, "bytes": s, "busbw": bw, "model": model})
+            t.add_row(nm, f"{s / MIB:g} MiB", f"{bw['ring']:.1f} [{model['ring']:.1f}]",
+                      f"{bw['hierarchical']:.1f} [{model['hierarchical']:.1f}]", f"{bw['built-in']:.1f}",
+                      f"{bw['hierarchical'] / bw['built-in']:.2f}×", f"{bw['hierarchical'] / bw['ring']:.2f}×")
+        con.print(t)
+    if results:
+        _figure(results, args.png)
+        con.print(f"figure: {args.png}")
+    if "ddp" in parts and not args.no_ddp:
+        slow = min(rates)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "ddp.json")
+            on_cluster(slow, TORCHRUN + f"benchmarks/ddp_overlap.py --hidden 512 --depth 4 --batch 512 "
+                       f"--steps 6 --warmup 2 --bucket-cap-mb 1 --json {out}", timeout=1200)
+            with open(out) as f:
+                ddp = json.load(f)
+        results["ddp"] = ddp
+        med = ddp.get("median_s", ddp)
+        con.print(f"DDP on {slow:g} Mbit/s, 2 nodes × 2 ranks: flat (chapter 3) / bucketed (chapter 4) step time = "
+                  f"[bold]{ddp['ratio_flat_over_bucketed']:.2f}×[/]; bucketed / torch DDP = "
+                  f"{ddp['ratio_bucketed_over_ddp']:.2f}×  ({json.dumps(med)[:200]})")
+    if "zero" in parts:
+        slow = min(rates)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "zero.json")
+            on_cluster(slow, TORCHRUN + f"{os.path.abspath(__file__)} --zero-worker {out} --reps {args.reps}",
+                       timeout=1200)
+            with open(out) as f:
+                z = json.load(f)
+        results["zero"] = z
+        med = {n: statistics.median(v) for n, v in z["times"].items()}
+        t = Table(title=f"ZeRO-3 on {slow:g} Mbit/s, 2 nodes × {z['k']} ranks, Ψ = {z['params']:,}: per step, "
+                        f"median of {args.reps}")
+        for col in ("engine", "step s (min–max)", "inter-node bytes a node sends (ledger)", "vs ZeRO-3"):
+            t.add_column(col, justify="right")
+        for n, v in z["times"].items():
+            t.add_row(n, f"{med[n]:.2f} ({min(v):.2f}–{max(v):.2f})", f"{z['inter_bytes_per_node'][n]:,.0f}",
+                      f"{med[n] / med['zero3']:.2f}× time, "
+                      f"{z['inter_bytes_per_node'][n] / z['inter_bytes_per_node']['zero3']:.2f}× bytes")
+        con.print(t)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({str(k_): v for k_, v in results.items()}, f, indent=1)
+
+
+def _figure(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    colors = {"ring": "tab:blue", "hierarchical": "tab:red", "built-in": "tab:gray"}
+    for ax, (rate, res) in zip(axes[0], results.items()):
+        rows = [r for r in res["rows"] if r["name"] == "all_reduce"]
+        xs = [r["bytes"] / MIB for r in rows]
+        for a in ALGOS:
+            ax.plot(xs, [r["busbw"][a] for r in rows], "o-", color=colors[a],
+                    label={"ring": "flat ring", "built-in": "gloo built-in"}.get(a, a))
+        for a in ("ring", "hierarchical"):
+            ax.plot(xs, [r["model"][a] for r in rows], "--", color=colors[a], alpha=0.7, label=f"model: {a}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("all-reduce size S (MiB)")
+        ax.set_ylabel("busbw (MB/s)")
+        ax.set_title(f"2 nodes × 2 ranks, {rate:g} Mbit/s link (tbf)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("ringzero: all-reduce across namespaced nodes (2 shared CPU cores, torch 2.13.0+cpu, gloo)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
