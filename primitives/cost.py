@@ -79,6 +79,8 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     if name in ("scatter", "gather"):
         return {"linear": (n - 1) * (a + s * b), "ring": (n - 1) * (a + s * b) + (n - 2) * a,
                 "tree": L * a + (n - 1) * s * b}[algo]
+    if name in ("all_to_all", "all_to_all_single"):      # S = this rank's whole input
+        return {"linear": a + (n - 2) * o + (n - 1) * s * b, "pairwise": (n - 1) * (a + s * b)}[algo]
     raise KeyError(name)
 
 
@@ -86,16 +88,23 @@ def choose(name: str, n: int, nbytes: int, backend: str = "gloo") -> str:
     """algorithm="auto": the algorithm with the lowest predicted time (ties: first listed)."""
     from primitives import ALGORITHMS
     p = DEFAULTS.get(backend, DEFAULTS["gloo"])
-    algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
+    # "linear" is the naive through-one-rank algorithm, except for all-to-all (post everything at once)
+    algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2 or name.startswith("all_to_all")]
     return min(algos, key=lambda al: predict(name, al, n, nbytes, p))
 
 
-def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0) -> tuple[int, int]:
+def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0,
+            *, splits: list[int] | None = None) -> tuple[int, int]:
     """(messages, bytes) that `rank` sends in one call, per the algorithm's docstring.
 
     numel is the caller's tensor (for reduce_scatter*: the output block; all_gather*: the
-    input). Empty messages are never sent, so a zero-sized block costs no message.
+    input; all_to_all*: the whole input, split evenly unless `splits` gives the elements sent
+    to each rank). Empty messages are never sent, so a zero-sized block costs no message.
     """
+    if name.startswith("all_to_all"):      # both algorithms: every block but my own, once
+        blocks = splits if splits is not None else [numel // n] * n
+        sizes = [blocks[p] * elem for p in range(n) if p != rank and blocks[p] > 0]
+        return len(sizes), sum(sizes)
     S = numel * elem
     if n <= 1 or numel == 0:
         return 0, 0
