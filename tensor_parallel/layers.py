@@ -67,7 +67,7 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.n, self.rank = group, comm.size, comm.rank
         out = linear.out_features
         if out // unit < self.n:
-            raise TPError(f"ColumnParallelLinear: {out // unit} output units (of {unit} features) cannot be "
+            raise TPError(f"rank {self.rank}: ColumnParallelLinear: {out // unit} output units (of {unit} features) cannot be "
                           f"split over tp={self.n} ranks; every rank needs at least one")
         lo, hi = shard_bounds(out, self.n, self.rank, unit)
         self.in_features, self.out_features, self.bounds = linear.in_features, out, (lo, hi)
@@ -97,7 +97,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.n, self.rank = group, comm.size, comm.rank
         inp = linear.in_features
         if inp // unit < self.n:
-            raise TPError(f"RowParallelLinear: {inp // unit} input units cannot be split over tp={self.n} ranks")
+            raise TPError(f"rank {self.rank}: RowParallelLinear: {inp // unit} input units cannot be split over tp={self.n} ranks")
         lo, hi = shard_bounds(inp, self.n, self.rank, unit)
         self.in_features, self.out_features, self.bounds = inp, linear.out_features, (lo, hi)
         self.weight = _shard(linear.weight, 1, lo, hi, unit)
@@ -127,7 +127,7 @@ class VocabParallelEmbedding(nn.Module):
         self.group, self.n, self.rank = group, comm.size, comm.rank
         v = emb.num_embeddings
         if v < self.n:
-            raise TPError(f"VocabParallelEmbedding: vocabulary of {v} cannot be split over tp={self.n} ranks")
+            raise TPError(f"rank {self.rank}: VocabParallelEmbedding: vocabulary of {v} cannot be split over tp={self.n} ranks")
         self.vocab_start, self.vocab_end = shard_bounds(v, self.n, self.rank)
         self.num_embeddings, self.embedding_dim = v, emb.embedding_dim
         self.weight = _shard(emb.weight, 0, self.vocab_start, self.vocab_end)

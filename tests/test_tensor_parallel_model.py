@@ -66,7 +66,31 @@ def _tp_work(rank, n, with_real):
     out["ledger sp"] = _ledger(rank, n, True)
     if with_real:
         out["real"] = _real_forward()
+    else:
+        out["bad"] = _bad_distilbert(rank, n)
     return out
+
+
+def _bad_distilbert(rank, n):
+    """Fewer heads than ranks; a sequence SP cannot split evenly. Same error on every rank."""
+    from transformers import DistilBertForSequenceClassification
+
+    from tensor_parallel import parallelize
+    from tensor_parallel.parity import batch, tiny_config
+    rows = []
+    try:
+        parallelize(DistilBertForSequenceClassification(tiny_config(n_heads=n - 1, dim=4 * (n - 1))))
+        rows.append(("heads < tp", "no error", []))
+    except Exception as e:
+        rows.append(("heads < tp", str(e), [f"{n - 1} attention heads", f"tp={n}"]))
+    model = parallelize(_model(), sequence_parallel=True)
+    ids, mask, labels = batch(3, 2, 3 * n + 1)
+    try:
+        model(input_ids=ids, attention_mask=mask, labels=labels)
+        rows.append(("SP seq", "no error", []))
+    except Exception as e:
+        rows.append(("SP seq", str(e), [f"sequence length ({3 * n + 1})", f"divisible by tp={n}"]))
+    return rows
 
 
 def _real_forward():
@@ -112,6 +136,10 @@ def test_tp3_uneven_parity_and_ledger(spawn):
     bad = _check([r["plain"] for r in res], "tp=3") + _check([r["sp"] for r in res], "tp=3 SP")
     assert not bad, "\n".join(bad)
     _assert_ledger(res, 3)
+    for rank, r in enumerate(res):
+        for label, msg, words in r["bad"]:
+            missing = [w for w in [f"rank {rank}"] + words if w not in msg]
+            assert words and not missing, f"[{label}] rank {rank}: {msg} (missing {missing})"
 
 
 def _dp_tp_work(rank, n, sp):
