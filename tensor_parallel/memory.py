@@ -22,6 +22,25 @@ import torch
 from primitives.launch import spawn
 
 
+class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
+    """`with SavedBytes(model) as c: loss = model(x)` → c.bytes: what autograd saved for backward,
+    each storage once, the model's parameters (weights saved by linear layers) excluded.
+    c.active[0] = False pauses counting (to count inside chosen modules only)."""
+
+    def __init__(self, model, active: bool = True):
+        self.seen = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.bytes, self.active = 0, [active]
+        super().__init__(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        if self.active[0]:
+            key = t.untyped_storage().data_ptr()
+            if key not in self.seen:
+                self.seen.add(key)
+                self.bytes += t.untyped_storage().nbytes()
+        return t
+
+
 def measure(b: int, s: int, tp_group=None, sequence_parallel: bool = False, layers: int = 2):
     """(activation bytes per layer, parameter bytes) on this rank."""
     from transformers import DistilBertForSequenceClassification
@@ -35,26 +54,15 @@ def measure(b: int, s: int, tp_group=None, sequence_parallel: bool = False, laye
     model = DistilBertForSequenceClassification(cfg).to(torch.bfloat16).train()
     if tp_group is not False:
         parallelize(model, tp_group, sequence_parallel=sequence_parallel)
-    # weights saved for backward are parameters, not activations: skip their storages
-    seen, active = {p.untyped_storage().data_ptr() for p in model.parameters()}, [False]
-    total = [0]
-
-    def pack(t):
-        if active[0]:
-            key = t.untyped_storage().data_ptr()
-            if key not in seen:
-                seen.add(key)
-                total[0] += t.untyped_storage().nbytes()
-        return t
-    for blk in model.distilbert.transformer.layer:
-        blk.register_forward_pre_hook(lambda *a: active.__setitem__(0, True))
-        blk.register_forward_hook(lambda *a: active.__setitem__(0, False))
+    for blk in model.distilbert.transformer.layer:        # count inside the transformer layers only
+        blk.register_forward_pre_hook(lambda *a: counter.active.__setitem__(0, True))
+        blk.register_forward_hook(lambda *a: counter.active.__setitem__(0, False))
     ids = torch.randint(1, 30000, (b, s), generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(model, active=False) as counter:
         out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(b, dtype=torch.long))
     out.loss.backward()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return total[0] / layers, params
+    return counter.bytes / layers, params
 
 
 def _work(rank, n, b, s):
