@@ -32,6 +32,10 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         self.bytes, self.active = 0, [active]
         super().__init__(self._pack, lambda t: t)
 
+    def __enter__(self):
+        super().__enter__()
+        return self
+
     def _pack(self, t):
         if self.active[0]:
             key = t.untyped_storage().data_ptr()
