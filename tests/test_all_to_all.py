@@ -95,8 +95,7 @@ def _matrix(rank, n, dtypes, layouts):
     return errs, counts
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, pytest.param(6, marks=pytest.mark.slow),
-                               pytest.param(7, marks=pytest.mark.slow), 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 4] + [pytest.param(n, marks=pytest.mark.slow) for n in (5, 6, 7, 8)])
 def test_all_to_all_matches_builtin(spawn, n):
     """float32 and int64 (N ≤ 4), even and uneven splits, both algorithms and auto, the list form."""
     results = spawn(_matrix, n, args=((torch.float32, torch.int64) if n <= 4 else (torch.float32,),
@@ -188,7 +187,7 @@ def _dies(rank, n, algo):
         return (type(e).__name__, time.monotonic() - t0, str(e))
 
 
-@pytest.mark.parametrize("algo", ["linear", "pairwise"])
+@pytest.mark.parametrize("algo", ["linear", pytest.param("pairwise", marks=pytest.mark.slow)])
 def test_dead_peer_is_named(algo):
     from primitives.launch import spawn
     comm_timeout = 4.0

@@ -8,6 +8,7 @@ reduction is O(1).
 """
 import copy
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -183,3 +184,19 @@ def test_bad_input_clear_error_on_every_rank(spawn):
             if missing:
                 problems.append(f"[{label}] rank {rank}: {msg} (missing {missing})")
     assert not problems, "\n".join(problems)
+
+
+def test_demo_refuses_pp_clearly():
+    from conftest import run_cmd
+    r = run_cmd("python tensor_parallel/train.py --pp 2", check=False, timeout=120)
+    assert r.returncode != 0 and "--pp 2" in r.stderr and "run with --pp 1" in r.stderr, r.stderr[-1500:]
+
+
+@pytest.mark.slow
+def test_demo_runs_under_torchrun():
+    """dp = 2 × tp = 2 on the offline DistilBERT: the mesh, the loss and the per-rank table."""
+    from conftest import run_cmd
+    from primitives.launch import free_port
+    r = run_cmd(f"torchrun --standalone --master_port {free_port()} --nproc_per_node 4 tensor_parallel/train.py "
+                "--dp 2 --tp 2 --steps 2 --eval-samples 16", timeout=900)
+    assert "mesh dp=2 × pp=1 × tp=2" in r.stdout and "step    1  loss" in r.stdout and "TP bytes sent/step" in r.stdout
