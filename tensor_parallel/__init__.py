@@ -7,7 +7,9 @@
     cross_entropy.py   vocab-parallel cross-entropy (never the full logits)
     parallelize.py     parallelize(model, group, sequence_parallel), gather_state_dict(model)
     ulysses.py         Ulysses attention: heads ↔ sequence with all-to-all
-    formulas.py        bytes per layer (via primitives.cost), parameter and activation memory
+    formulas.py        bytes per layer (via primitives.cost), parameters per rank, Megatron's activations
+    memory.py          activation / parameter bytes measured vs formulas.py
+    parity.py          sharded vs one process (logits, loss, grads, params after AdamW), as a table
     figures.py         the mesh picture and who holds which slice (matplotlib)
     train.py           the demo: dp × tp on the offline DistilBERT classifier
 
