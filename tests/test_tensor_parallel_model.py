@@ -13,7 +13,6 @@ Ledger: LEDGER.calls of one forward + backward == tensor_parallel.formulas, exac
 import pytest
 import torch
 
-import primitives as P
 from primitives.ledger import LEDGER
 
 TOL = 1e-5
