@@ -49,6 +49,7 @@ def parse_args(argv=None):
     ap.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/engine (tag 'last')")
     ap.add_argument("--fp16", action="store_true", help="resolve fp16 \"auto\" to on (needs a GPU)")
     ap.add_argument("--allow-oversubscribe", action="store_true", help="allow more ranks than CPU cores")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (> 1: tensor_parallel/train.py's loop, --engine ddp)")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed passes it
     from primitives.launch import add_launch_args
     add_launch_args(ap)
@@ -92,6 +93,9 @@ def main(argv=None):
     if a.model == DEFAULT_MODEL and (a.dataset == D.DEFAULT_DATASET or os.path.exists(a.dataset)):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing on the default path may touch the network
     local, threads = check_world_fits(a.allow_oversubscribe)
+    if a.tp != 1:  # tensor parallelism has its own loop; it refuses the options it cannot honour
+        from tensor_parallel.train import from_classification
+        return from_classification(a)
     try:  # every rank reads the config and data before any collective, so bad input fails everywhere
         raw = C.load_config(a.config)
         bundle = D.load(a.dataset, D.SplitConfig(seed=a.split_seed))

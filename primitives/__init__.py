@@ -5,6 +5,7 @@ keyword-only `algorithm=` (see ALGORITHMS; "auto" picks by the α-β cost model)
 """
 from primitives.all_gather import all_gather, all_gather_single
 from primitives.all_reduce import all_reduce
+from primitives.all_to_all import all_to_all, all_to_all_single
 from primitives.broadcast import broadcast
 from primitives.comm import Communicator, PeerError, get_comm
 from primitives.core import CollectiveError, ReduceOp, handshake_enabled, set_handshake
@@ -24,8 +25,9 @@ ALGORITHMS = {
     "gather": ["linear", "ring", "tree"],
     "reduce_scatter": ["linear", "ring", "direct", "hierarchical"],
     "reduce_scatter_single": ["linear", "ring", "direct", "hierarchical"],
+    "all_to_all": ["linear", "pairwise"],
+    "all_to_all_single": ["linear", "pairwise"],
 }
-
 
 
 def algorithms_for(name: str, comm) -> list[str]:
@@ -35,5 +37,6 @@ def algorithms_for(name: str, comm) -> list[str]:
 
 
 __all__ = ["algorithms_for", "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
-           "reduce_scatter", "reduce_scatter_single", "ALGORITHMS", "ReduceOp", "LEDGER", "get_comm",
+           "reduce_scatter", "reduce_scatter_single", "all_to_all", "all_to_all_single", "ALGORITHMS", "ReduceOp",
+           "LEDGER", "get_comm",
            "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled"]

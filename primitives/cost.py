@@ -100,6 +100,8 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     if name in ("scatter", "gather"):
         return {"linear": (n - 1) * (a + s * b), "ring": (n - 1) * (a + s * b) + (n - 2) * a,
                 "tree": L * a + (n - 1) * s * b}[algo]
+    if name in ("all_to_all", "all_to_all_single"):      # S = this rank's whole input
+        return {"linear": a + (n - 2) * o + (n - 1) * s * b, "pairwise": (n - 1) * (a + s * b)}[algo]
     raise KeyError(name)
 
 
@@ -108,21 +110,28 @@ def choose(name: str, n: int, nbytes: int, backend: str = "gloo", transport: str
     On the shared-memory transport its own fitted parameters, and the "shm" algorithms too."""
     from primitives import ALGORITHMS
     p = DEFAULTS["shm"] if transport in ("shm", "shm+tcp") else DEFAULTS.get(backend, DEFAULTS["gloo"])
-    # "hierarchical" only pays with more than one node: core.resolve asks primitives.topology first
-    algos = [a for a in ALGORITHMS[name] if (a != "linear" or n <= 2) and a != "hierarchical"]
+    # "hierarchical" only pays with more than one node: core.resolve asks primitives.topology first;
+    # "linear" is the naive through-one-rank algorithm, except for all-to-all (post everything at once)
+    algos = [a for a in ALGORITHMS[name]
+             if (a != "linear" or n <= 2 or name.startswith("all_to_all")) and a != "hierarchical"]
     algos = (["shm"] if transport == "shm" and name in SHM_NATIVE else []) + algos   # ties: shm (no messages)
     return min(algos, key=lambda al: round(predict(name, al, n, nbytes, p), 9))   # ns: ties are ties
 
 
 def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root: int = 0,
-            local: int | None = None) -> tuple[int, int]:
+            local: int | None = None, *, splits: list[int] | None = None) -> tuple[int, int]:
     """(messages, bytes) that `rank` sends in one call, per the algorithm's docstring.
 
     numel is the caller's tensor (for reduce_scatter*: the output block; all_gather*: the
-    input). Empty messages are never sent, so a zero-sized block costs no message.
+    input; all_to_all*: the whole input, split evenly unless `splits` gives the elements sent
+    to each rank). Empty messages are never sent, so a zero-sized block costs no message.
     local: ranks per node, nodes numbered in rank blocks (only "hierarchical" depends on it;
     None = one node).
     """
+    if name.startswith("all_to_all"):      # both algorithms: every block but my own, once
+        blocks = splits if splits is not None else [numel // n] * n
+        sizes = [blocks[p] * elem for p in range(n) if p != rank and blocks[p] > 0]
+        return len(sizes), sum(sizes)
     if algo == "hierarchical":
         t = link_traffic(name, algo, n, rank, numel, elem, local or n)
         return t["intra"][0] + t["inter"][0], t["intra"][1] + t["inter"][1]

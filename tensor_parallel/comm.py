@@ -1,0 +1,178 @@
+"""The communication of tensor parallelism, as autograd functions over ringzero's collectives.
+
+    python -m pytest -q tests/test_tensor_parallel.py -k operators
+
+Megatron-LM (Shoeybi et al. 2019, arXiv 1909.08053, §3) needs only a conjugate pair:
+
+    f  = copy_to_tp       forward: identity              backward: all-reduce
+    g  = reduce_from_tp   forward: all-reduce            backward: identity
+
+and Megatron-SP (Korthikanti et al. 2022, arXiv 2205.05198, §4.2) replaces them, where the
+activations between two TP regions are split along the sequence, by the pair
+
+    ḡ  = gather_seq       forward: all-gather (seq)      backward: reduce-scatter (seq)
+    r̄  = scatter_seq      forward: reduce-scatter (seq)  backward: all-gather (seq)
+
+Cost per call, x of b·s·h elements (ring algorithms, N = tp ranks, 4-byte floats):
+    f, g        one all-reduce of b·s·h:            2(N-1)/N·b·s·h·4 bytes sent per rank
+    ḡ, r̄        one all-gather / reduce-scatter:     (N-1)/N·b·s·h·4 bytes sent per rank
+so a ḡ + r̄ pair sends exactly what one all-reduce sends (a ring all-reduce IS a reduce-scatter
+followed by an all-gather); SP saves activation memory, not bytes.
+
+Every collective is ringzero's (primitives), so the ledger counts every byte; ALGORITHM picks
+which of its algorithms runs ("auto" = the α-β model's choice; tests pin "ring" to check formulas).
+"""
+from __future__ import annotations
+
+import torch
+
+import primitives as P
+
+ALGORITHM = {"all_reduce": "auto", "all_gather_single": "auto", "reduce_scatter_single": "auto"}
+
+
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    out = x.contiguous().clone()
+    P.all_reduce(out, group=group, algorithm=ALGORITHM["all_reduce"])
+    return out
+
+
+def _gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """All-gather equal blocks along `dim` (rank order)."""
+    n = P.get_comm(group).size
+    if n == 1:
+        return x
+    moved = x.movedim(dim, 0).contiguous()
+    out = torch.empty((n * moved.shape[0],) + tuple(moved.shape[1:]), dtype=x.dtype)
+    P.all_gather_single(out, moved, group=group, algorithm=ALGORITHM["all_gather_single"])
+    return out.movedim(0, dim)
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Sum over ranks, keep block `rank` of `dim` (which must divide by N)."""
+    comm = P.get_comm(group)
+    if comm.size == 1:
+        return x
+    moved = x.movedim(dim, 0).contiguous()
+    out = torch.empty((moved.shape[0] // comm.size,) + tuple(moved.shape[1:]), dtype=x.dtype)
+    P.reduce_scatter_single(out, moved, group=group, algorithm=ALGORITHM["reduce_scatter_single"])
+    return out.movedim(0, dim)
+
+
+def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    comm = P.get_comm(group)
+    return x.chunk(comm.size, dim)[comm.rank].contiguous() if comm.size > 1 else x
+
+
+class CopyToTP(torch.autograd.Function):
+    """f: y = x on every rank. Each rank then uses y only through its own shard of the next
+    weights, so L = Σ_r L_r(y) and ∂L/∂x = Σ_r ∂L_r/∂y: the backward is an all-reduce."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _all_reduce(dy, ctx.group), None
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """g: y = Σ_r x_r (the partial products of a row-parallel layer). ∂y/∂x_r = I for every r,
+    and downstream of y every rank computes the same thing, so ∂L/∂x_r = ∂L/∂y: identity."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
+class GatherSeq(torch.autograd.Function):
+    """ḡ: y = [x_0; …; x_{N-1}] along the sequence. Rank r's x_r feeds every rank's shard of
+    the next weights, so ∂L/∂x_r = Σ_q (∂L_q/∂y)[block r]: a reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _gather(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _reduce_scatter(dy, ctx.dim, ctx.group), None, None
+
+
+class ScatterSeq(torch.autograd.Function):
+    """r̄: y_r = (Σ_q x_q)[block r]. ∂y_r/∂x_q[block r] = I, and block r's gradient lives on
+    rank r only, so every rank needs every block of ∂L/∂y: an all-gather."""
+
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _reduce_scatter(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _gather(dy, ctx.dim, ctx.group), None, None
+
+
+class SplitSeq(torch.autograd.Function):
+    """Enter a sequence-parallel region from a replicated one: y_r = x[block r]. Upstream is
+    replicated, so every rank needs the whole ∂L/∂x: backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _split(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _gather(dy, ctx.dim, ctx.group), None, None
+
+
+class GatherSeqToReplicated(torch.autograd.Function):
+    """Leave a sequence-parallel region into a replicated one: y = all-gather(x). Downstream
+    every rank computes the same function of y with the same ∂L/∂y, so rank r's gradient is
+    just its own block (no communication; summing would count it N times)."""
+
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _gather(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _split(dy, ctx.dim, ctx.group), None, None
+
+
+def copy_to_tp(x, group=None):
+    return CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x, group=None):
+    return ReduceFromTP.apply(x, group)
+
+
+def gather_seq(x, dim=1, group=None):
+    return GatherSeq.apply(x, dim, group)
+
+
+def scatter_seq(x, dim=1, group=None):
+    return ScatterSeq.apply(x, dim, group)
+
+
+def split_seq(x, dim=1, group=None):
+    return SplitSeq.apply(x, dim, group)
+
+
+def gather_seq_to_replicated(x, dim=1, group=None):
+    return GatherSeqToReplicated.apply(x, dim, group)
+
+
+def all_reduce_grad(grad: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum a parameter gradient over the TP group (a hook for parameters that sequence
+    parallelism applies to a slice of the sequence: LayerNorms, biases after r̄)."""
+    return _all_reduce(grad, group)

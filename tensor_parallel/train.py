@@ -1,0 +1,194 @@
+"""Fine-tune the offline DistilBERT classifier with data × tensor parallelism.
+
+    torchrun --standalone --nproc_per_node 4 tensor_parallel/train.py --dp 2 --tp 2
+    torchrun --standalone --nproc_per_node 2 tensor_parallel/train.py --tp 2 --sequence-parallel
+    python tensor_parallel/train.py --steps 5                       # a world of one
+
+The mesh (primitives.mesh: tp fastest, then dp, then pp) puts tensor-parallel ranks next to
+each other. Every tp rank of a replica reads the same batch; each dp replica reads its own.
+Per step and rank: the TP traffic of tensor_parallel.formulas.distilbert_traffic, then one
+all-reduce (AVG) of this rank's gradient shard over the dp group, 2(dp-1)/dp × 4 bytes ×
+params-per-rank. Printed: the mesh, the loss, bytes per rank (tp and dp apart), peak RSS,
+held parameters, and the validation accuracy at the end.
+--pp > 1 is refused: combining with pipeline_parallel is not wired in yet.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+
+import torch  # noqa: E402
+
+import primitives as P  # noqa: E402
+from primitives.ledger import LEDGER  # noqa: E402
+from primitives.log import print0  # noqa: E402
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="DistilBERT classification with data × tensor parallelism")
+    ap.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world / (tp·pp))")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (only 1: see the module docstring)")
+    ap.add_argument("--sequence-parallel", action="store_true", help="Megatron-SP inside each tp group")
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps")
+    ap.add_argument("--batch", type=int, default=16, help="examples per step and dp replica")
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--max-len", type=int, default=64, help="tokens per text (padded: SP needs s % tp == 0)")
+    ap.add_argument("--eval-samples", type=int, default=400, help="validation rows for the final accuracy (0 = none)")
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=5)
+    from primitives.launch import add_launch_args
+    add_launch_args(ap)
+    a = ap.parse_args(argv)
+    rank = int(os.environ.get("RANK", 0))
+    if a.pp != 1:
+        have = importlib.util.find_spec("pipeline_parallel") is not None
+        ap.error(f"(rank {rank}) --pp {a.pp}: " + (
+            "pipeline_parallel is installed but this demo does not combine it with tensor parallelism yet"
+            if have else "there is no pipeline_parallel package in this checkout") + "; run with --pp 1")
+    for k in ("tp", "steps", "batch", "max_len"):
+        if getattr(a, k) < 1:
+            ap.error(f"(rank {rank}) --{k.replace('_', '-')} must be >= 1, got {getattr(a, k)}")
+    if a.sequence_parallel and a.max_len % a.tp:
+        ap.error(f"(rank {rank}) --sequence-parallel needs --max-len ({a.max_len}) divisible by --tp ({a.tp})")
+    return a
+
+
+def _tokenized(tok, split, max_len):
+    enc = tok(list(split.texts), padding="max_length", truncation=True, max_length=max_len, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"], torch.tensor(split.labels, dtype=torch.long)
+
+
+def _sync_dp(model, dp_group):
+    """One AVG all-reduce of every gradient of this rank (a flat buffer) over the dp group."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    P.all_reduce(flat, op=P.ReduceOp.AVG, group=dp_group)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off:off + g.numel()].view_as(g))
+        off += g.numel()
+
+
+def run(a, comm) -> dict:
+    from classification import data as D
+    from classification.model import load_offline_model
+    from primitives.mesh import Mesh
+    from tensor_parallel import parallelize, sharded_numel
+    world = comm.size
+    dp = a.dp or world // (a.tp * a.pp)
+    mesh = Mesh.build(dp=dp, pp=a.pp, tp=a.tp)          # MeshError on every rank if it does not factor
+    print0(mesh.table())
+    _, d, _ = mesh.coords
+    torch.manual_seed(a.seed)                            # the same head init on every rank
+    bundle = D.load(getattr(a, "dataset", D.DEFAULT_DATASET))
+    model, tok = load_offline_model(num_labels=bundle.num_labels, dropout=a.dropout)
+    parallelize(model, mesh.tp_group, sequence_parallel=a.sequence_parallel)
+    local, full = sharded_numel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    ids, mask, labels = _tokenized(tok, bundle.train, a.max_len)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(a.seed))
+    dpc = P.get_comm(mesh.dp_group) if dp > 1 else None
+    tp_bytes = dp_bytes = 0
+    t0 = time.perf_counter()
+    model.train()
+    for step in range(a.steps):
+        idx = order[(step * a.batch * dp + d * a.batch + torch.arange(a.batch)) % len(order)]
+        with LEDGER.track() as t:
+            loss = model(input_ids=ids[idx], attention_mask=mask[idx], labels=labels[idx]).loss
+            loss.backward()
+        with LEDGER.track() as g:
+            if dpc:
+                _sync_dp(model, mesh.dp_group)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tp_bytes, dp_bytes = tp_bytes + t.bytes_sent, dp_bytes + g.bytes_sent
+        if step % a.log_every == 0 or step == a.steps - 1:
+            lv = loss.detach().clone().reshape(1)
+            if dpc:
+                P.all_reduce(lv, op=P.ReduceOp.AVG, group=mesh.dp_group)
+            print0(f"step {step:4d}  loss {lv.item():.4f}  {(time.perf_counter() - t0) / (step + 1):.2f} s/step")
+    secs = (time.perf_counter() - t0) / a.steps
+    acc = evaluate(model, tok, bundle.val, a, mesh, dp, d) if a.eval_samples else float("nan")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stats = torch.tensor([tp_bytes / a.steps, dp_bytes / a.steps, rss, local], dtype=torch.float64)
+    rows = [torch.zeros_like(stats) for _ in range(world)]
+    P.all_gather(rows, stats)
+    from rich.table import Table
+    t = Table(title=f"dp={dp} × tp={a.tp}{' + SP' if a.sequence_parallel else ''}: {a.steps} steps, "
+                    f"batch {a.batch}/replica, {secs:.2f} s/step, val accuracy {acc:.3f}")
+    for c in ("rank", "(pp, dp, tp)", "TP bytes sent/step", "DP bytes sent/step", "peak RSS MiB", "params held"):
+        t.add_column(c, justify="right")
+    for r, row in enumerate(rows):
+        tb, db, m, n = row.tolist()
+        t.add_row(str(r), str(mesh.layout.coords_of(r)), f"{tb:,.0f}", f"{db:,.0f}", f"{m:,.0f}",
+                  f"{n:,.0f} of {full:,}")
+    print0(t)
+    return {"accuracy": acc, "s_per_step": secs, "loss": loss.item()}
+
+
+@torch.no_grad()
+def evaluate(model, tok, split, a, mesh, dp, d):
+    """Accuracy on the first eval_samples validation rows; dp replicas split them, tp ranks agree."""
+    model.eval()
+    ids, mask, labels = _tokenized(tok, split, a.max_len)
+    n = min(a.eval_samples, len(labels))
+    mine = torch.arange(n)[d::dp]
+    correct = torch.zeros(2, dtype=torch.float64)
+    for chunk in mine.split(64):
+        pred = model(input_ids=ids[chunk], attention_mask=mask[chunk]).logits.argmax(-1)
+        correct += torch.tensor([(pred == labels[chunk]).sum().item(), len(chunk)], dtype=torch.float64)
+    if dp > 1:
+        P.all_reduce(correct, group=mesh.dp_group)
+    model.train()
+    return (correct[0] / correct[1]).item()
+
+
+def from_classification(c) -> dict:
+    """`classification/train.py --tp N`: run this loop with its options mapped; options this loop
+    cannot honour are refused, not ignored."""
+    from classification.model import DEFAULT_MODEL
+    rank = os.environ.get("RANK", "0")
+    refuse = [(c.engine != "ddp", f"--engine {c.engine} (ZeRO/DeepSpeed are not combined with TP yet; "
+                                  "use --engine ddp: gradients averaged over the dp group)"),
+              (c.model != DEFAULT_MODEL, f"--model {c.model} (TP loads the offline {DEFAULT_MODEL} weights)"),
+              (c.resume, "--resume (this loop writes no checkpoint)"), (c.fp16, "--fp16"),
+              (c.max_train_samples > 0, "--max-train-samples"), (c.split_seed != 0, "--split-seed")]
+    bad = [why for cond, why in refuse if cond]
+    if bad:
+        raise SystemExit(f"error (rank {rank}): --tp {c.tp} does not support: {'; '.join(bad)}")
+    import json
+    micro = json.load(open(c.config))["train_micro_batch_size_per_gpu"]
+    print0(f"--tp {c.tp}: tensor_parallel/train.py's loop, batch {micro}/replica from {c.config} (only that key "
+           f"is read), {c.max_steps or 'one pass over the training split per epoch'} steps, no checkpoint in "
+           f"{c.output_dir}, constant LR {c.lr} (--warmup-frac not applied), accuracy on "
+           f"{c.max_eval_samples or 'all'} validation rows (no test-split evaluation)")
+    a = argparse.Namespace(dp=None, tp=c.tp, pp=1, sequence_parallel=False, steps=c.max_steps, batch=micro, lr=c.lr,
+                           max_len=c.max_len, eval_samples=c.max_eval_samples or 10**9, dropout=c.dropout,
+                           seed=c.seed, log_every=10, dataset=c.dataset)
+    from primitives.launch import init_from_env
+    comm = init_from_env(c.backend, c.timeout)
+    if not a.steps:
+        from classification import data as D
+        n = len(D.load(c.dataset).train)
+        a.steps = max(1, c.epochs * n // (micro * max(1, comm.size // c.tp)))
+    return run(a, comm)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from primitives.launch import init_from_env
+    comm = init_from_env(a.backend, a.timeout)
+    return run(a, comm)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Ulysses sequence parallelism (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv 2309.14509):
+attention over a sequence split across ranks, by re-sharding heads ↔ sequence with all-to-all.
+
+    python -m pytest -q tests/test_tensor_parallel.py -k ulysses
+
+Every rank holds s/N positions and the whole (replicated) Q, K, V and output weights:
+
+    q, k, v = x_r·W          [b, s/N, H, d]   my positions, every head
+    all-to-all  ──────────►  [b, s, H/N, d]   every position, my heads     (one call for q, k, v)
+    softmax(q·kᵀ/√d + mask)·v over the full sequence, for my heads
+    all-to-all  ──────────►  [b, s/N, H, d]   back to my positions
+    out = o·W_o
+
+Unlike Megatron-SP, the weights are not sharded: it is data parallelism along the sequence,
+so each weight gradient is a partial sum over this rank's positions, all-reduced over the group
+by a hook (as data parallelism would). Heads must divide by N.
+
+Cost per rank and layer, forward (the backward is the same two all-to-alls, reversed):
+    (N-1)/N · 3·b·(s/N)·h + (N-1)/N · b·(s/N)·h elements
+i.e. O(b·s·h/N), falling with N, where TP's all-reduces send 2(N-1)/N·b·s·h.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import primitives as P
+from tensor_parallel import comm as C
+from tensor_parallel.layers import TPError
+
+
+def _a2a(x: torch.Tensor, group) -> torch.Tensor:
+    out = torch.empty_like(x)
+    P.all_to_all_single(out, x.contiguous(), group=group)
+    return out
+
+
+class SeqToHeads(torch.autograd.Function):
+    """[..., b, s/N, H, d] → [..., b, s, H/N, d]. All-to-all is a permutation of blocks, so its
+    adjoint is the inverse permutation: the backward is HeadsToSeq's forward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _seq_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _heads_to_seq(dy, ctx.group), None
+
+
+class HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _heads_to_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _seq_to_heads(dy, ctx.group), None
+
+
+def _seq_to_heads(x, group):
+    n = P.get_comm(group).size
+    *lead, b, sl, H, d = x.shape
+    blocks = x.reshape(*lead, b, sl, n, H // n, d).movedim(-3, 0)        # [N(dest), ..., b, s/N, H/N, d]
+    got = _a2a(blocks, group)                                             # [N(source = seq block), ...]
+    return got.movedim(0, -4).reshape(*lead, b, n * sl, H // n, d)
+
+
+def _heads_to_seq(x, group):
+    n = P.get_comm(group).size
+    *lead, b, s, Hl, d = x.shape
+    blocks = x.reshape(*lead, b, n, s // n, Hl, d).movedim(-4, 0)        # [N(dest = seq block), ...]
+    got = _a2a(blocks, group)                                             # [N(source = head block), ...]
+    return got.movedim(0, -3).reshape(*lead, b, s // n, n * Hl, d)
+
+
+class UlyssesAttention(nn.Module):
+    """Multi-head self-attention on a sequence slice [b, s/N, h]; weights copied from
+    `q, k, v, o` (nn.Linear h → h), so it can take over a pretrained attention block."""
+
+    def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear, n_heads: int, group=None):
+        super().__init__()
+        comm = P.get_comm(group)
+        if n_heads % comm.size:
+            raise TPError(f"rank {comm.rank}: UlyssesAttention: {n_heads} heads do not divide over {comm.size} "
+                          "ranks (all-to-all gives every rank H/N whole heads)")
+        self.group, self.n_heads = group, n_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(m.in_features, m.out_features) for m in (q, k, v, o))
+        for mine, src in zip((self.q, self.k, self.v, self.o), (q, k, v, o)):
+            mine.load_state_dict(src.state_dict())
+        for p in self.parameters():                 # each rank sees s/N positions: partial gradients
+            p.register_hook(lambda g: C.all_reduce_grad(g, self.group))
+
+    def forward(self, x, key_mask=None):
+        """x: [b, s/N, h] (this rank's positions); key_mask: [b, s] bool, True = attend (all ranks)."""
+        b, sl, h = x.shape
+        d = h // self.n_heads
+        qkv = torch.stack([m(x) for m in (self.q, self.k, self.v)]).view(3, b, sl, self.n_heads, d)
+        q, k, v = SeqToHeads.apply(qkv, self.group).transpose(-2, -3).unbind(0)   # [b, H/N, s, d]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
+        ctx = (scores.softmax(-1) @ v).transpose(1, 2)                           # [b, s, H/N, d]
+        return self.o(HeadsToSeq.apply(ctx, self.group).reshape(b, sl, h))
+
+
+def reference_attention(x, q, k, v, o, n_heads, key_mask=None):
+    """The same attention on the whole sequence, one process: what UlyssesAttention must equal."""
+    b, s, h = x.shape
+    d = h // n_heads
+    heads = lambda t: t.view(b, s, n_heads, d).transpose(1, 2)  # noqa: E731
+    scores = heads(q(x)) @ heads(k(x)).transpose(-1, -2) / math.sqrt(d)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
+    return o((scores.softmax(-1) @ heads(v(x))).transpose(1, 2).reshape(b, s, h))
