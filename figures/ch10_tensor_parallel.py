@@ -1,6 +1,6 @@
 """Tutorial 10's pictures, drawn from the same code that shards (no processes needed).
 
-    python -m tensor_parallel.figures            # writes tutorials/img/10_mesh.png, 10_shards.png
+    python -m figures.ch10_tensor_parallel       # writes tutorials/img/10_mesh.png, 10_shards.png
 
 10_mesh.png     the dp × pp × tp mesh of primitives.mesh.Layout: every global rank in its
                 (pipeline stage, data replica, tensor shard) cell, tp ranks adjacent.
@@ -9,22 +9,16 @@
 """
 from __future__ import annotations
 
-import argparse
-import os
+from figures.common import pyplot, save
+from primitives.mesh import Layout
+from tensor_parallel.layers import shard_bounds
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from primitives.mesh import Layout  # noqa: E402
-from tensor_parallel.layers import shard_bounds  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+plt = pyplot()
 COLORS = plt.get_cmap("tab10").colors
+SOURCE = "figures.ch10_tensor_parallel"
 
 
-def draw_mesh(path: str, dp: int = 2, pp: int = 2, tp: int = 2) -> None:
+def draw_mesh(dp: int = 2, pp: int = 2, tp: int = 2) -> None:
     lay = Layout(dp=dp, pp=pp, tp=tp)
     fig, ax = plt.subplots(figsize=(2.6 * pp + 1, 1.3 * dp + 1.2))
     for r in range(lay.world):
@@ -41,12 +35,10 @@ def draw_mesh(path: str, dp: int = 2, pp: int = 2, tp: int = 2) -> None:
     ax.axis("off")
     ax.set_title(f"primitives.mesh: dp={dp} × pp={pp} × tp={tp}, rank = (pp·dp + dp_index)·tp + tp_index",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return save(fig, "10_mesh", SOURCE, note="from primitives.mesh.Layout")
 
 
-def draw_shards(path: str, tp: int = 5, dim: int = 384, heads: int = 12, ffn: int = 1536, vocab: int = 30522) -> None:
+def draw_shards(tp: int = 5, dim: int = 384, heads: int = 12, ffn: int = 1536, vocab: int = 30522) -> None:
     hd = dim // heads
     rows = [  # (label, size, unit, what is split)
         ("word_embeddings rows (vocab)", vocab, 1, "VocabParallelEmbedding"),
@@ -70,20 +62,13 @@ def draw_shards(path: str, tp: int = 5, dim: int = 384, heads: int = 12, ffn: in
     ax.set_title(f"DistilBERT (dim {dim}, {heads} heads, FFN {ffn}, vocab {vocab}) at tp={tp}: who holds what\n"
                  "uneven splits follow torch.tensor_split; LayerNorms, position embeddings, classifier: every rank",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return save(fig, "10_shards", SOURCE, note="from tensor_parallel.layers.shard_bounds")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "tutorials", "img"))
-    a = ap.parse_args(argv)
-    os.makedirs(a.out, exist_ok=True)
-    draw_mesh(os.path.join(a.out, "10_mesh.png"))
-    draw_shards(os.path.join(a.out, "10_shards.png"))
-    print(f"wrote {a.out}/10_mesh.png and 10_shards.png")
+def main() -> list[str]:
+    return [draw_mesh(), draw_shards()]
 
 
 if __name__ == "__main__":
-    main()
+    for p in main():
+        print(p)
