@@ -1,7 +1,7 @@
 """Flat ring vs hierarchical vs gloo's built-in across two namespaced nodes on a shaped link,
 and bucketed (overlapped) vs flat data parallelism on the slow link. Needs root.
 
-    python benchmarks/multinode.py                         # 400 and 100 Mbit/s, writes benchmarks/multinode.png
+    python benchmarks/multinode.py                         # 400 and 100 Mbit/s, writes tutorials/img/11_multinode_busbw.png
     python benchmarks/multinode.py --rates 100 --sizes 1,4,8 --reps 3 --parts collectives,zero
 
 For each rate: `multinode up` a fresh 2-node cluster, run this file under torchrun on 2 nodes ×
@@ -207,7 +207,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="0.25,1,4,8", help="all-reduce sizes in MiB")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-ddp", action="store_true", help="skip the bucketed-vs-flat DDP comparison")
-    ap.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "multinode.png"))
+    ap.add_argument("--png", default=os.path.join(ROOT, "tutorials", "img", "11_multinode_busbw.png"))
     ap.add_argument("--json", default=None, help="also write every figure here")
     ap.add_argument("--verbose", action="store_true", help="stream the nodes' output")
     ap.add_argument("--parts", default="collectives,ddp,zero", help="which parts to run")
@@ -300,9 +300,8 @@ def main() -> None:
 
 
 def _figure(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from figures import common
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     colors = {"ring": "tab:blue", "hierarchical": "tab:red", "built-in": "tab:gray"}
     for ax, (rate, res) in zip(axes[0], results.items()):
@@ -319,9 +318,12 @@ def _figure(results, path):
         ax.set_title(f"2 nodes × 2 ranks, {rate:g} Mbit/s link (tbf)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("ringzero: all-reduce across namespaced nodes (2 shared CPU cores, torch 2.13.0+cpu, gloo)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.suptitle("ringzero: all-reduce across namespaced nodes (gloo)", fontsize=9)
+    if os.path.dirname(os.path.abspath(path)) == common.IMG:      # the tutorial's picture: stamped
+        common.save(fig, os.path.splitext(os.path.basename(path))[0], "benchmarks.multinode",
+                    note="python benchmarks/multinode.py (needs root: it builds the namespaced cluster)")
+    else:
+        fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
