@@ -2,6 +2,10 @@
 
     python -c "from zero_from_scratch.config import load_config; print(load_config({'train_batch_size': 8}, world_size=2))"
 
+Spellings as DeepSpeed 0.19.8 accepts them: optimizer "type" in any letter case ("adamw"); the
+old "bfloat16" section for "bf16"; `"zero_optimization": true` (stage 1); each stage3_* key
+also without its prefix; offload off when absent, null, false or {"device": "none"}. Defaults
+are DeepSpeed's where we claim its semantics (gradient_clipping 1.0 when absent).
 Rules, as DeepSpeed applies them: train_batch_size = micro_batch × gradient_accumulation × N
 (any two determine the third; all three must agree). Unknown keys: one warning listing them.
 Invalid values: ValueError naming the key and what is allowed. "auto" (the HF Trainer's
@@ -20,12 +24,17 @@ KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
              # accepted and ignored: logging / profiling knobs that do not change the maths
              "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
              "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "seed",
-             "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint"}
+             "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint",
+             "bfloat16"}                                   # DeepSpeed's older name for "bf16"
 KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
               "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
               "stage3_max_live_parameters", "stage3_max_reuse_distance",
-              "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "offload_optimizer", "offload_param"}
+              "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "offload_optimizer", "offload_param",
+              "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"}
+# DeepSpeed's ZeRO config accepts each stage-3 field under its own name too (pydantic aliases)
+ZERO_ALIASES = {k[len("stage3_"):]: k for k in KNOWN_ZERO if k.startswith("stage3_")}
+KNOWN_ZERO |= set(ZERO_ALIASES)
 KNOWN_FP16 = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
               "consecutive_hysteresis", "min_loss_scale", "auto_cast"}
 KNOWN_OPT = {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction"}
@@ -33,7 +42,7 @@ KNOWN_SCHED = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_typ
                "last_batch_iteration"}
 
 # what "auto" becomes (the values DeepSpeed / the HF Trainer default to)
-AUTO = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "gradient_clipping": 0.0,
+AUTO = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "gradient_clipping": 1.0,
         "bf16.enabled": False, "fp16.enabled": False, "warmup_min_lr": 0.0, "warmup_num_steps": 1000,
         "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
         "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000}
@@ -53,8 +62,11 @@ class OptimizerConfig:
     adam_w_mode: bool = True       # decoupled weight decay (DeepSpeed's default for both types)
 
     def __post_init__(self):
-        if self.type not in ("Adam", "AdamW"):
-            raise _bad("optimizer.type", self.type, ["Adam", "AdamW"])
+        # DeepSpeed lower-cases the name before looking it up (runtime/config.py), so "adamw" is AdamW
+        canon = {"adam": "Adam", "adamw": "AdamW"}.get(str(self.type).lower())
+        if canon is None:
+            raise _bad("optimizer.type", self.type, ["Adam", "AdamW"] + ["(any letter case)"])
+        self.type = canon
         if not (isinstance(self.lr, (int, float)) and self.lr >= 0):
             raise _bad("optimizer.params.lr", self.lr, "a number >= 0")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -129,7 +141,7 @@ class ZeroRunConfig:
     gradient_accumulation_steps: int
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig | None = None
-    gradient_clipping: float = 0.0
+    gradient_clipping: float = 1.0     # DeepSpeed's default (GRADIENT_CLIPPING_DEFAULT); 0 = off
     bf16: bool = False
     fp16: FP16Config = field(default_factory=FP16Config)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
@@ -141,6 +153,21 @@ class ZeroRunConfig:
             raise ValueError("config keys 'bf16.enabled' and 'fp16.enabled' are both true; enable at most one")
         if self.gradient_clipping < 0:
             raise _bad("gradient_clipping", self.gradient_clipping, "a number >= 0 (0 = off)")
+
+
+def offloads(z: dict) -> list[str]:
+    """The zero_optimization keys that turn offload on, spelled as DeepSpeed accepts them: a dict
+    with device "cpu"/"nvme" (absent, null, {} or device "none" is off), or the deprecated
+    cpu_offload / cpu_offload_param booleans."""
+    on = []
+    for k in ("offload_optimizer", "offload_param"):
+        v = z.get(k)
+        if isinstance(v, dict) and v and str(v.get("device", "none")).lower() != "none":
+            on.append(f"zero_optimization.{k}.device={v.get('device')!r}")
+        elif v not in (None, {}, False) and not isinstance(v, dict):
+            on.append(f"zero_optimization.{k}={v!r}")
+    on += [f"zero_optimization.{k}=true" for k in ("cpu_offload", "cpu_offload_param") if z.get(k)]
+    return on
 
 
 def _auto(raw: dict, key: str, path: str, default, resolved: dict):
@@ -233,9 +260,14 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
                                 warmup_type=sp.get("warmup_type", "log"))
 
     z = raw.get("zero_optimization", {})
+    if isinstance(z, bool):                     # DeepSpeed's deprecated form: true = stage 1
+        z = {"stage": int(z)}
     unknown += [f"zero_optimization.{k}" for k in z if k not in KNOWN_ZERO]
-    if z.get("offload_optimizer") or z.get("offload_param"):
-        raise ValueError("config keys 'zero_optimization.offload_*' are not supported by this engine; allowed: absent")
+    z = {ZERO_ALIASES.get(k, k): v for k, v in z.items()}
+    on = offloads(z)
+    if on:
+        raise ValueError(f"config keys {on} ask for offload, which this engine does not implement; allowed: absent, "
+                         'null, {"device": "none"} or false')
     zero = ZeroConfig(stage=z.get("stage", 0),
                       reduce_bucket_size=_auto(z, "reduce_bucket_size", "reduce_bucket_size", 500_000_000, resolved),
                       allgather_bucket_size=_auto(z, "allgather_bucket_size", "allgather_bucket_size", 500_000_000, resolved),
@@ -251,10 +283,10 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
                       hysteresis=int(f.get("hysteresis", 2)),
                       consecutive_hysteresis=bool(f.get("consecutive_hysteresis", False)),
                       min_loss_scale=float(f.get("min_loss_scale", 1.0)))
-    b = raw.get("bf16", {})
+    b = raw.get("bf16", raw.get("bfloat16", {}))
     unknown += [f"bf16.{k}" for k in b if k != "enabled"]
     bf16 = bool(_auto(b, "enabled", "bf16.enabled", False, resolved))
-    clip = raw.get("gradient_clipping", 0.0)
+    clip = raw.get("gradient_clipping", AUTO["gradient_clipping"])
     if clip == "auto":
         clip = resolved["gradient_clipping"] = AUTO["gradient_clipping"]
     if not isinstance(clip, (int, float)):
