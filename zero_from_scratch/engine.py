@@ -224,6 +224,8 @@ class ZeroEngine(nn.Module):
     def bf16_enabled(self) -> bool:
         return self.config.bf16
 
+    bfloat16_enabled = bf16_enabled   # DeepSpeed 0.19.8's name for it
+
     def get_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 
