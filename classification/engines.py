@@ -149,13 +149,16 @@ class _DDP:
         o = cfg["optimizer"]
         if o.get("type", "").lower() not in ("adam", "adamw"):
             raise EngineError(f"--engine ddp supports optimizer Adam/AdamW, not {o.get('type')!r}")
+        from zero_from_scratch.auto import weight_decay_default
         p = {k: v for k, v in o["params"].items() if k in ("lr", "betas", "eps", "weight_decay")}
+        p.setdefault("weight_decay", weight_decay_default(o))  # DeepSpeed's default, not torch AdamW's own
         adamw = o["type"].lower() == "adamw" or o["params"].get("adam_w_mode", True)
         self.optimizer = (torch.optim.AdamW if adamw else torch.optim.Adam)(model.parameters(), **p)
         base = p["lr"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_at(cfg, s) / base)
         self.gas = cfg.get("gradient_accumulation_steps", 1)
-        self.clip = cfg.get("gradient_clipping", 0.0)
+        from zero_from_scratch.auto import DEFAULTS
+        self.clip = cfg.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])  # absent: DeepSpeed clips at 1.0
         self.micro = 0
 
     def __call__(self, **batch):

@@ -13,6 +13,8 @@ from zero_from_scratch.config import load_config
 
 SPELLINGS = [
     {"optimizer": {"type": "adamw", "params": {"lr": 1e-3}}},
+    {"optimizer": {"type": "AdamW", "params": {"torch_adam": True}}},       # weight decay: torch AdamW's 0.01
+    {"optimizer": {"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False}}},
     {"optimizer": {"type": "ADAM", "params": {"lr": 1e-3}}},
     {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}, "offload_param": None}},
     {"zero_optimization": {"stage": 3, "prefetch_bucket_size": 10, "param_persistence_threshold": 0}},
@@ -27,7 +29,7 @@ def _ours(raw):
     with warnings.catch_warnings():
         warnings.simplefilter("error")                          # a spelling DeepSpeed accepts is no unknown key
         c = load_config({"train_batch_size": 4, **raw}, world_size=1)
-    return c.optimizer.type.lower(), c.bf16, c.zero.stage, c.gradient_clipping, False
+    return c.optimizer.type.lower(), c.bf16, c.zero.stage, c.gradient_clipping, False, c.optimizer.weight_decay
 
 
 def _deepspeed(raw):
@@ -37,7 +39,20 @@ def _deepspeed(raw):
     z = c.zero_config
     off = any(o is not None and o.device != "none" for o in (z.offload_optimizer, z.offload_param))
     return ((c.optimizer_name or "adamw").lower(), bool(c.bfloat16_config.enabled), int(c.zero_optimization_stage),
-            float(c.gradient_clipping), off)
+            float(c.gradient_clipping), off, _ds_weight_decay(c))
+
+
+def _ds_weight_decay(c):
+    """The weight decay the optimizer class DeepSpeed would build applies (its constructor default)."""
+    import inspect
+    import torch
+    from deepspeed.ops.adam import FusedAdam
+    p = dict(c.optimizer_params or {})
+    if "weight_decay" in p:
+        return p["weight_decay"]
+    adamw = (c.optimizer_name or "adamw") == "adamw" or p.get("adam_w_mode", True)
+    cls = (torch.optim.AdamW if adamw else torch.optim.Adam) if p.get("torch_adam") else FusedAdam
+    return inspect.signature(cls.__init__).parameters["weight_decay"].default
 
 
 @pytest.mark.deepspeed
