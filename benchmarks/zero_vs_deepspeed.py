@@ -192,11 +192,10 @@ def main(argv=None) -> int:
     summary = summarize(runs)
     console.print(table(summary, a))
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump({"args": vars(a), "psi": psi, "runs": runs,
-                       "summary": [{"engine": k[0], "stage": k[1], "dtype": k[2], **v} for k, v in summary.items()]},
-                      f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        from zero_from_scratch.atomic import atomic_write
+        doc = {"args": vars(a), "psi": psi, "runs": runs,
+               "summary": [{"engine": k[0], "stage": k[1], "dtype": k[2], **v} for k, v in summary.items()]}
+        atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))
         console.print(f"wrote {a.json}")
     return 0
 

@@ -203,10 +203,10 @@ class _DDP:
     def save(self, path, tag, client_state):
         os.makedirs(os.path.join(path, tag), exist_ok=True)
         if self.comm.rank == 0:  # every rank holds the same state in DDP
-            f = os.path.join(path, tag, "ddp_state.pt")
-            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "micro": self.micro, "client": client_state}, f + ".tmp")
-            os.replace(f + ".tmp", f)
+            from zero_from_scratch.atomic import atomic_write
+            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(), "micro": self.micro, "client": client_state}
+            atomic_write(os.path.join(path, tag, "ddp_state.pt"), lambda f: torch.save(state, f))
         torch.distributed.barrier()
 
     def load(self, path, tag):

@@ -136,10 +136,10 @@ def main(argv=None) -> int:
     console.print("[dim]expected drift (fp32): gradient pre-division by N, reduction order, bucketed reduce vs "
                   "reduce-scatter, norm summation order, Adam rounding — each ~1 ulp; see this file's docstring.[/]")
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump({"ok": res.ok, "rows": res.rows, "max_param_diff": res.max_param_diff,
-                       "tolerance": vars(res.tol), "failures": res.failures}, f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        from zero_from_scratch.atomic import atomic_write
+        doc = {"ok": res.ok, "rows": res.rows, "max_param_diff": res.max_param_diff, "tolerance": vars(res.tol),
+               "failures": res.failures}
+        atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))
     console.print("[green]PARITY OK[/]" if res.ok else "[red]PARITY FAILED[/]\n" + "\n".join(res.failures))
     return 0 if res.ok else 1
 
