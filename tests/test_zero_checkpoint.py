@@ -27,7 +27,9 @@ def cfg(stage, world, bf16=False):
             "zero_optimization": {"stage": stage}}
 
 
-def run_steps(engine, rank, world, steps):
+def run_steps(engine, rank, world, steps, draw=True):
+    """Train on this rank's rows of the global batches seeded by `steps`; each loss, plus (draw=True)
+    one torch.rand draw, which shows whether the RNG stream was restored."""
     out = []
     for s in steps:
         g = torch.Generator().manual_seed(s)
@@ -37,20 +39,7 @@ def run_steps(engine, rank, world, steps):
         loss = nn.functional.mse_loss(engine(xs.to(engine.dtype)).float(), ys)
         engine.backward(loss)
         engine.step()
-        out.append(loss.item() + torch.rand(1).item())  # the draw shows whether the RNG stream was restored
-    return out
-
-
-def run_steps_plain(engine, rank, world, steps):
-    out = []
-    for s in steps:
-        g = torch.Generator().manual_seed(s)
-        x, y = torch.randn(GLOBAL, 5, generator=g), torch.randn(GLOBAL, 2, generator=g)
-        per = GLOBAL // world
-        loss = nn.functional.mse_loss(engine(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
-        engine.backward(loss)
-        engine.step()
-        out.append(loss.item())
+        out.append(loss.item() + (torch.rand(1).item() if draw else 0.0))
     return out
 
 
@@ -89,7 +78,7 @@ def _save_then_reshard(rank, world, d, phase):
         run_steps(e, rank, world, range(3))
         e.save_checkpoint(d)
         live = full_params(e, model)
-        losses = run_steps_plain(e, rank, world, range(3, 6))
+        losses = run_steps(e, rank, world, range(3, 6), draw=False)
         return _lists(live), losses, _lists(full_params(e, model))
     try:
         e.load_checkpoint(d)
@@ -97,7 +86,7 @@ def _save_then_reshard(rank, world, d, phase):
     except CheckpointError as ex:
         err = str(ex)
     e.load_checkpoint(d, reshard=True)
-    losses = run_steps_plain(e, rank, world, range(3, 6))
+    losses = run_steps(e, rank, world, range(3, 6), draw=False)
     return err, losses, _lists(full_params(e, model))
 
 
