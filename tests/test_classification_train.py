@@ -148,16 +148,20 @@ def _tiny_model_dir(d):
     return d
 
 
-def test_zero3_trains_evaluates_and_saves_a_model_predict_loads(easy):
+@pytest.mark.parametrize("engine", ["zero", pytest.param("deepspeed", marks=[pytest.mark.slow, pytest.mark.deepspeed])])
+def test_zero3_trains_evaluates_and_saves_a_model_predict_loads(easy, engine):
     """ZeRO-3 through train.py: parameters are 1/N per rank outside forward, so evaluation must run
     the same number of batches on every rank and save_pretrained / the best-checkpoint reload must
     see gathered weights. 19 eval rows at 2 ranks: 10 and 9 per rank."""
-    out = easy / "zero3"
+    out = easy / f"zero3_{engine}"
     cfg = dict(TINY, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
     with open(easy / "zero3.json", "w") as f:
         json.dump(cfg, f)
-    model = _tiny_model_dir(easy / "tiny_model")
-    run_cmd(f"torchrun --standalone --nproc_per_node 2 classification/train.py --engine zero --model {model} "
+    model = easy / "tiny_model"
+    launch = (f"deepspeed --num_gpus 2 --master_port {free_port()}" if engine == "deepspeed"
+              else "torchrun --standalone --nproc_per_node 2")
+    model = model if os.path.isdir(model) else _tiny_model_dir(model)
+    run_cmd(f"{launch} classification/train.py --engine {engine} --model {model} "
             f"--dataset {easy}/easy.jsonl --config {easy}/zero3.json --epochs 1 --max-steps 4 "
             f"--max-eval-samples 19 {COMMON} --output-dir {out}", timeout=300)
     m = _metrics(out)

@@ -1,6 +1,6 @@
 """Adam/AdamW on flat shards, and DeepSpeed's WarmupLR / WarmupDecayLR.
 
-    python -m pytest tests/test_zero_optim.py
+    python -m pytest tests/test_zero_units.py -k "adam or warmup"
 
 Ownership: a rank holds Adam's m and v (fp32) only for the elements it owns: one contiguous
 local buffer per param group (the concatenation of its shards of that group's units, see
