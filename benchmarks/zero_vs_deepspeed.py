@@ -39,12 +39,11 @@ def build(model: str):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
     if model == "distilbert-base":
         cfg = DistilBertConfig(dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)  # Ψ = 66,955,010
-    elif model == "tiny":
-        cfg = DistilBertConfig(vocab_size=1000, dim=32, n_layers=2, n_heads=2, hidden_dim=64, dropout=0.0,
-                               attention_dropout=0.0, seq_classif_dropout=0.0)
-    else:
-        raise ValueError(f"model must be distilbert-base or tiny, got {model!r}")
-    return DistilBertForSequenceClassification(cfg)
+        return DistilBertForSequenceClassification(cfg)
+    if model == "tiny":
+        from zero_from_scratch.models import tiny_distilbert
+        return tiny_distilbert(vocab=1000, hidden=64, max_positions=512)
+    raise ValueError(f"model must be distilbert-base or tiny, got {model!r}")
 
 
 def ds_config(stage: int, bf16: bool, micro: int, bucket: int = int(5e8)) -> dict:
@@ -80,7 +79,7 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
             opt.step()
             opt.zero_grad(set_to_none=True)
     else:
-        from zero_from_scratch.ds_parity import make_engine
+        from zero_from_scratch.sides import make_engine
         e = make_engine("deepspeed" if engine == "deepspeed" else "ours", m, m.parameters(),
                         ds_config(stage, dtype == "bf16", micro, bucket), "primitives")
 
@@ -95,7 +94,7 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
         times.append(time.perf_counter() - t0)
         if t_first is None:
             t_first = time.time() - t_launch
-    from zero_from_scratch.ds_parity import peak_rss_bytes
+    from zero_from_scratch.sides import peak_rss_bytes
     return {"times": times[warmup:], "first": t_first, "rss": peak_rss_bytes()}
 
 
@@ -193,11 +192,10 @@ def main(argv=None) -> int:
     summary = summarize(runs)
     console.print(table(summary, a))
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump({"args": vars(a), "psi": psi, "runs": runs,
-                       "summary": [{"engine": k[0], "stage": k[1], "dtype": k[2], **v} for k, v in summary.items()]},
-                      f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        from zero_from_scratch.atomic import atomic_write
+        doc = {"args": vars(a), "psi": psi, "runs": runs,
+               "summary": [{"engine": k[0], "stage": k[1], "dtype": k[2], **v} for k, v in summary.items()]}
+        atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))
         console.print(f"wrote {a.json}")
     return 0
 

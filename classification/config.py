@@ -4,8 +4,10 @@
     python classification/config.py --config my.json --world-size 4
 
 DeepSpeed itself does not resolve "auto" (Hugging Face's Trainer does, silently); here
-`resolve()` fills each one from the run (world size, steps, --lr), rejects any it does not know,
-and returns rows for a table, so what trains is what is printed. The same resolved dict drives
+`resolve()` hands what the run knows (world size, steps, --lr) to zero_from_scratch.auto.resolve_auto
+(the one resolver, DeepSpeed's defaults otherwise, gradient_clipping 1.0 included), rejects any
+"auto" nothing can fill, warns about unknown keys for every engine, and returns rows for a table,
+so what trains is what is printed. The same resolved dict drives
 `deepspeed.initialize` and `zero_from_scratch.initialize`; the ddp engine reads it too.
 Cost: a dict walk; `lr_at` is O(1) per step.
 """
@@ -16,6 +18,9 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+
+from zero_from_scratch.auto import DEFAULTS, find_auto, resolve_auto  # noqa: F401  (find_auto: re-exported)
+from zero_from_scratch.config import suggest, unknown_keys
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_config_zero2.json")
 SCHEDULERS = ("WarmupDecayLR", "WarmupLR")
@@ -63,32 +68,49 @@ class RunFacts:
         return min(total, self.max_steps) if self.max_steps else total
 
 
-def _set(cfg, keys, facts: RunFacts, value, why):
-    d = cfg
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-    was = d.get(keys[-1], "(absent)")
-    if was == "auto" or was == "(absent)":
-        d[keys[-1]] = value
-        facts.rows.append((".".join(keys), str(was), str(value), why))
-    return d[keys[-1]]
-
-
 def resolve(raw: dict, facts: RunFacts) -> dict:
-    """A copy of `raw` with every "auto" replaced; facts.rows / facts.warnings filled."""
+    """A copy of `raw` with every "auto" replaced; facts.rows / facts.warnings filled. The
+    resolution itself is zero_from_scratch.auto.resolve_auto (one policy for both packages); this
+    supplies what the run knows and the warnings about DeepSpeed's traps."""
     cfg = copy.deepcopy(raw)
     micro = cfg.get("train_micro_batch_size_per_gpu")
     if not isinstance(micro, int) or micro < 1:
         raise ConfigError(f"train_micro_batch_size_per_gpu must be a positive integer, got {micro!r}")
-    gas = _set(cfg, ["gradient_accumulation_steps"], facts, 1, "DeepSpeed's default")
-    glob = micro * gas * facts.world_size
-    tbs = _set(cfg, ["train_batch_size"], facts, glob, f"micro {micro} x accumulation {gas} x world {facts.world_size}")
-    if tbs != glob:
-        raise ConfigError(f"train_batch_size {tbs} != train_micro_batch_size_per_gpu {micro} x "
-                          f"gradient_accumulation_steps {gas} x world size {facts.world_size} = {glob}")
     opt = cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
     p = opt.setdefault("params", {})
-    lr = _set(cfg, ["optimizer", "params", "lr"], facts, facts.lr, "--lr")
+    for prec in ("fp16", "bf16"):
+        cfg.setdefault(prec, {})
+    total = facts.total_steps
+    known = {"optimizer.params.lr": (facts.lr, "--lr"),
+             "gradient_clipping": (DEFAULTS["gradient_clipping"][0], "DeepSpeed's default (clips at 1.0 when absent)"),
+             "fp16.enabled": (bool(facts.fp16_requested), "--fp16" if facts.fp16_requested else "not requested: fp32"),
+             "bf16.enabled": (False, "not requested: fp32")}
+    sch = cfg.get("scheduler")
+    if sch:
+        kind = sch.get("type")
+        if kind not in SCHEDULERS:
+            raise ConfigError(f"scheduler.type {kind!r}: train.py supports {SCHEDULERS}")
+        sch.setdefault("params", {})
+        known["scheduler.params.warmup_max_lr"] = (_lr_of(p, facts), "= optimizer lr")
+        known["scheduler.params.warmup_num_steps"] = (max(1, math.ceil(facts.warmup_frac * total)),
+                                                      f"{facts.warmup_frac:.0%} of {total} steps")
+        if kind == "WarmupDecayLR":
+            known["scheduler.params.total_num_steps"] = (total, f"{facts.steps_per_epoch} steps/epoch x {facts.epochs} "
+                                                         "epochs" + (f", capped by --max-steps {facts.max_steps}"
+                                                                     if facts.max_steps else ""))
+    try:
+        cfg, rows = resolve_auto(cfg, facts.world_size, known)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    facts.rows += [(path, was, str(value), why) for path, was, value, why in rows]
+    for path, was, value, _ in rows:
+        if path.endswith(".enabled") and was == "auto" and value is False:
+            facts.warnings.append(f'{path} "auto" resolved to OFF: DeepSpeed never turns it on by '
+                                  "itself (Hugging Face's Trainer does, from its own flags); training in fp32")
+    unknown = unknown_keys(raw)
+    if unknown:
+        facts.warnings.append("unknown config keys, ignored by every engine (DeepSpeed without a word): "
+                              + ", ".join(k + suggest(k) for k in unknown))
     if not p.get("torch_adam", False) and opt.get("type", "").lower() in ("adam", "adamw"):
         facts.warnings.append("optimizer.params.torch_adam is not true: DeepSpeed JIT-builds fused_adam "
                               "(~2 min on first use); ours sets it true")
@@ -97,74 +119,37 @@ def resolve(raw: dict, facts: RunFacts) -> dict:
     if "offload_optimizer" in cfg.get("zero_optimization", {}):
         facts.warnings.append("zero_optimization.offload_optimizer switches the optimizer to DeepSpeedCPUAdam "
                               "(a JIT build; torch_adam is then ignored)")
-    for prec in ("fp16", "bf16"):
-        sec = cfg.setdefault(prec, {})
-        was = sec.get("enabled", "(absent)")
-        on = bool(facts.fp16_requested) if prec == "fp16" else False
-        if was in ("auto", "(absent)"):
-            sec["enabled"] = on
-            facts.rows.append((f"{prec}.enabled", str(was), str(on), "--fp16" if on else "not requested: fp32"))
-            if was == "auto" and not on:
-                facts.warnings.append(f'{prec}.enabled "auto" resolved to OFF: DeepSpeed never turns it on by '
-                                      "itself (Hugging Face's Trainer does, from its own flags); training in fp32")
-    sch = cfg.get("scheduler")
     if sch:
-        kind = sch.get("type")
-        if kind not in SCHEDULERS:
-            raise ConfigError(f"scheduler.type {kind!r}: train.py supports {SCHEDULERS}")
-        sp = sch.setdefault("params", {})
-        total = facts.total_steps
-        _set(cfg, ["scheduler", "params", "warmup_max_lr"], facts, lr, "= optimizer lr")
-        _set(cfg, ["scheduler", "params", "warmup_num_steps"], facts, max(1, math.ceil(facts.warmup_frac * total)),
-             f"{facts.warmup_frac:.0%} of {total} steps")
-        if kind == "WarmupDecayLR":
-            _set(cfg, ["scheduler", "params", "total_num_steps"], facts, total,
-                 f"{facts.steps_per_epoch} steps/epoch x {facts.epochs} epochs" + (
-                     f", capped by --max-steps {facts.max_steps}" if facts.max_steps else ""))
-        else:
+        if sch["type"] == "WarmupLR":
             facts.warnings.append("scheduler WarmupLR never decays: after warm-up it holds the max LR to the "
                                   "last step; use WarmupDecayLR for a linear decay")
-        if "warmup_type" not in sp:
+        if "warmup_type" not in sch["params"]:
             facts.warnings.append('scheduler.params.warmup_type is absent: DeepSpeed defaults to "log", not linear')
-    leftover = _find_auto(cfg)
-    if leftover:
-        raise ConfigError(f'"auto" values train.py cannot resolve: {leftover}; give them numbers')
     return cfg
 
 
-def _find_auto(d, path=""):
-    out = []
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out += _find_auto(v, f"{path}.{k}" if path else k)
-    elif d == "auto":
-        out.append(path)
-    return out
+def _lr_of(params: dict, facts: RunFacts):
+    lr = params.get("lr", "(absent)")
+    return facts.lr if lr in ("auto", "(absent)") else lr
 
 
 def lr_at(cfg: dict, step: int) -> float:
     """The LR the optimizer uses at optimizer step `step` (0-based), exactly as DeepSpeed's
     WarmupLR / WarmupDecayLR produce it: the scheduler is built with last_batch_iteration = -1
     (LR = warmup_min_lr) and stepped after each optimizer step, so steps 0 and 1 both use
-    warmup_min_lr; warm-up length is max(2, warmup_num_steps)."""
+    warmup_min_lr. The formula is zero_from_scratch.optim.warmup_gamma (one copy)."""
+    from zero_from_scratch.optim import warmup_gamma
     sch = cfg.get("scheduler")
     base = cfg["optimizer"]["params"]["lr"]
     if not sch:
         return base
     p = sch["params"]
     lo, hi = p.get("warmup_min_lr", 0.0), p.get("warmup_max_lr", base)
-    warm = max(2, p.get("warmup_num_steps", 1000))
     it = step - 1  # the scheduler's last_batch_iteration while this step runs
     if it < 0:
         return lo
-    if it < warm:
-        gamma = it / warm if p.get("warmup_type", "log") == "linear" else math.log(it + 1) / math.log(warm)
-    elif sch["type"] == "WarmupDecayLR":
-        total = p["total_num_steps"]
-        gamma = max(0.0, (total - it) / max(1.0, total - warm))
-    else:
-        gamma = 1.0
-    return lo + (hi - lo) * gamma
+    total = p["total_num_steps"] if sch["type"] == "WarmupDecayLR" else None
+    return lo + (hi - lo) * warmup_gamma(it, p.get("warmup_num_steps", 1000), p.get("warmup_type", "log"), total)
 
 
 def table(facts: RunFacts, cfg: dict, extra: list = ()):
@@ -178,8 +163,9 @@ def table(facts: RunFacts, cfg: dict, extra: list = ()):
     total = facts.total_steps
     t.add_row("LR at first / mid / last step", "", " / ".join(f"{lr_at(cfg, s):.3g}" for s in (0, total // 2, total - 1)),
               f"{cfg.get('scheduler', {}).get('type', 'constant')} over {total} steps")
-    t.add_row("gradient_clipping", str(cfg.get("gradient_clipping", "(absent)")),
-              str(cfg.get("gradient_clipping", 0.0)), "global norm over all ranks' gradients (0 = off)")
+    if not any(r[0] == "gradient_clipping" for r in facts.rows):   # given in the JSON: say what it does
+        t.add_row("gradient_clipping", str(cfg["gradient_clipping"]), str(cfg["gradient_clipping"]),
+                  "global norm over all ranks' gradients (0 = off)")
     t.add_row("zero_optimization.stage", str(cfg.get("zero_optimization", {}).get("stage", "(absent)")),
               str(cfg.get("zero_optimization", {}).get("stage", 0)), "")
     for r in extra:

@@ -5,13 +5,16 @@
     ddp        ddp_examples.BucketedDataParallel + torch AdamW + the JSON's LR schedule
 
 Each returns an object with engine(**batch), engine.backward(loss), engine.step(), engine.module,
-engine.get_lr(), engine.save(dir, tag, client_state) / engine.load(dir, tag) -> client_state and
-engine.describe() -> rows for the configuration table. Every engine's imports are lazy, so the other
+engine.get_lr(), engine.save(dir, tag, client_state) / engine.load(dir, tag) -> client_state,
+engine.full_parameters(modify=False) (a context with every parameter whole under ZeRO-3, entered by
+all ranks; modify=True writes rank 0's edits back into every shard) and engine.describe() -> rows
+for the configuration table. Every engine's imports are lazy, so the other
 two work without its package. Cost per step: deepspeed / zero ZeRO-2 send reduce-scatter +
 all-gather = 2(N-1)/N x 4 bytes x params per rank; ddp the same as one ring all-reduce.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -33,7 +36,7 @@ def _disable_deepspeed_shm_build():
     behaviour."""
     if os.environ.get("RINGZERO_DS_SHM") == "1":
         return
-    from zero_from_scratch.ds_parity import skip_shm_op_build
+    from zero_from_scratch.sides import skip_shm_op_build
     skip_shm_op_build()
 
 
@@ -75,6 +78,17 @@ class _Native:
             raise EngineError(f"no {self.kind} checkpoint with tag {tag!r} under {path}")
         return client["ringzero"]
 
+    def full_parameters(self, modify: bool = False):
+        """ZeRO-3 keeps 1/N of each parameter per rank (size-0 tensors outside forward): gather them
+        for save_pretrained / load_state_dict. Every rank must enter; a no-op below stage 3."""
+        if _call(self.engine, "zero_optimization_stage") != 3:
+            return contextlib.nullcontext()
+        params, rank = list(self.engine.module.parameters()), 0 if modify else None
+        if self.kind == "deepspeed":
+            import deepspeed
+            return deepspeed.zero.GatheredParameters(params, modifier_rank=rank)
+        return self.engine.gathered_parameters(params, modifier_rank=rank)
+
     def describe(self):
         e = self.engine
         opt = getattr(e, "optimizer", None)
@@ -85,7 +99,7 @@ class _Native:
                 dev = str(p.device)
                 break
             break
-        prec = "bf16" if _call(e, "bf16_enabled") else "fp16" if _call(e, "fp16_enabled") else "fp32"
+        prec = "bf16" if _flag(e, "bfloat16_enabled", "bf16_enabled") else "fp16" if _flag(e, "fp16_enabled") else "fp32"
         return [("engine", self.kind, type(e).__module__ + "." + type(e).__name__, ""),
                 ("optimizer (as built)", "", f"{type(opt).__name__} over {type(inner).__module__}.{type(inner).__name__}",
                  f"master weights and states on {dev}"),
@@ -93,6 +107,19 @@ class _Native:
                 ("global batch (as built)", "", str(_call(e, "train_batch_size")), "micro x accumulation x world"),
                 ("ZeRO stage (as built)", "", str(_call(e, "zero_optimization_stage")), ""),
                 ("gradient clipping (as built)", "", str(_call(e, "gradient_clipping")), "")]
+
+
+def _flag(obj, *names) -> bool:
+    """True only when one of the accessors exists and returns True: DeepSpeed 0.19.8 names it
+    bfloat16_enabled, ours bf16_enabled; a missing accessor is not a yes."""
+    for n in names:
+        f = getattr(obj, n, None)
+        if callable(f):
+            try:
+                return f() is True
+            except Exception:  # describing must never stop training
+                return False
+    return False
 
 
 def _call(obj, name):
@@ -122,13 +149,16 @@ class _DDP:
         o = cfg["optimizer"]
         if o.get("type", "").lower() not in ("adam", "adamw"):
             raise EngineError(f"--engine ddp supports optimizer Adam/AdamW, not {o.get('type')!r}")
+        from zero_from_scratch.auto import weight_decay_default
         p = {k: v for k, v in o["params"].items() if k in ("lr", "betas", "eps", "weight_decay")}
+        p.setdefault("weight_decay", weight_decay_default(o))  # DeepSpeed's default, not torch AdamW's own
         adamw = o["type"].lower() == "adamw" or o["params"].get("adam_w_mode", True)
         self.optimizer = (torch.optim.AdamW if adamw else torch.optim.Adam)(model.parameters(), **p)
         base = p["lr"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_at(cfg, s) / base)
         self.gas = cfg.get("gradient_accumulation_steps", 1)
-        self.clip = cfg.get("gradient_clipping", 0.0)
+        from zero_from_scratch.auto import DEFAULTS
+        self.clip = cfg.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])  # absent: DeepSpeed clips at 1.0
         self.micro = 0
 
     def __call__(self, **batch):
@@ -167,13 +197,16 @@ class _DDP:
     def get_lr(self):
         return float(self.optimizer.param_groups[0]["lr"])
 
+    def full_parameters(self, modify: bool = False):
+        return contextlib.nullcontext()  # every rank holds every parameter
+
     def save(self, path, tag, client_state):
         os.makedirs(os.path.join(path, tag), exist_ok=True)
         if self.comm.rank == 0:  # every rank holds the same state in DDP
-            f = os.path.join(path, tag, "ddp_state.pt")
-            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "micro": self.micro, "client": client_state}, f + ".tmp")
-            os.replace(f + ".tmp", f)
+            from zero_from_scratch.atomic import atomic_write
+            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(), "micro": self.micro, "client": client_state}
+            atomic_write(os.path.join(path, tag, "ddp_state.pt"), lambda f: torch.save(state, f))
         torch.distributed.barrier()
 
     def load(self, path, tag):

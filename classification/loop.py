@@ -6,7 +6,10 @@ Data order: per epoch a seeded permutation, cut into global batches (micro x acc
 whose texts have similar lengths (sorted within chunks of 50 global batches, then the batches are
 shuffled), and rank r takes every world-th text of each one, so ranks see equal lengths and do equal
 numbers of steps (an unequal count would hang the collective). Evaluation shards the split over
-ranks and sums correct counts, loss and the confusion matrix with one all-reduce.
+ranks and sums correct counts, loss and the confusion matrix with one all-reduce; every rank runs
+the same number of evaluation batches (a rank with one row fewer pads with a zero-weight row), since
+under ZeRO-3 each forward gathers parameters collectively. Weights are gathered whole for
+save_pretrained and for loading the best checkpoint (engine.full_parameters).
 Cost: tokenisation once, O(rows); per step the engine's cost (see engines.py).
 """
 from __future__ import annotations
@@ -60,17 +63,33 @@ def epoch_batches(lengths, micro, gas, world, rank, seed, epoch, chunk=50):
     return out
 
 
+def eval_batches(n, lengths_order, rank, world, batch):
+    """This rank's evaluation batches: (row indices, how many of them count). Rows are dealt
+    round-robin in length order; every rank gets ceil(ceil(n / world) / batch) batches, the same
+    number everywhere, and a rank left without rows for the last one re-reads row 0 with weight 0."""
+    mine = lengths_order[rank::world].tolist()
+    per_rank = -(-n // world)
+    out = []
+    for s in range(0, per_rank, batch):
+        idx = mine[s:s + batch]
+        out.append((idx, len(idx)) if idx else ([int(lengths_order[0])], 0))
+    return out
+
+
 @torch.no_grad()
-def evaluate(model, ids, labels, num_labels, pad_id, rank, world, batch=64):
-    """accuracy, macro-F1 and mean loss over the whole split (sharded over ranks, then summed)."""
+def evaluate(model, ids, labels, num_labels, pad_id, rank, world, batch=64, forward=None):
+    """accuracy, macro-F1 and mean loss over the whole split (sharded over ranks, then summed).
+    forward: the engine's forward (defaults to model's)."""
     was = model.training
     model.eval()
-    order = np.argsort([len(t) for t in ids])[rank::world]
+    forward = forward or model
     conf = torch.zeros(num_labels, num_labels, dtype=torch.float64)  # rows: true, cols: predicted
     loss_sum = torch.zeros(1, dtype=torch.float64)
-    for s in range(0, len(order), batch):
-        b = collate(ids, labels, order[s:s + batch].tolist(), pad_id)
-        out = model(**b)
+    for idx, keep in eval_batches(len(ids), np.argsort([len(t) for t in ids], kind="stable"), rank, world, batch):
+        b = collate(ids, labels, idx, pad_id)
+        out = forward(**b)
+        if not keep:
+            continue
         loss_sum += out.loss.double() * len(b["labels"])
         pred = out.logits.argmax(-1)
         conf.index_put_((b["labels"], pred), torch.ones(len(pred), dtype=torch.float64), accumulate=True)
@@ -109,20 +128,29 @@ class Metrics:
                         self.tb.add_scalar(f"{rec.get('event', '')}/{k}", v, rec["step"])
 
 
-def save_best(model, tok, out_dir, meta, rank):
+def save_best(engine, tok, out_dir, meta, rank):
     """OUTPUT_DIR/best: Hugging Face save_pretrained + ringzero.json, written to a temporary folder
-    and renamed, so a crash never leaves a half-written best checkpoint."""
-    if rank == 0:
-        final, tmp = os.path.join(out_dir, "best"), os.path.join(out_dir, "best.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        with open(os.path.join(tmp, META), "w") as f:
-            json.dump(meta, f, indent=1)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+    and renamed, so a crash never leaves a half-written best checkpoint. Every rank enters (ZeRO-3
+    gathers the weights); rank 0 writes."""
+    with engine.full_parameters():
+        if rank == 0:
+            _write_best(engine.module, tok, out_dir, meta)
     if dist.is_initialized():
         dist.barrier()
+
+
+def _write_best(model, tok, out_dir, meta):
+    final, tmp, old = (os.path.join(out_dir, n) for n in ("best", "best.tmp", "best.old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    with open(os.path.join(tmp, META), "w") as f:
+        json.dump(meta, f, indent=1)
+    if os.path.isdir(final):               # moved aside, not deleted, until the new one is in place
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def check_meta(path, meta, what):
@@ -227,7 +255,8 @@ def run(a, raw, bundle, comm, threads, local):
                     if state["step"] >= total:
                         done = True
                         break
-        ev = evaluate(engine.module, va_ids, bundle.val.labels, bundle.num_labels, tok.pad_token_id, rank, world)
+        ev = evaluate(engine.module, va_ids, bundle.val.labels, bundle.num_labels, tok.pad_token_id, rank, world,
+                      forward=engine)
         metrics.log(event="eval", split="val", epoch=epoch + 1, step=state["step"], **ev)
         t = Table(title=f"validation after epoch {epoch + 1} (step {state['step']})")
         for c in ("accuracy", "macro-F1", "loss", "rows", "best so far"):
@@ -235,7 +264,7 @@ def run(a, raw, bundle, comm, threads, local):
         better = ev["accuracy"] > state["best_val_accuracy"]
         if better:
             state["best_val_accuracy"], state["best_epoch"] = ev["accuracy"], epoch + 1
-            save_best(engine.module, tok, a.output_dir, {**meta, "val_accuracy": ev["accuracy"], "epoch": epoch + 1,
+            save_best(engine, tok, a.output_dir, {**meta, "val_accuracy": ev["accuracy"], "epoch": epoch + 1,
                                                          "step": state["step"]}, rank)
         t.add_row(f"{ev['accuracy']:.4f}", f"{ev['macro_f1']:.4f}", f"{ev['loss']:.4f}", str(ev["n"]),
                   "yes (saved)" if better else f"no (epoch {state['best_epoch']})")
@@ -251,8 +280,10 @@ def run(a, raw, bundle, comm, threads, local):
     best = os.path.join(a.output_dir, "best")
     check_meta(best, meta, ("model", "num_labels", "dataset"))
     from safetensors.torch import load_file
-    engine.module.load_state_dict(load_file(os.path.join(best, "model.safetensors")))
-    te = evaluate(engine.module, te_ids, bundle.test.labels, bundle.num_labels, tok.pad_token_id, rank, world)
+    with engine.full_parameters(modify=True):  # ZeRO-3: rank 0's loaded weights go back into every shard
+        engine.module.load_state_dict(load_file(os.path.join(best, "model.safetensors")))
+    te = evaluate(engine.module, te_ids, bundle.test.labels, bundle.num_labels, tok.pad_token_id, rank, world,
+                  forward=engine)
     wall = time.time() - t_start
     metrics.log(event="test", test_accuracy=te["accuracy"], test_macro_f1=te["macro_f1"], test_loss=te["loss"],
                 test_rows=te["n"], best_epoch=state["best_epoch"], best_val_accuracy=state["best_val_accuracy"], steps=state["step"], wall_s=wall, world_size=world,

@@ -10,7 +10,7 @@ resolved by classification/config.py), start from the same weights (dropout 0) a
 Rotten Tomatoes batches in the same order (classification/loop.py's length-bucketed sampler). They
 run side by side in the same 2 processes (spawned, gloo), one optimizer step each in turn, so
 after every step the full parameters are compared. Exit status 1 when any step is outside the
-tolerance (zero_from_scratch.ds_parity.Tolerance, which explains its numbers).
+tolerance (zero_from_scratch.parity_compare.Tolerance, which explains its numbers).
 Cost: 2 × steps × (forward + backward + ZeRO-2 step) per rank, plus one parameter copy per step.
 
 Why the two columns are not bit-identical, and why the drift stays at rounding level (fp32):
@@ -49,10 +49,8 @@ BUGS = ("none", "weight_decay_groups")
 
 def tiny_model():
     """Random-init DistilBERT (dim 32, 2 layers, 2 heads) over the real 30,522-token vocabulary."""
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-    return DistilBertForSequenceClassification(DistilBertConfig(
-        vocab_size=M.VOCAB_SIZE, dim=32, n_layers=2, n_heads=2, hidden_dim=64, activation="gelu",
-        dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=2))
+    from zero_from_scratch.models import tiny_distilbert
+    return tiny_distilbert(vocab=M.VOCAB_SIZE, hidden=64, max_positions=512)
 
 
 def full_arch():
@@ -97,7 +95,9 @@ def main(argv=None) -> int:
         ap.error(f"--steps ≥ 1, --world-size 1..8 and --max-len ≥ 4 expected, got {steps}, {a.world_size}, {max_len}")
 
     from primitives.log import console
-    from zero_from_scratch.ds_parity import Job, render, run_parities
+    from zero_from_scratch.ds_parity import run_parities
+    from zero_from_scratch.parity_compare import render
+    from zero_from_scratch.parity_harness import Job
     try:
         raw = C.load_config(a.config)
         if a.micro_batch or a.tiny:
@@ -136,10 +136,10 @@ def main(argv=None) -> int:
     console.print("[dim]expected drift (fp32): gradient pre-division by N, reduction order, bucketed reduce vs "
                   "reduce-scatter, norm summation order, Adam rounding — each ~1 ulp; see this file's docstring.[/]")
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump({"ok": res.ok, "rows": res.rows, "max_param_diff": res.max_param_diff,
-                       "tolerance": vars(res.tol), "failures": res.failures}, f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        from zero_from_scratch.atomic import atomic_write
+        doc = {"ok": res.ok, "rows": res.rows, "max_param_diff": res.max_param_diff, "tolerance": vars(res.tol),
+               "failures": res.failures}
+        atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))
     console.print("[green]PARITY OK[/]" if res.ok else "[red]PARITY FAILED[/]\n" + "\n".join(res.failures))
     return 0 if res.ok else 1
 

@@ -142,7 +142,7 @@ def test_config_resolves_every_auto_and_warns():
     raw = C.load_config(C.DEFAULT_CONFIG)
     f = C.RunFacts(world_size=2, steps_per_epoch=50, epochs=2, lr=3e-4)
     cfg = C.resolve(raw, f)
-    assert C._find_auto(cfg) == [] and C._find_auto(raw)  # the file has "auto"s, the result none
+    assert C.find_auto(cfg) == [] and C.find_auto(raw)  # the file has "auto"s, the result none
     assert cfg["train_batch_size"] == raw["train_micro_batch_size_per_gpu"] * 2
     assert cfg["scheduler"]["params"]["total_num_steps"] == 100
     assert cfg["scheduler"]["params"]["warmup_num_steps"] == 10
@@ -155,7 +155,7 @@ def test_config_traps():
     f = C.RunFacts(2, 10, 1)
     C.resolve({"train_micro_batch_size_per_gpu": 4, "scheduler": {"type": "WarmupLR", "params": {}}}, f)
     assert any("never decays" in w for w in f.warnings) and any('"log"' in w for w in f.warnings)
-    with pytest.raises(C.ConfigError, match="train_batch_size 10 != .* 4 x .* 1 x world size 2 = 8"):
+    with pytest.raises(C.ConfigError, match="train_batch_size=10 must equal .*=4 × .*=1 × world_size=2 = 8"):
         C.resolve({"train_micro_batch_size_per_gpu": 4, "train_batch_size": 10}, C.RunFacts(2, 10, 1))
     with pytest.raises(C.ConfigError, match="cannot resolve: \\['zero_optimization.stage'\\]"):
         C.resolve({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": "auto"}}, C.RunFacts(2, 10, 1))

@@ -1,5 +1,6 @@
 """Sharded checkpoints: bit-exact resume, consolidation to a plain state_dict, 2 → 3 resharding,
-atomicity under a kill, and clear errors for bad input."""
+a kill -9 at every phase of a save (the same tag re-saved), and clear errors for bad input on
+every rank."""
 import os
 
 import pytest
@@ -26,7 +27,9 @@ def cfg(stage, world, bf16=False):
             "zero_optimization": {"stage": stage}}
 
 
-def run_steps(engine, rank, world, steps):
+def run_steps(engine, rank, world, steps, draw=True):
+    """Train on this rank's rows of the global batches seeded by `steps`; each loss, plus (draw=True)
+    one torch.rand draw, which shows whether the RNG stream was restored."""
     out = []
     for s in steps:
         g = torch.Generator().manual_seed(s)
@@ -36,20 +39,7 @@ def run_steps(engine, rank, world, steps):
         loss = nn.functional.mse_loss(engine(xs.to(engine.dtype)).float(), ys)
         engine.backward(loss)
         engine.step()
-        out.append(loss.item() + torch.rand(1).item())  # the draw shows whether the RNG stream was restored
-    return out
-
-
-def run_steps_plain(engine, rank, world, steps):
-    out = []
-    for s in steps:
-        g = torch.Generator().manual_seed(s)
-        x, y = torch.randn(GLOBAL, 5, generator=g), torch.randn(GLOBAL, 2, generator=g)
-        per = GLOBAL // world
-        loss = nn.functional.mse_loss(engine(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
-        engine.backward(loss)
-        engine.step()
-        out.append(loss.item())
+        out.append(loss.item() + (torch.rand(1).item() if draw else 0.0))
     return out
 
 
@@ -88,7 +78,7 @@ def _save_then_reshard(rank, world, d, phase):
         run_steps(e, rank, world, range(3))
         e.save_checkpoint(d)
         live = full_params(e, model)
-        losses = run_steps_plain(e, rank, world, range(3, 6))
+        losses = run_steps(e, rank, world, range(3, 6), draw=False)
         return _lists(live), losses, _lists(full_params(e, model))
     try:
         e.load_checkpoint(d)
@@ -96,7 +86,7 @@ def _save_then_reshard(rank, world, d, phase):
     except CheckpointError as ex:
         err = str(ex)
     e.load_checkpoint(d, reshard=True)
-    losses = run_steps_plain(e, rank, world, range(3, 6))
+    losses = run_steps(e, rank, world, range(3, 6), draw=False)
     return err, losses, _lists(full_params(e, model))
 
 
@@ -126,31 +116,81 @@ def test_consolidate_and_reshard_2_to_3(spawn, tmp_path):
         torch.testing.assert_close(torch.tensor(res3[0][2][n]), torch.tensor(t), rtol=1e-4, atol=1e-5)
 
 
-def _killed(rank, world, d):
-    import zero_from_scratch.checkpoint as ck
-    model = mlp(0)
-    e, *_ = zero_from_scratch.initialize(model=model, config=cfg(1, world))
-    run_steps(e, rank, world, range(2))
-    e.save_checkpoint(d)
-    run_steps(e, rank, world, range(2, 3))
-    if rank == 1:
-        orig = ck._replace
-        ck._replace = lambda tmp, path: os._exit(3)     # killed after writing the temp file, before the rename
-    e.save_checkpoint(d, tag="global_step3")
+def _save_steps(rank, world, d, tag, steps, kill=None):
+    """Train `steps` steps from the same init and data, then save to d/tag; `kill` = RINGZERO_CKPT_KILL_AT
+    ("phase" or "phase:rank"), or "rename:R" to die on rank R between a temp file and its rename."""
+    import zero_from_scratch.atomic as atomic
+    from zero_from_scratch.checkpoint import KILL_ENV
+    e, *_ = zero_from_scratch.initialize(model=mlp(0), config=cfg(1, world))
+    run_steps(e, rank, world, range(steps))
+    if kill and kill.startswith("rename:"):
+        if rank == int(kill.split(":")[1]):
+            atomic.replace = lambda tmp, path: os._exit(3)
+    elif kill:
+        os.environ[KILL_ENV] = kill
+    e.save_checkpoint(d, tag=tag)
+    return sorted(os.listdir(d))
 
 
-def _load_latest(rank, world, d):
-    model = mlp(3)
-    e, *_ = zero_from_scratch.initialize(model=model, config=cfg(1, world))
+KILLS = ["validated", "rename:1", "shard:1", "shard", "manifest", "tag", "latest", "cleanup"]
+
+
+def test_kill_at_every_phase_leaves_a_loadable_checkpoint(spawn, tmp_path):
+    """Re-save the same tag (the hard case: the old save must survive) and die at each phase of
+    the save; the checkpoint `latest` names is then the old save or the new one, whole."""
+    import shutil
+    from zero_from_scratch.checkpoint import PHASES, consolidate
+    assert {k.split(":")[0] for k in KILLS} >= set(PHASES)
+    ref = {}
+    for steps in (2, 3):                                 # the states the old and the new save hold
+        spawn(_save_steps, 2, args=(str(tmp_path / f"ref{steps}"), "t", steps))
+        ref[steps] = consolidate(str(tmp_path / f"ref{steps}"))
+    assert not torch.equal(ref[2]["0.weight"], ref[3]["0.weight"])
+    for kill in KILLS:
+        d = tmp_path / kill.replace(":", "_")
+        shutil.copytree(tmp_path / "ref2", d, symlinks=True)   # the good old save of tag "t"
+        res = spawn(_save_steps, 2, args=(str(d), "t", 3, kill), allow_fail=True, grace=0.5)
+        assert any(status != "ok" for status, _ in res), (kill, res)
+        new = kill.split(":")[0] in ("tag", "latest", "cleanup")
+        assert open(d / "latest").read() == "t"
+        got = consolidate(str(d))                        # manifest, sizes and save ids all checked
+        for n, t in ref[3 if new else 2].items():
+            assert torch.equal(got[n], t), (kill, n)
+    # the engine resumes from what a kill left, and its next save cleans up: one folder per tag
+    steps, listing = spawn(_load_then_save, 2, args=(str(tmp_path / "manifest"),))[0]
+    assert steps == 2 and len([n for n in listing if n.startswith("t.")]) == 1, listing
+
+
+def _load_then_save(rank, world, d):
+    e, *_ = zero_from_scratch.initialize(model=mlp(3), config=cfg(1, world))
     e.load_checkpoint(d)
-    return e.global_steps
+    steps = e.global_steps
+    e.save_checkpoint(d, tag="t")
+    return steps, sorted(os.listdir(d))
 
 
-def test_killed_mid_save_leaves_previous_loadable(spawn, tmp_path):
-    d = str(tmp_path)
-    spawn(_killed, 2, args=(d,), allow_fail=True)
-    assert open(os.path.join(d, "latest")).read() == "global_step2"
-    assert spawn(_load_latest, 2, args=(d,)) == [2, 2]
+def _bad_args(rank, world, d):
+    e, *_ = zero_from_scratch.initialize(model=mlp(0), config=cfg(1, world))
+    run_steps(e, rank, world, range(1))
+    out = []
+    for client, tag in (({"epoch": 1, "when": object()} if rank == 1 else {"epoch": 1}, "ok"),   # non-JSON on rank 1
+                        ({}, "a/b" if rank == 0 else "ok"),                                       # bad tag on rank 0
+                        ({}, f"t{rank}")):                                                        # tags differ
+        try:
+            e.save_checkpoint(d, tag=tag, client_state=client)
+            out.append("saved")
+        except CheckpointError as ex:                   # raised on every rank, so they stay in step
+            out.append(str(ex))
+    return out
+
+
+def test_bad_save_arguments_fail_on_every_rank_before_writing(spawn, tmp_path):
+    expect = ["rank 1: client_state is not a JSON-serialisable dict", "rank 0: tag is not a usable folder name",
+              "different tags"]
+    for msgs in spawn(_bad_args, 2, args=(str(tmp_path),)):
+        for m, e in zip(msgs, expect, strict=True):
+            assert e in m and "nothing written" in m, msgs
+    assert os.listdir(tmp_path) == []
 
 
 def _bad(rank, world, d, what):

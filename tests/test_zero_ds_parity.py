@@ -4,17 +4,19 @@
 
 All N = 2 pairs run in ONE spawn (a module fixture), the N = 3 pairs in another, so DeepSpeed's
 import and start-up are paid twice. No JIT build happens: "torch_adam": true avoids fused_adam and
-ds_parity.prepare_deepspeed() skips the shm comm op (test_deepspeed_ran_without_any_jit_build).
+sides.prepare_deepspeed() skips the shm comm op (test_deepspeed_ran_without_any_jit_build).
 Config: AdamW lr 1e-2, weight decay 0.1 on a decay group and 0 on biases/LayerNorm, clipping 0.5,
 WarmupLR, gradient accumulation 2, micro-batch 4 per rank, 5 optimizer steps. Tolerances are
-ds_parity.Tolerance.for_run (the reasons are written there).
+parity_compare.Tolerance.for_run (the reasons are written there).
 """
 import pytest
 
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from zero_from_scratch.ds_parity import Job, Tolerance, compare, make_config, run_parities  # noqa: E402
+from zero_from_scratch.ds_parity import make_config, run_parities  # noqa: E402
+from zero_from_scratch.parity_compare import Tolerance, compare  # noqa: E402
+from zero_from_scratch.parity_harness import Job  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
 STEPS = 5

@@ -7,17 +7,14 @@ import torch.nn as nn
 
 import zero_from_scratch
 from zero_from_scratch import ZeroDivergenceError
+from zero_from_scratch.models import tiny_distilbert
 
 CFG = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
        "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
 
 
 def tiny_bert(seed=0):
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-    torch.manual_seed(seed)
-    cfg = DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100, max_position_embeddings=32,
-                           dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=2)
-    return DistilBertForSequenceClassification(cfg)
+    return tiny_distilbert(vocab=100, hidden=64, max_positions=32, seed=seed)
 
 
 def batch(step, rank):

@@ -39,7 +39,7 @@ def test_auto_values_resolved():
     c = load_config({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
                      "fp16": {"enabled": "auto"}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, 2)
     assert c.train_batch_size == 6 and c.fp16.enabled is False
-    assert c.resolved_auto == {"train_batch_size": 6, "fp16.enabled": False, "lr": 1e-3}
+    assert c.resolved_auto == {"train_batch_size": 6, "fp16.enabled": False, "optimizer.params.lr": 1e-3}
 
 
 # ----------------------------------------------------------------------------- sharding

@@ -8,10 +8,13 @@
         model=model, model_parameters=model.parameters(), config="ds_config.json")
     loss = engine(**batch).loss; engine.backward(loss); engine.step()
 
-Files: config.py (JSON → dataclasses), sharding.py (the one layout function), optim.py (Adam on
-shards, DeepSpeed's LR schedules), precision.py (bf16/fp16, loss scaler), comm.py (primitives or
-torch.distributed), stage1.py / stage2.py / stage3.py (what each stage changes), engine.py,
-ledger.py (memory and communication vs the formulas), checkpoint.py (+ zero_to_fp32.py).
+Files: config.py (JSON → dataclasses), auto.py (DeepSpeed's "auto" and batch arithmetic, shared
+with classification), sharding.py (the one layout function), optim.py (Adam on shards, DeepSpeed's
+LR schedules), precision.py (bf16/fp16, loss scaler), comm.py (primitives or torch.distributed),
+stage1.py / stage2.py / stage3.py (what each stage changes), engine.py, ledger.py (memory and
+communication vs the formulas), checkpoint.py (+ zero_to_fp32.py, atomic.py). Comparing with
+DeepSpeed: models.py (tiny models), sides.py (either engine; the only deepspeed import),
+parity_harness.py, parity_compare.py, ds_parity.py (CLI).
 """
 from zero_from_scratch.checkpoint import CheckpointError, consolidate
 from zero_from_scratch.config import load_config

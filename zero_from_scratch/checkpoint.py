@@ -1,6 +1,6 @@
 """Sharded checkpoints: one file per rank plus a manifest; consolidation and resharding.
 
-    engine.save_checkpoint("ckpt")                 # ckpt/global_step10/{zero_rank000.pt, …, manifest.json}, ckpt/latest
+    engine.save_checkpoint("ckpt")                 # ckpt/global_step10 -> global_step10.<id>/{zero_rank000.pt, …, manifest.json}
     engine.load_checkpoint("ckpt")                 # same N: bit-exact resume
     engine.load_checkpoint("ckpt", reshard=True)   # different N or stage: re-partitioned from the manifest
     python -m zero_from_scratch.zero_to_fp32 ckpt out.pt    # one full fp32 state_dict
@@ -9,55 +9,56 @@ Each rank writes its local shards (params in the model dtype, the fp32 master in
 precision, Adam's m and v) and its RNG state. Rank 0 writes manifest.json: the layout (every
 unit's parameters with global offsets, shapes, padding, N), step counters, optimizer
 hyper-parameters and step counts, scheduler and loss-scaler state, each shard file's byte size
-and a save id shared by every file of one save. `latest` is written last.
+and a save id shared by every file of one save.
 
-Every file is written to a temporary name, fsync'ed and renamed (atomic on POSIX), so a process
-killed mid-save leaves the previous checkpoint and `latest` intact. Loading checks: a different
-model (names/shapes), a different layout without reshard=True, missing or truncated shard files,
-and files from different saves each raise CheckpointError naming the problem.
+A save never destroys the previous good checkpoint, re-saving the same tag included. The phases
+(PHASES; RINGZERO_CKPT_KILL_AT=phase[:rank] SIGKILLs a rank there, for the fault tests):
+  validated  every argument checked on every rank, agreed by one small all-gather: a bad tag or
+             a non-JSON client_state on any rank is a CheckpointError on every rank, before any write
+  shard      each rank writes its file into a NEW folder <tag>.<save id> (temp name, fsync, rename)
+  manifest   rank 0 writes manifest.json there, last: a folder with a manifest is complete
+  tag        rank 0 points the symlink <tag> at the new folder (one rename(2): atomic)
+  latest     rank 0 rewrites `latest` (the tag, as DeepSpeed writes it) the same way
+  cleanup    rank 0 removes the folder <tag> pointed at before, and leftovers of killed saves
+A kill before `tag` leaves the old <tag> and `latest`; after it, the new complete save.
+Loading checks: a different model (names/shapes), a different layout without reshard=True,
+missing or truncated shard files, and files from different saves each raise CheckpointError.
 
 Loading always goes through full tensors (unshard, then shard with the current layout); at the
 same N that is pure copying, hence bit-exact, and it is the same code that reshards. Cost: each
-rank reads every shard file once (O(Ψ) memory transiently).
+rank reads every shard file once (O(Ψ) memory transiently); a save adds two 24-byte-per-rank
+all-gathers (validation, sizes) and one 8-byte one (the closing barrier).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import signal
 
 import torch
 
+from zero_from_scratch.atomic import atomic_symlink, atomic_write
+
 FORMAT = "ringzero-zero/1"
 KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
+PHASES = ("validated", "shard", "manifest", "tag", "latest", "cleanup")
+KILL_ENV = "RINGZERO_CKPT_KILL_AT"
 
 
 class CheckpointError(RuntimeError):
     pass
 
 
-def _fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace(tmp: str, path: str) -> None:
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def atomic_write(path: str, write) -> int:
-    """write(f) into a temp file, fsync, rename onto path; returns the byte size."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    size = os.path.getsize(tmp)
-    _replace(tmp, path)
-    return size
+def _phase(name: str, rank: int) -> None:
+    """Fault injection: SIGKILL this process at phase `name` when RINGZERO_CKPT_KILL_AT asks."""
+    want = os.environ.get(KILL_ENV)
+    if not want:
+        return
+    phase, _, who = want.partition(":")
+    if phase == name and (who == "" or int(who) == rank):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _shard_file(rank: int) -> str:
@@ -77,15 +78,57 @@ def _model_spec(engine) -> list:
             for g, ns in enumerate(engine.group_names) for n in ns]
 
 
+_PROBLEMS = {1: "save_dir is not a folder that can be created or written",
+             2: "tag is not a usable folder name (non-empty, no '/', not 'latest', not starting with '.')",
+             3: "client_state is not a JSON-serialisable dict"}
+
+
+def _check_args(save_dir, tag: str, client_state) -> tuple[int, str]:
+    """(problem code, detail) for this rank's arguments; (0, "") when they are fine."""
+    if not isinstance(tag, str) or not tag or os.sep in tag or tag == "latest" or tag.startswith("."):
+        return 2, f"tag {tag!r}"
+    if not isinstance(client_state, dict):
+        return 3, f"client_state is a {type(client_state).__name__}"
+    try:
+        json.dumps(client_state)
+    except (TypeError, ValueError) as e:
+        return 3, f"json.dumps(client_state): {e}"
+    try:
+        os.makedirs(save_dir, exist_ok=True)
+    except OSError as e:
+        return 1, f"{save_dir!r}: {e}"
+    if not os.access(save_dir, os.W_OK):
+        return 1, f"{save_dir!r} is not writable"
+    return 0, ""
+
+
+def _agree(c, save_dir, tag, client_state) -> int:
+    """Validate on every rank, then one all-gather so every rank raises the same error (naming the
+    ranks and what is wrong) instead of one rank failing and the others waiting at a collective.
+    Returns the save id, drawn on rank 0."""
+    code, detail = _check_args(save_dir, tag, client_state)
+    tag_hash = int.from_bytes(hashlib.sha1(str(tag).encode()).digest()[:7], "little")
+    sid = int.from_bytes(os.urandom(6), "little") if c.rank == 0 else 0
+    rows = c.gather_ints([code, tag_hash, sid], "checkpoint") if c.size > 1 else [[code, tag_hash, sid]]
+    bad = [(r, row[0]) for r, row in enumerate(rows) if row[0]]
+    if bad:
+        who = "; ".join(f"rank {r}: {_PROBLEMS[k]}" for r, k in bad)
+        mine = f" (here, rank {c.rank}: {detail})" if code else ""
+        raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: {who}{mine}")
+    if len({row[1] for row in rows}) > 1:
+        raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: the ranks passed different "
+                              f"tags (rank {c.rank} has {tag!r}); pass the same tag everywhere")
+    return rows[0][2]
+
+
 def save(engine, save_dir: str, tag, client_state: dict) -> str:
     c = engine.comm
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    d = os.path.join(save_dir, tag)
+    sid = _agree(c, save_dir, tag, client_state)
+    _phase("validated", c.rank)
+    folder = f"{tag}.{sid:012x}"
+    d = os.path.join(save_dir, folder)
     os.makedirs(d, exist_ok=True)
-    sid = torch.tensor([int.from_bytes(os.urandom(6), "little") if c.rank == 0 else 0], dtype=torch.int64)
-    if c.size > 1:
-        c.broadcast(sid, 0, "checkpoint")
-    sid = int(sid.item())
     params = _local_params(engine)
     local = [{"param": params[g], "master": engine.master[g] if engine.mixed else None,
               "exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"]} for g, s in enumerate(engine.optimizer.state)]
@@ -99,6 +142,7 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
     blob = {"format": FORMAT, "save_id": sid, "rank": c.rank, "local": local, "rng": engine.rng_state(),
             "extras": extras if c.rank == 0 else None}
     size = atomic_write(os.path.join(d, _shard_file(c.rank)), lambda f: torch.save(blob, f))
+    _phase("shard", c.rank)
     sizes = c.gather_ints([size], "checkpoint") if c.size > 1 else [[size]]
     if c.rank == 0:
         man = {"format": FORMAT, "save_id": sid, "tag": tag, "world_size": c.size, "stage": engine.stage_id,
@@ -110,12 +154,34 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
                "loss_scaler": engine.loss_scaler.state_dict(), "client_state": client_state,
                "shard_files": {str(r): {"file": _shard_file(r), "bytes": sizes[r][0]} for r in range(c.size)}}
         atomic_write(os.path.join(d, "manifest.json"), lambda f: f.write(json.dumps(man, indent=1).encode()))
-        atomic_write(os.path.join(save_dir, "latest"), lambda f: f.write(tag.encode()))
+        _publish(save_dir, tag, folder)
     if c.size > 1:
         c.gather_ints([0], "checkpoint")         # barrier: nobody loads before the manifest exists
-    for k in ("checkpoint",):
-        c.usage.pop(k, None)
-    return d
+    c.usage.pop("checkpoint", None)
+    return os.path.join(save_dir, tag)
+
+
+def _is_version_of(name: str, tag: str) -> bool:
+    """True for the folders one tag's saves create: <tag>.<12 hex digits> and <tag>.old."""
+    rest = name[len(tag) + 1:] if name.startswith(f"{tag}.") else None
+    return rest == "old" or (rest is not None and len(rest) == 12 and all(ch in "0123456789abcdef" for ch in rest))
+
+
+def _publish(save_dir: str, tag: str, folder: str) -> None:
+    """Rank 0, after the new folder is complete: swap the tag's symlink, then `latest`, then clean up."""
+    _phase("manifest", 0)
+    link = os.path.join(save_dir, tag)
+    if os.path.isdir(link) and not os.path.islink(link):   # a real folder (older format): move it aside
+        os.replace(link, os.path.join(save_dir, f"{tag}.old"))
+    atomic_symlink(folder, link)
+    _phase("tag", 0)
+    atomic_write(os.path.join(save_dir, "latest"), lambda f: f.write(tag.encode()))
+    _phase("latest", 0)
+    for name in os.listdir(save_dir):                      # the folder replaced, and killed saves' leftovers
+        path = os.path.join(save_dir, name)
+        if name != folder and _is_version_of(name, tag) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+    _phase("cleanup", 0)
 
 
 def read_manifest(load_dir: str, tag=None) -> tuple[str, dict]:
@@ -125,6 +191,8 @@ def read_manifest(load_dir: str, tag=None) -> tuple[str, dict]:
             raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
         tag = open(latest).read().strip()
     d = os.path.join(load_dir, str(tag))
+    if not os.path.exists(d) and os.path.isdir(d + ".old"):   # killed while moving an old-format folder aside
+        d += ".old"
     path = os.path.join(d, "manifest.json")
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {d!r} has no manifest.json (missing or from another tool)")

@@ -2,6 +2,10 @@
 
     python -c "from zero_from_scratch.config import load_config; print(load_config({'train_batch_size': 8}, world_size=2))"
 
+Spellings as DeepSpeed 0.19.8 accepts them: optimizer "type" in any letter case ("adamw"); the
+old "bfloat16" section for "bf16"; `"zero_optimization": true` (stage 1); each stage3_* key
+also without its prefix; offload off when absent, null, false or {"device": "none"}. Defaults
+are DeepSpeed's where we claim its semantics (gradient_clipping 1.0 when absent).
 Rules, as DeepSpeed applies them: train_batch_size = micro_batch × gradient_accumulation × N
 (any two determine the third; all three must agree). Unknown keys: one warning listing them.
 Invalid values: ValueError naming the key and what is allowed. "auto" (the HF Trainer's
@@ -15,30 +19,30 @@ import os
 import warnings
 from dataclasses import dataclass, field
 
+from zero_from_scratch.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
+
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
              # accepted and ignored: logging / profiling knobs that do not change the maths
              "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
              "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "seed",
-             "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint"}
+             "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint",
+             "bfloat16"}                                   # DeepSpeed's older name for "bf16"
 KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
               "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
               "stage3_max_live_parameters", "stage3_max_reuse_distance",
               "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "offload_optimizer", "offload_param",
+              "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
               "zero_hpz_partition_size"}   # ZeRO++ hpZ: zero_from_scratch/hpz.py
+# DeepSpeed's ZeRO config accepts each stage-3 field under its own name too (pydantic aliases)
+ZERO_ALIASES = {k[len("stage3_"):]: k for k in KNOWN_ZERO if k.startswith("stage3_")}
+KNOWN_ZERO |= set(ZERO_ALIASES)
 KNOWN_FP16 = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
               "consecutive_hysteresis", "min_loss_scale", "auto_cast"}
 KNOWN_OPT = {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction"}
 KNOWN_SCHED = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
                "last_batch_iteration"}
-
-# what "auto" becomes (the values DeepSpeed / the HF Trainer default to)
-AUTO = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "gradient_clipping": 0.0,
-        "bf16.enabled": False, "fp16.enabled": False, "warmup_min_lr": 0.0, "warmup_num_steps": 1000,
-        "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
-        "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000}
-
 
 def _bad(key, value, allowed):
     return ValueError(f"config key {key!r} = {value!r} is invalid; allowed: {allowed}")
@@ -54,8 +58,11 @@ class OptimizerConfig:
     adam_w_mode: bool = True       # decoupled weight decay (DeepSpeed's default for both types)
 
     def __post_init__(self):
-        if self.type not in ("Adam", "AdamW"):
-            raise _bad("optimizer.type", self.type, ["Adam", "AdamW"])
+        # DeepSpeed lower-cases the name before looking it up (runtime/config.py), so "adamw" is AdamW
+        canon = {"adam": "Adam", "adamw": "AdamW"}.get(str(self.type).lower())
+        if canon is None:
+            raise _bad("optimizer.type", self.type, ["Adam", "AdamW"] + ["(any letter case)"])
+        self.type = canon
         if not (isinstance(self.lr, (int, float)) and self.lr >= 0):
             raise _bad("optimizer.params.lr", self.lr, "a number >= 0")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -131,7 +138,7 @@ class ZeroRunConfig:
     gradient_accumulation_steps: int
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig | None = None
-    gradient_clipping: float = 0.0
+    gradient_clipping: float = 1.0     # DeepSpeed's default (GRADIENT_CLIPPING_DEFAULT); 0 = off
     bf16: bool = False
     fp16: FP16Config = field(default_factory=FP16Config)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
@@ -145,46 +152,42 @@ class ZeroRunConfig:
             raise _bad("gradient_clipping", self.gradient_clipping, "a number >= 0 (0 = off)")
 
 
-def _auto(raw: dict, key: str, path: str, default, resolved: dict):
-    v = raw.get(key, default)
-    if v == "auto":
-        v = AUTO.get(path, AUTO.get(key, default))
-        resolved[path] = v
-    return v
+def offloads(z: dict) -> list[str]:
+    """The zero_optimization keys that turn offload on, spelled as DeepSpeed accepts them: a dict
+    with device "cpu"/"nvme" (absent, null, {} or device "none" is off), or the deprecated
+    cpu_offload / cpu_offload_param booleans."""
+    on = []
+    for k in ("offload_optimizer", "offload_param"):
+        v = z.get(k)
+        if isinstance(v, dict) and v and str(v.get("device", "none")).lower() != "none":
+            on.append(f"zero_optimization.{k}.device={v.get('device')!r}")
+        elif v not in (None, {}, False) and not isinstance(v, dict):
+            on.append(f"zero_optimization.{k}={v!r}")
+    on += [f"zero_optimization.{k}=true" for k in ("cpu_offload", "cpu_offload_param") if z.get(k)]
+    return on
 
 
-def _batch(raw: dict, world_size: int, resolved: dict) -> tuple[int, int, int]:
-    tb, mb, ga = (raw.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                        "gradient_accumulation_steps"))
-    autos = [k for k, v in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb),
-                            ("gradient_accumulation_steps", ga)) if v == "auto"]
-    tb, mb, ga = (None if v == "auto" else v for v in (tb, mb, ga))
-    for k, v in (("train_batch_size", tb), ("train_micro_batch_size_per_gpu", mb), ("gradient_accumulation_steps", ga)):
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise _bad(k, v, "a positive int")
-    if tb is not None and mb is not None and ga is not None:
-        pass
-    elif tb is not None and mb is not None:
-        ga = tb // (mb * world_size)
-    elif tb is not None and ga is not None:
-        mb = tb // (ga * world_size)
-    elif mb is not None and ga is not None:
-        tb = mb * ga * world_size
-    elif tb is not None:
-        ga, mb = 1, tb // world_size
-    elif mb is not None:
-        ga, tb = 1, mb * world_size
-    else:
-        raise ValueError("config needs 'train_batch_size' or 'train_micro_batch_size_per_gpu' "
-                         "(train_batch_size = micro_batch × gradient_accumulation_steps × world_size)")
-    if mb < 1 or ga < 1 or tb != mb * ga * world_size:
-        raise ValueError(f"batch sizes inconsistent with world_size {world_size}: train_batch_size={tb} must equal "
-                         f"train_micro_batch_size_per_gpu={mb} × gradient_accumulation_steps={ga} × world_size="
-                         f"{world_size} = {mb * ga * world_size}")
-    for k in autos:
-        resolved[k] = {"train_batch_size": tb, "train_micro_batch_size_per_gpu": mb,
-                       "gradient_accumulation_steps": ga}[k]
-    return tb, mb, ga
+def unknown_keys(raw: dict) -> list[str]:
+    """Every key, at any level we read, that this toolkit does not know: DeepSpeed ignores unknown
+    top-level keys without a word, so a typo (`gradient_cliping`) would silently change nothing."""
+    out = [k for k in raw if k not in KNOWN_TOP]
+    sections = (("optimizer", {"type", "params"}), ("optimizer.params", KNOWN_OPT), ("scheduler", {"type", "params"}),
+                ("scheduler.params", KNOWN_SCHED), ("zero_optimization", KNOWN_ZERO), ("fp16", KNOWN_FP16),
+                ("bf16", {"enabled"}), ("bfloat16", {"enabled"}))
+    for path, known in sections:
+        d = raw
+        for k in path.split("."):
+            d = d.get(k) if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            out += [f"{path}.{k}" for k in d if k not in known]
+    return out
+
+
+def suggest(key: str) -> str:
+    """' (did you mean X?)' for a near miss of a known top-level key, else ''."""
+    import difflib
+    close = difflib.get_close_matches(key.split(".")[-1], sorted(KNOWN_TOP | KNOWN_ZERO | KNOWN_OPT | KNOWN_SCHED), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def load_config(config, world_size: int) -> ZeroRunConfig:
@@ -201,46 +204,43 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         raw = json.loads(json.dumps(config))        # deep copy, and rejects non-JSON values
     else:
         raise TypeError(f"config must be a path or a dict, got {type(config).__name__}")
-    resolved: dict = {}
-    unknown = [k for k in raw if k not in KNOWN_TOP]
-    tb, mb, ga = _batch(raw, world_size, resolved)
+    unknown = unknown_keys(raw)
+    raw, rows = resolve_auto(raw, world_size)
+    resolved = {path: value for path, was, value, _ in rows if was == "auto"}
+    tb, mb, ga = (raw[k] for k in BATCH)
 
     o = raw.get("optimizer", {"type": "AdamW", "params": {}})
     op = o.get("params", {})
-    unknown += [f"optimizer.params.{k}" for k in op if k not in KNOWN_OPT]
-    unknown += [f"optimizer.{k}" for k in o if k not in ("type", "params")]
     typ = o.get("type", "AdamW")
-    opt = OptimizerConfig(type=typ, lr=_auto(op, "lr", "lr", 1e-3, resolved),
-                          betas=tuple(_auto(op, "betas", "betas", (0.9, 0.999), resolved)),
-                          eps=_auto(op, "eps", "eps", 1e-8, resolved),
-                          weight_decay=_auto(op, "weight_decay", "weight_decay", 0.0, resolved),
+    opt = OptimizerConfig(type=typ, lr=op.get("lr", 1e-3),
+                          betas=tuple(op.get("betas", (0.9, 0.999))),
+                          eps=op.get("eps", 1e-8),
+                          weight_decay=op.get("weight_decay", weight_decay_default(o)),
                           adam_w_mode=bool(op.get("adam_w_mode", True)))
 
     sched = None
     if raw.get("scheduler"):
         s = raw["scheduler"]
         sp = s.get("params", {})
-        unknown += [f"scheduler.params.{k}" for k in sp if k not in KNOWN_SCHED]
         maxlr = sp.get("warmup_max_lr")
-        if maxlr == "auto":
-            maxlr = resolved["warmup_max_lr"] = opt.lr
         total = sp.get("total_num_steps")
-        if total == "auto":
-            raise ValueError("config key 'scheduler.params.total_num_steps' is 'auto': there is no trainer here "
-                             "to fill it; allowed: an int (the number of optimizer steps)")
         sched = SchedulerConfig(type=s.get("type", "WarmupLR"),
-                                warmup_min_lr=_auto(sp, "warmup_min_lr", "warmup_min_lr", 0.0, resolved),
+                                warmup_min_lr=sp.get("warmup_min_lr", 0.0),
                                 warmup_max_lr=maxlr, total_num_steps=total,
-                                warmup_num_steps=_auto(sp, "warmup_num_steps", "warmup_num_steps", 1000, resolved),
+                                warmup_num_steps=sp.get("warmup_num_steps", 1000),
                                 warmup_type=sp.get("warmup_type", "log"))
 
     z = raw.get("zero_optimization", {})
-    unknown += [f"zero_optimization.{k}" for k in z if k not in KNOWN_ZERO]
-    if z.get("offload_optimizer") or z.get("offload_param"):
-        raise ValueError("config keys 'zero_optimization.offload_*' are not supported by this engine; allowed: absent")
+    if isinstance(z, bool):                     # DeepSpeed's deprecated form: true = stage 1
+        z = {"stage": int(z)}
+    z = {ZERO_ALIASES.get(k, k): v for k, v in z.items()}
+    on = offloads(z)
+    if on:
+        raise ValueError(f"config keys {on} ask for offload, which this engine does not implement; allowed: absent, "
+                         'null, {"device": "none"} or false')
     zero = ZeroConfig(stage=z.get("stage", 0),
-                      reduce_bucket_size=_auto(z, "reduce_bucket_size", "reduce_bucket_size", 500_000_000, resolved),
-                      allgather_bucket_size=_auto(z, "allgather_bucket_size", "allgather_bucket_size", 500_000_000, resolved),
+                      reduce_bucket_size=z.get("reduce_bucket_size", 500_000_000),
+                      allgather_bucket_size=z.get("allgather_bucket_size", 500_000_000),
                       overlap_comm=bool(z.get("overlap_comm", False)),
                       contiguous_gradients=bool(z.get("contiguous_gradients", True)),
                       zero_hpz_partition_size=z.get("zero_hpz_partition_size", 1))
@@ -248,23 +248,20 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     check_config(zero, world_size)
 
     f = raw.get("fp16", {})
-    unknown += [f"fp16.{k}" for k in f if k not in KNOWN_FP16]
-    fp16 = FP16Config(enabled=bool(_auto(f, "enabled", "fp16.enabled", False, resolved)),
+    fp16 = FP16Config(enabled=bool(f.get("enabled", False)),
                       loss_scale=float(f.get("loss_scale", 0.0)),
                       initial_scale_power=int(f.get("initial_scale_power", 16)),
                       loss_scale_window=int(f.get("loss_scale_window", 1000)),
                       hysteresis=int(f.get("hysteresis", 2)),
                       consecutive_hysteresis=bool(f.get("consecutive_hysteresis", False)),
                       min_loss_scale=float(f.get("min_loss_scale", 1.0)))
-    b = raw.get("bf16", {})
-    unknown += [f"bf16.{k}" for k in b if k != "enabled"]
-    bf16 = bool(_auto(b, "enabled", "bf16.enabled", False, resolved))
-    clip = raw.get("gradient_clipping", 0.0)
-    if clip == "auto":
-        clip = resolved["gradient_clipping"] = AUTO["gradient_clipping"]
+    b = raw.get("bf16", raw.get("bfloat16", {}))
+    bf16 = bool(b.get("enabled", False))
+    clip = raw.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])
     if not isinstance(clip, (int, float)):
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown)
     if unknown:
-        warnings.warn(f"zero_from_scratch: unknown config keys ignored: {', '.join(unknown)}", stacklevel=2)
+        warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
+                      stacklevel=2)
     return cfg

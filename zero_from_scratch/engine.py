@@ -109,6 +109,26 @@ def sum_of_squares(t: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
     return acc
 
 
+def broadcast_module_state(comm, module: nn.Module) -> None:
+    """Every parameter (frozen ones included) and buffer ← rank 0's, as deepspeed.initialize and
+    torch DDP do, so ranks that built the model with different seeds still train one model.
+    One broadcast per dtype of the flattened tensors: Ψ·bytes from rank 0 (ring/tree forwarding)."""
+    if comm.size == 1:
+        return
+    by_dtype: dict = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    with torch.no_grad():
+        for dtype, ts in by_dtype.items():
+            flat = torch.cat([t.detach().reshape(-1) for t in ts])
+            comm.broadcast(flat, 0, "init broadcast")
+            off = 0
+            for t in ts:
+                t.copy_(flat[off:off + t.numel()].view_as(t))
+                off += t.numel()
+    comm.usage.pop("init broadcast", None)   # once per run: not a per-step cost in comm_report
+
+
 class ZeroEngine(nn.Module):
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives"):
         super().__init__()
@@ -132,6 +152,7 @@ class ZeroEngine(nn.Module):
         for n, p in self.params_by_name.items():
             if not p.is_floating_point():
                 raise TypeError(f"parameter {n!r} has dtype {p.dtype}; ZeRO shards floating-point parameters only")
+        broadcast_module_state(self.comm, model)
         if self.stage_id == 3:
             units = _module_units(model, names)
         else:
@@ -202,6 +223,8 @@ class ZeroEngine(nn.Module):
 
     def bf16_enabled(self) -> bool:
         return self.config.bf16
+
+    bfloat16_enabled = bf16_enabled   # DeepSpeed 0.19.8's name for it
 
     def get_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]

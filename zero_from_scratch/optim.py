@@ -1,6 +1,6 @@
 """Adam/AdamW on flat shards, and DeepSpeed's WarmupLR / WarmupDecayLR.
 
-    python -m pytest tests/test_zero_units.py
+    python -m pytest tests/test_zero_units.py -k "adam or warmup"
 
 Ownership: a rank holds Adam's m and v (fp32) only for the elements it owns: one contiguous
 local buffer per param group (the concatenation of its shards of that group's units, see
@@ -11,13 +11,30 @@ Adam (`foreach=False`), so with equal gradients the result is bit-identical to t
 The scheduler formulas are DeepSpeed's (deepspeed/runtime/lr_schedules.py): the LR starts at
 warmup_min_lr (the first *two* steps use it with log warm-up, since log(1) = 0), rises over
 max(2, warmup_num_steps) steps (log or linear), then is held (WarmupLR) or decays linearly to 0
-at total_num_steps (WarmupDecayLR).
+at total_num_steps (WarmupDecayLR). `warmup_gamma` is that formula as a pure function, the one
+copy: the scheduler classes here and classification's lr_at (the DDP engine's LambdaLR and the
+printed LR curve) both call it.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+
+
+def warmup_gamma(t: int, warmup_num_steps: int, warmup_type: str = "log", total_num_steps: int | None = None) -> float:
+    """DeepSpeed's γ at last_batch_iteration t (lr = min + (max - min)·γ): log(t+1)/log(W) or t/W
+    during warm-up (W = max(2, warmup_num_steps)), then 1 (WarmupLR, total_num_steps None) or
+    (T - t) / max(1, T - W), floored at 0 (WarmupDecayLR). Written in DeepSpeed's operation order
+    (1/log(W) first), so the LRs are bit-identical to its scheduler's."""
+    w = max(2, warmup_num_steps)
+    if t < w:
+        if warmup_type == "log":
+            return (1.0 / math.log(w)) * math.log(t + 1)
+        return t / w
+    if total_num_steps is None:
+        return 1.0
+    return max(0.0, float(total_num_steps - t) / float(max(1.0, total_num_steps - w)))
 
 
 class ShardedAdam:
@@ -73,23 +90,15 @@ class WarmupLR:
         self.delta_lrs = [b - a for a, b in zip(self.min_lrs, self.max_lrs)]
         self.warmup_num_steps = max(2, warmup_num_steps)
         self.warmup_type = warmup_type
-        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        self.total_num_steps = getattr(self, "total_num_steps", None)
         self.last_batch_iteration = last_batch_iteration
         if last_batch_iteration == -1:
             self._apply()
 
-    def _gamma(self) -> float:
-        t = self.last_batch_iteration
-        if t < self.warmup_num_steps:
-            if self.warmup_type == "log":
-                return self.inverse_log_warm_up * math.log(t + 1)
-            return t / self.warmup_num_steps
-        return 1.0
-
     def get_lr(self) -> list[float]:
         if self.last_batch_iteration < 0:
             return list(self.min_lrs)
-        gamma = self._gamma()
+        gamma = warmup_gamma(self.last_batch_iteration, self.warmup_num_steps, self.warmup_type, self.total_num_steps)
         return [a + d * gamma for a, d in zip(self.min_lrs, self.delta_lrs)]
 
     def _apply(self) -> None:
@@ -119,12 +128,6 @@ class WarmupDecayLR(WarmupLR):
                  warmup_type="log", last_batch_iteration=-1):
         self.total_num_steps = total_num_steps
         super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, last_batch_iteration)
-
-    def _gamma(self) -> float:
-        if self.last_batch_iteration < self.warmup_num_steps:
-            return super()._gamma()
-        return max(0.0, float(self.total_num_steps - self.last_batch_iteration)
-                   / float(max(1.0, self.total_num_steps - self.warmup_num_steps)))
 
 
 def build_scheduler(cfg, optimizer: ShardedAdam):

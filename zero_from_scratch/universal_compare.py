@@ -43,7 +43,9 @@ def _batch(step: int, rank: int, world: int):
 
 
 def _engine(side: str, world: int, universal: bool = False):
-    from zero_from_scratch.ds_parity import TinyMLP, make_config, make_engine, param_groups
+    from zero_from_scratch.ds_parity import make_config
+    from zero_from_scratch.models import TinyMLP, param_groups
+    from zero_from_scratch.sides import make_engine
     torch.manual_seed(0)
     model = TinyMLP()
     cfg = make_config(2, micro_bs=GLOBAL_BATCH // world, gas=1)

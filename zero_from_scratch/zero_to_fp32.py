@@ -13,7 +13,8 @@ import sys
 
 import torch
 
-from zero_from_scratch.checkpoint import CheckpointError, atomic_write, consolidate
+from zero_from_scratch.atomic import atomic_write
+from zero_from_scratch.checkpoint import CheckpointError, consolidate
 
 
 def main(argv=None) -> int:
