@@ -67,7 +67,9 @@ def named_params(engine=None, ds_module=None) -> dict:
     return out
 
 
-def reference(n_layers, dp, m, b, steps, clip, lr=3e-3):
+def reference(n_layers, dp, m, b, steps, clip, lr=3e-3, norm_layers=None):
+    """One process. norm_layers: clip by the norm of these layers' gradients only (to reproduce
+    DeepSpeed, whose fp32 pipeline clipping sums only model-parallel rank 0's = stage 0's norms)."""
     layers = make_layers(n_layers)
     model = reference_model(layers)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -80,8 +82,17 @@ def reference(n_layers, dp, m, b, steps, clip, lr=3e-3):
                 loss = lm_loss(model(x), y) / (dp * m)
                 loss.backward()
                 total += float(loss.detach())
-        if clip > 0:
+        if clip > 0 and norm_layers is None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        elif clip > 0:
+            mods = _built(model, layers)
+            sub = list({id(p): p for i in norm_layers for p in mods[i].parameters() if p.grad is not None}.values())
+            norm = float(torch.stack([p.grad.norm() for p in sub]).pow(2).sum().sqrt())
+            coef = clip / (norm + 1e-6)
+            if coef < 1:
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
         opt.step()
         opt.zero_grad()
         losses.append(total)
@@ -120,9 +131,15 @@ def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition=
             "peak_act": engine.peak_activation_bytes, "timeline": engine.timeline, "stage": engine.stage}
 
 
+def ours_many(rank, world, runs):
+    """Several runs in the same processes (one spawn): each run is a kwargs dict for `ours`."""
+    return [ours(rank, world, **r) for r in runs]
+
+
 def deepspeed_side(rank, world, n_layers, pp, m, b, steps, clip, partition="parameters"):
     from zero_from_scratch.ds_parity import prepare_deepspeed
     deepspeed = prepare_deepspeed()
+    deepspeed.init_distributed(dist_backend="gloo")   # wraps the group spawn/torchrun made; PipelineModule needs it
     from deepspeed.pipe import LayerSpec as DSLayerSpec
     from deepspeed.pipe import PipelineModule as DSPipelineModule
     from deepspeed.pipe import TiedLayerSpec as DSTiedLayerSpec
@@ -134,7 +151,10 @@ def deepspeed_side(rank, world, n_layers, pp, m, b, steps, clip, partition="para
         return DSLayerSpec(spec.typename, *spec.module_args, **spec.module_kwargs)
 
     net = DSPipelineModule(layers=[convert(s) for s in make_layers(n_layers)], num_stages=pp, loss_fn=lm_loss,
-                           partition_method=partition, seed_layers=True, base_seed=1234)
+                           partition_method=partition, seed_layers=True, base_seed=1234,
+                           # DeepSpeed 0.19.8's default seed_fn calls random.seed(base_seed + layer_idx) with a
+                           # numpy integer (its partition boundaries) and raises TypeError: seed torch ourselves
+                           seed_fn=lambda s: torch.manual_seed(int(s)))
     engine, *_ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
                                       config=ds_config(b, m, clip))
     dp_rank = engine.grid.get_data_parallel_id()
