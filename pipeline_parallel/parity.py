@@ -136,7 +136,9 @@ def ours_many(rank, world, runs):
     return [ours(rank, world, **r) for r in runs]
 
 
-def deepspeed_side(rank, world, n_layers, pp, m, b, steps, clip, partition="parameters"):
+def deepspeed_engine(layers, pp, loss_fn, config, partition="parameters", ckpt=0):
+    """DeepSpeed's PipelineModule over the same LayerSpecs (converted to DeepSpeed's classes), seeded
+    per layer like ours, and its engine. Needs an initialised process group (spawn / a launcher)."""
     from zero_from_scratch.ds_parity import prepare_deepspeed
     deepspeed = prepare_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")   # wraps the group spawn/torchrun made; PipelineModule needs it
@@ -150,13 +152,20 @@ def deepspeed_side(rank, world, n_layers, pp, m, b, steps, clip, partition="para
                                    tied_weight_attr=spec.tied_weight_attr, **spec.module_kwargs)
         return DSLayerSpec(spec.typename, *spec.module_args, **spec.module_kwargs)
 
-    net = DSPipelineModule(layers=[convert(s) for s in make_layers(n_layers)], num_stages=pp, loss_fn=lm_loss,
+    net = DSPipelineModule(layers=[convert(s) for s in layers], num_stages=pp, loss_fn=loss_fn,
                            partition_method=partition, seed_layers=True, base_seed=1234,
+                           activation_checkpoint_interval=ckpt,
                            # DeepSpeed 0.19.8's default seed_fn calls random.seed(base_seed + layer_idx) with a
                            # numpy integer (its partition boundaries) and raises TypeError: seed torch ourselves
                            seed_fn=lambda s: torch.manual_seed(int(s)))
+    cfg = {k: v for k, v in config.items() if k != "pipeline"}
     engine, *_ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
-                                      config=ds_config(b, m, clip))
+                                      config=cfg)
+    return engine, net
+
+
+def deepspeed_side(rank, world, n_layers, pp, m, b, steps, clip, partition="parameters"):
+    engine, net = deepspeed_engine(make_layers(n_layers), pp, lm_loss, ds_config(b, m, clip), partition)
     dp_rank = engine.grid.get_data_parallel_id()
     losses = [float(engine.train_batch(data_iter=data_iter(t, dp_rank, m, b))) for t in range(steps)]
     return {"losses": losses, "params": named_params(ds_module=net) if dp_rank == 0 else {},
@@ -193,7 +202,10 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--clip", type=float, default=0.0)
     ap.add_argument("--deepspeed", action="store_true", help="also run DeepSpeed's pipeline engine")
+    ap.add_argument("--sweep", action="store_true", help="N = 2, 3, 4 stages × every schedule (+ DeepSpeed): one table")
     a = ap.parse_args(argv)
+    if a.sweep:
+        return sweep(a)
     world = a.pp * a.dp
     common = (a.layers, a.pp, a.micro_batches, a.micro_batch_size, a.steps, a.clip)
     ref_losses, ref_params = reference(a.layers, a.dp, a.micro_batches, a.micro_batch_size, a.steps, a.clip)
@@ -210,6 +222,37 @@ def main(argv=None):
     for name, (losses, params) in sides.items():
         t.add_row(name, *[f"{x:.6f} ({abs(x - y):.1e})" for x, y in zip(losses, ref_losses)],
                   f"{max_diff(params, ref_params):.1e}")
+    console.print(t)
+
+
+def sweep(a):
+    """Max |Δ| of losses and final parameters vs one process, for N = 2, 3, 4 and every schedule."""
+    from rich.table import Table
+
+    from primitives.launch import spawn
+    from primitives.log import console
+    t = Table(title=f"parity vs one process: {a.steps} steps, clip {a.clip}, fp32, max |difference|")
+    for col in ("N stages", "side", "schedule", "m", "loss", "parameters"):
+        t.add_column(col)
+    for pp in (2, 3, 4):
+        runs = []
+        for s in ("naive", "gpipe", "1f1b", "interleaved"):
+            v = 2 if s == "interleaved" else 1
+            m = 2 * pp if s == "interleaved" else pp + 1
+            runs.append(dict(n_layers=2 * pp * v - 2 if v > 1 else 4, pp=pp, m=m, b=2, steps=a.steps,
+                             clip=a.clip, schedule=s, v=v))
+        out = spawn(ours_many, pp, args=(runs,), timeout=900)
+        for i, r in enumerate(runs):
+            rl, rp = reference(r["n_layers"], 1, r["m"], 2, a.steps, a.clip)
+            losses, params = merge([o[i] for o in out])
+            t.add_row(str(pp), "ours", f"{r['schedule']} v={r['v']}", str(r["m"]),
+                      f"{max(abs(x - y) for x, y in zip(losses, rl)):.1e}", f"{max_diff(params, rp):.1e}")
+        if a.deepspeed:
+            out = spawn(deepspeed_side, pp, args=(4, pp, pp + 1, 2, a.steps, 0.0), timeout=900)
+            rl, rp = reference(4, 1, pp + 1, 2, a.steps, 0.0)
+            losses, params = merge(out)
+            t.add_row(str(pp), "DeepSpeed", "its TrainSchedule (1F1B), no clip", str(pp + 1),
+                      f"{max(abs(x - y) for x, y in zip(losses, rl)):.1e}", f"{max_diff(params, rp):.1e}")
     console.print(t)
 
 
