@@ -94,6 +94,7 @@ class PipelineEngine:
         self._errors: list = []
         self._broken = None
         self.timeline, self.peak_activation_bytes = [], 0
+        self.measure_activations = True   # saved_tensors_hooks per micro-batch (off: an outer meter measures)
 
     # ------------------------------------------------------------------ error bookkeeping
     def fail(self, msg):

@@ -1,6 +1,6 @@
 """Instructions, and a simulator that checks any schedule without processes.
 
-    python -m pipeline_parallel.schedules.base        # every schedule's simulated bubble, p = 4, m = 8
+    python -m pipeline_parallel.schedules             # every schedule's simulated bubble, p = 4, m = 8
 
 A schedule is a pure function (stage, num_stages, micro_batches[, virtual_stages]) -> list[Op].
 Op kinds, for micro-batch `mb` on local model chunk `chunk` (virtual stage g = chunk·p + stage):
@@ -193,23 +193,6 @@ def simulate(programs: list[list[Op]], micro_batches: int, virtual_stages: int =
 def bubble_formula(p: int, m: int, v: int = 1) -> float:
     """Idle fraction of GPipe / 1F1B, (p−1)/(m+p−1); interleaving divides the fill time by v."""
     return (p - 1) / (v * m + p - 1)
-
-
-if __name__ == "__main__":
-    from rich.table import Table
-
-    from pipeline_parallel.schedules import SCHEDULES, build
-    from primitives.log import console
-    p, m = 4, 8
-    t = Table(title=f"simulated schedules, p = {p} stages, m = {m} micro-batches, t_bwd = 2·t_fwd")
-    for col in ("schedule", "v", "bubble (sim)", "formula", "peak stored activations per stage"):
-        t.add_column(col)
-    for name in SCHEDULES:
-        v = 2 if name == "interleaved" else 1
-        r = simulate([build(name, s, p, m, v) for s in range(p)], m, v)
-        f = {"naive": (p - 1) / p}.get(name, bubble_formula(p, m, v))
-        t.add_row(name, str(v), f"{max(r['bubble']):.3f}", f"{f:.3f}", str(r["peak_live"]))
-    console.print(t)
 
 
 def legalize_for_nccl(programs: list[list[Op]], micro_batches: int, virtual_stages: int = 1,
