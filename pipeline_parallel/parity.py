@@ -8,7 +8,8 @@ is built after torch.manual_seed(1234 + i), wherever it is built) on the same mi
 replica d of step t reads micro-batches (t, d, 0 … m−1) of a seeded token stream. The reference
 is one process running the layers in order, loss = mean over the dp·m micro-batches, global-norm
 clipping, torch AdamW. Returned per side: the per-step losses and every parameter at the end,
-named "<layer index>.<name>" (tied modules: "tied.<key>.<name>").
+named "<layer index>.<name>" (tied modules: "tied.<key>.<name>"); the last "loss" is an
+eval_batch on unseen micro-batches after training.
 
 Why not bit-identical: gradient accumulation adds micro-batch gradients in schedule order (GPipe,
 1F1B and the reference all add 0, 1, …, m−1, but as separate backward passes into .grad, where the
@@ -96,6 +97,10 @@ def reference(n_layers, dp, m, b, steps, clip, lr=3e-3, norm_layers=None):
         opt.step()
         opt.zero_grad()
         losses.append(total)
+    with torch.no_grad():     # eval_batch after training: mean loss over replica d's micro-batches of "step 99"
+        evaluation = sum(float(lm_loss(model(x), y)) for d in range(dp) for x, y in
+                         (micro_batch(99, d, i, b) for i in range(m))) / (dp * m)
+    losses.append(evaluation)
     params, built = {}, _built(model, layers)
     for i, spec in enumerate(layers):
         key = getattr(spec, "key", None)
@@ -127,6 +132,7 @@ def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition=
                         activation_checkpoint_interval=ckpt, seed_layers=True)
     engine, *_ = pipeline_parallel.initialize(model=pm, config=ds_config(b, m, clip, schedule=schedule, v=v))
     losses = [engine.train_batch(data_iter(t, engine.dp_rank, m, b)) for t in range(steps)]
+    losses.append(engine.eval_batch(data_iter(99, engine.dp_rank, m, b)))
     return {"losses": losses, "params": named_params(engine) if engine.dp_rank == 0 else {},
             "peak_act": engine.peak_activation_bytes, "timeline": engine.timeline, "stage": engine.stage}
 
@@ -168,6 +174,7 @@ def deepspeed_side(rank, world, n_layers, pp, m, b, steps, clip, partition="para
     engine, net = deepspeed_engine(make_layers(n_layers), pp, lm_loss, ds_config(b, m, clip), partition)
     dp_rank = engine.grid.get_data_parallel_id()
     losses = [float(engine.train_batch(data_iter=data_iter(t, dp_rank, m, b))) for t in range(steps)]
+    losses.append(float(engine.eval_batch(data_iter=data_iter(99, dp_rank, m, b))))
     return {"losses": losses, "params": named_params(ds_module=net) if dp_rank == 0 else {},
             "stage": engine.stage_id, "parts": list(net.parts)}
 
@@ -217,6 +224,7 @@ def main(argv=None):
     t.add_column("side")
     for s in range(a.steps):
         t.add_column(f"loss step {s}")
+    t.add_column("eval loss")
     t.add_column("final parameters")
     t.add_row("one process", *[f"{x:.6f}" for x in ref_losses], "")
     for name, (losses, params) in sides.items():
