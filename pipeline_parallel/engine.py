@@ -128,8 +128,9 @@ class PipelineEngine:
         self.executor.run(self._programs[train], inputs, labels, train)
         if not train:
             self.step_status(norm_sq=0.0)
-        self.timeline = self.executor.events
-        self.peak_activation_bytes = self.executor.meter.peak
+        if train:                      # what the last *training* step did (eval saves nothing)
+            self.timeline = self.executor.events
+            self.peak_activation_bytes = self.executor.meter.peak
         return self._status
 
     def _pull(self, data_iter):
