@@ -145,7 +145,7 @@ def ours_many(rank, world, runs):
 def deepspeed_engine(layers, pp, loss_fn, config, partition="parameters", ckpt=0):
     """DeepSpeed's PipelineModule over the same LayerSpecs (converted to DeepSpeed's classes), seeded
     per layer like ours, and its engine. Needs an initialised process group (spawn / a launcher)."""
-    from zero_from_scratch.ds_parity import prepare_deepspeed
+    from zero_from_scratch.sides import prepare_deepspeed
     deepspeed = prepare_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")   # wraps the group spawn/torchrun made; PipelineModule needs it
     from deepspeed.pipe import LayerSpec as DSLayerSpec

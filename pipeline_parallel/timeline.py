@@ -1,7 +1,7 @@
-"""Measured schedule timelines and bubbles: one PNG per schedule, drawn from real timestamps.
+"""Measured schedule timelines and bubbles: every instruction of a step timed on every rank.
 
-    python -m pipeline_parallel.timeline                         # p = 4, m = 8, every schedule
-    python -m pipeline_parallel.timeline --pp 2 --micro-batches 4 --schedules gpipe 1f1b --out /tmp
+    python -m figures.ch09_pipeline                              # p = 4, m = 8, every schedule: PNGs + table
+    python -m figures.ch09_pipeline --pp 2 --micro-batches 4 --schedules gpipe 1f1b
 
 Each schedule trains a few steps of a balanced stack (identical MLP blocks, so every stage costs
 the same, which the formula assumes) on p spawned ranks; every rank times every instruction of
@@ -13,7 +13,6 @@ little above the formula. Cost: schedules × (warm-up + 1) steps of p processes.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 
@@ -69,70 +68,3 @@ def machine() -> str:
         ds = "absent"
     return (f"{platform.machine()}, {os.cpu_count()} CPU cores shared with other jobs, torch {torch.__version__}, "
             f"deepspeed {ds}, gloo")
-
-
-def draw(events_per_rank, title, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    bubbles, span, t0 = measure(events_per_rank)
-    p = len(events_per_rank)
-    fig, ax = plt.subplots(figsize=(12, 0.7 * p + 1.6))
-    for r, ev in enumerate(events_per_rank):
-        for kind, mb, chunk, a, b in ev:
-            if b - a <= 0:
-                continue
-            ax.broken_barh([((a - t0) * 1e3, (b - a) * 1e3)], (p - 1 - r - 0.4, 0.8), color=COLORS.get(kind, "#999"),
-                           edgecolor="white", linewidth=0.3)
-            if kind in ("fwd", "bwd") and (b - a) / span > 0.02:
-                ax.text((a + b - 2 * t0) / 2 * 1e3, p - 1 - r, f"{mb}" + (f".{chunk}" if chunk else ""),
-                        ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(range(p))
-    ax.set_yticklabels([f"stage {r}\nbubble {bubbles[r]:.0%}" for r in range(p)][::-1], fontsize=8)
-    ax.set_xlabel("ms since the step began")
-    ax.set_title(title, fontsize=10)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("fwd", "bwd", "recv_act", "send_act", "reduce_grads", "step")]
-    ax.legend(handles, ["forward", "backward", "waiting for a receive", "posting a send", "tied/dp reduce", "optimizer step"],
-              loc="upper center", bbox_to_anchor=(0.5, -0.35 if p < 3 else -0.18), ncol=6, fontsize=7, frameon=False)
-    fig.text(0.01, 0.005, f"measured on {machine()}; `python -m pipeline_parallel.timeline`", fontsize=6, color="#555")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return bubbles
-
-
-def main(argv=None):
-    from rich.table import Table
-
-    from pipeline_parallel.schedules import bubble_formula
-    from primitives.launch import spawn
-    from primitives.log import console
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pp", type=int, default=4)
-    ap.add_argument("--micro-batches", type=int, default=8)
-    ap.add_argument("--virtual-stages", type=int, default=2, help="for the interleaved schedule")
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--rows", type=int, default=256, help="rows per micro-batch")
-    ap.add_argument("--steps", type=int, default=3, help="the last one is drawn")
-    ap.add_argument("--schedules", nargs="+", default=["naive", "gpipe", "1f1b", "interleaved"])
-    ap.add_argument("--out", default="tutorials/figures")
-    a = ap.parse_args(argv)
-    os.makedirs(a.out, exist_ok=True)
-    p, m = a.pp, a.micro_batches
-    t = Table(title=f"measured bubble, p = {p}, m = {m} ({machine()})")
-    for col in ("schedule", "v", "step ms", "bubble per stage (measured)", "max", "formula", "picture"):
-        t.add_column(col)
-    for s in a.schedules:
-        v = a.virtual_stages if s == "interleaved" else 1
-        events = spawn(_run, p, args=(s, v, m, a.dim, a.rows, a.steps), timeout=600)
-        path = os.path.join(a.out, f"09_timeline_{s}.png")
-        f = (p - 1) / p if s == "naive" else bubble_formula(p, m, v)
-        bubbles = draw(events, f"{s} (v={v}), p={p} stages, m={m} micro-batches — formula bubble {f:.0%}", path)
-        span = measure(events)[1]
-        t.add_row(s, str(v), f"{span * 1e3:.0f}", " ".join(f"{b:.2f}" for b in bubbles), f"{max(bubbles):.2f}",
-                  f"{f:.2f}", path)
-    console.print(t)
-
-
-if __name__ == "__main__":
-    main()
