@@ -13,6 +13,7 @@ from primitives.ledger import LEDGER
 from primitives.reduce import reduce
 from primitives.reduce_scatter import reduce_scatter, reduce_scatter_single
 from primitives.scatter import scatter
+from primitives.strict import StrictOrderError, set_strict_p2p
 
 ALGORITHMS = {
     "broadcast": ["linear", "ring", "tree"],
@@ -28,4 +29,5 @@ ALGORITHMS = {
 
 __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
            "reduce_scatter", "reduce_scatter_single", "ALGORITHMS", "ReduceOp", "LEDGER", "get_comm",
-           "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled"]
+           "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled",
+           "StrictOrderError", "set_strict_p2p"]

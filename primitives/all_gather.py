@@ -31,17 +31,14 @@ def _linear(comm, blocks):
 def _ring(comm, blocks):
     n, r = comm.size, comm.rank
     nxt, prev = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):
-        rq = comm.irecv(blocks[(r - s - 1) % n], prev)
-        sq = comm.isend(blocks[(r - s) % n], nxt)
-        rq.wait()
-        sq.wait()
+    for s in range(n - 1):                        # one group per step (prev == nxt at N = 2)
+        wait_all(comm.exchange(sends=[(blocks[(r - s) % n], nxt)], recvs=[(blocks[(r - s - 1) % n], prev)]))
 
 
 def _direct(comm, blocks):
     n, r = comm.size, comm.rank
     peers = [(r + i) % n for i in range(1, n)]
-    wait_all([comm.irecv(blocks[p], p) for p in peers] + [comm.isend(blocks[r], p) for p in peers])
+    wait_all(comm.exchange(sends=[(blocks[r], p) for p in peers], recvs=[(blocks[p], p) for p in peers]))
 
 
 ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct}

@@ -43,17 +43,12 @@ def _ring(comm, buf, op):
     for s in range(n - 1):                       # reduce-scatter: after it, rank r owns chunk r+1
         send_i, recv_i = (r - s) % n, (r - s - 1) % n
         inc = tmp[:chunk[recv_i].numel()]
-        rq = comm.irecv(inc, prev)
-        sq = comm.isend(chunk[send_i], nxt)
-        rq.wait()
-        sq.wait()                                 # the chunk we send is not touched this step
-        combine_(chunk[recv_i], inc, op)
+        # one group per step: at N = 2 prev == nxt, and an ungrouped irecv/isend pair deadlocks on nccl
+        wait_all(comm.exchange(sends=[(chunk[send_i], nxt)], recvs=[(inc, prev)]))
+        combine_(chunk[recv_i], inc, op)          # the chunk we sent is not touched this step
     for s in range(n - 1):                       # all-gather: pass finished chunks around
         send_i, recv_i = (r + 1 - s) % n, (r - s) % n
-        rq = comm.irecv(chunk[recv_i], prev)
-        sq = comm.isend(chunk[send_i], nxt)
-        rq.wait()
-        sq.wait()
+        wait_all(comm.exchange(sends=[(chunk[send_i], nxt)], recvs=[(chunk[recv_i], prev)]))
 
 
 def _direct(comm, buf, op):
@@ -63,14 +58,14 @@ def _direct(comm, buf, op):
     mine = chunk[r]
     tmp = scratch(comm, (n - 1) * mine.numel(), buf.dtype).view(n - 1, -1)
     peers = [(r + i) % n for i in range(1, n)]
-    wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)] + [comm.isend(chunk[p], p) for p in peers])
+    wait_all(comm.exchange(sends=[(chunk[p], p) for p in peers], recvs=[(tmp[i], p) for i, p in enumerate(peers)]))
     rows = {p: tmp[i] for i, p in enumerate(peers)}
     rows[r] = mine
     acc = scratch(comm, mine.numel(), buf.dtype, slot=1).copy_(rows[0])
     for p in range(1, n):                            # fixed rank order: every chunk summed alike
         combine_(acc, rows[p], op)
     mine.copy_(acc)
-    wait_all([comm.irecv(chunk[p], p) for p in peers] + [comm.isend(mine, p) for p in peers])
+    wait_all(comm.exchange(sends=[(mine, p) for p in peers], recvs=[(chunk[p], p) for p in peers]))
 
 
 def _fold_in(comm, buf, op):
@@ -100,20 +95,13 @@ def _fold_out(comm, buf, p):
             comm.send(buf, r - 1)
 
 
-def _exchange(comm, send, recv, peer):
-    rq = comm.irecv(recv, peer)
-    sq = comm.isend(send, peer)
-    rq.wait()
-    sq.wait()
-
-
 def _recursive_doubling(comm, buf, op):
     nr, p, real = _fold_in(comm, buf, op)
     if nr >= 0:
         tmp = scratch(comm, buf.numel(), buf.dtype)
         mask = 1
         while mask < p:
-            _exchange(comm, buf, tmp, real(nr ^ mask))
+            comm.sendrecv(buf, tmp, real(nr ^ mask))
             combine_(buf, tmp, op)                # a∘b == b∘a bitwise, so both partners agree
             mask <<= 1
     _fold_out(comm, buf, p)
@@ -131,12 +119,12 @@ def _rabenseifner(comm, buf, op):
             keep, give = ((lo, mid), (mid, hi)) if not nr & mask else ((mid, hi), (lo, mid))
             mine = span(*keep)
             inc = tmp[:mine.numel()]
-            _exchange(comm, span(*give), inc, real(nr ^ mask))
+            comm.sendrecv(span(*give), inc, real(nr ^ mask))
             combine_(mine, inc, op)
             steps.append((keep, give, mask))
             (lo, hi), mask = keep, mask >> 1
         for keep, give, mask in reversed(steps):   # recursive doubling: swap finished halves back
-            _exchange(comm, span(*keep), span(*give), real(nr ^ mask))
+            comm.sendrecv(span(*keep), span(*give), real(nr ^ mask))
     _fold_out(comm, buf, p)
 
 

@@ -3,6 +3,9 @@
     rank, size, device        this process's place in the group, and where its buffers live
     isend(t, peer) / irecv(t, peer) -> Request      non-blocking point-to-point
     send(t, peer) / recv(t, peer)                   the blocking forms
+    exchange(sends=[(t, peer)], recvs=[(t, peer)]) -> [Request]
+                                                    several sends and receives posted as ONE
+                                                    group (nccl: dist.batch_isend_irecv)
     builtin                                         the backend's own collectives (references only)
 
 Two implementations share it:
@@ -14,6 +17,15 @@ recorded in primitives.ledger.LEDGER. Every wait has a deadline (`timeout`, defa
 env RINGZERO_TIMEOUT): a peer that died or never arrives becomes a PeerError naming this
 rank and the peer, never a silent hang. No torch.cuda.synchronize() here: nccl ordering is
 stream-ordered, and wait() on a Work is enough.
+
+Why groups: torch's nccl process group runs each ungrouped send/recv on a stream shared by the
+pair of ranks, in posting order, and a send only completes once the peer's matching receive
+runs. A rank that posts irecv(peer) then isend(peer) while the peer does the same waits forever:
+each receive sits in front of the send the other side needs. A group (ncclGroupStart/End, i.e.
+batch_isend_irecv) progresses all its operations together, so an exchange cannot deadlock.
+Every step of every algorithm that both sends to and receives from a peer uses exchange().
+Strict mode (primitives/strict.py, env RINGZERO_STRICT_P2P=1 or set_strict(True)) replays
+those nccl ordering rules over gloo so tests on CPU catch a pattern that would hang on GPUs.
 """
 from __future__ import annotations
 
@@ -81,14 +93,66 @@ class Communicator(abc.ABC):
     def isend(self, tensor: torch.Tensor, peer: int) -> Request:
         if tensor.numel() == 0:
             return _DONE
+        if self.strict:
+            return self._strict_post([("send", tensor, peer)], grouped=False)[0]
         LEDGER.sent(tensor.numel() * tensor.element_size())
         return Request(self, self._post(self._isend, tensor, peer, "sending to"), peer, "sending to")
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Request:
         if tensor.numel() == 0:
             return _DONE
+        if self.strict:
+            return self._strict_post([("recv", tensor, peer)], grouped=False)[0]
         LEDGER.received(tensor.numel() * tensor.element_size())
         return Request(self, self._post(self._irecv, tensor, peer, "receiving from"), peer, "receiving from")
+
+    def exchange(self, sends=(), recvs=()) -> list:
+        """Post every (tensor, peer) receive and send as one group; returns their requests,
+        receives first (in the order given), then sends. Empty tensors are skipped, as above."""
+        ops = [("recv", t, p) for t, p in recvs if t.numel()] + [("send", t, p) for t, p in sends if t.numel()]
+        if not ops:
+            return []
+        if self.strict:
+            return self._strict_post(ops, grouped=True)
+        for kind, t, _ in ops:
+            (LEDGER.received if kind == "recv" else LEDGER.sent)(t.numel() * t.element_size())
+        try:
+            handles = self._group(ops)
+        except Exception as e:
+            raise PeerError(self._describe(ops[0][2], "exchanging with", e)) from e
+        return [Request(self, h, p, "receiving from" if k == "recv" else "sending to")
+                for h, (k, _, p) in zip(handles, ops)]
+
+    def sendrecv(self, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
+        """Swap buffers with one peer (one group) and wait for both directions."""
+        for r in self.exchange(sends=[(send, peer)], recvs=[(recv, peer)]):
+            r.wait()
+
+    def _group(self, ops) -> list:
+        """Post a group of ("send"|"recv", tensor, peer). Default: one operation at a time, which
+        is a group for any transport whose posted operations progress independently (gloo, MPI)."""
+        return [self._irecv(t, p) if k == "recv" else self._isend(t, p) for k, t, p in ops]
+
+    # strict mode: nccl's ordering rules replayed on this transport (primitives/strict.py)
+    _strict_flag: bool | None = None
+    _strict_sched = None
+
+    @property
+    def strict(self) -> bool:
+        from primitives import strict
+        return strict.enabled() if self._strict_flag is None else self._strict_flag
+
+    def set_strict(self, enabled: bool | None) -> None:
+        """True/False for this communicator; None follows the process default (set_strict_p2p)."""
+        self._strict_flag = enabled
+
+    def _strict_post(self, ops, grouped):
+        from primitives import strict
+        if self._strict_sched is None:
+            self._strict_sched = strict.Scheduler(self)
+        for kind, t, _ in ops:
+            (LEDGER.received if kind == "recv" else LEDGER.sent)(t.numel() * t.element_size())
+        return self._strict_sched.post(ops, grouped)
 
     def _post(self, fn, tensor, peer, kind):
         # gloo can fail when the operation is posted (the peer has already gone), not only in wait()
@@ -148,6 +212,14 @@ class TorchComm(Communicator):
 
     def _irecv(self, tensor, peer):
         return dist.irecv(tensor, self._global[peer], group=self.group)
+
+    def _group(self, ops):
+        if self.backend != "nccl":
+            return super()._group(ops)
+        p2p = [dist.P2POp(dist.irecv if k == "recv" else dist.isend, t, self._global[p], group=self.group)
+               for k, t, p in ops]
+        works = dist.batch_isend_irecv(p2p)
+        return works if len(works) == len(ops) else [works[-1]] * len(ops)  # coalesced into one Work
 
     def _wait(self, handle):
         if not handle.wait(timeout=timedelta(seconds=self.timeout)):

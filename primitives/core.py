@@ -165,21 +165,16 @@ def _handshake(comm: Communicator, name: str, meta: list[int], local_errors: lis
     theirs[me] = mine
     if n > 1:
         with LEDGER.control_traffic():
-            reqs = [comm.irecv(theirs[p], p) for p in range(n) if p != me]
-            reqs += [comm.isend(mine, p) for p in range(n) if p != me]
-            for r in reqs:
-                r.wait()
+            wait_all(comm.exchange(sends=[(mine, p) for p in range(n) if p != me],
+                                   recvs=[(theirs[p], p) for p in range(n) if p != me]))
     table = theirs.cpu().tolist()
     bad = [p for p in range(n) if table[p][-1]]
     if bad:  # a second round, only on error: the bad ranks send their text, so every rank can say what was wrong
         texts = {p: torch.empty(table[p][-1], dtype=torch.uint8, device=comm.device) for p in bad}
         with LEDGER.control_traffic():
-            reqs = [comm.irecv(texts[p], p) for p in bad if p != me]
-            if text:
-                msg = torch.tensor(list(text), dtype=torch.uint8, device=comm.device)
-                reqs += [comm.isend(msg, p) for p in range(n) if p != me]
-            for r in reqs:
-                r.wait()
+            msg = torch.tensor(list(text), dtype=torch.uint8, device=comm.device)
+            wait_all(comm.exchange(sends=[(msg, p) for p in range(n) if p != me and text],
+                                   recvs=[(texts[p], p) for p in bad if p != me]))
         if local_errors:
             raise CollectiveError(f"rank {me}: {name}: " + text.decode())
         why = "; ".join(f"rank {p}: {bytes(texts[p].cpu().tolist()).decode()}" for p in bad)
@@ -235,6 +230,8 @@ def run(comm: Communicator, name: str, algorithm: str, check: Check, *, numel: i
     them is asynchronous, so point-to-point messages of different calls can never interleave.
     """
     def go():
+        comm.calls = getattr(comm, "calls", 0) + 1
+        comm.current_call = f"{name}(algorithm={algorithm}) call #{comm.calls}"
         if _HANDSHAKE:
             meta = [_code(name), _code(algorithm), _OP_CODES.get(op, -1), root,
                     _DTYPE_CODES.get(dtype, -1), numel, _code(str(tuple(shape))), int(tag)]

@@ -41,15 +41,12 @@ def _ring(comm, blocks, out, op):
     n, r = comm.size, comm.rank
     nxt, prev = (r + 1) % n, (r - 1) % n
     slots = [scratch(comm, out.numel(), out.dtype, slot=i) for i in (0, 1)]
-    sq = comm.isend(blocks[(r - 1) % n], nxt)
-    for s in range(n - 1):
-        inc = slots[s % 2]
-        rq = comm.irecv(inc, prev)
-        rq.wait()
-        sq.wait()
+    send = blocks[(r - 1) % n]
+    for s in range(n - 1):                        # one group per step (prev == nxt at N = 2)
+        inc = slots[s % 2]                         # never the slot whose send is in this group
+        wait_all(comm.exchange(sends=[(send, nxt)], recvs=[(inc, prev)]))
         combine_(inc, blocks[(r - s - 2) % n], op)
-        if s < n - 2:
-            sq = comm.isend(inc, nxt)
+        send = inc
     out.copy_(inc)
 
 
@@ -57,7 +54,7 @@ def _direct(comm, blocks, out, op):
     n, r, k = comm.size, comm.rank, out.numel()
     tmp = scratch(comm, (n - 1) * k, out.dtype).view(n - 1, k)
     peers = [(r + i) % n for i in range(1, n)]
-    wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)] + [comm.isend(blocks[p], p) for p in peers])
+    wait_all(comm.exchange(sends=[(blocks[p], p) for p in peers], recvs=[(tmp[i], p) for i, p in enumerate(peers)]))
     rows = {p: tmp[i] for i, p in enumerate(peers)}
     rows[r] = blocks[r]
     acc = scratch(comm, k, out.dtype, slot=1).copy_(rows[0])   # out may alias blocks[r]
