@@ -3,6 +3,7 @@
 Drop-in for torch.distributed: same positional arguments, same in-place semantics, plus a
 keyword-only `algorithm=` (see ALGORITHMS; "auto" picks by the α-β cost model).
 """
+from primitives.algos import ALGORITHMS
 from primitives.all_gather import all_gather, all_gather_single
 from primitives.all_reduce import all_reduce
 from primitives.broadcast import broadcast
@@ -15,17 +16,6 @@ from primitives.reduce_scatter import reduce_scatter, reduce_scatter_single
 from primitives.scatter import scatter
 from primitives.strict import StrictOrderError, set_strict_p2p
 
-ALGORITHMS = {
-    "broadcast": ["linear", "ring", "tree"],
-    "reduce": ["linear", "ring", "tree"],
-    "all_reduce": ["linear", "ring", "direct", "recursive_doubling", "rabenseifner"],
-    "all_gather": ["linear", "ring", "direct"],
-    "all_gather_single": ["linear", "ring", "direct"],
-    "scatter": ["linear", "ring", "tree"],
-    "gather": ["linear", "ring", "tree"],
-    "reduce_scatter": ["linear", "ring", "direct"],
-    "reduce_scatter_single": ["linear", "ring", "direct"],
-}
 
 __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
            "reduce_scatter", "reduce_scatter_single", "ALGORITHMS", "ReduceOp", "LEDGER", "get_comm",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from primitives.core import PIPELINE_BYTES, chunk_bounds
+from primitives.algos import ALGORITHMS, PIPELINE_BYTES, chunk_bounds, segments
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,6 @@ def _log2(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
 
 
-def segments(numel: int, elem_size: int) -> int:
-    return max(1, min(numel, -(-numel * elem_size // PIPELINE_BYTES)))
-
-
 def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     """Predicted seconds for one call. nbytes = S, the full buffer as nccl-tests counts it
     (for all-gather the output, for reduce-scatter the input, for scatter/gather all N blocks)."""
@@ -66,6 +62,7 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
         return {"linear": 2 * (n - 1) * (a + S * b) + (n - 1) * S * g,
                 "ring": 2 * (n - 1) * a + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
                 "direct": 2 * a + 2 * (n - 2) * o + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
+                "one_shot": a + (n - 2) * o + (n - 1) * S * (b + g),
                 "recursive_doubling": lp * (a + S * (b + g)) + fold,
                 "rabenseifner": 2 * lp * a + 2 * (P - 1) / P * S * b + (P - 1) / P * S * g + fold}[algo]
     s = S / n
@@ -84,7 +81,6 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
 
 def choose(name: str, n: int, nbytes: int, backend: str = "gloo") -> str:
     """algorithm="auto": the algorithm with the lowest predicted time (ties: first listed)."""
-    from primitives import ALGORITHMS
     p = DEFAULTS.get(backend, DEFAULTS["gloo"])
     algos = [a for a in ALGORITHMS[name] if a != "linear" or n <= 2]
     return min(algos, key=lambda al: predict(name, al, n, nbytes, p))
@@ -135,6 +131,8 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
         if algo == "direct":
             c = [(e - s) * elem for s, e in chunk_bounds(numel, n)]
             return msgs([c[i] for i in range(n) if i != rank] + [c[rank]] * (n - 1))
+        if algo == "one_shot":
+            return msgs([S] * (n - 1))
         if rank < 2 * rem and rank % 2 == 0:
             return 1, S
         fold = [S] if rank < 2 * rem else []
