@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from primitives.algos import ALGORITHMS, PIPELINE_BYTES, chunk_bounds, segments
 
@@ -35,6 +36,29 @@ DEFAULTS = {
     "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10, o=2.0e-5),
     "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12, o=1.0e-5),
 }
+
+
+def ring_fraction(collective: str, n: int) -> Fraction:
+    """The share of the full buffer S one rank sends in a ring: 2(N-1)/N for all-reduce,
+    (N-1)/N for reduce-scatter and all-gather. THE byte formula: ledgers and chapters use it."""
+    if n <= 1:
+        return Fraction(0)
+    base = collective.replace("_single", "")
+    if base == "all_reduce":
+        return Fraction(2 * (n - 1), n)
+    if base in ("reduce_scatter", "all_gather"):
+        return Fraction(n - 1, n)
+    raise KeyError(f"no ring formula for {collective!r}")
+
+
+def ring_bytes(collective: str, nbytes: int, n: int) -> int:
+    """Bytes one rank sends in a ring for a full buffer of nbytes (rounded down); broadcast:
+    each non-last rank of the chain forwards the buffer once."""
+    if n <= 1:
+        return 0
+    if collective == "broadcast":
+        return nbytes
+    return int(ring_fraction(collective, n) * nbytes)
 
 
 def _log2(n: int) -> int:
