@@ -67,10 +67,8 @@ class Request:
     def wait(self) -> None:
         try:
             self.comm._wait(self.handle)
-        except PeerError:
-            raise
-        except Exception as e:  # gloo raises RuntimeError with its own wording; add who and whom
-            raise PeerError(self.comm._describe(self.peer, self.kind, e)) from e
+        except Exception as e:  # gloo raises RuntimeError with its own wording; add who, whom, and why
+            raise self.comm._peer_error(self.peer, self.kind, e) from e
 
 
 class _Done:
@@ -119,7 +117,7 @@ class Communicator(abc.ABC):
         try:
             handles = self._group(ops)
         except Exception as e:
-            raise PeerError(self._describe(ops[0][2], "exchanging with", e)) from e
+            raise self._peer_error(ops[0][2], "exchanging with", e) from e
         return [Request(self, h, p, "receiving from" if k == "recv" else "sending to")
                 for h, (k, _, p) in zip(handles, ops)]
 
@@ -159,7 +157,7 @@ class Communicator(abc.ABC):
         try:
             return fn(tensor, peer)
         except Exception as e:
-            raise PeerError(self._describe(peer, kind, e)) from e
+            raise self._peer_error(peer, kind, e) from e
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         self.isend(tensor, peer).wait()
@@ -167,9 +165,15 @@ class Communicator(abc.ABC):
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         self.irecv(tensor, peer).wait()
 
+    def _peer_error(self, peer: int, kind: str, err: Exception | None = None) -> PeerError:
+        """The PeerError for a failed transfer, naming the rank that really died (faults.py)."""
+        from primitives.faults import root_cause
+        return PeerError(self._describe(peer, kind, err) + root_cause(self, peer, kind))
+
     def _describe(self, peer: int, kind: str, err: Exception | None = None) -> str:
         why = f": {err}" if err is not None else ""
-        return (f"rank {self.rank}: failed {kind} rank {peer} (backend {self.backend}, "
+        call = getattr(self, "current_call", "")
+        return (f"rank {self.rank}: failed {kind} rank {peer}{' in ' + call if call else ''} (backend {self.backend}, "
                 f"timeout {self.timeout:.0f}s; did rank {peer} die or skip this call?){why}")
 
     # what a backend provides: post a send / a receive, and wait for one (honouring self.timeout)
@@ -248,23 +252,48 @@ class MPIComm(Communicator):
         return tensor.reshape(-1).view(torch.uint8).numpy()
 
     def _isend(self, tensor, peer):
-        return self.mpi.Isend([self._bytes(tensor), self.MPI.BYTE], dest=peer, tag=7)
+        return self._track(self.mpi.Isend([self._bytes(tensor), self.MPI.BYTE], dest=peer, tag=7))
 
     def _irecv(self, tensor, peer):
-        return self.mpi.Irecv([self._bytes(tensor), self.MPI.BYTE], source=peer, tag=7)
+        return self._track(self.mpi.Irecv([self._bytes(tensor), self.MPI.BYTE], source=peer, tag=7))
+
+    def _track(self, req):
+        self.__dict__.setdefault("_posted", []).append(req)
+        return req
 
     def _wait(self, req):
         # MPI_Wait has no deadline, so poll. Yield the core between polls (sleep(0)) instead of
         # napping: with more ranks than cores the peer needs the CPU, and a nap of even 100 µs
         # per dependent step showed up as a 2x slower ring all-reduce at 4 ranks on 2 cores.
-        if req.Test():
-            return
-        deadline, spins = time.monotonic() + self.timeout, 0
-        while not req.Test():
-            spins += 1
-            time.sleep(0)
-            if spins % 4096 == 0 and time.monotonic() > deadline:
-                raise PeerError(f"timed out after {self.timeout:.0f}s")
+        if not req.Test():
+            deadline, spins = time.monotonic() + self.timeout, 0
+            while not req.Test():
+                spins += 1
+                time.sleep(0)
+                if spins % 4096 == 0 and time.monotonic() > deadline:
+                    left = self.cancel_posted()
+                    raise PeerError(f"timed out after {self.timeout:.0f}s; cancelled this rank's posted "
+                                    f"operations" + (f" ({left} could not be cancelled)" if left else ""))
+        posted = self.__dict__.get("_posted", [])
+        if len(posted) > 64:                  # forget finished requests now and then
+            self._posted = [r for r in posted if r is not req and not r.Test()]
+
+    def cancel_posted(self, grace: float = 1.0) -> int:
+        """Cancel every operation this communicator posted that has not completed, so a late
+        message can never land in a tensor the caller has since reused. Returns how many
+        could not be cancelled within `grace` seconds (MPI may refuse to cancel a matched send)."""
+        posted, self._posted = self.__dict__.get("_posted", []), []
+        live = [r for r in posted if not r.Test()]
+        for r in live:
+            try:
+                r.Cancel()
+            except Exception:
+                pass
+        deadline = time.monotonic() + grace
+        while live and time.monotonic() < deadline:
+            live = [r for r in live if not r.Test()]
+            time.sleep(0.001)
+        return len(live)
 
 
 _MPI_WORLD: MPIComm | None = None

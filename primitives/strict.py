@@ -166,7 +166,7 @@ class Scheduler:
             now = time.monotonic()
             self._raise_if_reported()
             if now >= deadline:
-                raise PeerError(c._describe(op.peer, "receiving from" if op.kind == "recv" else "sending to")
+                raise PeerError(str(c._peer_error(op.peer, "receiving from" if op.kind == "recv" else "sending to"))
                                 + f" [strict mode, waiting for {describe(op.kind, op.index, op.peer, op.grouped)}"
                                 f" in {op.label}; my stream heads: {state['heads']}]")
             if now >= next_probe:
@@ -174,7 +174,7 @@ class Scheduler:
                 next_probe = now + self.probe
         if op.error is not None:
             self._raise_if_reported()
-            raise PeerError(c._describe(op.peer, "receiving from" if op.kind == "recv" else "sending to", op.error))
+            raise c._peer_error(op.peer, "receiving from" if op.kind == "recv" else "sending to", op.error)
 
     def _raise_if_reported(self) -> None:
         """A peer found the deadlock first (and may have exited, failing my gloo ops): say so."""
