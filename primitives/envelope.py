@@ -15,6 +15,12 @@ handshake. Larger calls pay the round as a handshake before their algorithm; fro
 that is a few percent. The trade-off, measured: tutorials/02_collectives.md.
 
     cost per rank: N-1 messages of ENVELOPE_BYTES, one round (α + (N-2)·o + (N-1)·E·β)
+
+On CUDA the host never waits for the round (no synchronisation per call): the fingerprints are
+compared on the device, the verdict is copied to pinned memory behind an event, and a
+disagreement raises CollectiveError at this communicator's next call whose event has completed,
+or at check_pending(comm) (which does wait). The data path then runs as if the check passed, so
+a mismatch on CUDA is reported one call late (and NCCL may report a size mismatch first).
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
                 error_cls) -> bool:
     """Run the round; raise error_cls on every rank on a mismatch. True when `fused` carried the data."""
     from primitives.core import scratch, wait_all
+    raise_deferred(comm, error_cls)
     n, me = comm.size, comm.rank
     text = "; ".join(errors).encode()[:ENVELOPE_PAYLOAD]
     fused = None if errors else fused
@@ -67,7 +74,15 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
     with LEDGER.control_traffic():
         wait_all(comm.exchange(sends=[(out[0 if rows == 1 else i], p) for i, p in enumerate(peers)],
                                recvs=[(inc[i], p) for i, p in enumerate(peers)]))
-    heads = inc[:, :nh * 8].cpu().view(torch.int64).tolist()     # a no-op copy on CPU
+    if errors:
+        raise error_cls(f"rank {me}: {name}: " + "; ".join(errors))
+    if defer(comm):
+        _defer_verdict(comm, name, header.to(inc.device, non_blocking=True), inc[:, :nh * 8].view(torch.int64))
+        if fused is not None:
+            received = fused.finish({p: inc[i, HEADER_BYTES:] for i, p in enumerate(peers)})
+            LEDGER.data_moved(sent=sent * (n - 1) if rows == 1 else sent, received=received)
+        return fused is not None
+    heads = inc[:, :nh * 8].view(torch.int64).tolist()
     table = {me: header.tolist()}
     for i, p in enumerate(peers):
         table[p] = heads[i]
@@ -77,8 +92,6 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
                             f"header: its ranks are running different code or mixing protocols")
     bad = [p for p in range(n) if table[p][-1]]
     if bad:
-        if errors:
-            raise error_cls(f"rank {me}: {name}: " + "; ".join(errors))
         row = {p: i for i, p in enumerate(peers)}
         why = "; ".join(f"rank {p}: " + bytes(inc[row[p], HEADER_BYTES:HEADER_BYTES + table[p][-1]].cpu()
                                                .tolist()).decode(errors="replace") for p in bad)
@@ -94,3 +107,44 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
     # the payload bytes are this call's data traffic; the envelopes stay counted as control
     LEDGER.data_moved(sent=sent * (n - 1) if rows == 1 else sent, received=received)
     return True
+
+
+# ----------------------------------------------------------------------------- CUDA: no host sync
+
+def defer(comm) -> bool:
+    """Compare fingerprints on the device instead of the host (CUDA: no synchronisation per call)."""
+    return comm.device.type == "cuda"
+
+
+def _defer_verdict(comm, name, mine, heads) -> None:
+    bad = (heads[:, 1:] != mine[1:]).any(dim=1) | (heads[:, 0] != MAGIC)
+    flag = torch.empty(bad.numel(), dtype=torch.bool, pin_memory=torch.cuda.is_available())
+    flag.copy_(bad, non_blocking=True)
+    event = None
+    if torch.cuda.is_available() and bad.is_cuda:
+        event = torch.cuda.Event()
+        event.record()
+    comm.__dict__.setdefault("_deferred", []).append((flag, event, getattr(comm, "current_call", name)))
+
+
+def raise_deferred(comm, error_cls, wait: bool = False) -> None:
+    """Raise for the oldest finished device-side verdict that found a disagreement."""
+    pending = comm.__dict__.get("_deferred")
+    while pending:
+        flag, event, call = pending[0]
+        if event is not None and not wait and not event.query():
+            return                                   # not finished yet: never block the host
+        if event is not None:
+            event.synchronize()
+        pending.pop(0)
+        if flag.any():
+            pending.clear()
+            raise error_cls(f"rank {comm.rank}: {call}: ranks disagreed on the call or passed invalid "
+                            f"arguments (found on the device, reported at the next call; the other "
+                            f"ranks' own errors say what they passed)")
+
+
+def check_pending(comm, error_cls=None) -> None:
+    """Wait for every deferred (CUDA) verdict of `comm` and raise if any found a disagreement."""
+    from primitives.core import CollectiveError
+    raise_deferred(comm, error_cls or CollectiveError, wait=True)
