@@ -13,6 +13,7 @@ calls carry their data in the same envelopes, so for them the check costs no ext
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import zlib
@@ -155,6 +156,7 @@ class Check:
 
 # ----------------------------------------------------------------------------- the check
 
+@functools.lru_cache(maxsize=4096)     # names and shapes repeat every step: hash each once
 def _code(s: str) -> int:
     return zlib.crc32(s.encode()) & 0x7FFFFFFF
 
@@ -171,6 +173,22 @@ def _meta_desc(names):
 
 
 _META_DESC = _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape", "tag"])
+
+
+class _CallName:
+    """'all_reduce(algorithm=ring) call #7', formatted only when an error message needs it."""
+    __slots__ = ("name", "algorithm", "k")
+
+    def __init__(self, name, algorithm, k):
+        self.name, self.algorithm, self.k = name, algorithm, k
+
+    def __str__(self):
+        return f"{self.name}(algorithm={self.algorithm}) call #{self.k}"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+    def __bool__(self):
+        return True
 
 
 # ----------------------------------------------------------------------------- execution
@@ -206,7 +224,7 @@ def run(comm: Communicator, name: str, algorithm: str, check: Check, *, numel: i
     """
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
-        comm.current_call = f"{name}(algorithm={algorithm}) call #{comm.calls}"
+        comm.current_call = _CallName(name, algorithm, comm.calls)
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
         with LEDGER.call(name, algorithm, nbytes):

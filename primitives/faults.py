@@ -39,7 +39,7 @@ def root_cause(comm, peer: int, what: str) -> str:
         return ""
     try:
         me, suspect = comm.global_rank(comm.rank), comm.global_rank(peer)
-        mine = json.dumps({"by": me, "suspect": suspect, "call": getattr(comm, "current_call", "") or "point-to-point",
+        mine = json.dumps({"by": me, "suspect": suspect, "call": str(getattr(comm, "current_call", "") or "point-to-point"),
                            "what": what})
         store.set(f"{PREFIX}/report/{me}", mine)
         first = json.loads(store.compare_set(f"{PREFIX}/first", "", mine).decode())

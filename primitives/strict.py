@@ -98,7 +98,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- posting and progress
     def post(self, ops, grouped: bool) -> list:
-        label = getattr(self.comm, "current_call", "") or "point-to-point"
+        label = str(getattr(self.comm, "current_call", "") or "point-to-point")
         with self.cv:
             made = []
             for kind, t, p in ops:
