@@ -95,9 +95,9 @@ def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto", tag=
         buf = prep()
         nb = buf.numel() * buf.element_size()
         if comm.rank != root:
-            buf.copy_(got[root][:nb].view(buf.dtype))
+            buf.copy_(got(nb, buf.dtype)[root])
             done()
-        return [nb if p == root else 0 for p in got]
+        return [nb] if comm.rank != root else []
     fused = (Fused(lambda peer: prep() if comm.rank == root else None, finish, same_for_all=True)
              if ok and tensor.numel() and fuses("broadcast", algo, comm, nbytes) else None)
     return run(comm, "broadcast", algo, check, numel=tensor.numel() if ok else -1,

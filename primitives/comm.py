@@ -172,7 +172,7 @@ class Communicator(abc.ABC):
 
     def _describe(self, peer: int, kind: str, err: Exception | None = None) -> str:
         why = f": {err}" if err is not None else ""
-        call = getattr(self, "current_call", "")
+        call = str(getattr(self, "current_call", "") or "")
         return (f"rank {self.rank}: failed {kind} rank {peer}{' in ' + call if call else ''} (backend {self.backend}, "
                 f"timeout {self.timeout:.0f}s; did rank {peer} die or skip this call?){why}")
 

@@ -35,8 +35,9 @@ MAGIC = 0x52494E47   # "RING": a stray message from another protocol is caught, 
 
 class Fused:
     """The data a fused call carries. send(peer) -> the 1-D contiguous tensor for `peer`'s
-    envelope (or None); finish({peer: uint8 payload region}) completes the call locally and
-    returns the payload bytes it used from each peer (for the ledger).
+    envelope (or None); finish(got) completes the call locally, where got(nbytes, dtype) gives
+    {peer: that peer's payload as a dtype tensor}, and returns the payload bytes it used from
+    each peer (for the ledger).
     same_for_all: every peer gets the same payload, so one envelope is packed."""
 
     def __init__(self, send, finish, same_for_all: bool):
@@ -47,10 +48,43 @@ def fits(payload_bytes: int) -> bool:
     return payload_bytes <= ENVELOPE_PAYLOAD
 
 
+class _Envelopes:
+    """One communicator's envelope buffers (fixed size: allocated once) and cached payload views:
+    a slice or dtype view costs ~10 µs of host time per call on this machine, so the views a
+    call needs are built once per (payload size, dtype) and reused."""
+
+    def __init__(self, comm):
+        n, dev = comm.size, comm.device
+        self.out = torch.zeros(n - 1, ENVELOPE_BYTES, dtype=torch.uint8, device=dev)
+        self.inc = torch.zeros(n - 1, ENVELOPE_BYTES, dtype=torch.uint8, device=dev)
+        self.out_np = self.out.numpy() if dev.type == "cpu" else None
+        self.inc_np = self.inc.numpy() if dev.type == "cpu" else None
+        self.payload = {}
+
+    def views(self, nbytes: int, dtype):
+        """([out payload row i as dtype], [inc payload row i as dtype]) for nbytes of payload."""
+        key = (nbytes, dtype)
+        v = self.payload.get(key)
+        if v is None:
+            pick = lambda buf: [buf[i, HEADER_BYTES:HEADER_BYTES + nbytes].view(dtype)  # noqa: E731
+                                for i in range(buf.shape[0])]
+            v = self.payload[key] = (pick(self.out), pick(self.inc))
+            if len(self.payload) > 256:
+                self.payload.clear()
+        return v
+
+
+def _envelopes(comm) -> _Envelopes:
+    env = comm.__dict__.get("_envelopes")
+    if env is None or env.out.device != comm.device:
+        env = comm._envelopes = _Envelopes(comm)
+    return env
+
+
 def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, fused: Fused | None,
                 error_cls) -> bool:
     """Run the round; raise error_cls on every rank on a mismatch. True when `fused` carried the data."""
-    from primitives.core import scratch, wait_all
+    from primitives.core import wait_all
     raise_deferred(comm, error_cls)
     n, me = comm.size, comm.rank
     text = "; ".join(errors).encode()[:ENVELOPE_PAYLOAD]
@@ -59,13 +93,13 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
     nh = len(header)
     peers = [(me + i) % n for i in range(1, n)]
     rows = 1 if fused is None or fused.same_for_all else n - 1
-    out = scratch(comm, rows * ENVELOPE_BYTES, torch.uint8, slot="env_out").view(rows, ENVELOPE_BYTES)
-    inc = scratch(comm, (n - 1) * ENVELOPE_BYTES, torch.uint8, slot="env_in").view(n - 1, ENVELOPE_BYTES)
-    cpu = out.device.type == "cpu"              # numpy views: ~1 µs where a torch op costs ~10
+    env = _envelopes(comm)
+    out, inc = env.out, env.inc
+    cpu = env.out_np is not None                # numpy views: ~1 µs where a torch op costs ~10
     if cpu:
-        out.numpy()[:, :nh * 8].view(np.int64)[:] = header
+        env.out_np[:rows, :nh * 8].view(np.int64)[:] = header
     else:
-        out[:, :nh * 8].copy_(torch.tensor(header, dtype=torch.int64).view(torch.uint8).expand(rows, -1))
+        out[:rows, :nh * 8].copy_(torch.tensor(header, dtype=torch.int64).view(torch.uint8).expand(rows, -1))
     sent = []
     if text:
         out[0, HEADER_BYTES:HEADER_BYTES + len(text)].copy_(torch.frombuffer(bytearray(text), dtype=torch.uint8))
@@ -74,7 +108,7 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
             t = fused.send(peers[i])
             nb = 0 if t is None else t.numel() * t.element_size()
             if nb:
-                out[i, HEADER_BYTES:HEADER_BYTES + nb].copy_(t.reshape(-1).view(torch.uint8))
+                env.views(nb, t.dtype)[0][i].copy_(t.view(-1))
             sent.append(nb)
     with LEDGER.control_traffic():
         wait_all(comm.exchange(sends=[(out[0 if rows == 1 else i], p) for i, p in enumerate(peers)],
@@ -85,10 +119,10 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
         _defer_verdict(comm, name, torch.tensor(header).to(inc.device, non_blocking=True),
                        inc[:, :nh * 8].view(torch.int64))
         if fused is not None:
-            received = fused.finish({p: inc[i, HEADER_BYTES:] for i, p in enumerate(peers)})
+            received = fused.finish(lambda nb, dtype: dict(zip(peers, env.views(nb, dtype)[1])))
             LEDGER.data_moved(sent=sent * (n - 1) if rows == 1 else sent, received=received)
         return fused is not None
-    heads = (inc.numpy()[:, :nh * 8].view(np.int64) if cpu else inc[:, :nh * 8].view(torch.int64)).tolist()
+    heads = (env.inc_np[:, :nh * 8].view(np.int64) if cpu else inc[:, :nh * 8].view(torch.int64)).tolist()
     table = {me: header}
     for i, p in enumerate(peers):
         table[p] = heads[i]
@@ -108,8 +142,7 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
                             f"{meta_desc(table[me][1:])} but rank {p} passed {meta_desc(table[p][1:])}")
     if fused is None:
         return False
-    got = {p: inc[i, HEADER_BYTES:] for i, p in enumerate(peers)}
-    received = fused.finish(got)
+    received = fused.finish(lambda nb, dtype: dict(zip(peers, env.views(nb, dtype)[1])))
     # the payload bytes are this call's data traffic; the envelopes stay counted as control
     LEDGER.data_moved(sent=sent * (n - 1) if rows == 1 else sent, received=received)
     return True

@@ -98,14 +98,14 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0)
     def finish(got):                             # fused: each rank's block r came in its envelope
         out, flat = prep()
         nb = out.numel() * out.element_size()
-        rows = {p: g[:nb].view(out.dtype) for p, g in got.items()}
+        rows = got(nb, out.dtype)
         rows[comm.rank] = flat[comm.rank]
         acc = rows[0].clone()                    # rank order: deterministic; out may alias my block
         for p in range(1, comm.size):
             combine_(acc, rows[p], opn)
         out.copy_(acc)
         done()
-        return [nb] * len(got)
+        return [nb] * (comm.size - 1)
     fused = (Fused(lambda peer: prep()[1][peer], finish, same_for_all=False)
              if ok and output.numel() and fuses(name, algo, comm, nbytes) else None)
     return run(comm, name, algo, check, numel=output.numel() if ok else -1,
