@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from primitives.broadcast import _linear as _bcast_linear
 from primitives.reduce import _linear as _reduce_linear
-from primitives.core import (Check, ReduceOp, chunk_bounds, combine_, finish_avg_, flat_work, fuses, get_comm,
+from primitives.core import (Check, LazyFlat, ReduceOp, chunk_bounds, combine_, finish_avg_, fuses, get_comm,
                              resolve, run, scratch, wait_all)
 from primitives.envelope import Fused
 
@@ -178,18 +178,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
     algo = resolve("all_reduce", algorithm, ALGOS, comm, nbytes, check)
 
-    st = {}
-
-    def prep():                                  # at execution time (async calls run later)
-        if not st:
-            st["buf"], st["copied"] = flat_work(tensor)
-        return st["buf"]
+    prep = LazyFlat(tensor)
 
     def done():
-        buf = prep()
-        finish_avg_(buf, opn, comm.size)
-        if st["copied"]:
-            tensor.copy_(buf.view_as(tensor))
+        finish_avg_(prep(), opn, comm.size)
+        prep.copy_back()
 
     def body():
         buf = prep()

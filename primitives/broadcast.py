@@ -14,7 +14,7 @@ Cost for S bytes on N ranks (α = latency per message, β = seconds per byte):
 """
 from __future__ import annotations
 
-from primitives.core import Check, flat_work, fuses, get_comm, pipeline_segments, resolve, run, wait_all
+from primitives.core import Check, LazyFlat, fuses, get_comm, pipeline_segments, resolve, run, wait_all
 from primitives.envelope import Fused
 
 
@@ -74,16 +74,8 @@ def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto", tag=
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
     algo = resolve("broadcast", algorithm, ALGOS, comm, nbytes, check)
 
-    st = {}
-
-    def prep():                                  # at execution time (async calls run later)
-        if not st:
-            st["buf"], st["copied"] = flat_work(tensor)
-        return st["buf"]
-
-    def done():
-        if st["copied"]:
-            tensor.copy_(st["buf"].view_as(tensor))
+    prep = LazyFlat(tensor)
+    done = prep.copy_back
 
     def body():
         buf = prep()

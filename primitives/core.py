@@ -293,6 +293,24 @@ def flat_work(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return t.contiguous().view(-1), True
 
 
+class LazyFlat:
+    """A collective's tensor as a contiguous 1-D buffer, made when the call executes (async calls
+    run later than they are posted); copy_back() writes it into the caller's tensor if it had
+    to be a copy."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor, self._buf, self._copied = tensor, None, False
+
+    def __call__(self) -> torch.Tensor:
+        if self._buf is None:
+            self._buf, self._copied = flat_work(self.tensor)
+        return self._buf
+
+    def copy_back(self) -> None:
+        if self._copied:
+            self.tensor.copy_(self._buf.view_as(self.tensor))
+
+
 def wait_all(reqs) -> None:
     for r in reqs:
         r.wait()
