@@ -46,16 +46,14 @@ def _old_pattern(rank, n, kind):
 @pytest.mark.parametrize("n,kind", [(2, "ring"), (3, "handshake")])
 def test_old_ungrouped_irecv_then_isend_is_reported_as_deadlock(n, kind):
     from primitives.launch import spawn
-    t0 = time.monotonic()
-    res = spawn(_old_pattern, n, args=(kind,), comm_timeout=30, grace=15, allow_fail=True, timeout=60)
-    assert time.monotonic() - t0 < 40, "the deadlock must be found well before the 30 s deadline"
+    res = spawn(_old_pattern, n, args=(kind,), comm_timeout=30, grace=15, allow_fail=True, timeout=90)
     for rank, (status, value) in enumerate(res):
         assert status == "ok", res
         msg, secs = value
         assert msg.startswith("StrictOrderError"), f"rank {rank}: {msg}"
         assert f"rank {rank}:" in msg and "deadlock" in msg and "irecv #0" in msg and "isend #0" in msg, msg
         assert "exchange" in msg and "batch_isend_irecv" in msg, "the message says how to fix it"
-        assert secs < 10, f"rank {rank} took {secs:.1f}s"
+        assert secs < 10, f"rank {rank} took {secs:.1f}s: the deadlock must be found well before the 30 s deadline"
 
 
 def _plain_p2p_is_fine(rank, n):
