@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import primitives as P
-from primitives.cost import traffic
+from primitives.cost import ring_fraction, traffic
 from primitives.log import print0
 
 
@@ -119,10 +119,12 @@ def train(model: nn.Module, cfg: Config, rank: int = 0, world_size: int = 1) -> 
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     per_rank = cfg.global_batch // world_size
     micro = per_rank // cfg.accum
+    device = next(model.parameters()).device
     res = Result(params=[])
     for step in range(cfg.steps):
         x, y = make_batch(cfg, step)
         x, y = x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]
+        x, y = x.to(device), y.to(device)              # the batch goes where the model is
         n_calls = len(P.LEDGER.calls)
         t0 = time.perf_counter()
         with P.LEDGER.track() as sent:
@@ -146,7 +148,7 @@ def train(model: nn.Module, cfg: Config, rank: int = 0, world_size: int = 1) -> 
         res.bytes_sent.append(sent.bytes_sent)
         res.calls.append(len(P.LEDGER.calls) - n_calls)
     inner = getattr(model, "module", model)
-    res.params = [p.detach().clone() for p in inner.parameters()]
+    res.params = [p.detach().cpu().clone() for p in inner.parameters()]    # compared on the host
     return res
 
 
@@ -162,8 +164,8 @@ def max_diff(a: list, b: list) -> float:
 # ----------------------------------------------------------------------------- byte formulas
 
 def formula_bytes(numel: int, world_size: int, elem: int = 4) -> float:
-    """2(N−1)/N·Ψ·e: what a ring all-reduce of Ψ elements sends per rank."""
-    return 2 * (world_size - 1) / world_size * numel * elem
+    """2(N−1)/N·Ψ·e: what a ring all-reduce of Ψ elements sends per rank (primitives.cost)."""
+    return float(ring_fraction("all_reduce", world_size) * numel * elem)
 
 
 def ring_bytes(buffer_numels: list[int], world_size: int, rank: int, elem: int = 4) -> int:
@@ -205,15 +207,16 @@ def main(wrap, title: str, *, single_process: bool = False, needs_torch_dist: bo
                          "launch it with torchrun instead of mpiexec")
     rank, world = (0, 1) if single_process else (comm.rank, comm.size)
     cfg.check_world(world, comm.rank)
-    model = build_model(cfg)
+    model = build_model(cfg).to(comm.device)         # nccl: the rank's GPU; gloo/MPI: the CPU
     psi = num_params(model)
     model = wrap(model, cfg)
     res = train(model, cfg, rank, world)
     ref = reference(cfg)
     # after training (outside the ledger windows): global loss and agreement between ranks
-    loss = torch.tensor([res.losses[-1]], dtype=torch.float64)
-    flat = torch.cat([p.reshape(-1) for p in res.params])
-    spread = torch.zeros(1, dtype=torch.float32)
+    dev = comm.device
+    loss = torch.tensor([res.losses[-1]], dtype=torch.float64, device=dev)
+    flat = torch.cat([p.reshape(-1) for p in res.params]).to(dev)
+    spread = torch.zeros(1, dtype=torch.float32, device=dev)
     if comm.size > 1:
         P.all_reduce(loss, P.ReduceOp.SUM)
         loss /= comm.size

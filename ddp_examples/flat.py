@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import primitives as P
-from ddp_examples.state import sync_initial_state
+from ddp_examples.state import module_device, sync_initial_state
 
 
 class FlatDataParallel(nn.Module):
@@ -40,7 +40,7 @@ class FlatDataParallel(nn.Module):
                              f"{sorted(map(str, dtypes))}; BucketedDataParallel groups buckets by dtype")
         dtype = dtypes.pop() if dtypes else torch.float32
         self.flat_grad = torch.zeros(sum(p.numel() for p in self._params), dtype=dtype,
-                                     device=self._params[0].device if self._params else "cpu")
+                                     device=module_device(module, self.comm, type(self).__name__))
         self._views, off = [], 0
         for p in self._params:
             v = self.flat_grad[off:off + p.numel()].view_as(p)

@@ -3,6 +3,7 @@
 Drop-in for torch.distributed: same positional arguments, same in-place semantics, plus a
 keyword-only `algorithm=` (see ALGORITHMS; "auto" picks by the α-β cost model).
 """
+from primitives.algos import ALGORITHMS
 from primitives.all_gather import all_gather, all_gather_single
 from primitives.all_reduce import all_reduce
 from primitives.all_to_all import all_to_all, all_to_all_single
@@ -14,20 +15,7 @@ from primitives.ledger import LEDGER
 from primitives.reduce import reduce
 from primitives.reduce_scatter import reduce_scatter, reduce_scatter_single
 from primitives.scatter import scatter
-
-ALGORITHMS = {
-    "broadcast": ["linear", "ring", "tree"],
-    "reduce": ["linear", "ring", "tree"],
-    "all_reduce": ["linear", "ring", "direct", "recursive_doubling", "rabenseifner", "hierarchical"],
-    "all_gather": ["linear", "ring", "direct", "hierarchical"],
-    "all_gather_single": ["linear", "ring", "direct", "hierarchical"],
-    "scatter": ["linear", "ring", "tree"],
-    "gather": ["linear", "ring", "tree"],
-    "reduce_scatter": ["linear", "ring", "direct", "hierarchical"],
-    "reduce_scatter_single": ["linear", "ring", "direct", "hierarchical"],
-    "all_to_all": ["linear", "pairwise"],
-    "all_to_all_single": ["linear", "pairwise"],
-}
+from primitives.strict import StrictOrderError, set_strict_p2p
 
 
 def algorithms_for(name: str, comm) -> list[str]:
@@ -38,5 +26,5 @@ def algorithms_for(name: str, comm) -> list[str]:
 
 __all__ = ["algorithms_for", "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
            "reduce_scatter", "reduce_scatter_single", "all_to_all", "all_to_all_single", "ALGORITHMS", "ReduceOp",
-           "LEDGER", "get_comm",
-           "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled"]
+           "LEDGER", "get_comm", "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled",
+           "StrictOrderError", "set_strict_p2p"]

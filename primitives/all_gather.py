@@ -14,11 +14,14 @@ Cost, S = bytes each rank contributes (the output holds N·S):
           oversubscribed host that is what matters.       α + (N-1)·o + (N-1)Sβ
   hierarchical  across m nodes × k ranks: inter ring, then intra rings (primitives/hierarchical.py);
           (m-1)·S inter-node and m(k-1)·S intra-node bytes per rank.
+          With the check on and S ≤ 64 KiB per rank, the blocks ride in the check's
+          envelopes (envelope.py): one round for check and data, what auto picks.
 """
 from __future__ import annotations
 
 from primitives import shm_collectives
-from primitives.core import Check, flat_work, get_comm, resolve, run, wait_all
+from primitives.core import Check, flat_work, fuses, get_comm, resolve, run, wait_all
+from primitives.envelope import Fused
 
 
 def _linear(comm, blocks):
@@ -34,17 +37,14 @@ def _linear(comm, blocks):
 def _ring(comm, blocks):
     n, r = comm.size, comm.rank
     nxt, prev = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):
-        rq = comm.irecv(blocks[(r - s - 1) % n], prev)
-        sq = comm.isend(blocks[(r - s) % n], nxt)
-        rq.wait()
-        sq.wait()
+    for s in range(n - 1):                        # one group per step (prev == nxt at N = 2)
+        wait_all(comm.exchange(sends=[(blocks[(r - s) % n], nxt)], recvs=[(blocks[(r - s - 1) % n], prev)]))
 
 
 def _direct(comm, blocks):
     n, r = comm.size, comm.rank
     peers = [(r + i) % n for i in range(1, n)]
-    wait_all([comm.irecv(blocks[p], p) for p in peers] + [comm.isend(blocks[r], p) for p in peers])
+    wait_all(comm.exchange(sends=[(blocks[r], p) for p in peers], recvs=[(blocks[p], p) for p in peers]))
 
 
 def _hierarchical(comm, blocks):   # multinode: inter ring of my block, then intra rings per node
@@ -60,22 +60,43 @@ def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None, 
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: the full output
     algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
 
-    def body():
-        work = [flat_work(b) for b in blocks()]
-        flat = [w for w, _ in work]
-        src, _ = flat_work(tensor)
-        if flat[comm.rank].data_ptr() != src.data_ptr():
-            flat[comm.rank].copy_(src)
-        if src.numel() and comm.size > 1:
-            ALGOS[algo](comm, flat)
-        for orig, (w, copied) in zip(blocks(), work):
+    st = {}
+
+    def prep():                                  # at execution time (async calls run later)
+        if not st:
+            st["work"] = [flat_work(b) for b in blocks()]
+            st["flat"] = [w for w, _ in st["work"]]
+            st["src"] = flat_work(tensor)[0]
+            if st["flat"][comm.rank].data_ptr() != st["src"].data_ptr():
+                st["flat"][comm.rank].copy_(st["src"])
+        return st["flat"], st["src"]
+
+    def done():
+        for orig, (w, copied) in zip(blocks(), st["work"]):
             if copied:
                 orig.copy_(w.view_as(orig))
         if post is not None:
             post()
+
+    def body():
+        flat, src = prep()
+        if src.numel() and comm.size > 1:
+            ALGOS[algo](comm, flat)
+        done()
+
+    def finish(got):                             # fused: the blocks came in the check's envelopes
+        flat, src = prep()
+        nb = src.numel() * src.element_size()
+        for p, g in got(nb, src.dtype).items():
+            flat[p].copy_(g)
+        done()
+        return [nb] * (comm.size - 1)
+    fused = (Fused(lambda peer: prep()[1], finish, same_for_all=True)
+             if ok and tensor.numel() and fuses(name, algo, comm, nbytes) else None)
     return run(comm, name, algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=-1,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
+               fused=fused)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="auto", tag=0):

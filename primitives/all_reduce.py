@@ -12,6 +12,11 @@ Cost for S bytes on N ranks; P = largest power of two ≤ N, R = N - P ranks fol
                       talks to every other at once (see reduce_scatter.py / all_gather.py):
                       2(N-1) messages and the ring's 2(N-1)/N·S bytes, but 2 rounds instead
                       of 2(N-1) dependent steps.     2α + 2(N-2)·o + 2(N-1)/N·Sβ
+  one_shot            every rank sends its whole buffer to every other rank in one round and
+                      reduces the N buffers in rank order: (N-1)·S bytes per rank, but one
+                      step. With the check on, a call of ≤ 64 KiB rides inside the check's
+                      envelopes (envelope.py), so the check costs no round of its own:
+                      what auto picks for small calls.   α + (N-2)·o + (N-1)·S(β + γ)
   recursive_doubling  log2 P exchanges of the whole buffer with rank ^ 2^k (+1 fold message
                       before and after when N is not a power of two). log2 P·S per rank.
                                                            log2 P·(α + Sβ + Sγ)
@@ -30,8 +35,9 @@ from __future__ import annotations
 from primitives import shm_collectives
 from primitives.broadcast import _linear as _bcast_linear
 from primitives.reduce import _linear as _reduce_linear
-from primitives.core import (Check, ReduceOp, chunk_bounds, combine_, finish_avg_, flat_work, get_comm,
+from primitives.core import (Check, LazyFlat, ReduceOp, chunk_bounds, combine_, finish_avg_, fuses, get_comm,
                              resolve, run, scratch, wait_all)
+from primitives.envelope import Fused
 
 
 def _linear(comm, buf, op):
@@ -48,16 +54,14 @@ def _ring(comm, buf, op):
 def _ring_reduce_scatter(comm, chunk, op):
     """The ring's first half (also used by primitives/hierarchical.py): rank r ends owning chunk r+1."""
     n, r = comm.size, comm.rank
-    tmp = scratch(comm, chunk[0].numel(), chunk[0].dtype)
+    tmp = scratch(comm, chunk[0].numel(), chunk[0].dtype, device=chunk[0].device)
     nxt, prev = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):                       # reduce-scatter: after it, rank r owns chunk r+1
         send_i, recv_i = (r - s) % n, (r - s - 1) % n
         inc = tmp[:chunk[recv_i].numel()]
-        rq = comm.irecv(inc, prev)
-        sq = comm.isend(chunk[send_i], nxt)
-        rq.wait()
-        sq.wait()                                 # the chunk we send is not touched this step
-        combine_(chunk[recv_i], inc, op)
+        # one group per step: at N = 2 prev == nxt, and an ungrouped irecv/isend pair deadlocks on nccl
+        wait_all(comm.exchange(sends=[(chunk[send_i], nxt)], recvs=[(inc, prev)]))
+        combine_(chunk[recv_i], inc, op)          # the chunk we sent is not touched this step
 
 
 def _ring_all_gather(comm, chunk):
@@ -66,10 +70,7 @@ def _ring_all_gather(comm, chunk):
     nxt, prev = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):                       # all-gather: pass finished chunks around
         send_i, recv_i = (r + 1 - s) % n, (r - s) % n
-        rq = comm.irecv(chunk[recv_i], prev)
-        sq = comm.isend(chunk[send_i], nxt)
-        rq.wait()
-        sq.wait()
+        wait_all(comm.exchange(sends=[(chunk[send_i], nxt)], recvs=[(chunk[recv_i], prev)]))
 
 
 def _direct(comm, buf, op):
@@ -77,16 +78,47 @@ def _direct(comm, buf, op):
     b = chunk_bounds(buf.numel(), n)
     chunk = [buf[s:e] for s, e in b]
     mine = chunk[r]
-    tmp = scratch(comm, (n - 1) * mine.numel(), buf.dtype).view(n - 1, -1)
+    tmp = scratch(comm, (n - 1) * mine.numel(), buf.dtype, device=buf.device).view(n - 1, -1)
     peers = [(r + i) % n for i in range(1, n)]
-    wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)] + [comm.isend(chunk[p], p) for p in peers])
+    wait_all(comm.exchange(sends=[(chunk[p], p) for p in peers], recvs=[(tmp[i], p) for i, p in enumerate(peers)]))
     rows = {p: tmp[i] for i, p in enumerate(peers)}
     rows[r] = mine
-    acc = scratch(comm, mine.numel(), buf.dtype, slot=1).copy_(rows[0])
+    acc = scratch(comm, mine.numel(), buf.dtype, slot=1, device=buf.device).copy_(rows[0])
     for p in range(1, n):                            # fixed rank order: every chunk summed alike
         combine_(acc, rows[p], op)
     mine.copy_(acc)
-    wait_all([comm.irecv(chunk[p], p) for p in peers] + [comm.isend(mine, p) for p in peers])
+    wait_all(comm.exchange(sends=[(mine, p) for p in peers], recvs=[(chunk[p], p) for p in peers]))
+
+
+def _reduce_rows(buf, rows, op):
+    """buf <- rows[0] op rows[1] op ... in rank order: every rank gets bitwise the same result."""
+    acc = rows[0].clone()                            # rows[r] is buf itself
+    for p in range(1, len(rows)):
+        combine_(acc, rows[p], op)
+    buf.copy_(acc)
+
+
+def _one_shot(comm, buf, op):
+    n, r = comm.size, comm.rank
+    tmp = scratch(comm, (n - 1) * buf.numel(), buf.dtype, device=buf.device).view(n - 1, -1)
+    peers = [(r + i) % n for i in range(1, n)]
+    wait_all(comm.exchange(sends=[(buf, p) for p in peers], recvs=[(tmp[i], p) for i, p in enumerate(peers)]))
+    rows = {p: tmp[i] for i, p in enumerate(peers)}
+    rows[r] = buf
+    _reduce_rows(buf, [rows[p] for p in range(n)], op)
+
+
+def _one_shot_fused(prep, op, n, r, done):
+    """The same algorithm, its messages carried by the check's envelopes (core.run)."""
+    def finish(got):
+        buf = prep()
+        nb = buf.numel() * buf.element_size()
+        rows = got(nb, buf.dtype)
+        rows[r] = buf
+        _reduce_rows(buf, [rows[p] for p in range(n)], op)
+        done()
+        return [nb] * (n - 1)
+    return Fused(lambda peer: prep(), finish, same_for_all=True)
 
 
 def _fold_in(comm, buf, op):
@@ -100,7 +132,7 @@ def _fold_in(comm, buf, op):
         if r % 2 == 0:
             comm.send(buf, r + 1)
             return -1, p, real
-        tmp = scratch(comm, buf.numel(), buf.dtype)
+        tmp = scratch(comm, buf.numel(), buf.dtype, device=buf.device)
         comm.recv(tmp, r - 1)
         combine_(buf, tmp, op)
         return r // 2, p, real
@@ -116,20 +148,13 @@ def _fold_out(comm, buf, p):
             comm.send(buf, r - 1)
 
 
-def _exchange(comm, send, recv, peer):
-    rq = comm.irecv(recv, peer)
-    sq = comm.isend(send, peer)
-    rq.wait()
-    sq.wait()
-
-
 def _recursive_doubling(comm, buf, op):
     nr, p, real = _fold_in(comm, buf, op)
     if nr >= 0:
-        tmp = scratch(comm, buf.numel(), buf.dtype)
+        tmp = scratch(comm, buf.numel(), buf.dtype, device=buf.device)
         mask = 1
         while mask < p:
-            _exchange(comm, buf, tmp, real(nr ^ mask))
+            comm.sendrecv(buf, tmp, real(nr ^ mask))
             combine_(buf, tmp, op)                # a∘b == b∘a bitwise, so both partners agree
             mask <<= 1
     _fold_out(comm, buf, p)
@@ -140,19 +165,19 @@ def _rabenseifner(comm, buf, op):
     if nr >= 0:
         b = chunk_bounds(buf.numel(), p)
         span = lambda lo, hi: buf[b[lo][0]:b[hi - 1][1]]  # noqa: E731
-        tmp = scratch(comm, b[0][1] * ((p + 1) // 2), buf.dtype)
+        tmp = scratch(comm, b[0][1] * ((p + 1) // 2), buf.dtype, device=buf.device)
         steps, lo, hi, mask = [], 0, p, p >> 1
         while mask:                                # recursive halving: keep the half my bit names
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if not nr & mask else ((mid, hi), (lo, mid))
             mine = span(*keep)
             inc = tmp[:mine.numel()]
-            _exchange(comm, span(*give), inc, real(nr ^ mask))
+            comm.sendrecv(span(*give), inc, real(nr ^ mask))
             combine_(mine, inc, op)
             steps.append((keep, give, mask))
             (lo, hi), mask = keep, mask >> 1
         for keep, give, mask in reversed(steps):   # recursive doubling: swap finished halves back
-            _exchange(comm, span(*keep), span(*give), real(nr ^ mask))
+            comm.sendrecv(span(*keep), span(*give), real(nr ^ mask))
     _fold_out(comm, buf, p)
 
 
@@ -161,8 +186,8 @@ def _hierarchical(comm, buf, op):   # multinode: intra reduce-scatter, inter all
     all_reduce_2level(comm, buf, op)
 
 
-ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "recursive_doubling": _recursive_doubling,
-         "rabenseifner": _rabenseifner, "hierarchical": _hierarchical,
+ALGOS = {"linear": _linear, "ring": _ring, "direct": _direct, "one_shot": _one_shot,
+         "recursive_doubling": _recursive_doubling, "rabenseifner": _rabenseifner, "hierarchical": _hierarchical,
          "shm": shm_collectives.all_reduce}   # "shm": shm transport only
 
 
@@ -175,16 +200,23 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
     algo = resolve("all_reduce", algorithm, ALGOS, comm, nbytes, check)
 
+    prep = LazyFlat(tensor)
+
+    def done():
+        finish_avg_(prep(), opn, comm.size)
+        prep.copy_back()
+
     def body():
-        buf, copied = flat_work(tensor)
+        buf = prep()
         if buf.numel() and comm.size > 1:
             ALGOS[algo](comm, buf, opn)
-        finish_avg_(buf, opn, comm.size)
-        if copied:
-            tensor.copy_(buf.view_as(tensor))
+        done()
+    fused = (_one_shot_fused(prep, opn, comm.size, comm.rank, done)
+             if ok and tensor.numel() and fuses("all_reduce", algo, comm, nbytes) else None)
     return run(comm, "all_reduce", algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=opn, root=-1,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
+               fused=fused)
 
 
 if __name__ == "__main__":

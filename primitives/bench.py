@@ -13,8 +13,11 @@ the mean over `--iters` calls after warm-up; the table shows the median rep and 
 --fit runs a ping-pong between ranks 0 and 1, fits t = α + S·β, measures γ (the reduction's
 seconds per byte) and prints the cost model's predicted time next to the measured one, and the
 sizes where algorithm="auto" switches. The machine's memcpy bandwidth is printed as the ceiling.
-Buffers are zeros: repeated in-place all-reduce of random data overflows. The metadata
-handshake is switched off while timing (it is on by default for safety).
+Buffers are zeros: repeated in-place all-reduce of random data overflows.
+
+Every algorithm is timed twice: as a user gets it (the default: the call check on, whose
+envelopes carry small calls' data, primitives/envelope.py) and "unchecked" (set_handshake(False)).
+The "check cost" column is t(default) / t(unchecked) - 1 for the same algorithm name.
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
                 if al == "auto" or al in P.algorithms_for(op, comm):
                     a = case.args()[0]
                     impls[al] = (lambda a=a, al=al: getattr(P, op)(*a, algorithm=al))
+                    impls[al + " unchecked"] = (lambda a=a, al=al: _unchecked(getattr(P, op), *a, algorithm=al))
             for fn in impls.values():
                 for _ in range(warmup):
                     fn()
@@ -86,11 +90,35 @@ def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
                 med = statistics.median(ts)
                 bus = S / med * BUS_FACTOR[op](n) / 1e9 if n > 1 else 0.0
                 ref_bus = bus if k == "built-in" else ref_bus
-                chosen = choose(op, n, S, comm.backend, transport) if k == "auto" else ""
+                chosen = _chosen(op, comm, S, checked=not k.endswith("unchecked")) if k.startswith("auto") else ""
+                unchecked = samples.get(k + " unchecked")
+                cost = med / statistics.median(unchecked) - 1 if unchecked else None
                 rows.append(dict(op=op, size=S, impl=k, chosen=chosen,
-                                 transport=comm.backend if k == "built-in" else transport, median_s=med, min_s=min(ts), max_s=max(ts),
-                                 algbw=S / med / 1e9, busbw=bus, ratio=(bus / ref_bus) if ref_bus else None))
+                                 transport=comm.backend if k == "built-in" else transport, median_s=med, min_s=min(ts),
+                                 max_s=max(ts), algbw=S / med / 1e9, busbw=bus, ratio=(bus / ref_bus) if ref_bus else None,
+                                 check_cost=cost))
     return rows
+
+
+def _unchecked(fn, *args, **kw):
+    P.set_handshake(False)
+    try:
+        fn(*args, **kw)
+    finally:
+        P.set_handshake(True)
+
+
+def _chosen(op, comm, S, checked: bool) -> str:
+    """What algorithm="auto" runs for this call (with the check on, small calls fuse into it)."""
+    from primitives.core import FUSED, fuses
+    P.set_handshake(checked)
+    try:
+        transport = getattr(comm, "transport", None)
+        if transport != "shm" and op in FUSED and fuses(op, FUSED[op][0], comm, S):
+            return FUSED[op][0]
+        return choose(op, comm.size, S, comm.backend, transport)
+    finally:
+        P.set_handshake(True)
 
 
 def pingpong_fit(comm, iters: int):
@@ -140,6 +168,7 @@ def main(argv=None):
     ap.add_argument("--algorithms", default="auto", help="comma list, or 'all'")
     ap.add_argument("--min-bytes", default="4K")
     ap.add_argument("--max-bytes", default="64M")
+    ap.add_argument("--sizes", help="comma list of sizes instead of the ×4 sweep, e.g. 4K,64K,1M,16M,64M")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
@@ -148,13 +177,13 @@ def main(argv=None):
     ap.add_argument("--json", help="write all rows to this file (rank 0)")
     args = ap.parse_args(argv)
     comm = init_from_env(args.backend, args.timeout)
-    P.set_handshake(False)
     P.LEDGER.keep_calls = False
     n, dtype = comm.size, getattr(torch, args.dtype)
     ops = args.ops.split(",")
     algos = sorted({a for op in ops for a in P.algorithms_for(op, comm)}) + ["auto"] if args.algorithms == "all" \
         else args.algorithms.split(",")
-    sizes = sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes))
+    sizes = ([parse_size(s) for s in args.sizes.split(",")] if args.sizes
+             else sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes)))
     if n == 1:
         print0("[yellow]World size 1: nothing to measure. Run: torchrun --standalone --nproc_per_node 4 primitives/bench.py[/]")
         return
@@ -170,13 +199,15 @@ def main(argv=None):
     from rich.table import Table
     for op in ops:
         t = Table(title=f"{op}: {n} ranks, backend {comm.backend}, {args.dtype} (median of {args.reps} reps × {args.iters} iters)")
-        for c in ("size", "impl", "transport", "median µs", "min–max µs", "algbw GB/s", "busbw GB/s", "busbw vs built-in"):
+        for c in ("size", "impl", "transport", "median µs", "min–max µs", "algbw GB/s", "busbw GB/s",
+                  "busbw vs built-in", "check cost"):
             t.add_column(c, justify="left" if c == "impl" else "right")
         for r in (r for r in rows if r["op"] == op):
             impl = r["impl"] + (f" → {r['chosen']}" if r["chosen"] else "")
             ratio = "" if r["ratio"] is None else (f"[green]{r['ratio']:.2f}×[/]" if r["ratio"] >= 1 else f"[red]{r['ratio']:.2f}×[/]")
-            t.add_row(f"{r['size']:,}", impl, r["transport"], f"{r['median_s'] * 1e6:,.0f}", f"{r['min_s'] * 1e6:,.0f}–{r['max_s'] * 1e6:,.0f}",
-                      f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", ratio)
+            cost = "" if r["check_cost"] is None else f"{r['check_cost'] * 100:+.0f}%"
+            t.add_row(f"{r['size']:,}", impl, r["transport"], f"{r['median_s'] * 1e6:,.0f}",
+                      f"{r['min_s'] * 1e6:,.0f}–{r['max_s'] * 1e6:,.0f}", f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", ratio, cost)
         print0(t)
     print0(f"memcpy ceiling on this machine: {result['memcpy_GBps']:.2f} GB/s (one core, 64 MiB copy)")
     if args.fit:
@@ -188,9 +219,12 @@ def main(argv=None):
         t = Table(title="cost model vs measured (all_reduce)")
         for c in ("size", "algorithm", "predicted µs", "measured µs", "predicted/measured"):
             t.add_column(c, justify="right")
-        for r in (r for r in rows if r["op"] == "all_reduce" and r["impl"] in P.algorithms_for("all_reduce", comm)):
-            pred = predict("all_reduce", r["impl"], n, r["size"], params)
-            t.add_row(f"{r['size']:,}", r["impl"], f"{pred * 1e6:,.0f}", f"{r['median_s'] * 1e6:,.0f}", f"{pred / r['median_s']:.2f}")
+        for r in (r for r in rows if r["op"] == "all_reduce" and r["impl"] != "built-in"):
+            # auto rows are predicted for the algorithm auto ran; the model has no term for the check
+            algo = r["chosen"] or r["impl"].replace(" unchecked", "")
+            pred = predict("all_reduce", algo, n, r["size"], params)
+            t.add_row(f"{r['size']:,}", r["impl"] + (f" → {algo}" if r["chosen"] else ""), f"{pred * 1e6:,.0f}",
+                      f"{r['median_s'] * 1e6:,.0f}", f"{pred / r['median_s']:.2f}")
         print0(t)
         for op in ops:
             prev, spans = None, []

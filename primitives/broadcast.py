@@ -5,6 +5,8 @@
 
 Cost for S bytes on N ranks (α = latency per message, β = seconds per byte):
   linear  the root sends S to each of the N-1 others.      root sends (N-1)·S; (N-1)α + (N-1)Sβ
+          With the check on and S ≤ 64 KiB, the data rides in the root's check envelopes
+          (envelope.py): one round for check and data, what auto picks.
   ring    a pipelined chain root → root+1 → … in k = ceil(S / 1 MiB) segments; every rank but
           the last forwards S bytes in k messages.          (N-2+k)(α + Sβ/k)
   tree    binomial tree: a rank receives S once from its parent and sends S to each child;
@@ -12,7 +14,8 @@ Cost for S bytes on N ranks (α = latency per message, β = seconds per byte):
 """
 from __future__ import annotations
 
-from primitives.core import Check, flat_work, get_comm, pipeline_segments, resolve, run, wait_all
+from primitives.core import Check, LazyFlat, fuses, get_comm, pipeline_segments, resolve, run, wait_all
+from primitives.envelope import Fused
 
 
 def _linear(comm, buf, root):
@@ -71,15 +74,28 @@ def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto", tag=
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
     algo = resolve("broadcast", algorithm, ALGOS, comm, nbytes, check)
 
+    prep = LazyFlat(tensor)
+    done = prep.copy_back
+
     def body():
-        buf, copied = flat_work(tensor)
+        buf = prep()
         if buf.numel() and comm.size > 1:
             ALGOS[algo](comm, buf, root)
-        if copied:
-            tensor.copy_(buf.view_as(tensor))
+        done()
+
+    def finish(got):                             # fused: the root's data came in its envelope
+        buf = prep()
+        nb = buf.numel() * buf.element_size()
+        if comm.rank != root:
+            buf.copy_(got(nb, buf.dtype)[root])
+            done()
+        return [nb] if comm.rank != root else []
+    fused = (Fused(lambda peer: prep() if comm.rank == root else None, finish, same_for_all=True)
+             if ok and tensor.numel() and fuses("broadcast", algo, comm, nbytes) else None)
     return run(comm, "broadcast", algo, check, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
+               fused=fused)
 
 
 if __name__ == "__main__":

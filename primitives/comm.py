@@ -3,6 +3,9 @@
     rank, size, device        this process's place in the group, and where its buffers live
     isend(t, peer) / irecv(t, peer) -> Request      non-blocking point-to-point
     send(t, peer) / recv(t, peer)                   the blocking forms
+    exchange(sends=[(t, peer)], recvs=[(t, peer)]) -> [Request]
+                                                    several sends and receives posted as ONE
+                                                    group (nccl: dist.batch_isend_irecv)
     builtin                                         the backend's own collectives (references only)
 
 Two implementations share it:
@@ -14,6 +17,15 @@ recorded in primitives.ledger.LEDGER. Every wait has a deadline (`timeout`, defa
 env RINGZERO_TIMEOUT): a peer that died or never arrives becomes a PeerError naming this
 rank and the peer, never a silent hang. No torch.cuda.synchronize() here: nccl ordering is
 stream-ordered, and wait() on a Work is enough.
+
+Why groups: torch's nccl process group runs each ungrouped send/recv on a stream shared by the
+pair of ranks, in posting order, and a send only completes once the peer's matching receive
+runs. A rank that posts irecv(peer) then isend(peer) while the peer does the same waits forever:
+each receive sits in front of the send the other side needs. A group (ncclGroupStart/End, i.e.
+batch_isend_irecv) progresses all its operations together, so an exchange cannot deadlock.
+Every step of every algorithm that both sends to and receives from a peer uses exchange().
+Strict mode (primitives/strict.py, env RINGZERO_STRICT_P2P=1 or set_strict(True)) replays
+those nccl ordering rules over gloo so tests on CPU catch a pattern that would hang on GPUs.
 """
 from __future__ import annotations
 
@@ -55,10 +67,8 @@ class Request:
     def wait(self) -> None:
         try:
             self.comm._wait(self.handle)
-        except PeerError:
-            raise
-        except Exception as e:  # gloo raises RuntimeError with its own wording; add who and whom
-            raise PeerError(self.comm._describe(self.peer, self.kind, e)) from e
+        except Exception as e:  # gloo raises RuntimeError with its own wording; add who, whom, and why
+            raise self.comm._peer_error(self.peer, self.kind, e) from e
 
 
 class _Done:
@@ -81,14 +91,66 @@ class Communicator(abc.ABC):
     def isend(self, tensor: torch.Tensor, peer: int) -> Request:
         if tensor.numel() == 0:
             return _DONE
+        if self.strict:
+            return self._strict_post([("send", tensor, peer)], grouped=False)[0]
         LEDGER.sent(tensor.numel() * tensor.element_size(), self.link_to(peer))
         return Request(self, self._post(self._isend, tensor, peer, "sending to"), peer, "sending to")
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Request:
         if tensor.numel() == 0:
             return _DONE
+        if self.strict:
+            return self._strict_post([("recv", tensor, peer)], grouped=False)[0]
         LEDGER.received(tensor.numel() * tensor.element_size(), self.link_to(peer))
         return Request(self, self._post(self._irecv, tensor, peer, "receiving from"), peer, "receiving from")
+
+    def exchange(self, sends=(), recvs=()) -> list:
+        """Post every (tensor, peer) receive and send as one group; returns their requests,
+        receives first (in the order given), then sends. Empty tensors are skipped, as above."""
+        ops = [("recv", t, p) for t, p in recvs if t.numel()] + [("send", t, p) for t, p in sends if t.numel()]
+        if not ops:
+            return []
+        if self.strict:
+            return self._strict_post(ops, grouped=True)
+        for kind, t, p in ops:
+            (LEDGER.received if kind == "recv" else LEDGER.sent)(t.numel() * t.element_size(), self.link_to(p))
+        try:
+            handles = self._group(ops)
+        except Exception as e:
+            raise self._peer_error(ops[0][2], "exchanging with", e) from e
+        return [Request(self, h, p, "receiving from" if k == "recv" else "sending to")
+                for h, (k, _, p) in zip(handles, ops)]
+
+    def sendrecv(self, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
+        """Swap buffers with one peer (one group) and wait for both directions."""
+        for r in self.exchange(sends=[(send, peer)], recvs=[(recv, peer)]):
+            r.wait()
+
+    def _group(self, ops) -> list:
+        """Post a group of ("send"|"recv", tensor, peer). Default: one operation at a time, which
+        is a group for any transport whose posted operations progress independently (gloo, MPI)."""
+        return [self._irecv(t, p) if k == "recv" else self._isend(t, p) for k, t, p in ops]
+
+    # strict mode: nccl's ordering rules replayed on this transport (primitives/strict.py)
+    _strict_flag: bool | None = None
+    _strict_sched = None
+
+    @property
+    def strict(self) -> bool:
+        from primitives import strict
+        return strict.enabled() if self._strict_flag is None else self._strict_flag
+
+    def set_strict(self, enabled: bool | None) -> None:
+        """True/False for this communicator; None follows the process default (set_strict_p2p)."""
+        self._strict_flag = enabled
+
+    def _strict_post(self, ops, grouped):
+        from primitives import strict
+        if self._strict_sched is None:
+            self._strict_sched = strict.Scheduler(self)
+        for kind, t, p in ops:
+            (LEDGER.received if kind == "recv" else LEDGER.sent)(t.numel() * t.element_size(), self.link_to(p))
+        return self._strict_sched.post(ops, grouped)
 
     # ---- multinode topology (primitives/topology.py): which node each rank is on
     def node_of(self, rank: int) -> int:
@@ -117,7 +179,7 @@ class Communicator(abc.ABC):
         try:
             return fn(tensor, peer)
         except Exception as e:
-            raise PeerError(self._describe(peer, kind, e)) from e
+            raise self._peer_error(peer, kind, e) from e
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         self.isend(tensor, peer).wait()
@@ -125,9 +187,15 @@ class Communicator(abc.ABC):
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         self.irecv(tensor, peer).wait()
 
+    def _peer_error(self, peer: int, kind: str, err: Exception | None = None) -> PeerError:
+        """The PeerError for a failed transfer, naming the rank that really died (faults.py)."""
+        from primitives.faults import root_cause
+        return PeerError(self._describe(peer, kind, err) + root_cause(self, peer, kind))
+
     def _describe(self, peer: int, kind: str, err: Exception | None = None) -> str:
         why = f": {err}" if err is not None else ""
-        return (f"rank {self.rank}: failed {kind} rank {peer} (backend {self.backend}, "
+        call = str(getattr(self, "current_call", "") or "")
+        return (f"rank {self.rank}: failed {kind} rank {peer}{' in ' + call if call else ''} (backend {self.backend}, "
                 f"timeout {self.timeout:.0f}s; did rank {peer} die or skip this call?){why}")
 
     # what a backend provides: post a send / a receive, and wait for one (honouring self.timeout)
@@ -171,6 +239,14 @@ class TorchComm(Communicator):
     def _irecv(self, tensor, peer):
         return dist.irecv(tensor, self._global[peer], group=self.group)
 
+    def _group(self, ops):
+        if self.backend != "nccl":
+            return super()._group(ops)
+        p2p = [dist.P2POp(dist.irecv if k == "recv" else dist.isend, t, self._global[p], group=self.group)
+               for k, t, p in ops]
+        works = dist.batch_isend_irecv(p2p)
+        return works if len(works) == len(ops) else [works[-1]] * len(ops)  # coalesced into one Work
+
     def _wait(self, handle):
         if not handle.wait(timeout=timedelta(seconds=self.timeout)):
             raise PeerError(f"timed out after {self.timeout:.0f}s")
@@ -198,23 +274,48 @@ class MPIComm(Communicator):
         return tensor.reshape(-1).view(torch.uint8).numpy()
 
     def _isend(self, tensor, peer):
-        return self.mpi.Isend([self._bytes(tensor), self.MPI.BYTE], dest=peer, tag=7)
+        return self._track(self.mpi.Isend([self._bytes(tensor), self.MPI.BYTE], dest=peer, tag=7))
 
     def _irecv(self, tensor, peer):
-        return self.mpi.Irecv([self._bytes(tensor), self.MPI.BYTE], source=peer, tag=7)
+        return self._track(self.mpi.Irecv([self._bytes(tensor), self.MPI.BYTE], source=peer, tag=7))
+
+    def _track(self, req):
+        self.__dict__.setdefault("_posted", []).append(req)
+        return req
 
     def _wait(self, req):
         # MPI_Wait has no deadline, so poll. Yield the core between polls (sleep(0)) instead of
         # napping: with more ranks than cores the peer needs the CPU, and a nap of even 100 µs
         # per dependent step showed up as a 2x slower ring all-reduce at 4 ranks on 2 cores.
-        if req.Test():
-            return
-        deadline, spins = time.monotonic() + self.timeout, 0
-        while not req.Test():
-            spins += 1
-            time.sleep(0)
-            if spins % 4096 == 0 and time.monotonic() > deadline:
-                raise PeerError(f"timed out after {self.timeout:.0f}s")
+        if not req.Test():
+            deadline, spins = time.monotonic() + self.timeout, 0
+            while not req.Test():
+                spins += 1
+                time.sleep(0)
+                if spins % 4096 == 0 and time.monotonic() > deadline:
+                    left = self.cancel_posted()
+                    raise PeerError(f"timed out after {self.timeout:.0f}s; cancelled this rank's posted "
+                                    f"operations" + (f" ({left} could not be cancelled)" if left else ""))
+        posted = self.__dict__.get("_posted", [])
+        if len(posted) > 64:                  # forget finished requests now and then
+            self._posted = [r for r in posted if r is not req and not r.Test()]
+
+    def cancel_posted(self, grace: float = 1.0) -> int:
+        """Cancel every operation this communicator posted that has not completed, so a late
+        message can never land in a tensor the caller has since reused. Returns how many
+        could not be cancelled within `grace` seconds (MPI may refuse to cancel a matched send)."""
+        posted, self._posted = self.__dict__.get("_posted", []), []
+        live = [r for r in posted if not r.Test()]
+        for r in live:
+            try:
+                r.Cancel()
+            except Exception:
+                pass
+        deadline = time.monotonic() + grace
+        while live and time.monotonic() < deadline:
+            live = [r for r in live if not r.Test()]
+            time.sleep(0.001)
+        return len(live)
 
 
 _MPI_WORLD: MPIComm | None = None

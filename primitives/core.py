@@ -1,17 +1,19 @@
-"""What every collective shares: argument checks, the metadata handshake, reduce ops,
+"""What every collective shares: argument checks, the call check (envelope.py), reduce ops,
 chunking, scratch buffers, async execution and algorithm selection.
 
 Callers can add their own `tag=` (an int every rank must agree on, e.g. which module a ZeRO-3
 gather belongs to) and get that identity checked in the same round.
 
-The handshake is the cheap trick that turns bad input into errors instead of hangs: before
-moving data, every rank sends every other rank eight int64s (call, algorithm, op, root, dtype,
-numel, shape hash, "my arguments are bad"). One round, N-1 tiny messages per rank. If any rank
-disagrees or flagged an error, *every* rank raises, naming the rank and what differed.
-Switch it off for benchmarks with set_handshake(False) or RINGZERO_HANDSHAKE=0.
+The check turns bad input into errors instead of hangs: every call opens with one round in
+which every rank sends every other rank a fixed-size envelope holding its call's fingerprint
+(call, algorithm, op, root, dtype, numel, shape hash, tag, "my arguments are bad"). If any rank
+disagrees or flagged an error, *every* rank raises, naming the rank and what differed. Small
+calls carry their data in the same envelopes, so for them the check costs no extra round
+(primitives/envelope.py). Switch it off with set_handshake(False) or RINGZERO_HANDSHAKE=0.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import zlib
@@ -20,7 +22,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from primitives.algos import ALGORITHMS, PIPELINE_BYTES, chunk_bounds, group_rank, segments
 from primitives.comm import Communicator, get_comm
+from primitives.cost import choose
+from primitives.envelope import Fused, check_round, fits
 from primitives.ledger import LEDGER
 
 ReduceOp = dist.ReduceOp
@@ -120,7 +125,7 @@ class Check:
             self.fail(f"argument {arg!r} must be an int rank, got {value!r}")
             return 0
         try:
-            g = self._group_rank(value)
+            g = group_rank(self.comm, value)
         except Exception:
             g = -1
         if not 0 <= g < n:
@@ -128,12 +133,6 @@ class Check:
                       f"(expected a global rank among {[self.comm.global_rank(r) for r in range(n)]})")
             return 0
         return g
-
-    def _group_rank(self, global_rank: int) -> int:
-        grp = getattr(self.comm, "group", None)
-        if grp is None:
-            return global_rank
-        return dist.get_group_rank(grp, global_rank)
 
     def tensor_list(self, arg: str, lst, like: torch.Tensor) -> bool:
         n = self.comm.size
@@ -155,48 +154,15 @@ class Check:
             self.fail(f"{what}: got {got} elements, expected {expected}")
 
 
-# ----------------------------------------------------------------------------- handshake
+# ----------------------------------------------------------------------------- the check
 
-def _handshake(comm: Communicator, name: str, meta: list[int], local_errors: list[str], meta_desc) -> None:
-    n, me = comm.size, comm.rank
-    text = "; ".join(local_errors).encode()      # the last field: length of my error text (0 = ok)
-    mine = torch.tensor(meta + [len(text)], dtype=torch.int64, device=comm.device)
-    theirs = torch.empty((n, mine.numel()), dtype=torch.int64, device=comm.device)
-    theirs[me] = mine
-    if n > 1:
-        with LEDGER.control_traffic():
-            reqs = [comm.irecv(theirs[p], p) for p in range(n) if p != me]
-            reqs += [comm.isend(mine, p) for p in range(n) if p != me]
-            for r in reqs:
-                r.wait()
-    table = theirs.cpu().tolist()
-    bad = [p for p in range(n) if table[p][-1]]
-    if bad:  # a second round, only on error: the bad ranks send their text, so every rank can say what was wrong
-        texts = {p: torch.empty(table[p][-1], dtype=torch.uint8, device=comm.device) for p in bad}
-        with LEDGER.control_traffic():
-            reqs = [comm.irecv(texts[p], p) for p in bad if p != me]
-            if text:
-                msg = torch.tensor(list(text), dtype=torch.uint8, device=comm.device)
-                reqs += [comm.isend(msg, p) for p in range(n) if p != me]
-            for r in reqs:
-                r.wait()
-        if local_errors:
-            raise CollectiveError(f"rank {me}: {name}: " + text.decode())
-        why = "; ".join(f"rank {p}: {bytes(texts[p].cpu().tolist()).decode()}" for p in bad)
-        raise CollectiveError(f"rank {me}: {name} aborted because rank(s) {bad} passed invalid arguments: {why}")
-    for p in range(n):
-        if table[p][:-1] != table[me][:-1]:
-            raise CollectiveError(f"rank {me}: {name}: ranks disagree on the call: rank {me} passed "
-                                  f"{meta_desc(table[me])} but rank {p} passed {meta_desc(table[p])}")
-
-
+@functools.lru_cache(maxsize=4096)     # names and shapes repeat every step: hash each once
 def _code(s: str) -> int:
     return zlib.crc32(s.encode()) & 0x7FFFFFFF
 
 
 def _meta_desc(names):
-    def desc(row):
-        from primitives import ALGORITHMS   # decode the crc32 codes back to names for the message
+    def desc(row):  # noqa: E306
         known = {_code(s): s for s in [*ALGORITHMS, *(a for v in ALGORITHMS.values() for a in v)]}
         d = dict(zip(names, row))
         dtype = _DTYPES[d["dtype"]] if 0 <= d["dtype"] < len(_DTYPES) else "?"
@@ -204,6 +170,25 @@ def _meta_desc(names):
                 f"numel={d['numel']}, shape#={d['shape']}, tag={d['tag']}, "
                 f"op={list(_OP_CODES)[d['op']] if d['op'] >= 0 else '-'}, root={d['root']})")
     return desc
+
+
+_META_DESC = _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape", "tag"])
+
+
+class _CallName:
+    """'all_reduce(algorithm=ring) call #7', formatted only when an error message needs it."""
+    __slots__ = ("name", "algorithm", "k")
+
+    def __init__(self, name, algorithm, k):
+        self.name, self.algorithm, self.k = name, algorithm, k
+
+    def __str__(self):
+        return f"{self.name}(algorithm={self.algorithm}) call #{self.k}"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+    def __bool__(self):
+        return True
 
 
 # ----------------------------------------------------------------------------- execution
@@ -228,21 +213,26 @@ class AsyncWork:
 
 
 def run(comm: Communicator, name: str, algorithm: str, check: Check, *, numel: int, dtype,
-        op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0):
-    """Validate (locally and, via the handshake, across ranks), then run body() under the ledger.
+        op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
+        fused: Fused | None = None):
+    """Validate (locally and, via the check round, across ranks), then run body() under the ledger.
+    `fused`: how this call's data rides in the check's envelopes (primitives/envelope.py) when
+    it is small enough; then body() is not needed.
 
     Collectives on one communicator run in call order on a single worker thread when any of
     them is asynchronous, so point-to-point messages of different calls can never interleave.
     """
     def go():
-        if _HANDSHAKE:
-            meta = [_code(name), _code(algorithm), _OP_CODES.get(op, -1), root,
-                    _DTYPE_CODES.get(dtype, -1), numel, _code(str(tuple(shape))), int(tag)]
-            _handshake(comm, name, meta, check.errors,
-                       _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape", "tag"]))
-        elif check.errors:
+        comm.calls = getattr(comm, "calls", 0) + 1
+        comm.current_call = _CallName(name, algorithm, comm.calls)
+        if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
         with LEDGER.call(name, algorithm, nbytes):
+            if _HANDSHAKE and comm.size > 1:
+                meta = [_code(name), _code(algorithm), _OP_CODES.get(op, -1), root,
+                        _DTYPE_CODES.get(dtype, -1), numel, _code(str(tuple(shape))), int(tag)]
+                if check_round(comm, name, meta, check.errors, _META_DESC, fused, CollectiveError):
+                    return
             body()
 
     key = id(comm)
@@ -277,35 +267,22 @@ def drain() -> None:
 
 # ----------------------------------------------------------------------------- helpers
 
-def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
-    """torch.tensor_split's rule: the first numel % n chunks get one extra element."""
-    q, r = divmod(numel, n)
-    out, start = [], 0
-    for i in range(n):
-        size = q + (1 if i < r else 0)
-        out.append((start, start + size))
-        start += size
-    return out
-
-
-PIPELINE_BYTES = 1 << 20   # chain algorithms send in segments of about this size
-
-
 def pipeline_segments(buf: torch.Tensor) -> int:
     """k = ceil(S / 1 MiB) segments (at least 1, at most one per element)."""
-    nbytes = buf.numel() * buf.element_size()
-    return max(1, min(buf.numel(), -(-nbytes // PIPELINE_BYTES)))
+    return segments(buf.numel(), buf.element_size())
 
 
-_scratch: dict = {}
-
-
-def scratch(comm: Communicator, numel: int, dtype, slot: int = 0) -> torch.Tensor:
-    """A reusable buffer per (dtype, slot): allocated once and grown, never freed mid-run."""
-    key = (comm.device, dtype, slot)
-    buf = _scratch.get(key)
+def scratch(comm: Communicator, numel: int, dtype, slot=0, device=None) -> torch.Tensor:
+    """A reusable buffer per (device, dtype, slot), owned by the communicator: allocated once and
+    grown, never freed mid-run. Per communicator, so collectives running concurrently on two
+    communicators (async work on different groups) never share one; one communicator's calls
+    run one at a time (see run), so its buffers need no lock."""
+    cache = comm.__dict__.setdefault("_scratch", {})
+    device = comm.device if device is None else torch.device(device)
+    key = (device, dtype, slot)
+    buf = cache.get(key)
     if buf is None or buf.numel() < numel:
-        buf = _scratch[key] = torch.empty(max(numel, 1), dtype=dtype, device=comm.device)
+        buf = cache[key] = torch.empty(max(numel, 1), dtype=dtype, device=device)
     return buf[:numel]
 
 
@@ -316,18 +293,51 @@ def flat_work(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return t.contiguous().view(-1), True
 
 
+class LazyFlat:
+    """A collective's tensor as a contiguous 1-D buffer, made when the call executes (async calls
+    run later than they are posted); copy_back() writes it into the caller's tensor if it had
+    to be a copy."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor, self._buf, self._copied = tensor, None, False
+
+    def __call__(self) -> torch.Tensor:
+        if self._buf is None:
+            self._buf, self._copied = flat_work(self.tensor)
+        return self._buf
+
+    def copy_back(self) -> None:
+        if self._copied:
+            self.tensor.copy_(self._buf.view_as(self.tensor))
+
+
 def wait_all(reqs) -> None:
     for r in reqs:
         r.wait()
 
 
+# what a small call runs when its data rides in the check's envelopes, and the payload per
+# message as a function of S (the full buffer, nccl-tests' convention) and N
+FUSED = {"all_reduce": ("one_shot", lambda S, n: S), "broadcast": ("linear", lambda S, n: S),
+         "all_gather": ("direct", lambda S, n: S // n), "all_gather_single": ("direct", lambda S, n: S // n),
+         "reduce_scatter": ("direct", lambda S, n: S // n), "reduce_scatter_single": ("direct", lambda S, n: S // n)}
+
+
+def fuses(name: str, algo: str, comm: Communicator, nbytes: int) -> bool:
+    """Will this call's data ride in the check round's envelopes? (Same answer on every rank
+    whose arguments agree; ranks whose arguments differ are stopped by the check itself.)"""
+    f = FUSED.get(name)
+    return _HANDSHAKE and comm.size > 1 and f is not None and f[0] == algo and fits(f[1](nbytes, comm.size))
+
+
 def resolve(name: str, algorithm: str, algos: dict, comm: Communicator, nbytes: int, check: Check) -> str:
     transport = getattr(comm, "transport", None)           # shm transport: auto may pick "shm"
     if algorithm == "auto":
-        from primitives.cost import choose
         from primitives.topology import prefers_hierarchical   # multinode: ranks on >1 node
         if "hierarchical" in algos and prefers_hierarchical(comm):
             return "hierarchical"
+        if FUSED.get(name) and fuses(name, FUSED[name][0], comm, nbytes):
+            return FUSED[name][0]            # the check round carries the data: one round in all
         return choose(name, comm.size, nbytes, comm.backend, transport)
     if algorithm == "shm" and "shm" in algos and transport != "shm":   # shm transport
         check.fail(f"argument 'algorithm' is 'shm', which needs every rank of the group on this host on the "

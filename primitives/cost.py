@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
-from primitives.core import PIPELINE_BYTES, chunk_bounds
+from primitives.algos import ALGORITHMS, PIPELINE_BYTES, chunk_bounds, segments
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,31 @@ DEFAULTS = {
 SHM_NATIVE = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single")
 
 
+def ring_fraction(collective: str, n: int) -> Fraction:
+    """The share of the full buffer S one rank sends in a ring: 2(N-1)/N for all-reduce,
+    (N-1)/N for reduce-scatter and all-gather. THE byte formula: ledgers and chapters use it."""
+    if n <= 1:
+        return Fraction(0)
+    base = collective.replace("_single", "")
+    if base == "all_reduce":
+        return Fraction(2 * (n - 1), n)
+    if base in ("reduce_scatter", "all_gather"):
+        return Fraction(n - 1, n)
+    raise KeyError(f"no ring formula for {collective!r}")
+
+
+def ring_bytes(collective: str, nbytes: int, n: int) -> int:
+    """Bytes one rank sends in a ring for a full buffer of nbytes (rounded down); broadcast:
+    each non-last rank of the chain forwards the buffer once."""
+    if n <= 1:
+        return 0
+    if collective == "broadcast":
+        return nbytes
+    return int(ring_fraction(collective, n) * nbytes)
+
+
 def _log2(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
-
-
-def segments(numel: int, elem_size: int) -> int:
-    return max(1, min(numel, -(-numel * elem_size // PIPELINE_BYTES)))
 
 
 def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
@@ -87,6 +107,7 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
         return {"linear": 2 * (n - 1) * (a + S * b) + (n - 1) * S * g,
                 "ring": 2 * (n - 1) * a + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
                 "direct": 2 * a + 2 * (n - 2) * o + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
+                "one_shot": a + (n - 2) * o + (n - 1) * S * (b + g),
                 "recursive_doubling": lp * (a + S * (b + g)) + fold,
                 "rabenseifner": 2 * lp * a + 2 * (P - 1) / P * S * b + (P - 1) / P * S * g + fold}[algo]
     s = S / n
@@ -108,7 +129,6 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
 def choose(name: str, n: int, nbytes: int, backend: str = "gloo", transport: str | None = None) -> str:
     """algorithm="auto": the algorithm with the lowest predicted time (ties: first listed).
     On the shared-memory transport its own fitted parameters, and the "shm" algorithms too."""
-    from primitives import ALGORITHMS
     p = DEFAULTS["shm"] if transport in ("shm", "shm+tcp") else DEFAULTS.get(backend, DEFAULTS["gloo"])
     # "hierarchical" only pays with more than one node: core.resolve asks primitives.topology first;
     # "linear" is the naive through-one-rank algorithm, except for all-to-all (post everything at once)
@@ -177,6 +197,8 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
         if algo == "direct":
             c = [(e - s) * elem for s, e in chunk_bounds(numel, n)]
             return msgs([c[i] for i in range(n) if i != rank] + [c[rank]] * (n - 1))
+        if algo == "one_shot":
+            return msgs([S] * (n - 1))
         if rank < 2 * rem and rank % 2 == 0:
             return 1, S
         fold = [S] if rank < 2 * rem else []

@@ -34,7 +34,7 @@ def _ring(comm, mine, blocks, root):
         blocks[root].copy_(mine)
         return
     sends = [comm.isend(mine, nxt), None]
-    slots = [scratch(comm, mine.numel(), mine.dtype, slot=i) for i in (0, 1)]
+    slots = [scratch(comm, mine.numel(), mine.dtype, slot=i, device=mine.device) for i in (0, 1)]
     for j in range(n - 1 - v):
         buf = slots[j % 2]
         if j >= 1 and sends[(j + 1) % 2] is not None:
@@ -49,7 +49,7 @@ def _tree(comm, mine, blocks, root):
     v = (comm.rank - root) % n
     low = v & -v if v else 1 << n.bit_length()
     size = min(low, n - v)
-    buf = scratch(comm, size * k, mine.dtype)
+    buf = scratch(comm, size * k, mine.dtype, device=mine.device)
     buf[:k].copy_(mine)
     m, reqs = 1, []
     while m < low and v + m < n:                    # children v+1, v+2, v+4, …

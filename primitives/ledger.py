@@ -86,6 +86,20 @@ class Ledger:
                 c.msgs_recv += 1
                 c.bytes_recv += nbytes
 
+    def data_moved(self, sent: list[int], received: list[int]) -> None:
+        """Data that rode in control messages (the fused check's envelopes): one message per
+        non-zero entry, counted as data without counting the envelope twice as control."""
+        with self._lock:
+            for c in [self.data] + ([self._t.current.counts] if self._t.current else []):
+                for b in sent:
+                    if b:
+                        c.msgs_sent += 1
+                        c.bytes_sent += b
+                for b in received:
+                    if b:
+                        c.msgs_recv += 1
+                        c.bytes_recv += b
+
     @contextlib.contextmanager
     def call(self, name: str, algorithm: str, nbytes: int):
         rec = CallRecord(name, algorithm, nbytes)

@@ -24,7 +24,7 @@ def _linear(comm, buf, root, op):
         comm.send(buf, root)
         return
     n = comm.size
-    tmp = scratch(comm, buf.numel() * (n - 1), buf.dtype).view(n - 1, -1) if n > 1 else None
+    tmp = scratch(comm, buf.numel() * (n - 1), buf.dtype, device=buf.device).view(n - 1, -1) if n > 1 else None
     peers = [p for p in range(n) if p != root]
     wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)])
     for i in range(n - 1):                            # fixed rank order: a deterministic sum
@@ -39,8 +39,8 @@ def _ring(comm, buf, root, op):
     if v == 0:                                         # start of the chain: send my own data
         wait_all([comm.isend(s, nxt) for s in buf.tensor_split(k)])
         return
-    acc = buf if comm.rank == root else scratch(comm, buf.numel(), buf.dtype, slot=1).copy_(buf)
-    inc = scratch(comm, buf.numel(), buf.dtype)
+    acc = buf if comm.rank == root else scratch(comm, buf.numel(), buf.dtype, slot=1, device=buf.device).copy_(buf)
+    inc = scratch(comm, buf.numel(), buf.dtype, device=buf.device)
     mine, got = acc.tensor_split(k), inc.tensor_split(k)
     sends, pending = [], comm.irecv(got[0], prev)
     for i in range(k):
@@ -57,7 +57,7 @@ def _tree(comm, buf, root, op):
     n = comm.size
     v = (comm.rank - root) % n
     acc = buf if comm.rank == root else None
-    tmp = scratch(comm, buf.numel(), buf.dtype)
+    tmp = scratch(comm, buf.numel(), buf.dtype, device=buf.device)
     mask = 1
     while mask < n:
         if v & mask:                                   # my subtree is done: hand it to the parent
@@ -66,7 +66,7 @@ def _tree(comm, buf, root, op):
         if v + mask < n:
             comm.recv(tmp, (v + mask + root) % n)
             if acc is None:                            # first child: copy so the caller's tensor stays intact
-                acc = scratch(comm, buf.numel(), buf.dtype, slot=1).copy_(buf)
+                acc = scratch(comm, buf.numel(), buf.dtype, slot=1, device=buf.device).copy_(buf)
             combine_(acc, tmp, op)
         mask <<= 1
 

@@ -15,6 +15,8 @@ Cost, S = bytes of one block (each input holds N·S):
           (N-1)·S bytes per rank; (N-1)·S bytes of scratch.  α + (N-1)·o + (N-1)S(β + γ)
   hierarchical  across m nodes × k ranks: intra rings per node, then an inter ring of the partial
           sums (primitives/hierarchical.py); m(k-1)·S intra-node and (m-1)·S inter-node bytes per rank.
+With the check on and a block ≤ 64 KiB, direct's blocks ride in the check's envelopes
+(envelope.py): one round for check and data, what auto picks.
 The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
 buffer is never overwritten while its send is in flight).
 """
@@ -22,14 +24,15 @@ from __future__ import annotations
 
 from primitives import shm_collectives
 from primitives.reduce import _linear as _reduce_linear
-from primitives.core import (Check, ReduceOp, combine_, finish_avg_, flat_work, get_comm, resolve, run,
-                             scratch, wait_all)
+from primitives.core import (Check, ReduceOp, combine_, finish_avg_, flat_work, fuses, get_comm, resolve,
+                             run, scratch, wait_all)
+from primitives.envelope import Fused
 
 
 def _linear(comm, blocks, out, op):
     n, r = comm.size, comm.rank
     s = blocks[0].numel()
-    work = scratch(comm, n * s, out.dtype, slot=2)
+    work = scratch(comm, n * s, out.dtype, slot=2, device=out.device)
     for i, b in enumerate(blocks):                   # pack (and protect the caller's input)
         work[i * s:(i + 1) * s].copy_(b)
     _reduce_linear(comm, work, 0, op)
@@ -43,27 +46,24 @@ def _linear(comm, blocks, out, op):
 def _ring(comm, blocks, out, op):
     n, r = comm.size, comm.rank
     nxt, prev = (r + 1) % n, (r - 1) % n
-    slots = [scratch(comm, out.numel(), out.dtype, slot=i) for i in (0, 1)]
-    sq = comm.isend(blocks[(r - 1) % n], nxt)
-    for s in range(n - 1):
-        inc = slots[s % 2]
-        rq = comm.irecv(inc, prev)
-        rq.wait()
-        sq.wait()
+    slots = [scratch(comm, out.numel(), out.dtype, slot=i, device=out.device) for i in (0, 1)]
+    send = blocks[(r - 1) % n]
+    for s in range(n - 1):                        # one group per step (prev == nxt at N = 2)
+        inc = slots[s % 2]                         # never the slot whose send is in this group
+        wait_all(comm.exchange(sends=[(send, nxt)], recvs=[(inc, prev)]))
         combine_(inc, blocks[(r - s - 2) % n], op)
-        if s < n - 2:
-            sq = comm.isend(inc, nxt)
+        send = inc
     out.copy_(inc)
 
 
 def _direct(comm, blocks, out, op):
     n, r, k = comm.size, comm.rank, out.numel()
-    tmp = scratch(comm, (n - 1) * k, out.dtype).view(n - 1, k)
+    tmp = scratch(comm, (n - 1) * k, out.dtype, device=out.device).view(n - 1, k)
     peers = [(r + i) % n for i in range(1, n)]
-    wait_all([comm.irecv(tmp[i], p) for i, p in enumerate(peers)] + [comm.isend(blocks[p], p) for p in peers])
+    wait_all(comm.exchange(sends=[(blocks[p], p) for p in peers], recvs=[(tmp[i], p) for i, p in enumerate(peers)]))
     rows = {p: tmp[i] for i, p in enumerate(peers)}
     rows[r] = blocks[r]
-    acc = scratch(comm, k, out.dtype, slot=1).copy_(rows[0])   # out may alias blocks[r]
+    acc = scratch(comm, k, out.dtype, slot=1, device=out.device).copy_(rows[0])   # out may alias blocks[r]
     for p in range(1, n):                            # fixed rank order: deterministic
         combine_(acc, rows[p], op)
     out.copy_(acc)
@@ -82,19 +82,45 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0)
     nbytes = output.numel() * output.element_size() * comm.size if ok else 0
     algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
 
+    st = {}
+
+    def prep():                                  # at execution time (async calls run later)
+        if not st:
+            st["out"], st["copied"] = flat_work(output)
+            st["flat"] = [flat_work(b)[0] for b in blocks()]
+        return st["out"], st["flat"]
+
+    def done():
+        out = st["out"]
+        finish_avg_(out, opn, comm.size)
+        if st["copied"]:
+            output.copy_(out.view_as(output))
+
     def body():
-        out, copied = flat_work(output)
-        flat = [flat_work(b)[0] for b in blocks()]
+        out, flat = prep()
         if comm.size == 1 or out.numel() == 0:
             out.copy_(flat[comm.rank])
         else:
             ALGOS[algo](comm, flat, out, opn)
-        finish_avg_(out, opn, comm.size)
-        if copied:
-            output.copy_(out.view_as(output))
+        done()
+
+    def finish(got):                             # fused: each rank's block r came in its envelope
+        out, flat = prep()
+        nb = out.numel() * out.element_size()
+        rows = got(nb, out.dtype)
+        rows[comm.rank] = flat[comm.rank]
+        acc = rows[0].clone()                    # rank order: deterministic; out may alias my block
+        for p in range(1, comm.size):
+            combine_(acc, rows[p], opn)
+        out.copy_(acc)
+        done()
+        return [nb] * (comm.size - 1)
+    fused = (Fused(lambda peer: prep()[1][peer], finish, same_for_all=False)
+             if ok and output.numel() and fuses(name, algo, comm, nbytes) else None)
     return run(comm, name, algo, check, numel=output.numel() if ok else -1,
                dtype=output.dtype if ok else None, op=opn, root=-1,
-               shape=tuple(output.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
+               shape=tuple(output.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
+               fused=fused)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from primitives.algos import group_rank
 from primitives.core import op_name
 
 _MPI_OPS = {"sum": "SUM", "product": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM"}
@@ -29,13 +30,10 @@ def ref(name: str, comm, *args, op=None) -> None:
     if opn == "avg":
         target = {"all_reduce": args[0], "reduce": args[0], "reduce_scatter": args[0],
                   "reduce_scatter_single": args[0]}[name]
-        if name != "reduce" or comm.rank == _group_rank(comm, args[1]):
+        if name != "reduce" or comm.rank == group_rank(comm, args[1]):
             target.div_(comm.size)
 
 
-def _group_rank(comm, global_rank):
-    grp = getattr(comm, "group", None)
-    return global_rank if grp is None else dist.get_group_rank(grp, global_rank)
 
 
 def _ref_torch(name, comm, args, opn):
@@ -55,9 +53,9 @@ def _ref_torch(name, comm, args, opn):
     elif name == "reduce_scatter_single":  # older torch: reduce_scatter_tensor
         (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(args[0], args[1], op=op, group=g)
     elif name == "scatter":
-        dist.scatter(args[0], args[1] if comm.rank == _group_rank(comm, args[2]) else None, src=args[2], group=g)
+        dist.scatter(args[0], args[1] if comm.rank == group_rank(comm, args[2]) else None, src=args[2], group=g)
     elif name == "gather":
-        dist.gather(args[0], args[1] if comm.rank == _group_rank(comm, args[2]) else None, dst=args[2], group=g)
+        dist.gather(args[0], args[1] if comm.rank == group_rank(comm, args[2]) else None, dst=args[2], group=g)
     else:
         raise KeyError(name)
 

@@ -33,7 +33,7 @@ def _ring(comm, out, blocks, root):
         wait_all([comm.isend(blocks[(u + root) % n], nxt) for u in range(n - 1, 0, -1)])
         out.copy_(blocks[root])
         return
-    slots = [scratch(comm, out.numel(), out.dtype, slot=i) for i in (0, 1)]
+    slots = [scratch(comm, out.numel(), out.dtype, slot=i, device=out.device) for i in (0, 1)]
     sends = [None, None]
     for j in range(n - 1 - v):                      # blocks for ranks further down the chain
         buf = slots[j % 2]
@@ -50,7 +50,7 @@ def _tree(comm, out, blocks, root):
     v = (comm.rank - root) % n
     low = v & -v if v else 1 << n.bit_length()     # my subtree spans [v, v + low) ∩ [0, n)
     size = min(low, n - v)
-    buf = scratch(comm, size * k, out.dtype)
+    buf = scratch(comm, size * k, out.dtype, device=out.device)
     if v == 0:
         for u in range(n):                           # pack in chain order, so subtrees are contiguous
             buf[u * k:(u + 1) * k].copy_(blocks[(u + root) % n])

@@ -333,6 +333,8 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
                  "rank r sends every chunk but its own once, then its own chunk to N-1 peers")
             if numel >= n:
                 want(all(m == 2 * (n - 1) for m in ms), "each rank 2(N-1) messages")
+        elif algo == "one_shot":
+            want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "each rank sends S to N-1 peers")
         elif algo == "linear":
             want(ms[0] == n - 1 and bs[0] == (n - 1) * S, "rank 0 sends (N-1) × S")
             want(all(ms[r] == 1 and bs[r] == S for r in range(1, n)), "others send S once")

@@ -32,3 +32,10 @@ def test_mpiexec_without_backend_flag_explains():
                 env=ENV, timeout=120, check=False)
     assert r.returncode != 0
     assert "--backend mpi" in r.stdout + r.stderr
+
+
+def test_timeout_cancels_posted_receive():
+    """A late message must not land in a tensor reused after a timeout (MPIComm.cancel_posted)."""
+    r = run_cmd("mpiexec -n 2 python tests/mpi_timeout_worker.py", env=ENV, timeout=120, check=False)
+    assert r.returncode == 0 and "MPI TIMEOUT CANCEL OK" in r.stdout, \
+        f"rc={r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"

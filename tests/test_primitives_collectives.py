@@ -145,23 +145,36 @@ def _handshake_traffic_work(rank, n):
             dc = LEDGER.control - c0
             out.append((name, hs, (d.msgs_sent, d.bytes_sent, d.msgs_recv, d.bytes_recv),
                         (dc.msgs_sent, dc.bytes_sent), LEDGER.calls[-1].counts.bytes_sent))
+    # a small call with the check on: its data rides in the check's envelopes (one round)
     P.set_handshake(True)
-    return out
+    x = torch.full((1000,), float(rank))
+    c0 = LEDGER.control.copy()
+    with LEDGER.track() as d:
+        P.all_reduce(x)
+    dc = LEDGER.control - c0
+    fused = (LEDGER.calls[-1].algorithm, (d.msgs_sent, d.bytes_sent, d.msgs_recv, d.bytes_recv),
+             (dc.msgs_sent, dc.bytes_sent), x[0].item())
+    P.set_handshake(True)
+    return out, fused
 
 
 def test_handshake_is_control_traffic_not_data(spawn):
     n = 3
     results = spawn(_handshake_traffic_work, n)
-    for rank, rows in enumerate(results):
+    from primitives.algos import ENVELOPE_BYTES
+    for rank, (rows, fused) in enumerate(results):
         by = {(name, hs): (data, ctrl, per_call) for name, hs, data, ctrl, per_call in rows}
         for name in ("all_reduce", "broadcast"):
             on, off = by[(name, True)], by[(name, False)]
             assert on[0] == off[0], f"rank {rank} {name}: data counts change with the handshake: {on[0]} vs {off[0]}"
             assert on[2] == on[0][1], "the per-call record holds the data bytes only"
-            # handshake: one message of 9 int64 (7 call fields, the caller's tag, the error
-            # flag) to each of the N-1 peers
-            assert on[1] == (n - 1, (n - 1) * 9 * 8), f"rank {rank}: handshake traffic {on[1]}"
+            # the check: one fixed-size envelope to each of the N-1 peers
+            assert on[1] == (n - 1, (n - 1) * ENVELOPE_BYTES), f"rank {rank}: check traffic {on[1]}"
             assert off[1] == (0, 0), "no control traffic with the handshake off"
+        algo, data, ctrl, value = fused
+        assert algo == "one_shot" and value == sum(range(n)), fused
+        assert data == (n - 1, (n - 1) * 4000, n - 1, (n - 1) * 4000), f"rank {rank}: the payload is the data: {data}"
+        assert ctrl == (n - 1, (n - 1) * ENVELOPE_BYTES), f"rank {rank}: the same envelopes, once: {ctrl}"
 
 
 # ----------------------------------------------------------------------------- async

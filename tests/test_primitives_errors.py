@@ -118,6 +118,32 @@ def test_bad_input_world_of_one(spawn):
         assert by_label[label][0] == "CollectiveError" and "rank 0" in by_label[label][1], by_label[label]
 
 
+# ----------------------------------------------------------------------------- deferred (CUDA) verdicts
+
+def _deferred_work(rank, n):
+    """The CUDA path compares fingerprints on the device and reports at the next call; here the
+    same code runs on CPU tensors (primitives.envelope.defer patched), where events are absent."""
+    from primitives import envelope
+    envelope.defer = lambda comm: True
+    out = []
+    for call in (lambda: P.all_reduce(torch.ones(4 + rank)),           # mismatched sizes, fused
+                 lambda: P.all_reduce(torch.ones(4)),                    # fine: reports the last one
+                 lambda: P.all_reduce(torch.ones(4))):                   # fine, and nothing pending
+        try:
+            call()
+            out.append("ok")
+        except Exception as e:
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
+def test_device_side_verdict_is_reported_at_the_next_call(spawn):
+    for rank, out in enumerate(spawn(_deferred_work, 2)):
+        assert out[0] == "ok" and out[2] == "ok", out
+        assert out[1].startswith(f"CollectiveError: rank {rank}: all_reduce(algorithm=one_shot) call #1") \
+            and "disagreed" in out[1], out
+
+
 # ----------------------------------------------------------------------------- handshake off
 
 def _mismatch_no_handshake(rank, n, kind):
@@ -170,14 +196,14 @@ def _dies(rank, n, when):
         os._exit(3)
     if rank == 1 and when == "during":
         sent = [0]
-        orig = comm.isend
+        orig = comm._group
 
-        def isend(t, peer):                       # die after the handshake and one data message
-            sent[0] += 1
+        def group(ops):                           # die after the check round and one data message
+            sent[0] += sum(kind == "send" for kind, _, _ in ops)
             if sent[0] > n:
                 os._exit(3)
-            return orig(t, peer)
-        comm.isend = isend
+            return orig(ops)
+        comm._group = group
     t0 = time.monotonic()
     try:
         P.all_reduce(torch.ones(10_000), algorithm="ring")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from primitives.cost import ring_bytes   # the one ring byte formula
+
 IMPLS = ("primitives", "torch")
 
 
@@ -26,17 +28,6 @@ class Usage:
     payload: int = 0          # S summed over calls (bytes of the full buffer)
     formula: int = 0          # bytes a ring sends for that S
     sent: int | None = 0      # measured bytes sent (primitives only)
-
-
-def ring_bytes(collective: str, nbytes: int, n: int) -> int:
-    """Bytes one rank sends in the ring algorithm for a full buffer of nbytes."""
-    if n == 1:
-        return 0
-    if collective == "all_reduce":
-        return 2 * (n - 1) * nbytes // n
-    if collective in ("reduce_scatter", "all_gather"):
-        return (n - 1) * nbytes // n
-    return nbytes  # broadcast: each non-leaf forwards the buffer once (not a per-step cost here)
 
 
 class Comm:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from primitives.cost import ring_fraction   # the one ring byte formula
+
 
 def model_state_bytes(stage: int, psi: int, n: int, mixed: bool) -> dict:
     """The paper's per-rank bytes (exact fractions) for Ψ elements."""
@@ -52,7 +54,7 @@ def comm_bytes_per_step(stage: int, unit_padded: list, n: int, b: int, gas: int 
     if n == 1:
         return {}
     P = sum(unit_padded)
-    f = lambda k: k * (n - 1) * b * P // n  # noqa: E731
+    f = lambda k: int(k * ring_fraction("reduce_scatter", n) * b * P)  # noqa: E731  (k × (N-1)/N·S)
     if stage == 0:
         return {"grad all-reduce": f(2)}
     if stage in (1, 2):
@@ -62,7 +64,7 @@ def comm_bytes_per_step(stage: int, unit_padded: list, n: int, b: int, gas: int 
 
 
 def paper_comm(stage: int, psi: int, n: int, b: int) -> Fraction:
-    return Fraction((3 if stage == 3 else 2) * (n - 1) * psi * b, n)
+    return (3 if stage == 3 else 2) * ring_fraction("all_gather", n) * psi * b
 
 
 def _fmt(x) -> str:
