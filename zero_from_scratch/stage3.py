@@ -332,8 +332,10 @@ class Stage3(Stage2):
         return hook
 
     # ------------------------------------------------------------------ gradients: reduce when complete
-    def _unit_complete(self, u) -> None:
-        self._reduce(u)                 # module order is checked, so no reordering needed
+    def _arrived(self, u) -> None:
+        self.pending[u.index] -= 1
+        if self.pending[u.index] == 0:  # at once, in completion order: module order is checked
+            self._reduce(u)
 
     def _reduce(self, u, tag: int = 0) -> None:
         label = f"gradient reduce-scatter of {u.tag!r}"
