@@ -15,6 +15,12 @@ What one optimizer step does (stage-specific parts live in stage1/2/3.py):
              zero, so uneven shards are exact; eps is added once, after the sum); overflow → skip;
              grads × clip_coef / (N · loss_scale); Adam on the owned shard; stages 1-2 all-gather
              the updated shards.
+overlap_comm (config.ZERO_KEYS lists what every zero_optimization key does here): the gradient
+reduce-scatters start from the hooks on a communication thread and are waited for at the end of
+backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
+bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
+Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device
+per model, else a ValueError naming the parameters on each).
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
 """
 from __future__ import annotations

@@ -14,8 +14,8 @@ DeepSpeed leaves them, issue #3570). Module hooks bring full parameters just in 
 Total 3(N-1)/N·Ψ per micro-batch. The optimizer steps the shard in place (it is the fp32
 master in fp32 mode); nothing is all-gathered after the step: the next forward gathers.
 
-Prefetch, persistence, reuse (DeepSpeed's stage3_* keys; config.ZERO_KEYS says what each does):
-the first training micro-batch records the order in which hooks ask for units (forward, then
+Prefetch, persistence, reuse (DeepSpeed's stage3_* keys; config.ZERO_KEYS says what each does;
+the trace and prefetch logic is in stage3_prefetch.py): the first training micro-batch records the order in which hooks ask for units (forward, then
 backward) — the *trace*. Later micro-batches follow it: after each module's demand, the units
 next in the trace are all-gathered asynchronously (overlap_comm) up to
 stage3_prefetch_bucket_size elements ahead, never letting gathered + in-flight elements exceed
@@ -41,6 +41,7 @@ import torch
 from primitives import CollectiveError
 
 from zero_from_scratch.stage2 import Stage2
+from zero_from_scratch.stage3_prefetch import Prefetch
 
 _KIND = {"forward": 1, "backward": 2, "reduce": 3, "gather_ctx": 4}
 
@@ -53,7 +54,7 @@ class ZeroDivergenceError(RuntimeError):
     """Ranks ran different modules (or a module a different number of times)."""
 
 
-class Stage3(Stage2):
+class Stage3(Prefetch, Stage2):
     stage = 3
 
     def __init__(self, engine):   # replaces Stage1.__init__: no full flat parameter buffer
@@ -200,13 +201,6 @@ class Stage3(Stage2):
             if full is not None:
                 self.unit_of_storage.pop(full.untyped_storage().data_ptr(), None)
 
-    def _make_room(self, need: int) -> None:
-        """Evict units kept for reuse (oldest first) until `need` more elements fit under max_live."""
-        units = self.e.layout.units
-        while self.kept and self.live + need > self.max_live:
-            self._release(units[self.kept[0]], force=True)
-            self.stats["evicted"] += 1
-
     def release_all(self) -> None:
         """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
         self._drop_prefetches()
@@ -218,61 +212,6 @@ class Stage3(Stage2):
             h.wait()
             self.live -= self.e.layout.units[i].padded
         self.prefetched.clear()
-
-    # ------------------------------------------------------------------ the trace and prefetch
-    def _follow_trace(self, kind: str, u) -> int | None:
-        """Record (first training micro-batch) or check this request against the trace; return its
-        position, or None once this micro-batch has left the trace."""
-        if not self.in_train:
-            return None
-        if self.trace is None:
-            self.recording.append((kind, u.index))
-            return None
-        if self.trace_ok and self.tpos < len(self.trace) and self.trace[self.tpos] == (kind, u.index):
-            self.tpos += 1
-            return self.tpos - 1
-        self.trace_ok = False            # same on every rank when ranks run the same modules
-        return None
-
-    def _prefetch(self) -> None:
-        """All-gather, asynchronously, the next units in the trace: at most prefetch_budget elements
-        ahead (in flight or already prefetched), never beyond max_live."""
-        if not (self.prefetch_budget and self.trace_ok and self.trace is not None):
-            return
-        units, c, ahead, seen = self.e.layout.units, self.e.comm, 0, set()
-        for kind, i in self.trace[self.tpos:]:
-            if i in seen or i in self.gathered_units:
-                continue
-            seen.add(i)
-            u = units[i]
-            if i in self.prefetched:
-                ahead += u.padded
-                continue
-            if ahead >= self.prefetch_budget or self.live + u.padded > self.max_live:
-                return
-            label = f"prefetch for {kind} of {u.tag!r}"
-            tag = self._check(kind, u, label)
-            full = torch.empty(u.padded, dtype=self.e.dtype, device=self.dev)
-            self._count_live(u.padded)
-            self.stats["prefetch"] += 1
-            h = c.all_gather(full, self.param_shard(u), f"param all-gather ({kind})", tag=tag, async_op=True,
-                             what=u.tag)
-            self.prefetched[i] = (h, full)
-            ahead += u.padded
-
-    def _reused_soon(self, u) -> bool:
-        """Does the trace use u again within reuse_distance elements after its forward?"""
-        pos = self.fwd_pos.get(u.index)
-        if pos is None or not self.trace_ok:
-            return False
-        units, traversed = self.e.layout.units, 0
-        for _, i in self.trace[pos + 1:]:
-            if traversed >= self.reuse_distance:
-                return False
-            if i == u.index:
-                return True
-            traversed += units[i].numel
-        return False
 
     # ------------------------------------------------------------------ saved weights
     # Autograd saves what backward needs, and for a Linear that is the weight (as W.t()). Saved
