@@ -206,6 +206,9 @@ def main(argv=None) -> int:
                         console.print(f"[dim]repeat {rep + 1}/{a.repeats}: {eng} ZeRO-{stage} {dtype} "
                                       f"overlap_comm {ov} …[/]")
                         runs.append(run_one(eng, stage, dtype, a, ov == "on"))
+                        r = runs[-1]     # printed as it comes: a long run cut short still says something
+                        console.print(f"  → {statistics.median(r['step_s']):.3f} s/step, peak RSS "
+                                      f"{max(r['rss_gib']):.2f} GiB/rank")
         if not a.no_ddp:
             console.print(f"[dim]repeat {rep + 1}/{a.repeats}: torch DDP fp32 …[/]")
             runs.append(run_one("ddp", 0, "fp32", a))

@@ -311,6 +311,7 @@ class Stage3(Prefetch, Stage2):
             self.tpos, self.trace_ok, self.fwd_pos = 0, self.trace is not None, {}
         else:
             self.calls.clear()
+            self.trace_ok = False       # eval: release after every module, prefetch nothing
 
     # ------------------------------------------------------------------ optimizer view
     def param_shard(self, u) -> torch.Tensor:

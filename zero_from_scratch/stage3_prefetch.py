@@ -77,7 +77,7 @@ class Prefetch:
     def _reused_soon(self, u) -> bool:
         """Does the trace use u again within reuse_distance elements after its forward?"""
         pos = self.fwd_pos.get(u.index)
-        if pos is None or not self.trace_ok:
+        if pos is None or not (self.trace_ok and self.in_train):
             return False
         units, traversed = self.e.layout.units, 0
         for _, i in self.trace[pos + 1:]:
