@@ -50,12 +50,15 @@ def _train(rank, zero: dict):
         losses.append(loss.item())
         allocs.append(getattr(st, "bucket_allocs", None))
     rep = engine.comm_report(print_table=False)
+    with torch.no_grad():                          # an eval pass keeps nothing gathered for a backward
+        engine(torch.randn(3, 8, generator=g))
+    after_eval = sorted(getattr(st, "gathered_units", []))
     with engine.gathered_parameters(list(model.parameters())):
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "params": params, "rows": {r["purpose"]: r for r in rep["rows"]},
             "overlap": rep["overlap"], "stats": rep.get("stage3"), "allocs": allocs,
             "pool": getattr(st, "pool_size", None), "backward_end_ms": marks[-1],
-            "largest_unit": max(u.padded for u in engine.layout.units), "units": len(engine.layout.units)}
+            "after_eval": after_eval, "largest_unit": max(u.padded for u in engine.layout.units), "units": len(engine.layout.units)}
 
 
 def _variants(rank, world, variants):
@@ -186,6 +189,7 @@ def test_stage3_max_reuse_distance_keeps_forward_gathers_for_backward(stage3):
         # with the trace known, every module's forward copy is reused by its backward: no backward gathers
         assert _gathers(reuse, "backward") == 0 and _gathers(reuse, "forward") == _gathers(plain, "forward")
         assert reuse["stats"]["max_live"] > plain["stats"]["max_live"]     # the price: more live at once
+        assert reuse["after_eval"] == [] and rank_res[5]["after_eval"] == [0, 1, 4]   # only persistent units
 
 
 def test_unknown_effect_keys_warn_at_initialise_with_what_deepspeed_would_do():
