@@ -40,14 +40,27 @@ def _disable_deepspeed_shm_build():
     skip_shm_op_build()
 
 
+def train_device() -> torch.device:
+    """This rank's device: its CUDA GPU under nccl (LOCAL_RANK), else the CPU (gloo / MPI ranks
+    exchange CPU tensors)."""
+    nccl = torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl"
+    if torch.cuda.is_available() and (nccl or not torch.distributed.is_initialized()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 class _Native:
     """deepspeed and zero_from_scratch engines already have the interface; add save/load/describe."""
 
-    def __init__(self, engine, kind):
-        self.engine, self.kind = engine, kind
+    def __init__(self, engine, kind, device):
+        self.engine, self.kind, self.device = engine, kind, device
 
     def __call__(self, **batch):
-        return self.engine(**batch)
+        return self.engine(**to_device(batch, self.device))
 
     def backward(self, loss):
         self.engine.backward(loss)
@@ -144,7 +157,7 @@ class _DDP:
         for prec in ("fp16", "bf16"):
             if cfg.get(prec, {}).get("enabled"):
                 raise EngineError(f"--engine ddp trains in fp32; set {prec}.enabled to false in the config")
-        self.cfg, self.comm = cfg, comm
+        self.cfg, self.comm, self.device = cfg, comm, next(model.parameters()).device
         self.ddp = BucketedDataParallel(model)
         o = cfg["optimizer"]
         if o.get("type", "").lower() not in ("adam", "adamw"):
@@ -162,6 +175,7 @@ class _DDP:
         self.micro = 0
 
     def __call__(self, **batch):
+        batch = to_device(batch, self.device)
         if (self.micro + 1) % self.gas:  # not the last micro-batch: keep gradients local
             with self.ddp.no_sync():
                 return self.ddp(**batch)
@@ -229,7 +243,11 @@ class _DDP:
 
 
 def build(kind: str, model, cfg: dict, comm=None):
-    """The engine `kind` around `model`, configured by the resolved DeepSpeed dict `cfg`."""
+    """The engine `kind` around `model`, configured by the resolved DeepSpeed dict `cfg`. The model
+    moves to train_device() first (DeepSpeed would move it anyway; ours keep it where it is), and
+    every engine moves each batch there."""
+    device = train_device()
+    model = model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     if kind == "deepspeed":
         try:
@@ -242,7 +260,7 @@ def build(kind: str, model, cfg: dict, comm=None):
         # still insists on the launcher's LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", "0")
         engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=cfg)
-        return _Native(engine, kind)
+        return _Native(engine, kind, device)
     if kind == "zero":
         try:
             import zero_from_scratch
@@ -253,7 +271,7 @@ def build(kind: str, model, cfg: dict, comm=None):
         engine, _opt, _, sched = init(model=model, model_parameters=params, config=cfg)
         if cfg.get("scheduler") and sched is None:
             raise EngineError(f"zero_from_scratch.initialize built no scheduler for {cfg['scheduler']['type']}")
-        return _Native(engine, kind)
+        return _Native(engine, kind, device)
     if kind == "ddp":
         return _DDP(model, cfg, comm)
     raise EngineError(f"--engine {kind!r}: expected one of {ENGINES}")

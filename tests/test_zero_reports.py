@@ -11,7 +11,10 @@ from conftest import run_cmd
 def _reports(rank, world, stage, bf16):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(7, 5), nn.LayerNorm(5), nn.Linear(5, 3))   # Ψ = 40+10+18 = 68
-    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16}}
+    # the textbook ZeRO-3 (every module gathered in forward AND backward): no persistent modules,
+    # nothing kept from forward for backward (DeepSpeed's defaults do both; see test_zero_overlap.py)
+    z = {"stage": stage, **({"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0} if stage == 3 else {})}
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": z, "bf16": {"enabled": bf16}}
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     for _ in range(2):
         loss = engine(torch.randn(2, 7, dtype=engine.dtype)).float().pow(2).mean()

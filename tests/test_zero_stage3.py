@@ -11,6 +11,9 @@ from zero_from_scratch.models import tiny_distilbert
 
 CFG = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
        "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
+# Per-module gather mechanics need every module partitioned: DeepSpeed's default persistence
+# threshold (1e5 elements) would keep these tiny modules gathered for the whole step.
+PARTITION_ALL = {**CFG, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
 
 
 def tiny_bert(seed=0):
@@ -99,7 +102,7 @@ class Branchy(nn.Module):
 
 def _diverge(rank, world, impl):
     torch.manual_seed(0)
-    engine, *_ = zero_from_scratch.initialize(model=Branchy(), config=CFG, comm_impl=impl)
+    engine, *_ = zero_from_scratch.initialize(model=Branchy(), config=PARTITION_ALL, comm_impl=impl)
     loss = engine(torch.ones(2, 4), times=1 if rank == 0 else 2)   # rank 1 runs `a` twice
     engine.backward(loss)
     return "no error"
@@ -121,7 +124,7 @@ def _freed_between_forward_and_backward(rank, world):
     from torch.multiprocessing.reductions import StorageWeakRef   # a weak reference to the bytes
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 1))
-    engine, *_ = zero_from_scratch.initialize(model=m, model_parameters=m.parameters(), config=CFG)
+    engine, *_ = zero_from_scratch.initialize(model=m, model_parameters=m.parameters(), config=PARTITION_ALL)
     st, refs, saved_as_refs = engine.stage, [], []
     gather, pack = st._gather, st._pack
 

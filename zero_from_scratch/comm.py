@@ -7,10 +7,21 @@ Both libraries share torch's signatures, so the switch is `B = primitives` vs
 textbook formulas (reduce-scatter and all-gather send (N-1)/N·S, all-reduce 2(N-1)/N·S), and
 each call is measured with primitives.LEDGER. Every call is filed under a *purpose* ("grad
 reduce-scatter", "param all-gather", ...) so comm_report can show bytes per step per collective.
+
+Overlap (overlap_comm): `async_op=True` hands the call to ONE background thread per engine and
+returns a Pending handle at once; the caller computes on, and `wait()` blocks only for what is
+left. While anything is in flight, synchronous calls queue on that same thread, so every rank
+still issues its collectives in program order (they pair up) and the ledger's byte count of each
+call is its own (one call runs at a time). Each async call leaves an Event: when it was launched,
+started, finished and waited for, and how long the wait blocked (the *exposed* communication);
+comm_report prints them. The thread runs the library's ordinary blocking collectives, so this
+works the same with the primitives and torch implementations.
 """
 from __future__ import annotations
 
 import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +39,47 @@ class Usage:
     payload: int = 0          # S summed over calls (bytes of the full buffer)
     formula: int = 0          # bytes a ring sends for that S
     sent: int | None = 0      # measured bytes sent (primitives only)
+
+
+@dataclass
+class Event:
+    """One asynchronous collective, times in seconds since the step began (Comm.reset_step)."""
+    purpose: str
+    what: str                 # the bucket / module it moved
+    nbytes: int
+    launched: float
+    started: float = float("nan")     # when the background thread began it (after earlier calls)
+    finished: float = float("nan")
+    waited: float = float("nan")      # when the caller asked for the result
+    exposed: float = 0.0              # how long that wait blocked: communication not hidden
+
+
+class Pending:
+    """What an async_op=True call returns. wait() blocks until the call finished, re-raises its
+    error, then runs the caller's `then` callbacks (once, in the waiting thread)."""
+
+    def __init__(self, comm: "Comm", fut, event: Event):
+        self._comm, self._fut, self.event, self._then, self._done = comm, fut, event, [], False
+
+    def then(self, fn) -> "Pending":
+        self._then.append(fn)
+        return self
+
+    def done(self) -> bool:
+        return self._fut.done()
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._fut.result()
+        finally:
+            self._done = True
+            self.event.waited = t0 - self._comm.t0
+            self.event.exposed = time.perf_counter() - t0
+        for fn in self._then:
+            fn()
 
 
 class Comm:
@@ -54,13 +106,21 @@ class Comm:
             self._rs = getattr(B, "reduce_scatter_single", None) or B.reduce_scatter_tensor
             self._ag = getattr(B, "all_gather_single", None) or B.all_gather_into_tensor
             self._bcast = B.broadcast
+        self.device = torch.device("cpu")      # where small helper tensors live (the engine sets it)
         self.usage: dict[str, Usage] = {}       # purpose -> usage since reset_step()
         self.last_step: dict[str, Usage] = {}   # the previous optimizer step's usage
+        self.events: list[Event] = []           # async calls since reset_step()
+        self.last_events: list[Event] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: list = []
+        self.t0 = time.perf_counter()
 
     def reset_step(self) -> None:
         self.last_step, self.usage = self.usage, {}
+        self.last_events, self.events = self.events, []
+        self.t0 = time.perf_counter()
 
-    def _run(self, purpose: str, collective: str, nbytes: int, fn) -> None:
+    def _account(self, purpose: str, collective: str, nbytes: int, fn) -> None:
         u = self.usage.setdefault(purpose, Usage(collective))
         u.calls += 1
         u.payload += nbytes
@@ -73,11 +133,37 @@ class Comm:
             fn()
         u.sent = (u.sent or 0) + d.bytes_sent
 
-    def all_reduce(self, t: torch.Tensor, purpose: str) -> None:
-        self._run(purpose, "all_reduce", t.numel() * t.element_size(), lambda: self._all_reduce(t))
+    def _run(self, purpose: str, collective: str, nbytes: int, fn, async_op: bool = False, what: str = ""):
+        self._inflight = [f for f in self._inflight if not f.done()]
+        if not async_op and not self._inflight:
+            self._account(purpose, collective, nbytes, fn)
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="zero-comm")
+        ev = Event(purpose, what, nbytes, time.perf_counter() - self.t0)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0) -> None:
-        """out (numel/N) <- this rank's block of the sum of every rank's inp. out may alias inp's block."""
+        def go():
+            ev.started = time.perf_counter() - self.t0
+            try:
+                self._account(purpose, collective, nbytes, fn)
+            finally:
+                ev.finished = time.perf_counter() - self.t0
+        fut = self._pool.submit(go)
+        self._inflight.append(fut)
+        if not async_op:                        # queued behind the in-flight calls: program order
+            fut.result()
+            return None
+        self.events.append(ev)
+        return Pending(self, fut, ev)
+
+    def all_reduce(self, t: torch.Tensor, purpose: str, async_op: bool = False, what: str = ""):
+        return self._run(purpose, "all_reduce", t.numel() * t.element_size(), lambda: self._all_reduce(t),
+                         async_op, what)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0,
+                       async_op: bool = False, what: str = ""):
+        """out (numel/N) <- this rank's block of the sum of every rank's inp. out may alias inp's block.
+        async_op=True: returns a Pending (see the module docstring); otherwise None."""
         def go():
             if self.impl == "primitives":
                 self._rs(out, inp, tag=tag)
@@ -87,7 +173,7 @@ class Comm:
                 out.copy_(tmp)
             else:
                 self._rs(out, inp)
-        self._run(purpose, "reduce_scatter", inp.numel() * inp.element_size(), go)
+        return self._run(purpose, "reduce_scatter", inp.numel() * inp.element_size(), go, async_op, what)
 
     @property
     def checks_tags(self) -> bool:
@@ -98,24 +184,35 @@ class Comm:
         import primitives
         return primitives.handshake_enabled()
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0) -> None:
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0,
+                   async_op: bool = False, what: str = ""):
         """out (N·numel) <- every rank's inp, rank-major. inp may be out's own block."""
         def go():
             if self.impl == "primitives":
                 self._ag(out, inp, tag=tag)
                 return
             self._ag(out, inp.clone() if _overlaps(out, inp) else inp)
-        self._run(purpose, "all_gather", out.numel() * out.element_size(), go)
+        return self._run(purpose, "all_gather", out.numel() * out.element_size(), go, async_op, what)
 
     def broadcast(self, t: torch.Tensor, src: int, purpose: str) -> None:
         self._run(purpose, "broadcast", t.numel() * t.element_size(), lambda: self._bcast(t, src))
 
     def gather_ints(self, values: list[int], purpose: str = "divergence check") -> list[list[int]]:
         """Every rank's small int list (same length everywhere): a cheap cross-rank consistency check."""
-        mine = torch.tensor(values, dtype=torch.int64)
-        out = torch.empty(self.size * len(values), dtype=torch.int64)
+        mine = torch.tensor(values, dtype=torch.int64, device=self.device)
+        out = torch.empty(self.size * len(values), dtype=torch.int64, device=self.device)
         self.all_gather(out, mine, purpose)
         return out.view(self.size, len(values)).tolist()
+
+
+    def drain(self) -> None:
+        """Wait for every in-flight call (errors re-raised) and stop the background thread."""
+        for f in self._inflight:
+            f.result()
+        self._inflight = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

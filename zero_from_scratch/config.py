@@ -116,10 +116,16 @@ class ZeroConfig:
     stage: int = 0
     reduce_bucket_size: int = 500_000_000     # elements per gradient bucket (stages 1-2)
     allgather_bucket_size: int = 500_000_000
-    overlap_comm: bool = False                # accepted; this engine communicates synchronously
-    contiguous_gradients: bool = True         # accepted; gradients always live in flat buffers
-    stage3_prefetch_bucket_size: int = 50_000_000      # accepted, not used (no prefetch)
-    stage3_param_persistence_threshold: int = 100_000  # accepted, not used (every param is partitioned)
+    overlap_comm: bool = False                # gradient reduce-scatters start from the hooks (see ZERO_KEYS)
+    contiguous_gradients: bool = True         # reuse preallocated bucket buffers (see ZERO_KEYS)
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    # ---- issue 8: overlap / prefetch keys (what each does: ZERO_KEYS below)
+    stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000
+    reduce_scatter: bool = True
+    explicit: tuple = ()                      # zero_optimization keys the user wrote (for zero_key_notes)
+    notes: tuple = ()                         # warnings the engine prints at initialise (zero_key_notes)
     zero_hpz_partition_size: int = 1          # ZeRO++ hpZ (hpz.py): secondary weight shards in groups of this many ranks
 
     def __post_init__(self):
@@ -129,6 +135,12 @@ class ZeroConfig:
             if int(getattr(self, k)) < 1:
                 raise _bad(f"zero_optimization.{k}", getattr(self, k), "a positive number of elements")
             setattr(self, k, int(getattr(self, k)))
+        for k in ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                  "stage3_max_live_parameters", "stage3_max_reuse_distance"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or int(v) != v:
+                raise _bad(f"zero_optimization.{k}", v, "an int >= 0 (elements)")
+            setattr(self, k, int(v))
 
 
 @dataclass
@@ -241,9 +253,9 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     zero = ZeroConfig(stage=z.get("stage", 0),
                       reduce_bucket_size=z.get("reduce_bucket_size", 500_000_000),
                       allgather_bucket_size=z.get("allgather_bucket_size", 500_000_000),
-                      overlap_comm=bool(z.get("overlap_comm", False)),
-                      contiguous_gradients=bool(z.get("contiguous_gradients", True)),
-                      zero_hpz_partition_size=z.get("zero_hpz_partition_size", 1))
+                      zero_hpz_partition_size=z.get("zero_hpz_partition_size", 1),
+                      **zero_overlap_keys(z, resolved))
+    zero.notes = tuple(zero_key_notes(z, zero))
     from zero_from_scratch.hpz import check_config       # multinode: ZeRO++ hpZ
     check_config(zero, world_size)
 
@@ -265,3 +277,83 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
                       stacklevel=2)
     return cfg
+
+
+# ----------------------------------------------------------------------------- issue 8: overlap keys
+# Every zero_optimization key this engine accepts, and what it does HERE. "honoured" keys change
+# behaviour as written; the others are accepted for DeepSpeed compatibility and produce a warning
+# at initialise (zero_key_notes) saying what DeepSpeed would have done, whenever the user sets them
+# to something that would matter.
+ZERO_KEYS = {
+    "overlap_comm": "honoured: stages 1-3 launch each gradient bucket's reduce-scatter from the gradient "
+                    "hooks on a background thread while backward goes on, and wait at the end of backward; "
+                    "stage 3 also prefetches (all-gathers ahead) the next modules' parameters",
+    "contiguous_gradients": "honoured (stages 2-3): true = gradients are copied as they arrive into "
+                            "preallocated bucket buffers reused every micro-batch (1, or 2 with overlap_comm, "
+                            "more only if backward interleaves buckets); false = a fresh bucket per unit, freed "
+                            "after its reduce-scatter. Stage 1 always keeps one flat full-size gradient buffer",
+    "reduce_bucket_size": "honoured (stages 0-2): elements per gradient bucket = unit of reduce-scatter and "
+                          "all-gather. Stage 3 reduces per module instead (warned if set)",
+    "reduce_scatter": "honoured (stages 1-2): false = all-reduce each bucket and keep this rank's block "
+                      "(2x the bytes, same result)",
+    "stage3_prefetch_bucket_size": "honoured (stage 3 with overlap_comm): elements of upcoming modules kept "
+                                   "gathered or in flight ahead of the running one; 0 = no prefetch",
+    "stage3_max_live_parameters": "honoured (stage 3): gathered + in-flight elements never exceed this, except "
+                                  "when one module alone needs more (then only that module is live)",
+    "stage3_max_reuse_distance": "honoured (stage 3): after forward, a module's parameters stay gathered if the "
+                                 "traced order uses them again within this many elements (e.g. last layer's "
+                                 "forward → its backward); 0 = always release",
+    "stage3_param_persistence_threshold": "honoured (stage 3): a module unit of at most this many elements is "
+                                          "gathered once per optimizer step and kept (no re-gather in backward)",
+}
+
+
+def zero_overlap_keys(z: dict, resolved: dict) -> dict:
+    """ZeroConfig keyword arguments for the overlap / prefetch keys of zero_optimization `z`."""
+    out = {"overlap_comm": bool(z.get("overlap_comm", False)),
+           "contiguous_gradients": bool(z.get("contiguous_gradients", True)),
+           "reduce_scatter": bool(z.get("reduce_scatter", True)),
+           "explicit": tuple(sorted(z))}
+    for k, default in (("stage3_prefetch_bucket_size", 50_000_000), ("stage3_param_persistence_threshold", 100_000),
+                       ("stage3_max_live_parameters", 1_000_000_000), ("stage3_max_reuse_distance", 1_000_000_000)):
+        v = z.get(k, default)
+        out[k] = default if v == "auto" else v      # "auto" here means DeepSpeed's default
+    return out
+
+
+def zero_key_notes(raw_zero: dict, zero: ZeroConfig) -> list[str]:
+    """Warnings for keys accepted but not (fully) acted on, each saying what DeepSpeed would do."""
+    st, notes = zero.stage, []
+    setk = set(zero.explicit)
+
+    def note(key, msg):
+        notes.append(f"zero_optimization.{key} = {raw_zero.get(key)!r}: {msg}")
+    if st == 3 and "reduce_bucket_size" in setk:
+        note("reduce_bucket_size", "not used at stage 3 (gradients are reduce-scattered one module at a time); "
+             "DeepSpeed would batch several modules' gradients into buckets of this many elements")
+    if st in (1, 2) and "allgather_bucket_size" in setk and zero.allgather_bucket_size != zero.reduce_bucket_size:
+        note("allgather_bucket_size", "not used: updated shards are all-gathered one reduce bucket at a time "
+             "(reduce_bucket_size); DeepSpeed would all-gather in pieces of this many elements (same result)")
+    if raw_zero.get("allgather_partitions") is False:
+        note("allgather_partitions", "not used: shards are always all-gathered; DeepSpeed would broadcast each "
+             "rank's partition instead (same result, different traffic)")
+    if raw_zero.get("round_robin_gradients"):
+        note("round_robin_gradients", "no effect: DeepSpeed uses it only to spread gradient copies to CPU offload")
+    if "sub_group_size" in setk:
+        note("sub_group_size", "not used: the optimizer steps every shard in 4 Mi-element chunks; DeepSpeed would "
+             "step ZeRO-3 shards in sub-groups of this many elements")
+    if raw_zero.get("stage3_gather_16bit_weights_on_model_save"):
+        note("stage3_gather_16bit_weights_on_model_save", "no save_16bit_model here; DeepSpeed would gather a full "
+             "16-bit state dict on save (use zero_from_scratch.zero_to_fp32 / consolidate)")
+    if st != 3:
+        for k in ZERO_KEYS:
+            if k.startswith("stage3_") and k in setk:
+                note(k, f"no effect at stage {st} (stage 3 only)")
+    elif not zero.overlap_comm and "stage3_prefetch_bucket_size" in setk and zero.stage3_prefetch_bucket_size:
+        note("stage3_prefetch_bucket_size", "not used without overlap_comm: parameters are gathered when needed; "
+             "DeepSpeed would prefetch this many elements ahead (set overlap_comm: true)")
+    if st in (0, 3) and raw_zero.get("reduce_scatter") is False:
+        note("reduce_scatter", f"no effect at stage {st}")
+    if st == 1 and raw_zero.get("contiguous_gradients") is False:
+        note("contiguous_gradients", "no effect at stage 1: the full gradient lives in one flat buffer")
+    return notes

@@ -3,6 +3,8 @@
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --bf16 --save /tmp/ck
     deepspeed --num_gpus 2 --module zero_from_scratch.demo --stage 1        (the DeepSpeed launcher works too)
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --zero overlap_comm=true \
+        --zero stage3_param_persistence_threshold=0          (any zero_optimization key, value as JSON)
 
 Every rank builds the same model; the engine broadcasts rank 0's weights, shards per the stage,
 and the reports come from the actual tensors and primitives' byte ledger.
@@ -10,6 +12,7 @@ and the reports come from the actual tensors and primitives' byte ledger.
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 import torch.nn as nn
@@ -26,8 +29,19 @@ def main(argv=None) -> None:
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--comm-impl", default="primitives", choices=["primitives", "torch"])
     ap.add_argument("--save", default=None, help="save a checkpoint here at the end")
+    ap.add_argument("--zero", action="append", default=[], metavar="KEY=JSON",
+                    help="a zero_optimization key, e.g. overlap_comm=true (repeatable)")
     add_launch_args(ap)
     a = ap.parse_args(argv)
+    zero = {"stage": a.stage}
+    for kv in a.zero:
+        k, sep, v = kv.partition("=")
+        try:
+            zero[k] = json.loads(v) if sep else None
+        except json.JSONDecodeError:
+            ap.error(f"--zero {kv!r}: expected KEY=JSON (e.g. overlap_comm=true), got value {v!r}")
+        if not sep:
+            ap.error(f"--zero {kv!r}: expected KEY=JSON (e.g. overlap_comm=true)")
     comm = init_from_env("gloo" if a.backend == "auto" else a.backend, a.timeout)
     from primitives.shm import describe
     print0(describe(comm))                            # which transport the engine's collectives use
@@ -35,7 +49,7 @@ def main(argv=None) -> None:
     model = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.GELU(), nn.Linear(256, 10))
     cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "bf16": {"enabled": a.bf16},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
-           "zero_optimization": {"stage": a.stage}}
+           "zero_optimization": zero}
     engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg,
                                               comm_impl=a.comm_impl)
     g = torch.Generator().manual_seed(comm.rank)

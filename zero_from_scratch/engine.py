@@ -15,12 +15,19 @@ What one optimizer step does (stage-specific parts live in stage1/2/3.py):
              zero, so uneven shards are exact; eps is added once, after the sum); overflow → skip;
              grads × clip_coef / (N · loss_scale); Adam on the owned shard; stages 1-2 all-gather
              the updated shards.
+overlap_comm (config.ZERO_KEYS lists what every zero_optimization key does here): the gradient
+reduce-scatters start from the hooks on a communication thread and are waited for at the end of
+backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
+bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
+Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device
+per model, else a ValueError naming the parameters on each).
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
 """
 from __future__ import annotations
 
 import math
 import random
+import warnings
 
 import torch
 import torch.nn as nn
@@ -96,6 +103,25 @@ def _module_units(module: nn.Module, names: list[list[str]]) -> list:
     return units
 
 
+def param_device(module: nn.Module) -> torch.device:
+    """The one device every parameter is on; a ValueError naming the parameters otherwise. Every
+    flat buffer, shard and gradient the engine makes lives there (a CPU buffer would silently move
+    a CUDA model: `p.data = view` re-homes the parameter)."""
+    by_dev: dict = {}
+    for n, p in module.named_parameters():
+        by_dev.setdefault(p.device, []).append(n)
+    if len(by_dev) > 1:
+        listed = "; ".join(f"{d}: {ns[:4]}{' …' if len(ns) > 4 else ''} ({len(ns)})" for d, ns in by_dev.items())
+        rank = f"rank {torch.distributed.get_rank()}: " if torch.distributed.is_initialized() else ""
+        raise ValueError(f"{rank}initialize(model=...) has parameters on {len(by_dev)} devices ({listed}); ZeRO "
+                         "shards one flat buffer per group, so every parameter must be on one device: "
+                         "call model.to(device) first")
+    if by_dev and next(iter(by_dev)).type == "meta":
+        raise ValueError("initialize(model=...) has parameters on the 'meta' device (no data to shard); "
+                         "materialise the model first (model.to_empty(device=...) and load weights)")
+    return next(iter(by_dev), torch.device("cpu"))
+
+
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
 
 
@@ -136,8 +162,13 @@ class ZeroEngine(nn.Module):
             raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
         if config is None:
             raise ValueError("initialize(config=...) is required: a DeepSpeed JSON path or dict")
+        self.device = param_device(model)
         self.comm = Comm(comm_impl)
+        self.comm.device = self.device
         self.config = load_config(config, self.comm.size)
+        for msg in self.config.zero.notes:           # accepted keys that do not act here: say so, once
+            if self.comm.rank == 0:
+                warnings.warn(f"zero_from_scratch: {msg}", stacklevel=3)
         if self.config.resolved_auto and self.comm.rank == 0:
             from primitives.log import print0
             print0("[zero_from_scratch] \"auto\" resolved: "
@@ -161,7 +192,11 @@ class ZeroEngine(nn.Module):
         self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
         self.stage = _STAGES[self.stage_id](self)
         self.optimizer = ShardedAdam(hypers, list(self.layout.group_local), self.config.optimizer.adam_w_mode)
-        self.master = ([torch.zeros(n, dtype=torch.float32) for n in self.layout.group_local] if self.mixed else None)
+        for st in self.optimizer.state:              # Adam's m and v live with the shards they update
+            for k in ("exp_avg", "exp_avg_sq"):
+                st[k] = st[k].to(self.device)
+        self.master = ([torch.zeros(n, dtype=torch.float32, device=self.device) for n in self.layout.group_local]
+                       if self.mixed else None)
         self.refresh_master()
         self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
         self.loss_scaler = build_loss_scaler(self.config)
@@ -252,7 +287,7 @@ class ZeroEngine(nn.Module):
 
     def _optimizer_step(self) -> None:
         N, units = self.comm.size, self.layout.units
-        sq = torch.zeros(1, dtype=torch.float64)
+        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for u in units:
             sq += sum_of_squares(self.stage.grad_shard(u))
         if self.stage_id > 0 and N > 1:
@@ -303,7 +338,9 @@ class ZeroEngine(nn.Module):
 
     def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, reshard: bool = False):
-        return ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+        out = ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+        self.stage.after_load()      # stage 3: drop gathered copies of the old weights
+        return out
 
     def rng_state(self) -> dict:
         return {"torch": torch.get_rng_state(), "python": random.getstate()}

@@ -118,10 +118,15 @@ def comm_report(engine, print_table: bool = True) -> dict:
            "data_formula": sum(r["ring_formula"] for r in data),
            "paper": float(paper_comm(engine.stage_id, lay.numel, c.size, b)),
            "paper_at_padded": float(paper_comm(engine.stage_id, lay.padded, c.size, b))}
+    rep["overlap"] = overlap_rows(c.last_events if c.last_step else c.events)
+    if engine.stage_id == 3:
+        rep["stage3"] = dict(engine.stage.stats)
     if print_table and c.rank == 0:
         from rich.table import Table
 
         from primitives.log import print0
+        if rep["overlap"]:
+            print0(overlap_table(rep["overlap"], engine.stage_id))
         t = Table(title=f"ZeRO-{engine.stage_id} bytes sent per optimizer step by rank 0 (N={c.size}, {c.impl})")
         for col in ("purpose", "collective", "calls", "payload S", "ring formula", "measured"):
             t.add_column(col, justify="right")
@@ -133,3 +138,30 @@ def comm_report(engine, print_table: bool = True) -> dict:
         t.add_row(f"paper {k}(N-1)/N·Ψ", "", "", "", _fmt(rep["paper"]), "")
         print0(t)
     return rep
+
+
+def overlap_rows(events) -> list[dict]:
+    """One row per asynchronous collective of the step (overlap_comm), times in ms since step start."""
+    ms = lambda x: round(1e3 * x, 3)  # noqa: E731
+    return [{"purpose": e.purpose, "what": e.what, "bytes": e.nbytes, "launched_ms": ms(e.launched),
+             "started_ms": ms(e.started), "finished_ms": ms(e.finished), "waited_ms": ms(e.waited),
+             "exposed_ms": ms(e.exposed), "hidden_ms": ms(max(0.0, min(e.finished, e.waited) - e.started))}
+            for e in events]
+
+
+def overlap_table(rows, stage: int):
+    """What overlapped: a collective ran from `started` to `finished` on the communication thread;
+    the caller asked for it at `waited` and blocked `exposed` ms. Hidden = the part of its run that
+    happened before anyone waited, i.e. while backward (or the previous module) computed."""
+    from rich.table import Table
+    t = Table(title=f"ZeRO-{stage} overlapped collectives, last step, rank 0 (ms since the step began)")
+    for col in ("purpose", "bucket / module", "size", "launched", "started", "finished", "waited", "exposed wait",
+                "hidden"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["purpose"], r["what"], _fmt(r["bytes"]), *(f"{r[k]:.1f}" for k in (
+            "launched_ms", "started_ms", "finished_ms", "waited_ms", "exposed_ms", "hidden_ms")))
+    comm = sum(r["finished_ms"] - r["started_ms"] for r in rows)
+    t.add_row("total", "", "", "", "", "", "", f"{sum(r['exposed_ms'] for r in rows):.1f}",
+              f"{sum(r['hidden_ms'] for r in rows):.1f} of {comm:.1f}")
+    return t

@@ -13,6 +13,13 @@ Per step and rank: reduce-scatter (N-1)/N·Ψ + all-gather (N-1)/N·Ψ = 2(N-1)/
 bytes as DDP's all-reduce, for Adam memory 8Ψ/N instead of 8Ψ (fp32).
 ZeRO-0 (`Stage0`) all-reduces instead and every rank steps everything.
 
+overlap_comm: at the boundary micro-batch a unit's reduce-scatter starts from the gradient hook
+that completes it (in unit order, so every rank issues the same sequence) on the engine's
+communication thread, and backward goes on computing earlier layers; after_backward waits for
+all of them. The bytes and the result are the same; only *when* they move changes.
+reduce_scatter: false all-reduces each unit instead (2× the bytes, the owner's block is the same).
+Every buffer is created on the parameters' device (engine.device).
+
 All ranks must call backward and step the same number of times (the collectives pair up).
 """
 from __future__ import annotations
@@ -28,8 +35,15 @@ class Stage1:
 
     def __init__(self, engine):
         self.e = engine
-        lay, dt = engine.layout, engine.dtype
-        self.flat = [torch.zeros(n, dtype=dt) for n in lay.group_flat]
+        lay, dt, self.dev = engine.layout, engine.dtype, engine.device
+        z = engine.config.zero
+        self.overlap = z.overlap_comm and engine.comm.size > 1
+        self.use_rs = z.reduce_scatter
+        self.inflight: list = []                          # Pending reductions, oldest first
+        self.boundary = True
+        self.pending = {u.index: len(u.slots) for u in lay.units}
+        self.next_unit = 0
+        self.flat = [torch.zeros(n, dtype=dt, device=self.dev) for n in lay.group_flat]
         self.params = engine.params_by_name
         for u in lay.units:                               # params become views into flat
             base = self.flat[u.group][u.flat_offset:u.flat_offset + u.padded]
@@ -48,7 +62,7 @@ class Stage1:
     # ------------------------------------------------------------------ gradients
     def _make_grad_storage(self) -> None:
         lay = self.e.layout
-        self.gflat = [torch.zeros(n, dtype=self.e.dtype) for n in lay.group_flat]
+        self.gflat = [torch.zeros(n, dtype=self.e.dtype, device=self.dev) for n in lay.group_flat]
         self.gview = {}
         for u in lay.units:
             base = self.gflat[u.group][u.flat_offset:u.flat_offset + u.padded]
@@ -61,22 +75,61 @@ class Stage1:
         def hook(p):
             view.add_(p.grad)          # accumulate into the flat buffer; autograd's copy is dropped
             p.grad = None
+            self._arrived(unit)
         return hook
 
     def _unit_grad(self, u) -> torch.Tensor:
         return self.gflat[u.group][u.flat_offset:u.flat_offset + u.padded]
 
+    def _arrived(self, u) -> None:
+        self.pending[u.index] -= 1
+        if self.pending[u.index] == 0 and self._reduce_in_backward():
+            units = self.e.layout.units     # in unit order, never completion order: ranks pair up
+            while self.next_unit < len(units) and self.pending[units[self.next_unit].index] == 0:
+                self._reduce(units[self.next_unit])
+                self.next_unit += 1
+
+    def _reduce_in_backward(self) -> bool:
+        """Stage 1 reduces only at the boundary, and from the hooks only when overlapping."""
+        return self.overlap and self.boundary
+
+    def _launch_reduce(self, b: torch.Tensor, u, then=None, tag: int = 0) -> None:
+        """Sum bucket b over ranks into this rank's block of it (reduce-scatter, or all-reduce when
+        reduce_scatter is false), asynchronously with overlap_comm; then() once the block is there."""
+        c = self.e.comm
+        lo, hi = u.shard_range(c.rank)
+        if self.use_rs:
+            h = c.reduce_scatter(b[lo:hi], b, "grad reduce-scatter", tag=tag, async_op=self.overlap, what=u.tag)
+        else:
+            h = c.all_reduce(b, "grad all-reduce", async_op=self.overlap, what=u.tag)
+        if h is None:
+            if then is not None:
+                then()
+        else:
+            if then is not None:
+                h.then(then)
+            self.inflight.append(h)
+
+    def _reduce(self, u) -> None:
+        self._launch_reduce(self._unit_grad(u), u)
+        self.pending[u.index] = -1
+
+    def wait_all(self) -> None:
+        while self.inflight:
+            self.inflight.pop(0).wait()
+
     def before_backward(self, boundary: bool) -> None:
-        pass
+        self.boundary = boundary
+        self.pending = {u.index: len(u.slots) for u in self.e.layout.units}
+        self.next_unit = 0
 
     def after_backward(self, boundary: bool) -> None:
-        if not boundary:
-            return                     # accumulation: nothing leaves the rank
-        c = self.e.comm
-        for u in self.e.layout.units:
-            full = self._unit_grad(u)
-            lo, hi = u.shard_range(c.rank)
-            c.reduce_scatter(full[lo:hi], full, "grad reduce-scatter")
+        if boundary:                   # accumulation micro-batches: nothing leaves the rank
+            for u in self.e.layout.units[self.next_unit:]:   # what the hooks did not launch, in order
+                if self.pending[u.index] != -1:
+                    self._reduce(u)
+            self.next_unit = len(self.e.layout.units)
+        self.wait_all()
 
     # ------------------------------------------------------------------ what the optimizer sees
     def owner(self) -> int:
@@ -111,6 +164,9 @@ class Stage1:
                 self.e.comm.broadcast(buf, modifier_rank, "gathered_parameters broadcast")
             self.e.refresh_master()
 
+    def after_load(self) -> None:
+        pass
+
     def memory(self) -> dict:
         nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
         return {"params": nb(self.flat), "grads": nb(self.gflat)}
@@ -124,10 +180,11 @@ class Stage0(Stage1):
     def owner(self) -> int:
         return 0
 
-    def after_backward(self, boundary: bool) -> None:
-        if boundary:
-            for u in self.e.layout.units:
-                self.e.comm.all_reduce(self._unit_grad(u), "grad all-reduce")
+    def _reduce(self, u) -> None:
+        h = self.e.comm.all_reduce(self._unit_grad(u), "grad all-reduce", async_op=self.overlap, what=u.tag)
+        if h is not None:
+            self.inflight.append(h)
+        self.pending[u.index] = -1
 
     def after_step(self) -> None:
         pass
