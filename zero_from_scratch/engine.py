@@ -19,6 +19,7 @@ Every rank must call forward/backward/step the same number of times (the collect
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -29,6 +30,7 @@ from zero_from_scratch import checkpoint as ckpt
 from zero_from_scratch import ledger
 from zero_from_scratch.comm import Comm
 from zero_from_scratch.config import load_config
+from zero_from_scratch.frozen import FrozenParams
 from zero_from_scratch.optim import ShardedAdam, build_scheduler
 from zero_from_scratch.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -139,6 +141,7 @@ class ZeroEngine(nn.Module):
             units = bucket_units(shapes, self.config.zero.reduce_bucket_size)
         self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
         self.stage = _STAGES[self.stage_id](self)
+        self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         self.optimizer = ShardedAdam(hypers, list(self.layout.group_local), self.config.optimizer.adam_w_mode)
         self.master = ([torch.zeros(n, dtype=torch.float32) for n in self.layout.group_local] if self.mixed else None)
         self.refresh_master()
@@ -174,6 +177,7 @@ class ZeroEngine(nn.Module):
         self.stage.before_backward(boundary)
         scaled.backward(retain_graph=retain_graph)
         self.stage.after_backward(boundary)
+        self.frozen.after_backward()
         return loss
 
     def step(self) -> None:
@@ -218,7 +222,12 @@ class ZeroEngine(nn.Module):
         """Context manager: full parameters inside (stage 3); all ranks must enter it."""
         if isinstance(params, torch.Tensor):
             params = [params]
-        return self.stage.gathered(list(params), modifier_rank)
+        return self._gathered(list(params), modifier_rank)
+
+    @contextlib.contextmanager
+    def _gathered(self, params, modifier_rank):
+        with self.frozen.gathered(params, modifier_rank), self.stage.gathered(params, modifier_rank):
+            yield
 
     # ------------------------------------------------------------------ the optimizer step
     def refresh_master(self) -> None:
@@ -276,11 +285,13 @@ class ZeroEngine(nn.Module):
         return ledger.comm_report(self, print_table)
 
     def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
-        return ckpt.save(self, save_dir, tag, client_state or {})
+        with self.frozen.full():
+            return ckpt.save(self, save_dir, tag, client_state or {})
 
     def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, reshard: bool = False):
-        return ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+        with self.frozen.full(write_back=True):
+            return ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
 
     def rng_state(self) -> dict:
         return {"torch": torch.get_rng_state(), "python": random.getstate()}
