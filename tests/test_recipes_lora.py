@@ -140,3 +140,47 @@ def test_bad_lora_targets_are_a_clear_error():
         apply_lora(make_tiny_distilbert(), 4, targets=["q_lin", "nope"], rank=1)
     with pytest.raises(LoraError, match="positive int"):
         apply_lora(make_tiny_distilbert(), 0)
+
+
+@pytest.fixture(scope="module")
+def easy_data(tmp_path_factory):
+    import json
+
+    from test_classification_train import NEG, NOUNS, POS, TINY
+    d = tmp_path_factory.mktemp("lora_cls")
+    with open(d / "easy.jsonl", "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"text": f"the {NOUNS[i % 10]} was {(POS if i % 2 else NEG)[(i // 2) % 8]}",
+                                "label": i % 2}) + "\n")
+    with open(d / "tiny.json", "w") as f:
+        json.dump(TINY, f)
+    return d
+
+
+ARGS = "--max-len 16 --lr 2e-3 --warmup-frac 0.2 --dropout 0.0"
+
+
+@pytest.mark.slow
+def test_train_py_bad_lora_targets_fail_on_every_rank(easy_data):
+    from conftest import run_cmd
+    r = run_cmd(f"torchrun --standalone --nproc_per_node 2 classification/train.py --engine zero --lora 4 "
+                f"--lora-targets q_lin,query --dataset {easy_data}/easy.jsonl --config {easy_data}/tiny.json {ARGS} "
+                f"--output-dir {easy_data}/bad", check=False, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    for rank in (0, 1):
+        assert f"rank {rank}: LoRA target modules ['query'] do not exist" in out, out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zero", "ddp"])
+def test_train_py_lora_under_torchrun(easy_data, kind):
+    import json
+
+    from conftest import run_cmd
+    out = easy_data / f"lora_{kind}"
+    run_cmd(f"torchrun --standalone --nproc_per_node 2 classification/train.py --engine {kind} --lora 8 "
+            f"--dataset {easy_data}/easy.jsonl --config {easy_data}/tiny.json --epochs 2 {ARGS} --output-dir {out} "
+            f"--tensorboard {out}/tb", timeout=600)
+    m = [json.loads(x) for x in open(out / "metrics.jsonl")]
+    assert m[-1]["test_accuracy"] >= 0.8 and (out / "best" / "adapter_model.safetensors").is_file()
