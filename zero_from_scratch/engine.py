@@ -30,6 +30,7 @@ from zero_from_scratch import checkpoint as ckpt
 from zero_from_scratch import ledger
 from zero_from_scratch.comm import Comm
 from zero_from_scratch.config import load_config
+from zero_from_scratch.external import ExternalParams
 from zero_from_scratch.frozen import FrozenParams
 from zero_from_scratch.optim import ShardedAdam, build_scheduler
 from zero_from_scratch.precision import build_loss_scaler, model_dtype
@@ -142,6 +143,7 @@ class ZeroEngine(nn.Module):
         self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
+        self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
         self.optimizer = ShardedAdam(hypers, list(self.layout.group_local), self.config.optimizer.adam_w_mode)
         self.master = ([torch.zeros(n, dtype=torch.float32) for n in self.layout.group_local] if self.mixed else None)
         self.refresh_master()
@@ -155,7 +157,7 @@ class ZeroEngine(nn.Module):
     def forward(self, *args, **kwargs):
         if self.stage_id == 3:
             self.stage.forward_done()
-            with self.stage.saved_weights_by_reference():
+            with self.stage.saved_weights_by_reference(), self.external.guard():
                 return self.module(*args, **kwargs)
         return self.module(*args, **kwargs)
 
