@@ -32,6 +32,7 @@ from zero_from_scratch.comm import Comm
 from zero_from_scratch.config import load_config
 from zero_from_scratch.external import ExternalParams
 from zero_from_scratch.frozen import FrozenParams
+from zero_from_scratch.monitor import Monitors
 from zero_from_scratch.optim import ShardedAdam, build_scheduler
 from zero_from_scratch.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -151,6 +152,7 @@ class ZeroEngine(nn.Module):
         self.loss_scaler = build_loss_scaler(self.config)
         self.micro_steps = self.global_steps = self.skipped_steps = 0
         self._global_grad_norm = None
+        self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ DeepSpeed's API
@@ -180,6 +182,7 @@ class ZeroEngine(nn.Module):
         scaled.backward(retain_graph=retain_graph)
         self.stage.after_backward(boundary)
         self.frozen.after_backward()
+        self.monitor.record_loss(loss)
         return loss
 
     def step(self) -> None:
@@ -277,6 +280,7 @@ class ZeroEngine(nn.Module):
         self.loss_scaler.update_scale(overflow)
         self.stage.zero_grad()
         self.global_steps += 1
+        self.monitor.write_step(self)
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ reports and checkpoints
