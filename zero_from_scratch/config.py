@@ -21,7 +21,7 @@ KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
              "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
              "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "seed",
              "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint",
-             "csv_monitor"}   # tensorboard / csv_monitor: honoured, see monitor.py
+             "csv_monitor", "activation_checkpointing"}   # honoured: monitor.py, activation_checkpointing.py
 KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
               "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
@@ -136,6 +136,7 @@ class ZeroRunConfig:
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     resolved_auto: dict = field(default_factory=dict)   # key -> value "auto" became
     monitor: dict = field(default_factory=dict)         # section -> monitor.MonitorConfig
+    activation_checkpointing: dict | None = None        # the raw section (activation_checkpointing.py)
     unknown_keys: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -264,6 +265,8 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown)
     from zero_from_scratch.monitor import parse as parse_monitors
     cfg.monitor = parse_monitors(raw)
+    from zero_from_scratch.activation_checkpointing import parse as parse_ac
+    cfg.activation_checkpointing = parse_ac(raw)
     if unknown:
         warnings.warn(f"zero_from_scratch: unknown config keys ignored: {', '.join(unknown)}", stacklevel=2)
     return cfg

@@ -126,6 +126,8 @@ class ZeroEngine(nn.Module):
             from primitives.log import print0
             print0("[zero_from_scratch] \"auto\" resolved: "
                    + ", ".join(f"{k}={v}" for k, v in self.config.resolved_auto.items()))
+        from zero_from_scratch import activation_checkpointing as ac   # the config's section, applied
+        self.activation_checkpointing = ac.apply(model, self.config.activation_checkpointing, self.comm.rank)
         self.dtype = model_dtype(self.config)
         self.mixed = self.dtype != torch.float32
         self.module = model.to(self.dtype) if self.mixed else model
