@@ -137,6 +137,8 @@ class ZeroRunConfig:
     resolved_auto: dict = field(default_factory=dict)   # key -> value "auto" became
     monitor: dict = field(default_factory=dict)         # section -> monitor.MonitorConfig
     activation_checkpointing: dict | None = None        # the raw section (activation_checkpointing.py)
+    offload_optimizer: dict | None = None               # offload.parse: {"device", "nvme_path"} or None
+    sub_group_size: int = 1_000_000_000                 # elements per offloaded step chunk (DeepSpeed's default)
     unknown_keys: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -237,8 +239,11 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
 
     z = raw.get("zero_optimization", {})
     unknown += [f"zero_optimization.{k}" for k in z if k not in KNOWN_ZERO]
-    if z.get("offload_optimizer") or z.get("offload_param"):
-        raise ValueError("config keys 'zero_optimization.offload_*' are not supported by this engine; allowed: absent")
+    from zero_from_scratch.offload import parse as parse_offload   # offload.py; offload_param is refused there
+    offload = parse_offload(z)
+    sub_group_size = z.get("sub_group_size", 1_000_000_000)
+    if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
+        raise _bad("zero_optimization.sub_group_size", sub_group_size, "a positive number of elements")
     zero = ZeroConfig(stage=z.get("stage", 0),
                       reduce_bucket_size=_auto(z, "reduce_bucket_size", "reduce_bucket_size", 500_000_000, resolved),
                       allgather_bucket_size=_auto(z, "allgather_bucket_size", "allgather_bucket_size", 500_000_000, resolved),
@@ -265,6 +270,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown)
     from zero_from_scratch.monitor import parse as parse_monitors
     cfg.monitor = parse_monitors(raw)
+    cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
     from zero_from_scratch.activation_checkpointing import parse as parse_ac
     cfg.activation_checkpointing = parse_ac(raw)
     if unknown:

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from zero_from_scratch import checkpoint as ckpt
 from zero_from_scratch import ledger
+from zero_from_scratch import offload
 from zero_from_scratch.comm import Comm
 from zero_from_scratch.config import load_config
 from zero_from_scratch.external import ExternalParams
@@ -147,8 +148,11 @@ class ZeroEngine(nn.Module):
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
-        self.optimizer = ShardedAdam(hypers, list(self.layout.group_local), self.config.optimizer.adam_w_mode)
-        self.master = ([torch.zeros(n, dtype=torch.float32) for n in self.layout.group_local] if self.mixed else None)
+        # offload_optimizer (offload.py): the states live in files, so none are allocated here
+        self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
+        in_ram = [0] * len(self.layout.group_local) if self.offload else list(self.layout.group_local)
+        self.optimizer = ShardedAdam(hypers, in_ram, self.config.optimizer.adam_w_mode)
+        self.master = ([torch.zeros(n, dtype=torch.float32) for n in in_ram] if self.mixed else None)
         self.refresh_master()
         self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
         self.loss_scaler = build_loss_scaler(self.config)
@@ -239,6 +243,8 @@ class ZeroEngine(nn.Module):
     # ------------------------------------------------------------------ the optimizer step
     def refresh_master(self) -> None:
         """fp32 master shards ← the model-dtype shards (after init or an edit of the weights)."""
+        if self.offload is not None:
+            return self.offload.write_master()
         if self.mixed:
             for u in self.layout.units:
                 self.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(self.stage.param_shard(u))
@@ -261,7 +267,9 @@ class ZeroEngine(nn.Module):
             clip = self.config.gradient_clipping
             coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0   # eps once, on the global norm
             first = set()
-            for u in units:
+            if self.offload is not None:        # the same Adam, streamed through files (offload.py)
+                self.offload.step(coef, scale)
+            for u in (units if self.offload is None else ()):
                 g = self.stage.grad_shard(u)
                 master = (self.master[u.group][u.local_offset:u.local_offset + u.shard] if self.mixed
                           else self.stage.param_shard(u))
@@ -293,12 +301,12 @@ class ZeroEngine(nn.Module):
         return ledger.comm_report(self, print_table)
 
     def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
-        with self.frozen.full():
+        with self.frozen.full(), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
             return ckpt.save(self, save_dir, tag, client_state or {})
 
     def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, reshard: bool = False):
-        with self.frozen.full(write_back=True):
+        with self.frozen.full(write_back=True), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
             return ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
 
     def rng_state(self) -> dict:
