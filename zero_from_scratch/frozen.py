@@ -103,7 +103,7 @@ class FrozenParams:
     def gathered(self, params, modifier_rank=None):
         """Full frozen tensors among `params` inside the block (stage 3; all ranks enter it).
         With modifier_rank, that rank's values are broadcast and written back into the shards."""
-        st, c = self.e.stage, self.e.comm
+        st = self.e.stage
         wanted = {id(p) for p in params}
         mine = [u for u in self.units if u.index not in st.gathered_units
                 and any(id(st.params[s.name]) in wanted for s in u.slots)]
@@ -114,13 +114,7 @@ class FrozenParams:
         finally:
             for u in mine:
                 if modifier_rank is not None:
-                    full = torch.empty(u.padded, dtype=self.e.dtype)
-                    for s in u.slots:
-                        full[s.offset:s.offset + s.numel].copy_(st.params[s.name].data.reshape(-1))
-                    if c.size > 1:
-                        c.broadcast(full, modifier_rank, "gathered_parameters broadcast")
-                    lo, hi = u.shard_range(c.rank)
-                    st.param_shard(u).copy_(full[lo:hi])
+                    st.write_back(u, modifier_rank)
                 st._release(u)
 
     def full(self, write_back: bool = False):
