@@ -55,23 +55,25 @@ def _run(rank, world, stage, ac):
     return rec, params, gathers
 
 
-def _all(rank, world):
-    runs = {(s, ac): _run(rank, world, s, ac) for s in (0, 1, 2, 3) for ac in ("off", "config")}
-    runs[3, "hf"] = _run(rank, world, 3, "hf")
+def _all(rank, world, stages):
+    runs = {(s, ac): _run(rank, world, s, ac) for s in stages for ac in ("off", "config")}
+    if 3 in stages:
+        runs[3, "hf"] = _run(rank, world, 3, "hf")
     return runs
 
 
-def test_checkpointing_on_equals_off_at_every_stage(spawn):
-    res = spawn(_all, 2, timeout=400.0)
+@pytest.mark.parametrize("stages", [(3,), pytest.param((0, 1, 2), marks=pytest.mark.slow)])
+def test_checkpointing_on_equals_off_at_every_stage(spawn, stages):
+    res = spawn(_all, 2, args=(stages,), timeout=600.0)
     for r, runs in enumerate(res):
-        for s in (0, 1, 2, 3):
+        for s in stages:
             off = runs[s, "off"]
             for ac in ("config", "hf") if s == 3 else ("config",):
                 on = runs[s, ac]
                 assert on[0] == off[0], f"rank {r} ZeRO-{s} {ac}: losses/norms differ {on[0]} vs {off[0]}"
                 assert all(torch.equal(on[1][n], off[1][n]) for n in off[1]), f"rank {r} ZeRO-{s} {ac}: params"
-        # ZeRO-3: each checkpointed layer's forward runs twice, and so does its all-gather
-        assert runs[3, "config"][2] > runs[3, "off"][2] > 0
+        if 3 in stages:   # ZeRO-3: each checkpointed layer's forward runs twice, and so does its all-gather
+            assert runs[3, "config"][2] > runs[3, "off"][2] > 0
 
 
 def test_model_without_support_is_a_clear_error():
