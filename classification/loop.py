@@ -107,16 +107,18 @@ def evaluate(model, ids, labels, num_labels, pad_id, rank, world, batch=64, forw
 class Metrics:
     """Rank 0 appends JSON lines (one flushed line per record) and, when installed, TensorBoard."""
 
-    def __init__(self, out_dir, rank, append):
+    def __init__(self, out_dir, rank, append, tb_dir=None):
         self.f = self.tb = None
         if rank != 0:
             return
         self.f = open(os.path.join(out_dir, "metrics.jsonl"), "a" if append else "w")
         try:
             from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
-        except Exception:  # tensorboard not installed: JSONL only
-            self.tb = None
+        except Exception:  # tensorboard not installed: JSONL only, unless --tensorboard asked for it
+            if tb_dir:
+                raise SystemExit("error: --tensorboard needs `pip install tensorboard`") from None
+            return
+        self.tb = SummaryWriter(tb_dir or os.path.join(out_dir, "tb"))
 
     def log(self, **rec):
         if self.f:
@@ -126,6 +128,7 @@ class Metrics:
                 for k, v in rec.items():
                     if isinstance(v, (int, float)) and k != "step":
                         self.tb.add_scalar(f"{rec.get('event', '')}/{k}", v, rec["step"])
+                self.tb.flush()
 
 
 def save_best(engine, tok, out_dir, meta, rank):
@@ -202,6 +205,14 @@ def run(a, raw, bundle, comm, threads, local):
         model, tok, info = load_model(a.model, bundle.num_labels, a.dropout)
     except ModelError as e:
         raise SystemExit(f"error (rank {rank}): {e}")
+    if getattr(a, "lora", 0):  # issue 13: LoRA adapters, the rest frozen (recipes/lora.py)
+        from recipes.lora import LoraError, apply_lora, trainable_counts
+        try:
+            model = apply_lora(model, a.lora, a.lora_targets.split(",") if a.lora_targets else None, rank=rank)
+        except LoraError as e:
+            raise SystemExit(f"error: {e}")
+        info["init"] += " + LoRA r={} (trainable {:,} / frozen {:,})".format(a.lora, *trainable_counts(model))
+        meta["lora"] = a.lora
     torch.manual_seed(a.seed * 1000 + rank + 1)  # dropout differs per rank, like DDP
     tr_ids, va_ids, te_ids = (tokenize(tok, s.texts, a.max_len) for s in (train, bundle.val, bundle.test))
     meta["architecture"] = type(model).__name__
@@ -220,7 +231,7 @@ def run(a, raw, bundle, comm, threads, local):
     if a.resume:
         state = engine.load(ckpt, "last")
         print0(f"resumed from {ckpt}/last at epoch {state['epoch']}, step {state['step']}")
-    metrics = Metrics(a.output_dir, rank, append=a.resume)
+    metrics = Metrics(a.output_dir, rank, append=a.resume, tb_dir=getattr(a, "tensorboard", None))
     total = facts.total_steps
     log_every = 1 if total <= 50 else 10
     engine.train()
@@ -281,7 +292,11 @@ def run(a, raw, bundle, comm, threads, local):
     check_meta(best, meta, ("model", "num_labels", "dataset"))
     from safetensors.torch import load_file
     with engine.full_parameters(modify=True):  # ZeRO-3: rank 0's loaded weights go back into every shard
-        engine.module.load_state_dict(load_file(os.path.join(best, "model.safetensors")))
+        if meta.get("lora"):  # peft saved the adapters and the head only
+            from peft import set_peft_model_state_dict
+            set_peft_model_state_dict(engine.module, load_file(os.path.join(best, "adapter_model.safetensors")))
+        else:
+            engine.module.load_state_dict(load_file(os.path.join(best, "model.safetensors")))
     te = evaluate(engine.module, te_ids, bundle.test.labels, bundle.num_labels, tok.pad_token_id, rank, world,
                   forward=engine)
     wall = time.time() - t_start

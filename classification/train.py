@@ -50,6 +50,12 @@ def parse_args(argv=None):
     ap.add_argument("--fp16", action="store_true", help="resolve fp16 \"auto\" to on (needs a GPU)")
     ap.add_argument("--allow-oversubscribe", action="store_true", help="allow more ranks than CPU cores")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (> 1: tensor_parallel/train.py's loop, --engine ddp)")
+    # issue 13 recipes: LoRA adapters (recipes/lora.py) and TensorBoard
+    ap.add_argument("--lora", type=int, default=0, metavar="R", help="train LoRA adapters of rank R (peft) on the "
+                    "attention and FFN linears, everything else frozen but the head (0 = full fine-tuning)")
+    ap.add_argument("--lora-targets", default=None, help="comma-separated module names (default: per architecture)")
+    ap.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard event files go to DIR "
+                    "(default OUTPUT_DIR/tb when tensorboard is installed)")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed passes it
     from primitives.launch import add_launch_args
     add_launch_args(ap)
@@ -60,7 +66,7 @@ def parse_args(argv=None):
     for k in ("epochs", "max_len"):
         if getattr(a, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(a, k)}")
-    for k in ("max_steps", "max_train_samples", "max_eval_samples"):
+    for k in ("max_steps", "max_train_samples", "max_eval_samples", "lora"):
         if getattr(a, k) < 0:
             ap.error(f"--{k.replace('_', '-')} must be >= 0, got {getattr(a, k)}")
     if not 0.0 <= a.dropout < 1.0:

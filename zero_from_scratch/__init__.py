@@ -19,6 +19,8 @@ parity_harness.py, parity_compare.py, ds_parity.py (CLI).
 from zero_from_scratch.checkpoint import CheckpointError, consolidate
 from zero_from_scratch.config import load_config
 from zero_from_scratch.engine import ZeroEngine, initialize
+from zero_from_scratch.external import ZeroExternalParameterError, register_external_parameter
 from zero_from_scratch.stage3 import ZeroDivergenceError
 
-__all__ = ["initialize", "ZeroEngine", "load_config", "consolidate", "CheckpointError", "ZeroDivergenceError"]
+__all__ = ["initialize", "ZeroEngine", "load_config", "consolidate", "CheckpointError", "ZeroDivergenceError",
+           "register_external_parameter", "ZeroExternalParameterError"]

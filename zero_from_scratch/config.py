@@ -27,7 +27,8 @@ KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
              "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
              "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "seed",
              "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint",
-             "bfloat16"}                                   # DeepSpeed's older name for "bf16"
+             "bfloat16",                                   # DeepSpeed's older name for "bf16"
+             "csv_monitor", "activation_checkpointing"}   # honoured: monitor.py, activation_checkpointing.py
 KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
               "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
@@ -155,6 +156,10 @@ class ZeroRunConfig:
     fp16: FP16Config = field(default_factory=FP16Config)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     resolved_auto: dict = field(default_factory=dict)   # key -> value "auto" became
+    monitor: dict = field(default_factory=dict)         # section -> monitor.MonitorConfig
+    activation_checkpointing: dict | None = None        # the raw section (activation_checkpointing.py)
+    offload_optimizer: dict | None = None               # offload.parse: {"device", "nvme_path"} or None
+    sub_group_size: int = 1_000_000_000                 # elements per offloaded step chunk (DeepSpeed's default)
     unknown_keys: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -246,10 +251,19 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     if isinstance(z, bool):                     # DeepSpeed's deprecated form: true = stage 1
         z = {"stage": int(z)}
     z = {ZERO_ALIASES.get(k, k): v for k, v in z.items()}
-    on = offloads(z)
-    if on:
-        raise ValueError(f"config keys {on} ask for offload, which this engine does not implement; allowed: absent, "
-                         'null, {"device": "none"} or false')
+    on = offloads(z)                            # every spelling DeepSpeed reads as "offload on"
+    refused = [k for k in on if not k.startswith("zero_optimization.offload_optimizer")]
+    if refused:
+        raise ValueError(f"config keys {refused} ask for parameter offload (or the deprecated cpu_offload flags), "
+                         'which this engine does not implement; allowed: offload_optimizer {"device": "cpu"|"nvme"}')
+    z_off = {k: v for k, v in z.items() if k not in ("offload_param", "cpu_offload", "cpu_offload_param")}
+    if not any(k.startswith("zero_optimization.offload_optimizer") for k in on):
+        z_off.pop("offload_optimizer", None)    # absent, null, false, {} or {"device": "none"}: off
+    from zero_from_scratch.offload import parse as parse_offload   # offload.py
+    offload = parse_offload(z_off)
+    sub_group_size = z.get("sub_group_size", 1_000_000_000)
+    if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
+        raise _bad("zero_optimization.sub_group_size", sub_group_size, "a positive number of elements")
     zero = ZeroConfig(stage=z.get("stage", 0),
                       reduce_bucket_size=z.get("reduce_bucket_size", 500_000_000),
                       allgather_bucket_size=z.get("allgather_bucket_size", 500_000_000),
@@ -273,6 +287,11 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     if not isinstance(clip, (int, float)):
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown)
+    from zero_from_scratch.monitor import parse as parse_monitors
+    cfg.monitor = parse_monitors(raw)
+    cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
+    from zero_from_scratch.activation_checkpointing import parse as parse_ac
+    cfg.activation_checkpointing = parse_ac(raw)
     if unknown:
         warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
                       stacklevel=2)

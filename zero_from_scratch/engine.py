@@ -25,6 +25,7 @@ Every rank must call forward/backward/step the same number of times (the collect
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import warnings
@@ -34,8 +35,12 @@ import torch.nn as nn
 
 from zero_from_scratch import checkpoint as ckpt
 from zero_from_scratch import ledger
+from zero_from_scratch import offload
 from zero_from_scratch.comm import Comm
 from zero_from_scratch.config import load_config
+from zero_from_scratch.external import ExternalParams
+from zero_from_scratch.frozen import FrozenParams
+from zero_from_scratch.monitor import Monitors
 from zero_from_scratch.optim import ShardedAdam, build_scheduler
 from zero_from_scratch.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -173,6 +178,8 @@ class ZeroEngine(nn.Module):
             from primitives.log import print0
             print0("[zero_from_scratch] \"auto\" resolved: "
                    + ", ".join(f"{k}={v}" for k, v in self.config.resolved_auto.items()))
+        from zero_from_scratch import activation_checkpointing as ac   # the config's section, applied
+        self.activation_checkpointing = ac.apply(model, self.config.activation_checkpointing, self.comm.rank)
         self.dtype = model_dtype(self.config)
         self.mixed = self.dtype != torch.float32
         self.module = model.to(self.dtype) if self.mixed else model
@@ -191,24 +198,30 @@ class ZeroEngine(nn.Module):
             units = bucket_units(shapes, self.config.zero.reduce_bucket_size)
         self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
         self.stage = _STAGES[self.stage_id](self)
-        self.optimizer = ShardedAdam(hypers, list(self.layout.group_local), self.config.optimizer.adam_w_mode)
+        self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
+        self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
+        # offload_optimizer (offload.py): the states live in files, so none are allocated here
+        self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
+        in_ram = [0] * len(self.layout.group_local) if self.offload else list(self.layout.group_local)
+        self.optimizer = ShardedAdam(hypers, in_ram, self.config.optimizer.adam_w_mode)
         for st in self.optimizer.state:              # Adam's m and v live with the shards they update
             for k in ("exp_avg", "exp_avg_sq"):
                 st[k] = st[k].to(self.device)
-        self.master = ([torch.zeros(n, dtype=torch.float32, device=self.device) for n in self.layout.group_local]
+        self.master = ([torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram]
                        if self.mixed else None)
         self.refresh_master()
         self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
         self.loss_scaler = build_loss_scaler(self.config)
         self.micro_steps = self.global_steps = self.skipped_steps = 0
         self._global_grad_norm = None
+        self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ DeepSpeed's API
     def forward(self, *args, **kwargs):
         if self.stage_id == 3:
             self.stage.forward_done()
-            with self.stage.saved_weights_by_reference():
+            with self.stage.saved_weights_by_reference(), self.external.guard():
                 return self.module(*args, **kwargs)
         return self.module(*args, **kwargs)
 
@@ -230,6 +243,8 @@ class ZeroEngine(nn.Module):
         self.stage.before_backward(boundary)
         scaled.backward(retain_graph=retain_graph)
         self.stage.after_backward(boundary)
+        self.frozen.after_backward()
+        self.monitor.record_loss(loss)
         return loss
 
     def step(self) -> None:
@@ -276,11 +291,18 @@ class ZeroEngine(nn.Module):
         """Context manager: full parameters inside (stage 3); all ranks must enter it."""
         if isinstance(params, torch.Tensor):
             params = [params]
-        return self.stage.gathered(list(params), modifier_rank)
+        return self._gathered(list(params), modifier_rank)
+
+    @contextlib.contextmanager
+    def _gathered(self, params, modifier_rank):
+        with self.frozen.gathered(params, modifier_rank), self.stage.gathered(params, modifier_rank):
+            yield
 
     # ------------------------------------------------------------------ the optimizer step
     def refresh_master(self) -> None:
         """fp32 master shards ← the model-dtype shards (after init or an edit of the weights)."""
+        if self.offload is not None:
+            return self.offload.write_master()
         if self.mixed:
             for u in self.layout.units:
                 self.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(self.stage.param_shard(u))
@@ -303,7 +325,9 @@ class ZeroEngine(nn.Module):
             clip = self.config.gradient_clipping
             coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0   # eps once, on the global norm
             first = set()
-            for u in units:
+            if self.offload is not None:        # the same Adam, streamed through files (offload.py)
+                self.offload.step(coef, scale)
+            for u in (units if self.offload is None else ()):
                 g = self.stage.grad_shard(u)
                 master = (self.master[u.group][u.local_offset:u.local_offset + u.shard] if self.mixed
                           else self.stage.param_shard(u))
@@ -324,6 +348,7 @@ class ZeroEngine(nn.Module):
         self.loss_scaler.update_scale(overflow)
         self.stage.zero_grad()
         self.global_steps += 1
+        self.monitor.write_step(self)
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ reports and checkpoints
@@ -334,11 +359,13 @@ class ZeroEngine(nn.Module):
         return ledger.comm_report(self, print_table)
 
     def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
-        return ckpt.save(self, save_dir, tag, client_state or {})
+        with self.frozen.full(), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
+            return ckpt.save(self, save_dir, tag, client_state or {})
 
     def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, reshard: bool = False):
-        out = ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+        with self.frozen.full(write_back=True), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
+            out = ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
         self.stage.after_load()      # stage 3: drop gathered copies of the old weights
         return out
 

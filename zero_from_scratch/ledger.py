@@ -79,6 +79,9 @@ def memory_report(engine, print_table: bool = True) -> dict:
     measured = dict(engine.stage.memory())
     measured["master"] = nb(engine.master) if engine.mixed else 0
     measured["optimizer"] = sum(nb([s["exp_avg"], s["exp_avg_sq"]]) for s in engine.optimizer.state)
+    frozen = engine.frozen.report() if hasattr(engine, "frozen") else None
+    if frozen and frozen["frozen_partitioned"]:
+        measured["params"] -= frozen["frozen_bytes"]   # stage 3 keeps the frozen shards next to the trainable ones
     stage = engine.stage_id
     formula = model_state_bytes(stage, lay.numel, n, engine.mixed)
     padded = model_state_bytes(stage, lay.padded, n, engine.mixed)   # stage 0 pads nothing (P = Ψ)
@@ -88,7 +91,7 @@ def memory_report(engine, print_table: bool = True) -> dict:
            "formula": {k: float(v) for k, v in formula.items()},
            "formula_at_padded": {k: float(v) for k, v in padded.items()},
            "total_measured": sum(measured.values()), "total_formula": float(sum(formula.values())),
-           "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest)}
+           "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest), "frozen": frozen}
     if print_table and engine.comm.rank == 0:
         from rich.table import Table
 
@@ -102,6 +105,10 @@ def memory_report(engine, print_table: bool = True) -> dict:
         t.add_row("total", _fmt(rep["total_measured"]), _fmt(rep["total_formula"]),
                   _fmt(sum(padded.values())))
         t.add_row("DeepSpeed estimator", "", _fmt(rep["deepspeed_estimate"]), "")
+        if frozen and frozen["frozen_psi"]:   # LoRA & co: weights only, no grads/master/Adam
+            fb = (2 if engine.mixed else 4) * Fraction(frozen["frozen_psi"], n if stage == 3 else 1)
+            t.add_row(f"frozen params (Ψ_frozen={frozen['frozen_psi']:,}; trainable Ψ={lay.numel:,})",
+                      _fmt(frozen["frozen_bytes"]), _fmt(fb), "")
         print0(t)
     return rep
 

@@ -338,7 +338,7 @@ class Stage3(Prefetch, Stage2):
     def gathered(self, params, modifier_rank=None):
         """Full parameters for `params` inside the block (all ranks must enter it). With
         modifier_rank, that rank's edits are broadcast and written back into every shard."""
-        lay, c = self.e.layout, self.e.comm
+        lay = self.e.layout
         wanted = {id(p) for p in params}
         units = [u for u in lay.units if any(id(self.params[s.name]) in wanted for s in u.slots)]
         mine = [u for u in units if u.index not in self.gathered_units]
@@ -349,18 +349,25 @@ class Stage3(Prefetch, Stage2):
         finally:
             for u in units:             # already-gathered (persistent, kept) units are written back too
                 if modifier_rank is not None:
-                    full = torch.empty(u.padded, dtype=self.e.dtype, device=self.dev)
-                    for s in u.slots:
-                        full[s.offset:s.offset + s.numel].copy_(self.params[s.name].data.reshape(-1))
-                    c.broadcast(full, modifier_rank, "gathered_parameters broadcast")
-                    lo, hi = u.shard_range(c.rank)
-                    self.param_shard(u).copy_(full[lo:hi])
+                    full = self.write_back(u, modifier_rank)
                     if u not in mine:   # stays gathered: its copy must hold the modifier's values too
                         self._install(u, self.full_of[u.index].copy_(full))
                 if u in mine:
                     self._release(u, force=True)
             if modifier_rank is not None:
                 self.e.refresh_master()
+
+    def write_back(self, u, modifier_rank: int) -> torch.Tensor:
+        """modifier_rank's (possibly edited) full unit → every rank's shard; returns the full unit."""
+        c = self.e.comm
+        full = torch.empty(u.padded, dtype=self.e.dtype, device=self.dev)
+        for s in u.slots:
+            full[s.offset:s.offset + s.numel].copy_(self.params[s.name].data.reshape(-1))
+        if c.size > 1:
+            c.broadcast(full, modifier_rank, "gathered_parameters broadcast")
+        lo, hi = u.shard_range(c.rank)
+        self.param_shard(u).copy_(full[lo:hi])
+        return full
 
     def memory(self) -> dict:
         nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731

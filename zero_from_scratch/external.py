@@ -1,0 +1,144 @@
+"""ZeRO-3 parameters used outside their module's forward: registered, or a clear error.
+
+    python -m pytest -q tests/test_recipes_tied.py
+
+Stage 3 gathers a parameter in the forward pre-hook of every module that *holds* it
+(`module.parameters(recurse=False)`), which covers tied weights: GPT-2's lm_head and wte hold the
+same Parameter, T5's `shared` sits in the encoder, the decoder and the head, so each gathers it
+where it is used and its gradient, accumulated by autograd over every use, is reduced once.
+
+A parameter read by a module that does not hold it (`F.linear(x, self.other.weight)`) is empty
+there (torch.Size([0])). DeepSpeed's answer is `deepspeed.zero.register_external_parameter(module,
+param)`; ours takes the same call (or honours the `_external_params` dict DeepSpeed's version
+writes): the unit is gathered before `module`'s forward and pinned until it returns (so the
+owner's own post-forward release cannot free it mid-use), and gathered again in backward when
+autograd unpacks the weight it saved (a module's backward hook would not fire for a root module
+whose output is a ModelOutput, not a tensor). Cost: one extra all-gather of the unit per use, (N-1)/N·b·numel.
+
+Unregistered use is caught by a TorchFunctionMode active during the engine's forward: any torch
+op that receives an empty engine parameter raises ZeroExternalParameterError naming the parameter,
+its owner and the fix, on every rank (every rank runs the same forward), instead of a shape error
+deep inside the model. Cost: one Python check per torch op of the forward (a few µs each).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+from zero_from_scratch.stage3 import _SavedView
+
+_METADATA = {"__get__", "__set__", "dim", "size", "numel", "element_size", "is_floating_point", "data_ptr",
+             "untyped_storage", "requires_grad_", "is_complex", "get_device", "__len__", "stride"}
+
+
+class ZeroExternalParameterError(RuntimeError):
+    """A ZeRO-3 parameter was used by a module that does not hold it, without registration."""
+
+
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """Like deepspeed.zero.register_external_parameter: `module`'s forward uses `parameter`.
+    Before initialize(): recorded and picked up by the engine; after: hooked at once."""
+    if not isinstance(parameter, nn.Parameter):
+        raise TypeError(f"register_external_parameter needs an nn.Parameter, got {type(parameter).__name__}")
+    if not hasattr(module, "_external_params"):
+        module._external_params = {}
+    module._external_params[id(parameter)] = parameter
+    ext = module.__dict__.get("_zero_external")
+    if ext is not None:
+        ext.register(module, parameter)
+
+
+class ExternalParams:
+    """Stage 3 only: hooks for registered external parameters, and the forward guard."""
+
+    def __init__(self, engine):
+        self.e = engine
+        self.done: set = set()
+        self.pins: dict[int, int] = {}
+        if engine.stage_id != 3:
+            return
+        st = engine.stage
+        units = list(engine.layout.units) + list(getattr(engine.frozen, "units", []))
+        self.unit_of = {id(st.params[s.name]): u for u in units for s in u.slots}
+        self.owner = {}
+        for mname, m in engine.module.named_modules():
+            for p in m.parameters(recurse=False):
+                self.owner.setdefault(id(p), mname or "<root>")
+        self.name_of = {id(p): n for n, p in st.params.items()}
+        release = st._release
+
+        def release_unless_pinned(u):        # an external user is mid-forward: keep it gathered
+            if not self.pins.get(u.index):
+                release(u)
+        st._release = release_unless_pinned
+        unpack = st._unpack
+
+        def unpack_regathering(x):           # a registered unit's saved weight, needed in backward
+            if isinstance(x, tuple) and x and x[0] is _SavedView and x[1] in self.external_units \
+                    and x[1] not in st.full_of:
+                u = self.external_units[x[1]]
+                st._gather(u, "backward", f"backward use of {u.tag!r} (external)")
+            return unpack(x)
+        st._unpack = unpack_regathering
+        self.external_units: dict = {}
+        for mname, m in engine.module.named_modules():
+            m.__dict__["_zero_external"] = self
+            for p in list(getattr(m, "_external_params", {}).values()):
+                self.register(m, p)
+
+    def register(self, module: nn.Module, p: nn.Parameter) -> None:
+        if self.e.stage_id != 3 or (id(module), id(p)) in self.done:
+            return
+        u = self.unit_of.get(id(p))
+        if u is None:
+            raise ValueError(f"rank {self.e.comm.rank}: register_external_parameter: a tensor of shape "
+                             f"{tuple(p.shape)} is not a parameter of the engine's model")
+        self.done.add((id(module), id(p)))
+        self.external_units[u.index] = u
+        st, label = self.e.stage, f"{type(module).__name__} (external {self.name_of[id(p)]})"
+
+        def pre(mod, args):
+            st._gather(u, "forward", f"forward of {label}")
+            self.pins[u.index] = self.pins.get(u.index, 0) + 1
+
+        def post(mod, args, out):
+            self.pins[u.index] -= 1
+            st._release(u)
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+    def guard(self):
+        """The forward's TorchFunctionMode (stage 3), or a no-op context."""
+        if self.e.stage_id != 3:
+            import contextlib
+            return contextlib.nullcontext()
+        return _Guard(self)
+
+
+class _Guard(TorchFunctionMode):
+    def __init__(self, ext: ExternalParams):
+        super().__init__()
+        self.ext = ext
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") not in _METADATA:
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, (list, tuple)):
+                    for b in a:
+                        self._check(b, func)
+                else:
+                    self._check(a, func)
+        return func(*args, **kwargs)
+
+    def _check(self, a, func) -> None:
+        if isinstance(a, nn.Parameter) and id(a) in self.ext.unit_of and a.numel() == 0:
+            x = self.ext
+            n = x.name_of.get(id(a), "?")
+            raise ZeroExternalParameterError(
+                f"rank {x.e.comm.rank}: ZeRO-3 parameter {n!r} (held by module {x.owner.get(id(a), '?')!r}) was "
+                f"used by {getattr(func, '__name__', func)} outside the forward of any module that holds it, so it "
+                "is empty here (torch.Size([0])). Register the module that uses it: "
+                "zero_from_scratch.register_external_parameter(module, param) (or deepspeed.zero's) before or "
+                "after initialize()")

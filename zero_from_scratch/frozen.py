@@ -1,0 +1,136 @@
+"""Frozen parameters (requires_grad=False) under ZeRO, as DeepSpeed handles them.
+
+    torchrun --standalone --nproc_per_node 2 -m pytest -q tests/test_recipes_lora.py   (via spawn)
+
+A frozen parameter never enters the optimizer: no gradient buffer, no fp32 master, no Adam
+state (that is what makes LoRA cheap). Where it lives depends on the stage:
+  stages 0-2  full on every rank, untouched by the engine            b·Ψ_frozen bytes per rank
+  stage 3     partitioned like a trainable parameter: one unit per module, a shard of Ψ/N
+              elements per rank, gathered by the same module hooks   b·Ψ_frozen/N bytes per rank
+Cost at stage 3: an all-gather of the module's frozen unit before its forward, and again before
+its backward when autograd needs it (a frozen Linear in the middle of the network must still
+pass gradients to its input): 2(N-1)/N·b·Ψ_frozen per micro-batch; nothing is reduced.
+
+The frozen units extend stage 3's machinery instead of copying it: each gets a unit index after
+the trainable ones and a parameter group of its own (after the optimizer's groups), so
+Stage3._gather / _release, the divergence tags and the saved-weights-by-reference trick apply
+unchanged; the optimizer, the gradient norm and the checkpoint's sharded part never see them
+(checkpoints store frozen tensors in full, as extras, gathered around save/load).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import torch.nn as nn
+
+from zero_from_scratch.sharding import shard_layout
+
+
+def frozen_named(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(canonical name, parameter) of every frozen parameter, each shared parameter once."""
+    return [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
+
+
+class FrozenParams:
+    """The frozen part of one engine's model. At stages 0-2 only bookkeeping; at stage 3 the
+    shards, the hooks, and full views for checkpoints and gathered_parameters."""
+
+    def __init__(self, engine):
+        self.e = engine
+        self.named = frozen_named(engine.module)
+        self.numel = sum(p.numel() for _, p in self.named)
+        self.units: list = []
+        self.hooks: list = []
+        if engine.stage_id == 3 and self.named:
+            self._partition()
+
+    # ------------------------------------------------------------------ stage 3
+    def _partition(self) -> None:
+        e, st, c = self.e, self.e.stage, self.e.comm
+        by_id = {id(p): n for n, p in self.named}
+        units, taken = [], set()
+        for mname, m in e.module.named_modules():
+            ps = [(by_id[id(p)], tuple(p.shape)) for p in m.parameters(recurse=False)
+                  if id(p) in by_id and by_id[id(p)] not in taken]
+            taken.update(n for n, _ in ps)
+            if ps:
+                units.append((0, f"{mname or '<root>'} (frozen)", ps))
+        lay = shard_layout(units, c.size)
+        base, group = len(e.layout.units), len(st.pshard)
+        self.units = [dataclasses.replace(u, index=base + u.index, group=group) for u in lay.units]
+        shard = torch.zeros(lay.group_local[0] if lay.group_local else 0, dtype=e.dtype)
+        st.pshard.append(shard)                          # param_shard(u) finds it by u.group
+        st.params = dict(st.params)                      # engine.params_by_name stays trainable-only
+        for u in self.units:
+            full = torch.zeros(u.padded, dtype=e.dtype)
+            for s in u.slots:
+                full[s.offset:s.offset + s.numel].copy_(dict(self.named)[s.name].data.reshape(-1))
+            if c.size > 1:
+                c.broadcast(full, 0, "init broadcast")   # rank 0's weights, like the trainable part
+            lo, hi = u.shard_range(c.rank)
+            st.param_shard(u).copy_(full[lo:hi])
+            st.tag_of[u.index] = u.tag
+        for n, p in self.named:
+            st.params[n] = p
+            p.data = torch.empty(0, dtype=e.dtype)
+        unit_of = {id(dict(self.named)[s.name]): u for u in self.units for s in u.slots}
+        for name, m in e.module.named_modules():
+            us = sorted({unit_of[id(p)].index for p in m.parameters(recurse=False) if id(p) in unit_of})
+            if not us:
+                continue
+            us = [self.units[i - base] for i in us]
+            self.hooks += [m.register_forward_pre_hook(st._pre_forward(name, us)),
+                           m.register_forward_hook(st._post_forward(us)),
+                           m.register_full_backward_pre_hook(st._pre_backward(name, us)),
+                           m.register_full_backward_hook(self._post_backward(us))]
+
+    def _post_backward(self, units):
+        def hook(module, grad_input, grad_output):
+            # No input needed a gradient: torch fires this hook before the module's backward
+            # ran, so the weights may still be needed; after_backward releases them instead.
+            if any(g is not None for g in grad_input):
+                for u in units:
+                    self.e.stage._release(u)
+        return hook
+
+    def after_backward(self) -> None:
+        for u in self.units:
+            self.e.stage._release(u)
+
+    @contextlib.contextmanager
+    def gathered(self, params, modifier_rank=None):
+        """Full frozen tensors among `params` inside the block (stage 3; all ranks enter it).
+        With modifier_rank, that rank's values are broadcast and written back into the shards."""
+        st = self.e.stage
+        wanted = {id(p) for p in params}
+        mine = [u for u in self.units if u.index not in st.gathered_units
+                and any(id(st.params[s.name]) in wanted for s in u.slots)]
+        for u in mine:
+            st._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")
+        try:
+            yield
+        finally:
+            for u in mine:
+                if modifier_rank is not None:
+                    st.write_back(u, modifier_rank)
+                st._release(u)
+
+    def full(self, write_back: bool = False):
+        """Every frozen tensor full inside the block: checkpoint save reads them, load writes them
+        (write_back: every rank loaded the same values, so each copies its own shard back)."""
+        if not self.units:
+            return contextlib.nullcontext()
+        return self.gathered([p for _, p in self.named], 0 if write_back else None)
+
+    # ------------------------------------------------------------------ memory
+    def bytes_per_rank(self) -> int:
+        if self.units:
+            return sum(u.shard for u in self.units) * self.e.dtype.itemsize
+        return sum(p.numel() * p.element_size() for _, p in self.named)
+
+    def report(self) -> dict:
+        """Ψ trainable vs Ψ frozen, and the frozen tensors' bytes on this rank (not model states)."""
+        return {"trainable_psi": self.e.layout.numel, "frozen_psi": self.numel,
+                "frozen_bytes": self.bytes_per_rank(), "frozen_partitioned": bool(self.units)}
