@@ -29,14 +29,15 @@ MIB = 2 ** 20
 
 
 def _run(rank, world, model, off, path, steps, sub):
-    from zero_from_scratch.ds_parity import make_tiny_distilbert, peak_rss_bytes
+    from zero_from_scratch.models import tiny_distilbert
+    from zero_from_scratch.sides import peak_rss_bytes
     import zero_from_scratch
     torch.manual_seed(0)
     if model == "distilbert-base":
         from transformers import DistilBertConfig, DistilBertForSequenceClassification
         m = DistilBertForSequenceClassification(DistilBertConfig())
     else:
-        m = make_tiny_distilbert()
+        m = tiny_distilbert()
     z = {"stage": 2, "sub_group_size": sub}
     if off:
         z["offload_optimizer"] = {"device": "nvme", "nvme_path": path}

@@ -73,8 +73,8 @@ def trainable_counts(model: nn.Module) -> tuple[int, int]:
 
 def tiny_lora_distilbert(r: int = 4) -> nn.Module:
     """The parity model: ds_parity's tiny DistilBERT (dim 32, 2 layers, dropout 0) + LoRA r=4."""
-    from zero_from_scratch.ds_parity import make_tiny_distilbert
-    m = apply_lora(make_tiny_distilbert(), r)
+    from zero_from_scratch.models import tiny_distilbert
+    m = apply_lora(tiny_distilbert(), r)
     for n, p in m.named_parameters():          # B starts at zero in peft; give it a value so A's
         if "lora_B" in n:                      # gradient is not zero at step 1 (a stronger test)
             nn.init.normal_(p, std=0.02)

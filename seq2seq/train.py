@@ -128,7 +128,7 @@ def main(argv=None):
     rank, world = comm.rank, comm.size
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     from seq2seq.grammar import Vocab, dataset
-    from zero_from_scratch.ds_parity import peak_rss_bytes
+    from zero_from_scratch.sides import peak_rss_bytes
     os.makedirs(a.output_dir, exist_ok=True)
     cfg, notes = resolve_config(a.config, a, a.output_dir, a.engine)
     for n in notes:
@@ -140,7 +140,7 @@ def main(argv=None):
     if a.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if a.engine == "deepspeed":
-        from zero_from_scratch.ds_parity import prepare_deepspeed
+        from zero_from_scratch.sides import prepare_deepspeed
         os.environ.setdefault("LOCAL_RANK", "0")
         engine, *_ = prepare_deepspeed().initialize(model=model, model_parameters=model.parameters(), config=cfg)
     else:

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 import zero_from_scratch  # noqa: E402
 from zero_from_scratch.activation_checkpointing import ActivationCheckpointingError, apply  # noqa: E402
-from zero_from_scratch.ds_parity import TinyMLP, make_tiny_distilbert  # noqa: E402
+from zero_from_scratch.models import TinyMLP, tiny_distilbert  # noqa: E402
 
 
 def _cfg(stage, ac):
@@ -31,7 +31,7 @@ def _cfg(stage, ac):
 
 def _run(rank, world, stage, ac):
     torch.manual_seed(0)
-    model = make_tiny_distilbert()
+    model = tiny_distilbert()
     if ac == "hf":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

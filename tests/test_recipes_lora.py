@@ -4,7 +4,7 @@
 
 * peft-LoRA tiny DistilBERT vs real DeepSpeed, step by step (loss, grad norm, lr every step; every
   final parameter, adapters and frozen weights): ZeRO-3 by default, ZeRO-1/2 behind `slow`. fp32
-  tolerances are ds_parity.Tolerance.for_run (1e-5 relative on loss and norm).
+  tolerances are parity_compare.Tolerance.for_run (1e-5 relative on loss and norm).
 * ZeRO-3 partitions the frozen weights (empty .data outside forward, Ψ_frozen/N per rank), never
   gives them optimizer state, and a checkpoint round trip restores them.
 * LoRA r = 8 at stage 2: the measured model-state bytes equal the paper's formula with trainable Ψ.
@@ -22,13 +22,15 @@ M = "recipes.lora:tiny_lora_distilbert"
 
 
 def _pairs(stages):
-    from zero_from_scratch.ds_parity import Job, make_config
+    from zero_from_scratch.parity_harness import Job
+    from zero_from_scratch.ds_parity import make_config
     return [(Job("deepspeed", M, make_config(s, clip=0.2), 4), Job("ours", M, make_config(s, clip=0.2), 4))
             for s in stages]
 
 
 def _parity(stages):
-    from zero_from_scratch.ds_parity import make_batches, run_parities
+    from zero_from_scratch.models import make_batches
+    from zero_from_scratch.ds_parity import run_parities
     res = run_parities(_pairs(stages), 2, batches={(M, 4): make_batches("distilbert", 8, 8, seed=1)}, timeout=600)
     bad = [f"ZeRO-{s}: " + "; ".join(r.failures) for s, r in zip(stages, res) if not r.ok]
     assert not bad, "\n".join(bad)
@@ -113,8 +115,8 @@ def test_zero3_partitions_frozen_params_and_checkpoints_them(engine_runs):
 
 def _lora_stage2_memory(rank, world):
     torch.manual_seed(0)
-    from zero_from_scratch.ds_parity import make_tiny_distilbert
-    model = apply_lora(make_tiny_distilbert(), 8)
+    from zero_from_scratch.models import tiny_distilbert
+    model = apply_lora(tiny_distilbert(), 8)
     engine, *_ = zero_from_scratch.initialize(model=model, config={**CFG, "zero_optimization": {"stage": 2}})
     engine.backward(engine(**_batch(0, rank)).loss)
     engine.step()
@@ -125,8 +127,8 @@ def test_lora_r8_stage2_model_states_equal_formula_with_trainable_psi(engine_run
     from zero_from_scratch.ledger import model_state_bytes
     rep = engine_runs[0][1]
     torch.manual_seed(0)
-    from zero_from_scratch.ds_parity import make_tiny_distilbert
-    trainable, frozen = trainable_counts(apply_lora(make_tiny_distilbert(), 8))
+    from zero_from_scratch.models import tiny_distilbert
+    trainable, frozen = trainable_counts(apply_lora(tiny_distilbert(), 8))
     assert rep["psi"] == trainable and rep["frozen"]["frozen_psi"] == frozen
     assert rep["total_measured"] == sum(model_state_bytes(2, rep["padded_psi"], 2, False).values())
     assert rep["frozen"]["frozen_bytes"] == 4 * frozen          # stages 0-2 keep frozen weights whole
@@ -135,11 +137,11 @@ def test_lora_r8_stage2_model_states_equal_formula_with_trainable_psi(engine_run
 
 
 def test_bad_lora_targets_are_a_clear_error():
-    from zero_from_scratch.ds_parity import make_tiny_distilbert
+    from zero_from_scratch.models import tiny_distilbert
     with pytest.raises(LoraError, match=r"rank 1: LoRA target modules \['nope'\] do not exist.*q_lin"):
-        apply_lora(make_tiny_distilbert(), 4, targets=["q_lin", "nope"], rank=1)
+        apply_lora(tiny_distilbert(), 4, targets=["q_lin", "nope"], rank=1)
     with pytest.raises(LoraError, match="positive int"):
-        apply_lora(make_tiny_distilbert(), 0)
+        apply_lora(tiny_distilbert(), 0)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("tensorboard")
 
 import zero_from_scratch  # noqa: E402
-from zero_from_scratch.ds_parity import TinyMLP  # noqa: E402
+from zero_from_scratch.models import TinyMLP  # noqa: E402
 
 TAGS = ("lr", "loss_scale", "train_loss", "grad_norm", "samples_per_sec")
 

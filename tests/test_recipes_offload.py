@@ -19,7 +19,7 @@ import torch
 
 import zero_from_scratch  # noqa: E402
 from zero_from_scratch import offload  # noqa: E402
-from zero_from_scratch.ds_parity import make_tiny_distilbert  # noqa: E402
+from zero_from_scratch.models import tiny_distilbert  # noqa: E402
 
 
 def _cfg(stage, bf16, off, path=None, sub=50):
@@ -37,7 +37,7 @@ def _data(g):
 
 def _train(rank, cfg, steps=3, fail_at=None, ckpt=None):
     torch.manual_seed(0)
-    model = make_tiny_distilbert()
+    model = tiny_distilbert()
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     g = torch.Generator().manual_seed(rank)
     rec = []
@@ -91,7 +91,7 @@ def test_nvme_offload_is_bit_identical_to_no_offload(spawn, tmp_path, cases):
 
 
 def _unwritable(rank, world, path):
-    zero_from_scratch.initialize(model=make_tiny_distilbert(), config=_cfg(2, False, "nvme", path))
+    zero_from_scratch.initialize(model=tiny_distilbert(), config=_cfg(2, False, "nvme", path))
 
 
 def test_unwritable_nvme_path_fails_on_every_rank(spawn, tmp_path):
@@ -110,7 +110,7 @@ def _fails_mid_run(rank, world, path, ckpt):
     else:
         err = None
     torch.manual_seed(0)
-    model = make_tiny_distilbert()   # a fresh engine resumes from the checkpoint written before the failure
+    model = tiny_distilbert()   # a fresh engine resumes from the checkpoint written before the failure
     engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(2, True, None))
     engine.load_checkpoint(ckpt, tag="s1")
     params = {n: p.detach().float().clone() for n, p in model.named_parameters()}

@@ -5,7 +5,7 @@
 * A tiny T5ForConditionalGeneration (`shared` held by encoder, decoder and LM head) and a tiny
   GPT-2 LM (lm_head.weight is wte.weight), built from config, vs real DeepSpeed step by step in
   lockstep: loss, grad norm and lr every step, max |Δparam| after every step, final parameters
-  (ds_parity.Tolerance.for_run, fp32: 1e-5 relative). T5 ZeRO-3 by default; GPT-2 and 1-2 `slow`.
+  (parity_compare.Tolerance.for_run, fp32: 1e-5 relative). T5 ZeRO-3 by default; GPT-2 and 1-2 `slow`.
 * A parameter used outside the forward of any module that holds it: without registration every
   rank raises ZeroExternalParameterError naming it; registered (our call, or DeepSpeed's
   `_external_params` dict) the run equals a single-process torch AdamW run.
@@ -18,12 +18,13 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 import zero_from_scratch  # noqa: E402
-from zero_from_scratch.ds_parity import Output  # noqa: E402
+from zero_from_scratch.models import Output  # noqa: E402
 
 
 def _parity(stages, kinds=("t5", "gpt2")):
     from recipes.tiny import batches
-    from zero_from_scratch.ds_parity import Job, make_config, run_parities
+    from zero_from_scratch.parity_harness import Job
+    from zero_from_scratch.ds_parity import make_config, run_parities
     pairs, labels = [], []
     for kind in kinds:
         m = f"recipes.tiny:tiny_{kind}"
