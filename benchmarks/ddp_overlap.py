@@ -20,6 +20,8 @@ handshake is off by default (--handshake turns it on), since torch's all-reduce 
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import json
 import statistics

@@ -15,6 +15,8 @@ Buffers are zeros (repeated in-place all-reduce of random data would overflow).
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import os
 import statistics

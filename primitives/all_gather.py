@@ -19,6 +19,8 @@ Cost, S = bytes each rank contributes (the output holds N·S):
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from primitives import shm_collectives
 from primitives.core import Check, flat_work, fuses, get_comm, resolve, run, wait_all
 from primitives.envelope import Fused

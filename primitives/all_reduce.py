@@ -32,6 +32,8 @@ in a fixed order, and every rank ends with bitwise-identical values.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from primitives import shm_collectives
 from primitives.broadcast import _linear as _bcast_linear
 from primitives.reduce import _linear as _reduce_linear

@@ -28,6 +28,8 @@ even and uneven single forms, but its list form refuses tensors of different siz
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 from primitives.core import Check, CollectiveError, flat_work, get_comm, handshake_enabled, resolve, run, wait_all

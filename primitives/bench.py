@@ -21,6 +21,8 @@ The "check cost" column is t(default) / t(unchecked) - 1 for the same algorithm 
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import json
 import statistics

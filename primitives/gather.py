@@ -13,6 +13,8 @@ Cost, S = bytes each rank contributes (dst ends with N·S):
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from primitives.core import Check, flat_work, get_comm, resolve, run, scratch, wait_all
 
 

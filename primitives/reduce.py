@@ -15,6 +15,8 @@ Cost for S bytes on N ranks (γ = seconds per byte reduced):
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from primitives.core import (Check, combine_, finish_avg_, flat_work, get_comm, pipeline_segments,
                              resolve, run, scratch, wait_all)
 

@@ -22,6 +22,8 @@ buffer is never overwritten while its send is in flight).
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # run by path: import this checkout, not another installed one
+    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from primitives import shm_collectives
 from primitives.reduce import _linear as _reduce_linear
 from primitives.core import (Check, ReduceOp, combine_, finish_avg_, flat_work, fuses, get_comm, resolve,
