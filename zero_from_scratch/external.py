@@ -68,9 +68,9 @@ class ExternalParams:
         self.name_of = {id(p): n for n, p in st.params.items()}
         release = st._release
 
-        def release_unless_pinned(u):        # an external user is mid-forward: keep it gathered
-            if not self.pins.get(u.index):
-                release(u)
+        def release_unless_pinned(u, force: bool = False):   # an external user is mid-forward: keep it
+            if force or not self.pins.get(u.index):
+                release(u, force=force)
         st._release = release_unless_pinned
         unpack = st._unpack
 
