@@ -17,13 +17,17 @@ from conftest import ROOT, run_cmd
 
 TUT = os.path.join(ROOT, "tutorials")
 CHAPTERS = sorted(f for f in os.listdir(TUT) if re.match(r"\d\d_.*\.md$", f))
-FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.M | re.S)
+FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.M | re.S)
+FROM = re.compile(r"from:\s*(\S+)")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
 BOX_ROW, BOX_HEAD = "│", "┃"
 RULES = set("┏┓┗┛┡┩┢┪└┘┌┐├┤╭╮╰╯━─═┳┻┼╇╈┯┷ ")
 
 
 def blocks(path):
+    """(lang, info, body) of every fenced block. A ```text block whose info says `from: FILE` shows
+    the output of a command the chapter does not run (a long benchmark): it names the file that
+    prints it (which must exist) and is not compared."""
     with open(path) as f:
         return FENCE.findall(f.read())
 
@@ -96,19 +100,24 @@ def test_chapter_pictures_come_from_the_figure_scripts(chapter):
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_runs(chapter, tmp_path):
     found = blocks(os.path.join(TUT, chapter))
-    assert any(lang in ("bash", "python") for lang, _ in found), f"{chapter} has no runnable block"
+    assert any(lang in ("bash", "python") for lang, _, _ in found), f"{chapter} has no runnable block"
     outputs, samples = [], []
-    for i, (lang, body) in enumerate(found):
+    env = {"COLUMNS": "160", "PYTHONPATH": ROOT}      # this checkout, whatever else is installed
+    for i, (lang, info, body) in enumerate(found):
         if lang == "bash":
             script = tmp_path / f"block{i}.sh"
             script.write_text("set -euo pipefail\n" + body)
-            r = run_cmd(f"bash {script}", timeout=600, env={"COLUMNS": "160"})
+            r = run_cmd(f"bash {script}", timeout=600, env=env)
         elif lang == "python":
             script = tmp_path / f"block{i}.py"
             script.write_text(body)
-            r = run_cmd(f"{sys.executable} {script}", timeout=600, env={"COLUMNS": "160"})
+            r = run_cmd(f"{sys.executable} {script}", timeout=600, env=env)
         else:
-            if lang == "text":
+            src = FROM.search(info)
+            if lang == "text" and src:
+                assert os.path.exists(os.path.join(ROOT, src.group(1))), \
+                    f"{chapter}: sample block {i} says it comes from {src.group(1)}, which does not exist"
+            elif lang == "text":
                 samples.append((i, sample_signature(body)))
             continue
         outputs.append(r.stdout + r.stderr)
