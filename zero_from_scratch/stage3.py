@@ -183,6 +183,12 @@ class Stage3(Prefetch, Stage2):
                     self.hpz.keep(u, full)
         self._install(u, full)
 
+    def unit(self, i: int):
+        """A unit by index: the engine's layout, then (frozen.py) the frozen parameters' units,
+        numbered after it; both can be gathered, traced, kept and released."""
+        units = self.e.layout.units
+        return units[i] if i < len(units) else self.e.frozen.units[i - len(units)]
+
     def _count_live(self, n: int) -> None:
         self.live += n
         self.stats["max_live"] = max(self.stats["max_live"], self.live)
@@ -210,12 +216,12 @@ class Stage3(Prefetch, Stage2):
         """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
         self._drop_prefetches()
         for i in list(self.gathered_units):
-            self._release(self.e.layout.units[i], force=True)
+            self._release(self.unit(i), force=True)
 
     def _drop_prefetches(self) -> None:
         for i, (h, _) in list(self.prefetched.items()):
             h.wait()
-            self.live -= self.e.layout.units[i].padded
+            self.live -= self.unit(i).padded
         self.prefetched.clear()
 
     # ------------------------------------------------------------------ saved weights
@@ -300,7 +306,7 @@ class Stage3(Prefetch, Stage2):
             raise ZeroDivergenceError(f"rank {self.e.comm.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self._drop_prefetches()          # a micro-batch that left the trace may leave some in flight
         for i in list(self.gathered_units):
-            self._release(self.e.layout.units[i])       # persistent units stay until the step
+            self._release(self.unit(i))       # persistent units stay until the step
         if self.in_train and self.trace is None:
             self.trace = self.recording  # the first training micro-batch is the trace
         self.in_train = False

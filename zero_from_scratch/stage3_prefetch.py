@@ -28,9 +28,8 @@ class Prefetch:
 
     def _make_room(self, need: int) -> None:
         """Evict units kept for reuse (oldest first) until `need` more elements fit under max_live."""
-        units = self.e.layout.units
         while self.kept and self.live + need > self.max_live:
-            self._release(units[self.kept[0]], force=True)
+            self._release(self.unit(self.kept[0]), force=True)
             self.stats["evicted"] += 1
 
     # ------------------------------------------------------------------ the trace and prefetch
@@ -53,12 +52,12 @@ class Prefetch:
         ahead (in flight or already prefetched), never beyond max_live."""
         if not (self.prefetch_budget and self.trace_ok and self.trace is not None):
             return
-        units, c, ahead, seen = self.e.layout.units, self.e.comm, 0, set()
+        c, ahead, seen = self.e.comm, 0, set()
         for kind, i in self.trace[self.tpos:]:
             if i in seen or i in self.gathered_units:
                 continue
             seen.add(i)
-            u = units[i]
+            u = self.unit(i)
             if i in self.prefetched:
                 ahead += u.padded
                 continue
@@ -79,11 +78,11 @@ class Prefetch:
         pos = self.fwd_pos.get(u.index)
         if pos is None or not (self.trace_ok and self.in_train):
             return False
-        units, traversed = self.e.layout.units, 0
+        traversed = 0
         for _, i in self.trace[pos + 1:]:
             if traversed >= self.reuse_distance:
                 return False
             if i == u.index:
                 return True
-            traversed += units[i].numel
+            traversed += self.unit(i).numel
         return False
