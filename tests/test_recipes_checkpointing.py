@@ -23,7 +23,8 @@ from zero_from_scratch.models import TinyMLP, tiny_distilbert  # noqa: E402
 def _cfg(stage, ac):
     c = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 10 ** 9,
          "gradient_clipping": 0.5, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
-         "zero_optimization": {"stage": stage}}
+         # textbook stage 3: nothing persists, so recomputation has to gather again (what we count)
+         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}}
     if ac == "config":
         c["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False}
     return c

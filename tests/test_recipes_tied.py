@@ -66,7 +66,10 @@ class Outside(nn.Module):
         return Output(F.cross_entropy(self.b(h), labels))
 
 
-CFG = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10 ** 9, "zero_optimization": {"stage": 3},
+# textbook stage 3 (DeepSpeed's defaults would keep this tiny model's weights gathered all step,
+# so an unregistered use would find them and the error below could not show)
+CFG = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10 ** 9,
+       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}}
 
 
