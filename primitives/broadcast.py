@@ -91,7 +91,7 @@ def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto", tag=
         if comm.rank != root:
             buf.copy_(got(nb, buf.dtype)[root])
             done()
-        return [nb] if comm.rank != root else []
+        return {root: nb} if comm.rank != root else {}    # by peer: only the root sent data
     fused = (Fused(lambda peer: prep() if comm.rank == root else None, finish, same_for_all=True)
              if ok and tensor.numel() and fuses("broadcast", algo, comm, nbytes) else None)
     return run(comm, "broadcast", algo, check, numel=tensor.numel() if ok else -1,

@@ -43,7 +43,13 @@ DEFAULT_TIMEOUT = float(os.environ.get("RINGZERO_TIMEOUT", "60"))
 
 
 class PeerError(RuntimeError):
-    """A point-to-point transfer failed or timed out; the message names both ranks."""
+    """A point-to-point transfer failed or timed out; the message names both ranks.
+    dead: the group rank a transport *knows* died (shm: its pid is gone), which may not be the
+    peer this rank was waiting on; the root cause (faults.py) then names it, not the peer."""
+
+    def __init__(self, *args, dead: int | None = None):
+        super().__init__(*args)
+        self.dead = dead
 
 
 class NotInitializedError(RuntimeError):
@@ -190,7 +196,10 @@ class Communicator(abc.ABC):
     def _peer_error(self, peer: int, kind: str, err: Exception | None = None) -> PeerError:
         """The PeerError for a failed transfer, naming the rank that really died (faults.py)."""
         from primitives.faults import root_cause
-        return PeerError(self._describe(peer, kind, err) + root_cause(self, peer, kind))
+        dead = getattr(err, "dead", None)     # the transport saw which rank died: suspect it, not `peer`
+        suspect, certain = (peer, False) if dead is None else (dead, True)
+        return PeerError(self._describe(peer, kind, err) + root_cause(self, suspect, kind, certain=certain),
+                         dead=dead)
 
     def _describe(self, peer: int, kind: str, err: Exception | None = None) -> str:
         why = f": {err}" if err is not None else ""
@@ -219,10 +228,9 @@ class TorchComm(Communicator):
         if not dist.is_initialized():
             raise NotInitializedError(NOT_INIT_MSG)
         self.group = group
+        _check_member(group)
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        if self.rank < 0:
-            raise ValueError(f"rank {dist.get_rank()}: this process is not a member of the group it passed")
         self.backend = str(dist.get_backend(group))
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.backend == "nccl" else torch.device("cpu"))
@@ -250,6 +258,13 @@ class TorchComm(Communicator):
     def _wait(self, handle):
         if not handle.wait(timeout=timedelta(seconds=self.timeout)):
             raise PeerError(f"timed out after {self.timeout:.0f}s")
+
+
+def _check_member(group) -> None:
+    """A clear error for a rank outside `group`, before anything else touches the group
+    (dist.get_backend and the shm rendezvous would fail with torch's "Invalid process group")."""
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError(f"rank {dist.get_rank()}: this process is not a member of the group it passed")
 
 
 class MPIComm(Communicator):
@@ -346,6 +361,7 @@ def get_comm(group=None) -> Communicator:
     key = id(group) if group is not None else None
     c = _COMMS.get(key)
     if c is None or c.group is not group:
+        _check_member(group)                 # first: build() asks the group for its backend
         from primitives.shm import build   # transport hook (shm): RINGZERO_TRANSPORT=auto|shm|tcp
         c = _COMMS[key] = build(group)       # ShmComm on gloo (falls back to TCP), TorchComm otherwise
     return c

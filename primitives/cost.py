@@ -346,6 +346,8 @@ def peers(name: str, algo: str, n: int, rank: int, numel: int, elem: int) -> lis
                     + [(nxt, c[i]) for i in range(n) if i != (r + 2) % n])
         if algo == "direct":
             return [(p, c[p]) for p in range(n) if p != r] + [(p, c[r]) for p in range(n) if p != r]
+        if algo == "one_shot":        # the whole buffer to every other rank, any N
+            return [(p, S) for p in range(n) if p != r]
         if n & (n - 1):
             raise ValueError("peers(): recursive algorithms are derived for a power-of-two N only")
         steps = n.bit_length() - 1

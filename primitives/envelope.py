@@ -37,7 +37,7 @@ class Fused:
     """The data a fused call carries. send(peer) -> the 1-D contiguous tensor for `peer`'s
     envelope (or None); finish(got) completes the call locally, where got(nbytes, dtype) gives
     {peer: that peer's payload as a dtype tensor}, and returns the payload bytes it used from
-    each peer (for the ledger).
+    each peer (for the ledger): a list in check_round's peer order (me+1, me+2, ...) or {peer: bytes}.
     same_for_all: every peer gets the same payload, so one envelope is packed."""
 
     def __init__(self, send, finish, same_for_all: bool):
@@ -120,7 +120,7 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
                        inc[:, :nh * 8].view(torch.int64))
         if fused is not None:
             received = fused.finish(lambda nb, dtype: dict(zip(peers, env.views(nb, dtype)[1])))
-            LEDGER.data_moved(sent=sent * (n - 1) if rows == 1 else sent, received=received)
+            _count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
         return fused is not None
     heads = (env.inc_np[:, :nh * 8].view(np.int64) if cpu else inc[:, :nh * 8].view(torch.int64)).tolist()
     table = {me: header}
@@ -144,8 +144,23 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
         return False
     received = fused.finish(lambda nb, dtype: dict(zip(peers, env.views(nb, dtype)[1])))
     # the payload bytes are this call's data traffic; the envelopes stay counted as control
-    LEDGER.data_moved(sent=sent * (n - 1) if rows == 1 else sent, received=received)
+    _count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
     return True
+
+
+def _count_fused(comm, peers, sent, received) -> None:
+    """The fused payloads in the ledger as data, per peer's link (intra/inter node), like
+    Communicator.exchange counts the unfused algorithm's messages. received: a list aligned
+    with peers, or {peer: bytes} (broadcast: only from the root)."""
+    if isinstance(received, dict):
+        received = [received.get(p, 0) for p in peers]
+    from primitives.topology import topology
+    topo, links = comm.__dict__.get("_fused_links", (None, None))   # one lookup per call, not per peer
+    if topo is not topology(comm):                                  # (set_topology may replace it)
+        topo = topology(comm)
+        links = [comm.link_to(p) for p in peers]
+        comm._fused_links = (topo, links)
+    LEDGER.data_moved(sent=sent, received=received, links=links)
 
 
 # ----------------------------------------------------------------------------- CUDA: no host sync

@@ -32,15 +32,17 @@ def _store():
         return None, 0
 
 
-def root_cause(comm, peer: int, what: str) -> str:
-    """Record this detection and return ' root cause: …' naming the rank that died (or '')."""
+def root_cause(comm, peer: int, what: str, certain: bool = False) -> str:
+    """Record this detection and return ' root cause: …' naming the rank that died (or '').
+    certain: the transport saw `peer` die (shm: its pid is gone), not merely stop answering;
+    such a report outranks a first report that only blamed the peer it was waiting on."""
     store, world = _store()
     if store is None:
         return ""
     try:
         me, suspect = comm.global_rank(comm.rank), comm.global_rank(peer)
         mine = json.dumps({"by": me, "suspect": suspect, "call": str(getattr(comm, "current_call", "") or "point-to-point"),
-                           "what": what})
+                           "what": what, "certain": certain})
         store.set(f"{PREFIX}/report/{me}", mine)
         first = json.loads(store.compare_set(f"{PREFIX}/first", "", mine).decode())
         deadline = time.monotonic() + GRACE
@@ -58,6 +60,10 @@ def root_cause(comm, peer: int, what: str) -> str:
         return ""
     if not dead:
         return ""
-    rep = first if first["suspect"] not in reports else min(dead, key=lambda d: d["by"])
+    certain_dead = [d for d in dead if d.get("certain")]
+    if certain_dead:            # e.g. rank 1 waiting on a live rank 0 while shm saw rank 2's pid vanish
+        rep = min(certain_dead, key=lambda d: d["by"])
+    else:
+        rep = first if first["suspect"] not in reports else min(dead, key=lambda d: d["by"])
     return (f" Root cause: rank {rep['suspect']} stopped answering (it died or skipped the call; first detected by rank {rep['by']} in "
             f"{rep['call']}, {rep['what']} it).")

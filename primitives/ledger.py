@@ -86,19 +86,31 @@ class Ledger:
                 c.msgs_recv += 1
                 c.bytes_recv += nbytes
 
-    def data_moved(self, sent: list[int], received: list[int]) -> None:
+    def data_moved(self, sent: list[int], received: list[int], links: list[str | None] | None = None) -> None:
         """Data that rode in control messages (the fused check's envelopes): one message per
-        non-zero entry, counted as data without counting the envelope twice as control."""
+        non-zero entry, counted as data without counting the envelope twice as control.
+        links[i]: the link class ("intra"/"inter") of the peer of sent[i] and received[i]. The
+        fused path counts per link like sent()/received(), or small calls vanish from self.links."""
+        if self._t.control_depth:   # a call the caller marked as control (e.g. a status all-reduce):
+            return                  # its envelopes, payload inside, were already counted as control
+        links = links if links is not None else [None] * max(len(sent), len(received))
         with self._lock:
-            for c in [self.data] + ([self._t.current.counts] if self._t.current else []):
-                for b in sent:
-                    if b:
-                        c.msgs_sent += 1
-                        c.bytes_sent += b
-                for b in received:
-                    if b:
-                        c.msgs_recv += 1
-                        c.bytes_recv += b
+            for entries, out in ((sent, True), (received, False)):
+                for b, link in zip(entries, links):
+                    if not b:
+                        continue
+                    targets = [self.data] + ([self._t.current.counts] if self._t.current else [])
+                    if link is not None:
+                        targets.append(self.links.setdefault(link, Counts()))
+                        if self._t.current is not None:
+                            targets.append(self._t.current.links.setdefault(link, Counts()))
+                    for c in targets:
+                        if out:
+                            c.msgs_sent += 1
+                            c.bytes_sent += b
+                        else:
+                            c.msgs_recv += 1
+                            c.bytes_recv += b
 
     @contextlib.contextmanager
     def call(self, name: str, algorithm: str, nbytes: int):

@@ -271,10 +271,12 @@ class ShmComm(TorchComm):
         for r in [peer] + [r for r in self.procs if r not in (peer, self.rank)]:
             if r in self.procs and not seg.alive(*self.procs[r]):
                 why = f"rank {r} (pid {self.procs[r][0]}) is gone: its process exited or was killed"
+                # dead=r: the PeerError that Request.wait builds from this one names r as the
+                # root cause, even when r is not the peer this rank was waiting on
                 if r == peer:
-                    raise PeerError(self._describe(peer, kind, RuntimeError(why)))
+                    raise PeerError(self._describe(peer, kind, RuntimeError(why)), dead=r)
                 raise PeerError(f"rank {self.rank}: failed {kind} rank {peer} (transport shm): {why}; "
-                                f"did rank {r} die or skip this call?")
+                                f"did rank {r} die or skip this call?", dead=r)
 
     # ------------------------------------------------------------------ for shm_collectives
     def barrier_local(self, what: str) -> None:

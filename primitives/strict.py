@@ -118,6 +118,10 @@ class Scheduler:
         return [_Request(self, op) for op in made]
 
     def _start(self, op: Op) -> None:              # lock held
+        # Always the process group's own transport (gloo over TCP), never ShmComm's shared-memory
+        # channels: strict mode simulates nccl's streams, and gloo's isend/irecv are a true
+        # rendezvous-per-message transport the rules above were built on, whereas shm's sends are
+        # buffered and move only inside wait(). So a ShmComm in strict mode sends over gloo.
         fn = dist.irecv if op.kind == "recv" else dist.isend
         try:
             op.handle = fn(op.tensor, self.comm.global_rank(op.peer), group=self.comm.group,

@@ -155,6 +155,16 @@ class SubComm(Communicator):
     def _wait(self, handle):
         return self.parent._wait(handle)
 
+    # Strict mode (primitives/strict.py): a view has no process group of its own; on nccl its
+    # messages would travel on the parent's pair streams, so they join the parent's simulated
+    # streams (one scheduler per process group), with peers translated to parent ranks.
+    @property
+    def strict(self) -> bool:
+        return self.parent.strict if self._strict_flag is None else self._strict_flag
+
+    def _strict_post(self, ops, grouped):
+        return self.parent._strict_post([(k, t, self.members[p]) for k, t, p in ops], grouped)
+
 
 _SPLITS: dict = {}
 

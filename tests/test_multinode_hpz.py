@@ -23,7 +23,11 @@ def _train(rank, world, hpz):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 30), nn.Tanh(), nn.Linear(30, 30), nn.Tanh(), nn.Linear(30, 3))
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    zero = {"stage": 3, "zero_hpz_partition_size": hpz}
+    # persistence 0 and reuse 0: every unit is re-gathered for backward (the defaults keep this tiny
+    # model's units gathered from forward to backward, and then there is no backward all-gather for
+    # hpZ to keep inside the node, nor a third flat one for plain ZeRO-3 to count)
+    zero = {"stage": 3, "zero_hpz_partition_size": hpz, "stage3_param_persistence_threshold": 0,
+            "stage3_max_reuse_distance": 0}
     engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(),
                                               config={**CFG, "zero_optimization": zero})
     LEDGER.reset()
