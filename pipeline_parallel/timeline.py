@@ -66,5 +66,5 @@ def machine() -> str:
         ds = md.version("deepspeed")
     except Exception:
         ds = "absent"
-    return (f"{platform.machine()}, {os.cpu_count()} CPU cores shared with other jobs, torch {torch.__version__}, "
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
             f"deepspeed {ds}, gloo")
