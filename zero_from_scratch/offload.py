@@ -196,8 +196,10 @@ def build(engine, spec: dict | None, sub_group_size: int):
     if spec is None:
         return None
     if any(p.is_cuda for p in engine.module.parameters()):
-        raise NotImplementedError(f"rank {engine.comm.rank}: offload_optimizer with a CUDA model: this engine runs "
-                                  "on the CPU only; use DeepSpeed for GPU offload")
+        # refused up front (not a stub): moving states between a GPU and the host is not built here
+        raise ValueError(f"rank {engine.comm.rank}: zero_optimization.offload_optimizer "
+                         f"{{'device': {spec['device']!r}}} with a CUDA model is not supported by this engine; "
+                         "allowed: a CPU model, or no offload (use DeepSpeed for GPU offload)")
     if spec["device"] == "cpu":
         if engine.comm.rank == 0:
             from primitives.log import print0
