@@ -4,7 +4,8 @@
 
 The grammar: deterministic, held-out questions never in training, every word in the vocabulary
 (no <unk>), encode/decode round trip. The slow test trains 30 steps of ZeRO-3 + nvme offload under
-torchrun and checks the run's record (the accuracy bar needs the full run: seq2seq.memory_table).
+torchrun and checks the run's record; the other slow test runs the default recipe (ZeRO-1, 1200
+steps, ~4-9 min on 2 cores) and holds it to the issue's bar: held-out exact match >= 0.9.
 """
 import json
 
@@ -38,3 +39,18 @@ def test_zero3_nvme_offload_recipe_runs_under_torchrun(tmp_path):
     assert final["stage"] == 3 and final["offload"] == "nvme" and len(final["peak_rss_per_rank"]) == 2
     assert rec[0]["loss"] > final["final_loss"]
     assert sorted((tmp_path / "nvme" / "zero_rank000").iterdir())
+
+
+@pytest.mark.slow
+def test_default_recipe_reaches_the_exact_match_bar(tmp_path):
+    """The recipe as a user runs it (ZeRO-1, the shipped config and step count): >= 0.9 exact match on
+    500 held-out questions. Every token of a ~15-token query must be right (numbers copied, synonyms
+    mapped, optional clauses decided), so 0.9 is far from chance; the 100-step runs of
+    seq2seq.memory_table score ~0.03."""
+    from conftest import run_cmd
+    from primitives.launch import free_port
+    run_cmd(f"torchrun --nproc_per_node 2 --master_port {free_port()} seq2seq/train.py --engine zero "
+            f"--output-dir {tmp_path}", timeout=1500)
+    final = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")][-1]
+    assert final["event"] == "final" and final["steps"] == 1200 and final["stage"] == 1
+    assert final["exact_match"] >= 0.9, final
