@@ -98,6 +98,8 @@ class Executor:
         return chunk * self.e.pp + self.e.stage
 
     def _peer(self, down: bool):
+        # a rank of the pipeline group, which is ordered by stage (primitives.mesh): with dp and tp
+        # it holds this rank's own (dp, tp) coordinate on every stage, so stage ± 1 is the peer
         return (self.e.stage + (1 if down else -1)) % self.e.pp
 
     def _header(self, t):

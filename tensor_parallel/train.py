@@ -61,6 +61,9 @@ def parse_args(argv=None):
     add_launch_args(ap)
     a = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
+    for k in ("tp", "pp", "steps", "batch", "max_len"):
+        if getattr(a, k) < 1:
+            ap.error(f"(rank {rank}) --{k.replace('_', '-')} must be >= 1, got {getattr(a, k)}")
     if a.pp == 1:
         given = [f"--{k.replace('_', '-')}" for k in ("micro_batches", "schedule", "clip") if getattr(a, k) is not None]
         if given:
@@ -73,9 +76,6 @@ def parse_args(argv=None):
         a.schedule, a.clip = a.schedule or "1f1b", 1.0 if a.clip is None else a.clip
         if a.micro_batches < 1 or a.batch % a.micro_batches:
             ap.error(f"(rank {rank}) --batch {a.batch} must be a positive multiple of --micro-batches {a.micro_batches}")
-    for k in ("tp", "pp", "steps", "batch", "max_len"):
-        if getattr(a, k) < 1:
-            ap.error(f"(rank {rank}) --{k.replace('_', '-')} must be >= 1, got {getattr(a, k)}")
     if a.sequence_parallel and a.max_len % a.tp:
         ap.error(f"(rank {rank}) --sequence-parallel needs --max-len ({a.max_len}) divisible by --tp ({a.tp})")
     return a
