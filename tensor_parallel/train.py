@@ -210,7 +210,12 @@ def main(argv=None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from primitives.launch import init_from_env
     comm = init_from_env(a.backend, a.timeout)
-    return run(a, comm)
+    from primitives.mesh import MeshError
+    from tensor_parallel.pipeline import StageError
+    try:
+        return run(a, comm)
+    except (MeshError, StageError) as e:          # a layout the world cannot take: one line per rank
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

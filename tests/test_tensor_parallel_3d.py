@@ -120,6 +120,13 @@ def test_pp_flags_refused_where_they_do_nothing(capsys):
         assert words in err and "(rank 0)" in err, err
 
 
+def test_demo_refuses_a_mesh_the_world_cannot_take():
+    from conftest import run_cmd
+    r = run_cmd("python tensor_parallel/train.py --pp 2", check=False, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    assert "error: rank 0: mesh dp=1 × pp=2 × tp=1 = 2 does not factor the world size 1" in r.stderr, r.stderr[-1500:]
+
+
 @pytest.mark.slow
 def test_3d_demo_under_torchrun():
     from conftest import run_cmd
