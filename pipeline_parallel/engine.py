@@ -7,7 +7,8 @@
     loss = engine.train_batch(data_iter)      # one optimizer step over m micro-batches, mean loss on every rank
     loss = engine.eval_batch(data_iter)       # forward only
 
-World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTopology). Each data
+World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTopology), or
+pp × dp × tp with a caller-built mesh (initialize(mesh=...): tensor_parallel/train.py --pp). Each data
 replica reads its own iterator; its first and last stage both pull m micro-batches (inputs,
 labels) per step — first uses the inputs, last the labels — as DeepSpeed's engine does.
 
@@ -18,6 +19,9 @@ One step, per rank (p stages, m micro-batches, Ψ_s = this stage's parameters, A
                   ring: 2(dp−1)/dp·Ψ_s elements), then ÷ dp
   step            one 24-byte all-reduce over the world (errors, loss, gradient norm²: control
                   traffic), clip by the global norm, torch AdamW, lr scheduler
+  (tp > 1: the layers' own collectives inside fwd / bwd, over mesh.tp_group)
+After each train_batch, engine.step_bytes = data bytes this rank sent, by axis: {"tp": fwd + bwd,
+"pp": the boundary sends + tied reductions, "dp": reduce_grads} (the ledger, per instruction).
 """
 from __future__ import annotations
 
@@ -38,7 +42,11 @@ class PipelineError(RuntimeError):
     """Raised on every rank when any rank failed during a step; lists each failing rank's error."""
 
 
-def initialize(model=None, model_parameters=None, config=None, dp: int | None = None, **_unused):
+def initialize(model=None, model_parameters=None, config=None, dp: int | None = None, mesh: Mesh | None = None,
+               **_unused):
+    """mesh: a primitives.mesh.Mesh built by the caller (dp × pp × tp, tp ≥ 1): pipeline peers are
+    the same (dp, tp) coordinate on the neighbouring stage (mesh.pp_group), gradients are averaged
+    over mesh.dp_group; the caller's layers already hold their tp shards (tensor_parallel/pipeline.py)."""
     if _unused:
         raise TypeError(f"initialize() got unsupported arguments {sorted(_unused)}")
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -52,6 +60,11 @@ def initialize(model=None, model_parameters=None, config=None, dp: int | None = 
         init_from_env()
     world, rank = dist.get_world_size(), dist.get_rank()
     pp = model.num_stages
+    if mesh is not None:
+        if mesh.layout.pp != pp or mesh.layout.world != world or (dp is not None and dp != mesh.layout.dp):
+            raise MeshError(f"rank {rank}: mesh dp={mesh.layout.dp} × pp={mesh.layout.pp} × tp={mesh.layout.tp} does not "
+                            f"match the model's {pp} stages, dp={dp} and world size {world}")
+        return _build(model, load(config, mesh.layout.dp), mesh)
     if world % pp or (dp is not None and dp * pp != world):
         raise MeshError(f"rank {rank}: pp={pp} stages × dp={dp if dp is not None else 'world/pp'} does not divide "
                         f"the world size {world}; expected world = pp × dp")
@@ -68,8 +81,8 @@ def _build(model, cfg, mesh):
 class PipelineEngine:
     def __init__(self, model: PipelineModule, cfg, mesh: Mesh):
         self.module, self.cfg, self.mesh = model, cfg, mesh
-        self.pp, self.dp, self.v = mesh.layout.pp, mesh.layout.dp, cfg.virtual_stages
-        self.stage, self.dp_rank, self.rank = mesh.index("pp"), mesh.index("dp"), mesh.rank
+        self.pp, self.dp, self.tp, self.v = mesh.layout.pp, mesh.layout.dp, mesh.layout.tp, cfg.virtual_stages
+        self.stage, self.dp_rank, self.tp_rank, self.rank = mesh.index("pp"), mesh.index("dp"), mesh.index("tp"), mesh.rank
         self.micro_batches, self.micro_batch_size = cfg.micro_batches, cfg.run.train_micro_batch_size_per_gpu
         self.schedule = cfg.schedule
         self.comm = get_comm(mesh.pp_group)
@@ -93,7 +106,7 @@ class PipelineEngine:
         self.global_steps, self.global_grad_norm = 0, None
         self._errors: list = []
         self._broken = None
-        self.timeline, self.peak_activation_bytes = [], 0
+        self.timeline, self.peak_activation_bytes, self.step_bytes = [], 0, {}
         self.measure_activations = True   # saved_tensors_hooks per micro-batch (off: an outer meter measures)
 
     # ------------------------------------------------------------------ error bookkeeping
@@ -130,6 +143,9 @@ class PipelineEngine:
             self.step_status(norm_sq=0.0)
         if train:                      # what the last *training* step did (eval saves nothing)
             self.timeline = self.executor.events
+            by = self.executor.sent
+            self.step_bytes = {"tp": by.get("fwd", 0) + by.get("bwd", 0), "dp": by.get("reduce_grads", 0),
+                               "pp": sum(v for k, v in by.items() if k.startswith(("send", "recv", "reduce_tied")))}
             self.peak_activation_bytes = self.executor.meter.peak
         return self._status
 
@@ -173,10 +189,14 @@ class PipelineEngine:
 
     def step(self):
         # each parameter once: dp replicas hold equal gradients (only replica 0 counts), tied copies
-        # after the first holder are skipped (DeepSpeed's ds_pipe_replicated)
+        # after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a
+        # sharded parameter (tensor_parallel's `tp_shard`) counts on every tp rank (its slices add
+        # up to the whole), a replicated one (LayerNorm, row-parallel bias) on tp rank 0 only.
+        # The status all-reduce then sums norm² over pp (and tp): the global norm of one process.
         ok = self.dp_rank == 0 and not self.failed_locally()
         norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in self.params
-                      if p.grad is not None and not self.tied.is_replica(p)) if ok else 0.0
+                      if p.grad is not None and not self.tied.is_replica(p)
+                      and (self.tp_rank == 0 or hasattr(p, "tp_shard"))) if ok else 0.0
         self.step_status(norm_sq)
         clip = self.cfg.run.gradient_clipping
         if clip > 0:
@@ -194,7 +214,7 @@ class PipelineEngine:
     def step_status(self, norm_sq: float):
         """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's
         outcome; on failure every rank gathers the messages and raises the same PipelineError."""
-        last = self.is_last_stage()
+        last = self.is_last_stage() and self.tp_rank == 0      # tp ranks hold the same loss: count one
         status = torch.tensor([1.0 if self._errors else 0.0, self.executor.loss_sum if last else 0.0, norm_sq],
                               dtype=torch.float64)
         with LEDGER.control_traffic():

@@ -70,8 +70,9 @@ class Executor:
         self.x_in, self.y_out, self.loss_sum = {}, {}, 0.0
         self.pending, self.poisoned, self.events = [], set(), []
         self.meter = ActivationMeter(e.params)
+        self.sent = {}                         # op kind -> data bytes sent during it (the per-axis ledger)
         for op in program:
-            t0 = time.perf_counter()
+            t0, b0 = time.perf_counter(), LEDGER.data.bytes_sent
             if op.kind in ("reduce_tied", "reduce_grads", "step"):
                 self._wait_sends()
                 getattr(e, op.kind)()          # collectives: every rank calls them, failed or not
@@ -83,6 +84,7 @@ class Executor:
                     if op.kind in ("send_act", "send_grad", "recv_act", "recv_grad"):
                         self._drain_comm(op)
             self.events.append((op.kind, op.mb, op.chunk, t0, time.perf_counter()))
+            self.sent[op.kind] = self.sent.get(op.kind, 0) + LEDGER.data.bytes_sent - b0
         self._wait_sends()
         return self.loss_sum
 
@@ -96,6 +98,8 @@ class Executor:
         return chunk * self.e.pp + self.e.stage
 
     def _peer(self, down: bool):
+        # a rank of the pipeline group, which is ordered by stage (primitives.mesh): with dp and tp
+        # it holds this rank's own (dp, tp) coordinate on every stage, so stage ± 1 is the peer
         return (self.e.stage + (1 if down else -1)) % self.e.pp
 
     def _header(self, t):

@@ -1,6 +1,6 @@
 """ringzero.tensor_parallel: Megatron-style tensor and sequence parallelism on primitives.
 
-    torchrun --standalone --nproc_per_node 4 tensor_parallel/train.py --dp 2 --tp 2
+    torchrun --standalone --nproc_per_node 8 tensor_parallel/train.py --dp 2 --pp 2 --tp 2
 
     comm.py            f / g and the sequence-parallel pair (autograd functions, derivations)
     layers.py          ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
@@ -10,8 +10,10 @@
     formulas.py        bytes per layer (via primitives.cost), parameters per rank, Megatron's activations
     memory.py          activation / parameter bytes measured vs formulas.py
     parity.py          sharded vs one process (logits, loss, grads, params after AdamW), as a table
-    figures.py         the mesh picture and who holds which slice (matplotlib)
-    train.py           the demo: dp × tp on the offline DistilBERT classifier
+    (figures/ch10_tensor_parallel.py: the mesh picture and who holds which slice, matplotlib)
+    pipeline.py        DistilBERT as pipeline stages with tensor-parallel blocks (for pipeline_parallel)
+    train.py           the demo: dp × tp (× pp) on the offline DistilBERT classifier
+    train3d.py         its --pp > 1 loop: pipeline_parallel's engine on the dp × pp × tp mesh
 
 The process groups come from primitives.mesh (dp × pp × tp, tp fastest).
 """

@@ -4,7 +4,8 @@ group in place, from its unsharded weights; gather_state_dict(model) undoes it.
     torchrun --standalone --nproc_per_node 2 tensor_parallel/train.py --tp 2
 
 Knows two kinds of model (anything else is a TPError naming its class):
-  * Hugging Face DistilBertForSequenceClassification / DistilBertModel
+  * Hugging Face DistilBertForSequenceClassification / DistilBertModel, or one of its
+    TransformerBlocks (a pipeline stage's share: tensor_parallel/pipeline.py; no SP there)
       word embeddings   → VocabParallelEmbedding (rows by vocabulary id, then g)
       attention         → heads split: q/k/v column-parallel (one f for the three), out_lin
                           row-parallel (g); heads need not divide tp, each rank needs ≥ 1
@@ -40,6 +41,14 @@ def parallelize(model: nn.Module, group=None, sequence_parallel: bool = False) -
     kind = type(model).__name__
     if kind in ("DistilBertForSequenceClassification", "DistilBertModel"):
         _distilbert(model, group, comm, sequence_parallel)
+    elif kind == "TransformerBlock" and hasattr(model, "attention") and hasattr(model, "ffn"):
+        # one DistilBERT block, as a pipeline stage holds them (tensor_parallel/pipeline.py)
+        if sequence_parallel:
+            raise TPError(f"rank {comm.rank}: parallelize: sequence_parallel=True shards the sequence between "
+                          "blocks, which needs the whole model (its entry and exit hooks); pass a "
+                          "DistilBertForSequenceClassification, or False for a single TransformerBlock")
+        _check_sizes(model, model.attention.config, comm)
+        _block(model, group, comm, False)
     elif isinstance(model, nn.Sequential):
         if sequence_parallel:
             raise TPError(f"rank {comm.rank}: parallelize: sequence_parallel=True needs a transformer (LayerNorm "
@@ -47,35 +56,27 @@ def parallelize(model: nn.Module, group=None, sequence_parallel: bool = False) -
         _mlp(model, group, comm)
     else:
         raise TPError(f"rank {comm.rank}: parallelize: no tensor-parallel plan for module {kind!r}; known: "
-                      "DistilBertForSequenceClassification, DistilBertModel, nn.Sequential MLP stacks")
+                      "DistilBertForSequenceClassification, DistilBertModel, a DistilBERT TransformerBlock, "
+                      "nn.Sequential MLP stacks")
     model.tp_group_size, model.tp_group, model.tp_sequence_parallel = comm.size, group, sequence_parallel
     return model
 
 
-def _distilbert(model, group, comm, sp):
-    db = model.distilbert if hasattr(model, "distilbert") else model
-    cfg = db.config
+def _check_sizes(model, cfg, comm):
     n, heads = comm.size, cfg.n_heads
     if heads < n:
         raise TPError(f"rank {comm.rank}: parallelize: {type(model).__name__} has {heads} attention heads, fewer "
                       f"than tp={n}: every rank needs at least one head")
     if cfg.hidden_dim < n:
         raise TPError(f"rank {comm.rank}: parallelize: FFN hidden size {cfg.hidden_dim} < tp={n}")
-    hd = cfg.dim // heads
+
+
+def _distilbert(model, group, comm, sp):
+    db = model.distilbert if hasattr(model, "distilbert") else model
+    _check_sizes(model, db.config, comm)
     db.embeddings.word_embeddings = VocabParallelEmbedding(db.embeddings.word_embeddings, group)
     for block in db.transformer.layer:
-        att = block.attention
-        for name in ("q_lin", "k_lin", "v_lin"):
-            setattr(att, name, ColumnParallelLinear(getattr(att, name), group, unit=hd, input_comm=False))
-        att.out_lin = RowParallelLinear(att.out_lin, group, unit=hd, sequence_parallel=sp)
-        att.register_forward_pre_hook(_enter_hook(group, sp), with_kwargs=True)   # one f (or ḡ) for Q, K, V
-        att.tp_local_heads = att.q_lin.weight.shape[0] // hd
-        block.ffn.lin1 = ColumnParallelLinear(block.ffn.lin1, group, sequence_parallel=sp)
-        block.ffn.lin2 = RowParallelLinear(block.ffn.lin2, group, sequence_parallel=sp)
-        if sp:
-            for ln in (block.sa_layer_norm, block.output_layer_norm):
-                for p in ln.parameters():
-                    p.tp_sequence_parallel = True
+        _block(block, group, comm, sp)
     if sp:
         # enter the sequence-parallel region after the (replicated) embeddings, leave it before the head
         db.transformer.register_forward_pre_hook(_split_hook(group, comm), with_kwargs=True)
@@ -83,6 +84,23 @@ def _distilbert(model, group, comm, sp):
         for p in model.parameters():
             if getattr(p, "tp_sequence_parallel", False):
                 p.register_hook(lambda g, group=group: C.all_reduce_grad(g, group))
+
+
+def _block(block, group, comm, sp):
+    """One DistilBERT TransformerBlock: heads split (q/k/v column, out_lin row), FFN column → row."""
+    att = block.attention
+    hd = att.config.dim // att.config.n_heads
+    for name in ("q_lin", "k_lin", "v_lin"):
+        setattr(att, name, ColumnParallelLinear(getattr(att, name), group, unit=hd, input_comm=False))
+    att.out_lin = RowParallelLinear(att.out_lin, group, unit=hd, sequence_parallel=sp)
+    att.register_forward_pre_hook(_enter_hook(group, sp), with_kwargs=True)   # one f (or ḡ) for Q, K, V
+    att.tp_local_heads = att.q_lin.weight.shape[0] // hd
+    block.ffn.lin1 = ColumnParallelLinear(block.ffn.lin1, group, sequence_parallel=sp)
+    block.ffn.lin2 = RowParallelLinear(block.ffn.lin2, group, sequence_parallel=sp)
+    if sp:
+        for ln in (block.sa_layer_norm, block.output_layer_norm):
+            for p in ln.parameters():
+                p.tp_sequence_parallel = True
 
 
 def _replace_first(args, kwargs, fn):

@@ -1,21 +1,31 @@
-"""Fine-tune the offline DistilBERT classifier with data × tensor parallelism.
+"""Fine-tune the offline DistilBERT classifier with data × pipeline × tensor parallelism.
 
+    torchrun --standalone --nproc_per_node 8 tensor_parallel/train.py --dp 2 --pp 2 --tp 2
     torchrun --standalone --nproc_per_node 4 tensor_parallel/train.py --dp 2 --tp 2
     torchrun --standalone --nproc_per_node 2 tensor_parallel/train.py --tp 2 --sequence-parallel
     python tensor_parallel/train.py --steps 5                       # a world of one
 
 The mesh (primitives.mesh: tp fastest, then dp, then pp) puts tensor-parallel ranks next to
 each other. Every tp rank of a replica reads the same batch; each dp replica reads its own.
-Per step and rank: the TP traffic of tensor_parallel.formulas.distilbert_traffic, then one
-all-reduce (AVG) of this rank's gradient shard over the dp group, 2(dp-1)/dp × 4 bytes ×
-params-per-rank. Printed: the mesh, the loss, bytes per rank (tp and dp apart), peak RSS,
+Printed: the mesh, the loss, bytes sent per step and rank (tp, pp and dp apart), peak RSS,
 held parameters, and the validation accuracy at the end.
---pp > 1 is refused: combining with pipeline_parallel is not wired in yet.
+
+--pp 1: this file's loop. Per step and rank: the TP traffic of
+  tensor_parallel.formulas.distilbert_traffic, then one all-reduce (AVG) of this rank's gradient
+  shard over the dp group, 2(dp-1)/dp × 4 bytes × params-per-rank.
+--pp > 1: pipeline_parallel's engine (schedule --schedule, m = --micro-batches of --batch/m rows)
+  on the stages of tensor_parallel/pipeline.py (pp must divide the 6 blocks). Per step and rank:
+  TP  per micro-batch, 4 all-reduces of b·s·h per block of this stage (+1 for the vocab-parallel
+      embedding on stage 0): 2(tp-1)/tp × 4 bytes each (ring);
+  PP  2·m·b·s·(h+1)·4 bytes per stage boundary this rank touches (activations down, gradients
+      up; the +1 channel is the attention mask);
+  DP  one all-reduce of the stage's gradient shard, 2(dp-1)/dp × 4 bytes × params-per-rank;
+  then the global gradient norm (tp- and pp-aware, engine.step) clipped to --clip, AdamW.
+--sequence-parallel needs --pp 1; --micro-batches, --schedule and --clip need --pp > 1.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import resource
 import sys
@@ -34,7 +44,10 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="DistilBERT classification with data × tensor parallelism")
     ap.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: world / (tp·pp))")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica")
-    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (only 1: see the module docstring)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (must divide DistilBERT's 6 blocks)")
+    ap.add_argument("--micro-batches", type=int, default=None, help="--pp > 1: micro-batches per step (default 4)")
+    ap.add_argument("--schedule", default=None, choices=["naive", "gpipe", "1f1b"], help="--pp > 1 (default 1f1b)")
+    ap.add_argument("--clip", type=float, default=None, help="--pp > 1: global gradient-norm clipping (default 1.0)")
     ap.add_argument("--sequence-parallel", action="store_true", help="Megatron-SP inside each tp group")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps")
     ap.add_argument("--batch", type=int, default=16, help="examples per step and dp replica")
@@ -48,14 +61,21 @@ def parse_args(argv=None):
     add_launch_args(ap)
     a = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
-    if a.pp != 1:
-        have = importlib.util.find_spec("pipeline_parallel") is not None
-        ap.error(f"(rank {rank}) --pp {a.pp}: " + (
-            "pipeline_parallel is installed but this demo does not combine it with tensor parallelism yet"
-            if have else "there is no pipeline_parallel package in this checkout") + "; run with --pp 1")
-    for k in ("tp", "steps", "batch", "max_len"):
+    for k in ("tp", "pp", "steps", "batch", "max_len"):
         if getattr(a, k) < 1:
             ap.error(f"(rank {rank}) --{k.replace('_', '-')} must be >= 1, got {getattr(a, k)}")
+    if a.pp == 1:
+        given = [f"--{k.replace('_', '-')}" for k in ("micro_batches", "schedule", "clip") if getattr(a, k) is not None]
+        if given:
+            ap.error(f"(rank {rank}) {', '.join(given)} apply to the pipeline (--pp > 1); with --pp 1 there is one "
+                     "batch per step and no clipping")
+    else:
+        if a.sequence_parallel:
+            ap.error(f"(rank {rank}) --sequence-parallel needs --pp 1 (its split/gather hooks wrap the whole encoder)")
+        a.micro_batches = 4 if a.micro_batches is None else a.micro_batches
+        a.schedule, a.clip = a.schedule or "1f1b", 1.0 if a.clip is None else a.clip
+        if a.micro_batches < 1 or a.batch % a.micro_batches:
+            ap.error(f"(rank {rank}) --batch {a.batch} must be a positive multiple of --micro-batches {a.micro_batches}")
     if a.sequence_parallel and a.max_len % a.tp:
         ap.error(f"(rank {rank}) --sequence-parallel needs --max-len ({a.max_len}) divisible by --tp ({a.tp})")
     return a
@@ -78,6 +98,9 @@ def _sync_dp(model, dp_group):
 
 
 def run(a, comm) -> dict:
+    if a.pp > 1:
+        from tensor_parallel.train3d import run_pipeline
+        return run_pipeline(a, comm)
     from classification import data as D
     from classification.model import load_offline_model
     from primitives.mesh import Mesh
@@ -187,7 +210,12 @@ def main(argv=None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from primitives.launch import init_from_env
     comm = init_from_env(a.backend, a.timeout)
-    return run(a, comm)
+    from primitives.mesh import MeshError
+    from tensor_parallel.pipeline import StageError
+    try:
+        return run(a, comm)
+    except (MeshError, StageError) as e:          # a layout the world cannot take: one line per rank
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":
