@@ -130,6 +130,17 @@ class Mesh:
         (mpu=) read; ZeRO then shards over the dp group)."""
         return MeshMPU(self)
 
+    def table(self):
+        """A rich table: every global rank with its (pp, dp, tp) coordinates."""
+        from rich.table import Table
+        t = Table(title=f"mesh dp={self.layout.dp} × pp={self.layout.pp} × tp={self.layout.tp}")
+        for col in ("rank", "pp stage", "dp replica", "tp shard"):
+            t.add_column(col, justify="right")
+        for r in range(self.layout.world):
+            pp, dp, tp = self.layout.coords_of(r)
+            t.add_row(str(r), str(pp), str(dp), str(tp))
+        return t
+
 
 class MeshMPU:
     """get_{data,model}_parallel_{group,rank,world_size}: the dp and tp axes of a Mesh."""
@@ -154,14 +165,3 @@ class MeshMPU:
 
     def get_model_parallel_world_size(self) -> int:
         return self.mesh.layout.tp
-
-    def table(self):
-        """A rich table: every global rank with its (pp, dp, tp) coordinates."""
-        from rich.table import Table
-        t = Table(title=f"mesh dp={self.layout.dp} × pp={self.layout.pp} × tp={self.layout.tp}")
-        for col in ("rank", "pp stage", "dp replica", "tp shard"):
-            t.add_column(col, justify="right")
-        for r in range(self.layout.world):
-            pp, dp, tp = self.layout.coords_of(r)
-            t.add_row(str(r), str(pp), str(dp), str(tp))
-        return t

@@ -111,3 +111,23 @@ def counted_ranges(engine, mp_rank: int) -> list[list[tuple[int, int]]]:
                     keep.append((a - lo, b - lo))
         out.append(keep)
     return out
+
+
+def clip_grad_norm_(params, max_norm: float, mp_group, mp_rank: int) -> float:
+    """torch.nn.utils.clip_grad_norm_ for a model-parallel model whose gradients are already
+    averaged over dp (DDP): Σ of squares with replicated parameters on mp rank 0 only, one
+    8-byte all-reduce over the mp group, then the same coefficient on every rank. Returns the norm."""
+    import primitives as P
+    dev = next((p.grad.device for p in params if p.grad is not None), torch.device("cpu"))
+    sq = torch.zeros(1, dtype=torch.float64, device=dev)
+    for p in params:
+        if p.grad is not None and (mp_rank == 0 or is_model_parallel(p)):
+            sq += torch.linalg.vector_norm(p.grad, dtype=torch.float64).square()
+    P.all_reduce(sq, group=mp_group)
+    norm = sq.sqrt().item()
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return norm
