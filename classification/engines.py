@@ -198,9 +198,9 @@ class _DDP:
             return
         if self.clip and self.mp:  # tensor parallel: shards sum over tp, replicated params count once
             from zero_from_scratch.mpu import clip_grad_norm_
-            clip_grad_norm_(list(self.module.parameters()), self.clip, self.mp[0], self.mp[1])
+            self.last_norm = clip_grad_norm_(list(self.module.parameters()), self.clip, self.mp[0], self.mp[1])
         elif self.clip:  # gradients are averaged over ranks already, so this norm is the global one
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+            self.last_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)  # BucketedDataParallel keeps .grad as bucket views
         self.scheduler.step()

@@ -19,14 +19,14 @@ STEPS = 3
 CLIP = 0.05       # below the gradient norm of every step: the clip coefficient acts each time
 
 
-def _cfg(stage, micro):
+def _cfg(stage, micro, torch_adam=False):
     return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                      "weight_decay": 0.01}},
+                                                      "weight_decay": 0.01, **({"torch_adam": True} if torch_adam else {})}},
             "gradient_clipping": CLIP, "zero_optimization": {"stage": stage}}
 
 
-def _work(rank, n, tp, stage, ckpt_dir=None):
+def _work(rank, n, tp, stage, ckpt_dir=None, side="ours"):
     import copy
 
     from transformers import DistilBertForSequenceClassification
@@ -41,7 +41,18 @@ def _work(rank, n, tp, stage, ckpt_dir=None):
     torch.manual_seed(0)
     ref = DistilBertForSequenceClassification(tiny_config())
     model = parallelize(copy.deepcopy(ref), mesh.tp_group)
-    engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(stage, 4), mpu=mesh.mpu())
+    if side == "deepspeed":
+        from zero_from_scratch.sides import prepare_deepspeed
+        for p in model.parameters():           # DeepSpeed's marker for "each mp rank holds a slice"
+            p.tensor_model_parallel = hasattr(p, "tp_shard")
+        engine, *_ = prepare_deepspeed().initialize(model=model, config=_cfg(stage, 4, True), mpu=mesh.mpu())
+    elif side == "ddp":                          # classification's ddp engine with --tp
+        from classification.engines import build
+        from primitives import get_comm
+        engine = build("ddp", model, _cfg(stage, 4), get_comm(), mpu=mesh.mpu())
+        engine.get_global_grad_norm = lambda: engine.last_norm
+    else:
+        engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(stage, 4), mpu=mesh.mpu())
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     out = {"loss": 0.0, "norm": 0.0, "params": 0.0}
     for step in range(STEPS):
@@ -58,7 +69,12 @@ def _work(rank, n, tp, stage, ckpt_dir=None):
         assert ref_norm > CLIP
         out["loss"] = max(out["loss"], abs(loss.item() - ref_losses[d].item()))
         out["norm"] = max(out["norm"], abs(engine.get_global_grad_norm() - ref_norm) / ref_norm)
-    with engine.gathered_parameters(list(engine.module.parameters())) if stage == 3 else _null():
+    if stage == 3:
+        ctx = (prepare_deepspeed().zero.GatheredParameters(list(engine.module.parameters())) if side == "deepspeed"
+               else engine.gathered_parameters(list(engine.module.parameters())))
+    else:
+        ctx = _null()
+    with ctx:
         full = gather_state_dict(engine.module)
     want = ref.state_dict()
     assert set(full) == set(want), set(full) ^ set(want)
@@ -112,6 +128,12 @@ def test_zero_tp2_dp1_stages(spawn, stage):
     _assert(spawn(_work, 2, args=(2, stage), timeout=240), f"tp2×dp1 ZeRO-{stage}")
 
 
+@pytest.mark.slow
+def test_ddp_engine_tp2_dp2(spawn):
+    """classification's ddp engine with an mpu: BucketedDataParallel over dp, the norm over tp."""
+    _assert(spawn(_work, 4, args=(2, 0, None, "ddp"), timeout=400), "ddp tp2×dp2")
+
+
 def _bad_mpu(rank, n):
     """An mpu whose groups do not factor the world: dp = 1 and mp = 1 on 2 ranks."""
     import torch.distributed as dist
@@ -147,3 +169,12 @@ def test_mpu_that_does_not_factor_the_world_fails_on_every_rank(spawn):
     for r, (status, value) in enumerate(res):
         assert status == "error", (r, status)
         assert f"rank {r}: initialize(mpu=...)" in value and "does not factor the world size 2" in value, value
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DeepSpeed 0.19.8 + mpu on CPU/gloo: grad norm differs between tp ranks")
+def test_deepspeed_with_mpu_differs(spawn):
+    """Why classification/train.py --tp refuses --engine deepspeed: the same mpu and model under
+    real DeepSpeed do not equal one process (strict: if a DeepSpeed release fixes it, this fails
+    and the refusal can go)."""
+    _assert(spawn(_work, 2, args=(2, 2, None, "deepspeed"), timeout=500), "DeepSpeed tp2×dp1 ZeRO-2")
