@@ -159,7 +159,8 @@ class _DDP:
                 raise EngineError(f"--engine ddp trains in fp32; set {prec}.enabled to false in the config")
         self.cfg, self.comm, self.device = cfg, comm, next(model.parameters()).device
         # --tp: average over the data-parallel group; the norm also sums over the tp group
-        self.dp_rank = mpu.get_data_parallel_rank() if mpu else comm.rank
+        self.dp_rank = (mpu.get_data_parallel_rank() if mpu else comm.rank if comm is not None
+                        else torch.distributed.get_rank() if torch.distributed.is_initialized() else 0)
         self.mp = (mpu.get_model_parallel_group(), mpu.get_model_parallel_rank(),
                    mpu.get_model_parallel_world_size()) if mpu and mpu.get_model_parallel_world_size() > 1 else None
         self.ddp = BucketedDataParallel(model, group=mpu.get_data_parallel_group() if mpu else None)

@@ -165,6 +165,7 @@ def check_meta(path, meta, what):
         raise SystemExit(f"error: {path} has no {META}: not a checkpoint written by classification/train.py")
     with open(f) as fh:
         have = json.load(fh)
+    have.setdefault("tp", 1)              # written before --tp went through this loop
     diff = {k: (have.get(k), meta[k]) for k in what if have.get(k) != meta[k]}
     if diff:
         raise SystemExit(f"error: checkpoint {path} belongs to another run: " +

@@ -47,6 +47,7 @@ import signal
 import torch
 
 from zero_from_scratch.atomic import atomic_symlink, atomic_write
+from zero_from_scratch.mpu import engine_mp, mp_prefix
 
 FORMAT = "ringzero-zero/1"
 KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
@@ -68,20 +69,14 @@ def _phase(name: str, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _mp_prefix(mp_rank, mp_size) -> str:
-    return f"mp_rank_{mp_rank:02d}_" if mp_size > 1 else ""
-
-
 def _shard_file(rank: int, mp_rank: int = 0, mp_size: int = 1) -> str:
-    return f"{_mp_prefix(mp_rank, mp_size)}zero_rank{rank:03d}.pt"
+    return f"{mp_prefix(mp_rank, mp_size)}zero_rank{rank:03d}.pt"
 
 
 def _manifest_file(mp_rank: int = 0, mp_size: int = 1) -> str:
-    return f"{_mp_prefix(mp_rank, mp_size)}manifest.json"
+    return f"{mp_prefix(mp_rank, mp_size)}manifest.json"
 
 
-def _mp(engine) -> tuple[int, int]:
-    return (engine.mp.rank, engine.mp.size) if getattr(engine, "mp", None) is not None else (0, 1)
 
 
 def _local_params(engine) -> list[torch.Tensor]:
@@ -164,7 +159,7 @@ def _agree_mp(engine, sid: int, tag, refused: CheckpointError | None) -> int:
 def save(engine, save_dir: str, tag, client_state: dict) -> str:
     c = engine.comm
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    mp_rank, mp_size = _mp(engine)
+    mp_rank, mp_size = engine_mp(engine)
     try:
         sid = _agree(c, save_dir, tag, client_state)
     except CheckpointError as e:
@@ -317,7 +312,7 @@ def _check_model(engine, man: dict) -> None:
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
     c = engine.comm
-    d, man = read_manifest(load_dir, tag, *_mp(engine))
+    d, man = read_manifest(load_dir, tag, *engine_mp(engine))
     _check_model(engine, man)
     if man["layout"] != engine.layout.to_manifest() and not reshard:
         raise CheckpointError(

@@ -185,9 +185,9 @@ class ZeroEngine(nn.Module):
             raise ValueError(f"rank {self.comm.global_rank}: zero_optimization.zero_hpz_partition_size > 1 with an "
                              "mpu: hpZ builds its groups from the world; use 1 with model parallelism")
         for msg in self.config.zero.notes:           # accepted keys that do not act here: say so, once
-            if self.comm.rank == 0:
+            if self.comm.global_rank == 0:
                 warnings.warn(f"zero_from_scratch: {msg}", stacklevel=3)
-        if self.config.resolved_auto and self.comm.rank == 0:
+        if self.config.resolved_auto and self.comm.global_rank == 0:
             from primitives.log import print0
             print0("[zero_from_scratch] \"auto\" resolved: "
                    + ", ".join(f"{k}={v}" for k, v in self.config.resolved_auto.items()))

@@ -49,6 +49,17 @@ def is_model_parallel(p: torch.Tensor) -> bool:
             or bool(getattr(p, "tensor_model_parallel", False)))
 
 
+def mp_prefix(mp_rank: int, mp_size: int) -> str:
+    """What a per-rank file name starts with, so model-parallel ranks never share one (DeepSpeed's
+    mp_rank_XX); empty without model parallelism, so those names stay as they were."""
+    return f"mp_rank_{mp_rank:02d}_" if mp_size > 1 else ""
+
+
+def engine_mp(engine) -> tuple[int, int]:
+    """(model-parallel rank, size) of a ZeroEngine; (0, 1) without an mpu."""
+    return (engine.mp.rank, engine.mp.size) if getattr(engine, "mp", None) is not None else (0, 1)
+
+
 def _members(group) -> list[int]:
     return list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
 
