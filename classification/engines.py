@@ -223,7 +223,8 @@ class _DDP:
         return contextlib.nullcontext()  # every rank holds every parameter
 
     def _file(self, path, tag):  # one file per tensor-parallel rank, like DeepSpeed's mp_rank_XX
-        return os.path.join(path, tag, f"ddp_state_mp_rank_{self.mp[1]:02d}.pt" if self.mp else "ddp_state.pt")
+        from zero_from_scratch.mpu import mp_prefix
+        return os.path.join(path, tag, f"{mp_prefix(self.mp[1], self.mp[2]) if self.mp else ''}ddp_state.pt")
 
     def save(self, path, tag, client_state):
         os.makedirs(os.path.join(path, tag), exist_ok=True)

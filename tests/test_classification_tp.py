@@ -69,7 +69,7 @@ def test_tp_tiny_model_schedule_and_resume(easy, engine):  # noqa: F811
     assert train[0]["lr"] == 0.0 and max(x["lr"] for x in train) == pytest.approx(2e-4)
     want = (["mp_rank_00_manifest.json", "mp_rank_00_zero_rank000.pt", "mp_rank_01_manifest.json",
              "mp_rank_01_zero_rank000.pt"] if engine == "zero" else
-            ["ddp_state_mp_rank_00.pt", "ddp_state_mp_rank_01.pt"])
+            ["mp_rank_00_ddp_state.pt", "mp_rank_01_ddp_state.pt"])
     assert sorted(os.listdir(out / "engine" / "last")) == want
     r = run_cmd(f"{cmd} --epochs 2 --resume", timeout=300)
     assert "resumed from" in r.stdout
