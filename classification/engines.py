@@ -148,7 +148,7 @@ class _DDP:
     """BucketedDataParallel + torch.optim.AdamW + LambdaLR(lr_at): DeepSpeed's semantics by hand
     (loss / accumulation steps, clip on the global norm, scheduler stepped after each update)."""
 
-    def __init__(self, model, cfg, comm):
+    def __init__(self, model, cfg, comm, mpu=None):
         try:
             from ddp_examples import BucketedDataParallel
         except ImportError as e:
@@ -158,7 +158,12 @@ class _DDP:
             if cfg.get(prec, {}).get("enabled"):
                 raise EngineError(f"--engine ddp trains in fp32; set {prec}.enabled to false in the config")
         self.cfg, self.comm, self.device = cfg, comm, next(model.parameters()).device
-        self.ddp = BucketedDataParallel(model)
+        # --tp: average over the data-parallel group; the norm also sums over the tp group
+        self.dp_rank = (mpu.get_data_parallel_rank() if mpu else comm.rank if comm is not None
+                        else torch.distributed.get_rank() if torch.distributed.is_initialized() else 0)
+        self.mp = (mpu.get_model_parallel_group(), mpu.get_model_parallel_rank(),
+                   mpu.get_model_parallel_world_size()) if mpu and mpu.get_model_parallel_world_size() > 1 else None
+        self.ddp = BucketedDataParallel(model, group=mpu.get_data_parallel_group() if mpu else None)
         o = cfg["optimizer"]
         if o.get("type", "").lower() not in ("adam", "adamw"):
             raise EngineError(f"--engine ddp supports optimizer Adam/AdamW, not {o.get('type')!r}")
@@ -192,8 +197,11 @@ class _DDP:
         self.micro += 1
         if self.micro % self.gas:
             return
-        if self.clip:  # gradients are averaged over ranks already, so this norm is the global one
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+        if self.clip and self.mp:  # tensor parallel: shards sum over tp, replicated params count once
+            from zero_from_scratch.mpu import clip_grad_norm_
+            self.last_norm = clip_grad_norm_(list(self.module.parameters()), self.clip, self.mp[0], self.mp[1])
+        elif self.clip:  # gradients are averaged over ranks already, so this norm is the global one
+            self.last_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)  # BucketedDataParallel keeps .grad as bucket views
         self.scheduler.step()
@@ -214,17 +222,21 @@ class _DDP:
     def full_parameters(self, modify: bool = False):
         return contextlib.nullcontext()  # every rank holds every parameter
 
+    def _file(self, path, tag):  # one file per tensor-parallel rank, like DeepSpeed's mp_rank_XX
+        from zero_from_scratch.mpu import mp_prefix
+        return os.path.join(path, tag, f"{mp_prefix(self.mp[1], self.mp[2]) if self.mp else ''}ddp_state.pt")
+
     def save(self, path, tag, client_state):
         os.makedirs(os.path.join(path, tag), exist_ok=True)
-        if self.comm.rank == 0:  # every rank holds the same state in DDP
+        if self.dp_rank == 0:  # every rank of a dp group holds the same state in DDP
             from zero_from_scratch.atomic import atomic_write
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "micro": self.micro, "client": client_state}
-            atomic_write(os.path.join(path, tag, "ddp_state.pt"), lambda f: torch.save(state, f))
+            atomic_write(self._file(path, tag), lambda f: torch.save(state, f))
         torch.distributed.barrier()
 
     def load(self, path, tag):
-        f = os.path.join(path, tag, "ddp_state.pt")
+        f = self._file(path, tag)
         if not os.path.isfile(f):
             raise EngineError(f"no ddp checkpoint {f}")
         s = torch.load(f, map_location="cpu", weights_only=False)
@@ -242,10 +254,11 @@ class _DDP:
                 ("gradient clipping (as built)", "", str(self.clip), "")]
 
 
-def build(kind: str, model, cfg: dict, comm=None):
+def build(kind: str, model, cfg: dict, comm=None, mpu=None):
     """The engine `kind` around `model`, configured by the resolved DeepSpeed dict `cfg`. The model
     moves to train_device() first (DeepSpeed would move it anyway; ours keep it where it is), and
-    every engine moves each batch there."""
+    every engine moves each batch there. mpu (DeepSpeed's protocol, primitives.mesh.Mesh.mpu()):
+    a tensor-parallel model; the engine then works over its data-parallel group."""
     device = train_device()
     model = model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -259,7 +272,7 @@ def build(kind: str, model, cfg: dict, comm=None):
         # plain `python train.py` is a world of one that init_from_env already set up; DeepSpeed
         # still insists on the launcher's LOCAL_RANK
         os.environ.setdefault("LOCAL_RANK", "0")
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=cfg)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=cfg, mpu=mpu)
         return _Native(engine, kind, device)
     if kind == "zero":
         try:
@@ -268,10 +281,10 @@ def build(kind: str, model, cfg: dict, comm=None):
         except (ImportError, AttributeError) as e:
             raise EngineError(f"--engine zero needs zero_from_scratch.initialize, which this checkout does not provide "
                               f"yet ({e}); use --engine deepspeed") from None
-        engine, _opt, _, sched = init(model=model, model_parameters=params, config=cfg)
+        engine, _opt, _, sched = init(model=model, model_parameters=params, config=cfg, mpu=mpu)
         if cfg.get("scheduler") and sched is None:
             raise EngineError(f"zero_from_scratch.initialize built no scheduler for {cfg['scheduler']['type']}")
         return _Native(engine, kind, device)
     if kind == "ddp":
-        return _DDP(model, cfg, comm)
+        return _DDP(model, cfg, comm, mpu)
     raise EngineError(f"--engine {kind!r}: expected one of {ENGINES}")

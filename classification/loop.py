@@ -77,9 +77,10 @@ def eval_batches(n, lengths_order, rank, world, batch):
 
 
 @torch.no_grad()
-def evaluate(model, ids, labels, num_labels, pad_id, rank, world, batch=64, forward=None):
+def evaluate(model, ids, labels, num_labels, pad_id, rank, world, batch=64, forward=None, group=None):
     """accuracy, macro-F1 and mean loss over the whole split (sharded over ranks, then summed).
-    forward: the engine's forward (defaults to model's)."""
+    forward: the engine's forward (defaults to model's). With --tp, rank/world/group are the
+    data-parallel ones (the tp ranks of a replica compute the same rows together)."""
     was = model.training
     model.eval()
     forward = forward or model
@@ -95,7 +96,7 @@ def evaluate(model, ids, labels, num_labels, pad_id, rank, world, batch=64, forw
         conf.index_put_((b["labels"], pred), torch.ones(len(pred), dtype=torch.float64), accumulate=True)
     if world > 1:
         t = torch.cat([conf.flatten(), loss_sum])
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
         conf, loss_sum = t[:-1].view(num_labels, num_labels), t[-1:]
     model.train(was)
     n = conf.sum().item()
@@ -131,21 +132,22 @@ class Metrics:
                 self.tb.flush()
 
 
-def save_best(engine, tok, out_dir, meta, rank):
+def save_best(engine, tok, out_dir, meta, rank, tp=None):
     """OUTPUT_DIR/best: Hugging Face save_pretrained + ringzero.json, written to a temporary folder
     and renamed, so a crash never leaves a half-written best checkpoint. Every rank enters (ZeRO-3
-    gathers the weights); rank 0 writes."""
+    gathers the weights; --tp gathers the shards into the full state dict); rank 0 writes."""
     with engine.full_parameters():
+        sd = tp.full_state_dict(engine.module) if tp else None
         if rank == 0:
-            _write_best(engine.module, tok, out_dir, meta)
+            _write_best(engine.module, tok, out_dir, meta, sd)
     if dist.is_initialized():
         dist.barrier()
 
 
-def _write_best(model, tok, out_dir, meta):
+def _write_best(model, tok, out_dir, meta, state_dict=None):
     final, tmp, old = (os.path.join(out_dir, n) for n in ("best", "best.tmp", "best.old"))
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     tok.save_pretrained(tmp)
     with open(os.path.join(tmp, META), "w") as f:
         json.dump(meta, f, indent=1)
@@ -163,6 +165,7 @@ def check_meta(path, meta, what):
         raise SystemExit(f"error: {path} has no {META}: not a checkpoint written by classification/train.py")
     with open(f) as fh:
         have = json.load(fh)
+    have.setdefault("tp", 1)              # written before --tp went through this loop
     diff = {k: (have.get(k), meta[k]) for k in what if have.get(k) != meta[k]}
     if diff:
         raise SystemExit(f"error: checkpoint {path} belongs to another run: " +
@@ -174,16 +177,19 @@ def run(a, raw, bundle, comm, threads, local):
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
     rank, world = comm.rank, comm.size
+    from classification.tp import setup
+    tp = setup(a, comm)               # --tp N: a dp × tp mesh; data and batches go by dp rank
+    drank, dworld, dgroup = (tp.dp_rank, tp.dp_size, tp.dp_group) if tp else (rank, world, None)
     t_start, cpu_start = time.time(), time.process_time()  # CPU time ~ wall time on an idle machine
     os.makedirs(a.output_dir, exist_ok=True)
     print0(D.summary_table(bundle))
     meta = {"model": a.model, "num_labels": bundle.num_labels, "label_names": bundle.label_names,
-            "dataset": a.dataset, "engine": a.engine, "max_len": a.max_len}
+            "dataset": a.dataset, "engine": a.engine, "max_len": a.max_len, "tp": a.tp}
     ckpt = os.path.join(a.output_dir, "engine")
     if a.resume:  # before the expensive part: a checkpoint from another run fails fast
         if not os.path.isdir(os.path.join(ckpt, "last")):
             raise SystemExit(f"error (rank {rank}): --resume but no checkpoint at {ckpt}/last")
-        check_meta(ckpt, meta, ("model", "num_labels", "dataset", "engine", "max_len"))
+        check_meta(ckpt, meta, ("model", "num_labels", "dataset", "engine", "max_len", "tp"))
     train = bundle.train
     if a.max_train_samples:
         train = D.Split(train.texts[:a.max_train_samples], train.labels[:a.max_train_samples])
@@ -195,11 +201,11 @@ def run(a, raw, bundle, comm, threads, local):
     try:
         if not isinstance(micro, int) or micro < 1:
             raise C.ConfigError(f"train_micro_batch_size_per_gpu must be a positive integer, got {micro!r}")
-        steps_per_epoch = len(train) // (micro * gas * world)
-        facts = C.RunFacts(world, steps_per_epoch, a.epochs, a.lr, a.warmup_frac, a.max_steps, a.fp16)
+        steps_per_epoch = len(train) // (micro * gas * dworld)
+        facts = C.RunFacts(dworld, steps_per_epoch, a.epochs, a.lr, a.warmup_frac, a.max_steps, a.fp16)
         cfg = C.resolve(raw, facts)
     except C.ConfigError as e:
-        raise SystemExit(f"error (rank {rank}): {e} ({len(train)} training rows, {world} ranks)")
+        raise SystemExit(f"error (rank {rank}): {e} ({len(train)} training rows, {dworld} data-parallel ranks)")
     torch.manual_seed(a.seed)  # the classifier head: same on every rank
     try:
         model, tok, info = load_model(a.model, bundle.num_labels, a.dropout)
@@ -213,16 +219,23 @@ def run(a, raw, bundle, comm, threads, local):
             raise SystemExit(f"error: {e}")
         info["init"] += " + LoRA r={} (trainable {:,} / frozen {:,})".format(a.lora, *trainable_counts(model))
         meta["lora"] = a.lora
-    torch.manual_seed(a.seed * 1000 + rank + 1)  # dropout differs per rank, like DDP
+    if tp:
+        model = tp.shard(model)
+        info["init"] += f" + tensor parallel over {tp.tp} ranks (tensor_parallel.parallelize)"
+    # dropout differs per replica, like DDP; the tp ranks of one replica must draw the same masks
+    # on their (replicated) activations, so they share a seed
+    torch.manual_seed(a.seed * 1000 + drank + 1)
     tr_ids, va_ids, te_ids = (tokenize(tok, s.texts, a.max_len) for s in (train, bundle.val, bundle.test))
     meta["architecture"] = type(model).__name__
     try:
-        engine = build(a.engine, model, cfg, comm)
+        engine = build(a.engine, model, cfg, comm, mpu=tp.mpu() if tp else None)
     except EngineError as e:
         raise SystemExit(f"error (rank {rank}): {e}")
     extra = [("config file", a.config, "", "--config / --deepspeed_config"),
              ("model", a.model, info["init"], info["source"]),
              ("ranks x threads", "", f"{world} x {threads}", f"{local} on this node; backend {comm.backend}")]
+    if tp:
+        extra.append(("tensor parallel", str(a.tp), f"dp {dworld} x tp {a.tp}", "the engine shards over dp (mpu)"))
     print0(C.table(facts, cfg, extra + engine.describe()))
     for w in facts.warnings:
         print0(f"[yellow]warning:[/yellow] {w}")
@@ -240,7 +253,7 @@ def run(a, raw, bundle, comm, threads, local):
     for epoch in range(state["epoch"], a.epochs):
         if done:
             break
-        batches = epoch_batches(lengths, micro, gas, world, rank, a.seed, epoch)
+        batches = epoch_batches(lengths, micro, gas, dworld, drank, a.seed, epoch)
         skip = state["batch"] if epoch == state["epoch"] else 0
         with Progress(TextColumn(f"epoch {epoch + 1}/{a.epochs}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console,
@@ -253,7 +266,7 @@ def run(a, raw, bundle, comm, threads, local):
                 engine.backward(loss)
                 engine.step()
                 run_loss.append(loss.item())
-                seen += len(batches[i]) * world
+                seen += len(batches[i]) * dworld
                 state["batch"] = i + 1
                 if (i + 1) % gas == 0:
                     state["step"] += 1
@@ -266,8 +279,8 @@ def run(a, raw, bundle, comm, threads, local):
                     if state["step"] >= total:
                         done = True
                         break
-        ev = evaluate(engine.module, va_ids, bundle.val.labels, bundle.num_labels, tok.pad_token_id, rank, world,
-                      forward=engine)
+        ev = evaluate(engine.module, va_ids, bundle.val.labels, bundle.num_labels, tok.pad_token_id, drank, dworld,
+                      forward=engine, group=dgroup)
         metrics.log(event="eval", split="val", epoch=epoch + 1, step=state["step"], **ev)
         t = Table(title=f"validation after epoch {epoch + 1} (step {state['step']})")
         for c in ("accuracy", "macro-F1", "loss", "rows", "best so far"):
@@ -276,7 +289,7 @@ def run(a, raw, bundle, comm, threads, local):
         if better:
             state["best_val_accuracy"], state["best_epoch"] = ev["accuracy"], epoch + 1
             save_best(engine, tok, a.output_dir, {**meta, "val_accuracy": ev["accuracy"], "epoch": epoch + 1,
-                                                         "step": state["step"]}, rank)
+                                                         "step": state["step"]}, rank, tp)
         t.add_row(f"{ev['accuracy']:.4f}", f"{ev['macro_f1']:.4f}", f"{ev['loss']:.4f}", str(ev["n"]),
                   "yes (saved)" if better else f"no (epoch {state['best_epoch']})")
         print0(t)
@@ -295,15 +308,17 @@ def run(a, raw, bundle, comm, threads, local):
         if meta.get("lora"):  # peft saved the adapters and the head only
             from peft import set_peft_model_state_dict
             set_peft_model_state_dict(engine.module, load_file(os.path.join(best, "adapter_model.safetensors")))
+        elif tp:  # best is unsharded: each rank narrows it to its own slices
+            tp.load_full(engine.module, load_file(os.path.join(best, "model.safetensors")))
         else:
             engine.module.load_state_dict(load_file(os.path.join(best, "model.safetensors")))
-    te = evaluate(engine.module, te_ids, bundle.test.labels, bundle.num_labels, tok.pad_token_id, rank, world,
-                  forward=engine)
+    te = evaluate(engine.module, te_ids, bundle.test.labels, bundle.num_labels, tok.pad_token_id, drank, dworld,
+                  forward=engine, group=dgroup)
     wall = time.time() - t_start
     metrics.log(event="test", test_accuracy=te["accuracy"], test_macro_f1=te["macro_f1"], test_loss=te["loss"],
                 test_rows=te["n"], best_epoch=state["best_epoch"], best_val_accuracy=state["best_val_accuracy"], steps=state["step"], wall_s=wall, world_size=world,
                 cpu_s=time.process_time() - cpu_start, threads=threads,
-                engine=a.engine)
+                engine=a.engine, tp=a.tp)
     t = Table(title=f"test split, best checkpoint (epoch {state['best_epoch']}) - never trained or selected on")
     for c in ("accuracy", "macro-F1", "loss", "rows", "wall time"):
         t.add_column(c, justify="right")

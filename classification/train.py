@@ -2,6 +2,7 @@
 
     deepspeed --num_gpus 2 classification/train.py                     # the demo: offline, CPU + gloo
     torchrun --standalone --nproc_per_node 2 classification/train.py --engine ddp
+    torchrun --standalone --nproc_per_node 2 classification/train.py --engine zero --tp 2   # tensor parallel
     python classification/train.py --engine zero --max-steps 20        # a world of one
     deepspeed --num_gpus 2 classification/train.py --model distilbert-base-uncased --dataset imdb
 
@@ -12,6 +13,11 @@ validation split, keep the best checkpoint by validation accuracy; at the end th
 evaluated once on the test split, which nothing trained or selected on, and `test_accuracy` goes to
 OUTPUT_DIR/metrics.jsonl. Cost per step and rank: a forward+backward on micro-batch x tokens, plus
 the engine's gradient traffic, 2(N-1)/N x 4 bytes x 22.7 M parameters (~91 MB at N = 2).
+--tp T (engines zero and ddp; classification/tp.py): the model is sharded over groups of T ranks
+(tensor_parallel.parallelize) and the engine works over the N/T data-parallel replicas: the same
+loop, LR schedule, checkpoints and test split; the gradient traffic is then over N/T ranks on
+~22.7 M/T parameters per rank, plus 4 all-reduces of batch x tokens x 384 x 4 bytes per layer
+and step inside each tp group; best/ is saved unsharded, so predict.py reads it as usual.
 """
 from __future__ import annotations
 
@@ -49,7 +55,8 @@ def parse_args(argv=None):
     ap.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/engine (tag 'last')")
     ap.add_argument("--fp16", action="store_true", help="resolve fp16 \"auto\" to on (needs a GPU)")
     ap.add_argument("--allow-oversubscribe", action="store_true", help="allow more ranks than CPU cores")
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (> 1: tensor_parallel/train.py's loop, --engine ddp)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica (dp = ranks / tp; "
+                    "--engine zero or ddp: the engine works over the dp group; classification/tp.py)")
     # issue 13 recipes: LoRA adapters (recipes/lora.py) and TensorBoard
     ap.add_argument("--lora", type=int, default=0, metavar="R", help="train LoRA adapters of rank R (peft) on the "
                     "attention and FFN linears, everything else frozen but the head (0 = full fine-tuning)")
@@ -99,9 +106,10 @@ def main(argv=None):
     if a.model == DEFAULT_MODEL and (a.dataset == D.DEFAULT_DATASET or os.path.exists(a.dataset)):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing on the default path may touch the network
     local, threads = check_world_fits(a.allow_oversubscribe)
-    if a.tp != 1:  # tensor parallelism has its own loop; it refuses the options it cannot honour
-        from tensor_parallel.train import from_classification
-        return from_classification(a)
+    from classification.tp import refusals
+    bad = refusals(a)               # --tp: what it cannot honour is refused on every rank, before init
+    if bad:
+        raise SystemExit(f"error (rank {os.environ.get('RANK', 0)}): --tp {a.tp}: " + "; ".join(bad))
     try:  # every rank reads the config and data before any collective, so bad input fails everywhere
         raw = C.load_config(a.config)
         bundle = D.load(a.dataset, D.SplitConfig(seed=a.split_seed))

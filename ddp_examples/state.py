@@ -57,7 +57,7 @@ def sync_initial_state(module: nn.Module, comm, mode: str = "broadcast", who: st
     for dtype, items in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):
         mine = torch.cat([t.detach().reshape(-1) for _, t in items])
         theirs = mine.clone()
-        P.broadcast(theirs, 0, group)          # numel/dtype mismatches raise here, on every rank
+        P.broadcast(theirs, _first(group), group)  # numel/dtype mismatches raise here, on every rank
         off = 0
         for name, t in items:
             n = t.numel()
@@ -78,3 +78,11 @@ def sync_initial_state(module: nn.Module, comm, mode: str = "broadcast", who: st
                              f"rank(s) {bad} differ from rank 0 in {what}. Seed the model identically on "
                              "every rank, or use init_sync='broadcast' to copy rank 0's values")
     return differ
+
+
+def _first(group) -> int:
+    """The global rank of the group's rank 0 (broadcast's src is a global rank, like torch's)."""
+    import torch.distributed as dist
+    if group is None or not isinstance(group, dist.ProcessGroup):
+        return 0
+    return dist.get_global_rank(group, 0)

@@ -3,6 +3,7 @@
     mesh = primitives.mesh.Mesh.build(dp=2, pp=2, tp=2)   # on every rank, after init
     mesh.dp_group, mesh.pp_group, mesh.tp_group          # torch process groups (None = world)
     mesh.coords                                          # this rank's (pp, dp, tp) indices
+    mesh.mpu()                                           # DeepSpeed's mpu protocol (dp and tp groups)
     print(mesh.table())                                  # who is where, as a rich table
 
 Layout (the order Megatron-LM and torchtitan use): tensor-parallel ranks are adjacent (they
@@ -123,6 +124,12 @@ class Mesh:
     def index(self, axis: str) -> int:
         return self.coords[AXES.index(axis)]
 
+    def mpu(self) -> "MeshMPU":
+        """DeepSpeed's model-parallel unit over this mesh: data parallel = the dp axis, model
+        parallel = the tp axis (what deepspeed.initialize(mpu=) and zero_from_scratch.initialize
+        (mpu=) read; ZeRO then shards over the dp group)."""
+        return MeshMPU(self)
+
     def table(self):
         """A rich table: every global rank with its (pp, dp, tp) coordinates."""
         from rich.table import Table
@@ -133,3 +140,28 @@ class Mesh:
             pp, dp, tp = self.layout.coords_of(r)
             t.add_row(str(r), str(pp), str(dp), str(tp))
         return t
+
+
+class MeshMPU:
+    """get_{data,model}_parallel_{group,rank,world_size}: the dp and tp axes of a Mesh."""
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+
+    def get_data_parallel_group(self):
+        return self.mesh.dp_group
+
+    def get_data_parallel_rank(self) -> int:
+        return self.mesh.index("dp")
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.mesh.layout.dp
+
+    def get_model_parallel_group(self):
+        return self.mesh.tp_group
+
+    def get_model_parallel_rank(self) -> int:
+        return self.mesh.index("tp")
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.mesh.layout.tp

@@ -1,5 +1,6 @@
 """parallelize(model, group=None, sequence_parallel=False): shard a model over a tensor-parallel
-group in place, from its unsharded weights; gather_state_dict(model) undoes it.
+group in place, from its unsharded weights; gather_state_dict(model) undoes it, and
+load_full_state_dict(model, sd) loads an unsharded state dict into the sharded model.
 
     torchrun --standalone --nproc_per_node 2 tensor_parallel/train.py --tp 2
 
@@ -166,6 +167,25 @@ def gather_state_dict(model: nn.Module) -> dict:
     return out
 
 
+def load_full_state_dict(model: nn.Module, state_dict: dict) -> None:
+    """The inverse of gather_state_dict: load an unsharded state dict (a save_pretrained
+    checkpoint) into a parallelized model, each sharded tensor narrowed to this rank's slice.
+    Local: no communication (every rank reads the full tensors)."""
+    if getattr(model, "tp_group_size", None) is None:
+        raise TPError("load_full_state_dict: this model was not parallelized (call tensor_parallel.parallelize first)")
+    shards = {name: p.tp_shard for name, p in model.named_parameters() if hasattr(p, "tp_shard")}
+    local = {}
+    for name, t in state_dict.items():
+        if name in shards:
+            dim, lo, hi, full = shards[name]
+            if t.shape[dim] != full:
+                raise TPError(f"load_full_state_dict: {name} has {t.shape[dim]} rows along dim {dim}, the "
+                              f"unsharded model has {full}")
+            t = t.narrow(dim, lo, hi - lo)
+        local[name] = t
+    model.load_state_dict(local)
+
+
 def sharded_numel(model: nn.Module) -> tuple[int, int]:
     """(elements this rank holds, elements of the unsharded model)."""
     local = full = 0
@@ -175,4 +195,4 @@ def sharded_numel(model: nn.Module) -> tuple[int, int]:
     return local, full
 
 
-__all__ = ["parallelize", "gather_state_dict", "sharded_numel", "TPError"]
+__all__ = ["parallelize", "gather_state_dict", "load_full_state_dict", "sharded_numel", "TPError"]

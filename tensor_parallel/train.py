@@ -174,37 +174,6 @@ def evaluate(model, tok, split, a, mesh, dp, d):
     return (correct[0] / correct[1]).item()
 
 
-def from_classification(c) -> dict:
-    """`classification/train.py --tp N`: run this loop with its options mapped; options this loop
-    cannot honour are refused, not ignored."""
-    from classification.model import DEFAULT_MODEL
-    rank = os.environ.get("RANK", "0")
-    refuse = [(c.engine != "ddp", f"--engine {c.engine} (ZeRO/DeepSpeed are not combined with TP yet; "
-                                  "use --engine ddp: gradients averaged over the dp group)"),
-              (c.model != DEFAULT_MODEL, f"--model {c.model} (TP loads the offline {DEFAULT_MODEL} weights)"),
-              (c.resume, "--resume (this loop writes no checkpoint)"), (c.fp16, "--fp16"),
-              (c.max_train_samples > 0, "--max-train-samples"), (c.split_seed != 0, "--split-seed")]
-    bad = [why for cond, why in refuse if cond]
-    if bad:
-        raise SystemExit(f"error (rank {rank}): --tp {c.tp} does not support: {'; '.join(bad)}")
-    import json
-    micro = json.load(open(c.config))["train_micro_batch_size_per_gpu"]
-    print0(f"--tp {c.tp}: tensor_parallel/train.py's loop, batch {micro}/replica from {c.config} (only that key "
-           f"is read), {c.max_steps or 'one pass over the training split per epoch'} steps, no checkpoint in "
-           f"{c.output_dir}, constant LR {c.lr} (--warmup-frac not applied), accuracy on "
-           f"{c.max_eval_samples or 'all'} validation rows (no test-split evaluation)")
-    a = argparse.Namespace(dp=None, tp=c.tp, pp=1, sequence_parallel=False, steps=c.max_steps, batch=micro, lr=c.lr,
-                           max_len=c.max_len, eval_samples=c.max_eval_samples or 10**9, dropout=c.dropout,
-                           seed=c.seed, log_every=10, dataset=c.dataset)
-    from primitives.launch import init_from_env
-    comm = init_from_env(c.backend, c.timeout)
-    if not a.steps:
-        from classification import data as D
-        n = len(D.load(c.dataset).train)
-        a.steps = max(1, c.epochs * n // (micro * max(1, comm.size // c.tp)))
-    return run(a, comm)
-
-
 def main(argv=None):
     a = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

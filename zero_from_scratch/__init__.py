@@ -11,7 +11,8 @@
 Files: config.py (JSON → dataclasses), auto.py (DeepSpeed's "auto" and batch arithmetic, shared
 with classification), sharding.py (the one layout function), optim.py (Adam on shards, DeepSpeed's
 LR schedules), precision.py (bf16/fp16, loss scaler), comm.py (primitives or torch.distributed),
-stage1.py / stage2.py / stage3.py (what each stage changes), engine.py, ledger.py (memory and
+stage1.py / stage2.py / stage3.py (what each stage changes), mpu.py (initialize(mpu=): ZeRO over
+the data-parallel group of a tensor-parallel model), engine.py, ledger.py (memory and
 communication vs the formulas), checkpoint.py (+ zero_to_fp32.py, atomic.py). Comparing with
 DeepSpeed: models.py (tiny models), sides.py (either engine; the only deepspeed import),
 parity_harness.py, parity_compare.py, ds_parity.py (CLI).

@@ -24,6 +24,13 @@ A kill before `tag` leaves the old <tag> and `latest`; after it, the new complet
 Loading checks: a different model (names/shapes), a different layout without reshard=True,
 missing or truncated shard files, and files from different saves each raise CheckpointError.
 
+With an mpu (mpu.py) each model-parallel rank is its own ZeRO world with its own parameter
+shapes, so its files carry its rank like DeepSpeed's mp_rank_XX: mp_rank_01_zero_rank000.pt
+and mp_rank_01_manifest.json (model parallelism of 1 keeps the names above). The save id is
+agreed over the model-parallel group too, every manifest is written before the one publish
+(by global rank 0), and loading reads this rank's manifest; consolidate(mp_rank=) gives one
+model-parallel rank's state dict (tensor_parallel.gather_state_dict joins them in a live model).
+
 Loading always goes through full tensors (unshard, then shard with the current layout); at the
 same N that is pure copying, hence bit-exact, and it is the same code that reshards. Cost: each
 rank reads every shard file once (O(Ψ) memory transiently); a save adds two 24-byte-per-rank
@@ -40,6 +47,7 @@ import signal
 import torch
 
 from zero_from_scratch.atomic import atomic_symlink, atomic_write
+from zero_from_scratch.mpu import engine_mp, mp_prefix
 
 FORMAT = "ringzero-zero/1"
 KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
@@ -61,8 +69,14 @@ def _phase(name: str, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _shard_file(rank: int) -> str:
-    return f"zero_rank{rank:03d}.pt"
+def _shard_file(rank: int, mp_rank: int = 0, mp_size: int = 1) -> str:
+    return f"{mp_prefix(mp_rank, mp_size)}zero_rank{rank:03d}.pt"
+
+
+def _manifest_file(mp_rank: int = 0, mp_size: int = 1) -> str:
+    return f"{mp_prefix(mp_rank, mp_size)}manifest.json"
+
+
 
 
 def _local_params(engine) -> list[torch.Tensor]:
@@ -121,10 +135,39 @@ def _agree(c, save_dir, tag, client_state) -> int:
     return rows[0][2]
 
 
+def _agree_mp(engine, sid: int, tag, refused: CheckpointError | None) -> int:
+    """Model parallelism: each dp group agreed on its own; now the mp group shares mp rank 0's
+    save id (one folder for the whole save), checks the tags match, and a refusal in any dp
+    group is a refusal on every rank (the others would wait for it at the next collective)."""
+    m = engine.mp
+    tag_hash = int.from_bytes(hashlib.sha1(str(tag).encode()).digest()[:7], "little")
+    rows = m.gather_ints([tag_hash, sid, 1 if refused else 0], "checkpoint")
+    if refused is not None:
+        raise refused
+    if any(row[2] for row in rows):
+        bad = [r for r, row in enumerate(rows) if row[2]]
+        raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: model-parallel ranks {bad} "
+                              f"refused their arguments (their error names the problem); global rank "
+                              f"{m.global_rank} stops too")
+    if len({row[0] for row in rows}) > 1:
+        raise CheckpointError(f"save_checkpoint refused, nothing written: the model-parallel ranks passed different "
+                              f"tags (global rank {m.global_rank} has {tag!r}); pass the same tag everywhere")
+    m.usage.pop("checkpoint", None)
+    return rows[0][1]
+
+
 def save(engine, save_dir: str, tag, client_state: dict) -> str:
     c = engine.comm
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    sid = _agree(c, save_dir, tag, client_state)
+    mp_rank, mp_size = engine_mp(engine)
+    try:
+        sid = _agree(c, save_dir, tag, client_state)
+    except CheckpointError as e:
+        if mp_size == 1:
+            raise
+        _agree_mp(engine, 0, tag, e)
+    if mp_size > 1:
+        sid = _agree_mp(engine, sid, tag, None)
     _phase("validated", c.rank)
     folder = f"{tag}.{sid:012x}"
     d = os.path.join(save_dir, folder)
@@ -141,7 +184,7 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
     extras = {k: v.clone() for k, v in engine.module.state_dict().items() if k not in sharded and k not in aliases}
     blob = {"format": FORMAT, "save_id": sid, "rank": c.rank, "local": local, "rng": engine.rng_state(),
             "extras": extras if c.rank == 0 else None}
-    size = atomic_write(os.path.join(d, _shard_file(c.rank)), lambda f: torch.save(blob, f))
+    size = atomic_write(os.path.join(d, _shard_file(c.rank, mp_rank, mp_size)), lambda f: torch.save(blob, f))
     _phase("shard", c.rank)
     sizes = c.gather_ints([size], "checkpoint") if c.size > 1 else [[size]]
     if c.rank == 0:
@@ -152,9 +195,18 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
                "optimizer": {"hyper": engine.optimizer.hyper_state(), "steps": [s["step"] for s in engine.optimizer.state]},
                "scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
                "loss_scaler": engine.loss_scaler.state_dict(), "client_state": client_state,
-               "shard_files": {str(r): {"file": _shard_file(r), "bytes": sizes[r][0]} for r in range(c.size)}}
-        atomic_write(os.path.join(d, "manifest.json"), lambda f: f.write(json.dumps(man, indent=1).encode()))
-        _publish(save_dir, tag, folder)
+               "mp_rank": mp_rank, "mp_world_size": mp_size,
+               "shard_files": {str(r): {"file": _shard_file(r, mp_rank, mp_size), "bytes": sizes[r][0]}
+                               for r in range(c.size)}}
+        atomic_write(os.path.join(d, _manifest_file(mp_rank, mp_size)),
+                     lambda f: f.write(json.dumps(man, indent=1).encode()))
+        if mp_size > 1:                          # every mp rank's manifest is in before the publish
+            engine.mp.gather_ints([0], "checkpoint")
+        if mp_rank == 0:
+            _publish(save_dir, tag, folder)
+        if mp_size > 1:                          # and nobody returns before it
+            engine.mp.gather_ints([0], "checkpoint")
+            engine.mp.usage.pop("checkpoint", None)
     if c.size > 1:
         c.gather_ints([0], "checkpoint")         # barrier: nobody loads before the manifest exists
     c.usage.pop("checkpoint", None)
@@ -184,7 +236,7 @@ def _publish(save_dir: str, tag: str, folder: str) -> None:
     _phase("cleanup", 0)
 
 
-def read_manifest(load_dir: str, tag=None) -> tuple[str, dict]:
+def read_manifest(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> tuple[str, dict]:
     if tag is None:
         latest = os.path.join(load_dir, "latest")
         if not os.path.exists(latest):
@@ -193,9 +245,12 @@ def read_manifest(load_dir: str, tag=None) -> tuple[str, dict]:
     d = os.path.join(load_dir, str(tag))
     if not os.path.exists(d) and os.path.isdir(d + ".old"):   # killed while moving an old-format folder aside
         d += ".old"
-    path = os.path.join(d, "manifest.json")
+    path = os.path.join(d, _manifest_file(mp_rank, mp_size))
     if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {d!r} has no manifest.json (missing or from another tool)")
+        others = sorted(f for f in os.listdir(d) if f.endswith("manifest.json")) if os.path.isdir(d) else []
+        raise CheckpointError(f"checkpoint {d!r} has no {os.path.basename(path)} (model-parallel rank {mp_rank} of "
+                              f"{mp_size}); it holds {others or 'no manifest'}: missing, from another tool, or saved "
+                              "with another model-parallel size")
     try:
         man = json.load(open(path))
     except json.JSONDecodeError as e:
@@ -257,7 +312,7 @@ def _check_model(engine, man: dict) -> None:
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
     c = engine.comm
-    d, man = read_manifest(load_dir, tag)
+    d, man = read_manifest(load_dir, tag, *engine_mp(engine))
     _check_model(engine, man)
     if man["layout"] != engine.layout.to_manifest() and not reshard:
         raise CheckpointError(
@@ -313,9 +368,10 @@ def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_st
     return d, man.get("client_state", {})
 
 
-def consolidate(load_dir: str, tag=None) -> dict:
-    """One full fp32 state_dict (master weights when the run was mixed precision)."""
-    d, man = read_manifest(load_dir, tag)
+def consolidate(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> dict:
+    """One full fp32 state_dict (master weights when the run was mixed precision); with model
+    parallelism, the state dict of model-parallel rank mp_rank of mp_size."""
+    d, man = read_manifest(load_dir, tag, mp_rank, mp_size)
     shards = read_shards(d, man)
     full = unshard(man, shards)
     sd = {}

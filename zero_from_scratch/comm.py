@@ -83,29 +83,36 @@ class Pending:
 
 
 class Comm:
-    def __init__(self, impl: str = "primitives"):
+    """group: the torch process group every call runs over (None = the world). With an mpu
+    (DeepSpeed's model-parallel unit, see mpu.py) the engine passes the data-parallel group:
+    rank and size are then this rank's place in that group, and broadcast's src is a group rank."""
+
+    def __init__(self, impl: str = "primitives", group=None):
         if impl not in IMPLS:
             raise ValueError(f"comm_impl={impl!r} is invalid; allowed: {list(IMPLS)}")
         if not dist.is_initialized():
             raise RuntimeError("zero_from_scratch needs torch.distributed initialised: start with torchrun / "
                                "deepspeed launcher and call primitives.launch.init_from_env() first")
-        self.impl = impl
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.impl, self.group = impl, group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.global_rank = dist.get_rank()
         if impl == "primitives":
             import primitives as B
             self._ledger = B.LEDGER
-            ring = dict(algorithm="ring")
+            ring = dict(algorithm="ring", group=group)
             self._all_reduce = functools.partial(B.all_reduce, **ring)
             self._rs = functools.partial(B.reduce_scatter_single, **ring)
             self._ag = functools.partial(B.all_gather_single, **ring)
-            self._bcast = B.broadcast
+            self._bcast = functools.partial(B.broadcast, group=group)
         else:
             B = dist
             self._ledger = None
-            self._all_reduce = B.all_reduce
-            self._rs = getattr(B, "reduce_scatter_single", None) or B.reduce_scatter_tensor
-            self._ag = getattr(B, "all_gather_single", None) or B.all_gather_into_tensor
-            self._bcast = B.broadcast
+            self._all_reduce = functools.partial(B.all_reduce, group=group)
+            self._rs = functools.partial(getattr(B, "reduce_scatter_single", None) or B.reduce_scatter_tensor,
+                                         group=group)
+            self._ag = functools.partial(getattr(B, "all_gather_single", None) or B.all_gather_into_tensor,
+                                         group=group)
+            self._bcast = functools.partial(B.broadcast, group=group)
         self.device = torch.device("cpu")      # where small helper tensors live (the engine sets it)
         self.usage: dict[str, Usage] = {}       # purpose -> usage since reset_step()
         self.last_step: dict[str, Usage] = {}   # the previous optimizer step's usage
@@ -195,7 +202,9 @@ class Comm:
         return self._run(purpose, "all_gather", out.numel() * out.element_size(), go, async_op, what)
 
     def broadcast(self, t: torch.Tensor, src: int, purpose: str) -> None:
-        self._run(purpose, "broadcast", t.numel() * t.element_size(), lambda: self._bcast(t, src))
+        """src is a rank of this Comm's group (both libraries take a global rank)."""
+        g = src if self.group is None else dist.get_global_rank(self.group, src)
+        self._run(purpose, "broadcast", t.numel() * t.element_size(), lambda: self._bcast(t, g))
 
     def gather_ints(self, values: list[int], purpose: str = "divergence check") -> list[list[int]]:
         """Every rank's small int list (same length everywhere): a cheap cross-rank consistency check."""

@@ -41,6 +41,8 @@ from zero_from_scratch.config import load_config
 from zero_from_scratch.external import ExternalParams
 from zero_from_scratch.frozen import FrozenParams
 from zero_from_scratch.monitor import Monitors
+from zero_from_scratch.mpu import check as mpu_check
+from zero_from_scratch.mpu import counted_ranges
 from zero_from_scratch.optim import ShardedAdam, build_scheduler
 from zero_from_scratch.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -161,20 +163,31 @@ def broadcast_module_state(comm, module: nn.Module) -> None:
 
 
 class ZeroEngine(nn.Module):
-    def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives"):
+    def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
+                 mpu=None):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
         if config is None:
             raise ValueError("initialize(config=...) is required: a DeepSpeed JSON path or dict")
         self.device = param_device(model)
-        self.comm = Comm(comm_impl)
+        # mpu (mpu.py): ZeRO runs over the data-parallel group; the model-parallel group only
+        # sums the gradient norm and names checkpoint files
+        self.parallel = mpu_check(mpu) if mpu is not None else None
+        self.comm = Comm(comm_impl, self.parallel.dp_group if self.parallel else None)
         self.comm.device = self.device
+        self.mp = None
+        if self.parallel and self.parallel.mp_size > 1:
+            self.mp = Comm(comm_impl, self.parallel.mp_group)
+            self.mp.device = self.device
         self.config = load_config(config, self.comm.size)
+        if self.mp is not None and self.config.zero.zero_hpz_partition_size > 1:
+            raise ValueError(f"rank {self.comm.global_rank}: zero_optimization.zero_hpz_partition_size > 1 with an "
+                             "mpu: hpZ builds its groups from the world; use 1 with model parallelism")
         for msg in self.config.zero.notes:           # accepted keys that do not act here: say so, once
-            if self.comm.rank == 0:
+            if self.comm.global_rank == 0:
                 warnings.warn(f"zero_from_scratch: {msg}", stacklevel=3)
-        if self.config.resolved_auto and self.comm.rank == 0:
+        if self.config.resolved_auto and self.comm.global_rank == 0:
             from primitives.log import print0
             print0("[zero_from_scratch] \"auto\" resolved: "
                    + ", ".join(f"{k}={v}" for k, v in self.config.resolved_auto.items()))
@@ -210,6 +223,7 @@ class ZeroEngine(nn.Module):
         self.master = ([torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram]
                        if self.mixed else None)
         self.refresh_master()
+        self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else None
         self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
         self.loss_scaler = build_loss_scaler(self.config)
         self.micro_steps = self.global_steps = self.skipped_steps = 0
@@ -310,10 +324,17 @@ class ZeroEngine(nn.Module):
     def _optimizer_step(self) -> None:
         N, units = self.comm.size, self.layout.units
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for u in units:
-            sq += sum_of_squares(self.stage.grad_shard(u))
+        for i, u in enumerate(units):
+            g = self.stage.grad_shard(u)
+            if self.norm_ranges is None:
+                sq += sum_of_squares(g)
+            else:                                        # model parallel: replicated params once
+                for a, b in self.norm_ranges[i]:
+                    sq += sum_of_squares(g[a:b])
         if self.stage_id > 0 and N > 1:
             self.comm.all_reduce(sq, "grad-norm all-reduce")
+        if self.mp is not None:
+            self.mp.all_reduce(sq, "grad-norm all-reduce (model parallel)")
         scale = N * self.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
         norm = math.sqrt(sq.item()) / scale
         overflow = not math.isfinite(norm)
@@ -374,13 +395,15 @@ class ZeroEngine(nn.Module):
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, lr_scheduler=None, config=None,
-               config_params=None, comm_impl: str = "primitives", **kwargs):
+               config_params=None, comm_impl: str = "primitives", mpu=None, **kwargs):
     """Like deepspeed.initialize: returns (engine, optimizer, None, lr_scheduler).
-    A client optimizer / scheduler is not supported: the config's optimizer is built on the shards."""
+    A client optimizer / scheduler is not supported: the config's optimizer is built on the shards.
+    mpu: DeepSpeed's model-parallel unit (mpu.py; primitives.mesh.Mesh.mpu() gives one): ZeRO then
+    shards over its data-parallel group."""
     if optimizer is not None or lr_scheduler is not None:
         raise ValueError("initialize(optimizer=/lr_scheduler=) objects are not supported: describe them in the "
                          "config's 'optimizer' / 'scheduler' sections (the optimizer must live on the shards)")
     if kwargs:
         raise TypeError(f"initialize() got unexpected arguments {sorted(kwargs)}")
-    engine = ZeroEngine(model, model_parameters, config if config is not None else config_params, comm_impl)
+    engine = ZeroEngine(model, model_parameters, config if config is not None else config_params, comm_impl, mpu)
     return engine, engine.optimizer, None, engine.lr_scheduler

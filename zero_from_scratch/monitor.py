@@ -72,7 +72,9 @@ class Monitors:
         if not self.enabled:
             return
         err = ""
-        if comm.rank == 0:
+        # one writer for the run: the global rank 0 (with an mpu, every tp rank has a dp rank 0)
+        self.writer = getattr(comm, "global_rank", comm.rank) == 0
+        if self.writer:
             try:
                 for sec, c in self.cfgs.items():
                     os.makedirs(c.log_dir, exist_ok=True)
@@ -102,7 +104,7 @@ class Monitors:
         now = time.perf_counter()
         dt, self.t_last = now - self.t_last, now
         losses, self.losses = self.losses, []
-        if self.comm.rank != 0:
+        if not self.writer:
             return
         x = engine.global_steps * self.tbs
         ev = [("Train/Samples/lr", engine.get_lr()[0], x)]

@@ -28,6 +28,8 @@ import warnings
 
 import torch
 
+from zero_from_scratch.mpu import engine_mp, mp_prefix
+
 DEVICES = ("none", "cpu", "nvme")
 TUNING = ("pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline")
 
@@ -82,7 +84,7 @@ class NvmeOptimizerStates:
     def __init__(self, engine, nvme_path: str, sub_group_size: int):
         self.e, c = engine, engine.comm
         self.keys = (("master",) if engine.mixed else ()) + ("exp_avg", "exp_avg_sq")
-        self.dir = os.path.join(nvme_path, f"zero_rank{c.rank:03d}")
+        self.dir = os.path.join(nvme_path, f"{mp_prefix(*engine_mp(engine))}zero_rank{c.rank:03d}")
         self.chunk = max(1, min(int(sub_group_size), max(u.shard for u in engine.layout.units)))
         self.fds: dict = {}
         err = ""
