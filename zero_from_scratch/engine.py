@@ -309,13 +309,18 @@ class ZeroEngine(nn.Module):
 
     def _optimizer_step(self) -> None:
         N, units = self.comm.size, self.layout.units
-        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
+        loss = self.monitor.local_loss()                 # None unless a monitor is enabled
+        sq = torch.zeros(1 if loss is None else 2, dtype=torch.float64, device=self.device)
         for u in units:
-            sq += sum_of_squares(self.stage.grad_shard(u))
-        if self.stage_id > 0 and N > 1:
+            sq[0] += sum_of_squares(self.stage.grad_shard(u))
+        if loss is not None:
+            sq[1] = loss
+        if self.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
             self.comm.all_reduce(sq, "grad-norm all-reduce")
+        elif loss is not None and N > 1:                 # stage 0: no norm all-reduce to ride on
+            self.comm.all_reduce(sq[1:], "monitor loss all-reduce")
         scale = N * self.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
-        norm = math.sqrt(sq.item()) / scale
+        norm = math.sqrt(sq[0].item()) / scale
         overflow = not math.isfinite(norm)
         if overflow:
             self._global_grad_norm = float("inf")
@@ -348,7 +353,7 @@ class ZeroEngine(nn.Module):
         self.loss_scaler.update_scale(overflow)
         self.stage.zero_grad()
         self.global_steps += 1
-        self.monitor.write_step(self)
+        self.monitor.write_step(self, None if loss is None else sq[1].item() / N)   # mean over ranks
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ reports and checkpoints

@@ -119,7 +119,8 @@ def comm_report(engine, print_table: bool = True) -> dict:
     b = 2 if engine.mixed else 4
     rows = [{"purpose": k, "collective": u.collective, "calls": u.calls, "payload": u.payload,
              "ring_formula": u.formula, "sent": u.sent} for k, u in usage.items()]
-    data = [r for r in rows if r["purpose"] not in ("grad-norm all-reduce", "divergence check")]
+    data = [r for r in rows if r["purpose"] not in ("grad-norm all-reduce", "divergence check",
+                                                             "monitor loss all-reduce")]
     rep = {"stage": engine.stage_id, "world_size": c.size, "impl": c.impl, "rows": rows,
            "data_sent": sum(r["sent"] or 0 for r in data) if c.impl == "primitives" else None,
            "data_formula": sum(r["ring_formula"] for r in data),
