@@ -200,15 +200,17 @@ class ZeroEngine(nn.Module):
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
-        # offload_optimizer (offload.py): the states live in files, so none are allocated here
+        # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
+        # cpu on the host (offload_cpu.py: pinned, next to its own fp32 master)
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
-        in_ram = [0] * len(self.layout.group_local) if self.offload else list(self.layout.group_local)
+        host = hasattr(self.offload, "adopt")
+        in_ram = [0] * len(self.layout.group_local) if self.offload and not host else list(self.layout.group_local)
         self.optimizer = ShardedAdam(hypers, in_ram, self.config.optimizer.adam_w_mode)
         for st in self.optimizer.state:              # Adam's m and v live with the shards they update
             for k in ("exp_avg", "exp_avg_sq"):
-                st[k] = st[k].to(self.device)
-        self.master = ([torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram]
-                       if self.mixed else None)
+                st[k] = self.offload.adopt(st[k]) if host else st[k].to(self.device)
+        self.master = None if not self.mixed else (   # host: checkpoints read/write it where it lives
+            self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
         self.refresh_master()
         self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
         self.loss_scaler = build_loss_scaler(self.config)
@@ -330,7 +332,7 @@ class ZeroEngine(nn.Module):
             clip = self.config.gradient_clipping
             coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0   # eps once, on the global norm
             first = set()
-            if self.offload is not None:        # the same Adam, streamed through files (offload.py)
+            if self.offload is not None:        # the same Adam, through files or on the host (offload*.py)
                 self.offload.step(coef, scale)
             for u in (units if self.offload is None else ()):
                 g = self.stage.grad_shard(u)
@@ -364,13 +366,17 @@ class ZeroEngine(nn.Module):
         return ledger.comm_report(self, print_table)
 
     def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
-        with self.frozen.full(), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
+        with self.frozen.full(), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
+                                  else contextlib.nullcontext()):
             return ckpt.save(self, save_dir, tag, client_state or {})
 
     def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, reshard: bool = False):
-        with self.frozen.full(write_back=True), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
+        with self.frozen.full(write_back=True), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
+                                                 else contextlib.nullcontext()):
             out = ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+        if hasattr(self.offload, "after_load"):
+            self.offload.after_load()    # cpu offload in fp32: the host master follows the loaded params
         self.stage.after_load()      # stage 3: drop gathered copies of the old weights
         return out
 

@@ -91,7 +91,8 @@ def memory_report(engine, print_table: bool = True) -> dict:
            "formula": {k: float(v) for k, v in formula.items()},
            "formula_at_padded": {k: float(v) for k, v in padded.items()},
            "total_measured": sum(measured.values()), "total_formula": float(sum(formula.values())),
-           "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest), "frozen": frozen}
+           "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest), "frozen": frozen,
+           "offload": engine.offload.report() if hasattr(getattr(engine, "offload", None), "report") else None}
     if print_table and engine.comm.rank == 0:
         from rich.table import Table
 
