@@ -201,4 +201,10 @@ def build(engine, spec: dict | None, sub_group_size: int):
     if spec["device"] == "cpu":
         from zero_from_scratch.offload_cpu import HostOptimizerStates
         return HostOptimizerStates(engine, sub_group_size, spec.get("pin_memory", True))
+    if engine.device.type != "cpu":
+        # the file streaming reads into host buffers and steps there: a GPU model would need the
+        # cpu offload's copies in between, not built for nvme
+        raise ValueError(f"rank {engine.comm.rank}: zero_optimization.offload_optimizer {{'device': 'nvme'}} with a "
+                         f"model on {engine.device} is not supported by this engine; allowed: a CPU model, or "
+                         "{'device': 'cpu'} for a GPU model")
     return NvmeOptimizerStates(engine, spec["nvme_path"], sub_group_size)
