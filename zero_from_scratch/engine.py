@@ -20,7 +20,8 @@ reduce-scatters start from the hooks on a communication thread and are waited fo
 backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
 bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
 Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device
-per model, else a ValueError naming the parameters on each).
+per model, else a ValueError naming the parameters on each), except with offload_optimizer: "cpu"
+keeps the fp32 master and Adam states on the host (offload_cpu.py), "nvme" in files (offload.py).
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
 """
 from __future__ import annotations
