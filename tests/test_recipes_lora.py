@@ -230,3 +230,16 @@ def test_train_py_lora_under_torchrun(easy_data, kind):
     assert m[-1]["test_accuracy"] >= 0.8 and (out / "best" / "adapter_model.safetensors").is_file()
     ev, _, _ = _predict_rows(out / "best", easy_data / "easy.jsonl")   # the default (MiniLM) base model
     assert ev["accuracy"] == m[-1]["test_accuracy"] and ev["loss"] == pytest.approx(m[-1]["test_loss"], rel=1e-5)
+
+
+def test_predict_refuses_an_incomplete_or_mixed_lora_checkpoint(tmp_path):
+    import json
+
+    from classification.predict import load_checkpoint
+    (tmp_path / "ringzero.json").write_text(json.dumps({"model": "m", "num_labels": 2, "lora": 8}))
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "target_modules": ["q_lin"]}))
+    with pytest.raises(SystemExit, match=r"missing: \['adapter_model.safetensors'\]"):
+        load_checkpoint(str(tmp_path))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"adapter_config.json says r=4 but ringzero.json says lora=8"):
+        load_checkpoint(str(tmp_path))
