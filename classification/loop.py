@@ -273,7 +273,10 @@ def run(a, raw, bundle, comm, threads, local):
                     rate = seen / (time.time() - t0)
                     bar.update(task, completed=i + 1, info=f"loss {np.mean(run_loss[-20:]):.4f}  {rate:.1f} samples/s")
                     if state["step"] % log_every == 0 or state["step"] == total:
-                        metrics.log(event="train", step=state["step"], epoch=epoch + 1, loss=float(np.mean(run_loss[-10:])),
+                        recent = torch.tensor([np.mean(run_loss[-10:])], dtype=torch.float64)
+                        if world > 1:   # logged: the mean over data-parallel ranks, not rank 0's alone
+                            dist.all_reduce(recent)   # 8 bytes on logged steps only
+                        metrics.log(event="train", step=state["step"], epoch=epoch + 1, loss=recent.item() / world,
                                     lr=engine.get_lr(), samples_per_s=rate,
                                     cpu_s_per_step=(time.process_time() - c0) / (i + 1 - skip))
                     if state["step"] >= total:

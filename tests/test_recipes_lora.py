@@ -174,8 +174,50 @@ def test_train_py_bad_lora_targets_fail_on_every_rank(easy_data):
         assert f"rank {rank}: LoRA target modules ['query'] do not exist" in out, out[-3000:]
 
 
+def _predict_rows(best, data):
+    """predict.py's loader on the test split train.py evaluated: (evaluate()'s numbers, predict()'s labels)."""
+    from classification import data as D
+    from classification.loop import evaluate, tokenize
+    from classification.predict import load_checkpoint, predict
+    model, tok, meta = load_checkpoint(str(best))
+    test = D.load(str(data), D.SplitConfig(seed=0)).test
+    ids = tokenize(tok, test.texts, meta["max_len"])
+    ev = evaluate(model, ids, test.labels, meta["num_labels"], tok.pad_token_id, 0, 1)
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+    saved, have = load_file(str(best / "adapter_model.safetensors")), get_peft_model_state_dict(model)
+    ev["weights_loaded"] = sorted(saved) == sorted(have) and all(torch.equal(saved[k], have[k]) for k in saved)
+    ev["adapters_trained"] = all(saved[k].abs().max() > 0 for k in saved if "lora_B" in k)   # peft inits B = 0
+    names = meta["label_names"]
+    return ev, [names.index(label) for label, _ in predict(model, tok, meta, test.texts)], test.labels
+
+
+def test_train_py_lora_ddp_then_predict_reads_the_lora_checkpoint(easy_data):
+    """The cheap LoRA CLI run of the default suite: the tiny random DistilBERT (dim 32) over the real
+    vocabulary, --engine ddp, one epoch (10 steps: too few for it to beat chance, so the check is
+    the loss); then predict.py rebuilds base + LoRA from the checkpoint and reproduces the test
+    accuracy and loss train.py reported on the same rows (the loss to float rounding), with every
+    saved adapter and head tensor in place (and every lora_B moved off peft's zero init)."""
+    import json
+
+    from conftest import run_cmd
+    from test_classification_train import _tiny_model_dir
+    out, model = easy_data / "lora_cli", _tiny_model_dir(easy_data / "tiny_model")
+    run_cmd(f"torchrun --standalone --nproc_per_node 2 classification/train.py --engine ddp --lora 8 --model {model} "
+            f"--dataset {easy_data}/easy.jsonl --config {easy_data}/tiny.json --epochs 1 --max-len 16 --lr 2e-2 "
+            f"--warmup-frac 0.2 --dropout 0.0 --output-dir {out}", timeout=300)
+    test = [json.loads(x) for x in open(out / "metrics.jsonl")][-1]
+    assert not (out / "best" / "model.safetensors").exists() and (out / "best" / "adapter_model.safetensors").is_file()
+    ev, labels, truth = _predict_rows(out / "best", easy_data / "easy.jsonl")
+    assert ev["n"] == test["test_rows"] == len(labels) == 20
+    assert ev["accuracy"] == test["test_accuracy"], (ev, test)
+    assert ev["loss"] == pytest.approx(test["test_loss"], rel=1e-5)
+    assert ev["weights_loaded"] and ev["adapters_trained"], ev
+    assert sum(p == t for p, t in zip(labels, truth)) / len(truth) == test["test_accuracy"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["zero", "ddp"])
+@pytest.mark.parametrize("kind", ["zero", "ddp", "deepspeed"])
 def test_train_py_lora_under_torchrun(easy_data, kind):
     import json
 
@@ -186,3 +228,18 @@ def test_train_py_lora_under_torchrun(easy_data, kind):
             f"--tensorboard {out}/tb", timeout=600)
     m = [json.loads(x) for x in open(out / "metrics.jsonl")]
     assert m[-1]["test_accuracy"] >= 0.8 and (out / "best" / "adapter_model.safetensors").is_file()
+    ev, _, _ = _predict_rows(out / "best", easy_data / "easy.jsonl")   # the default (MiniLM) base model
+    assert ev["accuracy"] == m[-1]["test_accuracy"] and ev["loss"] == pytest.approx(m[-1]["test_loss"], rel=1e-5)
+
+
+def test_predict_refuses_an_incomplete_or_mixed_lora_checkpoint(tmp_path):
+    import json
+
+    from classification.predict import load_checkpoint
+    (tmp_path / "ringzero.json").write_text(json.dumps({"model": "m", "num_labels": 2, "lora": 8}))
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "target_modules": ["q_lin"]}))
+    with pytest.raises(SystemExit, match=r"missing: \['adapter_model.safetensors'\]"):
+        load_checkpoint(str(tmp_path))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"adapter_config.json says r=4 but ringzero.json says lora=8"):
+        load_checkpoint(str(tmp_path))

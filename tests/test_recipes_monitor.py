@@ -4,7 +4,10 @@
 
 Two ranks, fp16 (so the loss scale is live), 4 optimizer steps with gradient accumulation 2.
 The event files are read back with TensorBoard's own EventAccumulator and the CSV files with
-the csv module; every value is checked against what the engine reported on rank 0 at that step.
+the csv module; every value is checked against what the engine reported on rank 0 at that step,
+and train_loss against the mean of EVERY rank's micro-batch losses (DeepSpeed's
+_aggregate_total_loss), at stage 2 (the loss rides on the grad-norm all-reduce) and stage 0 (its
+own 8-byte all-reduce).
 """
 import csv
 import os
@@ -31,10 +34,10 @@ def _cfg(out, stage=2):
             "csv_monitor": {"enabled": True, "output_path": out, "job_name": "csv_job"}}
 
 
-def _train(rank, world, out):
+def _train(rank, world, out, stage=2):
     torch.manual_seed(0)
     model = TinyMLP()
-    engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(out))
+    engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(out, stage))
     seen = []
     g = torch.Generator().manual_seed(rank)
     for step in range(4):
@@ -46,12 +49,18 @@ def _train(rank, world, out):
             losses.append(loss.item())
         seen.append({"lr": engine.get_lr()[0], "loss_scale": engine.loss_scaler.loss_scale,
                      "train_loss": sum(losses) / 2, "grad_norm": engine.get_global_grad_norm()})
-    return seen
+    rows = engine.comm_report(print_table=False)["rows"]
+    return seen, sorted({r["purpose"] for r in rows})
 
 
-def test_tensorboard_and_csv_events_match_the_engine(spawn, tmp_path):
+@pytest.mark.parametrize("stage", [2, 0])
+def test_tensorboard_and_csv_events_match_the_engine(spawn, tmp_path, stage):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    seen = spawn(_train, 2, args=(str(tmp_path),))[0]
+    res = spawn(_train, 2, args=(str(tmp_path), stage))
+    seen = [dict(s, train_loss=(s["train_loss"] + o["train_loss"]) / 2) for s, o in zip(res[0][0], res[1][0])]
+    assert all(s["train_loss"] != o["train_loss"] for s, o in zip(res[0][0], res[1][0]))   # ranks differ
+    extra = "monitor loss all-reduce"                        # its own round only where none exists
+    assert all((extra in purposes) == (stage == 0) for _, purposes in res), [p for _, p in res]
     acc = EventAccumulator(str(tmp_path / "tb_job"))
     acc.Reload()
     assert sorted(acc.Tags()["scalars"]) == sorted(f"Train/Samples/{t}" for t in TAGS)

@@ -358,7 +358,7 @@ def zero_key_notes(raw_zero: dict, zero: ZeroConfig) -> list[str]:
              "rank's partition instead (same result, different traffic)")
     if raw_zero.get("round_robin_gradients"):
         note("round_robin_gradients", "no effect: DeepSpeed uses it only to spread gradient copies to CPU offload")
-    if "sub_group_size" in setk:
+    if "sub_group_size" in setk and not offloads(raw_zero):   # with offload it bounds the step's chunks
         note("sub_group_size", "not used: the optimizer steps every shard in 4 Mi-element chunks; DeepSpeed would "
              "step ZeRO-3 shards in sub-groups of this many elements")
     if raw_zero.get("stage3_gather_16bit_weights_on_model_save"):

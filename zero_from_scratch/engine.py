@@ -20,7 +20,8 @@ reduce-scatters start from the hooks on a communication thread and are waited fo
 backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
 bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
 Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device
-per model, else a ValueError naming the parameters on each).
+per model, else a ValueError naming the parameters on each), except with offload_optimizer: "cpu"
+keeps the fp32 master and Adam states on the host (offload_cpu.py), "nvme" in files (offload.py).
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
 """
 from __future__ import annotations
@@ -213,15 +214,17 @@ class ZeroEngine(nn.Module):
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
-        # offload_optimizer (offload.py): the states live in files, so none are allocated here
+        # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
+        # cpu on the host (offload_cpu.py: pinned, next to its own fp32 master)
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
-        in_ram = [0] * len(self.layout.group_local) if self.offload else list(self.layout.group_local)
+        host = hasattr(self.offload, "adopt")
+        in_ram = [0] * len(self.layout.group_local) if self.offload and not host else list(self.layout.group_local)
         self.optimizer = ShardedAdam(hypers, in_ram, self.config.optimizer.adam_w_mode)
         for st in self.optimizer.state:              # Adam's m and v live with the shards they update
             for k in ("exp_avg", "exp_avg_sq"):
-                st[k] = st[k].to(self.device)
-        self.master = ([torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram]
-                       if self.mixed else None)
+                st[k] = self.offload.adopt(st[k]) if host else st[k].to(self.device)
+        self.master = None if not self.mixed else (   # host: checkpoints read/write it where it lives
+            self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
         self.refresh_master()
         self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else None
         self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
@@ -323,20 +326,25 @@ class ZeroEngine(nn.Module):
 
     def _optimizer_step(self) -> None:
         N, units = self.comm.size, self.layout.units
-        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
+        loss = self.monitor.local_loss()                 # None unless a monitor is enabled
+        sq = torch.zeros(1 if loss is None else 2, dtype=torch.float64, device=self.device)
         for i, u in enumerate(units):
             g = self.stage.grad_shard(u)
             if self.norm_ranges is None:
-                sq += sum_of_squares(g)
+                sq[0] += sum_of_squares(g)
             else:                                        # model parallel: replicated params once
                 for a, b in self.norm_ranges[i]:
-                    sq += sum_of_squares(g[a:b])
-        if self.stage_id > 0 and N > 1:
+                    sq[0] += sum_of_squares(g[a:b])
+        if loss is not None:
+            sq[1] = loss
+        if self.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
             self.comm.all_reduce(sq, "grad-norm all-reduce")
-        if self.mp is not None:
-            self.mp.all_reduce(sq, "grad-norm all-reduce (model parallel)")
+        elif loss is not None and N > 1:                 # stage 0: no norm all-reduce to ride on
+            self.comm.all_reduce(sq[1:], "monitor loss all-reduce")
+        if self.mp is not None:                          # tp ranks hold the same loss: only the norm
+            self.mp.all_reduce(sq[:1], "grad-norm all-reduce (model parallel)")
         scale = N * self.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
-        norm = math.sqrt(sq.item()) / scale
+        norm = math.sqrt(sq[0].item()) / scale
         overflow = not math.isfinite(norm)
         if overflow:
             self._global_grad_norm = float("inf")
@@ -346,7 +354,7 @@ class ZeroEngine(nn.Module):
             clip = self.config.gradient_clipping
             coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0   # eps once, on the global norm
             first = set()
-            if self.offload is not None:        # the same Adam, streamed through files (offload.py)
+            if self.offload is not None:        # the same Adam, through files or on the host (offload*.py)
                 self.offload.step(coef, scale)
             for u in (units if self.offload is None else ()):
                 g = self.stage.grad_shard(u)
@@ -369,7 +377,7 @@ class ZeroEngine(nn.Module):
         self.loss_scaler.update_scale(overflow)
         self.stage.zero_grad()
         self.global_steps += 1
-        self.monitor.write_step(self)
+        self.monitor.write_step(self, None if loss is None else sq[1].item() / N)   # mean over ranks
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ reports and checkpoints
@@ -380,13 +388,17 @@ class ZeroEngine(nn.Module):
         return ledger.comm_report(self, print_table)
 
     def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
-        with self.frozen.full(), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
+        with self.frozen.full(), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
+                                  else contextlib.nullcontext()):
             return ckpt.save(self, save_dir, tag, client_state or {})
 
     def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, reshard: bool = False):
-        with self.frozen.full(write_back=True), (self.offload.in_memory() if self.offload else contextlib.nullcontext()):
+        with self.frozen.full(write_back=True), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
+                                                 else contextlib.nullcontext()):
             out = ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+        if hasattr(self.offload, "after_load"):
+            self.offload.after_load()    # cpu offload in fp32: the host master follows the loaded params
         self.stage.after_load()      # stage 3: drop gathered copies of the old weights
         return out
 

@@ -91,7 +91,8 @@ def memory_report(engine, print_table: bool = True) -> dict:
            "formula": {k: float(v) for k, v in formula.items()},
            "formula_at_padded": {k: float(v) for k, v in padded.items()},
            "total_measured": sum(measured.values()), "total_formula": float(sum(formula.values())),
-           "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest), "frozen": frozen}
+           "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest), "frozen": frozen,
+           "offload": engine.offload.report() if hasattr(getattr(engine, "offload", None), "report") else None}
     if print_table and engine.comm.rank == 0:
         from rich.table import Table
 
@@ -119,7 +120,8 @@ def comm_report(engine, print_table: bool = True) -> dict:
     b = 2 if engine.mixed else 4
     rows = [{"purpose": k, "collective": u.collective, "calls": u.calls, "payload": u.payload,
              "ring_formula": u.formula, "sent": u.sent} for k, u in usage.items()]
-    data = [r for r in rows if r["purpose"] not in ("grad-norm all-reduce", "divergence check")]
+    data = [r for r in rows if r["purpose"] not in ("grad-norm all-reduce", "divergence check",
+                                                             "monitor loss all-reduce")]
     rep = {"stage": engine.stage_id, "world_size": c.size, "impl": c.impl, "rows": rows,
            "data_sent": sum(r["sent"] or 0 for r in data) if c.impl == "primitives" else None,
            "data_formula": sum(r["ring_formula"] for r in data),

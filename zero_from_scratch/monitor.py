@@ -11,12 +11,16 @@ os.path.join(output_path, job_name); TensorBoard scalars and one CSV file per ta
   Train/Samples/lr              the lr after this step's scheduler update, i.e. the next step's
                                 (DeepSpeed's tag, logged at the same moment)
   Train/Samples/loss_scale      fp16 only (DeepSpeed's tag)
-  Train/Samples/train_loss      mean loss of rank 0's micro-batches this step (DeepSpeed's
-                                pipeline engine's tag; no collective is spent on it)
+  Train/Samples/train_loss      mean loss of this step's micro-batches, averaged over the
+                                data-parallel ranks (DeepSpeed's pipeline engine's tag and
+                                _aggregate_total_loss: all-reduce of each rank's mean, ÷ N)
   Train/Samples/grad_norm       the global gradient norm before clipping (inf on a skipped step)
   Train/Samples/samples_per_sec train_batch_size / wall time since the previous step
-Cost: no communication after start-up (one 8-byte all-gather there, so an unwritable path fails
-on every rank); rank 0 flushes the files after every step (a crash loses nothing logged).
+Cost: one 8-byte all-gather at start-up (an unwritable path fails on every rank); per step the
+rank's mean loss rides on the gradient-norm all-reduce (8 more bytes in the same message, no extra
+round) at stages 1-3, and takes one 8-byte all-reduce of its own at stage 0 (which has no norm
+all-reduce) — only when a monitor is enabled. Rank 0 flushes the files after every step (a crash
+loses nothing logged).
 """
 from __future__ import annotations
 
@@ -97,21 +101,30 @@ class Monitors:
         if self.enabled:
             self.losses.append(float(loss.detach().float()))
 
-    def write_step(self, engine) -> None:
-        """After each optimizer step (every rank calls; rank 0 writes)."""
+    def local_loss(self) -> float | None:
+        """This rank's mean micro-batch loss since the last step (None when no monitor is on):
+        the engine all-reduces it with the gradient norm and passes the mean to write_step."""
+        if not self.enabled:
+            return None
+        # nan, not None, when no backward ran: every rank must send the same message size
+        return sum(self.losses) / len(self.losses) if self.losses else float("nan")
+
+    def write_step(self, engine, mean_loss: float | None = None) -> None:
+        """After each optimizer step (every rank calls; rank 0 writes). mean_loss: the mean over
+        ranks of local_loss()."""
         if not self.enabled:
             return
         now = time.perf_counter()
         dt, self.t_last = now - self.t_last, now
-        losses, self.losses = self.losses, []
+        self.losses = []
         if not self.writer:
             return
         x = engine.global_steps * self.tbs
         ev = [("Train/Samples/lr", engine.get_lr()[0], x)]
         if engine.fp16_enabled():
             ev.append(("Train/Samples/loss_scale", engine.loss_scaler.loss_scale, x))
-        if losses:
-            ev.append(("Train/Samples/train_loss", sum(losses) / len(losses), x))
+        if mean_loss is not None:
+            ev.append(("Train/Samples/train_loss", mean_loss, x))
         ev.append(("Train/Samples/grad_norm", engine.get_global_grad_norm(), x))
         ev.append(("Train/Samples/samples_per_sec", self.tbs / dt if dt > 0 else float("inf"), x))
         self.write_events(ev)

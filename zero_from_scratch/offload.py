@@ -11,11 +11,12 @@ device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_ran
                same function as without offload, so the result is bit-identical), write it back.
                Memory saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus the 3 buffers.
                Bytes moved per step and rank: K·Ψ/N read + K·Ψ/N written (P/N with padding).
-device "cpu"   DeepSpeed moves the states and the step to the host for a model on a GPU. This engine
-               runs on the CPU, where the states are on the host already: accepted as exactly that
-               (said at start-up); a CUDA model is refused (the engine has no GPU path).
+device "cpu"   offload_cpu.py: fp32 master, m, v and the Adam step on the host (pinned with a GPU
+               model); gradients copied down, parameters up: b·P/N bytes each way per step and
+               rank. The same code runs for a CPU model (host → host copies).
 device "none"  no offload (DeepSpeed's meaning).
-Other keys (pin_memory, buffer_count, fast_init, ratio) tune CUDA/AIO transfers: warned, no effect.
+pin_memory     device "cpu" with a GPU model: pinned host buffers (default true here; false: pageable).
+Other keys (buffer_count, fast_init, ratio; pin_memory with nvme) tune CUDA/AIO transfers: warned.
 Failures: an unwritable nvme_path fails at start-up on every rank; a failed read/write during a
 step (out of space, I/O error) fails the step on every rank (one 8-byte all-gather per step says
 which rank failed) with a message pointing at the last checkpoint, which the step never touches.
@@ -55,7 +56,7 @@ def parse(z: dict) -> dict | None:
     dev = s.get("device", "none")
     if dev not in DEVICES:
         raise ValueError(f"config key 'zero_optimization.offload_optimizer.device' = {dev!r} is invalid; allowed: {list(DEVICES)}")
-    tuned = [k for k in TUNING if k in s]
+    tuned = [k for k in TUNING if k in s and not (k == "pin_memory" and dev == "cpu")]
     if tuned:
         warnings.warn(f"zero_from_scratch: offload_optimizer.{', '.join(tuned)} tune CUDA/AIO transfers and have no "
                       "effect here", stacklevel=3)
@@ -64,6 +65,8 @@ def parse(z: dict) -> dict | None:
                          "allowed: a writable folder")
     if dev == "none":
         return None
+    if dev == "cpu":   # pinned host buffers unless told otherwise (DeepSpeed's default is false)
+        return {"device": dev, "nvme_path": None, "pin_memory": bool(s.get("pin_memory", True))}
     return {"device": dev, "nvme_path": s.get("nvme_path")}
 
 
@@ -194,18 +197,16 @@ class NvmeOptimizerStates:
 
 
 def build(engine, spec: dict | None, sub_group_size: int):
-    """The engine's offload, or None. "cpu" on a CPU model is the non-offloaded engine (said once)."""
+    """The engine's offload: NvmeOptimizerStates, offload_cpu.HostOptimizerStates, or None."""
     if spec is None:
         return None
-    if any(p.is_cuda for p in engine.module.parameters()):
-        # refused up front (not a stub): moving states between a GPU and the host is not built here
-        raise ValueError(f"rank {engine.comm.rank}: zero_optimization.offload_optimizer "
-                         f"{{'device': {spec['device']!r}}} with a CUDA model is not supported by this engine; "
-                         "allowed: a CPU model, or no offload (use DeepSpeed for GPU offload)")
     if spec["device"] == "cpu":
-        if engine.comm.rank == 0:
-            from primitives.log import print0
-            print0("[zero_from_scratch] offload_optimizer.device=cpu: the model is on the CPU, so the optimizer "
-                   "states and the step are on the host already (nothing to move)")
-        return None
+        from zero_from_scratch.offload_cpu import HostOptimizerStates
+        return HostOptimizerStates(engine, sub_group_size, spec.get("pin_memory", True))
+    if engine.device.type != "cpu":
+        # the file streaming reads into host buffers and steps there: a GPU model would need the
+        # cpu offload's copies in between, not built for nvme
+        raise ValueError(f"rank {engine.comm.rank}: zero_optimization.offload_optimizer {{'device': 'nvme'}} with a "
+                         f"model on {engine.device} is not supported by this engine; allowed: a CPU model, or "
+                         "{'device': 'cpu'} for a GPU model")
     return NvmeOptimizerStates(engine, spec["nvme_path"], sub_group_size)
