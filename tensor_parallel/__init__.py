@@ -9,8 +9,8 @@
     ulysses.py         Ulysses attention: heads ↔ sequence with all-to-all
     formulas.py        bytes per layer (via primitives.cost), parameters per rank, Megatron's activations
     memory.py          activation / parameter bytes measured vs formulas.py
-    parity.py          sharded vs one process (logits, loss, grads, params after AdamW), as a table
     accuracy.py        the pretrained classifier's test-split predictions, sharded vs one process
+    parity.py          sharded vs one process (logits, loss, grads, params after AdamW), as a table
     figures.py         the mesh picture and who holds which slice (matplotlib)
     train.py           the demo: dp × tp on the offline DistilBERT classifier
 
