@@ -73,7 +73,7 @@ def _ledger(rank, n, sp, b=4, s=6):
 
 
 ACC_BOUND = 1e-4
-ACC_ROWS, ACC_TRAIN_ROWS, ACC_EPOCHS = 64, 64, 10     # the default suite's slice; the slow test takes all
+ACC_ROWS, ACC_TRAIN_ROWS, ACC_EPOCHS = 32, 32, 10     # the default suite's slice; the slow test takes all
 
 
 def _tp_work(rank, n, real):
