@@ -9,12 +9,17 @@ RowwiseParallel) on init_device_mesh("cpu", (2,)); forward + backward on the sam
 interleaved, median of --iters. Ours runs with the default argument handshake and with it off.
 Part 2 (4 ranks): one DistilBERT-shaped model as dp=4, dp=2 × tp=2 and tp=4, steps
 interleaved in one run: step time (forward, backward, dp gradient all-reduce, AdamW), bytes
-sent per rank per step (ledger), parameters held and saved-activation bytes per rank.
+sent per rank per step (ledger), parameters held and saved-activation bytes per rank. Peak RSS
+per rank (VmHWM, zero_from_scratch.sides.peak_rss_bytes) needs each layout in processes of its
+own, since VmHWM is per process and never falls: after the timed run, each layout runs
+--rss-steps steps in 4 fresh ranks; printed whole (libraries included) and above the peak
+reached once torch and transformers are imported (model, gradients, AdamW states, activations).
 Timings come from a shared 2-core machine: compare ratios within one run, not absolutes.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import statistics
@@ -70,47 +75,72 @@ def _vs_torch(rank, n, h, tokens, blocks, iters):
     return diff, {k: statistics.median(v) for k, v in times.items()}
 
 
-def _configs(rank, n, dim, layers, b, s, iters):
+LAYOUTS = {"dp=4": (4, 1), "dp=2 × tp=2": (2, 2), "tp=4": (1, 4)}
+
+
+def _build(dp, tpn, dim, layers, b, s):
+    """(model, optimizer, mesh, this replica's ids and labels) for one dp × tp layout."""
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
     import tensor_parallel as tp
     from primitives.mesh import Mesh
-    from tensor_parallel.memory import SavedBytes
-    from tensor_parallel.train import _sync_dp
     cfg = DistilBertConfig(vocab_size=30522, dim=dim, n_heads=dim // 32, hidden_dim=4 * dim, n_layers=layers,
                            dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=2)
     cfg._attn_implementation = "eager"
-    runs = {}
-    for name, (dp, tpn) in {"dp=4": (4, 1), "dp=2 × tp=2": (2, 2), "tp=4": (1, 4)}.items():
-        mesh = Mesh.build(dp=dp, tp=tpn)
-        torch.manual_seed(0)
-        model = DistilBertForSequenceClassification(cfg)
-        if tpn > 1:
-            tp.parallelize(model, mesh.tp_group)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        d = mesh.coords[1]
-        g = torch.Generator().manual_seed(0)
-        ids, lab = torch.randint(1, 30522, (b, s), generator=g), torch.randint(0, 2, (b,), generator=g)
-        part = slice(d * b // dp, (d + 1) * b // dp)                   # this replica's share of the batch
-        runs[name] = (model, opt, mesh, ids[part], lab[part], dp)
+    mesh = Mesh.build(dp=dp, tp=tpn)
+    torch.manual_seed(0)
+    model = DistilBertForSequenceClassification(cfg)
+    if tpn > 1:
+        tp.parallelize(model, mesh.tp_group)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    d = mesh.coords[1]
+    g = torch.Generator().manual_seed(0)
+    ids, lab = torch.randint(1, 30522, (b, s), generator=g), torch.randint(0, 2, (b,), generator=g)
+    part = slice(d * b // dp, (d + 1) * b // dp)                   # this replica's share of the batch
+    return model, opt, mesh, ids[part], lab[part]
+
+
+def _step(model, opt, mesh, ids, lab, dp, saved=None):
+    from tensor_parallel.train import _sync_dp
+    with LEDGER.track() as c:
+        with saved if saved is not None else contextlib.nullcontext():
+            loss = model(input_ids=ids, labels=lab).loss
+        loss.backward()
+        if dp > 1:
+            _sync_dp(model, mesh.dp_group)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return c.bytes_sent
+
+
+def _configs(rank, n, dim, layers, b, s, iters):
+    from tensor_parallel.memory import SavedBytes
+    runs = {name: (*_build(dp, tpn, dim, layers, b, s), dp) for name, (dp, tpn) in LAYOUTS.items()}
     times, sent, acts = {k: [] for k in runs}, {}, {}
     for i in range(iters + 1):
         for name, (model, opt, mesh, ids, lab, dp) in runs.items():
             torch.distributed.barrier()
             t0 = time.perf_counter()
-            with LEDGER.track() as c:
-                with SavedBytes(model) as saved:
-                    loss = model(input_ids=ids, labels=lab).loss
-                loss.backward()
-                if dp > 1:
-                    _sync_dp(model, mesh.dp_group)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            saved = SavedBytes(model)
+            sent[name] = _step(model, opt, mesh, ids, lab, dp, saved)
             if i:
                 times[name].append(time.perf_counter() - t0)
-            sent[name], acts[name] = c.bytes_sent, saved.bytes
+            acts[name] = saved.bytes
     return {k: (statistics.median(times[k]), sent[k], sum(p.numel() for p in runs[k][0].parameters()), acts[k])
             for k in runs}
+
+
+def _peak_rss(rank, n, name, dim, layers, b, s, steps):
+    """VmHWM of this rank after `steps` training steps of one layout, alone in its process."""
+    import transformers  # noqa: F401  (imported before the baseline, like every rank's libraries)
+
+    from zero_from_scratch.sides import peak_rss_bytes
+    dp, tpn = LAYOUTS[name]
+    before = peak_rss_bytes()
+    model, opt, mesh, ids, lab = _build(dp, tpn, dim, layers, b, s)
+    for _ in range(steps):
+        _step(model, opt, mesh, ids, lab, dp)
+    return peak_rss_bytes(), before
 
 
 def main(argv=None):
@@ -120,6 +150,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--rss-steps", type=int, default=3, help="steps per layout in the peak-RSS processes")
     a = ap.parse_args(argv)
     iters = a.iters or (3 if a.quick else 10)
     h, tokens, blocks = (256, 256, 2) if a.quick else (512, 1024, 2)
@@ -133,14 +164,17 @@ def main(argv=None):
     console.print(t)
     dim, layers, b, s = (128, 2, 8, 32) if a.quick else (256, 4, 16, 64)
     res = spawn(_configs, 4, args=(dim, layers, b, s, iters), timeout=1800)
+    rss = {k: spawn(_peak_rss, 4, args=(k, dim, layers, b, s, a.rss_steps), timeout=900) for k in LAYOUTS}
     t = Table(title=f"DistilBERT shape dim={dim}, {layers} layers, batch {b} × {s} tokens in total, 4 ranks: "
-                    f"step time rank 0 (median of {iters}, interleaved), per-rank bytes and memory")
+                    f"step time rank 0 (median of {iters}, interleaved), per-rank bytes and memory; peak RSS = "
+                    f"VmHWM per rank, each layout in fresh processes ({a.rss_steps} steps)")
     for c in ("layout", "ms / step", "vs dp=4", "bytes sent / step (rank 0)", "params held (rank 0)",
-              "saved activations MiB (rank 0)"):
+              "saved activations MiB (rank 0)", "peak RSS MiB (ranks 0-3)", "above imports MiB (ranks 0-3)"):
         t.add_column(c, justify="right")
     base = res[0]["dp=4"][0]
     for k, (sec, nbytes, params, act) in res[0].items():
-        t.add_row(k, f"{sec * 1e3:.0f}", f"{sec / base:.2f}×", f"{nbytes:,}", f"{params:,}", f"{act / 2**20:.1f}")
+        t.add_row(k, f"{sec * 1e3:.0f}", f"{sec / base:.2f}×", f"{nbytes:,}", f"{params:,}", f"{act / 2**20:.1f}",
+                  " ".join(f"{r / 2**20:.0f}" for r, _ in rss[k]), " ".join(f"{(r - b0) / 2**20:.0f}" for r, b0 in rss[k]))
     console.print(t)
     console.print(f"machine: {os.cpu_count()} cores (shared), torch {torch.__version__}, gloo; ours = ringzero "
                   "collectives (auto algorithm), torch TP = DTensor functional collectives on gloo.")

@@ -9,6 +9,7 @@
     ulysses.py         Ulysses attention: heads ↔ sequence with all-to-all
     formulas.py        bytes per layer (via primitives.cost), parameters per rank, Megatron's activations
     memory.py          activation / parameter bytes measured vs formulas.py
+    accuracy.py        the pretrained classifier's test-split predictions, sharded vs one process
     parity.py          sharded vs one process (logits, loss, grads, params after AdamW), as a table
     (figures/ch10_tensor_parallel.py: the mesh picture and who holds which slice, matplotlib)
     pipeline.py        DistilBERT as pipeline stages with tensor-parallel blocks (for pipeline_parallel)

@@ -7,8 +7,11 @@ and Megatron's activation memory per layer.
 Communication per transformer layer, forward + backward, activations of b·s·h elements
 (Megatron-LM §3; Megatron-SP, Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2):
     plain TP   4 all-reduces of b·s·h          (g twice forward, f twice backward)
-    SP         4 all-gathers + 4 reduce-scatters of b·s·h/N per rank — with ring algorithms
-               exactly the bytes of the 4 all-reduces, since all-reduce = reduce-scatter + all-gather
+    SP         6 all-gathers + 4 reduce-scatters of b·s·h/N per rank: the 4 + 4 that replace the
+               all-reduces (with ring algorithms exactly their bytes, since all-reduce =
+               reduce-scatter + all-gather) and 2 more in backward, re-gathering the inputs of
+               Q/K/V and lin1, which keep only their sequence shard for the weight gradient
+               (Megatron-SP's layout; 1.25× plain TP's bytes)
 plus, for the whole DistilBERT model: one all-reduce of b·s·h after the vocab-parallel
 embedding; with SP also one all-gather entering (backward) and leaving (forward) the
 sequence-parallel region and one all-reduce per SP parameter gradient (6 vectors of h per layer).
@@ -34,7 +37,7 @@ def layer_traffic(b: int, s: int, h: int, tp: int, rank: int, sequence_parallel:
     block = b * s * h // tp                # each rank's slice of the sequence
     ag = traffic("all_gather_single", algorithm, tp, rank, block, elem)[1]
     rs = traffic("reduce_scatter_single", algorithm, tp, rank, block, elem)[1]
-    return {"all_gather_single": 4, "reduce_scatter_single": 4}, 4 * (ag + rs)
+    return {"all_gather_single": 6, "reduce_scatter_single": 4}, 6 * ag + 4 * rs
 
 
 def distilbert_traffic(cfg, b: int, s: int, tp: int, rank: int, sequence_parallel: bool,

@@ -15,7 +15,9 @@ not divide by N; `unit` keeps attention heads whole. Each sharded parameter carr
 `tp_shard = (dim, start, end, full_size)`; gather_state_dict and the tests read it.
 
 Cost per forward, x of b·s·h elements: column-parallel none (f) or one all-gather (SP);
-row-parallel one all-reduce (g) or one reduce-scatter (SP); the backward swaps them.
+row-parallel one all-reduce (g) or one reduce-scatter (SP); the backward swaps them, and with
+SP a column-parallel layer all-gathers its input once more for its weight gradient (it saved
+only the sequence shard: comm.SeqParallelLinear).
 Parameter bytes per rank: 1/N of the weight (+ the full bias for row-parallel).
 """
 from __future__ import annotations
@@ -78,8 +80,9 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if self.input_comm:
-            x = C.gather_seq(x, self.seq_dim, self.group) if self.sequence_parallel else C.copy_to_tp(x, self.group)
-        y = F.linear(x, self.weight, self.bias)
+            x = (C.gather_seq(x, self.seq_dim, self.group, regather=True) if self.sequence_parallel
+                 else C.copy_to_tp(x, self.group))
+        y = C.linear_maybe_regather(x, self.weight, self.bias)   # saves only the shard after ḡ
         return gather_last_dim(y, self.out_features, self.group, self.unit) if self.gather_output else y
 
     def extra_repr(self):

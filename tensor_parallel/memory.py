@@ -8,9 +8,14 @@ layer stack (h = 384, a = 12 heads, FFN 1536) in bf16 with dropout 0.1 and eager
 Megatron's assumptions hold: 2-byte activations, 1-byte dropout masks, softmax stored.
 Formula (Korthikanti et al. 2022, eq. 2-5), per layer: s·b·h·(34 + 5as/h) for one rank,
 s·b·h·(10 + 24/t + 5as/(ht)) with TP, s·b·h·(34 + 5as/h)/t with TP + SP.
-DistilBERT's block has no dropout after the attention projection (Megatron's GPT block
-does): 1·sbh less than the formula, replicated. Our SP saves the all-gathered input of the
-QKV and FFN-in linears (2·2sbh·(1-1/t)); Megatron re-gathers it in backward instead.
+Measured / formula is the same 1.03-1.05 in every row, tp = 1 included: a constant of the
+HF DistilBERT block (e.g. it has no dropout after the attention projection, Megatron's GPT
+block does), not of the parallelism. With SP the inputs of Q/K/V and lin1 are saved as the
+sequence shard (2·2sbh/t) and all-gathered again in backward (comm.SeqParallelLinear, as
+Megatron-SP does), so SP lands on the formula's 1/t. Before that change SP measured 1.32×
+(t = 2) and 1.68× (t = 4) the formula: the gathered input is a sequence-major view of the
+gather buffer, so Q, K, V and lin1 each saved their own contiguous copy of it, 4·2sbh bytes
+per layer instead of 2·2sbh/t, which accounts for the whole gap at both t.
 Parameters: bytes held vs tensor_parallel.formulas.distilbert_params.
 """
 from __future__ import annotations

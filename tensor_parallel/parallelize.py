@@ -17,8 +17,10 @@ Knows two kinds of model (anything else is a TPError naming its class):
 
 Per transformer layer and step (b·s·h activations): plain TP runs 4 all-reduces (2 forward g,
 2 backward f); with sequence_parallel=True (Megatron-SP) each becomes a reduce-scatter or
-all-gather pair: 4 all-gathers + 4 reduce-scatters of b·s·h/N per rank, the same bytes, while
-LayerNorm, residual and dropout hold only s/N of the sequence. SP params (LayerNorms, row
+all-gather, plus one all-gather per column-parallel input in backward (Q/K/V share one, lin1
+one), since those layers save only the sequence shard: 6 all-gathers + 4 reduce-scatters of
+b·s·h/N per rank (1.25× the bytes), while LayerNorm, residual, dropout and the saved inputs
+of Q/K/V and lin1 hold only s/N of the sequence. SP params (LayerNorms, row
 biases) see a sequence slice, so their gradients are all-reduced over the group by a hook.
 Forward and backward must run on every rank of the group in the same order (or they hang
 until the communicator's timeout names the missing peer).
@@ -114,7 +116,8 @@ def _replace_first(args, kwargs, fn):
 
 def _enter_hook(group, sp):
     def hook(module, args, kwargs):
-        return _replace_first(args, kwargs, lambda x: C.gather_seq(x, 1, group) if sp else C.copy_to_tp(x, group))
+        return _replace_first(args, kwargs, lambda x: C.gather_seq(x, 1, group, regather=True) if sp
+                              else C.copy_to_tp(x, group))
     return hook
 
 
