@@ -1,6 +1,7 @@
-"""Tensor parallelism inside classification/train.py's loop: --tp N with --engine zero | ddp.
+"""Tensor parallelism inside classification/train.py's loop: --tp N with --engine zero | ddp | deepspeed.
 
     torchrun --standalone --nproc_per_node 2 classification/train.py --tp 2 --engine zero
+    deepspeed --num_gpus 2 classification/train.py --tp 2                                 # real DeepSpeed
     torchrun --standalone --nproc_per_node 4 classification/train.py --tp 2 --engine ddp    # dp 2 × tp 2
 
 The world becomes a primitives.mesh dp × tp mesh (tp ranks adjacent). tensor_parallel.parallelize
@@ -24,15 +25,7 @@ def refusals(a) -> list[str]:
         out.append(f"--tp must be >= 1, got {a.tp}")
     if a.tp > 1 and getattr(a, "lora", 0):
         out.append("--lora (peft wraps the modules tensor_parallel.parallelize must shard; train LoRA with --tp 1)")
-    if a.tp > 1 and a.engine == "deepspeed":
-        out.append("--engine deepspeed (" + DEEPSPEED_WHY + "); use --engine zero (the same JSON) or ddp")
     return out
-
-
-DEEPSPEED_WHY = ("DeepSpeed 0.19.8 accepts the same mpu on CPU/gloo and trains, but does not match one process: "
-                 "after 3 ZeRO-2 steps of a tiny DistilBERT at tp 2 its gradient norm is off by 3 % on one tp rank "
-                 "and 90 % on the other, so the ranks clip differently and the weights drift (2e-2); "
-                 "tests/test_zero_tp.py::test_deepspeed_with_mpu_differs shows it")
 
 
 class TP:

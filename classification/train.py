@@ -13,7 +13,7 @@ validation split, keep the best checkpoint by validation accuracy; at the end th
 evaluated once on the test split, which nothing trained or selected on, and `test_accuracy` goes to
 OUTPUT_DIR/metrics.jsonl. Cost per step and rank: a forward+backward on micro-batch x tokens, plus
 the engine's gradient traffic, 2(N-1)/N x 4 bytes x 22.7 M parameters (~91 MB at N = 2).
---tp T (engines zero and ddp; classification/tp.py): the model is sharded over groups of T ranks
+--tp T (every engine; classification/tp.py): the model is sharded over groups of T ranks
 (tensor_parallel.parallelize) and the engine works over the N/T data-parallel replicas: the same
 loop, LR schedule, checkpoints and test split; the gradient traffic is then over N/T ranks on
 ~22.7 M/T parameters per rank, plus 4 all-reduces of batch x tokens x 384 x 4 bytes per layer
@@ -56,7 +56,7 @@ def parse_args(argv=None):
     ap.add_argument("--fp16", action="store_true", help="resolve fp16 \"auto\" to on (needs a GPU)")
     ap.add_argument("--allow-oversubscribe", action="store_true", help="allow more ranks than CPU cores")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica (dp = ranks / tp; "
-                    "--engine zero or ddp: the engine works over the dp group; classification/tp.py)")
+                    "the engine works over the dp group; classification/tp.py)")
     # issue 13 recipes: LoRA adapters (recipes/lora.py) and TensorBoard
     ap.add_argument("--lora", type=int, default=0, metavar="R", help="train LoRA adapters of rank R (peft) on the "
                     "attention and FFN linears, everything else frozen but the head (0 = full fine-tuning)")

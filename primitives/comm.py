@@ -358,6 +358,8 @@ def get_comm(group=None) -> Communicator:
         return group
     if not dist.is_initialized():
         raise NotInitializedError(NOT_INIT_MSG)
+    if group is dist.group.WORLD:            # the same group as None: one communicator for both
+        group = None
     key = id(group) if group is not None else None
     c = _COMMS.get(key)
     if c is None or c.group is not group:

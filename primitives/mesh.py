@@ -143,13 +143,17 @@ class Mesh:
 
 
 class MeshMPU:
-    """get_{data,model}_parallel_{group,rank,world_size}: the dp and tp axes of a Mesh."""
+    """get_{data,model}_parallel_{group,rank,world_size}: the dp and tp axes of a Mesh.
+
+    Groups are always explicit: an axis spanning the world is dist.group.WORLD, never None,
+    because DeepSpeed reads an mpu's None as "no such parallelism" (deepspeed.comm.pg_utils.
+    is_parallel) and would then skip the tp all-reduce of the gradient norm at dp = 1."""
 
     def __init__(self, mesh: Mesh):
         self.mesh = mesh
 
     def get_data_parallel_group(self):
-        return self.mesh.dp_group
+        return _explicit(self.mesh.dp_group)
 
     def get_data_parallel_rank(self) -> int:
         return self.mesh.index("dp")
@@ -158,10 +162,15 @@ class MeshMPU:
         return self.mesh.layout.dp
 
     def get_model_parallel_group(self):
-        return self.mesh.tp_group
+        return _explicit(self.mesh.tp_group)
 
     def get_model_parallel_rank(self) -> int:
         return self.mesh.index("tp")
 
     def get_model_parallel_world_size(self) -> int:
         return self.mesh.layout.tp
+
+
+def _explicit(group):
+    """torch's None (= the world) as the world group object itself."""
+    return dist.group.WORLD if group is None else group

@@ -12,7 +12,8 @@ existing unsharded module so pretrained weights load unchanged.
 
 Splits follow torch.tensor_split (the first `size % N` ranks get one more unit), so sizes need
 not divide by N; `unit` keeps attention heads whole. Each sharded parameter carries
-`tp_shard = (dim, start, end, full_size)`; gather_state_dict and the tests read it.
+`tp_shard = (dim, start, end, full_size)`; gather_state_dict and the tests read it. It also
+carries Megatron's `tensor_model_parallel = True`, the one marker DeepSpeed's gradient norm reads.
 
 Cost per forward, x of b·s·h elements: column-parallel none (f) or one all-gather (SP);
 row-parallel one all-reduce (g) or one reduce-scatter (SP); the backward swaps them, and with
@@ -54,6 +55,7 @@ def _comm(group, what: str):
 def _shard(param: torch.Tensor, dim: int, lo: int, hi: int, unit: int = 1) -> nn.Parameter:
     p = nn.Parameter(param.detach().narrow(dim, lo, hi - lo).clone(), requires_grad=param.requires_grad)
     p.tp_shard, p.tp_unit = (dim, lo, hi, param.shape[dim]), unit
+    p.tensor_model_parallel = True   # Megatron's marker: DeepSpeed counts this in the norm on every tp rank
     return p
 
 
