@@ -16,7 +16,7 @@ from primitives.launch import spawn as _spawn
 
 import zero_from_scratch
 from zero_from_scratch.config import ZERO_KEYS, load_config
-from zero_from_scratch.engine import param_device
+from zero_from_scratch.params import param_device
 
 STEPS, GAS = 3, 2
 

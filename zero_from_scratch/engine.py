@@ -11,8 +11,10 @@ What one optimizer step does (stage-specific parts live in stage1/2/3.py):
   backward   loss ÷ gradient_accumulation_steps × loss_scale, autograd, gradient hooks fill the
              stage's gradient storage; at the boundary (stage 1) or every micro-batch (2, 3) the
              gradients are reduce-scattered: each rank ends with the SUM of its shard.
-  step       norm² of the local shard (fp32), one 8-byte all-reduce → the global norm (padding is
-             zero, so uneven shards are exact; eps is added once, after the sum); overflow → skip;
+  step       norm² of the local shard (fp64), one 8-byte all-reduce → the global norm (padding is
+             zero, so uneven shards are exact; eps is added once, after the sum; +8 bytes when a
+             monitor is on: the mean loss rides along; with an mpu, one more 8-byte all-reduce
+             over the model-parallel group, replicated parameters counted once); overflow → skip;
              grads × clip_coef / (N · loss_scale); Adam on the owned shard; stages 1-2 all-gather
              the updated shards.
 overlap_comm (config.ZERO_KEYS lists what every zero_optimization key does here): the gradient
@@ -45,6 +47,7 @@ from zero_from_scratch.monitor import Monitors
 from zero_from_scratch.mpu import check as mpu_check
 from zero_from_scratch.mpu import counted_ranges
 from zero_from_scratch.optim import ShardedAdam, build_scheduler
+from zero_from_scratch.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
 from zero_from_scratch.stage1 import Stage0, Stage1
@@ -52,82 +55,6 @@ from zero_from_scratch.stage2 import Stage2
 from zero_from_scratch.stage3 import Stage3
 
 _STAGES = {0: Stage0, 1: Stage1, 2: Stage2, 3: Stage3}
-_HYPER = ("lr", "betas", "eps", "weight_decay")
-
-
-def _param_groups(module: nn.Module, model_parameters, opt_cfg) -> tuple[list[list[str]], list[dict]]:
-    """Names of the parameters of each group, and each group's hyper-parameters."""
-    name_of = {}
-    for n, p in module.named_parameters():
-        name_of.setdefault(id(p), n)
-    base = {"lr": opt_cfg.lr, "betas": opt_cfg.betas, "eps": opt_cfg.eps, "weight_decay": opt_cfg.weight_decay}
-    if model_parameters is None:
-        model_parameters = [p for p in module.parameters() if p.requires_grad]
-    items = list(model_parameters)
-    if items and not isinstance(items[0], dict):
-        items = [{"params": items}]
-    names, hypers, seen = [], [], set()
-    for gi, g in enumerate(items):
-        if not isinstance(g, dict) or "params" not in g:
-            raise TypeError(f"model_parameters group {gi} must be a dict with 'params' (like torch optimizers)")
-        extra = set(g) - {"params", *_HYPER}
-        if extra:
-            raise ValueError(f"model_parameters group {gi} has unsupported keys {sorted(extra)}; allowed: {list(_HYPER)}")
-        ns = []
-        for p in g["params"]:
-            if id(p) not in name_of:
-                raise ValueError(f"model_parameters group {gi} holds a tensor of shape {tuple(p.shape)} that is not a "
-                                 "parameter of `model`")
-            if id(p) in seen:
-                raise ValueError(f"parameter {name_of[id(p)]!r} appears in more than one param group")
-            seen.add(id(p))
-            if p.requires_grad:
-                ns.append(name_of[id(p)])
-        names.append(ns)
-        hypers.append({**base, **{k: (tuple(v) if k == "betas" else v) for k, v in g.items() if k != "params"}})
-    missing = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in seen]
-    if missing:
-        raise ValueError(f"trainable parameters missing from model_parameters: {missing[:5]}{'…' if len(missing) > 5 else ''}; "
-                         "pass them or set requires_grad=False")
-    return names, hypers
-
-
-def _module_units(module: nn.Module, names: list[list[str]]) -> list:
-    """Stage 3 units: one per (module, param group), in module registration order."""
-    group_of = {n: g for g, ns in enumerate(names) for n in ns}
-    by_id = {}
-    for n, p in module.named_parameters():
-        by_id.setdefault(id(p), n)
-    units, taken = [], set()
-    for mname, m in module.named_modules():
-        per_group: dict[int, list] = {}
-        for p in m.parameters(recurse=False):
-            n = by_id[id(p)]
-            if n in group_of and n not in taken:
-                taken.add(n)
-                per_group.setdefault(group_of[n], []).append((n, tuple(p.shape)))
-        for g in sorted(per_group):
-            units.append((g, mname or "<root>", per_group[g]))
-    return units
-
-
-def param_device(module: nn.Module) -> torch.device:
-    """The one device every parameter is on; a ValueError naming the parameters otherwise. Every
-    flat buffer, shard and gradient the engine makes lives there (a CPU buffer would silently move
-    a CUDA model: `p.data = view` re-homes the parameter)."""
-    by_dev: dict = {}
-    for n, p in module.named_parameters():
-        by_dev.setdefault(p.device, []).append(n)
-    if len(by_dev) > 1:
-        listed = "; ".join(f"{d}: {ns[:4]}{' …' if len(ns) > 4 else ''} ({len(ns)})" for d, ns in by_dev.items())
-        rank = f"rank {torch.distributed.get_rank()}: " if torch.distributed.is_initialized() else ""
-        raise ValueError(f"{rank}initialize(model=...) has parameters on {len(by_dev)} devices ({listed}); ZeRO "
-                         "shards one flat buffer per group, so every parameter must be on one device: "
-                         "call model.to(device) first")
-    if by_dev and next(iter(by_dev)).type == "meta":
-        raise ValueError("initialize(model=...) has parameters on the 'meta' device (no data to shard); "
-                         "materialise the model first (model.to_empty(device=...) and load weights)")
-    return next(iter(by_dev), torch.device("cpu"))
 
 
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
@@ -141,26 +68,6 @@ def sum_of_squares(t: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
     for c in t.reshape(-1).split(chunk):
         acc += torch.linalg.vector_norm(c, dtype=torch.float64).square()
     return acc
-
-
-def broadcast_module_state(comm, module: nn.Module) -> None:
-    """Every parameter (frozen ones included) and buffer ← rank 0's, as deepspeed.initialize and
-    torch DDP do, so ranks that built the model with different seeds still train one model.
-    One broadcast per dtype of the flattened tensors: Ψ·bytes from rank 0 (ring/tree forwarding)."""
-    if comm.size == 1:
-        return
-    by_dtype: dict = {}
-    for t in [*module.parameters(), *module.buffers()]:
-        by_dtype.setdefault(t.dtype, []).append(t)
-    with torch.no_grad():
-        for dtype, ts in by_dtype.items():
-            flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            comm.broadcast(flat, 0, "init broadcast")
-            off = 0
-            for t in ts:
-                t.copy_(flat[off:off + t.numel()].view_as(t))
-                off += t.numel()
-    comm.usage.pop("init broadcast", None)   # once per run: not a per-step cost in comm_report
 
 
 class ZeroEngine(nn.Module):
@@ -198,7 +105,7 @@ class ZeroEngine(nn.Module):
         self.mixed = self.dtype != torch.float32
         self.module = model.to(self.dtype) if self.mixed else model
         self.stage_id = self.config.zero.stage
-        names, hypers = _param_groups(model, model_parameters, self.config.optimizer)
+        names, hypers = param_groups(model, model_parameters, self.config.optimizer)
         self.group_names = names
         self.params_by_name = dict((n, p) for n, p in model.named_parameters() if any(n in g for g in names))
         for n, p in self.params_by_name.items():
@@ -206,7 +113,7 @@ class ZeroEngine(nn.Module):
                 raise TypeError(f"parameter {n!r} has dtype {p.dtype}; ZeRO shards floating-point parameters only")
         broadcast_module_state(self.comm, model)
         if self.stage_id == 3:
-            units = _module_units(model, names)
+            units = module_units(model, names)
         else:
             shapes = [[(n, tuple(self.params_by_name[n].shape)) for n in g] for g in names]
             units = bucket_units(shapes, self.config.zero.reduce_bucket_size)

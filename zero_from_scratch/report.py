@@ -17,7 +17,7 @@ import torch.nn as nn
 from rich.table import Table
 
 from primitives.log import console
-from zero_from_scratch.engine import _module_units
+from zero_from_scratch.params import module_units
 from zero_from_scratch.ledger import (comm_bytes_per_step, deepspeed_estimate, model_state_bytes, paper_comm)
 from zero_from_scratch.sharding import bucket_units, shard_layout
 
@@ -39,7 +39,7 @@ def layouts(model: nn.Module, n: int, bucket: int = 500_000_000) -> dict:
     names = [[k for k, p in model.named_parameters() if p.requires_grad]]
     shapes = [[(k, tuple(dict(model.named_parameters())[k].shape)) for k in names[0]]]
     out = {s: shard_layout(bucket_units(shapes, bucket), 1 if s == 0 else n) for s in (0, 1, 2)}
-    out[3] = shard_layout(_module_units(model, names), n)
+    out[3] = shard_layout(module_units(model, names), n)
     return out
 
 
