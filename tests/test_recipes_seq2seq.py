@@ -3,7 +3,7 @@
     python -m pytest -q tests/test_recipes_seq2seq.py        (+ -m slow: a short run under torchrun)
 
 The grammar: deterministic, held-out questions never in training, every word in the vocabulary
-(no <unk>), encode/decode round trip. The slow test trains 30 steps of ZeRO-3 + nvme offload under
+(no <unk>), encode/decode round trip. The slow test trains 100 steps of ZeRO-3 + nvme offload under
 torchrun and checks the run's record; the other slow test runs the default recipe (ZeRO-1, 1200
 steps, ~4-9 min on 2 cores) and holds it to the issue's bar: held-out exact match >= 0.9.
 """
@@ -32,12 +32,13 @@ def test_zero3_nvme_offload_recipe_runs_under_torchrun(tmp_path):
     from conftest import run_cmd
     from primitives.launch import free_port
     run_cmd(f"torchrun --nproc_per_node 2 --master_port {free_port()} seq2seq/train.py --engine zero "
-            f"--config seq2seq/ds_config_zero3_offload.json --steps 30 --train-size 2000 --test-size 20 "
+            f"--config seq2seq/ds_config_zero3_offload.json --steps 100 --train-size 2000 --test-size 20 "
             f"--output-dir {tmp_path}", timeout=600)
     rec = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     final = rec[-1]
     assert final["stage"] == 3 and final["offload"] == "nvme" and len(final["peak_rss_per_rank"]) == 2
-    assert rec[0]["loss"] > final["final_loss"]
+    # mean loss of steps 1-50 vs 51-100: 4.27 → 1.12 in a run here; 0.5 is far above run-to-run noise
+    assert rec[0]["step"] == 50 and rec[0]["loss"] > final["final_loss"] + 0.5
     assert sorted((tmp_path / "nvme" / "zero_rank000").iterdir())
 
 
