@@ -35,6 +35,7 @@ from pipeline_parallel.module import PipelineModule
 from pipeline_parallel.schedules import programs
 from primitives import LEDGER, all_gather, all_reduce, get_comm
 from primitives.mesh import Mesh, MeshError
+from zero_from_scratch.mpu import counts_on
 from zero_from_scratch.optim import build_scheduler
 
 
@@ -190,13 +191,13 @@ class PipelineEngine:
     def step(self):
         # each parameter once: dp replicas hold equal gradients (only replica 0 counts), tied copies
         # after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a
-        # sharded parameter (tensor_parallel's `tp_shard`) counts on every tp rank (its slices add
-        # up to the whole), a replicated one (LayerNorm, row-parallel bias) on tp rank 0 only.
+        # sharded parameter counts on every tp rank, a replicated one (LayerNorm, row-parallel
+        # bias) on tp rank 0 only (zero_from_scratch.mpu.counts_on: the one home of that rule).
         # The status all-reduce then sums norm² over pp (and tp): the global norm of one process.
         ok = self.dp_rank == 0 and not self.failed_locally()
         norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in self.params
                       if p.grad is not None and not self.tied.is_replica(p)
-                      and (self.tp_rank == 0 or hasattr(p, "tp_shard"))) if ok else 0.0
+                      and counts_on(p, self.tp_rank)) if ok else 0.0
         self.step_status(norm_sq)
         clip = self.cfg.run.gradient_clipping
         if clip > 0:

@@ -49,6 +49,13 @@ def is_model_parallel(p: torch.Tensor) -> bool:
             or bool(getattr(p, "tensor_model_parallel", False)))
 
 
+def counts_on(p: torch.Tensor, mp_rank: int) -> bool:
+    """Does p's gradient enter the global norm on this model-parallel rank? Sharded parameters
+    on every rank (their slices add up to the whole), replicated ones on mp rank 0 only, so one
+    Σ over the mp group counts each element once (DeepSpeed's rule)."""
+    return mp_rank == 0 or is_model_parallel(p)
+
+
 def mp_prefix(mp_rank: int, mp_size: int) -> str:
     """What a per-rank file name starts with, so model-parallel ranks never share one (DeepSpeed's
     mp_rank_XX); empty without model parallelism, so those names stay as they were."""
@@ -112,7 +119,7 @@ def counted_ranges(engine, mp_rank: int) -> list[list[tuple[int, int]]]:
         lo, hi = u.shard_range(engine.stage.owner())
         keep: list[tuple[int, int]] = []
         for s in u.slots:
-            if mp_rank != 0 and not is_model_parallel(engine.params_by_name[s.name]):
+            if not counts_on(engine.params_by_name[s.name], mp_rank):
                 continue
             a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
             if a < b:
@@ -132,7 +139,7 @@ def clip_grad_norm_(params, max_norm: float, mp_group, mp_rank: int) -> float:
     dev = next((p.grad.device for p in params if p.grad is not None), torch.device("cpu"))
     sq = torch.zeros(1, dtype=torch.float64, device=dev)
     for p in params:
-        if p.grad is not None and (mp_rank == 0 or is_model_parallel(p)):
+        if p.grad is not None and counts_on(p, mp_rank):
             sq += torch.linalg.vector_norm(p.grad, dtype=torch.float64).square()
     P.all_reduce(sq, group=mp_group)
     norm = sq.sqrt().item()
