@@ -15,7 +15,7 @@ device "cpu"   offload_cpu.py: fp32 master, m, v and the Adam step on the host (
                model); gradients copied down, parameters up: b·P/N bytes each way per step and
                rank. The same code runs for a CPU model (host → host copies).
 device "none"  no offload (DeepSpeed's meaning).
-pin_memory     device "cpu" with a GPU model: pinned host buffers (default true here; false: pageable).
+pin_memory     device "cpu" with a GPU model: pinned host buffers (default true, as in DeepSpeed 0.19.8; false: pageable).
 Other keys (buffer_count, fast_init, ratio; pin_memory with nvme) tune CUDA/AIO transfers: warned.
 Failures: an unwritable nvme_path fails at start-up on every rank; a failed read/write during a
 step (out of space, I/O error) fails the step on every rank (one 8-byte all-gather per step says
