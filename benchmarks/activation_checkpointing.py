@@ -19,8 +19,6 @@ import statistics
 import sys
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
@@ -68,8 +66,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from rich.table import Table
 
-    from primitives.launch import spawn
-    from primitives.log import console
+    from primitives.engine.launch import spawn
+    from primitives.engine.log import console
     shape = (64, 2, 4, 64) if a.quick else (384, 6, 16, 256)
     rows = {False: [], True: []}
     for _ in range(a.repeats):

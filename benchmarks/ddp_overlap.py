@@ -20,8 +20,6 @@ handshake is off by default (--handshake turns it on), since torch's all-reduce 
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import json
 import statistics
@@ -34,10 +32,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 import primitives as P
 from ddp_examples.bucketed import BucketedDataParallel
-from ddp_examples.common import Config, build_model
+from ddp_examples.engine.common import Config, build_model
 from ddp_examples.flat import FlatDataParallel
-from primitives.launch import init_from_env
-from primitives.log import print0
+from primitives.engine.launch import init_from_env
+from primitives.engine.log import print0
 
 
 def main(argv=None):

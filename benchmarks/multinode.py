@@ -11,7 +11,7 @@ For each rate: `multinode up` a fresh 2-node cluster, run this file under torchr
      and torch.distributed.all_reduce (gloo's built-in, which does not know the topology),
      interleaved call by call, a barrier before each, medians over --reps; busbw = S/t·2(N-1)/N,
   3. and the same for all-gather and reduce-scatter at the largest size.
-The model (primitives.cost.predict_2level with the fitted links) is printed next to each
+The model (primitives.engine.cost.predict_2level with the fitted links) is printed next to each
 measurement and dashed in the figure. Then benchmarks/ddp_overlap.py runs across the nodes
 at the slowest rate: chapter 3 (flat, one all-reduce after backward) vs chapter 4 (buckets
 all-reduced during backward), and ZeRO-3 vs ZeRO-3 + hpZ (zero_hpz_partition_size = ranks per
@@ -29,7 +29,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 ALGOS = ("ring", "hierarchical", "built-in")
 MIB = 1 << 20
 
@@ -61,7 +60,7 @@ def worker(args) -> None:
 
     import primitives as P
     from multinode.pingpong import fit
-    from primitives.launch import init_from_env
+    from primitives.engine.launch import init_from_env
     comm = init_from_env("gloo", timeout=300)
     n, r = comm.size, comm.rank
     res = {"world": n, "local": comm.intra_node().size, "nodes": comm.inter_node().size}
@@ -123,8 +122,8 @@ def zero_worker(args) -> None:
     import torch.nn as nn
 
     import zero_from_scratch
-    from primitives.launch import init_from_env
-    from primitives.ledger import LEDGER
+    from primitives.engine.launch import init_from_env
+    from primitives.engine.ledger import LEDGER
     comm = init_from_env("gloo", timeout=600)
     k = comm.intra_node().size
     engines = {}
@@ -162,7 +161,7 @@ def zero_worker(args) -> None:
 # ----------------------------------------------------------------------------- driver
 
 def _links(res):
-    from primitives.cost import Links, Params
+    from primitives.engine.cost import Links, Params
     g = res["gamma"]
     return Links(intra=Params(res["intra"]["alpha_s"], res["intra"]["beta_s_per_byte"], g),
                  inter=Params(res["inter"]["alpha_s"], res["inter"]["beta_s_per_byte"], g))
@@ -224,7 +223,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from primitives.cost import predict_2level
+    from primitives.engine.cost import predict_2level
     con = Console()
     rates = [float(x) for x in args.rates.split(",")]
     results = {}

@@ -24,8 +24,6 @@ import sys
 import tempfile
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
@@ -33,8 +31,8 @@ MIB = 2 ** 20
 
 
 def _run(rank, world, model, off, path, steps, sub):
-    from zero_from_scratch.models import tiny_distilbert
-    from zero_from_scratch.sides import peak_rss_bytes
+    from zero_from_scratch.engine.models import tiny_distilbert
+    from zero_from_scratch.parity.sides import peak_rss_bytes
     import zero_from_scratch
     torch.manual_seed(0)
     if model == "distilbert-base":
@@ -79,8 +77,8 @@ def main(argv=None):
         ap.error(f"--offloads {a.offloads!r}: a comma-separated subset of none,nvme,cpu that includes none")
     from rich.table import Table
 
-    from primitives.launch import spawn
-    from primitives.log import console
+    from primitives.engine.launch import spawn
+    from primitives.engine.log import console
     model, n = ("distilbert-tiny" if a.quick else "distilbert-base"), 2
     rows = {o: [] for o in offs}
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as d:

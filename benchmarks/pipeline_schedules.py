@@ -4,7 +4,7 @@
     python benchmarks/pipeline_schedules.py --pp 4 --micro-batches 16 --rounds 4
 
 All engines live in the same pp spawned processes (gloo, 1 thread each), built from the same
-GPT-style layer list (pipeline_parallel/model.py) and fed the same micro-batches; the timed steps
+GPT-style layer list (pipeline_parallel/engine/model.py) and fed the same micro-batches; the timed steps
 are interleaved round-robin (naive, gpipe, 1f1b, interleaved, deepspeed, naive, …) after one
 warm-up step each, with a barrier before every step, so machine noise hits every side alike.
 Reported: median and min–max step time, the ratio to DeepSpeed's median, and the peak bytes
@@ -15,8 +15,6 @@ is what makes the timing fair), so one process's RSS mixes them.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import statistics
 import time
@@ -53,8 +51,8 @@ class SavedBytes:
 
 def _worker(rank, world, a):
     import pipeline_parallel
-    from pipeline_parallel.model import gpt_layers, lm_loss
-    from pipeline_parallel.module import PipelineModule
+    from pipeline_parallel.engine.model import gpt_layers, lm_loss
+    from pipeline_parallel.engine.module import PipelineModule
     from pipeline_parallel.parity import deepspeed_engine
     layers = gpt_layers(vocab=256, dim=a.dim, n_layers=a.layers, heads=4, max_len=a.seq)
     base = {"train_micro_batch_size_per_gpu": a.micro_batch_size, "gradient_accumulation_steps": a.micro_batches,
@@ -90,9 +88,9 @@ def _worker(rank, world, a):
 def main(argv=None):
     from rich.table import Table
 
-    from pipeline_parallel.timeline import machine
-    from primitives.launch import spawn
-    from primitives.log import console
+    from pipeline_parallel.engine.timeline import machine
+    from primitives.engine.launch import spawn
+    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--micro-batches", type=int, default=8)

@@ -4,13 +4,13 @@
     python benchmarks/tensor_parallel.py --quick               # smaller, for a smoke run
 
 Part 1 (2 ranks): the same MLP blocks (Linear h→4h, GELU, Linear 4h→h) sharded column → row
-by tensor_parallel.parallelize and by torch's parallelize_module(ColwiseParallel,
+by tensor_parallel.engine.parallelize and by torch's parallelize_module(ColwiseParallel,
 RowwiseParallel) on init_device_mesh("cpu", (2,)); forward + backward on the same input,
 interleaved, median of --iters. Ours runs with the default argument handshake and with it off.
 Part 2 (4 ranks): one DistilBERT-shaped model as dp=4, dp=2 × tp=2 and tp=4, steps
 interleaved in one run: step time (forward, backward, dp gradient all-reduce, AdamW), bytes
 sent per rank per step (ledger), parameters held and saved-activation bytes per rank. Peak RSS
-per rank (VmHWM, zero_from_scratch.sides.peak_rss_bytes) needs each layout in processes of its
+per rank (VmHWM, zero_from_scratch.parity.sides.peak_rss_bytes) needs each layout in processes of its
 own, since VmHWM is per process and never falls: after the timed run, each layout runs
 --rss-steps steps in 4 fresh ranks; printed whole (libraries included) and above the peak
 reached once torch and transformers are imported (model, gradients, AdamW states, activations).
@@ -26,14 +26,13 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import primitives as P  # noqa: E402
-from primitives.launch import spawn  # noqa: E402
-from primitives.ledger import LEDGER  # noqa: E402
+from primitives.engine.launch import spawn  # noqa: E402
+from primitives.engine.ledger import LEDGER  # noqa: E402
 
 
 def _mlp(h, blocks):
@@ -101,7 +100,7 @@ def _build(dp, tpn, dim, layers, b, s):
 
 
 def _step(model, opt, mesh, ids, lab, dp, saved=None):
-    from tensor_parallel.train import _sync_dp
+    from classification.parallel.train import _sync_dp
     with LEDGER.track() as c:
         with saved if saved is not None else contextlib.nullcontext():
             loss = model(input_ids=ids, labels=lab).loss
@@ -114,7 +113,7 @@ def _step(model, opt, mesh, ids, lab, dp, saved=None):
 
 
 def _configs(rank, n, dim, layers, b, s, iters):
-    from tensor_parallel.memory import SavedBytes
+    from classification.parallel.memory import SavedBytes
     runs = {name: (*_build(dp, tpn, dim, layers, b, s), dp) for name, (dp, tpn) in LAYOUTS.items()}
     times, sent, acts = {k: [] for k in runs}, {}, {}
     for i in range(iters + 1):
@@ -134,7 +133,7 @@ def _peak_rss(rank, n, name, dim, layers, b, s, steps):
     """VmHWM of this rank after `steps` training steps of one layout, alone in its process."""
     import transformers  # noqa: F401  (imported before the baseline, like every rank's libraries)
 
-    from zero_from_scratch.sides import peak_rss_bytes
+    from zero_from_scratch.parity.sides import peak_rss_bytes
     dp, tpn = LAYOUTS[name]
     before = peak_rss_bytes()
     model, opt, mesh, ids, lab = _build(dp, tpn, dim, layers, b, s)
@@ -146,7 +145,7 @@ def _peak_rss(rank, n, name, dim, layers, b, s, steps):
 def main(argv=None):
     from rich.table import Table
 
-    from primitives.log import console
+    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iters", type=int, default=None)

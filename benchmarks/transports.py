@@ -9,14 +9,12 @@ ranks (rendezvous on a port rank 0 picks), so every contender runs on the same p
 size after size, in turn (`--reps` times, each the mean of `iters` calls; median and min–max
 shown). ringzero runs its default path: algorithm="auto" and the argument check (handshake)
 ON. busbw as nccl-tests: all-reduce S/t·2(N-1)/N, all-gather/reduce-scatter S/t·(N-1)/N, S the
-full buffer. The ceiling is one core copying 64 MiB (primitives.bench.memcpy_bw).
+full buffer. The ceiling is one core copying 64 MiB (primitives.engine.bench.memcpy_bw).
 --fit: one-way ping-pong between ranks 0 and 1 on each transport, t(S) = α + S·β (bench.py's fit).
 Buffers are zeros (repeated in-place all-reduce of random data would overflow).
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import os
 import statistics
@@ -27,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 import primitives as P
-from primitives.bench import memcpy_bw, parse_size, pingpong_fit, sizes_between
-from primitives.log import print0
+from primitives.engine.bench import memcpy_bw, parse_size, pingpong_fit, sizes_between
+from primitives.engine.log import print0
 
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n}
@@ -36,7 +34,7 @@ FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 
 
 def _worlds(timeout):
     from mpi4py import MPI
-    from primitives.launch import free_port
+    from primitives.engine.launch import free_port
     w = MPI.COMM_WORLD
     port = w.bcast(free_port() if w.rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=w.rank, world_size=w.size,

@@ -33,8 +33,6 @@ import statistics
 import sys
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
@@ -47,7 +45,7 @@ def build(model: str):
         cfg = DistilBertConfig(dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)  # Ψ = 66,955,010
         return DistilBertForSequenceClassification(cfg)
     if model == "tiny":
-        from zero_from_scratch.models import tiny_distilbert
+        from zero_from_scratch.engine.models import tiny_distilbert
         return tiny_distilbert(vocab=1000, hidden=64, max_positions=512)
     raise ValueError(f"model must be distilbert-base or tiny, got {model!r}")
 
@@ -85,7 +83,7 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
             opt.step()
             opt.zero_grad(set_to_none=True)
     else:
-        from zero_from_scratch.sides import make_engine
+        from zero_from_scratch.parity.sides import make_engine
         e = make_engine("deepspeed" if engine == "deepspeed" else "ours", m, m.parameters(),
                         ds_config(stage, dtype == "bf16", micro, bucket, overlap), "primitives")
 
@@ -100,7 +98,7 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
         times.append(time.perf_counter() - t0)
         if t_first is None:
             t_first = time.time() - t_launch
-    from zero_from_scratch.sides import peak_rss_bytes
+    from zero_from_scratch.parity.sides import peak_rss_bytes
     hidden = comm = None
     if engine == "ours":
         ov = e.comm_report(print_table=False)["overlap"]
@@ -110,7 +108,7 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
 
 
 def run_one(engine, stage, dtype, a, overlap=False):
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     t0 = time.time()
     res = spawn(bench_rank, a.world_size, timeout=a.timeout, comm_timeout=600.0, threads=a.threads,
                 args=(engine, stage, dtype, a.model, a.micro_batch, a.seq, a.steps, a.warmup, t0, a.threads,
@@ -191,7 +189,7 @@ def main(argv=None) -> int:
             ap.error(f"--{k.replace('_', '-')} must be ≥ 1, got {getattr(a, k)}")
     if a.warmup < 0:
         ap.error(f"--warmup must be ≥ 0, got {a.warmup}")
-    from primitives.log import console
+    from primitives.engine.log import console
     psi = sum(p.numel() for p in build(a.model).parameters())
     console.print(f"model {a.model}: Ψ = {psi:,} parameters; {a.world_size} ranks × {a.threads} thread(s); "
                   f"{os.cpu_count()} CPU cores visible")
@@ -214,7 +212,7 @@ def main(argv=None) -> int:
     summary = summarize(runs)
     console.print(table(summary, a))
     if a.json:
-        from zero_from_scratch.atomic import atomic_write
+        from zero_from_scratch.engine.atomic import atomic_write
         doc = {"args": vars(a), "psi": psi, "runs": runs,
                "summary": [{"engine": k[0], "stage": k[1], "dtype": k[2], "overlap": k[3], **v} for k, v in summary.items()]}
         atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))

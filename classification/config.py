@@ -4,7 +4,7 @@
     python classification/config.py --config my.json --world-size 4
 
 DeepSpeed itself does not resolve "auto" (Hugging Face's Trainer does, silently); here
-`resolve()` hands what the run knows (world size, steps, --lr) to zero_from_scratch.auto.resolve_auto
+`resolve()` hands what the run knows (world size, steps, --lr) to zero_from_scratch.engine.auto.resolve_auto
 (the one resolver, DeepSpeed's defaults otherwise, gradient_clipping 1.0 included), rejects any
 "auto" nothing can fill, warns about unknown keys for every engine, and returns rows for a table,
 so what trains is what is printed. The same resolved dict drives
@@ -19,8 +19,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from zero_from_scratch.auto import DEFAULTS, find_auto, resolve_auto  # noqa: F401  (find_auto: re-exported)
-from zero_from_scratch.config import suggest, unknown_keys
+from zero_from_scratch.engine.auto import DEFAULTS, find_auto, resolve_auto  # noqa: F401  (find_auto: re-exported)
+from zero_from_scratch.engine.config import suggest, unknown_keys
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_config_zero2.json")
 SCHEDULERS = ("WarmupDecayLR", "WarmupLR")
@@ -70,7 +70,7 @@ class RunFacts:
 
 def resolve(raw: dict, facts: RunFacts) -> dict:
     """A copy of `raw` with every "auto" replaced; facts.rows / facts.warnings filled. The
-    resolution itself is zero_from_scratch.auto.resolve_auto (one policy for both packages); this
+    resolution itself is zero_from_scratch.engine.auto.resolve_auto (one policy for both packages); this
     supplies what the run knows and the warnings about DeepSpeed's traps."""
     cfg = copy.deepcopy(raw)
     micro = cfg.get("train_micro_batch_size_per_gpu")

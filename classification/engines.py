@@ -36,7 +36,7 @@ def _disable_deepspeed_shm_build():
     behaviour."""
     if os.environ.get("RINGZERO_DS_SHM") == "1":
         return
-    from zero_from_scratch.sides import skip_shm_op_build
+    from zero_from_scratch.parity.sides import skip_shm_op_build
     skip_shm_op_build()
 
 
@@ -167,7 +167,7 @@ class _DDP:
         o = cfg["optimizer"]
         if o.get("type", "").lower() not in ("adam", "adamw"):
             raise EngineError(f"--engine ddp supports optimizer Adam/AdamW, not {o.get('type')!r}")
-        from zero_from_scratch.auto import weight_decay_default
+        from zero_from_scratch.engine.auto import weight_decay_default
         p = {k: v for k, v in o["params"].items() if k in ("lr", "betas", "eps", "weight_decay")}
         p.setdefault("weight_decay", weight_decay_default(o))  # DeepSpeed's default, not torch AdamW's own
         adamw = o["type"].lower() == "adamw" or o["params"].get("adam_w_mode", True)
@@ -175,7 +175,7 @@ class _DDP:
         base = p["lr"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_at(cfg, s) / base)
         self.gas = cfg.get("gradient_accumulation_steps", 1)
-        from zero_from_scratch.auto import DEFAULTS
+        from zero_from_scratch.engine.auto import DEFAULTS
         self.clip = cfg.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])  # absent: DeepSpeed clips at 1.0
         self.micro = 0
 
@@ -198,7 +198,7 @@ class _DDP:
         if self.micro % self.gas:
             return
         if self.clip and self.mp:  # tensor parallel: shards sum over tp, replicated params count once
-            from zero_from_scratch.mpu import clip_grad_norm_
+            from zero_from_scratch.engine.mpu import clip_grad_norm_
             self.last_norm = clip_grad_norm_(list(self.module.parameters()), self.clip, self.mp[0], self.mp[1])
         elif self.clip:  # gradients are averaged over ranks already, so this norm is the global one
             self.last_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip))
@@ -223,13 +223,13 @@ class _DDP:
         return contextlib.nullcontext()  # every rank holds every parameter
 
     def _file(self, path, tag):  # one file per tensor-parallel rank, like DeepSpeed's mp_rank_XX
-        from zero_from_scratch.mpu import mp_prefix
+        from zero_from_scratch.engine.mpu import mp_prefix
         return os.path.join(path, tag, f"{mp_prefix(self.mp[1], self.mp[2]) if self.mp else ''}ddp_state.pt")
 
     def save(self, path, tag, client_state):
         os.makedirs(os.path.join(path, tag), exist_ok=True)
         if self.dp_rank == 0:  # every rank of a dp group holds the same state in DDP
-            from zero_from_scratch.atomic import atomic_write
+            from zero_from_scratch.engine.atomic import atomic_write
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "micro": self.micro, "client": client_state}
             atomic_write(self._file(path, tag), lambda f: torch.save(state, f))

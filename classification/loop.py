@@ -27,7 +27,7 @@ from classification import config as C
 from classification import data as D
 from classification.engines import EngineError, build
 from classification.model import ModelError, load_model
-from primitives.log import console, print0
+from primitives.engine.log import console, print0
 
 META = "ringzero.json"
 
@@ -221,7 +221,7 @@ def run(a, raw, bundle, comm, threads, local):
         meta["lora"] = a.lora
     if tp:
         model = tp.shard(model)
-        info["init"] += f" + tensor parallel over {tp.tp} ranks (tensor_parallel.parallelize)"
+        info["init"] += f" + tensor parallel over {tp.tp} ranks (tensor_parallel.engine.parallelize)"
     # dropout differs per replica, like DDP; the tp ranks of one replica must draw the same masks
     # on their (replicated) activations, so they share a seed
     torch.manual_seed(a.seed * 1000 + drank + 1)

@@ -10,7 +10,7 @@ resolved by classification/config.py), start from the same weights (dropout 0) a
 Rotten Tomatoes batches in the same order (classification/loop.py's length-bucketed sampler). They
 run side by side in the same 2 processes (spawned, gloo), one optimizer step each in turn, so
 after every step the full parameters are compared. Exit status 1 when any step is outside the
-tolerance (zero_from_scratch.parity_compare.Tolerance, which explains its numbers).
+tolerance (zero_from_scratch.parity.compare.Tolerance, which explains its numbers).
 Cost: 2 × steps × (forward + backward + ZeRO-2 step) per rank, plus one parameter copy per step.
 
 Why the two columns are not bit-identical, and why the drift stays at rounding level (fp32):
@@ -34,8 +34,6 @@ import json
 import os
 import sys
 
-if __package__ in (None, ""):  # `python classification/parity.py` from the repo root
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
@@ -49,7 +47,7 @@ BUGS = ("none", "weight_decay_groups")
 
 def tiny_model():
     """Random-init DistilBERT (dim 32, 2 layers, 2 heads) over the real 30,522-token vocabulary."""
-    from zero_from_scratch.models import tiny_distilbert
+    from zero_from_scratch.engine.models import tiny_distilbert
     return tiny_distilbert(vocab=M.VOCAB_SIZE, hidden=64, max_positions=512)
 
 
@@ -94,10 +92,10 @@ def main(argv=None) -> int:
     if steps < 1 or not 1 <= a.world_size <= 8 or max_len < 4:
         ap.error(f"--steps ≥ 1, --world-size 1..8 and --max-len ≥ 4 expected, got {steps}, {a.world_size}, {max_len}")
 
-    from primitives.log import console
-    from zero_from_scratch.ds_parity import run_parities
-    from zero_from_scratch.parity_compare import render
-    from zero_from_scratch.parity_harness import Job
+    from primitives.engine.log import console
+    from zero_from_scratch.parity.ds_parity import run_parities
+    from zero_from_scratch.parity.compare import render
+    from zero_from_scratch.parity.harness import Job
     try:
         raw = C.load_config(a.config)
         if a.micro_batch or a.tiny:
@@ -136,7 +134,7 @@ def main(argv=None) -> int:
     console.print("[dim]expected drift (fp32): gradient pre-division by N, reduction order, bucketed reduce vs "
                   "reduce-scatter, norm summation order, Adam rounding — each ~1 ulp; see this file's docstring.[/]")
     if a.json:
-        from zero_from_scratch.atomic import atomic_write
+        from zero_from_scratch.engine.atomic import atomic_write
         doc = {"ok": res.ok, "rows": res.rows, "max_param_diff": res.max_param_diff, "tolerance": vars(res.tol),
                "failures": res.failures}
         atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))

@@ -16,7 +16,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder: never the network
 
 META = "ringzero.json"

@@ -4,14 +4,14 @@
     deepspeed --num_gpus 2 classification/train.py --tp 2                                 # real DeepSpeed
     torchrun --standalone --nproc_per_node 4 classification/train.py --tp 2 --engine ddp    # dp 2 × tp 2
 
-The world becomes a primitives.mesh dp × tp mesh (tp ranks adjacent). tensor_parallel.parallelize
+The world becomes a primitives.mesh dp × tp mesh (tp ranks adjacent). tensor_parallel.engine.parallelize
 shards the model over the tp group; the engine gets the mesh's mpu (DeepSpeed's protocol), so
 ZeRO's collectives, or DDP's all-reduce, run over the dp group; every tp rank of a replica reads
 the same batches, so the loop deals data, batch arithmetic and evaluation by dp rank and size.
 Checkpoints: the engine's own (ZeRO's files carry mp_rank_XX), and OUTPUT_DIR/best as one
 UNSHARDED save_pretrained folder (gather_state_dict, then rank 0 writes), which predict.py and
 any later --tp load alike (load_full_state_dict narrows it again).
-Cost per step and rank: the TP traffic of tensor_parallel.formulas (4 all-reduces of b·s·h per
+Cost per step and rank: the TP traffic of tensor_parallel.engine.formulas (4 all-reduces of b·s·h per
 layer), the engine's gradient traffic over dp on this rank's ~Ψ/tp parameters, and one 8-byte
 gradient-norm all-reduce over tp.
 """
@@ -24,7 +24,7 @@ def refusals(a) -> list[str]:
     if a.tp < 1:
         out.append(f"--tp must be >= 1, got {a.tp}")
     if a.tp > 1 and getattr(a, "lora", 0):
-        out.append("--lora (peft wraps the modules tensor_parallel.parallelize must shard; train LoRA with --tp 1)")
+        out.append("--lora (peft wraps the modules tensor_parallel.engine.parallelize must shard; train LoRA with --tp 1)")
     return out
 
 
@@ -64,7 +64,7 @@ def setup(a, comm) -> TP | None:
     if comm.size % a.tp:
         raise SystemExit(f"error (rank {comm.rank}): --tp {a.tp} does not divide the {comm.size} ranks; start a "
                          f"multiple of {a.tp} processes (dp = ranks / tp)")
-    from primitives.log import print0
+    from primitives.engine.log import print0
     from primitives.mesh import Mesh
     mesh = Mesh.build(dp=comm.size // a.tp, tp=a.tp)
     print0(mesh.table())

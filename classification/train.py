@@ -14,7 +14,7 @@ evaluated once on the test split, which nothing trained or selected on, and `tes
 OUTPUT_DIR/metrics.jsonl. Cost per step and rank: a forward+backward on micro-batch x tokens, plus
 the engine's gradient traffic, 2(N-1)/N x 4 bytes x 22.7 M parameters (~91 MB at N = 2).
 --tp T (every engine; classification/tp.py): the model is sharded over groups of T ranks
-(tensor_parallel.parallelize) and the engine works over the N/T data-parallel replicas: the same
+(tensor_parallel.engine.parallelize) and the engine works over the N/T data-parallel replicas: the same
 loop, LR schedule, checkpoints and test split; the gradient traffic is then over N/T ranks on
 ~22.7 M/T parameters per rank, plus 4 all-reduces of batch x tokens x 384 x 4 bytes per layer
 and step inside each tp group; best/ is saved unsharded, so predict.py reads it as usual.
@@ -25,7 +25,6 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 
 from classification import config as C  # noqa: E402
 from classification import data as D  # noqa: E402
@@ -64,7 +63,7 @@ def parse_args(argv=None):
     ap.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard event files go to DIR "
                     "(default OUTPUT_DIR/tb when tensorboard is installed)")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed passes it
-    from primitives.launch import add_launch_args
+    from primitives.engine.launch import add_launch_args
     add_launch_args(ap)
     a = ap.parse_args(argv)
     if a.config and a.deepspeed_config and os.path.abspath(a.config) != os.path.abspath(a.deepspeed_config):
@@ -117,10 +116,10 @@ def main(argv=None):
         raise SystemExit(f"error (rank {os.environ.get('RANK', 0)}): {e}")
     import torch
     torch.set_num_threads(threads)
-    from primitives.launch import init_from_env
+    from primitives.engine.launch import init_from_env
     comm = init_from_env("gloo" if a.backend == "auto" and not torch.cuda.is_available() else a.backend, a.timeout)
-    from primitives.log import print0                 # which transport ringzero's collectives use (shm.py)
-    from primitives.shm import describe
+    from primitives.engine.log import print0                 # which transport ringzero's collectives use (shm.py)
+    from primitives.engine.shm import describe
     print0(describe(comm) + (" (ringzero's collectives; DeepSpeed's own go through torch.distributed)"
                              if a.engine == "deepspeed" else ""))
     from classification.loop import run

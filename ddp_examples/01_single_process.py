@@ -5,9 +5,7 @@
 
 Every later chapter must end with these parameters, up to float32 rounding.
 """
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ddp_examples.common import main
+from ddp_examples.engine.common import main
 
 
 def wrap(model, cfg):

@@ -6,9 +6,7 @@
 Cost per step and rank: 2(N−1)/N·Ψ·4 bytes in 2(N−1) messages *per parameter tensor*.
 The class, and the seed's broken `type(param) is torch.Tensor` version, are in naive.py.
 """
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ddp_examples.common import main
+from ddp_examples.engine.common import main
 from ddp_examples.naive import NaiveDataParallel
 
 

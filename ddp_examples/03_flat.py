@@ -5,9 +5,7 @@
 
 Cost per step and rank: 2(N−1)/N·Ψ·4 bytes in 2(N−1) messages. The class is in flat.py.
 """
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ddp_examples.common import main
+from ddp_examples.engine.common import main
 from ddp_examples.flat import FlatDataParallel
 
 

@@ -7,10 +7,8 @@
 Cost per step and rank: 2(N−1)/N·Ψ·4 bytes in 2(N−1)·(buckets) messages, mostly hidden behind
 backward. The class is in bucketed.py (0.004 MB buckets split the small model into 4 buckets).
 """
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ddp_examples.bucketed import BucketedDataParallel
-from ddp_examples.common import main
+from ddp_examples.engine.common import main
 
 
 def wrap(model, cfg):

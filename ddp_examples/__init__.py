@@ -10,10 +10,10 @@ The classes live in importable modules (naive.py, flat.py, bucketed.py); the num
 only wrap the shared model and loop of common.py.
 """
 from ddp_examples.bucketed import BucketedDataParallel, plan_buckets
-from ddp_examples.common import Config, build_model, make_batch, reference, train
+from ddp_examples.engine.common import Config, build_model, make_batch, reference, train
 from ddp_examples.flat import FlatDataParallel
 from ddp_examples.naive import NaiveDataParallel
-from ddp_examples.state import sync_initial_state
+from ddp_examples.engine.state import sync_initial_state
 
 __all__ = ["NaiveDataParallel", "FlatDataParallel", "BucketedDataParallel", "plan_buckets",
            "sync_initial_state", "Config", "build_model", "make_batch", "train", "reference"]

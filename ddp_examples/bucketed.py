@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import primitives as P
-from ddp_examples.state import sync_initial_state
+from ddp_examples.engine.state import sync_initial_state
 
 
 def plan_buckets(sizes: list[int], cap_bytes: int, keys: list | None = None) -> list[list[int]]:

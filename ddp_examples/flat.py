@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import primitives as P
-from ddp_examples.state import module_device, sync_initial_state
+from ddp_examples.engine.state import module_device, sync_initial_state
 
 
 class FlatDataParallel(nn.Module):

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 import primitives as P
-from ddp_examples.state import sync_initial_state
+from ddp_examples.engine.state import sync_initial_state
 
 
 class NaiveDataParallel(nn.Module):

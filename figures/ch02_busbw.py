@@ -2,10 +2,10 @@
 and every row the bench prints) against the backend's built-in, with the min–max band of the
 repetitions, the α-β model's prediction for `auto` dashed and auto's switch points marked.
 
-    python -m figures.ch02_busbw                  # runs primitives/bench.py at N = 2 and 4 (~3 min)
+    python -m figures.ch02_busbw                  # runs primitives/engine/bench.py at N = 2 and 4 (~3 min)
     python -m figures.ch02_busbw --json a.json b.json
 
-The numbers are bench.py's own (`torchrun ... primitives/bench.py --fit --json`); this module
+The numbers are bench.py's own (`torchrun ... primitives/engine/bench.py --fit --json`); this module
 only draws them, and the α-β parameters it dashes are the ones that run fitted.
 """
 from __future__ import annotations
@@ -23,18 +23,18 @@ OPS = ("all_reduce", "all_gather_single")
 
 
 def run_bench(n: int, out: str) -> str:
-    from primitives.launch import free_port
+    from primitives.engine.launch import free_port
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     cmd = ["torchrun", "--standalone", f"--nproc_per_node={n}", f"--master_port={free_port()}",
-           "primitives/bench.py", "--ops", ",".join(OPS), "--fit", "--json", out]
+           "primitives/engine/bench.py", "--ops", ",".join(OPS), "--fit", "--json", out]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     return out
 
 
 def draw(paths: list[str]) -> str:
-    from primitives.cost import Params, predict
+    from primitives.engine.cost import Params, predict
     results = []
     for p in paths:
         with open(p) as f:
@@ -73,7 +73,7 @@ def draw(paths: list[str]) -> str:
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=6)
     fig.suptitle("Bus bandwidth vs size: ours vs the built-in (bands: min–max of the repetitions)")
-    return save(fig, "02_busbw", "figures.ch02_busbw", note="numbers from primitives/bench.py --fit --json (one run per N)")
+    return save(fig, "02_busbw", "figures.ch02_busbw", note="numbers from primitives/engine/bench.py --fit --json (one run per N)")
 
 
 def main(argv=None) -> list[str]:

@@ -21,7 +21,7 @@ N, NUMEL = 4, 4096
 def _record(rank, world):
     import primitives
     from primitives.comm import get_comm
-    from primitives.ledger import LEDGER
+    from primitives.engine.ledger import LEDGER
     comm = get_comm()
     x = torch.zeros(NUMEL)
     base, esz, chunk = x.data_ptr(), x.element_size(), NUMEL // world
@@ -44,7 +44,7 @@ def _record(rank, world):
 
 
 def record() -> list:
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     res = spawn(_record, N, timeout=120)
     for r, (sent, msgs, nbytes) in enumerate(res):
         data = [s for s in sent if s[2] is not None]

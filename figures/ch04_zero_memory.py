@@ -2,14 +2,14 @@
 
     python -m figures.ch04_zero_memory
 
-Numbers come from zero_from_scratch.report (the engine's own layout function on the real
+Numbers come from zero_from_scratch.engine.report (the engine's own layout function on the real
 DistilBERT-base shapes, built on the meta device: no training, a few seconds) — the same
-tables `python -m zero_from_scratch.report` prints — next to the ZeRO paper's formula.
+tables `python -m zero_from_scratch.engine.report` prints — next to the ZeRO paper's formula.
 """
 from __future__ import annotations
 
 from figures.common import pyplot, save
-from zero_from_scratch.report import layouts, build, tables
+from zero_from_scratch.engine.report import layouts, build, tables
 
 PARTS = ("params", "grads", "master", "optimizer")
 COLOURS = {"params": "#4c72b0", "grads": "#dd8452", "master": "#8172b3", "optimizer": "#55a868"}
@@ -34,7 +34,7 @@ def bars(n: int = 2) -> str:
     axes[0].legend(fontsize=8)
     fig.suptitle("DistilBERT-base (Ψ = 66,955,010): what each rank holds, by ZeRO stage")
     return save(fig, "04_zero_memory_bars", "figures.ch04_zero_memory",
-                note="engine bytes at the padded count, from zero_from_scratch.report")
+                note="engine bytes at the padded count, from zero_from_scratch.engine.report")
 
 
 def ownership(n: int = 4) -> str:

@@ -78,7 +78,7 @@ def _record(rank, world, prefetch):
 
 
 def main() -> list[str]:
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 6), gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
     for col, prefetch in enumerate((False, True)):

@@ -4,7 +4,7 @@ the measured bubble per stage next to the formula (p−1)/(v·m+p−1).
     python -m figures.ch09_pipeline                              # p = 4, m = 8, every schedule
     python -m figures.ch09_pipeline --pp 2 --micro-batches 4 --schedules gpipe 1f1b
 
-The timestamps come from pipeline_parallel.timeline (every instruction of the last step timed on
+The timestamps come from pipeline_parallel.engine.timeline (every instruction of the last step timed on
 every rank, one monotonic clock for all local processes); this module only draws them.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 
 from figures.common import ROOT, pyplot, save
-from pipeline_parallel.timeline import COLORS, _run, machine, measure
+from pipeline_parallel.engine.timeline import COLORS, _run, machine, measure
 
 
 def draw(events_per_rank, title, name):
@@ -45,8 +45,8 @@ def main(argv=None):
     from rich.table import Table
 
     from pipeline_parallel.schedules import bubble_formula
-    from primitives.launch import spawn
-    from primitives.log import console
+    from primitives.engine.launch import spawn
+    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pp", type=int, default=4)
     ap.add_argument("--micro-batches", type=int, default=8)

@@ -8,7 +8,7 @@
     tied.py        tied weights across stages
     parity.py      vs one process and vs DeepSpeed's pipeline engine
 """
-from pipeline_parallel.engine import PipelineEngine, PipelineError, initialize
-from pipeline_parallel.module import LayerSpec, PipelineModule, TiedLayerSpec
+from pipeline_parallel.engine.pipe_engine import PipelineEngine, PipelineError, initialize
+from pipeline_parallel.engine.module import LayerSpec, PipelineModule, TiedLayerSpec
 
 __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "initialize", "PipelineEngine", "PipelineError"]

@@ -1,6 +1,6 @@
 """The executor: runs one rank's instruction list (pipeline_parallel/schedules) with real tensors.
 
-    (used by engine.train_batch / eval_batch; see pipeline_parallel/engine.py for the launch commands)
+    (used by engine.train_batch / eval_batch; see pipeline_parallel/engine/pipe_engine.py for the launch commands)
 
 Messages go through primitives' Communicator (isend / irecv on the pipeline group), so the ledger
 counts them. Per step and inner boundary: m activations forward and m gradients back, each

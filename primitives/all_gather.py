@@ -12,18 +12,16 @@ Cost, S = bytes each rank contributes (the output holds N·S):
           other rank at once (staggered r+1, r+2, … so nobody is everyone's first peer).
           Same bytes as the ring, N-1 messages, but no step waits for another: on an
           oversubscribed host that is what matters.       α + (N-1)·o + (N-1)Sβ
-  hierarchical  across m nodes × k ranks: inter ring, then intra rings (primitives/hierarchical.py);
+  hierarchical  across m nodes × k ranks: inter ring, then intra rings (primitives/engine/hierarchical.py);
           (m-1)·S inter-node and m(k-1)·S intra-node bytes per rank.
           With the check on and S ≤ 64 KiB per rank, the blocks ride in the check's
           envelopes (envelope.py): one round for check and data, what auto picks.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from primitives import shm_collectives
-from primitives.core import Check, flat_work, fuses, get_comm, resolve, run, wait_all
-from primitives.envelope import Fused
+from primitives.engine import shm_collectives
+from primitives.engine.core import Check, flat_work, fuses, get_comm, resolve, run, wait_all
+from primitives.engine.envelope import Fused
 
 
 def _linear(comm, blocks):
@@ -50,7 +48,7 @@ def _direct(comm, blocks):
 
 
 def _hierarchical(comm, blocks):   # multinode: inter ring of my block, then intra rings per node
-    from primitives.hierarchical import all_gather_2level
+    from primitives.engine.hierarchical import all_gather_2level
     all_gather_2level(comm, blocks)
 
 
@@ -128,5 +126,5 @@ def all_gather_single(output, input, group=None, async_op=False, *, algorithm="a
 
 
 if __name__ == "__main__":
-    from primitives.runner import main
+    from primitives.engine.runner import main
     main("all_gather")

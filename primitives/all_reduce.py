@@ -25,21 +25,19 @@ Cost for S bytes on N ranks; P = largest power of two ≤ N, R = N - P ranks fol
                                                            2·log2 P·α + 2(P-1)/P·Sβ
   hierarchical        m nodes × k ranks: ring reduce-scatter inside the node, ring all-reduce of
                       my S/k shard with my peers on the other nodes, ring all-gather inside the
-                      node (primitives/hierarchical.py). Per rank 2(k-1)/k·S intra-node and only
+                      node (primitives/engine/hierarchical.py). Per rank 2(k-1)/k·S intra-node and only
                       2(m-1)/m·S/k inter-node bytes.
 Floating SUM differs from the backend's result only by summation order: each algorithm sums
 in a fixed order, and every rank ends with bitwise-identical values.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from primitives import shm_collectives
+from primitives.engine import shm_collectives
 from primitives.broadcast import _linear as _bcast_linear
 from primitives.reduce import _linear as _reduce_linear
-from primitives.core import (Check, LazyFlat, ReduceOp, chunk_bounds, combine_, finish_avg_, fuses, get_comm,
+from primitives.engine.core import (Check, LazyFlat, ReduceOp, chunk_bounds, combine_, finish_avg_, fuses, get_comm,
                              resolve, run, scratch, wait_all)
-from primitives.envelope import Fused
+from primitives.engine.envelope import Fused
 
 
 def _linear(comm, buf, op):
@@ -54,7 +52,7 @@ def _ring(comm, buf, op):
 
 
 def _ring_reduce_scatter(comm, chunk, op):
-    """The ring's first half (also used by primitives/hierarchical.py): rank r ends owning chunk r+1."""
+    """The ring's first half (also used by primitives/engine/hierarchical.py): rank r ends owning chunk r+1."""
     n, r = comm.size, comm.rank
     tmp = scratch(comm, chunk[0].numel(), chunk[0].dtype, device=chunk[0].device)
     nxt, prev = (r + 1) % n, (r - 1) % n
@@ -184,7 +182,7 @@ def _rabenseifner(comm, buf, op):
 
 
 def _hierarchical(comm, buf, op):   # multinode: intra reduce-scatter, inter all-reduce, intra all-gather
-    from primitives.hierarchical import all_reduce_2level
+    from primitives.engine.hierarchical import all_reduce_2level
     all_reduce_2level(comm, buf, op)
 
 
@@ -222,5 +220,5 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
 
 
 if __name__ == "__main__":
-    from primitives.runner import main
+    from primitives.engine.runner import main
     main("all_reduce")

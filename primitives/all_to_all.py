@@ -9,7 +9,7 @@ Drop-in for torch.distributed:
 Split sizes count rows of dim 0 (None = dim 0 divided evenly by N), so blocks may be uneven.
 It is the transpose of a distributed N×N matrix of blocks: what Ulysses sequence parallelism
 uses to turn "my sequence slice, every head" into "every position, my heads"
-(tensor_parallel/ulysses.py).
+(tensor_parallel/engine/ulysses.py).
 
 Cost, S_p = bytes this rank sends to rank p (even splits: S_p = S/N, S = this rank's input):
   linear    one round: post every receive and every send at once (Open MPI's "basic linear"),
@@ -28,12 +28,10 @@ even and uneven single forms, but its list form refuses tensors of different siz
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
-from primitives.core import Check, CollectiveError, flat_work, get_comm, handshake_enabled, resolve, run, wait_all
-from primitives.ledger import LEDGER
+from primitives.engine.core import Check, CollectiveError, flat_work, get_comm, handshake_enabled, resolve, run, wait_all
+from primitives.engine.ledger import LEDGER
 
 
 def _linear(comm, send, recv):
@@ -251,9 +249,9 @@ def main(argv=None) -> None:
 
     from rich.table import Table
 
-    from primitives.cost import traffic
-    from primitives.launch import add_launch_args, init_from_env
-    from primitives.log import print0
+    from primitives.engine.cost import traffic
+    from primitives.engine.launch import add_launch_args, init_from_env
+    from primitives.engine.log import print0
     ap = argparse.ArgumentParser(description="Run, verify and time every all-to-all algorithm.")
     add_launch_args(ap)
     ap.add_argument("--size", type=int, default=1 << 20, help="bytes of each rank's input (default 1 MiB)")

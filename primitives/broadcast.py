@@ -14,10 +14,8 @@ Cost for S bytes on N ranks (α = latency per message, β = seconds per byte):
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from primitives.core import Check, LazyFlat, fuses, get_comm, pipeline_segments, resolve, run, wait_all
-from primitives.envelope import Fused
+from primitives.engine.core import Check, LazyFlat, fuses, get_comm, pipeline_segments, resolve, run, wait_all
+from primitives.engine.envelope import Fused
 
 
 def _linear(comm, buf, root):
@@ -101,5 +99,5 @@ def broadcast(tensor, src, group=None, async_op=False, *, algorithm="auto", tag=
 
 
 if __name__ == "__main__":
-    from primitives.runner import main
+    from primitives.engine.runner import main
     main("broadcast")

@@ -13,7 +13,7 @@ Two implementations share it:
   * MPIComm    — mpi4py on CPU tensors (torch wheels ship no MPI backend).
 
 Peers are *group* ranks (0..size-1); TorchComm maps them to global ranks. Every message is
-recorded in primitives.ledger.LEDGER. Every wait has a deadline (`timeout`, default 60 s,
+recorded in primitives.engine.ledger.LEDGER. Every wait has a deadline (`timeout`, default 60 s,
 env RINGZERO_TIMEOUT): a peer that died or never arrives becomes a PeerError naming this
 rank and the peer, never a silent hang. No torch.cuda.synchronize() here: nccl ordering is
 stream-ordered, and wait() on a Work is enough.
@@ -24,7 +24,7 @@ runs. A rank that posts irecv(peer) then isend(peer) while the peer does the sam
 each receive sits in front of the send the other side needs. A group (ncclGroupStart/End, i.e.
 batch_isend_irecv) progresses all its operations together, so an exchange cannot deadlock.
 Every step of every algorithm that both sends to and receives from a peer uses exchange().
-Strict mode (primitives/strict.py, env RINGZERO_STRICT_P2P=1 or set_strict(True)) replays
+Strict mode (primitives/engine/strict.py, env RINGZERO_STRICT_P2P=1 or set_strict(True)) replays
 those nccl ordering rules over gloo so tests on CPU catch a pattern that would hang on GPUs.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from primitives.ledger import LEDGER
+from primitives.engine.ledger import LEDGER
 
 DEFAULT_TIMEOUT = float(os.environ.get("RINGZERO_TIMEOUT", "60"))
 
@@ -60,7 +60,7 @@ NOT_INIT_MSG = (
     "no process group is initialised. Launch with one of:\n"
     "  torchrun --nproc_per_node 4 SCRIPT.py             (gloo, or nccl with one GPU per rank)\n"
     "  mpiexec -n 4 python SCRIPT.py --backend mpi       (needs `pip install mpi4py mpich`)\n"
-    "or call primitives.launch.init_from_env() / primitives.launch.spawn(fn, world_size) first."
+    "or call primitives.engine.launch.init_from_env() / primitives.engine.launch.spawn(fn, world_size) first."
 )
 
 
@@ -137,13 +137,44 @@ class Communicator(abc.ABC):
         is a group for any transport whose posted operations progress independently (gloo, MPI)."""
         return [self._irecv(t, p) if k == "recv" else self._isend(t, p) for k, t, p in ops]
 
-    # strict mode: nccl's ordering rules replayed on this transport (primitives/strict.py)
+    # ---- collectives as methods: what the textbook layers above (DDP, ZeRO, tensor parallel) call.
+    # Ranks are this communicator's group ranks; op is "sum" | "avg" | "min" | "max" | "product".
+    # Keywords (algorithm=, tag=, async_op=) pass through to the checked drop-in functions.
+    def all_reduce(self, tensor, op="sum", **kw):
+        from primitives.all_reduce import all_reduce   # the collectives import this module
+        return all_reduce(tensor, op, group=self, **kw)
+
+    def broadcast(self, tensor, src, **kw):
+        from primitives.broadcast import broadcast
+        return broadcast(tensor, self.global_rank(src), group=self, **kw)
+
+    def all_gather(self, tensor_list, tensor, **kw):
+        from primitives.all_gather import all_gather
+        return all_gather(tensor_list, tensor, group=self, **kw)
+
+    def all_gather_single(self, output, input, **kw):
+        from primitives.all_gather import all_gather_single
+        return all_gather_single(output, input, group=self, **kw)
+
+    def reduce_scatter(self, output, input_list, op="sum", **kw):
+        from primitives.reduce_scatter import reduce_scatter
+        return reduce_scatter(output, input_list, op, group=self, **kw)
+
+    def reduce_scatter_single(self, output, input, op="sum", **kw):
+        from primitives.reduce_scatter import reduce_scatter_single
+        return reduce_scatter_single(output, input, op, group=self, **kw)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, **kw):
+        from primitives.all_to_all import all_to_all_single
+        return all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=self, **kw)
+
+    # strict mode: nccl's ordering rules replayed on this transport (primitives/engine/strict.py)
     _strict_flag: bool | None = None
     _strict_sched = None
 
     @property
     def strict(self) -> bool:
-        from primitives import strict
+        from primitives.engine import strict
         return strict.enabled() if self._strict_flag is None else self._strict_flag
 
     def set_strict(self, enabled: bool | None) -> None:
@@ -151,33 +182,33 @@ class Communicator(abc.ABC):
         self._strict_flag = enabled
 
     def _strict_post(self, ops, grouped):
-        from primitives import strict
+        from primitives.engine import strict
         if self._strict_sched is None:
             self._strict_sched = strict.Scheduler(self)
         for kind, t, p in ops:
             (LEDGER.received if kind == "recv" else LEDGER.sent)(t.numel() * t.element_size(), self.link_to(p))
         return self._strict_sched.post(ops, grouped)
 
-    # ---- multinode topology (primitives/topology.py): which node each rank is on
+    # ---- multinode topology (primitives/engine/topology.py): which node each rank is on
     def node_of(self, rank: int) -> int:
         """The node (0..num_nodes-1) of group rank `rank`."""
-        from primitives.topology import topology
+        from primitives.engine.topology import topology
         return topology(self).node_of(self.global_rank(rank))
 
     def link_to(self, peer: int) -> str:
         """"intra" when `peer` shares this rank's node, else "inter" (for the ledger)."""
-        from primitives.topology import topology
+        from primitives.engine.topology import topology
         t = topology(self)
         return "intra" if t.node_of(self.global_rank(peer)) == t.node_of(self.global_rank(self.rank)) else "inter"
 
     def intra_node(self) -> "Communicator":
-        """The ranks of this communicator on this rank's node (see primitives/topology.py)."""
-        from primitives.topology import split
+        """The ranks of this communicator on this rank's node (see primitives/engine/topology.py)."""
+        from primitives.engine.topology import split
         return split(self)[0]
 
     def inter_node(self) -> "Communicator":
         """One rank per node: those with this rank's local index."""
-        from primitives.topology import split
+        from primitives.engine.topology import split
         return split(self)[1]
 
     def _post(self, fn, tensor, peer, kind):
@@ -195,7 +226,7 @@ class Communicator(abc.ABC):
 
     def _peer_error(self, peer: int, kind: str, err: Exception | None = None) -> PeerError:
         """The PeerError for a failed transfer, naming the rank that really died (faults.py)."""
-        from primitives.faults import root_cause
+        from primitives.engine.faults import root_cause
         dead = getattr(err, "dead", None)     # the transport saw which rank died: suspect it, not `peer`
         suspect, certain = (peer, False) if dead is None else (dead, True)
         return PeerError(self._describe(peer, kind, err) + root_cause(self, suspect, kind, certain=certain),
@@ -364,6 +395,6 @@ def get_comm(group=None) -> Communicator:
     c = _COMMS.get(key)
     if c is None or c.group is not group:
         _check_member(group)                 # first: build() asks the group for its backend
-        from primitives.shm import build   # transport hook (shm): RINGZERO_TRANSPORT=auto|shm|tcp
+        from primitives.engine.shm import build   # transport hook (shm): RINGZERO_TRANSPORT=auto|shm|tcp
         c = _COMMS[key] = build(group)       # ShmComm on gloo (falls back to TCP), TorchComm otherwise
     return c

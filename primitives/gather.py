@@ -13,9 +13,7 @@ Cost, S = bytes each rank contributes (dst ends with N·S):
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from primitives.core import Check, flat_work, get_comm, resolve, run, scratch, wait_all
+from primitives.engine.core import Check, flat_work, get_comm, resolve, run, scratch, wait_all
 
 
 def _linear(comm, mine, blocks, root):
@@ -103,5 +101,5 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, *, algor
 
 
 if __name__ == "__main__":
-    from primitives.runner import main
+    from primitives.engine.runner import main
     main("gather")

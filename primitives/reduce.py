@@ -15,9 +15,7 @@ Cost for S bytes on N ranks (γ = seconds per byte reduced):
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from primitives.core import (Check, combine_, finish_avg_, flat_work, get_comm, pipeline_segments,
+from primitives.engine.core import (Check, combine_, finish_avg_, flat_work, get_comm, pipeline_segments,
                              resolve, run, scratch, wait_all)
 
 
@@ -78,7 +76,7 @@ ALGOS = {"linear": _linear, "ring": _ring, "tree": _tree}
 
 def reduce(tensor, dst, op=None, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce(tensor, dst, op): the result lands in dst's tensor."""
-    from primitives.core import ReduceOp
+    from primitives.engine.core import ReduceOp
     op = ReduceOp.SUM if op is None else op
     comm = get_comm(group)
     check = Check(comm, "reduce")
@@ -102,5 +100,5 @@ def reduce(tensor, dst, op=None, group=None, async_op=False, *, algorithm="auto"
 
 
 if __name__ == "__main__":
-    from primitives.runner import main
+    from primitives.engine.runner import main
     main("reduce")

@@ -14,7 +14,7 @@ Cost, S = bytes of one block (each input holds N·S):
           once, then reduces the N contributions in rank order 0..N-1. N-1 messages,
           (N-1)·S bytes per rank; (N-1)·S bytes of scratch.  α + (N-1)·o + (N-1)S(β + γ)
   hierarchical  across m nodes × k ranks: intra rings per node, then an inter ring of the partial
-          sums (primitives/hierarchical.py); m(k-1)·S intra-node and (m-1)·S inter-node bytes per rank.
+          sums (primitives/engine/hierarchical.py); m(k-1)·S intra-node and (m-1)·S inter-node bytes per rank.
 With the check on and a block ≤ 64 KiB, direct's blocks ride in the check's envelopes
 (envelope.py): one round for check and data, what auto picks.
 The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
@@ -22,13 +22,11 @@ buffer is never overwritten while its send is in flight).
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from primitives import shm_collectives
+from primitives.engine import shm_collectives
 from primitives.reduce import _linear as _reduce_linear
-from primitives.core import (Check, ReduceOp, combine_, finish_avg_, flat_work, fuses, get_comm, resolve,
+from primitives.engine.core import (Check, ReduceOp, combine_, finish_avg_, flat_work, fuses, get_comm, resolve,
                              run, scratch, wait_all)
-from primitives.envelope import Fused
+from primitives.engine.envelope import Fused
 
 
 def _linear(comm, blocks, out, op):
@@ -72,7 +70,7 @@ def _direct(comm, blocks, out, op):
 
 
 def _hierarchical(comm, blocks, out, op):   # multinode: intra rings per node, then an inter ring
-    from primitives.hierarchical import reduce_scatter_2level
+    from primitives.engine.hierarchical import reduce_scatter_2level
     reduce_scatter_2level(comm, blocks, out, op)
 
 
@@ -152,5 +150,5 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
 
 
 if __name__ == "__main__":
-    from primitives.runner import main
+    from primitives.engine.runner import main
     main("reduce_scatter")

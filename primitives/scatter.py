@@ -14,9 +14,7 @@ Cost, S = bytes of one block (src holds N·S):
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # run by path: import this checkout, not another installed one
-    import os, sys; sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from primitives.core import Check, flat_work, get_comm, resolve, run, scratch, wait_all
+from primitives.engine.core import Check, flat_work, get_comm, resolve, run, scratch, wait_all
 
 
 def _linear(comm, out, blocks, root):
@@ -102,5 +100,5 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, alg
 
 
 if __name__ == "__main__":
-    from primitives.runner import main
+    from primitives.engine.runner import main
     main("scatter")

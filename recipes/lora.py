@@ -73,7 +73,7 @@ def trainable_counts(model: nn.Module) -> tuple[int, int]:
 
 def tiny_lora_distilbert(r: int = 4) -> nn.Module:
     """The parity model: ds_parity's tiny DistilBERT (dim 32, 2 layers, dropout 0) + LoRA r=4."""
-    from zero_from_scratch.models import tiny_distilbert
+    from zero_from_scratch.engine.models import tiny_distilbert
     m = apply_lora(tiny_distilbert(), r)
     for n, p in m.named_parameters():          # B starts at zero in peft; give it a value so A's
         if "lora_B" in n:                      # gradient is not zero at step 1 (a stronger test)
@@ -86,8 +86,8 @@ def memory_table(model_name: str = "distilbert", r: int = 8, n: int = 2, mixed: 
     trainable Ψ, plus the frozen weights: b·Ψ_frozen, or b·Ψ_frozen/N at stage 3). Shapes only."""
     from rich.table import Table
 
-    from zero_from_scratch.ledger import model_state_bytes
-    from zero_from_scratch.report import build
+    from zero_from_scratch.engine.ledger import model_state_bytes
+    from zero_from_scratch.engine.report import build
     full = build(model_name)
     psi = sum(p.numel() for p in full.parameters())
     with __import__("torch").device("meta"):
@@ -112,7 +112,7 @@ def memory_table(model_name: str = "distilbert", r: int = 8, n: int = 2, mixed: 
 if __name__ == "__main__":
     import argparse
 
-    from primitives.log import console
+    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description="model-state memory per ZeRO stage, full fine-tuning vs LoRA")
     ap.add_argument("--model", default="distilbert", choices=("distilbert", "distilbert-tiny"))
     ap.add_argument("--r", type=int, default=8)

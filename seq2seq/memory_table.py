@@ -24,7 +24,7 @@ CONFIGS = [("zero", "ds_config_zero1.json"), ("zero", "ds_config_zero3_offload.j
 
 
 def launch(engine: str, config: str, out: str, steps: int) -> dict:
-    from primitives.launch import free_port
+    from primitives.engine.launch import free_port
     py = os.path.dirname(sys.executable)
     port = free_port()
     cfg = os.path.join(ROOT, "seq2seq", config)
@@ -49,7 +49,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from rich.table import Table
 
-    from primitives.log import console
+    from primitives.engine.log import console
     import torch
     t = Table(title=f"seq2seq T5 (0.7 M params), 2 ranks × 1 thread, {a.steps} steps, torch {torch.__version__}, "
                     "2 shared CPU cores")

@@ -23,7 +23,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 
 import torch  # noqa: E402
 
@@ -122,13 +121,13 @@ def resolve_config(path: str, a, out_dir: str, engine: str) -> tuple[dict, list[
 
 def main(argv=None):
     a = parse_args(argv)
-    from primitives.launch import init_from_env
-    from primitives.log import print0
+    from primitives.engine.launch import init_from_env
+    from primitives.engine.log import print0
     comm = init_from_env("gloo", 300.0)
     rank, world = comm.rank, comm.size
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     from seq2seq.grammar import Vocab, dataset
-    from zero_from_scratch.sides import peak_rss_bytes
+    from zero_from_scratch.parity.sides import peak_rss_bytes
     os.makedirs(a.output_dir, exist_ok=True)
     cfg, notes = resolve_config(a.config, a, a.output_dir, a.engine)
     for n in notes:
@@ -140,7 +139,7 @@ def main(argv=None):
     if a.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if a.engine == "deepspeed":
-        from zero_from_scratch.sides import prepare_deepspeed
+        from zero_from_scratch.parity.sides import prepare_deepspeed
         os.environ.setdefault("LOCAL_RANK", "0")
         engine, *_ = prepare_deepspeed().initialize(model=model, model_parameters=model.parameters(), config=cfg)
     else:

@@ -106,8 +106,8 @@ def _work(rank, world, dp, tp, sp):
 def main() -> None:
     from rich.table import Table
 
-    from primitives.launch import spawn
-    from primitives.log import console
+    from primitives.engine.launch import spawn
+    from primitives.engine.log import console
     t = Table(title="tensor parallel vs one process: max |difference| over all ranks (tiny DistilBERT, fp32, 5 AdamW steps)")
     for c in ("dp × tp", "sequence parallel", "logits", "loss", "every gradient", "params after 5 steps"):
         t.add_column(c, justify="right")

@@ -5,7 +5,7 @@ tests/test_nccl.py. Every function here runs ON A RANK and returns plain data: a
 error strings (empty = all good) plus per-case traffic and result digests, so the test
 process can compare ranks with each other.
 
-The reference is the backend's own collective (primitives.reference.ref: torch.distributed
+The reference is the backend's own collective (primitives.engine.reference.ref: torch.distributed
 for gloo/nccl, mpi4py for MPI), called on contiguous clones of the same inputs.
 
 Tolerances (floating SUM / AVG / PRODUCT only; everything else must be bitwise equal):
@@ -24,9 +24,9 @@ import math
 import torch
 
 import primitives as P
-from primitives.cost import traffic
-from primitives.ledger import LEDGER
-from primitives.reference import ref
+from primitives.engine.cost import traffic
+from primitives.engine.ledger import LEDGER
+from primitives.engine.reference import ref
 
 REDUCING = {"reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single"}
 ROOTED = {"broadcast", "reduce", "scatter", "gather"}
@@ -297,7 +297,7 @@ def _subtree(v, n):
 
 def traffic_identities(name, algo, n, numel, elem, root, counts):
     """Checks on every rank's (msgs_sent, bytes_sent, msgs_recv, bytes_recv) for one call,
-    written from the algorithms' descriptions, independently of primitives.cost.traffic."""
+    written from the algorithms' descriptions, independently of primitives.engine.cost.traffic."""
     S = numel * elem
     ms = [c[0] for c in counts]
     bs = [c[1] for c in counts]

@@ -1,4 +1,4 @@
-"""Shared fixtures. `spawn` runs a function on N fresh ranks (primitives.launch.spawn):
+"""Shared fixtures. `spawn` runs a function on N fresh ranks (primitives.engine.launch.spawn):
 file-store rendezvous, a deadline, per-rank exit codes and tracebacks; the first failing rank
 ends the run, so a multi-rank test fails instead of hanging."""
 import functools
@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from primitives.launch import spawn as _spawn
+from primitives.engine.launch import spawn as _spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# every process a test starts (torchrun, deepspeed, scripts run by path) imports this checkout
+os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import primitives as P
-from primitives.cost import link_traffic
+from primitives.engine.cost import link_traffic
 
 from multinode import cluster as C
 
@@ -62,7 +62,7 @@ def checks_on_two_nodes(rank, world, local=2, numels=(0, 1, 5, 1001)):
         os.environ.setdefault("RINGZERO_LOCAL_SIZE", str(local))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import collective_checks as C
-    from primitives.ledger import LEDGER
+    from primitives.engine.ledger import LEDGER
     comm = P.get_comm()
     local = world // comm.inter_node().size
     errs, _ = C.matrix(comm, list(numels), names=TWO_LEVEL, local=local)

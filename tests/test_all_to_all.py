@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 import primitives as P
 from primitives.all_to_all import builtin
-from primitives.cost import traffic
-from primitives.ledger import LEDGER
+from primitives.engine.cost import traffic
+from primitives.engine.ledger import LEDGER
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
           torch.bool)
@@ -189,7 +189,7 @@ def _dies(rank, n, algo):
 
 @pytest.mark.parametrize("algo", ["linear", pytest.param("pairwise", marks=pytest.mark.slow)])
 def test_dead_peer_is_named(algo):
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     comm_timeout = 4.0
     res = spawn(_dies, 3, args=(algo,), comm_timeout=comm_timeout, grace=comm_timeout + 10, allow_fail=True, timeout=60)
     assert res[1] == ("exit", 3), res

@@ -12,9 +12,9 @@ RAW = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 9,     
 
 
 def _train(rank, world, kind, raw):
-    import primitives.launch  # noqa: F401  (the spawned rank's process group is already up)
+    import primitives.engine.launch  # noqa: F401  (the spawned rank's process group is already up)
     from classification.engines import build
-    from zero_from_scratch.models import TinyMLP
+    from zero_from_scratch.engine.models import TinyMLP
     torch.manual_seed(0)
     model = TinyMLP()
     engine = build(kind, model, dict(raw, train_batch_size=MICRO * world))

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import run_cmd
-from primitives.launch import free_port
+from primitives.engine.launch import free_port
 
 POS = ["wonderful", "brilliant", "superb", "delightful", "moving", "excellent", "great", "charming"]
 NEG = ["awful", "terrible", "boring", "dreadful", "dull", "horrible", "bad", "tedious"]
@@ -142,7 +142,7 @@ def test_other_engines_under_torchrun(easy, kind):
 def _tiny_model_dir(d):
     """A dim-32 DistilBERT over the real vocabulary, saved with the offline tokenizer: --model d."""
     from classification.model import VOCAB_SIZE, load_tokenizer, offline_model_dir
-    from zero_from_scratch.models import tiny_distilbert
+    from zero_from_scratch.engine.models import tiny_distilbert
     tiny_distilbert(vocab=VOCAB_SIZE, hidden=64, max_positions=512, seed=0).save_pretrained(d)
     load_tokenizer(offline_model_dir()).save_pretrained(d)
     return d

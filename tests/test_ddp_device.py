@@ -42,7 +42,7 @@ def test_mixed_devices_and_wrong_device_are_refused(spawn):
 
 def _cuda_chapters(rank, n):
     import importlib
-    from ddp_examples.common import Config, build_model, train
+    from ddp_examples.engine.common import Config, build_model, train
     cfg = Config(steps=3, bucket_cap_mb=0.004)
     out = {}
     for ch in ("02_naive", "03_flat", "04_bucketed"):
@@ -56,7 +56,7 @@ def _cuda_chapters(rank, n):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_chapters_on_cuda_match_single_process(spawn):
-    from ddp_examples.common import Config, max_diff, reference
+    from ddp_examples.engine.common import Config, max_diff, reference
     ref = reference(Config(steps=3, bucket_cap_mb=0.004)).params
     res = spawn(_cuda_chapters, 1, backend="nccl")[0]
     for ch, (devices, params) in res.items():

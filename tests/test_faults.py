@@ -1,5 +1,5 @@
 """A rank dies mid-collective: every survivor's PeerError names the rank that died (not the
-neighbour that gave up first), with the collective and its call number (primitives/faults.py).
+neighbour that gave up first), with the collective and its call number (primitives/engine/faults.py).
 
 20 runs in a row: N = 3 and 4, the dead rank cycling through every rank, killed during the ring
 phase of the second all-reduce (after the check round). Short timeouts keep a failure fast: a
@@ -11,7 +11,7 @@ import time
 import torch
 
 import primitives as P
-from primitives.launch import spawn
+from primitives.engine.launch import spawn
 
 RUNS = [(3, i % 3) for i in range(10)] + [(4, i % 4) for i in range(10)]
 

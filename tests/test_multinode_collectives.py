@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import primitives as P
-from primitives.cost import Links, Params, link_traffic, peers, predict_2level, traffic
-from primitives.topology import Topology, TopologyError
+from primitives.engine.cost import Links, Params, link_traffic, peers, predict_2level, traffic
+from primitives.engine.topology import Topology, TopologyError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from multinode_util import checks_on_two_nodes  # noqa: E402
@@ -26,7 +26,7 @@ def test_two_nodes_of_two_ranks(spawn):
 
 
 def _one_node(rank, world):
-    from primitives.ledger import LEDGER
+    from primitives.engine.ledger import LEDGER
     comm = P.get_comm()
     P.all_reduce(torch.ones(10))
     return [comm.node_of(r) for r in range(world)], LEDGER.calls[-1].algorithm

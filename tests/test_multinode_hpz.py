@@ -1,4 +1,4 @@
-"""ZeRO++ hpZ (zero_from_scratch/hpz.py) on 2 "nodes" × 2 ranks of one host (RINGZERO_LOCAL_SIZE=2):
+"""ZeRO++ hpZ (zero_from_scratch/engine/hpz.py) on 2 "nodes" × 2 ranks of one host (RINGZERO_LOCAL_SIZE=2):
 same training as plain ZeRO-3, and the inter-node bytes per step the ledger counted equal the
 formula and are at most half of plain ZeRO-3's."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
-from primitives.cost import link_traffic
+from primitives.engine.cost import link_traffic
 
 CFG = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
        "zero_optimization": {"stage": 3}}
@@ -19,7 +19,7 @@ STEPS = 3
 
 def _train(rank, world, hpz):
     os.environ["RINGZERO_LOCAL_SIZE"] = "2"
-    from primitives.ledger import LEDGER
+    from primitives.engine.ledger import LEDGER
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 30), nn.Tanh(), nn.Linear(30, 30), nn.Tanh(), nn.Linear(30, 3))
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -70,6 +70,6 @@ def test_hpz_trains_the_same_and_halves_inter_node_bytes(spawn):
                                         ({"stage": 3, "zero_hpz_partition_size": 3}, "does not divide"),
                                         ({"stage": 3, "zero_hpz_partition_size": "2"}, "an int")])
 def test_hpz_bad_config(zero, match):
-    from zero_from_scratch.config import load_config
+    from zero_from_scratch.engine.config import load_config
     with pytest.raises(ValueError, match=match):
         load_config({**CFG, "zero_optimization": zero}, 4)

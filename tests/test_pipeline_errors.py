@@ -7,9 +7,9 @@ import torch.nn as nn
 
 import pipeline_parallel
 from pipeline_parallel import PipelineError, PipelineModule, parity
-from pipeline_parallel.model import lm_loss
+from pipeline_parallel.engine.model import lm_loss
 from primitives import LEDGER
-from primitives.cost import traffic
+from primitives.engine.cost import traffic
 
 
 class ShapeShifter(nn.Module):
@@ -91,7 +91,7 @@ def _ledger(rank, world, m):
 def test_bytes_per_step_equal_the_formula(spawn, m):
     """pp = 2 × dp = 2: each rank sends m activations (stage 0) or m gradients (stage 1) of
     b·s·h·4 bytes, its tied-embedding gradient once (V·h·4) to the other holder, and its share of
-    the ring/direct/... all-reduce of the stage's Ψ_s gradients over dp, as primitives.cost
+    the ring/direct/... all-reduce of the stage's Ψ_s gradients over dp, as primitives.engine.cost
     prices it. Headers and the status all-reduce are control traffic, outside this count."""
     out = spawn(_ledger, 4, args=(m,))
     A = 2 * parity.SEQ * parity.DIM * 4

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import primitives as P
-from primitives.ledger import LEDGER
+from primitives.engine.ledger import LEDGER
 
 import collective_checks as C
 

@@ -122,8 +122,8 @@ def test_bad_input_world_of_one(spawn):
 
 def _deferred_work(rank, n):
     """The CUDA path compares fingerprints on the device and reports at the next call; here the
-    same code runs on CPU tensors (primitives.envelope.defer patched), where events are absent."""
-    from primitives import envelope
+    same code runs on CPU tensors (primitives.engine.envelope.defer patched), where events are absent."""
+    from primitives.engine import envelope
     envelope.defer = lambda comm: True
     out = []
     for call in (lambda: P.all_reduce(torch.ones(4 + rank)),           # mismatched sizes, fused
@@ -164,7 +164,7 @@ def _mismatch_no_handshake(rank, n, kind):
 def test_mismatch_without_handshake_ends_within_timeout(kind):
     """With the handshake off nothing checks the arguments, so a mismatch can only be caught by the
     deadline on every wait: it must end in an error within comm_timeout (plus slack), not hang."""
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     comm_timeout = 4.0
     t0 = time.monotonic()
     res = spawn(_mismatch_no_handshake, 2, args=(kind,), comm_timeout=comm_timeout, grace=comm_timeout + 10,
@@ -214,7 +214,7 @@ def _dies(rank, n, when):
 
 @pytest.mark.parametrize("n,when", [(2, "before"), (3, "during")])
 def test_dead_rank_raises_peer_error_in_bounded_time(n, when):
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     comm_timeout = 5.0
     t0 = time.monotonic()
     res = spawn(_dies, n, args=(when,), comm_timeout=comm_timeout, grace=comm_timeout + 10,

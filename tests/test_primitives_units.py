@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import primitives as P
-from primitives.core import chunk_bounds, op_name
-from primitives.cost import DEFAULTS, choose, predict, traffic
+from primitives.engine.core import chunk_bounds, op_name
+from primitives.engine.cost import DEFAULTS, choose, predict, traffic
 
 
 @pytest.mark.parametrize("numel", [0, 1, 2, 7, 8, 9, 100, 1001])

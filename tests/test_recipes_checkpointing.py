@@ -16,8 +16,8 @@ import torch
 pytest.importorskip("transformers")
 
 import zero_from_scratch  # noqa: E402
-from zero_from_scratch.activation_checkpointing import ActivationCheckpointingError, apply  # noqa: E402
-from zero_from_scratch.models import TinyMLP, tiny_distilbert  # noqa: E402
+from zero_from_scratch.engine.activation_checkpointing import ActivationCheckpointingError, apply  # noqa: E402
+from zero_from_scratch.engine.models import TinyMLP, tiny_distilbert  # noqa: E402
 
 
 def _cfg(stage, ac):
@@ -90,5 +90,5 @@ def test_model_without_support_is_a_clear_error():
     with pytest.warns(UserWarning, match="not a Hugging Face model"):
         assert apply(TinyMLP(), {}) == "manual"
     with pytest.raises(ValueError, match="activation_checkpointing.bogus"):
-        from zero_from_scratch.activation_checkpointing import parse
+        from zero_from_scratch.engine.activation_checkpointing import parse
         parse({"activation_checkpointing": {"bogus": 1}})

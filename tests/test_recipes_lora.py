@@ -22,15 +22,15 @@ M = "recipes.lora:tiny_lora_distilbert"
 
 
 def _pairs(stages):
-    from zero_from_scratch.parity_harness import Job
-    from zero_from_scratch.ds_parity import make_config
+    from zero_from_scratch.parity.harness import Job
+    from zero_from_scratch.parity.ds_parity import make_config
     return [(Job("deepspeed", M, make_config(s, clip=0.2), 4), Job("ours", M, make_config(s, clip=0.2), 4))
             for s in stages]
 
 
 def _parity(stages):
-    from zero_from_scratch.models import make_batches
-    from zero_from_scratch.ds_parity import run_parities
+    from zero_from_scratch.engine.models import make_batches
+    from zero_from_scratch.parity.ds_parity import run_parities
     res = run_parities(_pairs(stages), 2, batches={(M, 4): make_batches("distilbert", 8, 8, seed=1)}, timeout=600)
     bad = [f"ZeRO-{s}: " + "; ".join(r.failures) for s, r in zip(stages, res) if not r.ok]
     assert not bad, "\n".join(bad)
@@ -95,7 +95,7 @@ def _both(rank, world, ckpt_dir):   # one spawn for both tests: peft's import is
 
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     return spawn(_both, 2, args=(str(tmp_path_factory.mktemp("ckpt")),), timeout=300.0)
 
 
@@ -115,7 +115,7 @@ def test_zero3_partitions_frozen_params_and_checkpoints_them(engine_runs):
 
 def _lora_stage2_memory(rank, world):
     torch.manual_seed(0)
-    from zero_from_scratch.models import tiny_distilbert
+    from zero_from_scratch.engine.models import tiny_distilbert
     model = apply_lora(tiny_distilbert(), 8)
     engine, *_ = zero_from_scratch.initialize(model=model, config={**CFG, "zero_optimization": {"stage": 2}})
     engine.backward(engine(**_batch(0, rank)).loss)
@@ -124,10 +124,10 @@ def _lora_stage2_memory(rank, world):
 
 
 def test_lora_r8_stage2_model_states_equal_formula_with_trainable_psi(engine_runs):
-    from zero_from_scratch.ledger import model_state_bytes
+    from zero_from_scratch.engine.ledger import model_state_bytes
     rep = engine_runs[0][1]
     torch.manual_seed(0)
-    from zero_from_scratch.models import tiny_distilbert
+    from zero_from_scratch.engine.models import tiny_distilbert
     trainable, frozen = trainable_counts(apply_lora(tiny_distilbert(), 8))
     assert rep["psi"] == trainable and rep["frozen"]["frozen_psi"] == frozen
     assert rep["total_measured"] == sum(model_state_bytes(2, rep["padded_psi"], 2, False).values())
@@ -137,7 +137,7 @@ def test_lora_r8_stage2_model_states_equal_formula_with_trainable_psi(engine_run
 
 
 def test_bad_lora_targets_are_a_clear_error():
-    from zero_from_scratch.models import tiny_distilbert
+    from zero_from_scratch.engine.models import tiny_distilbert
     with pytest.raises(LoraError, match=r"rank 1: LoRA target modules \['nope'\] do not exist.*q_lin"):
         apply_lora(tiny_distilbert(), 4, targets=["q_lin", "nope"], rank=1)
     with pytest.raises(LoraError, match="positive int"):

@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("tensorboard")
 
 import zero_from_scratch  # noqa: E402
-from zero_from_scratch.models import TinyMLP  # noqa: E402
+from zero_from_scratch.engine.models import TinyMLP  # noqa: E402
 
 TAGS = ("lr", "loss_scale", "train_loss", "grad_norm", "samples_per_sec")
 
@@ -94,6 +94,6 @@ def test_unwritable_monitor_path_fails_on_every_rank(spawn, tmp_path):
 
 
 def test_bad_monitor_keys_are_refused():
-    from zero_from_scratch.monitor import parse
+    from zero_from_scratch.engine.monitor import parse
     with pytest.raises(ValueError, match=r"tensorboard.path"):
         parse({"tensorboard": {"enabled": True, "path": "x"}})

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import zero_from_scratch  # noqa: E402
-from zero_from_scratch import offload  # noqa: E402
-from zero_from_scratch.models import tiny_distilbert  # noqa: E402
+from zero_from_scratch.engine import offload  # noqa: E402
+from zero_from_scratch.engine.models import tiny_distilbert  # noqa: E402
 
 
 def _cfg(stage, bf16, off, path=None, sub=50):

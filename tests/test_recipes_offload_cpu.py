@@ -1,4 +1,4 @@
-"""offload_optimizer {"device": "cpu"} (zero_from_scratch/offload_cpu.py, issue 13 item 5).
+"""offload_optimizer {"device": "cpu"} (zero_from_scratch/engine/offload_cpu.py, issue 13 item 5).
 
     python -m pytest -q tests/test_recipes_offload_cpu.py
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import zero_from_scratch
-from zero_from_scratch.models import TinyMLP
+from zero_from_scratch.engine.models import TinyMLP
 
 
 def _cfg(stage, bf16, off, sub=50):
@@ -98,8 +98,8 @@ def test_cpu_offload_is_bit_identical_to_no_offload(spawn, tmp_path, cases):
 @pytest.mark.deepspeed
 def test_cpu_offload_matches_deepspeed_cpu_offload():
     pytest.importorskip("deepspeed")
-    from zero_from_scratch.ds_parity import make_config, run_parities
-    from zero_from_scratch.parity_harness import Job
+    from zero_from_scratch.parity.ds_parity import make_config, run_parities
+    from zero_from_scratch.parity.harness import Job
     pairs = []
     for stage in (1, 2, 3):
         c = make_config(stage)

@@ -18,13 +18,13 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 import zero_from_scratch  # noqa: E402
-from zero_from_scratch.models import Output  # noqa: E402
+from zero_from_scratch.engine.models import Output  # noqa: E402
 
 
 def _parity(stages, kinds=("t5", "gpt2")):
     from recipes.tiny import batches
-    from zero_from_scratch.parity_harness import Job
-    from zero_from_scratch.ds_parity import make_config, run_parities
+    from zero_from_scratch.parity.harness import Job
+    from zero_from_scratch.parity.ds_parity import make_config, run_parities
     pairs, labels = [], []
     for kind in kinds:
         m = f"recipes.tiny:tiny_{kind}"

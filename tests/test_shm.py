@@ -1,4 +1,4 @@
-"""The shared-memory transport (primitives/shm.py, shm_segment.py, shm_collectives.py).
+"""The shared-memory transport (primitives/engine/shm.py, shm_segment.py, shm_collectives.py).
 
 The whole collectives matrix (tests/test_primitives_collectives.py, test_primitives_errors.py)
 already runs on it: RINGZERO_TRANSPORT defaults to auto, which is shm on one host, and
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import primitives as P
-from primitives import shm_segment as seg
+from primitives.engine import shm_segment as seg
 
 import collective_checks as C
 from test_primitives_collectives import _assert_allreduce_identical, _assert_clean, _assert_identities
@@ -41,7 +41,7 @@ NATIVE = ["all_reduce", "all_gather_single", "reduce_scatter_single", "all_gathe
 
 
 def _native_rounds(rank, n, numel):
-    from primitives import shm_collectives
+    from primitives.engine import shm_collectives
     comm = P.get_comm()
     assert comm.transport == "shm", comm.transport
     shm_collectives.WS_BYTES = 96 << 10                # use 96 KiB of the workspace: several rounds
@@ -88,7 +88,7 @@ def _killed_mid_collective(rank, n):
 
 
 def test_rank_killed_mid_collective_named_and_no_segment_left():
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     comm_timeout = 20.0
     res = spawn(_killed_mid_collective, 3, comm_timeout=comm_timeout, grace=comm_timeout + 10, allow_fail=True,
                 timeout=90, transport="shm")
@@ -141,7 +141,7 @@ def test_algorithm_shm_on_tcp_is_refused_on_every_rank(spawn):
 
 
 def test_unknown_transport_is_refused():
-    from primitives.shm import transport_from_env
+    from primitives.engine.shm import transport_from_env
     with pytest.raises(ValueError, match="expected one of"):
         transport_from_env("infiniband")
     assert transport_from_env("SHM") == "shm"
@@ -149,8 +149,8 @@ def test_unknown_transport_is_refused():
 
 def test_auto_on_shm_picks_the_shm_collectives_and_the_ledger_formula_follows():
     """No processes: the cost model of this transport, and traffic() for algorithm="shm"."""
-    from primitives.cost import choose, traffic
-    from primitives.shm_collectives import ONE_SHOT_BYTES
+    from primitives.engine.cost import choose, traffic
+    from primitives.engine.shm_collectives import ONE_SHOT_BYTES
     for name in ("all_reduce", "all_gather", "reduce_scatter_single"):
         for nbytes in (8, 4096, 1 << 20, 1 << 26):
             assert choose(name, 4, nbytes, "gloo", "shm") == "shm", (name, nbytes)

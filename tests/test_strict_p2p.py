@@ -1,4 +1,4 @@
-"""Strict point-to-point mode (primitives/strict.py): nccl's ordering rules replayed over gloo.
+"""Strict point-to-point mode (primitives/engine/strict.py): nccl's ordering rules replayed over gloo.
 
 1. The pattern the toolkit used before grouped exchanges (each rank posts irecv(peer), then
    isend(peer), ungrouped) is reported as a deadlock on every rank, naming both ranks and the
@@ -45,7 +45,7 @@ def _old_pattern(rank, n, kind):
 
 @pytest.mark.parametrize("n,kind", [(2, "ring"), (3, "handshake")])
 def test_old_ungrouped_irecv_then_isend_is_reported_as_deadlock(n, kind):
-    from primitives.launch import spawn
+    from primitives.engine.launch import spawn
     res = spawn(_old_pattern, n, args=(kind,), comm_timeout=30, grace=15, allow_fail=True, timeout=90)
     for rank, (status, value) in enumerate(res):
         assert status == "ok", res
@@ -92,7 +92,7 @@ def _everything_strict(rank, n):
     assert comm.strict
     errs, cases = C.matrix(comm, [2 * n + 1])     # ragged chunks; sizes are covered without strict mode
     # the DDP chapters 2-4 (chapter 5 is torch's DDP), against the single-process run in the test
-    from ddp_examples.common import Config, build_model, train
+    from ddp_examples.engine.common import Config, build_model, train
     import importlib
     cfg = Config(steps=3, bucket_cap_mb=0.004)
     ddp = {}
@@ -104,7 +104,7 @@ def _everything_strict(rank, n):
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_collective_algorithm_and_ddp_chapter_under_strict_mode(spawn, n):
-    from ddp_examples.common import Config, reference
+    from ddp_examples.engine.common import Config, reference
     res = spawn(_everything_strict, n, comm_timeout=30)
     errs = [e for r in res for e in r[0]]
     assert not errs, "\n".join(errs[:10])

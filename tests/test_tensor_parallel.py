@@ -27,7 +27,7 @@ def _close(errs, what, a, b):
 def _layers(rank, n):
     import tensor_parallel as tp
     from tensor_parallel.comm import gather_seq, scatter_seq, split_seq
-    from tensor_parallel.ulysses import UlyssesAttention, reference_attention
+    from tensor_parallel.engine.ulysses import UlyssesAttention, reference_attention
     errs = []
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 6, 7, generator=g)                    # same on every rank (seeded)
@@ -190,7 +190,7 @@ def test_bad_input_clear_error_on_every_rank(spawn):
 def test_demo_runs_under_torchrun():
     """dp = 2 × tp = 2 on the offline DistilBERT: the mesh, the loss and the per-rank table."""
     from conftest import run_cmd
-    from primitives.launch import free_port
-    r = run_cmd(f"torchrun --standalone --master_port {free_port()} --nproc_per_node 4 tensor_parallel/train.py "
+    from primitives.engine.launch import free_port
+    r = run_cmd(f"torchrun --standalone --master_port {free_port()} --nproc_per_node 4 classification/parallel/train.py "
                 "--dp 2 --tp 2 --steps 2 --eval-samples 16", timeout=900)
     assert "mesh dp=2 × pp=1 × tp=2" in r.stdout and "step    1  loss" in r.stdout and "TP bytes sent/step" in r.stdout

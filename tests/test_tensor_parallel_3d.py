@@ -1,5 +1,5 @@
 """3D parallelism (data × pipeline × tensor) on DistilBERT: pipeline_parallel's engine running
-tensor_parallel/pipeline.py's stages on one primitives.mesh, against one process.
+classification/parallel/pipeline.py's stages on one primitives.mesh, against one process.
 
     python -m pytest -q tests/test_tensor_parallel_3d.py            # pp=2 × tp=2 (4 ranks), bad input
     python -m pytest -q -m slow tests/test_tensor_parallel_3d.py    # + dp=2 × pp=2 × tp=2, the demo
@@ -21,10 +21,10 @@ CLIP, STEPS, M, B, S = 0.15, 3, 2, 2, 6
 
 def _pipeline_vs_one_process(rank, world, dp):
     import pipeline_parallel
-    from pipeline_parallel.module import PipelineModule
+    from pipeline_parallel.engine.module import PipelineModule
     from primitives.mesh import Mesh
     from tensor_parallel.parity import batch, tiny_config
-    from tensor_parallel.pipeline import classification_loss, distilbert_layers, hf_named_parameters, pack, stage_bounds
+    from classification.parallel.pipeline import classification_loss, distilbert_layers, hf_named_parameters, pack, stage_bounds
     from transformers import DistilBertForSequenceClassification
     mesh = Mesh.build(dp=dp, pp=2, tp=2)
     torch.manual_seed(0)
@@ -94,8 +94,8 @@ def test_dp2_pp2_tp2_equals_one_process(spawn):
 
 
 def _bad_input(rank, world):
-    from tensor_parallel import train
-    from tensor_parallel.pipeline import StageError
+    from classification.parallel import train
+    from classification.parallel.pipeline import StageError
     from primitives import get_comm
     from primitives.mesh import MeshError
     got = []
@@ -110,7 +110,7 @@ def _bad_input(rank, world):
 
 
 def test_pp_flags_refused_where_they_do_nothing(capsys):
-    from tensor_parallel.train import parse_args
+    from classification.parallel.train import parse_args
     for argv, words in ((["--micro-batches", "2"], "apply to the pipeline"),
                         (["--pp", "2", "--sequence-parallel"], "--sequence-parallel needs --pp 1"),
                         (["--pp", "2", "--batch", "6", "--micro-batches", "4"], "multiple of --micro-batches")):
@@ -122,7 +122,7 @@ def test_pp_flags_refused_where_they_do_nothing(capsys):
 
 def test_demo_refuses_a_mesh_the_world_cannot_take():
     from conftest import run_cmd
-    r = run_cmd("python tensor_parallel/train.py --pp 2", check=False, timeout=120)
+    r = run_cmd("python classification/parallel/train.py --pp 2", check=False, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-1500:]
     assert "error: rank 0: mesh dp=1 × pp=2 × tp=1 = 2 does not factor the world size 1" in r.stderr, r.stderr[-1500:]
 
@@ -130,8 +130,8 @@ def test_demo_refuses_a_mesh_the_world_cannot_take():
 @pytest.mark.slow
 def test_3d_demo_under_torchrun():
     from conftest import run_cmd
-    from primitives.launch import free_port
-    r = run_cmd(f"torchrun --standalone --master_port {free_port()} --nproc_per_node 8 tensor_parallel/train.py "
+    from primitives.engine.launch import free_port
+    r = run_cmd(f"torchrun --standalone --master_port {free_port()} --nproc_per_node 8 classification/parallel/train.py "
                 "--dp 2 --pp 2 --tp 2 --steps 2 --batch 8 --max-len 32 --eval-samples 32 --log-every 1", timeout=900)
     assert "mesh dp=2 × pp=2 × tp=2" in r.stdout and "step    1  loss" in r.stdout, r.stdout[-3000:]
     assert "val accuracy" in r.stdout and "PP bytes" in r.stdout, r.stdout[-3000:]

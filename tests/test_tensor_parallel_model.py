@@ -8,14 +8,14 @@ summed over N partial products instead of in one matmul), ~1e-7 relative; a wron
 a missing all-reduce or a doubled gradient is O(1). Every split is uneven here (5 heads,
 FFN 37, vocabulary 101).
 
-Ledger: LEDGER.calls of one forward + backward == tensor_parallel.formulas, exactly (with SP
+Ledger: LEDGER.calls of one forward + backward == tensor_parallel.engine.formulas, exactly (with SP
 that includes the backward re-gather of the Q/K/V and lin1 inputs).
 
 SP memory: inside the transformer layers nothing saved for backward spans the whole sequence
 at full width h (b·s·h): the gathered inputs of Q/K/V and lin1 are re-gathered in backward,
 LayerNorm and residual hold s/N positions (without the re-gather it finds 4 per layer: Q, K, V, lin1).
 
-Accuracy (tensor_parallel/accuracy.py): the offline pretrained classifier, its head fine-tuned
+Accuracy (classification/parallel/accuracy.py): the offline pretrained classifier, its head fine-tuned
 in this process, predicts every test row the same sharded at tp = 2 as unsharded. Bound on
 |Δlogit|: ACC_BOUND = 1e-4. Sharding changes only fp32 summation order (a row-parallel output
 is N partial dot products of length h/N added by the ring instead of one dot product of length
@@ -27,7 +27,7 @@ and thread counts, while a wrong shard or a missing reduction moves logits by O(
 import pytest
 import torch
 
-from primitives.ledger import LEDGER
+from primitives.engine.ledger import LEDGER
 
 TOL = 1e-5
 
@@ -55,7 +55,7 @@ def _ledger(rank, n, sp, b=4, s=6):
     """Calls and bytes of one forward + backward vs formulas.distilbert_traffic (ring pinned)."""
     import tensor_parallel.comm as C
     from tensor_parallel import parallelize, sharded_numel
-    from tensor_parallel.formulas import distilbert_params, distilbert_traffic
+    from tensor_parallel.engine.formulas import distilbert_params, distilbert_traffic
     from tensor_parallel.parity import batch
     for k in C.ALGORITHM:
         C.ALGORITHM[k] = "ring"
@@ -83,7 +83,7 @@ def _tp_work(rank, n, real):
     out["ledger sp"] = _ledger(rank, n, True)
     out["sp full-width saves"] = _sp_full_width_saves()
     if real is not None:
-        from tensor_parallel.accuracy import _sharded
+        from classification.parallel.accuracy import _sharded
         out["real"] = _sharded(rank, n, *real)
     else:
         out["bad"] = _bad_distilbert(rank, n)
@@ -92,7 +92,7 @@ def _tp_work(rank, n, real):
 
 def _sp_full_width_saves(b=2, s=6):
     """Saved-for-backward tensors inside the SP transformer layers that hold all s positions × h."""
-    from tensor_parallel import parallelize
+    from tensor_parallel.engine import parallelize
     from tensor_parallel.parity import batch
     model = parallelize(_model(), sequence_parallel=True)
     h, found, on = model.config.dim, [], [False]
@@ -117,7 +117,7 @@ def _bad_distilbert(rank, n):
     """Fewer heads than ranks; a sequence SP cannot split evenly. Same error on every rank."""
     from transformers import DistilBertForSequenceClassification
 
-    from tensor_parallel import parallelize
+    from tensor_parallel.engine import parallelize
     from tensor_parallel.parity import batch, tiny_config
     rows = []
     try:
@@ -155,7 +155,7 @@ def _assert_accuracy(ref, per_rank, n):
 def test_tp2_parity_ledger_and_real_distilbert(spawn):
     """…and the pretrained classifier at tp = 2 on the first ACC_ROWS test rows (one process
     computes the reference here, before the ranks start)."""
-    from tensor_parallel.accuracy import compare, reference
+    from classification.parallel.accuracy import compare, reference
     ref = reference(ACC_ROWS, ACC_TRAIN_ROWS, ACC_EPOCHS)
     res = spawn(_tp_work, 2, args=((ref["num_labels"], ref["head"], ref["texts"]),), timeout=300)
     bad = _check([r["plain"] for r in res], "tp=2") + _check([r["sp"] for r in res], "tp=2 SP")
@@ -167,7 +167,7 @@ def test_tp2_parity_ledger_and_real_distilbert(spawn):
 @pytest.mark.slow
 def test_accuracy_whole_test_split_tp2_tp3(spawn):
     """The whole test split (1,275 rows), head fine-tuned on 2,000 training rows, tp = 2 and 3."""
-    from tensor_parallel.accuracy import reference, sharded
+    from classification.parallel.accuracy import reference, sharded
     ref = reference()
     for n in (2, 3):
         _assert_accuracy(ref, sharded(spawn, n, ref), n)

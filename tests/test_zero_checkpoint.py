@@ -99,7 +99,7 @@ def test_consolidate_and_reshard_2_to_3(spawn, tmp_path):
     res2 = spawn(_save_then_reshard, 2, args=(d, "save"))
     live = res2[0][0]
     # consolidation: a plain model loads the file and equals the live (gathered) model exactly
-    run_cmd(f"python -m zero_from_scratch.zero_to_fp32 {d} {tmp_path}/full.pt")
+    run_cmd(f"python -m zero_from_scratch.engine.zero_to_fp32 {d} {tmp_path}/full.pt")
     plain = mlp(5)
     plain.load_state_dict(torch.load(tmp_path / "full.pt"))
     for n, p in plain.named_parameters():
@@ -119,8 +119,8 @@ def test_consolidate_and_reshard_2_to_3(spawn, tmp_path):
 def _save_steps(rank, world, d, tag, steps, kill=None):
     """Train `steps` steps from the same init and data, then save to d/tag; `kill` = RINGZERO_CKPT_KILL_AT
     ("phase" or "phase:rank"), or "rename:R" to die on rank R between a temp file and its rename."""
-    import zero_from_scratch.atomic as atomic
-    from zero_from_scratch.checkpoint import KILL_ENV
+    import zero_from_scratch.engine.atomic as atomic
+    from zero_from_scratch.engine.checkpoint import KILL_ENV
     e, *_ = zero_from_scratch.initialize(model=mlp(0), config=cfg(1, world))
     run_steps(e, rank, world, range(steps))
     if kill and kill.startswith("rename:"):
@@ -139,7 +139,7 @@ def test_kill_at_every_phase_leaves_a_loadable_checkpoint(spawn, tmp_path):
     """Re-save the same tag (the hard case: the old save must survive) and die at each phase of
     the save; the checkpoint `latest` names is then the old save or the new one, whole."""
     import shutil
-    from zero_from_scratch.checkpoint import PHASES, consolidate
+    from zero_from_scratch.engine.checkpoint import PHASES, consolidate
     assert {k.split(":")[0] for k in KILLS} >= set(PHASES)
     ref = {}
     for steps in (2, 3):                                 # the states the old and the new save hold

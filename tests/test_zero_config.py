@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
-from zero_from_scratch.config import load_config
+from zero_from_scratch.engine.config import load_config
 
 SPELLINGS = [
     {"optimizer": {"type": "adamw", "params": {"lr": 1e-3}}},

@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from zero_from_scratch.ds_parity import make_config, run_parities  # noqa: E402
-from zero_from_scratch.parity_compare import Tolerance, compare  # noqa: E402
-from zero_from_scratch.parity_harness import Job  # noqa: E402
+from zero_from_scratch.parity.ds_parity import make_config, run_parities  # noqa: E402
+from zero_from_scratch.parity.compare import Tolerance, compare  # noqa: E402
+from zero_from_scratch.parity.harness import Job  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
 STEPS = 5

@@ -12,11 +12,11 @@ tests/test_zero_ds_parity.py.
 import pytest
 import torch
 import torch.nn as nn
-from primitives.launch import spawn as _spawn
+from primitives.engine.launch import spawn as _spawn
 
 import zero_from_scratch
-from zero_from_scratch.config import ZERO_KEYS, load_config
-from zero_from_scratch.params import param_device
+from zero_from_scratch.engine.config import ZERO_KEYS, load_config
+from zero_from_scratch.engine.params import param_device
 
 STEPS, GAS = 3, 2
 

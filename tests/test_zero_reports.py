@@ -47,7 +47,7 @@ def test_reports_equal_formulas(spawn, stage, world, bf16):
 
 
 def test_report_cli_distilbert():
-    out = run_cmd("python -m zero_from_scratch.report --model distilbert --world-size 4", timeout=120).stdout
+    out = run_cmd("python -m zero_from_scratch.engine.report --model distilbert --world-size 4", timeout=120).stdout
     assert "66,955,010" in out and "ZeRO-3" in out
     # ZeRO-3 fp32 total at N=4: 16Ψ/4 bytes = 255.4 MiB; comm 3·3/4·4Ψ = 574.7 MiB
     assert "255.4" in out and "574.7" in out

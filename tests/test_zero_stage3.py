@@ -7,7 +7,7 @@ import torch.nn as nn
 
 import zero_from_scratch
 from zero_from_scratch import ZeroDivergenceError
-from zero_from_scratch.models import tiny_distilbert
+from zero_from_scratch.engine.models import tiny_distilbert
 
 CFG = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
        "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}

@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
-from zero_from_scratch.config import load_config
+from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.optim import ShardedAdam, WarmupDecayLR, WarmupLR
-from zero_from_scratch.precision import DynamicLossScaler
+from zero_from_scratch.engine.precision import DynamicLossScaler
 from zero_from_scratch.sharding import bucket_units, shard_layout
 
 
@@ -188,7 +188,7 @@ def test_grad_norm_sum_of_squares_is_exact_on_a_large_gradient():
 
     import numpy as np
 
-    from zero_from_scratch.engine import sum_of_squares
+    from zero_from_scratch.engine.zero_engine import sum_of_squares
     g = torch.randn(12_000_000, generator=torch.Generator().manual_seed(0)) * 1e-3
     exact = math.fsum(np.square(g.double().numpy()))          # exactly rounded reference
     ours = float(sum_of_squares(g))

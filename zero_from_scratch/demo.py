@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
-from primitives.launch import add_launch_args, init_from_env
-from primitives.log import print0
+from primitives.engine.launch import add_launch_args, init_from_env
+from primitives.engine.log import print0
 
 
 def main(argv=None) -> None:
@@ -43,7 +43,7 @@ def main(argv=None) -> None:
         if not sep:
             ap.error(f"--zero {kv!r}: expected KEY=JSON (e.g. overlap_comm=true)")
     comm = init_from_env("gloo" if a.backend == "auto" else a.backend, a.timeout)
-    from primitives.shm import describe
+    from primitives.engine.shm import describe
     print0(describe(comm))                            # which transport the engine's collectives use
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.GELU(), nn.Linear(256, 10))

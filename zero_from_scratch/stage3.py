@@ -41,7 +41,7 @@ import torch
 from primitives import CollectiveError
 
 from zero_from_scratch.stage2 import Stage2
-from zero_from_scratch.stage3_prefetch import Prefetch
+from zero_from_scratch.engine.prefetch import Prefetch
 
 _KIND = {"forward": 1, "backward": 2, "reduce": 3, "gather_ctx": 4}
 
@@ -89,7 +89,7 @@ class Stage3(Prefetch, Stage2):
                 c.broadcast(full, 0, "init broadcast")
             lo, hi = u.shard_range(c.rank)
             self.pshard[u.group][u.local_offset:u.local_offset + u.shard].copy_(full[lo:hi])
-        from zero_from_scratch import hpz
+        from zero_from_scratch.engine import hpz
         self.hpz = hpz.make(engine)                       # ZeRO++ hpZ (hpz.py), None when off
         self.gathered_units: set[int] = set()
         self.full_of: dict[int, torch.Tensor] = {}        # unit -> its gathered buffer, while gathered

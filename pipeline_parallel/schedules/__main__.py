@@ -3,7 +3,7 @@ from rich.table import Table
 
 from pipeline_parallel.schedules import SCHEDULES, build
 from pipeline_parallel.schedules.base import bubble_formula, simulate
-from primitives.log import console
+from primitives.engine.log import console
 
 p, m = 4, 8
 t = Table(title=f"simulated schedules, p = {p} stages, m = {m} micro-batches, t_bwd = 2·t_fwd")

@@ -1,0 +1,88 @@
+"""DeepSpeed's JSON, read for a pipeline: the ZeRO engine's parser plus a "pipeline" section.
+
+    python -c "from pipeline_parallel.engine.config import load; print(load({'train_micro_batch_size_per_gpu': 2, 'gradient_accumulation_steps': 4}, dp=2))"
+
+    "pipeline": {"schedule": "naive" | "gpipe" | "1f1b" | "interleaved",   (default "1f1b", DeepSpeed's)
+                 "virtual_stages": v}                                      (default 1; > 1 needs "interleaved")
+
+As in DeepSpeed's pipeline engine, train_batch_size = micro_batch × gradient_accumulation_steps × dp
+(dp = world / stages) and gradient_accumulation_steps is the number of micro-batches per step.
+Everything but "pipeline" goes through zero_from_scratch.engine.config.load_config (one parser for the
+JSON; its checks and "auto" rules apply). Refused, with the reason: fp16 / bf16 (not implemented
+here: fp32 only), ZeRO stage 1 (not implemented here), ZeRO-2/3 (DeepSpeed refuses them with
+pipelines too: ZeRO-2 reduce-scatters each gradient as soon as it is produced, but a stage
+produces a parameter's gradient once per micro-batch, m times per step, so it would reduce m
+times or keep full gradients anyway; ZeRO-3 would all-gather every stage's parameters for every
+micro-batch's forward and backward, 2m gathers per step instead of one — the pipeline's point
+is that a stage's weights stay put).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from pipeline_parallel.schedules import SCHEDULES
+from zero_from_scratch.engine.config import ZeroRunConfig, load_config
+
+DEFAULT_SCHEDULE = "1f1b"
+
+
+@dataclass
+class PipelineRunConfig:
+    run: ZeroRunConfig          # batch sizes, optimizer, scheduler, clipping (the shared parser)
+    schedule: str = DEFAULT_SCHEDULE
+    virtual_stages: int = 1
+
+    @property
+    def micro_batches(self) -> int:
+        return self.run.gradient_accumulation_steps
+
+
+def _raw(config) -> dict:
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            with open(config) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {str(config)!r} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"config file {str(config)!r} is not valid JSON: {e}") from None
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config))
+    raise TypeError(f"config must be a path or a dict, got {type(config).__name__}")
+
+
+def load(config, dp: int) -> PipelineRunConfig:
+    raw = _raw(config)
+    pipe = raw.pop("pipeline", {}) or {}
+    unknown = set(pipe) - {"schedule", "virtual_stages"}
+    if unknown:
+        raise ValueError(f"config section 'pipeline' has unknown keys {sorted(unknown)}; "
+                         "allowed: 'schedule', 'virtual_stages'")
+    schedule = pipe.get("schedule", DEFAULT_SCHEDULE)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"config key 'pipeline.schedule' = {schedule!r} is invalid; allowed: {list(SCHEDULES)}")
+    v = pipe.get("virtual_stages", 1)
+    if not isinstance(v, int) or v < 1:
+        raise ValueError(f"config key 'pipeline.virtual_stages' = {v!r} is invalid; allowed: an int >= 1")
+    if v > 1 and schedule != "interleaved":
+        raise ValueError(f"config key 'pipeline.virtual_stages' = {v} needs 'pipeline.schedule' = 'interleaved' "
+                         f"(got {schedule!r}, which runs one chunk per stage)")
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
+        val = raw.get(key)
+        if val is not None and val != "auto" and (not isinstance(val, int) or val < 1):
+            raise ValueError(f"config key {key!r} = {val!r} is invalid; allowed: an int >= 1 "
+                             "(gradient_accumulation_steps is the number of micro-batches per step)")
+    run = load_config(raw, world_size=dp)
+    if run.fp16.enabled or run.bf16:
+        raise ValueError("config keys 'fp16.enabled' / 'bf16.enabled' are true: pipeline_parallel trains in fp32 only; "
+                         "allowed: false")
+    if run.zero.stage >= 2:
+        raise ValueError(f"config key 'zero_optimization.stage' = {run.zero.stage}: ZeRO-2/3 do not combine with "
+                         "pipeline parallelism (DeepSpeed refuses them too): a stage produces each gradient once per "
+                         "micro-batch, and ZeRO-3 would re-gather the stage's weights for every micro-batch; allowed: 0")
+    if run.zero.stage == 1:
+        raise ValueError("config key 'zero_optimization.stage' = 1 (optimizer state sharded over dp) is not implemented "
+                         "by pipeline_parallel; allowed: 0")
+    return PipelineRunConfig(run, schedule, v)

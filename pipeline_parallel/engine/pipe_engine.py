@@ -1,0 +1,235 @@
+"""initialize(model=PipelineModule, config=...) → (engine, optimizer, None, lr_scheduler), like deepspeed's.
+
+    torchrun --standalone --nproc_per_node 4 pipeline_parallel/train.py --pp 2 --dp 2 --schedule 1f1b
+    deepspeed --num_gpus 4 pipeline_parallel/train.py --pp 2 --engine ours
+
+    engine, optimizer, _, sched = pipeline_parallel.initialize(model=pipe_module, config="ds_config.json")
+    loss = engine.train_batch(data_iter)      # one optimizer step over m micro-batches, mean loss on every rank
+    loss = engine.eval_batch(data_iter)       # forward only
+
+World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTopology), or
+pp × dp × tp with a caller-built mesh (initialize(mesh=...): classification/parallel/train.py --pp). Each data
+replica reads its own iterator; its first and last stage both pull m micro-batches (inputs,
+labels) per step — first uses the inputs, last the labels — as DeepSpeed's engine does.
+
+One step, per rank (p stages, m micro-batches, Ψ_s = this stage's parameters, A = activation bytes):
+  schedule        2·m·A bytes sent per inner boundary side (pipeline_parallel/executor.py)
+  reduce_tied     tied weights: each holder sends its gradient to the other holders (k−1)·Ψ_tied
+  reduce_grads    one all-reduce of the flat stage gradient over dp (primitives.all_reduce,
+                  ring: 2(dp−1)/dp·Ψ_s elements), then ÷ dp
+  step            one 24-byte all-reduce over the world (errors, loss, gradient norm²: control
+                  traffic), clip by the global norm, torch AdamW, lr scheduler
+  (tp > 1: the layers' own collectives inside fwd / bwd, over mesh.tp_group)
+After each train_batch, engine.step_bytes = data bytes this rank sent, by axis: {"tp": fwd + bwd,
+"pp": the boundary sends + tied reductions, "dp": reduce_grads} (the ledger, per instruction).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from pipeline_parallel.engine import tied
+from pipeline_parallel.engine.config import load
+from pipeline_parallel.executor import Executor
+from pipeline_parallel.engine.module import PipelineModule
+from pipeline_parallel.schedules import programs
+from primitives import LEDGER, all_gather, all_reduce, get_comm
+from primitives.mesh import Mesh, MeshError
+from zero_from_scratch.engine.mpu import counts_on
+from zero_from_scratch.optim import build_scheduler
+
+
+class PipelineError(RuntimeError):
+    """Raised on every rank when any rank failed during a step; lists each failing rank's error."""
+
+
+def initialize(model=None, model_parameters=None, config=None, dp: int | None = None, mesh: Mesh | None = None,
+               **_unused):
+    """mesh: a primitives.mesh.Mesh built by the caller (dp × pp × tp, tp ≥ 1): pipeline peers are
+    the same (dp, tp) coordinate on the neighbouring stage (mesh.pp_group), gradients are averaged
+    over mesh.dp_group; the caller's layers already hold their tp shards (classification/parallel/pipeline.py)."""
+    if _unused:
+        raise TypeError(f"initialize() got unsupported arguments {sorted(_unused)}")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if not isinstance(model, PipelineModule):
+        raise TypeError(f"rank {rank}: model must be a pipeline_parallel.PipelineModule, got {type(model).__name__}")
+    if model_parameters is not None:
+        raise ValueError(f"rank {rank}: model_parameters must be None: each rank's parameters exist only after "
+                         "initialize() builds its stage (the optimizer takes every trainable parameter of the stage)")
+    if not dist.is_initialized():
+        from primitives.engine.launch import init_from_env
+        init_from_env()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    pp = model.num_stages
+    if mesh is not None:
+        if mesh.layout.pp != pp or mesh.layout.world != world or (dp is not None and dp != mesh.layout.dp):
+            raise MeshError(f"rank {rank}: mesh dp={mesh.layout.dp} × pp={mesh.layout.pp} × tp={mesh.layout.tp} does not "
+                            f"match the model's {pp} stages, dp={dp} and world size {world}")
+        return _build(model, load(config, mesh.layout.dp), mesh)
+    if world % pp or (dp is not None and dp * pp != world):
+        raise MeshError(f"rank {rank}: pp={pp} stages × dp={dp if dp is not None else 'world/pp'} does not divide "
+                        f"the world size {world}; expected world = pp × dp")
+    dp = world // pp
+    cfg = load(config, dp)
+    return _build(model, cfg, Mesh.build(dp=dp, pp=pp))
+
+
+def _build(model, cfg, mesh):
+    engine = PipelineEngine(model, cfg, mesh)
+    return engine, engine.optimizer, None, engine.lr_scheduler
+
+
+class PipelineEngine:
+    def __init__(self, model: PipelineModule, cfg, mesh: Mesh):
+        self.module, self.cfg, self.mesh = model, cfg, mesh
+        self.pp, self.dp, self.tp, self.v = mesh.layout.pp, mesh.layout.dp, mesh.layout.tp, cfg.virtual_stages
+        self.stage, self.dp_rank, self.tp_rank, self.rank = mesh.index("pp"), mesh.index("dp"), mesh.index("tp"), mesh.rank
+        self.micro_batches, self.micro_batch_size = cfg.micro_batches, cfg.run.train_micro_batch_size_per_gpu
+        self.schedule = cfg.schedule
+        self.comm = get_comm(mesh.pp_group)
+        self._programs = {t: programs(self.schedule, self.pp, self.micro_batches, self.v, train=t,
+                                      backend=self.comm.backend)[self.stage] for t in (True, False)}
+        self.chunks = model.build_chunks(self.stage, self.pp, self.v)
+        self.loss_fn = model.loss_fn
+        seen, self.params = set(), []
+        for ch in self.chunks:
+            for p in ch.parameters():
+                if id(p) not in seen and p.requires_grad:
+                    seen.add(id(p))
+                    self.params.append(p)
+        self.tied = tied.TiedWeights(self)
+        self.tied.broadcast_initial()
+        o = cfg.run.optimizer
+        opt_cls = torch.optim.AdamW if o.adam_w_mode else torch.optim.Adam
+        self.optimizer = opt_cls(self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
+        self.executor = Executor(self)
+        self.global_steps, self.global_grad_norm = 0, None
+        self._errors: list = []
+        self._broken = None
+        self.timeline, self.peak_activation_bytes, self.step_bytes = [], 0, {}
+        self.measure_activations = True   # saved_tensors_hooks per micro-batch (off: an outer meter measures)
+
+    # ------------------------------------------------------------------ error bookkeeping
+    def fail(self, msg):
+        self._errors.append(msg)
+
+    def failed_locally(self) -> bool:
+        return bool(self._errors)
+
+    def is_first_stage(self) -> bool:
+        return self.stage == 0
+
+    def is_last_stage(self) -> bool:
+        return self.stage == self.pp - 1
+
+    # ------------------------------------------------------------------ public API
+    def train_batch(self, data_iter=None):
+        return self._batch(data_iter, train=True)
+
+    def eval_batch(self, data_iter=None):
+        with torch.no_grad():
+            return self._batch(data_iter, train=False)
+
+    def _batch(self, data_iter, train):
+        if self._broken:
+            raise PipelineError(f"rank {self.rank}: this engine failed in an earlier step and cannot continue:\n{self._broken}")
+        self._errors = []
+        inputs, labels = self._pull(data_iter)
+        for ch in self.chunks:
+            ch.train(train)
+        self._status = None
+        self.executor.run(self._programs[train], inputs, labels, train)
+        if not train:
+            self.step_status(norm_sq=0.0)
+        if train:                      # what the last *training* step did (eval saves nothing)
+            self.timeline = self.executor.events
+            by = self.executor.sent
+            self.step_bytes = {"tp": by.get("fwd", 0) + by.get("bwd", 0), "dp": by.get("reduce_grads", 0),
+                               "pp": sum(v for k, v in by.items() if k.startswith(("send", "recv", "reduce_tied")))}
+            self.peak_activation_bytes = self.executor.meter.peak
+        return self._status
+
+    def _pull(self, data_iter):
+        """First and last stage pull m micro-batches of (inputs, labels) from this replica's iterator."""
+        inputs, labels = {}, {}
+        if not (self.is_first_stage() or self.is_last_stage()):
+            return inputs, labels
+        if data_iter is None:
+            self.fail(f"stage {self.stage} needs a data iterator (first and last stages read it), got None")
+            return inputs, labels
+        for mb in range(self.micro_batches):
+            try:
+                item = next(data_iter)
+            except StopIteration:
+                self.fail(f"data iterator ran dry at micro-batch {mb} of {self.micro_batches} "
+                          f"(stage {self.stage}, data replica {self.dp_rank})")
+                break
+            if not (isinstance(item, (tuple, list)) and len(item) == 2 and all(torch.is_tensor(t) for t in item)):
+                self.fail(f"micro-batch {mb} is {type(item).__name__}; expected a pair (inputs, labels) of tensors")
+                break
+            inputs[mb], labels[mb] = item
+        return inputs, labels
+
+    # ------------------------------------------------------------------ end-of-step ops (called by the executor)
+    def reduce_tied(self):
+        self.tied.reduce_grads()
+
+    def reduce_grads(self):
+        """All-reduce the flat stage gradient over the data-parallel group, then ÷ dp."""
+        if self.dp == 1:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+        all_reduce(flat, group=self.mesh.dp_group)
+        flat.div_(self.dp)
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[off:off + n].view_as(p).clone()
+            off += n
+
+    def step(self):
+        # each parameter once: dp replicas hold equal gradients (only replica 0 counts), tied copies
+        # after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a
+        # sharded parameter counts on every tp rank, a replicated one (LayerNorm, row-parallel
+        # bias) on tp rank 0 only (zero_from_scratch.engine.mpu.counts_on: the one home of that rule).
+        # The status all-reduce then sums norm² over pp (and tp): the global norm of one process.
+        ok = self.dp_rank == 0 and not self.failed_locally()
+        norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in self.params
+                      if p.grad is not None and not self.tied.is_replica(p)
+                      and counts_on(p, self.tp_rank)) if ok else 0.0
+        self.step_status(norm_sq)
+        clip = self.cfg.run.gradient_clipping
+        if clip > 0:
+            coef = clip / (self.global_grad_norm + 1e-6)
+            if coef < 1:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.global_steps += 1
+
+    def step_status(self, norm_sq: float):
+        """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's
+        outcome; on failure every rank gathers the messages and raises the same PipelineError."""
+        last = self.is_last_stage() and self.tp_rank == 0      # tp ranks hold the same loss: count one
+        status = torch.tensor([1.0 if self._errors else 0.0, self.executor.loss_sum if last else 0.0, norm_sq],
+                              dtype=torch.float64)
+        with LEDGER.control_traffic():
+            all_reduce(status)
+            if status[0] > 0:
+                mine = "; ".join(m for m in self._errors if m) or ""
+                text = (f"rank {self.rank} (stage {self.stage}, replica {self.dp_rank}): {mine}" if mine else "")
+                buf = torch.zeros(1024, dtype=torch.uint8)
+                raw = text.encode()[:1024]
+                buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+                out = [torch.zeros_like(buf) for _ in range(dist.get_world_size())]
+                all_gather(out, buf)
+                msgs = [bytes(o[:int((o != 0).sum())].tolist()).decode(errors="replace") for o in out]
+                self._broken = "\n".join(f"  {m}" for m in msgs if m)
+                raise PipelineError(f"rank {self.rank}: the pipeline step failed on {int(status[0])} rank(s):\n{self._broken}")
+        self._status = float(status[1]) / (self.micro_batches * self.dp)
+        self.global_grad_norm = float(status[2]) ** 0.5

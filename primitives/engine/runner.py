@@ -1,0 +1,187 @@
+"""What `python primitives/<collective>.py` does: run each algorithm, check it against the
+backend's built-in, compare the bytes sent with the formula, time it, and print a table.
+
+    torchrun --nproc_per_node 4 primitives/all_reduce.py [--size 1048576] [--iters 5]
+    mpiexec -n 4 python primitives/all_reduce.py --backend mpi
+
+Inputs are small integers stored in the chosen dtype, so every summation order gives the same
+exact result and the check against the built-in can be bitwise.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import primitives as P
+from primitives.engine.cost import traffic
+from primitives.engine.launch import add_launch_args, init_from_env
+from primitives.engine.log import fail, print0
+from primitives.engine.reference import ref
+
+ROOTED = ("broadcast", "reduce", "scatter", "gather")
+# nccl-tests' busbw factors; S is the full buffer for the gather/scatter family
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+for _k in ("all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single", "scatter", "gather"):
+    BUS_FACTOR[_k] = lambda n: (n - 1) / n
+
+
+class Case:
+    """Fresh arguments for one call of `name` (ours and the reference get separate copies)."""
+
+    def __init__(self, name: str, comm, numel: int, dtype, root: int, fill: str = "ints"):
+        self.name, self.comm, self.numel, self.dtype, self.root = name, comm, numel, dtype, root
+        n, r = comm.size, comm.rank
+        dev = comm.device
+        g = torch.Generator().manual_seed(1234 + r)
+
+        def data(k):
+            if fill == "zeros":
+                return torch.zeros(k, dtype=dtype, device=dev)
+            return torch.randint(-3, 4, (k,), generator=g).to(dtype).to(dev)
+        self.block = numel                        # elements per rank's contribution / result
+        if name in ("broadcast", "reduce", "all_reduce"):
+            self.x = data(numel)
+        elif name in ("all_gather", "all_gather_single", "gather"):
+            self.x = data(numel)
+        elif name in ("reduce_scatter", "reduce_scatter_single"):
+            self.x = data(n * numel)
+        elif name == "scatter":
+            self.x = data(n * numel) if r == root else None
+
+    def args(self):
+        """(args, outputs): a fresh copy of the call's arguments and the tensors to compare."""
+        n, r, name, k = self.comm.size, self.comm.rank, self.name, self.numel
+        dev, dt = self.comm.device, self.dtype
+        z = lambda m: torch.zeros(m, dtype=dt, device=dev)  # noqa: E731
+        if name in ("broadcast", "reduce"):
+            t = self.x.clone()
+            return (t, self.root), [t] if name == "broadcast" or r == self.root else []
+        if name == "all_reduce":
+            t = self.x.clone()
+            return (t,), [t]
+        if name == "all_gather":
+            out = [z(k) for _ in range(n)]
+            return (out, self.x), out
+        if name == "all_gather_single":
+            out = z(n * k)
+            return (out, self.x), [out]
+        if name == "reduce_scatter":
+            out = z(k)
+            return (out, list(self.x.tensor_split(n))), [out]
+        if name == "reduce_scatter_single":
+            out = z(k)
+            return (out, self.x), [out]
+        if name == "scatter":
+            out = z(k)
+            return (out, list(self.x.tensor_split(n)) if r == self.root else None, self.root), [out]
+        if name == "gather":
+            out = [z(k) for _ in range(n)] if r == self.root else None
+            return (self.x, out, self.root), out or []
+
+    def bus_bytes(self) -> int:
+        """S as nccl-tests defines it for algbw: the full buffer for the gather/scatter family."""
+        esz = torch.empty(0, dtype=self.dtype).element_size()
+        full = self.numel * (self.comm.size if self.name not in ("broadcast", "reduce", "all_reduce") else 1)
+        return full * esz
+
+
+def builtin_call(name, comm, args):
+    ref(name, comm, *args)
+
+
+def barrier(comm):
+    if comm.backend == "mpi":
+        comm.mpi.Barrier()
+    else:
+        torch.distributed.barrier(group=comm.group)
+
+
+def all_ok(comm, ok: bool) -> bool:
+    """Every rank's verdict combined with the backend's own all-reduce (MIN)."""
+    if comm.backend == "mpi":
+        from mpi4py import MPI
+        return bool(comm.mpi.allreduce(int(ok), op=MPI.MIN))
+    t = torch.tensor([int(ok)], device=comm.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=comm.group)
+    return bool(t.item())
+
+
+def time_call(fn, comm, iters: int, warmup: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        barrier(comm)
+        t0 = time.perf_counter()
+        fn()
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main(name: str, argv=None) -> None:
+    ap = argparse.ArgumentParser(description=f"Run, verify and time every {name} algorithm.")
+    add_launch_args(ap)
+    ap.add_argument("--size", type=int, default=1 << 20, help="bytes per rank's tensor (default 1 MiB)")
+    ap.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64", "int32", "int64"])
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--root", type=int, default=0, help="src/dst for rooted collectives")
+    valid = P.ALGORITHMS[name] + ["auto"]
+    ap.add_argument("--algorithms", default=",".join(valid), help=f"comma list of {', '.join(valid)}")
+    args = ap.parse_args(argv)
+    bad = [a for a in args.algorithms.split(",") if a not in valid]
+    if bad:   # refuse at parsing, not at the collective's safety check after a long traceback
+        ap.error(f"--algorithms: {', '.join(map(repr, bad))} is not a {name} algorithm; expected a comma list of "
+                 f"{', '.join(valid)}")
+    comm = init_from_env(args.backend, args.timeout)
+    n = comm.size
+    dtype = getattr(torch, args.dtype)
+    numel = max(1, args.size // torch.empty(0, dtype=dtype).element_size())
+    root = args.root if name in ROOTED else 0
+    if not 0 <= root < n:
+        fail(f"rank {comm.rank}: --root {root} is out of range for world size {n}: expected 0 ≤ root ≤ {n - 1}")
+    if n == 1:
+        print0(f"[yellow]World size 1: {name} has nobody to talk to, so every algorithm is a local copy.[/]\n"
+               f"  For more ranks: [bold]torchrun --nproc_per_node 4 primitives/{name}.py[/]\n"
+               f"  or with MPI:    [bold]mpiexec -n 4 python primitives/{name}.py --backend mpi[/]")
+    case = Case(name, comm, numel, dtype, root)
+    from rich.table import Table
+    table = Table(title=f"{name}: {n} ranks, {args.size:,} bytes per rank, {args.dtype}, backend {comm.backend}")
+    for col in ("algorithm", "ran", "check vs built-in", "bytes sent (rank 0)", "formula (rank 0)",
+                "every rank = formula", "msgs (rank 0)", "median ms", "busbw GB/s"):
+        table.add_column(col, justify="right" if col not in ("algorithm", "ran", "check vs built-in") else "left")
+    failures = 0
+    for algo in args.algorithms.split(","):
+        a_ours, outs = case.args()
+        a_ref, refs = case.args()
+        with P.LEDGER.track() as d:
+            getattr(P, name)(*a_ours, algorithm=algo)
+        used = P.LEDGER.calls[-1].algorithm
+        builtin_call(name, comm, a_ref)
+        ok = all_ok(comm, all(torch.equal(o, e) for o, e in zip(outs, refs)))
+        expect = traffic(name, used, n, comm.rank, numel, case.x.element_size() if case.x is not None else
+                         torch.empty(0, dtype=dtype).element_size(), root)
+        formula_ok = all_ok(comm, (d.msgs_sent, d.bytes_sent) == expect)
+        hs = P.handshake_enabled()
+        P.set_handshake(False)      # time the algorithm, not the safety check (as bench.py does)
+        a_t = case.args()[0]
+        times = time_call(lambda: getattr(P, name)(*a_t, algorithm=algo), comm, args.iters)
+        P.set_handshake(hs)
+        med = statistics.median(times)
+        busbw = case.bus_bytes() / med * BUS_FACTOR[name](n) / 1e9 if n > 1 else 0.0
+        failures += (not ok) + (not formula_ok)
+        table.add_row(algo, used, "[green]pass[/]" if ok else "[red]FAIL[/]", f"{d.bytes_sent:,}", f"{expect[1]:,}",
+                      "[green]yes[/]" if formula_ok else "[red]NO[/]", str(d.msgs_sent), f"{med * 1e3:.3f}", f"{busbw:.3f}")
+    ref_args, _ = case.args()
+    ref_times = time_call(lambda: builtin_call(name, comm, ref_args), comm, args.iters)
+    med = statistics.median(ref_times)
+    table.add_row(f"built-in ({comm.backend})", "-", "-", "-", "-", "-", "-", f"{med * 1e3:.3f}",
+                  f"{case.bus_bytes() / med * BUS_FACTOR[name](n) / 1e9:.3f}" if n > 1 else "0.000")
+    print0(table)
+    print0("busbw = algbw × nccl-tests' factor; algbw = S / time, S = the full buffer for gather/scatter-type ops.")
+    if failures:
+        fail(f"rank {comm.rank}: {failures} check(s) failed", code=1)

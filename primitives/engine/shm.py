@@ -1,0 +1,321 @@
+"""ShmComm: point-to-point through shared memory between ranks on one host, the process
+group's own transport (gloo over TCP) to ranks elsewhere. Every collective × algorithm runs
+on it unchanged; shm_collectives.py adds the ones that read peers' buffers directly.
+
+    RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/all_reduce.py
+    RINGZERO_TRANSPORT=tcp ...        (gloo for everything)   auto (default): shm where it can
+
+Transport of a message of S bytes: per ordered pair (src, dst) a channel, a ring of K slots of
+C bytes (RINGZERO_SHM_SLOTS, RINGZERO_SHM_SLOT_BYTES). The sender copies the message straight
+from its tensor into free slots, C bytes at a time, and publishes each with a counter; the
+receiver copies each slot straight into its tensor and hands the slot back. So a large
+message is pipelined through K slots: 2 copies of S in all (gloo: 2 copies plus the kernel's
+socket buffers), and no system call per message except a wake-up when the peer sleeps.
+The counters rely on x86's store order (TSO): data is written before the counter publishing it.
+
+Semantics are MPI's: messages between a pair arrive in posting order; isend completes once
+its bytes are in the ring (buffered); nothing moves in the background, so every wait() also
+advances every other pending transfer of this communicator (no deadlock when two ranks
+send to each other before receiving). Waiting spins 32 polls, optionally yields the core for
+RINGZERO_SHM_YIELD_S (default 0), then blocks on a futex "doorbell" in the segment that every
+publisher rings (≤ 5 ms per block, so nothing waits on a lost wake-up for long); every 50 ms
+it checks each local peer's pid (with its start time, so a reused pid does not count): a
+dead peer is a PeerError naming it, the deadline (`timeout`) one naming the peer waited for.
+A receive whose sender posted a different size is a PeerError too, never a silent truncation.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import platform
+import threading
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from primitives.engine import shm_segment as seg
+from primitives.comm import DEFAULT_TIMEOUT, PeerError, TorchComm
+
+TRANSPORTS = ("auto", "shm", "tcp")
+SLOT_BYTES = int(os.environ.get("RINGZERO_SHM_SLOT_BYTES", 512 << 10))
+SLOTS = int(os.environ.get("RINGZERO_SHM_SLOTS", 8))
+WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 8 << 20))   # per rank, ×2 (double-buffered)
+LINE = 64                                                            # one cache line per counter
+SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
+
+
+def transport_from_env(transport: str | None) -> str:
+    t = (transport or os.environ.get("RINGZERO_TRANSPORT") or "auto").lower()
+    if t not in TRANSPORTS:
+        raise ValueError(f"RINGZERO_TRANSPORT / transport= is {t!r}; expected one of {list(TRANSPORTS)}")
+    return t
+
+
+def layout(n: int) -> dict:
+    """Byte offsets in a host's segment for n local ranks: per-rank control lines, n·n
+    channels (head line, tail line, K slots of a header line + C bytes), 2·n workspaces."""
+    ctl = LINE * (1 + n)
+    slot = LINE + SLOT_BYTES
+    chan = 2 * LINE + SLOTS * slot
+    ws = ctl + n * n * chan
+    return dict(ctl=LINE, chan0=ctl, chan=chan, slot=slot, ws=ws, total=ws + 2 * n * WS_BYTES)
+
+
+class _Op:
+    __slots__ = ("peer", "kind", "buf", "total", "off", "done", "out")
+
+    def __init__(self, peer, kind, buf, out=None):
+        self.peer, self.kind, self.buf, self.out = peer, kind, buf, out
+        self.total, self.off, self.done = buf.numel(), 0, False
+
+
+def _advance(queue, op: _Op, k: int) -> None:
+    """k more bytes of the op at the head of queue moved; pop it when complete."""
+    op.off += k
+    if op.off == op.total:
+        op.done = True
+        queue.popleft()
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+class ShmComm(TorchComm):
+    """A TorchComm whose messages to ranks on this host go through shared memory."""
+
+    def __init__(self, group=None, timeout: float | None = None, transport: str | None = None):
+        super().__init__(group, timeout)
+        want = transport_from_env(transport)
+        self.transport, self.local, self.mm, self.token = "tcp", {}, None, None
+        self.why_not = ("a world of one" if self.size == 1 else f"backend {self.backend}" if self.backend != "gloo"
+                        else f"RINGZERO_TRANSPORT={want}")
+        self._lock = threading.RLock()
+        if platform.machine() not in ("x86_64", "AMD64"):     # the slot counters rely on x86's store order
+            self.why_not = f"{platform.machine()} is not x86-64 (no total store order)"
+            if want == "shm":
+                raise ValueError(f"rank {self.rank}: transport 'shm' asked for, but {self.why_not}")
+            return
+        if want == "tcp" or self.size == 1 or self.backend != "gloo":
+            if want == "shm" and self.backend != "gloo":
+                raise ValueError(f"rank {self.rank}: transport 'shm' needs CPU tensors (backend gloo), "
+                                 f"this group uses {self.backend}")
+            return
+        try:
+            mm, local, procs, self.token, why = seg.rendezvous(
+                group, self.rank, self.size, lambda n: layout(n)["total"], self._gather)
+        except Exception as e:
+            raise PeerError(f"rank {self.rank}: shared-memory rendezvous failed (did a rank die "
+                            f"before it?): {e}") from e
+        self.why_not = why
+        if mm is None:
+            if want == "shm":
+                raise ValueError(f"rank {self.rank}: transport 'shm' asked for, but {why}; "
+                                 "use RINGZERO_TRANSPORT=auto or tcp")
+            return
+        self._setup(mm, local, procs)
+        if want == "shm" and len(local) != self.size:
+            far = [r for r in range(self.size) if r not in self.local]
+            raise ValueError(f"rank {self.rank}: transport 'shm' asked for, but ranks {far} are on "
+                             "other hosts; use RINGZERO_TRANSPORT=auto (shm here, tcp to them)")
+
+    def _gather(self, obj):
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _setup(self, mm, local, procs):
+        self.mm, n = mm, len(local)
+        self.L = L = layout(n)
+        self.local = {r: i for i, r in enumerate(local)}           # group rank -> index on this host
+        self.me = self.local[self.rank]
+        self.procs = dict(zip(local, procs))
+        self.transport = "shm" if n == self.size else "shm+tcp"
+        self.u8 = torch.frombuffer(mm, dtype=torch.uint8)
+        self.i64 = np.frombuffer(mm, dtype=np.int64)
+        self.i32 = np.frombuffer(mm, dtype=np.int32)
+        self._base = seg.base_address(mm)
+        self.n_local = n
+        self._sendq = {r: collections.deque() for r in local if r != self.rank}
+        self._recvq = {r: collections.deque() for r in local if r != self.rank}
+        self._head = {r: 0 for r in local}                         # chunks I published to r
+        self._tail = {r: 0 for r in local}                         # chunks I consumed from r
+        self._busy: set[int] = set()
+        self._bar = 0
+        self.ws_gen = 0                                            # shm_collectives: chunk counter
+
+    # ------------------------------------------------------------------ channel geometry
+    def _chan(self, src_rank: int, dst_rank: int) -> int:
+        return self.L["chan0"] + (self.local[src_rank] * self.n_local + self.local[dst_rank]) * self.L["chan"]
+
+    def _door(self, rank: int) -> int:
+        """Byte offset of rank's doorbell: an int32 in its control line (the barrier count is at +0)."""
+        return self.L["ctl"] + self.local[rank] * LINE + 32
+
+    def ring(self, rank: int) -> None:
+        """Tell rank something it may be waiting for changed: bump its doorbell, wake it."""
+        d = self._door(rank)
+        self.i32[d // 4] += 1
+        seg.futex_wake(self._base + d)
+
+    def _slot(self, chan: int, seq: int) -> int:
+        return chan + 2 * LINE + (seq % SLOTS) * self.L["slot"]
+
+    # ------------------------------------------------------------------ post
+    def _isend(self, tensor, peer):
+        if peer not in self.local:
+            return super()._isend(tensor, peer)
+        src = tensor if tensor.is_contiguous() else tensor.contiguous()   # snapshot now: buffered send
+        return self._post_op(_Op(peer, "sending to", _bytes(src)), self._sendq)
+
+    def _irecv(self, tensor, peer):
+        if peer not in self.local:
+            return super()._irecv(tensor, peer)
+        if tensor.is_contiguous():
+            return self._post_op(_Op(peer, "receiving from", _bytes(tensor)), self._recvq)
+        tmp = torch.empty(tensor.shape, dtype=tensor.dtype)
+        return self._post_op(_Op(peer, "receiving from", _bytes(tmp), out=(tensor, tmp)), self._recvq)
+
+    def _post_op(self, op, queues):
+        with self._lock:
+            queues[op.peer].append(op)
+            self._busy.add(op.peer)
+            self._progress()                                   # eager: small messages leave at once
+        return op
+
+    # ------------------------------------------------------------------ progress
+    def _progress(self) -> None:
+        i64, u8, C = self.i64, self.u8, SLOT_BYTES
+        for peer in list(self._busy):
+            sq, rq = self._sendq[peer], self._recvq[peer]
+            if sq:
+                ch = self._chan(self.rank, peer)
+                head, tail = self._head[peer], int(i64[(ch + LINE) // 8])
+                while sq and head - tail < SLOTS:
+                    op = sq[0]
+                    k = min(C, op.total - op.off)
+                    s = self._slot(ch, head)
+                    i64[s // 8], i64[s // 8 + 1] = op.total, k
+                    u8[s + LINE:s + LINE + k].copy_(op.buf[op.off:op.off + k])
+                    head += 1
+                    i64[ch // 8] = head                          # publish after the data (TSO)
+                    _advance(sq, op, k)
+                if head != self._head[peer]:
+                    self._head[peer] = head
+                    self.ring(peer)
+            if rq:
+                ch = self._chan(peer, self.rank)
+                tail, head = self._tail[peer], int(i64[ch // 8])
+                while rq and tail < head:
+                    op = rq[0]
+                    s = self._slot(ch, tail)
+                    total, k = int(i64[s // 8]), int(i64[s // 8 + 1])
+                    if total != op.total:
+                        raise PeerError(self._describe(peer, op.kind, RuntimeError(
+                            f"rank {peer} sent a message of {total} bytes, this rank posted a receive "
+                            f"of {op.total} bytes (mismatched calls)")))
+                    op.buf[op.off:op.off + k].copy_(u8[s + LINE:s + LINE + k])
+                    tail += 1
+                    i64[(ch + LINE) // 8] = tail                  # hand the slot back
+                    _advance(rq, op, k)
+                if tail != self._tail[peer]:
+                    self._tail[peer] = tail
+                    self.ring(peer)                                 # its sender may wait for a slot
+            if not sq and not rq:
+                self._busy.discard(peer)
+
+    # ------------------------------------------------------------------ wait
+    def _wait(self, handle):
+        if not isinstance(handle, _Op):
+            return super()._wait(handle)
+        if not handle.done:
+            self.spin_until(lambda: handle.done, handle.peer, handle.kind, progress=True)
+        if handle.out is not None:
+            tensor, tmp = handle.out
+            tensor.copy_(tmp)
+            handle.out = None
+
+    def spin_until(self, ready, peer: int, kind: str, progress: bool = False) -> None:
+        """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
+        YIELD_S, then block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
+        Every 50 ms a dead local peer, and the deadline, become a PeerError."""
+        spins, start, check = 0, None, 0.0
+        door = self._door(self.rank)
+        while True:
+            bell = int(self.i32[door // 4])              # read before checking: no lost wake-up
+            if progress:
+                with self._lock:
+                    self._progress()
+            if ready():
+                return
+            spins += 1
+            if spins < SPIN:
+                continue
+            now = time.monotonic()
+            if start is None:
+                start = now
+            if now >= check:
+                self._check_peers(peer, kind)
+                check = now + 0.05
+            if now - start > self.timeout:
+                raise PeerError(self._describe(peer, kind, RuntimeError(
+                    f"timed out after {self.timeout:.0f}s on the shared-memory transport")))
+            if now - start < YIELD_S:
+                os.sched_yield()
+            else:
+                seg.futex_wait(self._base + door, bell, 5e-3)
+
+    def _check_peers(self, peer: int, kind: str) -> None:
+        for r in [peer] + [r for r in self.procs if r not in (peer, self.rank)]:
+            if r in self.procs and not seg.alive(*self.procs[r]):
+                why = f"rank {r} (pid {self.procs[r][0]}) is gone: its process exited or was killed"
+                # dead=r: the PeerError that Request.wait builds from this one names r as the
+                # root cause, even when r is not the peer this rank was waiting on
+                if r == peer:
+                    raise PeerError(self._describe(peer, kind, RuntimeError(why)), dead=r)
+                raise PeerError(f"rank {self.rank}: failed {kind} rank {peer} (transport shm): {why}; "
+                                f"did rank {r} die or skip this call?", dead=r)
+
+    # ------------------------------------------------------------------ for shm_collectives
+    def barrier_local(self, what: str) -> None:
+        """Every local rank reaches this point: bump my counter, wait for everyone's."""
+        self._bar += 1
+        v, i64, base = self._bar, self.i64, self.L["ctl"] // 8
+        stride = LINE // 8
+        i64[base + self.me * stride] = v
+        for r in self.local:
+            if r != self.rank:
+                self.ring(r)
+        others = [(r, base + i * stride) for r, i in self.local.items() if r != self.rank]
+        pending = list(others)
+
+        def ready():
+            while pending and i64[pending[-1][1]] >= v:
+                pending.pop()
+            return not pending
+        self.spin_until(ready, pending[-1][0] if pending else self.rank, f"{what}: waiting at a barrier for")
+
+    def workspace(self, rank: int, gen: int, dtype, numel: int) -> torch.Tensor:
+        off = self.L["ws"] + (2 * self.local[rank] + gen % 2) * WS_BYTES
+        return self.u8[off:off + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
+
+
+def build(group=None, timeout: float | None = None, transport: str | None = None) -> TorchComm:
+    """The communicator get_comm() builds: ShmComm on gloo (it falls back to plain TCP by itself),
+    TorchComm otherwise (nccl tensors live on the GPU)."""
+    if dist.get_backend(group) != "gloo":
+        if transport_from_env(transport) == "shm":
+            raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
+        return TorchComm(group, timeout)
+    return ShmComm(group, DEFAULT_TIMEOUT if timeout is None else timeout, transport)
+
+
+def describe(comm) -> str:
+    """One line for a script's start-up output: which transport its bytes travel on."""
+    t = getattr(comm, "transport", comm.backend)
+    where = {"shm": "shared memory, every rank on this host", "tcp": f"{comm.backend} over TCP",
+             "shm+tcp": "shared memory within a host, TCP between hosts"}.get(t, f"{comm.backend}'s own")
+    why = f"; shared memory not used: {comm.why_not}" if t == "tcp" and getattr(comm, "why_not", "") else ""
+    return f"transport: {t} ({where}{why}; RINGZERO_TRANSPORT=auto|shm|tcp)"

@@ -1,0 +1,385 @@
+"""Sharded checkpoints: one file per rank plus a manifest; consolidation and resharding.
+
+    engine.save_checkpoint("ckpt")                 # ckpt/global_step10 -> global_step10.<id>/{zero_rank000.pt, …, manifest.json}
+    engine.load_checkpoint("ckpt")                 # same N: bit-exact resume
+    engine.load_checkpoint("ckpt", reshard=True)   # different N or stage: re-partitioned from the manifest
+    python -m zero_from_scratch.engine.zero_to_fp32 ckpt out.pt    # one full fp32 state_dict
+
+Each rank writes its local shards (params in the model dtype, the fp32 master in mixed
+precision, Adam's m and v) and its RNG state. Rank 0 writes manifest.json: the layout (every
+unit's parameters with global offsets, shapes, padding, N), step counters, optimizer
+hyper-parameters and step counts, scheduler and loss-scaler state, each shard file's byte size
+and a save id shared by every file of one save.
+
+A save never destroys the previous good checkpoint, re-saving the same tag included. The phases
+(PHASES; RINGZERO_CKPT_KILL_AT=phase[:rank] SIGKILLs a rank there, for the fault tests):
+  validated  every argument checked on every rank, agreed by one small all-gather: a bad tag or
+             a non-JSON client_state on any rank is a CheckpointError on every rank, before any write
+  shard      each rank writes its file into a NEW folder <tag>.<save id> (temp name, fsync, rename)
+  manifest   rank 0 writes manifest.json there, last: a folder with a manifest is complete
+  tag        rank 0 points the symlink <tag> at the new folder (one rename(2): atomic)
+  latest     rank 0 rewrites `latest` (the tag, as DeepSpeed writes it) the same way
+  cleanup    rank 0 removes the folder <tag> pointed at before, and leftovers of killed saves
+A kill before `tag` leaves the old <tag> and `latest`; after it, the new complete save.
+Loading checks: a different model (names/shapes), a different layout without reshard=True,
+missing or truncated shard files, and files from different saves each raise CheckpointError.
+
+With an mpu (mpu.py) each model-parallel rank is its own ZeRO world with its own parameter
+shapes, so its files carry its rank like DeepSpeed's mp_rank_XX: mp_rank_01_zero_rank000.pt
+and mp_rank_01_manifest.json (model parallelism of 1 keeps the names above). The save id is
+agreed over the model-parallel group too, every manifest is written before the one publish
+(by global rank 0), and loading reads this rank's manifest; consolidate(mp_rank=) gives one
+model-parallel rank's state dict (tensor_parallel.gather_state_dict joins them in a live model).
+
+Loading always goes through full tensors (unshard, then shard with the current layout); at the
+same N that is pure copying, hence bit-exact, and it is the same code that reshards. Cost: each
+rank reads every shard file once (O(Ψ) memory transiently); a save adds two 24-byte-per-rank
+all-gathers (validation, sizes) and one 8-byte one (the closing barrier).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+
+import torch
+
+from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
+from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
+
+FORMAT = "ringzero-zero/1"
+KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
+PHASES = ("validated", "shard", "manifest", "tag", "latest", "cleanup")
+KILL_ENV = "RINGZERO_CKPT_KILL_AT"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _phase(name: str, rank: int) -> None:
+    """Fault injection: SIGKILL this process at phase `name` when RINGZERO_CKPT_KILL_AT asks."""
+    want = os.environ.get(KILL_ENV)
+    if not want:
+        return
+    phase, _, who = want.partition(":")
+    if phase == name and (who == "" or int(who) == rank):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _shard_file(rank: int, mp_rank: int = 0, mp_size: int = 1) -> str:
+    return f"{mp_prefix(mp_rank, mp_size)}zero_rank{rank:03d}.pt"
+
+
+def _manifest_file(mp_rank: int = 0, mp_size: int = 1) -> str:
+    return f"{mp_prefix(mp_rank, mp_size)}manifest.json"
+
+
+
+
+def _local_params(engine) -> list[torch.Tensor]:
+    out = []
+    for g in range(len(engine.layout.group_local)):
+        parts = [engine.stage.param_shard(u) for u in engine.layout.units_of_group(g)]
+        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=engine.dtype))
+    return out
+
+
+def _model_spec(engine) -> list:
+    return [[n, list(engine.params_by_name[n].shape) if engine.stage_id != 3 else list(engine.layout.where[n][1].shape), g]
+            for g, ns in enumerate(engine.group_names) for n in ns]
+
+
+_PROBLEMS = {1: "save_dir is not a folder that can be created or written",
+             2: "tag is not a usable folder name (non-empty, no '/', not 'latest', not starting with '.')",
+             3: "client_state is not a JSON-serialisable dict"}
+
+
+def _check_args(save_dir, tag: str, client_state) -> tuple[int, str]:
+    """(problem code, detail) for this rank's arguments; (0, "") when they are fine."""
+    if not isinstance(tag, str) or not tag or os.sep in tag or tag == "latest" or tag.startswith("."):
+        return 2, f"tag {tag!r}"
+    if not isinstance(client_state, dict):
+        return 3, f"client_state is a {type(client_state).__name__}"
+    try:
+        json.dumps(client_state)
+    except (TypeError, ValueError) as e:
+        return 3, f"json.dumps(client_state): {e}"
+    try:
+        os.makedirs(save_dir, exist_ok=True)
+    except OSError as e:
+        return 1, f"{save_dir!r}: {e}"
+    if not os.access(save_dir, os.W_OK):
+        return 1, f"{save_dir!r} is not writable"
+    return 0, ""
+
+
+def _agree(c, save_dir, tag, client_state) -> int:
+    """Validate on every rank, then one all-gather so every rank raises the same error (naming the
+    ranks and what is wrong) instead of one rank failing and the others waiting at a collective.
+    Returns the save id, drawn on rank 0."""
+    code, detail = _check_args(save_dir, tag, client_state)
+    tag_hash = int.from_bytes(hashlib.sha1(str(tag).encode()).digest()[:7], "little")
+    sid = int.from_bytes(os.urandom(6), "little") if c.rank == 0 else 0
+    rows = c.gather_ints([code, tag_hash, sid], "checkpoint") if c.size > 1 else [[code, tag_hash, sid]]
+    bad = [(r, row[0]) for r, row in enumerate(rows) if row[0]]
+    if bad:
+        who = "; ".join(f"rank {r}: {_PROBLEMS[k]}" for r, k in bad)
+        mine = f" (here, rank {c.rank}: {detail})" if code else ""
+        raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: {who}{mine}")
+    if len({row[1] for row in rows}) > 1:
+        raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: the ranks passed different "
+                              f"tags (rank {c.rank} has {tag!r}); pass the same tag everywhere")
+    return rows[0][2]
+
+
+def _agree_mp(engine, sid: int, tag, refused: CheckpointError | None) -> int:
+    """Model parallelism: each dp group agreed on its own; now the mp group shares mp rank 0's
+    save id (one folder for the whole save), checks the tags match, and a refusal in any dp
+    group is a refusal on every rank (the others would wait for it at the next collective)."""
+    m = engine.mp
+    tag_hash = int.from_bytes(hashlib.sha1(str(tag).encode()).digest()[:7], "little")
+    rows = m.gather_ints([tag_hash, sid, 1 if refused else 0], "checkpoint")
+    if refused is not None:
+        raise refused
+    if any(row[2] for row in rows):
+        bad = [r for r, row in enumerate(rows) if row[2]]
+        raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: model-parallel ranks {bad} "
+                              f"refused their arguments (their error names the problem); global rank "
+                              f"{m.global_rank} stops too")
+    if len({row[0] for row in rows}) > 1:
+        raise CheckpointError(f"save_checkpoint refused, nothing written: the model-parallel ranks passed different "
+                              f"tags (global rank {m.global_rank} has {tag!r}); pass the same tag everywhere")
+    m.usage.pop("checkpoint", None)
+    return rows[0][1]
+
+
+def save(engine, save_dir: str, tag, client_state: dict) -> str:
+    c = engine.comm
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    mp_rank, mp_size = engine_mp(engine)
+    try:
+        sid = _agree(c, save_dir, tag, client_state)
+    except CheckpointError as e:
+        if mp_size == 1:
+            raise
+        _agree_mp(engine, 0, tag, e)
+    if mp_size > 1:
+        sid = _agree_mp(engine, sid, tag, None)
+    _phase("validated", c.rank)
+    folder = f"{tag}.{sid:012x}"
+    d = os.path.join(save_dir, folder)
+    os.makedirs(d, exist_ok=True)
+    params = _local_params(engine)
+    local = [{"param": params[g], "master": engine.master[g] if engine.mixed else None,
+              "exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"]} for g, s in enumerate(engine.optimizer.state)]
+    sharded = set(engine.params_by_name)
+    aliases = {}
+    for n, p in engine.module.named_parameters(remove_duplicate=False):
+        canon = next((k for k, q in engine.params_by_name.items() if q is p), None)
+        if canon is not None and canon != n:
+            aliases[n] = canon
+    extras = {k: v.clone() for k, v in engine.module.state_dict().items() if k not in sharded and k not in aliases}
+    blob = {"format": FORMAT, "save_id": sid, "rank": c.rank, "local": local, "rng": engine.rng_state(),
+            "extras": extras if c.rank == 0 else None}
+    size = atomic_write(os.path.join(d, _shard_file(c.rank, mp_rank, mp_size)), lambda f: torch.save(blob, f))
+    _phase("shard", c.rank)
+    sizes = c.gather_ints([size], "checkpoint") if c.size > 1 else [[size]]
+    if c.rank == 0:
+        man = {"format": FORMAT, "save_id": sid, "tag": tag, "world_size": c.size, "stage": engine.stage_id,
+               "dtype": str(engine.dtype), "layout": engine.layout.to_manifest(), "params": _model_spec(engine),
+               "aliases": aliases, "global_steps": engine.global_steps, "micro_steps": engine.micro_steps,
+               "skipped_steps": engine.skipped_steps,
+               "optimizer": {"hyper": engine.optimizer.hyper_state(), "steps": [s["step"] for s in engine.optimizer.state]},
+               "scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+               "loss_scaler": engine.loss_scaler.state_dict(), "client_state": client_state,
+               "mp_rank": mp_rank, "mp_world_size": mp_size,
+               "shard_files": {str(r): {"file": _shard_file(r, mp_rank, mp_size), "bytes": sizes[r][0]}
+                               for r in range(c.size)}}
+        atomic_write(os.path.join(d, _manifest_file(mp_rank, mp_size)),
+                     lambda f: f.write(json.dumps(man, indent=1).encode()))
+        if mp_size > 1:                          # every mp rank's manifest is in before the publish
+            engine.mp.gather_ints([0], "checkpoint")
+        if mp_rank == 0:
+            _publish(save_dir, tag, folder)
+        if mp_size > 1:                          # and nobody returns before it
+            engine.mp.gather_ints([0], "checkpoint")
+            engine.mp.usage.pop("checkpoint", None)
+    if c.size > 1:
+        c.gather_ints([0], "checkpoint")         # barrier: nobody loads before the manifest exists
+    c.usage.pop("checkpoint", None)
+    return os.path.join(save_dir, tag)
+
+
+def _is_version_of(name: str, tag: str) -> bool:
+    """True for the folders one tag's saves create: <tag>.<12 hex digits> and <tag>.old."""
+    rest = name[len(tag) + 1:] if name.startswith(f"{tag}.") else None
+    return rest == "old" or (rest is not None and len(rest) == 12 and all(ch in "0123456789abcdef" for ch in rest))
+
+
+def _publish(save_dir: str, tag: str, folder: str) -> None:
+    """Rank 0, after the new folder is complete: swap the tag's symlink, then `latest`, then clean up."""
+    _phase("manifest", 0)
+    link = os.path.join(save_dir, tag)
+    if os.path.isdir(link) and not os.path.islink(link):   # a real folder (older format): move it aside
+        os.replace(link, os.path.join(save_dir, f"{tag}.old"))
+    atomic_symlink(folder, link)
+    _phase("tag", 0)
+    atomic_write(os.path.join(save_dir, "latest"), lambda f: f.write(tag.encode()))
+    _phase("latest", 0)
+    for name in os.listdir(save_dir):                      # the folder replaced, and killed saves' leftovers
+        path = os.path.join(save_dir, name)
+        if name != folder and _is_version_of(name, tag) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+    _phase("cleanup", 0)
+
+
+def read_manifest(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> tuple[str, dict]:
+    if tag is None:
+        latest = os.path.join(load_dir, "latest")
+        if not os.path.exists(latest):
+            raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
+        tag = open(latest).read().strip()
+    d = os.path.join(load_dir, str(tag))
+    if not os.path.exists(d) and os.path.isdir(d + ".old"):   # killed while moving an old-format folder aside
+        d += ".old"
+    path = os.path.join(d, _manifest_file(mp_rank, mp_size))
+    if not os.path.exists(path):
+        others = sorted(f for f in os.listdir(d) if f.endswith("manifest.json")) if os.path.isdir(d) else []
+        raise CheckpointError(f"checkpoint {d!r} has no {os.path.basename(path)} (model-parallel rank {mp_rank} of "
+                              f"{mp_size}); it holds {others or 'no manifest'}: missing, from another tool, or saved "
+                              "with another model-parallel size")
+    try:
+        man = json.load(open(path))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}): the file is damaged") from None
+    if man.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {man.get('format')!r}, expected {FORMAT!r}")
+    return d, man
+
+
+def read_shards(d: str, man: dict) -> list[dict]:
+    """The shard files the layout needs (ranks 0..layout N-1), each verified against the manifest."""
+    out = []
+    for r in range(man["layout"]["world_size"]):
+        info = man["shard_files"][str(r)]
+        path = os.path.join(d, info["file"])
+        if not os.path.exists(path):
+            raise CheckpointError(f"shard file {path} is missing (checkpoint saved by {man['world_size']} ranks)")
+        got = os.path.getsize(path)
+        if got != info["bytes"]:
+            raise CheckpointError(f"shard file {path} has {got} bytes, the manifest says {info['bytes']}: "
+                                  "truncated or overwritten")
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise CheckpointError(f"shard file {path} cannot be read ({type(e).__name__}): corrupt") from None
+        if blob.get("save_id") != man["save_id"]:
+            raise CheckpointError(f"shard file {path} belongs to a different save than manifest.json "
+                                  "(an interrupted save over the same tag?)")
+        out.append(blob)
+    return out
+
+
+def unshard(man: dict, shards: list[dict]) -> dict:
+    """{param name: {key: full tensor}} from the per-rank local buffers, using the manifest's layout."""
+    lay = man["layout"]
+    full: dict[str, dict] = {}
+    for u in lay["units"]:
+        g, s, off = u["group"], u["shard"], u["local_offset"]
+        for key in KEYS:
+            if shards[0]["local"][g][key] is None:
+                continue
+            buf = torch.cat([sh["local"][g][key][off:off + s] for sh in shards])
+            for name, shape, o in u["slots"]:
+                n = 1
+                for dim in shape:
+                    n *= dim
+                full.setdefault(name, {})[key] = buf[o:o + n].view(shape)
+    return full
+
+
+def _check_model(engine, man: dict) -> None:
+    mine, theirs = _model_spec(engine), man["params"]
+    if [m[:2] for m in mine] != [t[:2] for t in theirs]:
+        a, b = {m[0]: m[1] for m in mine}, {t[0]: t[1] for t in theirs}
+        diff = ([f"{k}: missing in checkpoint" for k in a if k not in b] + [f"{k}: not in this model" for k in b if k not in a]
+                + [f"{k}: shape {b[k]} in checkpoint vs {a[k]} here" for k in a if k in b and a[k] != b[k]])
+        raise CheckpointError("checkpoint is from a different model: " + ("; ".join(diff[:4]) or "parameter order differs"))
+
+
+def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
+    c = engine.comm
+    d, man = read_manifest(load_dir, tag, *engine_mp(engine))
+    _check_model(engine, man)
+    if man["layout"] != engine.layout.to_manifest() and not reshard:
+        raise CheckpointError(
+            f"rank {c.rank}: checkpoint {d} was saved with N={man['world_size']} ranks at ZeRO stage {man['stage']}; "
+            f"this run has N={c.size} at stage {engine.stage_id}, so the shards do not line up. Pass "
+            "load_checkpoint(..., reshard=True) to re-partition from the manifest (optimizer state included)")
+    shards = read_shards(d, man)
+    full = unshard(man, shards)
+    lay, st = engine.layout, engine.stage
+    for u in lay.units:
+        lo, hi = u.shard_range(st.owner())
+        bufs = {k: torch.zeros(u.padded, dtype=torch.float32 if k != "param" else engine.dtype) for k in KEYS}
+        for s in u.slots:
+            src = full[s.name]
+            master = src.get("master")
+            bufs["param"][s.offset:s.offset + s.numel].copy_((src["param"] if master is None or not engine.mixed
+                                                              else src["param"]).reshape(-1))
+            if engine.mixed:
+                m = master if master is not None else src["param"].float()
+                bufs["master"][s.offset:s.offset + s.numel].copy_(m.reshape(-1))
+            elif master is not None:                  # mixed checkpoint into an fp32 run: take the master
+                bufs["param"][s.offset:s.offset + s.numel].copy_(master.reshape(-1))
+            for k in ("exp_avg", "exp_avg_sq"):
+                bufs[k][s.offset:s.offset + s.numel].copy_(src[k].reshape(-1))
+        if engine.stage_id == 3:
+            st.param_shard(u).copy_(bufs["param"][lo:hi])
+        else:
+            st.flat[u.group][u.flat_offset:u.flat_offset + u.padded].copy_(bufs["param"])
+        sl = slice(u.local_offset, u.local_offset + u.shard)
+        if engine.mixed:
+            engine.master[u.group][sl].copy_(bufs["master"][lo:hi])
+        if load_optimizer_states:
+            for k in ("exp_avg", "exp_avg_sq"):
+                engine.optimizer.state[u.group][k][sl].copy_(bufs[k][lo:hi])
+    if load_optimizer_states:
+        for g, (h, step) in enumerate(zip(man["optimizer"]["hyper"], man["optimizer"]["steps"])):
+            engine.optimizer.param_groups[g].update({k: (tuple(v) if k == "betas" else v) for k, v in h.items()})
+            engine.optimizer.state[g]["step"] = step
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and man["scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(man["scheduler"])
+    engine.loss_scaler.load_state_dict(man["loss_scaler"])
+    engine.global_steps, engine.micro_steps = man["global_steps"], man["micro_steps"]
+    engine.skipped_steps = man["skipped_steps"]
+    if shards[0].get("extras"):
+        engine.module.load_state_dict(shards[0]["extras"], strict=False)
+    if man["world_size"] == c.size:                   # same ranks: same random streams
+        import random
+        own = shards[c.rank] if c.rank < len(shards) else torch.load(
+            os.path.join(d, man["shard_files"][str(c.rank)]["file"]), map_location="cpu", weights_only=False)
+        torch.set_rng_state(own["rng"]["torch"])
+        random.setstate(own["rng"]["python"])
+    st.zero_grad()
+    return d, man.get("client_state", {})
+
+
+def consolidate(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> dict:
+    """One full fp32 state_dict (master weights when the run was mixed precision); with model
+    parallelism, the state dict of model-parallel rank mp_rank of mp_size."""
+    d, man = read_manifest(load_dir, tag, mp_rank, mp_size)
+    shards = read_shards(d, man)
+    full = unshard(man, shards)
+    sd = {}
+    for name, _shape, _g in man["params"]:
+        t = full[name].get("master")
+        sd[name] = (t if t is not None else full[name]["param"]).float().clone()
+    for alias, canon in man["aliases"].items():
+        sd[alias] = sd[canon]
+    for k, v in (shards[0].get("extras") or {}).items():
+        sd[k] = v
+    return sd

@@ -1,0 +1,378 @@
+"""DeepSpeed's JSON config → small dataclasses (the subset ZeRO needs).
+
+    python -c "from zero_from_scratch.engine.config import load_config; print(load_config({'train_batch_size': 8}, world_size=2))"
+
+Spellings as DeepSpeed 0.19.8 accepts them: optimizer "type" in any letter case ("adamw"); the
+old "bfloat16" section for "bf16"; `"zero_optimization": true` (stage 1); each stage3_* key
+also without its prefix; offload off when absent, null, false or {"device": "none"}. Defaults
+are DeepSpeed's where we claim its semantics (gradient_clipping 1.0 when absent).
+Rules, as DeepSpeed applies them: train_batch_size = micro_batch × gradient_accumulation × N
+(any two determine the third; all three must agree). Unknown keys: one warning listing them.
+Invalid values: ValueError naming the key and what is allowed. "auto" (the HF Trainer's
+placeholder) is resolved to the default below and printed once on rank 0, because DeepSpeed's
+silent resolutions are a classic trap (fp16 "auto" is *off*).
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+
+from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
+
+KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+             "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
+             # accepted and ignored: logging / profiling knobs that do not change the maths
+             "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+             "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "seed",
+             "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint",
+             "bfloat16",                                   # DeepSpeed's older name for "bf16"
+             "csv_monitor", "activation_checkpointing"}   # honoured: monitor.py, activation_checkpointing.py
+KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
+              "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
+              "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+              "stage3_max_live_parameters", "stage3_max_reuse_distance",
+              "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "offload_optimizer", "offload_param",
+              "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+              "zero_hpz_partition_size"}   # ZeRO++ hpZ: zero_from_scratch/engine/hpz.py
+# DeepSpeed's ZeRO config accepts each stage-3 field under its own name too (pydantic aliases)
+ZERO_ALIASES = {k[len("stage3_"):]: k for k in KNOWN_ZERO if k.startswith("stage3_")}
+KNOWN_ZERO |= set(ZERO_ALIASES)
+KNOWN_FP16 = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+              "consecutive_hysteresis", "min_loss_scale", "auto_cast"}
+KNOWN_OPT = {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction"}
+KNOWN_SCHED = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
+               "last_batch_iteration"}
+
+def _bad(key, value, allowed):
+    return ValueError(f"config key {key!r} = {value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass
+class OptimizerConfig:
+    type: str = "AdamW"            # Adam | AdamW (DeepSpeed's "Adam" is AdamW unless adam_w_mode=false)
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    adam_w_mode: bool = True       # decoupled weight decay (DeepSpeed's default for both types)
+
+    def __post_init__(self):
+        # DeepSpeed lower-cases the name before looking it up (runtime/config.py), so "adamw" is AdamW
+        canon = {"adam": "Adam", "adamw": "AdamW"}.get(str(self.type).lower())
+        if canon is None:
+            raise _bad("optimizer.type", self.type, ["Adam", "AdamW"] + ["(any letter case)"])
+        self.type = canon
+        if not (isinstance(self.lr, (int, float)) and self.lr >= 0):
+            raise _bad("optimizer.params.lr", self.lr, "a number >= 0")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise _bad("optimizer.params.betas", self.betas, "two numbers in [0, 1)")
+        if not self.eps > 0:
+            raise _bad("optimizer.params.eps", self.eps, "a number > 0")
+        if self.weight_decay < 0:
+            raise _bad("optimizer.params.weight_decay", self.weight_decay, "a number >= 0")
+        self.betas = tuple(float(b) for b in self.betas)
+
+
+@dataclass
+class SchedulerConfig:
+    type: str = "WarmupLR"         # WarmupLR | WarmupDecayLR
+    warmup_min_lr: float = 0.0
+    warmup_max_lr: float | None = None     # None: the optimizer's lr
+    warmup_num_steps: int = 1000
+    warmup_type: str = "log"
+    total_num_steps: int | None = None
+
+    def __post_init__(self):
+        if self.type not in ("WarmupLR", "WarmupDecayLR"):
+            raise _bad("scheduler.type", self.type, ["WarmupLR", "WarmupDecayLR"])
+        if self.warmup_type not in ("log", "linear"):
+            raise _bad("scheduler.params.warmup_type", self.warmup_type, ["log", "linear"])
+        if not isinstance(self.warmup_num_steps, int) or self.warmup_num_steps <= 0:
+            raise _bad("scheduler.params.warmup_num_steps", self.warmup_num_steps, "a positive int")
+        if self.type == "WarmupDecayLR" and not isinstance(self.total_num_steps, int):
+            raise _bad("scheduler.params.total_num_steps", self.total_num_steps, "an int (WarmupDecayLR needs it)")
+
+
+@dataclass
+class FP16Config:
+    enabled: bool = False
+    loss_scale: float = 0.0        # 0 = dynamic
+    initial_scale_power: int = 16  # dynamic scale starts at 2**power
+    loss_scale_window: int = 1000  # clean steps before the scale doubles
+    hysteresis: int = 2            # overflows tolerated before the scale halves
+    consecutive_hysteresis: bool = False
+    min_loss_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.loss_scale < 0:
+            raise _bad("fp16.loss_scale", self.loss_scale, "0 (dynamic) or a positive number")
+        if self.loss_scale_window < 1 or self.hysteresis < 1:
+            raise _bad("fp16.loss_scale_window/hysteresis", (self.loss_scale_window, self.hysteresis), "ints >= 1")
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = 0
+    reduce_bucket_size: int = 500_000_000     # elements per gradient bucket (stages 1-2)
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool = False                # gradient reduce-scatters start from the hooks (see ZERO_KEYS)
+    contiguous_gradients: bool = True         # reuse preallocated bucket buffers (see ZERO_KEYS)
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    # ---- issue 8: overlap / prefetch keys (what each does: ZERO_KEYS below)
+    stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000
+    reduce_scatter: bool = True
+    explicit: tuple = ()                      # zero_optimization keys the user wrote (for zero_key_notes)
+    notes: tuple = ()                         # warnings the engine prints at initialise (zero_key_notes)
+    zero_hpz_partition_size: int = 1          # ZeRO++ hpZ (hpz.py): secondary weight shards in groups of this many ranks
+
+    def __post_init__(self):
+        if self.stage not in (0, 1, 2, 3):
+            raise _bad("zero_optimization.stage", self.stage, [0, 1, 2, 3])
+        for k in ("reduce_bucket_size", "allgather_bucket_size"):
+            if int(getattr(self, k)) < 1:
+                raise _bad(f"zero_optimization.{k}", getattr(self, k), "a positive number of elements")
+            setattr(self, k, int(getattr(self, k)))
+        for k in ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                  "stage3_max_live_parameters", "stage3_max_reuse_distance"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or int(v) != v:
+                raise _bad(f"zero_optimization.{k}", v, "an int >= 0 (elements)")
+            setattr(self, k, int(v))
+
+
+@dataclass
+class ZeroRunConfig:
+    train_batch_size: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig | None = None
+    gradient_clipping: float = 1.0     # DeepSpeed's default (GRADIENT_CLIPPING_DEFAULT); 0 = off
+    bf16: bool = False
+    fp16: FP16Config = field(default_factory=FP16Config)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    resolved_auto: dict = field(default_factory=dict)   # key -> value "auto" became
+    monitor: dict = field(default_factory=dict)         # section -> monitor.MonitorConfig
+    activation_checkpointing: dict | None = None        # the raw section (activation_checkpointing.py)
+    offload_optimizer: dict | None = None               # offload.parse: {"device", "nvme_path"} or None
+    sub_group_size: int = 1_000_000_000                 # elements per offloaded step chunk (DeepSpeed's default)
+    unknown_keys: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.bf16 and self.fp16.enabled:
+            raise ValueError("config keys 'bf16.enabled' and 'fp16.enabled' are both true; enable at most one")
+        if self.gradient_clipping < 0:
+            raise _bad("gradient_clipping", self.gradient_clipping, "a number >= 0 (0 = off)")
+
+
+def offloads(z: dict) -> list[str]:
+    """The zero_optimization keys that turn offload on, spelled as DeepSpeed accepts them: a dict
+    with device "cpu"/"nvme" (absent, null, {} or device "none" is off), or the deprecated
+    cpu_offload / cpu_offload_param booleans."""
+    on = []
+    for k in ("offload_optimizer", "offload_param"):
+        v = z.get(k)
+        if isinstance(v, dict) and v and str(v.get("device", "none")).lower() != "none":
+            on.append(f"zero_optimization.{k}.device={v.get('device')!r}")
+        elif v not in (None, {}, False) and not isinstance(v, dict):
+            on.append(f"zero_optimization.{k}={v!r}")
+    on += [f"zero_optimization.{k}=true" for k in ("cpu_offload", "cpu_offload_param") if z.get(k)]
+    return on
+
+
+def unknown_keys(raw: dict) -> list[str]:
+    """Every key, at any level we read, that this toolkit does not know: DeepSpeed ignores unknown
+    top-level keys without a word, so a typo (`gradient_cliping`) would silently change nothing."""
+    out = [k for k in raw if k not in KNOWN_TOP]
+    sections = (("optimizer", {"type", "params"}), ("optimizer.params", KNOWN_OPT), ("scheduler", {"type", "params"}),
+                ("scheduler.params", KNOWN_SCHED), ("zero_optimization", KNOWN_ZERO), ("fp16", KNOWN_FP16),
+                ("bf16", {"enabled"}), ("bfloat16", {"enabled"}))
+    for path, known in sections:
+        d = raw
+        for k in path.split("."):
+            d = d.get(k) if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            out += [f"{path}.{k}" for k in d if k not in known]
+    return out
+
+
+def suggest(key: str) -> str:
+    """' (did you mean X?)' for a near miss of a known top-level key, else ''."""
+    import difflib
+    close = difflib.get_close_matches(key.split(".")[-1], sorted(KNOWN_TOP | KNOWN_ZERO | KNOWN_OPT | KNOWN_SCHED), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_config(config, world_size: int) -> ZeroRunConfig:
+    """Parse a DeepSpeed config (path to JSON or dict) for `world_size` ranks."""
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            with open(config) as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {str(config)!r} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"config file {str(config)!r} is not valid JSON: {e}") from None
+    elif isinstance(config, dict):
+        raw = json.loads(json.dumps(config))        # deep copy, and rejects non-JSON values
+    else:
+        raise TypeError(f"config must be a path or a dict, got {type(config).__name__}")
+    unknown = unknown_keys(raw)
+    raw, rows = resolve_auto(raw, world_size)
+    resolved = {path: value for path, was, value, _ in rows if was == "auto"}
+    tb, mb, ga = (raw[k] for k in BATCH)
+
+    o = raw.get("optimizer", {"type": "AdamW", "params": {}})
+    op = o.get("params", {})
+    typ = o.get("type", "AdamW")
+    opt = OptimizerConfig(type=typ, lr=op.get("lr", 1e-3),
+                          betas=tuple(op.get("betas", (0.9, 0.999))),
+                          eps=op.get("eps", 1e-8),
+                          weight_decay=op.get("weight_decay", weight_decay_default(o)),
+                          adam_w_mode=bool(op.get("adam_w_mode", True)))
+
+    sched = None
+    if raw.get("scheduler"):
+        s = raw["scheduler"]
+        sp = s.get("params", {})
+        maxlr = sp.get("warmup_max_lr")
+        total = sp.get("total_num_steps")
+        sched = SchedulerConfig(type=s.get("type", "WarmupLR"),
+                                warmup_min_lr=sp.get("warmup_min_lr", 0.0),
+                                warmup_max_lr=maxlr, total_num_steps=total,
+                                warmup_num_steps=sp.get("warmup_num_steps", 1000),
+                                warmup_type=sp.get("warmup_type", "log"))
+
+    z = raw.get("zero_optimization", {})
+    if isinstance(z, bool):                     # DeepSpeed's deprecated form: true = stage 1
+        z = {"stage": int(z)}
+    z = {ZERO_ALIASES.get(k, k): v for k, v in z.items()}
+    on = offloads(z)                            # every spelling DeepSpeed reads as "offload on"
+    refused = [k for k in on if not k.startswith("zero_optimization.offload_optimizer")]
+    if refused:
+        raise ValueError(f"config keys {refused} ask for parameter offload (or the deprecated cpu_offload flags), "
+                         'which this engine does not implement; allowed: offload_optimizer {"device": "cpu"|"nvme"}')
+    z_off = {k: v for k, v in z.items() if k not in ("offload_param", "cpu_offload", "cpu_offload_param")}
+    if not any(k.startswith("zero_optimization.offload_optimizer") for k in on):
+        z_off.pop("offload_optimizer", None)    # absent, null, false, {} or {"device": "none"}: off
+    from zero_from_scratch.engine.offload import parse as parse_offload   # offload.py
+    offload = parse_offload(z_off)
+    sub_group_size = z.get("sub_group_size", 1_000_000_000)
+    if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
+        raise _bad("zero_optimization.sub_group_size", sub_group_size, "a positive number of elements")
+    zero = ZeroConfig(stage=z.get("stage", 0),
+                      reduce_bucket_size=z.get("reduce_bucket_size", 500_000_000),
+                      allgather_bucket_size=z.get("allgather_bucket_size", 500_000_000),
+                      zero_hpz_partition_size=z.get("zero_hpz_partition_size", 1),
+                      **zero_overlap_keys(z, resolved))
+    zero.notes = tuple(zero_key_notes(z, zero))
+    from zero_from_scratch.engine.hpz import check_config       # multinode: ZeRO++ hpZ
+    check_config(zero, world_size)
+
+    f = raw.get("fp16", {})
+    fp16 = FP16Config(enabled=bool(f.get("enabled", False)),
+                      loss_scale=float(f.get("loss_scale", 0.0)),
+                      initial_scale_power=int(f.get("initial_scale_power", 16)),
+                      loss_scale_window=int(f.get("loss_scale_window", 1000)),
+                      hysteresis=int(f.get("hysteresis", 2)),
+                      consecutive_hysteresis=bool(f.get("consecutive_hysteresis", False)),
+                      min_loss_scale=float(f.get("min_loss_scale", 1.0)))
+    b = raw.get("bf16", raw.get("bfloat16", {}))
+    bf16 = bool(b.get("enabled", False))
+    clip = raw.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])
+    if not isinstance(clip, (int, float)):
+        raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
+    cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown)
+    from zero_from_scratch.engine.monitor import parse as parse_monitors
+    cfg.monitor = parse_monitors(raw)
+    cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
+    from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
+    cfg.activation_checkpointing = parse_ac(raw)
+    if unknown:
+        warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
+                      stacklevel=2)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- issue 8: overlap keys
+# Every zero_optimization key this engine accepts, and what it does HERE. "honoured" keys change
+# behaviour as written; the others are accepted for DeepSpeed compatibility and produce a warning
+# at initialise (zero_key_notes) saying what DeepSpeed would have done, whenever the user sets them
+# to something that would matter.
+ZERO_KEYS = {
+    "overlap_comm": "honoured: stages 1-3 launch each gradient bucket's reduce-scatter from the gradient "
+                    "hooks on a background thread while backward goes on, and wait at the end of backward; "
+                    "stage 3 also prefetches (all-gathers ahead) the next modules' parameters",
+    "contiguous_gradients": "honoured (stages 2-3): true = gradients are copied as they arrive into "
+                            "preallocated bucket buffers reused every micro-batch (1, or 2 with overlap_comm, "
+                            "more only if backward interleaves buckets); false = a fresh bucket per unit, freed "
+                            "after its reduce-scatter. Stage 1 always keeps one flat full-size gradient buffer",
+    "reduce_bucket_size": "honoured (stages 0-2): elements per gradient bucket = unit of reduce-scatter and "
+                          "all-gather. Stage 3 reduces per module instead (warned if set)",
+    "reduce_scatter": "honoured (stages 1-2): false = all-reduce each bucket and keep this rank's block "
+                      "(2x the bytes, same result)",
+    "stage3_prefetch_bucket_size": "honoured (stage 3 with overlap_comm): elements of upcoming modules kept "
+                                   "gathered or in flight ahead of the running one; 0 = no prefetch",
+    "stage3_max_live_parameters": "honoured (stage 3): gathered + in-flight elements never exceed this, except "
+                                  "when one module alone needs more (then only that module is live)",
+    "stage3_max_reuse_distance": "honoured (stage 3): after forward, a module's parameters stay gathered if the "
+                                 "traced order uses them again within this many elements (e.g. last layer's "
+                                 "forward → its backward); 0 = always release",
+    "stage3_param_persistence_threshold": "honoured (stage 3): a module unit of at most this many elements is "
+                                          "gathered once per optimizer step and kept (no re-gather in backward)",
+}
+
+
+def zero_overlap_keys(z: dict, resolved: dict) -> dict:
+    """ZeroConfig keyword arguments for the overlap / prefetch keys of zero_optimization `z`."""
+    out = {"overlap_comm": bool(z.get("overlap_comm", False)),
+           "contiguous_gradients": bool(z.get("contiguous_gradients", True)),
+           "reduce_scatter": bool(z.get("reduce_scatter", True)),
+           "explicit": tuple(sorted(z))}
+    for k, default in (("stage3_prefetch_bucket_size", 50_000_000), ("stage3_param_persistence_threshold", 100_000),
+                       ("stage3_max_live_parameters", 1_000_000_000), ("stage3_max_reuse_distance", 1_000_000_000)):
+        v = z.get(k, default)
+        out[k] = default if v == "auto" else v      # "auto" here means DeepSpeed's default
+    return out
+
+
+def zero_key_notes(raw_zero: dict, zero: ZeroConfig) -> list[str]:
+    """Warnings for keys accepted but not (fully) acted on, each saying what DeepSpeed would do."""
+    st, notes = zero.stage, []
+    setk = set(zero.explicit)
+
+    def note(key, msg):
+        notes.append(f"zero_optimization.{key} = {raw_zero.get(key)!r}: {msg}")
+    if st == 3 and "reduce_bucket_size" in setk:
+        note("reduce_bucket_size", "not used at stage 3 (gradients are reduce-scattered one module at a time); "
+             "DeepSpeed would batch several modules' gradients into buckets of this many elements")
+    if st in (1, 2) and "allgather_bucket_size" in setk and zero.allgather_bucket_size != zero.reduce_bucket_size:
+        note("allgather_bucket_size", "not used: updated shards are all-gathered one reduce bucket at a time "
+             "(reduce_bucket_size); DeepSpeed would all-gather in pieces of this many elements (same result)")
+    if raw_zero.get("allgather_partitions") is False:
+        note("allgather_partitions", "not used: shards are always all-gathered; DeepSpeed would broadcast each "
+             "rank's partition instead (same result, different traffic)")
+    if raw_zero.get("round_robin_gradients"):
+        note("round_robin_gradients", "no effect: DeepSpeed uses it only to spread gradient copies to CPU offload")
+    if "sub_group_size" in setk and not offloads(raw_zero):   # with offload it bounds the step's chunks
+        note("sub_group_size", "not used: the optimizer steps every shard in 4 Mi-element chunks; DeepSpeed would "
+             "step ZeRO-3 shards in sub-groups of this many elements")
+    if raw_zero.get("stage3_gather_16bit_weights_on_model_save"):
+        note("stage3_gather_16bit_weights_on_model_save", "no save_16bit_model here; DeepSpeed would gather a full "
+             "16-bit state dict on save (use zero_from_scratch.engine.zero_to_fp32 / consolidate)")
+    if st != 3:
+        for k in ZERO_KEYS:
+            if k.startswith("stage3_") and k in setk:
+                note(k, f"no effect at stage {st} (stage 3 only)")
+    elif not zero.overlap_comm and "stage3_prefetch_bucket_size" in setk and zero.stage3_prefetch_bucket_size:
+        note("stage3_prefetch_bucket_size", "not used without overlap_comm: parameters are gathered when needed; "
+             "DeepSpeed would prefetch this many elements ahead (set overlap_comm: true)")
+    if st in (0, 3) and raw_zero.get("reduce_scatter") is False:
+        note("reduce_scatter", f"no effect at stage {st}")
+    if st == 1 and raw_zero.get("contiguous_gradients") is False:
+        note("contiguous_gradients", "no effect at stage 1: the full gradient lives in one flat buffer")
+    return notes

@@ -1,0 +1,212 @@
+"""Optimizer offload: DeepSpeed's `zero_optimization.offload_optimizer` section.
+
+    "zero_optimization": {"stage": 2, "sub_group_size": 10000000,
+                          "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}
+    python -m benchmarks.offload_memory          (peak RSS per rank with and without, DistilBERT-base shape)
+
+device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_rank{r}/group{g}.{key}:
+               fp32 master (mixed precision only: in fp32 the parameter shard is the master),
+               Adam's exp_avg and exp_avg_sq. The step streams them through one buffer per key of
+               min(sub_group_size, largest shard) elements: read a chunk, Adam on it (optim.py, the
+               same function as without offload, so the result is bit-identical), write it back.
+               Memory saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus the 3 buffers.
+               Bytes moved per step and rank: K·Ψ/N read + K·Ψ/N written (P/N with padding).
+device "cpu"   offload_cpu.py: fp32 master, m, v and the Adam step on the host (pinned with a GPU
+               model); gradients copied down, parameters up: b·P/N bytes each way per step and
+               rank. The same code runs for a CPU model (host → host copies).
+device "none"  no offload (DeepSpeed's meaning).
+pin_memory     device "cpu" with a GPU model: pinned host buffers (default true, as in DeepSpeed 0.19.8; false: pageable).
+Other keys (buffer_count, fast_init, ratio; pin_memory with nvme) tune CUDA/AIO transfers: warned.
+Failures: an unwritable nvme_path fails at start-up on every rank; a failed read/write during a
+step (out of space, I/O error) fails the step on every rank (one 8-byte all-gather per step says
+which rank failed) with a message pointing at the last checkpoint, which the step never touches.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+
+import torch
+
+from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
+
+DEVICES = ("none", "cpu", "nvme")
+TUNING = ("pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline")
+
+
+class OffloadError(RuntimeError):
+    """An offloaded optimizer state could not be read or written."""
+
+
+def parse(z: dict) -> dict | None:
+    """The offload_optimizer section → {"device", "nvme_path"} (None = no offload)."""
+    if z.get("offload_param"):
+        raise ValueError("config key 'zero_optimization.offload_param' is not supported by this engine; "
+                         "allowed: absent (offload_optimizer is)")
+    s = z.get("offload_optimizer")
+    if s is None:
+        return None
+    if not isinstance(s, dict):
+        raise ValueError(f"config key 'zero_optimization.offload_optimizer' = {s!r} is invalid; allowed: a dict")
+    bad = set(s) - {"device", "nvme_path", *TUNING}
+    if bad:
+        raise ValueError(f"config keys {sorted('zero_optimization.offload_optimizer.' + k for k in bad)} are not "
+                         f"supported; allowed: device, nvme_path, {', '.join(TUNING)}")
+    dev = s.get("device", "none")
+    if dev not in DEVICES:
+        raise ValueError(f"config key 'zero_optimization.offload_optimizer.device' = {dev!r} is invalid; allowed: {list(DEVICES)}")
+    tuned = [k for k in TUNING if k in s and not (k == "pin_memory" and dev == "cpu")]
+    if tuned:
+        warnings.warn(f"zero_from_scratch: offload_optimizer.{', '.join(tuned)} tune CUDA/AIO transfers and have no "
+                      "effect here", stacklevel=3)
+    if dev == "nvme" and not s.get("nvme_path"):
+        raise ValueError("config key 'zero_optimization.offload_optimizer.nvme_path' is required with device 'nvme'; "
+                         "allowed: a writable folder")
+    if dev == "none":
+        return None
+    if dev == "cpu":   # pinned host buffers unless told otherwise (DeepSpeed's default is false)
+        return {"device": dev, "nvme_path": None, "pin_memory": bool(s.get("pin_memory", True))}
+    return {"device": dev, "nvme_path": s.get("nvme_path")}
+
+
+def _io(fn, fd: int, t: torch.Tensor, offset: int) -> None:
+    """Read or write all of t's bytes at offset (os.preadv / os.pwritev may move fewer)."""
+    mv = memoryview(t.numpy()).cast("B")
+    done = 0
+    while done < len(mv):
+        n = fn(fd, [mv[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"short {'read' if fn is os.preadv else 'write'} at byte {offset + done}")
+        done += n
+
+
+class NvmeOptimizerStates:
+    """The engine's optimizer states of this rank, in files, stepped a chunk at a time."""
+
+    def __init__(self, engine, nvme_path: str, sub_group_size: int):
+        self.e, c = engine, engine.comm
+        self.keys = (("master",) if engine.mixed else ()) + ("exp_avg", "exp_avg_sq")
+        self.dir = os.path.join(nvme_path, f"{mp_prefix(*engine_mp(engine))}zero_rank{c.rank:03d}")
+        self.chunk = max(1, min(int(sub_group_size), max(u.shard for u in engine.layout.units)))
+        self.fds: dict = {}
+        err = ""
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            zero = torch.zeros(min(self.chunk, 1 << 20), dtype=torch.float32)
+            for g, n in enumerate(engine.layout.group_local):
+                for k in self.keys:
+                    fd = self.fds[g, k] = os.open(os.path.join(self.dir, f"group{g}.{k}"), os.O_RDWR | os.O_CREAT
+                                                  | os.O_TRUNC, 0o600)
+                    for a in range(0, n, len(zero)):       # real bytes, not a sparse file: space is taken now
+                        _io(os.pwritev, fd, zero[:min(len(zero), n - a)], 4 * a)
+        except OSError as e:
+            err = f"{e}"
+        bad = self._agree(bool(err))
+        if bad:
+            raise OffloadError(f"rank {c.rank}: offload_optimizer nvme_path {nvme_path!r} is not usable on rank(s) "
+                               f"{bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder with room for "
+                               f"{len(self.keys) * 4}·Ψ/N bytes per rank")
+        self.buf = {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}
+        self.bytes_read = self.bytes_written = 0
+
+    def _agree(self, failed: bool) -> list[int]:
+        c = self.e.comm
+        rows = c.gather_ints([int(failed)], "offload check") if c.size > 1 else [[int(failed)]]
+        c.usage.pop("offload check", None)
+        return [r for r, (f,) in enumerate(rows) if f]
+
+    def _chunks(self):
+        """(unit, a, b): the step order of the non-offloaded engine, cut at sub_group_size."""
+        for u in self.e.layout.units:
+            for a in range(0, max(u.shard, 1), self.chunk):
+                yield u, a, min(a + self.chunk, u.shard)
+
+    def write_master(self) -> None:
+        """master file ← the model-dtype shards (refresh_master for an offloaded run)."""
+        if not self.e.mixed:
+            return
+        for u, a, b in self._chunks():
+            m = self.buf["master"][:b - a]
+            m.copy_(self.e.stage.param_shard(u)[a:b])
+            _io(os.pwritev, self.fds[u.group, "master"], m, 4 * (u.local_offset + a))
+
+    def step(self, coef: float, scale: float) -> None:
+        """Adam over every chunk: read (master,) m, v; step; write back; copy master into the params."""
+        e, err = self.e, ""
+        opt, first = e.optimizer, set()
+        try:
+            for u, a, b in self._chunks():
+                n, off = b - a, 4 * (u.local_offset + a)
+                bufs = {k: self.buf[k][:n] for k in self.keys}
+                for k, t in bufs.items():
+                    _io(os.preadv, self.fds[u.group, k], t, off)
+                g = e.stage.grad_shard(u)[a:b]
+                g32 = g.mul_(coef / scale) if not e.mixed else g.float().mul_(coef / scale)
+                master = bufs["master"] if e.mixed else e.stage.param_shard(u)[a:b]
+                st = opt.state[u.group]
+                keep = st["exp_avg"], st["exp_avg_sq"]
+                st["exp_avg"], st["exp_avg_sq"] = bufs["exp_avg"], bufs["exp_avg_sq"]
+                try:
+                    opt.step_group(u.group, master, g32, 0, n, count=u.group not in first)
+                finally:
+                    st["exp_avg"], st["exp_avg_sq"] = keep
+                first.add(u.group)
+                if e.mixed:
+                    e.stage.param_shard(u)[a:b].copy_(master)
+                for k, t in bufs.items():
+                    _io(os.pwritev, self.fds[u.group, k], t, off)
+                self.bytes_read += 4 * n * len(self.keys)
+                self.bytes_written += 4 * n * len(self.keys)
+        except OSError as ex:
+            err = f"{ex}"
+        bad = self._agree(bool(err))
+        if bad:
+            raise OffloadError(f"rank {e.comm.rank}: the optimizer step failed writing/reading offloaded states on "
+                               f"rank(s) {bad}" + (f" ({err})" if err else "") + f" under {self.dir!r}: this run's "
+                               "states are now inconsistent; free space and resume from the last checkpoint "
+                               "(the step never touches it)")
+
+    @contextlib.contextmanager
+    def in_memory(self):
+        """The states as ordinary tensors (engine.master, optimizer.state) inside the block, for
+        checkpoint save/load; written back and freed after. Transient cost: K·Ψ/N bytes."""
+        e = self.e
+        full = {(g, k): torch.empty(n, dtype=torch.float32) for g, n in enumerate(e.layout.group_local)
+                for k in self.keys}
+        for (g, k), t in full.items():
+            _io(os.preadv, self.fds[g, k], t, 0)
+        keep_master, keep_state = e.master, [(s["exp_avg"], s["exp_avg_sq"]) for s in e.optimizer.state]
+        if e.mixed:
+            e.master = [full[g, "master"] for g in range(len(e.layout.group_local))]
+        for g, s in enumerate(e.optimizer.state):
+            s["exp_avg"], s["exp_avg_sq"] = full[g, "exp_avg"], full[g, "exp_avg_sq"]
+        try:
+            yield
+            for (g, k), t in full.items():
+                _io(os.pwritev, self.fds[g, k], t, 0)
+        finally:
+            e.master = keep_master
+            for s, (m, v) in zip(e.optimizer.state, keep_state):
+                s["exp_avg"], s["exp_avg_sq"] = m, v
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+
+def build(engine, spec: dict | None, sub_group_size: int):
+    """The engine's offload: NvmeOptimizerStates, offload_cpu.HostOptimizerStates, or None."""
+    if spec is None:
+        return None
+    if spec["device"] == "cpu":
+        from zero_from_scratch.engine.offload_cpu import HostOptimizerStates
+        return HostOptimizerStates(engine, sub_group_size, spec.get("pin_memory", True))
+    if engine.device.type != "cpu":
+        # the file streaming reads into host buffers and steps there: a GPU model would need the
+        # cpu offload's copies in between, not built for nvme
+        raise ValueError(f"rank {engine.comm.rank}: zero_optimization.offload_optimizer {{'device': 'nvme'}} with a "
+                         f"model on {engine.device} is not supported by this engine; allowed: a CPU model, or "
+                         "{'device': 'cpu'} for a GPU model")
+    return NvmeOptimizerStates(engine, spec["nvme_path"], sub_group_size)

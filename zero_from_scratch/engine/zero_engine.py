@@ -1,0 +1,328 @@
+"""initialize(model, model_parameters, config) → a ZeRO engine driven exactly like DeepSpeed's.
+
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2
+    deepspeed --num_gpus 2 --module zero_from_scratch.demo --stage 2
+
+    engine, optimizer, _, lr_scheduler = zero_from_scratch.initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json")
+    loss = engine(**batch).loss; engine.backward(loss); engine.step()   # step() after every micro-batch
+
+What one optimizer step does (stage-specific parts live in stage1/2/3.py):
+  backward   loss ÷ gradient_accumulation_steps × loss_scale, autograd, gradient hooks fill the
+             stage's gradient storage; at the boundary (stage 1) or every micro-batch (2, 3) the
+             gradients are reduce-scattered: each rank ends with the SUM of its shard.
+  step       norm² of the local shard (fp64), one 8-byte all-reduce → the global norm (padding is
+             zero, so uneven shards are exact; eps is added once, after the sum; +8 bytes when a
+             monitor is on: the mean loss rides along; with an mpu, one more 8-byte all-reduce
+             over the model-parallel group, replicated parameters counted once); overflow → skip;
+             grads × clip_coef / (N · loss_scale); Adam on the owned shard; stages 1-2 all-gather
+             the updated shards.
+overlap_comm (config.ZERO_KEYS lists what every zero_optimization key does here): the gradient
+reduce-scatters start from the hooks on a communication thread and are waited for at the end of
+backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
+bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
+Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device
+per model, else a ValueError naming the parameters on each), except with offload_optimizer: "cpu"
+keeps the fp32 master and Adam states on the host (offload_cpu.py), "nvme" in files (offload.py).
+Every rank must call forward/backward/step the same number of times (the collectives pair up).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import warnings
+
+import torch
+import torch.nn as nn
+
+from zero_from_scratch.engine import checkpoint as ckpt
+from zero_from_scratch.engine import ledger
+from zero_from_scratch.engine import offload
+from zero_from_scratch.comm import Comm
+from zero_from_scratch.engine.config import load_config
+from zero_from_scratch.engine.external import ExternalParams
+from zero_from_scratch.engine.frozen import FrozenParams
+from zero_from_scratch.engine.monitor import Monitors
+from zero_from_scratch.engine.mpu import check as mpu_check
+from zero_from_scratch.engine.mpu import counted_ranges
+from zero_from_scratch.optim import ShardedAdam, build_scheduler
+from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
+from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
+from zero_from_scratch.sharding import bucket_units, shard_layout
+from zero_from_scratch.stage1 import Stage0, Stage1
+from zero_from_scratch.stage2 import Stage2
+from zero_from_scratch.stage3 import Stage3
+
+_STAGES = {0: Stage0, 1: Stage1, 2: Stage2, 3: Stage3}
+
+
+STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
+
+
+def sum_of_squares(t: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
+    """Σ t² in float64, a chunk at a time. A float32 norm over an 11.7 M-element embedding
+    gradient lost ~5e-4 of its value (one CPU thread sums sequentially), enough to move the
+    clip coefficient away from DeepSpeed's; chunking keeps the float64 copy small."""
+    acc = torch.zeros((), dtype=torch.float64, device=t.device)
+    for c in t.reshape(-1).split(chunk):
+        acc += torch.linalg.vector_norm(c, dtype=torch.float64).square()
+    return acc
+
+
+class ZeroEngine(nn.Module):
+    def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
+                 mpu=None):
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
+        if config is None:
+            raise ValueError("initialize(config=...) is required: a DeepSpeed JSON path or dict")
+        self.device = param_device(model)
+        # mpu (mpu.py): ZeRO runs over the data-parallel group; the model-parallel group only
+        # sums the gradient norm and names checkpoint files
+        self.parallel = mpu_check(mpu) if mpu is not None else None
+        self.comm = Comm(comm_impl, self.parallel.dp_group if self.parallel else None)
+        self.comm.device = self.device
+        self.mp = None
+        if self.parallel and self.parallel.mp_size > 1:
+            self.mp = Comm(comm_impl, self.parallel.mp_group)
+            self.mp.device = self.device
+        self.config = load_config(config, self.comm.size)
+        if self.mp is not None and self.config.zero.zero_hpz_partition_size > 1:
+            raise ValueError(f"rank {self.comm.global_rank}: zero_optimization.zero_hpz_partition_size > 1 with an "
+                             "mpu: hpZ builds its groups from the world; use 1 with model parallelism")
+        for msg in self.config.zero.notes:           # accepted keys that do not act here: say so, once
+            if self.comm.global_rank == 0:
+                warnings.warn(f"zero_from_scratch: {msg}", stacklevel=3)
+        if self.config.resolved_auto and self.comm.global_rank == 0:
+            from primitives.engine.log import print0
+            print0("[zero_from_scratch] \"auto\" resolved: "
+                   + ", ".join(f"{k}={v}" for k, v in self.config.resolved_auto.items()))
+        from zero_from_scratch.engine import activation_checkpointing as ac   # the config's section, applied
+        self.activation_checkpointing = ac.apply(model, self.config.activation_checkpointing, self.comm.rank)
+        self.dtype = model_dtype(self.config)
+        self.mixed = self.dtype != torch.float32
+        self.module = model.to(self.dtype) if self.mixed else model
+        self.stage_id = self.config.zero.stage
+        names, hypers = param_groups(model, model_parameters, self.config.optimizer)
+        self.group_names = names
+        self.params_by_name = dict((n, p) for n, p in model.named_parameters() if any(n in g for g in names))
+        for n, p in self.params_by_name.items():
+            if not p.is_floating_point():
+                raise TypeError(f"parameter {n!r} has dtype {p.dtype}; ZeRO shards floating-point parameters only")
+        broadcast_module_state(self.comm, model)
+        if self.stage_id == 3:
+            units = module_units(model, names)
+        else:
+            shapes = [[(n, tuple(self.params_by_name[n].shape)) for n in g] for g in names]
+            units = bucket_units(shapes, self.config.zero.reduce_bucket_size)
+        self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
+        self.stage = _STAGES[self.stage_id](self)
+        self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
+        self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
+        # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
+        # cpu on the host (offload_cpu.py: pinned, next to its own fp32 master)
+        self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
+        host = hasattr(self.offload, "adopt")
+        in_ram = [0] * len(self.layout.group_local) if self.offload and not host else list(self.layout.group_local)
+        self.optimizer = ShardedAdam(hypers, in_ram, self.config.optimizer.adam_w_mode)
+        for st in self.optimizer.state:              # Adam's m and v live with the shards they update
+            for k in ("exp_avg", "exp_avg_sq"):
+                st[k] = self.offload.adopt(st[k]) if host else st[k].to(self.device)
+        self.master = None if not self.mixed else (   # host: checkpoints read/write it where it lives
+            self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
+        self.refresh_master()
+        self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else None
+        self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
+        self.loss_scaler = build_loss_scaler(self.config)
+        self.micro_steps = self.global_steps = self.skipped_steps = 0
+        self._global_grad_norm = None
+        self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
+        self.comm.reset_step()
+
+    # ------------------------------------------------------------------ DeepSpeed's API
+    def forward(self, *args, **kwargs):
+        if self.stage_id == 3:
+            self.stage.forward_done()
+            with self.stage.saved_weights_by_reference(), self.external.guard():
+                return self.module(*args, **kwargs)
+        return self.module(*args, **kwargs)
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError("engine.backward(loss) needs a scalar loss tensor")
+        boundary = self.is_gradient_accumulation_boundary()
+        scaled = loss.float()
+        if self.gradient_accumulation_steps() > 1:
+            scaled = scaled / self.gradient_accumulation_steps()
+        if self.loss_scaler.loss_scale != 1.0:
+            scaled = scaled * self.loss_scaler.loss_scale
+        self.stage.before_backward(boundary)
+        scaled.backward(retain_graph=retain_graph)
+        self.stage.after_backward(boundary)
+        self.frozen.after_backward()
+        self.monitor.record_loss(loss)
+        return loss
+
+    def step(self) -> None:
+        if self.is_gradient_accumulation_boundary():
+            self._optimizer_step()
+        self.micro_steps += 1
+
+    def zero_grad(self) -> None:
+        self.stage.zero_grad()
+
+    # DeepSpeed's read-only accessors, so code written against DeepSpeedEngine can report them
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage_id
+
+    def gradient_clipping(self) -> float:
+        return self.config.gradient_clipping
+
+    def fp16_enabled(self) -> bool:
+        return self.config.fp16.enabled
+
+    def bf16_enabled(self) -> bool:
+        return self.config.bf16
+
+    bfloat16_enabled = bf16_enabled   # DeepSpeed 0.19.8's name for it
+
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        return self._global_grad_norm
+
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        self.training = mode
+        return self
+
+    def gathered_parameters(self, params, modifier_rank=None):
+        """Context manager: full parameters inside (stage 3); all ranks must enter it."""
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        return self._gathered(list(params), modifier_rank)
+
+    @contextlib.contextmanager
+    def _gathered(self, params, modifier_rank):
+        with self.frozen.gathered(params, modifier_rank), self.stage.gathered(params, modifier_rank):
+            yield
+
+    # ------------------------------------------------------------------ the optimizer step
+    def refresh_master(self) -> None:
+        """fp32 master shards ← the model-dtype shards (after init or an edit of the weights)."""
+        if self.offload is not None:
+            return self.offload.write_master()
+        if self.mixed:
+            for u in self.layout.units:
+                self.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(self.stage.param_shard(u))
+
+    def _optimizer_step(self) -> None:
+        N, units = self.comm.size, self.layout.units
+        loss = self.monitor.local_loss()                 # None unless a monitor is enabled
+        sq = torch.zeros(1 if loss is None else 2, dtype=torch.float64, device=self.device)
+        for i, u in enumerate(units):
+            g = self.stage.grad_shard(u)
+            if self.norm_ranges is None:
+                sq[0] += sum_of_squares(g)
+            else:                                        # model parallel: replicated params once
+                for a, b in self.norm_ranges[i]:
+                    sq[0] += sum_of_squares(g[a:b])
+        if loss is not None:
+            sq[1] = loss
+        if self.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
+            self.comm.all_reduce(sq, "grad-norm all-reduce")
+        elif loss is not None and N > 1:                 # stage 0: no norm all-reduce to ride on
+            self.comm.all_reduce(sq[1:], "monitor loss all-reduce")
+        if self.mp is not None:                          # tp ranks hold the same loss: only the norm
+            self.mp.all_reduce(sq[:1], "grad-norm all-reduce (model parallel)")
+        scale = N * self.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
+        norm = math.sqrt(sq[0].item()) / scale
+        overflow = not math.isfinite(norm)
+        if overflow:
+            self._global_grad_norm = float("inf")
+            self.skipped_steps += 1
+        else:
+            self._global_grad_norm = norm
+            clip = self.config.gradient_clipping
+            coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0   # eps once, on the global norm
+            first = set()
+            if self.offload is not None:        # the same Adam, through files or on the host (offload*.py)
+                self.offload.step(coef, scale)
+            for u in (units if self.offload is None else ()):
+                g = self.stage.grad_shard(u)
+                master = (self.master[u.group][u.local_offset:u.local_offset + u.shard] if self.mixed
+                          else self.stage.param_shard(u))
+                # Adam is elementwise: stepping in chunks gives the same bits, and keeps its
+                # temporaries (the fp32 gradient copy, sqrt(v), the denominator) at STEP_CHUNK
+                # elements instead of a whole shard each (134 MB apiece for DistilBERT at N=2).
+                for a in range(0, max(u.shard, 1), STEP_CHUNK):
+                    b = min(a + STEP_CHUNK, u.shard)
+                    g32 = g[a:b].mul_(coef / scale) if not self.mixed else g[a:b].float().mul_(coef / scale)
+                    self.optimizer.step_group(u.group, master[a:b], g32, u.local_offset + a, u.local_offset + b,
+                                              count=u.group not in first)
+                    first.add(u.group)
+                    if self.mixed:
+                        self.stage.param_shard(u)[a:b].copy_(master[a:b])
+            self.stage.after_step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        self.loss_scaler.update_scale(overflow)
+        self.stage.zero_grad()
+        self.global_steps += 1
+        self.monitor.write_step(self, None if loss is None else sq[1].item() / N)   # mean over ranks
+        self.comm.reset_step()
+
+    # ------------------------------------------------------------------ reports and checkpoints
+    def memory_report(self, print_table: bool = True) -> dict:
+        return ledger.memory_report(self, print_table)
+
+    def comm_report(self, print_table: bool = True) -> dict:
+        return ledger.comm_report(self, print_table)
+
+    def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
+        with self.frozen.full(), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
+                                  else contextlib.nullcontext()):
+            return ckpt.save(self, save_dir, tag, client_state or {})
+
+    def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, reshard: bool = False):
+        with self.frozen.full(write_back=True), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
+                                                 else contextlib.nullcontext()):
+            out = ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
+        if hasattr(self.offload, "after_load"):
+            self.offload.after_load()    # cpu offload in fp32: the host master follows the loaded params
+        self.stage.after_load()      # stage 3: drop gathered copies of the old weights
+        return out
+
+    def rng_state(self) -> dict:
+        return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, lr_scheduler=None, config=None,
+               config_params=None, comm_impl: str = "primitives", mpu=None, **kwargs):
+    """Like deepspeed.initialize: returns (engine, optimizer, None, lr_scheduler).
+    A client optimizer / scheduler is not supported: the config's optimizer is built on the shards.
+    mpu: DeepSpeed's model-parallel unit (mpu.py; primitives.mesh.Mesh.mpu() gives one): ZeRO then
+    shards over its data-parallel group."""
+    if optimizer is not None or lr_scheduler is not None:
+        raise ValueError("initialize(optimizer=/lr_scheduler=) objects are not supported: describe them in the "
+                         "config's 'optimizer' / 'scheduler' sections (the optimizer must live on the shards)")
+    if kwargs:
+        raise TypeError(f"initialize() got unexpected arguments {sorted(kwargs)}")
+    engine = ZeroEngine(model, model_parameters, config if config is not None else config_params, comm_impl, mpu)
+    return engine, engine.optimizer, None, engine.lr_scheduler
