@@ -47,9 +47,9 @@ def _record(rank, world, prefetch):
         orig = getattr(st, name)
 
         def f(u, *a, **k):
-            before = u.index in st.gathered_units
+            before = u.index in st.full_of
             out = orig(u, *a, **k)
-            after = u.index in st.gathered_units
+            after = u.index in st.full_of
             if before != after:
                 events.append((time.perf_counter() - t0[0], "install" if after else "release", u.index, st.live * elem))
             return out

@@ -52,7 +52,7 @@ def _train(rank, zero: dict):
     rep = engine.comm_report(print_table=False)
     with torch.no_grad():                          # an eval pass keeps nothing gathered for a backward
         engine(torch.randn(3, 8, generator=g))
-    after_eval = sorted(getattr(st, "gathered_units", []))
+    after_eval = sorted(getattr(st, "full_of", {}))
     with engine.gathered_parameters(list(model.parameters())):
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "params": params, "rows": {r["purpose"]: r for r in rep["rows"]},

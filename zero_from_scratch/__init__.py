@@ -1,27 +1,29 @@
-"""ZeRO-1/2/3 from scratch, driven by DeepSpeed's API and JSON config.
+"""ZeRO-1/2/3 from scratch: a textbook (this folder's top level) and the DeepSpeed-API engine on it.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2
-    python -m zero_from_scratch.engine.report --model distilbert --world-size 2      (arithmetic only)
-    python -m zero_from_scratch.engine.zero_to_fp32 CKPT_DIR OUT.pt
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3
+    python -m pytest tests/test_zero_units.py -k textbook
 
-    engine, optimizer, _, lr_scheduler = zero_from_scratch.initialize(
-        model=model, model_parameters=model.parameters(), config="ds_config.json")
-    loss = engine(**batch).loss; engine.backward(loss); engine.step()
-
-Files: config.py (JSON → dataclasses), auto.py (DeepSpeed's "auto" and batch arithmetic, shared
-with classification), sharding.py (the one layout function), optim.py (Adam on shards, DeepSpeed's
-LR schedules), precision.py (bf16/fp16, loss scaler), comm.py (primitives or torch.distributed),
-stage1.py / stage2.py / stage3.py (what each stage changes), mpu.py (initialize(mpu=): ZeRO over
-the data-parallel group of a tensor-parallel model), engine.py, ledger.py (memory and
-communication vs the formulas), checkpoint.py (+ zero_to_fp32.py, atomic.py). Comparing with
-DeepSpeed: models.py (tiny models), sides.py (either engine; the only deepspeed import),
-parity_harness.py, parity_compare.py, ds_parity.py (CLI).
+Textbook, in reading order (imports only torch and each other; collectives go through a `comm`
+object's methods): sharding.py (the one layout function), stage1.py (ZeRO-1, ZeRO-0),
+stage2.py (ZeRO-2), stage3.py (ZeRO-3), optim.py (Adam on a shard), clip.py (the global
+gradient norm over shards, and clipping).
+Engine (engine/, built on the textbook): `initialize` and ZeroEngine (zero_engine.py) driven by
+DeepSpeed's JSON config (config.py, auto.py, mpu.py), precision and loss scaling, the stages with
+overlap and bucket pools (stages.py, stage3.py, prefetch.py, hpz.py, saved.py, divergence.py),
+frozen and external parameters, offload, checkpoints, monitors, ledgers, DeepSpeed's LR
+schedules, comm.py (primitives or torch.distributed). Parity with DeepSpeed: parity/.
 """
-from zero_from_scratch.engine.checkpoint import CheckpointError, consolidate
-from zero_from_scratch.engine.config import load_config
-from zero_from_scratch.engine.zero_engine import ZeroEngine, initialize
-from zero_from_scratch.engine.external import ZeroExternalParameterError, register_external_parameter
-from zero_from_scratch.stage3 import ZeroDivergenceError
+import importlib
 
-__all__ = ["initialize", "ZeroEngine", "load_config", "consolidate", "CheckpointError", "ZeroDivergenceError",
-           "register_external_parameter", "ZeroExternalParameterError"]
+# The engine's public names resolve on first use (PEP 562), so importing a textbook module loads no engine module.
+_LAZY = {"initialize": "zero_engine", "ZeroEngine": "zero_engine", "load_config": "config",
+         "consolidate": "checkpoint", "CheckpointError": "checkpoint", "ZeroDivergenceError": "divergence",
+         "register_external_parameter": "external", "ZeroExternalParameterError": "external"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'zero_from_scratch' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"zero_from_scratch.engine.{_LAZY[name]}"), name)

@@ -1,71 +1,70 @@
-"""ZeRO-1 (and ZeRO-0 = plain data parallel): partition the optimizer states.
+"""ZeRO-1 (ZeRO paper, arXiv 1910.02054, P_os): partition the optimizer states. And ZeRO-0.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 1
+    python -m pytest tests/test_zero_units.py -k textbook          (2 ranks, against one process)
 
-Every rank keeps the full parameters (one flat buffer per param group; each parameter is a
-view into it) and the full gradients (a second flat buffer the gradient hooks add into).
-Gradient accumulation therefore needs no communication at all until the last micro-batch.
-At the boundary each unit's gradient is reduce-scattered: rank r receives the *sum* of block r
-over all ranks (in place, into its own block), steps Adam on that block only, then the updated
-blocks are all-gathered back into every rank's flat buffer.
+Every rank keeps the full parameters (one flat buffer per param group, each parameter a view
+into it) and the full gradients (a second flat buffer the gradient hooks add into), so gradient
+accumulation needs no communication until the last micro-batch. At that boundary each unit's
+gradient is reduce-scattered: rank r receives the SUM of block r over all ranks (in place, into
+its own block), steps Adam on that block only (optim.py), then all-gathers the updated blocks
+back into every rank's flat buffer.
 
-Per step and rank: reduce-scatter (N-1)/N·Ψ + all-gather (N-1)/N·Ψ = 2(N-1)/N·Ψ, the same
-bytes as DDP's all-reduce, for Adam memory 8Ψ/N instead of 8Ψ (fp32).
-ZeRO-0 (`Stage0`) all-reduces instead and every rank steps everything.
+Memory per rank (fp32, K = 8 for Adam's m and v): 4Ψ + 4Ψ + 8Ψ/N instead of 16Ψ.
+Communication per step and rank: reduce-scatter (N-1)/N·Ψ + all-gather (N-1)/N·Ψ = 2(N-1)/N·Ψ,
+the bytes of DDP's all-reduce. ZeRO-0 (`Stage0`) all-reduces instead and every rank steps all.
 
-overlap_comm: at the boundary micro-batch a unit's reduce-scatter starts from the gradient hook
-that completes it (in unit order, so every rank issues the same sequence) on the engine's
-communication thread, and backward goes on computing earlier layers; after_backward waits for
-all of them. The bytes and the result are the same; only *when* they move changes.
-reduce_scatter: false all-reduces each unit instead (2× the bytes, the owner's block is the same).
-Every buffer is created on the parameters' device (engine.device).
-
-All ranks must call backward and step the same number of times (the collectives pair up).
+`comm` is any object with the collective methods all_reduce(t), reduce_scatter_single(out, inp),
+all_gather_single(out, inp), broadcast(t, src), each summing (or gathering) over its group;
+`comm.rank`, `comm.size`. A call may return a handle with wait() (asynchronous): `_launch` keeps
+it and `then` runs after the wait. Every rank must call backward and step the same number of
+times, in the same order: the collectives pair up, or the ranks hang.
 """
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
 
 class Stage1:
     stage = 1
-    full_grads = True          # a full-size gradient buffer lives across micro-batches
+    reduce_scatter = True         # the one reduce: reduce-scatter, or all-reduce (stage 0 / the engine's choice)
 
-    def __init__(self, engine):
-        self.e = engine
-        lay, dt, self.dev = engine.layout, engine.dtype, engine.device
-        z = engine.config.zero
-        self.overlap = z.overlap_comm and engine.comm.size > 1
-        self.use_rs = z.reduce_scatter
-        self.inflight: list = []                          # Pending reductions, oldest first
-        self.boundary = True
-        self.pending = {u.index: len(u.slots) for u in lay.units}
-        self.next_unit = 0
-        self.flat = [torch.zeros(n, dtype=dt, device=self.dev) for n in lay.group_flat]
-        self.params = engine.params_by_name
-        for u in lay.units:                               # params become views into flat
+    def __init__(self, comm, layout, params: dict, dtype: torch.dtype, device: torch.device):
+        self.comm, self.layout, self.params, self.dtype, self.dev = comm, layout, params, dtype, device
+        self.rank = comm.rank
+        self.inflight: list = []                          # (handle, then) of asynchronous reductions
+        self.boundary, self.next_unit = True, 0
+        self.pending = {u.index: len(u.slots) for u in layout.units}
+        self._make_param_storage()
+        self._make_grad_storage()
+        self.hooks = [params[s.name].register_post_accumulate_grad_hook(self._make_hook(u, s))
+                      for u in layout.units for s in u.slots]
+
+    def kw(self, purpose: str, u=None) -> dict:
+        """Extra keywords for one collective: none here. The engine's subclasses add the ledger's
+        label, async_op and a divergence tag (zero_from_scratch/engine/stages.py)."""
+        return {}
+
+    # ------------------------------------------------------------------ parameters
+    def _make_param_storage(self) -> None:
+        """Full flat parameters; rank 0's weights everywhere (DeepSpeed starts from them too)."""
+        self.flat = [torch.zeros(n, dtype=self.dtype, device=self.dev) for n in self.layout.group_flat]
+        for u in self.layout.units:                       # params become views into flat
             base = self.flat[u.group][u.flat_offset:u.flat_offset + u.padded]
             for s in u.slots:
                 p = self.params[s.name]
                 view = base[s.offset:s.offset + s.numel].view(s.shape)
                 view.copy_(p.data)
                 p.data = view
-        for g, buf in enumerate(self.flat):               # DeepSpeed also starts from rank 0's weights
-            if engine.comm.size > 1:
-                engine.comm.broadcast(buf, 0, "init broadcast")
-        self._make_grad_storage()
-        self.hooks = [self.params[s.name].register_post_accumulate_grad_hook(self._make_hook(u, s))
-                      for u in lay.units for s in u.slots]
+        for buf in self.flat:
+            if self.comm.size > 1:
+                self.comm.broadcast(buf, 0, **self.kw("init broadcast"))
 
     # ------------------------------------------------------------------ gradients
     def _make_grad_storage(self) -> None:
-        lay = self.e.layout
-        self.gflat = [torch.zeros(n, dtype=self.e.dtype, device=self.dev) for n in lay.group_flat]
+        self.gflat = [torch.zeros(n, dtype=self.dtype, device=self.dev) for n in self.layout.group_flat]
         self.gview = {}
-        for u in lay.units:
-            base = self.gflat[u.group][u.flat_offset:u.flat_offset + u.padded]
+        for u in self.layout.units:
+            base = self._unit_grad(u)
             for s in u.slots:
                 self.gview[s.name] = base[s.offset:s.offset + s.numel].view(s.shape)
 
@@ -82,58 +81,66 @@ class Stage1:
         return self.gflat[u.group][u.flat_offset:u.flat_offset + u.padded]
 
     def _arrived(self, u) -> None:
+        """A gradient of u arrived; reduce, in unit order (never completion order: ranks pair up),
+        every unit that is complete, when this stage reduces during backward."""
         self.pending[u.index] -= 1
         if self.pending[u.index] == 0 and self._reduce_in_backward():
-            units = self.e.layout.units     # in unit order, never completion order: ranks pair up
+            units = self.layout.units
             while self.next_unit < len(units) and self.pending[units[self.next_unit].index] == 0:
                 self._reduce(units[self.next_unit])
                 self.next_unit += 1
 
     def _reduce_in_backward(self) -> bool:
-        """Stage 1 reduces only at the boundary, and from the hooks only when overlapping."""
-        return self.overlap and self.boundary
+        """Stage 1 reduces at the boundary, after backward (the engine also from the hooks)."""
+        return False
 
-    def _launch_reduce(self, b: torch.Tensor, u, then=None, tag: int = 0) -> None:
-        """Sum bucket b over ranks into this rank's block of it (reduce-scatter, or all-reduce when
-        reduce_scatter is false), asynchronously with overlap_comm; then() once the block is there."""
-        c = self.e.comm
-        lo, hi = u.shard_range(c.rank)
-        if self.use_rs:
-            h = c.reduce_scatter(b[lo:hi], b, "grad reduce-scatter", tag=tag, async_op=self.overlap, what=u.tag)
-        else:
-            h = c.all_reduce(b, "grad all-reduce", async_op=self.overlap, what=u.tag)
+    def _launch(self, h, then=None) -> None:
+        """h: a collective's handle (None when it ran synchronously); then() once it is done."""
         if h is None:
             if then is not None:
                 then()
         else:
-            if then is not None:
-                h.then(then)
-            self.inflight.append(h)
+            self.inflight.append((h, then))
 
-    def _reduce(self, u) -> None:
-        self._launch_reduce(self._unit_grad(u), u)
-        self.pending[u.index] = -1
+    def _wait_oldest(self) -> None:
+        h, then = self.inflight.pop(0)
+        h.wait()
+        if then is not None:
+            then()
 
     def wait_all(self) -> None:
         while self.inflight:
-            self.inflight.pop(0).wait()
+            self._wait_oldest()
+
+    def _sum_into_block(self, b: torch.Tensor, u, then=None) -> None:
+        """The one reduce: bucket b summed over ranks into this rank's block of it (reduce-scatter),
+        or everywhere (all-reduce)."""
+        if self.reduce_scatter:
+            lo, hi = u.shard_range(self.rank)
+            h = self.comm.reduce_scatter_single(b[lo:hi], b, **self.kw("grad reduce-scatter", u))
+        else:
+            h = self.comm.all_reduce(b, **self.kw("grad all-reduce", u))
+        self._launch(h, then)
+
+    def _reduce(self, u) -> None:
+        self._sum_into_block(self._unit_grad(u), u)
+        self.pending[u.index] = -1
 
     def before_backward(self, boundary: bool) -> None:
-        self.boundary = boundary
-        self.pending = {u.index: len(u.slots) for u in self.e.layout.units}
-        self.next_unit = 0
+        self.boundary, self.next_unit = boundary, 0
+        self.pending = {u.index: len(u.slots) for u in self.layout.units}
 
     def after_backward(self, boundary: bool) -> None:
         if boundary:                   # accumulation micro-batches: nothing leaves the rank
-            for u in self.e.layout.units[self.next_unit:]:   # what the hooks did not launch, in order
+            for u in self.layout.units[self.next_unit:]:
                 if self.pending[u.index] != -1:
                     self._reduce(u)
-            self.next_unit = len(self.e.layout.units)
+            self.next_unit = len(self.layout.units)
         self.wait_all()
 
     # ------------------------------------------------------------------ what the optimizer sees
     def owner(self) -> int:
-        return self.e.comm.rank
+        return self.rank
 
     def param_shard(self, u) -> torch.Tensor:
         lo, hi = u.shard_range(self.owner())
@@ -141,50 +148,34 @@ class Stage1:
 
     def grad_shard(self, u) -> torch.Tensor:
         lo, hi = u.shard_range(self.owner())
-        return self.gflat[u.group][u.flat_offset + lo:u.flat_offset + hi]
+        return self._unit_grad(u)[lo:hi]
 
     def zero_grad(self) -> None:
         for b in self.gflat:
             b.zero_()
 
     def after_step(self) -> None:
-        c = self.e.comm
-        for u in self.e.layout.units:
+        """Every rank stepped its block: all-gather the blocks back into the full parameters."""
+        for u in self.layout.units:
             full = self.flat[u.group][u.flat_offset:u.flat_offset + u.padded]
-            c.all_gather(full, self.param_shard(u), "param all-gather")
-
-    # ------------------------------------------------------------------ full parameters on demand
-    @contextlib.contextmanager
-    def gathered(self, params, modifier_rank=None):
-        """Stages 0-2 hold full parameters already; with modifier_rank, that rank's edits are
-        broadcast on exit (and copied into the fp32 master)."""
-        yield
-        if modifier_rank is not None:
-            for buf in self.flat:
-                self.e.comm.broadcast(buf, modifier_rank, "gathered_parameters broadcast")
-            self.e.refresh_master()
-
-    def after_load(self) -> None:
-        pass
+            self.comm.all_gather_single(full, self.param_shard(u), **self.kw("param all-gather", u))
 
     def memory(self) -> dict:
-        nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
-        return {"params": nb(self.flat), "grads": nb(self.gflat)}
+        return {"params": _nbytes(self.flat), "grads": _nbytes(self.gflat)}
 
 
 class Stage0(Stage1):
-    """Plain data parallel with the same flat buffers: all-reduce, everyone steps everything.
-    The layout is built for one 'shard' (world_size=1), so rank r 'owns' the whole unit."""
+    """Plain data parallel on the same flat buffers: all-reduce, every rank steps everything.
+    The layout is built for world_size=1, so every rank 'owns' the whole unit."""
     stage = 0
+    reduce_scatter = False
 
     def owner(self) -> int:
         return 0
 
-    def _reduce(self, u) -> None:
-        h = self.e.comm.all_reduce(self._unit_grad(u), "grad all-reduce", async_op=self.overlap, what=u.tag)
-        if h is not None:
-            self.inflight.append(h)
-        self.pending[u.index] = -1
-
     def after_step(self) -> None:
         pass
+
+
+def _nbytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)

@@ -22,11 +22,12 @@ deep inside the model. Cost: one Python check per torch op of the forward (a few
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from zero_from_scratch.stage3 import _SavedView
 
 _METADATA = {"__get__", "__set__", "dim", "size", "numel", "element_size", "is_floating_point", "data_ptr",
              "untyped_storage", "requires_grad_", "is_complex", "get_device", "__len__", "stride"}
@@ -66,22 +67,9 @@ class ExternalParams:
             for p in m.parameters(recurse=False):
                 self.owner.setdefault(id(p), mname or "<root>")
         self.name_of = {id(p): n for n, p in st.params.items()}
-        release = st._release
-
-        def release_unless_pinned(u, force: bool = False):   # an external user is mid-forward: keep it
-            if force or not self.pins.get(u.index):
-                release(u, force=force)
-        st._release = release_unless_pinned
-        unpack = st._unpack
-
-        def unpack_regathering(x):           # a registered unit's saved weight, needed in backward
-            if isinstance(x, tuple) and x and x[0] is _SavedView and x[1] in self.external_units \
-                    and x[1] not in st.full_of:
-                u = self.external_units[x[1]]
-                st._gather(u, "backward", f"backward use of {u.tag!r} (external)")
-            return unpack(x)
-        st._unpack = unpack_regathering
         self.external_units: dict = {}
+        st.pinned = self.pins                # an external user is mid-forward: keep it
+        st.saved.regather = self.external_units   # a registered unit's saved weight, needed in backward
         for mname, m in engine.module.named_modules():
             m.__dict__["_zero_external"] = self
             for p in list(getattr(m, "_external_params", {}).values()):
@@ -111,7 +99,6 @@ class ExternalParams:
     def guard(self):
         """The forward's TorchFunctionMode (stage 3), or a no-op context."""
         if self.e.stage_id != 3:
-            import contextlib
             return contextlib.nullcontext()
         return _Guard(self)
 

@@ -68,7 +68,7 @@ class FrozenParams:
             for s in u.slots:
                 full[s.offset:s.offset + s.numel].copy_(dict(self.named)[s.name].data.reshape(-1))
             if c.size > 1:
-                c.broadcast(full, 0, "init broadcast")   # rank 0's weights, like the trainable part
+                c.broadcast(full, 0, purpose="init broadcast")   # rank 0's weights, like the trainable part
             lo, hi = u.shard_range(c.rank)
             st.param_shard(u).copy_(full[lo:hi])
             st.tag_of[u.index] = u.tag
@@ -105,7 +105,7 @@ class FrozenParams:
         With modifier_rank, that rank's values are broadcast and written back into the shards."""
         st = self.e.stage
         wanted = {id(p) for p in params}
-        mine = [u for u in self.units if u.index not in st.gathered_units
+        mine = [u for u in self.units if u.index not in st.full_of
                 and any(id(st.params[s.name]) in wanted for s in u.slots)]
         for u in mine:
             st._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")

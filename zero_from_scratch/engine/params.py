@@ -103,7 +103,7 @@ def broadcast_module_state(comm, module: nn.Module) -> None:
     with torch.no_grad():
         for dtype, ts in by_dtype.items():
             flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            comm.broadcast(flat, 0, "init broadcast")
+            comm.broadcast(flat, 0, purpose="init broadcast")
             off = 0
             for t in ts:
                 t.copy_(flat[off:off + t.numel()].view_as(t))

@@ -1,10 +1,10 @@
-"""ZeRO-3's trace, prefetch, reuse and live-parameter cap: a mixin of Stage3 (stage3.py).
+"""ZeRO-3's trace, prefetch, reuse and live-parameter cap (DeepSpeed's stage3_* keys), one object.
 
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --zero overlap_comm=true
 
-The first training micro-batch records the order in which Stage3's hooks ask for units — forward
-pre-hooks, then backward pre-hooks — as [(kind, unit)]: the *trace* (DeepSpeed records the same
-module order on its first step). Later micro-batches walk it:
+The first training micro-batch records the order in which the stage's hooks ask for units —
+forward pre-hooks, then backward pre-hooks — as [(kind, unit)]: the *trace* (DeepSpeed records
+the same module order on its first step). Later micro-batches walk it:
   prefetch   after each demand, all-gather asynchronously the next units of the trace, keeping at
              most stage3_prefetch_bucket_size elements ahead and gathered + in-flight elements
              ≤ stage3_max_live_parameters. Cost: no extra bytes (each gather happens once, only
@@ -18,62 +18,78 @@ stops prefetching and keeping (demand gathers only) and stays correct.
 """
 from __future__ import annotations
 
-import torch
 
+class Prefetcher:
+    """unit(i) -> Unit; budget: elements ahead (0 = no prefetch); max_live, reuse_distance: elements.
+    The stage tells it what happens (start/follow/finish, count_live) and hands it two actions:
+    start(u, kind) -> (handle, buffer) for an asynchronous all-gather, evict(u) to release."""
 
-class Prefetch:
-    """Needs from Stage3: e (engine), trace, tpos, trace_ok, in_train, recording, prefetched,
-    gathered_units, kept, live, max_live, prefetch_budget, reuse_distance, fwd_pos, stats,
-    _check, _count_live, _release, param_shard, dev."""
+    def __init__(self, unit, budget: int, max_live: int, reuse_distance: int):
+        self.unit, self.budget, self.max_live, self.reuse_distance = unit, budget, max_live, reuse_distance
+        self.trace: list | None = None                    # [(kind, unit index)] of the first training micro-batch
+        self.recording: list = []
+        self.tpos, self.trace_ok, self.in_train = 0, False, False
+        self.fwd_pos: dict[int, int] = {}                 # unit -> its trace position in this forward
+        self.prefetched: dict[int, tuple] = {}            # unit -> (handle, buffer) in flight
+        self.kept: list[int] = []                         # gathered past forward for reuse, oldest first
+        self.live = 0                                     # gathered + in-flight elements
+        self.stats = {"demand": 0, "prefetch": 0, "prefetch_used": 0, "max_live": 0, "evicted": 0}
 
-    def _make_room(self, need: int) -> None:
+    def start_forward(self, training: bool) -> None:
+        """Before each forward: eval / no-grad passes neither follow nor record the trace."""
+        self.in_train = training
+        self.tpos, self.trace_ok, self.fwd_pos = 0, training and self.trace is not None, {}
+
+    def finish_backward(self) -> None:
+        if self.in_train and self.trace is None:
+            self.trace = self.recording  # the first training micro-batch is the trace
+        self.in_train = False
+
+    def count_live(self, n: int) -> None:
+        self.live += n
+        self.stats["max_live"] = max(self.stats["max_live"], self.live)
+
+    def make_room(self, need: int, evict) -> None:
         """Evict units kept for reuse (oldest first) until `need` more elements fit under max_live."""
         while self.kept and self.live + need > self.max_live:
-            self._release(self.unit(self.kept[0]), force=True)
+            evict(self.unit(self.kept[0]))
             self.stats["evicted"] += 1
 
-    # ------------------------------------------------------------------ the trace and prefetch
-    def _follow_trace(self, kind: str, u) -> int | None:
-        """Record (first training micro-batch) or check this request against the trace; return its
-        position, or None once this micro-batch has left the trace."""
+    def follow(self, kind: str, u) -> None:
+        """Record (first training micro-batch) or check this demand against the trace."""
         if not self.in_train:
-            return None
+            return
         if self.trace is None:
             self.recording.append((kind, u.index))
-            return None
-        if self.trace_ok and self.tpos < len(self.trace) and self.trace[self.tpos] == (kind, u.index):
+        elif self.trace_ok and self.tpos < len(self.trace) and self.trace[self.tpos] == (kind, u.index):
+            if kind == "forward":
+                self.fwd_pos[u.index] = self.tpos
             self.tpos += 1
-            return self.tpos - 1
-        self.trace_ok = False            # same on every rank when ranks run the same modules
-        return None
+        else:
+            self.trace_ok = False        # same on every rank when ranks run the same modules
 
-    def _prefetch(self) -> None:
-        """All-gather, asynchronously, the next units in the trace: at most prefetch_budget elements
-        ahead (in flight or already prefetched), never beyond max_live."""
-        if not (self.prefetch_budget and self.trace_ok and self.trace is not None):
+    def prefetch(self, gathered, start) -> None:
+        """Start the next units of the trace (not in `gathered`): at most budget elements ahead (in
+        flight or already prefetched), never beyond max_live."""
+        if not (self.budget and self.trace_ok and self.trace is not None):
             return
-        c, ahead, seen = self.e.comm, 0, set()
+        ahead, seen = 0, set()
         for kind, i in self.trace[self.tpos:]:
-            if i in seen or i in self.gathered_units:
+            if i in seen or i in gathered:
                 continue
             seen.add(i)
             u = self.unit(i)
             if i in self.prefetched:
                 ahead += u.padded
                 continue
-            if ahead >= self.prefetch_budget or self.live + u.padded > self.max_live:
+            if ahead >= self.budget or self.live + u.padded > self.max_live:
                 return
-            label = f"prefetch for {kind} of {u.tag!r}"
-            tag = self._check(kind, u, label)
-            full = torch.empty(u.padded, dtype=self.e.dtype, device=self.dev)
-            self._count_live(u.padded)
+            self.count_live(u.padded)
             self.stats["prefetch"] += 1
-            h = c.all_gather(full, self.param_shard(u), f"param all-gather ({kind})", tag=tag, async_op=True,
-                             what=u.tag)
-            self.prefetched[i] = (h, full)
+            self.prefetched[i] = start(u, kind)
             ahead += u.padded
 
-    def _reused_soon(self, u) -> bool:
+    def reused_soon(self, u) -> bool:
         """Does the trace use u again within reuse_distance elements after its forward?"""
         pos = self.fwd_pos.get(u.index)
         if pos is None or not (self.trace_ok and self.in_train):
@@ -86,3 +102,10 @@ class Prefetch:
                 return True
             traversed += self.unit(i).numel
         return False
+
+    def drop(self) -> None:
+        """Wait for and forget every prefetch in flight."""
+        for i, (h, _) in list(self.prefetched.items()):
+            h.wait()
+            self.live -= self.unit(i).padded
+        self.prefetched.clear()

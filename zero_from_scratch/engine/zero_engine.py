@@ -39,7 +39,7 @@ import torch.nn as nn
 from zero_from_scratch.engine import checkpoint as ckpt
 from zero_from_scratch.engine import ledger
 from zero_from_scratch.engine import offload
-from zero_from_scratch.comm import Comm
+from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
 from zero_from_scratch.engine.frozen import FrozenParams
@@ -50,11 +50,10 @@ from zero_from_scratch.optim import ShardedAdam, build_scheduler
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
-from zero_from_scratch.stage1 import Stage0, Stage1
-from zero_from_scratch.stage2 import Stage2
-from zero_from_scratch.stage3 import Stage3
+from zero_from_scratch.engine.stage3 import ZeroStage3
+from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
 
-_STAGES = {0: Stage0, 1: Stage1, 2: Stage2, 3: Stage3}
+_STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
@@ -145,7 +144,7 @@ class ZeroEngine(nn.Module):
     def forward(self, *args, **kwargs):
         if self.stage_id == 3:
             self.stage.forward_done()
-            with self.stage.saved_weights_by_reference(), self.external.guard():
+            with self.stage.saved.active(), self.external.guard():
                 return self.module(*args, **kwargs)
         return self.module(*args, **kwargs)
 
@@ -245,11 +244,11 @@ class ZeroEngine(nn.Module):
         if loss is not None:
             sq[1] = loss
         if self.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
-            self.comm.all_reduce(sq, "grad-norm all-reduce")
+            self.comm.all_reduce(sq, purpose="grad-norm all-reduce")
         elif loss is not None and N > 1:                 # stage 0: no norm all-reduce to ride on
-            self.comm.all_reduce(sq[1:], "monitor loss all-reduce")
+            self.comm.all_reduce(sq[1:], purpose="monitor loss all-reduce")
         if self.mp is not None:                          # tp ranks hold the same loss: only the norm
-            self.mp.all_reduce(sq[:1], "grad-norm all-reduce (model parallel)")
+            self.mp.all_reduce(sq[:1], purpose="grad-norm all-reduce (model parallel)")
         scale = N * self.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
         norm = math.sqrt(sq[0].item()) / scale
         overflow = not math.isfinite(norm)

@@ -1,6 +1,6 @@
 """The engine's only door to communication: primitives (default) or torch.distributed.
 
-    engine = zero_from_scratch.initialize(..., comm_impl="primitives" | "torch")
+    engine, *_ = zero_from_scratch.initialize(..., comm_impl="primitives" | "torch")
 
 Both libraries share torch's signatures, so the switch is `B = primitives` vs
 `B = torch.distributed`. With primitives the ring algorithm is forced so the bytes match the
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import primitives as P
 from primitives.engine.cost import ring_bytes   # the one ring byte formula
 
 IMPLS = ("primitives", "torch")
@@ -97,13 +98,12 @@ class Comm:
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.global_rank = dist.get_rank()
         if impl == "primitives":
-            import primitives as B
-            self._ledger = B.LEDGER
+            self._ledger = P.LEDGER
             ring = dict(algorithm="ring", group=group)
-            self._all_reduce = functools.partial(B.all_reduce, **ring)
-            self._rs = functools.partial(B.reduce_scatter_single, **ring)
-            self._ag = functools.partial(B.all_gather_single, **ring)
-            self._bcast = functools.partial(B.broadcast, group=group)
+            self._all_reduce = functools.partial(P.all_reduce, **ring)
+            self._rs = functools.partial(P.reduce_scatter_single, **ring)
+            self._ag = functools.partial(P.all_gather_single, **ring)
+            self._bcast = functools.partial(P.broadcast, group=group)
         else:
             B = dist
             self._ledger = None
@@ -163,14 +163,19 @@ class Comm:
         self.events.append(ev)
         return Pending(self, fut, ev)
 
-    def all_reduce(self, t: torch.Tensor, purpose: str, async_op: bool = False, what: str = ""):
+    # The textbook's collective methods (stage1.py), with a ledger label (purpose, what), a tag
+    # for the primitives handshake and async_op (a Pending comes back; otherwise None).
+    def all_reduce(self, t: torch.Tensor, op: str = "sum", *, purpose: str = "all-reduce", async_op: bool = False,
+                   what: str = ""):
+        assert op == "sum", op
         return self._run(purpose, "all_reduce", t.numel() * t.element_size(), lambda: self._all_reduce(t),
                          async_op, what)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0,
-                       async_op: bool = False, what: str = ""):
+    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, op: str = "sum", *,
+                              purpose: str = "reduce-scatter", tag: int = 0, async_op: bool = False, what: str = ""):
         """out (numel/N) <- this rank's block of the sum of every rank's inp. out may alias inp's block.
         async_op=True: returns a Pending (see the module docstring); otherwise None."""
+        assert op == "sum", op
         def go():
             if self.impl == "primitives":
                 self._rs(out, inp, tag=tag)
@@ -188,11 +193,10 @@ class Comm:
         handshake), so callers need no separate consistency round."""
         if self.impl != "primitives":
             return False
-        import primitives
-        return primitives.handshake_enabled()
+        return P.handshake_enabled()
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, purpose: str, tag: int = 0,
-                   async_op: bool = False, what: str = ""):
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, *, purpose: str = "all-gather", tag: int = 0,
+                          async_op: bool = False, what: str = ""):
         """out (N·numel) <- every rank's inp, rank-major. inp may be out's own block."""
         def go():
             if self.impl == "primitives":
@@ -201,7 +205,7 @@ class Comm:
             self._ag(out, inp.clone() if _overlaps(out, inp) else inp)
         return self._run(purpose, "all_gather", out.numel() * out.element_size(), go, async_op, what)
 
-    def broadcast(self, t: torch.Tensor, src: int, purpose: str) -> None:
+    def broadcast(self, t: torch.Tensor, src: int, *, purpose: str = "broadcast") -> None:
         """src is a rank of this Comm's group (both libraries take a global rank)."""
         g = src if self.group is None else dist.get_global_rank(self.group, src)
         self._run(purpose, "broadcast", t.numel() * t.element_size(), lambda: self._bcast(t, g))
@@ -210,9 +214,8 @@ class Comm:
         """Every rank's small int list (same length everywhere): a cheap cross-rank consistency check."""
         mine = torch.tensor(values, dtype=torch.int64, device=self.device)
         out = torch.empty(self.size * len(values), dtype=torch.int64, device=self.device)
-        self.all_gather(out, mine, purpose)
+        self.all_gather_single(out, mine, purpose=purpose)
         return out.view(self.size, len(values)).tolist()
-
 
     def drain(self) -> None:
         """Wait for every in-flight call (errors re-raised) and stop the background thread."""

@@ -1,0 +1,220 @@
+"""The engine's ZeRO-3: the textbook Stage3 (zero_from_scratch/stage3.py) plus what DeepSpeed's
+stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
+
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --zero overlap_comm=true
+
+  prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
+  persistence                 units of ≤ stage3_param_persistence_threshold elements are gathered
+                              once per optimizer step and kept
+  hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
+  saved weights               SavedByReference (saved.py): autograd keeps (unit, view) instead of
+                              the gathered buffer, so releasing after forward frees it
+  divergence                  DivergenceCheck (divergence.py): every collective carries (kind,
+                              unit, call#); ranks that ran different modules raise
+                              ZeroDivergenceError naming them, instead of hanging
+  gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+from primitives import CollectiveError
+from zero_from_scratch.engine import hpz
+from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
+from zero_from_scratch.engine.prefetch import Prefetcher
+from zero_from_scratch.engine.saved import SavedByReference
+from zero_from_scratch.engine.stages import engine_inputs, labelled, make_pool
+from zero_from_scratch.stage3 import Stage3
+
+
+class ZeroStage3(Stage3):
+    def __init__(self, engine):
+        z, c = engine.config.zero, engine.comm
+        self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
+        self.pool = make_pool(self, engine)
+        self.pf = Prefetcher(self.unit, z.stage3_prefetch_bucket_size if self.overlap else 0,
+                             z.stage3_max_live_parameters, z.stage3_max_reuse_distance)
+        self.persistent = {u.index for u in engine.layout.units if u.numel <= z.stage3_param_persistence_threshold}
+        self.tag_of = {u.index: u.tag for u in engine.layout.units}
+        self.check = DivergenceCheck(c, self.tag_of)
+        self.saved = SavedByReference(self)
+        self.pinned: dict[int, int] = {}                  # unit -> external users mid-forward (external.py)
+        super().__init__(*engine_inputs(engine), engine.module)
+        self.hpz = hpz.make(engine)                       # ZeRO++ hpZ, None when off
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                                "respect to module outputs")  # expected: the first module's inputs are token ids
+
+    def kw(self, purpose: str, u=None) -> dict:
+        return labelled(self, purpose, u, self.tag)
+
+    @property
+    def stats(self) -> dict:
+        return self.pf.stats
+
+    def unit(self, i: int):
+        """A unit by index: the engine's layout, then (frozen.py) the frozen parameters' units,
+        numbered after it; both can be gathered, traced, kept and released."""
+        units = self.e.layout.units
+        return units[i] if i < len(units) else self.e.frozen.units[i - len(units)]
+
+    def _new_bucket(self, u) -> torch.Tensor:
+        return self.pool.take(u)
+
+    def _bucket_done(self, u, b) -> None:
+        self.pool.give_back(u)
+
+    # ------------------------------------------------------------------ gather / release
+    def _gather(self, u, kind: str, label: str) -> None:
+        if u.index in self.full_of:
+            if u.index in self.pf.kept:
+                self.pf.kept.remove(u.index)              # in use again: not evictable
+            return
+        if u.index in self.pf.prefetched:
+            h, full = self.pf.prefetched.pop(u.index)
+            try:
+                h.wait()
+            except CollectiveError as e:
+                raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {label} failed: {e}") from e
+            self.pf.stats["prefetch_used"] += 1
+            self._install(u, full)
+            return
+        self.pf.make_room(u.padded, lambda v: self._release(v, force=True))
+        self.tag = self.check.count(kind, u, label)
+        self.pf.count_live(u.padded)
+        self.pf.stats["demand"] += 1
+        try:
+            with self.check.tagged(self.tag, label):
+                super()._gather(u, kind, label)
+        finally:
+            self.tag = 0
+
+    def _fetch(self, u, kind: str, full: torch.Tensor) -> None:
+        if self.hpz and self.hpz.gather(u, kind, full, self.tag):   # hpZ: backward stays in the node
+            return
+        super()._fetch(u, kind, full)
+        if self.hpz:
+            self.hpz.keep(u, full)
+
+    def _start_prefetch(self, u, kind: str):
+        tag = self.check.count(kind, u, f"prefetch for {kind} of {u.tag!r}")
+        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
+        h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
+                                        async_op=True, what=u.tag)
+        return h, full
+
+    def _install(self, u, full: torch.Tensor) -> None:
+        super()._install(u, full)
+        self.saved.add(u.index, full)
+
+    def _release(self, u, force: bool = False) -> None:
+        if u.index in self.full_of and (force or (u.index not in self.persistent and not self.pinned.get(u.index))):
+            if u.index in self.pf.kept:
+                self.pf.kept.remove(u.index)
+            self.pf.live -= u.padded
+            self.saved.remove(self.full_of[u.index])
+            super()._release(u)
+
+    def release_all(self) -> None:
+        """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
+        self.pf.drop()
+        for i in list(self.full_of):
+            self._release(self.unit(i), force=True)
+
+    # ------------------------------------------------------------------ the hooks follow the trace
+    def _pre_forward(self, name, units):
+        def hook(module, args):
+            for u in units:
+                self.pf.follow("forward", u)
+                self._gather(u, "forward", f"forward of {name!r}")
+            self.pf.prefetch(self.full_of, self._start_prefetch)
+        return hook
+
+    def _post_forward(self, units):
+        def hook(module, args, output):
+            for u in units:
+                if u.index in self.full_of and u.index not in self.persistent and self.pf.reused_soon(u):
+                    self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
+                else:
+                    self._release(u)
+        return hook
+
+    def _pre_backward(self, name, units):
+        def hook(module, grad_output):
+            for u in units:
+                self.pf.follow("backward", u)
+                self._gather(u, "backward", f"backward of {name!r}")
+            self.pf.prefetch(self.full_of, self._start_prefetch)
+        return hook
+
+    # ------------------------------------------------------------------ gradients
+    def _reduce(self, u) -> None:
+        label = f"gradient reduce-scatter of {u.tag!r}"
+        self.tag = self.check.count("reduce", u, label)
+        try:
+            with self.check.tagged(self.tag, label):
+                super()._reduce(u)
+        finally:
+            self.tag = 0
+        if self.hpz:
+            self.hpz.release(u)
+
+    def after_backward(self, boundary: bool) -> None:
+        try:
+            super().after_backward(boundary)
+        except CollectiveError as e:
+            raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
+        self.pf.drop()                   # a micro-batch that left the trace may leave some in flight
+        for i in list(self.full_of):
+            self._release(self.unit(i))  # frozen units too; persistent units stay until the step
+        self.pf.finish_backward()
+        self.check.restart()             # call counts restart every micro-batch (same on all ranks)
+
+    def forward_done(self) -> None:
+        """Called before each forward: eval / no-grad passes leave no state behind."""
+        self.pf.start_forward(torch.is_grad_enabled())
+        if not self.pf.in_train:
+            self.check.restart()
+
+    # ------------------------------------------------------------------ optimizer, checkpoints, users
+    def after_step(self) -> None:
+        if self.hpz:
+            self.hpz.clear()             # secondary shards are stale once the weights move
+        self.release_all()               # the shards changed: persistent copies are stale
+
+    after_load = after_step
+
+    @contextlib.contextmanager
+    def gathered(self, params, modifier_rank=None):
+        """Full parameters for `params` inside the block (all ranks must enter it). With
+        modifier_rank, that rank's edits are broadcast and written back into every shard."""
+        wanted = {id(p) for p in params}
+        units = [u for u in self.layout.units if any(id(self.params[s.name]) in wanted for s in u.slots)]
+        mine = [u for u in units if u.index not in self.full_of]
+        for u in mine:
+            self._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")
+        try:
+            yield
+        finally:
+            for u in units:             # already-gathered (persistent, kept) units are written back too
+                if modifier_rank is not None:
+                    full = self.write_back(u, modifier_rank)
+                    if u not in mine:   # stays gathered: its copy must hold the modifier's values too
+                        self._install(u, self.full_of[u.index].copy_(full))
+                if u in mine:
+                    self._release(u, force=True)
+            if modifier_rank is not None:
+                self.e.refresh_master()
+
+    def write_back(self, u, modifier_rank: int) -> torch.Tensor:
+        """modifier_rank's (possibly edited) full unit → every rank's shard; returns the full unit."""
+        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
+        for s in u.slots:
+            full[s.offset:s.offset + s.numel].copy_(self.params[s.name].data.reshape(-1))
+        if self.comm.size > 1:
+            self.comm.broadcast(full, modifier_rank, purpose="gathered_parameters broadcast")
+        lo, hi = u.shard_range(self.rank)
+        self.param_shard(u).copy_(full[lo:hi])
+        return full
