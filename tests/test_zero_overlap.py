@@ -48,7 +48,7 @@ def _train(rank, zero: dict):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-        allocs.append(getattr(st, "bucket_allocs", None))
+        allocs.append(getattr(getattr(st, "pool", None), "allocs", None))
     rep = engine.comm_report(print_table=False)
     with torch.no_grad():                          # an eval pass keeps nothing gathered for a backward
         engine(torch.randn(3, 8, generator=g))
@@ -57,7 +57,7 @@ def _train(rank, zero: dict):
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "params": params, "rows": {r["purpose"]: r for r in rep["rows"]},
             "overlap": rep["overlap"], "stats": rep.get("stage3"), "allocs": allocs,
-            "pool": getattr(st, "pool_size", None), "backward_end_ms": marks[-1],
+            "pool": getattr(getattr(st, "pool", None), "size", None), "backward_end_ms": marks[-1],
             "after_eval": after_eval, "largest_unit": max(u.padded for u in engine.layout.units), "units": len(engine.layout.units)}
 
 

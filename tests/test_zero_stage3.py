@@ -126,14 +126,14 @@ def _freed_between_forward_and_backward(rank, world):
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 1))
     engine, *_ = zero_from_scratch.initialize(model=m, model_parameters=m.parameters(), config=PARTITION_ALL)
     st, refs, saved_as_refs = engine.stage, [], []
-    gather, pack = st._gather, st._pack
+    gather, pack = st._gather, st.saved.pack
 
     def spy_gather(u, kind, label):
         gather(u, kind, label)
         if kind == "forward":
             refs.append(StorageWeakRef(st.full_of[u.index].untyped_storage()))
     st._gather = spy_gather
-    st._pack = lambda t: (lambda r: (saved_as_refs.append(isinstance(r, tuple)), r)[1])(pack(t))
+    st.saved.pack = lambda t: (lambda r: (saved_as_refs.append(isinstance(r, tuple)), r)[1])(pack(t))
     x = torch.randn(2, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()  # so W.t() is saved
     loss = engine(x).sum()
     gc.collect()

@@ -13,9 +13,11 @@ contiguous_gradients (`BucketPool`): true = bucket buffers are preallocated (the
 reused: one, or two with overlap_comm (one fills while the other is on the wire; when both are
 busy the hook waits for the older one, as DeepSpeed's double ipg buffer does); more only when
 backward interleaves buckets. false = a fresh buffer per bucket. Neither changes a bit of the
-result; `bucket_allocs` counts the allocations.
+result; `pool.allocs` counts the allocations.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -40,27 +42,40 @@ def engine_inputs(engine) -> tuple:
     return engine.comm, engine.layout, engine.params_by_name, engine.dtype, engine.device
 
 
+@contextlib.contextmanager
+def gathered_replicated(stage, params, modifier_rank=None):
+    """gathered_parameters at stages 0-2: the full parameters are there already; with
+    modifier_rank, that rank's edits are broadcast on exit (and copied into the fp32 master)."""
+    yield
+    if modifier_rank is not None:
+        for buf in stage.flat:
+            stage.comm.broadcast(buf, modifier_rank, purpose="gathered_parameters broadcast")
+        stage.e.refresh_master()
+
+
 class ZeroStage1(Stage1):
     def __init__(self, engine):
-        self.overlap = engine.config.zero.overlap_comm and engine.comm.size > 1
+        self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
         super().__init__(*engine_inputs(engine))
         self.reduce_scatter = engine.config.zero.reduce_scatter
 
-    kw = labelled
+    kw, gathered = labelled, gathered_replicated
 
     def _reduce_in_backward(self) -> bool:
         return self.overlap and self.boundary
+
+    def after_load(self) -> None:
+        pass
 
 
 class ZeroStage0(Stage0):
     def __init__(self, engine):
-        self.overlap = engine.config.zero.overlap_comm and engine.comm.size > 1
+        self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
         super().__init__(*engine_inputs(engine))
 
-    kw = labelled
+    kw, gathered = labelled, gathered_replicated
 
-    def _reduce_in_backward(self) -> bool:
-        return self.overlap and self.boundary
+    _reduce_in_backward, after_load = ZeroStage1._reduce_in_backward, ZeroStage1.after_load
 
 
 class BucketPool:
@@ -101,19 +116,17 @@ def make_pool(stage, engine) -> BucketPool:
 
 class ZeroStage2(Stage2):
     def __init__(self, engine):
-        self.overlap = engine.config.zero.overlap_comm and engine.comm.size > 1
+        self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
         self.pool = make_pool(self, engine)
         super().__init__(*engine_inputs(engine))
         self.reduce_scatter = engine.config.zero.reduce_scatter
 
-    kw = labelled
-
-    @property
-    def bucket_allocs(self) -> int:
-        return self.pool.allocs
+    kw, gathered = labelled, gathered_replicated
 
     def _new_bucket(self, u) -> torch.Tensor:
         return self.pool.take(u)
 
     def _bucket_done(self, u, b) -> None:
         self.pool.give_back(u)
+
+    after_load = ZeroStage1.after_load
