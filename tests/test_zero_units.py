@@ -1,5 +1,6 @@
 """Communication-free pieces: config checks, the sharding function, LR schedules, the loss
 scaler; plus bf16 / fp16 engine runs (overflow → skipped step, counted as DeepSpeed counts)."""
+import contextlib
 import math
 import warnings
 
@@ -9,7 +10,8 @@ import torch.nn as nn
 
 import zero_from_scratch
 from zero_from_scratch.engine.config import load_config
-from zero_from_scratch.optim import ShardedAdam, WarmupDecayLR, WarmupLR
+from zero_from_scratch.engine.lr_schedules import WarmupDecayLR, WarmupLR
+from zero_from_scratch.optim import ShardedAdam
 from zero_from_scratch.engine.precision import DynamicLossScaler
 from zero_from_scratch.sharding import bucket_units, shard_layout
 
@@ -188,7 +190,7 @@ def test_grad_norm_sum_of_squares_is_exact_on_a_large_gradient():
 
     import numpy as np
 
-    from zero_from_scratch.engine.zero_engine import sum_of_squares
+    from zero_from_scratch.clip import sum_of_squares
     g = torch.randn(12_000_000, generator=torch.Generator().manual_seed(0)) * 1e-3
     exact = math.fsum(np.square(g.double().numpy()))          # exactly rounded reference
     ours = float(sum_of_squares(g))
@@ -213,3 +215,54 @@ def _accessors(rank, world):
     assert e.gradient_accumulation_steps() == 2
     return (e.train_batch_size(), e.train_micro_batch_size_per_gpu(), e.zero_optimization_stage(),
             e.gradient_clipping(), e.fp16_enabled(), e.bf16_enabled())
+
+
+def _textbook_step(rank, world, stage):
+    """One training step through the textbook classes alone, on primitives' communicator."""
+    import primitives
+    from zero_from_scratch.clip import clip_coef, sum_of_squares
+    from zero_from_scratch.sharding import bucket_units, shard_layout
+    from zero_from_scratch.stage1 import Stage1
+    from zero_from_scratch.stage2 import Stage2
+    from zero_from_scratch.stage3 import Stage3
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
+    params = dict(model.named_parameters())
+    comm = primitives.get_comm()
+    if stage == 3:
+        units = [(0, name or "root", [(f"{name}.{n}", tuple(p.shape)) for n, p in m.named_parameters(recurse=False)])
+                 for name, m in model.named_modules() if list(m.parameters(recurse=False))]
+    else:
+        units = bucket_units([[(n, tuple(p.shape)) for n, p in params.items()]], 40)
+    lay = shard_layout(units, world)
+    args = (comm, lay, params, torch.float32, torch.device("cpu"))
+    st = Stage3(*args, model) if stage == 3 else {1: Stage1, 2: Stage2}[stage](*args)
+    opt = ShardedAdam([{"lr": 0.1, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}], lay.group_local)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
+    st.before_backward(True)
+    model(x).pow(2).mean().backward()
+    st.after_backward(True)
+    sq = torch.zeros(1, dtype=torch.float64)
+    for u in lay.units:
+        sq += sum_of_squares(st.grad_shard(u))
+    comm.all_reduce(sq)
+    coef = clip_coef(float(sq.sqrt()) / world, 0.5) / world   # the reduce summed over N ranks: mean = sum / N
+    for k, u in enumerate(lay.units):
+        opt.step_group(0, st.param_shard(u), st.grad_shard(u).mul(coef), u.local_offset, u.local_offset + u.shard,
+                       count=k == 0)
+    st.after_step()
+    with (st.gathered(list(lay.units)) if stage == 3 else contextlib.nullcontext()):
+        return {n: p.detach().clone() for n, p in params.items()}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_textbook_stage_step_equals_one_process_adamw(spawn, stage):
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
+    xs = [torch.randn(4, 6, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    torch.cat([ref(x) for x in xs]).pow(2).mean().backward()
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    torch.optim.AdamW(ref.parameters(), lr=0.1, weight_decay=0.01, foreach=False).step()
+    for got in spawn(_textbook_step, 2, args=(stage,)):
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)

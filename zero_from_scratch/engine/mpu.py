@@ -24,6 +24,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import primitives as P
+from zero_from_scratch import clip
+
 METHODS = ("get_data_parallel_group", "get_data_parallel_rank", "get_data_parallel_world_size",
            "get_model_parallel_group", "get_model_parallel_rank", "get_model_parallel_world_size")
 
@@ -132,20 +135,6 @@ def counted_ranges(engine, mp_rank: int) -> list[list[tuple[int, int]]]:
 
 
 def clip_grad_norm_(params, max_norm: float, mp_group, mp_rank: int) -> float:
-    """torch.nn.utils.clip_grad_norm_ for a model-parallel model whose gradients are already
-    averaged over dp (DDP): Σ of squares with replicated parameters on mp rank 0 only, one
-    8-byte all-reduce over the mp group, then the same coefficient on every rank. Returns the norm."""
-    import primitives as P
-    dev = next((p.grad.device for p in params if p.grad is not None), torch.device("cpu"))
-    sq = torch.zeros(1, dtype=torch.float64, device=dev)
-    for p in params:
-        if p.grad is not None and counts_on(p, mp_rank):
-            sq += torch.linalg.vector_norm(p.grad, dtype=torch.float64).square()
-    P.all_reduce(sq, group=mp_group)
-    norm = sq.sqrt().item()
-    coef = min(1.0, max_norm / (norm + 1e-6))
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
-    return norm
+    """clip.clip_grad_norm_ for a model-parallel model whose gradients are already averaged over
+    dp (DDP): the norm sums over the mp group, replicated parameters counted on mp rank 0 only."""
+    return clip.clip_grad_norm_(params, max_norm, P.get_comm(mp_group), lambda p: counts_on(p, mp_rank))

@@ -46,7 +46,9 @@ from zero_from_scratch.engine.frozen import FrozenParams
 from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
-from zero_from_scratch.optim import ShardedAdam, build_scheduler
+from zero_from_scratch.engine.lr_schedules import build_scheduler
+from zero_from_scratch.clip import clip_coef, sum_of_squares
+from zero_from_scratch.optim import ShardedAdam
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -57,16 +59,6 @@ _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
-
-
-def sum_of_squares(t: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
-    """Σ t² in float64, a chunk at a time. A float32 norm over an 11.7 M-element embedding
-    gradient lost ~5e-4 of its value (one CPU thread sums sequentially), enough to move the
-    clip coefficient away from DeepSpeed's; chunking keeps the float64 copy small."""
-    acc = torch.zeros((), dtype=torch.float64, device=t.device)
-    for c in t.reshape(-1).split(chunk):
-        acc += torch.linalg.vector_norm(c, dtype=torch.float64).square()
-    return acc
 
 
 class ZeroEngine(nn.Module):
@@ -258,7 +250,7 @@ class ZeroEngine(nn.Module):
         else:
             self._global_grad_norm = norm
             clip = self.config.gradient_clipping
-            coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0   # eps once, on the global norm
+            coef = clip_coef(norm, clip)                 # eps once, on the global norm (clip.py)
             first = set()
             if self.offload is not None:        # the same Adam, through files or on the host (offload*.py)
                 self.offload.step(coef, scale)
