@@ -139,7 +139,8 @@ def test_kill_at_every_phase_leaves_a_loadable_checkpoint(spawn, tmp_path):
     """Re-save the same tag (the hard case: the old save must survive) and die at each phase of
     the save; the checkpoint `latest` names is then the old save or the new one, whole."""
     import shutil
-    from zero_from_scratch.engine.checkpoint import PHASES, consolidate
+    from zero_from_scratch.engine.checkpoint import PHASES
+    from zero_from_scratch.engine.checkpoint_read import consolidate
     assert {k.split(":")[0] for k in KILLS} >= set(PHASES)
     ref = {}
     for steps in (2, 3):                                 # the states the old and the new save hold

@@ -15,7 +15,8 @@ import torch.nn as nn
 from primitives.engine.launch import spawn as _spawn
 
 import zero_from_scratch
-from zero_from_scratch.engine.config import ZERO_KEYS, load_config
+from zero_from_scratch.engine.config import load_config
+from zero_from_scratch.engine.zero_keys import ZERO_KEYS
 from zero_from_scratch.engine.params import param_device
 
 STEPS, GAS = 3, 2

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
-from zero_from_scratch import ZeroDivergenceError
+from zero_from_scratch import ZeroDivergenceError  # noqa: F401 (the public name must resolve)
 from zero_from_scratch.engine.models import tiny_distilbert
 
 CFG = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},

@@ -1,6 +1,6 @@
 """ZeRO-1/2/3 from scratch: a textbook (this folder's top level) and the DeepSpeed-API engine on it.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3
     python -m pytest tests/test_zero_units.py -k textbook
 
 Textbook, in reading order (imports only torch and each other; collectives go through a `comm`
@@ -17,7 +17,7 @@ import importlib
 
 # The engine's public names resolve on first use (PEP 562), so importing a textbook module loads no engine module.
 _LAZY = {"initialize": "zero_engine", "ZeroEngine": "zero_engine", "load_config": "config",
-         "consolidate": "checkpoint", "CheckpointError": "checkpoint", "ZeroDivergenceError": "divergence",
+         "consolidate": "checkpoint_read", "CheckpointError": "checkpoint_read", "ZeroDivergenceError": "divergence",
          "register_external_parameter": "external", "ZeroExternalParameterError": "external"}
 
 __all__ = list(_LAZY)

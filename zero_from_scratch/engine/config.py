@@ -20,6 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
+from zero_from_scratch.engine.zero_keys import offloads, zero_key_notes, zero_overlap_keys
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
@@ -121,7 +122,7 @@ class ZeroConfig:
     contiguous_gradients: bool = True         # reuse preallocated bucket buffers (see ZERO_KEYS)
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_param_persistence_threshold: int = 100_000
-    # ---- issue 8: overlap / prefetch keys (what each does: ZERO_KEYS below)
+    # ---- overlap / prefetch keys (what each does: zero_keys.ZERO_KEYS)
     stage3_max_live_parameters: int = 1_000_000_000
     stage3_max_reuse_distance: int = 1_000_000_000
     reduce_scatter: bool = True
@@ -167,21 +168,6 @@ class ZeroRunConfig:
             raise ValueError("config keys 'bf16.enabled' and 'fp16.enabled' are both true; enable at most one")
         if self.gradient_clipping < 0:
             raise _bad("gradient_clipping", self.gradient_clipping, "a number >= 0 (0 = off)")
-
-
-def offloads(z: dict) -> list[str]:
-    """The zero_optimization keys that turn offload on, spelled as DeepSpeed accepts them: a dict
-    with device "cpu"/"nvme" (absent, null, {} or device "none" is off), or the deprecated
-    cpu_offload / cpu_offload_param booleans."""
-    on = []
-    for k in ("offload_optimizer", "offload_param"):
-        v = z.get(k)
-        if isinstance(v, dict) and v and str(v.get("device", "none")).lower() != "none":
-            on.append(f"zero_optimization.{k}.device={v.get('device')!r}")
-        elif v not in (None, {}, False) and not isinstance(v, dict):
-            on.append(f"zero_optimization.{k}={v!r}")
-    on += [f"zero_optimization.{k}=true" for k in ("cpu_offload", "cpu_offload_param") if z.get(k)]
-    return on
 
 
 def unknown_keys(raw: dict) -> list[str]:
@@ -296,83 +282,3 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
                       stacklevel=2)
     return cfg
-
-
-# ----------------------------------------------------------------------------- issue 8: overlap keys
-# Every zero_optimization key this engine accepts, and what it does HERE. "honoured" keys change
-# behaviour as written; the others are accepted for DeepSpeed compatibility and produce a warning
-# at initialise (zero_key_notes) saying what DeepSpeed would have done, whenever the user sets them
-# to something that would matter.
-ZERO_KEYS = {
-    "overlap_comm": "honoured: stages 1-3 launch each gradient bucket's reduce-scatter from the gradient "
-                    "hooks on a background thread while backward goes on, and wait at the end of backward; "
-                    "stage 3 also prefetches (all-gathers ahead) the next modules' parameters",
-    "contiguous_gradients": "honoured (stages 2-3): true = gradients are copied as they arrive into "
-                            "preallocated bucket buffers reused every micro-batch (1, or 2 with overlap_comm, "
-                            "more only if backward interleaves buckets); false = a fresh bucket per unit, freed "
-                            "after its reduce-scatter. Stage 1 always keeps one flat full-size gradient buffer",
-    "reduce_bucket_size": "honoured (stages 0-2): elements per gradient bucket = unit of reduce-scatter and "
-                          "all-gather. Stage 3 reduces per module instead (warned if set)",
-    "reduce_scatter": "honoured (stages 1-2): false = all-reduce each bucket and keep this rank's block "
-                      "(2x the bytes, same result)",
-    "stage3_prefetch_bucket_size": "honoured (stage 3 with overlap_comm): elements of upcoming modules kept "
-                                   "gathered or in flight ahead of the running one; 0 = no prefetch",
-    "stage3_max_live_parameters": "honoured (stage 3): gathered + in-flight elements never exceed this, except "
-                                  "when one module alone needs more (then only that module is live)",
-    "stage3_max_reuse_distance": "honoured (stage 3): after forward, a module's parameters stay gathered if the "
-                                 "traced order uses them again within this many elements (e.g. last layer's "
-                                 "forward → its backward); 0 = always release",
-    "stage3_param_persistence_threshold": "honoured (stage 3): a module unit of at most this many elements is "
-                                          "gathered once per optimizer step and kept (no re-gather in backward)",
-}
-
-
-def zero_overlap_keys(z: dict, resolved: dict) -> dict:
-    """ZeroConfig keyword arguments for the overlap / prefetch keys of zero_optimization `z`."""
-    out = {"overlap_comm": bool(z.get("overlap_comm", False)),
-           "contiguous_gradients": bool(z.get("contiguous_gradients", True)),
-           "reduce_scatter": bool(z.get("reduce_scatter", True)),
-           "explicit": tuple(sorted(z))}
-    for k, default in (("stage3_prefetch_bucket_size", 50_000_000), ("stage3_param_persistence_threshold", 100_000),
-                       ("stage3_max_live_parameters", 1_000_000_000), ("stage3_max_reuse_distance", 1_000_000_000)):
-        v = z.get(k, default)
-        out[k] = default if v == "auto" else v      # "auto" here means DeepSpeed's default
-    return out
-
-
-def zero_key_notes(raw_zero: dict, zero: ZeroConfig) -> list[str]:
-    """Warnings for keys accepted but not (fully) acted on, each saying what DeepSpeed would do."""
-    st, notes = zero.stage, []
-    setk = set(zero.explicit)
-
-    def note(key, msg):
-        notes.append(f"zero_optimization.{key} = {raw_zero.get(key)!r}: {msg}")
-    if st == 3 and "reduce_bucket_size" in setk:
-        note("reduce_bucket_size", "not used at stage 3 (gradients are reduce-scattered one module at a time); "
-             "DeepSpeed would batch several modules' gradients into buckets of this many elements")
-    if st in (1, 2) and "allgather_bucket_size" in setk and zero.allgather_bucket_size != zero.reduce_bucket_size:
-        note("allgather_bucket_size", "not used: updated shards are all-gathered one reduce bucket at a time "
-             "(reduce_bucket_size); DeepSpeed would all-gather in pieces of this many elements (same result)")
-    if raw_zero.get("allgather_partitions") is False:
-        note("allgather_partitions", "not used: shards are always all-gathered; DeepSpeed would broadcast each "
-             "rank's partition instead (same result, different traffic)")
-    if raw_zero.get("round_robin_gradients"):
-        note("round_robin_gradients", "no effect: DeepSpeed uses it only to spread gradient copies to CPU offload")
-    if "sub_group_size" in setk and not offloads(raw_zero):   # with offload it bounds the step's chunks
-        note("sub_group_size", "not used: the optimizer steps every shard in 4 Mi-element chunks; DeepSpeed would "
-             "step ZeRO-3 shards in sub-groups of this many elements")
-    if raw_zero.get("stage3_gather_16bit_weights_on_model_save"):
-        note("stage3_gather_16bit_weights_on_model_save", "no save_16bit_model here; DeepSpeed would gather a full "
-             "16-bit state dict on save (use zero_from_scratch.engine.zero_to_fp32 / consolidate)")
-    if st != 3:
-        for k in ZERO_KEYS:
-            if k.startswith("stage3_") and k in setk:
-                note(k, f"no effect at stage {st} (stage 3 only)")
-    elif not zero.overlap_comm and "stage3_prefetch_bucket_size" in setk and zero.stage3_prefetch_bucket_size:
-        note("stage3_prefetch_bucket_size", "not used without overlap_comm: parameters are gathered when needed; "
-             "DeepSpeed would prefetch this many elements ahead (set overlap_comm: true)")
-    if st in (0, 3) and raw_zero.get("reduce_scatter") is False:
-        note("reduce_scatter", f"no effect at stage {st}")
-    if st == 1 and raw_zero.get("contiguous_gradients") is False:
-        note("contiguous_gradients", "no effect at stage 1: the full gradient lives in one flat buffer")
-    return notes

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 

@@ -1,6 +1,6 @@
 """ZeRO-3's trace, prefetch, reuse and live-parameter cap (DeepSpeed's stage3_* keys), one object.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --zero overlap_comm=true
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
 The first training micro-batch records the order in which the stage's hooks ask for units —
 forward pre-hooks, then backward pre-hooks — as [(kind, unit)]: the *trace* (DeepSpeed records

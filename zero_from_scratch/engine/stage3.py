@@ -1,7 +1,7 @@
 """The engine's ZeRO-3: the textbook Stage3 (zero_from_scratch/stage3.py) plus what DeepSpeed's
 stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --zero overlap_comm=true
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
   persistence                 units of ≤ stage3_param_persistence_threshold elements are gathered

@@ -1,7 +1,7 @@
 """The engine's ZeRO-0/1/2: the textbook stages (stage1.py, stage2.py) built from an engine's
 config, with labelled, asynchronous collectives and pooled gradient buckets.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2 --zero overlap_comm=true
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 2 --zero overlap_comm=true
 
 overlap_comm: a unit's reduction starts, from the gradient hook that completes it (in unit order,
 so every rank issues the same sequence), on the engine's communication thread (comm.py), and

@@ -1,13 +1,13 @@
 """initialize(model, model_parameters, config) → a ZeRO engine driven exactly like DeepSpeed's.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2
-    deepspeed --num_gpus 2 --module zero_from_scratch.demo --stage 2
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 2
+    deepspeed --num_gpus 2 --module zero_from_scratch.engine.demo --stage 2
 
     engine, optimizer, _, lr_scheduler = zero_from_scratch.initialize(
         model=model, model_parameters=model.parameters(), config="ds_config.json")
     loss = engine(**batch).loss; engine.backward(loss); engine.step()   # step() after every micro-batch
 
-What one optimizer step does (stage-specific parts live in stage1/2/3.py):
+What one optimizer step does (the stages: stage1/2/3.py, engine/stages.py, engine/stage3.py; the step: step.py):
   backward   loss ÷ gradient_accumulation_steps × loss_scale, autograd, gradient hooks fill the
              stage's gradient storage; at the boundary (stage 1) or every micro-batch (2, 3) the
              gradients are reduce-scattered: each rank ends with the SUM of its shard.
@@ -17,7 +17,7 @@ What one optimizer step does (stage-specific parts live in stage1/2/3.py):
              over the model-parallel group, replicated parameters counted once); overflow → skip;
              grads × clip_coef / (N · loss_scale); Adam on the owned shard; stages 1-2 all-gather
              the updated shards.
-overlap_comm (config.ZERO_KEYS lists what every zero_optimization key does here): the gradient
+overlap_comm (zero_keys.ZERO_KEYS lists what every zero_optimization key does here): the gradient
 reduce-scatters start from the hooks on a communication thread and are waited for at the end of
 backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
 bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
@@ -29,7 +29,6 @@ Every rank must call forward/backward/step the same number of times (the collect
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import warnings
 
@@ -47,18 +46,16 @@ from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
-from zero_from_scratch.clip import clip_coef, sum_of_squares
 from zero_from_scratch.optim import ShardedAdam
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
+from zero_from_scratch.engine.step import optimizer_step
 
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
-
-STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
 
 
 class ZeroEngine(nn.Module):
@@ -223,60 +220,7 @@ class ZeroEngine(nn.Module):
                 self.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(self.stage.param_shard(u))
 
     def _optimizer_step(self) -> None:
-        N, units = self.comm.size, self.layout.units
-        loss = self.monitor.local_loss()                 # None unless a monitor is enabled
-        sq = torch.zeros(1 if loss is None else 2, dtype=torch.float64, device=self.device)
-        for i, u in enumerate(units):
-            g = self.stage.grad_shard(u)
-            if self.norm_ranges is None:
-                sq[0] += sum_of_squares(g)
-            else:                                        # model parallel: replicated params once
-                for a, b in self.norm_ranges[i]:
-                    sq[0] += sum_of_squares(g[a:b])
-        if loss is not None:
-            sq[1] = loss
-        if self.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
-            self.comm.all_reduce(sq, purpose="grad-norm all-reduce")
-        elif loss is not None and N > 1:                 # stage 0: no norm all-reduce to ride on
-            self.comm.all_reduce(sq[1:], purpose="monitor loss all-reduce")
-        if self.mp is not None:                          # tp ranks hold the same loss: only the norm
-            self.mp.all_reduce(sq[:1], purpose="grad-norm all-reduce (model parallel)")
-        scale = N * self.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
-        norm = math.sqrt(sq[0].item()) / scale
-        overflow = not math.isfinite(norm)
-        if overflow:
-            self._global_grad_norm = float("inf")
-            self.skipped_steps += 1
-        else:
-            self._global_grad_norm = norm
-            clip = self.config.gradient_clipping
-            coef = clip_coef(norm, clip)                 # eps once, on the global norm (clip.py)
-            first = set()
-            if self.offload is not None:        # the same Adam, through files or on the host (offload*.py)
-                self.offload.step(coef, scale)
-            for u in (units if self.offload is None else ()):
-                g = self.stage.grad_shard(u)
-                master = (self.master[u.group][u.local_offset:u.local_offset + u.shard] if self.mixed
-                          else self.stage.param_shard(u))
-                # Adam is elementwise: stepping in chunks gives the same bits, and keeps its
-                # temporaries (the fp32 gradient copy, sqrt(v), the denominator) at STEP_CHUNK
-                # elements instead of a whole shard each (134 MB apiece for DistilBERT at N=2).
-                for a in range(0, max(u.shard, 1), STEP_CHUNK):
-                    b = min(a + STEP_CHUNK, u.shard)
-                    g32 = g[a:b].mul_(coef / scale) if not self.mixed else g[a:b].float().mul_(coef / scale)
-                    self.optimizer.step_group(u.group, master[a:b], g32, u.local_offset + a, u.local_offset + b,
-                                              count=u.group not in first)
-                    first.add(u.group)
-                    if self.mixed:
-                        self.stage.param_shard(u)[a:b].copy_(master[a:b])
-            self.stage.after_step()
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
-        self.loss_scaler.update_scale(overflow)
-        self.stage.zero_grad()
-        self.global_steps += 1
-        self.monitor.write_step(self, None if loss is None else sq[1].item() / N)   # mean over ranks
-        self.comm.reset_step()
+        optimizer_step(self)
 
     # ------------------------------------------------------------------ reports and checkpoints
     def memory_report(self, print_table: bool = True) -> dict:

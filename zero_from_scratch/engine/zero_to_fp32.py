@@ -14,7 +14,7 @@ import sys
 import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
-from zero_from_scratch.engine.checkpoint import CheckpointError, consolidate
+from zero_from_scratch.engine.checkpoint_read import CheckpointError, consolidate
 
 
 def main(argv=None) -> int:

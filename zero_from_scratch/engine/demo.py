@@ -1,9 +1,9 @@
 """Train a small model a few steps under ZeRO and print the measured memory and comm tables.
 
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 2
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --bf16 --save /tmp/ck
-    deepspeed --num_gpus 2 --module zero_from_scratch.demo --stage 1        (the DeepSpeed launcher works too)
-    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.demo --stage 3 --zero overlap_comm=true \
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 2
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --bf16 --save /tmp/ck
+    deepspeed --num_gpus 2 --module zero_from_scratch.engine.demo --stage 1        (the DeepSpeed launcher works too)
+    torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true \
         --zero stage3_param_persistence_threshold=0          (any zero_optimization key, value as JSON)
 
 Every rank builds the same model; the engine broadcasts rank 0's weights, shards per the stage,

@@ -1,0 +1,117 @@
+"""Reading a ZeRO checkpoint: the file names, the manifest, the shards, and one full state_dict.
+
+    python -m zero_from_scratch.engine.zero_to_fp32 CKPT_DIR OUT.pt
+
+The format checkpoint.py writes (FORMAT): per rank one shard file (param, fp32 master, Adam's m
+and v over the rank's local buffer), per model-parallel rank one manifest (the layout of
+sharding.py and every parameter's name and shape). `unshard` rebuilds every full tensor from
+all ranks' shards, so a checkpoint loads at any world size, and `consolidate` is the
+fp32 state_dict (zero_to_fp32). Cost: every shard file is read once (O(Ψ) memory).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from zero_from_scratch.engine.mpu import mp_prefix
+
+FORMAT = "ringzero-zero/1"
+KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _shard_file(rank: int, mp_rank: int = 0, mp_size: int = 1) -> str:
+    return f"{mp_prefix(mp_rank, mp_size)}zero_rank{rank:03d}.pt"
+
+
+def _manifest_file(mp_rank: int = 0, mp_size: int = 1) -> str:
+    return f"{mp_prefix(mp_rank, mp_size)}manifest.json"
+
+
+
+
+def read_manifest(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> tuple[str, dict]:
+    if tag is None:
+        latest = os.path.join(load_dir, "latest")
+        if not os.path.exists(latest):
+            raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
+        tag = open(latest).read().strip()
+    d = os.path.join(load_dir, str(tag))
+    if not os.path.exists(d) and os.path.isdir(d + ".old"):   # killed while moving an old-format folder aside
+        d += ".old"
+    path = os.path.join(d, _manifest_file(mp_rank, mp_size))
+    if not os.path.exists(path):
+        others = sorted(f for f in os.listdir(d) if f.endswith("manifest.json")) if os.path.isdir(d) else []
+        raise CheckpointError(f"checkpoint {d!r} has no {os.path.basename(path)} (model-parallel rank {mp_rank} of "
+                              f"{mp_size}); it holds {others or 'no manifest'}: missing, from another tool, or saved "
+                              "with another model-parallel size")
+    try:
+        man = json.load(open(path))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}): the file is damaged") from None
+    if man.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {man.get('format')!r}, expected {FORMAT!r}")
+    return d, man
+
+
+def read_shards(d: str, man: dict) -> list[dict]:
+    """The shard files the layout needs (ranks 0..layout N-1), each verified against the manifest."""
+    out = []
+    for r in range(man["layout"]["world_size"]):
+        info = man["shard_files"][str(r)]
+        path = os.path.join(d, info["file"])
+        if not os.path.exists(path):
+            raise CheckpointError(f"shard file {path} is missing (checkpoint saved by {man['world_size']} ranks)")
+        got = os.path.getsize(path)
+        if got != info["bytes"]:
+            raise CheckpointError(f"shard file {path} has {got} bytes, the manifest says {info['bytes']}: "
+                                  "truncated or overwritten")
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise CheckpointError(f"shard file {path} cannot be read ({type(e).__name__}): corrupt") from None
+        if blob.get("save_id") != man["save_id"]:
+            raise CheckpointError(f"shard file {path} belongs to a different save than manifest.json "
+                                  "(an interrupted save over the same tag?)")
+        out.append(blob)
+    return out
+
+
+def unshard(man: dict, shards: list[dict]) -> dict:
+    """{param name: {key: full tensor}} from the per-rank local buffers, using the manifest's layout."""
+    lay = man["layout"]
+    full: dict[str, dict] = {}
+    for u in lay["units"]:
+        g, s, off = u["group"], u["shard"], u["local_offset"]
+        for key in KEYS:
+            if shards[0]["local"][g][key] is None:
+                continue
+            buf = torch.cat([sh["local"][g][key][off:off + s] for sh in shards])
+            for name, shape, o in u["slots"]:
+                n = 1
+                for dim in shape:
+                    n *= dim
+                full.setdefault(name, {})[key] = buf[o:o + n].view(shape)
+    return full
+
+
+def consolidate(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> dict:
+    """One full fp32 state_dict (master weights when the run was mixed precision); with model
+    parallelism, the state dict of model-parallel rank mp_rank of mp_size."""
+    d, man = read_manifest(load_dir, tag, mp_rank, mp_size)
+    shards = read_shards(d, man)
+    full = unshard(man, shards)
+    sd = {}
+    for name, _shape, _g in man["params"]:
+        t = full[name].get("master")
+        sd[name] = (t if t is not None else full[name]["param"]).float().clone()
+    for alias, canon in man["aliases"].items():
+        sd[alias] = sd[canon]
+    for k, v in (shards[0].get("extras") or {}).items():
+        sd[k] = v
+    return sd
