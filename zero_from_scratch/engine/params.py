@@ -6,7 +6,7 @@
     broadcast_module_state(comm, model)        # every parameter and buffer ← rank 0's
 
 Pure bookkeeping over named_parameters(), except the broadcast: one per dtype of the flattened
-parameters and buffers, Ψ·bytes from rank 0, once per run. Used by engine.py and report.py.
+parameters and buffers, Ψ·bytes from rank 0, once per run. Used by zero_engine.py and report.py.
 """
 from __future__ import annotations
 

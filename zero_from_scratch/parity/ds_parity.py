@@ -5,7 +5,7 @@
     python -m zero_from_scratch.parity.ds_parity --stage 1 --ours deepspeed                     # harness self-check
 
 make_config() is the DeepSpeed JSON the parity runs use; run_parity / run_parities train both
-sides in the same spawned processes (parity_harness) and compare them (parity_compare, where the
+sides in the same spawned processes (harness.py) and compare them (compare.py, where the
 tolerances are reasoned). Cost: one training run per side.
 """
 from __future__ import annotations
