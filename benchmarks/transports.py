@@ -131,7 +131,8 @@ def main(argv=None):
         print0(f"memcpy ceiling (one core, 64 MiB): {ceiling:.2f} GB/s; ringzero all_reduce at {r['size']:,} B: "
                f"busbw {r['busbw']:.2f} GB/s = {r['busbw'] / ceiling:.2f} of the ceiling")
     if args.fit and n >= 2:
-        from primitives.comm import MPIComm, TorchComm
+        from primitives.engine.comms import TorchComm
+        from primitives.engine.mpi_comm import MPIComm
         t = Table(title="point-to-point ping-pong, ranks 0 ↔ 1: t(S) = α + S·β")
         for c in ("transport", "α µs", "β ns/B", "1/β GB/s", "t(8 B) µs", "t(4 MiB) µs"):
             t.add_column(c, justify="right")

@@ -20,7 +20,7 @@ N, NUMEL = 4, 4096
 
 def _record(rank, world):
     import primitives
-    from primitives.comm import get_comm
+    from primitives.engine.registry import get_comm
     from primitives.engine.ledger import LEDGER
     comm = get_comm()
     x = torch.zeros(NUMEL)

@@ -161,7 +161,7 @@ def _handshake_traffic_work(rank, n):
 def test_handshake_is_control_traffic_not_data(spawn):
     n = 3
     results = spawn(_handshake_traffic_work, n)
-    from primitives.algos import ENVELOPE_BYTES
+    from primitives.engine.algos import ENVELOPE_BYTES
     for rank, (rows, fused) in enumerate(results):
         by = {(name, hs): (data, ctrl, per_call) for name, hs, data, ctrl, per_call in rows}
         for name in ("all_reduce", "broadcast"):

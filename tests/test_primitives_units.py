@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import primitives as P
-from primitives.engine.core import chunk_bounds, op_name
+from primitives.engine.check import op_name
 from primitives.engine.cost import DEFAULTS, choose, predict, traffic
+from primitives.ops import chunk_bounds
 
 
 @pytest.mark.parametrize("numel", [0, 1, 2, 7, 8, 9, 100, 1001])

@@ -8,7 +8,7 @@ from conftest import ROOT, run_cmd
 
 
 def test_unknown_algorithm_is_refused_at_parsing():
-    r = run_cmd("python primitives/all_reduce.py --algorithms ring,nonsense", check=False)
+    r = run_cmd("python primitives/allreduce.py --algorithms ring,nonsense", check=False)
     assert r.returncode == 2
     assert "'nonsense' is not a all_reduce algorithm" in r.stderr and "rabenseifner" in r.stderr
     assert "Traceback" not in r.stderr
@@ -16,7 +16,7 @@ def test_unknown_algorithm_is_refused_at_parsing():
 
 def test_bad_root_one_line_per_rank_with_the_range():
     from primitives.engine.launch import free_port
-    r = run_cmd(f"torchrun --standalone --nproc_per_node 2 --master_port {free_port()} primitives/scatter.py --root 5",
+    r = run_cmd(f"torchrun --standalone --nproc_per_node 2 --master_port {free_port()} primitives/run.py scatter --root 5",
                 check=False, timeout=120)
     assert r.returncode != 0
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "--root 5 is out of range" in ln]
