@@ -16,8 +16,6 @@ Cost, S = bytes each rank contributes (the output holds N·S):
           (m-1)·S inter-node and m(k-1)·S intra-node bytes per rank.
 The engine's checked call carries direct's blocks (≤ 64 KiB each) inside its check round.
 """
-from __future__ import annotations
-
 from primitives.ops import wait_all
 
 

@@ -23,16 +23,11 @@ Cost for S bytes on N ranks; P = largest power of two ≤ N, R = N - P ranks fol
   rabenseifner        recursive halving reduce-scatter, then recursive doubling all-gather,
                       over P chunks: 2·log2 P messages, 2(P-1)/P·S bytes per rank (+ folds).
                                                            2·log2 P·α + 2(P-1)/P·Sβ
-  hierarchical        m nodes × k ranks: ring reduce-scatter inside the node, ring all-reduce of
-                      my S/k shard with my peers on the other nodes, ring all-gather inside the
-                      node (primitives/engine/hierarchical.py, built on ring_reduce_scatter and
-                      ring_all_gather below). Per rank 2(k-1)/k·S intra-node and only
-                      2(m-1)/m·S/k inter-node bytes.
+(primitives/engine/hierarchical.py builds the two-level all-reduce of m nodes from
+ring_reduce_scatter and ring_all_gather below.)
 Floating SUM differs from the backend's result only by summation order: each algorithm sums
 in a fixed order, and every rank ends with bitwise-identical values.
 """
-from __future__ import annotations
-
 from primitives.broadcast import linear as _bcast_linear
 from primitives.ops import chunk_bounds, combine_, wait_all
 from primitives.reduce import linear as _reduce_linear

@@ -18,8 +18,6 @@ Cost, S_p = bytes this rank sends to rank p (even splits: S_p = S/N, S = this ra
             flooded.  Same messages and bytes.              (N-1)(α + S/N·β)
 Every byte but the local block crosses the wire once, so busbw = algbw·(N-1)/N.
 """
-from __future__ import annotations
-
 from primitives.ops import wait_all
 
 

@@ -11,8 +11,6 @@ Cost for S bytes on N ranks (α = latency per message, β = seconds per byte):
   tree    binomial tree: a rank receives S once from its parent and sends S to each child;
           the root sends ceil(log2 N) messages.            ceil(log2 N)(α + Sβ)
 """
-from __future__ import annotations
-
 from primitives.ops import segments, wait_all
 
 

@@ -1,69 +1,49 @@
 """Communicator: the one small interface every algorithm in ringzero talks through.
 
-    python -m pytest -q tests/test_primitives_units.py -k textbook
+    python -m pytest -q tests/test_primitives_collectives.py -k textbook
 
-    rank, size, device        this process's place in the group, and where its buffers live
-    isend(t, peer) / irecv(t, peer) -> request      non-blocking point-to-point; request.wait()
-    send(t, peer) / recv(t, peer)                   the blocking forms
-    exchange(sends=[(t, peer)], recvs=[(t, peer)]) -> [request]
-                                                    several sends and receives posted as ONE group
-    sendrecv(send, recv, peer)                      swap buffers with one peer
-    scratch(numel, dtype)                           a reusable temporary buffer
+    rank, size, device                        my place in the group; where my buffers live
+    isend / irecv(t, peer) -> request         non-blocking point-to-point; request.wait()
+    send / recv(t, peer)                      the blocking forms
+    exchange(sends=[(t, peer)], recvs=[..])   several sends and receives posted as ONE group
     all_reduce, broadcast, all_gather(_single), reduce_scatter(_single), all_to_all_single
-                                                    the collectives, each run by an algorithm
-                                                    from primitives/<collective>.py
+                                              each run by an algorithm of primitives/<collective>.py
 
-A backend provides three hooks: _isend(tensor, peer) and _irecv(tensor, peer) post an operation
-and return a handle; _wait(handle) blocks until it is done. Peers are *group* ranks 0..size-1.
-Empty messages are skipped on both sides (both know the size), so they cost nothing.
+Peers are group ranks 0..size-1. Empty messages are skipped on both sides (both know the size).
 
-Why groups: torch's nccl process group runs each ungrouped send/recv on a stream shared by the
-pair of ranks, in posting order, and a send only completes once the peer's matching receive
-runs. A rank that posts irecv(peer) then isend(peer) while the peer does the same waits forever:
-each receive sits in front of the send the other side needs. A group (ncclGroupStart/End, i.e.
-dist.batch_isend_irecv) progresses all its operations together, so an exchange cannot deadlock.
-Every step of every algorithm that both sends to and receives from a peer uses exchange().
+Why groups: nccl runs each ungrouped send/recv on a stream shared by the pair of ranks, in
+posting order, and a send completes only once the peer's matching receive runs. If both ranks
+post irecv(peer) then isend(peer), each receive sits in front of the send the other needs:
+deadlock. A group (dist.batch_isend_irecv) progresses all its operations together. So every
+step that both sends to and receives from a peer uses exchange().
 
-The engine (primitives/engine/checked.py) subclasses this class: the same algorithms then run
-with every message counted, deadlines that name the dead peer, and nccl's ordering rules
-checked on CPU; its collective methods add an argument check that runs on every rank.
+The engine (primitives/engine/checked.py) subclasses it: the same algorithms, every message
+counted, deadlines that name a dead peer, arguments checked on every rank.
 """
-from __future__ import annotations
-
-import abc
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-# The algorithm modules, read by name below (algorithm="ring" -> all_reduce.ring). Imported while
-# primitives/__init__.py runs, before it hands the names all_reduce, broadcast, ... to the
-# engine's drop-in functions, so these are the modules.
+# The algorithm modules (algorithm="ring" -> all_reduce.ring), imported while primitives/__init__.py
+# runs, before it hands the names all_reduce, broadcast, ... to the engine's drop-in functions.
 from primitives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 from primitives.ops import finish_avg_
 
 
 class Request:
-    """A pending send or receive; wait() blocks until it is done."""
+    """A pending send or receive; wait() blocks until it is done (handle None: already done)."""
 
     def __init__(self, comm: "Communicator", handle):
         self.comm, self.handle = comm, handle
 
-    def wait(self) -> None:
-        self.comm._wait(self.handle)
-
-
-class Done:
-    """A request that is already complete (an empty message, or a collective run at once)."""
-
     def wait(self, timeout=None) -> bool:
+        if self.handle is not None:
+            self.comm._wait(self.handle)
         return True
 
-    def is_completed(self) -> bool:
-        return True
 
-
-DONE = Done()
+DONE = Request(None, None)   # an empty message, or a collective that already ran
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -76,7 +56,9 @@ def _copy_back(t: torch.Tensor, flat: torch.Tensor) -> None:
         t.copy_(flat.view_as(t))
 
 
-class Communicator(abc.ABC):
+class Communicator:
+    """A backend provides _isend(tensor, peer) and _irecv(tensor, peer), which post an operation
+    and return a handle, and _wait(handle), which blocks until it is done."""
     rank: int
     size: int
     backend: str
@@ -120,9 +102,6 @@ class Communicator(abc.ABC):
         if buf is None or buf.numel() < numel:
             buf = cache[(device, dtype, slot)] = torch.empty(max(numel, 1), dtype=dtype, device=device)
         return buf[:numel]
-
-    def global_rank(self, group_rank: int) -> int:
-        return group_rank
 
     # ---- collectives: in place, ranks are group ranks, op is "sum" | "avg" | "min" | "max" |
     # "product". algorithm= names a function of primitives/<collective>.py. Here every call runs
@@ -189,16 +168,6 @@ class Communicator(abc.ABC):
         _copy_back(output, out)
         return DONE if async_op else None
 
-    # ---- what a backend provides
-    @abc.abstractmethod
-    def _isend(self, tensor, peer): ...
-
-    @abc.abstractmethod
-    def _irecv(self, tensor, peer): ...
-
-    @abc.abstractmethod
-    def _wait(self, handle): ...
-
 
 class TorchComm(Communicator):
     """torch.distributed point-to-point over gloo (CPU tensors) or nccl (CUDA tensors), in `group`
@@ -212,7 +181,6 @@ class TorchComm(Communicator):
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.backend == "nccl" else torch.device("cpu"))
         self._global = [dist.get_global_rank(group, r) if group is not None else r for r in range(self.size)]
-        self.builtin = dist                      # the backend's own collectives: references only
 
     def global_rank(self, group_rank: int) -> int:
         return self._global[group_rank]

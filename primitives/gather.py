@@ -11,8 +11,6 @@ Cost, S = bytes each rank contributes (dst ends with N·S):
           to its parent in one message. dst receives ceil(log2 N) messages.
                                                            log2 N·α + (N-1)Sβ
 """
-from __future__ import annotations
-
 from primitives.ops import wait_all
 
 

@@ -7,8 +7,6 @@ parallelism, ZeRO's shards and the ring's chunks all use it, so a rank's shard i
 elements everywhere. Reduce ops are strings: "sum", "avg", "product", "min", "max"; "avg" sums
 and divides once at the end (finish_avg_).
 """
-from __future__ import annotations
-
 import torch
 
 PIPELINE_BYTES = 1 << 20   # chain algorithms (broadcast/reduce "ring") send segments of about this size

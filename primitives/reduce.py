@@ -13,8 +13,6 @@ Cost for S bytes on N ranks (γ = seconds per byte reduced):
   tree    binomial tree: each rank receives from its children, reduces, sends S once to its
           parent.                                          ceil(log2 N)(α + Sβ + Sγ)
 """
-from __future__ import annotations
-
 from primitives.ops import combine_, segments, wait_all
 
 

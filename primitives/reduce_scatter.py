@@ -19,8 +19,6 @@ The engine's checked call carries direct's blocks (≤ 64 KiB each) inside its c
 The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
 buffer is never overwritten while its send is in flight).
 """
-from __future__ import annotations
-
 from primitives.ops import combine_, wait_all
 from primitives.reduce import linear as reduce_linear
 

@@ -12,8 +12,6 @@ Cost, S = bytes of one block (src holds N·S):
           child its subtree. src sends ceil(log2 N) messages, (N-1)·S bytes in all.
                                                            log2 N·α + (N-1)Sβ
 """
-from __future__ import annotations
-
 from primitives.ops import wait_all
 
 

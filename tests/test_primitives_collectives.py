@@ -204,3 +204,52 @@ def test_async_queue_in_order(spawn):
         assert bx == [float(n - 1)] * 5
         assert all(flags), "a sync collective returned before the async ones queued before it"
         assert y == [2.0 ** (n - 1)] * 3
+
+
+# ----------------------------------------------------------------------------- the textbook alone
+
+def _textbook_work(rank, n):
+    """The textbook Communicator (primitives/comm.py, no engine wrapped around it) and the engine's
+    checked call run the same algorithm functions: results are bitwise equal, every algorithm."""
+    import sys
+
+    from primitives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter  # noqa: F401
+    from primitives.comm import TorchComm
+    tb, eng = TorchComm(), P.get_comm()
+    assert isinstance(eng, P.Communicator) and type(tb).all_reduce is not type(eng).all_reduce
+    g = torch.Generator().manual_seed(rank)
+    errs = []
+    x = torch.randn(1001, generator=g)
+    for algo in ("linear", "ring", "direct", "one_shot", "recursive_doubling", "rabenseifner"):
+        a, b = x.clone(), x.clone()
+        tb.all_reduce(a, "sum", algorithm=algo)
+        eng.all_reduce(b, "sum", algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"all_reduce {algo}"]
+    for algo in ("linear", "ring", "tree"):
+        a = x.clone() if rank == 1 % n else torch.zeros(1001)
+        b = a.clone()
+        tb.broadcast(a, 1 % n, algorithm=algo)
+        eng.broadcast(b, 1 % n, algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"broadcast {algo}"]
+    for algo in ("linear", "ring", "direct"):
+        a, b = torch.empty(n * 7), torch.empty(n * 7)
+        tb.all_gather_single(a, x[:7], algorithm=algo)
+        eng.all_gather_single(b, x[:7], algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"all_gather {algo}"]
+        a, b = torch.empty(5), torch.empty(5)
+        tb.reduce_scatter_single(a, x[:5 * n], "avg", algorithm=algo)
+        eng.reduce_scatter_single(b, x[:5 * n], "avg", algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"reduce_scatter {algo}"]
+    for algo in ("linear", "pairwise"):
+        inp = torch.arange(3 * n, dtype=torch.float32) + 100 * rank
+        a, b = torch.empty(3 * n), torch.empty(3 * n)
+        tb.all_to_all_single(a, inp, algorithm=algo)
+        eng.all_to_all_single(b, inp, algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"all_to_all {algo}"]
+    return errs, sorted(m for m in sys.modules if m.startswith("primitives.") and ".engine" not in m)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_textbook_communicator_matches_engine(spawn, n):
+    for errs, _ in spawn(_textbook_work, n):
+        assert not errs, errs

@@ -62,3 +62,4 @@ class TorchComm(Collectives, textbook.TorchComm):
             raise NotInitializedError(NOT_INIT_MSG)
         check_member(group)
         textbook.TorchComm.__init__(self, group, DEFAULT_TIMEOUT if timeout is None else timeout)
+        self.builtin = dist                      # the backend's own collectives: references only
