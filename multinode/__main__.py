@@ -3,7 +3,7 @@
     python -m multinode up --nodes 2 --link-mbit 400     # namespaces NAME-n0.., a shaped link
     python -m multinode status                           # hosts, addresses, rate, ping-pong
     python -m multinode run -- torchrun --nnodes 2 --nproc_per_node 2 --node_rank '$NODE_RANK' \\
-        --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' primitives/all_reduce.py
+        --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' primitives/allreduce.py
     python -m multinode down                             # idempotent
 
 Every subcommand takes --name (default rz) so several clusters can coexist.

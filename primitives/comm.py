@@ -20,15 +20,19 @@ step that both sends to and receives from a peer uses exchange().
 The engine (primitives/engine/checked.py) subclasses it: the same algorithms, every message
 counted, deadlines that name a dead peer, arguments checked on every rank.
 """
+import importlib
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-# The algorithm modules (algorithm="ring" -> all_reduce.ring), imported while primitives/__init__.py
-# runs, before it hands the names all_reduce, broadcast, ... to the engine's drop-in functions.
-from primitives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 from primitives.ops import finish_avg_
+
+# algorithm="ring" -> primitives/all_reduce.py::ring. By module path: on the package, the names
+# all_reduce, broadcast, ... are the engine's drop-in functions (primitives/__init__.py).
+all_reduce, broadcast, all_gather, reduce_scatter, all_to_all = (
+    importlib.import_module(f"primitives.{name}")
+    for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"))
 
 
 class Request:
