@@ -253,3 +253,31 @@ def _textbook_work(rank, n):
 def test_textbook_communicator_matches_engine(spawn, n):
     for errs, _ in spawn(_textbook_work, n):
         assert not errs, errs
+
+
+def _trace_ring(rank, n):
+    """A default-path primitives.all_reduce(t, algorithm="ring"): which functions ran."""
+    import sys
+
+    from primitives.all_reduce import ring, ring_all_gather, ring_reduce_scatter
+    from primitives.ops import chunk_bounds, combine_
+    ran = set()
+
+    def prof(frame, event, arg):
+        if event == "call":
+            ran.add(frame.f_code)
+    t = torch.arange(10, dtype=torch.float32) + rank
+    sys.setprofile(prof)
+    try:
+        P.all_reduce(t, algorithm="ring")
+    finally:
+        sys.setprofile(None)
+    want = {f.__name__: f.__code__ for f in (ring, ring_reduce_scatter, ring_all_gather, chunk_bounds, combine_)}
+    return {name: code in ran for name, code in want.items()}, t.tolist()
+
+
+def test_default_call_runs_the_textbook_ring(spawn):
+    """READING.md's ring (primitives/all_reduce.py::ring) is what algorithm="ring" executes."""
+    for ran, t in spawn(_trace_ring, 2):
+        assert all(ran.values()), ran
+        assert t == [2.0 * i + 1 for i in range(10)]
