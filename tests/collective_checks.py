@@ -24,8 +24,6 @@ import math
 import torch
 
 import primitives as P
-from primitives.algos import PIPELINE_BYTES
-from primitives.engine.shm_collectives import ONE_SHOT_BYTES
 from primitives.engine.cost import traffic
 from primitives.engine.ledger import LEDGER
 from primitives.engine.reference import ref
