@@ -33,7 +33,7 @@ def test_scripts_import_the_checkout_they_are_run_from(tmp_path):
         f.write("\nprint('primitives imported from', __file__)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     import subprocess
-    r = subprocess.run([sys.executable, str(copy / "primitives" / "all_reduce.py"), "--size", "64", "--iters", "1"],
+    r = subprocess.run([sys.executable, str(copy / "primitives" / "allreduce.py"), "--size", "64", "--iters", "1"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"primitives imported from {copy / 'primitives' / '__init__.py'}" in r.stdout, r.stdout[-2000:]
