@@ -213,7 +213,6 @@ def _textbook_work(rank, n):
     checked call run the same algorithm functions: results are bitwise equal, every algorithm."""
     import sys
 
-    from primitives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter  # noqa: F401
     from primitives.comm import TorchComm
     tb, eng = TorchComm(), P.get_comm()
     assert isinstance(eng, P.Communicator) and type(tb).all_reduce is not type(eng).all_reduce

@@ -45,9 +45,6 @@ class SubComm(CheckedComm):
         return self.parent._strict_post([(k, t, self.members[p]) for k, t, p in ops], grouped)
 
 
-SPLITS: dict = {}
-
-
 def split(comm: CheckedComm) -> tuple[SubComm, SubComm]:
     """(intra-node, inter-node) views of `comm`. Needs the same number of its ranks on every node."""
     key = (id(comm), comm.rank)
