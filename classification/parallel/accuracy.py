@@ -79,7 +79,7 @@ def load_classifier(num_labels: int, head: dict | None = None):
 
 
 def _sharded(rank, world, num_labels, head, texts):
-    from tensor_parallel.engine import parallelize
+    from tensor_parallel import parallelize
     model, tok = load_classifier(num_labels, head)
     parallelize(model)
     return predict(model, tok, texts)

@@ -55,7 +55,7 @@ def measure(b: int, s: int, tp_group=None, sequence_parallel: bool = False, laye
     from transformers import DistilBertForSequenceClassification
 
     from classification.model import distilbert_config
-    from tensor_parallel.engine import parallelize
+    from tensor_parallel import parallelize
     torch.manual_seed(0)
     cfg = distilbert_config(num_labels=2, dropout=0.1)
     cfg.n_layers = layers
