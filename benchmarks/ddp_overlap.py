@@ -31,9 +31,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import primitives as P
-from ddp_examples.bucketed import BucketedDataParallel
 from ddp_examples.engine.common import Config, build_model
-from ddp_examples.flat import FlatDataParallel
+from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel
 from primitives.engine.launch import init_from_env
 from primitives.engine.log import print0
 

@@ -23,16 +23,21 @@ import contextlib
 import copy
 import os
 import statistics
-import sys
 import time
 
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-import primitives as P  # noqa: E402
-from primitives.engine.launch import spawn  # noqa: E402
-from primitives.engine.ledger import LEDGER  # noqa: E402
+import primitives as P
+import tensor_parallel as tp
+from classification.parallel.train import _sync_dp
+from primitives.engine.launch import spawn
+from primitives.engine.ledger import LEDGER
+from primitives.mesh import Mesh
 
 
 def _mlp(h, blocks):
@@ -43,11 +48,6 @@ def _mlp(h, blocks):
 
 
 def _vs_torch(rank, n, h, tokens, blocks, iters):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    import tensor_parallel as tp
     torch.manual_seed(0)
     base = _mlp(h, blocks)
     ours = tp.parallelize(copy.deepcopy(base))
@@ -79,10 +79,7 @@ LAYOUTS = {"dp=4": (4, 1), "dp=2 × tp=2": (2, 2), "tp=4": (1, 4)}
 
 def _build(dp, tpn, dim, layers, b, s):
     """(model, optimizer, mesh, this replica's ids and labels) for one dp × tp layout."""
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    import tensor_parallel as tp
-    from primitives.mesh import Mesh
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification   # optional dependency
     cfg = DistilBertConfig(vocab_size=30522, dim=dim, n_heads=dim // 32, hidden_dim=4 * dim, n_layers=layers,
                            dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=2)
     cfg._attn_implementation = "eager"
@@ -100,13 +97,12 @@ def _build(dp, tpn, dim, layers, b, s):
 
 
 def _step(model, opt, mesh, ids, lab, dp, saved=None):
-    from classification.parallel.train import _sync_dp
     with LEDGER.track() as c:
         with saved if saved is not None else contextlib.nullcontext():
             loss = model(input_ids=ids, labels=lab).loss
         loss.backward()
         if dp > 1:
-            _sync_dp(model, mesh.dp_group)
+            _sync_dp(model, P.get_comm(mesh.dp_group))
     opt.step()
     opt.zero_grad(set_to_none=True)
     return c.bytes_sent

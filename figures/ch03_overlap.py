@@ -23,9 +23,8 @@ CFG = dict(depth=6, hidden=768, in_dim=768, classes=8, global_batch=64, steps=1,
 
 
 def _record(rank, world, chapter):
-    from ddp_examples.bucketed import BucketedDataParallel
     from ddp_examples.engine.common import Config, build_model, make_batch
-    from ddp_examples.flat import FlatDataParallel
+    from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel
     from primitives.engine.ledger import LEDGER
     cfg = Config(**CFG)
     model = build_model(cfg)

@@ -20,10 +20,9 @@ import torch
 import torch.nn as nn
 
 from primitives.engine.launch import spawn as _spawn
-from ddp_examples.bucketed import BucketedDataParallel, plan_buckets
+from ddp_examples.bucketed import plan_buckets
 from ddp_examples.engine.common import Config, build_model, formula_bytes, make_batch, max_diff, reference, ring_bytes, train
-from ddp_examples.flat import FlatDataParallel
-from ddp_examples.naive import NaiveDataParallel
+from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel, NaiveDataParallel
 
 TOL = 1e-5
 SMALL_CAP = 0.004                            # MiB: splits the default model (Ψ = 3846) into 4 uneven buckets

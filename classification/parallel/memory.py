@@ -23,8 +23,13 @@ from __future__ import annotations
 import argparse
 
 import torch
+from rich.table import Table
 
+from classification.model import distilbert_config
 from primitives.engine.launch import spawn
+from primitives.engine.log import console
+from tensor_parallel.engine.formulas import distilbert_params, megatron_activation_bytes
+from tensor_parallel.engine.parallelize import parallelize
 
 
 class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
@@ -52,10 +57,7 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
 
 def measure(b: int, s: int, tp_group=None, sequence_parallel: bool = False, layers: int = 2):
     """(activation bytes per layer, parameter bytes) on this rank."""
-    from transformers import DistilBertForSequenceClassification
-
-    from classification.model import distilbert_config
-    from tensor_parallel import parallelize
+    from transformers import DistilBertForSequenceClassification   # optional dependency (extras: deepspeed)
     torch.manual_seed(0)
     cfg = distilbert_config(num_labels=2, dropout=0.1)
     cfg.n_layers = layers
@@ -82,11 +84,6 @@ def _work(rank, n, b, s):
 
 
 def main(argv=None):
-    from rich.table import Table
-
-    from classification.model import distilbert_config
-    from primitives.engine.log import console
-    from tensor_parallel.engine.formulas import distilbert_params, megatron_activation_bytes
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--s", type=int, default=64)
