@@ -28,6 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rich.table import Table
 from torch.nn.parallel import DistributedDataParallel
 
 import primitives as P
@@ -97,7 +98,6 @@ def main(argv=None):
            "max_ms": {k: max(v) * 1e3 for k, v in times.items()},
            "ratio_bucketed_over_ddp": med["bucketed"] / med["ddp"],
            "ratio_flat_over_bucketed": med["flat"] / med["bucketed"]}
-    from rich.table import Table
     t = Table(title=f"Ψ = {psi:,} ({out['grad_mb']:.1f} MiB fp32), {comm.size} ranks, batch {a.batch}/rank, "
                     f"{out['buckets']} buckets of ≤ {a.bucket_cap_mb} MiB, {a.steps} interleaved steps")
     for c in ("contender", "median ms", "min–max ms", "× ddp", "exposed comm ms"):

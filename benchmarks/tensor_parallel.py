@@ -32,12 +32,17 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from rich.table import Table
+
 import primitives as P
 import tensor_parallel as tp
+from classification.parallel.memory import SavedBytes
 from classification.parallel.train import _sync_dp
 from primitives.engine.launch import spawn
 from primitives.engine.ledger import LEDGER
+from primitives.engine.log import console
 from primitives.mesh import Mesh
+from zero_from_scratch.parity.sides import peak_rss_bytes
 
 
 def _mlp(h, blocks):
@@ -109,7 +114,6 @@ def _step(model, opt, mesh, ids, lab, dp, saved=None):
 
 
 def _configs(rank, n, dim, layers, b, s, iters):
-    from classification.parallel.memory import SavedBytes
     runs = {name: (*_build(dp, tpn, dim, layers, b, s), dp) for name, (dp, tpn) in LAYOUTS.items()}
     times, sent, acts = {k: [] for k in runs}, {}, {}
     for i in range(iters + 1):
@@ -128,8 +132,6 @@ def _configs(rank, n, dim, layers, b, s, iters):
 def _peak_rss(rank, n, name, dim, layers, b, s, steps):
     """VmHWM of this rank after `steps` training steps of one layout, alone in its process."""
     import transformers  # noqa: F401  (imported before the baseline, like every rank's libraries)
-
-    from zero_from_scratch.parity.sides import peak_rss_bytes
     dp, tpn = LAYOUTS[name]
     before = peak_rss_bytes()
     model, opt, mesh, ids, lab = _build(dp, tpn, dim, layers, b, s)
@@ -139,9 +141,6 @@ def _peak_rss(rank, n, name, dim, layers, b, s, steps):
 
 
 def main(argv=None):
-    from rich.table import Table
-
-    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iters", type=int, default=None)

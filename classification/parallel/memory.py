@@ -12,10 +12,10 @@ Measured / formula is the same 1.03-1.05 in every row, tp = 1 included: a consta
 HF DistilBERT block (e.g. it has no dropout after the attention projection, Megatron's GPT
 block does), not of the parallelism. With SP the inputs of Q/K/V and lin1 are saved as the
 sequence shard (2·2sbh/t) and all-gathered again in backward (comm.SeqParallelLinear, as
-Megatron-SP does), so SP lands on the formula's 1/t. Before that change SP measured 1.32×
-(t = 2) and 1.68× (t = 4) the formula: the gathered input is a sequence-major view of the
-gather buffer, so Q, K, V and lin1 each saved their own contiguous copy of it, 4·2sbh bytes
-per layer instead of 2·2sbh/t, which accounts for the whole gap at both t.
+Megatron-SP does), so SP lands on the formula's 1/t. Saving the gathered input instead measures
+1.32× (t = 2) and 1.68× (t = 4) the formula: it is a sequence-major view of the gather buffer,
+so Q, K, V and lin1 each save their own contiguous copy of it, 4·2sbh bytes per layer instead
+of 2·2sbh/t, which accounts for the whole gap at both t.
 Parameters: bytes held vs tensor_parallel.engine.formulas.distilbert_params.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ pipeline_parallel's engine runs in the 3D demo (data × pipeline × tensor).
     pm = PipelineModule(layers, num_stages=pp, loss_fn=classification_loss,
                         partition_method=stage_bounds(L, pp, rank))
     engine, *_ = pipeline_parallel.initialize(model=pm, config=cfg, mesh=mesh)
-    source.release()                                            # the unsharded model can go now
+    source.release()                                            # the unsharded model can go
     engine.train_batch(iter([(pack(ids, mask), labels), ...]))
 
 The attention mask: the executor sends ONE tensor per boundary (one cached shape header, one
