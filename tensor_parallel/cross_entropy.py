@@ -24,7 +24,9 @@ from tensor_parallel.comm import ALGORITHM
 from tensor_parallel.layers import shard_bounds
 
 
-class _VocabParallelCE(torch.autograd.Function):
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token loss from this rank's logit slice: 3 all-reduces of b·s elements forward, none backward."""
+
     @staticmethod
     def forward(ctx, logits, target, vocab_size, comm):
         lo, hi = shard_bounds(vocab_size, comm.size, comm.rank)
@@ -59,7 +61,7 @@ class _VocabParallelCE(torch.autograd.Function):
 def vocab_parallel_cross_entropy(logits, target, vocab_size: int, comm, reduction: str = "mean"):
     """Per-token loss (reduction="none"), or its mean / sum, for logits split by vocabulary over
     `comm`'s ranks like VocabParallelEmbedding (shard_bounds over `vocab_size`)."""
-    loss = _VocabParallelCE.apply(logits, target, vocab_size, comm)
+    loss = VocabParallelCrossEntropy.apply(logits, target, vocab_size, comm)
     if reduction == "none":
         return loss
     if reduction not in ("mean", "sum"):

@@ -1,7 +1,7 @@
 """Tensor parallelism: ours vs torch.distributed.tensor.parallel, and dp=4 vs dp=2×tp=2 vs tp=4.
 
-    python benchmarks/tensor_parallel.py                       # spawns its own ranks (gloo, CPU)
-    python benchmarks/tensor_parallel.py --quick               # smaller, for a smoke run
+    python benchmarks/tensor_parallel_bench.py                       # spawns its own ranks (gloo, CPU)
+    python benchmarks/tensor_parallel_bench.py --quick               # smaller, for a smoke run
 
 Part 1 (2 ranks): the same MLP blocks (Linear h→4h, GELU, Linear 4h→h) sharded column → row
 by tensor_parallel.engine.parallelize and by torch's parallelize_module(ColwiseParallel,
@@ -15,6 +15,8 @@ own, since VmHWM is per process and never falls: after the timed run, each layou
 --rss-steps steps in 4 fresh ranks; printed whole (libraries included) and above the peak
 reached once torch and transformers are imported (model, gradients, AdamW states, activations).
 Timings come from a shared 2-core machine: compare ratios within one run, not absolutes.
+(Named tensor_parallel_bench.py, not tensor_parallel.py: run by path, a file of the package's
+name would be imported in its place.)
 """
 from __future__ import annotations
 
