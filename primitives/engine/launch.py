@@ -61,7 +61,7 @@ def init_from_env(backend: str = "auto", timeout: float | None = None,
     mpi_size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     if backend == "mpi":
         try:
-            from mpi4py import MPI  # noqa: F401
+            from mpi4py import MPI  # noqa: F401  (optional dependency: is it installed?)
         except ImportError as e:
             raise SystemExit("backend mpi needs mpi4py: pip install mpi4py mpich "
                              "(or `pip install -e .[mpi]`), then mpiexec -n 4 python SCRIPT --backend mpi") from e
