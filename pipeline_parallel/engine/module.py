@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import re
 
+import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from pipeline_parallel import partition as part
+import pipeline_parallel.partition as part
 
 
 class LayerSpec:
@@ -186,7 +187,6 @@ class PipelineModule:
     def _build(self, idx: int, spec):
         if isinstance(spec, LayerSpec):
             if self.seed_layers:
-                import torch
                 torch.manual_seed(self.base_seed + idx)
             return spec.build()
         return spec

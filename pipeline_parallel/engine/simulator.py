@@ -1,82 +1,32 @@
-"""Instructions, and a simulator that checks any schedule without processes.
+"""The schedule simulator: runs every stage's instruction list on a logical clock, no processes.
 
-    python -m pipeline_parallel.schedules             # every schedule's simulated bubble, p = 4, m = 8
+    python -m pipeline_parallel.engine.simulator        # every schedule's simulated bubble, p = 4, m = 8
 
-A schedule is a pure function (stage, num_stages, micro_batches[, virtual_stages]) -> list[Op].
-Op kinds, for micro-batch `mb` on local model chunk `chunk` (virtual stage g = chunk·p + stage):
-  recv_act  fwd  send_act        forward of one micro-batch through one chunk
-  recv_grad bwd  send_grad       its backward
-  reduce_tied  reduce_grads  step   once per batch, after the last backward
-The executor (pipeline_parallel/executor.py) runs the list in order: sends are posted and not
-waited for until the end of the step, receives are waited for at once.
+Checks what the textbook schedules (pipeline_parallel/schedules/) promise: every dependency (a
+forward before its activation arrived, a backward before its gradient, a micro-batch run twice),
+that every (micro-batch, chunk) runs forward and backward once, and that the ranks never deadlock.
+Reports per-rank busy time, the bubble and the peak number of stored activations. Compute takes
+t_fwd / t_bwd, messages are free.
 
-Deadlock rule. The executor posts sends without waiting (their waits come at the end of the
-step) and waits for each receive at once; the simulator's default "buffered" mode models exactly
-that, and every schedule here completes under it for every p, m, v the tests try. This is what
-gloo provides. nccl is stricter: ungrouped p2p ops to one peer run in posting order on one
-stream, so where stage s posts send→s+1 then recv←s+1 while s+1 posts send→s then recv←s
-(1F1B's steady state), the k-th ops of the two queues are both sends and both wait. The
-simulator's "nccl" mode checks exactly that pairing; the fix is to post such an exchange as one
-group (the grouped p2p API being added to the Communicator) — until it lands the engine refuses
-nccl for schedules that fail the "nccl" check (tests/test_pipeline_schedules.py lists them).
+Two deadlock models. "buffered": sends never block, receives wait — what the executor does over
+gloo (it posts sends and waits for them at the end of the step). "nccl": torch's nccl process
+group runs ungrouped point-to-point ops towards one peer in posting order on one stream, so the
+k-th op a rank posts towards a peer must pair with the peer's k-th op towards it (a send with the
+matching receive); in 1F1B's steady state stage s posts send→s+1 then recv←s+1 while s+1 posts
+send→s then recv←s, and both sends wait. pipeline_parallel/engine/nccl_order.py reorders such
+receives, and the engine runs that order whenever its pipeline group's backend is nccl.
+Cost: O(total instructions) per run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rich.table import Table
 
-COMPUTE = ("fwd", "bwd")
-SENDS = {"send_act": "recv_act", "send_grad": "recv_grad"}
-FINAL = ("reduce_tied", "reduce_grads", "step")
-
-
-class ScheduleError(ValueError):
-    pass
+from pipeline_parallel.schedules import SCHEDULES, bubble_formula, build
+from pipeline_parallel.schedules.instructions import SENDS, Op, ScheduleError, peer
+from primitives.engine.log import console
 
 
-@dataclass(frozen=True)
-class Op:
-    kind: str
-    mb: int = -1
-    chunk: int = 0
-
-    def __repr__(self):
-        return f"{self.kind}({self.mb},{self.chunk})" if self.mb >= 0 else self.kind
-
-
-def check_args(name: str, stage: int, num_stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
-    if not isinstance(num_stages, int) or num_stages < 1:
-        raise ScheduleError(f"{name}: num_stages must be a positive int, got {num_stages!r}")
-    if not isinstance(stage, int) or not 0 <= stage < num_stages:
-        raise ScheduleError(f"{name}: stage must be in 0..{num_stages - 1}, got {stage!r}")
-    if not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ScheduleError(f"{name}: micro_batches (gradient_accumulation_steps) must be >= 1, got {micro_batches!r}")
-    if not isinstance(virtual_stages, int) or virtual_stages < 1:
-        raise ScheduleError(f"{name}: virtual_stages must be >= 1, got {virtual_stages!r}")
-
-
-def fwd_ops(mb: int, chunk: int, stage: int, p: int, v: int = 1) -> list[Op]:
-    g = chunk * p + stage
-    return ([Op("recv_act", mb, chunk)] if g > 0 else []) + [Op("fwd", mb, chunk)] + \
-           ([Op("send_act", mb, chunk)] if g < p * v - 1 else [])
-
-
-def bwd_ops(mb: int, chunk: int, stage: int, p: int, v: int = 1) -> list[Op]:
-    g = chunk * p + stage
-    return ([Op("recv_grad", mb, chunk)] if g < p * v - 1 else []) + [Op("bwd", mb, chunk)] + \
-           ([Op("send_grad", mb, chunk)] if g > 0 else [])
-
-
-def peer(op: Op, stage: int, p: int) -> int:
-    """The pipeline rank a send/recv talks to."""
-    down = op.kind in ("send_act", "recv_grad")
-    return (stage + (1 if down else -1)) % p
-
-
-def finish(ops: list[Op], train: bool = True) -> list[Op]:
-    return ops + ([Op(k) for k in FINAL] if train else [])
-
-
-def _msg(op: Op, stage: int, p: int):
+def _msg(op, stage: int, p: int):
     """(kind, mb, virtual boundary) — the same key on the sending and the receiving rank."""
     g = op.chunk * p + stage
     if op.kind in ("send_act", "recv_act"):
@@ -190,53 +140,18 @@ def simulate(programs: list[list[Op]], micro_batches: int, virtual_stages: int =
             "events": events}
 
 
-def bubble_formula(p: int, m: int, v: int = 1) -> float:
-    """Idle fraction of GPipe / 1F1B, (p−1)/(m+p−1); interleaving divides the fill time by v."""
-    return (p - 1) / (v * m + p - 1)
+def table(p: int = 4, m: int = 8):
+    """Every schedule through the simulator: bubble next to the formula, peak stored activations."""
+    t = Table(title=f"simulated schedules, p = {p} stages, m = {m} micro-batches, t_bwd = 2·t_fwd")
+    for col in ("schedule", "v", "bubble (sim)", "formula", "peak stored activations per stage (in chunks)"):
+        t.add_column(col)
+    for name in SCHEDULES:
+        v = 2 if name == "interleaved" else 1
+        r = simulate([build(name, s, p, m, v) for s in range(p)], m, v)
+        f = {"naive": (p - 1) / p}.get(name, bubble_formula(p, m, v))
+        t.add_row(name, str(v), f"{max(r['bubble']):.3f}", f"{f:.3f}", str(r["peak_live"]))
+    return t
 
 
-def legalize_for_nccl(programs: list[list[Op]], micro_batches: int, virtual_stages: int = 1,
-                      max_moves: int = 100_000) -> list[list[Op]]:
-    """Reorder receives so every per-peer queue pairs up under nccl's in-order streams.
-
-    Where the k-th ops two ranks post towards each other are both sends, one of them moves its
-    next receive from that peer to just before that send (the peer's matching send is already
-    posted, so waiting for it first cannot block). Tries the higher rank first, keeps a move only
-    if the simulation gets further, and returns programs that pass simulate(mode="nccl")."""
-    progs = [list(ops) for ops in programs]
-    p = len(progs)
-    for _ in range(max_moves):
-        try:
-            simulate(progs, micro_batches, virtual_stages, mode="nccl")
-            return progs
-        except ScheduleError as e:
-            err, info = str(e), getattr(e, "unpaired", None)
-        if info is None:
-            raise ScheduleError(f"cannot order this schedule for nccl: {err}")
-        k, *ranks = info
-        moved = False
-        for r in sorted(set(ranks), reverse=True):
-            q = ranks[1] if r == ranks[0] else ranks[0]
-            ops = progs[r]
-            # the first send towards q that the peer cannot pair yet: the earliest send to q
-            # whose position in the queue equals the failing index
-            towards = [i for i, o in enumerate(ops) if o.kind in SENDS or o.kind.startswith("recv")
-                       if peer(o, r, p) == q]
-            if k >= len(towards) or ops[towards[k]].kind not in SENDS:
-                continue
-            i = towards[k]
-            nxt = [j for j in towards if j > i and ops[j].kind.startswith("recv")]
-            if not nxt:
-                continue
-            j = nxt[0]
-            if any(ops[t].kind in COMPUTE and (ops[t].mb, ops[t].chunk) == (ops[j].mb, ops[j].chunk)
-                   for t in range(i, j)):
-                continue
-            trial = [list(x) for x in progs]
-            trial[r].insert(i, trial[r].pop(j))
-            progs = trial
-            moved = True
-            break
-        if not moved:
-            raise ScheduleError(f"cannot order this schedule for nccl: {err}")
-    raise ScheduleError("cannot order this schedule for nccl: too many moves")
+if __name__ == "__main__":
+    console.print(table())
