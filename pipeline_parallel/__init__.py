@@ -1,15 +1,10 @@
-"""ringzero.pipeline_parallel: pipeline parallelism on a Communicator's point-to-point messages.
+"""pipeline_parallel: pipeline parallelism on a Communicator's point-to-point messages.
 
-The textbook (READING.md names these files; they import no engine module):
-    schedules/     naive, GPipe, 1F1B, interleaved 1F1B: pure functions → instruction lists (Op)
-    partition.py   uniform / balanced splits of the layers into stages
-    executor.py    runs one rank's instruction list with real tensors over comm.isend / irecv
-The engine (engine/), DeepSpeed's pipeline API built on it:
-    pipe_engine.py initialize() / train_batch() / eval_batch(), pp × dp on primitives.mesh
-    draining.py    the textbook executor, guarded: errors drain instead of hanging, timings, ledger
-    module.py      PipelineModule, LayerSpec, TiedLayerSpec (deepspeed.pipe's constructor semantics)
-    tied.py, config.py, simulator.py, nccl_order.py, timeline.py, model.py, reviews.py
-parity.py compares with one process and DeepSpeed's pipeline engine; train.py is the demo.
+Textbook (no engine imports): schedules/ (Op, naive, GPipe, 1F1B, interleaved as pure functions),
+partition.py (layers → stages), executor.py (one rank's instruction list, real tensors).
+Engine (engine/): DeepSpeed's pipeline API on top — initialize / train_batch / eval_batch
+(pipe_engine.py), PipelineModule (module.py), the guarded executor (draining.py), tied weights,
+config, the schedule simulator and nccl ordering, timelines. parity.py, train.py: checks and demo.
 """
 import importlib
 

@@ -2,18 +2,14 @@
 
     python -m pytest -q tests/test_pipeline_parity.py -k textbook_executor
 
-What picotron's pipeline_parallel.py does, for any schedule (pipeline_parallel/schedules/): the
-list says the order; each op is one step of the model's forward or backward or one message to a
-neighbouring stage, through a Communicator's isend / irecv (`comm`: anything with the interface
-of primitives/comm.py). Receives are waited for at once; sends are posted and waited for only
-at the end of the step, so a send never blocks the schedule.
-
-Shapes: the first time a boundary is used, the sender posts a 10-int64 header (dtype, ndim,
-shape) ahead of the tensor; afterwards the receiver allocates from what it learned.
-Cost per step and inner boundary: m activations down and m gradients up, each b·s·h·4 bytes for
-an fp32 activation of shape (b, s, h): a rank sends 2·m·A bytes per boundary it touches (v of
-them per side with v virtual stages). The loss is divided by m, so the m backward passes add up
-to the gradient of the mean loss (gradient accumulation).
+picotron's pipeline_parallel.py for any schedule (pipeline_parallel/schedules/): the list gives the
+order; each op is a forward or backward of one micro-batch through one model chunk, or a message
+to the neighbouring stage over `comm` (isend / irecv, the interface of primitives/comm.py).
+Receives are waited for at once; sends only at the end of the step, so a send never blocks.
+A boundary's shape crosses once, in the first step, as a 10-int64 header before the tensor.
+Cost per step and inner boundary: m activations down and m gradients up, A = b·s·h·4 bytes each
+for fp32 (b, s, h): 2·m·A bytes per boundary a rank touches (v per side with v virtual stages).
+The loss is divided by m, so the m backward passes sum to the mean loss's gradient.
 """
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 def shape_header(t: torch.Tensor) -> torch.Tensor:
     """(dtype code, ndim, shape…) as 10 int64s: all a receiver needs to allocate the tensor."""
     if t.dim() > 8 or t.dtype not in DTYPES:
-        raise ValueError(f"stage output of shape {tuple(t.shape)} / dtype {t.dtype}: a boundary "
-                         f"tensor needs <= 8 dims and one of {DTYPES}")
+        raise ValueError(f"stage output {tuple(t.shape)} {t.dtype}: a boundary tensor needs <= 8 dims, one of {DTYPES}")
     h = torch.zeros(10, dtype=torch.int64)
     h[0], h[1] = DTYPES.index(t.dtype), t.dim()
     h[2:2 + t.dim()] = torch.tensor(t.shape)
@@ -65,12 +60,6 @@ class Executor:
             req.wait()
         self.pending = []
 
-    def first(self, chunk) -> bool:
-        return chunk * self.pp + self.stage == 0
-
-    def last(self, chunk) -> bool:
-        return chunk * self.pp + self.stage == self.pp * self.v - 1
-
     def send_header(self, y, dst):
         self.pending.append(self.comm.isend(shape_header(y), dst))
 
@@ -90,11 +79,11 @@ class Executor:
         self.x_in[(op.mb, op.chunk)] = x.requires_grad_(self.train and x.is_floating_point())
 
     def fwd(self, op):
-        key = (op.mb, op.chunk)
-        x = self.inputs[op.mb] if self.first(op.chunk) else self.x_in[key]
+        key, g = (op.mb, op.chunk), op.chunk * self.pp + self.stage          # g: the virtual stage
+        x = self.inputs[op.mb] if g == 0 else self.x_in[key]
         with torch.set_grad_enabled(self.train):
             y = self.chunks[op.chunk](x)
-            if self.last(op.chunk):
+            if g == self.pp * self.v - 1:
                 loss = self.loss_fn(y, self.labels[op.mb])
                 self.loss_sum += float(loss.detach())
                 y = loss / self.micro_batches if self.train else None
@@ -128,8 +117,7 @@ class Executor:
     def reduce_tied(self, op):
         self.wait_sends()
 
-    def reduce_grads(self, op):
-        self.wait_sends()
+    reduce_grads = reduce_tied
 
     def step(self, op):
         self.wait_sends()

@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel import partition as part
+from pipeline_parallel.engine.module import PartitionError
 from pipeline_parallel.engine.nccl_order import programs
 from pipeline_parallel.engine.simulator import simulate
 from pipeline_parallel.schedules import SCHEDULES, ScheduleError, build, bubble_formula
@@ -30,11 +31,11 @@ def test_uniform_and_balanced_equal_deepspeed():
 
 
 def test_partition_errors_name_the_problem():
-    with pytest.raises(part.PartitionError, match="more stages than layers"):
+    with pytest.raises(PartitionError, match="more stages than layers"):
         PipelineModule([nn.Linear(2, 2)] * 2, num_stages=3)
-    with pytest.raises(part.PartitionError, match=r"stage\(s\) \[1\] empty"):
+    with pytest.raises(PartitionError, match=r"stage\(s\) \[1\] empty"):
         PipelineModule([nn.Linear(2, 2) for _ in range(4)], num_stages=3, partition_method=[0, 2, 2, 4])
-    with pytest.raises(part.PartitionError, match="matches no layer"):
+    with pytest.raises(PartitionError, match="matches no layer"):
         PipelineModule([nn.Linear(2, 2) for _ in range(4)], num_stages=2, partition_method="type:Conv")
     with pytest.raises(ValueError, match="partition_method 'bogus'"):
         PipelineModule([nn.Linear(2, 2) for _ in range(4)], num_stages=2, partition_method="bogus")

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from pipeline_parallel.engine.simulator import simulate
 from pipeline_parallel.schedules import build
-from pipeline_parallel.schedules.instructions import COMPUTE, SENDS, Op, ScheduleError, peer
+from pipeline_parallel.schedules.instructions import SENDS, Op, ScheduleError, peer
+
+COMPUTE = ("fwd", "bwd")
 
 
 def programs(name: str, num_stages: int, micro_batches: int, virtual_stages: int = 1, train: bool = True,

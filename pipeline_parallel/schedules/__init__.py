@@ -22,6 +22,3 @@ def build(name: str, stage: int, num_stages: int, micro_batches: int, virtual_st
         raise ScheduleError(f"schedule {name!r} runs one chunk per stage; virtual_stages={virtual_stages} "
                             "needs schedule 'interleaved'")
     return SCHEDULES[name](stage, num_stages, micro_batches, train=train)
-
-
-__all__ = ["Op", "ScheduleError", "SCHEDULES", "build", "bubble_formula", "naive", "gpipe", "one_f_one_b", "interleaved"]

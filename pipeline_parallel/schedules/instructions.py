@@ -2,19 +2,16 @@
 
     python -c "from pipeline_parallel.schedules import build; print(build('1f1b', 0, 2, 3))"
 
-A schedule is a pure function (stage, num_stages, micro_batches[, virtual_stages]) -> list[Op].
-Op kinds, for micro-batch `mb` on local model chunk `chunk` (virtual stage g = chunk·p + stage):
-  recv_act  fwd  send_act        forward of one micro-batch through one chunk
-  recv_grad bwd  send_grad       its backward
-  reduce_tied  reduce_grads  step   once per batch, after the last backward
-pipeline_parallel/executor.py runs the list in order. Cost, whatever the order: one activation
-forward and one gradient back per micro-batch and chunk across each inner boundary.
+A schedule is a pure function (stage, num_stages, micro_batches[, virtual_stages]) -> list[Op];
+pipeline_parallel/executor.py runs it. Ops, for micro-batch `mb` on local chunk `chunk` (virtual
+stage g = chunk·p + stage): recv_act fwd send_act (its forward), recv_grad bwd send_grad (its
+backward); reduce_tied reduce_grads step once per batch. Cost, whatever the order: one activation
+down and one gradient up per micro-batch and chunk across each inner boundary.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-COMPUTE = ("fwd", "bwd")
 SENDS = {"send_act": "recv_act", "send_grad": "recv_grad"}
 FINAL = ("reduce_tied", "reduce_grads", "step")
 
