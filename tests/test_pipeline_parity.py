@@ -10,6 +10,7 @@ from pipeline_parallel import parity
 from pipeline_parallel.executor import Executor
 from pipeline_parallel.schedules import build
 from primitives import get_comm
+from primitives.engine.strict import set_strict_p2p
 
 TOL = 1e-5
 B = 2          # micro-batch size
@@ -109,6 +110,21 @@ def test_textbook_executor_equals_one_process(spawn, schedule):
     ref = [p.detach() for p in model.parameters()]
     ours = out[0][1] + out[1][1]
     assert max(float((a - b).abs().max()) for a, b in zip(ours, ref)) < 1e-6
+
+
+def _strict_runs(rank, world, runs):
+    set_strict_p2p(True)              # nccl's per-peer ordering, replayed over gloo
+    return parity.ours_many(rank, world, runs)
+
+
+def test_nccl_ordering_under_strict_mode(spawn):
+    """Strict mode replays nccl's in-order point-to-point streams: the raw 1F1B order would hang
+    there, so the engine runs engine/nccl_order.py's order (train and eval) — and still equals one process."""
+    runs = [dict(n_layers=4, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="1f1b"),
+            dict(n_layers=6, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="interleaved", v=2)]
+    out = spawn(_strict_runs, 2, args=(runs,))
+    for i, r in enumerate(runs):
+        _check([o[i] for o in out], r["n_layers"], 1, r["m"], r["steps"], r["clip"])
 
 
 SWEEP = [(pp, s, v) for pp in (2, 3, 4) for s in ("naive", "gpipe", "1f1b", "interleaved")

@@ -110,6 +110,7 @@ def test_schedules_pair_up_under_nccl_ordering(name, p, m, v):
     if name != "interleaved":
         formula = (p - 1) / p if name == "naive" else bubble_formula(p, m, v)
         assert max(r["bubble"]) == pytest.approx(formula, abs=1e-12)
+    simulate(programs(name, p, m, v, train=False, backend="nccl"), m, v, mode="nccl")   # eval_batch's lists
 
 
 def test_bad_schedule_arguments():

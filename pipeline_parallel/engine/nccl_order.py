@@ -7,7 +7,7 @@ and a send completes only once the peer's matching receive runs. The executor po
 time, so where the k-th ops two ranks post towards each other are both sends (1F1B's steady
 state), both wait forever. `legalize_for_nccl` moves one side's receive in front of its send
 until simulate(mode="nccl") (pipeline_parallel/engine/simulator.py) passes; the engine uses
-`programs(..., backend="nccl")`. Posting both as one group (the Communicator's exchange(),
+`programs(..., backend="nccl")` on nccl and in strict mode (which replays nccl's rules over gloo). Posting both as one group (the Communicator's exchange(),
 dist.batch_isend_irecv) is the other cure. For naive, GPipe and 1F1B the reordered lists keep the
 formula's bubble; interleaved pays a little (p = 2, m = 4, v = 2: 0.14 instead of 0.11).
 Cost: a few simulations per move, once per engine.

@@ -154,9 +154,10 @@ class PipelineEngine:
         return self._status
 
     def program(self, train: bool) -> list:
-        """This rank's instruction list: the textbook schedule, built each step (microseconds); over
-        nccl, the order engine/nccl_order.py legalises once, so per-peer queues pair up."""
-        if self.comm.backend != "nccl":
+        """This rank's instruction list: the textbook schedule, built each step (microseconds); under
+        nccl's ordering (the nccl backend, or strict mode replaying it over gloo) the order
+        engine/nccl_order.py legalises once, so per-peer queues pair up."""
+        if self.comm.backend != "nccl" and not self.comm.strict:
             return build(self.schedule, self.stage, self.pp, self.micro_batches, self.v, train=train)
         if train not in self._nccl_programs:
             self._nccl_programs[train] = programs(self.schedule, self.pp, self.micro_batches, self.v, train=train,

@@ -14,7 +14,7 @@ group runs ungrouped point-to-point ops towards one peer in posting order on one
 k-th op a rank posts towards a peer must pair with the peer's k-th op towards it (a send with the
 matching receive); in 1F1B's steady state stage s posts send→s+1 then recv←s+1 while s+1 posts
 send→s then recv←s, and both sends wait. pipeline_parallel/engine/nccl_order.py reorders such
-receives, and the engine runs that order whenever its pipeline group's backend is nccl.
+receives, and the engine runs that order on nccl and in strict mode.
 Cost: O(total instructions) per run.
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ def simulate(programs: list[list[Op]], micro_batches: int, virtual_stages: int =
     """Run one program per rank on a logical clock (compute takes t_fwd / t_bwd, messages are
     free). mode "buffered": sends never block (gloo); "nccl": the k-th op a rank posts towards a peer
     must pair with the peer's k-th op towards it (a send with the matching receive).
-    Checks every dependency and that each (micro-batch, chunk) runs forward and backward once.
+    Checks every dependency and that each (micro-batch, chunk) runs forward and backward once
+    (forward only, for lists without backward: eval_batch's).
     Returns per-rank busy time, makespan, bubble fraction and peak stored activations."""
     p, v, m = len(programs), virtual_stages, micro_batches
     pc, clock = [0] * p, [0.0] * p
@@ -130,9 +131,10 @@ def simulate(programs: list[list[Op]], micro_batches: int, virtual_stages: int =
         if not progressed:
             stuck = {r: programs[r][pc[r]] for r in range(p) if pc[r] < len(programs[r])}
             raise ScheduleError(f"deadlock ({mode}): ranks blocked at {stuck}")
+    backward = any(op.kind == "bwd" for ops in programs for op in ops)    # eval lists: forwards only
     for r in range(p):
         want = {(mb, c) for mb in range(m) for c in range(v)}
-        if done_f[r] != want or done_b[r] != want:
+        if done_f[r] != want or done_b[r] != (want if backward else set()):
             raise ScheduleError(f"stage {r}: forward/backward ran for {sorted(done_f[r])}/{sorted(done_b[r])}, "
                                 f"expected every (micro-batch, chunk) once")
     span = max(clock)
