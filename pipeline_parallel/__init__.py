@@ -2,9 +2,8 @@
 
 Textbook (no engine imports): schedules/ (Op, naive, GPipe, 1F1B, interleaved as pure functions),
 partition.py (layers → stages), executor.py (one rank's instruction list, real tensors).
-Engine (engine/): DeepSpeed's pipeline API on top — initialize / train_batch / eval_batch
-(pipe_engine.py), PipelineModule (module.py), the guarded executor (draining.py), tied weights,
-config, the schedule simulator and nccl ordering, timelines. parity.py, train.py: checks and demo.
+Engine (engine/): DeepSpeed's pipeline API built on it (initialize, train_batch, PipelineModule,
+the guarded executor, tied weights, simulator, nccl ordering). parity.py, train.py: checks, demo.
 """
 import importlib
 
