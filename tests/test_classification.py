@@ -181,7 +181,7 @@ def test_lr_at_matches_deepspeed_scheduler(kind):
 
 # ---------------------------------------------------------------- batching
 def test_epoch_batches_partition_and_balance():
-    from classification.loop import epoch_batches
+    from classification.batches import epoch_batches
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 60, size=203).tolist()
     world, micro, gas = 3, 4, 2

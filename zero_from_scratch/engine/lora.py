@@ -1,4 +1,5 @@
-"""LoRA adapters with peft: which linears to target, and a clear error when they do not exist.
+"""LoRA under ZeRO: peft adapters on a frozen model, which linears to target, a clear error when
+they do not exist.
 
     deepspeed --num_gpus 2 classification/train.py --lora 8            (also --engine zero | ddp)
     python -m recipes.lora --model distilbert --r 8 --world-size 2      (memory per stage, full vs LoRA)
@@ -6,12 +7,14 @@
 LoRA (Hu et al., arXiv 2106.09685) freezes a d_out×d_in weight W and trains B·A (d_out×r, r×d_in)
 added to it. Trainable elements per adapted linear: r·(d_in + d_out) instead of d_in·d_out, so the
 optimizer's model states (grads + fp32 master + Adam m, v) shrink from (b + K)·Ψ to (b + K)·Ψ_lora
-while the frozen weights still cost b·Ψ (b·Ψ/N at ZeRO-3, where they are partitioned too).
+while the frozen weights still cost b·Ψ (b·Ψ/N at ZeRO-3, where they are partitioned too: frozen.py).
 No communication of its own: the engine reduces only the adapters' gradients (2(N-1)/N·b·Ψ_lora).
 """
 from __future__ import annotations
 
 import torch.nn as nn
+
+from zero_from_scratch.engine.models import tiny_distilbert
 
 # the attention and FFN linears of the architectures the recipes use (peft's own names)
 TARGETS = {"distilbert": ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"],
@@ -54,7 +57,7 @@ def apply_lora(model: nn.Module, r: int, targets: list[str] | None = None, alpha
     if missing or not targets:
         raise LoraError(f"rank {rank}: LoRA target modules {missing or targets} do not exist in "
                         f"{type(model).__name__}; its linear modules are {sorted(have)}")
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model   # optional dependency: the `recipes` extra
     cfg = LoraConfig(r=r, lora_alpha=alpha if alpha is not None else 2 * r, lora_dropout=0.0,
                      target_modules=targets, task_type=task_type)
     return get_peft_model(model, cfg)
@@ -73,50 +76,8 @@ def trainable_counts(model: nn.Module) -> tuple[int, int]:
 
 def tiny_lora_distilbert(r: int = 4) -> nn.Module:
     """The parity model: ds_parity's tiny DistilBERT (dim 32, 2 layers, dropout 0) + LoRA r=4."""
-    from zero_from_scratch.engine.models import tiny_distilbert
     m = apply_lora(tiny_distilbert(), r)
     for n, p in m.named_parameters():          # B starts at zero in peft; give it a value so A's
         if "lora_B" in n:                      # gradient is not zero at step 1 (a stronger test)
             nn.init.normal_(p, std=0.02)
     return m
-
-
-def memory_table(model_name: str = "distilbert", r: int = 8, n: int = 2, mixed: bool = False):
-    """Model-state bytes per rank by stage, full fine-tuning vs LoRA r (the paper's formula with
-    trainable Ψ, plus the frozen weights: b·Ψ_frozen, or b·Ψ_frozen/N at stage 3). Shapes only."""
-    from rich.table import Table
-
-    from zero_from_scratch.engine.ledger import model_state_bytes
-    from zero_from_scratch.engine.report import build
-    full = build(model_name)
-    psi = sum(p.numel() for p in full.parameters())
-    with __import__("torch").device("meta"):
-        tp, fp = trainable_counts(apply_lora(build(model_name), r))
-    b = 2 if mixed else 4
-    mib = lambda x: f"{float(x) / 2**20:,.1f}"  # noqa: E731
-    t = Table(title=f"{model_name}: model-state MiB per rank, N={n}, {'mixed' if mixed else 'fp32'}; "
-                    f"full Ψ={psi:,}, LoRA r={r}: trainable {tp:,}, frozen {fp:,}")
-    t.add_column("")
-    for s in range(4):
-        t.add_column(f"ZeRO-{s}", justify="right")
-    rows = {"full fine-tuning": [sum(model_state_bytes(s, psi, n, mixed).values()) for s in range(4)],
-            "LoRA: trainable states": [sum(model_state_bytes(s, tp, n, mixed).values()) for s in range(4)],
-            "LoRA: frozen weights": [b * fp / (n if s == 3 else 1) for s in range(4)]}
-    rows["LoRA total"] = [a + c for a, c in zip(rows["LoRA: trainable states"], rows["LoRA: frozen weights"])]
-    for k, v in rows.items():
-        t.add_row(k, *[mib(x) for x in v])
-    t.add_row("saved by LoRA", *[f"{1 - lo / fu:.0%}" for lo, fu in zip(rows["LoRA total"], rows["full fine-tuning"])])
-    return t, rows
-
-
-if __name__ == "__main__":
-    import argparse
-
-    from primitives.engine.log import console
-    ap = argparse.ArgumentParser(description="model-state memory per ZeRO stage, full fine-tuning vs LoRA")
-    ap.add_argument("--model", default="distilbert", choices=("distilbert", "distilbert-tiny"))
-    ap.add_argument("--r", type=int, default=8)
-    ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--bf16", action="store_true")
-    a = ap.parse_args()
-    console.print(memory_table(a.model, a.r, a.world_size, a.bf16)[0])
