@@ -31,7 +31,7 @@ ARROWS = {
 }
 # words a reader of the repository alone cannot resolve: process stops, sessions' guides, issue numbers,
 # an earlier version of the code, a file's former name
-UNRESOLVABLE = [r"\bstop \d+", r"\bGUIDE(\.md)? ?§", r"\bthe seed('s)?\b", r"\bthe issue('s)?\b", r"\bissue #?\d+",
+UNRESOLVABLE = [r"\bstop \d+", r"\bGUIDE(\.md)? ?§", r"\bthe seed('s)?\b", r"\bthe issue('s)?\b", r"\bissue \d+",
                 r"\(was [\w./-]+\)"]
 THIRD_PARTY = {"torch", "numpy"}
 
