@@ -5,7 +5,8 @@
 
 The textbook is the set of files READING.md names; the engine is every other production file.
 For an idea (one READING.md entry) this prints
-    lines to open   its own file plus every textbook file it imports, transitively (`wc -l`)
+    lines to open   its own file plus every textbook file it imports, transitively (`wc -l`);
+                    beside it, the same with every engine file those imports reach
     lines of idea   the lines of the named function, class or method (its `def`/`class` to its end)
 Everything is read from the source with `ast`: no module is imported.
 """
@@ -178,14 +179,15 @@ def textbook_files(entries: list[Entry] | None = None) -> list[str]:
     return out
 
 
-def textbook_closure(path: str, textbook: list[str]) -> list[str]:
-    """path plus every textbook file it imports, transitively, through textbook files only."""
+def textbook_closure(path: str, textbook: list[str] | None) -> list[str]:
+    """path plus every textbook file it imports, transitively, through textbook files only
+    (textbook None: every production file it imports, the engine's included)."""
     mods, g = modules(), graph()
     seen, todo = [path], [path]
     while todo:
         for m in sorted(g.get(module_of(todo.pop()), ())):
             p = mods[m]
-            if p in textbook and p not in seen:
+            if (textbook is None or p in textbook) and p not in seen:
                 seen.append(p)
                 todo.append(p)
     return seen
@@ -232,17 +234,19 @@ def _inside(d, n, where, path) -> bool:
     return where == path and n.lineno <= d.lineno <= n.end_lineno
 
 
-def idea_rows(entries: list[Entry]) -> list[tuple[str, list[str], int, int]]:
-    """(idea, files to open, lines to open, lines of the idea) for each of IDEAS."""
+def idea_rows(entries: list[Entry]) -> list[tuple[str, list[str], int, int, int]]:
+    """(idea, files to open, lines to open, lines of the idea, lines with the engine files it imports)."""
     book, by_idea, rows = textbook_files(entries), {e.idea: e for e in entries}, []
     for idea, parts in IDEAS.items():
         es = [by_idea[p] for p in parts if p in by_idea]
         if not es:
             continue
-        files = []
+        files, every = [], []
         for e in es:
             files += [f for f in textbook_closure(e.path, book) if f not in files]
-        rows.append((idea, files, sum(lines(f) for f in files), sum(idea_lines(e, book) for e in es)))
+            every += [f for f in textbook_closure(e.path, None) if f not in every]
+        rows.append((idea, files, sum(lines(f) for f in files), sum(idea_lines(e, book) for e in es),
+                     sum(lines(f) for f in every)))
     return rows
 
 
@@ -272,10 +276,11 @@ def main() -> None:
     console.print(t)
 
     t = Table(title="what a learner opens to follow an idea")
-    for c in ("idea", "files", "lines to open", "lines of the idea", "share"):
+    for c in ("idea", "files", "lines to open", "lines of the idea", "share", "+ engine files it imports"):
         t.add_column(c, justify="left" if c in ("idea", "files") else "right")
-    for idea, files, opened, own in idea_rows(entries):
-        t.add_row(idea, " ".join(f.rsplit("/", 1)[-1] for f in files), f"{opened:,}", f"{own:,}", f"{own / opened:.0%}" if opened else "-")
+    for idea, files, opened, own, every in idea_rows(entries):
+        t.add_row(idea, " ".join(f.rsplit("/", 1)[-1] for f in files), f"{opened:,}", f"{own:,}",
+                  f"{own / opened:.0%}" if opened else "-", f"{every:,}")
     console.print(t)
     sys.exit(0 if total <= TEXTBOOK_BUDGET else 1)
 
