@@ -6,7 +6,7 @@ Each scenario is a call a user makes through the public API, with nothing but de
     all_reduce ring           primitives.all_reduce(t, algorithm="ring")
     ZeRO-3 step               zero_from_scratch.initialize(stage 3) + one forward / backward / step
     1F1B step                 pipeline_parallel.initialize(PipelineModule, schedule "1f1b") + train_batch
-    column-parallel forward   tensor_parallel.ColumnParallelLinear(nn.Linear, group) forward
+    column-parallel forward   tensor_parallel.ColumnParallelLinear(nn.Linear, primitives.get_comm()) forward
 On every rank `sys.setprofile` and `threading.setprofile` (the engine posts async collectives on a
 worker thread) record (file, qualified name) of every Python call while the scenario runs; the test
 asserts that every READING.md entry SCENARIOS names for it was called (a Class entry: any of its
@@ -86,14 +86,14 @@ def _one_f_one_b_step(rank, world):
 
 
 def _column_parallel_forward(rank, world):
-    import torch.distributed as dist
-
+    import primitives
     import tensor_parallel
     torch.manual_seed(0)
     full = nn.Linear(8, 6)
-    layer = tensor_parallel.ColumnParallelLinear(full, dist.group.WORLD, gather_output=True)
+    layer = tensor_parallel.ColumnParallelLinear(full, primitives.get_comm())   # the world's communicator
+    lo, hi = layer.bounds
     x = torch.randn(3, 8)
-    torch.testing.assert_close(layer(x), full(x))
+    torch.testing.assert_close(layer(x), full(x)[:, lo:hi])
 
 
 RUNS = {"all_reduce ring": _all_reduce_ring, "ZeRO-3 step": _zero3_step, "1F1B step": _one_f_one_b_step,
