@@ -3,7 +3,8 @@ every wait under a deadline and nccl's ordering rules checked.
 
     python -m pytest -q -x tests/test_primitives_errors.py tests/test_strict_p2p.py
 
-What it adds around the textbook's isend / irecv / exchange (the algorithms are unchanged):
+What it adds around the textbook's isend / irecv / exchange, which still post every message
+(the algorithms are unchanged):
   * the ledger (ledger.py): bytes and messages sent and received, per link (intra/inter node);
   * deadlines: a wait longer than `timeout` (default 60 s, env RINGZERO_TIMEOUT) becomes a
     PeerError naming this rank, the peer and the call, and the rank that really died (faults.py);
@@ -70,11 +71,12 @@ class CheckedComm(textbook.Communicator):
             return self._strict_post([(kind, tensor, peer)], grouped=False)[0]
         _count(kind, tensor, self.link_to(peer))
         what = "sending to" if kind == "send" else "receiving from"
+        post = super().isend if kind == "send" else super().irecv      # the textbook's post
         try:             # gloo can fail when the operation is posted (the peer has already gone)
-            handle = (self._isend if kind == "send" else self._irecv)(tensor, peer)
+            req = post(tensor, peer)
         except Exception as e:
             raise self._peer_error(peer, what, e) from e
-        return Request(self, handle, peer, what)
+        return Request(self, req.handle, peer, what)
 
     def exchange(self, sends=(), recvs=()) -> list:
         ops = [("recv", t, p) for t, p in recvs if t.numel()] + [("send", t, p) for t, p in sends if t.numel()]
@@ -85,11 +87,11 @@ class CheckedComm(textbook.Communicator):
         for kind, t, p in ops:
             _count(kind, t, self.link_to(p))
         try:
-            handles = self._group(ops)
+            reqs = super().exchange(sends, recvs)      # the textbook's one group, same order as ops
         except Exception as e:
             raise self._peer_error(ops[0][2], "exchanging with", e) from e
-        return [Request(self, h, p, "receiving from" if k == "recv" else "sending to")
-                for h, (k, _, p) in zip(handles, ops)]
+        return [Request(self, r.handle, p, "receiving from" if k == "recv" else "sending to")
+                for r, (k, _, p) in zip(reqs, ops)]
 
     # ---- strict mode: nccl's ordering rules replayed on this transport (strict.py)
     _strict_flag: bool | None = None
