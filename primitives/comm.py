@@ -206,8 +206,3 @@ class TorchComm(Communicator):
         if not handle.wait(timeout=timedelta(seconds=self.timeout)):
             raise TimeoutError(f"timed out after {self.timeout:.0f}s")
 
-
-def __getattr__(name):   # PEP 562: get_comm (engine/registry.py) for engine callers, loaded on first use
-    if name == "get_comm":
-        return importlib.import_module("primitives.engine.registry").get_comm
-    raise AttributeError(f"module 'primitives.comm' has no attribute {name!r}")

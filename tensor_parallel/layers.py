@@ -11,7 +11,7 @@ existing unsharded module so pretrained weights load unchanged.
         rank r looks up the ids it owns, zeros elsewhere, then g
 
 Every layer takes the tensor-parallel `comm` (comm.py) at construction. Splits follow
-torch.tensor_split (primitives/algos.py::chunk_bounds), so sizes need not divide by N; `unit`
+torch.tensor_split (primitives/ops.py::chunk_bounds), so sizes need not divide by N; `unit`
 keeps attention heads whole. Each sharded parameter carries `tp_shard = (dim, start, end,
 full_size)` and Megatron's `tensor_model_parallel = True` (the marker DeepSpeed's gradient
 norm reads).
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from primitives.algos import chunk_bounds
+from primitives.ops import chunk_bounds
 from tensor_parallel.comm import copy_to_tp, gather_seq, linear_maybe_regather, reduce_from_tp, scatter_seq
 
 

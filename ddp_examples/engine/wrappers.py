@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from ddp_examples import bucketed, flat, naive
 from ddp_examples.engine.state import sync_initial_state
-from primitives.comm import get_comm
+from primitives.engine.registry import get_comm
 
 
 class NaiveDataParallel(naive.NaiveDataParallel):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from primitives.comm import get_comm
+from primitives.engine.registry import get_comm
 from tensor_parallel.comm import all_reduce_grad, copy_to_tp, gather_seq, gather_seq_to_replicated, split_seq
 from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, TPError, VocabParallelEmbedding
 

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from primitives.comm import get_comm
+from primitives.engine.registry import get_comm
 from tensor_parallel.comm import all_reduce_grad
 from tensor_parallel.layers import TPError
 
