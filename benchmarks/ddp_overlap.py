@@ -28,12 +28,12 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rich.table import Table
 from torch.nn.parallel import DistributedDataParallel
 
 import primitives as P
-from ddp_examples.bucketed import BucketedDataParallel
 from ddp_examples.engine.common import Config, build_model
-from ddp_examples.flat import FlatDataParallel
+from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel
 from primitives.engine.launch import init_from_env
 from primitives.engine.log import print0
 
@@ -98,7 +98,6 @@ def main(argv=None):
            "max_ms": {k: max(v) * 1e3 for k, v in times.items()},
            "ratio_bucketed_over_ddp": med["bucketed"] / med["ddp"],
            "ratio_flat_over_bucketed": med["flat"] / med["bucketed"]}
-    from rich.table import Table
     t = Table(title=f"Ψ = {psi:,} ({out['grad_mb']:.1f} MiB fp32), {comm.size} ranks, batch {a.batch}/rank, "
                     f"{out['buckets']} buckets of ≤ {a.bucket_cap_mb} MiB, {a.steps} interleaved steps")
     for c in ("contender", "median ms", "min–max ms", "× ddp", "exposed comm ms"):

@@ -1,11 +1,11 @@
 """Flat ring vs hierarchical vs gloo's built-in across two namespaced nodes on a shaped link,
 and bucketed (overlapped) vs flat data parallelism on the slow link. Needs root.
 
-    python benchmarks/multinode.py                         # 400 and 100 Mbit/s, writes tutorials/img/11_multinode_busbw.png
-    python benchmarks/multinode.py --rates 100 --sizes 1,4,8 --reps 3 --parts collectives,zero
+    python -m benchmarks.multinode                         # 400 and 100 Mbit/s, writes tutorials/img/11_multinode_busbw.png
+    python -m benchmarks.multinode --rates 100 --sizes 1,4,8 --reps 3 --parts collectives,zero
 
-For each rate: `multinode up` a fresh 2-node cluster, run this file under torchrun on 2 nodes ×
-2 ranks (--worker), then `down`. The worker
+For each rate: `multinode up` a fresh 2-node cluster, run benchmarks/multinode_worker.py (as a module) under torchrun
+on 2 nodes × 2 ranks, then `down`. The worker
   1. fits α, β per link class with a gloo ping-pong (rank 0 ↔ 1 on one node, rank 0 ↔ 2 across),
   2. times all-reduce of S bytes (S = --sizes MiB) with algorithm="ring" (flat), "hierarchical"
      and torch.distributed.all_reduce (gloo's built-in, which does not know the topology),
@@ -26,142 +26,22 @@ import os
 import statistics
 import sys
 import tempfile
-import time
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.multinode_worker import ALGOS, MIB
+from figures import common
+from multinode import cluster as C
+from multinode.run import run
+from primitives.engine.cost import Links, Params, predict_2level
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALGOS = ("ring", "hierarchical", "built-in")
-MIB = 1 << 20
+# as a module: run by path, this folder would come first on sys.path and its multinode.py hide the package
+WORKER = "-m benchmarks.multinode_worker"
 
-
-# ----------------------------------------------------------------------------- worker (on every rank)
-
-def _pingpong(comm, peer, sizes, reps):
-    import torch
-    pts = []
-    for s in sizes:
-        buf = torch.zeros(max(1, s // 4))
-        ts = []
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            if comm.rank == 0:
-                comm.send(buf, peer)
-                comm.recv(buf, peer)
-            else:
-                comm.recv(buf, 0)
-                comm.send(buf, 0)
-            ts.append((time.perf_counter() - t0) / 2)
-        pts.append((buf.numel() * 4, min(ts[1:])))
-    return pts
-
-
-def worker(args) -> None:
-    import torch
-    import torch.distributed as dist
-
-    import primitives as P
-    from multinode.pingpong import fit
-    from primitives.engine.launch import init_from_env
-    comm = init_from_env("gloo", timeout=300)
-    n, r = comm.size, comm.rank
-    res = {"world": n, "local": comm.intra_node().size, "nodes": comm.inter_node().size}
-    sizes_pp = [8, 64 << 10, MIB, 4 * MIB]
-    for link, peer in (("intra", 1), ("inter", res["local"])):     # rank 0 <-> 1 share a node; 0 <-> k do not
-        pts = None
-        if r in (0, peer):
-            pts = _pingpong(comm, peer if r == 0 else 0, sizes_pp, 3)
-        dist.barrier()
-        if r == 0:
-            res[link] = fit(pts)
-    x = torch.zeros(8 * MIB // 4)
-    t0 = time.perf_counter()
-    for _ in range(3):
-        x.add_(x)
-    res["gamma"] = (time.perf_counter() - t0) / 3 / x.numel() / 4
-
-    def one(name, algo, nbytes):
-        numel = nbytes // 4
-        if name == "all_reduce":
-            t = torch.zeros(numel)
-            call = (lambda: dist.all_reduce(t)) if algo == "built-in" else (lambda: P.all_reduce(t, algorithm=algo))
-        elif name == "all_gather":
-            inp, out = torch.zeros(numel // n), torch.zeros(numel // n * n)
-            call = ((lambda: dist.all_gather_into_tensor(out, inp)) if algo == "built-in"
-                    else (lambda: P.all_gather_single(out, inp, algorithm=algo)))
-        else:
-            inp, out = torch.zeros(numel // n * n), torch.zeros(numel // n)
-            call = ((lambda: dist.reduce_scatter_tensor(out, inp)) if algo == "built-in"
-                    else (lambda: P.reduce_scatter_single(out, inp, algorithm=algo)))
-        dist.barrier()
-        t0 = time.perf_counter()
-        call()
-        el = torch.tensor([time.perf_counter() - t0])
-        dist.all_reduce(el, op=dist.ReduceOp.MAX)        # the slowest rank decides
-        return el.item()
-
-    cases = [("all_reduce", int(s * MIB)) for s in args.sizes]
-    cases += [(nm, int(max(args.sizes) * MIB)) for nm in ("all_gather", "reduce_scatter")]
-    times = {f"{nm}|{s}|{a}": [] for nm, s in cases for a in ALGOS}
-    for nm, s in cases:                                   # warm-up: connections, scratch buffers
-        for a in ALGOS:
-            one(nm, a, s)
-    for rep in range(args.reps):
-        for nm, s in cases:
-            order = ALGOS[rep % 3:] + ALGOS[:rep % 3]     # rotate who goes first
-            for a in order:
-                times[f"{nm}|{s}|{a}"].append(one(nm, a, s))
-    res["times"] = times
-    if r == 0:
-        with open(args.worker, "w") as f:
-            json.dump(res, f)
-
-
-def zero_worker(args) -> None:
-    """ZeRO-3 vs ZeRO-3 + hpZ (k = ranks per node), same model and data, steps interleaved."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-
-    import zero_from_scratch
-    from primitives.engine.launch import init_from_env
-    from primitives.engine.ledger import LEDGER
-    comm = init_from_env("gloo", timeout=600)
-    k = comm.intra_node().size
-    engines = {}
-    for name, hpz in (("zero3", 1), ("zero3+hpZ", k)):
-        torch.manual_seed(0)
-        model = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(1024, 1024), nn.Tanh())], nn.Linear(1024, 16))
-        cfg = {"train_micro_batch_size_per_gpu": 32, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-               "zero_optimization": {"stage": 3, "zero_hpz_partition_size": hpz}}
-        engines[name] = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
-    times = {n: [] for n in engines}
-    inter = {n: 0 for n in engines}
-    for step in range(args.reps + 1):
-        g = torch.Generator().manual_seed(step * 100 + comm.rank)
-        x, y = torch.randn(32, 1024, generator=g), torch.randint(0, 16, (32,), generator=g)
-        for name, eng in engines.items():
-            dist.barrier()
-            LEDGER.reset()
-            t0 = time.perf_counter()
-            loss = nn.functional.cross_entropy(eng(x), y)
-            eng.backward(loss)
-            eng.step()
-            el = torch.tensor([time.perf_counter() - t0])
-            mine = torch.tensor([float(LEDGER.links["inter"].bytes_sent if "inter" in LEDGER.links else 0)])
-            dist.all_reduce(el, op=dist.ReduceOp.MAX)
-            dist.all_reduce(mine)
-            if step:                                      # step 0 is the warm-up
-                times[name].append(el.item())
-                inter[name] = mine.item() / comm.inter_node().size   # bytes one node sends across
-    if comm.rank == 0:
-        with open(args.zero_worker, "w") as f:
-            json.dump({"times": times, "inter_bytes_per_node": inter, "k": k, "world": comm.size,
-                       "params": sum(u.numel for u in engines["zero3"].layout.units)}, f)
-
-
-# ----------------------------------------------------------------------------- driver
 
 def _links(res):
-    from primitives.engine.cost import Links, Params
     g = res["gamma"]
     return Links(intra=Params(res["intra"]["alpha_s"], res["intra"]["beta_s_per_byte"], g),
                  inter=Params(res["inter"]["alpha_s"], res["inter"]["beta_s_per_byte"], g))
@@ -176,8 +56,6 @@ def _env():
 
 
 def on_cluster(rate, cmd, timeout):
-    from multinode import cluster as C
-    from multinode.run import run
     name = f"rzb{os.getpid() % 100000}"
     old_env, old_cwd = dict(os.environ), os.getcwd()
     try:
@@ -210,27 +88,17 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write every figure here")
     ap.add_argument("--verbose", action="store_true", help="stream the nodes' output")
     ap.add_argument("--parts", default="collectives,ddp,zero", help="which parts to run")
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--zero-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [float(s) for s in args.sizes.split(",")]
-    if args.worker:
-        return worker(args)
-    if args.zero_worker:
-        return zero_worker(args)
     parts = set(args.parts.split(","))
     VERBOSE = args.verbose
-    from rich.console import Console
-    from rich.table import Table
-
-    from primitives.engine.cost import predict_2level
     con = Console()
     rates = [float(x) for x in args.rates.split(",")]
     results = {}
     for rate in (rates if "collectives" in parts else []):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "res.json")
-            on_cluster(rate, TORCHRUN + f"{os.path.abspath(__file__)} --worker {out} --reps {args.reps} "
+            on_cluster(rate, TORCHRUN + f"{WORKER} --worker {out} --reps {args.reps} "
                        f"--sizes {','.join(map(str, args.sizes))}", timeout=1200)
             with open(out) as f:
                 results[rate] = json.load(f)
@@ -278,7 +146,7 @@ def main() -> None:
         slow = min(rates)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "zero.json")
-            on_cluster(slow, TORCHRUN + f"{os.path.abspath(__file__)} --zero-worker {out} --reps {args.reps}",
+            on_cluster(slow, TORCHRUN + f"{WORKER} --zero-worker {out} --reps {args.reps}",
                        timeout=1200)
             with open(out) as f:
                 z = json.load(f)
@@ -299,7 +167,6 @@ def main() -> None:
 
 
 def _figure(results, path):
-    from figures import common
     plt = common.pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     colors = {"ring": "tab:blue", "hierarchical": "tab:red", "built-in": "tab:gray"}
@@ -320,7 +187,7 @@ def _figure(results, path):
     fig.suptitle("ringzero: all-reduce across namespaced nodes (gloo)", fontsize=9)
     if os.path.dirname(os.path.abspath(path)) == common.IMG:      # the tutorial's picture: stamped
         common.save(fig, os.path.splitext(os.path.basename(path))[0], "benchmarks.multinode",
-                    note="python benchmarks/multinode.py (needs root: it builds the namespaced cluster)")
+                    note="python -m benchmarks.multinode (needs root: it builds the namespaced cluster)")
     else:
         fig.savefig(path, dpi=110)
 

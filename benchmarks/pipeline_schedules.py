@@ -22,6 +22,15 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from rich.table import Table
+
+from pipeline_parallel.engine.model import gpt_layers, lm_loss
+from pipeline_parallel.engine.module import PipelineModule
+from pipeline_parallel.engine.pipe_engine import initialize
+from pipeline_parallel.engine.timeline import machine
+from pipeline_parallel.parity import deepspeed_engine
+from primitives.engine.launch import spawn
+from primitives.engine.log import console
 
 SIDES = ("naive", "gpipe", "1f1b", "interleaved", "deepspeed")
 
@@ -50,10 +59,6 @@ class SavedBytes:
 
 
 def _worker(rank, world, a):
-    import pipeline_parallel
-    from pipeline_parallel.engine.model import gpt_layers, lm_loss
-    from pipeline_parallel.engine.module import PipelineModule
-    from pipeline_parallel.parity import deepspeed_engine
     layers = gpt_layers(vocab=256, dim=a.dim, n_layers=a.layers, heads=4, max_len=a.seq)
     base = {"train_micro_batch_size_per_gpu": a.micro_batch_size, "gradient_accumulation_steps": a.micro_batches,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}, "steps_per_print": 10 ** 9}
@@ -61,7 +66,7 @@ def _worker(rank, world, a):
     for s in SIDES[:-1]:
         v = 2 if s == "interleaved" else 1
         pm = PipelineModule(layers, num_stages=world, loss_fn=lm_loss, seed_layers=True)
-        eng, *_ = pipeline_parallel.initialize(model=pm, config={**base, "pipeline": {"schedule": s, "virtual_stages": v}})
+        eng, *_ = initialize(model=pm, config={**base, "pipeline": {"schedule": s, "virtual_stages": v}})
         eng.measure_activations = False         # the one SavedBytes meter below measures every engine
         engines[s], params[s] = eng, eng.params
     ds, net = deepspeed_engine(layers, world, lm_loss, base)
@@ -86,11 +91,6 @@ def _worker(rank, world, a):
 
 
 def main(argv=None):
-    from rich.table import Table
-
-    from pipeline_parallel.engine.timeline import machine
-    from primitives.engine.launch import spawn
-    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--micro-batches", type=int, default=8)

@@ -23,18 +23,21 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from rich.table import Table
 
 import primitives as P
 from primitives.engine.bench import memcpy_bw, parse_size, pingpong_fit, sizes_between
+from primitives.engine.comms import TorchComm
+from primitives.engine.launch import free_port
 from primitives.engine.log import print0
+from primitives.engine.mpi_comm import MPIComm
 
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n}
 
 
 def _worlds(timeout):
-    from mpi4py import MPI
-    from primitives.engine.launch import free_port
+    from mpi4py import MPI   # optional dependency: this benchmark runs under mpiexec only
     w = MPI.COMM_WORLD
     port = w.bcast(free_port() if w.rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=w.rank, world_size=w.size,
@@ -105,7 +108,6 @@ def main(argv=None):
     comm = P.get_comm()
     torch.set_num_threads(1)
     n = w.size
-    from rich.table import Table
     print0(f"ringzero transport: {comm.transport} (RINGZERO_TRANSPORT={os.environ.get('RINGZERO_TRANSPORT', 'auto')}), "
            f"{n} ranks, handshake {'on' if P.handshake_enabled() else 'off'}, torch {torch.__version__}, "
            f"MPICH {MPI.Get_library_version().split(chr(10))[0]}, "
@@ -131,7 +133,6 @@ def main(argv=None):
         print0(f"memcpy ceiling (one core, 64 MiB): {ceiling:.2f} GB/s; ringzero all_reduce at {r['size']:,} B: "
                f"busbw {r['busbw']:.2f} GB/s = {r['busbw'] / ceiling:.2f} of the ceiling")
     if args.fit and n >= 2:
-        from primitives.comm import MPIComm, TorchComm
         t = Table(title="point-to-point ping-pong, ranks 0 ↔ 1: t(S) = α + S·β")
         for c in ("transport", "α µs", "β ns/B", "1/β GB/s", "t(8 B) µs", "t(4 MiB) µs"):
             t.add_column(c, justify="right")

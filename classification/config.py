@@ -13,14 +13,19 @@ Cost: a dict walk; `lr_at` is O(1) per step.
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import math
 import os
 from dataclasses import dataclass, field
 
+from rich.console import Console
+from rich.table import Table
+
 from zero_from_scratch.engine.auto import DEFAULTS, find_auto, resolve_auto  # noqa: F401  (find_auto: re-exported)
 from zero_from_scratch.engine.config import suggest, unknown_keys
+from zero_from_scratch.optim import warmup_gamma
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_config_zero2.json")
 SCHEDULERS = ("WarmupDecayLR", "WarmupLR")
@@ -31,7 +36,7 @@ class ConfigError(ValueError):
 
 
 def load_config(path: str) -> dict:
-    """Read a DeepSpeed JSON; a missing path is an error (the seed silently ignored it)."""
+    """Read a DeepSpeed JSON; a missing path is an error, never an empty config."""
     if not os.path.isfile(path):
         raise ConfigError(f"config {path!r} does not exist (cwd {os.getcwd()}); nothing would be applied. "
                           f"The default is {DEFAULT_CONFIG}")
@@ -138,7 +143,6 @@ def lr_at(cfg: dict, step: int) -> float:
     WarmupLR / WarmupDecayLR produce it: the scheduler is built with last_batch_iteration = -1
     (LR = warmup_min_lr) and stepped after each optimizer step, so steps 0 and 1 both use
     warmup_min_lr. The formula is zero_from_scratch.optim.warmup_gamma (one copy)."""
-    from zero_from_scratch.optim import warmup_gamma
     sch = cfg.get("scheduler")
     base = cfg["optimizer"]["params"]["lr"]
     if not sch:
@@ -154,7 +158,6 @@ def lr_at(cfg: dict, step: int) -> float:
 
 def table(facts: RunFacts, cfg: dict, extra: list = ()):
     """A rich table: every resolved value and what the run will actually do."""
-    from rich.table import Table
     t = Table(title="resolved configuration (what actually trains)")
     for c in ("key", "in the JSON", "resolved to", "why / where from"):
         t.add_column(c)
@@ -174,9 +177,6 @@ def table(facts: RunFacts, cfg: dict, extra: list = ()):
 
 
 if __name__ == "__main__":
-    import argparse
-
-    from rich.console import Console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=DEFAULT_CONFIG)
     ap.add_argument("--world-size", type=int, default=2)

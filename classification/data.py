@@ -20,6 +20,7 @@ over the rows, O(n log n) for the shuffles; no processes.
 """
 from __future__ import annotations
 
+import argparse
 import bz2
 import csv
 import importlib.util
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 DEFAULT_DATASET = "rotten_tomatoes"
 RT_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
@@ -200,7 +203,7 @@ def load_local(path: str):
 def load_hub(name: str):
     """A hub dataset via `datasets`: (train texts, labels), (test or None), label names."""
     try:
-        import datasets
+        import datasets   # optional dependency: only hub datasets need it
     except ImportError:
         raise DataError(f"--dataset {name}: hub datasets need `pip install datasets` (and a network). "
                         f"Offline options: --dataset {DEFAULT_DATASET} (the default), or a local .csv/.jsonl "
@@ -255,7 +258,6 @@ def load(dataset: str = DEFAULT_DATASET, split: SplitConfig = SplitConfig()) -> 
 
 
 def summary_table(b: DataBundle):
-    from rich.table import Table
     t = Table(title=f"data: {b.source}")
     t.add_column("split")
     t.add_column("rows", justify="right")
@@ -271,9 +273,6 @@ def summary_table(b: DataBundle):
 
 
 if __name__ == "__main__":
-    import argparse
-
-    from rich.console import Console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default=DEFAULT_DATASET)
     a = ap.parse_args()

@@ -8,8 +8,8 @@ Each returns an object with engine(**batch), engine.backward(loss), engine.step(
 engine.get_lr(), engine.save(dir, tag, client_state) / engine.load(dir, tag) -> client_state,
 engine.full_parameters(modify=False) (a context with every parameter whole under ZeRO-3, entered by
 all ranks; modify=True writes rank 0's edits back into every shard) and engine.describe() -> rows
-for the configuration table. Every engine's imports are lazy, so the other
-two work without its package. Cost per step: deepspeed / zero ZeRO-2 send reduce-scatter +
+for the configuration table. deepspeed is imported only by --engine deepspeed, so the other
+two work without it. Cost per step: deepspeed / zero ZeRO-2 send reduce-scatter +
 all-gather = 2(N-1)/N x 4 bytes x params per rank; ddp the same as one ring all-reduce.
 """
 from __future__ import annotations
@@ -19,7 +19,13 @@ import os
 
 import torch
 
+import zero_from_scratch
 from classification.config import lr_at
+from ddp_examples.bucketed import BucketedDataParallel
+from zero_from_scratch.engine.atomic import atomic_write
+from zero_from_scratch.engine.auto import DEFAULTS, weight_decay_default
+from zero_from_scratch.engine.mpu import clip_grad_norm_, mp_prefix
+from zero_from_scratch.parity.sides import skip_shm_op_build
 
 ENGINES = ("deepspeed", "zero", "ddp")
 
@@ -36,7 +42,6 @@ def _disable_deepspeed_shm_build():
     behaviour."""
     if os.environ.get("RINGZERO_DS_SHM") == "1":
         return
-    from zero_from_scratch.parity.sides import skip_shm_op_build
     skip_shm_op_build()
 
 
@@ -98,7 +103,7 @@ class _Native:
             return contextlib.nullcontext()
         params, rank = list(self.engine.module.parameters()), 0 if modify else None
         if self.kind == "deepspeed":
-            import deepspeed
+            import deepspeed   # optional dependency: --engine deepspeed only
             return deepspeed.zero.GatheredParameters(params, modifier_rank=rank)
         return self.engine.gathered_parameters(params, modifier_rank=rank)
 
@@ -149,11 +154,6 @@ class _DDP:
     (loss / accumulation steps, clip on the global norm, scheduler stepped after each update)."""
 
     def __init__(self, model, cfg, comm, mpu=None):
-        try:
-            from ddp_examples import BucketedDataParallel
-        except ImportError as e:
-            raise EngineError("--engine ddp needs ddp_examples.BucketedDataParallel, which this checkout does not "
-                              f"provide yet ({e}); use --engine deepspeed") from None
         for prec in ("fp16", "bf16"):
             if cfg.get(prec, {}).get("enabled"):
                 raise EngineError(f"--engine ddp trains in fp32; set {prec}.enabled to false in the config")
@@ -167,7 +167,6 @@ class _DDP:
         o = cfg["optimizer"]
         if o.get("type", "").lower() not in ("adam", "adamw"):
             raise EngineError(f"--engine ddp supports optimizer Adam/AdamW, not {o.get('type')!r}")
-        from zero_from_scratch.engine.auto import weight_decay_default
         p = {k: v for k, v in o["params"].items() if k in ("lr", "betas", "eps", "weight_decay")}
         p.setdefault("weight_decay", weight_decay_default(o))  # DeepSpeed's default, not torch AdamW's own
         adamw = o["type"].lower() == "adamw" or o["params"].get("adam_w_mode", True)
@@ -175,7 +174,6 @@ class _DDP:
         base = p["lr"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_at(cfg, s) / base)
         self.gas = cfg.get("gradient_accumulation_steps", 1)
-        from zero_from_scratch.engine.auto import DEFAULTS
         self.clip = cfg.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])  # absent: DeepSpeed clips at 1.0
         self.micro = 0
 
@@ -198,7 +196,6 @@ class _DDP:
         if self.micro % self.gas:
             return
         if self.clip and self.mp:  # tensor parallel: shards sum over tp, replicated params count once
-            from zero_from_scratch.engine.mpu import clip_grad_norm_
             self.last_norm = clip_grad_norm_(list(self.module.parameters()), self.clip, self.mp[0], self.mp[1])
         elif self.clip:  # gradients are averaged over ranks already, so this norm is the global one
             self.last_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip))
@@ -223,13 +220,11 @@ class _DDP:
         return contextlib.nullcontext()  # every rank holds every parameter
 
     def _file(self, path, tag):  # one file per tensor-parallel rank, like DeepSpeed's mp_rank_XX
-        from zero_from_scratch.engine.mpu import mp_prefix
         return os.path.join(path, tag, f"{mp_prefix(self.mp[1], self.mp[2]) if self.mp else ''}ddp_state.pt")
 
     def save(self, path, tag, client_state):
         os.makedirs(os.path.join(path, tag), exist_ok=True)
         if self.dp_rank == 0:  # every rank of a dp group holds the same state in DDP
-            from zero_from_scratch.engine.atomic import atomic_write
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(), "micro": self.micro, "client": client_state}
             atomic_write(self._file(path, tag), lambda f: torch.save(state, f))
@@ -264,7 +259,7 @@ def build(kind: str, model, cfg: dict, comm=None, mpu=None):
     params = [p for p in model.parameters() if p.requires_grad]
     if kind == "deepspeed":
         try:
-            import deepspeed
+            import deepspeed   # optional dependency: the `deepspeed` extra
         except ImportError:
             raise EngineError("--engine deepspeed needs `pip install deepspeed` (or `pip install -e .[deepspeed]`); "
                               "--engine zero and --engine ddp do not") from None
@@ -275,13 +270,7 @@ def build(kind: str, model, cfg: dict, comm=None, mpu=None):
         engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=cfg, mpu=mpu)
         return _Native(engine, kind, device)
     if kind == "zero":
-        try:
-            import zero_from_scratch
-            init = zero_from_scratch.initialize
-        except (ImportError, AttributeError) as e:
-            raise EngineError(f"--engine zero needs zero_from_scratch.initialize, which this checkout does not provide "
-                              f"yet ({e}); use --engine deepspeed") from None
-        engine, _opt, _, sched = init(model=model, model_parameters=params, config=cfg, mpu=mpu)
+        engine, _opt, _, sched = zero_from_scratch.initialize(model=model, model_parameters=params, config=cfg, mpu=mpu)
         if cfg.get("scheduler") and sched is None:
             raise EngineError(f"zero_from_scratch.initialize built no scheduler for {cfg['scheduler']['type']}")
         return _Native(engine, kind, device)

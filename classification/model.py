@@ -44,14 +44,14 @@ def offline_model_dir() -> Path:
 
 
 def distilbert_config(num_labels: int = 2, dropout: float = 0.1):
-    from transformers import DistilBertConfig
+    from transformers import DistilBertConfig   # optional dependency: transformers
     return DistilBertConfig(dim=384, n_layers=6, n_heads=12, hidden_dim=1536, activation="gelu",
                             vocab_size=VOCAB_SIZE, max_position_embeddings=512, num_labels=num_labels,
                             dropout=dropout, attention_dropout=dropout,
                             seq_classif_dropout=0.2 if dropout > 0 else 0.0)  # HF's default head dropout
 
 
-# BERT layer suffix -> DistilBERT layer suffix (GUIDE §5); weights and biases alike.
+# BERT layer suffix -> DistilBERT layer suffix (MiniLM's BERT names into DistilBERT's); weights and biases alike.
 _LAYER_MAP = {
     "attention.self.query": "attention.q_lin",
     "attention.self.key": "attention.k_lin",
@@ -96,7 +96,7 @@ def map_bert_to_distilbert(bert_sd: dict, prefix: str = "distilbert.") -> dict:
 
 
 def load_tokenizer(folder):
-    from transformers import DistilBertTokenizerFast
+    from transformers import DistilBertTokenizerFast   # optional dependency: transformers
     # from_pretrained reads tokenizer_config.json (lower-casing, special tokens). The tempting
     # DistilBertTokenizerFast(vocab_file=...) silently builds a 5-token vocabulary here.
     tok = DistilBertTokenizerFast.from_pretrained(str(folder))
@@ -107,8 +107,8 @@ def load_tokenizer(folder):
 
 def load_offline_model(num_labels: int = 2, dropout: float = 0.1):
     """DistilBertForSequenceClassification with the shipped MiniLM encoder mapped in."""
-    import safetensors.torch
-    from transformers import DistilBertForSequenceClassification
+    import safetensors.torch   # optional dependency: installed with transformers
+    from transformers import DistilBertForSequenceClassification   # optional dependency: transformers
     d = offline_model_dir()
     model = DistilBertForSequenceClassification(distilbert_config(num_labels, dropout))
     mapped = map_bert_to_distilbert(safetensors.torch.load_file(str(d / "model.safetensors")))
@@ -131,7 +131,7 @@ def load_model(name: str = DEFAULT_MODEL, num_labels: int = 2, dropout: float = 
     if name == DEFAULT_MODEL:
         model, tok = load_offline_model(num_labels, dropout)
         return model, tok, {"model": name, "source": str(offline_model_dir()), "init": "BertModel mapped to DistilBERT"}
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer   # optional dependency: transformers
     kw = {"num_labels": num_labels}
     if dropout == 0.0:
         kw.update(dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)

@@ -7,7 +7,7 @@
 
 Both engines are driven by the same classification/ds_config_zero2.json (its "auto" values
 resolved by classification/config.py), start from the same weights (dropout 0) and see the same
-Rotten Tomatoes batches in the same order (classification/loop.py's length-bucketed sampler). They
+Rotten Tomatoes batches in the same order (classification/batches.py: the length-bucketed sampler). They
 run side by side in the same 2 processes (spawned, gloo), one optimizer step each in turn, so
 after every step the full parameters are compared. Exit status 1 when any step is outside the
 tolerance (zero_from_scratch.parity.compare.Tolerance, which explains its numbers).
@@ -31,35 +31,38 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
+import torch
 
-import torch  # noqa: E402
-
-from classification import config as C  # noqa: E402
-from classification import data as D  # noqa: E402
-from classification import model as M  # noqa: E402
-from classification.loop import collate, epoch_batches, tokenize  # noqa: E402
+from classification import config as C
+from classification import data as D
+from classification import model as M
+from classification.batches import collate, epoch_batches, tokenize
+from primitives.engine.log import console
+from zero_from_scratch.engine.atomic import atomic_write
+from zero_from_scratch.engine.models import tiny_distilbert
+from zero_from_scratch.parity.compare import render
+from zero_from_scratch.parity.ds_parity import run_parities
+from zero_from_scratch.parity.harness import Job
 
 BUGS = ("none", "weight_decay_groups")
 
 
 def tiny_model():
     """Random-init DistilBERT (dim 32, 2 layers, 2 heads) over the real 30,522-token vocabulary."""
-    from zero_from_scratch.engine.models import tiny_distilbert
     return tiny_distilbert(vocab=M.VOCAB_SIZE, hidden=64, max_positions=512)
 
 
 def full_arch():
     """The classification architecture with dropout off; the weights come from the parent process."""
-    from transformers import DistilBertForSequenceClassification
+    from transformers import DistilBertForSequenceClassification   # optional dependency: transformers
     return DistilBertForSequenceClassification(M.distilbert_config(2, dropout=0.0))
 
 
 def make_batches(tok, texts, labels, steps, micro, gas, world, max_len, seed):
     """steps·gas global micro-batches; rank r's rows are r·micro … (r+1)·micro of each, exactly the
-    rows loop.epoch_batches gives rank r in train.py (same sampler, same order)."""
+    rows batches.epoch_batches gives rank r in train.py (same sampler, same order)."""
     need = steps * micro * gas * world
     if len(texts) < need:
         raise SystemExit(f"error: {need} training texts needed (steps {steps} × micro {micro} × accumulation "
@@ -92,10 +95,6 @@ def main(argv=None) -> int:
     if steps < 1 or not 1 <= a.world_size <= 8 or max_len < 4:
         ap.error(f"--steps ≥ 1, --world-size 1..8 and --max-len ≥ 4 expected, got {steps}, {a.world_size}, {max_len}")
 
-    from primitives.engine.log import console
-    from zero_from_scratch.parity.ds_parity import run_parities
-    from zero_from_scratch.parity.compare import render
-    from zero_from_scratch.parity.harness import Job
     try:
         raw = C.load_config(a.config)
         if a.micro_batch or a.tiny:
@@ -134,7 +133,6 @@ def main(argv=None) -> int:
     console.print("[dim]expected drift (fp32): gradient pre-division by N, reduction order, bucketed reduce vs "
                   "reduce-scatter, norm summation order, Adam rounding — each ~1 ulp; see this file's docstring.[/]")
     if a.json:
-        from zero_from_scratch.engine.atomic import atomic_write
         doc = {"ok": res.ok, "rows": res.rows, "max_param_diff": res.max_param_diff, "tolerance": vars(res.tol),
                "failures": res.failures}
         atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))

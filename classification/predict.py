@@ -14,11 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder: never the network
+import torch
+from rich.console import Console
+from rich.table import Table
 
-META = "ringzero.json"
+from classification.checkpoints import META
+from classification.model import ModelError, load_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a checkpoint is a local folder: never the network (read by transformers)
 ADAPTER = "adapter_config.json"   # peft's record of a LoRA run: r, lora_alpha, target_modules
 
 
@@ -34,7 +38,7 @@ def load_checkpoint(path: str):
         meta = json.load(fh)
     if os.path.isfile(os.path.join(path, ADAPTER)) or meta.get("lora"):
         return load_lora_checkpoint(path, meta)
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer   # optional dependency: transformers
     cfg = AutoConfig.from_pretrained(path)
     arch = (cfg.architectures or ["?"])[0]
     if arch != meta.get("architecture") or cfg.num_labels != meta.get("num_labels"):
@@ -59,10 +63,8 @@ def load_lora_checkpoint(path: str, meta: dict):
     if rec.get("r") != meta["lora"]:
         raise SystemExit(f"error: --checkpoint {path}: {ADAPTER} says r={rec.get('r')} but {META} says "
                          f"lora={meta['lora']}: the folder mixes two runs; retrain or restore it")
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    from classification.model import ModelError, load_model
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict   # optional dependency: peft
+    from safetensors.torch import load_file   # optional dependency: installed with transformers
     try:
         base, tok, _ = load_model(meta["model"], meta["num_labels"], dropout=0.0)
     except ModelError as e:
@@ -80,13 +82,12 @@ def load_lora_checkpoint(path: str, meta: dict):
         raise SystemExit(f"error: --checkpoint {path}: adapter_model.safetensors does not fit the rebuilt model "
                          f"(unexpected {res.unexpected_keys[:4]}, not loaded {unloaded[:4]}); retrain or restore it")
     if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer   # optional dependency: transformers
         tok = AutoTokenizer.from_pretrained(path)
     return model.eval(), tok, meta
 
 
 def predict(model, tok, meta, texts, max_len=None):
-    import torch
     if not texts or any(not t.strip() for t in texts):
         raise SystemExit("error: give one or more non-empty texts")
     enc = tok(texts, truncation=True, max_length=max_len or meta.get("max_len", 128), padding=True, return_tensors="pt")
@@ -103,8 +104,6 @@ def main(argv=None):
     a = ap.parse_args(argv)
     model, tok, meta = load_checkpoint(a.checkpoint)
     rows = predict(model, tok, meta, a.texts)
-    from rich.console import Console
-    from rich.table import Table
     t = Table(title=f"{meta.get('model')} fine-tuned on {meta.get('dataset')} (val accuracy {meta.get('val_accuracy', float('nan')):.3f})")
     for c in ("text", "label", "probability"):
         t.add_column(c, justify="right" if c == "probability" else "left")

@@ -17,6 +17,12 @@ gradient-norm all-reduce over tp.
 """
 from __future__ import annotations
 
+from primitives.engine.log import print0
+from primitives.mesh import Mesh
+from tensor_parallel.engine.parallelize import parallelize
+from tensor_parallel.engine.state_dict import gather_state_dict, load_full_state_dict
+from tensor_parallel.layers import TPError
+
 
 def refusals(a) -> list[str]:
     """Options --tp cannot honour, each with why (train.py refuses them before any process group)."""
@@ -40,7 +46,6 @@ class TP:
         return self.mesh.mpu()
 
     def shard(self, model):
-        from tensor_parallel import TPError, parallelize
         try:
             return parallelize(model, self.mesh.tp_group)
         except TPError as e:
@@ -48,11 +53,9 @@ class TP:
 
     def full_state_dict(self, module) -> dict:
         """The unsharded state dict (collective over the tp group: every rank calls it)."""
-        from tensor_parallel import gather_state_dict
         return gather_state_dict(module)
 
     def load_full(self, module, state_dict) -> None:
-        from tensor_parallel import load_full_state_dict
         load_full_state_dict(module, state_dict)
 
 
@@ -64,8 +67,6 @@ def setup(a, comm) -> TP | None:
     if comm.size % a.tp:
         raise SystemExit(f"error (rank {comm.rank}): --tp {a.tp} does not divide the {comm.size} ranks; start a "
                          f"multiple of {a.tp} processes (dp = ranks / tp)")
-    from primitives.engine.log import print0
-    from primitives.mesh import Mesh
     mesh = Mesh.build(dp=comm.size // a.tp, tp=a.tp)
     print0(mesh.table())
     return TP(mesh)

@@ -23,12 +23,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
+import torch
 
-from classification import config as C  # noqa: E402
-from classification import data as D  # noqa: E402
-from classification.model import DEFAULT_MODEL  # noqa: E402
+from classification import config as C
+from classification import data as D
+from classification.loop import run
+from classification.model import DEFAULT_MODEL
+from classification.tp import refusals
+from primitives.engine.launch import add_launch_args, init_from_env
+from primitives.engine.log import print0
+from primitives.engine.shm import describe
 
 
 def parse_args(argv=None):
@@ -56,14 +61,13 @@ def parse_args(argv=None):
     ap.add_argument("--allow-oversubscribe", action="store_true", help="allow more ranks than CPU cores")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica (dp = ranks / tp; "
                     "the engine works over the dp group; classification/tp.py)")
-    # issue 13 recipes: LoRA adapters (recipes/lora.py) and TensorBoard
+    # recipes: LoRA adapters (zero_from_scratch/engine/lora.py) and TensorBoard
     ap.add_argument("--lora", type=int, default=0, metavar="R", help="train LoRA adapters of rank R (peft) on the "
                     "attention and FFN linears, everything else frozen but the head (0 = full fine-tuning)")
     ap.add_argument("--lora-targets", default=None, help="comma-separated module names (default: per architecture)")
     ap.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard event files go to DIR "
                     "(default OUTPUT_DIR/tb when tensorboard is installed)")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed passes it
-    from primitives.engine.launch import add_launch_args
     add_launch_args(ap)
     a = ap.parse_args(argv)
     if a.config and a.deepspeed_config and os.path.abspath(a.config) != os.path.abspath(a.deepspeed_config):
@@ -84,7 +88,6 @@ def check_world_fits(allow_oversubscribe: bool) -> tuple[int, int]:
     """(local world size, threads per rank). The deepspeed launcher starts --num_gpus processes even
     with no GPU (CPU accelerator), so a too-large --num_gpus only shows here: more local ranks than
     CUDA devices, or than usable CPU cores (each rank then gets < 1 core and collectives crawl)."""
-    import torch
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     if torch.cuda.is_available():
@@ -105,7 +108,6 @@ def main(argv=None):
     if a.model == DEFAULT_MODEL and (a.dataset == D.DEFAULT_DATASET or os.path.exists(a.dataset)):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing on the default path may touch the network
     local, threads = check_world_fits(a.allow_oversubscribe)
-    from classification.tp import refusals
     bad = refusals(a)               # --tp: what it cannot honour is refused on every rank, before init
     if bad:
         raise SystemExit(f"error (rank {os.environ.get('RANK', 0)}): --tp {a.tp}: " + "; ".join(bad))
@@ -114,15 +116,11 @@ def main(argv=None):
         bundle = D.load(a.dataset, D.SplitConfig(seed=a.split_seed))
     except (C.ConfigError, D.DataError) as e:
         raise SystemExit(f"error (rank {os.environ.get('RANK', 0)}): {e}")
-    import torch
     torch.set_num_threads(threads)
-    from primitives.engine.launch import init_from_env
     comm = init_from_env("gloo" if a.backend == "auto" and not torch.cuda.is_available() else a.backend, a.timeout)
-    from primitives.engine.log import print0                 # which transport ringzero's collectives use (shm.py)
-    from primitives.engine.shm import describe
+    # which transport ringzero's collectives use (primitives/engine/shm.py)
     print0(describe(comm) + (" (ringzero's collectives; DeepSpeed's own go through torch.distributed)"
                              if a.engine == "deepspeed" else ""))
-    from classification.loop import run
     return run(a, raw, bundle, comm, threads, local)
 
 

@@ -4,10 +4,10 @@
     mpiexec -n 2 python ddp_examples/02_naive.py --backend mpi
 
 Cost per step and rank: 2(N−1)/N·Ψ·4 bytes in 2(N−1) messages *per parameter tensor*.
-The class, and the seed's broken `type(param) is torch.Tensor` version, are in naive.py.
+The class, and a broken `type(param) is torch.Tensor` version, are in naive.py.
 """
 from ddp_examples.engine.common import main
-from ddp_examples.naive import NaiveDataParallel
+from ddp_examples.engine.wrappers import NaiveDataParallel
 
 
 def wrap(model, cfg):

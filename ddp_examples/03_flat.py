@@ -6,7 +6,7 @@
 Cost per step and rank: 2(N−1)/N·Ψ·4 bytes in 2(N−1) messages. The class is in flat.py.
 """
 from ddp_examples.engine.common import main
-from ddp_examples.flat import FlatDataParallel
+from ddp_examples.engine.wrappers import FlatDataParallel
 
 
 def wrap(model, cfg):

@@ -7,8 +7,8 @@
 Cost per step and rank: 2(N−1)/N·Ψ·4 bytes in 2(N−1)·(buckets) messages, mostly hidden behind
 backward. The class is in bucketed.py (0.004 MB buckets split the small model into 4 buckets).
 """
-from ddp_examples.bucketed import BucketedDataParallel
 from ddp_examples.engine.common import main
+from ddp_examples.engine.wrappers import BucketedDataParallel
 
 
 def wrap(model, cfg):

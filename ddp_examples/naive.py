@@ -7,7 +7,7 @@ Cost per optimizer step and rank (ring): Σ_p 2(N−1)/N·|p|·e = 2(N−1)/N·�
 2(N−1)·(number of parameters) messages, so a model with many small tensors pays the per-message
 latency α many times. Chapter 3 (flat.py) fixes that with one buffer.
 
-The main seed's version looked like this and never averaged anything:
+A version that selects parameters by type never averages anything:
 
     for param in model.parameters():
         if type(param) is torch.Tensor:          # False: an nn.Parameter is a *subclass*
@@ -25,26 +25,20 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-import primitives as P
-from ddp_examples.engine.state import sync_initial_state
-
 
 class NaiveDataParallel(nn.Module):
     """Wrap `module`; call `sync_gradients()` after the last backward of an optimizer step.
 
-    algorithm: the primitives all-reduce algorithm (default "ring", whose bytes match the
-    2(N−1)/N·Ψ·e formula; "auto" may pick recursive doubling for small tensors, which sends more).
-    init_sync: "broadcast" (rank 0's parameters and buffers are copied to all ranks at
-    construction), "check" (raise if they differ) or "none".
+    comm: the data-parallel communicator (its all_reduce method). algorithm: its all-reduce
+    algorithm (default "ring", whose bytes match the 2(N−1)/N·Ψ·e formula). Every rank must
+    start from the same parameters (ddp_examples/engine/state.py broadcasts them).
     A parameter with no gradient on this rank counts as a zero gradient (it must still take part
     in the all-reduce, or the ranks' calls would no longer line up).
     """
 
-    def __init__(self, module: nn.Module, group=None, *, algorithm: str = "ring", init_sync: str = "broadcast"):
+    def __init__(self, module: nn.Module, comm, *, algorithm: str = "ring"):
         super().__init__()
-        self.module, self.group, self.algorithm = module, group, algorithm
-        self.comm = P.get_comm(group)
-        sync_initial_state(module, self.comm, init_sync, type(self).__name__, group)
+        self.module, self.comm, self.algorithm = module, comm, algorithm
         self._params = [p for p in module.parameters() if p.requires_grad]
 
     def forward(self, *args, **kwargs):
@@ -52,9 +46,7 @@ class NaiveDataParallel(nn.Module):
 
     @torch.no_grad()
     def sync_gradients(self) -> None:
-        n = self.comm.size
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            P.all_reduce(p.grad, P.ReduceOp.SUM, self.group, algorithm=self.algorithm)
-            p.grad.div_(n)
+            self.comm.all_reduce(p.grad, "avg", algorithm=self.algorithm)

@@ -18,12 +18,13 @@ import sys
 import tempfile
 
 from figures.common import ROOT, pyplot, save
+from primitives.engine.cost import Params, predict
+from primitives.engine.launch import free_port
 
 OPS = ("all_reduce", "all_gather_single")
 
 
 def run_bench(n: int, out: str) -> str:
-    from primitives.engine.launch import free_port
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     cmd = ["torchrun", "--standalone", f"--nproc_per_node={n}", f"--master_port={free_port()}",
@@ -34,7 +35,6 @@ def run_bench(n: int, out: str) -> str:
 
 
 def draw(paths: list[str]) -> str:
-    from primitives.engine.cost import Params, predict
     results = []
     for p in paths:
         with open(p) as f:

@@ -3,7 +3,7 @@ on N = 4 ranks, recorded from a real run (4 spawned gloo ranks, a few seconds).
 
     python -m figures.ch02_ring
 
-Each rank wraps its communicator's isend to note (step, peer, which chunk of the buffer the
+Each rank wraps its communicator's transport hook `_isend` to note (step, peer, which chunk of the buffer the
 message starts in), runs `primitives.all_reduce(x, algorithm="ring")`, and checks the message
 count and bytes against the ledger's call record (2(N-1) messages, 2(N-1)/N·S bytes). The first
 N-1 steps are the reduce-scatter (partial sums travel), the last N-1 the all-gather (finished
@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import torch
 
+import primitives
 from figures.common import pyplot, save
+from primitives.engine.launch import spawn
+from primitives.engine.ledger import LEDGER
+from primitives.engine.registry import get_comm
 
 N, NUMEL = 4, 4096
 
 
 def _record(rank, world):
-    import primitives
-    from primitives.comm import get_comm
-    from primitives.engine.ledger import LEDGER
     comm = get_comm()
     x = torch.zeros(NUMEL)
     base, esz, chunk = x.data_ptr(), x.element_size(), NUMEL // world
     sent = []
-    orig = comm.isend
+    orig = comm._isend         # the transport's post: every message of every algorithm passes here
 
     def isend(t, peer):
         if t.data_ptr() >= base and t.data_ptr() < base + NUMEL * esz:   # a view of x: which chunk?
@@ -35,16 +36,15 @@ def _record(rank, world):
             sent.append((len(sent), peer, None))
         return orig(t, peer)
 
-    comm.isend = isend
+    comm._isend = isend
     LEDGER.reset()
     primitives.all_reduce(x, algorithm="ring")
-    comm.isend = orig
+    del comm._isend
     rec = [c for c in LEDGER.calls if c.name == "all_reduce"][-1]
     return sent, rec.counts.msgs_sent, rec.counts.bytes_sent
 
 
 def record() -> list:
-    from primitives.engine.launch import spawn
     res = spawn(_record, N, timeout=120)
     for r, (sent, msgs, nbytes) in enumerate(res):
         data = [s for s in sent if s[2] is not None]

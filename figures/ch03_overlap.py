@@ -17,16 +17,16 @@ import time
 
 import torch
 
+from ddp_examples.engine.common import Config, build_model, make_batch
+from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel
 from figures.common import pyplot, save
+from primitives.engine.launch import spawn
+from primitives.engine.ledger import LEDGER
 
 CFG = dict(depth=6, hidden=768, in_dim=768, classes=8, global_batch=64, steps=1, bucket_cap_mb=4.0)
 
 
 def _record(rank, world, chapter):
-    from ddp_examples.bucketed import BucketedDataParallel
-    from ddp_examples.engine.common import Config, build_model, make_batch
-    from ddp_examples.flat import FlatDataParallel
-    from primitives.engine.ledger import LEDGER
     cfg = Config(**CFG)
     model = build_model(cfg)
     dp = FlatDataParallel(model) if chapter == "flat" else BucketedDataParallel(model, cfg.bucket_cap_mb)
@@ -68,7 +68,6 @@ def _record(rank, world, chapter):
 
 
 def record(chapter: str) -> list:
-    from primitives.engine.launch import spawn
     return spawn(_record, 2, args=(chapter,), timeout=180)
 
 

@@ -13,8 +13,13 @@ import argparse
 import os
 import sys
 
+from rich.table import Table
+
 from figures.common import ROOT, pyplot, save
 from pipeline_parallel.engine.timeline import COLORS, _run, machine, measure
+from pipeline_parallel.schedules import bubble_formula
+from primitives.engine.launch import spawn
+from primitives.engine.log import console
 
 
 def draw(events_per_rank, title, name):
@@ -42,11 +47,6 @@ def draw(events_per_rank, title, name):
 
 
 def main(argv=None):
-    from rich.table import Table
-
-    from pipeline_parallel.schedules import bubble_formula
-    from primitives.engine.launch import spawn
-    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pp", type=int, default=4)
     ap.add_argument("--micro-batches", type=int, default=8)

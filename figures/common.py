@@ -12,6 +12,10 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import struct
+import zlib
+
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMG = os.path.join(ROOT, "tutorials", "img")
@@ -29,7 +33,6 @@ def machine() -> str:
 
 
 def versions() -> str:
-    import torch
     out = [f"torch {torch.__version__}"]
     for mod in ("deepspeed", "transformers", "matplotlib"):
         try:
@@ -44,9 +47,9 @@ def stamp() -> str:
 
 
 def pyplot():
-    import matplotlib
+    import matplotlib   # optional dependency: the `figures` extra
     matplotlib.use("Agg")  # files only: no display here or in CI
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt   # after use("Agg"): the backend is chosen before pyplot loads
     return plt
 
 
@@ -68,8 +71,6 @@ def save(fig, name: str, source: str, note: str = "") -> str:
 
 def read_meta(path: str) -> dict:
     """The tEXt chunks of a PNG (no PIL needed)."""
-    import struct
-    import zlib
     out = {}
     with open(path, "rb") as f:
         if f.read(8) != b"\x89PNG\r\n\x1a\n":

@@ -3,7 +3,7 @@
     python -m multinode up --nodes 2 --link-mbit 400     # namespaces NAME-n0.., a shaped link
     python -m multinode status                           # hosts, addresses, rate, ping-pong
     python -m multinode run -- torchrun --nnodes 2 --nproc_per_node 2 --node_rank '$NODE_RANK' \\
-        --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' primitives/all_reduce.py
+        --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' primitives/allreduce.py
     python -m multinode down                             # idempotent
 
 Every subcommand takes --name (default rz) so several clusters can coexist.
@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from multinode import cluster as C
+from multinode.pingpong import measure as pp
+from multinode.run import add_args, run_from_args
 
 console = Console(stderr=True)
 
@@ -24,7 +26,6 @@ console = Console(stderr=True)
 def status(name: str, measure: bool = True) -> C.Cluster:
     c = C.load(name)
     if measure:
-        from multinode.pingpong import measure as pp
         c.pingpong = {"inter": pp(c.ns(1), c.ns(0), c.addrs[1]),       # node 0 -> node 1, the shaped link
                       "intra": pp(c.ns(0), c.ns(0), "127.0.0.1")}     # inside node 0: loopback
         c.save()
@@ -59,7 +60,6 @@ def main(argv=None) -> int:
         if cmd == "status":
             p.add_argument("--no-measure", action="store_true", help="skip the ping-pong")
         if cmd == "run":
-            from multinode.run import add_args
             add_args(p)
     args = ap.parse_args(argv)
     try:
@@ -73,7 +73,6 @@ def main(argv=None) -> int:
         elif args.cmd == "status":
             status(args.name, measure=not args.no_measure)
         else:
-            from multinode.run import run_from_args
             return run_from_args(args)
     except C.ClusterError as e:
         console.print(f"[red]error:[/] {e}")

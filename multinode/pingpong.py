@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import struct
 import sys
 import time
@@ -79,7 +80,6 @@ def fit(points) -> dict:
 
 def measure(server_ns: str, client_ns: str, host: str) -> dict:
     """Serve in `server_ns` on `host`, run the client in `client_ns`; returns fit()'s dict."""
-    import subprocess
     srv = subprocess.Popen(["ip", "netns", "exec", server_ns, sys.executable, "-m", "multinode.pingpong",
                             "serve", host], stdout=subprocess.PIPE, text=True)
     try:

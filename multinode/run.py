@@ -26,6 +26,8 @@ import threading
 import time
 from collections import deque
 
+from rich.console import Console
+
 from multinode import cluster as C
 
 # how launchers name the rank that failed: torchrun's summary ("rank      : 3 (local_rank: 1)"),
@@ -48,7 +50,6 @@ def run_from_args(args) -> int:
     code, err = run(c, " ".join(cmd) if len(cmd) > 1 else cmd[0], timeout=args.timeout,
                     port=args.port, grace=args.grace)
     if err:
-        from rich.console import Console
         Console(stderr=True).print(f"[red]multinode run failed:[/] {err}")
     return code
 

@@ -1,14 +1,21 @@
-"""ringzero.pipeline_parallel: pipeline parallelism on primitives' point-to-point messages.
+"""pipeline_parallel: pipeline parallelism on a Communicator's point-to-point messages.
 
-    module.py      PipelineModule, LayerSpec, TiedLayerSpec (deepspeed.pipe's constructor semantics)
-    partition.py   uniform / balanced splits (pure)
-    schedules/     naive, GPipe, 1F1B, interleaved 1F1B: pure functions → instruction lists
-    executor.py    runs one rank's instructions over the Communicator (isend / irecv, in the ledger)
-    engine.py      initialize() / train_batch() / eval_batch(), pp × dp on primitives.mesh
-    tied.py        tied weights across stages
-    parity.py      vs one process and vs DeepSpeed's pipeline engine
+Textbook (no engine imports): schedules/ (Op, naive, GPipe, 1F1B, interleaved as pure functions),
+partition.py (layers → stages), executor.py (one rank's instruction list, real tensors).
+Engine (engine/): DeepSpeed's pipeline API built on it (initialize, train_batch, PipelineModule,
+the guarded executor, tied weights, simulator, nccl ordering). parity.py, train.py: checks, demo.
 """
-from pipeline_parallel.engine.pipe_engine import PipelineEngine, PipelineError, initialize
-from pipeline_parallel.engine.module import LayerSpec, PipelineModule, TiedLayerSpec
+import importlib
 
-__all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "initialize", "PipelineEngine", "PipelineError"]
+_ENGINE = {"PipelineModule": "pipeline_parallel.engine.module", "LayerSpec": "pipeline_parallel.engine.module",
+           "TiedLayerSpec": "pipeline_parallel.engine.module", "initialize": "pipeline_parallel.engine.pipe_engine",
+           "PipelineEngine": "pipeline_parallel.engine.pipe_engine", "PipelineError": "pipeline_parallel.engine.pipe_engine"}
+
+__all__ = list(_ENGINE)
+
+
+def __getattr__(name):
+    # PEP 562: the engine's names load on first use, so importing a textbook module loads no engine module
+    if name in _ENGINE:
+        return getattr(importlib.import_module(_ENGINE[name]), name)
+    raise AttributeError(f"module 'pipeline_parallel' has no attribute {name!r}")

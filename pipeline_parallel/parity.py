@@ -24,8 +24,14 @@ from __future__ import annotations
 import argparse
 
 import torch
+from rich.table import Table
 
 from pipeline_parallel.engine.model import gpt_layers, lm_loss, reference_model
+from pipeline_parallel.engine.module import PipelineModule
+from pipeline_parallel.engine.pipe_engine import initialize
+from primitives.engine.launch import spawn
+from primitives.engine.log import console
+from zero_from_scratch.parity.sides import prepare_deepspeed
 
 VOCAB, DIM, SEQ = 97, 32, 16
 
@@ -125,12 +131,9 @@ def _built(model, layers):
 
 
 def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition="parameters", ckpt=0):
-    import pipeline_parallel
-    from pipeline_parallel.engine.module import PipelineModule
-    dp = world // pp
     pm = PipelineModule(make_layers(n_layers), num_stages=pp, loss_fn=lm_loss, partition_method=partition,
                         activation_checkpoint_interval=ckpt, seed_layers=True)
-    engine, *_ = pipeline_parallel.initialize(model=pm, config=ds_config(b, m, clip, schedule=schedule, v=v))
+    engine, *_ = initialize(model=pm, config=ds_config(b, m, clip, schedule=schedule, v=v))
     losses = [engine.train_batch(data_iter(t, engine.dp_rank, m, b)) for t in range(steps)]
     losses.append(engine.eval_batch(data_iter(99, engine.dp_rank, m, b)))
     return {"losses": losses, "params": named_params(engine) if engine.dp_rank == 0 else {},
@@ -145,12 +148,11 @@ def ours_many(rank, world, runs):
 def deepspeed_engine(layers, pp, loss_fn, config, partition="parameters", ckpt=0):
     """DeepSpeed's PipelineModule over the same LayerSpecs (converted to DeepSpeed's classes), seeded
     per layer like ours, and its engine. Needs an initialised process group (spawn / a launcher)."""
-    from zero_from_scratch.parity.sides import prepare_deepspeed
     deepspeed = prepare_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")   # wraps the group spawn/torchrun made; PipelineModule needs it
-    from deepspeed.pipe import LayerSpec as DSLayerSpec
-    from deepspeed.pipe import PipelineModule as DSPipelineModule
-    from deepspeed.pipe import TiedLayerSpec as DSTiedLayerSpec
+    from deepspeed.pipe import LayerSpec as DSLayerSpec   # deepspeed: optional, imported only for this side
+    from deepspeed.pipe import PipelineModule as DSPipelineModule   # deepspeed: optional
+    from deepspeed.pipe import TiedLayerSpec as DSTiedLayerSpec   # deepspeed: optional
 
     def convert(spec):
         if hasattr(spec, "key"):
@@ -194,10 +196,6 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def main(argv=None):
-    from rich.table import Table
-
-    from primitives.engine.launch import spawn
-    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--dp", type=int, default=1)
@@ -235,10 +233,6 @@ def main(argv=None):
 
 def sweep(a):
     """Max |Δ| of losses and final parameters vs one process, for N = 2, 3, 4 and every schedule."""
-    from rich.table import Table
-
-    from primitives.engine.launch import spawn
-    from primitives.engine.log import console
     t = Table(title=f"parity vs one process: {a.steps} steps, clip {a.clip}, fp32, max |difference|")
     for col in ("N stages", "side", "schedule", "m", "loss", "parameters"):
         t.add_column(col)

@@ -1,28 +1,18 @@
-"""Which layers go to which pipeline stage: pure functions, no processes.
+"""Which layers go to which pipeline stage: pure functions, run once at construction on every rank.
 
     python -c "from pipeline_parallel.partition import balanced; print(balanced([1, 8, 8, 8, 1], 2))"
 
-A partition is a list of boundaries `parts` of length num_parts + 1: stage s owns layers
-parts[s] … parts[s+1]-1 (DeepSpeed's `PipelineModule.parts` uses the same convention).
-
-  uniform(n, k)         equal layer counts; the first n mod k stages get one extra layer
-                        (DeepSpeed's partition_uniform gives the same boundaries).
-  balanced(w, k)        contiguous, non-empty parts with a small spread max − min of the
-                        stage weights, by the same greedy O(n²·k) DP rule as DeepSpeed's
-                        partition_balanced (tests/test_pipeline_module.py compares them on
-                        random weights), so a model ported from DeepSpeed gets the same split.
-Costs nothing at run time: it runs once, at construction, on every rank (same answer everywhere).
+A partition is a list of boundaries `parts`, num_parts + 1 long: stage s owns layers parts[s] …
+parts[s+1]−1 (DeepSpeed's `PipelineModule.parts`). uniform(n, k): equal layer counts, the first
+n mod k stages one more. balanced(w, k): contiguous parts with a small spread max − min of the
+stage weights. Both give DeepSpeed's boundaries (tests/test_pipeline_units.py compares them).
 """
 from __future__ import annotations
 
 
-class PartitionError(ValueError):
-    """A partition that leaves a stage empty, or more stages than layers."""
-
-
 def uniform(num_items: int, num_parts: int) -> list[int]:
     if num_parts < 1:
-        raise PartitionError(f"number of stages must be >= 1, got {num_parts}")
+        raise ValueError(f"number of stages must be >= 1, got {num_parts}")
     base, extra = divmod(num_items, num_parts)
     parts = [0]
     for s in range(num_parts):
@@ -40,7 +30,7 @@ def balanced(weights: list[int], num_parts: int) -> list[int]:
     """
     n = len(weights)
     if n <= num_parts:
-        return uniform(n, num_parts)          # check() reports the empty stages
+        return uniform(n, num_parts)          # PipelineModule reports the empty stages
     pre = [0]
     for w in weights:
         pre.append(pre[-1] + w)
@@ -61,17 +51,3 @@ def balanced(weights: list[int], num_parts: int) -> list[int]:
     for j in range(num_parts, 0, -1):
         parts.append(cut[parts[-1]][j])
     return parts[::-1]
-
-
-def check(parts: list[int], num_layers: int, what: str = "stage") -> None:
-    """Boundaries must start at 0, end at num_layers, and give every stage at least one layer."""
-    if not parts or parts[0] != 0 or parts[-1] != num_layers or any(b < a for a, b in zip(parts, parts[1:])):
-        raise PartitionError(f"partition {parts} is not a list of boundaries 0 = p0 <= p1 <= … = {num_layers} "
-                             f"(the number of layers)")
-    empty = [s for s in range(len(parts) - 1) if parts[s + 1] == parts[s]]
-    if empty:
-        k = len(parts) - 1
-        hint = (f"{k} {what}s but only {num_layers} layers" if k > num_layers
-                else "move a layer into it or use partition_method='uniform'")
-        raise PartitionError(f"partition {parts} leaves {what}(s) {empty} empty ({hint}); "
-                             f"every {what} needs at least one layer")

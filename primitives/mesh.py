@@ -1,10 +1,10 @@
 """The one process-group mesh of ringzero: data × pipeline × tensor parallelism.
 
+    python -m pytest -q tests/test_mesh.py
     mesh = primitives.mesh.Mesh.build(dp=2, pp=2, tp=2)   # on every rank, after init
     mesh.dp_group, mesh.pp_group, mesh.tp_group          # torch process groups (None = world)
     mesh.coords                                          # this rank's (pp, dp, tp) indices
     mesh.mpu()                                           # DeepSpeed's mpu protocol (dp and tp groups)
-    print(mesh.table())                                  # who is where, as a rich table
 
 Layout (the order Megatron-LM and torchtitan use): tensor-parallel ranks are adjacent (they
 talk every layer, so they should share a node), data-parallel next, pipeline stages outermost:
@@ -18,8 +18,6 @@ Cost: building the mesh creates (dp·tp + pp·tp + pp·dp) groups; torch require
 create every group in the same order, so `build` is collective and must run on all ranks.
 Pure layout logic (`coords_of`, `rank_of`, `groups`) needs no processes and is unit-tested.
 """
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -59,26 +57,18 @@ class Layout:
 
     def coords_of(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) indices of a global rank."""
-        tp = rank % self.tp
-        dp = (rank // self.tp) % self.dp
-        pp = rank // (self.tp * self.dp)
+        rest, tp = divmod(rank, self.tp)
+        pp, dp = divmod(rest, self.dp)
         return pp, dp, tp
 
     def groups(self, axis: str) -> list[list[int]]:
         """Every group along `axis`: ranks that differ only in that coordinate, in axis order."""
         if axis not in AXES:
             raise MeshError(f"unknown mesh axis {axis!r}; expected one of {AXES}")
-        sizes = {"pp": self.pp, "dp": self.dp, "tp": self.tp}
-        others = [a for a in AXES if a != axis]
-        out = []
-        for i in range(sizes[others[0]]):
-            for j in range(sizes[others[1]]):
-                members = []
-                for k in range(sizes[axis]):
-                    c = {others[0]: i, others[1]: j, axis: k}
-                    members.append(self.rank_of(c["pp"], c["dp"], c["tp"]))
-                out.append(members)
-        return out
+        size = {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        a, b = [x for x in AXES if x != axis]
+        return [[self.rank_of(**{a: i, b: j, axis: k}) for k in range(size[axis])]
+                for i in range(size[a]) for j in range(size[b])]
 
 
 @dataclass
@@ -129,17 +119,6 @@ class Mesh:
         parallel = the tp axis (what deepspeed.initialize(mpu=) and zero_from_scratch.initialize
         (mpu=) read; ZeRO then shards over the dp group)."""
         return MeshMPU(self)
-
-    def table(self):
-        """A rich table: every global rank with its (pp, dp, tp) coordinates."""
-        from rich.table import Table
-        t = Table(title=f"mesh dp={self.layout.dp} × pp={self.layout.pp} × tp={self.layout.tp}")
-        for col in ("rank", "pp stage", "dp replica", "tp shard"):
-            t.add_column(col, justify="right")
-        for r in range(self.layout.world):
-            pp, dp, tp = self.layout.coords_of(r)
-            t.add_row(str(r), str(pp), str(dp), str(tp))
-        return t
 
 
 class MeshMPU:

@@ -1,7 +1,7 @@
 """Scatter from point-to-point: rank i receives scatter_list[i] from src.
 
-    torchrun --nproc_per_node 4 primitives/scatter.py
-    mpiexec -n 4 python primitives/scatter.py --backend mpi
+    torchrun --nproc_per_node 4 primitives/run.py scatter
+    mpiexec -n 4 python primitives/run.py scatter --backend mpi
 
 Cost, S = bytes of one block (src holds N·S):
   linear  src sends block i straight to rank i: N-1 messages, (N-1)·S bytes from src.
@@ -12,12 +12,10 @@ Cost, S = bytes of one block (src holds N·S):
           child its subtree. src sends ceil(log2 N) messages, (N-1)·S bytes in all.
                                                            log2 N·α + (N-1)Sβ
 """
-from __future__ import annotations
-
-from primitives.engine.core import Check, flat_work, get_comm, resolve, run, scratch, wait_all
+from primitives.ops import wait_all
 
 
-def _linear(comm, out, blocks, root):
+def linear(comm, out, blocks, root):
     if comm.rank == root:
         wait_all([comm.isend(blocks[p], p) for p in range(comm.size) if p != root])
         out.copy_(blocks[root])
@@ -25,7 +23,7 @@ def _linear(comm, out, blocks, root):
         comm.recv(out, root)
 
 
-def _ring(comm, out, blocks, root):
+def ring(comm, out, blocks, root):
     n = comm.size
     v = (comm.rank - root) % n
     nxt, prev = (comm.rank + 1) % n, (comm.rank - 1) % n
@@ -33,7 +31,7 @@ def _ring(comm, out, blocks, root):
         wait_all([comm.isend(blocks[(u + root) % n], nxt) for u in range(n - 1, 0, -1)])
         out.copy_(blocks[root])
         return
-    slots = [scratch(comm, out.numel(), out.dtype, slot=i, device=out.device) for i in (0, 1)]
+    slots = [comm.scratch(out.numel(), out.dtype, slot=i, device=out.device) for i in (0, 1)]
     sends = [None, None]
     for j in range(n - 1 - v):                      # blocks for ranks further down the chain
         buf = slots[j % 2]
@@ -45,12 +43,12 @@ def _ring(comm, out, blocks, root):
     wait_all([s for s in sends if s is not None])
 
 
-def _tree(comm, out, blocks, root):
+def tree(comm, out, blocks, root):
     n, k = comm.size, out.numel()
     v = (comm.rank - root) % n
     low = v & -v if v else 1 << n.bit_length()     # my subtree spans [v, v + low) ∩ [0, n)
     size = min(low, n - v)
-    buf = scratch(comm, size * k, out.dtype, device=out.device)
+    buf = comm.scratch(size * k, out.dtype, device=out.device)
     if v == 0:
         for u in range(n):                           # pack in chain order, so subtrees are contiguous
             buf[u * k:(u + 1) * k].copy_(blocks[(u + root) % n])
@@ -64,41 +62,3 @@ def _tree(comm, out, blocks, root):
         m >>= 1
     wait_all(sends)
     out.copy_(buf[:k])
-
-
-ALGOS = {"linear": _linear, "ring": _ring, "tree": _tree}
-
-
-def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, *, algorithm="auto", tag=0):
-    """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on src only."""
-    comm = get_comm(group)
-    check = Check(comm, "scatter")
-    ok = check.tensor("tensor", tensor)
-    root = check.rank("src", src)
-    is_root = comm.rank == root
-    ok = ok and not check.errors                 # a bad root already explains itself
-    if ok and is_root:
-        ok = check.tensor_list("scatter_list", scatter_list, tensor)
-    elif ok and scatter_list not in (None, []):
-        check.fail(f"argument 'scatter_list' must be None on non-src ranks (src is {src})")
-        ok = False
-    nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
-    algo = resolve("scatter", algorithm, ALGOS, comm, nbytes, check)
-
-    def body():
-        out, copied = flat_work(tensor)
-        blocks = [flat_work(b)[0] for b in scatter_list] if is_root else None
-        if comm.size == 1:
-            out.copy_(blocks[0])
-        elif out.numel():
-            ALGOS[algo](comm, out, blocks, root)
-        if copied:
-            tensor.copy_(out.view_as(tensor))
-    return run(comm, "scatter", algo, check, numel=tensor.numel() if ok else -1,
-               dtype=tensor.dtype if ok else None, op=None, root=root,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)
-
-
-if __name__ == "__main__":
-    from primitives.engine.runner import main
-    main("scatter")

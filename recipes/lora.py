@@ -1,96 +1,30 @@
-"""LoRA adapters with peft: which linears to target, and a clear error when they do not exist.
+"""Model-state memory per ZeRO stage, full fine-tuning vs LoRA adapters (shapes only, no processes).
 
-    deepspeed --num_gpus 2 classification/train.py --lora 8            (also --engine zero | ddp)
-    python -m recipes.lora --model distilbert --r 8 --world-size 2      (memory per stage, full vs LoRA)
+    python -m recipes.lora --model distilbert --r 8 --world-size 2
+    deepspeed --num_gpus 2 classification/train.py --lora 8      (training with the adapters)
 
-LoRA (Hu et al., arXiv 2106.09685) freezes a d_out×d_in weight W and trains B·A (d_out×r, r×d_in)
-added to it. Trainable elements per adapted linear: r·(d_in + d_out) instead of d_in·d_out, so the
-optimizer's model states (grads + fp32 master + Adam m, v) shrink from (b + K)·Ψ to (b + K)·Ψ_lora
-while the frozen weights still cost b·Ψ (b·Ψ/N at ZeRO-3, where they are partitioned too).
-No communication of its own: the engine reduces only the adapters' gradients (2(N-1)/N·b·Ψ_lora).
+The adapters themselves (peft, the frozen base under ZeRO) are zero_from_scratch/engine/lora.py.
+Per rank: the paper's model-state formula with trainable Ψ_lora, plus the frozen weights b·Ψ_frozen
+(b·Ψ_frozen/N at ZeRO-3, which partitions them too).
 """
 from __future__ import annotations
 
-import torch.nn as nn
+import argparse
 
-# the attention and FFN linears of the architectures the recipes use (peft's own names)
-TARGETS = {"distilbert": ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"],
-           "bert": ["query", "key", "value", "dense"],
-           "t5": ["q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo"],
-           "gpt2": ["c_attn", "c_proj", "c_fc"]}
+import torch
+from rich.table import Table
 
-
-class LoraError(ValueError):
-    """LoRA cannot be applied as asked (unknown architecture, missing target modules)."""
-
-
-def linear_names(model: nn.Module) -> set[str]:
-    """The last name component of every Linear-like module (nn.Linear, GPT-2's Conv1D)."""
-    out = set()
-    for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
-            out.add(name.rsplit(".", 1)[-1])
-    return out
-
-
-def default_targets(model: nn.Module) -> list[str]:
-    kind = getattr(getattr(model, "config", None), "model_type", None)
-    if kind not in TARGETS:
-        raise LoraError(f"no default LoRA target modules for model type {kind!r} (known: {sorted(TARGETS)}); "
-                        f"pass targets= from its linears: {sorted(linear_names(model))}")
-    have = linear_names(model)
-    return [t for t in TARGETS[kind] if t in have]
-
-
-def apply_lora(model: nn.Module, r: int, targets: list[str] | None = None, alpha: float | None = None,
-               task_type: str | None = "SEQ_CLS", rank: int = 0):
-    """peft.get_peft_model(model, LoraConfig(r, targets)); the task head stays trainable (SEQ_CLS:
-    peft's modules_to_save). Raises LoraError naming the rank, the missing targets and what exists."""
-    if not isinstance(r, int) or r < 1:
-        raise LoraError(f"rank {rank}: LoRA rank r must be a positive int, got {r!r}")
-    targets = list(targets) if targets else default_targets(model)
-    have = linear_names(model)
-    missing = [t for t in targets if t not in have]
-    if missing or not targets:
-        raise LoraError(f"rank {rank}: LoRA target modules {missing or targets} do not exist in "
-                        f"{type(model).__name__}; its linear modules are {sorted(have)}")
-    from peft import LoraConfig, get_peft_model
-    cfg = LoraConfig(r=r, lora_alpha=alpha if alpha is not None else 2 * r, lora_dropout=0.0,
-                     target_modules=targets, task_type=task_type)
-    return get_peft_model(model, cfg)
-
-
-def trainable_counts(model: nn.Module) -> tuple[int, int]:
-    """(trainable Ψ, frozen Ψ), each shared parameter once."""
-    t = f = 0
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            t += p.numel()
-        else:
-            f += p.numel()
-    return t, f
-
-
-def tiny_lora_distilbert(r: int = 4) -> nn.Module:
-    """The parity model: ds_parity's tiny DistilBERT (dim 32, 2 layers, dropout 0) + LoRA r=4."""
-    from zero_from_scratch.engine.models import tiny_distilbert
-    m = apply_lora(tiny_distilbert(), r)
-    for n, p in m.named_parameters():          # B starts at zero in peft; give it a value so A's
-        if "lora_B" in n:                      # gradient is not zero at step 1 (a stronger test)
-            nn.init.normal_(p, std=0.02)
-    return m
+from primitives.engine.log import console
+from zero_from_scratch.engine.ledger import model_state_bytes
+from zero_from_scratch.engine.lora import apply_lora, trainable_counts
+from zero_from_scratch.engine.report import build
 
 
 def memory_table(model_name: str = "distilbert", r: int = 8, n: int = 2, mixed: bool = False):
-    """Model-state bytes per rank by stage, full fine-tuning vs LoRA r (the paper's formula with
-    trainable Ψ, plus the frozen weights: b·Ψ_frozen, or b·Ψ_frozen/N at stage 3). Shapes only."""
-    from rich.table import Table
-
-    from zero_from_scratch.engine.ledger import model_state_bytes
-    from zero_from_scratch.engine.report import build
+    """(rich table, rows): model-state bytes per rank by stage, full fine-tuning vs LoRA r."""
     full = build(model_name)
     psi = sum(p.numel() for p in full.parameters())
-    with __import__("torch").device("meta"):
+    with torch.device("meta"):
         tp, fp = trainable_counts(apply_lora(build(model_name), r))
     b = 2 if mixed else 4
     mib = lambda x: f"{float(x) / 2**20:,.1f}"  # noqa: E731
@@ -110,9 +44,6 @@ def memory_table(model_name: str = "distilbert", r: int = 8, n: int = 2, mixed: 
 
 
 if __name__ == "__main__":
-    import argparse
-
-    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description="model-state memory per ZeRO stage, full fine-tuning vs LoRA")
     ap.add_argument("--model", default="distilbert", choices=("distilbert", "distilbert-tiny"))
     ap.add_argument("--r", type=int, default=8)

@@ -15,14 +15,14 @@ VOCAB = 64
 
 
 def tiny_t5():
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import T5Config, T5ForConditionalGeneration   # optional dependency: transformers
     cfg = T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2,
                    dropout_rate=0.0, tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0)
     return T5ForConditionalGeneration(cfg)
 
 
 def tiny_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel   # optional dependency: transformers
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=VOCAB - 1,
                      eos_token_id=VOCAB - 1)

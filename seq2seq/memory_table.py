@@ -18,13 +18,18 @@ import subprocess
 import sys
 import tempfile
 
+import torch
+from rich.table import Table
+
+from primitives.engine.launch import free_port
+from primitives.engine.log import console
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = [("zero", "ds_config_zero1.json"), ("zero", "ds_config_zero3_offload.json"),
            ("deepspeed", "ds_config_zero1.json"), ("deepspeed", "ds_config_zero3_offload.json")]
 
 
 def launch(engine: str, config: str, out: str, steps: int) -> dict:
-    from primitives.engine.launch import free_port
     py = os.path.dirname(sys.executable)
     port = free_port()
     cfg = os.path.join(ROOT, "seq2seq", config)
@@ -47,10 +52,6 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--only", choices=("zero", "deepspeed"), default=None)
     a = ap.parse_args(argv)
-    from rich.table import Table
-
-    from primitives.engine.log import console
-    import torch
     t = Table(title=f"seq2seq T5 (0.7 M params), 2 ranks × 1 thread, {a.steps} steps, torch {torch.__version__}, "
                     "2 shared CPU cores")
     for c in ("configuration", "held-out exact match", "train s", "peak RSS rank 0 (MiB)", "rank 1 (MiB)"):

@@ -20,11 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
+import zero_from_scratch
+from primitives.engine.launch import init_from_env
+from primitives.engine.log import print0
+from seq2seq.grammar import Vocab, dataset
+from zero_from_scratch.parity.sides import peak_rss_bytes, prepare_deepspeed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_SRC, MAX_TGT = 32, 24
@@ -51,7 +56,7 @@ def parse_args(argv=None):
 
 
 def build_model(vocab: int, d_model: int):
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import T5Config, T5ForConditionalGeneration   # optional dependency: transformers
     cfg = T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=2,
                    num_decoder_layers=2, num_heads=4, dropout_rate=0.0, tie_word_embeddings=True,
                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, use_cache=False)
@@ -78,7 +83,6 @@ def batch(pairs, vocab):
 @torch.no_grad()
 def exact_match(engine, test, vocab, rank, world, bs=100):
     """Greedy decoding, MAX_TGT tokens for every row (same forwards on every rank)."""
-    import torch.distributed as dist
     engine.eval()
     mine = test[rank::world]
     n_batches = -(-len(test) // (world * bs))
@@ -121,13 +125,9 @@ def resolve_config(path: str, a, out_dir: str, engine: str) -> tuple[dict, list[
 
 def main(argv=None):
     a = parse_args(argv)
-    from primitives.engine.launch import init_from_env
-    from primitives.engine.log import print0
     comm = init_from_env("gloo", 300.0)
     rank, world = comm.rank, comm.size
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
-    from seq2seq.grammar import Vocab, dataset
-    from zero_from_scratch.parity.sides import peak_rss_bytes
     os.makedirs(a.output_dir, exist_ok=True)
     cfg, notes = resolve_config(a.config, a, a.output_dir, a.engine)
     for n in notes:
@@ -139,11 +139,9 @@ def main(argv=None):
     if a.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if a.engine == "deepspeed":
-        from zero_from_scratch.parity.sides import prepare_deepspeed
         os.environ.setdefault("LOCAL_RANK", "0")
         engine, *_ = prepare_deepspeed().initialize(model=model, model_parameters=model.parameters(), config=cfg)
     else:
-        import zero_from_scratch
         engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     micro, gas = cfg["train_micro_batch_size_per_gpu"], cfg.get("gradient_accumulation_steps", 1)
     g = micro * gas * world
@@ -174,7 +172,6 @@ def main(argv=None):
     train_s = time.time() - t0
     em = exact_match(engine, test, vocab, rank, world)
     rss = torch.tensor([peak_rss_bytes()], dtype=torch.int64)
-    import torch.distributed as dist
     all_rss = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(all_rss, rss)
     res = {"config": label, "engine": a.engine, "stage": stage, "offload": offload, "exact_match": em,

@@ -1,4 +1,4 @@
-"""The communication of tensor parallelism, as autograd functions over ringzero's collectives.
+"""The communication of tensor parallelism, as autograd functions over a `comm`'s collectives.
 
     python -m pytest -q tests/test_tensor_parallel.py -k operators
 
@@ -23,48 +23,44 @@ SeqParallelLinear): one extra all-gather of b·s·h/N per rank per ḡ, for s/N 
 positions of saved input. So SP costs 6 all-gathers + 4 reduce-scatters per layer (1.25× plain
 TP's bytes) and saves activation memory.
 
-Every collective is ringzero's (primitives), so the ledger counts every byte; ALGORITHM picks
+`comm` is any object with the collective methods all_reduce / all_gather_single /
+reduce_scatter_single and `rank`, `size` (primitives/comm.py's Communicator). ALGORITHM picks
 which of its algorithms runs ("auto" = the α-β model's choice; tests pin "ring" to check formulas).
 """
 from __future__ import annotations
 
 import torch
 
-import primitives as P
-
 ALGORITHM = {"all_reduce": "auto", "all_gather_single": "auto", "reduce_scatter_single": "auto"}
 
 
-def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+def _all_reduce(x: torch.Tensor, comm) -> torch.Tensor:
     out = x.contiguous().clone()
-    P.all_reduce(out, group=group, algorithm=ALGORITHM["all_reduce"])
+    comm.all_reduce(out, "sum", algorithm=ALGORITHM["all_reduce"])
     return out
 
 
-def _gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+def _gather(x: torch.Tensor, dim: int, comm) -> torch.Tensor:
     """All-gather equal blocks along `dim` (rank order)."""
-    n = P.get_comm(group).size
-    if n == 1:
-        return x
-    moved = x.movedim(dim, 0).contiguous()
-    out = torch.empty((n * moved.shape[0],) + tuple(moved.shape[1:]), dtype=x.dtype)
-    P.all_gather_single(out, moved, group=group, algorithm=ALGORITHM["all_gather_single"])
-    return out.movedim(0, dim)
-
-
-def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Sum over ranks, keep block `rank` of `dim` (which must divide by N)."""
-    comm = P.get_comm(group)
     if comm.size == 1:
         return x
     moved = x.movedim(dim, 0).contiguous()
-    out = torch.empty((moved.shape[0] // comm.size,) + tuple(moved.shape[1:]), dtype=x.dtype)
-    P.reduce_scatter_single(out, moved, group=group, algorithm=ALGORITHM["reduce_scatter_single"])
+    out = x.new_empty((comm.size * moved.shape[0],) + tuple(moved.shape[1:]))
+    comm.all_gather_single(out, moved, algorithm=ALGORITHM["all_gather_single"])
     return out.movedim(0, dim)
 
 
-def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    comm = P.get_comm(group)
+def _reduce_scatter(x: torch.Tensor, dim: int, comm) -> torch.Tensor:
+    """Sum over ranks, keep block `rank` of `dim` (which must divide by N)."""
+    if comm.size == 1:
+        return x
+    moved = x.movedim(dim, 0).contiguous()
+    out = x.new_empty((moved.shape[0] // comm.size,) + tuple(moved.shape[1:]))
+    comm.reduce_scatter_single(out, moved, "sum", algorithm=ALGORITHM["reduce_scatter_single"])
+    return out.movedim(0, dim)
+
+
+def _split(x: torch.Tensor, dim: int, comm) -> torch.Tensor:
     return x.chunk(comm.size, dim)[comm.rank].contiguous() if comm.size > 1 else x
 
 
@@ -73,13 +69,13 @@ class CopyToTP(torch.autograd.Function):
     weights, so L = Σ_r L_r(y) and ∂L/∂x = Σ_r ∂L_r/∂y: the backward is an all-reduce."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, comm):
+        ctx.comm = comm
         return x
 
     @staticmethod
     def backward(ctx, dy):
-        return _all_reduce(dy, ctx.group), None
+        return _all_reduce(dy, ctx.comm), None
 
 
 class ReduceFromTP(torch.autograd.Function):
@@ -87,26 +83,12 @@ class ReduceFromTP(torch.autograd.Function):
     and downstream of y every rank computes the same thing, so ∂L/∂x_r = ∂L/∂y: identity."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group)
+    def forward(ctx, x, comm):
+        return _all_reduce(x, comm)
 
     @staticmethod
     def backward(ctx, dy):
         return dy, None
-
-
-class Regather:
-    """The gathered input of ḡ, rebuilt in backward from the shard instead of kept: the first
-    column-parallel layer whose weight gradient needs it all-gathers (one all-gather of
-    b·s·h/N per rank), the others (K and V after Q) reuse it, ḡ's backward drops it."""
-
-    def __init__(self, shard: torch.Tensor, dim: int, group):
-        self.shard, self.dim, self.group, self.full = shard.detach(), dim, group, None
-
-    def get(self, shard: torch.Tensor) -> torch.Tensor:
-        if self.full is None:
-            self.full = _gather(shard, self.dim, self.group)
-        return self.full
 
 
 class GatherSeq(torch.autograd.Function):
@@ -115,15 +97,43 @@ class GatherSeq(torch.autograd.Function):
     every consumer of y has sent its gradient, so it also frees a Regather's copy."""
 
     @staticmethod
-    def forward(ctx, x, dim, group, regather):
-        ctx.dim, ctx.group, ctx.regather = dim, group, regather
-        return _gather(x, dim, group)
+    def forward(ctx, x, dim, comm, regather):
+        ctx.dim, ctx.comm, ctx.regather = dim, comm, regather
+        return _gather(x, dim, comm)
 
     @staticmethod
     def backward(ctx, dy):
         if ctx.regather is not None:
             ctx.regather.full = None
-        return _reduce_scatter(dy, ctx.dim, ctx.group), None, None, None
+        return _reduce_scatter(dy, ctx.dim, ctx.comm), None, None, None
+
+
+class ScatterSeq(torch.autograd.Function):
+    """r̄: y_r = (Σ_q x_q)[block r]. ∂y_r/∂x_q[block r] = I, and block r's gradient lives on
+    rank r only, so every rank needs every block of ∂L/∂y: an all-gather."""
+
+    @staticmethod
+    def forward(ctx, x, dim, comm):
+        ctx.dim, ctx.comm = dim, comm
+        return _reduce_scatter(x, dim, comm)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _gather(dy, ctx.dim, ctx.comm), None, None
+
+
+class Regather:
+    """The gathered input of ḡ, rebuilt in backward from the shard instead of kept: the first
+    column-parallel layer whose weight gradient needs it all-gathers (one all-gather of
+    b·s·h/N per rank), the others (K and V after Q) reuse it, ḡ's backward drops it."""
+
+    def __init__(self, shard: torch.Tensor, dim: int, comm):
+        self.shard, self.dim, self.comm, self.full = shard.detach(), dim, comm, None
+
+    def get(self, shard: torch.Tensor) -> torch.Tensor:
+        if self.full is None:
+            self.full = _gather(shard, self.dim, self.comm)
+        return self.full
 
 
 class SeqParallelLinear(torch.autograd.Function):
@@ -150,32 +160,18 @@ class SeqParallelLinear(torch.autograd.Function):
         return dx, dw, db, None
 
 
-class ScatterSeq(torch.autograd.Function):
-    """r̄: y_r = (Σ_q x_q)[block r]. ∂y_r/∂x_q[block r] = I, and block r's gradient lives on
-    rank r only, so every rank needs every block of ∂L/∂y: an all-gather."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _reduce_scatter(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _gather(dy, ctx.dim, ctx.group), None, None
-
-
 class SplitSeq(torch.autograd.Function):
     """Enter a sequence-parallel region from a replicated one: y_r = x[block r]. Upstream is
     replicated, so every rank needs the whole ∂L/∂x: backward all-gathers."""
 
     @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _split(x, dim, group)
+    def forward(ctx, x, dim, comm):
+        ctx.dim, ctx.comm = dim, comm
+        return _split(x, dim, comm)
 
     @staticmethod
     def backward(ctx, dy):
-        return _gather(dy, ctx.dim, ctx.group), None, None
+        return _gather(dy, ctx.dim, ctx.comm), None, None
 
 
 class GatherSeqToReplicated(torch.autograd.Function):
@@ -184,32 +180,44 @@ class GatherSeqToReplicated(torch.autograd.Function):
     just its own block (no communication; summing would count it N times)."""
 
     @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _gather(x, dim, group)
+    def forward(ctx, x, dim, comm):
+        ctx.dim, ctx.comm = dim, comm
+        return _gather(x, dim, comm)
 
     @staticmethod
     def backward(ctx, dy):
-        return _split(dy, ctx.dim, ctx.group), None, None
+        return _split(dy, ctx.dim, ctx.comm), None, None
 
 
-def copy_to_tp(x, group=None):
-    return CopyToTP.apply(x, group)
+def copy_to_tp(x, comm):
+    return CopyToTP.apply(x, comm)
 
 
-def reduce_from_tp(x, group=None):
-    return ReduceFromTP.apply(x, group)
+def reduce_from_tp(x, comm):
+    return ReduceFromTP.apply(x, comm)
 
 
-def gather_seq(x, dim=1, group=None, regather=False):
+def gather_seq(x, comm, dim=1, regather=False):
     """ḡ. regather=True: the result carries `tp_regather`, which column-parallel layers use to
-    save only x's shard (SeqParallelLinear) — Megatron-SP's memory layout."""
+    save only x's shard (SeqParallelLinear): Megatron-SP's memory layout."""
     if not regather or not torch.is_grad_enabled():
-        return GatherSeq.apply(x, dim, group, None)
-    handle = Regather(x, dim, group)
-    y = GatherSeq.apply(x, dim, group, handle)
+        return GatherSeq.apply(x, dim, comm, None)
+    handle = Regather(x, dim, comm)
+    y = GatherSeq.apply(x, dim, comm, handle)
     y.tp_regather = handle
     return y
+
+
+def scatter_seq(x, comm, dim=1):
+    return ScatterSeq.apply(x, dim, comm)
+
+
+def split_seq(x, comm, dim=1):
+    return SplitSeq.apply(x, dim, comm)
+
+
+def gather_seq_to_replicated(x, comm, dim=1):
+    return GatherSeqToReplicated.apply(x, dim, comm)
 
 
 def linear_maybe_regather(x, weight, bias):
@@ -220,19 +228,7 @@ def linear_maybe_regather(x, weight, bias):
     return SeqParallelLinear.apply(x, weight, bias, handle)
 
 
-def scatter_seq(x, dim=1, group=None):
-    return ScatterSeq.apply(x, dim, group)
-
-
-def split_seq(x, dim=1, group=None):
-    return SplitSeq.apply(x, dim, group)
-
-
-def gather_seq_to_replicated(x, dim=1, group=None):
-    return GatherSeqToReplicated.apply(x, dim, group)
-
-
-def all_reduce_grad(grad: torch.Tensor, group=None) -> torch.Tensor:
-    """Sum a parameter gradient over the TP group (a hook for parameters that sequence
-    parallelism applies to a slice of the sequence: LayerNorms, biases after r̄)."""
-    return _all_reduce(grad, group)
+def all_reduce_grad(grad: torch.Tensor, comm) -> torch.Tensor:
+    """Sum a parameter gradient over the TP group (a hook for parameters that see only a slice
+    of the sequence: LayerNorms and row-parallel biases under SP, every weight under Ulysses)."""
+    return _all_reduce(grad, comm)

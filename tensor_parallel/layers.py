@@ -10,10 +10,11 @@ existing unsharded module so pretrained weights load unchanged.
     embedding rows split by vocabulary: VocabParallelEmbedding
         rank r looks up the ids it owns, zeros elsewhere, then g
 
-Splits follow torch.tensor_split (the first `size % N` ranks get one more unit), so sizes need
-not divide by N; `unit` keeps attention heads whole. Each sharded parameter carries
-`tp_shard = (dim, start, end, full_size)`; gather_state_dict and the tests read it. It also
-carries Megatron's `tensor_model_parallel = True`, the one marker DeepSpeed's gradient norm reads.
+Every layer takes the tensor-parallel `comm` (comm.py) at construction. Splits follow
+torch.tensor_split (primitives/ops.py::chunk_bounds), so sizes need not divide by N; `unit`
+keeps attention heads whole. Each sharded parameter carries `tp_shard = (dim, start, end,
+full_size)` and Megatron's `tensor_model_parallel = True` (the marker DeepSpeed's gradient
+norm reads).
 
 Cost per forward, x of b·s·h elements: column-parallel none (f) or one all-gather (SP);
 row-parallel one all-reduce (g) or one reduce-scatter (SP); the backward swaps them, and with
@@ -23,12 +24,11 @@ Parameter bytes per rank: 1/N of the weight (+ the full bias for row-parallel).
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
-import primitives as P
-from tensor_parallel import comm as C
+from primitives.ops import chunk_bounds
+from tensor_parallel.comm import copy_to_tp, gather_seq, linear_maybe_regather, reduce_from_tp, scatter_seq
 
 
 class TPError(ValueError):
@@ -36,105 +36,81 @@ class TPError(ValueError):
 
 
 def shard_bounds(size: int, n: int, rank: int, unit: int = 1) -> tuple[int, int]:
-    """[start, end) of rank's slice of `size` elements, in whole `unit`s, torch.tensor_split's rule."""
+    """[start, end) of rank's slice of `size` elements, in whole `unit`s (chunk_bounds' rule)."""
     if size % unit:
         raise TPError(f"size {size} is not a whole number of units of {unit}")
-    units = size // unit
-    q, r = divmod(units, n)
-    start = rank * q + min(rank, r)
-    return start * unit, (start + q + (rank < r)) * unit
+    lo, hi = chunk_bounds(size // unit, n)[rank]
+    return lo * unit, hi * unit
 
 
-def _comm(group, what: str):
-    try:
-        return P.get_comm(group)
-    except ValueError as e:
-        raise TPError(f"{what}: {e} (every rank that calls a parallel layer must be in its group)") from None
-
-
-def _shard(param: torch.Tensor, dim: int, lo: int, hi: int, unit: int = 1) -> nn.Parameter:
+def _shard(param, dim: int, lo: int, hi: int, unit: int = 1) -> nn.Parameter:
     p = nn.Parameter(param.detach().narrow(dim, lo, hi - lo).clone(), requires_grad=param.requires_grad)
     p.tp_shard, p.tp_unit = (dim, lo, hi, param.shape[dim]), unit
     p.tensor_model_parallel = True   # Megatron's marker: DeepSpeed counts this in the norm on every tp rank
     return p
 
 
+def _bounds(who: str, size: int, comm, unit: int) -> tuple[int, int]:
+    if size // unit < comm.size:
+        raise TPError(f"rank {comm.rank}: {who}: {size // unit} units (of {unit} features) cannot be split "
+                      f"over tp={comm.size} ranks; every rank needs at least one")
+    return shard_bounds(size, comm.size, comm.rank, unit)
+
+
 class ColumnParallelLinear(nn.Module):
-    """Output features split over the group. `gather_output=True` all-gathers the result (for a
-    layer whose consumer is not row-parallel); `input_comm=False` skips f/ḡ because the caller
+    """Output features split over the group. `input_comm=False` skips f/ḡ because the caller
     already applied it once for several layers sharing an input (Q, K and V)."""
 
-    def __init__(self, linear: nn.Linear, group=None, *, gather_output=False, sequence_parallel=False,
-                 unit=1, input_comm=True, seq_dim=1):
+    def __init__(self, linear: nn.Linear, comm, *, sequence_parallel=False, unit=1, input_comm=True, seq_dim=1):
         super().__init__()
-        comm = _comm(group, "ColumnParallelLinear")
-        self.group, self.n, self.rank = group, comm.size, comm.rank
-        out = linear.out_features
-        if out // unit < self.n:
-            raise TPError(f"rank {self.rank}: ColumnParallelLinear: {out // unit} output units (of {unit} features) cannot be "
-                          f"split over tp={self.n} ranks; every rank needs at least one")
-        lo, hi = shard_bounds(out, self.n, self.rank, unit)
-        self.in_features, self.out_features, self.bounds = linear.in_features, out, (lo, hi)
+        self.comm = comm
+        lo, hi = self.bounds = _bounds("ColumnParallelLinear", linear.out_features, comm, unit)
+        self.in_features, self.out_features, self.unit = linear.in_features, linear.out_features, unit
         self.weight = _shard(linear.weight, 0, lo, hi, unit)
         self.bias = _shard(linear.bias, 0, lo, hi, unit) if linear.bias is not None else None
-        self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
-        self.input_comm, self.seq_dim, self.unit = input_comm, seq_dim, unit
+        self.sequence_parallel, self.input_comm, self.seq_dim = sequence_parallel, input_comm, seq_dim
 
     def forward(self, x):
         if self.input_comm:
-            x = (C.gather_seq(x, self.seq_dim, self.group, regather=True) if self.sequence_parallel
-                 else C.copy_to_tp(x, self.group))
-        y = C.linear_maybe_regather(x, self.weight, self.bias)   # saves only the shard after ḡ
-        return gather_last_dim(y, self.out_features, self.group, self.unit) if self.gather_output else y
+            x = (gather_seq(x, self.comm, self.seq_dim, regather=True) if self.sequence_parallel
+                 else copy_to_tp(x, self.comm))
+        return linear_maybe_regather(x, self.weight, self.bias)   # saves only the shard after ḡ
 
     def extra_repr(self):
-        return f"in={self.in_features}, out={self.out_features} → rows {self.bounds} on rank {self.rank}/{self.n}"
+        return f"in={self.in_features}, out={self.out_features} → rows {self.bounds} on rank {self.comm.rank}/{self.comm.size}"
 
 
 class RowParallelLinear(nn.Module):
-    """Input features split over the group. `input_is_parallel=True`: x is already this rank's
-    slice (the output of a ColumnParallelLinear); otherwise the layer takes its slice itself."""
+    """Input features split over the group; x is this rank's slice (a ColumnParallelLinear's output)."""
 
-    def __init__(self, linear: nn.Linear, group=None, *, input_is_parallel=True, sequence_parallel=False,
-                 unit=1, seq_dim=1):
+    def __init__(self, linear: nn.Linear, comm, *, sequence_parallel=False, unit=1, seq_dim=1):
         super().__init__()
-        comm = _comm(group, "RowParallelLinear")
-        self.group, self.n, self.rank = group, comm.size, comm.rank
-        inp = linear.in_features
-        if inp // unit < self.n:
-            raise TPError(f"rank {self.rank}: RowParallelLinear: {inp // unit} input units cannot be split over tp={self.n} ranks")
-        lo, hi = shard_bounds(inp, self.n, self.rank, unit)
-        self.in_features, self.out_features, self.bounds = inp, linear.out_features, (lo, hi)
+        self.comm = comm
+        lo, hi = self.bounds = _bounds("RowParallelLinear", linear.in_features, comm, unit)
+        self.in_features, self.out_features, self.unit = linear.in_features, linear.out_features, unit
         self.weight = _shard(linear.weight, 1, lo, hi, unit)
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
-        self.input_is_parallel, self.sequence_parallel, self.seq_dim = input_is_parallel, sequence_parallel, seq_dim
-        self.unit = unit
+        self.sequence_parallel, self.seq_dim = sequence_parallel, seq_dim
         if sequence_parallel and self.bias is not None:
             self.bias.tp_sequence_parallel = True      # added on a sequence slice: grads are partial
 
     def forward(self, x):
-        if not self.input_is_parallel:
-            x = ScatterLastDim.apply(x, self.bounds, self.group, self.unit)
         y = F.linear(x, self.weight)
-        y = C.scatter_seq(y, self.seq_dim, self.group) if self.sequence_parallel else C.reduce_from_tp(y, self.group)
+        y = scatter_seq(y, self.comm, self.seq_dim) if self.sequence_parallel else reduce_from_tp(y, self.comm)
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self):
-        return f"in={self.in_features} → cols {self.bounds}, out={self.out_features} on rank {self.rank}/{self.n}"
+        return f"in={self.in_features} → cols {self.bounds}, out={self.out_features} on rank {self.comm.rank}/{self.comm.size}"
 
 
 class VocabParallelEmbedding(nn.Module):
     """Embedding rows split by vocabulary id; output all-reduced (g), so it is replicated."""
 
-    def __init__(self, emb: nn.Embedding, group=None):
+    def __init__(self, emb: nn.Embedding, comm):
         super().__init__()
-        comm = _comm(group, "VocabParallelEmbedding")
-        self.group, self.n, self.rank = group, comm.size, comm.rank
-        v = emb.num_embeddings
-        if v < self.n:
-            raise TPError(f"rank {self.rank}: VocabParallelEmbedding: vocabulary of {v} cannot be split over tp={self.n} ranks")
-        self.vocab_start, self.vocab_end = shard_bounds(v, self.n, self.rank)
-        self.num_embeddings, self.embedding_dim = v, emb.embedding_dim
+        self.comm = comm
+        self.vocab_start, self.vocab_end = _bounds("VocabParallelEmbedding", emb.num_embeddings, comm, 1)
+        self.num_embeddings, self.embedding_dim = emb.num_embeddings, emb.embedding_dim
         self.weight = _shard(emb.weight, 0, self.vocab_start, self.vocab_end)
         pad = emb.padding_idx
         self.padding_idx = pad - self.vocab_start if pad is not None and self.vocab_start <= pad < self.vocab_end else None
@@ -143,54 +119,7 @@ class VocabParallelEmbedding(nn.Module):
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
         e = F.embedding(local, self.weight, self.padding_idx).masked_fill(outside.unsqueeze(-1), 0.0)
-        return C.reduce_from_tp(e, self.group)
+        return reduce_from_tp(e, self.comm)
 
     def extra_repr(self):
         return f"vocab {self.num_embeddings} → ids [{self.vocab_start}, {self.vocab_end}), dim {self.embedding_dim}"
-
-
-def _pad_gather(x: torch.Tensor, full: int, group, unit: int = 1) -> torch.Tensor:
-    """All-gather uneven slices of the last dim: pad each to the largest, gather, trim."""
-    comm = P.get_comm(group)
-    n = comm.size
-    bounds = [shard_bounds(full, n, r, unit) for r in range(n)]
-    width = max(hi - lo for lo, hi in bounds)
-    xp = F.pad(x, (0, width - x.shape[-1])).movedim(-1, 0).contiguous()
-    out = torch.empty((n * width,) + tuple(xp.shape[1:]), dtype=x.dtype)
-    P.all_gather_single(out, xp, group=group, algorithm=C.ALGORITHM["all_gather_single"])
-    parts = out.view(n, width, *xp.shape[1:])
-    return torch.cat([parts[r, :hi - lo] for r, (lo, hi) in enumerate(bounds)]).movedim(0, -1)
-
-
-class GatherLastDim(torch.autograd.Function):
-    """Forward: all-gather the last-dim slices. Backward: each rank keeps its slice (downstream
-    is replicated, so every rank holds the same full gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, full, group, unit):
-        comm = P.get_comm(group)
-        ctx.bounds = shard_bounds(full, comm.size, comm.rank, unit)
-        return _pad_gather(x, full, group, unit) if comm.size > 1 else x
-
-    @staticmethod
-    def backward(ctx, dy):
-        lo, hi = ctx.bounds
-        return dy[..., lo:hi].contiguous(), None, None, None
-
-
-class ScatterLastDim(torch.autograd.Function):
-    """Forward: keep this rank's slice of a replicated input. Backward: all-gather the slices."""
-
-    @staticmethod
-    def forward(ctx, x, bounds, group, unit):
-        ctx.full, ctx.group, ctx.unit = x.shape[-1], group, unit
-        return x[..., bounds[0]:bounds[1]].contiguous()
-
-    @staticmethod
-    def backward(ctx, dy):
-        n = P.get_comm(ctx.group).size
-        return (_pad_gather(dy, ctx.full, ctx.group, ctx.unit) if n > 1 else dy), None, None, None
-
-
-def gather_last_dim(x, full: int, group=None, unit: int = 1):
-    return GatherLastDim.apply(x, full, group, unit)

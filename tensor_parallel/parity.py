@@ -16,12 +16,18 @@ from __future__ import annotations
 import copy
 
 import torch
+from rich.table import Table
 
 import primitives as P
+from primitives.engine.launch import spawn
+from primitives.engine.log import console
+from primitives.mesh import Mesh
+from tensor_parallel.engine.parallelize import parallelize
+from tensor_parallel.engine.state_dict import gather_state_dict
 
 
 def tiny_config(num_labels=3, **kw):
-    from transformers import DistilBertConfig
+    from transformers import DistilBertConfig   # optional dependency: only the DistilBERT harness needs it
     base = dict(vocab_size=101, dim=20, n_heads=5, hidden_dim=37, n_layers=2, max_position_embeddings=16,
                 dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=num_labels, pad_token_id=0)
     base.update(kw)
@@ -51,7 +57,6 @@ def _maxdiff(a, b) -> float:
 
 def run_parity(model, tp_group=None, sequence_parallel=False, dp_group=None, steps=5, lr=1e-3, b=4, s=6, seed=1):
     """Parallelize `model` (a deep copy stays unsharded) and compare. Returns max diffs per quantity."""
-    from tensor_parallel import gather_state_dict, parallelize
     ref = copy.deepcopy(model)
     parallelize(model, tp_group, sequence_parallel=sequence_parallel)
     dp = P.get_comm(dp_group) if dp_group is not None else None
@@ -70,7 +75,7 @@ def run_parity(model, tp_group=None, sequence_parallel=False, dp_group=None, ste
         o.loss.backward()
         if dp:
             for p in model.parameters():
-                P.all_reduce(p.grad, op=P.ReduceOp.AVG, group=dp_group)
+                dp.all_reduce(p.grad, "avg")
         if step == 0:
             rl = r.logits.chunk(dp.size)[dp.rank] if dp else r.logits
             out["logits"] = _maxdiff(o.logits, rl)
@@ -94,9 +99,7 @@ def run_parity(model, tp_group=None, sequence_parallel=False, dp_group=None, ste
 
 
 def _work(rank, world, dp, tp, sp):
-    from transformers import DistilBertForSequenceClassification
-
-    from primitives.mesh import Mesh
+    from transformers import DistilBertForSequenceClassification   # optional dependency
     mesh = Mesh.build(dp=dp, tp=tp)
     torch.manual_seed(0)
     model = DistilBertForSequenceClassification(tiny_config())
@@ -104,10 +107,6 @@ def _work(rank, world, dp, tp, sp):
 
 
 def main() -> None:
-    from rich.table import Table
-
-    from primitives.engine.launch import spawn
-    from primitives.engine.log import console
     t = Table(title="tensor parallel vs one process: max |difference| over all ranks (tiny DistilBERT, fp32, 5 AdamW steps)")
     for c in ("dp × tp", "sequence parallel", "logits", "loss", "every gradient", "params after 5 steps"):
         t.add_column(c, justify="right")

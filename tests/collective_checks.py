@@ -27,6 +27,8 @@ import primitives as P
 from primitives.engine.cost import traffic
 from primitives.engine.ledger import LEDGER
 from primitives.engine.reference import ref
+from primitives.engine.shm_collectives import ONE_SHOT_BYTES
+from primitives.ops import PIPELINE_BYTES
 
 REDUCING = {"reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single"}
 ROOTED = {"broadcast", "reduce", "scatter", "gather"}
@@ -314,7 +316,7 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
         want(sum(ms) == 0 and sum(bs) == 0, "a world of one or an empty tensor sends nothing")
         return errs
     base = name.replace("_single", "")
-    k = max(1, min(numel, math.ceil(S / P.core.PIPELINE_BYTES)))   # pipeline segments
+    k = max(1, min(numel, math.ceil(S / PIPELINE_BYTES)))   # pipeline segments
     p2 = 1 << (n.bit_length() - 1)
     rem, lg = n - p2, p2.bit_length() - 1
     others = [r for r in range(n) if r != root]
@@ -325,7 +327,7 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             want(all(lo <= b <= hi for b in bs), f"each rank within [{lo}, {hi}] bytes")
             if numel >= n:
                 want(all(m == 2 * (n - 1) for m in ms), "each rank 2(N-1) messages")
-        elif algo == "shm" and S <= P.shm_collectives.ONE_SHOT_BYTES:
+        elif algo == "shm" and S <= ONE_SHOT_BYTES:
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "one-shot: N-1 peers read all S")
         elif algo in ("direct", "shm"):       # shm: peers read what direct would send
             want(sum(bs) == 2 * (n - 1) * S, "Σ bytes == 2(N-1)·S")

@@ -1,6 +1,6 @@
 """classification/train.py --tp N: the normal loop with a tensor-parallel model (classification/tp.py).
 
-The real-model run is the one the issue names; its best checkpoint is checked independently:
+The real-model run trains the offline DistilBERT; its best checkpoint is checked independently:
 predict.py loads it, and one process evaluating it unsharded on the same 16 test rows gets the
 test loss the tp run logged (1e-5: the two differ only in summation order; a wrong shard or a
 stale weight moves the loss by far more). The tiny-model runs check the loop's mechanics with

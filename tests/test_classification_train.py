@@ -179,7 +179,7 @@ def test_zero3_trains_evaluates_and_saves_a_model_predict_loads(easy, engine):
 
 def test_eval_batches_equal_on_every_rank_and_cover_each_row_once():
     import numpy as np
-    from classification.loop import eval_batches
+    from classification.batches import eval_batches
     for n, world, batch in [(129, 2, 64), (19, 2, 64), (5, 4, 2), (1, 3, 8), (64, 2, 32)]:
         order = np.random.default_rng(n).permutation(n)
         per = [eval_batches(n, order, r, world, batch) for r in range(world)]

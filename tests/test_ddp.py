@@ -20,10 +20,9 @@ import torch
 import torch.nn as nn
 
 from primitives.engine.launch import spawn as _spawn
-from ddp_examples.bucketed import BucketedDataParallel, plan_buckets
+from ddp_examples.bucketed import plan_buckets
 from ddp_examples.engine.common import Config, build_model, formula_bytes, make_batch, max_diff, reference, ring_bytes, train
-from ddp_examples.flat import FlatDataParallel
-from ddp_examples.naive import NaiveDataParallel
+from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel, NaiveDataParallel
 
 TOL = 1e-5
 SMALL_CAP = 0.004                            # MiB: splits the default model (Ψ = 3846) into 4 uneven buckets
@@ -174,7 +173,7 @@ class _Unused(nn.Module):
 
 
 def _seed_broken_sync(model, world):
-    """The main seed's averaging, verbatim in spirit: never true for an nn.Parameter."""
+    """Averaging behind a type check that is never true for an nn.Parameter (naive.py's docstring)."""
     for param in model.parameters():
         if type(param) is torch.Tensor:
             torch.distributed.all_reduce(param.grad.data)
@@ -241,7 +240,7 @@ def _edge_cases(rank, world, cfg):
         out["rewrap"] = None
     except ValueError as e:
         out["rewrap"] = str(e)
-    # 6. the seed's broken averaging vs ours, on identical starting weights
+    # 6. the type-check averaging vs ours, on identical starting weights
     out["seed"] = train(_SeedDP(build_model(cfg), world), cfg, rank, world).params
     out["ours"] = train(NaiveDataParallel(build_model(cfg)), cfg, rank, world).params
     return out
@@ -284,7 +283,7 @@ def test_bucketing_edge_cases_bad_start_and_seed_bug(ranks):
         assert max_diff(res["torch_impl"], ref.params) <= TOL and max_diff(res["set_to_none"], ref.params) <= TOL
         assert "already belongs to another live BucketedDataParallel" in res["rewrap"]
 
-    # the seed's version: no error, but each rank trained alone on its half of the data
+    # the type-check version: no error, but each rank trained alone on its half of the data
     seed_spread = max_diff(r0["seed"], r1["seed"])
     assert seed_spread > 100 * TOL, f"broken version should diverge, spread {seed_spread:.2e}"
     assert max_diff(r0["seed"], ref.params) > 100 * TOL

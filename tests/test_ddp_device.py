@@ -7,9 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ddp_examples.bucketed import BucketedDataParallel
-from ddp_examples.flat import FlatDataParallel
-from ddp_examples.naive import NaiveDataParallel
+from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel, NaiveDataParallel
 
 WRAPPERS = {"naive": NaiveDataParallel, "flat": FlatDataParallel, "bucketed": BucketedDataParallel}
 

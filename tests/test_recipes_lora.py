@@ -1,10 +1,10 @@
-"""Frozen parameters and LoRA under ZeRO (issue 13, item 1).
+"""Frozen parameters and LoRA under ZeRO (zero_from_scratch/engine/lora.py, frozen.py).
 
     python -m pytest -q tests/test_recipes_lora.py          (+ -m slow for stages 1 and 2 vs DeepSpeed)
 
 * peft-LoRA tiny DistilBERT vs real DeepSpeed, step by step (loss, grad norm, lr every step; every
   final parameter, adapters and frozen weights): ZeRO-3 by default, ZeRO-1/2 behind `slow`. fp32
-  tolerances are parity_compare.Tolerance.for_run (1e-5 relative on loss and norm).
+  tolerances are zero_from_scratch.parity.compare.Tolerance.for_run (1e-5 relative on loss and norm).
 * ZeRO-3 partitions the frozen weights (empty .data outside forward, Ψ_frozen/N per rank), never
   gives them optimizer state, and a checkpoint round trip restores them.
 * LoRA r = 8 at stage 2: the measured model-state bytes equal the paper's formula with trainable Ψ.
@@ -16,9 +16,9 @@ import torch
 pytest.importorskip("peft")
 
 import zero_from_scratch  # noqa: E402
-from recipes.lora import LoraError, apply_lora, tiny_lora_distilbert, trainable_counts  # noqa: E402
+from zero_from_scratch.engine.lora import LoraError, apply_lora, tiny_lora_distilbert, trainable_counts  # noqa: E402
 
-M = "recipes.lora:tiny_lora_distilbert"
+M = "zero_from_scratch.engine.lora:tiny_lora_distilbert"
 
 
 def _pairs(stages):
@@ -177,7 +177,8 @@ def test_train_py_bad_lora_targets_fail_on_every_rank(easy_data):
 def _predict_rows(best, data):
     """predict.py's loader on the test split train.py evaluated: (evaluate()'s numbers, predict()'s labels)."""
     from classification import data as D
-    from classification.loop import evaluate, tokenize
+    from classification.batches import tokenize
+    from classification.evaluate import evaluate
     from classification.predict import load_checkpoint, predict
     model, tok, meta = load_checkpoint(str(best))
     test = D.load(str(data), D.SplitConfig(seed=0)).test

@@ -28,6 +28,8 @@ def _layers(rank, n):
     import tensor_parallel as tp
     from tensor_parallel.comm import gather_seq, scatter_seq, split_seq
     from tensor_parallel.engine.ulysses import UlyssesAttention, reference_attention
+    from tensor_parallel.engine.uneven import gather_last_dim, scatter_last_dim
+    comm = P.get_comm()
     errs = []
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 6, 7, generator=g)                    # same on every rank (seeded)
@@ -36,17 +38,16 @@ def _layers(rank, n):
     # f then g: y = g(f(x)·A_r) summed over ranks == x·Σ A_r; ∂/∂x via f's all-reduce
     xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
     A = torch.randn(n, 7, 11, generator=g)
-    tp.reduce_from_tp(tp.copy_to_tp(xs) @ A[rank]).mul(w).sum().backward()
+    tp.reduce_from_tp(tp.copy_to_tp(xs, comm) @ A[rank], comm).mul(w).sum().backward()
     (xr @ A.sum(0)).mul(w).sum().backward()
     _close(errs, "f/g grad", xs.grad, xr.grad)
 
-    # ColumnParallelLinear (gather_output) → plain; RowParallelLinear from a replicated input
+    # ColumnParallelLinear, its output gathered → plain; RowParallelLinear from a replicated input
     lin1, lin2 = nn.Linear(7, 13), nn.Linear(13, 11)         # 13 outputs: uneven at n = 2, 3
     ref = nn.Sequential(copy.deepcopy(lin1), copy.deepcopy(lin2))
-    col = tp.ColumnParallelLinear(lin1, gather_output=True)
-    row = tp.RowParallelLinear(lin2, input_is_parallel=False)
+    col, row = tp.ColumnParallelLinear(lin1, comm), tp.RowParallelLinear(lin2, comm)
     xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ys, yr = row(col(xs)), ref(xr)
+    ys, yr = row(scatter_last_dim(gather_last_dim(col(xs), 13, comm), 13, comm)), ref(xr)
     _close(errs, "column(gather)→row(scatter) forward", ys, yr)
     ys.mul(w).sum().backward()
     yr.mul(w).sum().backward()
@@ -59,9 +60,9 @@ def _layers(rank, n):
 
     # sequence-parallel operators: split → gather == identity; reduce-scatter of a sum
     seq = x.clone().requires_grad_()
-    part = split_seq(seq)
-    gathered = gather_seq(part * (rank + 1))                  # rank r scales its slice
-    scat = scatter_seq(gathered)                              # Σ_r gathered, my slice
+    part = split_seq(seq, comm)
+    gathered = gather_seq(part * (rank + 1), comm)                  # rank r scales its slice
+    scat = scatter_seq(gathered, comm)                              # Σ_r gathered, my slice
     scat.sum().backward()
     full = torch.cat([c * (r + 1) for r, c in enumerate(x.chunk(n, 1))], 1) * n
     _close(errs, "gather/scatter_seq forward", scat, full.chunk(n, 1)[rank])
@@ -69,7 +70,7 @@ def _layers(rank, n):
     # VocabParallelEmbedding vs nn.Embedding (padding_idx kept), vocab 23 (uneven)
     emb = nn.Embedding(23, 5, padding_idx=3)
     remb = copy.deepcopy(emb)
-    vemb = tp.VocabParallelEmbedding(emb)
+    vemb = tp.VocabParallelEmbedding(emb, comm)
     ids = torch.randint(0, 23, (4, 9), generator=g)
     ids[0, :3] = 3
     ws = torch.randn(4, 9, 5, generator=g)
@@ -84,7 +85,7 @@ def _layers(rank, n):
     target = torch.randint(0, 23, (4, 9), generator=g)
     lp = logits[..., vemb.vocab_start:vemb.vocab_end].clone().requires_grad_()
     lf = logits.clone().requires_grad_()
-    ls = tp.vocab_parallel_cross_entropy(lp, target, 23)
+    ls = tp.vocab_parallel_cross_entropy(lp, target, 23, comm)
     lr = F.cross_entropy(lf.view(-1, 23), target.view(-1))
     _close(errs, "vocab-parallel cross-entropy", ls, lr)
     ls.backward()
@@ -168,11 +169,11 @@ def _bad(rank, n):
           ["'1'", "Conv1d"])
     catch("MLP with SP", lambda: tp.parallelize(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), sequence_parallel=True),
           ["sequence_parallel=True"])
-    catch("too few outputs", lambda: tp.ColumnParallelLinear(nn.Linear(3, n - 1)), [f"tp={n}", "at least one"])
+    catch("too few outputs", lambda: tp.ColumnParallelLinear(nn.Linear(3, n - 1), P.get_comm()), [f"tp={n}", "at least one"])
     catch("mesh does not factor", lambda: Mesh.build(dp=2, tp=2), ["does not factor", f"world size {n}"])
     if rank == 2:     # not a member of `sub`
-        catch("layer outside its group", lambda: tp.ColumnParallelLinear(nn.Linear(4, 4), group=sub),
-              ["ColumnParallelLinear", "not a member"])
+        catch("model outside its group", lambda: tp.parallelize(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), sub),
+              ["parallelize", "not a member"])
     return out
 
 

@@ -92,7 +92,7 @@ def _tp_work(rank, n, real):
 
 def _sp_full_width_saves(b=2, s=6):
     """Saved-for-backward tensors inside the SP transformer layers that hold all s positions × h."""
-    from tensor_parallel.engine import parallelize
+    from tensor_parallel import parallelize
     from tensor_parallel.parity import batch
     model = parallelize(_model(), sequence_parallel=True)
     h, found, on = model.config.dim, [], [False]
@@ -117,7 +117,7 @@ def _bad_distilbert(rank, n):
     """Fewer heads than ranks; a sequence SP cannot split evenly. Same error on every rank."""
     from transformers import DistilBertForSequenceClassification
 
-    from tensor_parallel.engine import parallelize
+    from tensor_parallel import parallelize
     from tensor_parallel.parity import batch, tiny_config
     rows = []
     try:

@@ -23,8 +23,16 @@ the sharded weights. Rows are batched by length (sorted) so padding stays small.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
+from rich.table import Table
+
+from classification import data as D
+from classification.model import load_offline_model
+from primitives.engine.launch import spawn
+from primitives.engine.log import console
+from tensor_parallel.engine.parallelize import parallelize
 
 HEAD = ("pre_classifier", "classifier")
 
@@ -68,7 +76,6 @@ def finetune_head(model, tok, texts, labels, epochs: int = 30, lr: float = 1e-3,
 
 def load_classifier(num_labels: int, head: dict | None = None):
     """(model, tokenizer): the offline pretrained DistilBERT, dropout off, with `head` loaded."""
-    from classification.model import load_offline_model
     torch.manual_seed(0)
     model, tok = load_offline_model(num_labels=num_labels, dropout=0.0)
     if head is not None:
@@ -79,7 +86,6 @@ def load_classifier(num_labels: int, head: dict | None = None):
 
 
 def _sharded(rank, world, num_labels, head, texts):
-    from tensor_parallel.engine import parallelize
     model, tok = load_classifier(num_labels, head)
     parallelize(model)
     return predict(model, tok, texts)
@@ -95,7 +101,6 @@ def compare(ref: torch.Tensor, got: torch.Tensor, labels) -> dict:
 
 def reference(rows: int | None = None, train_rows: int = 2000, epochs: int = 30) -> dict:
     """Steps 1-2 in this process: the head fine-tuned, and the unsharded logits of the test rows."""
-    from classification import data as D
     bundle = D.load()
     texts, labels = bundle.test.texts[:rows], bundle.test.labels[:rows]
     model, tok = load_classifier(bundle.num_labels)
@@ -112,11 +117,6 @@ def sharded(spawn, n: int, ref: dict) -> list[dict]:
 
 
 def main(argv=None):
-    import time
-
-    from rich.table import Table
-
-    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tp", default="2,3", help="comma-separated tensor-parallel sizes (12 heads: up to 12)")
     ap.add_argument("--rows", type=int, default=None, help="first ROWS of the test split (default: all)")
@@ -127,7 +127,6 @@ def main(argv=None):
     bad = [n for n in tps if not 1 <= n <= 12]
     if bad or (a.rows is not None and a.rows < 1) or a.train_rows < 2 or a.epochs < 1:
         ap.error(f"--tp sizes must be 1..12 (12 heads), got {bad or tps}; --rows, --epochs ≥ 1; --train-rows ≥ 2")
-    from primitives.engine.launch import spawn
     t0 = time.perf_counter()
     ref = reference(a.rows, a.train_rows, a.epochs)
     res = {n: sharded(spawn, n, ref) for n in tps}

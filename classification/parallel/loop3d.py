@@ -16,14 +16,25 @@ import resource
 import time
 
 import torch
+from rich.table import Table
 
+import pipeline_parallel
 import primitives as P
+from classification import data as D
+from classification.model import distilbert_config, load_offline_model
+from classification.parallel.pipeline import (accuracy, classification_loss, distilbert_layers, pack,
+                                              stage_bounds)
+from classification.parallel.tokens import tokenized
+from pipeline_parallel.engine.module import PipelineModule
+from primitives.engine.cost import traffic
 from primitives.engine.log import print0
+from primitives.mesh import Mesh
+from tensor_parallel.engine.formulas import layer_traffic
+from tensor_parallel.engine.state_dict import sharded_numel
 
 
 def _batches(ids, mask, labels, rows, mb: int, m: int, replica: int, replicas: int, steps: int):
     """Micro-batch j of step t for `replica`: rows[(t·dp + replica)·m·mb + j·mb …] (wrapping)."""
-    from classification.parallel.pipeline import pack
     for t in range(steps):
         for j in range(m):
             start = ((t * replicas + replica) * m + j) * mb
@@ -33,8 +44,6 @@ def _batches(ids, mask, labels, rows, mb: int, m: int, replica: int, replicas: i
 
 def expected_bytes(engine, cfg, a, mb: int, stage_params: int) -> dict:
     """Per step and rank, by axis: the formulas of train.py's docstring (ring algorithms)."""
-    from primitives.engine.cost import traffic
-    from tensor_parallel.engine.formulas import layer_traffic
     m, s, h = a.micro_batches, a.max_len, cfg.dim
     blocks = cfg.n_layers // a.pp
     ar = lambda n, numel, r: traffic("all_reduce", "ring", n, r, numel, 4)[1] if n > 1 else 0  # noqa: E731
@@ -45,14 +54,6 @@ def expected_bytes(engine, cfg, a, mb: int, stage_params: int) -> dict:
 
 
 def run_pipeline(a, comm) -> dict:
-    import pipeline_parallel
-    from classification import data as D
-    from classification.model import distilbert_config, load_offline_model
-    from pipeline_parallel.engine.module import PipelineModule
-    from primitives.mesh import Mesh
-    from tensor_parallel import sharded_numel
-    from classification.parallel.pipeline import classification_loss, distilbert_layers, stage_bounds
-    from classification.parallel.train import _tokenized
     world, rank = comm.size, comm.rank
     cfg = distilbert_config(2, a.dropout)
     bounds = stage_bounds(cfg.n_layers, a.pp, rank)           # StageError on every rank, before any work
@@ -75,7 +76,7 @@ def run_pipeline(a, comm) -> dict:
     held, stage_full = sharded_numel(torch.nn.ModuleList(engine.chunks))
     print0(f"pp={a.pp} stages × {cfg.n_layers // a.pp} blocks, schedule {a.schedule}, m={a.micro_batches} micro-batches "
            f"of {mb} × {a.max_len} tokens per replica, global batch {a.batch * dp}, clip {a.clip}")
-    ids, mask, labels = _tokenized(tok, bundle.train, a.max_len)
+    ids, mask, labels = tokenized(tok, bundle.train, a.max_len)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(a.seed))
     it = _batches(ids, mask, labels, order, mb, a.micro_batches, engine.dp_rank, dp, a.steps)
     sent = {"tp": 0, "pp": 0, "dp": 0}
@@ -94,7 +95,6 @@ def run_pipeline(a, comm) -> dict:
                           want["dp"], rss, held, stage_full], dtype=torch.float64)
     out = [torch.zeros_like(stats) for _ in range(world)]
     P.all_gather(out, stats)
-    from rich.table import Table
     t = Table(title=f"dp={dp} × pp={a.pp} × tp={a.tp}: {a.steps} steps, batch {a.batch}/replica, {secs:.2f} s/step, "
                     f"val accuracy {acc:.3f} on {rows} rows; bytes sent per step (formula in brackets)")
     for c in ("rank", "(pp, dp, tp)", "TP bytes", "PP bytes", "DP bytes", "peak RSS MiB", "params held"):
@@ -113,11 +113,9 @@ def run_pipeline(a, comm) -> dict:
 def evaluate(engine, tok, split, a, mb: int, dp: int):
     """Accuracy over whole eval batches (m·mb rows per replica): eval_batch averages its loss_fn
     over micro-batches and replicas, so with the accuracy as loss_fn it averages the accuracy."""
-    from classification.parallel.pipeline import accuracy
     if not a.eval_samples:
         return float("nan"), 0
-    from classification.parallel.train import _tokenized
-    ids, mask, labels = _tokenized(tok, split, a.max_len)
+    ids, mask, labels = tokenized(tok, split, a.max_len)
     per = a.micro_batches * mb * dp
     n = max(1, min(a.eval_samples, len(labels)) // per)
     it = _batches(ids, mask, labels, torch.arange(len(labels)), mb, a.micro_batches, engine.dp_rank, dp, n)

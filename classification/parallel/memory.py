@@ -12,10 +12,10 @@ Measured / formula is the same 1.03-1.05 in every row, tp = 1 included: a consta
 HF DistilBERT block (e.g. it has no dropout after the attention projection, Megatron's GPT
 block does), not of the parallelism. With SP the inputs of Q/K/V and lin1 are saved as the
 sequence shard (2·2sbh/t) and all-gathered again in backward (comm.SeqParallelLinear, as
-Megatron-SP does), so SP lands on the formula's 1/t. Before that change SP measured 1.32×
-(t = 2) and 1.68× (t = 4) the formula: the gathered input is a sequence-major view of the
-gather buffer, so Q, K, V and lin1 each saved their own contiguous copy of it, 4·2sbh bytes
-per layer instead of 2·2sbh/t, which accounts for the whole gap at both t.
+Megatron-SP does), so SP lands on the formula's 1/t. Saving the gathered input instead measures
+1.32× (t = 2) and 1.68× (t = 4) the formula: it is a sequence-major view of the gather buffer,
+so Q, K, V and lin1 each save their own contiguous copy of it, 4·2sbh bytes per layer instead
+of 2·2sbh/t, which accounts for the whole gap at both t.
 Parameters: bytes held vs tensor_parallel.engine.formulas.distilbert_params.
 """
 from __future__ import annotations
@@ -23,8 +23,13 @@ from __future__ import annotations
 import argparse
 
 import torch
+from rich.table import Table
 
+from classification.model import distilbert_config
 from primitives.engine.launch import spawn
+from primitives.engine.log import console
+from tensor_parallel.engine.formulas import distilbert_params, megatron_activation_bytes
+from tensor_parallel.engine.parallelize import parallelize
 
 
 class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
@@ -52,10 +57,7 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
 
 def measure(b: int, s: int, tp_group=None, sequence_parallel: bool = False, layers: int = 2):
     """(activation bytes per layer, parameter bytes) on this rank."""
-    from transformers import DistilBertForSequenceClassification
-
-    from classification.model import distilbert_config
-    from tensor_parallel.engine import parallelize
+    from transformers import DistilBertForSequenceClassification   # optional dependency (extras: deepspeed)
     torch.manual_seed(0)
     cfg = distilbert_config(num_labels=2, dropout=0.1)
     cfg.n_layers = layers
@@ -82,11 +84,6 @@ def _work(rank, n, b, s):
 
 
 def main(argv=None):
-    from rich.table import Table
-
-    from classification.model import distilbert_config
-    from primitives.engine.log import console
-    from tensor_parallel.engine.formulas import distilbert_params, megatron_activation_bytes
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--s", type=int, default=64)

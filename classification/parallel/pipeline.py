@@ -7,7 +7,7 @@ pipeline_parallel's engine runs in the 3D demo (data × pipeline × tensor).
     pm = PipelineModule(layers, num_stages=pp, loss_fn=classification_loss,
                         partition_method=stage_bounds(L, pp, rank))
     engine, *_ = pipeline_parallel.initialize(model=pm, config=cfg, mesh=mesh)
-    source.release()                                            # the unsharded model can go now
+    source.release()                                            # the unsharded model can go
     engine.train_batch(iter([(pack(ids, mask), labels), ...]))
 
 The attention mask: the executor sends ONE tensor per boundary (one cached shape header, one
@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline_parallel.engine.module import LayerSpec
+from tensor_parallel.engine.parallelize import parallelize, tp_comm
 from tensor_parallel.layers import VocabParallelEmbedding
-from tensor_parallel.engine.parallelize import parallelize
 
 
 class StageError(ValueError):
@@ -60,7 +61,8 @@ class Embed(nn.Module):
         super().__init__()
         self.embeddings = src.model.distilbert.embeddings
         if src.tp > 1:
-            self.embeddings.word_embeddings = VocabParallelEmbedding(self.embeddings.word_embeddings, src.group)
+            self.embeddings.word_embeddings = VocabParallelEmbedding(self.embeddings.word_embeddings,
+                                                                     tp_comm(src.group, "Embed"))
 
     def forward(self, x):
         ids, mask = x[:, 0], x[:, 1]
@@ -78,7 +80,7 @@ class Block(nn.Module):
             parallelize(self.block, src.group)
 
     def forward(self, x):
-        from transformers.masking_utils import create_bidirectional_mask
+        from transformers.masking_utils import create_bidirectional_mask   # optional dependency (extras: deepspeed)
         h, m = x[..., :-1], x[..., -1].detach()
         mask4 = create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=m.long())
         out = self.block(h, attention_mask=mask4)
@@ -100,7 +102,6 @@ class Head(nn.Module):
 
 def distilbert_layers(model, group, tp: int):
     """(LayerSpecs Embed, Block 0 … L−1, Head; the Source to release once the engine is built)."""
-    from pipeline_parallel.engine.module import LayerSpec
     kind = type(model).__name__
     if kind != "DistilBertForSequenceClassification":
         raise StageError(f"distilbert_layers: expected a DistilBertForSequenceClassification, got {kind}")

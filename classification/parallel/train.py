@@ -28,15 +28,24 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import sys
 import time
 
+import torch
+from rich.table import Table
 
-import torch  # noqa: E402
-
-import primitives as P  # noqa: E402
-from primitives.engine.ledger import LEDGER  # noqa: E402
-from primitives.engine.log import print0  # noqa: E402
+import primitives as P
+from classification import data as D
+from classification.model import load_offline_model
+from classification.parallel.loop3d import run_pipeline
+from classification.parallel.pipeline import StageError
+from classification.parallel.tokens import tokenized
+from primitives.coalesced import all_reduce_coalesced
+from primitives.engine.launch import add_launch_args, init_from_env
+from primitives.engine.ledger import LEDGER
+from primitives.engine.log import print0
+from primitives.mesh import Mesh, MeshError
+from tensor_parallel.engine.parallelize import parallelize
+from tensor_parallel.engine.state_dict import sharded_numel
 
 
 def parse_args(argv=None):
@@ -56,7 +65,6 @@ def parse_args(argv=None):
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=5)
-    from primitives.engine.launch import add_launch_args
     add_launch_args(ap)
     a = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
@@ -80,30 +88,15 @@ def parse_args(argv=None):
     return a
 
 
-def _tokenized(tok, split, max_len):
-    enc = tok(list(split.texts), padding="max_length", truncation=True, max_length=max_len, return_tensors="pt")
-    return enc["input_ids"], enc["attention_mask"], torch.tensor(split.labels, dtype=torch.long)
-
-
-def _sync_dp(model, dp_group):
-    """One AVG all-reduce of every gradient of this rank (a flat buffer) over the dp group."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    P.all_reduce(flat, op=P.ReduceOp.AVG, group=dp_group)
-    off = 0
-    for g in grads:
-        g.copy_(flat[off:off + g.numel()].view_as(g))
-        off += g.numel()
+def _sync_dp(model, dp_comm):
+    """One AVG all-reduce of every gradient of this rank (a flat buffer) over the dp group;
+    parameters without a gradient (unused this step) are left out, on every dp rank alike."""
+    all_reduce_coalesced(dp_comm, [p.grad for p in model.parameters() if p.grad is not None], "avg")
 
 
 def run(a, comm) -> dict:
     if a.pp > 1:
-        from classification.parallel.loop3d import run_pipeline
         return run_pipeline(a, comm)
-    from classification import data as D
-    from classification.model import load_offline_model
-    from primitives.mesh import Mesh
-    from tensor_parallel import parallelize, sharded_numel
     world = comm.size
     dp = a.dp or world // (a.tp * a.pp)
     mesh = Mesh.build(dp=dp, pp=a.pp, tp=a.tp)          # MeshError on every rank if it does not factor
@@ -115,7 +108,7 @@ def run(a, comm) -> dict:
     parallelize(model, mesh.tp_group, sequence_parallel=a.sequence_parallel)
     local, full = sharded_numel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
-    ids, mask, labels = _tokenized(tok, bundle.train, a.max_len)
+    ids, mask, labels = tokenized(tok, bundle.train, a.max_len)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(a.seed))
     dpc = P.get_comm(mesh.dp_group) if dp > 1 else None
     tp_bytes = dp_bytes = 0
@@ -128,7 +121,7 @@ def run(a, comm) -> dict:
             loss.backward()
         with LEDGER.track() as g:
             if dpc:
-                _sync_dp(model, mesh.dp_group)
+                _sync_dp(model, dpc)
         opt.step()
         opt.zero_grad(set_to_none=True)
         tp_bytes, dp_bytes = tp_bytes + t.bytes_sent, dp_bytes + g.bytes_sent
@@ -143,7 +136,6 @@ def run(a, comm) -> dict:
     stats = torch.tensor([tp_bytes / a.steps, dp_bytes / a.steps, rss, local], dtype=torch.float64)
     rows = [torch.zeros_like(stats) for _ in range(world)]
     P.all_gather(rows, stats)
-    from rich.table import Table
     t = Table(title=f"dp={dp} × tp={a.tp}{' + SP' if a.sequence_parallel else ''}: {a.steps} steps, "
                     f"batch {a.batch}/replica, {secs:.2f} s/step, val accuracy {acc:.3f}")
     for c in ("rank", "(pp, dp, tp)", "TP bytes sent/step", "DP bytes sent/step", "peak RSS MiB", "params held"):
@@ -160,7 +152,7 @@ def run(a, comm) -> dict:
 def evaluate(model, tok, split, a, mesh, dp, d):
     """Accuracy on the first eval_samples validation rows; dp replicas split them, tp ranks agree."""
     model.eval()
-    ids, mask, labels = _tokenized(tok, split, a.max_len)
+    ids, mask, labels = tokenized(tok, split, a.max_len)
     n = min(a.eval_samples, len(labels))
     mine = torch.arange(n)[d::dp]
     correct = torch.zeros(2, dtype=torch.float64)
@@ -176,10 +168,7 @@ def evaluate(model, tok, split, a, mesh, dp, d):
 def main(argv=None):
     a = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from primitives.engine.launch import init_from_env
     comm = init_from_env(a.backend, a.timeout)
-    from primitives.mesh import MeshError
-    from classification.parallel.pipeline import StageError
     try:
         return run(a, comm)
     except (MeshError, StageError) as e:          # a layout the world cannot take: one line per rank

@@ -27,9 +27,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from rich.table import Table
 
 import primitives as P
 from primitives.engine.cost import ring_fraction, traffic
+from primitives.engine.launch import add_launch_args, init_from_env
 from primitives.engine.log import print0
 
 
@@ -176,7 +178,6 @@ def ring_bytes(buffer_numels: list[int], world_size: int, rank: int, elem: int =
 # ----------------------------------------------------------------------------- the table and main()
 
 def summary_table(title: str, rows: list[tuple[str, str]]):
-    from rich.table import Table
     t = Table(title=title)
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -186,7 +187,6 @@ def summary_table(title: str, rows: list[tuple[str, str]]):
 
 
 def parse_args(description: str, argv=None) -> tuple[Config, argparse.Namespace]:
-    from primitives.engine.launch import add_launch_args
     p = argparse.ArgumentParser(description=description)
     for f, v in asdict(Config()).items():
         p.add_argument("--" + f.replace("_", "-"), type=type(v), default=v)
@@ -199,7 +199,6 @@ def parse_args(description: str, argv=None) -> tuple[Config, argparse.Namespace]
 def main(wrap, title: str, *, single_process: bool = False, needs_torch_dist: bool = False, argv=None) -> Result:
     """Run one chapter: init from the launcher's env, wrap the model, train, compare with the
     single-process reference and print the table on rank 0."""
-    from primitives.engine.launch import init_from_env
     cfg, a = parse_args(title, argv)
     comm = init_from_env(a.backend, a.timeout)
     if needs_torch_dist and comm.backend == "mpi":

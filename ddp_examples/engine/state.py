@@ -12,6 +12,7 @@ every rank but the last sends about Ψ·e bytes).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 import primitives as P
@@ -82,7 +83,6 @@ def sync_initial_state(module: nn.Module, comm, mode: str = "broadcast", who: st
 
 def _first(group) -> int:
     """The global rank of the group's rank 0 (broadcast's src is a global rank, like torch's)."""
-    import torch.distributed as dist
     if group is None or not isinstance(group, dist.ProcessGroup):
         return 0
     return dist.get_global_rank(group, 0)

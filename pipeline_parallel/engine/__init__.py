@@ -1,5 +1,7 @@
-"""pipeline_parallel's engine: DeepSpeed's pipeline API around the textbook schedules and executor.
+"""pipeline_parallel's engine: DeepSpeed's pipeline API built on the textbook schedules and executor.
 
-pipe_engine.py (initialize, PipelineEngine), module.py (PipelineModule, LayerSpec, TiedLayerSpec),
-tied.py, config.py, timeline.py, model.py (the byte-level GPT the demo trains).
+pipe_engine.py (initialize, PipelineEngine), draining.py (the textbook Executor, guarded),
+module.py (PipelineModule, LayerSpec, TiedLayerSpec), tied.py, config.py, simulator.py and
+nccl_order.py (schedules checked and ordered without processes), timeline.py, model.py (the
+byte-level GPT the demo trains), reviews.py (the demo's text).
 """

@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pipeline_parallel.engine.module import LayerSpec, TiedLayerSpec
+from pipeline_parallel.engine.module import LayerSpec, PipelineModule, TiedLayerSpec, layer_name
+from primitives.engine.log import console
 
 
 class Embed(nn.Module):
@@ -104,8 +105,6 @@ def reference_model(layers: list, base_seed: int = 1234) -> nn.Module:
 
 
 if __name__ == "__main__":
-    from pipeline_parallel.engine.module import PipelineModule, layer_name
-    from primitives.engine.log import console
     pm = PipelineModule(gpt_layers(), num_stages=2, loss_fn=lm_loss)
     for i, (spec, n) in enumerate(zip(pm.layers, pm.param_counts())):
         console.print(f"{i:2d}  {layer_name(spec):10s} {n:8,d} parameters")

@@ -28,10 +28,29 @@ from __future__ import annotations
 
 import re
 
+import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from pipeline_parallel import partition as part
+import pipeline_parallel.partition as part
+
+
+class PartitionError(ValueError):
+    """A partition that leaves a stage empty, or more stages than layers."""
+
+
+def check_partition(parts: list[int], num_layers: int, what: str = "stage") -> None:
+    """Boundaries must start at 0, end at num_layers, and give every stage at least one layer."""
+    if not parts or parts[0] != 0 or parts[-1] != num_layers or any(b < a for a, b in zip(parts, parts[1:])):
+        raise PartitionError(f"partition {parts} is not a list of boundaries 0 = p0 <= p1 <= … = {num_layers} "
+                             f"(the number of layers)")
+    empty = [s for s in range(len(parts) - 1) if parts[s + 1] == parts[s]]
+    if empty:
+        k = len(parts) - 1
+        hint = (f"{k} {what}s but only {num_layers} layers" if k > num_layers
+                else "move a layer into it or use partition_method='uniform'")
+        raise PartitionError(f"partition {parts} leaves {what}(s) {empty} empty ({hint}); "
+                             f"every {what} needs at least one layer")
 
 
 class LayerSpec:
@@ -125,9 +144,9 @@ class PipelineModule:
                  activation_checkpoint_interval: int = 0, seed_layers: bool = False, base_seed: int = 1234):
         self.layers = list(layers)
         if not isinstance(num_stages, int) or num_stages < 1:
-            raise part.PartitionError(f"num_stages must be a positive int, got {num_stages!r}")
+            raise PartitionError(f"num_stages must be a positive int, got {num_stages!r}")
         if len(self.layers) < num_stages:
-            raise part.PartitionError(f"num_stages={num_stages} is more stages than layers ({len(self.layers)}); "
+            raise PartitionError(f"num_stages={num_stages} is more stages than layers ({len(self.layers)}); "
                                       "every stage needs at least one layer")
         if not isinstance(activation_checkpoint_interval, int) or activation_checkpoint_interval < 0:
             raise ValueError(f"activation_checkpoint_interval must be an int >= 0, got {activation_checkpoint_interval!r}")
@@ -154,7 +173,7 @@ class PipelineModule:
         if isinstance(method, (list, tuple)):
             parts = [int(b) for b in method]
             if len(parts) != num_parts + 1:
-                raise part.PartitionError(f"explicit partition {parts} has {len(parts) - 1} stages, expected {num_parts}")
+                raise PartitionError(f"explicit partition {parts} has {len(parts) - 1} stages, expected {num_parts}")
         elif not isinstance(method, str):
             raise ValueError(f"partition_method must be a string or a boundary list, got {method!r}")
         elif method.lower() == "uniform":
@@ -165,13 +184,13 @@ class PipelineModule:
             rx = re.compile(method.split(":", 1)[1], re.IGNORECASE)
             weights = [1 if rx.search(layer_name(layer)) else 0 for layer in self.layers]
             if not any(weights):
-                raise part.PartitionError(f"partition_method {method!r} matches no layer; layer types: "
+                raise PartitionError(f"partition_method {method!r} matches no layer; layer types: "
                                           f"{sorted({layer_name(layer) for layer in self.layers})}")
             parts = part.balanced(weights, num_parts)
         else:
             raise ValueError(f"partition_method {method!r} is not one of 'uniform', 'parameters', 'type:<regex>' "
                              "or a boundary list")
-        part.check(parts, n)
+        check_partition(parts, n)
         return parts
 
     def split_table(self, num_parts: int | None = None) -> list[dict]:
@@ -186,7 +205,6 @@ class PipelineModule:
     def _build(self, idx: int, spec):
         if isinstance(spec, LayerSpec):
             if self.seed_layers:
-                import torch
                 torch.manual_seed(self.base_seed + idx)
             return spec.build()
         return spec

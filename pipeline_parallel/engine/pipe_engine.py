@@ -13,9 +13,11 @@ replica reads its own iterator; its first and last stage both pull m micro-batch
 labels) per step — first uses the inputs, last the labels — as DeepSpeed's engine does.
 
 One step, per rank (p stages, m micro-batches, Ψ_s = this stage's parameters, A = activation bytes):
-  schedule        2·m·A bytes sent per inner boundary side (pipeline_parallel/executor.py)
+  schedule        the textbook schedule (pipeline_parallel/schedules/) run by the textbook executor
+                  (pipeline_parallel/executor.py) inside engine/draining.py's guards:
+                  2·m·A bytes sent per inner boundary side
   reduce_tied     tied weights: each holder sends its gradient to the other holders (k−1)·Ψ_tied
-  reduce_grads    one all-reduce of the flat stage gradient over dp (primitives.all_reduce,
+  reduce_grads    one coalesced all-reduce of the stage's gradients over dp (primitives/coalesced.py,
                   ring: 2(dp−1)/dp·Ψ_s elements), then ÷ dp
   step            one 24-byte all-reduce over the world (errors, loss, gradient norm²: control
                   traffic), clip by the global norm, torch AdamW, lr scheduler
@@ -28,16 +30,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipeline_parallel.engine import tied
 from pipeline_parallel.engine.config import load
-from pipeline_parallel.executor import Executor
+from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
-from pipeline_parallel.schedules import programs
+from pipeline_parallel.engine.nccl_order import programs
+from pipeline_parallel.engine.tied import TiedWeights
+from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather, all_reduce, get_comm
+from primitives.coalesced import all_reduce_coalesced
+from primitives.engine.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
 from zero_from_scratch.engine.mpu import counts_on
 from zero_from_scratch.optim import build_scheduler
-
 
 class PipelineError(RuntimeError):
     """Raised on every rank when any rank failed during a step; lists each failing rank's error."""
@@ -57,7 +61,6 @@ def initialize(model=None, model_parameters=None, config=None, dp: int | None = 
         raise ValueError(f"rank {rank}: model_parameters must be None: each rank's parameters exist only after "
                          "initialize() builds its stage (the optimizer takes every trainable parameter of the stage)")
     if not dist.is_initialized():
-        from primitives.engine.launch import init_from_env
         init_from_env()
     world, rank = dist.get_world_size(), dist.get_rank()
     pp = model.num_stages
@@ -87,8 +90,8 @@ class PipelineEngine:
         self.micro_batches, self.micro_batch_size = cfg.micro_batches, cfg.run.train_micro_batch_size_per_gpu
         self.schedule = cfg.schedule
         self.comm = get_comm(mesh.pp_group)
-        self._programs = {t: programs(self.schedule, self.pp, self.micro_batches, self.v, train=t,
-                                      backend=self.comm.backend)[self.stage] for t in (True, False)}
+        self.dp_comm = get_comm(mesh.dp_group) if self.dp > 1 else None
+        self._nccl_programs: dict = {}
         self.chunks = model.build_chunks(self.stage, self.pp, self.v)
         self.loss_fn = model.loss_fn
         seen, self.params = set(), []
@@ -97,13 +100,13 @@ class PipelineEngine:
                 if id(p) not in seen and p.requires_grad:
                     seen.add(id(p))
                     self.params.append(p)
-        self.tied = tied.TiedWeights(self)
+        self.tied = TiedWeights(self)
         self.tied.broadcast_initial()
         o = cfg.run.optimizer
         opt_cls = torch.optim.AdamW if o.adam_w_mode else torch.optim.Adam
         self.optimizer = opt_cls(self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
-        self.executor = Executor(self)
+        self.executor = DrainingExecutor(self)
         self.global_steps, self.global_grad_norm = 0, None
         self._errors: list = []
         self._broken = None
@@ -139,7 +142,7 @@ class PipelineEngine:
         for ch in self.chunks:
             ch.train(train)
         self._status = None
-        self.executor.run(self._programs[train], inputs, labels, train)
+        self.executor.run(self.program(train), inputs, labels, train)
         if not train:
             self.step_status(norm_sq=0.0)
         if train:                      # what the last *training* step did (eval saves nothing)
@@ -149,6 +152,17 @@ class PipelineEngine:
                                "pp": sum(v for k, v in by.items() if k.startswith(("send", "recv", "reduce_tied")))}
             self.peak_activation_bytes = self.executor.meter.peak
         return self._status
+
+    def program(self, train: bool) -> list:
+        """This rank's instruction list: the textbook schedule, built each step (microseconds); under
+        nccl's ordering (the nccl backend, or strict mode replaying it over gloo) the order
+        engine/nccl_order.py legalises once, so per-peer queues pair up."""
+        if self.comm.backend != "nccl" and not self.comm.strict:
+            return build(self.schedule, self.stage, self.pp, self.micro_batches, self.v, train=train)
+        if train not in self._nccl_programs:
+            self._nccl_programs[train] = programs(self.schedule, self.pp, self.micro_batches, self.v, train=train,
+                                                  backend="nccl")[self.stage]
+        return self._nccl_programs[train]
 
     def _pull(self, data_iter):
         """First and last stage pull m micro-batches of (inputs, labels) from this replica's iterator."""
@@ -176,17 +190,17 @@ class PipelineEngine:
         self.tied.reduce_grads()
 
     def reduce_grads(self):
-        """All-reduce the flat stage gradient over the data-parallel group, then ÷ dp."""
+        """Average the stage's gradients over the data-parallel replicas: one coalesced all-reduce
+        (sum; a parameter without a gradient contributes zeros), then ÷ dp."""
         if self.dp == 1:
             return
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
-        all_reduce(flat, group=self.mesh.dp_group)
-        flat.div_(self.dp)
-        off = 0
         for p in self.params:
-            n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).clone()
-            off += n
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        all_reduce_coalesced(self.dp_comm, grads, "sum")
+        for g in grads:
+            g.div_(self.dp)
 
     def step(self):
         # each parameter once: dp replicas hold equal gradients (only replica 0 counts), tied copies

@@ -13,11 +13,15 @@ little above the formula. Cost: schedules × (warm-up + 1) steps of p processes.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 
 import torch
 import torch.nn as nn
+
+from pipeline_parallel.engine.module import LayerSpec, PipelineModule
+from pipeline_parallel.engine.pipe_engine import initialize
 
 COLORS = {"fwd": "#4C72B0", "bwd": "#55A868", "recv_act": "#DDDDDD", "recv_grad": "#DDDDDD",
           "send_act": "#C44E52", "send_grad": "#C44E52", "reduce_tied": "#8172B2", "reduce_grads": "#8172B2",
@@ -38,13 +42,11 @@ def _mse(y, target):
 
 
 def _run(rank, world, schedule, v, m, dim, rows, steps):
-    import pipeline_parallel
-    from pipeline_parallel.engine.module import LayerSpec, PipelineModule
     layers = [LayerSpec(MLPBlock, dim) for _ in range(2 * world * v)]
     pm = PipelineModule(layers, num_stages=world, loss_fn=_mse, partition_method="uniform", seed_layers=True)
     cfg = {"train_micro_batch_size_per_gpu": rows, "gradient_accumulation_steps": m,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "pipeline": {"schedule": schedule, "virtual_stages": v}}
-    engine, *_ = pipeline_parallel.initialize(model=pm, config=cfg)
+    engine, *_ = initialize(model=pm, config=cfg)
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g)) for _ in range(m)]
     for _ in range(steps):
@@ -62,9 +64,8 @@ def measure(events_per_rank):
 
 def machine() -> str:
     try:
-        import importlib.metadata as md
-        ds = md.version("deepspeed")
-    except Exception:
+        ds = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
         ds = "absent"
     return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
             f"deepspeed {ds}, gloo")

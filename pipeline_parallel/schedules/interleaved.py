@@ -1,5 +1,7 @@
 """Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): v model chunks per rank.
 
+    python -c "from pipeline_parallel.schedules.interleaved import interleaved; print(interleaved(0, 2, 2, 2))"
+
 Rank s holds virtual stages s, s + p, …, s + (v−1)p. Micro-batches go through in groups of p:
 forward step k runs micro-batch (k // pv)·p + k mod p on chunk (k mod pv) // p; backward steps
 use the chunks in reverse. Warm-up: (p − s − 1)·2 + (v − 1)·p forward steps (all m·v of them
@@ -10,7 +12,7 @@ so the fill and drain shrink by v: bubble (p−1)/(v·m + p − 1). Price: v tim
 """
 from __future__ import annotations
 
-from pipeline_parallel.schedules.base import ScheduleError, bwd_ops, check_args, finish, fwd_ops
+from pipeline_parallel.schedules.instructions import ScheduleError, bwd_ops, check_args, finish, fwd_ops
 
 
 def interleaved(stage: int, num_stages: int, micro_batches: int, virtual_stages: int = 2, train: bool = True) -> list:

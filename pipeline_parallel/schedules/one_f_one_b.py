@@ -1,5 +1,7 @@
 """1F1B (PipeDream-Flush, Narayanan et al. 2021; DeepSpeed's TrainSchedule and Megatron's default).
 
+    python -c "from pipeline_parallel.schedules.one_f_one_b import one_f_one_b; print(one_f_one_b(0, 2, 3))"
+
 Stage s: a warm-up of w = min(p − s − 1, m) forwards, then alternate one forward and one
 backward (steady state), then the w remaining backwards (cool-down). Same bubble as GPipe,
 (p−1)/(m+p−1), and the same 2m messages per inner boundary, but a stage never holds more than
@@ -7,7 +9,7 @@ w + 1 ≤ p micro-batches' activations instead of m.
 """
 from __future__ import annotations
 
-from pipeline_parallel.schedules.base import bwd_ops, check_args, finish, fwd_ops
+from pipeline_parallel.schedules.instructions import bwd_ops, check_args, finish, fwd_ops
 
 
 def one_f_one_b(stage: int, num_stages: int, micro_batches: int, train: bool = True) -> list:

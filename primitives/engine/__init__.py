@@ -1,8 +1,18 @@
-"""primitives' engine: what makes the textbook's collectives safe, fast and measurable.
+"""primitives' engine: what makes the textbook's collectives safe, fast and measurable. It runs
+the textbook's algorithm functions (primitives/<collective>.py) unchanged and wraps them:
 
-The checked call (core.py, envelope.py), strict nccl ordering (strict.py), fault attribution
-(faults.py), the ledger (ledger.py), topology and hierarchical algorithms (topology.py,
-hierarchical.py), the shared-memory transport (shm*.py), the cost model behind "auto" (cost.py),
-launching (launch.py), logging (log.py) and the verify-and-time scripts (runner.py, bench.py).
+    checked.py, comms.py     the checked Communicator (ledger, deadlines, strict mode, topology)
+                             and its collective methods; subcomm.py: intra-/inter-node views;
+                             mpi_comm.py, shm.py: the MPI and shared-memory transports;
+                             registry.py: get_comm(group)
+    api.py, calls/           the torch.distributed-shaped drop-ins and the checked call per collective
+    core.py, check.py, envelope.py   the checked call: argument checks, the check round that also
+                             carries small calls' data, async execution, algorithm="auto"
+    cost.py, traffic.py      the α-β cost model behind "auto", and the exact bytes per algorithm
+    hierarchical.py, topology.py     two-level algorithms for ranks on several nodes
+    shm_collectives.py, shm_segment.py   collectives that read peers' shared memory
+    strict.py, faults.py, ledger.py  nccl's ordering rules on CPU, naming the dead rank, byte counts
+    launch.py, log.py, runner.py, bench.py, reference.py, all_to_all_runner.py   launching, printing,
+                             the verify-and-time scripts
 Nothing in the textbook (READING.md) imports this package.
 """

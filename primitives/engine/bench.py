@@ -27,9 +27,12 @@ import statistics
 import time
 
 import torch
+from rich.progress import Progress
+from rich.table import Table
 
-import primitives as P
+from primitives.engine import api, core
 from primitives.engine.cost import DEFAULTS, Params, choose, predict
+from primitives.engine.ledger import LEDGER
 from primitives.engine.launch import add_launch_args, init_from_env
 from primitives.engine.log import print0
 from primitives.engine.runner import BUS_FACTOR, Case, barrier, builtin_call
@@ -73,10 +76,10 @@ def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
             case = Case(op, comm, per_rank_numel(op, size, n, esz), dtype, 0, fill="zeros")
             impls = {"built-in": (lambda a=case.args()[0]: builtin_call(op, comm, a))}
             for al in algos:
-                if al == "auto" or al in P.algorithms_for(op, comm):
+                if al == "auto" or al in api.algorithms_for(op, comm):
                     a = case.args()[0]
-                    impls[al] = (lambda a=a, al=al: getattr(P, op)(*a, algorithm=al))
-                    impls[al + " unchecked"] = (lambda a=a, al=al: _unchecked(getattr(P, op), *a, algorithm=al))
+                    impls[al] = (lambda a=a, al=al: getattr(api, op)(*a, algorithm=al))
+                    impls[al + " unchecked"] = (lambda a=a, al=al: _unchecked(getattr(api, op), *a, algorithm=al))
             for fn in impls.values():
                 for _ in range(warmup):
                     fn()
@@ -101,24 +104,23 @@ def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
 
 
 def _unchecked(fn, *args, **kw):
-    P.set_handshake(False)
+    core.set_handshake(False)
     try:
         fn(*args, **kw)
     finally:
-        P.set_handshake(True)
+        core.set_handshake(True)
 
 
 def _chosen(op, comm, S, checked: bool) -> str:
     """What algorithm="auto" runs for this call (with the check on, small calls fuse into it)."""
-    from primitives.engine.core import FUSED, fuses
-    P.set_handshake(checked)
+    core.set_handshake(checked)
     try:
         transport = getattr(comm, "transport", None)
-        if transport != "shm" and op in FUSED and fuses(op, FUSED[op][0], comm, S):
-            return FUSED[op][0]
+        if transport != "shm" and op in core.FUSED and core.fuses(op, core.FUSED[op][0], comm, S):
+            return core.FUSED[op][0]
         return choose(op, comm.size, S, comm.backend, transport)
     finally:
-        P.set_handshake(True)
+        core.set_handshake(True)
 
 
 def pingpong_fit(comm, iters: int):
@@ -177,17 +179,16 @@ def main(argv=None):
     ap.add_argument("--json", help="write all rows to this file (rank 0)")
     args = ap.parse_args(argv)
     comm = init_from_env(args.backend, args.timeout)
-    P.LEDGER.keep_calls = False
+    LEDGER.keep_calls = False
     n, dtype = comm.size, getattr(torch, args.dtype)
     ops = args.ops.split(",")
-    algos = sorted({a for op in ops for a in P.algorithms_for(op, comm)}) + ["auto"] if args.algorithms == "all" \
+    algos = sorted({a for op in ops for a in api.algorithms_for(op, comm)}) + ["auto"] if args.algorithms == "all" \
         else args.algorithms.split(",")
     sizes = ([parse_size(s) for s in args.sizes.split(",")] if args.sizes
              else sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes)))
     if n == 1:
         print0("[yellow]World size 1: nothing to measure. Run: torchrun --standalone --nproc_per_node 4 primitives/engine/bench.py[/]")
         return
-    from rich.progress import Progress
     rows = []
     with Progress(disable=comm.rank != 0, transient=True) as prog:
         task = prog.add_task("sweeping", total=len(ops) * len(sizes))
@@ -196,7 +197,6 @@ def main(argv=None):
                 rows += sweep(comm, [op], algos, [s], args.iters, args.warmup, args.reps, dtype)
                 prog.advance(task)
     result = dict(backend=comm.backend, world_size=n, dtype=args.dtype, rows=rows, memcpy_GBps=memcpy_bw())
-    from rich.table import Table
     for op in ops:
         t = Table(title=f"{op}: {n} ranks, backend {comm.backend}, {args.dtype} (median of {args.reps} reps × {args.iters} iters)")
         for c in ("size", "impl", "transport", "median µs", "min–max µs", "algbw GB/s", "busbw GB/s",

@@ -1,7 +1,7 @@
 """The safety check, fused with small calls: one all-to-all round of fixed-size envelopes.
 
 Every checked call opens with this round. Each rank sends every other rank one envelope of
-ENVELOPE_BYTES (primitives/algos.py): a HEADER_BYTES fingerprint (call, algorithm, op, root,
+ENVELOPE_BYTES (primitives/engine/algos.py): a HEADER_BYTES fingerprint (call, algorithm, op, root,
 dtype, numel, shape hash, caller tag, length of my error text) followed by a payload region.
 Because the size never depends on the arguments, a mismatched call can never post a message
 of the wrong size (gloo aborts the process on that) or wait for a message that never comes:
@@ -27,8 +27,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from primitives.algos import ENVELOPE_BYTES, ENVELOPE_PAYLOAD, HEADER_BYTES
+from primitives.engine.algos import ENVELOPE_BYTES, ENVELOPE_PAYLOAD, HEADER_BYTES
+from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
+from primitives.engine.topology import topology
+from primitives.ops import wait_all
 
 MAGIC = 0x52494E47   # "RING": a stray message from another protocol is caught, not decoded
 
@@ -84,7 +87,6 @@ def _envelopes(comm) -> _Envelopes:
 def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, fused: Fused | None,
                 error_cls) -> bool:
     """Run the round; raise error_cls on every rank on a mismatch. True when `fused` carried the data."""
-    from primitives.engine.core import wait_all
     raise_deferred(comm, error_cls)
     n, me = comm.size, comm.rank
     text = "; ".join(errors).encode()[:ENVELOPE_PAYLOAD]
@@ -154,7 +156,6 @@ def _count_fused(comm, peers, sent, received) -> None:
     with peers, or {peer: bytes} (broadcast: only from the root)."""
     if isinstance(received, dict):
         received = [received.get(p, 0) for p in peers]
-    from primitives.engine.topology import topology
     topo, links = comm.__dict__.get("_fused_links", (None, None))   # one lookup per call, not per peer
     if topo is not topology(comm):                                  # (set_topology may replace it)
         topo = topology(comm)
@@ -200,5 +201,4 @@ def raise_deferred(comm, error_cls, wait: bool = False) -> None:
 
 def check_pending(comm, error_cls=None) -> None:
     """Wait for every deferred (CUDA) verdict of `comm` and raise if any found a disagreement."""
-    from primitives.engine.core import CollectiveError
     raise_deferred(comm, error_cls or CollectiveError, wait=True)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import time
 
+import torch.distributed as dist
+
 GRACE = 1.0      # seconds a failing rank waits for another rank's report
 PREFIX = "ringzero/fault"
 
 
 def _store():
     try:
-        import torch.distributed as dist
         if not dist.is_initialized():
             return None, 0
         return dist.distributed_c10d._get_default_store(), dist.get_world_size()

@@ -2,10 +2,10 @@
 and reduce_scatter(_single). Chosen by algorithm="auto" when the ranks span more than one node.
 
     python -m multinode run -- torchrun --nnodes 2 --nproc_per_node 2 --node_rank '$NODE_RANK' \\
-        --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' primitives/all_reduce.py
-    RINGZERO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 primitives/all_reduce.py   # 2 "nodes" on one host
+        --master_addr '$MASTER_ADDR' --master_port '$MASTER_PORT' primitives/allreduce.py
+    RINGZERO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 primitives/allreduce.py   # 2 "nodes" on one host
 
-m nodes × k ranks per node (primitives/engine/topology.py); intra = my node's ranks, inter = one rank per
+m nodes × k ranks per node (topology.py); intra = my node's ranks, inter = one rank per
 node with my local index j. A flat ring treats every hop alike, so with ranks numbered node by
 node each node's one outgoing inter-node hop carries all of its traffic: 2(N-1)/N·S per direction
 for an all-reduce. Here the slow link carries only what must cross it:
@@ -26,21 +26,21 @@ one inter-node ring whose result every member copies.
 """
 from __future__ import annotations
 
-from primitives.all_gather import _ring as _ag_ring
-from primitives.all_reduce import _ring as _ar_ring, _ring_all_gather, _ring_reduce_scatter
-from primitives.engine.core import chunk_bounds, scratch
-from primitives.reduce_scatter import _ring as _rs_ring
-from primitives.engine.topology import grid, split
+from primitives.all_gather import ring as all_gather_ring
+from primitives.all_reduce import ring as all_reduce_ring, ring_all_gather, ring_reduce_scatter
+from primitives.engine.subcomm import grid, split
+from primitives.ops import chunk_bounds
+from primitives.reduce_scatter import ring as reduce_scatter_ring
 
 
 def all_reduce_2level(comm, buf, op):
     intra, inter = split(comm)
     k, j = intra.size, intra.rank
     chunk = [buf[s:e] for s, e in chunk_bounds(buf.numel(), k)]
-    _ring_reduce_scatter(intra, chunk, op)          # rank j now owns chunk (j+1) % k for the node
+    ring_reduce_scatter(intra, chunk, op)          # rank j now owns chunk (j+1) % k for the node
     if inter.size > 1:
-        _ar_ring(inter, chunk[(j + 1) % k], op)     # the same chunk index on every node
-    _ring_all_gather(intra, chunk)
+        all_reduce_ring(inter, chunk[(j + 1) % k], op)     # the same chunk index on every node
+    ring_all_gather(intra, chunk)
 
 
 def all_gather_2level(comm, blocks):
@@ -48,25 +48,25 @@ def all_gather_2level(comm, blocks):
     g = grid(comm)
     j = intra.rank
     if inter.size > 1:
-        _ag_ring(inter, [blocks[g[i][j]] for i in range(inter.size)])
+        all_gather_ring(inter, [blocks[g[i][j]] for i in range(inter.size)])
     if intra.size > 1:
         for row in g:                               # node i's k blocks, one held by each local rank
-            _ag_ring(intra, [blocks[p] for p in row])
+            all_gather_ring(intra, [blocks[p] for p in row])
 
 
 def reduce_scatter_2level(comm, blocks, out, op):
     intra, inter = split(comm)
     g = grid(comm)
     m, k = inter.size, intra.size
-    partial = scratch(comm, m * out.numel(), out.dtype, slot=6).view(m, -1)
+    partial = comm.scratch(m * out.numel(), out.dtype, slot=6).view(m, -1)
     for i, row in enumerate(g):                     # partial[i] = my node's sum of block g[i][j]
         if k > 1:
-            _rs_ring(intra, [blocks[p] for p in row], partial[i], op)
+            reduce_scatter_ring(intra, [blocks[p] for p in row], partial[i], op)
         else:
             partial[i].copy_(blocks[row[0]])
     if m > 1:
-        # in place on our own scratch, receive posted before send (reduce_scatter._ring posts its
+        # in place on our own scratch, receive posted before send (reduce_scatter.ring posts its
         # first send first: measured 1.35× slower across the shaped link with gloo); the ring's
         # reduce-scatter half leaves inter rank i owning chunk i+1, so rotate the list by one
-        _ring_reduce_scatter(inter, [partial[(x - 1) % m] for x in range(m)], op)
+        ring_reduce_scatter(inter, [partial[(x - 1) % m] for x in range(m)], op)
     out.copy_(partial[inter.rank])

@@ -25,7 +25,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from primitives import comm as _comm
+from primitives.comm import Communicator
+from primitives.engine import core, registry
+from primitives.engine.checked import DEFAULT_TIMEOUT
+from primitives.engine.mpi_comm import MPIComm
+from primitives.engine.shm_segment import transport_from_env
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 
@@ -33,7 +37,7 @@ BACKENDS = ("auto", "gloo", "nccl", "mpi")
 def add_launch_args(parser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto = nccl when CUDA is available, else gloo; mpi needs mpiexec")
-    parser.add_argument("--timeout", type=float, default=_comm.DEFAULT_TIMEOUT,
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help="seconds any rank waits for a peer before raising")
 
 
@@ -48,22 +52,21 @@ def _default_backend() -> str:
 
 
 def init_from_env(backend: str = "auto", timeout: float | None = None,
-                  transport: str | None = None) -> _comm.Communicator:
+                  transport: str | None = None) -> Communicator:
     """Initialise from the launcher's environment and return the world communicator.
     transport: auto|shm|tcp (default: $RINGZERO_TRANSPORT, else auto; see primitives/engine/shm.py)."""
     if transport is not None:                    # shm transport: every communicator built later uses it
-        from primitives.engine.shm import transport_from_env
         os.environ["RINGZERO_TRANSPORT"] = transport_from_env(transport)
-    timeout = _comm.DEFAULT_TIMEOUT if timeout is None else timeout
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     mpi_size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     if backend == "mpi":
         try:
-            from mpi4py import MPI  # noqa: F401
+            from mpi4py import MPI  # noqa: F401  (optional dependency: is it installed?)
         except ImportError as e:
             raise SystemExit("backend mpi needs mpi4py: pip install mpi4py mpich "
                              "(or `pip install -e .[mpi]`), then mpiexec -n 4 python SCRIPT --backend mpi") from e
-        _comm.set_mpi_world(_comm.MPIComm(timeout=timeout))
-        return _comm.get_comm()
+        registry.set_mpi_world(MPIComm(timeout=timeout))
+        return registry.get_comm()
     if mpi_size > 1 and "RANK" not in os.environ:
         raise SystemExit(f"started by mpiexec with {mpi_size} processes but --backend is {backend!r}: "
                          "pass --backend mpi (torch wheels have no MPI backend; ringzero uses mpi4py)")
@@ -82,8 +85,8 @@ def init_from_env(backend: str = "auto", timeout: float | None = None,
                 torch.cuda.set_device(0)
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                     rank=0, world_size=1, timeout=td)
-    _comm._COMMS.clear()
-    c = _comm.get_comm()
+    registry._COMMS.clear()
+    c = registry.get_comm()
     c.timeout = timeout
     atexit.register(shutdown)
     return c
@@ -93,7 +96,6 @@ def shutdown() -> None:
     """Tear the process group down before interpreter exit: gloo's threads otherwise abort
     the process ("terminate called without an active exception") and the launcher reports
     a failure although every rank finished."""
-    from primitives.engine import core
     core.drain()
     if dist.is_initialized():
         try:
@@ -132,8 +134,8 @@ def _child(rank: int, job: _Job, q) -> None:
             torch.cuda.set_device(rank)
         dist.init_process_group(job.backend, init_method=f"file://{job.store}", rank=rank,
                                 world_size=job.world_size, timeout=timedelta(seconds=job.comm_timeout))
-        _comm._COMMS.clear()
-        _comm.get_comm().timeout = job.comm_timeout
+        registry._COMMS.clear()
+        registry.get_comm().timeout = job.comm_timeout
         result = job.fn(rank, job.world_size, *job.args, **job.kwargs)
         # plain pickle, by value: the queue's own pickler shares tensors through file descriptors
         # that die with this process (ConnectionResetError in the parent after os._exit)

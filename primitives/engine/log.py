@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-
-from rich.console import Console
-
 import sys
+
+import torch.distributed as dist
+from rich.console import Console
 
 # Piped output (CI, tests, torchrun's log capture) would get rich's 80-column default and
 # squeeze tables into unreadable cells; use a wide fixed width there.
@@ -13,12 +13,10 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def rank() -> int:
-    import torch.distributed as dist
+    """This process's global rank: the process group's, else the launcher's (mpiexec sets PMI_RANK
+    or OMPI_COMM_WORLD_RANK, also for --backend mpi), else 0."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    from primitives import comm
-    if comm._MPI_WORLD is not None:
-        return comm._MPI_WORLD.rank
     return int(os.environ.get("RANK", os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0))))
 
 

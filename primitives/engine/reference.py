@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from primitives.algos import group_rank
-from primitives.engine.core import op_name
+from primitives.engine.algos import group_rank
+from primitives.engine.check import op_name
 
 _MPI_OPS = {"sum": "SUM", "product": "PROD", "min": "MIN", "max": "MAX", "avg": "SUM"}
 _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
@@ -62,7 +62,7 @@ def _ref_torch(name, comm, args, opn):
 
 def _ref_mpi(name, comm, args, opn):
     """mpi4py on numpy views; float16/bfloat16 travel as bytes where no reduction is needed."""
-    from mpi4py import MPI
+    from mpi4py import MPI   # optional dependency: only `--backend mpi` needs it
     m = comm.mpi
     op = getattr(MPI, _MPI_OPS[opn])
 

@@ -1,8 +1,8 @@
-"""What `python primitives/<collective>.py` does: run each algorithm, check it against the
+"""What `primitives/allreduce.py` (and run.py NAME) does: run each algorithm, check it against the
 backend's built-in, compare the bytes sent with the formula, time it, and print a table.
 
-    torchrun --nproc_per_node 4 primitives/all_reduce.py [--size 1048576] [--iters 5]
-    mpiexec -n 4 python primitives/all_reduce.py --backend mpi
+    torchrun --nproc_per_node 4 primitives/allreduce.py [--size 1048576] [--iters 5]
+    mpiexec -n 4 python primitives/run.py broadcast --backend mpi
 
 Inputs are small integers stored in the chosen dtype, so every summation order gives the same
 exact result and the check against the built-in can be bitwise.
@@ -15,8 +15,12 @@ import time
 
 import torch
 
-import primitives as P
-from primitives.engine.cost import traffic
+from rich.table import Table
+
+from primitives.engine import api, core
+from primitives.engine.algos import ALGORITHMS
+from primitives.engine.ledger import LEDGER
+from primitives.engine.traffic import traffic
 from primitives.engine.launch import add_launch_args, init_from_env
 from primitives.engine.log import fail, print0
 from primitives.engine.reference import ref
@@ -102,7 +106,7 @@ def barrier(comm):
 def all_ok(comm, ok: bool) -> bool:
     """Every rank's verdict combined with the backend's own all-reduce (MIN)."""
     if comm.backend == "mpi":
-        from mpi4py import MPI
+        from mpi4py import MPI   # optional dependency: only `--backend mpi` needs it
         return bool(comm.mpi.allreduce(int(ok), op=MPI.MIN))
     t = torch.tensor([int(ok)], device=comm.device)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=comm.group)
@@ -130,7 +134,7 @@ def main(name: str, argv=None) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64", "int32", "int64"])
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--root", type=int, default=0, help="src/dst for rooted collectives")
-    valid = P.ALGORITHMS[name] + ["auto"]
+    valid = ALGORITHMS[name] + ["auto"]
     ap.add_argument("--algorithms", default=",".join(valid), help=f"comma list of {', '.join(valid)}")
     args = ap.parse_args(argv)
     bad = [a for a in args.algorithms.split(",") if a not in valid]
@@ -149,7 +153,6 @@ def main(name: str, argv=None) -> None:
                f"  For more ranks: [bold]torchrun --nproc_per_node 4 primitives/{name}.py[/]\n"
                f"  or with MPI:    [bold]mpiexec -n 4 python primitives/{name}.py --backend mpi[/]")
     case = Case(name, comm, numel, dtype, root)
-    from rich.table import Table
     table = Table(title=f"{name}: {n} ranks, {args.size:,} bytes per rank, {args.dtype}, backend {comm.backend}")
     for col in ("algorithm", "ran", "check vs built-in", "bytes sent (rank 0)", "formula (rank 0)",
                 "every rank = formula", "msgs (rank 0)", "median ms", "busbw GB/s"):
@@ -158,19 +161,19 @@ def main(name: str, argv=None) -> None:
     for algo in args.algorithms.split(","):
         a_ours, outs = case.args()
         a_ref, refs = case.args()
-        with P.LEDGER.track() as d:
-            getattr(P, name)(*a_ours, algorithm=algo)
-        used = P.LEDGER.calls[-1].algorithm
+        with LEDGER.track() as d:
+            getattr(api, name)(*a_ours, algorithm=algo)
+        used = LEDGER.calls[-1].algorithm
         builtin_call(name, comm, a_ref)
         ok = all_ok(comm, all(torch.equal(o, e) for o, e in zip(outs, refs)))
         expect = traffic(name, used, n, comm.rank, numel, case.x.element_size() if case.x is not None else
                          torch.empty(0, dtype=dtype).element_size(), root)
         formula_ok = all_ok(comm, (d.msgs_sent, d.bytes_sent) == expect)
-        hs = P.handshake_enabled()
-        P.set_handshake(False)      # time the algorithm, not the safety check (as bench.py does)
+        hs = core.handshake_enabled()
+        core.set_handshake(False)      # time the algorithm, not the safety check (as bench.py does)
         a_t = case.args()[0]
-        times = time_call(lambda: getattr(P, name)(*a_t, algorithm=algo), comm, args.iters)
-        P.set_handshake(hs)
+        times = time_call(lambda: getattr(api, name)(*a_t, algorithm=algo), comm, args.iters)
+        core.set_handshake(hs)
         med = statistics.median(times)
         busbw = case.bus_bytes() / med * BUS_FACTOR[name](n) / 1e9 if n > 1 else 0.0
         failures += (not ok) + (not formula_ok)

@@ -36,32 +36,11 @@ import torch
 import torch.distributed as dist
 
 from primitives.engine import shm_segment as seg
-from primitives.comm import DEFAULT_TIMEOUT, PeerError, TorchComm
-
-TRANSPORTS = ("auto", "shm", "tcp")
-SLOT_BYTES = int(os.environ.get("RINGZERO_SHM_SLOT_BYTES", 512 << 10))
-SLOTS = int(os.environ.get("RINGZERO_SHM_SLOTS", 8))
-WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 8 << 20))   # per rank, ×2 (double-buffered)
-LINE = 64                                                            # one cache line per counter
-SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
-
-
-def transport_from_env(transport: str | None) -> str:
-    t = (transport or os.environ.get("RINGZERO_TRANSPORT") or "auto").lower()
-    if t not in TRANSPORTS:
-        raise ValueError(f"RINGZERO_TRANSPORT / transport= is {t!r}; expected one of {list(TRANSPORTS)}")
-    return t
-
-
-def layout(n: int) -> dict:
-    """Byte offsets in a host's segment for n local ranks: per-rank control lines, n·n
-    channels (head line, tail line, K slots of a header line + C bytes), 2·n workspaces."""
-    ctl = LINE * (1 + n)
-    slot = LINE + SLOT_BYTES
-    chan = 2 * LINE + SLOTS * slot
-    ws = ctl + n * n * chan
-    return dict(ctl=LINE, chan0=ctl, chan=chan, slot=slot, ws=ws, total=ws + 2 * n * WS_BYTES)
-
+from primitives.engine.checked import DEFAULT_TIMEOUT
+from primitives.engine.comms import TorchComm
+from primitives.engine.errors import PeerError
+from primitives.engine.shm_segment import (LINE, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
+                                          layout, transport_from_env)
 
 class _Op:
     __slots__ = ("peer", "kind", "buf", "total", "off", "done", "out")

@@ -2,7 +2,7 @@
 way MPICH's intranode collectives and DeepSpeed's CPU shm op do. Only when every rank of the
 group is on this host (ShmComm.transport == "shm"); `auto` picks them by the cost model.
 
-    RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/all_reduce.py
+    RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/allreduce.py
 
 Each rank owns a workspace of W = 8 MiB (RINGZERO_SHM_WORKSPACE), two of them used in turn so
 that one barrier per round is enough: rank r rewrites buffer g%2 only after every rank has
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from primitives.engine.core import chunk_bounds, combine_
 from primitives.engine.ledger import LEDGER
-from primitives.engine.shm import WS_BYTES
+from primitives.engine.shm_segment import WS_BYTES
+from primitives.ops import chunk_bounds, combine_
 
 ONE_SHOT_BYTES = min(WS_BYTES, 64 << 10)   # all-reduce up to this: one barrier, N·S reduced per rank
 

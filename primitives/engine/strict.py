@@ -35,7 +35,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from primitives.comm import PeerError
+from primitives.engine.errors import PeerError
 
 _ENABLED = os.environ.get("RINGZERO_STRICT_P2P", "0") not in ("", "0")
 

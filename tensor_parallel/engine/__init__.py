@@ -1,5 +1,5 @@
-"""tensor_parallel's engine: applying the textbook layers to real models, and accounting.
-
-parallelize.py (shard a Hugging Face model in place; gather_state_dict / load_full_state_dict),
-ulysses.py (all-to-all sequence parallelism), formulas.py (bytes, parameters, activations).
+"""tensor_parallel's engine, built on the textbook layers: parallelize.py (shard a Hugging Face
+DistilBERT or an MLP stack in place over a process group), state_dict.py (gather_state_dict /
+load_full_state_dict / sharded_numel), uneven.py (gathering slices of unequal size), ulysses.py
+(all-to-all sequence parallelism), formulas.py (bytes, parameters, activations).
 """

@@ -1,6 +1,6 @@
 """parallelize(model, group=None, sequence_parallel=False): shard a model over a tensor-parallel
-group in place, from its unsharded weights; gather_state_dict(model) undoes it, and
-load_full_state_dict(model, sd) loads an unsharded state dict into the sharded model.
+group in place, from its unsharded weights, with the textbook layers (tensor_parallel/layers.py)
+over the group's communicator (primitives.get_comm). state_dict.py undoes it.
 
     torchrun --standalone --nproc_per_node 2 classification/parallel/train.py --tp 2
 
@@ -29,21 +29,30 @@ from __future__ import annotations
 
 from torch import nn
 
-from tensor_parallel import comm as C
-from tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, TPError, VocabParallelEmbedding,
-                                    _comm, _pad_gather)
+from primitives.engine.registry import get_comm
+from tensor_parallel.comm import all_reduce_grad, copy_to_tp, gather_seq, gather_seq_to_replicated, split_seq
+from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, TPError, VocabParallelEmbedding
 
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Identity, nn.LeakyReLU)
 
 
+def tp_comm(group, what: str):
+    """The communicator of `group` (a process group, None = the world, or a communicator); a
+    rank outside the group gets a TPError naming `what`."""
+    try:
+        return get_comm(group)
+    except ValueError as e:
+        raise TPError(f"{what}: {e} (every rank that calls a parallel layer must be in its group)") from None
+
+
 def parallelize(model: nn.Module, group=None, sequence_parallel: bool = False) -> nn.Module:
     """Shard `model` in place over `group` (None = the world) and return it."""
-    comm = _comm(group, "parallelize")
-    if getattr(model, "tp_group_size", None) is not None:
+    comm = tp_comm(group, "parallelize")
+    if getattr(model, "tp_comm", None) is not None:
         raise TPError(f"rank {comm.rank}: parallelize: this {type(model).__name__} is already parallelized")
     kind = type(model).__name__
     if kind in ("DistilBertForSequenceClassification", "DistilBertModel"):
-        _distilbert(model, group, comm, sequence_parallel)
+        _distilbert(model, comm, sequence_parallel)
     elif kind == "TransformerBlock" and hasattr(model, "attention") and hasattr(model, "ffn"):
         # one DistilBERT block, as a pipeline stage holds them (classification/parallel/pipeline.py)
         if sequence_parallel:
@@ -51,17 +60,17 @@ def parallelize(model: nn.Module, group=None, sequence_parallel: bool = False) -
                           "blocks, which needs the whole model (its entry and exit hooks); pass a "
                           "DistilBertForSequenceClassification, or False for a single TransformerBlock")
         _check_sizes(model, model.attention.config, comm)
-        _block(model, group, comm, False)
+        _block(model, comm, False)
     elif isinstance(model, nn.Sequential):
         if sequence_parallel:
             raise TPError(f"rank {comm.rank}: parallelize: sequence_parallel=True needs a transformer (LayerNorm "
                           "and dropout regions between TP blocks); an MLP stack has none. Pass False.")
-        _mlp(model, group, comm)
+        _mlp(model, comm)
     else:
         raise TPError(f"rank {comm.rank}: parallelize: no tensor-parallel plan for module {kind!r}; known: "
                       "DistilBertForSequenceClassification, DistilBertModel, a DistilBERT TransformerBlock, "
                       "nn.Sequential MLP stacks")
-    model.tp_group_size, model.tp_group, model.tp_sequence_parallel = comm.size, group, sequence_parallel
+    model.tp_comm, model.tp_sequence_parallel = comm, sequence_parallel
     return model
 
 
@@ -74,32 +83,32 @@ def _check_sizes(model, cfg, comm):
         raise TPError(f"rank {comm.rank}: parallelize: FFN hidden size {cfg.hidden_dim} < tp={n}")
 
 
-def _distilbert(model, group, comm, sp):
+def _distilbert(model, comm, sp):
     db = model.distilbert if hasattr(model, "distilbert") else model
     _check_sizes(model, db.config, comm)
-    db.embeddings.word_embeddings = VocabParallelEmbedding(db.embeddings.word_embeddings, group)
+    db.embeddings.word_embeddings = VocabParallelEmbedding(db.embeddings.word_embeddings, comm)
     for block in db.transformer.layer:
-        _block(block, group, comm, sp)
+        _block(block, comm, sp)
     if sp:
         # enter the sequence-parallel region after the (replicated) embeddings, leave it before the head
-        db.transformer.register_forward_pre_hook(_split_hook(group, comm), with_kwargs=True)
-        db.transformer.register_forward_hook(_gather_hook(group))
+        db.transformer.register_forward_pre_hook(_split_hook(comm), with_kwargs=True)
+        db.transformer.register_forward_hook(_gather_hook(comm))
         for p in model.parameters():
             if getattr(p, "tp_sequence_parallel", False):
-                p.register_hook(lambda g, group=group: C.all_reduce_grad(g, group))
+                p.register_hook(lambda g, comm=comm: all_reduce_grad(g, comm))
 
 
-def _block(block, group, comm, sp):
+def _block(block, comm, sp):
     """One DistilBERT TransformerBlock: heads split (q/k/v column, out_lin row), FFN column → row."""
     att = block.attention
     hd = att.config.dim // att.config.n_heads
     for name in ("q_lin", "k_lin", "v_lin"):
-        setattr(att, name, ColumnParallelLinear(getattr(att, name), group, unit=hd, input_comm=False))
-    att.out_lin = RowParallelLinear(att.out_lin, group, unit=hd, sequence_parallel=sp)
-    att.register_forward_pre_hook(_enter_hook(group, sp), with_kwargs=True)   # one f (or ḡ) for Q, K, V
+        setattr(att, name, ColumnParallelLinear(getattr(att, name), comm, unit=hd, input_comm=False))
+    att.out_lin = RowParallelLinear(att.out_lin, comm, unit=hd, sequence_parallel=sp)
+    att.register_forward_pre_hook(_enter_hook(comm, sp), with_kwargs=True)   # one f (or ḡ) for Q, K, V
     att.tp_local_heads = att.q_lin.weight.shape[0] // hd
-    block.ffn.lin1 = ColumnParallelLinear(block.ffn.lin1, group, sequence_parallel=sp)
-    block.ffn.lin2 = RowParallelLinear(block.ffn.lin2, group, sequence_parallel=sp)
+    block.ffn.lin1 = ColumnParallelLinear(block.ffn.lin1, comm, sequence_parallel=sp)
+    block.ffn.lin2 = RowParallelLinear(block.ffn.lin2, comm, sequence_parallel=sp)
     if sp:
         for ln in (block.sa_layer_norm, block.output_layer_norm):
             for p in ln.parameters():
@@ -114,33 +123,33 @@ def _replace_first(args, kwargs, fn):
     return args, kwargs
 
 
-def _enter_hook(group, sp):
+def _enter_hook(comm, sp):
     def hook(module, args, kwargs):
-        return _replace_first(args, kwargs, lambda x: C.gather_seq(x, 1, group, regather=True) if sp
-                              else C.copy_to_tp(x, group))
+        return _replace_first(args, kwargs, lambda x: gather_seq(x, comm, 1, regather=True) if sp
+                              else copy_to_tp(x, comm))
     return hook
 
 
-def _split_hook(group, comm):
+def _split_hook(comm):
     def hook(module, args, kwargs):
         def split(x):
             if x.shape[1] % comm.size:
                 raise TPError(f"rank {comm.rank}: sequence parallelism needs the sequence length ({x.shape[1]}) "
                               f"divisible by tp={comm.size}; pad the batch to a multiple of {comm.size}")
-            return C.split_seq(x, 1, group)
+            return split_seq(x, comm, 1)
         return _replace_first(args, kwargs, split)
     return hook
 
 
-def _gather_hook(group):
+def _gather_hook(comm):
     def hook(module, args, kwargs_or_out, out=None):
         out = kwargs_or_out if out is None else out
-        out.last_hidden_state = C.gather_seq_to_replicated(out.last_hidden_state, 1, group)
+        out.last_hidden_state = gather_seq_to_replicated(out.last_hidden_state, comm, 1)
         return out
     return hook
 
 
-def _mlp(seq: nn.Sequential, group, comm):
+def _mlp(seq: nn.Sequential, comm):
     names = list(seq._modules)
     linears = [i for i, k in enumerate(names) if isinstance(seq[i], nn.Linear)]
     for i, k in enumerate(names):
@@ -151,51 +160,5 @@ def _mlp(seq: nn.Sequential, group, comm):
         raise TPError(f"rank {comm.rank}: parallelize: an MLP stack needs at least two Linear layers to pair "
                       f"column → row, found {len(linears)}")
     for a, b in zip(linears[0::2], linears[1::2]):
-        seq[a] = ColumnParallelLinear(seq[a], group)
-        seq[b] = RowParallelLinear(seq[b], group, input_is_parallel=True)
-
-
-def gather_state_dict(model: nn.Module) -> dict:
-    """The full (unsharded) state dict, on every rank. Collective: every rank of the group calls it."""
-    group = getattr(model, "tp_group", None)
-    if getattr(model, "tp_group_size", None) is None:
-        raise TPError("gather_state_dict: this model was not parallelized (call tensor_parallel.engine.parallelize first)")
-    shards = {name: (*p.tp_shard, p.tp_unit) for name, p in model.named_parameters() if hasattr(p, "tp_shard")}
-    out = {}
-    for name, t in model.state_dict().items():
-        if name in shards:
-            dim, _, _, full, unit = shards[name]
-            t = _pad_gather(t.detach().movedim(dim, -1), full, group, unit).movedim(-1, dim).contiguous()
-        out[name] = t.detach().clone()
-    return out
-
-
-def load_full_state_dict(model: nn.Module, state_dict: dict) -> None:
-    """The inverse of gather_state_dict: load an unsharded state dict (a save_pretrained
-    checkpoint) into a parallelized model, each sharded tensor narrowed to this rank's slice.
-    Local: no communication (every rank reads the full tensors)."""
-    if getattr(model, "tp_group_size", None) is None:
-        raise TPError("load_full_state_dict: this model was not parallelized (call tensor_parallel.engine.parallelize first)")
-    shards = {name: p.tp_shard for name, p in model.named_parameters() if hasattr(p, "tp_shard")}
-    local = {}
-    for name, t in state_dict.items():
-        if name in shards:
-            dim, lo, hi, full = shards[name]
-            if t.shape[dim] != full:
-                raise TPError(f"load_full_state_dict: {name} has {t.shape[dim]} rows along dim {dim}, the "
-                              f"unsharded model has {full}")
-            t = t.narrow(dim, lo, hi - lo)
-        local[name] = t
-    model.load_state_dict(local)
-
-
-def sharded_numel(model: nn.Module) -> tuple[int, int]:
-    """(elements this rank holds, elements of the unsharded model)."""
-    local = full = 0
-    for p in model.parameters():
-        local += p.numel()
-        full += p.numel() // (p.tp_shard[2] - p.tp_shard[1]) * p.tp_shard[3] if hasattr(p, "tp_shard") else p.numel()
-    return local, full
-
-
-__all__ = ["parallelize", "gather_state_dict", "load_full_state_dict", "sharded_numel", "TPError"]
+        seq[a] = ColumnParallelLinear(seq[a], comm)
+        seq[b] = RowParallelLinear(seq[b], comm)

@@ -26,14 +26,14 @@ import math
 import torch
 from torch import nn
 
-import primitives as P
-from tensor_parallel import comm as C
+from primitives.engine.registry import get_comm
+from tensor_parallel.comm import all_reduce_grad
 from tensor_parallel.layers import TPError
 
 
-def _a2a(x: torch.Tensor, group) -> torch.Tensor:
+def _a2a(x: torch.Tensor, comm) -> torch.Tensor:
     out = torch.empty_like(x)
-    P.all_to_all_single(out, x.contiguous(), group=group)
+    comm.all_to_all_single(out, x.contiguous())
     return out
 
 
@@ -42,39 +42,39 @@ class SeqToHeads(torch.autograd.Function):
     adjoint is the inverse permutation: the backward is HeadsToSeq's forward."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_to_heads(x, group)
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return _seq_to_heads(x, comm)
 
     @staticmethod
     def backward(ctx, dy):
-        return _heads_to_seq(dy, ctx.group), None
+        return _heads_to_seq(dy, ctx.comm), None
 
 
 class HeadsToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _heads_to_seq(x, group)
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return _heads_to_seq(x, comm)
 
     @staticmethod
     def backward(ctx, dy):
-        return _seq_to_heads(dy, ctx.group), None
+        return _seq_to_heads(dy, ctx.comm), None
 
 
-def _seq_to_heads(x, group):
-    n = P.get_comm(group).size
+def _seq_to_heads(x, comm):
+    n = comm.size
     *lead, b, sl, H, d = x.shape
     blocks = x.reshape(*lead, b, sl, n, H // n, d).movedim(-3, 0)        # [N(dest), ..., b, s/N, H/N, d]
-    got = _a2a(blocks, group)                                             # [N(source = seq block), ...]
+    got = _a2a(blocks, comm)                                             # [N(source = seq block), ...]
     return got.movedim(0, -4).reshape(*lead, b, n * sl, H // n, d)
 
 
-def _heads_to_seq(x, group):
-    n = P.get_comm(group).size
+def _heads_to_seq(x, comm):
+    n = comm.size
     *lead, b, s, Hl, d = x.shape
     blocks = x.reshape(*lead, b, n, s // n, Hl, d).movedim(-4, 0)        # [N(dest = seq block), ...]
-    got = _a2a(blocks, group)                                             # [N(source = head block), ...]
+    got = _a2a(blocks, comm)                                             # [N(source = head block), ...]
     return got.movedim(0, -3).reshape(*lead, b, s // n, n * Hl, d)
 
 
@@ -84,28 +84,28 @@ class UlyssesAttention(nn.Module):
 
     def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear, n_heads: int, group=None):
         super().__init__()
-        comm = P.get_comm(group)
+        comm = get_comm(group)
         if n_heads % comm.size:
             raise TPError(f"rank {comm.rank}: UlyssesAttention: {n_heads} heads do not divide over {comm.size} "
                           "ranks (all-to-all gives every rank H/N whole heads)")
-        self.group, self.n_heads = group, n_heads
+        self.comm, self.n_heads = comm, n_heads
         self.q, self.k, self.v, self.o = (nn.Linear(m.in_features, m.out_features) for m in (q, k, v, o))
         for mine, src in zip((self.q, self.k, self.v, self.o), (q, k, v, o)):
             mine.load_state_dict(src.state_dict())
         for p in self.parameters():                 # each rank sees s/N positions: partial gradients
-            p.register_hook(lambda g: C.all_reduce_grad(g, self.group))
+            p.register_hook(lambda g: all_reduce_grad(g, comm))
 
     def forward(self, x, key_mask=None):
         """x: [b, s/N, h] (this rank's positions); key_mask: [b, s] bool, True = attend (all ranks)."""
         b, sl, h = x.shape
         d = h // self.n_heads
         qkv = torch.stack([m(x) for m in (self.q, self.k, self.v)]).view(3, b, sl, self.n_heads, d)
-        q, k, v = SeqToHeads.apply(qkv, self.group).transpose(-2, -3).unbind(0)   # [b, H/N, s, d]
+        q, k, v = SeqToHeads.apply(qkv, self.comm).transpose(-2, -3).unbind(0)   # [b, H/N, s, d]
         scores = q @ k.transpose(-1, -2) / math.sqrt(d)
         if key_mask is not None:
             scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
         ctx = (scores.softmax(-1) @ v).transpose(1, 2)                           # [b, s, H/N, d]
-        return self.o(HeadsToSeq.apply(ctx, self.group).reshape(b, sl, h))
+        return self.o(HeadsToSeq.apply(ctx, self.comm).reshape(b, sl, h))
 
 
 def reference_attention(x, q, k, v, o, n_heads, key_mask=None):

@@ -24,7 +24,7 @@ import functools
 import torch
 
 import primitives as P
-from primitives.engine.topology import SubComm
+from primitives.engine.subcomm import SubComm
 
 
 def check_config(zero, world_size: int) -> None:

@@ -1,7 +1,7 @@
 """Tensor parallelism: ours vs torch.distributed.tensor.parallel, and dp=4 vs dp=2×tp=2 vs tp=4.
 
-    python benchmarks/tensor_parallel.py                       # spawns its own ranks (gloo, CPU)
-    python benchmarks/tensor_parallel.py --quick               # smaller, for a smoke run
+    python benchmarks/tensor_parallel_bench.py                       # spawns its own ranks (gloo, CPU)
+    python benchmarks/tensor_parallel_bench.py --quick               # smaller, for a smoke run
 
 Part 1 (2 ranks): the same MLP blocks (Linear h→4h, GELU, Linear 4h→h) sharded column → row
 by tensor_parallel.engine.parallelize and by torch's parallelize_module(ColwiseParallel,
@@ -15,6 +15,8 @@ own, since VmHWM is per process and never falls: after the timed run, each layou
 --rss-steps steps in 4 fresh ranks; printed whole (libraries included) and above the peak
 reached once torch and transformers are imported (model, gradients, AdamW states, activations).
 Timings come from a shared 2-core machine: compare ratios within one run, not absolutes.
+(Named tensor_parallel_bench.py, not tensor_parallel.py: run by path, a file of the package's
+name would be imported in its place.)
 """
 from __future__ import annotations
 
@@ -23,16 +25,26 @@ import contextlib
 import copy
 import os
 import statistics
-import sys
 import time
 
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-import primitives as P  # noqa: E402
-from primitives.engine.launch import spawn  # noqa: E402
-from primitives.engine.ledger import LEDGER  # noqa: E402
+from rich.table import Table
+
+import primitives as P
+import tensor_parallel as tp
+from classification.parallel.memory import SavedBytes
+from classification.parallel.train import _sync_dp
+from primitives.engine.launch import spawn
+from primitives.engine.ledger import LEDGER
+from primitives.engine.log import console
+from primitives.mesh import Mesh
+from zero_from_scratch.parity.sides import peak_rss_bytes
 
 
 def _mlp(h, blocks):
@@ -43,11 +55,6 @@ def _mlp(h, blocks):
 
 
 def _vs_torch(rank, n, h, tokens, blocks, iters):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    import tensor_parallel as tp
     torch.manual_seed(0)
     base = _mlp(h, blocks)
     ours = tp.parallelize(copy.deepcopy(base))
@@ -79,10 +86,7 @@ LAYOUTS = {"dp=4": (4, 1), "dp=2 × tp=2": (2, 2), "tp=4": (1, 4)}
 
 def _build(dp, tpn, dim, layers, b, s):
     """(model, optimizer, mesh, this replica's ids and labels) for one dp × tp layout."""
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    import tensor_parallel as tp
-    from primitives.mesh import Mesh
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification   # optional dependency
     cfg = DistilBertConfig(vocab_size=30522, dim=dim, n_heads=dim // 32, hidden_dim=4 * dim, n_layers=layers,
                            dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=2)
     cfg._attn_implementation = "eager"
@@ -100,20 +104,18 @@ def _build(dp, tpn, dim, layers, b, s):
 
 
 def _step(model, opt, mesh, ids, lab, dp, saved=None):
-    from classification.parallel.train import _sync_dp
     with LEDGER.track() as c:
         with saved if saved is not None else contextlib.nullcontext():
             loss = model(input_ids=ids, labels=lab).loss
         loss.backward()
         if dp > 1:
-            _sync_dp(model, mesh.dp_group)
+            _sync_dp(model, P.get_comm(mesh.dp_group))
     opt.step()
     opt.zero_grad(set_to_none=True)
     return c.bytes_sent
 
 
 def _configs(rank, n, dim, layers, b, s, iters):
-    from classification.parallel.memory import SavedBytes
     runs = {name: (*_build(dp, tpn, dim, layers, b, s), dp) for name, (dp, tpn) in LAYOUTS.items()}
     times, sent, acts = {k: [] for k in runs}, {}, {}
     for i in range(iters + 1):
@@ -132,8 +134,6 @@ def _configs(rank, n, dim, layers, b, s, iters):
 def _peak_rss(rank, n, name, dim, layers, b, s, steps):
     """VmHWM of this rank after `steps` training steps of one layout, alone in its process."""
     import transformers  # noqa: F401  (imported before the baseline, like every rank's libraries)
-
-    from zero_from_scratch.parity.sides import peak_rss_bytes
     dp, tpn = LAYOUTS[name]
     before = peak_rss_bytes()
     model, opt, mesh, ids, lab = _build(dp, tpn, dim, layers, b, s)
@@ -143,9 +143,6 @@ def _peak_rss(rank, n, name, dim, layers, b, s, steps):
 
 
 def main(argv=None):
-    from rich.table import Table
-
-    from primitives.engine.log import console
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iters", type=int, default=None)

@@ -1,0 +1,177 @@
+"""The engine's executor: the textbook Executor (pipeline_parallel/executor.py) plus what keeps a
+pipeline of many processes safe and measured.
+
+    (used by PipelineEngine.train_batch / eval_batch; launch commands in pipeline_parallel/engine/pipe_engine.py)
+
+Added around every op of the textbook executor, none of them changing its arithmetic:
+  * draining — an exception on one rank (a layer raising, a data iterator that runs dry, a stage
+    whose output shape changes) switches that rank to draining: it skips compute, keeps every
+    send and receive of its schedule (zeros of the agreed shape, or a "poisoned" header if no
+    shape was agreed yet, after which both sides skip that boundary), so every rank reaches the
+    end-of-step status all-reduce, where all ranks learn of the error and raise it. Never a hang.
+  * the end-of-step ops delegate to the engine: tied-weight exchange, dp gradient all-reduce,
+    clipping and the optimizer (PipelineEngine.reduce_tied / reduce_grads / step).
+  * timing — every op timed with time.perf_counter (one clock for all local processes), for the
+    bubble measurement and the timeline pictures (engine/timeline.py);
+  * the ledger — shape headers count as control traffic; data bytes sent are summed per op kind;
+  * ActivationMeter — bytes autograd saves for backward, per (micro-batch, chunk).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from pipeline_parallel.executor import Executor
+from pipeline_parallel.schedules.instructions import FINAL, SENDS, peer
+from primitives import LEDGER
+
+POISON = -1
+
+
+class Poisoned(Exception):
+    """The upstream stage failed before this boundary's shape was agreed."""
+
+
+class ActivationMeter:
+    """Bytes autograd keeps for backward per (micro-batch, chunk), excluding parameters: the live
+    total rises with each forward, falls with each backward; `peak` is the schedule's cost."""
+
+    def __init__(self, params):
+        self.param_storages = {p.untyped_storage().data_ptr() for p in params}
+        self.live, self.peak, self.per = 0, 0, {}
+        self._key = None
+
+    def hooks(self, key):
+        self._key = key
+        self.per.setdefault(key, 0)
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        if t.untyped_storage().data_ptr() not in self.param_storages:
+            n = t.numel() * t.element_size()
+            self.per[self._key] += n
+            self.live += n
+            self.peak = max(self.peak, self.live)
+        return t
+
+    def release(self, key):
+        self.live -= self.per.pop(key, 0)
+
+
+class DrainingExecutor(Executor):
+    def __init__(self, engine):
+        super().__init__(engine.comm, engine.stage, engine.pp, engine.chunks, engine.loss_fn, engine.micro_batches,
+                         engine.v)
+        self.e = engine
+
+    def run(self, program, inputs, labels, train: bool = True):
+        self.poisoned, self.events, self.sent = set(), [], {}   # sent: op kind -> data bytes (the per-axis ledger)
+        self.meter = ActivationMeter(self.e.params)
+        return super().run(program, inputs, labels, train)
+
+    def do(self, op):
+        t0, b0 = time.perf_counter(), LEDGER.data.bytes_sent
+        if op.kind in FINAL:
+            super().do(op)                     # collectives: every rank calls them, failed or not
+        else:
+            try:
+                super().do(op)
+            except Exception as exc:           # drain: keep the schedule's messages, skip the maths
+                self.e.fail(f"{op}: {type(exc).__name__}: {exc}")
+                if op.kind in SENDS:
+                    self._drain_send(op)
+        self.events.append((op.kind, op.mb, op.chunk, t0, time.perf_counter()))
+        self.sent[op.kind] = self.sent.get(op.kind, 0) + LEDGER.data.bytes_sent - b0
+
+    # ---- the textbook ops, guarded
+    def send_header(self, y, dst):
+        with LEDGER.control_traffic():
+            super().send_header(y, dst)
+
+    def recv_header(self, src):
+        with LEDGER.control_traffic():
+            h = super().recv_header(src)
+        if h[0] == POISON:
+            raise Poisoned
+        return h
+
+    def recv_act(self, op):
+        if op.chunk in self.poisoned:
+            return
+        try:
+            super().recv_act(op)
+        except Poisoned:
+            self.poisoned.add(op.chunk)
+            self.e.fail(None)                  # upstream failed; its message arrives at the status check
+
+    def fwd(self, op):
+        if self.e.failed_locally():
+            return
+        with self.meter.hooks((op.mb, op.chunk)) if self.e.measure_activations else contextlib.nullcontext():
+            super().fwd(op)
+
+    def send_act(self, op):
+        c, key = op.chunk, (op.mb, op.chunk)
+        if c in self.poisoned:
+            return
+        y = None if self.e.failed_locally() else self.y_out[key]
+        agreed = self.meta.get(("out", c))
+        if agreed is None and y is None:       # failed before any shape crossed: poison the boundary
+            h = torch.zeros(10, dtype=torch.int64)
+            h[0] = POISON
+            with LEDGER.control_traffic():
+                self.pending.append(self.comm.isend(h, peer(op, self.stage, self.pp)))
+            self.poisoned.add(c)
+            return
+        if y is not None and agreed is not None and (tuple(y.shape), y.dtype) != agreed:
+            self.e.fail(f"{op}: stage {self.stage} output changed from shape {agreed[0]} {agreed[1]} (first "
+                        f"micro-batch) to {tuple(y.shape)} {y.dtype} at micro-batch {op.mb}; a pipeline boundary "
+                        "needs one shape for every micro-batch")
+            y = None
+        if y is None:
+            self.y_out[key] = torch.zeros(agreed[0], dtype=agreed[1])
+        super().send_act(op)
+
+    def recv_grad(self, op):
+        if op.chunk not in self.poisoned:
+            super().recv_grad(op)
+
+    def bwd(self, op):
+        key = (op.mb, op.chunk)
+        if self.e.failed_locally():
+            self.y_out.pop(key, None)
+            self.grad_in.pop(key, None)
+            return
+        super().bwd(op)
+        self.meter.release(key)
+
+    def send_grad(self, op):
+        c, key = op.chunk, (op.mb, op.chunk)
+        if c in self.poisoned:
+            return
+        if self.e.failed_locally() or key not in self.x_in:
+            shape, dtype = self.meta[("in", c)]
+            self.x_in[key] = torch.zeros(shape, dtype=dtype)    # no .grad: zeros are sent
+        super().send_grad(op)
+
+    def _drain_send(self, op):
+        """A send that raised: keep the peer unblocked where the shape is known."""
+        key = ("out", op.chunk) if op.kind == "send_act" else ("in", op.chunk)
+        if key in self.meta and op.chunk not in self.poisoned:
+            shape, dtype = self.meta[key]
+            self.pending.append(self.comm.isend(torch.zeros(shape, dtype=dtype), peer(op, self.stage, self.pp)))
+
+    # ---- once per step: the engine's collectives, after the sends are done
+    def reduce_tied(self, op):
+        super().reduce_tied(op)
+        self.e.reduce_tied()
+
+    def reduce_grads(self, op):
+        super().reduce_grads(op)
+        self.e.reduce_grads()
+
+    def step(self, op):
+        super().step(op)                       # no optimizer here: the engine's step clips and steps
+        self.e.step()

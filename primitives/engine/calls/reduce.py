@@ -1,0 +1,37 @@
+"""The checked reduce: argument checks, the check round, the ledger and "auto" around the
+textbook algorithms of primitives/reduce.py (which run unchanged on every transport).
+
+    torchrun --nproc_per_node 4 primitives/run.py reduce
+"""
+from __future__ import annotations
+
+from primitives.engine.check import Check, ReduceOp
+from primitives.engine.core import flat_work, resolve, run
+from primitives.ops import finish_avg_
+from primitives.reduce import linear, ring, tree
+
+
+ALGOS = {"linear": linear, "ring": ring, "tree": tree}
+
+
+def reduce(comm, tensor, dst, op=None, async_op=False, *, algorithm="auto", tag=0):
+    """Like torch.distributed.reduce(tensor, dst, op): the result lands in dst's tensor."""
+    op = ReduceOp.SUM if op is None else op
+    check = Check(comm, "reduce")
+    ok = check.tensor("tensor", tensor)
+    root = check.rank("dst", dst)
+    opn = check.op(op, tensor.dtype if ok else None)
+    nbytes = tensor.numel() * tensor.element_size() if ok else 0
+    algo = resolve("reduce", algorithm, ALGOS, comm, nbytes, check)
+
+    def body():
+        buf, copied = flat_work(tensor)
+        if buf.numel() and comm.size > 1:
+            ALGOS[algo](comm, buf, root, opn)
+        if comm.rank == root:
+            finish_avg_(buf, opn, comm.size)
+            if copied:
+                tensor.copy_(buf.view_as(tensor))
+    return run(comm, "reduce", algo, check, numel=tensor.numel() if ok else -1,
+               dtype=tensor.dtype if ok else None, op=opn, root=root,
+               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)

@@ -1,0 +1,88 @@
+"""The checked reduce_scatter: argument checks, the check round, the ledger and "auto" around the
+textbook algorithms of primitives/reduce_scatter.py (which run unchanged on every transport).
+
+    torchrun --nproc_per_node 4 primitives/reducescatter.py
+"""
+from __future__ import annotations
+
+from primitives.engine import shm_collectives
+from primitives.engine.check import Check, ReduceOp
+from primitives.engine.core import flat_work, fuses, resolve, run
+from primitives.engine.envelope import Fused
+from primitives.engine.hierarchical import reduce_scatter_2level
+from primitives.ops import combine_, finish_avg_
+from primitives.reduce_scatter import direct, linear, ring
+
+
+ALGOS = {"linear": linear, "ring": ring, "direct": direct,
+         "hierarchical": reduce_scatter_2level,           # multinode: hierarchical.py
+         "shm": shm_collectives.reduce_scatter}           # shm transport only
+
+
+def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0):
+    nbytes = output.numel() * output.element_size() * comm.size if ok else 0
+    algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
+
+    st = {}
+
+    def prep():                                  # at execution time (async calls run later)
+        if not st:
+            st["out"], st["copied"] = flat_work(output)
+            st["flat"] = [flat_work(b)[0] for b in blocks()]
+        return st["out"], st["flat"]
+
+    def done():
+        out = st["out"]
+        finish_avg_(out, opn, comm.size)
+        if st["copied"]:
+            output.copy_(out.view_as(output))
+
+    def body():
+        out, flat = prep()
+        if comm.size == 1 or out.numel() == 0:
+            out.copy_(flat[comm.rank])
+        else:
+            ALGOS[algo](comm, flat, out, opn)
+        done()
+
+    def finish(got):                             # fused: each rank's block r came in its envelope
+        out, flat = prep()
+        nb = out.numel() * out.element_size()
+        rows = got(nb, out.dtype)
+        rows[comm.rank] = flat[comm.rank]
+        acc = rows[0].clone()                    # rank order: deterministic; out may alias my block
+        for p in range(1, comm.size):
+            combine_(acc, rows[p], opn)
+        out.copy_(acc)
+        done()
+        return [nb] * (comm.size - 1)
+    fused = (Fused(lambda peer: prep()[1][peer], finish, same_for_all=False)
+             if ok and output.numel() and fuses(name, algo, comm, nbytes) else None)
+    return run(comm, name, algo, check, numel=output.numel() if ok else -1,
+               dtype=output.dtype if ok else None, op=opn, root=-1,
+               shape=tuple(output.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
+               fused=fused)
+
+
+def reduce_scatter(comm, output, input_list, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):
+    """Like torch.distributed.reduce_scatter(output, input_list, op)."""
+    check = Check(comm, "reduce_scatter")
+    ok = check.tensor("output", output) and check.tensor_list("input_list", input_list, output)
+    opn = check.op(op, output.dtype if ok else None)
+    return _run("reduce_scatter", lambda: input_list, output, comm, check, opn, algorithm, ok, async_op, tag=tag)
+
+
+def reduce_scatter_single(comm, output, input, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):
+    """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
+    check = Check(comm, "reduce_scatter_single")
+    ok = check.tensor("output", output) and check.tensor("input", input)
+    if ok and output.dtype != input.dtype:
+        check.fail(f"argument 'input' has dtype {input.dtype}, expected {output.dtype} like 'output'")
+        ok = False
+    if ok:
+        check.sizes(f"argument 'input' must hold world_size({comm.size}) × output.numel()({output.numel()})",
+                    input.numel(), comm.size * output.numel())
+        ok = not check.errors
+    opn = check.op(op, output.dtype if ok else None)
+    blocks = lambda: list(flat_work(input)[0].tensor_split(comm.size))  # noqa: E731
+    return _run("reduce_scatter_single", blocks, output, comm, check, opn, algorithm, ok, async_op, tag=tag)

@@ -1,0 +1,142 @@
+"""Argument checks and the call's fingerprint: what the check round (envelope.py) compares.
+
+    python -m pytest -q -x tests/test_primitives_errors.py
+
+Check collects this rank's argument errors (wrong type, dtype, device, rank, list length, size);
+the checked call (core.run) raises them on EVERY rank, via the check round, instead of letting
+one rank hang. The fingerprint is the call encoded as ints: call and algorithm names (crc32),
+op and dtype codes, root, numel, shape hash, the caller's tag.
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from primitives.engine.algos import ALGORITHMS, group_rank
+
+ReduceOp = dist.ReduceOp
+
+OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "product", ReduceOp.MIN: "min",
+       ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
+OP_CODES = {n: i for i, n in enumerate(("sum", "product", "min", "max", "avg"))}
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+          torch.int16, torch.int32, torch.int64, torch.bool)
+DTYPE_CODES = {d: i for i, d in enumerate(DTYPES)}
+
+
+def op_name(op) -> str | None:
+    if isinstance(op, str):
+        return op.lower() if op.lower() in OP_CODES else None
+    for k, v in OPS.items():
+        try:
+            if op == k:
+                return v
+        except Exception:
+            pass
+    return None
+
+
+class Check:
+    """Collects this rank's argument errors; the checked call (core.run) raises them on every rank."""
+
+    def __init__(self, comm, name: str):
+        self.comm, self.name, self.errors = comm, name, []
+
+    def fail(self, msg: str) -> None:
+        self.errors.append(msg)
+
+    def tensor(self, arg: str, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            self.fail(f"argument {arg!r} must be a torch.Tensor, got {type(t).__name__}")
+            return False
+        if t.dtype not in DTYPE_CODES:
+            self.fail(f"argument {arg!r} has dtype {t.dtype}; supported: {[str(d) for d in DTYPES]}")
+            return False
+        if t.device.type != self.comm.device.type:
+            self.fail(f"argument {arg!r} is on {t.device} but backend {self.comm.backend} "
+                      f"needs {self.comm.device.type} tensors")
+            return False
+        return True
+
+    def op(self, op, dtype) -> str:
+        name = op_name(op)
+        if name is None:
+            self.fail(f"argument 'op' is {op!r}; expected torch.distributed.ReduceOp SUM, PRODUCT, MIN, MAX or AVG")
+            return "sum"
+        if name == "avg" and (dtype is None or not dtype.is_floating_point):
+            self.fail(f"argument 'op' is AVG but the tensor dtype is {dtype}; AVG needs a floating dtype")
+        if dtype == torch.bool and name in ("sum", "product", "avg"):
+            self.fail(f"argument 'op' is {name.upper()}, not defined for torch.bool; use MIN or MAX")
+        return name
+
+    def rank(self, arg: str, value) -> int:
+        n = self.comm.size
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(f"argument {arg!r} must be an int rank, got {value!r}")
+            return 0
+        try:
+            g = group_rank(self.comm, value)
+        except Exception:
+            g = -1
+        if not 0 <= g < n:
+            self.fail(f"argument {arg!r} = {value} is not a rank of this group "
+                      f"(expected a global rank among {[self.comm.global_rank(r) for r in range(n)]})")
+            return 0
+        return g
+
+    def tensor_list(self, arg: str, lst, like: torch.Tensor) -> bool:
+        n = self.comm.size
+        if not isinstance(lst, (list, tuple)) or len(lst) != n:
+            got = f"length {len(lst)}" if isinstance(lst, (list, tuple)) else type(lst).__name__
+            self.fail(f"argument {arg!r} must be a list of {n} tensors (one per rank), got {got}")
+            return False
+        for i, t in enumerate(lst):
+            if not self.tensor(f"{arg}[{i}]", t):
+                return False
+            if t.dtype != like.dtype or t.numel() != like.numel():
+                self.fail(f"argument {arg}[{i}] has dtype {t.dtype} and {t.numel()} elements; expected "
+                          f"{like.dtype} and {like.numel()} elements like the tensor argument")
+                return False
+        return True
+
+    def sizes(self, what: str, got: int, expected: int) -> None:
+        if got != expected:
+            self.fail(f"{what}: got {got} elements, expected {expected}")
+
+
+@functools.lru_cache(maxsize=4096)     # names and shapes repeat every step: hash each once
+def code(s: str) -> int:
+    return zlib.crc32(s.encode()) & 0x7FFFFFFF
+
+
+def _meta_desc(names):
+    def desc(row):  # noqa: E306
+        known = {code(s): s for s in [*ALGORITHMS, *(a for v in ALGORITHMS.values() for a in v)]}
+        d = dict(zip(names, row))
+        dtype = DTYPES[d["dtype"]] if 0 <= d["dtype"] < len(DTYPES) else "?"
+        return (f"(call={known.get(d['call'], '?')}, algorithm={known.get(d['algorithm'], '?')}, dtype={dtype}, "
+                f"numel={d['numel']}, shape#={d['shape']}, tag={d['tag']}, "
+                f"op={list(OP_CODES)[d['op']] if d['op'] >= 0 else '-'}, root={d['root']})")
+    return desc
+
+
+META_DESC = _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape", "tag"])
+
+
+class CallName:
+    """'all_reduce(algorithm=ring) call #7', formatted only when an error message needs it."""
+    __slots__ = ("name", "algorithm", "k")
+
+    def __init__(self, name, algorithm, k):
+        self.name, self.algorithm, self.k = name, algorithm, k
+
+    def __str__(self):
+        return f"{self.name}(algorithm={self.algorithm}) call #{self.k}"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+    def __bool__(self):
+        return True

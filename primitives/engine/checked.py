@@ -1,0 +1,144 @@
+"""The checked Communicator: the textbook's (primitives/comm.py) with every message counted,
+every wait under a deadline and nccl's ordering rules checked.
+
+    python -m pytest -q -x tests/test_primitives_errors.py tests/test_strict_p2p.py
+
+What it adds around the textbook's isend / irecv / exchange, which still post every message
+(the algorithms are unchanged):
+  * the ledger (ledger.py): bytes and messages sent and received, per link (intra/inter node);
+  * deadlines: a wait longer than `timeout` (default 60 s, env RINGZERO_TIMEOUT) becomes a
+    PeerError naming this rank, the peer and the call, and the rank that really died (faults.py);
+  * strict mode (strict.py, env RINGZERO_STRICT_P2P=1 or set_strict(True)): nccl's ordering rules
+    replayed over gloo, so tests on CPU catch a pattern that would hang on GPUs;
+  * topology (topology.py): node_of / link_to, which node a peer is on.
+The collective methods that run the checked call are added by comms.py (Collectives).
+No torch.cuda.synchronize() here: nccl ordering is stream-ordered, and wait() on a Work is enough.
+"""
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+from primitives import comm as textbook
+from primitives.engine import strict
+from primitives.engine.errors import PeerError
+from primitives.engine.faults import root_cause
+from primitives.engine.ledger import LEDGER
+from primitives.engine.topology import topology
+
+DEFAULT_TIMEOUT = float(os.environ.get("RINGZERO_TIMEOUT", "60"))
+
+NOT_INIT_MSG = (
+    "no process group is initialised. Launch with one of:\n"
+    "  torchrun --nproc_per_node 4 SCRIPT.py             (gloo, or nccl with one GPU per rank)\n"
+    "  mpiexec -n 4 python SCRIPT.py --backend mpi       (needs `pip install mpi4py mpich`)\n"
+    "or call primitives.engine.launch.init_from_env() / primitives.engine.launch.spawn(fn, world_size) first."
+)
+
+
+class Request:
+    """A pending send or receive. wait() honours the communicator's deadline and turns a
+    failure into a PeerError naming both ranks."""
+
+    def __init__(self, comm: "CheckedComm", handle, peer: int, kind: str):
+        self.comm, self.handle, self.peer, self.kind = comm, handle, peer, kind
+
+    def wait(self) -> None:
+        try:
+            self.comm._wait(self.handle)
+        except Exception as e:  # gloo raises RuntimeError with its own wording; add who, whom, and why
+            raise self.comm._peer_error(self.peer, self.kind, e) from e
+
+
+def _count(kind: str, t, link: str) -> None:
+    (LEDGER.received if kind == "recv" else LEDGER.sent)(t.numel() * t.element_size(), link)
+
+
+class CheckedComm(textbook.Communicator):
+    timeout: float = DEFAULT_TIMEOUT
+
+    def isend(self, tensor, peer: int):
+        return self._post_one("send", tensor, peer)
+
+    def irecv(self, tensor, peer: int):
+        return self._post_one("recv", tensor, peer)
+
+    def _post_one(self, kind, tensor, peer):
+        if tensor.numel() == 0:
+            return textbook.DONE
+        if self.strict:
+            return self._strict_post([(kind, tensor, peer)], grouped=False)[0]
+        _count(kind, tensor, self.link_to(peer))
+        what = "sending to" if kind == "send" else "receiving from"
+        post = super().isend if kind == "send" else super().irecv      # the textbook's post
+        try:             # gloo can fail when the operation is posted (the peer has already gone)
+            req = post(tensor, peer)
+        except Exception as e:
+            raise self._peer_error(peer, what, e) from e
+        return Request(self, req.handle, peer, what)
+
+    def exchange(self, sends=(), recvs=()) -> list:
+        ops = [("recv", t, p) for t, p in recvs if t.numel()] + [("send", t, p) for t, p in sends if t.numel()]
+        if not ops:
+            return []
+        if self.strict:
+            return self._strict_post(ops, grouped=True)
+        for kind, t, p in ops:
+            _count(kind, t, self.link_to(p))
+        try:
+            reqs = super().exchange(sends, recvs)      # the textbook's one group, same order as ops
+        except Exception as e:
+            raise self._peer_error(ops[0][2], "exchanging with", e) from e
+        return [Request(self, r.handle, p, "receiving from" if k == "recv" else "sending to")
+                for r, (k, _, p) in zip(reqs, ops)]
+
+    # ---- strict mode: nccl's ordering rules replayed on this transport (strict.py)
+    _strict_flag: bool | None = None
+    _strict_sched = None
+
+    @property
+    def strict(self) -> bool:
+        return strict.enabled() if self._strict_flag is None else self._strict_flag
+
+    def set_strict(self, enabled: bool | None) -> None:
+        """True/False for this communicator; None follows the process default (set_strict_p2p)."""
+        self._strict_flag = enabled
+
+    def _strict_post(self, ops, grouped):
+        if self._strict_sched is None:
+            self._strict_sched = strict.Scheduler(self)
+        for kind, t, p in ops:
+            _count(kind, t, self.link_to(p))
+        return self._strict_sched.post(ops, grouped)
+
+    # ---- multinode topology (topology.py): which node each rank is on
+    def node_of(self, rank: int) -> int:
+        """The node (0..num_nodes-1) of group rank `rank`."""
+        return topology(self).node_of(self.global_rank(rank))
+
+    def link_to(self, peer: int) -> str:
+        """"intra" when `peer` shares this rank's node, else "inter" (for the ledger)."""
+        t = topology(self)
+        return "intra" if t.node_of(self.global_rank(peer)) == t.node_of(self.global_rank(self.rank)) else "inter"
+
+    # ---- errors that name both ranks
+    def _peer_error(self, peer: int, kind: str, err: Exception | None = None) -> PeerError:
+        """The PeerError for a failed transfer, naming the rank that really died (faults.py)."""
+        dead = getattr(err, "dead", None)     # the transport saw which rank died: suspect it, not `peer`
+        suspect, certain = (peer, False) if dead is None else (dead, True)
+        return PeerError(self._describe(peer, kind, err) + root_cause(self, suspect, kind, certain=certain),
+                         dead=dead)
+
+    def _describe(self, peer: int, kind: str, err: Exception | None = None) -> str:
+        why = f": {err}" if err is not None else ""
+        call = str(getattr(self, "current_call", "") or "")
+        return (f"rank {self.rank}: failed {kind} rank {peer}{' in ' + call if call else ''} (backend {self.backend}, "
+                f"timeout {self.timeout:.0f}s; did rank {peer} die or skip this call?){why}")
+
+
+def check_member(group) -> None:
+    """A clear error for a rank outside `group`, before anything else touches the group
+    (dist.get_backend and the shm rendezvous would fail with torch's "Invalid process group")."""
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError(f"rank {dist.get_rank()}: this process is not a member of the group it passed")

@@ -1,0 +1,71 @@
+"""Gathering and scattering the last dimension when its slices differ in size (shard_bounds'
+uneven splits): all-gather needs equal blocks, so each slice is padded to the largest, gathered,
+and trimmed.
+
+    python -m pytest -q tests/test_tensor_parallel.py -k layers
+
+    gather_last_dim(y, full, comm, unit)    a column-parallel output → the whole output, on every rank
+    scatter_last_dim(x, full, comm, unit)   a replicated input → this rank's slice (a row-parallel input)
+    pad_gather(x, full, comm, unit)         the plain all-gather (no autograd), for state dicts
+
+Cost: one all-gather of N·⌈full/N⌉ elements per row of x (at most N−1 padding elements more
+than the unpadded gather); the backward of gather_last_dim is a slice, of scatter_last_dim a
+gather.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tensor_parallel.comm import ALGORITHM
+from tensor_parallel.layers import shard_bounds
+
+
+def pad_gather(x: torch.Tensor, full: int, comm, unit: int = 1) -> torch.Tensor:
+    """All-gather uneven slices of the last dim: pad each to the largest, gather, trim."""
+    n = comm.size
+    bounds = [shard_bounds(full, n, r, unit) for r in range(n)]
+    width = max(hi - lo for lo, hi in bounds)
+    xp = F.pad(x, (0, width - x.shape[-1])).movedim(-1, 0).contiguous()
+    out = xp.new_empty((n * width,) + tuple(xp.shape[1:]))
+    comm.all_gather_single(out, xp, algorithm=ALGORITHM["all_gather_single"])
+    parts = out.view(n, width, *xp.shape[1:])
+    return torch.cat([parts[r, :hi - lo] for r, (lo, hi) in enumerate(bounds)]).movedim(0, -1)
+
+
+class GatherLastDim(torch.autograd.Function):
+    """Forward: all-gather the last-dim slices. Backward: each rank keeps its slice (downstream
+    is replicated, so every rank holds the same full gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, full, comm, unit):
+        ctx.bounds = shard_bounds(full, comm.size, comm.rank, unit)
+        return pad_gather(x, full, comm, unit) if comm.size > 1 else x
+
+    @staticmethod
+    def backward(ctx, dy):
+        lo, hi = ctx.bounds
+        return dy[..., lo:hi].contiguous(), None, None, None
+
+
+class ScatterLastDim(torch.autograd.Function):
+    """Forward: keep this rank's slice of a replicated input. Backward: all-gather the slices."""
+
+    @staticmethod
+    def forward(ctx, x, full, comm, unit):
+        ctx.full, ctx.comm, ctx.unit = full, comm, unit
+        lo, hi = shard_bounds(full, comm.size, comm.rank, unit)
+        return x[..., lo:hi].contiguous()
+
+    @staticmethod
+    def backward(ctx, dy):
+        n = ctx.comm.size
+        return (pad_gather(dy, ctx.full, ctx.comm, ctx.unit) if n > 1 else dy), None, None, None
+
+
+def gather_last_dim(x, full: int, comm, unit: int = 1):
+    return GatherLastDim.apply(x, full, comm, unit)
+
+
+def scatter_last_dim(x, full: int, comm, unit: int = 1):
+    return ScatterLastDim.apply(x, full, comm, unit)
