@@ -25,7 +25,7 @@ from rich.table import Table
 
 from zero_from_scratch.engine.auto import DEFAULTS, find_auto, resolve_auto  # noqa: F401  (find_auto: re-exported)
 from zero_from_scratch.engine.config import suggest, unknown_keys
-from zero_from_scratch.optim import warmup_gamma
+from zero_from_scratch.engine.lr_schedules import warmup_gamma
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_config_zero2.json")
 SCHEDULERS = ("WarmupDecayLR", "WarmupLR")
@@ -142,7 +142,7 @@ def lr_at(cfg: dict, step: int) -> float:
     """The LR the optimizer uses at optimizer step `step` (0-based), exactly as DeepSpeed's
     WarmupLR / WarmupDecayLR produce it: the scheduler is built with last_batch_iteration = -1
     (LR = warmup_min_lr) and stepped after each optimizer step, so steps 0 and 1 both use
-    warmup_min_lr. The formula is zero_from_scratch.optim.warmup_gamma (one copy)."""
+    warmup_min_lr. The formula is zero_from_scratch.engine.lr_schedules.warmup_gamma (one copy)."""
     sch = cfg.get("scheduler")
     base = cfg["optimizer"]["params"]["lr"]
     if not sch:

@@ -41,7 +41,7 @@ from primitives.coalesced import all_reduce_coalesced
 from primitives.engine.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
 from zero_from_scratch.engine.mpu import counts_on
-from zero_from_scratch.optim import build_scheduler
+from zero_from_scratch.engine.lr_schedules import build_scheduler
 
 class PipelineError(RuntimeError):
     """Raised on every rank when any rank failed during a step; lists each failing rank's error."""
