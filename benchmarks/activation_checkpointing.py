@@ -21,6 +21,10 @@ import time
 
 
 import torch  # noqa: E402
+import zero_from_scratch
+from rich.table import Table
+from primitives.engine.log import console
+from primitives.engine.launch import spawn
 
 MIB = 2 ** 20
 
@@ -34,8 +38,7 @@ def _status(key: str) -> int:
 
 
 def _run(rank, world, on, dim, layers, bs, seq):
-    import zero_from_scratch
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification  # optional dependency
     torch.manual_seed(0)
     m = DistilBertForSequenceClassification(DistilBertConfig(dim=dim, n_layers=layers, n_heads=max(2, dim // 64),
                                                              hidden_dim=4 * dim, dropout=0.0, attention_dropout=0.0))
@@ -64,10 +67,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args(argv)
-    from rich.table import Table
 
-    from primitives.engine.launch import spawn
-    from primitives.engine.log import console
     shape = (64, 2, 4, 64) if a.quick else (384, 6, 16, 256)
     rows = {False: [], True: []}
     for _ in range(a.repeats):

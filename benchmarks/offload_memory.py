@@ -26,17 +26,20 @@ import time
 
 
 import torch  # noqa: E402
+import zero_from_scratch
+from zero_from_scratch.parity.sides import peak_rss_bytes
+from zero_from_scratch.engine.models import tiny_distilbert
+from rich.table import Table
+from primitives.engine.log import console
+from primitives.engine.launch import spawn
 
 MIB = 2 ** 20
 
 
 def _run(rank, world, model, off, path, steps, sub):
-    from zero_from_scratch.engine.models import tiny_distilbert
-    from zero_from_scratch.parity.sides import peak_rss_bytes
-    import zero_from_scratch
     torch.manual_seed(0)
     if model == "distilbert-base":
-        from transformers import DistilBertConfig, DistilBertForSequenceClassification
+        from transformers import DistilBertConfig, DistilBertForSequenceClassification  # optional dependency
         m = DistilBertForSequenceClassification(DistilBertConfig())
     else:
         m = tiny_distilbert()
@@ -75,10 +78,7 @@ def main(argv=None):
     offs = a.offloads.split(",")
     if "none" not in offs or set(offs) - {"none", "nvme", "cpu"}:
         ap.error(f"--offloads {a.offloads!r}: a comma-separated subset of none,nvme,cpu that includes none")
-    from rich.table import Table
 
-    from primitives.engine.launch import spawn
-    from primitives.engine.log import console
     model, n = ("distilbert-tiny" if a.quick else "distilbert-base"), 2
     rows = {o: [] for o in offs}
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as d:

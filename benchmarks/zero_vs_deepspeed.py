@@ -35,17 +35,24 @@ import time
 
 
 import torch  # noqa: E402
+from zero_from_scratch.parity.sides import peak_rss_bytes
+from zero_from_scratch.parity.sides import make_engine
+from zero_from_scratch.engine.models import tiny_distilbert
+from zero_from_scratch.engine.atomic import atomic_write
+from torch.nn.parallel import DistributedDataParallel
+from rich.table import Table
+from primitives.engine.log import console
+from primitives.engine.launch import spawn
 
 GIB = 2 ** 30
 
 
 def build(model: str):
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification  # optional dependency
     if model == "distilbert-base":
         cfg = DistilBertConfig(dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)  # Ψ = 66,955,010
         return DistilBertForSequenceClassification(cfg)
     if model == "tiny":
-        from zero_from_scratch.engine.models import tiny_distilbert
         return tiny_distilbert(vocab=1000, hidden=64, max_positions=512)
     raise ValueError(f"model must be distilbert-base or tiny, got {model!r}")
 
@@ -72,7 +79,6 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
              "attention_mask": torch.ones(micro, seq, dtype=torch.long),
              "labels": torch.randint(0, 2, (micro,), generator=g)}
     if engine == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
         e = DistributedDataParallel(m)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01)
 
@@ -83,7 +89,6 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
             opt.step()
             opt.zero_grad(set_to_none=True)
     else:
-        from zero_from_scratch.parity.sides import make_engine
         e = make_engine("deepspeed" if engine == "deepspeed" else "ours", m, m.parameters(),
                         ds_config(stage, dtype == "bf16", micro, bucket, overlap), "primitives")
 
@@ -98,7 +103,6 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
         times.append(time.perf_counter() - t0)
         if t_first is None:
             t_first = time.time() - t_launch
-    from zero_from_scratch.parity.sides import peak_rss_bytes
     hidden = comm = None
     if engine == "ours":
         ov = e.comm_report(print_table=False)["overlap"]
@@ -108,7 +112,6 @@ def bench_rank(rank, world, engine, stage, dtype, model, micro, seq, steps, warm
 
 
 def run_one(engine, stage, dtype, a, overlap=False):
-    from primitives.engine.launch import spawn
     t0 = time.time()
     res = spawn(bench_rank, a.world_size, timeout=a.timeout, comm_timeout=600.0, threads=a.threads,
                 args=(engine, stage, dtype, a.model, a.micro_batch, a.seq, a.steps, a.warmup, t0, a.threads,
@@ -136,7 +139,6 @@ def summarize(runs):
 
 
 def table(summary, a):
-    from rich.table import Table
     ddp = summary.get(("ddp", 0, "fp32", False))
     t = Table(title=f"ZeRO: ours vs DeepSpeed — {a.model}, {a.world_size} ranks, micro-batch {a.micro_batch}, "
                     f"seq {a.seq}, {a.threads} thread(s)/rank, median of {a.steps}×{a.repeats} steps")
@@ -189,7 +191,6 @@ def main(argv=None) -> int:
             ap.error(f"--{k.replace('_', '-')} must be ≥ 1, got {getattr(a, k)}")
     if a.warmup < 0:
         ap.error(f"--warmup must be ≥ 0, got {a.warmup}")
-    from primitives.engine.log import console
     psi = sum(p.numel() for p in build(a.model).parameters())
     console.print(f"model {a.model}: Ψ = {psi:,} parameters; {a.world_size} ranks × {a.threads} thread(s); "
                   f"{os.cpu_count()} CPU cores visible")
@@ -212,7 +213,6 @@ def main(argv=None) -> int:
     summary = summarize(runs)
     console.print(table(summary, a))
     if a.json:
-        from zero_from_scratch.engine.atomic import atomic_write
         doc = {"args": vars(a), "psi": psi, "runs": runs,
                "summary": [{"engine": k[0], "stage": k[1], "dtype": k[2], "overlap": k[3], **v} for k, v in summary.items()]}
         atomic_write(a.json, lambda f: f.write(json.dumps(doc, indent=1).encode()))

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 
 from figures.common import pyplot, save
+import zero_from_scratch
+from primitives.engine.launch import spawn
 
 WIDTH, DEPTH, BATCH = 256, 6, 16
 
@@ -29,7 +31,6 @@ def _model():
 
 
 def _record(rank, world, prefetch):
-    import zero_from_scratch
     model = _model()
     # reuse distance 0: free after each use, so backward gathers again (DeepSpeed's default keeps a
     # small model's parameters gathered from forward to backward, which hides the pattern)
@@ -78,7 +79,6 @@ def _record(rank, world, prefetch):
 
 
 def main() -> list[str]:
-    from primitives.engine.launch import spawn
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 6), gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
     for col, prefetch in enumerate((False, True)):

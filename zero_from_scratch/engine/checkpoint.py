@@ -50,6 +50,7 @@ from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
 from zero_from_scratch.engine.checkpoint_read import (FORMAT, KEYS, CheckpointError, _manifest_file, _shard_file,
                                                       read_manifest, read_shards, unshard)
 from zero_from_scratch.engine.mpu import engine_mp
+import random
 
 PHASES = ("validated", "shard", "manifest", "tag", "latest", "cleanup")
 KILL_ENV = "RINGZERO_CKPT_KILL_AT"
@@ -280,7 +281,6 @@ def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_st
     if shards[0].get("extras"):
         engine.module.load_state_dict(shards[0]["extras"], strict=False)
     if man["world_size"] == c.size:                   # same ranks: same random streams
-        import random
         own = shards[c.rank] if c.rank < len(shards) else torch.load(
             os.path.join(d, man["shard_files"][str(c.rank)]["file"]), map_location="cpu", weights_only=False)
         torch.set_rng_state(own["rng"]["torch"])

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
 from zero_from_scratch.engine.zero_keys import offloads, zero_key_notes, zero_overlap_keys
+import difflib
+from zero_from_scratch.engine.monitor import parse as parse_monitors
+from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
@@ -188,7 +191,6 @@ def unknown_keys(raw: dict) -> list[str]:
 
 def suggest(key: str) -> str:
     """' (did you mean X?)' for a near miss of a known top-level key, else ''."""
-    import difflib
     close = difflib.get_close_matches(key.split(".")[-1], sorted(KNOWN_TOP | KNOWN_ZERO | KNOWN_OPT | KNOWN_SCHED), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -273,10 +275,8 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     if not isinstance(clip, (int, float)):
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown)
-    from zero_from_scratch.engine.monitor import parse as parse_monitors
     cfg.monitor = parse_monitors(raw)
     cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
-    from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
     cfg.activation_checkpointing = parse_ac(raw)
     if unknown:
         warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),

@@ -20,6 +20,7 @@ import torch.nn as nn
 import zero_from_scratch
 from primitives.engine.launch import add_launch_args, init_from_env
 from primitives.engine.log import print0
+from primitives.engine.shm import describe
 
 
 def main(argv=None) -> None:
@@ -43,7 +44,6 @@ def main(argv=None) -> None:
         if not sep:
             ap.error(f"--zero {kv!r}: expected KEY=JSON (e.g. overlap_comm=true)")
     comm = init_from_env("gloo" if a.backend == "auto" else a.backend, a.timeout)
-    from primitives.engine.shm import describe
     print0(describe(comm))                            # which transport the engine's collectives use
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.GELU(), nn.Linear(256, 10))

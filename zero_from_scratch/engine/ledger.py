@@ -28,6 +28,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from primitives.engine.cost import ring_fraction   # the one ring byte formula
+from rich.table import Table
+from primitives.engine.log import print0
 
 
 def model_state_bytes(stage: int, psi: int, n: int, mixed: bool) -> dict:
@@ -94,9 +96,7 @@ def memory_report(engine, print_table: bool = True) -> dict:
            "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest), "frozen": frozen,
            "offload": engine.offload.report() if hasattr(getattr(engine, "offload", None), "report") else None}
     if print_table and engine.comm.rank == 0:
-        from rich.table import Table
 
-        from primitives.engine.log import print0
         t = Table(title=f"ZeRO-{stage} model-state memory per rank (Ψ={lay.numel:,}, padded {lay.padded:,}, "
                         f"N={n}, {rep['dtype']})")
         for c in ("", "measured", "formula", "formula at padded Ψ"):
@@ -131,9 +131,7 @@ def comm_report(engine, print_table: bool = True) -> dict:
     if engine.stage_id == 3:
         rep["stage3"] = dict(engine.stage.stats)
     if print_table and c.rank == 0:
-        from rich.table import Table
 
-        from primitives.engine.log import print0
         if rep["overlap"]:
             print0(overlap_table(rep["overlap"], engine.stage_id))
         t = Table(title=f"ZeRO-{engine.stage_id} bytes sent per optimizer step by rank 0 (N={c.size}, {c.impl})")
@@ -162,7 +160,6 @@ def overlap_table(rows, stage: int):
     """What overlapped: a collective ran from `started` to `finished` on the communication thread;
     the caller asked for it at `waited` and blocked `exposed` ms. Hidden = the part of its run that
     happened before anyone waited, i.e. while backward (or the previous module) computed."""
-    from rich.table import Table
     t = Table(title=f"ZeRO-{stage} overlapped collectives, last step, rank 0 (ms since the step began)")
     for col in ("purpose", "bucket / module", "size", "launched", "started", "finished", "waited", "exposed wait",
                 "hidden"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import importlib
 
 
 @dataclass
@@ -41,7 +42,7 @@ def tiny_distilbert(dim: int = 32, n_layers: int = 2, vocab: int = 101, hidden: 
                     max_positions: int = 64, seed: int | None = None) -> nn.Module:
     """DistilBertForSequenceClassification: `dim` wide (FFN `hidden`, default 4·dim), `n_layers`
     layers, 2 heads, GELU, every dropout 0; seeded first when `seed` is given."""
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification  # optional dependency
     if seed is not None:
         torch.manual_seed(seed)
     cfg = DistilBertConfig(vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=2, hidden_dim=hidden or 4 * dim,
@@ -66,7 +67,6 @@ def build_model(model: str) -> nn.Module:
         return disable_dropout(MODELS[model]())
     if ":" not in model:
         raise ValueError(f"model must be one of {sorted(MODELS)} or 'package.module:factory', got {model!r}")
-    import importlib
     mod, fn = model.split(":", 1)
     return disable_dropout(getattr(importlib.import_module(mod), fn)())
 

@@ -85,7 +85,7 @@ class Monitors:
                     if not os.access(c.log_dir, os.W_OK):
                         raise PermissionError(f"{c.log_dir!r} is not writable")
                     if sec == "tensorboard":
-                        from torch.utils.tensorboard import SummaryWriter
+                        from torch.utils.tensorboard import SummaryWriter  # optional dependency
                         self.tb = SummaryWriter(log_dir=c.log_dir)
                     else:
                         self.csv_dir = c.log_dir

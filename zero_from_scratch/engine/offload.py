@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
+from zero_from_scratch.engine.offload_cpu import HostOptimizerStates
 
 DEVICES = ("none", "cpu", "nvme")
 TUNING = ("pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline")
@@ -201,7 +202,6 @@ def build(engine, spec: dict | None, sub_group_size: int):
     if spec is None:
         return None
     if spec["device"] == "cpu":
-        from zero_from_scratch.engine.offload_cpu import HostOptimizerStates
         return HostOptimizerStates(engine, sub_group_size, spec.get("pin_memory", True))
     if engine.device.type != "cpu":
         # the file streaming reads into host buffers and steps there: a GPU model would need the

@@ -27,7 +27,7 @@ MODELS = ("distilbert", "distilbert-tiny", "mlp")
 def build(name: str) -> nn.Module:
     with torch.device("meta"):
         if name.startswith("distilbert"):
-            from transformers import DistilBertConfig, DistilBertForSequenceClassification
+            from transformers import DistilBertConfig, DistilBertForSequenceClassification  # optional dependency
             cfg = DistilBertConfig() if name == "distilbert" else DistilBertConfig(
                 dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100, max_position_embeddings=64)
             return DistilBertForSequenceClassification(cfg)

@@ -53,6 +53,7 @@ from zero_from_scratch.sharding import bucket_units, shard_layout
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
 from zero_from_scratch.engine.step import optimizer_step
+from primitives.engine.log import print0
 
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
@@ -84,7 +85,6 @@ class ZeroEngine(nn.Module):
             if self.comm.global_rank == 0:
                 warnings.warn(f"zero_from_scratch: {msg}", stacklevel=3)
         if self.config.resolved_auto and self.comm.global_rank == 0:
-            from primitives.engine.log import print0
             print0("[zero_from_scratch] \"auto\" resolved: "
                    + ", ".join(f"{k}={v}" for k, v in self.config.resolved_auto.items()))
         from zero_from_scratch.engine import activation_checkpointing as ac   # the config's section, applied

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from rich.table import Table
 
 
 @dataclass
@@ -119,7 +120,6 @@ def compare(ref: dict, ours: dict, tol: Tolerance) -> ParityResult:
 
 def render(result: ParityResult, title: str):
     """A rich table: one row per optimizer step, then the verdict."""
-    from rich.table import Table
     t = Table(title=title)
     per_step = all(r.get("max_dparam") is not None for r in result.rows)
     for col in ("step", "lr", "loss (DeepSpeed)", "loss (ours)", "|Δloss|", "grad norm (DeepSpeed)",

@@ -17,6 +17,7 @@ from zero_from_scratch.engine.models import MODELS
 from zero_from_scratch.parity.compare import ParityResult, Tolerance, compare, render
 from zero_from_scratch.parity.harness import Job, run_jobs
 from zero_from_scratch.parity.sides import SIDES
+from primitives.engine.log import console
 
 __all__ = ["make_config", "run_parity", "run_parities", "main"]
 
@@ -82,7 +83,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.steps < 1 or not 1 <= a.world_size <= 8:
         ap.error(f"--steps must be ≥ 1 and --world-size in 1..8, got {a.steps}, {a.world_size}")
-    from primitives.engine.log import console
     cfg = make_config(a.stage, bf16=a.bf16)
     res = run_parity(a.model, cfg, a.steps, a.world_size, ours_side=a.ours, comm_impl=a.comm_impl, lockstep=True)
     console.print(render(res, f"ZeRO-{a.stage} {a.model} N={a.world_size} {'bf16' if a.bf16 else 'fp32'}: "

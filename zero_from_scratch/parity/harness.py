@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from zero_from_scratch.engine.models import MODELS, build_model, make_batches, param_groups
 from zero_from_scratch.parity.sides import SIDES, full_params, make_engine, peak_rss_bytes
+from primitives.engine.launch import spawn
 
 
 def _global_mean(x: float) -> float:
@@ -160,7 +161,6 @@ def run_jobs(jobs: list[Job], world_size: int, *, seed: int = 0, timeout: float 
 
     Every job on the same model starts from the same state_dict (built here once, seeded) and
     sees the same global micro-batches (rank r takes rows r·m … (r+1)·m of each)."""
-    from primitives.engine.launch import spawn
     init_states = dict(init_states or {})
     batches = dict(batches or {})
     for j in jobs:

@@ -16,6 +16,7 @@ import os
 
 import torch
 import torch.nn as nn
+import zero_from_scratch
 
 SIDES = ("deepspeed", "ours")
 SHM_OP = "deepspeed_shm_comm"
@@ -31,8 +32,8 @@ def prepare_deepspeed(skip_shm_build: bool = True):
     """
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)  # before import: it logs at import
-    import deepspeed
-    import deepspeed.ops
+    import deepspeed  # optional dependency
+    import deepspeed.ops  # optional dependency
     deepspeed.utils.logger.setLevel(logging.ERROR)
     if skip_shm_build:
         skip_shm_op_build()
@@ -42,7 +43,7 @@ def prepare_deepspeed(skip_shm_build: bool = True):
 def skip_shm_op_build() -> None:
     """Mark DeepSpeed's `deepspeed_shm_comm` op incompatible, so it is never JIT-built (it serves
     only inference_all_reduce; ZeRO training goes through torch.distributed)."""
-    import deepspeed.ops
+    import deepspeed.ops  # optional dependency
     deepspeed.ops.__compatible_ops__[SHM_OP] = False  # lazy dict: probe first, then override
 
 
@@ -52,7 +53,6 @@ def make_engine(side: str, model: nn.Module, groups, config: dict, comm_impl: st
         engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
         return engine
     if side == "ours":
-        import zero_from_scratch
         kw = {} if comm_impl == "primitives" else {"comm_impl": comm_impl}
         engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=groups, config=config, **kw)
         return engine
@@ -64,7 +64,6 @@ def _gather_context(side: str, engine, params: list, stage: int):
         return contextlib.nullcontext()
     if side == "deepspeed":
         return prepare_deepspeed().zero.GatheredParameters(params, modifier_rank=None)
-    import zero_from_scratch
     gather = getattr(zero_from_scratch, "gathered_parameters", None) or engine.gathered_parameters
     return gather(params, modifier_rank=None)
 

@@ -30,6 +30,9 @@ from rich.table import Table
 
 from primitives.engine.launch import spawn
 from primitives.engine.log import console
+from zero_from_scratch.parity.sides import make_engine
+from zero_from_scratch.parity.ds_parity import make_config
+from zero_from_scratch.engine.models import TinyMLP, param_groups
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 12, 3, 6
 
@@ -43,9 +46,6 @@ def _batch(step: int, rank: int, world: int):
 
 
 def _engine(side: str, world: int, universal: bool = False):
-    from zero_from_scratch.parity.ds_parity import make_config
-    from zero_from_scratch.engine.models import TinyMLP, param_groups
-    from zero_from_scratch.parity.sides import make_engine
     torch.manual_seed(0)
     model = TinyMLP()
     cfg = make_config(2, micro_bs=GLOBAL_BATCH // world, gas=1)
