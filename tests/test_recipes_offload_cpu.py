@@ -9,7 +9,7 @@
   master follows the loaded parameters). The model is on the CPU here, so the copies are host →
   host: the same code path as for a GPU model.
 * against real DeepSpeed's cpu offload (DeepSpeed with "torch_adam", so no JIT build), stages 1-3,
-  with the DeepSpeed-parity tolerances (parity_compare.Tolerance): `slow` (about 1 min).
+  with the DeepSpeed-parity tolerances (zero_from_scratch.parity.compare.Tolerance): `slow` (about 1 min).
 * a CUDA model at world size 1 (skipped without CUDA): states pinned on the host, parameters on
   the GPU, the run equal to the GPU run without offload within 1e-5 (the Adam step runs on the
   CPU there, whose rounding may differ from the GPU's in the last bit).

@@ -5,7 +5,7 @@
 * A tiny T5ForConditionalGeneration (`shared` held by encoder, decoder and LM head) and a tiny
   GPT-2 LM (lm_head.weight is wte.weight), built from config, vs real DeepSpeed step by step in
   lockstep: loss, grad norm and lr every step, max |Δparam| after every step, final parameters
-  (parity_compare.Tolerance.for_run, fp32: 1e-5 relative). T5 ZeRO-3 by default; GPT-2 and 1-2 `slow`.
+  (zero_from_scratch.parity.compare.Tolerance.for_run, fp32: 1e-5 relative). T5 ZeRO-3 by default; GPT-2 and 1-2 `slow`.
 * A parameter used outside the forward of any module that holds it: without registration every
   rank raises ZeroExternalParameterError naming it; registered (our call, or DeepSpeed's
   `_external_params` dict) the run equals a single-process torch AdamW run.

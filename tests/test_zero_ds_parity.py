@@ -7,7 +7,7 @@ import and start-up are paid twice. No JIT build happens: "torch_adam": true avo
 sides.prepare_deepspeed() skips the shm comm op (test_deepspeed_ran_without_any_jit_build).
 Config: AdamW lr 1e-2, weight decay 0.1 on a decay group and 0 on biases/LayerNorm, clipping 0.5,
 WarmupLR, gradient accumulation 2, micro-batch 4 per rank, 5 optimizer steps. Tolerances are
-parity_compare.Tolerance.for_run (the reasons are written there).
+zero_from_scratch.parity.compare.Tolerance.for_run (the reasons are written there).
 """
 import pytest
 
