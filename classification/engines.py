@@ -21,7 +21,7 @@ import torch
 
 import zero_from_scratch
 from classification.config import lr_at
-from ddp_examples.bucketed import BucketedDataParallel
+from ddp_examples.engine.wrappers import BucketedDataParallel
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.auto import DEFAULTS, weight_decay_default
 from zero_from_scratch.engine.mpu import clip_grad_norm_, mp_prefix

@@ -170,3 +170,18 @@ def test_no_words_a_reader_cannot_resolve():
     bad = [f"{f}:{n}: {m.group(0)!r}" for f in files if os.path.isfile(os.path.join(T.ROOT, f))
            for n, ln in enumerate(T.read(f).splitlines(), 1) for m in pat.finditer(ln)]
     _fail("words a reader of the repository alone cannot resolve", bad)
+
+
+def test_every_tutorial_chapter_names_its_textbook_entries():
+    """Each chapter opens with a line linking READING.md and the entries it teaches; each of them is
+    a READING.md entry (so a renamed or moved idea breaks the chapter here, not in a reader's hands)."""
+    known = {f"{e.path}::{e.name}" for e in T.reading_entries()}
+    tut = os.path.join(T.ROOT, "tutorials")
+    bad = []
+    for f in sorted(x for x in os.listdir(tut) if re.match(r"\d\d_.*\.md$", x)):
+        line = next((ln for ln in open(os.path.join(tut, f)) if ln.startswith("**In the textbook** ([READING.md]")), "")
+        named = re.findall(r"\[`([^`]+)`\]", line)
+        if not named:
+            bad.append(f"{f}: no '**In the textbook** ([READING.md](../READING.md)): ...' line")
+        bad += [f"{f}: {n} is not a READING.md entry" for n in named if n not in known]
+    _fail("tutorial chapters without their textbook entries", bad)

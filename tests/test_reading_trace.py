@@ -24,10 +24,10 @@ from benchmarks import textbook as T
 
 # scenario → the READING.md ideas that must run in it
 SCENARIOS = {
-    "all_reduce ring": ["point-to-point", "ring all-reduce"],
-    "ZeRO-3 step": ["shard layout", "ZeRO-3", "sharded Adam"],
-    "1F1B step": ["1F1B", "pipeline executor"],
-    "column-parallel forward": ["f and g", "column parallel"],
+    "all_reduce ring": ["point-to-point", "chunk rule", "reduce ops", "ring all-reduce"],
+    "ZeRO-3 step": ["shard layout", "ZeRO-1", "ZeRO-2", "ZeRO-3", "sharded Adam"],
+    "1F1B step": ["pipeline instruction", "1F1B", "pipeline executor", "executor forward", "executor backward"],
+    "column-parallel forward": ["f (copy to tp)", "column parallel"],
 }
 
 
