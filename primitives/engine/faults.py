@@ -33,6 +33,34 @@ def _store():
         return None, 0
 
 
+def note(comm, peer: int, what: str, certain: bool, store=None) -> str:
+    """Write this rank's report (suspect `peer`) to the store, before this rank raises and exits:
+    the survivors then know it was alive and do not blame it. Returns the report."""
+    store = store if store is not None else _store()[0]
+    me, suspect = comm.global_rank(comm.rank), comm.global_rank(peer)
+    mine = json.dumps({"by": me, "suspect": suspect, "call": str(getattr(comm, "current_call", "") or "point-to-point"),
+                       "what": what, "certain": certain})
+    try:
+        if store is not None:
+            store.set(f"{PREFIX}/report/{me}", mine)
+    except Exception:             # the store itself may live on the dead rank
+        pass
+    return mine
+
+
+def reported(comm, peer: int) -> bool:
+    """Did group rank `peer` write a failure report? Then it was alive when it saw another rank
+    fail, and a survivor that finds its process gone afterwards (it raised and exited) must not
+    name it as the rank that died."""
+    store, _ = _store()
+    if store is None:
+        return False
+    try:
+        return store.check([f"{PREFIX}/report/{comm.global_rank(peer)}"])
+    except Exception:             # the store itself may live on the dead rank
+        return False
+
+
 def root_cause(comm, peer: int, what: str, certain: bool = False) -> str:
     """Record this detection and return ' root cause: …' naming the rank that died (or '').
     certain: the transport saw `peer` die (shm: its pid is gone), not merely stop answering;
@@ -41,10 +69,7 @@ def root_cause(comm, peer: int, what: str, certain: bool = False) -> str:
     if store is None:
         return ""
     try:
-        me, suspect = comm.global_rank(comm.rank), comm.global_rank(peer)
-        mine = json.dumps({"by": me, "suspect": suspect, "call": str(getattr(comm, "current_call", "") or "point-to-point"),
-                           "what": what, "certain": certain})
-        store.set(f"{PREFIX}/report/{me}", mine)
+        mine = note(comm, peer, what, certain, store)
         first = json.loads(store.compare_set(f"{PREFIX}/first", "", mine).decode())
         deadline = time.monotonic() + GRACE
         while True:

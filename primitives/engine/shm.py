@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from primitives.engine import shm_segment as seg
+from primitives.engine import faults, shm_segment as seg
 from primitives.engine.checked import DEFAULT_TIMEOUT
 from primitives.engine.comms import TorchComm
 from primitives.engine.errors import PeerError
@@ -248,10 +248,10 @@ class ShmComm(TorchComm):
 
     def _check_peers(self, peer: int, kind: str) -> None:
         for r in [peer] + [r for r in self.procs if r not in (peer, self.rank)]:
-            if r in self.procs and not seg.alive(*self.procs[r]):
+            if r in self.procs and not seg.alive(*self.procs[r]) and not faults.reported(self, r):
                 why = f"rank {r} (pid {self.procs[r][0]}) is gone: its process exited or was killed"
-                # dead=r: the PeerError that Request.wait builds from this one names r as the
-                # root cause, even when r is not the peer this rank was waiting on
+                faults.note(self, r, kind, certain=True)   # I am alive: survivors must not blame me
+                # dead=r: Request.wait's PeerError names r as the root cause, even if r is not `peer`
                 if r == peer:
                     raise PeerError(self._describe(peer, kind, RuntimeError(why)), dead=r)
                 raise PeerError(f"rank {self.rank}: failed {kind} rank {peer} (transport shm): {why}; "
