@@ -109,3 +109,10 @@ def test_parameters_and_buffers_start_from_rank_0(spawn, stage):
         assert set(got) == set(want.state_dict())
         for k, v in want.state_dict().items():
             assert torch.equal(torch.tensor(got[k], dtype=v.dtype), v), (r, k)
+
+
+def test_unknown_keys_are_recorded_and_warned():
+    # a typo is listed in unknown_keys (not swallowed by another field) and warned once, with a suggestion
+    with pytest.warns(UserWarning, match=r"gradient_cliping \(did you mean 'gradient_clipping'\?\)"):
+        cfg = load_config({"train_batch_size": 2, "gradient_cliping": 0.5}, 1)
+    assert cfg.unknown_keys == ["gradient_cliping"] and cfg.monitor == {}

@@ -274,7 +274,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     clip = raw.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])
     if not isinstance(clip, (int, float)):
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
-    cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown)
+    cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown)
     cfg.monitor = parse_monitors(raw)
     cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
     cfg.activation_checkpointing = parse_ac(raw)
