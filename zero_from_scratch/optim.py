@@ -41,7 +41,8 @@ class ShardedAdam:
                 grad = grad.add(master, alpha=wd)
         m.lerp_(grad, 1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
+        # DeepSpeed's Adam "bias_correction": false drops the 1/(1-β^t) factors (FusedAdam, CPUAdam)
+        bc1, bc2 = (1 - b1 ** step, 1 - b2 ** step) if hp.get("bias_correction", True) else (1.0, 1.0)
         denom = (v.sqrt() / (bc2 ** 0.5)).add_(eps)   # torch's exact expression
         master.addcdiv_(m, denom, value=-(lr / bc1))
 

@@ -24,11 +24,12 @@ from zero_from_scratch.engine.zero_keys import offloads, zero_key_notes, zero_ov
 import difflib
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
+from zero_from_scratch.engine.grad_keys import Reduction, parse as parse_reduction, predivide_ignored
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
-             # accepted and ignored: logging / profiling knobs that do not change the maths
-             "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+             # what each of these does here: zero_keys.KEY_STATUS; the gradient reduction's: grad_keys.py
+             "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "gradient_allreduce_op",
              "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "seed",
              "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint",
              "bfloat16",                                   # DeepSpeed's older name for "bf16"
@@ -61,6 +62,7 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     adam_w_mode: bool = True       # decoupled weight decay (DeepSpeed's default for both types)
+    bias_correction: bool = True   # FusedAdam's/DeepSpeedCPUAdam's: false = no 1/(1-β^t) on m and v
 
     def __post_init__(self):
         # DeepSpeed lower-cases the name before looking it up (runtime/config.py), so "adamw" is AdamW
@@ -165,6 +167,7 @@ class ZeroRunConfig:
     offload_optimizer: dict | None = None               # offload.parse: {"device", "nvme_path"} or None
     sub_group_size: int = 1_000_000_000                 # elements per offloaded step chunk (DeepSpeed's default)
     unknown_keys: list = field(default_factory=list)
+    reduction: Reduction = field(default_factory=Reduction)   # grad_keys.py: mean/sum, pre/post division
 
     def __post_init__(self):
         if self.bf16 and self.fp16.enabled:
@@ -221,7 +224,10 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
                           betas=tuple(op.get("betas", (0.9, 0.999))),
                           eps=op.get("eps", 1e-8),
                           weight_decay=op.get("weight_decay", weight_decay_default(o)),
-                          adam_w_mode=bool(op.get("adam_w_mode", True)))
+                          adam_w_mode=bool(op.get("adam_w_mode", True)), bias_correction=bool(op.get("bias_correction", True)))
+    if "bias_correction" in op and op.get("torch_adam"):   # DeepSpeed: torch.optim.AdamW(bias_correction=) TypeError
+        raise ValueError("config key 'optimizer.params.bias_correction' is refused with torch_adam: true (DeepSpeed "
+                         "passes it to torch.optim.Adam(W), which raises TypeError); drop one of them")
 
     sched = None
     if raw.get("scheduler"):
@@ -278,6 +284,9 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     cfg.monitor = parse_monitors(raw)
     cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
     cfg.activation_checkpointing = parse_ac(raw)
+    dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"
+    cfg.reduction = parse_reduction(raw, zero.stage, zero.reduce_scatter, dt, world_size)
+    zero.notes += tuple(n for n in [predivide_ignored(raw, zero.stage, zero.reduce_scatter)] if n)
     if unknown:
         warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
                       stacklevel=2)

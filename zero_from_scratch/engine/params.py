@@ -22,6 +22,8 @@ def param_groups(module: nn.Module, model_parameters, opt_cfg) -> tuple[list[lis
     for n, p in module.named_parameters():
         name_of.setdefault(id(p), n)
     base = {"lr": opt_cfg.lr, "betas": opt_cfg.betas, "eps": opt_cfg.eps, "weight_decay": opt_cfg.weight_decay}
+    if not getattr(opt_cfg, "bias_correction", True):   # FusedAdam keeps it per group too (optim.py reads it)
+        base["bias_correction"] = False
     if model_parameters is None:
         model_parameters = [p for p in module.parameters() if p.requires_grad]
     items = list(model_parameters)

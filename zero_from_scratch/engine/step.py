@@ -3,10 +3,11 @@ owned shards (in chunks), the stage's after_step, the LR schedule and the loss s
 
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 2
 
-Gradients hold the SUM over ranks of loss-scaled gradients, so the global norm (clip.py: local
+Gradients hold the SUM over ranks of loss-scaled gradients (× grad_keys' `pre`), so the global norm (clip.py: local
 Σ g² in float64, one 8-byte all-reduce; the monitor's loss rides along, +8 bytes; with an mpu one
 more 8-byte all-reduce over the model-parallel group, replicated parameters counted once) is
-divided by N · loss_scale, and each gradient chunk is scaled by clip_coef / (N · loss_scale).
+divided by N · loss_scale, and each gradient chunk is scaled by clip_coef / (N · loss_scale) (with
+gradient_allreduce_op / prescale_gradients / gradient_predivide_factor: grad_keys.Reduction.post_divisor).
 A non-finite norm skips the step (the loss scaler halves its scale).
 """
 from __future__ import annotations
@@ -39,7 +40,8 @@ def optimizer_step(engine) -> None:
         engine.comm.all_reduce(sq[1:], purpose="monitor loss all-reduce")
     if engine.mp is not None:                          # tp ranks hold the same loss: only the norm
         engine.mp.all_reduce(sq[:1], purpose="grad-norm all-reduce (model parallel)")
-    scale = N * engine.loss_scaler.loss_scale          # grads hold the SUM over ranks, scaled
+    # grads hold the SUM over ranks of loss_scale · pre · g: ÷ N·pre averaging, ÷ pre summing (grad_keys.py)
+    scale = engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale
     norm = math.sqrt(sq[0].item()) / scale
     overflow = not math.isfinite(norm)
     if overflow:
