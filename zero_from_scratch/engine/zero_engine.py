@@ -150,8 +150,8 @@ class ZeroEngine(nn.Module):
         scaled = loss.float()
         if self.gradient_accumulation_steps() > 1:
             scaled = scaled / self.gradient_accumulation_steps()
-        if self.loss_scaler.loss_scale != 1.0:
-            scaled = scaled * self.loss_scaler.loss_scale
+        if self.loss_scaler.loss_scale * self.config.reduction.pre != 1.0:   # pre: grad_keys.py
+            scaled = scaled * (self.loss_scaler.loss_scale * self.config.reduction.pre)
         self.stage.before_backward(boundary)
         scaled.backward(retain_graph=retain_graph)
         self.stage.after_backward(boundary)
