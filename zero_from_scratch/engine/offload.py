@@ -66,7 +66,7 @@ def parse(z: dict) -> dict | None:
                          "allowed: a writable folder")
     if dev == "none":
         return None
-    if dev == "cpu":   # pinned host buffers unless told otherwise (DeepSpeed's default is false)
+    if dev == "cpu":   # pinned host buffers unless told otherwise (DeepSpeed 0.19.8's default is true too)
         return {"device": dev, "nvme_path": None, "pin_memory": bool(s.get("pin_memory", True))}
     return {"device": dev, "nvme_path": s.get("nvme_path")}
 
