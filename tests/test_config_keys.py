@@ -12,6 +12,8 @@ from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.optim import ShardedAdam
 
 BASE = {"train_batch_size": 4}
+ENGINES = {"zero": "zero_from_scratch.engine.zero_keys",           # each exposes KEY_STATUS when it takes a
+           "pipeline": "pipeline_parallel.engine.config"}           # DeepSpeed config (ddp_examples does not)
 
 
 @pytest.mark.parametrize("raw, match", [
@@ -94,3 +96,120 @@ def test_math_keys_match_deepspeed():
         if rel > 1e-5 or fails:
             bad.append(f"stage {stage} {top} {zx}: loss rel {rel:.2e}; " + "; ".join(fails))
     assert not bad, "\n".join(bad)
+
+
+def deepspeed_keys() -> set[str]:
+    """Every dotted key DeepSpeed 0.19.8's parser reads: the top-level keys DeepSpeedConfig looks up (recorded
+    by handing it a dict that notes each lookup), and the fields of the pydantic models that parse the
+    sections (with their JSON aliases, nested models too)."""
+    import inspect
+    import os
+    import typing
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from pydantic import BaseModel
+    from deepspeed.comm.config import CommsLoggerConfig
+    from deepspeed.monitor.config import CSVConfig, TensorBoardConfig
+    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.profiling import constants as fp
+    seen = set()
+
+    class Keys:                                 # param_dict.keys(): `KEY in param_dict.keys()` is a lookup too
+        def __init__(self, d):
+            self.d = d
+
+        def __contains__(self, k):
+            seen.add(k)
+            return dict.__contains__(self.d, k)
+
+        def __iter__(self):
+            return iter(dict.keys(self.d))
+
+    class Recording(dict):
+        def get(self, k, d=None):
+            seen.add(k)
+            return super().get(k, d)
+
+        def __getitem__(self, k):
+            seen.add(k)
+            return super().__getitem__(k)
+
+        def __contains__(self, k):
+            seen.add(k)
+            return super().__contains__(k)
+
+        def keys(self):
+            return Keys(self)
+    DeepSpeedConfig(Recording(BASE))
+
+    def fields(model, pre):
+        out = set()
+        for name, f in model.model_fields.items():
+            key = pre + (f.alias or name)
+            out.add(key)
+            for t in (f.annotation, *typing.get_args(f.annotation)):
+                if inspect.isclass(t) and issubclass(t, BaseModel):
+                    out |= fields(t, key + ".")
+        return out
+    keys = set(seen)
+    for sec, model in (("zero_optimization", DeepSpeedZeroConfig), ("fp16", DeepSpeedFP16Config),
+                       ("bf16", DeepSpeedBF16Config), ("tensorboard", TensorBoardConfig),
+                       ("csv_monitor", CSVConfig), ("comms_logger", CommsLoggerConfig)):
+        keys |= fields(model, sec + ".")
+    keys |= {f"activation_checkpointing.{k}" for k in ACT_CHKPT_DEFAULT} | {"bfloat16.enabled"}
+    keys |= {"flops_profiler." + v for k, v in vars(fp).items() if k.startswith("FLOPS_PROFILER_") and
+             isinstance(v, str) and k.count("_") > 1 and not k.endswith("_DEFAULT") and v != "flops_profiler"}
+    keys |= {"optimizer.type", "optimizer.params", "optimizer.legacy_fusion", "scheduler.type", "scheduler.params",
+             "checkpoint.tag_validation", "checkpoint.load_universal", "checkpoint.use_node_local_storage",
+             "checkpoint.parallel_write", "checkpoint.checkpoint_serialization", "checkpoint.writer",
+             "optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "autotuning", "aio"}
+    return keys
+
+
+def _tables():
+    import importlib
+    out = {}
+    for engine, mod in ENGINES.items():
+        try:
+            out[engine] = importlib.import_module(mod).KEY_STATUS
+        except (ImportError, AttributeError):
+            continue                            # that engine has no table yet: nothing to check
+    return out
+
+
+@pytest.mark.deepspeed
+def test_every_deepspeed_key_is_honoured_refused_or_warned():
+    pytest.importorskip("deepspeed")
+    from zero_from_scratch.engine.key_status import status
+    universe = deepspeed_keys()
+    assert len(universe) > 150 and "zero_optimization.stage3_prefetch_bucket_size" in universe
+    for engine, table in _tables().items():
+        missing = sorted(k for k in universe if status(table, k) is None)
+        assert not missing, f"{engine}: DeepSpeed accepts these keys and KEY_STATUS says nothing: {missing}"
+        bad = sorted(k for k, v in table.items() if not v.startswith(("honoured", "refused", "warned")))
+        assert not bad, f"{engine}: statuses must start honoured/refused/warned: {bad}"
+
+
+def test_zero_refuses_and_warns_what_its_table_says():
+    from zero_from_scratch.engine.key_status import R, W
+    from zero_from_scratch.engine.zero_keys import KEY_STATUS
+    checked = 0
+    for key, st in KEY_STATUS.items():
+        if not st.startswith((R, W)):
+            continue                            # "… when …" entries are checked where the value is read
+        raw = dict(BASE)
+        d, *path = key.split(".")[::-1]
+        cfg = {d: True}
+        for k in path:
+            cfg = {k: cfg}
+        raw.update(cfg)
+        if st.startswith(R):
+            with pytest.raises(ValueError, match=f"config key '{key}' = True is refused"):
+                load_config(raw, world_size=1)
+        else:
+            with pytest.warns(UserWarning, match=f"{key} = True"):
+                load_config(raw, world_size=1)
+        checked += 1
+    assert checked > 60

@@ -20,8 +20,8 @@ import warnings
 from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
-from zero_from_scratch.engine.zero_keys import offloads, zero_key_notes, zero_overlap_keys
-import difflib
+from zero_from_scratch.engine.zero_keys import KEY_STATUS, offloads, zero_key_notes, zero_overlap_keys
+from zero_from_scratch.engine.key_status import gate, suggest as _suggest
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
 from zero_from_scratch.engine.grad_keys import Reduction, parse as parse_reduction, predivide_ignored
@@ -42,7 +42,8 @@ KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_c
               "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
               "zero_hpz_partition_size"}   # ZeRO++ hpZ: zero_from_scratch/engine/hpz.py
 # DeepSpeed's ZeRO config accepts each stage-3 field under its own name too (pydantic aliases)
-ZERO_ALIASES = {k[len("stage3_"):]: k for k in KNOWN_ZERO if k.startswith("stage3_")}
+ZERO_ALIASES = {k[len("zero_optimization.stage3_"):]: k[len("zero_optimization."):] for k in KEY_STATUS
+                if k.startswith("zero_optimization.stage3_")}
 KNOWN_ZERO |= set(ZERO_ALIASES)
 KNOWN_FP16 = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
               "consecutive_hysteresis", "min_loss_scale", "auto_cast"}
@@ -193,9 +194,8 @@ def unknown_keys(raw: dict) -> list[str]:
 
 
 def suggest(key: str) -> str:
-    """' (did you mean X?)' for a near miss of a known top-level key, else ''."""
-    close = difflib.get_close_matches(key.split(".")[-1], sorted(KNOWN_TOP | KNOWN_ZERO | KNOWN_OPT | KNOWN_SCHED), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """' (did you mean X?)' for a near miss of a known key, else ''."""
+    return _suggest(key, KNOWN_TOP | KNOWN_ZERO | KNOWN_OPT | KNOWN_SCHED)
 
 
 def load_config(config, world_size: int) -> ZeroRunConfig:
@@ -212,7 +212,8 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         raw = json.loads(json.dumps(config))        # deep copy, and rejects non-JSON values
     else:
         raise TypeError(f"config must be a path or a dict, got {type(config).__name__}")
-    unknown = unknown_keys(raw)
+    known = gate(raw, KEY_STATUS, {f"zero_optimization.{a}": f"zero_optimization.{k}" for a, k in ZERO_ALIASES.items()})
+    unknown = [k for k in unknown_keys(raw) if k not in known]     # the table's own warning named them
     raw, rows = resolve_auto(raw, world_size)
     resolved = {path: value for path, was, value, _ in rows if was == "auto"}
     tb, mb, ga = (raw[k] for k in BATCH)

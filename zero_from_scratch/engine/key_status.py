@@ -1,0 +1,157 @@
+"""Every key DeepSpeed 0.19.8's config parser accepts, and what the ZeRO engine does with it.
+
+    python -c "from zero_from_scratch.engine.key_status import KEY_STATUS; print(len(KEY_STATUS))"
+
+KEY_STATUS: dotted key → "honoured: …" (it acts, with DeepSpeed's meaning), "refused: …" (ValueError
+at start-up when the key is set) or "warned: …" (a warning at start-up when set), the text saying what
+DeepSpeed would have done. "refused when …"/"warned when …" entries are checked where the value is read
+(grad_keys.py, zero_keys.zero_key_notes, offload.py). A section refused or warned as a whole covers
+its sub-keys. "Set" means present and not null/false/{}/{"enabled": false}. gate() applies the table.
+tests/test_config_keys.py walks DeepSpeed's own schema and fails on a key missing here. Cost: a dict walk.
+"""
+from __future__ import annotations
+
+import difflib
+import warnings
+
+H, R, W = "honoured: ", "refused: ", "warned: "
+_NOT = "not implemented here; DeepSpeed would "
+_SAME = "same result here; DeepSpeed would "
+
+TOP = {
+    "train_batch_size": H + "train_batch_size = micro × gradient_accumulation × N, as DeepSpeed checks",
+    "train_micro_batch_size_per_gpu": H + "as train_batch_size", "gradient_accumulation_steps": H + "as train_batch_size",
+    "managed_gradient_accumulation": W + _NOT + "let the user drive the accumulation boundary",
+    "steps_per_print": H + "when set: rank 0 prints DeepSpeed's 'step=…, skipped=…, lr=…, mom=…' line every this many "
+                       "optimizer steps (DeepSpeed also prints every 10 when absent; here only when set)",
+    "dump_state": W + _NOT + "print the engine's whole state after initialise; print(engine.config) instead",
+    "seed": W + "not a DeepSpeed 0.19.8 key (DeepSpeed ignores it); seed torch yourself before building the model",
+    "disable_python_gc": W + _NOT + "call gc.collect() only every this many steps",
+    "disable_allgather": W + _SAME + "broadcast updated partitions instead of all-gathering them",
+    "communication_data_type": "refused when not the model's dtype: DeepSpeed would reduce gradients in that dtype "
+                               "(grad_keys.py)",
+    "seq_parallel_communication_data_type": W + _NOT + "reduce sequence-parallel gradients in this dtype "
+                                            "(no sequence parallelism here)",
+    "prescale_gradients": H + "÷ N before the reduction (grad_keys.py); refused at stages 2-3 with reduce_scatter, "
+                          "as DeepSpeed asserts",
+    "gradient_predivide_factor": H + "÷ f before the reduction, × f/N after (grad_keys.py); refused at stages 2-3 "
+                                 "with reduce_scatter, as DeepSpeed asserts",
+    "gradient_allreduce_op": H + "mean (÷ N) or sum (grad_keys.py); sum refused at stage 3 as DeepSpeed does",
+    "zero_optimization": H + "see its keys", "gradient_clipping": H + "global-norm clipping (clip.py), default 1.0",
+    "amp": R + _NOT + "train with NVIDIA apex AMP",
+    "fp16": H + "see its keys", "bf16": H + "see its keys", "bfloat16": H + "DeepSpeed's older name for bf16",
+    "torch_autocast": R + _NOT + "run forward under torch.autocast in the given dtype",
+    "optimizer": H + "see its keys", "scheduler": H + "see its keys",
+    "zero_allow_untested_optimizer": W + _SAME + "allow a client optimizer it has not tested with ZeRO",
+    "zero_force_ds_cpu_optimizer": W + _SAME + "insist on DeepSpeedCPUAdam with CPU offload (its Adam is ours)",
+    "activation_checkpointing": H + "activation_checkpointing.py (each key honoured or warned there)",
+    "comms_logger": W + _NOT + "log every collective's size and time and print a summary on demand",
+    "tensorboard": H + "monitor.py", "csv_monitor": H + "monitor.py",
+    "wandb": R + _NOT + "log the same scalars to Weights & Biases",
+    "comet": R + _NOT + "log the same scalars to Comet",
+    "flops_profiler": W + _NOT + "profile one step and print per-module FLOPs, MACs, latency",
+    "wall_clock_breakdown": W + _NOT + "time forward, backward and step on rank 0 and print them each steps_per_print",
+    "memory_breakdown": W + _NOT + "print memory use at points of each step; call engine.memory_report()",
+    "autotuning": R + _NOT + "search ZeRO stage and micro-batch size by running experiments",
+    "elasticity": R + _NOT + "choose batch sizes compatible with a changing GPU count",
+    "pipeline": W + "read by the pipeline engine (pipeline_parallel), not by ZeRO",
+    "data_efficiency": R + _NOT + "sample/route data by curriculum (data efficiency library)",
+    "curriculum_learning": R + _NOT + "schedule sequence length by curriculum",
+    "checkpoint": H + "see its keys",
+    "data_types": R + _NOT + "keep gradient accumulation / parameters / buffers in these dtypes",
+    "dataloader_drop_last": W + _NOT + "drop the last partial batch of deepspeed_io's loader",
+    "aio": W + _SAME + "tune asynchronous NVMe I/O (queue depth, block size, threads)",
+    "log_level": W + _NOT + "set DeepSpeed's logger level",
+    "datastates_ckpt": R + _NOT + "write checkpoints asynchronously with DataStates",
+    "compile": R + _NOT + "compile the engine with DeepCompile",
+    "compression_training": R + _NOT + "quantize/prune weights and activations during training",
+    "eigenvalue": R + _NOT + "estimate Hessian eigenvalues per layer",
+    "expert_parallel": R + _NOT + "shard mixture-of-experts layers over an expert-parallel group",
+    "use_data_before_expert_parallelism": W + _NOT + "order the data/expert parallel groups this way",
+    "hybrid_engine": R + _NOT + "switch between training and inference kernels (RLHF)",
+    "tensor_parallel": R + _NOT + "shard linear layers by AutoTP (use tensor_parallel/ with an mpu)",
+    "timers": W + _NOT + "time throughput with synchronised timers",
+    "vocabulary_size": W + _NOT + "pad the vocabulary for tensor-core shapes",
+    "weight_quantization": R + _NOT + "quantize weights after loading (inference)",
+    **{k: R + "removed from DeepSpeed; 0.19.8 raises DeepSpeedConfigError" for k in
+       ("graph_harvesting", "nebula", "progressive_layer_drop", "quantize_training", "sparse_attention",
+        "sparse_gradients")},
+}
+SUB = {
+    "fp16.enabled": H + "fp16 parameters, fp32 master, loss scaling (precision.py)",
+    **{f"fp16.{k}": H + "DeepSpeed's dynamic loss scaler, step for step (precision.py)"
+       for k in ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                 "min_loss_scale")},
+    "fp16.auto_cast": "refused when true: DeepSpeed would cast forward's floating inputs to fp16 (grad_keys.py)",
+    "fp16.fp16_master_weights_and_grads": R + _NOT + "keep master weights and gradients in fp16",
+    "bf16.enabled": H + "bf16 parameters, fp32 master (precision.py)", "bfloat16.enabled": H + "as bf16.enabled",
+    "bf16.immediate_grad_update": W + _SAME + "accumulate into fp32 gradients as each arrives",
+    "bf16.check_grad_overflow": W + "non-finite gradients always skip the step here; DeepSpeed checks only when true",
+    "bf16.bf16_master_weights_and_grads": R + _NOT + "keep master weights and gradients in bf16",
+    "bf16.bf16_optimizer_states": R + _NOT + "keep Adam's m and v in bf16",
+    "optimizer.type": H + "Adam/AdamW in any letter case (other types: engine/optimizers.py when present)",
+    "optimizer.params": H + "lr, betas, eps, weight_decay, adam_w_mode, torch_adam, bias_correction; others warned",
+    "optimizer.legacy_fusion": W + _NOT + "use the legacy fused fp16 optimizer",
+    "scheduler.type": H + "WarmupLR, WarmupDecayLR (lr_schedules.py)", "scheduler.params": H + "lr_schedules.py",
+    "checkpoint.tag_validation": W + _NOT + "check that every rank saves under the same tag",
+    "checkpoint.load_universal": R + _NOT + "load a universal (topology-free) checkpoint; load_checkpoint(reshard=True) "
+                                 "reads ours at another N",
+    "checkpoint.use_node_local_storage": W + _SAME + "let each node's rank 0 write to local storage",
+    "checkpoint.parallel_write": W + _SAME + "write checkpoint files from several ranks in a pipeline",
+    "checkpoint.checkpoint_serialization": W + _SAME + "choose torch.save's serialisation",
+    "checkpoint.writer": W + _SAME + "use a faster checkpoint writer (fast / decoupled)",
+    **{f"{s}.{k}": H + "monitor.py" for s in ("tensorboard", "csv_monitor") for k in ("enabled", "output_path", "job_name")},
+    **{f"activation_checkpointing.{k}": H + "activation_checkpointing.py (warned there where it has no effect)"
+       for k in ("partition_activations", "number_checkpoints", "contiguous_memory_optimization",
+                 "synchronize_checkpoint_boundary", "profile", "cpu_checkpointing")},
+}
+
+
+def _cov(status: str) -> bool:
+    return status.startswith((R, W))
+
+
+def status(table: dict, key: str) -> str | None:
+    """The status that covers a dotted key: its own, or a refused/warned section's above it."""
+    if key in table:
+        return table[key]
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        s = table.get(".".join(parts[:i]))
+        if s is not None and _cov(s):
+            return s
+    return None
+
+
+def is_set(v) -> bool:
+    return not (v is None or v is False or v == {} or (isinstance(v, dict) and v.get("enabled") is False))
+
+
+def gate(raw: dict, table: dict, aliases: dict | None = None, where: str = "zero_from_scratch") -> set[str]:
+    """Raise for the first set key the table refuses, warn once for those it warns; returns the dotted
+    keys the table knows (so they are not reported again as unknown)."""
+    known, warned = set(), []
+
+    def walk(d, pre):
+        for k, v in d.items():
+            k = (aliases or {}).get(pre + k, pre + k)
+            st = status(table, k)
+            if st is None:
+                continue
+            known.add(k)
+            if k in table and _cov(st) and is_set(v):
+                if st.startswith(R):
+                    raise ValueError(f"config key {k!r} = {v!r} is refused: {st[len(R):]}")
+                warned.append(f"{k} = {v!r}: {st[len(W):]}")
+            elif isinstance(v, dict) and not _cov(st):
+                walk(v, k + ".")
+    walk(raw, "")
+    if warned:
+        warnings.warn(f"{where}: config keys accepted but not acted on: " + "; ".join(warned), stacklevel=3)
+    return known
+
+
+def suggest(key: str, names) -> str:
+    """' (did you mean X?)' for a near miss of a known key, else ''."""
+    close = difflib.get_close_matches(key.split(".")[-1], sorted(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
