@@ -213,3 +213,40 @@ def test_zero_refuses_and_warns_what_its_table_says():
                 load_config(raw, world_size=1)
         checked += 1
     assert checked > 60
+
+
+def _instruments(rank, world):
+    import zero_from_scratch
+    from primitives.engine.log import console
+    from zero_from_scratch.engine.models import TinyMLP
+    torch.manual_seed(0)
+    model = TinyMLP()
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 1,
+           "wall_clock_breakdown": True, "comms_logger": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
+    with console.capture() as cap:
+        for _ in range(2 * 2):
+            x = torch.randn(4, 13)
+            loss = engine(x, torch.randint(0, 3, (4,))).loss
+            engine.backward(loss)
+            engine.step()
+    return cap.get(), engine.wall_clock, engine.comms_log
+
+
+def test_instruments_print_as_deepspeed_and_agree_with_the_ledger(spawn):
+    # reference: the engine's ledger (primitives' measured bytes sent) and nccl-tests' bus-bandwidth factors
+    text, clock, log = spawn(_instruments, 2)[0]
+    assert "step=1, skipped=0, lr=[0.001], mom=[[0.9, 0.999]]" in text and "step=2, skipped=0" in text
+    assert text.count("time (ms) | fwd: ") == 2 and "bwd_allreduce: " in text and "Comm. Op" in text
+    assert len(clock) == 2
+    for row in clock:
+        assert row["fwd"] > 0 and row["step"] > 0 and 0 < row["bwd_allreduce"] <= row["bwd"]
+        assert abs(row["bwd_inner"] + row["bwd_allreduce"] - row["bwd"]) < 1e-9
+    by = {r["collective"]: r for r in log}
+    assert {"reduce_scatter", "all_gather", "all_reduce"} <= set(by), sorted(by)
+    for r in log:
+        t = r["total_ms"] / 1e3
+        assert r["sent"] == r["formula"]                       # the ledger's measured bytes = the ring formula
+        bus_bytes = r["busbw_gbps"] * 1e9 / 8 * t               # busbw · t = bytes one ring rank sends
+        assert bus_bytes == pytest.approx(r["sent"], rel=1e-9), r
+        assert r["algbw_gbps"] * 1e9 / 8 * t == pytest.approx(r["bytes"], rel=1e-9)

@@ -40,6 +40,7 @@ class Usage:
     payload: int = 0          # S summed over calls (bytes of the full buffer)
     formula: int = 0          # bytes a ring sends for that S
     sent: int | None = 0      # measured bytes sent (primitives only)
+    seconds: float = 0.0      # wall time inside the calls (comms_logger.py's latency and bandwidths)
 
 
 @dataclass
@@ -132,13 +133,15 @@ class Comm:
         u.calls += 1
         u.payload += nbytes
         u.formula += ring_bytes(collective, nbytes, self.size)
+        t = time.perf_counter()
         if self._ledger is None:
             fn()
             u.sent = None
-            return
-        with self._ledger.track() as d:
-            fn()
-        u.sent = (u.sent or 0) + d.bytes_sent
+        else:
+            with self._ledger.track() as d:
+                fn()
+            u.sent = (u.sent or 0) + d.bytes_sent
+        u.seconds += time.perf_counter() - t
 
     def _run(self, purpose: str, collective: str, nbytes: int, fn, async_op: bool = False, what: str = ""):
         self._inflight = [f for f in self._inflight if not f.done()]

@@ -24,6 +24,7 @@ from zero_from_scratch.engine.zero_keys import KEY_STATUS, offloads, zero_key_no
 from zero_from_scratch.engine.key_status import gate, suggest as _suggest
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
+from zero_from_scratch.engine.wall_clock import parse as parse_instruments
 from zero_from_scratch.engine.grad_keys import Reduction, parse as parse_reduction, predivide_ignored
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -169,6 +170,7 @@ class ZeroRunConfig:
     sub_group_size: int = 1_000_000_000                 # elements per offloaded step chunk (DeepSpeed's default)
     unknown_keys: list = field(default_factory=list)
     reduction: Reduction = field(default_factory=Reduction)   # grad_keys.py: mean/sum, pre/post division
+    instruments: dict = field(default_factory=lambda: parse_instruments({}))   # wall_clock.py
 
     def __post_init__(self):
         if self.bf16 and self.fp16.enabled:
@@ -285,6 +287,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     cfg.monitor = parse_monitors(raw)
     cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
     cfg.activation_checkpointing = parse_ac(raw)
+    cfg.instruments = parse_instruments(raw)
     dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"
     cfg.reduction = parse_reduction(raw, zero.stage, zero.reduce_scatter, dt, world_size)
     zero.notes += tuple(n for n in [predivide_ignored(raw, zero.stage, zero.reduce_scatter)] if n)

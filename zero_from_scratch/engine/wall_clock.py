@@ -1,0 +1,88 @@
+"""The output keys DeepSpeed prints from: `steps_per_print`, `wall_clock_breakdown`, `comms_logger`.
+
+    "steps_per_print": 1, "wall_clock_breakdown": true, "comms_logger": {"enabled": true}
+    python -m pytest tests/test_config_keys.py -k instruments
+
+install(engine) wraps the engine's forward, backward and optimizer step with timers (on this engine
+instance only, and only when one of the keys is set) and prints on rank 0 after each optimizer step:
+  steps_per_print n       every n steps DeepSpeed's progress line "step=…, skipped=…, lr=[…], mom=[…]"
+  wall_clock_breakdown    DeepSpeed's global timers, summed over the step's micro-batches, in ms:
+                          "time (ms) | fwd: … | bwd: … | bwd_inner: … | bwd_allreduce: … | step: …"
+                          bwd_allreduce = the time inside gradient collectives during backward (the
+                          ledger's, engine/comm.py), bwd_inner = bwd − bwd_allreduce (DeepSpeed's split)
+  comms_logger            per collective: calls, message size, latency, algbw, busbw (comms_logger.py),
+                          every steps_per_print steps (every step when steps_per_print is absent)
+engine.wall_clock (a list of dicts, one per step) and engine.comms_log (the last table's rows) keep the
+numbers. Cost: perf_counter calls and, when printing, a line or a table per step on rank 0.
+"""
+from __future__ import annotations
+
+import time
+
+from primitives.engine.log import print0
+from zero_from_scratch.engine import comms_logger
+
+
+def parse(raw: dict) -> dict:
+    spp = raw.get("steps_per_print")
+    if spp is not None and (isinstance(spp, bool) or not isinstance(spp, int) or spp < 1):
+        raise ValueError(f"config key 'steps_per_print' = {spp!r} is invalid; allowed: an int >= 1")
+    wcb = raw.get("wall_clock_breakdown", False)
+    if not isinstance(wcb, bool):
+        raise ValueError(f"config key 'wall_clock_breakdown' = {wcb!r} is invalid; allowed: true/false")
+    return {"steps_per_print": spp, "wall_clock_breakdown": wcb, "comms_logger": comms_logger.parse(raw)}
+
+
+class Instruments:
+    def __init__(self, engine, spec: dict):
+        self.engine, self.spec = engine, spec
+        self.t = {"fwd": 0.0, "bwd": 0.0}
+        engine.wall_clock, engine.comms_log = [], []
+        fwd, bwd, step = engine.forward, engine.backward, engine._optimizer_step
+
+        def forward(*a, **k):
+            t0 = time.perf_counter()
+            out = fwd(*a, **k)
+            self.t["fwd"] += time.perf_counter() - t0
+            return out
+
+        def backward(loss, *a, **k):
+            t0 = time.perf_counter()
+            out = bwd(loss, *a, **k)
+            self.t["bwd"] += time.perf_counter() - t0
+            return out
+
+        def optimizer_step():
+            grads = sum(u.seconds for p, u in engine.comm.usage.items() if p.startswith("grad "))
+            t0 = time.perf_counter()
+            step()                                    # ends with comm.reset_step(): usage → last_step
+            self.after_step(1e3 * grads, 1e3 * (time.perf_counter() - t0))
+        # instance attributes: nn.Module.__call__ and engine.step() look these up first
+        engine.forward, engine.backward, engine._optimizer_step = forward, backward, optimizer_step
+
+    def after_step(self, grads_ms: float, step_ms: float) -> None:
+        e, spp = self.engine, self.spec["steps_per_print"]
+        row = {"fwd": 1e3 * self.t["fwd"], "bwd": 1e3 * self.t["bwd"], "bwd_allreduce": grads_ms, "step": step_ms}
+        row["bwd_inner"] = row["bwd"] - grads_ms
+        e.wall_clock.append(row)
+        self.t = {"fwd": 0.0, "bwd": 0.0}
+        due = spp is not None and e.global_steps % spp == 0
+        if due:
+            mom = [list(g["betas"]) for g in e.optimizer.param_groups]
+            print0(f"step={e.global_steps}, skipped={e.skipped_steps}, lr={e.get_lr()}, mom={mom}")
+        if self.spec["wall_clock_breakdown"]:
+            print0("time (ms) | " + " | ".join(f"{k}: {row[k]:.2f}" for k in
+                                               ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")))
+        cl = self.spec["comms_logger"]
+        if cl is not None:
+            e.comms_log = comms_logger.rows(e.comm.last_step, e.comm.size, cl["prof_ops"])
+            if due or spp is None:
+                print0(comms_logger.render(e.comms_log, e.global_steps))
+
+
+def install(engine) -> Instruments | None:
+    """Instruments for the keys set in engine.config.instruments; None when none is."""
+    spec = engine.config.instruments
+    if not (spec["steps_per_print"] or spec["wall_clock_breakdown"] or spec["comms_logger"]):
+        return None
+    return Instruments(engine, spec)
