@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from zero_from_scratch.engine import checkpoint as ckpt
 from zero_from_scratch.engine import ledger
-from zero_from_scratch.engine import offload
+from zero_from_scratch.engine import offload, wall_clock
 from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
@@ -127,6 +127,7 @@ class ZeroEngine(nn.Module):
         self.micro_steps = self.global_steps = self.skipped_steps = 0
         self._global_grad_norm = None
         self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
+        self.instruments = wall_clock.install(self)   # steps_per_print, wall_clock_breakdown, comms_logger
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ DeepSpeed's API
