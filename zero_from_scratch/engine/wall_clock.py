@@ -1,4 +1,4 @@
-"""The output keys DeepSpeed prints from: `steps_per_print`, `wall_clock_breakdown`, `comms_logger`.
+"""The output keys DeepSpeed prints from: steps_per_print, wall_clock_breakdown, comms_logger, flops_profiler.
 
     "steps_per_print": 1, "wall_clock_breakdown": true, "comms_logger": {"enabled": true}
     python -m pytest tests/test_config_keys.py -k instruments
@@ -12,6 +12,7 @@ instance only, and only when one of the keys is set) and prints on rank 0 after 
                           ledger's, engine/comm.py), bwd_inner = bwd − bwd_allreduce (DeepSpeed's split)
   comms_logger            per collective: calls, message size, latency, algbw, busbw (comms_logger.py),
                           every steps_per_print steps (every step when steps_per_print is absent)
+  flops_profiler          per-module FLOPs/MACs of step profile_step's first forward (flops_profiler.py)
 engine.wall_clock (a list of dicts, one per step) and engine.comms_log (the last table's rows) keep the
 numbers. Cost: perf_counter calls and, when printing, a line or a table per step on rank 0.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import time
 
 from primitives.engine.log import print0
-from zero_from_scratch.engine import comms_logger
+from zero_from_scratch.engine import comms_logger, flops_profiler
 
 
 def parse(raw: dict) -> dict:
@@ -30,19 +31,28 @@ def parse(raw: dict) -> dict:
     wcb = raw.get("wall_clock_breakdown", False)
     if not isinstance(wcb, bool):
         raise ValueError(f"config key 'wall_clock_breakdown' = {wcb!r} is invalid; allowed: true/false")
-    return {"steps_per_print": spp, "wall_clock_breakdown": wcb, "comms_logger": comms_logger.parse(raw)}
+    return {"steps_per_print": spp, "wall_clock_breakdown": wcb, "comms_logger": comms_logger.parse(raw),
+            "flops_profiler": flops_profiler.parse(raw)}
 
 
 class Instruments:
     def __init__(self, engine, spec: dict):
         self.engine, self.spec = engine, spec
         self.t = {"fwd": 0.0, "bwd": 0.0}
-        engine.wall_clock, engine.comms_log = [], []
+        self.flops = {}                               # flops_profiler's rows, once counted
+        engine.wall_clock, engine.comms_log, engine.flops_profile = [], [], None
         fwd, bwd, step = engine.forward, engine.backward, engine._optimizer_step
 
         def forward(*a, **k):
+            fp = self.spec["flops_profiler"]
+            prof = None
+            if fp and engine.global_steps == fp["profile_step"] and engine.comm.global_rank == 0 and not self.flops:
+                numels = {sl.name: sl.numel for u in engine.layout.units for sl in u.slots}
+                prof = flops_profiler.Profile(engine.module, numels)   # this step's first forward, rank 0
             t0 = time.perf_counter()
             out = fwd(*a, **k)
+            if prof is not None:
+                self.flops = prof.stop()
             self.t["fwd"] += time.perf_counter() - t0
             return out
 
@@ -73,6 +83,14 @@ class Instruments:
         if self.spec["wall_clock_breakdown"]:
             print0("time (ms) | " + " | ".join(f"{k}: {row[k]:.2f}" for k in
                                                ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")))
+        fp = self.spec["flops_profiler"]
+        if fp and self.flops and e.flops_profile is None:
+            e.flops_profile = self.flops
+            text = flops_profiler.report(self.flops, fp, e.global_steps - 1)
+            print0(text)
+            if fp["output_file"]:
+                with open(fp["output_file"], "w") as f:
+                    f.write(text + "\n")
         cl = self.spec["comms_logger"]
         if cl is not None:
             e.comms_log = comms_logger.rows(e.comm.last_step, e.comm.size, cl["prof_ops"])
@@ -83,6 +101,6 @@ class Instruments:
 def install(engine) -> Instruments | None:
     """Instruments for the keys set in engine.config.instruments; None when none is."""
     spec = engine.config.instruments
-    if not (spec["steps_per_print"] or spec["wall_clock_breakdown"] or spec["comms_logger"]):
+    if not any(spec.values()):
         return None
     return Instruments(engine, spec)
