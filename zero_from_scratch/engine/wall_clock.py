@@ -1,7 +1,7 @@
 """The output keys DeepSpeed prints from: steps_per_print, wall_clock_breakdown, comms_logger, flops_profiler.
 
     "steps_per_print": 1, "wall_clock_breakdown": true, "comms_logger": {"enabled": true}
-    python -m pytest tests/test_config_keys.py -k instruments
+    python -m zero_from_scratch.engine.wall_clock          # a 2-rank demo of all four, ~3 s
 
 install(engine) wraps the engine's forward, backward and optimizer step with timers (on this engine
 instance only, and only when one of the keys is set) and prints on rank 0 after each optimizer step:
@@ -104,3 +104,22 @@ def install(engine) -> Instruments | None:
     if not any(spec.values()):
         return None
     return Instruments(engine, spec)
+
+
+def _demo(rank, world):
+    import torch          # the demo's own model and batches; the instruments need nothing of torch's
+    import zero_from_scratch
+    from zero_from_scratch.engine.models import TinyMLP
+    torch.manual_seed(0)
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 1,
+           "wall_clock_breakdown": True, "comms_logger": {"enabled": True}, "zero_optimization": {"stage": 2},
+           "flops_profiler": {"enabled": True, "profile_step": 1}}
+    engine, *_ = zero_from_scratch.initialize(model=TinyMLP(), config=cfg)
+    for _ in range(2 * 2):
+        engine.backward(engine(torch.randn(4, 13), torch.randint(0, 3, (4,))).loss)
+        engine.step()
+
+
+if __name__ == "__main__":       # python -m zero_from_scratch.engine.wall_clock: 2 ranks, 2 steps, ~3 s
+    from primitives.engine.launch import spawn
+    spawn(_demo, 2)
