@@ -108,8 +108,8 @@ def install(engine) -> Instruments | None:
 
 def _demo(rank, world):
     import torch          # the demo's own model and batches; the instruments need nothing of torch's
-    import zero_from_scratch
-    from zero_from_scratch.engine.models import TinyMLP
+    import zero_from_scratch                              # the package imports this module: a cycle at the top
+    from zero_from_scratch.engine.models import TinyMLP   # only the demo needs a model
     torch.manual_seed(0)
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 1,
            "wall_clock_breakdown": True, "comms_logger": {"enabled": True}, "zero_optimization": {"stage": 2},
