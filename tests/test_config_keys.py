@@ -222,9 +222,10 @@ def _instruments(rank, world):
     torch.manual_seed(0)
     model = TinyMLP()
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 1,
-           "wall_clock_breakdown": True, "comms_logger": {"enabled": True}, "zero_optimization": {"stage": 2}}
-    engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
+           "wall_clock_breakdown": True, "comms_logger": {"enabled": True}, "zero_optimization": {"stage": 2},
+           "dump_state": True}
     with console.capture() as cap:
+        engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
         for _ in range(2 * 2):
             x = torch.randn(4, 13)
             loss = engine(x, torch.randint(0, 3, (4,))).loss
@@ -237,6 +238,7 @@ def test_instruments_print_as_deepspeed_and_agree_with_the_ledger(spawn):
     # reference: the engine's ledger (primitives' measured bytes sent) and nccl-tests' bus-bandwidth factors
     text, clock, log = spawn(_instruments, 2)[0]
     assert "step=1, skipped=0, lr=[0.001], mom=[[0.9, 0.999]]" in text and "step=2, skipped=0" in text
+    assert "DeepSpeedEngine:\n" in text and "  global_steps ................. 0\n" in text   # dump_state
     assert text.count("time (ms) | fwd: ") == 2 and "bwd_allreduce: " in text and "Comm. Op" in text
     assert len(clock) == 2
     for row in clock:

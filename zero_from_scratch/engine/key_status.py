@@ -24,7 +24,7 @@ TOP = {
     "managed_gradient_accumulation": W + _NOT + "let the user drive the accumulation boundary",
     "steps_per_print": H + "when set (wall_clock.py): rank 0 prints DeepSpeed's 'step=…, skipped=…, lr=…, mom=…' line every this many "
                        "optimizer steps (DeepSpeed also prints every 10 when absent; here only when set)",
-    "dump_state": W + _NOT + "print the engine's whole state after initialise; print(engine.config) instead",
+    "dump_state": H + "rank 0 prints every engine attribute at initialise, as print_configuration (wall_clock.py)",
     "seed": W + "not a DeepSpeed 0.19.8 key (DeepSpeed ignores it); seed torch yourself before building the model",
     "disable_python_gc": W + _NOT + "call gc.collect() only every this many steps",
     "disable_allgather": W + _SAME + "broadcast updated partitions instead of all-gathering them",

@@ -12,6 +12,8 @@ instance only, and only when one of the keys is set) and prints on rank 0 after 
                           ledger's, engine/comm.py), bwd_inner = bwd − bwd_allreduce (DeepSpeed's split)
   comms_logger            per collective: calls, message size, latency, algbw, busbw (comms_logger.py),
                           every steps_per_print steps (every step when steps_per_print is absent)
+  dump_state              at initialise, every attribute of the engine and of its config, one line each
+                          (DeepSpeed's print_configuration), values cut at 120 characters
   flops_profiler          per-module FLOPs/MACs of step profile_step's first forward (flops_profiler.py)
 engine.wall_clock (a list of dicts, one per step) and engine.comms_log (the last table's rows) keep the
 numbers. Cost: perf_counter calls and, when printing, a line or a table per step on rank 0.
@@ -32,7 +34,7 @@ def parse(raw: dict) -> dict:
     if not isinstance(wcb, bool):
         raise ValueError(f"config key 'wall_clock_breakdown' = {wcb!r} is invalid; allowed: true/false")
     return {"steps_per_print": spp, "wall_clock_breakdown": wcb, "comms_logger": comms_logger.parse(raw),
-            "flops_profiler": flops_profiler.parse(raw)}
+            "flops_profiler": flops_profiler.parse(raw), "dump_state": bool(raw.get("dump_state", False))}
 
 
 class Instruments:
@@ -101,7 +103,13 @@ class Instruments:
 def install(engine) -> Instruments | None:
     """Instruments for the keys set in engine.config.instruments; None when none is."""
     spec = engine.config.instruments
-    if not any(spec.values()):
+    if spec["dump_state"] and engine.comm.global_rank == 0:   # DeepSpeed's print_configuration(engine)
+        for title, obj in (("DeepSpeedEngine", engine), ("DeepSpeedEngine configuration", engine.config)):
+            print0(f"{title}:")
+            for k in sorted(vars(obj)):
+                v = repr(getattr(obj, k)).replace("\n", " ")
+                print0(f"  {k} {'.' * (29 - len(k))} {v[:120] + ('…' if len(v) > 120 else '')}", markup=False)
+    if not any(v for k, v in spec.items() if k != "dump_state"):
         return None
     return Instruments(engine, spec)
 
