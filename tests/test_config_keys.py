@@ -45,6 +45,9 @@ def test_reduction_factors_follow_deepspeed():
         c = load_config({"train_batch_size": 8, "prescale_gradients": True, "zero_optimization": {"stage": 1}}, 2)
         for n in c.zero.notes:
             warnings.warn(n)
+    c = load_config({"train_batch_size": 8, "gradient_allreduce_op": "sum", "gradient_predivide_factor": 2.0}, 2)
+    assert any("no effect with gradient_allreduce_op 'sum'" in n for n in c.zero.notes)
+    assert (c.reduction.pre, c.reduction.post_divisor) == (1.0, 1.0)
 
 
 def test_bias_correction_false_is_fused_adams_formula():

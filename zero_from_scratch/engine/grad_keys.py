@@ -76,11 +76,15 @@ def parse(raw: dict, stage: int, reduce_scatter: bool, model_dtype: str, world_s
     return Reduction(True, 1.0, float(N))          # the sum, divided by N after the reduction
 
 def predivide_ignored(raw: dict, stage: int, reduce_scatter: bool) -> str | None:
-    """The warning for gradient_predivide_factor / prescale_gradients at stage 1 with reduce_scatter,
-    where DeepSpeed accepts them and divides by N first anyway (same result)."""
+    """The warning for gradient_predivide_factor / prescale_gradients where DeepSpeed accepts them and
+    ignores them: with gradient_allreduce_op "sum", and at stage 1 with reduce_scatter (it divides by N first)."""
     keys = [k for k, off in (("gradient_predivide_factor", 1.0), ("prescale_gradients", False))
             if raw.get(k, off) != off]
-    if stage == 1 and reduce_scatter and keys and str(raw.get("gradient_allreduce_op", "mean")).lower() == "mean":
+    summing = str(raw.get("gradient_allreduce_op", "mean")).lower() == "sum"
+    if keys and summing:
+        return (f"{', '.join(keys)}: no effect with gradient_allreduce_op 'sum': DeepSpeed (and this engine) "
+                "then reduce the gradients without any division")
+    if stage == 1 and reduce_scatter and keys:
         return (f"{', '.join(keys)}: no effect at stage 1 with reduce_scatter: DeepSpeed (and this engine) divide "
                 "each gradient bucket by N before the reduce-scatter whatever they say")
     return None
