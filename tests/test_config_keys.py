@@ -75,7 +75,8 @@ MATH_KEYS = [  # (stage, extra top-level keys, zero_optimization extras): DeepSp
     (1, {"gradient_allreduce_op": "sum"}, {}),
     (2, {"gradient_allreduce_op": "sum"}, {}),
     (2, {"communication_data_type": "fp32"}, {}),
-]
+    (2, {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "bias_correction": False}}}, {}),
+]   # the last: DeepSpeed's FusedAdam (CPU build, ~45 s the first time, then cached) without bias correction
 
 
 @pytest.mark.slow
