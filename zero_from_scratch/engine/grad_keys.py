@@ -1,6 +1,6 @@
 """The config keys that change how gradients are reduced, read with DeepSpeed 0.19.8's meaning.
 
-    python -c "from zero_from_scratch.engine.grad_keys import parse; print(parse({'prescale_gradients': True}, 0, True, 'fp32'))"
+    python -c "from zero_from_scratch.engine.grad_keys import parse; print(parse({'prescale_gradients': True}, 0, True, 'fp32', 2))"
 
 Cost: nothing at run time beyond one multiply of the loss before backward.
 DeepSpeed (runtime/engine.py allreduce_bucket, zero/stage_1_and_2.py gradient_reduction_w_predivide):

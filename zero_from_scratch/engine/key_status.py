@@ -1,6 +1,6 @@
 """Every key DeepSpeed 0.19.8's config parser accepts, and what the ZeRO engine does with it.
 
-    python -c "from zero_from_scratch.engine.key_status import KEY_STATUS; print(len(KEY_STATUS))"
+    python -c "from zero_from_scratch.engine.zero_keys import KEY_STATUS; print(len(KEY_STATUS))"
 
 KEY_STATUS: dotted key → "honoured: …" (it acts, with DeepSpeed's meaning), "refused: …" (ValueError
 at start-up when the key is set) or "warned: …" (a warning at start-up when set), the text saying what
