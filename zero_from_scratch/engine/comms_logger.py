@@ -1,7 +1,7 @@
 """DeepSpeed's `comms_logger`: per collective, calls, bytes, latency, algbw and busbw, every optimizer step.
 
     "comms_logger": {"enabled": true}        (prof_all/prof_ops/verbose/debug: see KEYS)
-    python -m pytest tests/test_config_keys.py -k comms
+    python -m zero_from_scratch.engine.wall_clock          # prints the table for 2 steps of a 2-rank run
 
 Cost: one perf_counter pair per collective (engine/comm.py times every call anyway) and a table on rank 0.
 Rows come from the engine's ledger (Comm.last_step: one Usage per purpose), grouped like DeepSpeed's
