@@ -24,11 +24,12 @@ from primitives.ops import wait_all
 def linear(comm, send, recv):
     n, r = comm.size, comm.rank
     peers = [(r + i) % n for i in range(1, n)]
-    wait_all([comm.irecv(recv[p], p) for p in peers] + [comm.isend(send[p], p) for p in peers])
+    # one group: on nccl, receives posted before their sends outside a group would deadlock
+    wait_all(comm.exchange(sends=[(send[p], p) for p in peers], recvs=[(recv[p], p) for p in peers]))
 
 
 def pairwise(comm, send, recv):
     n, r = comm.size, comm.rank
     for s in range(1, n):
         to, frm = (r + s) % n, (r - s) % n
-        wait_all([comm.irecv(recv[frm], frm), comm.isend(send[to], to)])
+        wait_all(comm.exchange(sends=[(send[to], to)], recvs=[(recv[frm], frm)]))

@@ -36,9 +36,8 @@ def _exchange_counts(comm, name, check, send_counts, recv_counts):
             dev = comm.device
             rows = [torch.empty(2 * n, dtype=torch.int64, device=dev) for _ in range(n)]
             out = mine.to(dev)
-            reqs = [comm.irecv(rows[p], p) for p in range(n) if p != me]
-            reqs += [comm.isend(out, p) for p in range(n) if p != me]
-            wait_all(reqs)
+            peers = [p for p in range(n) if p != me]   # one group, nccl-safe
+            wait_all(comm.exchange(sends=[(out, p) for p in peers], recvs=[(rows[p], p) for p in peers]))
             for p in range(n):
                 if p != me:
                     table[p] = rows[p].cpu()
