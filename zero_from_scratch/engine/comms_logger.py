@@ -15,18 +15,16 @@ DeepSpeed's own log_summary prints "tput" = algbw except for all-reduce, where i
 from __future__ import annotations
 
 from primitives.engine.cost import ring_fraction
+from zero_from_scratch.engine.key_status import enabled_section
 
 KEYS = {"enabled", "prof_all", "prof_ops", "verbose", "debug"}
 
 
 def parse(raw: dict) -> dict | None:
     """The section, validated: {"enabled", "prof_ops"} or None when off."""
-    s = raw.get("comms_logger")
-    if not s or not isinstance(s, dict) or not s.get("enabled", False):
+    s = enabled_section(raw, "comms_logger", KEYS)
+    if s is None:
         return None
-    bad = set(s) - KEYS
-    if bad:
-        raise ValueError(f"config keys {sorted('comms_logger.' + k for k in bad)} are not supported; allowed: {sorted(KEYS)}")
     ops = s.get("prof_ops", [])
     if not isinstance(ops, list):
         raise ValueError(f"config key 'comms_logger.prof_ops' = {ops!r} is invalid; allowed: a list of collective names")

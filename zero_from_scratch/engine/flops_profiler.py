@@ -21,17 +21,16 @@ import time
 
 import torch.nn as nn
 
+from zero_from_scratch.engine.key_status import enabled_section
+
 KEYS = {"enabled", "profile_step", "module_depth", "top_modules", "detailed", "output_file", "recompute_fwd_factor"}
 ACT = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid)
 
 
 def parse(raw: dict) -> dict | None:
-    s = raw.get("flops_profiler")
-    if not s or not isinstance(s, dict) or not s.get("enabled", False):
+    s = enabled_section(raw, "flops_profiler", KEYS)
+    if s is None:
         return None
-    bad = set(s) - KEYS
-    if bad:
-        raise ValueError(f"config keys {sorted('flops_profiler.' + k for k in bad)} are not supported; allowed: {sorted(KEYS)}")
     out = {"profile_step": s.get("profile_step", 1), "module_depth": s.get("module_depth", -1),
            "detailed": bool(s.get("detailed", True)), "output_file": s.get("output_file"),
            "recompute_fwd_factor": float(s.get("recompute_fwd_factor", 0.0))}

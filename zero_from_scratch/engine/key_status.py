@@ -162,3 +162,15 @@ def suggest(key: str, names) -> str:
     """' (did you mean X?)' for a near miss of a known key, else ''."""
     close = difflib.get_close_matches(key.split(".")[-1], sorted(names), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def enabled_section(raw: dict, name: str, keys: set) -> dict | None:
+    """An instrument's section when it is switched on ({"enabled": true, ...}), else None; a key it
+    does not know is an error naming it, so a misspelt option never passes in silence."""
+    s = raw.get(name)
+    if not s or not isinstance(s, dict) or not s.get("enabled", False):
+        return None
+    bad = set(s) - keys
+    if bad:
+        raise ValueError(f"config keys {sorted(name + '.' + k for k in bad)} are not supported; allowed: {sorted(keys)}")
+    return s
