@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+DTYPES = ("fp32", "fp16", "bf16")
 
 
 @dataclass
@@ -74,6 +74,7 @@ def parse(raw: dict, stage: int, reduce_scatter: bool, model_dtype: str, world_s
     if f != 1.0 and not (stage == 1 and reduce_scatter):
         return Reduction(True, 1.0 / f, N / f)
     return Reduction(True, 1.0, float(N))          # the sum, divided by N after the reduction
+
 
 def predivide_ignored(raw: dict, stage: int, reduce_scatter: bool) -> str | None:
     """The warning for gradient_predivide_factor / prescale_gradients where DeepSpeed accepts them and

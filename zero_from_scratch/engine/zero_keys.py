@@ -5,6 +5,9 @@ the warnings for keys accepted only for DeepSpeed compatibility.
 """
 from __future__ import annotations
 
+from zero_from_scratch.engine.key_status import NOT, SAME, SUB, TOP, H, R, W   # the table's vocabulary
+
+
 def offloads(z: dict) -> list[str]:
     """The zero_optimization keys that turn offload on, spelled as DeepSpeed accepts them: a dict
     with device "cpu"/"nvme" (absent, null, {} or device "none" is off), or the deprecated
@@ -100,9 +103,6 @@ def zero_key_notes(raw_zero: dict, zero) -> list[str]:          # zero: a config
 
 
 # The rest of zero_optimization, as DeepSpeed 0.19.8's DeepSpeedZeroConfig accepts it (key_status.py's words)
-from zero_from_scratch.engine.key_status import H, R, SUB, TOP, W   # noqa: E402  (the table's vocabulary)
-
-_NOT, _SAME = "not implemented here; DeepSpeed would ", "same result here; DeepSpeed would "
 ZERO_STATUS = {
     **ZERO_KEYS,                                       # each "honoured…: what it does here"
     "stage": H + "0-3 (stages.py, stage3.py)",
@@ -111,44 +111,44 @@ ZERO_STATUS = {
     "round_robin_gradients": "warned when true (zero_key_notes)",
     "sub_group_size": H + "with offload_optimizer: elements per step chunk; warned otherwise (zero_key_notes)",
     "stage3_gather_16bit_weights_on_model_save": "warned when true (zero_key_notes)",
-    "stage3_gather_fp16_weights_on_model_save": W + _NOT + "gather a full 16-bit state dict on save (older name)",
+    "stage3_gather_fp16_weights_on_model_save": W + NOT + "gather a full 16-bit state dict on save (older name)",
     "zero_hpz_partition_size": H + "ZeRO++ hpZ secondary shards (hpz.py)",
     "offload_optimizer": H + "device cpu/nvme, nvme_path, pin_memory (offload.py; transfer tuning keys warned there)",
     **{f"offload_optimizer.{k}": H + "offload.py" for k in ("device", "nvme_path", "pin_memory")},
     **{f"offload_optimizer.{k}": "warned when set: tunes CUDA/AIO transfers (offload.py)"
        for k in ("buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write")},
-    "offload_optimizer.super_offload": R + _NOT + "run the CPU optimizer step overlapped (SuperOffload)",
-    "offload_optimizer.cpuadam_cores_perc": R + _NOT + "pin CPU Adam to this share of cores",
+    "offload_optimizer.super_offload": R + NOT + "run the CPU optimizer step overlapped (SuperOffload)",
+    "offload_optimizer.cpuadam_cores_perc": R + NOT + "pin CPU Adam to this share of cores",
     "offload_param": "refused when its device is cpu/nvme: DeepSpeed would keep parameters off the GPU",
     **{f"offload_param.{k}": "refused when offload_param's device is cpu/nvme; no effect in DeepSpeed either otherwise"
        for k in ("device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory")},
     "cpu_offload": "refused when true: DeepSpeed's old spelling of offload_optimizer cpu",
     "cpu_offload_param": "refused when true: DeepSpeed's old spelling of offload_param cpu",
-    "cpu_offload_use_pin_memory": W + _SAME + "pin the old cpu_offload's buffers",
-    "use_multi_rank_bucket_allreduce": W + _SAME + "all-reduce buckets spanning several owners at once",
+    "cpu_offload_use_pin_memory": W + SAME + "pin the old cpu_offload's buffers",
+    "use_multi_rank_bucket_allreduce": W + SAME + "all-reduce buckets spanning several owners at once",
     "compute_grad_norm": W + "the global norm is always computed here; DeepSpeed would skip it when false and unclipped",
-    "load_from_fp32_weights": W + _SAME + "load the fp32 master from the checkpoint's fp32 copy (we always do)",
-    "elastic_checkpoint": W + _SAME + "save optimizer state re-partitionable to another N",
-    "zenflow": R + _NOT + "update only the top-k gradient columns on GPU and the rest on CPU (ZenFlow)",
-    "stage3_model_persistence_threshold": W + _NOT + "cap the total elements kept persistent at stage 3",
-    "stage3_module_granularity_threshold": W + _SAME + "gather small sub-modules together as one leaf",
-    "stage3_use_all_reduce_for_fetch_params": W + _SAME + "fetch parameters with all-reduce instead of all-gather",
-    "stage3_allgather_sequential": W + _SAME + "all-gather parameters one at a time",
-    "ignore_unused_parameters": W + _SAME + "tolerate parameters without gradients (stage 2-3; they are zero here)",
-    "legacy_stage1": W + _SAME + "use the old stage-1 implementation",
-    "parameter_alignment": W + _SAME + "pad each partition to this many elements",
-    "zero_quantized_weights": R + _NOT + "all-gather int8-quantized weights (ZeRO++ qwZ)",
-    "zero_quantized_nontrainable_weights": R + _NOT + "keep frozen weights int8-quantized",
-    "zero_quantized_gradients": R + _NOT + "reduce int4-quantized gradients (ZeRO++ qgZ)",
-    "memory_efficient_linear": W + _SAME + "use a linear layer that saves less for backward under zero.Init",
-    "pipeline_loading_checkpoint": W + _SAME + "load checkpoints for the pipeline engine at stage 3",
-    "override_module_apply": W + _SAME + "gather parameters around module.apply",
-    "log_trace_cache_warnings": W + _SAME + "log stage-3 trace-cache invalidations",
-    "enable_sanity_checks": W + _SAME + "check stage-3 parameter states (slow)",
-    "save_muon_momentum_buffer_in_memory": W + _SAME + "keep Muon's momentum buffer on the device",
-    "leaf_module": W + _SAME + "gather these modules' parameters as one unit at stage 3",
-    "mics_shard_size": R + _NOT + "shard within groups of this many ranks and replicate across them (MiCS)",
-    "mics_hierarchical_params_gather": R + _NOT + "gather MiCS shards hierarchically",
-    "zeropp_loco_param": R + _NOT + "compensate quantization error in qgZ (LoCo)",
+    "load_from_fp32_weights": W + SAME + "load the fp32 master from the checkpoint's fp32 copy (we always do)",
+    "elastic_checkpoint": W + SAME + "save optimizer state re-partitionable to another N",
+    "zenflow": R + NOT + "update only the top-k gradient columns on GPU and the rest on CPU (ZenFlow)",
+    "stage3_model_persistence_threshold": W + NOT + "cap the total elements kept persistent at stage 3",
+    "stage3_module_granularity_threshold": W + SAME + "gather small sub-modules together as one leaf",
+    "stage3_use_all_reduce_for_fetch_params": W + SAME + "fetch parameters with all-reduce instead of all-gather",
+    "stage3_allgather_sequential": W + SAME + "all-gather parameters one at a time",
+    "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here)",
+    "legacy_stage1": W + SAME + "use the old stage-1 implementation",
+    "parameter_alignment": W + SAME + "pad each partition to this many elements",
+    "zero_quantized_weights": R + NOT + "all-gather int8-quantized weights (ZeRO++ qwZ)",
+    "zero_quantized_nontrainable_weights": R + NOT + "keep frozen weights int8-quantized",
+    "zero_quantized_gradients": R + NOT + "reduce int4-quantized gradients (ZeRO++ qgZ)",
+    "memory_efficient_linear": W + SAME + "use a linear layer that saves less for backward under zero.Init",
+    "pipeline_loading_checkpoint": W + SAME + "load checkpoints for the pipeline engine at stage 3",
+    "override_module_apply": W + SAME + "gather parameters around module.apply",
+    "log_trace_cache_warnings": W + SAME + "log stage-3 trace-cache invalidations",
+    "enable_sanity_checks": W + SAME + "check stage-3 parameter states (slow)",
+    "save_muon_momentum_buffer_in_memory": W + SAME + "keep Muon's momentum buffer on the device",
+    "leaf_module": W + SAME + "gather these modules' parameters as one unit at stage 3",
+    "mics_shard_size": R + NOT + "shard within groups of this many ranks and replicate across them (MiCS)",
+    "mics_hierarchical_params_gather": R + NOT + "gather MiCS shards hierarchically",
+    "zeropp_loco_param": R + NOT + "compensate quantization error in qgZ (LoCo)",
 }
 KEY_STATUS = {**TOP, **SUB, **{f"zero_optimization.{k}": v for k, v in ZERO_STATUS.items()}}
