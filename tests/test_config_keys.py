@@ -296,3 +296,15 @@ def test_flops_profiler_matches_deepspeeds_module_counts(spawn, tmp_path):
         assert rows[name]["params"] == sum(p.numel() for p in m.parameters())
     prof.end_profile()
     assert rows["fc1"]["flops"] == 2 * 4 * 13 * 37 and rows[""]["flops"] == sum(rows[n]["flops"] for n in ("fc1", "norm", "fc2"))
+
+
+def test_steps_per_print_inf_is_accelerates_never():
+    """accelerate writes steps_per_print = inf to keep DeepSpeed quiet: accepted, and never due."""
+    from zero_from_scratch.engine.wall_clock import parse
+    base = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+    cfg = load_config({**base, "steps_per_print": float("inf")}, world_size=1)
+    spp = cfg.instruments["steps_per_print"]
+    assert spp == float("inf") and all(step % spp != 0 for step in (1, 10, 10**6))
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="steps_per_print"):
+            parse({"steps_per_print": bad})

@@ -28,8 +28,9 @@ from zero_from_scratch.engine import comms_logger, flops_profiler
 
 def parse(raw: dict) -> dict:
     spp = raw.get("steps_per_print")
-    if spp is not None and (isinstance(spp, bool) or not isinstance(spp, int) or spp < 1):
-        raise ValueError(f"config key 'steps_per_print' = {spp!r} is invalid; allowed: an int >= 1")
+    # inf: accelerate's way of silencing DeepSpeed's progress line (never due: global_steps % inf != 0)
+    if spp is not None and spp != float("inf") and (isinstance(spp, bool) or not isinstance(spp, int) or spp < 1):
+        raise ValueError(f"config key 'steps_per_print' = {spp!r} is invalid; allowed: an int >= 1, or inf (never)")
     wcb = raw.get("wall_clock_breakdown", False)
     if not isinstance(wcb, bool):
         raise ValueError(f"config key 'wall_clock_breakdown' = {wcb!r} is invalid; allowed: true/false")
