@@ -13,11 +13,12 @@ from primitives.scatter import linear, ring, tree
 ALGOS = {"linear": linear, "ring": ring, "tree": tree}
 
 
-def scatter(comm, tensor, scatter_list=None, src=0, async_op=False, *, algorithm="auto", tag=0):
+def scatter(comm, tensor, scatter_list=None, src=0, async_op=False, *, group_src=None, algorithm="auto",
+            tag=0):
     """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on src only."""
     check = Check(comm, "scatter")
     ok = check.tensor("tensor", tensor)
-    root = check.rank("src", src)
+    root = check.root("src", src, group_src)
     is_root = comm.rank == root
     ok = ok and not check.errors                 # a bad root already explains itself
     if ok and is_root:
