@@ -24,7 +24,7 @@ def gather(comm, tensor, gather_list=None, dst=0, async_op=False, *, group_dst=N
     if ok and is_root:
         ok = check.tensor_list("gather_list", gather_list, tensor)
     elif ok and gather_list not in (None, []):
-        check.fail(f"argument 'gather_list' must be None on non-dst ranks (dst is {dst})")
+        check.fail(f"argument 'gather_list' must be None on ranks other than the root (group rank {root})")
         ok = False
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
     algo = resolve("gather", algorithm, ALGOS, comm, nbytes, check)

@@ -24,7 +24,7 @@ def scatter(comm, tensor, scatter_list=None, src=0, async_op=False, *, group_src
     if ok and is_root:
         ok = check.tensor_list("scatter_list", scatter_list, tensor)
     elif ok and scatter_list not in (None, []):
-        check.fail(f"argument 'scatter_list' must be None on non-src ranks (src is {src})")
+        check.fail(f"argument 'scatter_list' must be None on ranks other than the root (group rank {root})")
         ok = False
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
     algo = resolve("scatter", algorithm, ALGOS, comm, nbytes, check)
