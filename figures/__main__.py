@@ -23,6 +23,9 @@ def main(argv=None) -> int:
         paths = importlib.import_module(f"figures.{name}").main()
         for p in paths:
             console.print(f"{name:24s} {time.time() - t0:6.1f}s  {p}")
+    if set(names) == set(modules()):                 # the whole set: say what it leaves to others
+        for png, cmd in figures.ELSEWHERE.items():
+            console.print(f"[yellow]not drawn here: {png}; redraw it with {cmd}[/yellow]")
     return 0
 
 

@@ -3,11 +3,12 @@ on N = 4 ranks, recorded from a real run (4 spawned gloo ranks, a few seconds).
 
     python -m figures.ch02_ring
 
-Each rank wraps its communicator's transport hook `_isend` to note (step, peer, which chunk of the buffer the
-message starts in), runs `primitives.all_reduce(x, algorithm="ring")`, and checks the message
-count and bytes against the ledger's call record (2(N-1) messages, 2(N-1)/N·S bytes). The first
-N-1 steps are the reduce-scatter (partial sums travel), the last N-1 the all-gather (finished
-chunks travel).
+Each rank runs `primitives.all_reduce(x, group=rec, algorithm="ring")` on a recording
+Communicator (primitives/engine/recording.py: every message posted through the Communicator's
+interface, the check round's marked as control), notes (step, peer, which chunk of the buffer
+each data message starts in), and checks the message count and bytes against the ledger's call
+record (2(N-1) messages, 2(N-1)/N·S bytes). The first N-1 steps are the reduce-scatter (partial
+sums travel), the last N-1 the all-gather (finished chunks travel).
 """
 from __future__ import annotations
 
@@ -17,42 +18,34 @@ import primitives
 from figures.common import pyplot, save
 from primitives.engine.launch import spawn
 from primitives.engine.ledger import LEDGER
+from primitives.engine.recording import Recording
 from primitives.engine.registry import get_comm
 
 N, NUMEL = 4, 4096
 
 
 def _record(rank, world):
-    comm = get_comm()
+    rec = Recording(get_comm())
     x = torch.zeros(NUMEL)
     base, esz, chunk = x.data_ptr(), x.element_size(), NUMEL // world
-    sent = []
-    orig = comm._isend         # the transport's post: every message of every algorithm passes here
-
-    def isend(t, peer):
-        if t.data_ptr() >= base and t.data_ptr() < base + NUMEL * esz:   # a view of x: which chunk?
-            sent.append((len(sent), peer, (t.data_ptr() - base) // esz // chunk))
-        else:                                                            # from a scratch buffer
-            sent.append((len(sent), peer, None))
-        return orig(t, peer)
-
-    comm._isend = isend
     LEDGER.reset()
-    primitives.all_reduce(x, algorithm="ring")
-    del comm._isend
-    rec = [c for c in LEDGER.calls if c.name == "all_reduce"][-1]
-    return sent, rec.counts.msgs_sent, rec.counts.bytes_sent
+    primitives.all_reduce(x, group=rec, algorithm="ring")
+    sent = []
+    for m in rec.sends():                   # the algorithm's data messages, in posting order
+        p = m.tensor.data_ptr()
+        inside = base <= p < base + NUMEL * esz                        # a view of x: which chunk?
+        sent.append((len(sent), m.peer, (p - base) // esz // chunk if inside else None))
+    rec_call = [c for c in LEDGER.calls if c.name == "all_reduce"][-1]
+    return sent, rec_call.counts.msgs_sent, rec_call.counts.bytes_sent
 
 
 def record() -> list:
     res = spawn(_record, N, timeout=120)
     for r, (sent, msgs, nbytes) in enumerate(res):
-        data = [s for s in sent if s[2] is not None]
-        assert len(data) == msgs == 2 * (N - 1), (r, len(data), msgs)
+        assert len(sent) == msgs == 2 * (N - 1), (r, len(sent), msgs)
+        assert all(c is not None for _, _, c in sent), (r, sent)       # every message is a chunk of x
         assert nbytes == 2 * (N - 1) * NUMEL * 4 // N, (r, nbytes)
-    # number the data messages only (the safety check's control messages are not chunks)
-    return [[(i, peer, c) for i, (_, peer, c) in enumerate(s for s in sent if s[2] is not None)]
-            for sent, _, _ in res]
+    return [sent for sent, _, _ in res]
 
 
 def main() -> list[str]:

@@ -5,8 +5,11 @@ prefetch on and off, and stage3_max_reuse_distance = 0 so every module is freed 
 
     python -m figures.ch05_zero3_timeline
 
-The stage-3 object's own gather/install/release calls are wrapped to note (time, unit, event);
-the live bytes are its own counter (`live`), the one stage3_max_live_parameters bounds.
+Recorded from outside, through torch's module hooks: a hook registered after the engine's own
+(forward pre/post, backward pre/post, on every module) compares the units whose full
+parameters are gathered (the stage's `full_of`, unit -> gathered buffer) with the last look and
+notes (time, install/release, unit, live bytes), the live bytes being the gathered buffers' sum.
+Events land at module boundaries, which is where ZeRO-3 gathers and releases.
 """
 from __future__ import annotations
 
@@ -41,28 +44,20 @@ def _record(rank, world, prefetch):
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": zcfg}
     engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     st = engine.stage
-    events, t0 = [], [time.perf_counter()]
+    events, t0, seen = [], [time.perf_counter()], [set()]
     elem = torch.empty(0, dtype=engine.dtype).element_size()
 
-    def wrap(name):
-        orig = getattr(st, name)
-
-        def f(u, *a, **k):
-            before = u.index in st.full_of
-            out = orig(u, *a, **k)
-            after = u.index in st.full_of
-            if before != after:
-                events.append((time.perf_counter() - t0[0], "install" if after else "release", u.index, st.live * elem))
-            return out
-        setattr(st, name, f)
-    orig_count = st._count_live
-
-    def count(n):
-        orig_count(n)
-        events.append((time.perf_counter() - t0[0], "alloc", -1, st.live * elem))
-    st._count_live = count
-    for name in ("_install_unit" if hasattr(st, "_install_unit") else "_gather", "_release"):
-        wrap(name)
+    def look(*_):
+        now, t = set(st.full_of), time.perf_counter() - t0[0]
+        live = sum(b.numel() for b in st.full_of.values()) * elem
+        events.extend((t, "install", i, live) for i in sorted(now - seen[0]))
+        events.extend((t, "release", i, live) for i in sorted(seen[0] - now))
+        seen[0] = now
+    for m in engine.module.modules():          # after the engine's hooks: they run first
+        m.register_forward_pre_hook(look)
+        m.register_forward_hook(look)
+        m.register_full_backward_pre_hook(look)
+        m.register_full_backward_hook(look)
     g = torch.Generator().manual_seed(rank)
     for step in range(3):                      # step 1 records the trace; the last one is drawn
         events.clear()
@@ -72,6 +67,7 @@ def _record(rank, world, prefetch):
         t_fwd = time.perf_counter() - t0[0]
         engine.backward(loss)
         engine.step()
+        look()
         t_end = time.perf_counter() - t0[0]
     kinds = dict(engine.module.named_modules())
     names = [f"{u.tag} {type(kinds[u.tag]).__name__}" if u.tag in kinds else str(u.tag) for u in engine.layout.units]
@@ -106,7 +102,7 @@ def main() -> list[str]:
     fig.suptitle(f"ZeRO-3, one step, rank 0 of 2: each module's full parameters live from gather to release "
                  f"(blue: gathered in forward, orange: in backward)", fontsize=9)
     return [save(fig, "05_zero3_timeline", "figures.ch05_zero3_timeline",
-                 note="recorded by wrapping the stage-3 object's gather/release on a real run")]
+                 note="recorded through module hooks on a real run (the stage's gathered units at each module boundary)")]
 
 
 if __name__ == "__main__":

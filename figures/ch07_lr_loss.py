@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from figures.common import ROOT, pyplot, save
+from primitives.engine.launch import free_port
 
 DEFAULT = os.path.join(ROOT, "runs", "classification", "metrics.jsonl")
 
@@ -27,7 +28,8 @@ def read(path: str) -> list[dict]:
 
 def run_default(out_dir: str) -> str:
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    cmd = ["deepspeed", "--num_gpus", "2", "classification/train.py", "--output-dir", out_dir]
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "classification/train.py",
+           "--output-dir", out_dir]
     print("no metrics yet; running the default demo:", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     return os.path.join(out_dir, "metrics.jsonl")

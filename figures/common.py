@@ -3,6 +3,7 @@ lets a test prove a PNG was drawn by the script that claims it.
 
     python -m figures            # every figure
     python -m figures ch04_zero_memory ch07_lr_loss
+    RINGZERO_FIGURES_DIR=/tmp/figs python -m figures     # draw elsewhere (tests/test_figures.py)
 
 Each PNG carries tEXt chunks: Source (the module that drew it), Command (how to redraw it),
 Machine and Versions (where the numbers came from) and Date. tests/test_figures.py reads them back.
@@ -18,7 +19,7 @@ import zlib
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMG = os.path.join(ROOT, "tutorials", "img")
+IMG = os.environ.get("RINGZERO_FIGURES_DIR") or os.path.join(ROOT, "tutorials", "img")
 
 
 def machine() -> str:

@@ -6,7 +6,8 @@ reduce_scatter.py, scatter.py, gather.py, all_to_all.py), coalesced.py, mesh.py.
 The engine (primitives/engine/) runs those same algorithms checked, counted and chosen by cost.
 
 Drop-in for torch.distributed: `primitives.all_reduce(tensor, op, group, async_op, algorithm=,
-tag=)` and the other collectives, get_comm(group), LEDGER, ReduceOp, ... come from the engine.
+tag=)` and the other collectives (with torch's signatures), the *_coalesced and *_object calls,
+get_comm(group), LEDGER, ReduceOp, ... come from the engine.
 """
 import importlib
 
@@ -25,7 +26,12 @@ ReduceOp = dist.ReduceOp
 _ENGINE = {   # public name -> the engine module that defines it
     **{n: "primitives.engine.api" for n in (
         "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
-        "reduce_scatter_single", "scatter", "gather", "all_to_all", "all_to_all_single", "algorithms_for")},
+        "reduce_scatter_single", "scatter", "gather", "all_to_all", "all_to_all_single", "algorithms_for",
+        "all_gather_into_tensor", "reduce_scatter_tensor")},
+    **{n: "primitives.engine.coalesced" for n in ("all_reduce_coalesced", "all_gather_coalesced")},
+    **{n: "primitives.engine.objects" for n in (
+        "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")},
+    "Work": "primitives.engine.compat",
     "ALGORITHMS": "primitives.engine.algos", "get_comm": "primitives.engine.registry",
     "LEDGER": "primitives.engine.ledger", "PeerError": "primitives.engine.errors",
     "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.core",
@@ -46,4 +52,6 @@ def __getattr__(name):
 __all__ = ["algorithms_for", "broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "scatter", "gather",
            "reduce_scatter", "reduce_scatter_single", "all_to_all", "all_to_all_single", "ALGORITHMS", "ReduceOp",
            "LEDGER", "get_comm", "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled",
-           "StrictOrderError", "set_strict_p2p"]
+           "StrictOrderError", "set_strict_p2p", "all_gather_into_tensor", "reduce_scatter_tensor",
+           "all_reduce_coalesced", "all_gather_coalesced", "all_gather_object", "broadcast_object_list",
+           "gather_object", "scatter_object_list", "Work"]

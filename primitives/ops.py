@@ -4,8 +4,9 @@
 
 chunk_bounds is THE rule for cutting a buffer into N pieces (torch.tensor_split's): tensor
 parallelism, ZeRO's shards and the ring's chunks all use it, so a rank's shard is the same
-elements everywhere. Reduce ops are strings: "sum", "avg", "product", "min", "max"; "avg" sums
-and divides once at the end (finish_avg_).
+elements everywhere. Reduce ops are strings: "sum", "avg", "product", "min", "max" and the
+bitwise "band", "bor", "bxor" (integer and bool tensors); "avg" sums and divides once at the
+end (finish_avg_).
 """
 import torch
 
@@ -36,8 +37,10 @@ def combine_(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
         acc.mul_(other)
     elif op == "min":
         torch.minimum(acc, other, out=acc)
-    else:
+    elif op == "max":
         torch.maximum(acc, other, out=acc)
+    else:                                   # "band" | "bor" | "bxor"
+        getattr(acc, {"band": "bitwise_and_", "bor": "bitwise_or_", "bxor": "bitwise_xor_"}[op])(other)
 
 
 def finish_avg_(t: torch.Tensor, op: str, n: int) -> None:

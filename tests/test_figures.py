@@ -1,12 +1,36 @@
 """The figure scripts draw from real data and stamp what they drew with where it came from.
-The cheap ones run here (into a temporary folder); the measured ones run under `make figures`."""
+The cheap ones run here (into a temporary folder); every module runs under the slow test, as
+`make figures` runs them, into a temporary folder (RINGZERO_FIGURES_DIR).
+
+    python -m pytest -q tests/test_figures.py                 (~10 s)
+    python -m pytest -q -m slow tests/test_figures.py         (python -m figures: ~4 min with a
+        classification run in runs/classification, ~13 min without: ch07 then trains the demo)
+"""
+import glob
+import importlib
 import json
+import os
+import re
+import sys
 
 import pytest
 
 pytest.importorskip("matplotlib")
 
+import figures  # noqa: E402
 from figures import common  # noqa: E402
+from figures.__main__ import modules  # noqa: E402
+
+from conftest import ROOT, run_cmd  # noqa: E402
+
+
+def _embedded() -> set[str]:
+    """Every picture a tutorial or the README embeds (img/NAME.png)."""
+    names = set()
+    for md in glob.glob(os.path.join(ROOT, "tutorials", "*.md")) + [os.path.join(ROOT, "README.md")]:
+        with open(md) as f:
+            names |= set(re.findall(r"img/([A-Za-z0-9_]+\.png)", f.read()))
+    return names
 
 
 @pytest.fixture
@@ -43,3 +67,29 @@ def test_lr_loss_figure_reads_a_runs_jsonl(img_dir, tmp_path):
     log.write_text(json.dumps(dict(event="eval", accuracy=0.5)))
     with pytest.raises(SystemExit, match="no train records"):
         ch07_lr_loss.main(["--metrics", str(log)])
+
+
+def test_every_embedded_picture_has_a_command_that_redraws_it():
+    """Each embedded PNG was drawn by a figures module that exists (its Source stamp), or is in
+    figures.ELSEWHERE with the command that draws it."""
+    mods = {f"figures.{m}" for m in modules()}
+    for png in sorted(_embedded()):
+        if png in figures.ELSEWHERE:
+            continue
+        src = common.read_meta(os.path.join(ROOT, "tutorials", "img", png))["Source"]
+        assert src in mods, f"{png} was drawn by {src!r}, which is not a figures module ({sorted(mods)})"
+        module = importlib.import_module(src)
+        assert hasattr(module, "main"), src
+
+
+@pytest.mark.slow
+def test_make_figures_redraws_every_embedded_picture(tmp_path):
+    """`python -m figures` exits 0 and writes every embedded picture a figures module draws."""
+    r = run_cmd(f"{sys.executable} -m figures", timeout=1800, env={"RINGZERO_FIGURES_DIR": str(tmp_path)})
+    drawn = {os.path.basename(p) for p in glob.glob(str(tmp_path / "*.png"))}
+    want = _embedded() - set(figures.ELSEWHERE)
+    assert want <= drawn, f"not redrawn: {sorted(want - drawn)}\n{r.stdout[-3000:]}"
+    for png in want:
+        meta = common.read_meta(str(tmp_path / png))
+        assert meta["Source"].startswith("figures.ch"), (png, meta)
+    assert "not drawn here: 11_multinode_busbw.png" in r.stdout, "python -m figures names what it leaves to others"

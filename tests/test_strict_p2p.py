@@ -3,10 +3,12 @@
 1. The pattern the toolkit used before grouped exchanges (each rank posts irecv(peer), then
    isend(peer), ungrouped) is reported as a deadlock on every rank, naming both ranks and the
    operations, in a few seconds, never a hung test.
-2. With the fix, every collective × algorithm (+ "auto"), the handshake, the DDP chapters and
-   the ZeRO stages run under strict mode at N = 2, 3, 4 with the same results as gloo's
-   built-in (every collective) or the non-strict run (ZeRO; bitwise: strict mode changes only
-   when messages start, never the arithmetic).
+2. Every collective × algorithm (+ "auto"), all-to-all (single and list forms, even and
+   uneven splits with empty blocks, with its count exchange and without the handshake), the
+   check round, the DDP chapters and the ZeRO stages run under strict mode at N = 2, 3, 4 with
+   the same results as gloo's built-in (every collective), the values every rank can
+   recompute (all-to-all) or the non-strict run (ZeRO; bitwise: strict mode changes only when
+   messages start, never the arithmetic).
 """
 import time
 
@@ -86,11 +88,46 @@ def test_legal_orders_pass(spawn):
 
 # ----------------------------------------------------------------------------- everything, strict
 
+def _split(p, n, uneven):
+    """Rows rank p sends to each rank: uneven with empty blocks, or 2 each."""
+    return [(p + q) % 3 for q in range(n)] if uneven else [2] * n
+
+
+def _a2a_input(p, n, uneven):
+    """Rank p's all-to-all input, (rows, 3): block q holds 1000·p + 100·q + 0, 1, 2, ..."""
+    return torch.cat([torch.arange(k * 3, dtype=torch.float32).view(k, 3) + 1000 * p + 100 * q
+                      for q, k in enumerate(_split(p, n, uneven))])
+
+
+def _all_to_all_strict(rank, n):
+    """all_to_all_single and all_to_all × algorithm × even/uneven × handshake on (the count
+    exchange runs) and off; the expected blocks are recomputed from every rank's input."""
+    errs = []
+    for handshake in (True, False):
+        P.set_handshake(handshake)
+        for algo in ("linear", "pairwise", "auto"):
+            for uneven in (False, True):
+                tag = f"all_to_all N={n} rank={rank} algo={algo} uneven={uneven} handshake={handshake}"
+                want = [_a2a_input(p, n, uneven).split(_split(p, n, uneven))[rank] for p in range(n)]
+                outs = [_split(p, n, uneven)[rank] for p in range(n)]
+                y = torch.full((sum(outs), 3), -1.0)
+                P.all_to_all_single(y, _a2a_input(rank, n, uneven), outs, _split(rank, n, uneven), algorithm=algo)
+                if not torch.equal(y, torch.cat(want)):
+                    errs.append(f"{tag} single: wrong blocks")
+                got = [torch.full_like(w, -1.0) for w in want]
+                P.all_to_all(got, list(_a2a_input(rank, n, uneven).split(_split(rank, n, uneven))), algorithm=algo)
+                if not all(torch.equal(g, w) for g, w in zip(got, want)):
+                    errs.append(f"{tag} list: wrong blocks")
+    P.set_handshake(True)
+    return errs
+
+
 def _everything_strict(rank, n):
     P.set_strict_p2p(True)
     comm = P.get_comm()
     assert comm.strict
     errs, cases = C.matrix(comm, [2 * n + 1])     # ragged chunks; sizes are covered without strict mode
+    errs += _all_to_all_strict(rank, n)
     # the DDP chapters 2-4 (chapter 5 is torch's DDP), against the single-process run in the test
     from ddp_examples.engine.common import Config, build_model, train
     import importlib
@@ -104,6 +141,8 @@ def _everything_strict(rank, n):
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_collective_algorithm_and_ddp_chapter_under_strict_mode(spawn, n):
+    """C.matrix covers every collective but all-to-all, whose splits are another axis: it runs
+    in _all_to_all_strict (both forms, both algorithms and auto, with and without the count exchange)."""
     from ddp_examples.engine.common import Config, reference
     res = spawn(_everything_strict, n, comm_timeout=30)
     errs = [e for r in res for e in r[0]]

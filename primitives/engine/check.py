@@ -19,12 +19,17 @@ from primitives.engine.algos import ALGORITHMS, group_rank
 
 ReduceOp = dist.ReduceOp
 
-OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "product", ReduceOp.MIN: "min",
-       ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
-OP_CODES = {n: i for i, n in enumerate(("sum", "product", "min", "max", "avg"))}
+OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "product", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
+       ReduceOp.AVG: "avg", ReduceOp.BAND: "band", ReduceOp.BOR: "bor", ReduceOp.BXOR: "bxor"}
+OP_CODES = {n: i for i, n in enumerate(("sum", "product", "min", "max", "avg", "band", "bor", "bxor"))}
+BITWISE = ("band", "bor", "bxor")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
           torch.int16, torch.int32, torch.int64, torch.bool)
 DTYPE_CODES = {d: i for i, d in enumerate(DTYPES)}
+
+
+def _is_premul(op) -> bool:
+    return getattr(op, "op", op) == ReduceOp.PREMUL_SUM or op == ReduceOp.PREMUL_SUM
 
 
 def op_name(op) -> str | None:
@@ -52,6 +57,10 @@ class Check:
         if not isinstance(t, torch.Tensor):
             self.fail(f"argument {arg!r} must be a torch.Tensor, got {type(t).__name__}")
             return False
+        if t.layout != torch.strided:
+            self.fail(f"argument {arg!r} is a {t.layout} tensor; ringzero's collectives move dense (strided) "
+                      f"tensors: pass {arg}.to_dense() (torch's gloo all_reduce alone takes sparse COO)")
+            return False
         if t.dtype not in DTYPE_CODES:
             self.fail(f"argument {arg!r} has dtype {t.dtype}; supported: {[str(d) for d in DTYPES]}")
             return False
@@ -64,8 +73,12 @@ class Check:
     def op(self, op, dtype) -> str:
         name = op_name(op)
         if name is None:
-            self.fail(f"argument 'op' is {op!r}; expected torch.distributed.ReduceOp SUM, PRODUCT, MIN, MAX or AVG")
+            why = ("PREMUL_SUM is nccl's (torch's gloo refuses it too); scale the tensor, then SUM"
+                   if _is_premul(op) else "expected torch.distributed.ReduceOp SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR")
+            self.fail(f"argument 'op' is {op!r}; {why}")
             return "sum"
+        if name in BITWISE and dtype is not None and (dtype.is_floating_point or dtype.is_complex):
+            self.fail(f"argument 'op' is {name.upper()}, a bitwise op: it needs an integer or bool tensor, not {dtype}")
         if name == "avg" and (dtype is None or not dtype.is_floating_point):
             self.fail(f"argument 'op' is AVG but the tensor dtype is {dtype}; AVG needs a floating dtype")
         if dtype == torch.bool and name in ("sum", "product", "avg"):
@@ -86,6 +99,24 @@ class Check:
                       f"(expected a global rank among {[self.comm.global_rank(r) for r in range(n)]})")
             return 0
         return g
+
+    def root(self, arg: str, value, group_value) -> int:
+        """The root as a group rank, from torch's pair: `arg` (a global rank) or `group_<arg>` (a
+        rank of the group), exactly one of them given."""
+        if group_value is None:
+            if value is None:
+                self.fail(f"arguments {arg!r} and 'group_{arg}' are both None; pass one ({arg}: a global rank, "
+                          f"group_{arg}: a rank of the group)")
+                return 0
+            return self.rank(arg, value)
+        if value is not None:
+            self.fail(f"arguments {arg!r} = {value} and 'group_{arg}' = {group_value} are both given; "
+                      f"torch.distributed takes one of them")
+            return 0
+        if not isinstance(group_value, int) or isinstance(group_value, bool) or not 0 <= group_value < self.comm.size:
+            self.fail(f"argument 'group_{arg}' = {group_value!r} is not a rank of this group of {self.comm.size}")
+            return 0
+        return group_value
 
     def tensor_list(self, arg: str, lst, like: torch.Tensor) -> bool:
         n = self.comm.size

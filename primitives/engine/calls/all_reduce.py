@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from primitives.all_reduce import direct, linear, one_shot, rabenseifner, recursive_doubling, reduce_rows, ring
 from primitives.engine import shm_collectives
-from primitives.engine.check import Check, ReduceOp
+from primitives.engine.check import BITWISE, Check, ReduceOp
 from primitives.engine.core import LazyFlat, fuses, resolve, run
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import all_reduce_2level
@@ -40,6 +40,10 @@ def all_reduce(comm, tensor, op=ReduceOp.SUM, async_op=False, *, algorithm="auto
     opn = check.op(op, tensor.dtype if ok else None)
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
     algo = resolve("all_reduce", algorithm, ALGOS, comm, nbytes, check)
+    if algo == "shm" and opn in BITWISE:          # the shm kernels reduce with arithmetic ops only
+        if algorithm == "shm":
+            check.fail(f"argument 'op' is {opn.upper()}: algorithm 'shm' has no bitwise reduction; use 'ring'")
+        algo = "ring"
 
     prep = LazyFlat(tensor)
 

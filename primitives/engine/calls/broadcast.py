@@ -14,11 +14,12 @@ from primitives.engine.envelope import Fused
 ALGOS = {"linear": linear, "ring": ring, "tree": tree}
 
 
-def broadcast(comm, tensor, src, async_op=False, *, algorithm="auto", tag=0):
+def broadcast(comm, tensor, src, async_op=False, *, group_src=None, algorithm="auto",
+              tag=0):
     """Like torch.distributed.broadcast: tensor on every rank becomes src's tensor (src is a global rank)."""
     check = Check(comm, "broadcast")
     ok = check.tensor("tensor", tensor)
-    root = check.rank("src", src)
+    root = check.root("src", src, group_src)
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
     algo = resolve("broadcast", algorithm, ALGOS, comm, nbytes, check)
 

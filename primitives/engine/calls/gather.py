@@ -13,17 +13,18 @@ from primitives.gather import linear, ring, tree
 ALGOS = {"linear": linear, "ring": ring, "tree": tree}
 
 
-def gather(comm, tensor, gather_list=None, dst=0, async_op=False, *, algorithm="auto", tag=0):
+def gather(comm, tensor, gather_list=None, dst=0, async_op=False, *, group_dst=None, algorithm="auto",
+           tag=0):
     """Like torch.distributed.gather(tensor, gather_list, dst); gather_list is written on dst only."""
     check = Check(comm, "gather")
     ok = check.tensor("tensor", tensor)
-    root = check.rank("dst", dst)
+    root = check.root("dst", dst, group_dst)
     is_root = comm.rank == root
     ok = ok and not check.errors                 # a bad root already explains itself
     if ok and is_root:
         ok = check.tensor_list("gather_list", gather_list, tensor)
     elif ok and gather_list not in (None, []):
-        check.fail(f"argument 'gather_list' must be None on non-dst ranks (dst is {dst})")
+        check.fail(f"argument 'gather_list' must be None on ranks other than the root (group rank {root})")
         ok = False
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
     algo = resolve("gather", algorithm, ALGOS, comm, nbytes, check)

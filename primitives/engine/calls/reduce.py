@@ -14,12 +14,13 @@ from primitives.reduce import linear, ring, tree
 ALGOS = {"linear": linear, "ring": ring, "tree": tree}
 
 
-def reduce(comm, tensor, dst, op=None, async_op=False, *, algorithm="auto", tag=0):
+def reduce(comm, tensor, dst, op=None, async_op=False, *, group_dst=None, algorithm="auto",
+           tag=0):
     """Like torch.distributed.reduce(tensor, dst, op): the result lands in dst's tensor."""
     op = ReduceOp.SUM if op is None else op
     check = Check(comm, "reduce")
     ok = check.tensor("tensor", tensor)
-    root = check.rank("dst", dst)
+    root = check.root("dst", dst, group_dst)
     opn = check.op(op, tensor.dtype if ok else None)
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
     algo = resolve("reduce", algorithm, ALGOS, comm, nbytes, check)

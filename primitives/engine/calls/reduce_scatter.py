@@ -6,7 +6,7 @@ textbook algorithms of primitives/reduce_scatter.py (which run unchanged on ever
 from __future__ import annotations
 
 from primitives.engine import shm_collectives
-from primitives.engine.check import Check, ReduceOp
+from primitives.engine.check import BITWISE, Check, ReduceOp
 from primitives.engine.core import flat_work, fuses, resolve, run
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import reduce_scatter_2level
@@ -19,9 +19,21 @@ ALGOS = {"linear": linear, "ring": ring, "direct": direct,
          "shm": shm_collectives.reduce_scatter}           # shm transport only
 
 
-def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0):
+def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0, sizes=None):
+    """sizes: the numel of every block when they differ (torch's uneven reduce_scatter list);
+    then only "direct" runs them (each rank receives just its own block's size from every peer)."""
     nbytes = output.numel() * output.element_size() * comm.size if ok else 0
+    if sizes:
+        nbytes = sum(sizes) * output.element_size()      # S: the same on every rank
+        if algorithm not in ("auto", "direct"):
+            check.fail(f"argument 'input_list' holds blocks of different sizes {sizes}; algorithm "
+                       f"{algorithm!r} needs equal blocks: use algorithm='direct' (or 'auto')")
+        algorithm = "direct"
     algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
+    if algo == "shm" and opn in BITWISE:          # the shm kernels reduce with arithmetic ops only
+        if algorithm == "shm":
+            check.fail(f"argument 'op' is {opn.upper()}: algorithm 'shm' has no bitwise reduction; use 'ring'")
+        algo = "ring"
 
     st = {}
 
@@ -57,19 +69,44 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0)
         done()
         return [nb] * (comm.size - 1)
     fused = (Fused(lambda peer: prep()[1][peer], finish, same_for_all=False)
-             if ok and output.numel() and fuses(name, algo, comm, nbytes) else None)
-    return run(comm, name, algo, check, numel=output.numel() if ok else -1,
+             if ok and output.numel() and not sizes and fuses(name, algo, comm, nbytes) else None)
+    numel, shape = (sum(sizes), tuple(sizes)) if sizes else (output.numel(), tuple(output.shape))
+    return run(comm, name, algo, check, numel=numel if ok else -1,
                dtype=output.dtype if ok else None, op=opn, root=-1,
-               shape=tuple(output.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
+               shape=shape if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)
 
 
+def _input_list(check, comm, lst, output) -> tuple[bool, list | None]:
+    """(ok, sizes): a list of N tensors of output's dtype, block `rank` the size of output;
+    sizes lists every block's numel when they are uneven (None when all match output)."""
+    n = comm.size
+    if not isinstance(lst, (list, tuple)) or len(lst) != n:
+        got = f"length {len(lst)}" if isinstance(lst, (list, tuple)) else type(lst).__name__
+        check.fail(f"argument 'input_list' must be a list of {n} tensors (one per rank), got {got}")
+        return False, None
+    if not all(check.tensor(f"input_list[{i}]", t) for i, t in enumerate(lst)):
+        return False, None
+    bad = [i for i, t in enumerate(lst) if t.dtype != output.dtype]
+    if bad:
+        check.fail(f"argument input_list{bad} differ in dtype from 'output' ({output.dtype})")
+        return False, None
+    if lst[comm.rank].numel() != output.numel():
+        check.fail(f"argument input_list[{comm.rank}] has {lst[comm.rank].numel()} elements but 'output' has "
+                   f"{output.numel()}: this rank's block must fill its output")
+        return False, None
+    sizes = [t.numel() for t in lst]
+    return True, (sizes if len(set(sizes)) > 1 else None)
+
+
 def reduce_scatter(comm, output, input_list, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):
-    """Like torch.distributed.reduce_scatter(output, input_list, op)."""
+    """Like torch.distributed.reduce_scatter(output, input_list, op); input_list[p] may differ in
+    size between blocks (block p the size of rank p's output), as on gloo."""
     check = Check(comm, "reduce_scatter")
-    ok = check.tensor("output", output) and check.tensor_list("input_list", input_list, output)
+    ok, sizes = _input_list(check, comm, input_list, output) if check.tensor("output", output) else (False, None)
     opn = check.op(op, output.dtype if ok else None)
-    return _run("reduce_scatter", lambda: input_list, output, comm, check, opn, algorithm, ok, async_op, tag=tag)
+    return _run("reduce_scatter", lambda: input_list, output, comm, check, opn, algorithm, ok, async_op, tag=tag,
+                sizes=sizes)
 
 
 def reduce_scatter_single(comm, output, input, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):

@@ -13,17 +13,18 @@ from primitives.scatter import linear, ring, tree
 ALGOS = {"linear": linear, "ring": ring, "tree": tree}
 
 
-def scatter(comm, tensor, scatter_list=None, src=0, async_op=False, *, algorithm="auto", tag=0):
+def scatter(comm, tensor, scatter_list=None, src=0, async_op=False, *, group_src=None, algorithm="auto",
+            tag=0):
     """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on src only."""
     check = Check(comm, "scatter")
     ok = check.tensor("tensor", tensor)
-    root = check.rank("src", src)
+    root = check.root("src", src, group_src)
     is_root = comm.rank == root
     ok = ok and not check.errors                 # a bad root already explains itself
     if ok and is_root:
         ok = check.tensor_list("scatter_list", scatter_list, tensor)
     elif ok and scatter_list not in (None, []):
-        check.fail(f"argument 'scatter_list' must be None on non-src ranks (src is {src})")
+        check.fail(f"argument 'scatter_list' must be None on ranks other than the root (group rank {root})")
         ok = False
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
     algo = resolve("scatter", algorithm, ALGOS, comm, nbytes, check)
