@@ -6,7 +6,10 @@ no survivor hangs (primitives/engine/faults.py, primitives/engine/rendezvous.py)
 
 The moments a rank dies at:
   before   before building its communicator: the survivors wait for it at set-up's arrival round
+           (spawn builds one communicator per rank before the test's function runs; every
+           moment here is about the fresh one the function builds)
   during   inside set-up: shm: creating or attaching the segment; tcp: right after arriving
+  check    in the first call's check round, right after posting its envelopes
   mid      during the ring phase of the second all-reduce (after that call's check round)
   late     before set-up, while another survivor is still starting (it arrives 1 s later)
 Short timeouts keep a failure fast; none of these runs waits for a deadline: the evidence (a pid
@@ -24,7 +27,7 @@ from primitives.engine import registry, shm_segment
 from primitives.engine.launch import spawn
 from primitives.engine.rendezvous import Rounds
 
-MOMENTS = ("before", "during", "mid", "late")
+MOMENTS = ("before", "during", "check", "mid", "late")
 
 
 def _die():
@@ -46,13 +49,16 @@ def _dies(rank, n, dead, moment, transport):
     try:
         registry._COMMS.clear()
         comm = P.get_comm()
-        if moment == "mid" and rank == dead:
+        if moment in ("check", "mid") and rank == dead:
             sent, orig = [0], comm._group
-            limit = (n - 1) + 2 * (n - 1) + (n - 1) + 1      # call 1: check + ring; call 2: check + 1 step
+            # check: after posting the first call's envelopes; mid: call 1 = check + ring, call 2 = check + 1 step
+            limit = 0 if moment == "check" else (n - 1) + 2 * (n - 1) + (n - 1) + 1
 
             def group(ops):
                 sent[0] += sum(kind == "send" for kind, _, _ in ops)
                 if sent[0] > limit:
+                    if moment == "check":
+                        orig(ops)                 # the envelopes leave (some may arrive), then it dies
                     _die()
                 return orig(ops)
             comm._group = group
@@ -86,7 +92,8 @@ def kill_matrix(runs, transport="auto"):
             if etype == "PeerError" and d == dead and named(msg) == [dead] and all(w in msg for w in want):
                 good += 1
             else:
-                problems.append(f"{transport} {moment} N={n} dead={dead} rank {r}: {etype} (names {d}): {msg[:500]}")
+                problems.append(f"{transport} {moment} N={n} dead={dead} rank {r}: {etype} (names {d}): "
+                                f"{msg[:300]} ... {msg[-600:]}")
     return good, total, problems
 
 
@@ -97,8 +104,8 @@ def _check(runs, transport):
 
 
 @pytest.mark.parametrize("transport, runs", [
-    ("auto", [(3, 1, "before"), (4, 0, "during"), (4, 2, "mid")]),
-    ("tcp", [(3, 2, "during")])])
+    ("auto", [(3, 1, "before"), (4, 0, "during"), (3, 2, "mid")]),
+    ("tcp", [(3, 0, "check")])])
 def test_every_survivor_names_the_dead_rank_subset(transport, runs):
     """Default suite: each moment once, N = 3 and 4, the dead rank varying (the slow test: all)."""
     _check(runs, transport)
@@ -107,6 +114,25 @@ def test_every_survivor_names_the_dead_rank_subset(transport, runs):
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_every_survivor_names_the_dead_rank_every_moment(transport):
-    """N = 3, 4 × every dead rank × before / during / mid set-up: 54 live ranks per transport
-    (plus 'late' for every dead rank: 18 more)."""
+    """N = 3, 4 × every dead rank × every moment: 18 live ranks per moment, 90 per transport."""
     _check([(n, d, m) for m in MOMENTS for n in (3, 4) for d in range(n)], transport)
+
+
+def _never_builds(rank, n, absent):
+    if rank == absent:
+        time.sleep(6)                        # alive, but absent past the others' 2 s deadline
+    try:
+        registry._COMMS.clear()              # spawn built one for every rank: build a fresh one
+        P.get_comm()
+        return "returned", "", None
+    except Exception as e:
+        return type(e).__name__, str(e), getattr(e, "dead", None)
+
+
+def test_a_rank_that_never_arrives_at_set_up_is_named_at_the_deadline():
+    """No evidence of a death (its process is alive): the deadline names the absent rank."""
+    res = spawn(_never_builds, 3, args=(2,), comm_timeout=2, grace=2, allow_fail=True, timeout=60)
+    for r in (0, 1):
+        status, (etype, msg, d) = res[r]
+        assert etype == "PeerError" and d == 2 and named(msg) == [2], msg
+        assert "Root cause: rank 2 never arrived at the shared-memory rendezvous (set-up round 1) within 2s" in msg, msg

@@ -37,8 +37,9 @@ from primitives.engine.shm_segment import host_key, start_time
 
 GRACE = 1.0      # seconds a failing rank waits for evidence of a death
 PREFIX = "ringzero/fault"
-PID_GONE = "its process (pid {pid}) is gone: it exited or was killed"
-CLOSED = "its connection closed under a transfer: its process exited"
+# evidence, as the predicate of "rank D ...": what a survivor saw of the dead rank
+PID_GONE = "died: its process (pid {pid}) is gone: it exited or was killed"
+CLOSED = "died: its connection closed under a transfer: its process exited"
 _CLOSED_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 _HELLOS: dict = {}   # (id(store), global rank) -> hello record: a process never changes host or pid
 
@@ -127,8 +128,8 @@ def culprits(st, world: int, reps: dict) -> dict:
 def attribute(comm, peer: int | None, what: str, evidence: str | None = None) -> tuple[int | None, str]:
     """Record this rank's failure report, then find the root cause.
     peer: the group rank this rank was waiting on (None: unknown); evidence: what this rank saw
-    of `peer`'s death (PID_GONE, CLOSED, a missed deadline at set-up), None if it only stopped
-    answering. Returns (global rank named, ' Root cause: rank D ...') or (None, '') without a store."""
+    of `peer`'s death as a predicate (PID_GONE, CLOSED, "never arrived at ..."), None if it only
+    stopped answering. Returns (global rank named, ' Root cause: rank D ...') or (None, '') without a store."""
     st, world = store()
     if st is None:
         return None, ""
@@ -152,7 +153,7 @@ def attribute(comm, peer: int | None, what: str, evidence: str | None = None) ->
         d = first["suspect"] if first["suspect"] in dead else min(dead)
         by = first if first["suspect"] == d else next((r for r in sorted(reps.values(), key=lambda r: r["by"])
                                                        if r["suspect"] == d), mine)
-        return d, (f" Root cause: rank {d} died: {dead[d]} (first detected by rank {by['by']} "
+        return d, (f" Root cause: rank {d} {dead[d]} (first detected by rank {by['by']} "
                    f"in {by['call']}, {by['what']} it).")
     # no evidence of a death: name the rank waited on that did not itself report a failure
     quiet = [r for r in [first, mine, *reps.values()] if r["suspect"] >= 0 and r["suspect"] not in reps]

@@ -48,6 +48,17 @@ class Rounds:
         self.round += 1
         if self.store is None or c.size == 1:
             return [obj] if c.size == 1 else self._fallback(obj)
+        try:
+            return self._gather(obj)
+        except PeerError:
+            raise
+        except Exception as e:        # DistStoreError, ConnectionResetError: the store itself is gone
+            raise PeerError(f"rank {c.rank}: communicator set-up failed at {self.where()}: the process group's "
+                            f"store is unreachable ({type(e).__name__}: {e}); the process hosting it (rank 0, or "
+                            "the launcher's agent under torchrun) exited or was killed") from e
+
+    def _gather(self, obj) -> list:
+        c = self.comm
         key = f"{self.tag}/{self.round}/"
         self.store.set(key + str(c.global_rank(c.rank)), pickle.dumps(obj))
         pending = [p for p in range(c.size) if p != c.rank]
@@ -62,7 +73,7 @@ class Rounds:
                 if ev or (rep and rep["t"] >= self.t0):   # dead, or it gave up on a dead rank while I waited
                     self._absent(p, ev)
             if time.monotonic() > deadline:
-                self._absent(pending[0], f"it did not arrive at {self.where()} within {c.timeout:.0f}s "
+                self._absent(pending[0], f"never arrived at {self.where()} within {c.timeout:.0f}s "
                                          f"(ranks still missing: {pending}; it died before it, or never built "
                                          "this communicator)")
             time.sleep(nap)

@@ -247,7 +247,7 @@ class ShmComm(TorchComm):
         for r in [peer] + [r for r in self.procs if r not in (peer, self.rank)]:
             if r in self.procs and not seg.alive(*self.procs[r]):
                 why = faults.PID_GONE.format(pid=self.procs[r][0])
-                raise self._peer_error(peer, kind, PeerError(f"rank {r}: {why}", dead=r, evidence=why))
+                raise self._peer_error(peer, kind, PeerError(f"rank {r} {why}", dead=r, evidence=why))
 
     # ------------------------------------------------------------------ for shm_collectives
     def barrier_local(self, what: str) -> None:
@@ -275,12 +275,13 @@ class ShmComm(TorchComm):
 
 def build(group=None, timeout: float | None = None, transport: str | None = None) -> TorchComm:
     """The communicator get_comm() builds: ShmComm on gloo (it falls back to plain TCP by itself),
-    TorchComm otherwise (nccl tensors live on the GPU)."""
+    TorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
+    timeout = float(os.environ.get("RINGZERO_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
     if dist.get_backend(group) != "gloo":
         if transport_from_env(transport) == "shm":
             raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
         return arrive(TorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
-    return ShmComm(group, DEFAULT_TIMEOUT if timeout is None else timeout, transport)
+    return ShmComm(group, timeout, transport)
 
 
 def describe(comm) -> str:
