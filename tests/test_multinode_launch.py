@@ -115,3 +115,32 @@ def test_mpiexec_across_hosts_without_ssh():
                '-launcher-exec "$RINGZERO_RSH" -hosts ' + ",".join(c.addrs) + ' -ppn 2 -n 4 -iface rzeth '
                'python tests/mpi_worker.py; fi', timeout=400)
     assert code == 0 and "MPI CHECK OK on 4 ranks" in out, (err, out[-3000:])
+
+
+FLAGSHIPS = ["allreduce.py", "allgather.py", "reducescatter.py"] + [
+    f"run.py {name}" for name in ("broadcast", "reduce", "scatter", "gather", "all_to_all")]
+
+
+def _formula_rows(out: str) -> list[str]:
+    """The table rows of a runner script whose per-rank ledger disagreed with its formula (or
+    whose result disagreed with the built-in)."""
+    return [line for line in out.splitlines() if "│" in line and ("NO" in line or "FAIL" in line)]
+
+
+def test_flagship_allreduce_every_row_matches_its_formula_across_nodes():
+    """primitives/allreduce.py across 2 nodes × 2 ranks: the hierarchical and auto rows count
+    m nodes × k ranks per node (traffic(local=k)), not one flat ring of 4."""
+    with cluster(2, 400) as c:
+        code, err, out = _run(c, TORCHRUN + "primitives/allreduce.py --size 65536 --iters 1", timeout=240)
+    assert code == 0 and not _formula_rows(out), (err, out[-3000:])
+    assert re.search(r"│ auto\s*│ hierarchical\s*│ pass", out), out[-3000:]
+
+
+@pytest.mark.slow
+def test_every_flagship_script_exits_0_across_nodes():
+    """The collective scripts with their default sizes across the cluster: every row agrees with
+    its formula on every rank (the runner exits 1 otherwise)."""
+    with cluster(2, 400) as c:
+        for script in FLAGSHIPS:
+            code, err, out = _run(c, TORCHRUN + f"primitives/{script}", timeout=300)
+            assert code == 0 and not _formula_rows(out), (script, err, out[-3000:])

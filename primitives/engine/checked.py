@@ -23,7 +23,7 @@ import torch.distributed as dist
 from primitives import comm as textbook
 from primitives.engine import strict
 from primitives.engine.errors import PeerError
-from primitives.engine.faults import root_cause
+from primitives.engine.faults import CLOSED, attribute, closed
 from primitives.engine.ledger import LEDGER
 from primitives.engine.topology import topology
 
@@ -89,7 +89,7 @@ class CheckedComm(textbook.Communicator):
         try:
             reqs = super().exchange(sends, recvs)      # the textbook's one group, same order as ops
         except Exception as e:
-            raise self._peer_error(ops[0][2], "exchanging with", e) from e
+            raise self._peer_error(None, f"exchanging with ranks {sorted({p for _, _, p in ops})}", e) from e
         return [Request(self, r.handle, p, "receiving from" if k == "recv" else "sending to")
                 for r, (k, _, p) in zip(reqs, ops)]
 
@@ -123,18 +123,26 @@ class CheckedComm(textbook.Communicator):
         return "intra" if t.node_of(self.global_rank(peer)) == t.node_of(self.global_rank(self.rank)) else "inter"
 
     # ---- errors that name both ranks
-    def _peer_error(self, peer: int, kind: str, err: Exception | None = None) -> PeerError:
-        """The PeerError for a failed transfer, naming the rank that really died (faults.py)."""
-        dead = getattr(err, "dead", None)     # the transport saw which rank died: suspect it, not `peer`
-        suspect, certain = (peer, False) if dead is None else (dead, True)
-        return PeerError(self._describe(peer, kind, err) + root_cause(self, suspect, kind, certain=certain),
-                         dead=dead)
+    def _peer_error(self, peer: int | None, kind: str, err: Exception | None = None) -> PeerError:
+        """The PeerError for a failed transfer (peer None: posting a group failed, peer unknown),
+        naming the rank that really died, once (faults.py). An error that already names it
+        (raised inside a wait this one wraps) passes through unchanged."""
+        if isinstance(err, PeerError) and err.attributed:
+            return err
+        dead, evidence = getattr(err, "dead", None), getattr(err, "evidence", None)
+        if dead is None and peer is not None and closed(err):     # gloo: the peer's socket closed
+            dead, evidence = peer, CLOSED
+        suspect = peer if dead is None else dead     # the transport saw which rank died: suspect it
+        named, cause = attribute(self, suspect, kind, evidence)
+        return PeerError(self._describe(peer, kind, err, hint=not cause) + cause, dead=named, attributed=True)
 
-    def _describe(self, peer: int, kind: str, err: Exception | None = None) -> str:
+    def _describe(self, peer: int | None, kind: str, err: Exception | None = None, hint: bool = True) -> str:
         why = f": {err}" if err is not None else ""
         call = str(getattr(self, "current_call", "") or "")
-        return (f"rank {self.rank}: failed {kind} rank {peer}{' in ' + call if call else ''} (backend {self.backend}, "
-                f"timeout {self.timeout:.0f}s; did rank {peer} die or skip this call?){why}")
+        whom = kind if peer is None else f"{kind} rank {peer}"
+        ask = f"; did rank {peer} die or skip this call?" if hint and peer is not None else ""
+        return (f"rank {self.rank}: failed {whom}{' in ' + call if call else ''} (backend {self.backend}, "
+                f"timeout {self.timeout:.0f}s{ask}){why}")
 
 
 def check_member(group) -> None:

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 
 class PeerError(RuntimeError):
-    """A point-to-point transfer failed or timed out; the message names both ranks.
-    dead: the group rank a transport *knows* died (shm: its pid is gone), which may not be the
-    peer this rank was waiting on; the root cause (faults.py) then names it, not the peer."""
+    """A point-to-point transfer or a communicator's set-up failed or timed out; the message
+    names this rank, the peer, and the root cause (faults.py).
+    dead: the rank a transport *knows* died (shm: its pid is gone; a group rank, which may not be
+    the peer this rank was waiting on), or, once attributed, the global rank the root cause names.
+    evidence: what the transport saw (faults.PID_GONE, faults.CLOSED, ...).
+    attributed: the message already names the root cause; wrappers pass it on unchanged."""
 
-    def __init__(self, *args, dead: int | None = None):
+    def __init__(self, *args, dead: int | None = None, evidence: str | None = None, attributed: bool = False):
         super().__init__(*args)
-        self.dead = dead
+        self.dead, self.evidence, self.attributed = dead, evidence, attributed
 
 
 class CollectiveError(ValueError):

@@ -1,30 +1,51 @@
-"""Root cause on every rank: when a peer fails, name the rank that actually died.
+"""Root cause on every rank: when a peer fails, name the rank that actually died, once, with the evidence.
+
+    python -m pytest -q -x tests/test_faults.py        (a rank killed before, during and after set-up)
 
 A dead rank is often not the one a survivor was waiting for: with rank 2 killed mid ring, rank
 0 (waiting on 2) gives up first and exits, and rank 1 (waiting on 0) then sees rank 0 vanish
-and would blame it. So every rank that detects a failed peer writes a report to the process
-group's store (out of band: it does not depend on the broken data path) before raising:
+and would blame it. So every rank keeps its evidence in the process group's store (out of band:
+it does not depend on the broken data path), under ringzero/fault/:
 
-    ringzero/fault/report/<my global rank> = {suspect, call, what}
+    hello/<global rank>   = {host, pid, start}  written once the process group exists
+                            (launch.py; communicator set-up writes it too)
+    report/<global rank>  = {by, suspect, call, what, evidence, t}  written by a rank that saw a
+                            peer fail, *before* it raises and exits
 
-and reads the others'. A rank that wrote a report is alive by definition, so the root cause is
-a suspect that did not report itself; the first such report (store compare_set: atomic, first
-writer wins) also gives the collective and call number where the failure was first seen. A
-survivor waits at most GRACE seconds for that evidence, then names its own suspect. Without a
-torch.distributed store (MPI), nothing is recorded and the message names the peer, as before.
+A rank that wrote a report was alive when it saw the failure, so it is never the root cause.
+The root cause is a rank without a report for which there is evidence of death:
+  * pid gone: its hello names a process on this host (pid + start time, so a reused pid does
+    not count) that no longer exists;
+  * connection closed: a report says its socket closed under a transfer (gloo TCP): the process
+    exited. Reports are written before a rank exits, so whoever reads a report after seeing the
+    closure also sees the closing rank's own report, if it had one;
+  * report missing: it never arrived at communicator set-up before the deadline (rendezvous.py).
+A survivor waits at most GRACE seconds for that evidence; then it names the rank it was waiting
+on as one that stopped answering (alive but absent: it skipped the call or waits elsewhere).
+Cost: nothing until a failure; then a few store reads per 50 ms for at most GRACE seconds.
+Without a torch.distributed store (MPI) nothing is recorded and the message names the peer.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import torch.distributed as dist
 
-GRACE = 1.0      # seconds a failing rank waits for another rank's report
+from primitives.engine.shm_segment import host_key, start_time
+
+GRACE = 1.0      # seconds a failing rank waits for evidence of a death
 PREFIX = "ringzero/fault"
+# evidence, as the predicate of "rank D ...": what a survivor saw of the dead rank
+PID_GONE = "died: its process (pid {pid}) is gone: it exited or was killed"
+CLOSED = "died: its connection closed under a transfer: its process exited"
+_CLOSED_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+_HELLOS: dict = {}   # (id(store), global rank) -> hello record: a process never changes host or pid
 
 
-def _store():
+def store():
+    """(the default process group's store, world size), or (None, 0) without one (MPI)."""
     try:
         if not dist.is_initialized():
             return None, 0
@@ -33,63 +54,111 @@ def _store():
         return None, 0
 
 
-def note(comm, peer: int, what: str, certain: bool, store=None) -> str:
-    """Write this rank's report (suspect `peer`) to the store, before this rank raises and exits:
-    the survivors then know it was alive and do not blame it. Returns the report."""
-    store = store if store is not None else _store()[0]
-    me, suspect = comm.global_rank(comm.rank), comm.global_rank(peer)
-    mine = json.dumps({"by": me, "suspect": suspect, "call": str(getattr(comm, "current_call", "") or "point-to-point"),
-                       "what": what, "certain": certain})
+def hello() -> None:
+    """Publish this process's host, pid and start time: evidence a peer can check if it vanishes."""
+    st, _ = store()
+    if st is None:
+        return
+    pid = os.getpid()
     try:
-        if store is not None:
-            store.set(f"{PREFIX}/report/{me}", mine)
-    except Exception:             # the store itself may live on the dead rank
+        st.set(f"{PREFIX}/hello/{dist.get_rank()}", json.dumps({"host": host_key(), "pid": pid,
+                                                                "start": start_time(pid)}))
+    except Exception:           # a store that is already gone: nothing to publish into
         pass
-    return mine
+
+
+def closed(err) -> bool:
+    """Did the transport report that the peer's socket closed (its process exited)?"""
+    return err is not None and any(w in str(err) for w in _CLOSED_WORDS)
+
+
+def gone(st, g: int) -> str | None:
+    """Evidence that global rank g's process is gone (it must be on this host), else None."""
+    key = (id(st), g)
+    if key not in _HELLOS:
+        k = f"{PREFIX}/hello/{g}"
+        if not st.check([k]):
+            return None
+        _HELLOS[key] = json.loads(st.get(k).decode())
+    h = _HELLOS[key]
+    if h["host"] != host_key() or h["pid"] == os.getpid():
+        return None
+    return None if start_time(h["pid"]) == h["start"] else PID_GONE.format(pid=h["pid"])
+
+
+def reports(st, world: int) -> dict:
+    out = {}
+    for r in range(world):
+        k = f"{PREFIX}/report/{r}"
+        if st.check([k]):
+            out[r] = json.loads(st.get(k).decode())
+    return out
+
+
+def report_of(st, g: int) -> dict | None:
+    """Global rank g's failure report, or None."""
+    k = f"{PREFIX}/report/{g}"
+    return json.loads(st.get(k).decode()) if st.check([k]) else None
 
 
 def reported(comm, peer: int) -> bool:
-    """Did group rank `peer` write a failure report? Then it was alive when it saw another rank
-    fail, and a survivor that finds its process gone afterwards (it raised and exited) must not
-    name it as the rank that died."""
-    store, _ = _store()
-    if store is None:
-        return False
+    """Did group rank `peer` write a failure report (so it was alive when it saw a failure)?"""
+    st, _ = store()
     try:
-        return store.check([f"{PREFIX}/report/{comm.global_rank(peer)}"])
+        return st is not None and st.check([f"{PREFIX}/report/{comm.global_rank(peer)}"])
     except Exception:             # the store itself may live on the dead rank
         return False
 
 
-def root_cause(comm, peer: int, what: str, certain: bool = False) -> str:
-    """Record this detection and return ' root cause: …' naming the rank that died (or '').
-    certain: the transport saw `peer` die (shm: its pid is gone), not merely stop answering;
-    such a report outranks a first report that only blamed the peer it was waiting on."""
-    store, world = _store()
-    if store is None:
-        return ""
+def culprits(st, world: int, reps: dict) -> dict:
+    """{global rank: evidence} for every rank without a report that is known to be dead."""
+    dead = {}
+    for g in range(world):
+        if g not in reps:
+            ev = gone(st, g)
+            if ev:
+                dead[g] = ev
+    for rep in reps.values():
+        s = rep["suspect"]
+        if rep.get("evidence") and s >= 0 and s not in reps and s not in dead:
+            dead[s] = rep["evidence"]
+    return dead
+
+
+def attribute(comm, peer: int | None, what: str, evidence: str | None = None) -> tuple[int | None, str]:
+    """Record this rank's failure report, then find the root cause.
+    peer: the group rank this rank was waiting on (None: unknown); evidence: what this rank saw
+    of `peer`'s death as a predicate (PID_GONE, CLOSED, "never arrived at ..."), None if it only
+    stopped answering. Returns (global rank named, ' Root cause: rank D ...') or (None, '') without a store."""
+    st, world = store()
+    if st is None:
+        return None, ""
+    me = comm.global_rank(comm.rank)
+    suspect = -1 if peer is None else comm.global_rank(peer)
+    call = str(getattr(comm, "current_call", "") or "point-to-point")
+    mine = {"by": me, "suspect": suspect, "call": call, "what": what, "evidence": evidence, "t": time.time()}
     try:
-        mine = note(comm, peer, what, certain, store)
-        first = json.loads(store.compare_set(f"{PREFIX}/first", "", mine).decode())
+        st.set(f"{PREFIX}/report/{me}", json.dumps(mine))
+        first = json.loads(st.compare_set(f"{PREFIX}/first", "", json.dumps(mine)).decode())
         deadline = time.monotonic() + GRACE
         while True:
-            reports = {}
-            for r in range(world):
-                k = f"{PREFIX}/report/{r}"
-                if store.check([k]):
-                    reports[r] = json.loads(store.get(k).decode())
-            dead = [rep for rep in reports.values() if rep["suspect"] not in reports]
+            reps = reports(st, world)
+            dead = culprits(st, world, reps)
             if dead or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-    except Exception:             # the store itself may live on the dead rank (torchrun's TCPStore)
-        return ""
-    if not dead:
-        return ""
-    certain_dead = [d for d in dead if d.get("certain")]
-    if certain_dead:            # e.g. rank 1 waiting on a live rank 0 while shm saw rank 2's pid vanish
-        rep = min(certain_dead, key=lambda d: d["by"])
-    else:
-        rep = first if first["suspect"] not in reports else min(dead, key=lambda d: d["by"])
-    return (f" Root cause: rank {rep['suspect']} stopped answering (it died or skipped the call; first detected by rank {rep['by']} in "
-            f"{rep['call']}, {rep['what']} it).")
+    except Exception:             # the store itself may live on the dead rank
+        return None, ""
+    if dead:
+        d = first["suspect"] if first["suspect"] in dead else min(dead)
+        by = first if first["suspect"] == d else next((r for r in sorted(reps.values(), key=lambda r: r["by"])
+                                                       if r["suspect"] == d), mine)
+        return d, (f" Root cause: rank {d} {dead[d]} (first detected by rank {by['by']} "
+                   f"in {by['call']}, {by['what']} it).")
+    # no evidence of a death: name the rank waited on that did not itself report a failure
+    quiet = [r for r in [first, mine, *reps.values()] if r["suspect"] >= 0 and r["suspect"] not in reps]
+    if not quiet:
+        return None, ""
+    rep = quiet[0]
+    return rep["suspect"], (f" Root cause: rank {rep['suspect']} stopped answering (it died or skipped the call; "
+                            f"first detected by rank {rep['by']} in {rep['call']}, {rep['what']} it).")

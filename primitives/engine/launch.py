@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from primitives.comm import Communicator
-from primitives.engine import core, registry
+from primitives.engine import core, faults, registry
 from primitives.engine.checked import DEFAULT_TIMEOUT
 from primitives.engine.mpi_comm import MPIComm
 from primitives.engine.shm_segment import transport_from_env
@@ -85,6 +85,7 @@ def init_from_env(backend: str = "auto", timeout: float | None = None,
                 torch.cuda.set_device(0)
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                     rank=0, world_size=1, timeout=td)
+    faults.hello()                # host + pid in the store: survivors can tell if this rank dies
     registry._COMMS.clear()
     c = registry.get_comm()
     c.timeout = timeout
@@ -134,6 +135,7 @@ def _child(rank: int, job: _Job, q) -> None:
             torch.cuda.set_device(rank)
         dist.init_process_group(job.backend, init_method=f"file://{job.store}", rank=rank,
                                 world_size=job.world_size, timeout=timedelta(seconds=job.comm_timeout))
+        faults.hello()            # host + pid in the store: survivors can tell if this rank dies
         registry._COMMS.clear()
         registry.get_comm().timeout = job.comm_timeout
         result = job.fn(rank, job.world_size, *job.args, **job.kwargs)

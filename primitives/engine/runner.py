@@ -24,6 +24,7 @@ from primitives.engine.traffic import traffic
 from primitives.engine.launch import add_launch_args, init_from_env
 from primitives.engine.log import fail, print0
 from primitives.engine.reference import ref
+from primitives.engine.subcomm import shape
 
 ROOTED = ("broadcast", "reduce", "scatter", "gather")
 # nccl-tests' busbw factors; S is the full buffer for the gather/scatter family
@@ -167,7 +168,8 @@ def main(name: str, argv=None) -> None:
         builtin_call(name, comm, a_ref)
         ok = all_ok(comm, all(torch.equal(o, e) for o, e in zip(outs, refs)))
         expect = traffic(name, used, n, comm.rank, numel, case.x.element_size() if case.x is not None else
-                         torch.empty(0, dtype=dtype).element_size(), root)
+                         torch.empty(0, dtype=dtype).element_size(), root,
+                         local=shape(comm)[1] if used == "hierarchical" else None)   # k ranks per node
         formula_ok = all_ok(comm, (d.msgs_sent, d.bytes_sent) == expect)
         hs = core.handshake_enabled()
         core.set_handshake(False)      # time the algorithm, not the safety check (as bench.py does)

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from primitives.engine import faults, shm_segment as seg
+from primitives.engine.rendezvous import Rounds, arrive
 from primitives.engine.checked import DEFAULT_TIMEOUT
 from primitives.engine.comms import TorchComm
 from primitives.engine.errors import PeerError
@@ -81,13 +82,11 @@ class ShmComm(TorchComm):
             if want == "shm" and self.backend != "gloo":
                 raise ValueError(f"rank {self.rank}: transport 'shm' needs CPU tensors (backend gloo), "
                                  f"this group uses {self.backend}")
+            arrive(self)                  # set-up through the store: a rank that never arrives is named
             return
-        try:
-            mm, local, procs, self.token, why = seg.rendezvous(
-                group, self.rank, self.size, lambda n: layout(n)["total"], self._gather)
-        except Exception as e:
-            raise PeerError(f"rank {self.rank}: shared-memory rendezvous failed (did a rank die "
-                            f"before it?): {e}") from e
+        faults.hello()                    # set-up through the store (rendezvous.py), round 1 = arrival
+        mm, local, procs, self.token, why = seg.rendezvous(
+            group, self.rank, self.size, lambda n: layout(n)["total"], Rounds(self, "shared-memory rendezvous").gather)
         self.why_not = why
         if mm is None:
             if want == "shm":
@@ -99,11 +98,6 @@ class ShmComm(TorchComm):
             far = [r for r in range(self.size) if r not in self.local]
             raise ValueError(f"rank {self.rank}: transport 'shm' asked for, but ranks {far} are on "
                              "other hosts; use RINGZERO_TRANSPORT=auto (shm here, tcp to them)")
-
-    def _gather(self, obj):
-        out = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
 
     def _setup(self, mm, local, procs):
         self.mm, n = mm, len(local)
@@ -194,7 +188,7 @@ class ShmComm(TorchComm):
                     if total != op.total:
                         raise PeerError(self._describe(peer, op.kind, RuntimeError(
                             f"rank {peer} sent a message of {total} bytes, this rank posted a receive "
-                            f"of {op.total} bytes (mismatched calls)")))
+                            f"of {op.total} bytes (mismatched calls)")), attributed=True)
                     op.buf[op.off:op.off + k].copy_(u8[s + LINE:s + LINE + k])
                     tail += 1
                     i64[(ch + LINE) // 8] = tail                  # hand the slot back
@@ -239,23 +233,21 @@ class ShmComm(TorchComm):
                 self._check_peers(peer, kind)
                 check = now + 0.05
             if now - start > self.timeout:
-                raise PeerError(self._describe(peer, kind, RuntimeError(
-                    f"timed out after {self.timeout:.0f}s on the shared-memory transport")))
+                raise self._peer_error(peer, kind, RuntimeError(
+                    f"timed out after {self.timeout:.0f}s on the shared-memory transport"))
             if now - start < YIELD_S:
                 os.sched_yield()
             else:
                 seg.futex_wait(self._base + door, bell, 5e-3)
 
     def _check_peers(self, peer: int, kind: str) -> None:
+        """A local peer whose process is gone ends the wait, even if it is not `peer`; the
+        PeerError names the root cause (faults.py): r itself, or, if r reported a failure before
+        it exited, the rank r saw die."""
         for r in [peer] + [r for r in self.procs if r not in (peer, self.rank)]:
-            if r in self.procs and not seg.alive(*self.procs[r]) and not faults.reported(self, r):
-                why = f"rank {r} (pid {self.procs[r][0]}) is gone: its process exited or was killed"
-                faults.note(self, r, kind, certain=True)   # I am alive: survivors must not blame me
-                # dead=r: Request.wait's PeerError names r as the root cause, even if r is not `peer`
-                if r == peer:
-                    raise PeerError(self._describe(peer, kind, RuntimeError(why)), dead=r)
-                raise PeerError(f"rank {self.rank}: failed {kind} rank {peer} (transport shm): {why}; "
-                                f"did rank {r} die or skip this call?", dead=r)
+            if r in self.procs and not seg.alive(*self.procs[r]):
+                why = faults.PID_GONE.format(pid=self.procs[r][0])
+                raise self._peer_error(peer, kind, PeerError(f"rank {r} {why}", dead=r, evidence=why))
 
     # ------------------------------------------------------------------ for shm_collectives
     def barrier_local(self, what: str) -> None:
@@ -283,12 +275,13 @@ class ShmComm(TorchComm):
 
 def build(group=None, timeout: float | None = None, transport: str | None = None) -> TorchComm:
     """The communicator get_comm() builds: ShmComm on gloo (it falls back to plain TCP by itself),
-    TorchComm otherwise (nccl tensors live on the GPU)."""
+    TorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
+    timeout = float(os.environ.get("RINGZERO_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
     if dist.get_backend(group) != "gloo":
         if transport_from_env(transport) == "shm":
             raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
-        return TorchComm(group, timeout)
-    return ShmComm(group, DEFAULT_TIMEOUT if timeout is None else timeout, transport)
+        return arrive(TorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
+    return ShmComm(group, timeout, transport)
 
 
 def describe(comm) -> str:
