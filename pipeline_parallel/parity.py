@@ -134,8 +134,8 @@ def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition=
     pm = PipelineModule(make_layers(n_layers), num_stages=pp, loss_fn=lm_loss, partition_method=partition,
                         activation_checkpoint_interval=ckpt, seed_layers=True)
     engine, *_ = initialize(model=pm, config=ds_config(b, m, clip, schedule=schedule, v=v))
-    losses = [engine.train_batch(data_iter(t, engine.dp_rank, m, b)) for t in range(steps)]
-    losses.append(engine.eval_batch(data_iter(99, engine.dp_rank, m, b)))
+    losses = [float(engine.train_batch(data_iter(t, engine.dp_rank, m, b))) for t in range(steps)]
+    losses.append(float(engine.eval_batch(data_iter(99, engine.dp_rank, m, b))))
     return {"losses": losses, "params": named_params(engine) if engine.dp_rank == 0 else {},
             "peak_act": engine.peak_activation_bytes, "timeline": engine.timeline, "stage": engine.stage}
 

@@ -34,7 +34,9 @@ from pipeline_parallel.engine.config import load
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.nccl_order import programs
+from pipeline_parallel.engine.optim import build_optimizer
 from pipeline_parallel.engine.tied import TiedWeights
+from pipeline_parallel.engine.topology import mesh_sizes
 from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
@@ -51,39 +53,44 @@ def initialize(model=None, model_parameters=None, config=None, dp: int | None = 
                **_unused):
     """mesh: a primitives.mesh.Mesh built by the caller (dp × pp × tp, tp ≥ 1): pipeline peers are
     the same (dp, tp) coordinate on the neighbouring stage (mesh.pp_group), gradients are averaged
-    over mesh.dp_group; the caller's layers already hold their tp shards (classification/parallel/pipeline.py)."""
+    over mesh.dp_group; the caller's layers already hold their tp shards (classification/parallel/pipeline.py).
+    model_parameters: None (every trainable parameter of this rank's stage) or parameters taken from
+    model.parameters() on this rank (DeepSpeed's example passes the trainable ones): the optimizer's."""
     if _unused:
         raise TypeError(f"initialize() got unsupported arguments {sorted(_unused)}")
     rank = dist.get_rank() if dist.is_initialized() else 0
     if not isinstance(model, PipelineModule):
         raise TypeError(f"rank {rank}: model must be a pipeline_parallel.PipelineModule, got {type(model).__name__}")
-    if model_parameters is not None:
-        raise ValueError(f"rank {rank}: model_parameters must be None: each rank's parameters exist only after "
-                         "initialize() builds its stage (the optimizer takes every trainable parameter of the stage)")
     if not dist.is_initialized():
         init_from_env()
     world, rank = dist.get_world_size(), dist.get_rank()
     pp = model.num_stages
+    if mesh is None and model._topo is not None:
+        tpp, tdp, ttp = mesh_sizes(model._topo)
+        if tpp * tdp * ttp != world or (dp is not None and dp != tdp):
+            raise MeshError(f"rank {rank}: topology pipe={tpp} × data={tdp} × model={ttp} does not match the world size "
+                            f"{world}" + (f" and dp={dp}" if dp is not None else ""))
+        mesh = Mesh.build(dp=tdp, pp=tpp, tp=ttp)
     if mesh is not None:
         if mesh.layout.pp != pp or mesh.layout.world != world or (dp is not None and dp != mesh.layout.dp):
             raise MeshError(f"rank {rank}: mesh dp={mesh.layout.dp} × pp={mesh.layout.pp} × tp={mesh.layout.tp} does not "
                             f"match the model's {pp} stages, dp={dp} and world size {world}")
-        return _build(model, load(config, mesh.layout.dp), mesh)
+        return _build(model, load(config, mesh.layout.dp), mesh, model_parameters)
     if world % pp or (dp is not None and dp * pp != world):
         raise MeshError(f"rank {rank}: pp={pp} stages × dp={dp if dp is not None else 'world/pp'} does not divide "
                         f"the world size {world}; expected world = pp × dp")
     dp = world // pp
     cfg = load(config, dp)
-    return _build(model, cfg, Mesh.build(dp=dp, pp=pp))
+    return _build(model, cfg, Mesh.build(dp=dp, pp=pp), model_parameters)
 
 
-def _build(model, cfg, mesh):
-    engine = PipelineEngine(model, cfg, mesh)
+def _build(model, cfg, mesh, model_parameters=None):
+    engine = PipelineEngine(model, cfg, mesh, model_parameters)
     return engine, engine.optimizer, None, engine.lr_scheduler
 
 
 class PipelineEngine:
-    def __init__(self, model: PipelineModule, cfg, mesh: Mesh):
+    def __init__(self, model: PipelineModule, cfg, mesh: Mesh, model_parameters=None):
         self.module, self.cfg, self.mesh = model, cfg, mesh
         self.pp, self.dp, self.tp, self.v = mesh.layout.pp, mesh.layout.dp, mesh.layout.tp, cfg.virtual_stages
         self.stage, self.dp_rank, self.tp_rank, self.rank = mesh.index("pp"), mesh.index("dp"), mesh.index("tp"), mesh.rank
@@ -92,7 +99,7 @@ class PipelineEngine:
         self.comm = get_comm(mesh.pp_group)
         self.dp_comm = get_comm(mesh.dp_group) if self.dp > 1 else None
         self._nccl_programs: dict = {}
-        self.chunks = model.build_chunks(self.stage, self.pp, self.v)
+        self.chunks = model.stage_chunks(self.stage, self.pp, self.v)
         self.loss_fn = model.loss_fn
         seen, self.params = set(), []
         for ch in self.chunks:
@@ -102,9 +109,7 @@ class PipelineEngine:
                     self.params.append(p)
         self.tied = TiedWeights(self)
         self.tied.broadcast_initial()
-        o = cfg.run.optimizer
-        opt_cls = torch.optim.AdamW if o.adam_w_mode else torch.optim.Adam
-        self.optimizer = opt_cls(self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        self.optimizer = build_optimizer(cfg, self.params, model_parameters, self.rank)
         self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
         self.executor = DrainingExecutor(self)
         self.global_steps, self.global_grad_norm = 0, None
@@ -128,17 +133,19 @@ class PipelineEngine:
 
     # ------------------------------------------------------------------ public API
     def train_batch(self, data_iter=None):
-        return self._batch(data_iter, train=True)
+        """One optimizer step over m micro-batches; returns the mean loss as a 0-dim tensor on every
+        rank (DeepSpeed's agg_train_loss). data_iter None: the iterator initialize(training_data=) made."""
+        return torch.tensor(self._batch(data_iter, train=True))
 
     def eval_batch(self, data_iter=None):
         with torch.no_grad():
-            return self._batch(data_iter, train=False)
+            return torch.tensor(self._batch(data_iter, train=False))
 
     def _batch(self, data_iter, train):
         if self._broken:
             raise PipelineError(f"rank {self.rank}: this engine failed in an earlier step and cannot continue:\n{self._broken}")
         self._errors = []
-        inputs, labels = self._pull(data_iter)
+        inputs, labels = self._pull(data_iter if data_iter is not None else getattr(self, "data_iterator", None))
         for ch in self.chunks:
             ch.train(train)
         self._status = None
