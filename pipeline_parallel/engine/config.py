@@ -33,6 +33,7 @@ class PipelineRunConfig:
     run: ZeroRunConfig          # batch sizes, optimizer, scheduler, clipping (the shared parser)
     schedule: str = DEFAULT_SCHEDULE
     virtual_stages: int = 1
+    raw: dict | None = None     # the JSON as given (saved in checkpoints as DeepSpeed's ds_config)
 
     @property
     def micro_batches(self) -> int:
@@ -55,6 +56,7 @@ def _raw(config) -> dict:
 
 def load(config, dp: int) -> PipelineRunConfig:
     raw = _raw(config)
+    given = json.loads(json.dumps(raw))
     pipe = raw.pop("pipeline", {}) or {}
     unknown = set(pipe) - {"schedule", "virtual_stages"}
     if unknown:
@@ -85,4 +87,4 @@ def load(config, dp: int) -> PipelineRunConfig:
     if run.zero.stage == 1:
         raise ValueError("config key 'zero_optimization.stage' = 1 (optimizer state sharded over dp) is not implemented "
                          "by pipeline_parallel; allowed: 0")
-    return PipelineRunConfig(run, schedule, v)
+    return PipelineRunConfig(run, schedule, v, given)

@@ -175,11 +175,12 @@ class PipelineModule(nn.Module):
             self._chunks = self.build_chunks(stage, num_stages, virtual_stages)
             tied = nn.ModuleDict()
             for ch in self._chunks:
+                tied.update(ch.tied)
+            self.tied_modules = tied                    # first, as DeepSpeed registers it: parameters() order
+            for ch in self._chunks:
                 for i, m in ch.layers.items():
                     if not isinstance(m, (Tied, Fn)):
                         self.add_module(i, m)
-                tied.update(ch.tied)
-            self.tied_modules = tied
             self._registered = [n for n in self._modules if n.isdigit()] + ["tied_modules"]
             self._built = key
         return self._chunks

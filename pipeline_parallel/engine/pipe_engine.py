@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pipeline_parallel.engine.checkpoint import load_checkpoint, save_checkpoint
 from pipeline_parallel.engine.config import load
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
@@ -101,18 +102,14 @@ class PipelineEngine:
         self._nccl_programs: dict = {}
         self.chunks = model.stage_chunks(self.stage, self.pp, self.v)
         self.loss_fn = model.loss_fn
-        seen, self.params = set(), []
-        for ch in self.chunks:
-            for p in ch.parameters():
-                if id(p) not in seen and p.requires_grad:
-                    seen.add(id(p))
-                    self.params.append(p)
+        self.params = [p for p in model.parameters() if p.requires_grad]     # DeepSpeed's order: tied modules first
         self.tied = TiedWeights(self)
         self.tied.broadcast_initial()
         self.optimizer = build_optimizer(cfg, self.params, model_parameters, self.rank)
         self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
         self.executor = DrainingExecutor(self)
-        self.global_steps, self.global_grad_norm = 0, None
+        self.global_steps, self.global_grad_norm, self.global_samples, self.skipped_steps = 0, None, 0, 0
+        self.scaler, self.zero1 = None, None
         self._errors: list = []
         self._broken = None
         self.timeline, self.peak_activation_bytes, self.step_bytes = [], 0, {}
@@ -192,6 +189,14 @@ class PipelineEngine:
             inputs[mb], labels[mb] = item
         return inputs, labels
 
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        """DeepSpeed's pipeline layout (engine/checkpoint.py); every rank calls it."""
+        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, **kwargs):
+        """(path, client_state); weights, optimizer, scheduler, counters restored (engine/checkpoint.py)."""
+        return load_checkpoint(self, load_dir, tag, **kwargs)
+
     # ------------------------------------------------------------------ end-of-step ops (called by the executor)
     def reduce_tied(self):
         self.tied.reduce_grads()
@@ -232,6 +237,7 @@ class PipelineEngine:
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.global_steps += 1
+        self.global_samples += self.micro_batches * self.micro_batch_size * self.dp
 
     def step_status(self, norm_sq: float):
         """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's
