@@ -12,7 +12,8 @@
                                                   module None, optimizer, lr_scheduler, global_steps,
                                                   skipped_steps, global_samples, loss scaler, client state
 ZeRO-1 adds zero_pp_rank_D_mp_rank_SS_optim_states.pt per replica (engine/zero1.py writes it).
-Loading restores weights, optimizer, scheduler and counters: training resumes bit for bit.
+Loading restores weights, optimizer, scheduler and counters: training resumes bit for bit;
+load_module_only=True also reads a directory of layer files alone (convert.py's hf_to_pp output).
 Cost: each stage's parameters + optimizer state written once (by replica 0), read by every replica.
 """
 from __future__ import annotations
@@ -90,6 +91,8 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         m.load_state_dict(torch.load(layer_path(d, i), map_location="cpu", weights_only=False), strict=load_module_strict)
     engine.tied.broadcast_initial()           # DeepSpeed's _synchronize_tied_weights after loading
     path = os.path.join(d, f"mp_rank_{mp_rank(engine):02d}_model_states.pt")
+    if load_module_only and not os.path.isfile(path):
+        return d, {}                          # layer files alone (pipeline_parallel/convert.py hf_to_pp)
     state = torch.load(path, map_location="cpu", weights_only=False)
     if not load_module_only:
         if load_optimizer_states:

@@ -218,6 +218,10 @@ class PipelineModule(nn.Module):
         self._ensure_built()
         return super().state_dict(*args, **kwargs)
 
+    def load_state_dict(self, *args, **kwargs):
+        self._ensure_built()
+        return super().load_state_dict(*args, **kwargs)
+
     def _apply(self, fn, *args, **kwargs):
         self._ensure_built()
         return super()._apply(fn, *args, **kwargs)
