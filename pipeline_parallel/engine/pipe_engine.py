@@ -35,7 +35,9 @@ from pipeline_parallel.engine.config import load
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.nccl_order import programs
+from pipeline_parallel.engine.mixed import MixedPrecision, build_scaler
 from pipeline_parallel.engine.optim import build_optimizer
+from pipeline_parallel.engine.step import take_step
 from pipeline_parallel.engine.tied import TiedWeights
 from pipeline_parallel.engine.topology import mesh_sizes
 from pipeline_parallel.schedules import build
@@ -43,7 +45,7 @@ from primitives import LEDGER, all_gather, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
 from primitives.engine.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
-from zero_from_scratch.engine.mpu import counts_on
+from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.lr_schedules import build_scheduler
 
 class PipelineError(RuntimeError):
@@ -105,11 +107,16 @@ class PipelineEngine:
         self.params = [p for p in model.parameters() if p.requires_grad]     # DeepSpeed's order: tied modules first
         self.tied = TiedWeights(self)
         self.tied.broadcast_initial()
-        self.optimizer = build_optimizer(cfg, self.params, model_parameters, self.rank)
+        self.mixed = MixedPrecision(self) if model_dtype(cfg.run) != torch.float32 else None   # bf16 / fp16
+        self.clip_norm = cfg.clip_norm
+        if self.mixed is None:
+            self.optimizer = build_optimizer(cfg, self.params, model_parameters, self.rank)
+        else:                                  # the optimizer steps the fp32 masters
+            self.optimizer = build_optimizer(cfg, self.mixed.master, self.mixed.masters_for(model_parameters), self.rank)
         self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
         self.executor = DrainingExecutor(self)
         self.global_steps, self.global_grad_norm, self.global_samples, self.skipped_steps = 0, None, 0, 0
-        self.scaler, self.zero1 = None, None
+        self.scaler, self.zero1 = build_scaler(cfg.run), None
         self._errors: list = []
         self._broken = None
         self.timeline, self.peak_activation_bytes, self.step_bytes = [], 0, {}
@@ -215,29 +222,12 @@ class PipelineEngine:
             g.div_(self.dp)
 
     def step(self):
-        # each parameter once: dp replicas hold equal gradients (only replica 0 counts), tied copies
-        # after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a
-        # sharded parameter counts on every tp rank, a replicated one (LayerNorm, row-parallel
-        # bias) on tp rank 0 only (zero_from_scratch.engine.mpu.counts_on: the one home of that rule).
-        # The status all-reduce then sums norm² over pp (and tp): the global norm of one process.
-        ok = self.dp_rank == 0 and not self.failed_locally()
-        norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in self.params
-                      if p.grad is not None and not self.tied.is_replica(p)
-                      and counts_on(p, self.tp_rank)) if ok else 0.0
-        self.step_status(norm_sq)
-        clip = self.cfg.run.gradient_clipping
-        if clip > 0:
-            coef = clip / (self.global_grad_norm + 1e-6)
-            if coef < 1:
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        self.global_steps += 1
-        self.global_samples += self.micro_batches * self.micro_batch_size * self.dp
+        """Norm, clipping, optimizer and loss-scale update (engine/step.py)."""
+        take_step(self)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.cur_scale if self.scaler is not None else 1.0
 
     def step_status(self, norm_sq: float):
         """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's
