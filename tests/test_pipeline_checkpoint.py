@@ -18,17 +18,17 @@ def batch(step, mb):
     return ids, ids.clone()
 
 
-def config():
-    return {"train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": M, "steps_per_print": 10 ** 9,
+def config(bf16=False):
+    return {"bf16": {"enabled": bf16}, "train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": M, "steps_per_print": 10 ** 9,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01, "torch_adam": True}},
             "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": 1e-3}},
             "gradient_clipping": 1.0}
 
 
-def _engine(seed, tied=True):
+def _engine(seed, tied=True, bf16=False):
     net = PipelineModule(llama_layers(llama_model("tiny", seed=seed, tie_word_embeddings=tied).train()),
                          num_stages=2, loss_fn=llama_loss, partition_method="uniform")
-    return initialize(model=net, config=config())[0]
+    return initialize(model=net, config=config(bf16))[0]
 
 
 def _steps(engine, ts):
@@ -39,20 +39,21 @@ def _weights(engine):
     return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
 
 
-def _resume(rank, world, path):
-    engine = _engine(0)
+def _resume(rank, world, path, bf16=False):
+    engine = _engine(0, bf16=bf16)
     _steps(engine, range(2))
     engine.save_checkpoint(path, client_state={"epoch": 7})
     straight = _steps(engine, range(2, 4))
-    fresh = _engine(seed=1)                                   # other weights: everything must come from the files
+    fresh = _engine(seed=1, bf16=bf16)                                   # other weights: everything must come from the files
     load_path, client = fresh.load_checkpoint(path)
     resumed = _steps(fresh, range(2, 4))
     same = all(torch.equal(a, b) for a, b in zip(_weights(engine).values(), _weights(fresh).values()))
     return straight, resumed, same, client, fresh.global_steps, os.path.basename(load_path)
 
 
-def test_resume_is_bit_exact_in_deepspeeds_layout(spawn, tmp_path):
-    out = spawn(_resume, 2, args=(str(tmp_path),))
+@pytest.mark.parametrize("bf16", [False, True])
+def test_resume_is_bit_exact_in_deepspeeds_layout(spawn, tmp_path, bf16):
+    out = spawn(_resume, 2, args=(str(tmp_path), bf16))      # bf16: the fp32 masters are saved and restored too
     for rank, (straight, resumed, same, client, steps, name) in enumerate(out):
         assert straight == resumed and same, (rank, straight, resumed)
         assert client == {"epoch": 7} and steps == 4 and name == f"mp_rank_{rank:02d}_model_states.pt"

@@ -50,6 +50,26 @@ def layer_path(d, i):
     return os.path.join(d, f"layer_{i:02d}-model_states.pt")
 
 
+def optimizer_state(engine) -> dict:
+    """The optimizer's state_dict; with bf16/fp16 DeepSpeed's FP16_UnfusedOptimizer shape: the inner
+    optimizer's state under optimizer_state_dict and the fp32 masters under fp32_groups."""
+    if engine.mixed is None:
+        return engine.optimizer.state_dict()
+    return {"optimizer_state_dict": engine.optimizer.state_dict(),
+            "fp32_groups": [m.detach().clone() for m in engine.mixed.master],
+            **(engine.scaler.state_dict() if engine.scaler is not None else {})}
+
+
+def load_optimizer_state(engine, sd: dict) -> None:
+    if engine.mixed is None:
+        engine.optimizer.load_state_dict(sd)
+        return
+    engine.optimizer.load_state_dict(sd["optimizer_state_dict"])
+    with torch.no_grad():
+        for m, saved in zip(engine.mixed.master, sd["fp32_groups"]):
+            m.copy_(saved)
+
+
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True):
     tag = str(tag if tag is not None else f"global_step{engine.global_steps}")
     d = os.path.join(save_dir, tag)
@@ -57,7 +77,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
     if engine.dp_rank == 0:
         for i, m in saved_layers(engine):
             torch.save(m.state_dict(), layer_path(d, i))
-        state = dict(module=None, optimizer=None if engine.zero1 else engine.optimizer.state_dict(),
+        state = dict(module=None, optimizer=None if engine.zero1 else optimizer_state(engine),
                      lr_scheduler=engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
                      global_steps=engine.global_steps, global_samples=engine.global_samples,
                      skipped_steps=engine.skipped_steps, dp_world_size=engine.dp, mp_world_size=engine.pp * engine.tp,
@@ -100,7 +120,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
                 engine.zero1.load(os.path.join(d, f"zero_pp_rank_{engine.dp_rank}_mp_rank_{mp_rank(engine):02d}"
                                                   "_optim_states.pt"))
             elif state.get("optimizer") is not None:
-                engine.optimizer.load_state_dict(state["optimizer"])
+                load_optimizer_state(engine, state["optimizer"])
         if load_lr_scheduler_states and engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if engine.scaler is not None and state.get("loss_scaler") is not None:
