@@ -25,8 +25,12 @@ import os
 from dataclasses import dataclass
 
 from pipeline_parallel.engine.optim import parse_lion
+from pipeline_parallel.engine.pipe_keys import GATE_TABLE, KEY_STATUS
 from pipeline_parallel.schedules import SCHEDULES
 from zero_from_scratch.engine.config import ZeroRunConfig, load_config
+from zero_from_scratch.engine.key_status import gate
+
+__all__ = ["KEY_STATUS", "PipelineRunConfig", "load"]   # KEY_STATUS: tests/test_config_keys.py reads it here
 
 DEFAULT_SCHEDULE = "1f1b"
 
@@ -62,6 +66,10 @@ def _raw(config) -> dict:
 def load(config, dp: int) -> PipelineRunConfig:
     raw = _raw(config)
     given = json.loads(json.dumps(raw))
+    gate(raw, GATE_TABLE, where="pipeline_parallel")
+    if raw.get("gradient_allreduce_op", "mean") != "mean":
+        raise ValueError(f"config key 'gradient_allreduce_op' = {raw['gradient_allreduce_op']!r} is refused: the pipeline "
+                         "engine averages gradients over the data-parallel replicas (DeepSpeed would sum); allowed: 'mean'")
     pipe = raw.pop("pipeline", {}) or {}
     unknown = set(pipe) - {"schedule", "virtual_stages", "clip_norm"}
     if unknown:

@@ -86,7 +86,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     loader = None
     if training_data is not None:
         sampler = DistributedSampler(training_data, num_replicas=engine.dp, rank=engine.dp_rank, shuffle=False)
-        loader = DataLoader(training_data, batch_size=engine.micro_batch_size, sampler=sampler, collate_fn=collate_fn)
+        loader = DataLoader(training_data, batch_size=engine.micro_batch_size, sampler=sampler, collate_fn=collate_fn,
+                            drop_last=bool((engine.cfg.raw or {}).get("dataloader_drop_last", False)))
         engine.training_dataloader = loader
         engine.data_iterator = RepeatingLoader(loader)
     return engine, opt, loader, sched

@@ -37,6 +37,7 @@ from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.nccl_order import programs
 from pipeline_parallel.engine.mixed import MixedPrecision, build_scaler
 from pipeline_parallel.engine.optim import build_optimizer
+from pipeline_parallel.engine.reporting import StepReport
 from pipeline_parallel.engine.step import take_step
 from pipeline_parallel.engine.tied import TiedWeights
 from pipeline_parallel.engine.topology import mesh_sizes
@@ -115,6 +116,7 @@ class PipelineEngine:
             self.optimizer = build_optimizer(cfg, self.mixed.master, self.mixed.masters_for(model_parameters), self.rank)
         self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
         self.executor = DrainingExecutor(self)
+        self.report = StepReport(self)             # steps_per_print, tensorboard / csv_monitor
         self.global_steps, self.global_grad_norm, self.global_samples, self.skipped_steps = 0, None, 0, 0
         self.scaler, self.zero1 = build_scaler(cfg.run), None
         self._errors: list = []
@@ -162,6 +164,7 @@ class PipelineEngine:
             self.step_bytes = {"tp": by.get("fwd", 0) + by.get("bwd", 0), "dp": by.get("reduce_grads", 0),
                                "pp": sum(v for k, v in by.items() if k.startswith(("send", "recv", "reduce_tied")))}
             self.peak_activation_bytes = self.executor.meter.peak
+            self.report.after_step(self, self._status)
         return self._status
 
     def program(self, train: bool) -> list:
