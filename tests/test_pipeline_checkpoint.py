@@ -51,7 +51,7 @@ def _resume(rank, world, path, bf16=False):
     return straight, resumed, same, client, fresh.global_steps, os.path.basename(load_path)
 
 
-@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_resume_is_bit_exact_in_deepspeeds_layout(spawn, tmp_path, bf16):
     out = spawn(_resume, 2, args=(str(tmp_path), bf16))      # bf16: the fp32 masters are saved and restored too
     for rank, (straight, resumed, same, client, steps, name) in enumerate(out):

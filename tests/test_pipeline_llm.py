@@ -73,6 +73,7 @@ def _deepspeed(rank, world, steps):
     return [float(engine.train_batch(data_iter=iter([batch(t, i) for i in range(M)]))) for t in range(steps)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_two_stages_equal_one_process(spawn, tied):
     # one rounding per element from accumulating micro-batch gradients separately (pipeline_parallel/parity.py)

@@ -85,6 +85,7 @@ def test_deepspeed_0_19_8_does_not_scale_the_loss_in_its_fp16_pipeline(spawn):
     assert ds[2] == 0 and ds[1][-1] > 2.0 ** 24 and ours[2] >= 1
 
 
+@pytest.mark.slow
 def test_fp16_overflow_skips_on_every_stage(spawn):
     out = spawn(_ours, 2, args=("fp16",))
     (l0, s0, k0), (l1, s1, k1) = out

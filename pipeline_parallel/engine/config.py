@@ -10,8 +10,8 @@ As in DeepSpeed's pipeline engine, train_batch_size = micro_batch × gradient_ac
 (dp = world / stages) and gradient_accumulation_steps is the number of micro-batches per step.
 Everything but "pipeline" goes through zero_from_scratch.engine.config.load_config (one parser for the
 JSON; its checks and "auto" rules apply); bf16 / fp16 run as engine/mixed.py says; optimizer
-"Lion" is read here (engine/optim.py). Refused, with the reason: ZeRO stage 1 (not implemented
-here), ZeRO-2/3 (DeepSpeed refuses them with
+"Lion" is read here (engine/optim.py); ZeRO stage 1 (+ offload_optimizer cpu) is engine/zero1.py.
+Refused, with the reason: ZeRO-2/3 (DeepSpeed refuses them with
 pipelines too: ZeRO-2 reduce-scatters each gradient as soon as it is produced, but a stage
 produces a parameter's gradient once per micro-batch, m times per step, so it would reduce m
 times or keep full gradients anyway; ZeRO-3 would all-gather every stage's parameters for every
@@ -103,8 +103,9 @@ def load(config, dp: int) -> PipelineRunConfig:
     if run.zero.stage >= 2:
         raise ValueError(f"config key 'zero_optimization.stage' = {run.zero.stage}: ZeRO-2/3 do not combine with "
                          "pipeline parallelism (DeepSpeed refuses them too): a stage produces each gradient once per "
-                         "micro-batch, and ZeRO-3 would re-gather the stage's weights for every micro-batch; allowed: 0")
-    if run.zero.stage == 1:
-        raise ValueError("config key 'zero_optimization.stage' = 1 (optimizer state sharded over dp) is not implemented "
-                         "by pipeline_parallel; allowed: 0")
+                         "micro-batch, and ZeRO-3 would re-gather the stage's weights for every micro-batch; allowed: 0 or 1")
+    if run.offload_optimizer is not None and (run.zero.stage != 1 or run.offload_optimizer.get("device") != "cpu"):
+        raise ValueError(f"config key 'zero_optimization.offload_optimizer' = {run.offload_optimizer} is refused at "
+                         f"stage {run.zero.stage}: DeepSpeed offloads only a ZeRO optimizer, and the pipeline engine's "
+                         "is stage 1 on the cpu; allowed: stage 1 with {'device': 'cpu'}")
     return PipelineRunConfig(run, schedule, v, given, clip_norm, lion)

@@ -63,11 +63,12 @@ def build_scaler(run):
 class MixedPrecision:
     """Casts the stage to the 16-bit dtype and keeps the fp32 masters the optimizer steps."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, masters: bool = True):
         self.e, self.dtype = engine, model_dtype(engine.cfg.run)
         engine.module.to(self.dtype)
         self.params = engine.params
-        self.master = [p.detach().float().clone() for p in self.params]
+        # with ZeRO-1 the fp32 master is the replica's shard (engine/zero1.py): none kept here
+        self.master = [p.detach().float().clone() for p in self.params] if masters else []
         self.master_of = {id(p): m for p, m in zip(self.params, self.master)}
 
     def masters_for(self, model_parameters):

@@ -73,3 +73,17 @@ def build_optimizer(cfg, stage_params: list, model_parameters, rank: int):
     o = cfg.run.optimizer
     opt_cls = torch.optim.AdamW if o.adam_w_mode else torch.optim.Adam
     return opt_cls(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+
+
+def engine_optimizer(e, model_parameters):
+    """The engine's optimizer: ZeRO-1's over this replica's shard, the fp32 masters' (bf16/fp16),
+    or the stage's parameters' (fp32)."""
+    if e.zero1 is not None:
+        given = None if model_parameters is None else {id(p) for p in model_parameters}
+        if given is not None and given != {id(p) for p in e.params}:
+            raise ValueError(f"rank {e.rank}: with zero_optimization.stage 1 model_parameters must be every trainable "
+                             "parameter of the stage (the shard layout covers them all); pass None or all of them")
+        return e.zero1.optimizer
+    if e.mixed is not None:
+        return build_optimizer(e.cfg, e.mixed.master, e.mixed.masters_for(model_parameters), e.rank)
+    return build_optimizer(e.cfg, e.params, model_parameters, e.rank)

@@ -36,11 +36,12 @@ from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.nccl_order import programs
 from pipeline_parallel.engine.mixed import MixedPrecision, build_scaler
-from pipeline_parallel.engine.optim import build_optimizer
+from pipeline_parallel.engine.optim import engine_optimizer
 from pipeline_parallel.engine.reporting import StepReport
 from pipeline_parallel.engine.step import take_step
 from pipeline_parallel.engine.tied import TiedWeights
 from pipeline_parallel.engine.topology import mesh_sizes
+from pipeline_parallel.engine.zero1 import Zero1
 from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
@@ -108,17 +109,17 @@ class PipelineEngine:
         self.params = [p for p in model.parameters() if p.requires_grad]     # DeepSpeed's order: tied modules first
         self.tied = TiedWeights(self)
         self.tied.broadcast_initial()
-        self.mixed = MixedPrecision(self) if model_dtype(cfg.run) != torch.float32 else None   # bf16 / fp16
+        zero1 = cfg.run.zero.stage == 1
+        self.mixed = (MixedPrecision(self, masters=not zero1)                  # bf16 / fp16 (engine/mixed.py)
+                      if model_dtype(cfg.run) != torch.float32 else None)
+        self.zero1 = Zero1(self, offload=cfg.run.offload_optimizer is not None) if zero1 else None
         self.clip_norm = cfg.clip_norm
-        if self.mixed is None:
-            self.optimizer = build_optimizer(cfg, self.params, model_parameters, self.rank)
-        else:                                  # the optimizer steps the fp32 masters
-            self.optimizer = build_optimizer(cfg, self.mixed.master, self.mixed.masters_for(model_parameters), self.rank)
+        self.optimizer = engine_optimizer(self, model_parameters)
         self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
         self.executor = DrainingExecutor(self)
         self.report = StepReport(self)             # steps_per_print, tensorboard / csv_monitor
         self.global_steps, self.global_grad_norm, self.global_samples, self.skipped_steps = 0, None, 0, 0
-        self.scaler, self.zero1 = build_scaler(cfg.run), None
+        self.scaler = build_scaler(cfg.run)
         self._errors: list = []
         self._broken = None
         self.timeline, self.peak_activation_bytes, self.step_bytes = [], 0, {}

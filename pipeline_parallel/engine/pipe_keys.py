@@ -48,16 +48,16 @@ OVERRIDES = {
     "dataloader_drop_last": H + "initialize(training_data=…)'s loader drops the last partial micro-batch",
     "pipeline": H + "schedule, virtual_stages, clip_norm (engine/config.py)",
     "zero_optimization": H + "see its keys",
-    "zero_optimization.stage": H + "0; 1 refused (not implemented here); 2/3 refused as DeepSpeed refuses them "
-                               "with pipeline parallelism",
-    "zero_optimization.offload_optimizer": R + "DeepSpeed offloads only a ZeRO optimizer (stage >= 1), which the "
-                                           "pipeline engine does not implement",
+    "zero_optimization.stage": H + "0, or 1: optimizer state sharded over the data axis (engine/zero1.py); 2/3 "
+                               "refused as DeepSpeed refuses them with pipeline parallelism",
+    "zero_optimization.offload_optimizer": "refused when not stage 1 with device cpu (engine/config.py): DeepSpeed "
+                                           "offloads only a ZeRO optimizer; honoured at stage 1 (engine/zero1.py)",
 }
 # every other zero_optimization key the ZeRO engine acts on has nothing to act on at stage 0
 for _k, _v in ZERO_TABLE.items():
     if _k.startswith("zero_optimization.") and _k not in OVERRIDES and not _v.startswith((R, W)) \
             and not _k.startswith("zero_optimization.offload_optimizer."):
-        OVERRIDES[_k] = W + "no effect: the pipeline engine runs ZeRO stage 0"
+        OVERRIDES[_k] = W + "no effect: the pipeline engine's ZeRO-1 (engine/zero1.py) has no buckets, overlap or stage 3"
     if _k.startswith(("activation_checkpointing.", "comms_logger.", "flops_profiler.")) and _k not in OVERRIDES:
         OVERRIDES[_k] = W + PNOT + "act on this key (its section is not run here)"
 

@@ -18,6 +18,8 @@ Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's
 """
 from __future__ import annotations
 
+import math
+
 from zero_from_scratch.engine.mpu import counts_on
 
 
@@ -30,7 +32,15 @@ def take_step(e) -> bool:
     scale = e.scaler.cur_scale if e.scaler is not None else 1.0
     e.global_grad_norm /= scale
     clip = e.cfg.run.gradient_clipping
-    if e.mixed is not None:
+    if e.zero1 is not None:
+        applied = e.mixed is None or math.isfinite(e.global_grad_norm)
+        coef = clip / (e.global_grad_norm + 1e-6) if clip > 0 and applied else 1.0
+        if applied:
+            e.zero1.step(min(coef, 1.0) / scale)
+        else:
+            for p in e.params:
+                p.grad = None
+    elif e.mixed is not None:
         applied = e.mixed.step(e.optimizer, clip, e.global_grad_norm, scale)
     else:
         if clip > 0:
