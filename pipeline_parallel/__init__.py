@@ -3,13 +3,16 @@
 Textbook (no engine imports): schedules/ (Op, naive, GPipe, 1F1B, interleaved as pure functions),
 partition.py (layers → stages), executor.py (one rank's instruction list, real tensors).
 Engine (engine/): DeepSpeed's pipeline API built on it (initialize, train_batch, PipelineModule,
-the guarded executor, tied weights, simulator, nccl ordering). parity.py, train.py: checks, demo.
+the guarded executor, tied weights, simulator, nccl ordering). models/: llama as pipeline layers.
+parity.py, train.py: checks, demo.
 """
 import importlib
 
 _ENGINE = {"PipelineModule": "pipeline_parallel.engine.module", "LayerSpec": "pipeline_parallel.engine.module",
            "TiedLayerSpec": "pipeline_parallel.engine.module", "initialize": "pipeline_parallel.engine.pipe_engine",
-           "PipelineEngine": "pipeline_parallel.engine.pipe_engine", "PipelineError": "pipeline_parallel.engine.pipe_engine"}
+           "PipelineEngine": "pipeline_parallel.engine.pipe_engine", "PipelineError": "pipeline_parallel.engine.pipe_engine",
+           **{n: "pipeline_parallel.engine.topology" for n in ("ProcessTopology", "PipeDataParallelTopology",
+                                                             "PipeModelDataParallelTopology")}}
 
 __all__ = list(_ENGINE)
 

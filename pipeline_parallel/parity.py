@@ -50,12 +50,13 @@ def data_iter(step: int, replica: int, m: int, b: int, extra: int = 0):
     return iter([micro_batch(step, replica, i, b) for i in range(m + extra)])
 
 
-def ds_config(b: int, m: int, clip: float, lr: float = 3e-3, schedule: str | None = None, v: int = 1) -> dict:
+def ds_config(b: int, m: int, clip: float, lr: float = 3e-3, schedule: str | None = None, v: int = 1,
+              clip_norm: str = "global") -> dict:
     cfg = {"train_micro_batch_size_per_gpu": b, "gradient_accumulation_steps": m, "steps_per_print": 10 ** 9,
            "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.01, "torch_adam": True}},
            "gradient_clipping": clip}
     if schedule:
-        cfg["pipeline"] = {"schedule": schedule, "virtual_stages": v}
+        cfg["pipeline"] = {"schedule": schedule, "virtual_stages": v, "clip_norm": clip_norm}
     return cfg
 
 
@@ -130,12 +131,12 @@ def _built(model, layers):
     return mods
 
 
-def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition="parameters", ckpt=0):
+def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition="parameters", ckpt=0, clip_norm="global"):
     pm = PipelineModule(make_layers(n_layers), num_stages=pp, loss_fn=lm_loss, partition_method=partition,
                         activation_checkpoint_interval=ckpt, seed_layers=True)
-    engine, *_ = initialize(model=pm, config=ds_config(b, m, clip, schedule=schedule, v=v))
-    losses = [engine.train_batch(data_iter(t, engine.dp_rank, m, b)) for t in range(steps)]
-    losses.append(engine.eval_batch(data_iter(99, engine.dp_rank, m, b)))
+    engine, *_ = initialize(model=pm, config=ds_config(b, m, clip, schedule=schedule, v=v, clip_norm=clip_norm))
+    losses = [float(engine.train_batch(data_iter(t, engine.dp_rank, m, b))) for t in range(steps)]
+    losses.append(float(engine.eval_batch(data_iter(99, engine.dp_rank, m, b))))
     return {"losses": losses, "params": named_params(engine) if engine.dp_rank == 0 else {},
             "peak_act": engine.peak_activation_bytes, "timeline": engine.timeline, "stage": engine.stage}
 

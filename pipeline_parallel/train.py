@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node 4 pipeline_parallel/train.py --pp 2 --dp 2 --schedule 1f1b
     torchrun --standalone --nproc_per_node 2 pipeline_parallel/train.py --pp 2 --schedule interleaved --virtual-stages 2
+    torchrun --standalone --nproc_per_node 2 pipeline_parallel/train.py --pp 2 --parts 3 4     (layers per stage)
     deepspeed --num_gpus 4 pipeline_parallel/train.py --pp 2 --engine deepspeed     (DeepSpeed's pipeline engine)
     deepspeed --num_gpus 2 pipeline_parallel/train.py --pp 2                         (ours, under DeepSpeed's launcher)
 
@@ -90,6 +91,8 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--parts", type=int, nargs="+", default=None,
+                    help="layers per stage, e.g. --parts 3 4 (gdGPT's parts; default: balance parameters)")
     ap.add_argument("--checkpoint-interval", type=int, default=0, help="activation checkpointing every k layers")
     ap.add_argument("--texts", type=int, default=2000, help="reviews used (train), 200 more held out")
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
@@ -104,8 +107,11 @@ def main(argv=None):
               "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
               "pipeline": {"schedule": a.schedule, "virtual_stages": a.virtual_stages}}
     pm = PipelineModule(layers, num_stages=a.pp, loss_fn=lm_loss, activation_checkpoint_interval=a.checkpoint_interval,
-                        seed_layers=True)
+                        seed_layers=True, partition_method=a.parts or "parameters")
     if a.engine == "deepspeed":
+        if a.parts:
+            raise SystemExit("--parts with --engine deepspeed: DeepSpeed's PipelineModule takes only partition_method "
+                             "strings ('parameters', 'uniform', 'type:…'); drop --parts or use --engine ours")
         engine, _ = deepspeed_engine(layers, a.pp, lm_loss, config, ckpt=a.checkpoint_interval)
         dp, dp_rank = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_id()
         if a.schedule != "1f1b" or a.virtual_stages != 1:

@@ -58,7 +58,8 @@ def test_equals_deepspeed_pipeline_engine(spawn):
     micro-batches equals one process — and so equals ours — within 1e-5, without clipping. With
     clipping DeepSpeed 0.19.8 (fp32, no ZeRO) differs: its clip_grad_norm_ sums the norms of
     model-parallel rank 0 only, which in a pipeline grid is stage 0; the reference reproduces
-    that when told to clip by the first stage's layers' norm."""
+    that when told to clip by the first stage's layers' norm, and so does our engine under
+    "pipeline": {"clip_norm": "stage0"}."""
     pytest.importorskip("deepspeed")
     out = spawn(parity.deepspeed_side, 2, args=(4, 2, 4, B, 2, 0.0), timeout=600)
     assert out[0]["parts"] == [0, 3, 7]
@@ -67,6 +68,9 @@ def test_equals_deepspeed_pipeline_engine(spawn):
     with pytest.raises(AssertionError):
         _check(out, 4, 1, 4, 2, 0.05)                  # the global-norm reference: DeepSpeed differs
     _check(out, 4, 1, 4, 2, 0.05, norm_layers=[0, 1, 2])   # stage 0's layers: equal
+    ours = spawn(parity.ours, 2, args=(4, 2, 4, B, 2, 0.05, "1f1b"), kwargs={"clip_norm": "stage0"})
+    _check(ours, 4, 1, 4, 2, 0.05, norm_layers=[0, 1, 2])  # pipeline.clip_norm "stage0": DeepSpeed's rule, ours
+    assert max(abs(a - b) for a, b in zip(ours[0]["losses"], out[0]["losses"])) < TOL   # equal to DeepSpeed's
 
 
 def _mlp():

@@ -3,13 +3,15 @@
     python -c "from pipeline_parallel.engine.config import load; print(load({'train_micro_batch_size_per_gpu': 2, 'gradient_accumulation_steps': 4}, dp=2))"
 
     "pipeline": {"schedule": "naive" | "gpipe" | "1f1b" | "interleaved",   (default "1f1b", DeepSpeed's)
-                 "virtual_stages": v}                                      (default 1; > 1 needs "interleaved")
+                 "virtual_stages": v,                                      (default 1; > 1 needs "interleaved")
+                 "clip_norm": "global" | "stage0"}          (default "global"; "stage0": DeepSpeed's fp32 pipeline)
 
 As in DeepSpeed's pipeline engine, train_batch_size = micro_batch × gradient_accumulation_steps × dp
 (dp = world / stages) and gradient_accumulation_steps is the number of micro-batches per step.
 Everything but "pipeline" goes through zero_from_scratch.engine.config.load_config (one parser for the
-JSON; its checks and "auto" rules apply). Refused, with the reason: fp16 / bf16 (not implemented
-here: fp32 only), ZeRO stage 1 (not implemented here), ZeRO-2/3 (DeepSpeed refuses them with
+JSON; its checks and "auto" rules apply); bf16 / fp16 run as engine/mixed.py says; optimizer
+"Lion" is read here (engine/optim.py); ZeRO stage 1 (+ offload_optimizer cpu) is engine/zero1.py.
+Refused, with the reason: ZeRO-2/3 (DeepSpeed refuses them with
 pipelines too: ZeRO-2 reduce-scatters each gradient as soon as it is produced, but a stage
 produces a parameter's gradient once per micro-batch, m times per step, so it would reduce m
 times or keep full gradients anyway; ZeRO-3 would all-gather every stage's parameters for every
@@ -22,8 +24,13 @@ import json
 import os
 from dataclasses import dataclass
 
+from pipeline_parallel.engine.optim import parse_lion
+from pipeline_parallel.engine.pipe_keys import GATE_TABLE, KEY_STATUS
 from pipeline_parallel.schedules import SCHEDULES
 from zero_from_scratch.engine.config import ZeroRunConfig, load_config
+from zero_from_scratch.engine.key_status import gate
+
+__all__ = ["KEY_STATUS", "PipelineRunConfig", "load"]   # KEY_STATUS: tests/test_config_keys.py reads it here
 
 DEFAULT_SCHEDULE = "1f1b"
 
@@ -33,6 +40,9 @@ class PipelineRunConfig:
     run: ZeroRunConfig          # batch sizes, optimizer, scheduler, clipping (the shared parser)
     schedule: str = DEFAULT_SCHEDULE
     virtual_stages: int = 1
+    raw: dict | None = None     # the JSON as given (saved in checkpoints as DeepSpeed's ds_config)
+    clip_norm: str = "global"   # "stage0": DeepSpeed's fp32 pipeline clipping (engine/step.py)
+    lion: dict | None = None    # Lion's keyword arguments when optimizer.type is "Lion" (engine/optim.py)
 
     @property
     def micro_batches(self) -> int:
@@ -55,11 +65,23 @@ def _raw(config) -> dict:
 
 def load(config, dp: int) -> PipelineRunConfig:
     raw = _raw(config)
+    given = json.loads(json.dumps(raw))
+    gate(raw, GATE_TABLE, where="pipeline_parallel")
+    if raw.get("gradient_allreduce_op", "mean") != "mean":
+        raise ValueError(f"config key 'gradient_allreduce_op' = {raw['gradient_allreduce_op']!r} is refused: the pipeline "
+                         "engine averages gradients over the data-parallel replicas (DeepSpeed would sum); allowed: 'mean'")
     pipe = raw.pop("pipeline", {}) or {}
-    unknown = set(pipe) - {"schedule", "virtual_stages"}
+    unknown = set(pipe) - {"schedule", "virtual_stages", "clip_norm"}
     if unknown:
         raise ValueError(f"config section 'pipeline' has unknown keys {sorted(unknown)}; "
-                         "allowed: 'schedule', 'virtual_stages'")
+                         "allowed: 'schedule', 'virtual_stages', 'clip_norm'")
+    clip_norm = pipe.get("clip_norm", "global")
+    if clip_norm not in ("global", "stage0"):
+        raise ValueError(f"config key 'pipeline.clip_norm' = {clip_norm!r} is invalid; allowed: 'global' (every "
+                         "stage's gradients, the default) or 'stage0' (DeepSpeed's fp32 pipeline)")
+    lion = None
+    if str((raw.get("optimizer") or {}).get("type", "")).lower() == "lion":
+        lion = parse_lion(raw.pop("optimizer"))
     schedule = pipe.get("schedule", DEFAULT_SCHEDULE)
     if schedule not in SCHEDULES:
         raise ValueError(f"config key 'pipeline.schedule' = {schedule!r} is invalid; allowed: {list(SCHEDULES)}")
@@ -75,14 +97,15 @@ def load(config, dp: int) -> PipelineRunConfig:
             raise ValueError(f"config key {key!r} = {val!r} is invalid; allowed: an int >= 1 "
                              "(gradient_accumulation_steps is the number of micro-batches per step)")
     run = load_config(raw, world_size=dp)
-    if run.fp16.enabled or run.bf16:
-        raise ValueError("config keys 'fp16.enabled' / 'bf16.enabled' are true: pipeline_parallel trains in fp32 only; "
-                         "allowed: false")
+    if clip_norm == "stage0" and (run.fp16.enabled or run.bf16):
+        raise ValueError("config key 'pipeline.clip_norm' = 'stage0' with bf16/fp16: DeepSpeed's bf16/fp16 optimizers "
+                         "clip by every stage's norm; 'stage0' reproduces its fp32 pipeline only; allowed: 'global'")
     if run.zero.stage >= 2:
         raise ValueError(f"config key 'zero_optimization.stage' = {run.zero.stage}: ZeRO-2/3 do not combine with "
                          "pipeline parallelism (DeepSpeed refuses them too): a stage produces each gradient once per "
-                         "micro-batch, and ZeRO-3 would re-gather the stage's weights for every micro-batch; allowed: 0")
-    if run.zero.stage == 1:
-        raise ValueError("config key 'zero_optimization.stage' = 1 (optimizer state sharded over dp) is not implemented "
-                         "by pipeline_parallel; allowed: 0")
-    return PipelineRunConfig(run, schedule, v)
+                         "micro-batch, and ZeRO-3 would re-gather the stage's weights for every micro-batch; allowed: 0 or 1")
+    if run.offload_optimizer is not None and (run.zero.stage != 1 or run.offload_optimizer.get("device") != "cpu"):
+        raise ValueError(f"config key 'zero_optimization.offload_optimizer' = {run.offload_optimizer} is refused at "
+                         f"stage {run.zero.stage}: DeepSpeed offloads only a ZeRO optimizer, and the pipeline engine's "
+                         "is stage 1 on the cpu; allowed: stage 1 with {'device': 'cpu'}")
+    return PipelineRunConfig(run, schedule, v, given, clip_norm, lion)

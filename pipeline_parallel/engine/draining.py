@@ -111,6 +111,9 @@ class DrainingExecutor(Executor):
             return
         with self.meter.hooks((op.mb, op.chunk)) if self.e.measure_activations else contextlib.nullcontext():
             super().fwd(op)
+        key = (op.mb, op.chunk)
+        if self.train and op.chunk * self.pp + self.stage == self.pp * self.v - 1 and self.e.loss_scale != 1.0:
+            self.y_out[key] = self.y_out[key] * self.e.loss_scale     # fp16: backward from S·loss (engine/mixed.py)
 
     def send_act(self, op):
         c, key = op.chunk, (op.mb, op.chunk)

@@ -10,12 +10,17 @@ Constructor semantics of deepspeed.pipe.PipelineModule:
                      exists whole), or plain callables without parameters (e.g. a lambda).
   partition_method   "uniform" (equal layer counts), "parameters" (balance trainable parameters),
                      "type:<regex>" (balance layers whose class name matches, case-insensitive),
-                     or an explicit boundary list [0, …, len(layers)] (our extension).
+                     or a list: per-stage layer counts [5, 4, …] (gdGPT's `parts`, num_stages long)
+                     or boundaries [0, …, len(layers)] (num_stages + 1 long) — both our extensions.
+  topology           a ProcessTopology (engine/topology.py) instead of num_stages; stage = its "pipe" coord.
   activation_checkpoint_interval   k > 0: each stage runs its layers in groups of k under
                      torch.utils.checkpoint (only the group inputs are kept; backward recomputes).
   loss_fn            loss = loss_fn(outputs, labels) on the last stage.
-  seed_layers        torch.manual_seed(base_seed + layer index) before building each LayerSpec,
-                     so the weights do not depend on which rank builds them.
+  seed_layers        seed_fn (default torch.manual_seed)(base_seed + layer index) before building each
+                     LayerSpec, so the weights do not depend on which rank builds them.
+  activation_checkpoint_func, checkpointable_layers   as DeepSpeed (engine/layers.py); dynamic_shape refused.
+The module is an nn.Module: parameters() / state_dict() / forward hold this rank's stage (by the
+topology, data axis fastest), built on first use — the same modules initialize() then trains.
 
 With v virtual stages (interleaved schedule) the layers are cut into num_stages·v chunks and
 rank s holds chunks s, s + p, s + 2p, … (Megatron-LM's assignment). Tied layers (TiedLayerSpec
@@ -29,135 +34,55 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 import pipeline_parallel.partition as part
+from pipeline_parallel.engine.layers import (Fn, LayerSpec, PartitionError, StageChunk, Tied, TiedLayerSpec,
+                                             check_partition, layer_name, trainable_params)
+from pipeline_parallel.engine.topology import PipeDataParallelTopology, ProcessTopology
+
+__all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "PartitionError", "check_partition", "layer_name"]
 
 
-class PartitionError(ValueError):
-    """A partition that leaves a stage empty, or more stages than layers."""
+class PipelineModule(nn.Module):
+    """The layer list, its partition into stages, and this rank's stage (an nn.Module: parameters(),
+    state_dict(), forward over the stage's layers, as DeepSpeed's)."""
 
-
-def check_partition(parts: list[int], num_layers: int, what: str = "stage") -> None:
-    """Boundaries must start at 0, end at num_layers, and give every stage at least one layer."""
-    if not parts or parts[0] != 0 or parts[-1] != num_layers or any(b < a for a, b in zip(parts, parts[1:])):
-        raise PartitionError(f"partition {parts} is not a list of boundaries 0 = p0 <= p1 <= … = {num_layers} "
-                             f"(the number of layers)")
-    empty = [s for s in range(len(parts) - 1) if parts[s + 1] == parts[s]]
-    if empty:
-        k = len(parts) - 1
-        hint = (f"{k} {what}s but only {num_layers} layers" if k > num_layers
-                else "move a layer into it or use partition_method='uniform'")
-        raise PartitionError(f"partition {parts} leaves {what}(s) {empty} empty ({hint}); "
-                             f"every {what} needs at least one layer")
-
-
-class LayerSpec:
-    """A layer described, not built: typename(*args, **kwargs) runs only on the stage that owns it."""
-
-    def __init__(self, typename, *module_args, **module_kwargs):
-        if not (isinstance(typename, type) and issubclass(typename, nn.Module)):
-            raise TypeError(f"LayerSpec needs an nn.Module subclass, got {typename!r}")
-        self.typename, self.module_args, self.module_kwargs = typename, module_args, module_kwargs
-
-    def build(self) -> nn.Module:
-        return self.typename(*self.module_args, **self.module_kwargs)
-
-    def __repr__(self):
-        args = [repr(a) for a in self.module_args] + [f"{k}={v!r}" for k, v in self.module_kwargs.items()]
-        return f"{self.typename.__name__}({', '.join(args)})"
-
-
-class TiedLayerSpec(LayerSpec):
-    """A LayerSpec whose module is shared by every position with the same `key` (e.g. the token
-    embedding reused as the output head: forward_fn=lambda emb, x: x @ emb.weight.T)."""
-
-    def __init__(self, key, typename, *module_args, forward_fn=None, tied_weight_attr=("weight",), **module_kwargs):
-        super().__init__(typename, *module_args, **module_kwargs)
-        self.key, self.forward_fn = key, forward_fn
-        self.tied_weight_attr = [tied_weight_attr] if isinstance(tied_weight_attr, str) else list(tied_weight_attr)
-
-
-def layer_name(layer) -> str:
-    if isinstance(layer, LayerSpec):
-        return layer.typename.__name__
-    if isinstance(layer, nn.Module):
-        return type(layer).__name__
-    return getattr(layer, "__name__", type(layer).__name__)
-
-
-def trainable_params(module) -> int:
-    return sum(p.numel() for p in module.parameters() if p.requires_grad) if isinstance(module, nn.Module) else 0
-
-
-class _Tied(nn.Module):
-    """A position in the layer list that calls a shared (tied) module, maybe through forward_fn."""
-
-    def __init__(self, key, module, forward_fn):
+    def __init__(self, layers, num_stages: int | None = None, topology: ProcessTopology | None = None, loss_fn=None,
+                 seed_layers: bool = False, seed_fn=None, base_seed: int = 1234, partition_method="parameters",
+                 activation_checkpoint_interval: int = 0, activation_checkpoint_func=None,
+                 checkpointable_layers=None, dynamic_shape: bool = False):
         super().__init__()
-        self.key, self.forward_fn = key, forward_fn
-        object.__setattr__(self, "shared", module)      # not a submodule: owned once, by the chunk's `tied`
-
-    def forward(self, x):
-        return self.forward_fn(self.shared, x) if self.forward_fn is not None else self.shared(x)
-
-
-class _Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
-class StageChunk(nn.Module):
-    """The layers start … stop-1 of one (virtual) stage, keyed by their global index like
-    DeepSpeed's stage modules ("3.weight" is layer 3's weight), plus the tied modules it uses."""
-
-    def __init__(self, layers: dict, tied: dict, start: int, stop: int, checkpoint_interval: int):
-        super().__init__()
-        self.start, self.stop, self.interval = start, stop, checkpoint_interval
-        self.layers = nn.ModuleDict({str(i): m for i, m in layers.items()})
-        self.tied = nn.ModuleDict(tied)
-
-    def _run(self, lo: int, hi: int, x):
-        for i in range(lo, hi):
-            x = self.layers[str(i)](x)
-        return x
-
-    def forward(self, x):
-        if self.interval <= 0:
-            return self._run(self.start, self.stop, x)
-        for lo in range(self.start, self.stop, self.interval):
-            hi = min(lo + self.interval, self.stop)
-            # keep only this group's input; backward recomputes the group (one extra forward)
-            x = checkpoint(self._run, lo, hi, x, use_reentrant=False)
-        return x
-
-
-class PipelineModule:
-    """The layer list, its partition into stages, and the builder of one rank's stage chunks."""
-
-    def __init__(self, layers, num_stages: int, loss_fn=None, partition_method="parameters",
-                 activation_checkpoint_interval: int = 0, seed_layers: bool = False, base_seed: int = 1234):
+        if num_stages is None and topology is None:
+            raise RuntimeError("must provide num_stages or topology")
+        if topology is not None:
+            if num_stages is not None and num_stages != topology.get_dim("pipe"):
+                raise PartitionError(f"num_stages={num_stages} but the topology has {topology.get_dim('pipe')} pipe ranks")
+            num_stages = topology.get_dim("pipe")
+        if dynamic_shape:
+            raise NotImplementedError("PipelineModule(dynamic_shape=True): DeepSpeed would re-send each boundary's shape "
+                                      "every micro-batch; here a boundary's shape is agreed once per engine (pad inputs "
+                                      "to one length)")
         self.layers = list(layers)
         if not isinstance(num_stages, int) or num_stages < 1:
             raise PartitionError(f"num_stages must be a positive int, got {num_stages!r}")
         if len(self.layers) < num_stages:
             raise PartitionError(f"num_stages={num_stages} is more stages than layers ({len(self.layers)}); "
-                                      "every stage needs at least one layer")
+                                 "every stage needs at least one layer")
         if not isinstance(activation_checkpoint_interval, int) or activation_checkpoint_interval < 0:
             raise ValueError(f"activation_checkpoint_interval must be an int >= 0, got {activation_checkpoint_interval!r}")
+        if checkpointable_layers is not None and not isinstance(checkpointable_layers, list):
+            raise TypeError("param `checkpointable_layers` must be type of list.")
         for i, layer in enumerate(self.layers):
             if not (isinstance(layer, (LayerSpec, nn.Module)) or callable(layer)):
                 raise TypeError(f"layer {i} is {type(layer).__name__}: expected an nn.Module, a LayerSpec or a callable")
-        self.num_stages, self.loss_fn = num_stages, loss_fn
+        self.num_stages, self.loss_fn, self._topo = num_stages, loss_fn, topology
         self.partition_method = partition_method
         self.activation_checkpoint_interval = activation_checkpoint_interval
-        self.seed_layers, self.base_seed = seed_layers, base_seed
-        self._counts = None
+        self.activation_checkpoint_func, self.checkpointable_layers = activation_checkpoint_func, checkpointable_layers
+        self.seed_layers, self.seed_fn, self.base_seed = seed_layers, seed_fn, base_seed
+        self._counts, self._built, self._chunks, self._registered = None, None, [], []
         self.parts = self.partition(num_stages)
 
     # ------------------------------------------------------------------ partitioning
@@ -171,11 +96,19 @@ class PipelineModule:
     def partition(self, num_parts: int) -> list[int]:
         n, method = len(self.layers), self.partition_method
         if isinstance(method, (list, tuple)):
-            parts = [int(b) for b in method]
-            if len(parts) != num_parts + 1:
-                raise PartitionError(f"explicit partition {parts} has {len(parts) - 1} stages, expected {num_parts}")
+            vals = [int(b) for b in method]
+            if len(vals) == num_parts + 1:                 # boundaries 0 = p0 <= … <= n
+                parts = vals
+            elif len(vals) == num_parts and sum(vals) == n:   # per-stage layer counts (gdGPT's `parts`)
+                parts = [0]
+                for c in vals:
+                    parts.append(parts[-1] + c)
+            else:
+                raise PartitionError(f"explicit partition {vals} for {num_parts} stages: expected {num_parts} per-stage "
+                                     f"layer counts summing to {n} (the number of layers) or {num_parts + 1} "
+                                     f"boundaries 0 … {n}")
         elif not isinstance(method, str):
-            raise ValueError(f"partition_method must be a string or a boundary list, got {method!r}")
+            raise ValueError(f"partition_method must be a string or a list, got {method!r}")
         elif method.lower() == "uniform":
             parts = part.uniform(n, num_parts)
         elif method.lower() == "parameters":
@@ -185,11 +118,11 @@ class PipelineModule:
             weights = [1 if rx.search(layer_name(layer)) else 0 for layer in self.layers]
             if not any(weights):
                 raise PartitionError(f"partition_method {method!r} matches no layer; layer types: "
-                                          f"{sorted({layer_name(layer) for layer in self.layers})}")
+                                     f"{sorted({layer_name(layer) for layer in self.layers})}")
             parts = part.balanced(weights, num_parts)
         else:
-            raise ValueError(f"partition_method {method!r} is not one of 'uniform', 'parameters', 'type:<regex>' "
-                             "or a boundary list")
+            raise ValueError(f"partition_method {method!r} is not one of 'uniform', 'parameters', 'type:<regex>', "
+                             "a list of per-stage layer counts or a boundary list")
         check_partition(parts, n)
         return parts
 
@@ -205,7 +138,7 @@ class PipelineModule:
     def _build(self, idx: int, spec):
         if isinstance(spec, LayerSpec):
             if self.seed_layers:
-                torch.manual_seed(self.base_seed + idx)
+                (self.seed_fn or torch.manual_seed)(self.base_seed + idx)
             return spec.build()
         return spec
 
@@ -223,12 +156,90 @@ class PipelineModule:
                     if spec.key not in tied_here:
                         tied_here[spec.key] = self._build(i, spec)
                     used[str(spec.key)] = tied_here[spec.key]
-                    built[i] = _Tied(spec.key, tied_here[spec.key], spec.forward_fn)
+                    built[i] = Tied(spec.key, tied_here[spec.key], spec.forward_fn)
                 else:
                     m = self._build(i, spec)
-                    built[i] = m if isinstance(m, nn.Module) else _Fn(m)
-            chunks.append(StageChunk(built, used, parts[g], parts[g + 1], self.activation_checkpoint_interval))
+                    built[i] = m if isinstance(m, nn.Module) else Fn(m)
+            chunks.append(StageChunk(built, used, parts[g], parts[g + 1], self.activation_checkpoint_interval,
+                                     self.activation_checkpoint_func, self.checkpointable_layers))
         return chunks
+
+    def stage_chunks(self, stage: int, num_stages: int, virtual_stages: int = 1) -> list[StageChunk]:
+        """build_chunks once per (stage, p, v), the modules registered on this nn.Module under
+        DeepSpeed's names ("3.weight", "tied_modules.<key>.weight"): parameters() taken before
+        initialize() are the ones the engine trains."""
+        key = (stage, num_stages, virtual_stages)
+        if self._built != key:
+            for name in self._registered:
+                del self._modules[name]
+            self._chunks = self.build_chunks(stage, num_stages, virtual_stages)
+            tied = nn.ModuleDict()
+            for ch in self._chunks:
+                tied.update(ch.tied)
+            self.tied_modules = tied                    # first, as DeepSpeed registers it: parameters() order
+            for ch in self._chunks:
+                for i, m in ch.layers.items():
+                    if not isinstance(m, (Tied, Fn)):
+                        self.add_module(i, m)
+            self._registered = [n for n in self._modules if n.isdigit()] + ["tied_modules"]
+            self._built = key
+        return self._chunks
+
+    def default_stage(self) -> int:
+        """This rank's stage by the topology (DeepSpeed's PipeDataParallelTopology by default)."""
+        if not dist.is_initialized():
+            if self.num_stages == 1:
+                return 0
+            raise RuntimeError(f"PipelineModule with num_stages={self.num_stages}: torch.distributed is not initialised, "
+                               "so this rank's stage is unknown (DeepSpeed's PipelineModule needs it at construction "
+                               "too); call deepspeed.init_distributed() / torch.distributed.init_process_group first")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        topo = self._topo
+        if topo is None:
+            if world % self.num_stages:
+                raise RuntimeError(f"rank {rank}: num_stages ({self.num_stages}) must divide distributed world size "
+                                   f"({world})")
+            topo = PipeDataParallelTopology(self.num_stages, world // self.num_stages)
+        return topo.get_coord(rank).pipe
+
+    def _ensure_built(self):
+        if self._built is None:
+            self.stage_chunks(self.default_stage(), self.num_stages)
+
+    def named_parameters(self, *args, **kwargs):
+        self._ensure_built()
+        return super().named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args, **kwargs):
+        self._ensure_built()
+        return super().named_buffers(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        self._ensure_built()
+        return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        self._ensure_built()
+        return super().load_state_dict(*args, **kwargs)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._ensure_built()
+        return super()._apply(fn, *args, **kwargs)
+
+    def forward(self, x):
+        """This rank's layers in order (one process with num_stages = 1: the whole model)."""
+        self._ensure_built()
+        if len(self._chunks) != 1:
+            raise RuntimeError(f"PipelineModule.forward runs one contiguous stage; this rank holds {len(self._chunks)} "
+                               "interleaved chunks (use the engine's train_batch / eval_batch)")
+        return self._chunks[0](x)
+
+    def topology(self):
+        return self._topo if self._topo is not None else PipeDataParallelTopology(
+            self.num_stages, (dist.get_world_size() if dist.is_initialized() else 1) // self.num_stages)
+
+    def num_pipeline_stages(self) -> int:
+        return self.num_stages
 
     def tied_owners(self, num_stages: int, virtual_stages: int = 1) -> dict:
         """key -> sorted pipeline ranks that hold a copy of that tied module."""

@@ -30,17 +30,24 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pipeline_parallel.engine.checkpoint import load_checkpoint, save_checkpoint
 from pipeline_parallel.engine.config import load
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.nccl_order import programs
+from pipeline_parallel.engine.mixed import MixedPrecision, build_scaler
+from pipeline_parallel.engine.optim import engine_optimizer
+from pipeline_parallel.engine.reporting import StepReport
+from pipeline_parallel.engine.step import take_step
 from pipeline_parallel.engine.tied import TiedWeights
+from pipeline_parallel.engine.topology import mesh_sizes
+from pipeline_parallel.engine.zero1 import Zero1
 from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
 from primitives.engine.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
-from zero_from_scratch.engine.mpu import counts_on
+from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.lr_schedules import build_scheduler
 
 class PipelineError(RuntimeError):
@@ -51,39 +58,44 @@ def initialize(model=None, model_parameters=None, config=None, dp: int | None = 
                **_unused):
     """mesh: a primitives.mesh.Mesh built by the caller (dp × pp × tp, tp ≥ 1): pipeline peers are
     the same (dp, tp) coordinate on the neighbouring stage (mesh.pp_group), gradients are averaged
-    over mesh.dp_group; the caller's layers already hold their tp shards (classification/parallel/pipeline.py)."""
+    over mesh.dp_group; the caller's layers already hold their tp shards (classification/parallel/pipeline.py).
+    model_parameters: None (every trainable parameter of this rank's stage) or parameters taken from
+    model.parameters() on this rank (DeepSpeed's example passes the trainable ones): the optimizer's."""
     if _unused:
         raise TypeError(f"initialize() got unsupported arguments {sorted(_unused)}")
     rank = dist.get_rank() if dist.is_initialized() else 0
     if not isinstance(model, PipelineModule):
         raise TypeError(f"rank {rank}: model must be a pipeline_parallel.PipelineModule, got {type(model).__name__}")
-    if model_parameters is not None:
-        raise ValueError(f"rank {rank}: model_parameters must be None: each rank's parameters exist only after "
-                         "initialize() builds its stage (the optimizer takes every trainable parameter of the stage)")
     if not dist.is_initialized():
         init_from_env()
     world, rank = dist.get_world_size(), dist.get_rank()
     pp = model.num_stages
+    if mesh is None and model._topo is not None:
+        tpp, tdp, ttp = mesh_sizes(model._topo)
+        if tpp * tdp * ttp != world or (dp is not None and dp != tdp):
+            raise MeshError(f"rank {rank}: topology pipe={tpp} × data={tdp} × model={ttp} does not match the world size "
+                            f"{world}" + (f" and dp={dp}" if dp is not None else ""))
+        mesh = Mesh.build(dp=tdp, pp=tpp, tp=ttp)
     if mesh is not None:
         if mesh.layout.pp != pp or mesh.layout.world != world or (dp is not None and dp != mesh.layout.dp):
             raise MeshError(f"rank {rank}: mesh dp={mesh.layout.dp} × pp={mesh.layout.pp} × tp={mesh.layout.tp} does not "
                             f"match the model's {pp} stages, dp={dp} and world size {world}")
-        return _build(model, load(config, mesh.layout.dp), mesh)
+        return _build(model, load(config, mesh.layout.dp), mesh, model_parameters)
     if world % pp or (dp is not None and dp * pp != world):
         raise MeshError(f"rank {rank}: pp={pp} stages × dp={dp if dp is not None else 'world/pp'} does not divide "
                         f"the world size {world}; expected world = pp × dp")
     dp = world // pp
     cfg = load(config, dp)
-    return _build(model, cfg, Mesh.build(dp=dp, pp=pp))
+    return _build(model, cfg, Mesh.build(dp=dp, pp=pp), model_parameters)
 
 
-def _build(model, cfg, mesh):
-    engine = PipelineEngine(model, cfg, mesh)
+def _build(model, cfg, mesh, model_parameters=None):
+    engine = PipelineEngine(model, cfg, mesh, model_parameters)
     return engine, engine.optimizer, None, engine.lr_scheduler
 
 
 class PipelineEngine:
-    def __init__(self, model: PipelineModule, cfg, mesh: Mesh):
+    def __init__(self, model: PipelineModule, cfg, mesh: Mesh, model_parameters=None):
         self.module, self.cfg, self.mesh = model, cfg, mesh
         self.pp, self.dp, self.tp, self.v = mesh.layout.pp, mesh.layout.dp, mesh.layout.tp, cfg.virtual_stages
         self.stage, self.dp_rank, self.tp_rank, self.rank = mesh.index("pp"), mesh.index("dp"), mesh.index("tp"), mesh.rank
@@ -92,22 +104,22 @@ class PipelineEngine:
         self.comm = get_comm(mesh.pp_group)
         self.dp_comm = get_comm(mesh.dp_group) if self.dp > 1 else None
         self._nccl_programs: dict = {}
-        self.chunks = model.build_chunks(self.stage, self.pp, self.v)
+        self.chunks = model.stage_chunks(self.stage, self.pp, self.v)
         self.loss_fn = model.loss_fn
-        seen, self.params = set(), []
-        for ch in self.chunks:
-            for p in ch.parameters():
-                if id(p) not in seen and p.requires_grad:
-                    seen.add(id(p))
-                    self.params.append(p)
+        self.params = [p for p in model.parameters() if p.requires_grad]     # DeepSpeed's order: tied modules first
         self.tied = TiedWeights(self)
         self.tied.broadcast_initial()
-        o = cfg.run.optimizer
-        opt_cls = torch.optim.AdamW if o.adam_w_mode else torch.optim.Adam
-        self.optimizer = opt_cls(self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        zero1 = cfg.run.zero.stage == 1
+        self.mixed = (MixedPrecision(self, masters=not zero1)                  # bf16 / fp16 (engine/mixed.py)
+                      if model_dtype(cfg.run) != torch.float32 else None)
+        self.zero1 = Zero1(self, offload=cfg.run.offload_optimizer is not None) if zero1 else None
+        self.clip_norm = cfg.clip_norm
+        self.optimizer = engine_optimizer(self, model_parameters)
         self.lr_scheduler = build_scheduler(cfg.run.scheduler, self.optimizer)
         self.executor = DrainingExecutor(self)
-        self.global_steps, self.global_grad_norm = 0, None
+        self.report = StepReport(self)             # steps_per_print, tensorboard / csv_monitor
+        self.global_steps, self.global_grad_norm, self.global_samples, self.skipped_steps = 0, None, 0, 0
+        self.scaler = build_scaler(cfg.run)
         self._errors: list = []
         self._broken = None
         self.timeline, self.peak_activation_bytes, self.step_bytes = [], 0, {}
@@ -128,17 +140,19 @@ class PipelineEngine:
 
     # ------------------------------------------------------------------ public API
     def train_batch(self, data_iter=None):
-        return self._batch(data_iter, train=True)
+        """One optimizer step over m micro-batches; returns the mean loss as a 0-dim tensor on every
+        rank (DeepSpeed's agg_train_loss). data_iter None: the iterator initialize(training_data=) made."""
+        return torch.tensor(self._batch(data_iter, train=True))
 
     def eval_batch(self, data_iter=None):
         with torch.no_grad():
-            return self._batch(data_iter, train=False)
+            return torch.tensor(self._batch(data_iter, train=False))
 
     def _batch(self, data_iter, train):
         if self._broken:
             raise PipelineError(f"rank {self.rank}: this engine failed in an earlier step and cannot continue:\n{self._broken}")
         self._errors = []
-        inputs, labels = self._pull(data_iter)
+        inputs, labels = self._pull(data_iter if data_iter is not None else getattr(self, "data_iterator", None))
         for ch in self.chunks:
             ch.train(train)
         self._status = None
@@ -151,6 +165,7 @@ class PipelineEngine:
             self.step_bytes = {"tp": by.get("fwd", 0) + by.get("bwd", 0), "dp": by.get("reduce_grads", 0),
                                "pp": sum(v for k, v in by.items() if k.startswith(("send", "recv", "reduce_tied")))}
             self.peak_activation_bytes = self.executor.meter.peak
+            self.report.after_step(self, self._status)
         return self._status
 
     def program(self, train: bool) -> list:
@@ -185,6 +200,14 @@ class PipelineEngine:
             inputs[mb], labels[mb] = item
         return inputs, labels
 
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        """DeepSpeed's pipeline layout (engine/checkpoint.py); every rank calls it."""
+        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, **kwargs):
+        """(path, client_state); weights, optimizer, scheduler, counters restored (engine/checkpoint.py)."""
+        return load_checkpoint(self, load_dir, tag, **kwargs)
+
     # ------------------------------------------------------------------ end-of-step ops (called by the executor)
     def reduce_tied(self):
         self.tied.reduce_grads()
@@ -203,28 +226,12 @@ class PipelineEngine:
             g.div_(self.dp)
 
     def step(self):
-        # each parameter once: dp replicas hold equal gradients (only replica 0 counts), tied copies
-        # after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a
-        # sharded parameter counts on every tp rank, a replicated one (LayerNorm, row-parallel
-        # bias) on tp rank 0 only (zero_from_scratch.engine.mpu.counts_on: the one home of that rule).
-        # The status all-reduce then sums norm² over pp (and tp): the global norm of one process.
-        ok = self.dp_rank == 0 and not self.failed_locally()
-        norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in self.params
-                      if p.grad is not None and not self.tied.is_replica(p)
-                      and counts_on(p, self.tp_rank)) if ok else 0.0
-        self.step_status(norm_sq)
-        clip = self.cfg.run.gradient_clipping
-        if clip > 0:
-            coef = clip / (self.global_grad_norm + 1e-6)
-            if coef < 1:
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        self.global_steps += 1
+        """Norm, clipping, optimizer and loss-scale update (engine/step.py)."""
+        take_step(self)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.cur_scale if self.scaler is not None else 1.0
 
     def step_status(self, norm_sq: float):
         """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's

@@ -1,0 +1,63 @@
+"""The optimizer step of a pipeline rank: gradient norm, status all-reduce, clipping, update.
+
+    (PipelineEngine.step, run by the executor's `step` op on every rank)
+
+Norm: each parameter once — dp replicas hold equal gradients (only replica 0 counts), tied copies
+after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a sharded
+parameter counts on every tp rank, a replicated one (LayerNorm, row-parallel bias) on tp rank 0
+only (zero_from_scratch.engine.mpu.counts_on). The status all-reduce sums norm² over pp (and tp):
+the global norm of one process, by default.
+"pipeline": {"clip_norm": "stage0"} reproduces DeepSpeed's fp32 pipeline instead: its
+clip_grad_norm_ (deepspeed/runtime/utils.py, `if (mpu.get_model_parallel_rank() == 0) or
+is_model_parallel_parameter(p)`) sums only model-parallel rank 0's norms, and in a pipeline grid
+the model-parallel group is the stages of one replica, so rank 0 is stage 0: the norm that
+scales every stage's gradients is stage 0's alone (DeepSpeed's bf16/fp16 optimizers use all stages).
+Mixed precision (engine/mixed.py): the norm is of the scaled gradients ÷ S; a non-finite norm
+skips the step on every rank (skipped_steps += 1, no scheduler step), as DeepSpeed's engine.
+Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's own passes.
+"""
+from __future__ import annotations
+
+import math
+
+from zero_from_scratch.engine.mpu import counts_on
+
+
+def take_step(e) -> bool:
+    """One optimizer step on engine `e`; False when it was skipped (fp16/bf16 overflow)."""
+    ok = e.dp_rank == 0 and not e.failed_locally() and (e.clip_norm == "global" or e.stage == 0)
+    norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in e.params
+                  if p.grad is not None and not e.tied.is_replica(p) and counts_on(p, e.tp_rank)) if ok else 0.0
+    e.step_status(norm_sq)
+    scale = e.scaler.cur_scale if e.scaler is not None else 1.0
+    e.global_grad_norm /= scale
+    clip = e.cfg.run.gradient_clipping
+    if e.zero1 is not None:
+        applied = e.mixed is None or math.isfinite(e.global_grad_norm)
+        coef = clip / (e.global_grad_norm + 1e-6) if clip > 0 and applied else 1.0
+        if applied:
+            e.zero1.step(min(coef, 1.0) / scale)
+        else:
+            for p in e.params:
+                p.grad = None
+    elif e.mixed is not None:
+        applied = e.mixed.step(e.optimizer, clip, e.global_grad_norm, scale)
+    else:
+        if clip > 0:
+            coef = clip / (e.global_grad_norm + 1e-6)
+            if coef < 1:
+                for p in e.params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        e.optimizer.step()
+        e.optimizer.zero_grad(set_to_none=True)
+        applied = True
+    if e.scaler is not None:
+        e.scaler.update(overflow=not applied)
+    if not applied:
+        e.skipped_steps += 1
+    elif e.lr_scheduler is not None:
+        e.lr_scheduler.step()
+    e.global_steps += 1
+    e.global_samples += e.micro_batches * e.micro_batch_size * e.dp
+    return applied
