@@ -72,29 +72,29 @@ CFG = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "para
 STEPS = 30
 
 
-def mlp():
+def mlp(width=256):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+    return nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 10))
 
 
-def _train(rank, world, zpp: dict, steps=STEPS):
+def _train(rank, world, zpp: dict, steps=STEPS, width=256):
     # persistence 0, reuse 0: every unit is all-gathered in forward AND backward and reduced once
     # (the textbook 3 collectives per unit), so bytes compare with the formula unit by unit
     z = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0, **zpp}
-    engine, *_ = zero_from_scratch.initialize(model=mlp(), config={**CFG, "zero_optimization": z})
+    engine, *_ = zero_from_scratch.initialize(model=mlp(width), config={**CFG, "zero_optimization": z})
     teacher = torch.nn.Linear(32, 10)
     torch.nn.init.normal_(teacher.weight, std=0.5, generator=torch.Generator().manual_seed(7))
     losses, rep = [], None
     for step in range(steps):
         x = torch.randn(8, 32, generator=torch.Generator().manual_seed(1000 * (step % 16) + rank))   # 16 batches
         y = teacher(x).argmax(1).detach()
-        loss = nn.functional.cross_entropy(engine(x), y)
+        loss = nn.functional.cross_entropy(engine(x.to(engine.dtype)).float(), y)
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
         if step == 0:
             rep = engine.comm_report(print_table=False)       # one whole optimizer step's ledger
-    return losses, rep, [u.padded for u in engine.layout.units]
+    return losses, rep, [u.padded for u in engine.layout.units], dict(engine.stage.stats)
 
 
 def test_qwz_qgz_bytes_and_loss(spawn):
@@ -109,9 +109,9 @@ def test_qwz_qgz_bytes_and_loss(spawn):
             assert rows[f"param all-gather ({kind}, int8)"]["sent"] == qwz.allgather_bytes(padded, world)
         for purpose, b in qgz.reduce_bytes(padded, 1, world).items():
             assert rows[purpose]["sent"] == rows[purpose]["ring_formula"] == b
-        # independent expectation: int8 = 1 byte + 4 per 256 (scales), int4 = 1/2 + 4/256, vs fp32's 4
+        # independent expectation: int8 = 1 byte + 4 per 256 (scales), int4 = 1/2 + 4 per 64, vs fp32 4
         shard = [p // world for p in padded]
-        expect = sum((world - 1) * (2 * (s + 4 * -(-s // 256)) + (s + 1) // 2 + 4 * -(-s // 256)) for s in shard)
+        expect = sum((world - 1) * (2 * (s + 4 * -(-s // 256)) + (s + 1) // 2 + 4 * -(-s // 64)) for s in shard)
         assert pp[r][1]["data_sent"] == expect
         assert plain[r][1]["data_sent"] == 3 * (world - 1) * 4 * sum(shard)
         assert pp[r][1]["data_sent"] <= 0.35 * plain[r][1]["data_sent"]
@@ -155,7 +155,7 @@ def test_qgz_hierarchical_matches_exact_sum(spawn):
 
 def _hpz_qwz(rank, world, zpp):
     os.environ["RINGZERO_LOCAL_SIZE"] = "2"
-    return _train(rank, world, zpp, steps=3)
+    return _train(rank, world, zpp, steps=2, width=64)
 
 
 def test_qwz_with_hpz_backward_stays_in_group(spawn):
@@ -170,3 +170,34 @@ def test_qwz_with_hpz_backward_stays_in_group(spawn):
         assert rows["param all-gather (backward, hpZ group)"]["sent"] == group
         # backward used the very int8 bytes forward received: the same losses as qwZ alone, bit for bit
         assert a[r][0] == b[r][0]
+
+
+def _overlap(rank, world, overlap):
+    zpp = {"zero_quantized_weights": True, "zero_quantized_gradients": True, "overlap_comm": overlap}
+    losses, _, _, stats = _train(rank, world, zpp, steps=3, width=64)
+    return losses, stats["prefetch_used"]
+
+
+def test_qwz_prefetch_under_overlap_comm_is_the_same_computation(spawn):
+    seq, ovl = spawn(_overlap, 2, args=(False,)), spawn(_overlap, 2, args=(True,))
+    for r in range(2):
+        assert ovl[r][1] > 0 and seq[r][1] == 0          # prefetched int8 gathers were used
+        assert ovl[r][0] == seq[r][0]                     # same bytes quantised, same sums: same losses
+
+
+def _bf16(rank, world, zpp):
+    CFG["bf16"] = {"enabled": True}
+    losses, rep, padded, _ = _train(rank, world, zpp, steps=2)
+    return losses, rep["data_sent"], padded
+
+
+def test_bf16_weights_move_half_gradients_quarter(spawn):
+    plain = spawn(_bf16, 2, args=({},))
+    pp = spawn(_bf16, 2, args=({"zero_quantized_weights": True, "zero_quantized_gradients": True},))
+    for r in range(2):
+        shard = [p // 2 for p in plain[r][2]]
+        assert plain[r][1] == 3 * 2 * sum(shard)                            # bf16: 2 bytes per element
+        assert pp[r][1] == 2 * qwz.allgather_bytes(plain[r][2], 2) + qgz.reduce_bytes(plain[r][2], 1, 2)[
+            "grad all-to-all (int4)"]
+        assert pp[r][1] <= (2 * 0.5 + 0.25 + 0.05) / 3 * plain[r][1]       # ½ weights, ¼ gradients, + scales
+        assert all(abs(a - b) <= 0.03 * b for a, b in zip(pp[r][0], plain[r][0]))
