@@ -10,7 +10,10 @@ ZeRO-3, qwZ, qgZ, qwZ + qgZ (and qwZ + qgZ + hpZ with --local-size). Every unit 
 forward and again in backward (stage3_param_persistence_threshold 0, stage3_max_reuse_distance
 0), so per micro-batch ZeRO-3 sends 3(N-1)/N·4P bytes in fp32 and qwZ + qgZ
 (N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/256⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.22×.
-The loss column is the mean over ranks of the last 5 steps (one step's loss is one micro-batch's).
+The loss column is the mean over ranks of the last 5 steps (one step's loss is one micro-batch's);
+"inter-node" counts the bytes ALL ranks sent across a node boundary in step 1 (all purposes, the
+primitives ledger's link classes; 0 on one node): in a flat ring only the node-boundary ranks
+send them.
 Machine: 2 shared cores, so the seconds are indicative only; bytes and losses are exact.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from rich.table import Table
 
 import zero_from_scratch
 from primitives.engine.launch import spawn
+from primitives.engine.ledger import LEDGER
 from primitives.engine.log import console
 
 BASE = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}
@@ -83,6 +87,8 @@ def _run(rank, world, task, zpp, steps, micro, local_size):
     for step in range(steps):
         if step == 1:
             t0 = time.perf_counter()
+        if step == 0:
+            LEDGER.reset()
         inputs, y = batch(step)
         loss = loss_of(engine, inputs, y)
         engine.backward(loss)
@@ -90,14 +96,16 @@ def _run(rank, world, task, zpp, steps, micro, local_size):
         losses.append(loss.item())
         if step == 0:
             rep = engine.comm_report(print_table=False)
+            inter = LEDGER.links["inter"].bytes_sent if "inter" in LEDGER.links else 0
     rows = {r["purpose"]: {"sent": r["sent"], "formula": r["ring_formula"]} for r in rep["rows"]
             if r["purpose"] not in NOT_DATA}
-    return {"losses": losses, "rows": rows, "data_sent": rep["data_sent"], "psi": engine.layout.numel,
+    return {"losses": losses, "rows": rows, "data_sent": rep["data_sent"], "psi": engine.layout.numel, "inter": inter,
             "s_per_step": (time.perf_counter() - t0) / max(1, steps - 1)}
 
 
 def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None) -> dict:
-    """{run name: {"losses": mean over ranks per step, "rows", "data_sent", "psi", "s_per_step"}}, rank 0's bytes."""
+    """{run name: {"losses": mean over ranks per step, "rows", "data_sent", "psi", "s_per_step"}: rank 0's
+    bytes; "inter": all ranks' inter-node bytes}."""
     runs = dict(runs or RUNS)
     if local_size:
         runs[HPZ[0]] = {**HPZ[1], "zero_hpz_partition_size": local_size}
@@ -106,6 +114,7 @@ def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None) -> 
         res = spawn(_run, world, args=(task, zpp, steps, micro, local_size), timeout=3600.0)
         r0 = res[0]
         r0["losses"] = [sum(r["losses"][i] for r in res) / world for i in range(steps)]
+        r0["inter"] = sum(r["inter"] for r in res)
         out[name] = r0
     return out
 
@@ -113,17 +122,18 @@ def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None) -> 
 def table(results: dict, title: str) -> Table:
     base = results["ZeRO-3"]
     t = Table(title=title)
-    for c in ("run", "collective (purpose)", "measured", "formula", "data / ZeRO-3", "loss, last 5", "Δ loss", "s/step"):
+    for c in ("run", "collective (purpose)", "measured", "formula", "data / ZeRO-3", "inter-node", "loss, last 5",
+              "Δ loss", "s/step"):
         t.add_column(c, justify="right")
     ref = sum(base["losses"][-5:]) / 5
     for name, r in results.items():
         loss = sum(r["losses"][-5:]) / 5
         first = True
         for purpose, row in r["rows"].items():
-            t.add_row(name if first else "", purpose, f"{row['sent']:,}", f"{row['formula']:,}", "", "", "", "")
+            t.add_row(name if first else "", purpose, f"{row['sent']:,}", f"{row['formula']:,}", "", "", "", "", "")
             first = False
         t.add_row("", "data total", f"{r['data_sent']:,}", "", f"{r['data_sent'] / base['data_sent']:.3f}",
-                  f"{loss:.4f}", f"{100 * (loss - ref) / ref:+.2f} %", f"{r['s_per_step']:.2f}", end_section=True)
+                  f"{r['inter']:,}", f"{loss:.4f}", f"{100 * (loss - ref) / ref:+.2f} %", f"{r['s_per_step']:.2f}", end_section=True)
     return t
 
 
