@@ -172,17 +172,27 @@ def test_qwz_with_hpz_backward_stays_in_group(spawn):
         assert a[r][0] == b[r][0]
 
 
-def _overlap(rank, world, overlap):
+def _overlap(rank, world, overlap, impl="primitives"):
     zpp = {"zero_quantized_weights": True, "zero_quantized_gradients": True, "overlap_comm": overlap}
-    losses, _, _, stats = _train(rank, world, zpp, steps=3, width=64)
-    return losses, stats["prefetch_used"]
+    z = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0, **zpp}
+    engine, *_ = zero_from_scratch.initialize(model=mlp(64), config={**CFG, "zero_optimization": z}, comm_impl=impl)
+    losses = []
+    for step in range(3):
+        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 * step + rank))
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses, engine.stage.stats["prefetch_used"]
 
 
-def test_qwz_prefetch_under_overlap_comm_is_the_same_computation(spawn):
+def test_qwz_prefetch_and_torch_comm_are_the_same_computation(spawn):
     seq, ovl = spawn(_overlap, 2, args=(False,)), spawn(_overlap, 2, args=(True,))
+    tch = spawn(_overlap, 2, args=(False, "torch"))
     for r in range(2):
         assert ovl[r][1] > 0 and seq[r][1] == 0          # prefetched int8 gathers were used
         assert ovl[r][0] == seq[r][0]                     # same bytes quantised, same sums: same losses
+        assert tch[r][0] == seq[r][0]                     # torch.distributed moves the same bytes (flat qgZ)
 
 
 def _bf16(rank, world, zpp):
