@@ -7,7 +7,8 @@ Measured by benchmarks/zeropp.py (the primitives ledger; 2 spawned gloo ranks, f
     python -m figures.ch11_zeropp --json zeropp_cls.json   # draw a saved `benchmarks/zeropp.py --json` run
 
 Left: stacked bars, one per run, one segment per collective purpose (the ledger's measured bytes);
-the label is the data total as a fraction of ZeRO-3's. Right: loss per step (mean over ranks).
+the label is the data total as a fraction of ZeRO-3's. Right: loss per step (mean over ranks),
+and below it each quantised run's loss minus ZeRO-3's, in % of ZeRO-3's, step by step.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from figures.common import pyplot, save
 COLOURS = {"all-gather (forward": "#4C72B0", "all-gather (backward": "#55A868", "hpZ": "#8172B2",
            "grad": "#C44E52"}
 
+RUN_COLOURS = {"ZeRO-3": "0.25", "qwZ": "#DD8452", "qgZ": "#937860", "qwZ + qgZ": "#DA3B8A", "qwZ + qgZ + hpZ": "#8172B2"}
+
 
 def _colour(purpose: str) -> str:
     return next((c for k, c in COLOURS.items() if k in purpose), "0.6")
@@ -29,7 +32,9 @@ def _colour(purpose: str) -> str:
 def draw(data: dict, name: str = "11_zeropp") -> str:
     plt = pyplot()
     res, model, world = data["results"], data["model"], data["world"]
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.3]})
+    fig = plt.figure(figsize=(11, 5.2))
+    grid = fig.add_gridspec(2, 2, width_ratios=[1, 1.3], height_ratios=[1.6, 1])
+    bars, curves, delta = fig.add_subplot(grid[:, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, 1])
     base = res["ZeRO-3"]["data_sent"]
     for x, (run, r) in enumerate(res.items()):
         bottom = 0.0
@@ -47,16 +52,23 @@ def draw(data: dict, name: str = "11_zeropp") -> str:
     bars.legend([plt.Rectangle((0, 0), 1, 1, color=c) for c in legend.values()], list(legend), fontsize=7)
     ref = res["ZeRO-3"]["losses"]
     for run, r in res.items():
-        curves.plot(range(1, len(r["losses"]) + 1), r["losses"], label=run,
+        curves.plot(range(1, len(r["losses"]) + 1), r["losses"], label=run, color=RUN_COLOURS.get(run),
                     lw=2.2 if run == "ZeRO-3" else 1.2, ls="-" if run in ("ZeRO-3", "qwZ + qgZ") else ":")
     last = {run: sum(r["losses"][-5:]) / 5 for run, r in res.items()}
     r5 = last["ZeRO-3"]
     curves.set_title("training loss (mean over ranks); last 5 steps vs ZeRO-3: "
                      + ", ".join(f"{k} {100 * (v - r5) / r5:+.1f} %" for k, v in last.items() if k != "ZeRO-3"),
                      fontsize=8, loc="left")
-    curves.set_xlabel("optimizer step")
     curves.set_ylabel("loss")
     curves.legend(fontsize=8)
+    for run, r in res.items():
+        if run != "ZeRO-3":
+            delta.plot(range(1, len(ref) + 1), [100 * (a - b) / b for a, b in zip(r["losses"], ref)],
+                       color=RUN_COLOURS.get(run),
+                       lw=1.5 if run == "qwZ + qgZ" else 1.0, ls="-" if run == "qwZ + qgZ" else ":")
+    delta.axhline(0, color="0.5", lw=0.8)
+    delta.set_ylabel("Δ loss vs ZeRO-3, %")
+    delta.set_xlabel("optimizer step")
     fig.suptitle(f"ZeRO++ qwZ (int8 weights) and qgZ (int4 gradients) vs ZeRO-3: {model}, "
                  f"Ψ = {res['ZeRO-3']['psi']:,}, N = {world}, fp32, {len(ref)} steps", fontsize=10)
     return save(fig, name, "figures.ch11_zeropp", note="bytes: primitives ledger via engine.comm_report; "

@@ -2,6 +2,7 @@
 quantiser's error bound; the bytes the ledger measured equal the formulas and are at most 0.35 of
 plain ZeRO-3's; training stays within tolerance of unquantised; qgZ's hierarchical reduction on
 2 "nodes" × 2 ranks against the exact sum; qwZ combined with hpZ."""
+import json
 import os
 
 import pytest
@@ -211,3 +212,17 @@ def test_bf16_weights_move_half_gradients_quarter(spawn):
             "grad all-to-all (int4)"]
         assert pp[r][1] <= (2 * 0.5 + 0.25 + 0.05) / 3 * plain[r][1]       # ½ weights, ¼ gradients, + scales
         assert all(abs(a - b) <= 0.03 * b for a, b in zip(pp[r][0], plain[r][0]))
+
+
+def test_figure_draws_a_saved_benchmark(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from figures import ch11_zeropp, common
+    monkeypatch.setattr(common, "IMG", str(tmp_path))
+    rows = {"ZeRO-3": {"param all-gather (forward)": 400, "grad reduce-scatter": 400},
+            "qwZ + qgZ": {"param all-gather (forward, int8)": 101, "grad all-to-all (int4)": 56}}
+    res = {run: {"losses": [1.0 - 0.01 * i for i in range(8)], "psi": 100, "data_sent": sum(r.values()),
+                 "rows": {k: {"sent": v, "formula": v} for k, v in r.items()}} for run, r in rows.items()}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"model": "mlp", "world": 2, "results": res}))
+    (png,) = ch11_zeropp.main(["--json", str(path)])
+    assert common.read_meta(png)["Source"] == "figures.ch11_zeropp"
