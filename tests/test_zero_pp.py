@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
+from benchmarks.zeropp import compare
 from zero_from_scratch.engine import qgz, qwz
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.quantize import Spec, decode_rows, encode_rows, quantize_rows, round_trip
@@ -226,3 +227,18 @@ def test_figure_draws_a_saved_benchmark(tmp_path, monkeypatch):
     path.write_text(json.dumps({"model": "mlp", "world": 2, "results": res}))
     (png,) = ch11_zeropp.main(["--json", str(path)])
     assert common.read_meta(png)["Source"] == "figures.ch11_zeropp"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_classification_model_bytes_and_loss():
+    """The classification model (DistilBERT shape, MiniLM weights, 22.7 M parameters), 30 steps:
+    ~15 min on 2 shared cores."""
+    pytest.importorskip("transformers")
+    res = compare("classification", 30, world=2, runs={"ZeRO-3": {}, "qwZ + qgZ": {
+        "zero_quantized_weights": True, "zero_quantized_gradients": True}})
+    plain, pp = res["ZeRO-3"], res["qwZ + qgZ"]
+    assert pp["data_sent"] <= 0.35 * plain["data_sent"]
+    for purpose, row in pp["rows"].items():
+        assert row["sent"] == row["formula"], purpose
+    assert abs(sum(pp["losses"][-5:]) - sum(plain["losses"][-5:])) <= 0.03 * sum(plain["losses"][-5:])

@@ -90,10 +90,10 @@ class QgZ:
 
 
 def make(stage, engine):
-    if not engine.config.zeropp.quantized_gradients:
-        return None
+    if not engine.config.zeropp.quantized_gradients or stage.comm.size == 1:
+        return None                                   # N = 1: nothing to reduce
     q = QgZ(stage)
-    if q.m == 1 and stage.comm.size > 1 and stage.comm.global_rank == 0:
+    if q.m == 1 and stage.comm.global_rank == 0:
         warnings.warn("zero_from_scratch: zero_optimization.zero_quantized_gradients on one node: the int4 "
                       "all-to-all runs over its ranks (the paper's scheme with m = 1); DeepSpeed 0.19.8 would fall "
                       "back to its unquantised reduce-scatter when num_nodes == 1", stacklevel=3)

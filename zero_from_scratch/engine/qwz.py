@@ -71,7 +71,8 @@ class QwZ:
 
 
 def make(stage, engine):
-    return QwZ(stage) if engine.config.zeropp.quantized_weights else None
+    """QwZ when the key is on and there is someone to gather from (N = 1 gathers nothing, as in DeepSpeed)."""
+    return QwZ(stage) if engine.config.zeropp.quantized_weights and stage.comm.size > 1 else None
 
 
 def allgather_bytes(unit_padded: list, n: int, spec: Spec = SPEC) -> int:
