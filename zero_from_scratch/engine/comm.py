@@ -128,11 +128,11 @@ class Comm:
         self.last_events, self.events = self.events, []
         self.t0 = time.perf_counter()
 
-    def _account(self, purpose: str, collective: str, nbytes: int, fn) -> None:
+    def _account(self, purpose: str, collective: str, nbytes: int, fn, formula: int | None = None) -> None:
         u = self.usage.setdefault(purpose, Usage(collective))
         u.calls += 1
         u.payload += nbytes
-        u.formula += ring_bytes(collective, nbytes, self.size)
+        u.formula += ring_bytes(collective, nbytes, self.size) if formula is None else formula
         t = time.perf_counter()
         if self._ledger is None:
             fn()
@@ -143,10 +143,11 @@ class Comm:
             u.sent = (u.sent or 0) + d.bytes_sent
         u.seconds += time.perf_counter() - t
 
-    def _run(self, purpose: str, collective: str, nbytes: int, fn, async_op: bool = False, what: str = ""):
+    def _run(self, purpose: str, collective: str, nbytes: int, fn, async_op: bool = False, what: str = "",
+             formula: int | None = None):
         self._inflight = [f for f in self._inflight if not f.done()]
         if not async_op and not self._inflight:
-            self._account(purpose, collective, nbytes, fn)
+            self._account(purpose, collective, nbytes, fn, formula)
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="zero-comm")
@@ -155,7 +156,7 @@ class Comm:
         def go():
             ev.started = time.perf_counter() - self.t0
             try:
-                self._account(purpose, collective, nbytes, fn)
+                self._account(purpose, collective, nbytes, fn, formula)
             finally:
                 ev.finished = time.perf_counter() - self.t0
         fut = self._pool.submit(go)
@@ -207,6 +208,11 @@ class Comm:
                 return
             self._ag(out, inp.clone() if _overlaps(out, inp) else inp)
         return self._run(purpose, "all_gather", out.numel() * out.element_size(), go, async_op, what)
+
+    def composed(self, purpose: str, collective: str, nbytes: int, formula: int, fn, what: str = "") -> None:
+        """A collective the engine composes itself on a sub-group (ZeRO++ qgZ's all-to-alls, hpZ's
+        group all-gather): fn() runs it, filed under `purpose` with the bytes its algorithm sends."""
+        self._run(purpose, collective, nbytes, fn, False, what, formula)
 
     def broadcast(self, t: torch.Tensor, src: int, *, purpose: str = "broadcast") -> None:
         """src is a rank of this Comm's group (both libraries take a global rank)."""

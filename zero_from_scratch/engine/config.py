@@ -26,6 +26,7 @@ from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
 from zero_from_scratch.engine.wall_clock import parse as parse_instruments
 from zero_from_scratch.engine.grad_keys import Reduction, parse as parse_reduction, predivide_ignored
+from zero_from_scratch.engine.zeropp import ZeroPP, check as check_zeropp
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
@@ -40,8 +41,7 @@ KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_c
               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
               "stage3_max_live_parameters", "stage3_max_reuse_distance",
               "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "offload_optimizer", "offload_param",
-              "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
-              "zero_hpz_partition_size"}   # ZeRO++ hpZ: zero_from_scratch/engine/hpz.py
+              "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "zero_hpz_partition_size"}
 # DeepSpeed's ZeRO config accepts each stage-3 field under its own name too (pydantic aliases)
 ZERO_ALIASES = {k[len("zero_optimization.stage3_"):]: k[len("zero_optimization."):] for k in KEY_STATUS
                 if k.startswith("zero_optimization.stage3_")}
@@ -168,6 +168,7 @@ class ZeroRunConfig:
     activation_checkpointing: dict | None = None        # the raw section (activation_checkpointing.py)
     offload_optimizer: dict | None = None               # offload.parse: {"device", "nvme_path"} or None
     sub_group_size: int = 1_000_000_000                 # elements per offloaded step chunk (DeepSpeed's default)
+    zeropp: ZeroPP = field(default_factory=ZeroPP)      # ZeRO++ qwZ / qgZ switches (zeropp.py)
     unknown_keys: list = field(default_factory=list)
     reduction: Reduction = field(default_factory=Reduction)   # grad_keys.py: mean/sum, pre/post division
     instruments: dict = field(default_factory=lambda: parse_instruments({}))   # wall_clock.py
@@ -267,8 +268,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
                       zero_hpz_partition_size=z.get("zero_hpz_partition_size", 1),
                       **zero_overlap_keys(z, resolved))
     zero.notes = tuple(zero_key_notes(z, zero))
-    from zero_from_scratch.engine.hpz import check_config       # multinode: ZeRO++ hpZ
-    check_config(zero, world_size)
+    zeropp = check_zeropp(zero, z, world_size)    # ZeRO++ hpZ, qwZ, qgZ (zeropp.py)
 
     f = raw.get("fp16", {})
     fp16 = FP16Config(enabled=bool(f.get("enabled", False)),
@@ -285,7 +285,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown)
     cfg.monitor = parse_monitors(raw)
-    cfg.offload_optimizer, cfg.sub_group_size = offload, int(sub_group_size)
+    cfg.offload_optimizer, cfg.sub_group_size, cfg.zeropp = offload, int(sub_group_size), zeropp
     cfg.activation_checkpointing = parse_ac(raw)
     cfg.instruments = parse_instruments(raw)
     dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"

@@ -15,6 +15,12 @@ Inter-node bytes a node sends per micro-batch (hierarchical collectives): 2·k(m
 vs 3·k(m-1)·s without; vs a flat ring, where one rank per node forwards everything, 3(N-1)·s.
 Memory: + Ψ/k per rank between a unit's forward and its reduce-scatter. The secondary copy is
 only valid until the optimizer step (the shards change); it is refreshed by the next forward.
+With qwZ (qwz.py) the forward all-gather moves int8 codes + scales, and the secondary shard is
+this rank's 1/k slice of *those bytes*: (1 + 4/B)·Ψ/k bytes instead of 4Ψ/k, the backward
+all-gather inside the group moves int8 too, and backward sees bit for bit the weights forward
+saw. (DeepSpeed keeps the secondary in the weights' dtype, copied from the dequantised forward
+weights, and quantises it again for the group all-gather: a second rounding, other blocks.)
+The group all-gather is filed in the ledger as "param all-gather (backward, hpZ group)".
 Needs comm_impl="primitives" (the group is a primitives view, not a torch process group).
 """
 from __future__ import annotations
@@ -49,22 +55,28 @@ class HpZ:
         self.k, self.j = k, world.rank - start
         self.group = SubComm(world, list(range(start, start + k)))    # k consecutive ranks: one node
         self.secondary: dict[int, torch.Tensor] = {}
+        self.comm = engine.comm
         # the world collectives go topology-aware too ("auto" = hierarchical across nodes)
         engine.comm._ag = functools.partial(P.all_gather_single, algorithm="auto")
         engine.comm._rs = functools.partial(P.reduce_scatter_single, algorithm="auto")
 
     def gather(self, u, kind: str, full: torch.Tensor, tag: int) -> bool:
-        """Backward: fill `full` from the group's secondary shards. False = do the world all-gather."""
+        """Backward: fill `full` (what the forward all-gather received: the unit, or qwZ's bytes)
+        from the group's secondary shards. False = do the world all-gather."""
         sec = self.secondary.get(u.index)
         if kind != "backward" or sec is None:
             return False
-        P.all_gather_single(full, sec, group=self.group, algorithm="ring", tag=tag)
+        b = full.numel() * full.element_size()
+        self.comm.composed("param all-gather (backward, hpZ group)", "all_gather", b, (self.k - 1) * b // self.k,
+                           lambda: P.all_gather_single(full, sec, group=self.group, algorithm="ring", tag=tag),
+                           what=u.tag)
         return True
 
     def keep(self, u, full: torch.Tensor) -> None:
-        """After the world all-gather of a training forward: keep my 1/k slice (padded % N == 0)."""
+        """After the world all-gather of a training forward: keep my 1/k slice of what it received
+        (N equal pieces, one per rank, and k divides N: the slice is N/k whole pieces)."""
         if torch.is_grad_enabled():
-            ps = u.padded // self.k
+            ps = full.numel() // self.k
             self.secondary[u.index] = full[self.j * ps:(self.j + 1) * ps].clone()
 
     def release(self, u) -> None:

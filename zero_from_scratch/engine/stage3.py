@@ -7,6 +7,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   persistence                 units of ≤ stage3_param_persistence_threshold elements are gathered
                               once per optimizer step and kept
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
+  qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 all-to-all
+                              gradient reduction (ZeRO++; bytes in ledger.py)
   saved weights               SavedByReference (saved.py): autograd keeps (unit, view) instead of
                               the gathered buffer, so releasing after forward frees it
   divergence                  DivergenceCheck (divergence.py): every collective carries (kind,
@@ -22,7 +24,7 @@ import warnings
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import hpz
+from zero_from_scratch.engine import hpz, qgz, qwz
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
@@ -44,6 +46,7 @@ class ZeroStage3(Stage3):
         self.pinned: dict[int, int] = {}                  # unit -> external users mid-forward (external.py)
         super().__init__(*engine_inputs(engine), engine.module)
         self.hpz = hpz.make(engine)                       # ZeRO++ hpZ, None when off
+        self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
@@ -92,6 +95,8 @@ class ZeroStage3(Stage3):
             self.tag = 0
 
     def _fetch(self, u, kind: str, full: torch.Tensor) -> None:
+        if self.qwz and kind in qwz.KINDS:                           # int8 on the wire (hpZ inside)
+            return self.qwz.fetch(u, kind, full)
         if self.hpz and self.hpz.gather(u, kind, full, self.tag):   # hpZ: backward stays in the node
             return
         super()._fetch(u, kind, full)
@@ -100,6 +105,8 @@ class ZeroStage3(Stage3):
 
     def _start_prefetch(self, u, kind: str):
         tag = self.check.count(kind, u, f"prefetch for {kind} of {u.tag!r}")
+        if self.qwz:
+            return self.qwz.start(u, kind, tag)
         full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
         h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
                                         async_op=True, what=u.tag)
@@ -160,6 +167,12 @@ class ZeroStage3(Stage3):
             self.tag = 0
         if self.hpz:
             self.hpz.release(u)
+
+    def _sum_into_block(self, b: torch.Tensor, u, then=None) -> None:
+        if self.qgz is None:
+            return super()._sum_into_block(b, u, then)
+        self.qgz.reduce(b, u)                                        # synchronous (qgz.py)
+        self._launch(None, then)
 
     def after_backward(self, boundary: bool) -> None:
         try:

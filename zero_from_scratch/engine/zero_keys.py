@@ -137,9 +137,11 @@ ZERO_STATUS = {
     "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here)",
     "legacy_stage1": W + SAME + "use the old stage-1 implementation",
     "parameter_alignment": W + SAME + "pad each partition to this many elements",
-    "zero_quantized_weights": R + NOT + "all-gather int8-quantized weights (ZeRO++ qwZ)",
+    "zero_quantized_weights": H + "stage 3: ZeRO++ qwZ, weights all-gathered as block-wise int8 (qwz.py); "
+                              "warned at other stages (zeropp.py)",
     "zero_quantized_nontrainable_weights": R + NOT + "keep frozen weights int8-quantized",
-    "zero_quantized_gradients": R + NOT + "reduce int4-quantized gradients (ZeRO++ qgZ)",
+    "zero_quantized_gradients": H + "stage 3: ZeRO++ qgZ, gradients reduced by int4 all-to-alls, intra- then "
+                                "inter-node (qgz.py); warned at other stages (zeropp.py)",
     "memory_efficient_linear": W + SAME + "use a linear layer that saves less for backward under zero.Init",
     "pipeline_loading_checkpoint": W + SAME + "load checkpoints for the pipeline engine at stage 3",
     "override_module_apply": W + SAME + "gather parameters around module.apply",

@@ -1,0 +1,162 @@
+"""ZeRO++ qwZ and qgZ against plain ZeRO-3: the bytes each rank sent per optimizer step (the
+ledger, per collective, next to its formula) and the training loss, on the same data.
+
+    python benchmarks/zeropp.py                                  # an MLP (Ψ = 76,810), 2 ranks, 30 steps: ~15 s
+    python benchmarks/zeropp.py --model classification --json zeropp_cls.json   # DistilBERT (MiniLM), slow
+    python benchmarks/zeropp.py --world 4 --local-size 2         # 2 "nodes" × 2: hierarchical qgZ, + hpZ
+
+Runs, each in fresh spawned gloo ranks (primitives transport), identical seeds and batches:
+ZeRO-3, qwZ, qgZ, qwZ + qgZ (and qwZ + qgZ + hpZ with --local-size). Every unit is gathered in
+forward and again in backward (stage3_param_persistence_threshold 0, stage3_max_reuse_distance
+0), so per micro-batch ZeRO-3 sends 3(N-1)/N·4P bytes in fp32 and qwZ + qgZ
+(N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/256⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.22×.
+The loss column is the mean over ranks of the last 5 steps (one step's loss is one micro-batch's);
+"inter-node" counts the bytes ALL ranks sent across a node boundary in step 1 (all purposes, the
+primitives ledger's link classes; 0 on one node): in a flat ring only the node-boundary ranks
+send them.
+Machine: 2 shared cores, so the seconds are indicative only; bytes and losses are exact.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn as nn
+from rich.table import Table
+
+import zero_from_scratch
+from primitives.engine.launch import spawn
+from primitives.engine.ledger import LEDGER
+from primitives.engine.log import console
+
+BASE = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}
+RUNS = {"ZeRO-3": {}, "qwZ": {"zero_quantized_weights": True}, "qgZ": {"zero_quantized_gradients": True},
+        "qwZ + qgZ": {"zero_quantized_weights": True, "zero_quantized_gradients": True}}
+HPZ = ("qwZ + qgZ + hpZ", {"zero_quantized_weights": True, "zero_quantized_gradients": True})
+NOT_DATA = ("grad-norm all-reduce", "divergence check", "monitor loss all-reduce")
+
+
+def _mlp_task(rank, world, micro):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+    teacher = nn.Linear(32, 10)
+    nn.init.normal_(teacher.weight, std=0.5, generator=torch.Generator().manual_seed(7))
+
+    def batch(step):
+        x = torch.randn(micro, 32, generator=torch.Generator().manual_seed(1000 * (step % 16) + rank))
+        return (x,), teacher(x).argmax(1).detach()
+
+    def loss_of(engine, inputs, y):
+        return nn.functional.cross_entropy(engine(*inputs), y)
+    return model, batch, loss_of, 3e-3
+
+
+def _classification_task(rank, world, micro):
+    from classification import data as D   # optional dependency (transformers): only this model needs it
+    from classification.batches import collate, tokenize   # idem
+    from classification.model import load_model           # idem
+    torch.manual_seed(0)
+    model, tok, _ = load_model(num_labels=2, dropout=0.0)  # no dropout: the runs differ by quantisation only
+    train = D.load().train
+    ids = tokenize(tok, train.texts, 64)
+
+    def batch(step):
+        idx = [(step * world + rank) * micro + i for i in range(micro)]
+        b = collate(ids, train.labels, idx, tok.pad_token_id)
+        return (), b
+
+    def loss_of(engine, inputs, b):
+        return engine(**b).loss
+    return model, batch, loss_of, 2e-5
+
+
+TASKS = {"mlp": _mlp_task, "classification": _classification_task}
+
+
+def _run(rank, world, task, zpp, steps, micro, local_size):
+    if local_size:
+        os.environ["RINGZERO_LOCAL_SIZE"] = str(local_size)
+    model, batch, loss_of, lr = TASKS[task](rank, world, micro)
+    cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_clipping": 1.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": lr}}, "zero_optimization": {**BASE, **zpp}}
+    engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    losses, rep, t0 = [], None, 0.0
+    for step in range(steps):
+        if step == 1:
+            t0 = time.perf_counter()
+        if step == 0:
+            LEDGER.reset()
+        inputs, y = batch(step)
+        loss = loss_of(engine, inputs, y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+        if step == 0:
+            rep = engine.comm_report(print_table=False)
+            inter = LEDGER.links["inter"].bytes_sent if "inter" in LEDGER.links else 0
+    rows = {r["purpose"]: {"sent": r["sent"], "formula": r["ring_formula"]} for r in rep["rows"]
+            if r["purpose"] not in NOT_DATA}
+    return {"losses": losses, "rows": rows, "data_sent": rep["data_sent"], "psi": engine.layout.numel, "inter": inter,
+            "s_per_step": (time.perf_counter() - t0) / max(1, steps - 1)}
+
+
+def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None) -> dict:
+    """{run name: {"losses": mean over ranks per step, "rows", "data_sent", "psi", "s_per_step"}: rank 0's
+    bytes; "inter": all ranks' inter-node bytes}."""
+    runs = dict(runs or RUNS)
+    if local_size:
+        runs[HPZ[0]] = {**HPZ[1], "zero_hpz_partition_size": local_size}
+    out = {}
+    for name, zpp in runs.items():
+        res = spawn(_run, world, args=(task, zpp, steps, micro, local_size), timeout=3600.0)
+        r0 = res[0]
+        r0["losses"] = [sum(r["losses"][i] for r in res) / world for i in range(steps)]
+        r0["inter"] = sum(r["inter"] for r in res)
+        out[name] = r0
+    return out
+
+
+def table(results: dict, title: str) -> Table:
+    base = results["ZeRO-3"]
+    t = Table(title=title)
+    for c in ("run", "collective (purpose)", "measured", "formula", "data / ZeRO-3", "inter-node", "loss, last 5",
+              "Δ loss", "s/step"):
+        t.add_column(c, justify="right")
+    ref = sum(base["losses"][-5:]) / 5
+    for name, r in results.items():
+        loss = sum(r["losses"][-5:]) / 5
+        first = True
+        for purpose, row in r["rows"].items():
+            t.add_row(name if first else "", purpose, f"{row['sent']:,}", f"{row['formula']:,}", "", "", "", "", "")
+            first = False
+        t.add_row("", "data total", f"{r['data_sent']:,}", "", f"{r['data_sent'] / base['data_sent']:.3f}",
+                  f"{r['inter']:,}", f"{loss:.4f}", f"{100 * (loss - ref) / ref:+.2f} %", f"{r['s_per_step']:.2f}", end_section=True)
+    return t
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=sorted(TASKS), default="mlp")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--micro", type=int, default=8, help="micro-batch per rank")
+    ap.add_argument("--local-size", type=int, default=0, help="pretend nodes of this many ranks (+ an hpZ run)")
+    ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
+    ap.add_argument("--json", default=None, help="also write the results here (figures/ch11_zeropp.py reads it)")
+    a = ap.parse_args(argv)
+    runs = {k: v for k, v in RUNS.items() if k == "ZeRO-3" or not a.only or k in a.only.split(",")}
+    res = compare(a.model, a.steps, a.world, a.micro, a.local_size, runs)
+    psi = next(iter(res.values()))["psi"]
+    console.print(table(res, f"ZeRO++ bytes sent per optimizer step by rank 0 and loss after {a.steps} steps "
+                             f"({a.model}, Ψ={psi:,}, N={a.world}, fp32)"))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": a.model, "world": a.world, "steps": a.steps, "results": res}, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()
