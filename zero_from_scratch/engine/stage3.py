@@ -13,6 +13,7 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
                               unit, call#); ranks that ran different modules raise
                               ZeroDivergenceError naming them, instead of hanging
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
+  zero.Init                   a model built under Init (zero_init.py) is adopted shard by shard
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceE
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
 from zero_from_scratch.engine.stages import engine_inputs, labelled, make_pool
+from zero_from_scratch.engine.zero_partition import make_param_storage
 from zero_from_scratch.stage3 import Stage3
 
 
@@ -59,6 +61,9 @@ class ZeroStage3(Stage3):
         numbered after it; both can be gathered, traced, kept and released."""
         units = self.e.layout.units
         return units[i] if i < len(units) else self.e.frozen.units[i - len(units)]
+
+    def _make_param_storage(self) -> None:
+        make_param_storage(self)          # the textbook's, plus shards built by zero.Init (zero_partition.py)
 
     def _new_bucket(self, u) -> torch.Tensor:
         return self.pool.take(u)
