@@ -116,3 +116,103 @@ def test_initialize_adopts_init_model_and_trains_like_plain(spawn):
     for r in range(2):                                         # the edit was seen by rank 1 too
         assert runs[True, True][r][0][:2] == runs[True, False][r][0][:2]
         assert runs[True, True][r][0][2] != runs[True, False][r][0][2]
+
+
+# ---------------------------------------------------------------------- transformers
+def fake_deepspeed():
+    """`import deepspeed` answered by a minimal module exposing our Init / GatheredParameters: the
+    names transformers' ZeRO-3 paths use (zero.Init, zero.GatheredParameters, comm.get_rank,
+    accelerator.get_accelerator, partition_parameters' arange hooks for prevent_arange_dtype_change)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    import torch.distributed as dist
+
+    from zero_from_scratch.engine import zero_init
+
+    def mod(name, **kw):
+        m = types.ModuleType(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        m.__dict__.update(kw)
+        sys.modules[name] = m
+        return m
+
+    class Accelerator:
+        def current_device_name(self):
+            return "cpu"
+
+    ds = mod("deepspeed", __version__="0.19.8")
+    ds.zero = mod("deepspeed.zero", Init=zero_init.Init, GatheredParameters=zero_init.GatheredParameters,
+                  register_external_parameter=zero_init.register_external_parameter)
+    ds.comm = mod("deepspeed.comm", get_rank=dist.get_rank, get_world_size=dist.get_world_size)
+    ds.accelerator = mod("deepspeed.accelerator", get_accelerator=Accelerator)
+    ds.runtime = mod("deepspeed.runtime")
+    ds.runtime.zero = mod("deepspeed.runtime.zero")
+    ds.runtime.zero.partition_parameters = mod("deepspeed.runtime.zero.partition_parameters",
+                                               _orig_torch_arange=torch.arange,
+                                               zero_wrapper_for_fp_tensor_constructor=lambda fn, *a, **k: fn)
+
+
+def tiny_llama_config():
+    import transformers as T
+    return T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+
+
+def _differ(ref, model) -> list:
+    full = _full(model)
+    return [n for n, p in ref.named_parameters() if not torch.equal(full[n], p)]
+
+
+def _llama_steps(model, rank) -> list:
+    engine, *_ = zero_from_scratch.initialize(model=model, config=CFG)
+    losses = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        ids = torch.randint(1, 64, (2, 8), generator=g)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _hf(rank, world, ckpt):
+    import transformers as T
+    from transformers import initialization
+    from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
+    out = {}
+    # 1. our Init around the constructor: post_init's _init_weights runs on gathered weights
+    plain, built = build(False, lambda: T.LlamaForCausalLM(tiny_llama_config())), \
+        build(True, lambda: T.LlamaForCausalLM(tiny_llama_config()))
+    out["construct"] = _differ(plain, built)
+    out["train"] = (_llama_steps(plain, rank), _llama_steps(built, rank))
+    # 2. transformers' own ZeRO-3 paths, `import deepspeed` answered by our module
+    fake_deepspeed()
+    ref = T.LlamaForCausalLM.from_pretrained(ckpt)
+    torch.manual_seed(0)
+    with initialization.no_init_weights():       # transformers' ZeRO-3 recipe, in one process:
+        recipe = T.LlamaForCausalLM(tiny_llama_config())
+    recipe.initialize_weights()                  # no init while building, then post-order init
+    keep = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    assert is_deepspeed_zero3_enabled()
+    loaded = T.LlamaForCausalLM.from_pretrained(ckpt)
+    out["pretrained_empty"] = all(p.numel() == 0 for p in loaded.parameters())
+    out["pretrained"] = _differ(ref, loaded)
+    torch.manual_seed(0)
+    out["from_config"] = _differ(recipe, T.LlamaForCausalLM._from_config(tiny_llama_config()))
+    del keep
+    return out
+
+
+def test_transformers_llama_under_init_and_from_pretrained(spawn, tmp_path):
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    T.LlamaForCausalLM(tiny_llama_config()).save_pretrained(tmp_path)
+    for out in spawn(_hf, 2, args=(str(tmp_path),), timeout=400):
+        assert out["construct"] == [], out["construct"]
+        plain, built = out["train"]
+        assert plain == built                                  # exact
+        assert out["pretrained_empty"] and out["pretrained"] == [], out["pretrained"]
+        assert out["from_config"] == [], out["from_config"]
