@@ -216,3 +216,18 @@ def test_transformers_llama_under_init_and_from_pretrained(spawn, tmp_path):
         assert plain == built                                  # exact
         assert out["pretrained_empty"] and out["pretrained"] == [], out["pretrained"]
         assert out["from_config"] == [], out["from_config"]
+
+
+def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
+    """VmHWM above the RSS before construction (benchmarks/zero_init_memory.py, glibc's mmap threshold
+    fixed so frees reach the OS): M = 4Ψ = 32 MiB, one module L = 4 MiB, N = 2. Slack 4 MiB covers
+    the allocator and gloo's first buffers (measured: 1.5-2 MiB)."""
+    from benchmarks.zero_init_memory import peak
+    mib, layers, dim = 2 ** 20, 8, 1024
+    m, big = 4 * layers * dim ** 2, 4 * dim ** 2
+    plain = max(spawn(peak, 2, args=(False, False, layers, dim)))
+    init = max(spawn(peak, 2, args=(True, False, layers, dim)))
+    adopted = max(spawn(peak, 2, args=(True, True, layers, dim)))
+    assert plain >= 0.95 * m, plain / mib
+    assert init <= m / 2 + big + 4 * mib, init / mib
+    assert adopted <= 4 * m / 2 + big + 4 * mib, adopted / mib    # the engine's 16Ψ/N + one unit, never + M

@@ -95,9 +95,11 @@ def partition(p: torch.nn.Parameter, group=None, src: int = 0, dtype=None) -> No
         out.copy_(full.reshape(-1))
     else:
         chunks = None
-        if rank == src:
-            flat = torch.zeros(shard * n, dtype=full.dtype, device=full.device)
-            flat[:numel].copy_(full.reshape(-1))
+        if rank == src:                      # a padded copy only when N does not divide numel
+            flat = full.reshape(-1)
+            if shard * n != numel or not flat.is_contiguous():
+                flat = torch.zeros(shard * n, dtype=full.dtype, device=full.device)
+                flat[:numel].copy_(full.reshape(-1))
             chunks = list(flat.chunk(n))
         dist.scatter(out, chunks, src=_global(group, src), group=group)
     out.ds_numel = shard
@@ -170,8 +172,10 @@ def make_param_storage(st) -> None:
         lo, hi = u.shard_range(st.rank)
         st.param_shard(u).copy_(full[lo:hi])
         del full
-    for p in st.params.values():
-        p.data = torch.empty(0, dtype=st.dtype, device=st.dev)
+        for s in u.slots:                # this unit's full tensors and Init shards go now, not at the end
+            st.params[s.name].data = torch.empty(0, dtype=st.dtype, device=st.dev)
+            if held_by_init(st.params[s.name]):
+                st.params[s.name].ds_tensor = None
     adopt(st.e, st.layout.units, st.params, st.param_shard, st.rank)
 
 
