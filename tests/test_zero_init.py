@@ -231,3 +231,106 @@ def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
     assert plain >= 0.95 * m, plain / mib
     assert init <= m / 2 + big + 4 * mib, init / mib
     assert adopted <= 4 * m / 2 + big + 4 * mib, adopted / mib    # the engine's 16Ψ/N + one unit, never + M
+
+
+# ---------------------------------------------------------------------- DeepSpeed's own unit tests
+class ConvX(nn.Conv1d):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.param_in = nn.Parameter(torch.FloatTensor(5).uniform_())
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = ConvX(1, 3, 4)
+        self.param = nn.Parameter(torch.FloatTensor(5).uniform_())
+
+
+class GrandPa(nn.Module):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.param_grandpa = nn.Parameter(torch.ones(5))
+        self.param_grandpa.data = (self.param_grandpa.data + 1).data
+
+
+class Pa(GrandPa):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.param_pa = nn.Parameter(torch.ones(5))
+        self.param_pa.data = (self.param_pa.data + 1).data
+        self.param_grandpa.data = (self.param_grandpa.data + 1).data
+
+
+class Son(Pa):
+    def __init__(self):
+        super().__init__()
+        self.param = nn.Parameter(torch.ones(5))
+        self.param.data = (self.param.data + 1).data
+        self.param_pa.data = (self.param_pa.data + 1).data
+        self.param_grandpa.data = (self.param_grandpa.data + 1).data
+
+
+def _deepspeed_bodies(rank, world):
+    """Bodies of DeepSpeed's tests/unit/runtime/zero/test_zero_context*.py and test_zero_nesting_init.py
+    (their DistributedTest harness replaced by spawn), deepspeed.zero → ours."""
+    NA, AV = ZeroParamStatus.NOT_AVAILABLE, ZeroParamStatus.AVAILABLE
+    ds_config = {"train_batch_size": 2, "zero_optimization": {"stage": 3}}
+    # TestZeroGatheredParametersFree
+    with Init(config_dict_or_path=ds_config):
+        m = nn.Sequential(nn.Linear(10, 10))
+    with GatheredParameters(list(m.parameters())):
+        assert m[0].weight.numel() != 0
+    assert m[0].weight.numel() == 0
+    # TestSerialContext.test_subclass_param
+    with Init(config_dict_or_path=ds_config):
+        net = ConvNet()
+    assert net.param.ds_status == NA and net.conv1.param_in.ds_status == NA
+    # TestScatterGather
+    with Init(config_dict_or_path=ds_config):
+        lin = nn.Linear(6, 3)
+    assert lin.weight.ds_status == NA and lin.weight.shape == torch.Size([0])
+    l2 = nn.Linear(6, 3)                                  # no effect outside the context
+    assert not hasattr(l2.weight, "ds_status") and l2.weight.numel() == 18
+    with GatheredParameters(lin.weight):
+        assert lin.weight.ds_status == AV and lin.weight.numel() == 18
+    # TestGatherUpdate
+    with Init(config_dict_or_path=ds_config):
+        lin = nn.Linear(4, 2)
+    with GatheredParameters(lin.weight, modifier_rank=1):
+        assert lin.weight.ds_status == AV
+        if rank == 1:
+            with torch.no_grad():
+                lin.weight.zero_()
+    with GatheredParameters(lin.weight):
+        assert torch.equal(lin.weight, torch.zeros_like(lin.weight))
+    # test_zero_context_ancestry: edits inside each __init__ of a class chain need no gathering
+    with Init(config_dict_or_path=ds_config):
+        son = Son()
+    assert all(p.ds_status == NA for p in son.parameters())
+    with GatheredParameters(list(son.parameters(recurse=False))):
+        ones = torch.ones(5)
+        assert torch.equal(son.param, ones + 1) and torch.equal(son.param_pa, ones + 2)
+        assert torch.equal(son.param_grandpa, ones + 3)
+    # TestNestingInit / TestShutdownInNestingInit: nested contexts, initialize() inside one
+    with Init(config_dict_or_path=ds_config):
+        with Init(config_dict_or_path=ds_config):
+            m1 = nn.Linear(4, 4)
+        assert hasattr(m1.weight, "ds_id")
+        e1, *_ = zero_from_scratch.initialize(model=m1, config=CFG)
+        with Init(config_dict_or_path=ds_config):
+            m2 = nn.Linear(4, 4)
+    assert hasattr(m2.weight, "ds_id")
+    e2, *_ = zero_from_scratch.initialize(model=m2, config=CFG)
+    # GatheredParameters on engine parameters: status follows, edits reach every rank
+    with GatheredParameters(m2.weight, modifier_rank=0):
+        assert m2.weight.ds_status == AV and m2.weight.shape == (4, 4)
+        if rank == 0:
+            m2.weight.data.fill_(1.5)
+    assert m2.weight.ds_status == NA
+    with GatheredParameters(m2.weight):
+        return m2.weight.sum().item()
+
+
+def test_deepspeed_unit_test_bodies(spawn):
+    assert spawn(_deepspeed_bodies, 2) == [24.0, 24.0]

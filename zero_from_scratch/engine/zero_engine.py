@@ -61,6 +61,8 @@ _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
 class ZeroEngine(nn.Module):
+    _zero_init_paused = True   # built inside zero.Init: its tensor work is not construction (zero_init.py)
+
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
                  mpu=None):
         super().__init__()

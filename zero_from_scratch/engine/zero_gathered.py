@@ -45,12 +45,15 @@ class GatheredParameters:
     def __enter__(self):
         if not self.enabled:
             return None
-        self.mine = [p for p in self.params if zp.held_by_init(p) and p.ds_status is not ZeroParamStatus.AVAILABLE]
+        held = [p for p in self.params if zp.held_by_init(p)]
+        self.mine = [p for p in held if p.ds_status is not ZeroParamStatus.AVAILABLE]
+        self.outer = [p for p in held if p.ds_status is ZeroParamStatus.AVAILABLE]   # an enclosing block's
         engines: dict = {}
         for p in self.params:
             e = zp.engine_of(p)
             if e is not None:
                 engines.setdefault(id(e), (e, []))[1].append(p)
+        self.adopted = [p for _, ps in engines.values() for p in ps]
         self.stack = contextlib.ExitStack()
         STATE.busy += 1
         try:
@@ -58,6 +61,7 @@ class GatheredParameters:
                 zp.fetch(p)
             for e, ps in engines.values():
                 self.stack.enter_context(e.gathered_parameters(ps, self.modifier_rank))
+            _status(self.adopted)
         finally:
             STATE.busy -= 1
         return None
@@ -68,11 +72,22 @@ class GatheredParameters:
         STATE.busy += 1
         try:
             self.stack.close()
+            _status(self.adopted)
             for p in self.mine:
                 if self.modifier_rank is None:
                     zp.release(p)
                 else:
                     zp.partition(p, p.ds_process_group, self.modifier_rank)
+            if self.modifier_rank is not None:
+                for p in self.outer:        # the edit reaches the shards now; the enclosing block still reads it
+                    zp.partition(p, p.ds_process_group, self.modifier_rank)
+                    zp.fetch(p)
         finally:
             STATE.busy -= 1
         return False
+
+
+def _status(params) -> None:
+    """ds_status of engine-adopted parameters: AVAILABLE while the engine holds them full."""
+    for p in params:
+        p.ds_status = ZeroParamStatus.AVAILABLE if p.data.numel() == p.ds_numel else ZeroParamStatus.NOT_AVAILABLE

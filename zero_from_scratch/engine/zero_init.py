@@ -213,6 +213,12 @@ class Init:
 def _wrapped(init):
     def __init__(module, *args, **kwargs):
         top = STATE.top
+        if getattr(type(module), "_zero_init_paused", False):   # initialize() inside Init: not construction
+            STATE.busy += 1
+            try:
+                return init(module, *args, **kwargs)
+            finally:
+                STATE.busy -= 1
         outer = top is not None and id(module) not in top.entered
         if outer:
             top.entered.add(id(module))
