@@ -1,22 +1,23 @@
 """zero.Init vs building the whole model: peak memory per rank while constructing and adopting it.
 
     python benchmarks/zero_init_memory.py                     # 16 × Linear(2048, 2048), Ψ ≈ 67 M, 2 ranks, ~1 min
-    python benchmarks/zero_init_memory.py --layers 8 --dim 1024 --world 2     # ~10 s
+    python benchmarks/zero_init_memory.py --layers 8 --dim 1024 --world 2     # ~10 s (2 idle cores)
 
-Each row runs in a fresh group of ranks (primitives spawn, gloo); each rank fixes glibc's mmap
-threshold at 64 KiB (mallopt), so a freed tensor leaves RSS at once, resets its peak
-(/proc/self/clear_refs "5") just before the model is built and reports VmHWM minus the RSS at that
+The rows run one after the other in the same ranks (primitives spawn, gloo); each rank fixes
+glibc's mmap threshold at 64 KiB (mallopt), so a freed tensor leaves RSS at once, resets its peak
+(/proc/self/clear_refs "5") just before each model is built and reports VmHWM minus the RSS at that
 moment. Expected, fp32, model bytes M = 4Ψ, largest module L = 4·dim²:
   plain                      M                  (every rank builds the whole model)
   Init                       M/N + L            (a module is whole only until its __init__ returns)
   + initialize(ZeRO-3)       the engine's state, 16Ψ/N = 4M/N (parameter and gradient shards, Adam
                              m and v), + L while a unit is built; Init's shards are freed unit by unit
-Measured here (8 × Linear(1024, 1024), N = 2): plain 33.4 MiB, Init 21.9 (M/N + L = 20), plain +
-initialize 73.0, Init + initialize 68.7; N = 4: plain 33.2, Init 13.6 (12), plain + initialize 76.5
-(initialize's rank-0 broadcast concatenates the whole model once more), Init + initialize 37.5 (36). At N = 2 with Adam on the rank the engine's
-own 4M/N is 2M, so what Init saves (M·(N-1)/N, at construction) barely shows after initialize; it
-decides whether the model can be built at all when M exceeds one rank's memory, and stays the
-whole saving once the optimizer state is offloaded or N is large.
+Measured here (8 × Linear(1024, 1024), N = 2): plain 33.2 MiB, Init 20.7 (M/N + L = 20), plain +
+initialize 71.5, Init + initialize 64.6; N = 4: plain 33.2, Init 12.7 (12), plain + initialize 75.4
+(initialize's rank-0 broadcast concatenates the whole model once more), Init + initialize 32.8 (36).
+At N = 2 with Adam on the rank the engine's own 4M/N is 2M, so what Init saves (M·(N-1)/N, at
+construction) shows less after initialize; it decides whether the model can be built at all when M
+exceeds one rank's memory, and stays the whole saving once the optimizer state is offloaded or N
+is large.
 """
 from __future__ import annotations
 
@@ -63,9 +64,18 @@ def peak(rank, world, init: bool, engine: bool, layers: int, dim: int) -> int:
     return _rss("VmHWM") - base
 
 
+ROWS = [(False, False), (True, False), (False, True), (True, True)]
+
+
+def peaks(rank, world, layers: int, dim: int) -> list:
+    """Every row in one process, one after the other: the model and engine of a row are gone
+    (their frees reach the OS) before the next row resets the peak."""
+    return [peak(rank, world, init, eng, layers, dim) for init, eng in ROWS]
+
+
 def measure(world: int, layers: int, dim: int) -> dict:
-    return {(init, eng): max(spawn(peak, world, args=(init, eng, layers, dim), timeout=300))
-            for eng in (False, True) for init in (False, True)}
+    per_rank = spawn(peaks, world, args=(layers, dim), timeout=300)
+    return {row: max(r[i] for r in per_rank) for i, row in enumerate(ROWS)}
 
 
 def main() -> None:
