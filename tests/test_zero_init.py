@@ -94,32 +94,49 @@ def test_gathered_parameters_modifier_rank_on_init_params(spawn):
         assert torch.equal(w, torch.full((16, 8), 0.5)) and torch.equal(b, torch.full((3,), 2.0))
 
 
-def _train(rank, world, init: bool, edit: bool):
-    model = build(init)
-    engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=CFG)
-    losses = []
-    for step in range(4):
-        if edit and step == 2:                                 # rank 0 writes, every shard follows
-            with GatheredParameters(model.a.weight, modifier_rank=0):
-                if rank == 0:
-                    model.a.weight.data.mul_(0.5)
-        g = torch.Generator().manual_seed(10 * step + rank)
-        loss = engine(torch.randint(0, 10, (2, 5), generator=g)).pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    return losses, {n: v.tolist() for n, v in _full(model).items()}
+def mlp():
+    return nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _train(rank, world, variant: str):
+    """(plain, Init) runs of one variant in this process: fp32; an edit through GatheredParameters
+    at step 2; bf16 (Init's dtype from the config); a frozen weight (frozen.py adopts it)."""
+    cfg = {**CFG, "bf16": {"enabled": True}} if variant == "bf16" else CFG
+    out = []
+    for init in (False, True):
+        torch.manual_seed(0)
+        with Init(config_dict_or_path=cfg, enabled=init):
+            model = mlp() if variant == "bf16" else Net()
+        if variant == "frozen":
+            model.a.weight.requires_grad_(False)
+        engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
+        losses = []
+        for step in range(4):
+            if variant == "edit" and step == 2:                # rank 0 writes, every shard follows
+                with GatheredParameters(model.a.weight, modifier_rank=0):
+                    if rank == 0:
+                        model.a.weight.data.mul_(0.5)
+            g = torch.Generator().manual_seed(10 * step + rank)
+            x = torch.randn(2, 5, generator=g).bfloat16() if variant == "bf16" else torch.randint(0, 10, (2, 5), generator=g)
+            loss = engine(x).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        out.append((losses, {n: v.float().tolist() for n, v in _full(model).items()}))
+    return out
 
 
 def test_initialize_adopts_init_model_and_trains_like_plain(spawn):
-    runs = {(init, edit): spawn(_train, 2, args=(init, edit)) for init in (False, True) for edit in (False, True)}
-    for edit in (False, True):
-        for (lp, fp), (li, fi) in zip(runs[False, edit], runs[True, edit]):
-            assert lp == li                                    # exact: same shards, same collectives
-            assert fp == fi
+    runs = {v: spawn(_train, 2, args=(v,)) for v in ("fp32", "edit", "bf16", "frozen")}
+    for v, per_rank in runs.items():
+        for (lp, fp), (li, fi) in per_rank:
+            assert lp == li, v                                 # exact: same shards, same collectives
+            assert fp == fi, v
     for r in range(2):                                         # the edit was seen by rank 1 too
-        assert runs[True, True][r][0][:2] == runs[True, False][r][0][:2]
-        assert runs[True, True][r][0][2] != runs[True, False][r][0][2]
+        assert runs["edit"][r][1][0][:2] == runs["fp32"][r][1][0][:2]
+        assert runs["edit"][r][1][0][2] != runs["fp32"][r][1][0][2]
+    start = build(False).a.weight.tolist()
+    assert runs["frozen"][0][1][1]["a.weight"] == start != runs["fp32"][0][1][1]["a.weight"]   # frozen: untouched
 
 
 def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
@@ -349,6 +366,11 @@ def _deepspeed_bodies(rank, world):
         with Init(config_dict_or_path=ds_config):
             m2 = nn.Linear(4, 4)
     assert hasattr(m2.weight, "ds_id")
+    try:                                                  # Init's shards need ZeRO-3
+        zero_from_scratch.initialize(model=m2, config={**CFG, "zero_optimization": {"stage": 2}})
+        raise AssertionError("stage 2 accepted a model built under Init")
+    except ValueError as e:
+        assert "stage=2" in str(e) and f"rank {rank}" in str(e)
     e2, *_ = zero_from_scratch.initialize(model=m2, config=CFG)
     # GatheredParameters on engine parameters: status follows, edits reach every rank
     with GatheredParameters(m2.weight, modifier_rank=0):
@@ -358,6 +380,21 @@ def _deepspeed_bodies(rank, world):
     assert m2.weight.ds_status == NA
     with GatheredParameters(m2.weight):
         return m2.weight.sum().item()
+
+
+def test_single_process_without_torch_distributed_and_classes_restored():
+    """No process group: one rank holds every shard. On exit every wrapped __init__ is the original."""
+    before = (nn.Linear.__init__, Net.__init__, nn.Module.__dict__.get("__init_subclass__"))
+    m = build(True)
+    assert all(p.numel() == 0 and p.ds_tensor.numel() == p.ds_numel for p in m.parameters())
+    assert (nn.Linear.__init__, Net.__init__, nn.Module.__dict__.get("__init_subclass__")) == before
+    full, ref = _full(m), build(False)
+    assert all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+    lin = nn.Linear(3, 3)
+    Init(module=lin)                          # DeepSpeed's module=: partition a model already built
+    assert lin.weight.numel() == 0 and lin.weight.ds_shape == (3, 3)
+    with pytest.raises(NotImplementedError, match="remote_device='nvme'"):
+        Init(remote_device="nvme")
 
 
 def test_deepspeed_unit_test_bodies(spawn):

@@ -45,6 +45,14 @@ from zero_from_scratch.engine.zero_partition import STATE, ZeroParamStatus, is_z
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus"]
 
+# deepspeed.runtime.zero.partition_parameters' names that transformers' prevent_arange_dtype_change
+# swaps around Init: this Init wraps no tensor constructor, so the factory returns fn unchanged.
+_orig_torch_arange = torch.arange
+
+
+def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_device=None):
+    return fn
+
 # metadata reads that must not gather a partitioned parameter
 _SAFE = {"dtype", "device", "requires_grad", "grad", "is_leaf", "grad_fn", "_grad_fn", "layout", "names",
          "is_cuda", "is_meta", "is_sparse", "is_quantized", "is_nested", "requires_grad_", "is_floating_point",
