@@ -193,7 +193,7 @@ class Init:
         try:
             self.flush()
             for p in module.parameters(recurse=False):
-                if not is_zero_param(p):
+                if not is_zero_param(p) and not p.is_meta:   # meta (skip_init): nothing to scatter yet
                     zp.partition(p, self.group, 0, self.dtype)
                     p._zero_owner = id(module)
                     if self.pin:
