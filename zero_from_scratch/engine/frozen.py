@@ -82,7 +82,7 @@ class FrozenParams:
         for n, p in self.named:
             st.params[n] = p
             p.data = torch.empty(0, dtype=e.dtype)
-        zp.adopt(e, self.units, st.params, st.param_shard, c.rank)
+        zp.adopt(e, self.units, st.params)
         unit_of = {id(dict(self.named)[s.name]): u for u in self.units for s in u.slots}
         for name, m in e.module.named_modules():
             us = sorted({unit_of[id(p)].index for p in m.parameters(recurse=False) if id(p) in unit_of})

@@ -16,9 +16,9 @@ Adoption by the engine (`make_param_storage`, ZeRO-3's storage): the engine's un
 modules, Init's shards are per parameter, so the two layouts do not line up; each unit is built
 by gathering its parameters one at a time, keeping this rank's block and dropping the rest.
 Peak: the largest unit plus its largest parameter, never the model; cost (N-1)/N·Ψ once, and no
-broadcast (Init already made every rank agree). After adoption Init's shards are freed; the
-parameter's `ds_tensor` becomes a view of the engine's shard (the part of this parameter this
-rank owns under the engine's layout, possibly empty) and GatheredParameters goes through the engine.
+broadcast (Init already made every rank agree). After adoption Init's shards are freed, the
+parameter has no `ds_tensor` (its elements live in the engine's unit shard) and GatheredParameters
+goes through the engine.
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ import weakref
 
 import torch
 import torch.distributed as dist
-
-from zero_from_scratch.sharding import split_range
 
 _IDS = itertools.count()        # ds_id: every rank creates parameters in the same order
 
@@ -176,14 +174,15 @@ def make_param_storage(st) -> None:
             st.params[s.name].data = torch.empty(0, dtype=st.dtype, device=st.dev)
             if held_by_init(st.params[s.name]):
                 st.params[s.name].ds_tensor = None
-    adopt(st.e, st.layout.units, st.params, st.param_shard, st.rank)
+    adopt(st.e, st.layout.units, st.params)
 
 
-def adopt(engine, units, params: dict, shard_of, rank: int) -> None:
-    """Mark `params` as the engine's: DeepSpeed's attributes on every one, Init's shards freed,
-    ds_tensor = the view of the engine's shard that holds this parameter's owned elements."""
+def adopt(engine, units, params: dict) -> None:
+    """Mark `params` as the engine's: DeepSpeed's ds_id / ds_shape / ds_numel / ds_status on every
+    one (peft and the HF Trainer read ds_shape / ds_numel), Init's shard dropped. No ds_tensor: the
+    shard is a block of the engine's module-wide unit (stage.param_shard), which offload may move;
+    a view here would pin it."""
     for u in units:
-        lo, hi = u.shard_range(rank)
         for s in u.slots:
             p = params[s.name]
             if not is_zero_param(p):
@@ -191,8 +190,5 @@ def adopt(engine, units, params: dict, shard_of, rank: int) -> None:
             p.ds_shape, p.ds_numel = torch.Size(s.shape), s.numel
             p.ds_status = ZeroParamStatus.NOT_AVAILABLE
             p.ds_process_group = getattr(engine.comm, "group", None)
-            r = split_range(lo, hi, s.offset, s.offset + s.numel)
-            view = shard_of(u)[r[0] - lo:r[1] - lo] if r else shard_of(u)[:0]
-            view.ds_numel = view.numel()
-            p.ds_tensor = view
+            p.__dict__.pop("ds_tensor", None)
             p._zero_engine = weakref.ref(engine)
