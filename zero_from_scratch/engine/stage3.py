@@ -7,13 +7,13 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   persistence                 units of ≤ stage3_param_persistence_threshold elements are gathered
                               once per optimizer step and kept
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
+  zero.Init                   a model built under Init (zero_init.py) is adopted shard by shard
   saved weights               SavedByReference (saved.py): autograd keeps (unit, view) instead of
                               the gathered buffer, so releasing after forward frees it
   divergence                  DivergenceCheck (divergence.py): every collective carries (kind,
                               unit, call#); ranks that ran different modules raise
                               ZeroDivergenceError naming them, instead of hanging
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
-  zero.Init                   a model built under Init (zero_init.py) is adopted shard by shard
 """
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ class ZeroStage3(Stage3):
     def kw(self, purpose: str, u=None) -> dict:
         return labelled(self, purpose, u, self.tag)
 
+    def _make_param_storage(self) -> None:
+        make_param_storage(self)          # the textbook's, plus shards built by zero.Init (zero_partition.py)
+
     @property
     def stats(self) -> dict:
         return self.pf.stats
@@ -61,9 +64,6 @@ class ZeroStage3(Stage3):
         numbered after it; both can be gathered, traced, kept and released."""
         units = self.e.layout.units
         return units[i] if i < len(units) else self.e.frozen.units[i - len(units)]
-
-    def _make_param_storage(self) -> None:
-        make_param_storage(self)          # the textbook's, plus shards built by zero.Init (zero_partition.py)
 
     def _new_bucket(self, u) -> torch.Tensor:
         return self.pool.take(u)
