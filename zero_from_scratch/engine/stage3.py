@@ -7,7 +7,6 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   persistence                 units of ≤ stage3_param_persistence_threshold elements are gathered
                               once per optimizer step and kept
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
-  zero.Init                   a model built under Init (zero_init.py) is adopted shard by shard
   saved weights               SavedByReference (saved.py): autograd keeps (unit, view) instead of
                               the gathered buffer, so releasing after forward frees it
   divergence                  DivergenceCheck (divergence.py): every collective carries (kind,

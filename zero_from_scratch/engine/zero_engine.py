@@ -61,8 +61,6 @@ _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
 class ZeroEngine(nn.Module):
-    _zero_init_paused = True   # built inside zero.Init: its tensor work is not construction (zero_init.py)
-
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
                  mpu=None):
         super().__init__()
@@ -226,6 +224,8 @@ class ZeroEngine(nn.Module):
 
     def _optimizer_step(self) -> None:
         optimizer_step(self)
+
+    _zero_init_paused = True   # built inside zero.Init: its tensor work is not construction (zero_init.py)
 
     # ------------------------------------------------------------------ reports and checkpoints
     def memory_report(self, print_table: bool = True) -> dict:
