@@ -394,8 +394,10 @@ def test_single_process_without_torch_distributed_and_classes_restored():
     lin = nn.Linear(3, 3)
     Init(module=lin)                          # DeepSpeed's module=: partition a model already built
     assert lin.weight.numel() == 0 and lin.weight.ds_shape == (3, 3)
-    with pytest.raises(NotImplementedError, match="remote_device='nvme'"):
-        Init(remote_device="nvme")
+    with pytest.warns(UserWarning, match="until initialize"):
+        Init(remote_device="nvme", dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="zero_quantized_weights"):
+        Init(zero_quantized_weights=True)
 
 
 def test_deepspeed_unit_test_bodies(spawn):

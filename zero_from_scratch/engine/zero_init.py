@@ -23,8 +23,10 @@ Arguments as DeepSpeed 0.19.8's: config_dict_or_path (or the deprecated config) 
 (bf16/fp16 "enabled"); dtype overrides it; with neither, parameters keep the constructor's dtype
 (DeepSpeed picks fp16/bf16 by accelerator: warned). dtype applies to the parameter shards; buffers
 keep theirs until initialize casts the model. remote_device None/"cpu": shards stay on the
-parameters' device; "nvme" is refused. module=: partition an already built model. mpu: DeepSpeed
-hands it to its config object only (batch arithmetic); accepted, unused. mem_efficient_linear: the
+parameters' device; "nvme" (or offload_param.device "nvme" in the config): the same, warned
+(DeepSpeed writes the partitions to files while building; here initialize's offload_param moves
+them). module=: partition an already built model. mpu: DeepSpeed hands it to its config object
+only (batch arithmetic); accepted, unused. mem_efficient_linear: the
 engine saves Linear weights by reference during training (saved.py) whatever its value.
 data_parallel_group: the torch.distributed group to partition over (default: the world).
 """
@@ -75,12 +77,15 @@ def _dtype_from(cfg) -> torch.dtype | None:
                          "(transformers' HfDeepSpeedConfig does)")
     if (on["bf16"] or on["bfloat16"]) and on["fp16"]:
         raise ValueError("Init: bf16 and fp16 cannot be enabled at once (DeepSpeed raises the same)")
-    offload = (cfg.get("zero_optimization") or {}).get("offload_param") or {}
-    if offload.get("device") == "nvme":
-        raise NotImplementedError("Init with zero_optimization.offload_param.device='nvme': DeepSpeed would swap "
-                                  "the partitions to nvme_path during construction; here build with device cpu/none "
-                                  "and let initialize() apply offload_param")
+    if ((cfg.get("zero_optimization") or {}).get("offload_param") or {}).get("device") == "nvme":
+        _nvme_note()
     return torch.bfloat16 if (on["bf16"] or on["bfloat16"]) else torch.float16 if on["fp16"] else torch.float32
+
+
+def _nvme_note() -> None:
+    warnings.warn("zero.Init with nvme (remote_device or offload_param.device): the partitions stay in memory "
+                  "(Ψ/N per rank) until initialize() moves them to offload_param's files; DeepSpeed writes them "
+                  "to nvme_path while the model is built", stacklevel=3)
 
 
 class Init:
@@ -101,10 +106,10 @@ class Init:
                                           "quantised or swapped partitions or tensor-constructor overrides; here "
                                           "Init partitions over data_parallel_group and the engine's config applies "
                                           "hpZ / quantisation / offload at initialize()")
-        if remote_device not in (None, "none", "cpu"):
-            raise NotImplementedError(f"Init(remote_device={remote_device!r}): DeepSpeed would keep the partitions "
-                                      "in nvme files; here use remote_device=None or 'cpu' and the engine's "
-                                      "zero_optimization.offload_param")
+        if remote_device not in (None, "none", "cpu", "nvme"):
+            raise ValueError(f"Init(remote_device={remote_device!r}): DeepSpeed takes None, 'none', 'cpu' or 'nvme'")
+        if remote_device == "nvme" and enabled:
+            _nvme_note()
         if config is not None:
             warnings.warn("zero.Init: the `config` argument is deprecated; use `config_dict_or_path` (as DeepSpeed "
                           "says)", stacklevel=2)
