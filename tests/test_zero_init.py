@@ -8,6 +8,7 @@ RNG draw), and training losses through initialize() equal the plain model's exac
 shards hold the same bits either way, so every collective and every step is the same).
 """
 import functools
+import importlib.util
 
 import pytest
 import torch
@@ -152,6 +153,41 @@ def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
     assert plain >= 0.95 * m, plain / mib
     assert init <= m / 2 + big + 4 * mib, init / mib
     assert adopted <= 4 * m / 2 + big + 4 * mib, adopted / mib    # the engine's 16Ψ/N + one unit, never + M
+
+
+def _infinity(rank, world, init: bool, path):
+    """A model built under Init, its shards and Adam state in files (offload_param + offload_optimizer
+    nvme, ZeRO-Infinity), an edit through GatheredParameters: losses vs plain ZeRO-3 in memory."""
+    z = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    if path:
+        z["offload_param"] = {"device": "nvme", "nvme_path": path, "max_in_cpu": 0}
+        z["offload_optimizer"] = {"device": "nvme", "nvme_path": path}
+    cfg = {**CFG, "zero_optimization": z}
+    torch.manual_seed(0)
+    with Init(config_dict_or_path=cfg, enabled=init):
+        model = nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+    engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
+    losses = []
+    for step in range(4):
+        if step == 2:
+            with GatheredParameters(model[2].weight, modifier_rank=0):
+                if rank == 0:
+                    model[2].weight.data.mul_(0.5)
+        x = torch.randn(2, 5, generator=torch.Generator().manual_seed(10 * step + rank))
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_init_with_parameter_and_optimizer_offload_to_files(spawn, tmp_path):
+    if importlib.util.find_spec("zero_from_scratch.engine.param_offload") is None:
+        pytest.skip("offload_param is not in this tree")
+    with pytest.warns(UserWarning, match="until initialize"):
+        Init(config_dict_or_path={"zero_optimization": {"offload_param": {"device": "nvme"}}})
+    plain = spawn(_infinity, 2, args=(False, None))
+    assert spawn(_infinity, 2, args=(True, str(tmp_path))) == plain     # exact
 
 
 # ---------------------------------------------------------------------- transformers

@@ -78,14 +78,14 @@ def _dtype_from(cfg) -> torch.dtype | None:
     if (on["bf16"] or on["bfloat16"]) and on["fp16"]:
         raise ValueError("Init: bf16 and fp16 cannot be enabled at once (DeepSpeed raises the same)")
     if ((cfg.get("zero_optimization") or {}).get("offload_param") or {}).get("device") == "nvme":
-        _nvme_note()
+        _nvme_note(4)                                 # the user's Init(...) line
     return torch.bfloat16 if (on["bf16"] or on["bfloat16"]) else torch.float16 if on["fp16"] else torch.float32
 
 
-def _nvme_note() -> None:
+def _nvme_note(stacklevel: int) -> None:
     warnings.warn("zero.Init with nvme (remote_device or offload_param.device): the partitions stay in memory "
                   "(Ψ/N per rank) until initialize() moves them to offload_param's files; DeepSpeed writes them "
-                  "to nvme_path while the model is built", stacklevel=3)
+                  "to nvme_path while the model is built", stacklevel=stacklevel)
 
 
 class Init:
@@ -109,7 +109,7 @@ class Init:
         if remote_device not in (None, "none", "cpu", "nvme"):
             raise ValueError(f"Init(remote_device={remote_device!r}): DeepSpeed takes None, 'none', 'cpu' or 'nvme'")
         if remote_device == "nvme" and enabled:
-            _nvme_note()
+            _nvme_note(3)
         if config is not None:
             warnings.warn("zero.Init: the `config` argument is deprecated; use `config_dict_or_path` (as DeepSpeed "
                           "says)", stacklevel=2)
