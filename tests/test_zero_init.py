@@ -1,21 +1,30 @@
-"""zero.Init and GatheredParameters (zero_from_scratch/engine/zero_init.py, zero_partition.py).
+"""zero.Init and GatheredParameters (zero_from_scratch/engine/zero_init.py, zero_partition.py, zero_gathered.py).
 
-    python -m pytest -x -q tests/test_zero_init.py            (+ -m slow: T5 and DistilBERT too)
+    python -m pytest -x -q tests/test_zero_init.py            (+ -m slow: T5, DistilBERT, resize, the runner)
 
-Every test runs 2 ranks and compares against the same constructor run without Init under the same
-seed, in the same process: values must be bit-equal (Init changes where tensors live, not a single
-RNG draw), and training losses through initialize() equal the plain model's exactly (the engine's
-shards hold the same bits either way, so every collective and every step is the same).
+Every multi-rank test runs 2 ranks and compares against the same constructor run without Init under
+the same seed: values must be bit-equal (Init changes where tensors live, not a single RNG draw),
+and training through initialize() gives the plain model's losses exactly (the engine's shards hold
+the same bits either way, so every collective and every step is the same). Also: GatheredParameters
+reads and writes (modifier_rank) on Init's and on the engine's parameters, the bodies of DeepSpeed's
+own zero.Init unit tests, peak memory (VmHWM) against M/N + one module, transformers' ZeRO-3 paths
+(from_pretrained, _from_config, resize_token_embeddings) with `import deepspeed` answered by a minimal
+module exposing ours (and, slow, by the runner), and ZeRO-Infinity (where offload_param exists).
 """
 import functools
+import importlib.machinery
 import importlib.util
+import sys
+import types
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 import zero_from_scratch
 from primitives.engine.launch import spawn as _spawn
+from zero_from_scratch.engine import zero_init
 from zero_from_scratch.engine.zero_init import GatheredParameters, Init, ZeroParamStatus
 
 spawn_fn = functools.partial(_spawn, timeout=180.0)
@@ -144,7 +153,7 @@ def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
     """VmHWM above the RSS before construction (benchmarks/zero_init_memory.py, glibc's mmap threshold
     fixed so frees reach the OS): M = 4Ψ = 32 MiB, one module L = 4 MiB, N = 2. Slack 4 MiB covers
     the allocator and gloo's first buffers (measured: 0.7-2 MiB)."""
-    from benchmarks.zero_init_memory import ROWS, peaks
+    from benchmarks.zero_init_memory import ROWS, peaks   # a benchmark script's helpers, only this test needs them
     mib, layers, dim = 2 ** 20, 8, 1024
     m, big = 4 * layers * dim ** 2, 4 * dim ** 2
     per_rank = spawn(peaks, 2, args=(layers, dim))
@@ -195,14 +204,6 @@ def fake_deepspeed():
     """`import deepspeed` answered by a minimal module exposing our Init / GatheredParameters: the
     names transformers' ZeRO-3 paths use (zero.Init, zero.GatheredParameters, comm.get_rank,
     accelerator.get_accelerator, partition_parameters' arange hooks for prevent_arange_dtype_change)."""
-    import importlib.machinery
-    import sys
-    import types
-
-    import torch.distributed as dist
-
-    from zero_from_scratch.engine import zero_init
-
     def mod(name, **kw):
         m = types.ModuleType(name)
         m.__spec__ = importlib.machinery.ModuleSpec(name, None)
@@ -227,7 +228,7 @@ def fake_deepspeed():
 
 
 def tiny_llama_config():
-    import transformers as T
+    import transformers as T   # optional dependency: imported in the rank processes, after the skip check
     return T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
 
@@ -250,10 +251,16 @@ def _llama_steps(model, rank) -> list:
     return losses
 
 
-def _hf(rank, world, ckpt, train):
-    import transformers as T
-    from transformers import initialization
-    from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
+def _served_deepspeed():
+    """`import deepspeed` answered by the ringzero runner (zero_from_scratch.as_deepspeed)."""
+    from zero_from_scratch.as_deepspeed import finder   # present only where the runner is in the tree
+    finder.install()
+
+
+def _hf(rank, world, ckpt, train, runner=False):
+    import transformers as T   # optional dependency: imported in the rank processes, after the skip check
+    from transformers import initialization   # (same)
+    from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled   # (same)
     out = {}
     # 1. our Init around the constructor: post_init's _init_weights runs on gathered weights
     plain, built = build(False, lambda: T.LlamaForCausalLM(tiny_llama_config())), \
@@ -262,7 +269,7 @@ def _hf(rank, world, ckpt, train):
     if train:
         out["train"] = (_llama_steps(plain, rank), _llama_steps(built, rank))
     # 2. transformers' own ZeRO-3 paths, `import deepspeed` answered by our module
-    fake_deepspeed()
+    _served_deepspeed() if runner else fake_deepspeed()
     ref = T.LlamaForCausalLM.from_pretrained(ckpt)
     torch.manual_seed(0)
     with initialization.no_init_weights():       # transformers' ZeRO-3 recipe, in one process:
@@ -287,11 +294,11 @@ def _hf(rank, world, ckpt, train):
     return out
 
 
-def _hf_run(tmp_path, train: bool) -> list:
+def _hf_run(tmp_path, train: bool, runner: bool = False) -> list:
     T = pytest.importorskip("transformers")
     torch.manual_seed(1)
     T.LlamaForCausalLM(tiny_llama_config()).save_pretrained(tmp_path)
-    outs = spawn_fn(_hf, 2, args=(str(tmp_path), train), timeout=400)
+    outs = spawn_fn(_hf, 2, args=(str(tmp_path), train, runner), timeout=400)
     for out in outs:
         assert out["construct"] == [], out["construct"]
         assert out["pretrained_empty"] and out["pretrained"] == [], out["pretrained"]
@@ -312,6 +319,18 @@ def test_transformers_llama_trains_after_init_from_pretrained_and_resize(tmp_pat
         assert out["resized"] == [], out["resized"]
         plain, loaded = out["pretrained_train"]
         assert plain == loaded
+
+
+@pytest.mark.slow
+def test_transformers_zero3_paths_through_the_deepspeed_runner(tmp_path):
+    """The same, with `import deepspeed` served by the runner's table (it must serve zero.Init,
+    GatheredParameters, comm.get_rank, accelerator, and partition_parameters' _orig_torch_arange /
+    zero_wrapper_for_fp_tensor_constructor, which transformers' prevent_arange_dtype_change swaps)."""
+    if importlib.util.find_spec("zero_from_scratch.as_deepspeed") is None:
+        pytest.skip("the deepspeed runner is not in this tree")
+    for out in _hf_run(tmp_path, train=True, runner=True):
+        assert out["train"][0] == out["train"][1] and out["pretrained_train"][0] == out["pretrained_train"][1]
+        assert out["resized"] == []
 
 
 # ---------------------------------------------------------------------- DeepSpeed's own unit tests
@@ -441,7 +460,7 @@ def test_deepspeed_unit_test_bodies(spawn):
 
 
 def _t5_distilbert(rank, world):
-    import transformers as T
+    import transformers as T   # optional dependency: imported in the rank processes, after the skip check
     t5 = T.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)
     db = T.DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=32)
     out = {}
