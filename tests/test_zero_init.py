@@ -492,3 +492,22 @@ def test_transformers_t5_and_distilbert_under_init():
     for out in spawn_fn(_t5_distilbert, 2, timeout=400):
         assert out["t5"] == [] and out["distilbert"] == [], out
         assert out["t5_train"][0] == out["t5_train"][1]
+
+
+class Reassign(nn.Module):
+    """A parent that replaces a built child's parameter data, and edits another child afterwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.b.weight.data.mul_(2.0)                       # b gathered (the mode)
+        self.a.weight.data = torch.full((4, 4), 0.5)       # then a's data replaced
+        self.a.bias.data = torch.ones(4)                   # while a.weight is gathered: same module
+        self.b.bias.data.zero_()
+
+
+def test_data_reassigned_during_construction_is_partitioned_on_exit():
+    ref, m = build(False, Reassign), build(True, Reassign)
+    assert all(p.numel() == 0 for p in m.parameters())
+    full = _full(m)
+    assert all(torch.equal(full[n], p) for n, p in ref.named_parameters())

@@ -280,7 +280,7 @@ class _Touch(TorchFunctionMode):
         out = func(*args, **kwargs)
         if _name(func) == "data" and getattr(func, "__name__", "") == "__set__" and not STATE.busy:
             p = args[0]                              # `param.data = new` on a partitioned parameter
-            if zp.held_by_init(p) and p not in self.ctx.full:
+            if zp.held_by_init(p) and all(q is not p for q in self.ctx.full):   # `in` would compare values
                 p.ds_status = ZeroParamStatus.AVAILABLE
                 self.ctx.full.append(p)
         return out
