@@ -20,10 +20,14 @@ _LAZY = {"initialize": "zero_engine", "ZeroEngine": "zero_engine", "load_config"
          "consolidate": "checkpoint_read", "CheckpointError": "checkpoint_read", "ZeroDivergenceError": "divergence",
          "register_external_parameter": "external", "ZeroExternalParameterError": "external"}
 
-__all__ = list(_LAZY)
+_MODULES = {"zero": "zero_init"}   # zero_from_scratch.zero.Init / .GatheredParameters, as deepspeed.zero
+
+__all__ = list(_LAZY) + list(_MODULES)
 
 
 def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f"zero_from_scratch.engine.{_MODULES[name]}")
     if name not in _LAZY:
         raise AttributeError(f"module 'zero_from_scratch' has no attribute {name!r}")
     return getattr(importlib.import_module(f"zero_from_scratch.engine.{_LAZY[name]}"), name)

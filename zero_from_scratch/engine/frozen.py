@@ -25,7 +25,12 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from zero_from_scratch.engine import zero_partition as zp
 from zero_from_scratch.sharding import shard_layout
+
+
+def _shape(p) -> torch.Size:
+    return p.ds_shape if zp.held_by_init(p) else p.shape
 
 
 def frozen_named(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -40,7 +45,7 @@ class FrozenParams:
     def __init__(self, engine):
         self.e = engine
         self.named = frozen_named(engine.module)
-        self.numel = sum(p.numel() for _, p in self.named)
+        self.numel = sum(_shape(p).numel() for _, p in self.named)
         self.units: list = []
         self.hooks: list = []
         if engine.stage_id == 3 and self.named:
@@ -52,7 +57,7 @@ class FrozenParams:
         by_id = {id(p): n for n, p in self.named}
         units, taken = [], set()
         for mname, m in e.module.named_modules():
-            ps = [(by_id[id(p)], tuple(p.shape)) for p in m.parameters(recurse=False)
+            ps = [(by_id[id(p)], tuple(_shape(p))) for p in m.parameters(recurse=False)
                   if id(p) in by_id and by_id[id(p)] not in taken]
             taken.update(n for n, _ in ps)
             if ps:
@@ -64,10 +69,12 @@ class FrozenParams:
         st.pshard.append(shard)                          # param_shard(u) finds it by u.group
         st.params = dict(st.params)                      # engine.params_by_name stays trainable-only
         for u in self.units:
-            full = torch.zeros(u.padded, dtype=e.dtype)
-            for s in u.slots:
-                full[s.offset:s.offset + s.numel].copy_(dict(self.named)[s.name].data.reshape(-1))
-            if c.size > 1:
+            full, plain = torch.zeros(u.padded, dtype=e.dtype), False
+            for s in u.slots:                    # zero.Init's shards are gathered (every rank agrees)
+                v, from_init = zp.value_of(dict(self.named)[s.name])
+                full[s.offset:s.offset + s.numel].copy_(v.reshape(-1))
+                plain |= not from_init
+            if c.size > 1 and plain:
                 c.broadcast(full, 0, purpose="init broadcast")   # rank 0's weights, like the trainable part
             lo, hi = u.shard_range(c.rank)
             st.param_shard(u).copy_(full[lo:hi])
@@ -75,6 +82,7 @@ class FrozenParams:
         for n, p in self.named:
             st.params[n] = p
             p.data = torch.empty(0, dtype=e.dtype)
+        zp.adopt(e, self.units, st.params)
         unit_of = {id(dict(self.named)[s.name]): u for u in self.units for s in u.slots}
         for name, m in e.module.named_modules():
             us = sorted({unit_of[id(p)].index for p in m.parameters(recurse=False) if id(p) in unit_of})

@@ -29,6 +29,7 @@ from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceE
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
 from zero_from_scratch.engine.stages import engine_inputs, labelled, make_pool
+from zero_from_scratch.engine.zero_partition import make_param_storage
 from zero_from_scratch.stage3 import Stage3
 
 
@@ -52,6 +53,9 @@ class ZeroStage3(Stage3):
 
     def kw(self, purpose: str, u=None) -> dict:
         return labelled(self, purpose, u, self.tag)
+
+    def _make_param_storage(self) -> None:
+        make_param_storage(self)          # the textbook's, plus shards built by zero.Init (zero_partition.py)
 
     @property
     def stats(self) -> dict:

@@ -53,6 +53,7 @@ from zero_from_scratch.sharding import bucket_units, shard_layout
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
 from zero_from_scratch.engine.step import optimizer_step
+from zero_from_scratch.engine.zero_partition import refuse_below_stage3, true_shapes
 from primitives.engine.log import print0
 
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
@@ -100,8 +101,9 @@ class ZeroEngine(nn.Module):
             if not p.is_floating_point():
                 raise TypeError(f"parameter {n!r} has dtype {p.dtype}; ZeRO shards floating-point parameters only")
         broadcast_module_state(self.comm, model)
+        refuse_below_stage3(model, self.stage_id, self.comm.global_rank)   # zero.Init shards: ZeRO-3 only
         if self.stage_id == 3:
-            units = module_units(model, names)
+            units = true_shapes(module_units(model, names), model)   # zero.Init: ds_shape (zero_partition.py)
         else:
             shapes = [[(n, tuple(self.params_by_name[n].shape)) for n in g] for g in names]
             units = bucket_units(shapes, self.config.zero.reduce_bucket_size)
@@ -222,6 +224,8 @@ class ZeroEngine(nn.Module):
 
     def _optimizer_step(self) -> None:
         optimizer_step(self)
+
+    _zero_init_paused = True   # built inside zero.Init: its tensor work is not construction (zero_init.py)
 
     # ------------------------------------------------------------------ reports and checkpoints
     def memory_report(self, print_table: bool = True) -> dict:

@@ -1,0 +1,194 @@
+"""One parameter partitioned as deepspeed.zero.Init leaves it, and the ZeRO-3 engine adopting it.
+
+    with zero_from_scratch.engine.zero_init.Init():  model = MyModel()    # params partitioned here
+    engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)   # stage 3 adopts them here
+
+A partitioned parameter keeps DeepSpeed's attributes: `ds_id` (creation order, the same on every
+rank), `ds_shape`, `ds_numel`, `ds_status` (ZeroParamStatus), `ds_tensor` (this rank's flat
+shard of ⌈ds_numel/N⌉ elements, zero-padded, with its own `ds_numel`) and `ds_process_group`;
+`.data` is torch.Size([0]) between uses, as DeepSpeed leaves it.
+  partition   rank `src`'s full value is scattered: each rank receives only its shard,
+              (N-1)/N·b·numel sent by src (DeepSpeed broadcasts the whole tensor, then slices)
+  gather      all-gather of the shards into a full buffer: (N-1)/N·b·numel per rank
+  release     .data ← empty; the shard stays
+
+Adoption by the engine (`make_param_storage`, ZeRO-3's storage): the engine's units are whole
+modules, Init's shards are per parameter, so the two layouts do not line up; each unit is built
+by gathering its parameters one at a time, keeping this rank's block and dropping the rest.
+Peak: the largest unit plus its largest parameter, never the model; cost (N-1)/N·Ψ once, and no
+broadcast (Init already made every rank agree). After adoption Init's shards are freed, the
+parameter has no `ds_tensor` (its elements live in the engine's unit shard) and GatheredParameters
+goes through the engine.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import weakref
+
+import torch
+import torch.distributed as dist
+
+_IDS = itertools.count()        # ds_id: every rank creates parameters in the same order
+
+
+class State:
+    """Init's process-wide state: one (outermost) Init patches the classes at a time."""
+    depth = 0                   # nested Init contexts
+    top = None                  # the outermost Init: owns the class patches and the mode
+    busy = 0                    # our own tensor work (the mode lets it through)
+
+
+STATE = State()
+
+
+class ZeroParamStatus(enum.Enum):
+    """DeepSpeed's names: AVAILABLE = full in .data, NOT_AVAILABLE = only the shard, INFLIGHT = being gathered."""
+    AVAILABLE = 1
+    NOT_AVAILABLE = 2
+    INFLIGHT = 3
+
+
+def is_zero_param(p) -> bool:
+    return hasattr(p, "ds_id")
+
+
+def held_by_init(p) -> bool:
+    """Partitioned by Init and not (yet) adopted by an engine: Init's own shard is the truth."""
+    return getattr(p, "ds_tensor", None) is not None and getattr(p, "_zero_engine", None) is None
+
+
+def engine_of(p):
+    ref = getattr(p, "_zero_engine", None)
+    return ref() if ref is not None else None
+
+
+def _world(group) -> tuple[int, int]:
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _global(group, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def partition(p: torch.nn.Parameter, group=None, src: int = 0, dtype=None) -> None:
+    """p.data (full, on every rank) → each rank's shard of rank src's value; .data ← empty.
+    A parameter seen for the first time gets DeepSpeed's attributes."""
+    rank, n = _world(group)
+    full = p.data
+    if dtype is not None and full.is_floating_point():
+        full = full.to(dtype)
+    numel = full.numel()
+    shard = -(-numel // n)
+    if not is_zero_param(p):
+        p.ds_id = next(_IDS)
+        p.ds_process_group = group
+        p.ds_persist = False
+        p.ds_active_sub_modules = set()
+    p.ds_shape, p.ds_numel = full.shape, numel
+    out = torch.empty(shard, dtype=full.dtype, device=full.device)
+    if n == 1:
+        out.copy_(full.reshape(-1))
+    else:
+        chunks = None
+        if rank == src:                      # a padded copy only when N does not divide numel
+            flat = full.reshape(-1)
+            if shard * n != numel or not flat.is_contiguous():
+                flat = torch.zeros(shard * n, dtype=full.dtype, device=full.device)
+                flat[:numel].copy_(full.reshape(-1))
+            chunks = list(flat.chunk(n))
+        dist.scatter(out, chunks, src=_global(group, src), group=group)
+    out.ds_numel = shard
+    p.ds_tensor = out
+    release(p)
+
+
+def gather(p: torch.nn.Parameter) -> torch.Tensor:
+    """The full value of an Init-held parameter from every rank's shard (all ranks call it)."""
+    s, group = p.ds_tensor, p.ds_process_group
+    _, n = _world(group)
+    if n == 1:
+        return s[:p.ds_numel].view(p.ds_shape).clone()
+    full = torch.empty(s.numel() * n, dtype=s.dtype, device=s.device)
+    dist.all_gather_single(full, s, group=group)
+    return full[:p.ds_numel].view(p.ds_shape)
+
+
+def fetch(p: torch.nn.Parameter) -> None:
+    """Install the full value in .data (status AVAILABLE)."""
+    p.ds_status = ZeroParamStatus.INFLIGHT
+    p.data = gather(p)
+    p.ds_status = ZeroParamStatus.AVAILABLE
+
+
+def release(p: torch.nn.Parameter) -> None:
+    p.data = torch.empty(0, dtype=p.ds_tensor.dtype, device=p.ds_tensor.device)
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+
+def true_shapes(units: list, model: torch.nn.Module) -> list:
+    """Stage-3 units [(group, tag, [(name, shape)])] with Init-held parameters' shapes (ds_shape),
+    not the empty .data's."""
+    by_name = dict(model.named_parameters())
+    return [(g, tag, [(n, tuple(by_name[n].ds_shape) if held_by_init(by_name[n]) else s) for n, s in ps])
+            for g, tag, ps in units]
+
+
+def refuse_below_stage3(model: torch.nn.Module, stage: int, rank: int) -> None:
+    """A model built under zero.Init has empty parameters: only ZeRO-3 can adopt its shards."""
+    held = [n for n, p in model.named_parameters() if held_by_init(p)]
+    if held and stage != 3:
+        raise ValueError(f"rank {rank}: initialize(model=...) got {len(held)} parameters partitioned by zero.Init "
+                         f"(e.g. {held[0]!r}) with zero_optimization.stage={stage}; DeepSpeed builds under Init "
+                         "for ZeRO-3 only: use stage 3, or build the model without Init")
+
+
+def value_of(p: torch.nn.Parameter) -> tuple[torch.Tensor, bool]:
+    """(full value, came from Init's shards): Init-held parameters are gathered (all ranks call)."""
+    if held_by_init(p):
+        return gather(p), True
+    return p.data, False
+
+
+def make_param_storage(st) -> None:
+    """ZeRO-3's shards (engine/stage3.py), unit by unit: plain parameters as the textbook does
+    (rank 0's unit broadcast), Init-held ones from Init's shards (gathered, no broadcast)."""
+    st.flat = []
+    st.pshard = [torch.zeros(n, dtype=st.dtype, device=st.dev) for n in st.layout.group_local]
+    for u in st.layout.units:
+        full = torch.zeros(u.padded, dtype=st.dtype, device=st.dev)
+        plain = False
+        for s in u.slots:
+            v, from_init = value_of(st.params[s.name])
+            full[s.offset:s.offset + s.numel].copy_(v.reshape(-1))
+            plain |= not from_init
+            del v
+        if st.comm.size > 1 and plain:
+            st.comm.broadcast(full, 0, **st.kw("init broadcast"))
+        lo, hi = u.shard_range(st.rank)
+        st.param_shard(u).copy_(full[lo:hi])
+        del full
+        for s in u.slots:                # this unit's full tensors and Init shards go now, not at the end
+            st.params[s.name].data = torch.empty(0, dtype=st.dtype, device=st.dev)
+            if held_by_init(st.params[s.name]):
+                st.params[s.name].ds_tensor = None
+    adopt(st.e, st.layout.units, st.params)
+
+
+def adopt(engine, units, params: dict) -> None:
+    """Mark `params` as the engine's: DeepSpeed's ds_id / ds_shape / ds_numel / ds_status on every
+    one (peft and the HF Trainer read ds_shape / ds_numel), Init's shard dropped. No ds_tensor: the
+    shard is a block of the engine's module-wide unit (stage.param_shard), which offload may move;
+    a view here would pin it."""
+    for u in units:
+        for s in u.slots:
+            p = params[s.name]
+            if not is_zero_param(p):
+                p.ds_id, p.ds_persist, p.ds_active_sub_modules = next(_IDS), False, set()
+            p.ds_shape, p.ds_numel = torch.Size(s.shape), s.numel
+            p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+            p.ds_process_group = getattr(engine.comm, "group", None)
+            p.__dict__.pop("ds_tensor", None)
+            p._zero_engine = weakref.ref(engine)
