@@ -1,4 +1,4 @@
-"""offload_optimizer (issue 13, item 5).
+"""offload_optimizer to files (zero_from_scratch/engine/offload.py).
 
     python -m pytest -q tests/test_recipes_offload.py
 
