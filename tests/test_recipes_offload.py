@@ -135,5 +135,3 @@ def test_offload_config_values():
         offload.parse({"offload_optimizer": {"device": "nvme"}})
     with pytest.raises(ValueError, match="device' = 'disk' is invalid"):
         offload.parse({"offload_optimizer": {"device": "disk"}})
-    with pytest.raises(ValueError, match="offload_param"):
-        offload.parse({"offload_param": {"device": "cpu"}})

@@ -46,9 +46,6 @@ class OffloadError(RuntimeError):
 
 def parse(z: dict) -> dict | None:
     """The offload_optimizer section → {"device", "nvme_path"} (None = no offload)."""
-    if z.get("offload_param"):
-        raise ValueError("config key 'zero_optimization.offload_param' is not supported by this engine; "
-                         "allowed: absent (offload_optimizer is)")
     s = z.get("offload_optimizer")
     if s is None:
         return None
