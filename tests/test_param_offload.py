@@ -39,7 +39,7 @@ def _cfg(bf16, poff=None, ooff=None, path="", overlap=False, **extra):
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
 
 
-def _train(rank, cfg, steps=3):
+def _train(rank, cfg, steps=2):
     torch.manual_seed(0)
     model = tiny_distilbert()
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
