@@ -6,11 +6,12 @@
   against ZeRO-3 without offload, same data, N = 2, fp32 and bf16, 2 micro-batches per step, with
   and without prefetch (overlap_comm), after a gathered_parameters(modifier_rank=0) edit:
   bit-identical losses, gradient norms and final parameters (offload moves bytes, not maths);
-  the stage holds no parameter shard; bytes moved per step = the formula (2·GA + 1)·b·S read,
+  the stage holds no parameter shard (and, with offload_optimizer nvme, no gradient shard); bytes moved per step = the formula (2·GA + 1)·b·S read,
   b·S written (S = this rank's shard elements) with no reuse and no persistence.
 * max_in_cpu splits the shards between host memory and the files, unit by unit.
 * peak RSS (slow): ZeRO-3 fp32, an MLP of Ψ = 16.8 M: nvme parameter offload lowers the training
-  peak by ≥ 0.5 × 4Ψ/N (4Ψ/N = the shards; minus ≤ buffer_count unit shards resident at a time).
+  peak by ≥ 0.5 × 4Ψ/N (4Ψ/N = the shards; minus ≤ buffer_count unit shards resident at a time);
+  with offload_optimizer nvme too (parameters, gradients, m and v in files) by ≥ 0.6 × 16Ψ/N.
 * refusals: stage < 3, a buffer_size below a unit's shard, unknown keys, a missing nvme_path.
 """
 import ctypes
@@ -65,6 +66,7 @@ def _train(rank, cfg, steps=2):
     b = torch.empty(0, dtype=engine.dtype).element_size()
     info = {"moved": moved, "bS": b * sum(u.shard for u in engine.layout.units),
             "held": sum(t.numel() for t in engine.stage.pshard[:len(engine.layout.group_local)]),
+            "grads_held": sum(t.numel() for t in engine.stage.gshard),
             "report": engine.memory_report(print_table=False)["offload_param"]}
     return rec, params, info
 
@@ -94,6 +96,7 @@ def test_param_offload_is_exact_and_moves_the_formula(spawn, tmp_path, cases):
             assert all(torch.equal(off[1][n], plain[1][n]) for n in plain[1]), f"{what}: parameters"
             info, ga = off[2], 2
             assert info["held"] == 0, f"{what}: the stage still holds {info['held']} shard elements"
+            assert (info["grads_held"] == 0) == (ooff == "nvme"), f"{what}: gradient shards {info['grads_held']}"
             for read, written in info["moved"][1:]:   # per optimizer step (the first also writes the edit back)
                 assert (read, written) == ((2 * ga + 1) * info["bS"], info["bS"]), f"{what}: moved {read, written}"
             rep = info["report"]
@@ -149,7 +152,7 @@ def _vm(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 
 
-def _peak(rank, world, poff, path):
+def _peak(rank, world, poff, path, ooff=None):
     """Training peak RSS (VmHWM after initialize, above the RSS with the model built) of 2 steps."""
     ctypes.CDLL("libc.so.6").mallopt(-3, MIB)              # M_MMAP_THRESHOLD: frees go back to the OS at once
     torch.manual_seed(0)
@@ -158,7 +161,8 @@ def _peak(rank, world, poff, path):
     engine, *_ = zero_from_scratch.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10 ** 9, "optimizer": {"type": "AdamW"},
         "zero_optimization": {"stage": 3, **({"offload_param": {"device": poff, "nvme_path": path, "max_in_cpu": 0}}
-                                             if poff else {})}})
+                                             if poff else {}),
+                              **({"offload_optimizer": {"device": ooff, "nvme_path": path}} if ooff else {})}})
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")                                       # VmHWM := VmRSS: the training peak from here
     g, losses = torch.Generator().manual_seed(rank), []
@@ -174,7 +178,10 @@ def _peak(rank, world, poff, path):
 def test_nvme_param_offload_lowers_the_training_peak(spawn, tmp_path):
     plain = spawn(_peak, 2, args=(None, ""))
     nvme = spawn(_peak, 2, args=("nvme", str(tmp_path)))
+    infinity = spawn(_peak, 2, args=("nvme", str(tmp_path), "nvme"))
     for r in range(2):
-        (p0, l0, psi), (p1, l1, _) = plain[r], nvme[r]
-        assert l1 == l0, f"rank {r}: losses {l1} vs {l0}"
+        (p0, l0, psi), (p1, l1, _), (p2, l2, _) = plain[r], nvme[r], infinity[r]
+        assert l1 == l0 and l2 == l0, f"rank {r}: losses {l1}, {l2} vs {l0}"
         assert p0 - p1 >= 0.5 * 4 * psi / 2, f"rank {r}: peak {p0 / MIB:.1f} → {p1 / MIB:.1f} MiB; 4Ψ/N = {2 * psi / MIB:.1f} MiB"
+        # parameters, gradients, m and v all in files: 16Ψ/N, less the staging and resident buffers
+        assert p0 - p2 >= 0.6 * 16 * psi / 2, f"rank {r}: peak {p0 / MIB:.1f} → {p2 / MIB:.1f} MiB; 16Ψ/N = {8 * psi / MIB:.1f} MiB"

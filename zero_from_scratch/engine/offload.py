@@ -15,6 +15,7 @@ device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_ran
                pieces of 2^20 give the same bits for a bounded cost.
                Memory saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus ≤ 3 × 4 MiB.
                Bytes moved per step and rank: K·Ψ/N read + K·Ψ/N written (P/N with padding).
+               At ZeRO-3 the gradient shards go to files too (param_offload.make_grads).
 device "cpu"   offload_cpu.py: fp32 master, m, v and the Adam step on the host (pinned with a GPU
                model); gradients copied down, parameters up: b·P/N bytes each way per step and
                rank. The same code runs for a CPU model (host → host copies).

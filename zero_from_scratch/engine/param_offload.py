@@ -27,6 +27,12 @@ Bytes moved per optimizer step and rank, b·S with S = this rank's shard element
   written b·S (the stepped shards)
 Memory per rank: −b·S (nvme, max_in_cpu 0), + ≤ buffer_count·buffer_size·b while resident.
 Device "cpu" on a CPU model runs the same copies host → host: it moves bytes and saves nothing.
+Gradients (make_grads): at ZeRO-3 with offload_optimizer "nvme" (CPU model) the gradient shards
+live in NVME_PATH/zero_rank{r}/grads.group{g} beside the optimizer states, GRAD_BUFFERS unit
+shards in memory at a time: each reduce-scatter lands in its unit's buffer (waited for at once,
+so no sum is pending when a buffer leaves), zero_grad forgets them all without I/O. Memory:
+−b·S; bytes per step: every unit written back after its reduce (GA times) and read by the norm
+and the step (≈ (GA + 2)·b·S each way, GA − 1 reads fewer: the first micro-batch starts from zeros).
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
 DEVICES = ("none", "cpu", "nvme")
 DEFAULTS = {"device": "none", "nvme_path": None, "pin_memory": True, "buffer_count": 5, "buffer_size": 100_000_000,
             "max_in_cpu": 1_000_000_000}   # DeepSpeed 0.19.8's DeepSpeedZeroOffloadParamConfig
+GRAD_BUFFERS = 4           # gradient shards in memory at once (DeepSpeed's offload_optimizer buffer_count default)
 
 
 class ParamOffloadError(RuntimeError):
@@ -88,11 +95,12 @@ def _io(write: bool, fd: int, t: torch.Tensor, offset: int) -> None:
 
 
 class ParamStore:
-    """This rank's trainable parameter shards off the model's device; the stage asks for them by unit."""
+    """Shards of this rank's trainable units off the model's device, asked for by unit. `source(u)`
+    gives a unit's initial shard (the parameters), or None for all zeros (the gradients)."""
 
-    def __init__(self, stage, spec: dict):
-        self.e, self.spec = e, spec = stage.e, spec
-        self.rank, self.dtype, self.dev = e.comm.rank, stage.dtype, stage.dev
+    def __init__(self, e, spec: dict, dtype, dev, name: str = "params", source=None):
+        self.e, self.spec, self.name = e, spec, name
+        self.rank, self.dtype, self.dev = e.comm.rank, dtype, dev
         self.units = e.layout.units
         self.b = torch.empty(0, dtype=self.dtype).element_size()
         big = [u for u in self.units if u.shard > spec["buffer_size"]]
@@ -103,27 +111,29 @@ class ParamStore:
         pin = spec["pin_memory"] and self.dev.type == "cuda"
         self.host: dict[int, torch.Tensor] = {}            # unit -> its shard in host memory
         self.fds: dict[int, int] = {}                       # group -> file (nvme)
+        self.zeroed: set[int] = set() if source else {u.index for u in self.units}   # all zeros: nothing to read
         self.dir, budget, err = None, spec["max_in_cpu"] if spec["device"] == "nvme" else None, ""
         if spec["device"] == "nvme":
             self.dir = os.path.join(spec["nvme_path"], f"{mp_prefix(*engine_mp(e))}zero_rank{self.rank:03d}")
         try:
             for u in self.units:
-                src = stage.pshard[u.group][u.local_offset:u.local_offset + u.shard]
+                src = source(u) if source else None
                 if budget is None or u.shard <= budget:
                     budget = None if budget is None else budget - u.shard
-                    self.host[u.index] = torch.empty(u.shard, dtype=self.dtype, pin_memory=pin).copy_(src)
+                    self.host[u.index] = torch.zeros(u.shard, dtype=self.dtype, pin_memory=pin)
+                    if src is not None:
+                        self.host[u.index].copy_(src)
                 else:                                       # the host part is a prefix, as DeepSpeed's
-                    budget = -1
-                    _io(True, self._fd(u.group), src.cpu(), self.b * u.local_offset)
+                    budget, fd = -1, self._fd(u.group)
+                    if src is not None:
+                        _io(True, fd, src.cpu(), self.b * u.local_offset)
         except OSError as ex:
             err = f"{ex}"
         bad = _agree(e.comm, bool(err))
         if bad:
-            raise ParamOffloadError(f"rank {self.rank}: offload_param nvme_path {spec['nvme_path']!r} is not usable on "
+            raise ParamOffloadError(f"rank {self.rank}: offload {name} nvme_path {spec['nvme_path']!r} is not usable on "
                                     f"rank(s) {bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder "
                                     f"with room for {self.b}·Ψ/N bytes per rank")
-        for g in range(len(e.layout.group_local)):          # the shards left the stage's own storage
-            stage.pshard[g] = torch.empty(0, dtype=self.dtype, device=self.dev)
         self.resident: OrderedDict[int, torch.Tensor] = OrderedDict()   # unit -> buffer on the device, oldest first
         self.reading: set[int] = set()                      # resident only for an all-gather: never written back
         self.bytes_read = self.bytes_written = 0
@@ -132,7 +142,7 @@ class ParamStore:
     def _fd(self, g: int) -> int:
         if g not in self.fds:
             os.makedirs(self.dir, exist_ok=True)
-            self.fds[g] = os.open(os.path.join(self.dir, f"params.group{g}"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            self.fds[g] = os.open(os.path.join(self.dir, f"{self.name}.group{g}"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         return self.fds[g]
 
     def owns(self, u) -> bool:
@@ -149,6 +159,10 @@ class ParamStore:
         while len(self.resident) >= self.spec["buffer_count"] and victims:
             self._evict(victims.pop(0))
         buf = torch.empty(u.shard, dtype=self.dtype, device=self.dev)
+        if u.index in self.zeroed:                          # known zeros: nothing to read
+            self.zeroed.discard(u.index)
+            self.resident[u.index] = buf.zero_()
+            return buf
         try:
             if u.index in self.host:
                 buf.copy_(self.host[u.index])
@@ -157,7 +171,7 @@ class ParamStore:
                 _io(False, self.fds[u.group], tmp, self.b * u.local_offset)
                 buf.copy_(tmp)
         except OSError as ex:
-            raise ParamOffloadError(f"rank {self.rank}: reading the parameter shard of {u.tag!r} from {self.dir!r} "
+            raise ParamOffloadError(f"rank {self.rank}: reading the {self.name} shard of {u.tag!r} from {self.dir!r} "
                                     f"failed ({ex}); resume from the last checkpoint") from ex
         self.bytes_read += self.b * u.shard
         self.resident[u.index] = buf
@@ -175,7 +189,7 @@ class ParamStore:
             else:
                 _io(True, self.fds[u.group], buf.cpu(), self.b * u.local_offset)
         except OSError as ex:
-            raise ParamOffloadError(f"rank {self.rank}: writing the parameter shard of {u.tag!r} to {self.dir!r} "
+            raise ParamOffloadError(f"rank {self.rank}: writing the {self.name} shard of {u.tag!r} to {self.dir!r} "
                                     f"failed ({ex}); this run's parameters are inconsistent: resume from the last "
                                     "checkpoint") from ex
         self.bytes_written += self.b * u.shard
@@ -198,6 +212,12 @@ class ParamStore:
         """Write back every resident shard a writer may have changed, and free all buffers."""
         for i in list(self.resident):
             self._evict(i)
+
+    def zero_all(self) -> None:
+        """Every shard is zeros (zero_grad): drop the buffers unwritten, read nothing until written."""
+        self.resident.clear()
+        self.reading.clear()
+        self.zeroed = {u.index for u in self.units}
 
     def report(self) -> dict:
         """Bytes moved per optimizer step (mean over the steps run), and where the shards are."""
@@ -229,4 +249,23 @@ def make(stage) -> ParamStore | None:
         raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param with zero_hpz_partition_size > 1 is not "
                          "supported by this engine (hpZ keeps a secondary copy of the parameters in memory); "
                          "allowed: one of the two")
-    return ParamStore(stage, spec)
+    store = ParamStore(stage.e, spec, stage.dtype, stage.dev,
+                       source=lambda u: stage.pshard[u.group][u.local_offset:u.local_offset + u.shard])
+    for g in range(len(stage.e.layout.group_local)):      # the shards left the stage's own storage
+        stage.pshard[g] = torch.empty(0, dtype=stage.dtype, device=stage.dev)
+    return store
+
+
+def make_grads(stage) -> ParamStore | None:
+    """ZeRO-3 with offload_optimizer "nvme" on a CPU model: the gradient shards live in files too
+    (DeepSpeed's optimizer swapper swaps them out as well), next to the optimizer states; at most
+    GRAD_BUFFERS unit shards in memory at a time."""
+    o = stage.e.config.offload_optimizer
+    if not o or o["device"] != "nvme" or stage.dev.type != "cpu":
+        return None
+    spec = {"device": "nvme", "nvme_path": o["nvme_path"], "pin_memory": False, "buffer_count": GRAD_BUFFERS,
+            "buffer_size": max((u.shard for u in stage.e.layout.units), default=0), "max_in_cpu": 0}
+    store = ParamStore(stage.e, spec, stage.dtype, stage.dev, name="grads")
+    for g in range(len(stage.e.layout.group_local)):
+        stage.gshard[g] = torch.empty(0, dtype=stage.dtype, device=stage.dev)
+    return store

@@ -14,7 +14,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
                               ZeroDivergenceError naming them, instead of hanging
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
   offload_param               ParamStore (param_offload.py): shards on the host or in files,
-                              read in for each all-gather, written back after the step
+                              read in for each all-gather, written back after the step;
+                              offload_optimizer nvme: the gradient shards in files too
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class ZeroStage3(Stage3):
         super().__init__(*engine_inputs(engine), engine.module)
         self.hpz = hpz.make(engine)                       # ZeRO++ hpZ, None when off
         self.poff = param_offload.make(self)              # offload_param, None when off
+        self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
@@ -66,6 +68,13 @@ class ZeroStage3(Stage3):
     def param_shard(self, u) -> torch.Tensor:
         poff = getattr(self, "poff", None)                # None while the textbook builds the shards
         return poff.shard(u) if poff and poff.owns(u) else super().param_shard(u)
+
+    def grad_shard(self, u) -> torch.Tensor:
+        goff = getattr(self, "goff", None)
+        return goff.shard(u) if goff else super().grad_shard(u)
+
+    def zero_grad(self) -> None:
+        self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()
 
     def _new_bucket(self, u) -> torch.Tensor:
         return self.pool.take(u)
@@ -170,6 +179,8 @@ class ZeroStage3(Stage3):
         try:
             with self.check.tagged(self.tag, label):
                 super()._reduce(u)
+                if self.goff:
+                    self.wait_all()      # the sum has landed in its shard's buffer before any eviction
         finally:
             self.tag = 0
         if self.hpz:

@@ -113,7 +113,8 @@ ZERO_STATUS = {
     "stage3_gather_16bit_weights_on_model_save": "warned when true (zero_key_notes)",
     "stage3_gather_fp16_weights_on_model_save": W + NOT + "gather a full 16-bit state dict on save (older name)",
     "zero_hpz_partition_size": H + "ZeRO++ hpZ secondary shards (hpz.py)",
-    "offload_optimizer": H + "device cpu/nvme, nvme_path, pin_memory (offload.py; transfer tuning keys warned there)",
+    "offload_optimizer": H + "device cpu/nvme, nvme_path, pin_memory (offload.py; transfer tuning keys warned there); "
+                         "nvme at stage 3 keeps the gradient shards in files too (param_offload.make_grads)",
     **{f"offload_optimizer.{k}": H + "offload.py" for k in ("device", "nvme_path", "pin_memory")},
     **{f"offload_optimizer.{k}": "warned when set: tunes CUDA/AIO transfers (offload.py)"
        for k in ("buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write")},
