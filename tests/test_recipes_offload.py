@@ -1,4 +1,4 @@
-"""offload_optimizer (issue 13, item 5).
+"""offload_optimizer to files (zero_from_scratch/engine/offload.py).
 
     python -m pytest -q tests/test_recipes_offload.py
 
@@ -135,5 +135,3 @@ def test_offload_config_values():
         offload.parse({"offload_optimizer": {"device": "nvme"}})
     with pytest.raises(ValueError, match="device' = 'disk' is invalid"):
         offload.parse({"offload_optimizer": {"device": "disk"}})
-    with pytest.raises(ValueError, match="offload_param"):
-        offload.parse({"offload_param": {"device": "cpu"}})

@@ -63,12 +63,12 @@ def test_spellings_and_defaults_read_as_deepspeed_reads_them():
 
 
 def test_offload_spellings_and_bad_type_named(tmp_path):
-    # optimizer offload is implemented (offload.py); parameter offload and the old flags are refused
+    # optimizer offload (offload.py) at any stage, parameter offload (param_offload.py) at stage 3; the old flags refused
     cfg = load_config({"train_batch_size": 2, "zero_optimization": {
         "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}, "offload_param": {"device": "none"}}}, 1)
     assert cfg.offload_optimizer == {"device": "nvme", "nvme_path": str(tmp_path)}
     assert load_config({"train_batch_size": 2, "zero_optimization": {"offload_optimizer": False}}, 1).offload_optimizer is None
-    with pytest.raises(ValueError, match=r"offload_param.device='cpu'"):
+    with pytest.raises(ValueError, match=r"offload_param' needs stage 3 \(got stage 0\)"):
         load_config({"train_batch_size": 2, "zero_optimization": {"offload_param": {"device": "cpu"}}}, 1)
     with pytest.raises(ValueError, match=r"cpu_offload=true"):
         load_config({"train_batch_size": 2, "zero_optimization": {"cpu_offload": True}}, 1)

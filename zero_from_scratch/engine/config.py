@@ -27,6 +27,8 @@ from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
 from zero_from_scratch.engine.wall_clock import parse as parse_instruments
 from zero_from_scratch.engine.grad_keys import Reduction, parse as parse_reduction, predivide_ignored
 from zero_from_scratch.engine.zeropp import ZeroPP, check as check_zeropp
+from zero_from_scratch.engine.offload import parse as parse_offload
+from zero_from_scratch.engine.param_offload import parse as parse_offload_param
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
@@ -167,6 +169,7 @@ class ZeroRunConfig:
     monitor: dict = field(default_factory=dict)         # section -> monitor.MonitorConfig
     activation_checkpointing: dict | None = None        # the raw section (activation_checkpointing.py)
     offload_optimizer: dict | None = None               # offload.parse: {"device", "nvme_path"} or None
+    offload_param: dict | None = None                   # param_offload.parse: the offload_param section or None
     sub_group_size: int = 1_000_000_000                 # elements per offloaded step chunk (DeepSpeed's default)
     zeropp: ZeroPP = field(default_factory=ZeroPP)      # ZeRO++ qwZ / qgZ switches (zeropp.py)
     unknown_keys: list = field(default_factory=list)
@@ -250,14 +253,13 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         z = {"stage": int(z)}
     z = {ZERO_ALIASES.get(k, k): v for k, v in z.items()}
     on = offloads(z)                            # every spelling DeepSpeed reads as "offload on"
-    refused = [k for k in on if not k.startswith("zero_optimization.offload_optimizer")]
+    refused = [k for k in on if not k.startswith(("zero_optimization.offload_optimizer", "zero_optimization.offload_param"))]
     if refused:
-        raise ValueError(f"config keys {refused} ask for parameter offload (or the deprecated cpu_offload flags), "
-                         'which this engine does not implement; allowed: offload_optimizer {"device": "cpu"|"nvme"}')
+        raise ValueError(f"config keys {refused} are DeepSpeed's deprecated cpu_offload flags, which this engine does not "
+                         'read; allowed: offload_optimizer / offload_param {"device": "cpu"|"nvme"}')
     z_off = {k: v for k, v in z.items() if k not in ("offload_param", "cpu_offload", "cpu_offload_param")}
     if not any(k.startswith("zero_optimization.offload_optimizer") for k in on):
         z_off.pop("offload_optimizer", None)    # absent, null, false, {} or {"device": "none"}: off
-    from zero_from_scratch.engine.offload import parse as parse_offload   # offload.py
     offload = parse_offload(z_off)
     sub_group_size = z.get("sub_group_size", 1_000_000_000)
     if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
@@ -286,6 +288,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown)
     cfg.monitor = parse_monitors(raw)
     cfg.offload_optimizer, cfg.sub_group_size, cfg.zeropp = offload, int(sub_group_size), zeropp
+    cfg.offload_param = parse_offload_param(z, zero.stage)      # param_offload.py (stage 3)
     cfg.activation_checkpointing = parse_ac(raw)
     cfg.instruments = parse_instruments(raw)
     dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"

@@ -6,11 +6,16 @@
 
 device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_rank{r}/group{g}.{key}:
                fp32 master (mixed precision only: in fp32 the parameter shard is the master),
-               Adam's exp_avg and exp_avg_sq. The step streams them through one buffer per key of
-               min(sub_group_size, largest shard) elements: read a chunk, Adam on it (optim.py, the
-               same function as without offload, so the result is bit-identical), write it back.
-               Memory saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus the 3 buffers.
+               Adam's exp_avg and exp_avg_sq. The step streams them through one staging buffer per
+               key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), allocated for the
+               step and freed after it: read a chunk, Adam on it (optim.py, the same function as
+               without offload, so the result is bit-identical), write it back. DeepSpeed sizes its
+               buffer_count swap buffers to a whole sub-group (default 1e9 elements: a whole shard,
+               so at default settings its buffers cost what offload saves); Adam is elementwise, so
+               pieces of 2^20 give the same bits for a bounded cost.
+               Memory saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus ≤ 3 × 4 MiB.
                Bytes moved per step and rank: K·Ψ/N read + K·Ψ/N written (P/N with padding).
+               At ZeRO-3 the gradient shards go to files too (param_offload.make_grads).
 device "cpu"   offload_cpu.py: fp32 master, m, v and the Adam step on the host (pinned with a GPU
                model); gradients copied down, parameters up: b·P/N bytes each way per step and
                rank. The same code runs for a CPU model (host → host copies).
@@ -30,7 +35,7 @@ import warnings
 import torch
 
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
-from zero_from_scratch.engine.offload_cpu import HostOptimizerStates
+from zero_from_scratch.engine.offload_cpu import STREAM_CHUNK, HostOptimizerStates, stream_chunk  # noqa: F401
 
 DEVICES = ("none", "cpu", "nvme")
 TUNING = ("pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline")
@@ -42,9 +47,6 @@ class OffloadError(RuntimeError):
 
 def parse(z: dict) -> dict | None:
     """The offload_optimizer section → {"device", "nvme_path"} (None = no offload)."""
-    if z.get("offload_param"):
-        raise ValueError("config key 'zero_optimization.offload_param' is not supported by this engine; "
-                         "allowed: absent (offload_optimizer is)")
     s = z.get("offload_optimizer")
     if s is None:
         return None
@@ -89,7 +91,7 @@ class NvmeOptimizerStates:
         self.e, c = engine, engine.comm
         self.keys = (("master",) if engine.mixed else ()) + ("exp_avg", "exp_avg_sq")
         self.dir = os.path.join(nvme_path, f"{mp_prefix(*engine_mp(engine))}zero_rank{c.rank:03d}")
-        self.chunk = max(1, min(int(sub_group_size), max(u.shard for u in engine.layout.units)))
+        self.chunk = stream_chunk(engine, sub_group_size)
         self.fds: dict = {}
         err = ""
         try:
@@ -108,7 +110,6 @@ class NvmeOptimizerStates:
             raise OffloadError(f"rank {c.rank}: offload_optimizer nvme_path {nvme_path!r} is not usable on rank(s) "
                                f"{bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder with room for "
                                f"{len(self.keys) * 4}·Ψ/N bytes per rank")
-        self.buf = {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}
         self.bytes_read = self.bytes_written = 0
 
     def _agree(self, failed: bool) -> list[int]:
@@ -123,23 +124,28 @@ class NvmeOptimizerStates:
             for a in range(0, max(u.shard, 1), self.chunk):
                 yield u, a, min(a + self.chunk, u.shard)
 
+    def _buffers(self) -> dict:
+        """Staging buffers for one pass over the states, freed by the caller when it returns."""
+        return {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}
+
     def write_master(self) -> None:
         """master file ← the model-dtype shards (refresh_master for an offloaded run)."""
         if not self.e.mixed:
             return
+        buf = self._buffers()["master"]
         for u, a, b in self._chunks():
-            m = self.buf["master"][:b - a]
+            m = buf[:b - a]
             m.copy_(self.e.stage.param_shard(u)[a:b])
             _io(os.pwritev, self.fds[u.group, "master"], m, 4 * (u.local_offset + a))
 
     def step(self, coef: float, scale: float) -> None:
         """Adam over every chunk: read (master,) m, v; step; write back; copy master into the params."""
         e, err = self.e, ""
-        opt, first = e.optimizer, set()
+        opt, first, staging = e.optimizer, set(), self._buffers()
         try:
             for u, a, b in self._chunks():
                 n, off = b - a, 4 * (u.local_offset + a)
-                bufs = {k: self.buf[k][:n] for k in self.keys}
+                bufs = {k: staging[k][:n] for k in self.keys}
                 for k, t in bufs.items():
                     _io(os.preadv, self.fds[u.group, k], t, off)
                 g = e.stage.grad_shard(u)[a:b]
@@ -161,6 +167,7 @@ class NvmeOptimizerStates:
                 self.bytes_written += 4 * n * len(self.keys)
         except OSError as ex:
             err = f"{ex}"
+        staging = bufs = None                  # freed before the next forward: never part of its peak
         bad = self._agree(bool(err))
         if bad:
             raise OffloadError(f"rank {e.comm.rank}: the optimizer step failed writing/reading offloaded states on "

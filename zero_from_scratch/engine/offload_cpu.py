@@ -9,21 +9,29 @@ on the host; pinned (page-locked) when the model is on a GPU (unless "pin_memory
 the copies are plain DMA and the upward ones asynchronous.
 The device keeps only the model-dtype parameters and gradients.
 
-One optimizer step, per unit and per chunk of min(sub_group_size, shard) elements:
-  gradient shard  device → host   (one reusable host buffer in the model dtype)
+One optimizer step, per unit and per chunk of min(sub_group_size, shard, 2^20) elements:
+  gradient shard  device → host   (one host buffer in the model dtype, for the step only)
   × clip_coef / (N · loss_scale), Adam on the host master (optim.py's step_group, the function the
   non-offloaded engine calls, on the same values: offload moves bytes, not maths)
   master chunk    host → device   (cast to the model dtype on the way)
 Bytes moved per step and rank, b = bytes per model-dtype element, P = padded Ψ:
   b·P/N down (gradients) + b·P/N up (parameters); counted in `bytes_down` / `bytes_up`.
 Memory per rank: device saves K·Ψ/N (K = 12 mixed: master + m + v; 8 in fp32: m + v); the host
-holds 12·Ψ/N (4 master + 8 m, v) plus one chunk of b bytes per element for the gradients.
+holds 12·Ψ/N (4 master + 8 m, v) plus, during the step, one chunk of b bytes per element for
+the gradients.
 Written device-generic: for a model on the CPU the copies are host → host (same code path, which
 is how the CPU test proves the path bit-identical to no offload).
 """
 from __future__ import annotations
 
 import torch
+
+STREAM_CHUNK = 1 << 20     # elements per staging buffer, whatever the shard size (4 MiB of fp32)
+
+
+def stream_chunk(engine, sub_group_size: int) -> int:
+    """Elements per staging buffer: min(sub_group_size, largest shard, STREAM_CHUNK), at least 1."""
+    return max(1, min(int(sub_group_size), max((u.shard for u in engine.layout.units), default=1), STREAM_CHUNK))
 
 
 class HostOptimizerStates:
@@ -33,10 +41,8 @@ class HostOptimizerStates:
         self.e = e = engine
         self.device = e.device
         self.pin = pin_memory and e.device.type == "cuda"   # pinning needs (and only helps) CUDA
-        largest = max((u.shard for u in e.layout.units), default=0)
-        self.chunk = max(1, min(int(sub_group_size), largest))
+        self.chunk = stream_chunk(e, sub_group_size)
         self.master = [self._host(n, torch.float32) for n in e.layout.group_local]
-        self.gbuf = self._host(self.chunk if largest else 0, e.dtype)
         self.bytes_down = self.bytes_up = 0       # running totals; per step: see report()
         self.steps = 0
 
@@ -61,12 +67,13 @@ class HostOptimizerStates:
 
     def step(self, coef: float, scale: float) -> None:
         e, opt, first = self.e, self.e.optimizer, set()
+        gbuf = self._host(self.chunk, e.dtype)    # freed when the step returns
         for u in e.layout.units:
             g_dev, p_dev = e.stage.grad_shard(u), e.stage.param_shard(u)
             master = self.master[u.group][u.local_offset:u.local_offset + u.shard]
             for a in range(0, max(u.shard, 1), self.chunk):
                 b = min(a + self.chunk, u.shard)
-                g = self.gbuf[:b - a]
+                g = gbuf[:b - a]
                 g.copy_(g_dev[a:b])                # device → host; blocking: Adam reads it next
                 g32 = g.mul_(coef / scale) if not e.mixed else g.float().mul_(coef / scale)
                 opt.step_group(u.group, master[a:b], g32, u.local_offset + a, u.local_offset + b,

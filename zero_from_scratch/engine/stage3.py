@@ -15,6 +15,9 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
                               unit, call#); ranks that ran different modules raise
                               ZeroDivergenceError naming them, instead of hanging
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
+  offload_param               ParamStore (param_offload.py): shards on the host or in files,
+                              read in for each all-gather, written back after the step;
+                              offload_optimizer nvme: the gradient shards in files too
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import warnings
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import hpz, qgz, qwz
+from zero_from_scratch.engine import hpz, param_offload, qgz, qwz
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
@@ -48,6 +51,8 @@ class ZeroStage3(Stage3):
         super().__init__(*engine_inputs(engine), engine.module)
         self.hpz = hpz.make(engine)                       # ZeRO++ hpZ, None when off
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
+        self.poff = param_offload.make(self)              # offload_param, None when off
+        self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
@@ -66,6 +71,17 @@ class ZeroStage3(Stage3):
         numbered after it; both can be gathered, traced, kept and released."""
         units = self.e.layout.units
         return units[i] if i < len(units) else self.e.frozen.units[i - len(units)]
+
+    def param_shard(self, u) -> torch.Tensor:
+        poff = getattr(self, "poff", None)                # None while the textbook builds the shards
+        return poff.shard(u) if poff and poff.owns(u) else super().param_shard(u)
+
+    def grad_shard(self, u) -> torch.Tensor:
+        goff = getattr(self, "goff", None)
+        return goff.shard(u) if goff else super().grad_shard(u)
+
+    def zero_grad(self) -> None:
+        self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()
 
     def _new_bucket(self, u) -> torch.Tensor:
         return self.pool.take(u)
@@ -86,6 +102,8 @@ class ZeroStage3(Stage3):
             except CollectiveError as e:
                 raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {label} failed: {e}") from e
             self.pf.stats["prefetch_used"] += 1
+            if self.poff:
+                self.poff.end_read(u)                     # the collective has the shard: drop its copy
             self._install(u, full)
             return
         self.pf.make_room(u.padded, lambda v: self._release(v, force=True))
@@ -103,12 +121,17 @@ class ZeroStage3(Stage3):
             return self.qwz.fetch(u, kind, full)
         if self.hpz and self.hpz.gather(u, kind, full, self.tag):   # hpZ: backward stays in the node
             return
+        fresh = self.poff is not None and self.poff.begin_read(u)
         super()._fetch(u, kind, full)
+        if fresh:
+            self.poff.end_read(u)
         if self.hpz:
             self.hpz.keep(u, full)
 
     def _start_prefetch(self, u, kind: str):
         tag = self.check.count(kind, u, f"prefetch for {kind} of {u.tag!r}")
+        if self.poff:
+            self.poff.begin_read(u)                       # kept until _gather has waited for it
         if self.qwz:
             return self.qwz.start(u, kind, tag)
         full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
@@ -167,6 +190,8 @@ class ZeroStage3(Stage3):
         try:
             with self.check.tagged(self.tag, label):
                 super()._reduce(u)
+                if self.goff:
+                    self.wait_all()      # the sum has landed in its shard's buffer before any eviction
         finally:
             self.tag = 0
         if self.hpz:
@@ -191,6 +216,8 @@ class ZeroStage3(Stage3):
 
     def forward_done(self) -> None:
         """Called before each forward: eval / no-grad passes leave no state behind."""
+        if self.poff:
+            self.poff.flush()            # shards a writer touched since (load, modifier_rank) go back
         self.pf.start_forward(torch.is_grad_enabled())
         if not self.pf.in_train:
             self.check.restart()
@@ -199,6 +226,8 @@ class ZeroStage3(Stage3):
     def after_step(self) -> None:
         if self.hpz:
             self.hpz.clear()             # secondary shards are stale once the weights move
+        if self.poff:
+            self.poff.flush()            # the stepped shards go back to the host / files
         self.release_all()               # the shards changed: persistent copies are stale
 
     after_load = after_step
