@@ -151,4 +151,18 @@ ZERO_STATUS = {
     "mics_hierarchical_params_gather": R + NOT + "gather MiCS shards hierarchically",
     "zeropp_loco_param": R + NOT + "compensate quantization error in qgZ (LoCo)",
 }
-KEY_STATUS = {**TOP, **SUB, **{f"zero_optimization.{k}": v for k, v in ZERO_STATUS.items()}}
+# The keys initialize's client-object paths read (client_optim.py, dataloader.py), and the sections' new types
+SURFACE_STATUS = {
+    "zero_allow_untested_optimizer": H + "required, as DeepSpeed asserts, for an optimizer outside ZeRO's tested list "
+                                     "(SGD) at stages 1-3 (client_optim.py)",
+    "zero_force_ds_cpu_optimizer": H + "true (default): offload_optimizer with a client optimizer other than "
+                                   "DeepSpeedCPUAdam is refused, as DeepSpeed raises (client_optim.py)",
+    "dataloader_drop_last": H + "drop_last of initialize(training_data=)'s loader (dataloader.py)",
+    "optimizer.type": H + "Adam/AdamW/Lion/Adagrad in any letter case, SGD (client_optim.py, optimizers.py); other "
+                      "torch.optim names refused",
+    "optimizer.params": H + "each class's own arguments (client_optim.DEFAULTS), torch_adam/adam_w_mode/bias_correction "
+                        "for Adam; foreach/fused/differentiable/capturable accepted (same maths); others refused",
+    "scheduler.type": H + "lr_schedules.VALID_LR_SCHEDULES; torch.optim.lr_scheduler names refused",
+    "scheduler.params": H + "each schedule's own arguments (lr_schedules.py)",
+}
+KEY_STATUS = {**TOP, **SUB, **SURFACE_STATUS, **{f"zero_optimization.{k}": v for k, v in ZERO_STATUS.items()}}
