@@ -254,3 +254,50 @@ def test_engine_surface_attributes(spawn, tmp_path):
         assert out["forwarded"] and out["stepped"] and out["frozen"]
         assert out["norm_ratio"] == pytest.approx(2.0, rel=1e-6)
         assert out["overflow"] is False and out["cur_scale"] == 1.0
+
+
+# ----------------------------------------------------------------------------- safe_get_* / safe_set_*
+def _safe(rank, world):
+    import zero_from_scratch
+    from zero_from_scratch.engine import safe_api as S
+    out = {}
+    for stage in (0, 1, 2, 3):
+        m, ref = _model(), _model()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0)
+        cfg = {"train_batch_size": BATCH * world, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage}}
+        e, *_ = zero_from_scratch.initialize(model=m, optimizer=opt, config=cfg)
+        pairs = list(zip(m.parameters(), ref.parameters()))
+        diffs = []
+        for t in range(2):
+            x, y = _data(t, rank)
+            e.backward(nn.functional.mse_loss(e(x), y))
+            xs, ys = zip(*[_data(t, r) for r in range(world)])
+            nn.functional.mse_loss(ref(torch.cat(xs)), torch.cat(ys)).backward()
+            diffs += [float((S.safe_get_full_grad(p) - q.grad).abs().max()) for p, q in pairs]
+            e.step()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            diffs += [float((S.safe_get_full_fp32_param(p) - q).abs().max()) for p, q in pairs]
+            for k in ("exp_avg", "exp_avg_sq"):
+                diffs += [float((S.safe_get_full_optimizer_state(p, k) - ref_opt.state[q][k]).abs().max())
+                          for p, q in pairs]
+            if t == 0:      # set a weight and a state on both sides; the next step starts from them
+                w, wr = pairs[0]
+                new = torch.linspace(-1, 1, w.numel() if stage != 3 else wr.numel()).view(wr.shape)
+                S.safe_set_full_fp32_param(w, new)
+                S.safe_set_full_optimizer_state(w, torch.full_like(new, 0.01), "exp_avg")
+                with torch.no_grad():
+                    wr.copy_(new)
+                ref_opt.state[wr]["exp_avg"].fill_(0.01)
+                diffs.append(float((S.safe_get_full_fp32_param(w) - new).abs().max()))
+        out[stage] = max(diffs)
+        out[stage, "frozen"] = S.safe_get_full_fp32_param(nn.Parameter(torch.zeros(2)))
+    return out
+
+
+def test_safe_get_set_equal_one_process_torch(spawn):
+    res = spawn(_safe, 2)[0]
+    for stage in (0, 1, 2, 3):
+        assert res[stage] < 1e-6, (stage, res[stage])
+        assert res[stage, "frozen"] is None           # not the engine's: None, as DeepSpeed's

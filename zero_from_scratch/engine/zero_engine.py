@@ -46,7 +46,7 @@ from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
-from zero_from_scratch.engine import client_optim, surface
+from zero_from_scratch.engine import client_optim, safe_api, surface
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -130,6 +130,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.optimizer.loss_scaler, self.optimizer.engine_backward = self.loss_scaler, self.backward
         self._boundary_override = None              # set_gradient_accumulation_boundary (surface.py)
         self.tput_timer = surface.ThroughputTimer(self.config.train_batch_size)
+        safe_api.register(self)                      # safe_get_full_* find the engine from the parameter
         self.micro_steps = self.global_steps = self.skipped_steps = 0
         self._global_grad_norm = None
         self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
