@@ -137,3 +137,76 @@ def test_safe_get_equals_deepspeed(spawn):
             print(f"ZeRO-{stage} {'bf16' if bf16 else 'fp32'} {('grad', 'fp32 param', 'adam state')[kind % 3]} "
                   f"step {kind // 3}: max rel diff {worst:.2e}")
             assert worst <= (1e-2 if bf16 else 1e-6), (stage, bf16, kind, worst)
+
+
+# ----------------------------------------------------------------------------- checkpoints, both ways
+def _ckpt_cfg(stage, bf16=False):
+    return {"train_micro_batch_size_per_gpu": MB, "gradient_clipping": 1.0, "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 6, "warmup_max_lr": 1e-2}},
+            "bf16": {"enabled": bf16}}
+
+
+def _steps(engine, rank, steps):
+    out = []
+    for t in steps:
+        x, y = _batch(t, rank)
+        loss = nn.functional.mse_loss(engine(x.to(engine.module[0].weight.dtype)).float(), y)
+        engine.backward(loss)
+        engine.step()
+        t_ = torch.tensor([loss.item()], dtype=torch.float64)
+        torch.distributed.all_reduce(t_)
+        out.append(t_.item() / 2)
+    return out
+
+
+def _resume_from_deepspeed(rank, world, d, stage, bf16):
+    """DeepSpeed trains 2 steps, saves, trains 2 more; ours loads DeepSpeed's checkpoint, trains the same 2."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    import zero_from_scratch
+    from zero_from_scratch.parity.sides import prepare_deepspeed
+    m = _model()
+    ds, *_ = prepare_deepspeed().initialize(model=m, model_parameters=m.parameters(), config=_ckpt_cfg(stage, bf16))
+    _steps(ds, rank, range(2))
+    ds.save_checkpoint(d, client_state={"epoch": 7})
+    want = _steps(ds, rank, range(2, 4))
+    m2 = _model()
+    with torch.no_grad():
+        for p in m2.parameters():
+            p.mul_(-3.0)                 # different weights: the load must replace them
+    ours, *_ = zero_from_scratch.initialize(model=m2, model_parameters=m2.parameters(), config=_ckpt_cfg(stage, bf16))
+    _, client = ours.load_checkpoint(d)
+    got = _steps(ours, rank, range(2, 4))
+    return want, got, client.get("epoch"), ours.global_steps
+
+
+@pytest.mark.parametrize("stage, bf16", [(1, False), (2, False), (3, False), (2, True)])
+def test_ours_resumes_from_a_deepspeed_checkpoint(spawn, tmp_path, stage, bf16):
+    want, got, epoch, steps = spawn(_resume_from_deepspeed, 2, args=(str(tmp_path), stage, bf16), timeout=600.0)[0]
+    assert epoch == 7 and steps == 4
+    for a, b in zip(want, got):     # bf16: one bf16 rounding of the loss (2^-8 relative)
+        assert abs(a - b) <= (4e-3 if bf16 else 1e-5) * abs(a), (want, got)
+
+
+def _save_ours(rank, world, d, stage):
+    import zero_from_scratch
+    m = _model()
+    m[2].bias.requires_grad_(False)        # a frozen parameter: DeepSpeed's frozen_param_* entries
+    e, *_ = zero_from_scratch.initialize(model=m, model_parameters=[p for p in m.parameters() if p.requires_grad],
+                                         config=_ckpt_cfg(stage))
+    _steps(e, rank, range(2))
+    e.save_checkpoint(d)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeeds_zero_to_fp32_reads_our_checkpoint(spawn, tmp_path, stage):
+    from zero_from_scratch.engine.checkpoint_read import consolidate
+    from zero_from_scratch.parity.sides import prepare_deepspeed
+    spawn(_save_ours, 2, args=(str(tmp_path), stage))
+    prepare_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    theirs, ours = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path)), consolidate(str(tmp_path))
+    assert sorted(theirs) == sorted(ours) and "2.bias" in theirs
+    for k in ours:
+        assert torch.equal(theirs[k].float(), ours[k].float()), k
