@@ -236,6 +236,16 @@ def _surface(rank, world, cfg_path):
     out["frozen"] = _maxdiff(before, _full(e)) == 0
     out["overflow"], out["cur_scale"] = opt.overflow, opt.cur_scale
     e.destroy()
+    # fp16: the optimizer's overflow / cur_scale / loss_scale as accelerate and DeepSpeedExamples read them
+    m = nn.Linear(4, 2)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+           "fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}}
+    e, opt, _, _ = zero_from_scratch.initialize(model=m, model_parameters=m.parameters(), config=cfg)
+    scale0 = opt.cur_scale
+    x = torch.ones(2, 4, dtype=torch.float16) * (1e4 if rank == 1 else 1.0)   # rank 1's gradients overflow
+    e.backward(e(x).float().pow(2).sum())
+    e.step()
+    out["fp16"] = (scale0, opt.overflow, opt.loss_scale, e.was_step_applied())
     return out
 
 
@@ -254,6 +264,22 @@ def test_engine_surface_attributes(spawn, tmp_path):
         assert out["forwarded"] and out["stepped"] and out["frozen"]
         assert out["norm_ratio"] == pytest.approx(2.0, rel=1e-6)
         assert out["overflow"] is False and out["cur_scale"] == 1.0
+        assert out["fp16"] == (2.0 ** 8, True, 2.0 ** 7, False)     # skipped on every rank, scale halved
+
+
+def test_initialize_starts_torch_distributed_when_nobody_did(tmp_path):
+    """deepspeed.initialize → init_distributed: a plain `python script.py` becomes a world of one."""
+    import subprocess
+    import sys
+    script = tmp_path / "s.py"
+    script.write_text("import os, torch, torch.distributed as dist, zero_from_scratch\n"
+                      "for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'): os.environ.pop(k, None)\n"
+                      "m = torch.nn.Linear(2, 2)\n"
+                      "e, *_ = zero_from_scratch.initialize(model=m, config={'train_batch_size': 2})\n"
+                      "print(dist.is_initialized(), dist.get_world_size(), e.world_size, e.local_rank)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-4:] == ["True", "1", "1", "0"]
 
 
 # ----------------------------------------------------------------------------- safe_get_* / safe_set_*
