@@ -327,3 +327,28 @@ def test_safe_get_set_equal_one_process_torch(spawn):
     for stage in (0, 1, 2, 3):
         assert res[stage] < 1e-6, (stage, res[stage])
         assert res[stage, "frozen"] is None           # not the engine's: None, as DeepSpeed's
+
+
+def _save16(rank, world, d):
+    import zero_from_scratch
+    out = []
+    for stage, flag in ((2, False), (3, False), (3, True)):
+        m = _model()
+        m[2].bias.requires_grad_(False)
+        cfg = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+               "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": flag}}
+        e, *_ = zero_from_scratch.initialize(model=m, model_parameters=[p for p in m.parameters() if p.requires_grad],
+                                             config=cfg)
+        saved = e.save_16bit_model(d, f"s{stage}{flag}.bin")
+        want = {k: v.to(torch.bfloat16) for k, v in _model().state_dict().items()}   # rank 0's initial weights
+        if saved and rank == 0:
+            got = torch.load(f"{d}/s{stage}{flag}.bin")
+            out.append(sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want))
+        else:
+            out.append(saved)
+    return out
+
+
+def test_save_16bit_model_as_deepspeed(spawn, tmp_path):
+    # stage 2: saved; stage 3 without stage3_gather_16bit_weights_on_model_save: nothing (False); with it: saved
+    assert spawn(_save16, 2, args=(str(tmp_path),))[0] == [True, False, True]

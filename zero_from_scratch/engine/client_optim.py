@@ -164,8 +164,13 @@ SURFACE_KEYS = {"zero_allow_untested_optimizer": False, "zero_force_ds_cpu_optim
 
 
 def surface_keys(raw: dict) -> dict:
-    """The top-level keys initialize's client-object paths read, with DeepSpeed's defaults."""
-    return {k: bool(raw.get(k, d)) for k, d in SURFACE_KEYS.items()}
+    """The top-level keys initialize's client-object paths read, with DeepSpeed's defaults; and
+    zero_optimization's 16-bit save flag (either name, with or without the stage3_ prefix)."""
+    z = raw.get("zero_optimization")
+    z = z if isinstance(z, dict) else {}
+    g16 = any(z.get(p + k) for p in ("stage3_", "") for k in ("gather_16bit_weights_on_model_save",
+                                                             "gather_fp16_weights_on_model_save"))
+    return {**{k: bool(raw.get(k, d)) for k, d in SURFACE_KEYS.items()}, "gather_16bit_on_save": g16}
 
 
 class _Names:

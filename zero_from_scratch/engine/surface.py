@@ -1,6 +1,6 @@
 """DeepSpeedEngine's surface that real clients touch, on ZeroEngine: ranks, the device, attribute
 lookups forwarded to the wrapped module, the accumulation boundary set by the client, destroy,
-deepspeed_io, the throughput timer; and initialize's argument handling (args.deepspeed_config,
+deepspeed_io, the throughput timer, the 16-bit model save; and initialize's argument handling (args.deepspeed_config,
 starting torch.distributed, the client LR scheduler).
 
     engine, optimizer, loader, sched = zero_from_scratch.initialize(args=args, model=m, training_data=ds)
@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from primitives.engine import registry
 from primitives.engine.launch import init_from_env
+from primitives.engine.log import print0
+from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader
 
 
@@ -112,6 +114,58 @@ class DeepSpeedSurface:
             dataset, batch_size or self.train_micro_batch_size_per_gpu(), pin_memory and self.device.type == "cuda",
             self.local_rank, self.tput_timer if route == "train" else None, collate_fn, num_local_io_workers,
             data_sampler, self.comm.size, self.comm.rank, self.config.surface["dataloader_drop_last"])
+
+
+    # ------------------------------------------------------------------ 16-bit weights (the HF Trainer's save)
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        """The wrapped module's state_dict (stages 0-2: every parameter is whole on every rank)."""
+        sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            for n, p in self.module.named_parameters():
+                if not p.requires_grad:
+                    sd.pop(prefix + n, None)
+        return sd
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """DeepSpeed's: the full state_dict in the model dtype on rank 0 (None elsewhere), gathered one
+        module at a time (every rank must call it: all-gathers); shared parameters stay shared."""
+        if self.stage_id != 3:
+            raise ValueError("this function requires ZeRO-3 mode")      # DeepSpeed's words
+        out, seen = ({} if self.comm.global_rank == 0 else None), {}
+        for mname, m in self.module.named_modules():
+            pre = f"{mname}." if mname else ""
+            params = list(m.parameters(recurse=False))
+            with self._gathered(params, None):
+                if out is None:
+                    continue
+                for n, p in m.named_parameters(recurse=False):
+                    if exclude_frozen_parameters and not p.requires_grad:
+                        continue
+                    out[pre + n] = out[seen[id(p)]] if id(p) in seen else p.detach().cpu().clone()
+                    seen.setdefault(id(p), pre + n)
+                for n, b in m.named_buffers(recurse=False):
+                    if n not in m._non_persistent_buffers_set:
+                        out[pre + n] = b.detach().cpu().clone()
+        return out
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """DeepSpeed's: rank 0 writes the model-dtype state_dict; at stage 3 only with
+        zero_optimization.stage3_gather_16bit_weights_on_model_save (else False, nothing written)."""
+        if self.stage_id == 3:
+            if not self.config.surface["gather_16bit_on_save"]:
+                print0(f"[zero_from_scratch] did not save {save_filename}: stage3_gather_16bit_weights_on_model_save "
+                       "is false (DeepSpeed does the same)")
+                return False
+            sd = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        else:
+            sd = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self.comm.global_rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            atomic_write(os.path.join(save_dir, save_filename), lambda f: torch.save(sd, f))
+        return True
+
+    save_fp16_model = save_16bit_model
 
 
 def start_distributed(comm_impl: str) -> None:

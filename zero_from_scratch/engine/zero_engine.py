@@ -25,6 +25,10 @@ Device: every buffer, shard, gradient and Adam state lives on the parameters' de
 per model, else a ValueError naming the parameters on each), except with offload_optimizer: "cpu"
 keeps the fp32 master and Adam states on the host (offload_cpu.py), "nvme" in files (offload.py).
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
+DeepSpeed's client-facing surface: client optimizer objects / callables and LR schedulers
+(client_optim.py, optimizers.py), initialize(training_data=, args=) and torch.distributed start-up,
+ranks, module attribute forwarding, the accumulation boundary, destroy, save_16bit_model
+(surface.py), safe_get_*/safe_set_* (safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py).
 """
 from __future__ import annotations
 

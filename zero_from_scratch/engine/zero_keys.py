@@ -85,9 +85,9 @@ def zero_key_notes(raw_zero: dict, zero) -> list[str]:          # zero: a config
     if "sub_group_size" in setk and not offloads(raw_zero):   # with offload it bounds the step's chunks
         note("sub_group_size", "not used: the optimizer steps every shard in 4 Mi-element chunks; DeepSpeed would "
              "step ZeRO-3 shards in sub-groups of this many elements")
-    if raw_zero.get("stage3_gather_16bit_weights_on_model_save"):
-        note("stage3_gather_16bit_weights_on_model_save", "no save_16bit_model here; DeepSpeed would gather a full "
-             "16-bit state dict on save (use zero_from_scratch.engine.zero_to_fp32 / consolidate)")
+    if st != 3 and raw_zero.get("stage3_gather_16bit_weights_on_model_save"):
+        note("stage3_gather_16bit_weights_on_model_save", f"no effect at stage {st} (stage 3 only): save_16bit_model "
+             "writes the whole state_dict anyway, as DeepSpeed does")
     if st != 3:
         for k in ZERO_KEYS:
             if k.startswith("stage3_") and k in setk:
@@ -110,8 +110,9 @@ ZERO_STATUS = {
     "allgather_partitions": "warned when false (zero_key_notes)",
     "round_robin_gradients": "warned when true (zero_key_notes)",
     "sub_group_size": H + "with offload_optimizer: elements per step chunk; warned otherwise (zero_key_notes)",
-    "stage3_gather_16bit_weights_on_model_save": "warned when true (zero_key_notes)",
-    "stage3_gather_fp16_weights_on_model_save": W + NOT + "gather a full 16-bit state dict on save (older name)",
+    "stage3_gather_16bit_weights_on_model_save": H + "stage 3: save_16bit_model gathers the full model-dtype "
+                                                 "state_dict on rank 0 (surface.py); false: it saves nothing",
+    "stage3_gather_fp16_weights_on_model_save": H + "the older name of stage3_gather_16bit_weights_on_model_save",
     "zero_hpz_partition_size": H + "ZeRO++ hpZ secondary shards (hpz.py)",
     "offload_optimizer": H + "device cpu/nvme, nvme_path, pin_memory (offload.py; transfer tuning keys warned there)",
     **{f"offload_optimizer.{k}": H + "offload.py" for k in ("device", "nvme_path", "pin_memory")},
