@@ -118,16 +118,19 @@ def _config_optimizers(rank, world):
                                                                              "zero_optimization": {"stage": 1}})
         except (NotImplementedError, ValueError) as err:
             msgs.append(str(err))
-    return out, msgs
+    return out, msgs, _safe(rank, world)
 
 
-def test_client_and_config_optimizers_equal_one_process_torch(spawn):
-    (res, msgs), _ = spawn(_config_optimizers, 2)
+def test_client_and_config_optimizers_and_safe_api_equal_one_process_torch(spawn):
+    (res, msgs, safe), _ = spawn(_config_optimizers, 2)     # one spawn: torch.optim's first import is ~5 s a rank
     for stage in (1, 2, 3):
         assert res[stage, "lr"] == pytest.approx(1e-2 / 4)   # LambdaLR stepped once per optimizer step (3)
     for k, d in res.items():
         assert k[1] == "lr" or d < 1e-6, (k, d)
     assert "torch.optim.rmsprop.RMSprop" in msgs[0] and "zero_allow_untested_optimizer" in msgs[1]
+    for stage in (0, 1, 2, 3):       # safe_get_*/safe_set_* (_safe below) against the same one-process torch
+        assert safe[stage] < 1e-6, (stage, safe[stage])
+        assert safe[stage, "frozen"] is None           # not the engine's: None, as DeepSpeed's
 
 
 def test_lion_step_is_the_papers_update_with_fused_lions_zero_rule():
@@ -209,7 +212,7 @@ def test_loader_equals_deepspeeds(drop_last):
 
 
 # ----------------------------------------------------------------------------- the engine's attributes
-def _surface(rank, world, cfg_path):
+def _surface(rank, world, cfg_path, save_dir):
     import zero_from_scratch
     m = _model()
     args = types.SimpleNamespace(deepspeed_config=cfg_path, local_rank=rank)
@@ -246,6 +249,7 @@ def _surface(rank, world, cfg_path):
     e.backward(e(x).float().pow(2).sum())
     e.step()
     out["fp16"] = (scale0, opt.overflow, opt.loss_scale, e.was_step_applied())
+    out["save16"] = _save16(rank, world, save_dir)
     return out
 
 
@@ -256,7 +260,7 @@ def test_engine_surface_attributes(spawn, tmp_path):
                                "zero_optimization": {"stage": 2}, "gradient_clipping": 0.0,
                                "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
                                "zero_allow_untested_optimizer": True}))
-    res = spawn(_surface, 2, args=(str(cfg),))
+    res = spawn(_surface, 2, args=(str(cfg), str(tmp_path)))
     sampler = [list(torch.utils.data.DistributedSampler(_Squares(), 2, r)) for r in (0, 1)]
     for r, out in enumerate(res):
         assert out["ranks"] == (r, r, 2, "cpu")
@@ -265,8 +269,12 @@ def test_engine_surface_attributes(spawn, tmp_path):
         assert out["norm_ratio"] == pytest.approx(2.0, rel=1e-6)
         assert out["overflow"] is False and out["cur_scale"] == 1.0
         assert out["fp16"] == (2.0 ** 8, True, 2.0 ** 7, False)     # skipped on every rank, scale halved
+    # save_16bit_model: stage 2 saves; stage 3 without stage3_gather_16bit_weights_on_model_save saves nothing
+    # (False), with it saves rank 0's gathered weights (_save16)
+    assert res[0]["save16"] == [True, False, True]
 
 
+@pytest.mark.slow
 def test_initialize_starts_torch_distributed_when_nobody_did(tmp_path):
     """deepspeed.initialize → init_distributed: a plain `python script.py` becomes a world of one."""
     import subprocess
@@ -322,13 +330,6 @@ def _safe(rank, world):
     return out
 
 
-def test_safe_get_set_equal_one_process_torch(spawn):
-    res = spawn(_safe, 2)[0]
-    for stage in (0, 1, 2, 3):
-        assert res[stage] < 1e-6, (stage, res[stage])
-        assert res[stage, "frozen"] is None           # not the engine's: None, as DeepSpeed's
-
-
 def _save16(rank, world, d):
     import zero_from_scratch
     out = []
@@ -348,7 +349,3 @@ def _save16(rank, world, d):
             out.append(saved)
     return out
 
-
-def test_save_16bit_model_as_deepspeed(spawn, tmp_path):
-    # stage 2: saved; stage 3 without stage3_gather_16bit_weights_on_model_save: nothing (False); with it: saved
-    assert spawn(_save16, 2, args=(str(tmp_path),))[0] == [True, False, True]
