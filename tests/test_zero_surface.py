@@ -349,3 +349,15 @@ def _save16(rank, world, d):
             out.append(saved)
     return out
 
+
+
+def test_initialize_takes_deepspeeds_arguments_each_with_a_status():
+    import inspect
+    _ds_schedules()
+    import deepspeed
+    import zero_from_scratch
+    from zero_from_scratch.engine.zero_keys import INITIALIZE_ARGS
+    theirs = list(inspect.signature(deepspeed.initialize).parameters)
+    ours = list(inspect.signature(zero_from_scratch.initialize).parameters)
+    assert ours[:len(theirs)] == theirs             # the same names in the same order: positional calls agree
+    assert sorted(INITIALIZE_ARGS) == sorted(theirs)

@@ -168,14 +168,17 @@ class DeepSpeedSurface:
     save_fp16_model = save_16bit_model
 
 
-def start_distributed(comm_impl: str) -> None:
+def start_distributed(comm_impl: str, distributed_port=None) -> None:
     """deepspeed.initialize → init_distributed: start torch.distributed when nobody did (from
-    RANK/WORLD_SIZE/MASTER_ADDR, or a world of one for a plain `python script.py`). Not with
-    mpiexec's MPI world (primitives' MPI communicator needs no process group)."""
+    RANK/WORLD_SIZE/MASTER_ADDR, MASTER_PORT defaulting to distributed_port, or a world of one for
+    a plain `python script.py`). Not with mpiexec's MPI world (primitives' MPI communicator needs
+    no process group)."""
     if dist.is_initialized() or (comm_impl == "primitives" and registry._MPI_WORLD is not None):  # mpiexec's world
         return
     if "RANK" not in os.environ:                     # DeepSpeed's mpi_discovery sets these for a world of one
         os.environ.setdefault("LOCAL_RANK", "0")
+    elif distributed_port is not None:
+        os.environ.setdefault("MASTER_PORT", str(distributed_port))
     init_from_env("auto")
 
 

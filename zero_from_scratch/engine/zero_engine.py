@@ -266,19 +266,25 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
-               config_params=None, comm_impl: str = "primitives", **kwargs):
+               mesh_param=None, config_params=None, comm_impl: str = "primitives", **kwargs):
     """deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler).
     optimizer: a client optimizer object or callable (client_optim.py), else the config's;
     lr_scheduler: a client scheduler object or callable(optimizer), else the config's;
     training_data: a Dataset → DeepSpeed's distributed loader (dataloader.py); torch.distributed is
-    started when nobody started it (surface.py). mpu: DeepSpeed's model-parallel unit (mpu.py)."""
+    started when nobody started it (surface.py). mpu: DeepSpeed's model-parallel unit (mpu.py).
+    What each argument does here: zero_keys.INITIALIZE_ARGS."""
     if kwargs:
         raise TypeError(f"initialize() got unexpected arguments {sorted(kwargs)}")
+    if mesh_param is not None:
+        raise NotImplementedError("initialize(mesh_param=...) is not implemented here; DeepSpeed would build a "
+                                  "data × sequence parallel device mesh. Use mpu= (primitives.mesh.Mesh.mpu())")
     if model is None:
         raise ValueError("initialize(model=...) is required (DeepSpeed asserts 'deepspeed.initialize requires a model')")
     config = surface.resolve_config(args, config, config_params)
     if dist_init_required is not False:
-        surface.start_distributed(comm_impl)
+        surface.start_distributed(comm_impl, distributed_port)
     engine = ZeroEngine(model, model_parameters, config, comm_impl, mpu, optimizer, lr_scheduler)
+    if hasattr(args, "local_rank"):
+        args.local_rank = engine.local_rank          # DeepSpeed writes it back too
     loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None
     return engine, engine.optimizer, loader, engine.lr_scheduler

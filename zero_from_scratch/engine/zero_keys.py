@@ -167,3 +167,21 @@ SURFACE_STATUS = {
     "scheduler.params": H + "each schedule's own arguments (lr_schedules.py)",
 }
 KEY_STATUS = {**TOP, **SUB, **SURFACE_STATUS, **{f"zero_optimization.{k}": v for k, v in ZERO_STATUS.items()}}
+
+# deepspeed.initialize's arguments (DeepSpeed 0.19.8's signature) and what zero_from_scratch.initialize does with each
+INITIALIZE_ARGS = {
+    "args": H + "args.deepspeed_config (or deepscale_config) when no config is passed; args.local_rank written back",
+    "model": H + "the nn.Module to wrap (required)",
+    "optimizer": H + "a torch.optim.Adam/AdamW/SGD/Adagrad or FusedAdam/DeepSpeedCPUAdam/FusedLion/DeepSpeedCPULion "
+                     "object, or a callable of the parameters; its param groups drive the shards (client_optim.py)",
+    "model_parameters": H + "parameters or param groups (params.py)",
+    "training_data": H + "a Dataset → DeepSpeed's distributed loader, the third returned value (dataloader.py)",
+    "lr_scheduler": H + "an object with step(), or a callable of the optimizer; replaces the config's (surface.py)",
+    "distributed_port": H + "MASTER_PORT when initialize starts torch.distributed and none is set (surface.py)",
+    "mpu": H + "the model-parallel unit: ZeRO over its data-parallel group (mpu.py)",
+    "dist_init_required": H + "False: never start torch.distributed; None/True: start it when nobody did",
+    "collate_fn": H + "the training loader's collate_fn",
+    "config": H + "a DeepSpeed JSON path or dict (config.py)",
+    "mesh_param": R + NOT + "build a data × sequence parallel device mesh (use mpu=)",
+    "config_params": H + "the same as config (accelerate passes this name)",
+}
