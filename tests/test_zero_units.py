@@ -34,7 +34,7 @@ def test_unknown_keys_warned_once_and_invalid_values_named():
     with pytest.raises(ValueError, match=r"zero_optimization.stage.*allowed: \[0, 1, 2, 3\]"):
         load_config({"train_batch_size": 2, "zero_optimization": {"stage": 4}}, 2)
     with pytest.raises(ValueError, match=r"optimizer.type.*'Adam', 'AdamW'"):
-        load_config({"train_batch_size": 2, "optimizer": {"type": "SGD"}}, 2)
+        load_config({"train_batch_size": 2, "optimizer": {"type": "RMSprop"}}, 2)
 
 
 def test_auto_values_resolved():

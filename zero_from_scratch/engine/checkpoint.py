@@ -1,4 +1,4 @@
-"""Sharded checkpoints: one file per rank plus a manifest; consolidation and resharding.
+"""Sharded checkpoints: one file per rank plus a manifest (and DeepSpeed's files: checkpoint_ds.py).
 
     engine.save_checkpoint("ckpt")                 # ckpt/global_step10 -> global_step10.<id>/{zero_rank000.pt, …, manifest.json}
     engine.load_checkpoint("ckpt")                 # same N: bit-exact resume
@@ -47,9 +47,10 @@ import signal
 import torch
 
 from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
-from zero_from_scratch.engine.checkpoint_read import (FORMAT, KEYS, CheckpointError, _manifest_file, _shard_file,
+from zero_from_scratch.engine.checkpoint_read import (FORMAT, CheckpointError, _manifest_file, _shard_file, apply_full,
                                                       read_manifest, read_shards, unshard)
 from zero_from_scratch.engine.mpu import engine_mp
+from zero_from_scratch.engine import checkpoint_ds
 import random
 
 PHASES = ("validated", "shard", "manifest", "tag", "latest", "cleanup")
@@ -161,7 +162,7 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
     os.makedirs(d, exist_ok=True)
     params = _local_params(engine)
     local = [{"param": params[g], "master": engine.master[g] if engine.mixed else None,
-              "exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"]} for g, s in enumerate(engine.optimizer.state)]
+              **{k: s[k] for k in engine.optimizer.STATE}} for g, s in enumerate(engine.optimizer.state)]
     sharded = set(engine.params_by_name)
     aliases = {}
     for n, p in engine.module.named_parameters(remove_duplicate=False):
@@ -173,6 +174,8 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
             "extras": extras if c.rank == 0 else None}
     size = atomic_write(os.path.join(d, _shard_file(c.rank, mp_rank, mp_size)), lambda f: torch.save(blob, f))
     _phase("shard", c.rank)
+    if mp_size == 1:                             # DeepSpeed's files too: its zero_to_fp32 reads this folder
+        checkpoint_ds.write(engine, d, client_state, aliases)
     sizes = c.gather_ints([size], "checkpoint") if c.size > 1 else [[size]]
     if c.rank == 0:
         man = {"format": FORMAT, "save_id": sid, "tag": tag, "world_size": c.size, "stage": engine.stage_id,
@@ -233,6 +236,8 @@ def _check_model(engine, man: dict) -> None:
 
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
+    if checkpoint_ds.is_deepspeed(load_dir, tag):     # DeepSpeed's own layout (checkpoint_ds.py)
+        return checkpoint_ds.load(engine, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
     c = engine.comm
     d, man = read_manifest(load_dir, tag, *engine_mp(engine))
     _check_model(engine, man)
@@ -242,48 +247,12 @@ def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_st
             f"this run has N={c.size} at stage {engine.stage_id}, so the shards do not line up. Pass "
             "load_checkpoint(..., reshard=True) to re-partition from the manifest (optimizer state included)")
     shards = read_shards(d, man)
-    full = unshard(man, shards)
-    lay, st = engine.layout, engine.stage
-    for u in lay.units:
-        lo, hi = u.shard_range(st.owner())
-        bufs = {k: torch.zeros(u.padded, dtype=torch.float32 if k != "param" else engine.dtype) for k in KEYS}
-        for s in u.slots:
-            src = full[s.name]
-            master = src.get("master")
-            bufs["param"][s.offset:s.offset + s.numel].copy_((src["param"] if master is None or not engine.mixed
-                                                              else src["param"]).reshape(-1))
-            if engine.mixed:
-                m = master if master is not None else src["param"].float()
-                bufs["master"][s.offset:s.offset + s.numel].copy_(m.reshape(-1))
-            elif master is not None:                  # mixed checkpoint into an fp32 run: take the master
-                bufs["param"][s.offset:s.offset + s.numel].copy_(master.reshape(-1))
-            for k in ("exp_avg", "exp_avg_sq"):
-                bufs[k][s.offset:s.offset + s.numel].copy_(src[k].reshape(-1))
-        if engine.stage_id == 3:
-            st.param_shard(u).copy_(bufs["param"][lo:hi])
-        else:
-            st.flat[u.group][u.flat_offset:u.flat_offset + u.padded].copy_(bufs["param"])
-        sl = slice(u.local_offset, u.local_offset + u.shard)
-        if engine.mixed:
-            engine.master[u.group][sl].copy_(bufs["master"][lo:hi])
-        if load_optimizer_states:
-            for k in ("exp_avg", "exp_avg_sq"):
-                engine.optimizer.state[u.group][k][sl].copy_(bufs[k][lo:hi])
-    if load_optimizer_states:
-        for g, (h, step) in enumerate(zip(man["optimizer"]["hyper"], man["optimizer"]["steps"])):
-            engine.optimizer.param_groups[g].update({k: (tuple(v) if k == "betas" else v) for k, v in h.items()})
-            engine.optimizer.state[g]["step"] = step
-    if load_lr_scheduler_states and engine.lr_scheduler is not None and man["scheduler"] is not None:
-        engine.lr_scheduler.load_state_dict(man["scheduler"])
-    engine.loss_scaler.load_state_dict(man["loss_scaler"])
-    engine.global_steps, engine.micro_steps = man["global_steps"], man["micro_steps"]
-    engine.skipped_steps = man["skipped_steps"]
-    if shards[0].get("extras"):
-        engine.module.load_state_dict(shards[0]["extras"], strict=False)
+    apply_full(engine, unshard(man, shards), man, shards[0].get("extras"), load_optimizer_states,
+               load_lr_scheduler_states)
     if man["world_size"] == c.size:                   # same ranks: same random streams
         own = shards[c.rank] if c.rank < len(shards) else torch.load(
             os.path.join(d, man["shard_files"][str(c.rank)]["file"]), map_location="cpu", weights_only=False)
         torch.set_rng_state(own["rng"]["torch"])
         random.setstate(own["rng"]["python"])
-    st.zero_grad()
+    engine.stage.zero_grad()
     return d, man.get("client_state", {})

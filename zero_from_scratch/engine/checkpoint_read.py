@@ -88,7 +88,7 @@ def unshard(man: dict, shards: list[dict]) -> dict:
     full: dict[str, dict] = {}
     for u in lay["units"]:
         g, s, off = u["group"], u["shard"], u["local_offset"]
-        for key in KEYS:
+        for key in shards[0]["local"][g]:            # KEYS, or the optimizer's own state names
             if shards[0]["local"][g][key] is None:
                 continue
             buf = torch.cat([sh["local"][g][key][off:off + s] for sh in shards])
@@ -115,3 +115,49 @@ def consolidate(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> 
     for k, v in (shards[0].get("extras") or {}).items():
         sd[k] = v
     return sd
+
+
+def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: bool, load_lr_scheduler_states: bool):
+    """Full tensors {name: {"param", "master", state keys}} → this rank's shards with the current
+    layout; then the optimizer's hyper-parameters and steps, the scheduler, loss scaler, counters."""
+    lay, st, keys = engine.layout, engine.stage, ("param", "master", *engine.optimizer.STATE)
+    for u in lay.units:
+        lo, hi = u.shard_range(st.owner())
+        bufs = {k: torch.zeros(u.padded, dtype=torch.float32 if k != "param" else engine.dtype) for k in keys}
+        for s in u.slots:
+            src = full[s.name]
+            master = src.get("master")
+            bufs["param"][s.offset:s.offset + s.numel].copy_((src["param"] if master is None or not engine.mixed
+                                                              else src["param"]).reshape(-1))
+            if engine.mixed:
+                m = master if master is not None else src["param"].float()
+                bufs["master"][s.offset:s.offset + s.numel].copy_(m.reshape(-1))
+            elif master is not None:                  # mixed checkpoint into an fp32 run: take the master
+                bufs["param"][s.offset:s.offset + s.numel].copy_(master.reshape(-1))
+            for k in engine.optimizer.STATE:
+                if k not in src and load_optimizer_states:
+                    raise CheckpointError(f"checkpoint has no optimizer state {k!r} for {s.name!r} ({engine.optimizer.name} "
+                                          "needs it); pass load_optimizer_states=False to load the weights only")
+                if k in src:
+                    bufs[k][s.offset:s.offset + s.numel].copy_(src[k].reshape(-1))
+        if engine.stage_id == 3:
+            st.param_shard(u).copy_(bufs["param"][lo:hi])
+        else:
+            st.flat[u.group][u.flat_offset:u.flat_offset + u.padded].copy_(bufs["param"])
+        sl = slice(u.local_offset, u.local_offset + u.shard)
+        if engine.mixed:
+            engine.master[u.group][sl].copy_(bufs["master"][lo:hi])
+        if load_optimizer_states:
+            for k in engine.optimizer.STATE:
+                engine.optimizer.state[u.group][k][sl].copy_(bufs[k][lo:hi])
+    if load_optimizer_states:
+        for g, (h, step) in enumerate(zip(man["optimizer"]["hyper"], man["optimizer"]["steps"])):
+            engine.optimizer.param_groups[g].update({k: (tuple(v) if k == "betas" else v) for k, v in h.items()})
+            engine.optimizer.state[g]["step"] = step
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and man["scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(man["scheduler"])
+    engine.loss_scaler.load_state_dict(man["loss_scaler"])
+    engine.global_steps, engine.micro_steps = man["global_steps"], man["micro_steps"]
+    engine.skipped_steps = man["skipped_steps"]
+    if extras:
+        engine.module.load_state_dict(extras, strict=False)

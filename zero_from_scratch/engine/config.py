@@ -29,6 +29,8 @@ from zero_from_scratch.engine.grad_keys import Reduction, parse as parse_reducti
 from zero_from_scratch.engine.zeropp import ZeroPP, check as check_zeropp
 from zero_from_scratch.engine.offload import parse as parse_offload
 from zero_from_scratch.engine.param_offload import parse as parse_offload_param
+from zero_from_scratch.engine.lr_schedules import VALID_LR_SCHEDULES, SCHEDULE_KEYS
+from zero_from_scratch.engine.client_optim import DEFAULTS as OPT_DEFAULTS, SAME_MATHS, OptimizerConfig, surface_keys
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "optimizer", "scheduler", "gradient_clipping", "bf16", "fp16", "zero_optimization",
@@ -51,52 +53,29 @@ KNOWN_ZERO |= set(ZERO_ALIASES)
 KNOWN_FP16 = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
               "consecutive_hysteresis", "min_loss_scale", "auto_cast"}
 KNOWN_OPT = {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction"}
+KNOWN_OPT |= {k for d in OPT_DEFAULTS.values() for k in d} | SAME_MATHS     # Lion/SGD/Adagrad (client_optim.py)
 KNOWN_SCHED = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
-               "last_batch_iteration"}
+               "last_batch_iteration"} | SCHEDULE_KEYS
 
 def _bad(key, value, allowed):
     return ValueError(f"config key {key!r} = {value!r} is invalid; allowed: {allowed}")
 
 
 @dataclass
-class OptimizerConfig:
-    type: str = "AdamW"            # Adam | AdamW (DeepSpeed's "Adam" is AdamW unless adam_w_mode=false)
-    lr: float = 1e-3
-    betas: tuple = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    adam_w_mode: bool = True       # decoupled weight decay (DeepSpeed's default for both types)
-    bias_correction: bool = True   # FusedAdam's/DeepSpeedCPUAdam's: false = no 1/(1-β^t) on m and v
-
-    def __post_init__(self):
-        # DeepSpeed lower-cases the name before looking it up (runtime/config.py), so "adamw" is AdamW
-        canon = {"adam": "Adam", "adamw": "AdamW"}.get(str(self.type).lower())
-        if canon is None:
-            raise _bad("optimizer.type", self.type, ["Adam", "AdamW"] + ["(any letter case)"])
-        self.type = canon
-        if not (isinstance(self.lr, (int, float)) and self.lr >= 0):
-            raise _bad("optimizer.params.lr", self.lr, "a number >= 0")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise _bad("optimizer.params.betas", self.betas, "two numbers in [0, 1)")
-        if not self.eps > 0:
-            raise _bad("optimizer.params.eps", self.eps, "a number > 0")
-        if self.weight_decay < 0:
-            raise _bad("optimizer.params.weight_decay", self.weight_decay, "a number >= 0")
-        self.betas = tuple(float(b) for b in self.betas)
-
-
-@dataclass
 class SchedulerConfig:
-    type: str = "WarmupLR"         # WarmupLR | WarmupDecayLR
+    type: str = "WarmupLR"         # lr_schedules.VALID_LR_SCHEDULES
     warmup_min_lr: float = 0.0
     warmup_max_lr: float | None = None     # None: the optimizer's lr
     warmup_num_steps: int = 1000
     warmup_type: str = "log"
     total_num_steps: int | None = None
+    params: dict = field(default_factory=dict)   # the section's params (WarmupCosineLR, OneCycle, LRRangeTest)
 
     def __post_init__(self):
+        if self.type not in VALID_LR_SCHEDULES:   # DeepSpeed would also take torch.optim.lr_scheduler's names
+            raise _bad("scheduler.type", self.type, VALID_LR_SCHEDULES)
         if self.type not in ("WarmupLR", "WarmupDecayLR"):
-            raise _bad("scheduler.type", self.type, ["WarmupLR", "WarmupDecayLR"])
+            return
         if self.warmup_type not in ("log", "linear"):
             raise _bad("scheduler.params.warmup_type", self.warmup_type, ["log", "linear"])
         if not isinstance(self.warmup_num_steps, int) or self.warmup_num_steps <= 0:
@@ -175,6 +154,7 @@ class ZeroRunConfig:
     unknown_keys: list = field(default_factory=list)
     reduction: Reduction = field(default_factory=Reduction)   # grad_keys.py: mean/sum, pre/post division
     instruments: dict = field(default_factory=lambda: parse_instruments({}))   # wall_clock.py
+    surface: dict = field(default_factory=lambda: surface_keys({}))   # client_optim.SURFACE_KEYS
 
     def __post_init__(self):
         if self.bf16 and self.fp16.enabled:
@@ -231,7 +211,8 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
                           betas=tuple(op.get("betas", (0.9, 0.999))),
                           eps=op.get("eps", 1e-8),
                           weight_decay=op.get("weight_decay", weight_decay_default(o)),
-                          adam_w_mode=bool(op.get("adam_w_mode", True)), bias_correction=bool(op.get("bias_correction", True)))
+                          adam_w_mode=bool(op.get("adam_w_mode", True)), bias_correction=bool(op.get("bias_correction", True)),
+                          params=op)
     if "bias_correction" in op and op.get("torch_adam"):   # DeepSpeed: torch.optim.AdamW(bias_correction=) TypeError
         raise ValueError("config key 'optimizer.params.bias_correction' is refused with torch_adam: true (DeepSpeed "
                          "passes it to torch.optim.Adam(W), which raises TypeError); drop one of them")
@@ -246,7 +227,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
                                 warmup_min_lr=sp.get("warmup_min_lr", 0.0),
                                 warmup_max_lr=maxlr, total_num_steps=total,
                                 warmup_num_steps=sp.get("warmup_num_steps", 1000),
-                                warmup_type=sp.get("warmup_type", "log"))
+                                warmup_type=sp.get("warmup_type", "log"), params=sp)
 
     z = raw.get("zero_optimization", {})
     if isinstance(z, bool):                     # DeepSpeed's deprecated form: true = stage 1
@@ -291,6 +272,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     cfg.offload_param = parse_offload_param(z, zero.stage)      # param_offload.py (stage 3)
     cfg.activation_checkpointing = parse_ac(raw)
     cfg.instruments = parse_instruments(raw)
+    cfg.surface = surface_keys(raw)
     dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"
     cfg.reduction = parse_reduction(raw, zero.stage, zero.reduce_scatter, dt, world_size)
     zero.notes += tuple(n for n in [predivide_ignored(raw, zero.stage, zero.reduce_scatter)] if n)

@@ -13,17 +13,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-_HYPER = ("lr", "betas", "eps", "weight_decay")
-
-
 def param_groups(module: nn.Module, model_parameters, opt_cfg) -> tuple[list[list[str]], list[dict]]:
-    """Names of the parameters of each group, and each group's hyper-parameters."""
+    """Names of the parameters of each group, and each group's hyper-parameters (the config
+    optimizer's, client_optim.OptimizerConfig.hyper, overridden per group)."""
     name_of = {}
     for n, p in module.named_parameters():
         name_of.setdefault(id(p), n)
-    base = {"lr": opt_cfg.lr, "betas": opt_cfg.betas, "eps": opt_cfg.eps, "weight_decay": opt_cfg.weight_decay}
-    if not getattr(opt_cfg, "bias_correction", True):   # FusedAdam keeps it per group too (optim.py reads it)
-        base["bias_correction"] = False
+    base = opt_cfg.hyper()
     if model_parameters is None:
         model_parameters = [p for p in module.parameters() if p.requires_grad]
     items = list(model_parameters)
@@ -33,9 +29,9 @@ def param_groups(module: nn.Module, model_parameters, opt_cfg) -> tuple[list[lis
     for gi, g in enumerate(items):
         if not isinstance(g, dict) or "params" not in g:
             raise TypeError(f"model_parameters group {gi} must be a dict with 'params' (like torch optimizers)")
-        extra = set(g) - {"params", *_HYPER}
+        extra = set(g) - {"params", *base}
         if extra:
-            raise ValueError(f"model_parameters group {gi} has unsupported keys {sorted(extra)}; allowed: {list(_HYPER)}")
+            raise ValueError(f"model_parameters group {gi} has unsupported keys {sorted(extra)}; allowed: {list(base)}")
         ns = []
         for p in g["params"]:
             if id(p) not in name_of:

@@ -44,6 +44,7 @@ def optimizer_step(engine) -> None:
     scale = engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale
     norm = math.sqrt(sq[0].item()) / scale
     overflow = not math.isfinite(norm)
+    engine.optimizer.overflow = overflow             # DeepSpeed's ZeRO optimizer attribute (accelerate reads it)
     if overflow:
         engine._global_grad_norm = float("inf")
         engine.skipped_steps += 1
@@ -70,8 +71,11 @@ def optimizer_step(engine) -> None:
                 if engine.mixed:
                     engine.stage.param_shard(u)[a:b].copy_(master[a:b])
         engine.stage.after_step()
+        for opt in (engine.optimizer, engine.client_optimizer):
+            if opt is not None:
+                opt._opt_called = True                   # torch's LR schedulers check it: stepped, not skipped
         if engine.lr_scheduler is not None:
-            engine.lr_scheduler.step()
+            engine.lr_scheduler.step(**(getattr(engine, "lr_kwargs", None) or {}))
     engine.loss_scaler.update_scale(overflow)
     engine.stage.zero_grad()
     engine.global_steps += 1

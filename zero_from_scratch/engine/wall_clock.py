@@ -81,7 +81,7 @@ class Instruments:
         self.t = {"fwd": 0.0, "bwd": 0.0}
         due = spp is not None and e.global_steps % spp == 0
         if due:
-            mom = [list(g["betas"]) for g in e.optimizer.param_groups]
+            mom = [list(g["betas"]) if "betas" in g else g.get("momentum") for g in e.optimizer.param_groups]  # SGD
             print0(f"step={e.global_steps}, skipped={e.skipped_steps}, lr={e.get_lr()}, mom={mom}")
         if self.spec["wall_clock_breakdown"]:
             print0("time (ms) | " + " | ".join(f"{k}: {row[k]:.2f}" for k in

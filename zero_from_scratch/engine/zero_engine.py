@@ -25,6 +25,10 @@ Device: every buffer, shard, gradient and Adam state lives on the parameters' de
 per model, else a ValueError naming the parameters on each), except with offload_optimizer: "cpu"
 keeps the fp32 master and Adam states on the host (offload_cpu.py), "nvme" in files (offload.py).
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
+DeepSpeed's client-facing surface: client optimizer objects / callables and LR schedulers
+(client_optim.py, optimizers.py), initialize(training_data=, args=) and torch.distributed start-up,
+ranks, module attribute forwarding, the accumulation boundary, destroy, save_16bit_model
+(surface.py), safe_get_*/safe_set_* (safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py).
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
-from zero_from_scratch.optim import ShardedAdam
+from zero_from_scratch.engine import client_optim, safe_api, surface
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -60,9 +64,9 @@ _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
 
-class ZeroEngine(nn.Module):
+class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
-                 mpu=None):
+                 mpu=None, optimizer=None, lr_scheduler=None):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"initialize(model=...) must be a torch.nn.Module, got {type(model).__name__}")
@@ -94,7 +98,9 @@ class ZeroEngine(nn.Module):
         self.mixed = self.dtype != torch.float32
         self.module = model.to(self.dtype) if self.mixed else model
         self.stage_id = self.config.zero.stage
-        names, hypers = param_groups(model, model_parameters, self.config.optimizer)
+        self.client_optimizer = client_optim.resolve_client(optimizer, model_parameters, model)   # client_optim.py
+        names, hypers, kind, w_mode, shared = client_optim.plan(model, model_parameters, self.client_optimizer,
+                                                                self.config, self.comm.global_rank, param_groups)
         self.group_names = names
         self.params_by_name = dict((n, p) for n, p in model.named_parameters() if any(n in g for g in names))
         for n, p in self.params_by_name.items():
@@ -116,16 +122,21 @@ class ZeroEngine(nn.Module):
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
         host = hasattr(self.offload, "adopt")
         in_ram = [0] * len(self.layout.group_local) if self.offload and not host else list(self.layout.group_local)
-        self.optimizer = ShardedAdam(hypers, in_ram, self.config.optimizer.adam_w_mode)
-        for st in self.optimizer.state:              # Adam's m and v live with the shards they update
-            for k in ("exp_avg", "exp_avg_sq"):
+        self.optimizer = client_optim.build(kind, hypers, in_ram, w_mode, shared)
+        for st in self.optimizer.state:              # the states live with the shards they update
+            for k in self.optimizer.STATE:
                 st[k] = self.offload.adopt(st[k]) if host else st[k].to(self.device)
         self.master = None if not self.mixed else (   # host: checkpoints read/write it where it lives
             self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
         self.refresh_master()
         self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else None
-        self.lr_scheduler = build_scheduler(self.config.scheduler, self.optimizer)
+        self.lr_scheduler = (build_scheduler(self.config.scheduler, self.optimizer) if lr_scheduler is None
+                             else surface.client_scheduler(self, lr_scheduler))   # a client's replaces the config's
         self.loss_scaler = build_loss_scaler(self.config)
+        self.optimizer.loss_scaler, self.optimizer.engine_backward = self.loss_scaler, self.backward
+        self._boundary_override = None              # set_gradient_accumulation_boundary (surface.py)
+        self.tput_timer = surface.ThroughputTimer(self.config.train_batch_size)
+        safe_api.register(self)                      # safe_get_full_* find the engine from the parameter
         self.micro_steps = self.global_steps = self.skipped_steps = 0
         self._global_grad_norm = None
         self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
@@ -144,14 +155,16 @@ class ZeroEngine(nn.Module):
         return self.config.gradient_accumulation_steps
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError("engine.backward(loss) needs a scalar loss tensor")
         boundary = self.is_gradient_accumulation_boundary()
         scaled = loss.float()
-        if self.gradient_accumulation_steps() > 1:
+        if self.gradient_accumulation_steps() > 1 and scale_wrt_gas:
             scaled = scaled / self.gradient_accumulation_steps()
         if self.loss_scaler.loss_scale * self.config.reduction.pre != 1.0:   # pre: grad_keys.py
             scaled = scaled * (self.loss_scaler.loss_scale * self.config.reduction.pre)
@@ -162,9 +175,11 @@ class ZeroEngine(nn.Module):
         self.monitor.record_loss(loss)
         return loss
 
-    def step(self) -> None:
+    def step(self, lr_kwargs=None) -> None:
         if self.is_gradient_accumulation_boundary():
+            self.lr_kwargs = lr_kwargs                # DeepSpeed's: passed to lr_scheduler.step (step.py)
             self._optimizer_step()
+        self.tput_timer.stop(global_step=self.is_gradient_accumulation_boundary())
         self.micro_steps += 1
 
     def zero_grad(self) -> None:
@@ -253,16 +268,27 @@ class ZeroEngine(nn.Module):
         return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
 
-def initialize(args=None, model=None, optimizer=None, model_parameters=None, lr_scheduler=None, config=None,
-               config_params=None, comm_impl: str = "primitives", mpu=None, **kwargs):
-    """Like deepspeed.initialize: returns (engine, optimizer, None, lr_scheduler).
-    A client optimizer / scheduler is not supported: the config's optimizer is built on the shards.
-    mpu: DeepSpeed's model-parallel unit (mpu.py; primitives.mesh.Mesh.mpu() gives one): ZeRO then
-    shards over its data-parallel group."""
-    if optimizer is not None or lr_scheduler is not None:
-        raise ValueError("initialize(optimizer=/lr_scheduler=) objects are not supported: describe them in the "
-                         "config's 'optimizer' / 'scheduler' sections (the optimizer must live on the shards)")
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
+               distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               mesh_param=None, config_params=None, comm_impl: str = "primitives", **kwargs):
+    """deepspeed.initialize: returns (engine, optimizer, training_dataloader, lr_scheduler).
+    optimizer: a client optimizer object or callable (client_optim.py), else the config's;
+    lr_scheduler: a client scheduler object or callable(optimizer), else the config's;
+    training_data: a Dataset → DeepSpeed's distributed loader (dataloader.py); torch.distributed is
+    started when nobody started it (surface.py). mpu: DeepSpeed's model-parallel unit (mpu.py).
+    What each argument does here: zero_keys.INITIALIZE_ARGS."""
     if kwargs:
         raise TypeError(f"initialize() got unexpected arguments {sorted(kwargs)}")
-    engine = ZeroEngine(model, model_parameters, config if config is not None else config_params, comm_impl, mpu)
-    return engine, engine.optimizer, None, engine.lr_scheduler
+    if mesh_param is not None:
+        raise NotImplementedError("initialize(mesh_param=...) is not implemented here; DeepSpeed would build a "
+                                  "data × sequence parallel device mesh. Use mpu= (primitives.mesh.Mesh.mpu())")
+    if model is None:
+        raise ValueError("initialize(model=...) is required (DeepSpeed asserts 'deepspeed.initialize requires a model')")
+    config = surface.resolve_config(args, config, config_params)
+    if dist_init_required is not False:
+        surface.start_distributed(comm_impl, distributed_port)
+    engine = ZeroEngine(model, model_parameters, config, comm_impl, mpu, optimizer, lr_scheduler)
+    if hasattr(args, "local_rank"):
+        args.local_rank = engine.local_rank          # DeepSpeed writes it back too
+    loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None
+    return engine, engine.optimizer, loader, engine.lr_scheduler

@@ -85,9 +85,9 @@ def zero_key_notes(raw_zero: dict, zero) -> list[str]:          # zero: a config
     if "sub_group_size" in setk and not offloads(raw_zero):   # with offload it bounds the step's chunks
         note("sub_group_size", "not used: the optimizer steps every shard in 4 Mi-element chunks; DeepSpeed would "
              "step ZeRO-3 shards in sub-groups of this many elements")
-    if raw_zero.get("stage3_gather_16bit_weights_on_model_save"):
-        note("stage3_gather_16bit_weights_on_model_save", "no save_16bit_model here; DeepSpeed would gather a full "
-             "16-bit state dict on save (use zero_from_scratch.engine.zero_to_fp32 / consolidate)")
+    if st != 3 and raw_zero.get("stage3_gather_16bit_weights_on_model_save"):
+        note("stage3_gather_16bit_weights_on_model_save", f"no effect at stage {st} (stage 3 only): save_16bit_model "
+             "writes the whole state_dict anyway, as DeepSpeed does")
     if st != 3:
         for k in ZERO_KEYS:
             if k.startswith("stage3_") and k in setk:
@@ -110,8 +110,9 @@ ZERO_STATUS = {
     "allgather_partitions": "warned when false (zero_key_notes)",
     "round_robin_gradients": "warned when true (zero_key_notes)",
     "sub_group_size": H + "with offload_optimizer: elements per step chunk; warned otherwise (zero_key_notes)",
-    "stage3_gather_16bit_weights_on_model_save": "warned when true (zero_key_notes)",
-    "stage3_gather_fp16_weights_on_model_save": W + NOT + "gather a full 16-bit state dict on save (older name)",
+    "stage3_gather_16bit_weights_on_model_save": H + "stage 3: save_16bit_model gathers the full model-dtype "
+                                                 "state_dict on rank 0 (surface.py); false: it saves nothing",
+    "stage3_gather_fp16_weights_on_model_save": H + "the older name of stage3_gather_16bit_weights_on_model_save",
     "zero_hpz_partition_size": H + "ZeRO++ hpZ secondary shards (hpz.py)",
     "offload_optimizer": H + "device cpu/nvme, nvme_path, pin_memory (offload.py; transfer tuning keys warned there); "
                          "nvme at stage 3 keeps the gradient shards in files too (param_offload.make_grads)",
@@ -156,4 +157,36 @@ ZERO_STATUS = {
     "mics_hierarchical_params_gather": R + NOT + "gather MiCS shards hierarchically",
     "zeropp_loco_param": R + NOT + "compensate quantization error in qgZ (LoCo)",
 }
-KEY_STATUS = {**TOP, **SUB, **{f"zero_optimization.{k}": v for k, v in ZERO_STATUS.items()}}
+# The keys initialize's client-object paths read (client_optim.py, dataloader.py), and the sections' new types
+SURFACE_STATUS = {
+    "zero_allow_untested_optimizer": H + "required, as DeepSpeed asserts, for an optimizer outside ZeRO's tested list "
+                                     "(SGD) at stages 1-3 (client_optim.py)",
+    "zero_force_ds_cpu_optimizer": H + "true (default): offload_optimizer with a client optimizer other than "
+                                   "DeepSpeedCPUAdam is refused, as DeepSpeed raises (client_optim.py)",
+    "dataloader_drop_last": H + "drop_last of initialize(training_data=)'s loader (dataloader.py)",
+    "optimizer.type": H + "Adam/AdamW/Lion/Adagrad in any letter case, SGD (client_optim.py, optimizers.py); other "
+                      "torch.optim names refused",
+    "optimizer.params": H + "each class's own arguments (client_optim.DEFAULTS), torch_adam/adam_w_mode/bias_correction "
+                        "for Adam; foreach/fused/differentiable/capturable accepted (same maths); others refused",
+    "scheduler.type": H + "lr_schedules.VALID_LR_SCHEDULES; torch.optim.lr_scheduler names refused",
+    "scheduler.params": H + "each schedule's own arguments (lr_schedules.py)",
+}
+KEY_STATUS = {**TOP, **SUB, **SURFACE_STATUS, **{f"zero_optimization.{k}": v for k, v in ZERO_STATUS.items()}}
+
+# deepspeed.initialize's arguments (DeepSpeed 0.19.8's signature) and what zero_from_scratch.initialize does with each
+INITIALIZE_ARGS = {
+    "args": H + "args.deepspeed_config (or deepscale_config) when no config is passed; args.local_rank written back",
+    "model": H + "the nn.Module to wrap (required)",
+    "optimizer": H + "a torch.optim.Adam/AdamW/SGD/Adagrad or FusedAdam/DeepSpeedCPUAdam/FusedLion/DeepSpeedCPULion "
+                     "object, or a callable of the parameters; its param groups drive the shards (client_optim.py)",
+    "model_parameters": H + "parameters or param groups (params.py)",
+    "training_data": H + "a Dataset → DeepSpeed's distributed loader, the third returned value (dataloader.py)",
+    "lr_scheduler": H + "an object with step(), or a callable of the optimizer; replaces the config's (surface.py)",
+    "distributed_port": H + "MASTER_PORT when initialize starts torch.distributed and none is set (surface.py)",
+    "mpu": H + "the model-parallel unit: ZeRO over its data-parallel group (mpu.py)",
+    "dist_init_required": H + "False: never start torch.distributed; None/True: start it when nobody did",
+    "collate_fn": H + "the training loader's collate_fn",
+    "config": H + "a DeepSpeed JSON path or dict (config.py)",
+    "mesh_param": R + NOT + "build a data × sequence parallel device mesh (use mpu=)",
+    "config_params": H + "the same as config (accelerate passes this name)",
+}

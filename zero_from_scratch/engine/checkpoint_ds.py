@@ -1,0 +1,253 @@
+"""DeepSpeed's checkpoint layout, both ways: every save also writes DeepSpeed 0.19.8's files, so
+DeepSpeed's own zero_to_fp32 reads our checkpoints; load_checkpoint reads a folder DeepSpeed wrote.
+
+    engine.save_checkpoint("ckpt")            # ckpt/latest, ckpt/global_stepN/{ours, DeepSpeed's files}
+    python ckpt/zero_to_fp32.py ckpt out      # DeepSpeed's script (or deepspeed.utils.zero_to_fp32.*)
+    engine.load_checkpoint("ds_ckpt")         # a DeepSpeed checkpoint: weights, Adam states, scheduler, steps
+
+DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
+  stage 0-2  mp_rank_00_model_states.pt (rank 0): module (the model's state_dict), buffer_names,
+             param_shapes (per group: name → shape), frozen_param_shapes/_fragments, shared_params,
+             lr_scheduler, global_steps, skipped_steps, dp_world_size, ds_version, the client_state keys
+             zero_pp_rank_R_mp_rank_00_optim_states.pt (stages 1-2, each rank): the group's fp32 vector
+             (params in group order, padded to a multiple of 2N) cut into N equal partitions:
+             single_partition_of_fp32_groups, base_optimizer_state (its states over the same partition)
+  stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank: module holds buffers and empty
+             parameters; frozen_param_fragments its partitions) and ..._optim_states.pt: every
+             parameter padded to a multiple of N and cut into N partitions, rank R's concatenated
+             per group: fp32_flat_groups, optimizer_state_dict (states in the same layout)
+zero_stage is written as a plain int (DeepSpeed pickles its ZeroStageEnum, an IntEnum); reading
+maps DeepSpeed's pickled classes (ZeroStageEnum, fragment_address, LossScaler) to plain stand-ins,
+so the installed deepspeed package is never imported. Our layout differs (units of sharding.py),
+so writing re-partitions: one all-gather per unit of the fp32 master and of each optimizer state
+((N-1)/N·Ψ elements per rank per tensor kind, per save); reading loads every rank's files (O(Ψ)).
+"""
+from __future__ import annotations
+
+import glob
+import math
+import os
+import pickle
+import types
+from collections import OrderedDict
+
+import torch
+
+from zero_from_scratch.engine.atomic import atomic_write
+from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full
+
+DS_VERSION = "0.19.8"
+DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+           "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+           "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
+           "ds_version", "checkpoint_parallel_dimensions"}
+
+
+# ----------------------------------------------------------------------------- writing
+def _full_values(engine) -> dict:
+    """{name: {"master": fp32, state key: fp32}} of every trained parameter, on every rank."""
+    keys = ("master", *engine.optimizer.STATE)
+    out: dict = {}
+    for u in engine.layout.units:
+        sl = slice(u.local_offset, u.local_offset + u.shard)
+        for k in keys:
+            shard = (engine.master[u.group][sl] if engine.mixed else engine.stage.param_shard(u)) if k == "master" \
+                else engine.optimizer.state[u.group][k][sl]
+            shard = shard.float().contiguous()
+            if engine.stage_id == 0 or engine.comm.size == 1:
+                full = shard
+            else:
+                full = torch.empty(u.padded, dtype=torch.float32, device=engine.device)
+                engine.comm.all_gather_single(full, shard, purpose="checkpoint")
+            for s in u.slots:
+                out.setdefault(s.name, {})[k] = full[s.offset:s.offset + s.numel].cpu().view(s.shape).clone()
+    return out
+
+
+def _part(t: torch.Tensor, n: int, r: int) -> torch.Tensor:
+    """DeepSpeed's stage-3 partition r of a tensor: padded to a multiple of n, equal pieces."""
+    p = math.ceil(t.numel() / n)
+    flat = torch.cat([t.reshape(-1), t.new_zeros(p * n - t.numel())])
+    return flat[r * p:(r + 1) * p].clone()
+
+
+def write(engine, d: str, client_state: dict, aliases: dict) -> None:
+    """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers)."""
+    c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
+    full = _full_values(engine)
+    names = engine.group_names
+    trained = set(engine.params_by_name)
+    frozen = {k: p.detach().float().cpu() for k, p in engine.module.named_parameters()
+              if k not in trained and k not in aliases}
+    sd = engine.module.state_dict()
+    model = {"module": sd, "buffer_names": [k for k, _ in engine.module.named_buffers()], "optimizer": None,
+             "param_shapes": [OrderedDict((k, engine.params_by_name[k].shape if stage != 3 else full[k]["master"].shape)
+                                          for k in g) for g in names],
+             "frozen_param_shapes": OrderedDict((k, v.shape) for k, v in frozen.items()),
+             "shared_params": dict(aliases),
+             "frozen_param_fragments": {k: (_part(v, n, r) if stage == 3 else v) for k, v in frozen.items()},
+             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+             "data_sampler": None, "random_ltd": None, "skipped_steps": engine.skipped_steps,
+             "global_steps": engine.global_steps, "global_samples": engine.global_steps * engine.config.train_batch_size,
+             "dp_world_size": n, "mp_world_size": 1, "ds_version": DS_VERSION, **client_state}
+    if stage == 3 or r == 0:
+        fname = f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+        atomic_write(os.path.join(d, fname), lambda f: torch.save(model, f))
+    if stage == 0:
+        return
+    opt = engine.optimizer
+    scaler = {"cur_scale": engine.loss_scaler.cur_scale, "dynamic": engine.loss_scaler.dynamic}
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    flat = {k: [] for k in ("master", *opt.STATE)}
+    pads = []
+    for g in names:
+        for k in flat:
+            if stage == 3:
+                parts = [_part(full[x][k], n, r) for x in g]
+                flat[k].append(torch.cat(parts) if parts else torch.zeros(0))
+            else:
+                v = torch.cat([full[x][k].reshape(-1) for x in g]) if g else torch.zeros(0)
+                size = math.ceil(max(v.numel(), 1) / (2 * n)) * 2 * n
+                if k == "master":
+                    pads.append(size - v.numel())
+                v = torch.cat([v, v.new_zeros(size - v.numel())])
+                p = size // n
+                flat[k].append(v[r * p:(r + 1) * p].clone())
+    states = {g: {"step": torch.tensor(float(st["step"])), **{k: flat[k][g] for k in opt.STATE}}
+              for g, st in enumerate(opt.state)}
+    base = {"state": states, "param_groups": hyper}
+    osd = {"zero_stage": stage, "loss_scaler": scaler, "dynamic_loss_scale": engine.loss_scaler.dynamic,
+           "overflow": bool(opt.overflow), "partition_count": n if stage == 3 else [n] * len(names),
+           "ds_version": DS_VERSION}
+    if stage == 3:
+        osd.update(optimizer_state_dict=base, fp32_flat_groups=flat["master"])
+    else:
+        osd.update(base_optimizer_state=base, single_partition_of_fp32_groups=flat["master"], group_paddings=pads,
+                   param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping)
+    blob = {"optimizer_state_dict": osd, "ds_version": DS_VERSION}
+    atomic_write(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), lambda f: torch.save(blob, f))
+
+
+# ----------------------------------------------------------------------------- reading
+class _Stand:
+    """Stand-in for a pickled DeepSpeed object (e.g. its LossScaler): the attributes, nothing else."""
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+
+class _Tuple(tuple):
+    """Stand-in for a pickled namedtuple (tensor_fragment.fragment_address)."""
+
+    def __new__(cls, *args, **kwargs):
+        return tuple.__new__(cls, args)
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module.split(".")[0] == "deepspeed":
+            if name == "ZeroStageEnum":
+                return int
+            if name == "fragment_address":
+                return _Tuple
+            return _Stand
+        return super().find_class(module, name)
+
+
+_PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=pickle.load, __name__="pickle")
+
+
+def _load(path: str):
+    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE)
+
+
+def _folder(load_dir: str, tag) -> str:
+    if tag is None:
+        latest = os.path.join(load_dir, "latest")
+        if not os.path.exists(latest):
+            raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
+        tag = open(latest).read().strip()
+    return os.path.join(load_dir, str(tag))
+
+
+def is_deepspeed(load_dir: str, tag) -> bool:
+    """A folder with DeepSpeed's files and no manifest of ours (ours also holds DeepSpeed's files)."""
+    try:
+        d = _folder(load_dir, tag)
+    except CheckpointError:
+        return False
+    return (os.path.isdir(d) and not glob.glob(os.path.join(d, "*manifest.json"))
+            and bool(glob.glob(os.path.join(d, "*_model_states.pt"))))
+
+
+def read_full(d: str) -> tuple[dict, dict, list]:
+    """({name: {"param", "master", state keys}}, rank 0's model-states dict, the optimizer files)."""
+    optim = [_load(f)["optimizer_state_dict"] for f in sorted(glob.glob(os.path.join(d, "*_optim_states.pt")),
+                                                             key=lambda s: int(s.split("zero_pp_rank_")[1].split("_")[0]))]
+    models = sorted(glob.glob(os.path.join(d, "*_model_states.pt")))
+    model = _load(models[0])
+    if not optim:
+        raise CheckpointError(f"{d} has no *_optim_states.pt: a DeepSpeed ZeRO-0 checkpoint keeps its optimizer in "
+                              "the model file, which is not read here; load it with DeepSpeed, or save at stage 1-3")
+    stage, n = int(optim[0]["zero_stage"]), len(optim)
+    full: dict = {}
+    if stage <= 2:
+        for g, shapes in enumerate(model["param_shapes"]):
+            vecs = {"master": torch.cat([o["single_partition_of_fp32_groups"][g] for o in optim])}
+            for k, v in optim[0]["base_optimizer_state"]["state"].get(g, {}).items():
+                if k != "step":
+                    vecs[k] = torch.cat([o["base_optimizer_state"]["state"][g][k] for o in optim])
+            pads = (optim[0].get("param_alignment_paddings") or [[0] * len(shapes)])[g]
+            off = 0
+            for (name, shape), pad in zip(shapes.items(), pads):
+                k_ = math.prod(shape)
+                full[name] = {k: v[off:off + k_].view(shape) for k, v in vecs.items()}
+                off += k_ + pad
+    else:
+        shapes = OrderedDict((k, v) for s in model["param_shapes"] for k, v in s.items())
+        per_rank = [{"master": torch.cat(list(o["fp32_flat_groups"]))} for o in optim]
+        for o, pr in zip(optim, per_rank):
+            st = o["optimizer_state_dict"]["state"]
+            for k in (st[0] if st else {}):
+                if k != "step":
+                    pr[k] = torch.cat([st[i][k] for i in sorted(st)])
+        off = 0
+        for name, shape in shapes.items():
+            k_, p = math.prod(shape), math.ceil(math.prod(shape) / n)
+            full[name] = {k: torch.cat([pr[k][off:off + p] for pr in per_rank])[:k_].view(shape) for k in per_rank[0]}
+            off += p
+    for v in full.values():
+        v["param"] = v["master"]
+    return full, model, optim
+
+
+def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_scheduler_states: bool):
+    d = _folder(load_dir, tag)
+    full, model, optim = read_full(d)
+    missing = sorted(set(engine.params_by_name) - set(full))
+    if missing:
+        raise CheckpointError(f"rank {engine.comm.global_rank}: DeepSpeed checkpoint {d} lacks parameters {missing[:4]}")
+    st0 = optim[0].get("base_optimizer_state", optim[0].get("optimizer_state_dict", {}))
+    steps = [int(s["step"]) for _, s in sorted(st0.get("state", {}).items())] or [0]
+    hyper = [{k: v for k, v in h.items() if k in ("lr", "betas", "eps", "weight_decay")}
+             for h in st0.get("param_groups", [])]
+    if len(hyper) != len(engine.optimizer.param_groups):
+        hyper = [{} for _ in engine.optimizer.param_groups]        # grouped differently: keep ours
+    scaler = optim[0].get("loss_scaler")
+    cur = scaler["cur_scale"] if isinstance(scaler, dict) else getattr(scaler, "cur_scale", 1.0)
+    man = {"optimizer": {"hyper": hyper, "steps": [steps[min(g, len(steps) - 1)] for g in range(len(hyper))]},
+           "scheduler": model.get("lr_scheduler"), "global_steps": model["global_steps"],
+           "micro_steps": model["global_steps"] * engine.config.gradient_accumulation_steps,
+           "skipped_steps": model.get("skipped_steps", 0),
+           "loss_scaler": {"cur_scale": cur}}
+    extras = {k: v for k, v in model["module"].items() if k in set(model.get("buffer_names", []))}
+    n = len(optim)
+    for name, shape in (model.get("frozen_param_shapes") or {}).items():
+        frags = model["frozen_param_fragments"][name]
+        if int(optim[0]["zero_stage"]) == 3:      # every rank's model file holds its partition
+            files = sorted(glob.glob(os.path.join(d, "zero_pp_rank_*_mp_rank_00_model_states.pt")))
+            frags = torch.cat([_load(f)["frozen_param_fragments"][name] for f in files])[:math.prod(shape)]
+        extras[name] = frags.reshape(shape)
+    apply_full(engine, full, man, extras, load_optimizer_states, load_lr_scheduler_states)
+    engine.stage.zero_grad()
+    return d, {k: v for k, v in model.items() if k not in DS_KEYS}

@@ -1,0 +1,132 @@
+"""DeepSpeed's safe_get_* / safe_set_* (deepspeed/utils/tensor_fragment.py) on the ZeRO engine:
+one parameter's full fp32 weight, gradient or optimizer state, read from (or written into) the
+shards, at stages 0-3.
+
+    from zero_from_scratch.engine.safe_api import safe_get_full_fp32_param, safe_get_full_grad
+    w = safe_get_full_fp32_param(model.fc.weight)      # EVERY rank calls it (a collective)
+
+Semantics, as DeepSpeed 0.19.8's:
+  get_full_fp32_param   the fp32 master (the parameter itself in fp32 runs), full shape, fp32
+  get_full_grad         between backward and step: the reduced gradient, averaged over ranks, still
+                        multiplied by the fp16 loss scale (DeepSpeed unscales only inside step);
+                        at stage 1 only on the accumulation boundary (before it nothing is reduced)
+  get_full_optimizer_state(param, key)   key: the optimizer's state name ("exp_avg", "exp_avg_sq"
+                        for Adam, "exp_avg" for Lion, "momentum_buffer" for SGD, "sum" for Adagrad)
+  set_full_*            every rank passes the full value; each keeps its own shard of it. A
+                        mixed-precision weight changes at the next step (the master is set, the
+                        bf16/fp16 copy follows when the step copies it back), as in DeepSpeed
+A parameter the engine does not train (frozen, or not an engine's) gives None, as DeepSpeed's.
+Cost: get = one all-gather of the parameter's unit(s) ((N-1)/N of its unit's elements per rank);
+set = no communication. The engine registers its parameters at initialise (register()).
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+
+ATTR = "_ringzero_engine"        # on each trained parameter: (weakref to its engine, its name)
+
+
+def register(engine) -> None:
+    ref = weakref.ref(engine)
+    for name, p in engine.params_by_name.items():
+        setattr(p, ATTR, (ref, name))
+
+
+def _owner(param):
+    tag = getattr(param, ATTR, None)
+    if tag is None or not param.requires_grad:
+        return None, None
+    engine = tag[0]()
+    return (engine, tag[1]) if engine is not None else (None, None)
+
+
+@contextlib.contextmanager
+def _states_in_memory(engine):
+    """nvme offload keeps the states in files: bring them in for the call (offload.py)."""
+    with (engine.offload.in_memory() if hasattr(engine.offload, "in_memory") else contextlib.nullcontext()):
+        yield
+
+
+def _local(engine, u, what: str, key=None) -> torch.Tensor:
+    """This rank's shard of unit u: "master" (fp32 weight), "grad" or an optimizer state."""
+    sl = slice(u.local_offset, u.local_offset + u.shard)
+    if what == "grad":           # the SUM over ranks (× loss scale × pre); _get divides to the mean
+        return engine.stage.grad_shard(u)
+    if what == "master":
+        return engine.master[u.group][sl] if engine.mixed else engine.stage.param_shard(u)
+    st = engine.optimizer.state[u.group]
+    if key not in engine.optimizer.STATE:
+        raise KeyError(f"optimizer state {key!r} does not exist for {engine.optimizer.name}; it keeps "
+                       f"{list(engine.optimizer.STATE)}")
+    return st[key][sl]
+
+
+def _get(param, what: str, key=None):
+    engine, name = _owner(param)
+    if engine is None:
+        return None
+    ui, slot = engine.layout.where[name]
+    u = engine.layout.units[ui]
+    with _states_in_memory(engine):
+        shard = _local(engine, u, what, key).float()
+        if what == "grad":
+            shard = shard / engine.config.reduction.post_divisor
+        if engine.stage_id == 0 or engine.comm.size == 1:
+            full = shard
+        else:
+            full = torch.empty(u.padded, dtype=torch.float32, device=engine.device)
+            engine.comm.all_gather_single(full, shard.contiguous(), purpose="safe_get all-gather")
+            engine.comm.usage.pop("safe_get all-gather", None)     # not a per-step cost in comm_report
+    return full[slot.offset:slot.offset + slot.numel].clone().view(slot.shape)
+
+
+def _set(param, value: torch.Tensor, what: str, key=None) -> None:
+    engine, name = _owner(param)
+    if engine is None:
+        return
+    ui, slot = engine.layout.where[name]
+    u = engine.layout.units[ui]
+    if value.numel() != slot.numel:
+        raise ValueError(f"rank {engine.comm.global_rank}: safe_set for {name!r}: {value.numel()} elements given, "
+                         f"the parameter has {slot.numel} {tuple(slot.shape)}")
+    lo, hi = u.shard_range(engine.stage.owner())
+    a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)     # this rank's part of the parameter
+    flat = value.detach().reshape(-1).to(device=engine.device)
+    with _states_in_memory(engine), torch.no_grad():
+        if a < b:
+            _local(engine, u, what, key)[a - lo:b - lo].copy_(flat[a - slot.offset:b - slot.offset])
+        if what == "master" and not engine.mixed and engine.stage_id in (1, 2):
+            engine.stage.flat[u.group][u.flat_offset + slot.offset:u.flat_offset + slot.offset + slot.numel].copy_(flat)
+        if what == "master" and engine.offload is not None and not engine.mixed:
+            engine.offload.write_master()
+
+
+def safe_get_full_fp32_param(param):
+    return _get(param, "master")
+
+
+def safe_set_full_fp32_param(param, value) -> None:
+    _set(param, value, "master")
+
+
+def safe_get_full_grad(param):
+    return _get(param, "grad")
+
+
+def safe_set_full_grad(param, value) -> None:
+    """value: the averaged (loss-scaled) gradient, as safe_get_full_grad returns it."""
+    engine, _ = _owner(param)
+    if engine is not None:
+        value = value * engine.config.reduction.post_divisor
+    _set(param, value, "grad")
+
+
+def safe_get_full_optimizer_state(param, optim_state_key: str):
+    return _get(param, "state", optim_state_key)
+
+
+def safe_set_full_optimizer_state(param, value, optim_state_key: str) -> None:
+    _set(param, value, "state", optim_state_key)

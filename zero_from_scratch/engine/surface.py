@@ -1,0 +1,211 @@
+"""DeepSpeedEngine's surface that real clients touch, on ZeroEngine: ranks, the device, attribute
+lookups forwarded to the wrapped module, the accumulation boundary set by the client, destroy,
+deepspeed_io, the throughput timer, the 16-bit model save; and initialize's argument handling (args.deepspeed_config,
+starting torch.distributed, the client LR scheduler).
+
+    engine, optimizer, loader, sched = zero_from_scratch.initialize(args=args, model=m, training_data=ds)
+    engine.set_gradient_accumulation_boundary(is_boundary=False); engine.backward(loss); ...
+
+Each follows DeepSpeed 0.19.8's runtime/engine.py (named in the docstrings). Cost: none per step.
+"""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from primitives.engine import registry
+from primitives.engine.launch import init_from_env
+from primitives.engine.log import print0
+from zero_from_scratch.engine.atomic import atomic_write
+from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader
+
+
+class ThroughputTimer:
+    """DeepSpeed's engine.tput_timer, the part clients read: start()/stop() around a step,
+    avg_samples_per_sec() over the steps timed after the first `start_step` (DeepSpeed: 2)."""
+
+    def __init__(self, batch_size: int, start_step: int = 2):
+        self.batch_size, self.start_step = batch_size, start_step
+        self.global_step_count = self.micro_step_count = 0
+        self.total_elapsed_time, self._t0 = 0.0, None
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
+        if self._t0 is None:
+            return
+        self.micro_step_count += 1
+        if global_step:
+            self.global_step_count += 1
+        if self.global_step_count >= self.start_step:
+            self.total_elapsed_time += time.perf_counter() - self._t0
+        self._t0 = None
+
+    def avg_samples_per_sec(self) -> float:
+        steps = self.global_step_count - self.start_step
+        if steps > 0 and self.total_elapsed_time > 0:
+            return self.batch_size * steps / self.total_elapsed_time
+        return float("-inf")            # DeepSpeed's value before enough steps
+
+
+class DeepSpeedSurface:
+    """Mixed into ZeroEngine (an nn.Module: `module` is a registered submodule)."""
+
+    @property
+    def global_rank(self) -> int:
+        return self.comm.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "-1"))    # DeepSpeed: args.local_rank or $LOCAL_RANK, -1 absent
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.size
+
+    @property
+    def dp_world_size(self) -> int:
+        return self.comm.size
+
+    def __getattr__(self, name: str):
+        """DeepSpeedEngine.__getattr__: what the engine lacks is looked up on the wrapped module."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is not None and name != "module" and hasattr(module, name):
+                return getattr(module, name)
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r} (nor has its module "
+                                 f"{type(module).__name__ if module is not None else None})") from None
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed: the client says whether the next backward ends the accumulation; until it
+        calls this, the micro-step counter decides."""
+        self._boundary_override = bool(is_boundary)
+
+    def destroy(self) -> None:
+        """DeepSpeedEngine.destroy: drop the optimizer's and stages' references so memory can be
+        freed (hooks removed); the engine is unusable afterwards. The process group stays."""
+        for h in getattr(self.stage, "hooks", []):
+            h.remove()
+        self.stage.hooks = []
+        if hasattr(self.stage, "release_all"):
+            self.stage.release_all()
+        self.optimizer.state = [{} for _ in self.optimizer.state]
+
+    def was_step_applied(self) -> bool:
+        return not self.optimizer.overflow
+
+    def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True, data_sampler=None,
+                     collate_fn=None, num_local_io_workers=None):
+        """DeepSpeedEngine.deepspeed_io: the distributed loader (dataloader.py); eval/predict routes
+        read in order (shuffle=False), as DeepSpeed."""
+        if not isinstance(dataset, torch.utils.data.Dataset):
+            raise ValueError("Training data must be a torch Dataset")     # DeepSpeed's words
+        if data_sampler is None and route in ("predict", "eval"):
+            data_sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=self.comm.size,
+                                                               rank=self.comm.rank, shuffle=False)
+        return DeepSpeedDataLoader(
+            dataset, batch_size or self.train_micro_batch_size_per_gpu(), pin_memory and self.device.type == "cuda",
+            self.local_rank, self.tput_timer if route == "train" else None, collate_fn, num_local_io_workers,
+            data_sampler, self.comm.size, self.comm.rank, self.config.surface["dataloader_drop_last"])
+
+
+    # ------------------------------------------------------------------ 16-bit weights (the HF Trainer's save)
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        """The wrapped module's state_dict (stages 0-2: every parameter is whole on every rank)."""
+        sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            for n, p in self.module.named_parameters():
+                if not p.requires_grad:
+                    sd.pop(prefix + n, None)
+        return sd
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """DeepSpeed's: the full state_dict in the model dtype on rank 0 (None elsewhere), gathered one
+        module at a time (every rank must call it: all-gathers); shared parameters stay shared."""
+        if self.stage_id != 3:
+            raise ValueError("this function requires ZeRO-3 mode")      # DeepSpeed's words
+        out, seen = ({} if self.comm.global_rank == 0 else None), {}
+        for mname, m in self.module.named_modules():
+            pre = f"{mname}." if mname else ""
+            params = list(m.parameters(recurse=False))
+            with self._gathered(params, None):
+                if out is None:
+                    continue
+                for n, p in m.named_parameters(recurse=False):
+                    if exclude_frozen_parameters and not p.requires_grad:
+                        continue
+                    out[pre + n] = out[seen[id(p)]] if id(p) in seen else p.detach().cpu().clone()
+                    seen.setdefault(id(p), pre + n)
+                for n, b in m.named_buffers(recurse=False):
+                    if n not in m._non_persistent_buffers_set:
+                        out[pre + n] = b.detach().cpu().clone()
+        return out
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """DeepSpeed's: rank 0 writes the model-dtype state_dict; at stage 3 only with
+        zero_optimization.stage3_gather_16bit_weights_on_model_save (else False, nothing written)."""
+        if self.stage_id == 3:
+            if not self.config.surface["gather_16bit_on_save"]:
+                print0(f"[zero_from_scratch] did not save {save_filename}: stage3_gather_16bit_weights_on_model_save "
+                       "is false (DeepSpeed does the same)")
+                return False
+            sd = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        else:
+            sd = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self.comm.global_rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            atomic_write(os.path.join(save_dir, save_filename), lambda f: torch.save(sd, f))
+        return True
+
+    save_fp16_model = save_16bit_model
+
+
+def start_distributed(comm_impl: str, distributed_port=None) -> None:
+    """deepspeed.initialize → init_distributed: start torch.distributed when nobody did (from
+    RANK/WORLD_SIZE/MASTER_ADDR, MASTER_PORT defaulting to distributed_port, or a world of one for
+    a plain `python script.py`). Not with mpiexec's MPI world (primitives' MPI communicator needs
+    no process group)."""
+    if dist.is_initialized() or (comm_impl == "primitives" and registry._MPI_WORLD is not None):  # mpiexec's world
+        return
+    if "RANK" not in os.environ:                     # DeepSpeed's mpi_discovery sets these for a world of one
+        os.environ.setdefault("LOCAL_RANK", "0")
+    elif distributed_port is not None:
+        os.environ.setdefault("MASTER_PORT", str(distributed_port))
+    init_from_env("auto")
+
+
+def resolve_config(args, config, config_params):
+    """deepspeed.initialize's rule: config, else config_params; args.deepspeed_config (or the
+    deprecated deepscale_config) when neither is given, and an error when both are."""
+    if config is None:
+        config = config_params
+    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if from_args is not None:
+        if config is not None:
+            raise ValueError("initialize(): a config came both in args.deepspeed_config and as config=; DeepSpeed "
+                             "asserts 'Not sure how to proceed'. Pass one")
+        config = from_args
+    if config is None:
+        raise ValueError("initialize(config=...) is required: a DeepSpeed JSON path or dict (or args.deepspeed_config)")
+    return config
+
+
+def client_scheduler(engine, lr_scheduler):
+    """DeepSpeed's _configure_lr_scheduler: a client callable is called with the basic optimizer
+    (the client's object, or the engine's); a client object is used as given; either replaces the
+    config's scheduler. Stepped by engine.step() at the boundary, skipped on overflow."""
+    if engine.config.scheduler is not None and engine.comm.global_rank == 0:
+        warnings.warn("zero_from_scratch: initialize(lr_scheduler=...) replaces the config's \"scheduler\" "
+                      "section, as in DeepSpeed", stacklevel=3)
+    if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        opt = engine.client_optimizer
+        return lr_scheduler(opt if opt is not None else engine.optimizer)
+    return lr_scheduler
