@@ -282,3 +282,19 @@ def test_unchanged_script_under_torchrun_equals_zero_from_scratch_directly(tmp_p
     assert comm0[:7] == (True, True, True, [1.0, 1.0], 0, 2, True) and comm1[4] == 1
     assert comm0[7].startswith("deepspeed.initialize(mesh_param=...) is not served by ringzero")
     assert len(losses) == 4 and losses == ref
+
+
+@pytest.mark.parametrize("patched, diff", [("clients/cifar10/cifar10_deepspeed.py", "clients/cifar10/cifar10.diff"),
+                                           ("clients/hello_deepspeed/train_bert_ds.py",
+                                            "clients/hello_deepspeed/train_bert_ds.diff")])
+def test_client_diffs_are_the_whole_change_from_upstream(patched, diff):
+    """The .diff kept beside each client lists every line changed from upstream.py (the file at
+    DeepSpeedExamples' commit named in clients/README.md): the readable record of the patch."""
+    import difflib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    read = lambda p: open(os.path.join(root, p), newline="").read().splitlines()   # noqa: E731
+    up = read(os.path.join(os.path.dirname(patched), "upstream.py"))
+    changed = [ln for ln in difflib.unified_diff(up, read(patched), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    kept = [ln for ln in read(diff) if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    assert sorted(changed) == sorted(kept) and changed   # the same lines (diff tools align blank lines differently)
