@@ -1,6 +1,6 @@
 """Each DeepSpeedExamples client on 2 ranks under the real DeepSpeed and under ringzero: per-step losses side by side.
 
-    python -m clients.compare                      (every case, ~6 min on 2 cores; the table below)
+    python -m clients.compare                      (every case, 4-11 min on 2 cores; the table in clients/README.md)
     python -m clients.compare --case cifar10-fp32-zero2
     python -m pytest -q -m slow tests/test_as_deepspeed_clients.py
 

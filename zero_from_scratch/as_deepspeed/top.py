@@ -7,8 +7,9 @@ initialize follows deepspeed/__init__.py::initialize (0.19.8): start torch.distr
 (init_distributed below), take `config`, else `config_params`, else args.deepspeed_config (or the
 deprecated args.deepscale_config), with DeepSpeed's checks; then a PipelineModule goes to the
 pipeline engine (pipeline_parallel.engine.ds_pipe.initialize, resolved from served.py's table) and
-anything else to zero_from_scratch.initialize. Every other argument is handed on unchanged: the
-engine serves it or refuses it by name. mesh_param (sequence-parallel meshes) is not served.
+anything else to zero_from_scratch.initialize, with the resolved config as config= (and a copy of
+args without deepspeed_config, so the engine sees one config). Every other argument is handed on
+unchanged: the engine serves it or refuses it by name. mesh_param (sequence-parallel meshes) is not served.
 init_distributed follows deepspeed/comm/comm.py::init_distributed: nothing when torch.distributed
 is up; else RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK from the launcher, backend from the
 accelerator (gloo on cpu, nccl on cuda), timeout DEEPSPEED_TIMEOUT minutes (default 10). Without a
@@ -19,6 +20,7 @@ Cost: one process-group rendezvous, once.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from datetime import timedelta
@@ -131,4 +133,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         build = resolve("deepspeed.initialize(model=PipelineModule)", served.PIPELINE_INITIALIZE)
     else:
         build = resolve("deepspeed.initialize", "zero_from_scratch:initialize")
+    if getattr(args, "deepspeed_config", None) is not None:
+        # the config goes on as config=: a copy of args without it, so the engine does not see two configs
+        args = copy.copy(args)
+        args.deepspeed_config = None
     return build(args=args, model=model, config=config, **kwargs)
