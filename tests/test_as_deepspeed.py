@@ -298,3 +298,43 @@ def test_client_diffs_are_the_whole_change_from_upstream(patched, diff):
                if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
     kept = [ln for ln in read(diff) if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
     assert sorted(changed) == sorted(kept) and changed   # the same lines (diff tools align blank lines differently)
+
+
+def _zero_to_fp32(rank, world, ckpt):
+    """A ZeRO-2 checkpoint of 2 ranks read back through deepspeed.utils.zero_to_fp32's three functions."""
+    import zero_from_scratch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(),
+                                              config={"train_micro_batch_size_per_gpu": 2, "zero_optimization":
+                                                      {"stage": 2}, "optimizer": {"type": "AdamW",
+                                                                                  "params": {"lr": 0.1}}})
+    for step in range(2):
+        engine.backward(engine(torch.randn(2, 8, generator=torch.Generator().manual_seed(step + 10 * rank))).sum())
+        engine.step()
+    engine.save_checkpoint(ckpt)
+    dist.barrier()
+    if rank != 0:
+        return None
+    want = {k: v.detach().clone() for k, v in model.state_dict().items()}   # stage 2: full parameters here
+    finder.install()
+    try:
+        from deepspeed.utils import zero_to_fp32 as z
+        sd = z.get_fp32_state_dict_from_zero_checkpoint(ckpt)
+        z.convert_zero_checkpoint_to_fp32_state_dict(ckpt, f"{ckpt}/out", max_shard_size=300)
+        shards = sorted(f for f in os.listdir(f"{ckpt}/out") if f.endswith(".bin"))
+        merged = {k: v for f in shards for k, v in torch.load(f"{ckpt}/out/{f}").items()}
+        fresh = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        loaded = z.load_state_dict_from_zero_checkpoint(fresh, ckpt).state_dict()
+        with pytest.raises(finder.NotServedError, match="lazy_mode=True"):
+            z.get_fp32_state_dict_from_zero_checkpoint(ckpt, lazy_mode=True)
+        index = os.path.isfile(f"{ckpt}/out/pytorch_model.bin.index.json")
+    finally:
+        finder.uninstall()
+    same = lambda a: sorted(a) == sorted(want) and all(torch.equal(a[k], want[k]) for k in want)   # noqa: E731
+    return same(sd), same(merged), same(loaded), len(shards), index
+
+
+def test_zero_to_fp32_functions_read_a_zero2_checkpoint(tmp_path, spawn):
+    got = spawn(_zero_to_fp32, 2, args=(str(tmp_path / "ck"),))[0]
+    assert got[:3] == (True, True, True) and got[3] > 1 and got[4]   # sharded at 300 B, with its index

@@ -31,8 +31,6 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
 
 _LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES")
 _SAFE = tuple(f"safe_{a}_{b}" for a in ("get", "set") for b in ("full_fp32_param", "full_grad", "full_optimizer_state"))
-_Z2F = ("get_fp32_state_dict_from_zero_checkpoint", "convert_zero_checkpoint_to_fp32_state_dict",
-        "load_state_dict_from_zero_checkpoint")
 _PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
                "PipeModelDataParallelTopology")
 
@@ -67,7 +65,7 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.engine.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
     "deepspeed.checkpoint.utils.clone_tensors_for_torch_save": f"{_R}.utils:clone_tensors_for_torch_save",
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
-    **{f"deepspeed.utils.zero_to_fp32.{n}": f"{_E}.zero_to_fp32:{n}" for n in _Z2F},
+    "deepspeed.utils.zero_to_fp32.*": f"{_R}.zero_to_fp32:*",
     **{f"deepspeed.runtime.lr_schedules.{n}": f"{_E}.lr_schedules:{n}" for n in _LR},
     **{f"deepspeed.ops.adam.{n}": f"{_E}.optimizers:{n}" for n in ("FusedAdam", "DeepSpeedCPUAdam")},
     **{f"deepspeed.ops.lion.{n}": f"{_E}.optimizers:{n}" for n in ("FusedLion", "DeepSpeedCPULion")},
