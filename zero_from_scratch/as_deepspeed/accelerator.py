@@ -1,0 +1,184 @@
+"""deepspeed.accelerator.get_accelerator(): the cpu or cuda accelerator, as DeepSpeed 0.19.8 answers.
+
+    from deepspeed.accelerator import get_accelerator       (served by the runner)
+    device = get_accelerator().device_name(local_rank)      # "cpu" on cpu, "cuda:1" on cuda
+
+The kind follows DeepSpeed's own choice: DS_ACCELERATOR if set ("cpu" or "cuda"), else cuda when
+torch sees a GPU, else cpu. The methods are those of deepspeed/accelerator/cpu_accelerator.py and
+cuda_accelerator.py that real clients call (device names, set_device, seeds, synchronize,
+memory, dtypes, the communication backend); on cpu memory is the process's resident set, as
+DeepSpeed's psutil reading. Any other method raises NotServedAttributeError naming it.
+Cost: nothing; memory queries read /proc/self/statm.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, message
+
+KINDS = ("cpu", "cuda")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _numa_nodes_with_cores() -> int:
+    """DeepSpeed's cpu device_count without LOCAL_SIZE: NUMA nodes that have cores (at least 1)."""
+    base = "/sys/devices/system/node"
+    try:
+        nodes = [d for d in os.listdir(base) if d.startswith("node") and d[4:].isdigit()]
+        lists = {open(os.path.join(base, d, "cpulist")).read().strip() for d in nodes}
+    except OSError:
+        return 1
+    return max(1, len([c for c in lists if c]))
+
+
+class Accelerator:
+    """DeepSpeed's accelerator object for `kind` ("cpu" or "cuda")."""
+
+    def __init__(self, kind: str):
+        if kind not in KINDS:
+            raise ValueError(f"DS_ACCELERATOR={kind!r}: ringzero serves {KINDS}")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise ValueError("DS_ACCELERATOR='cuda' but torch sees no CUDA device")
+        self._name = kind
+        self._communication_backend_name = "gloo" if kind == "cpu" else "nccl"
+        self._max_rss = _rss() if kind == "cpu" else 0
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise NotServedAttributeError(message(f"get_accelerator().{attr}", f"run the {self._name} accelerator's "
+                                              f"{attr}()", "torch's own device API"))
+
+    def __repr__(self):
+        return f"<ringzero {self._name} accelerator (DeepSpeed's get_accelerator())>"
+
+    def is_synchronized_device(self) -> bool:
+        return self._name == "cpu"
+
+    def device_name(self, device_index=None) -> str:
+        if self._name == "cpu" or device_index is None:
+            return self._name
+        return f"cuda:{device_index}"
+
+    def device(self, device_index=None):
+        return None if self._name == "cpu" else torch.device("cuda", device_index)
+
+    def set_device(self, device_index) -> None:
+        if self._name == "cuda":
+            torch.cuda.set_device(device_index)
+
+    def current_device(self):
+        return os.environ.get("LOCAL_RANK", 0) if self._name == "cpu" else torch.cuda.current_device()
+
+    def current_device_name(self) -> str:
+        return "cpu" if self._name == "cpu" else f"cuda:{torch.cuda.current_device()}"
+
+    def device_count(self) -> int:
+        if self._name == "cuda":
+            return torch.cuda.device_count()
+        return int(os.environ.get("LOCAL_SIZE", 0)) or _numa_nodes_with_cores()
+
+    def is_available(self) -> bool:
+        return True if self._name == "cpu" else torch.cuda.is_available()
+
+    def synchronize(self, device_index=None) -> None:
+        if self._name == "cuda":
+            torch.cuda.synchronize(device_index)
+
+    def random(self):
+        return torch.random
+
+    def manual_seed(self, seed):
+        return torch.manual_seed(seed) if self._name == "cpu" else torch.cuda.manual_seed(seed)
+
+    def manual_seed_all(self, seed):
+        return torch.manual_seed(seed) if self._name == "cpu" else torch.cuda.manual_seed_all(seed)
+
+    def initial_seed(self):
+        return torch.initial_seed() if self._name == "cpu" else torch.cuda.initial_seed()
+
+    def get_rng_state(self, device_index=None):
+        return torch.get_rng_state() if self._name == "cpu" else torch.cuda.get_rng_state(device_index or "cuda")
+
+    def set_rng_state(self, new_state, device_index=None):
+        if self._name == "cpu":
+            return torch.set_rng_state(new_state)
+        return torch.cuda.set_rng_state(new_state, device_index or "cuda")
+
+    def empty_cache(self) -> None:
+        if self._name == "cuda":
+            torch.cuda.empty_cache()
+
+    def stream(self, stream):
+        return contextlib.nullcontext() if self._name == "cpu" else torch.cuda.stream(stream)
+
+    def current_stream(self, device_index=None):
+        return None if self._name == "cpu" else torch.cuda.current_stream(device_index)
+
+    def memory_allocated(self, device_index=None) -> int:
+        if self._name == "cuda":
+            return torch.cuda.memory_allocated(device_index)
+        self._max_rss = max(self._max_rss, _rss())
+        return _rss()
+
+    def max_memory_allocated(self, device_index=None) -> int:
+        if self._name == "cuda":
+            return torch.cuda.max_memory_allocated(device_index)
+        self.memory_allocated()
+        return self._max_rss
+
+    def reset_peak_memory_stats(self, device_index=None) -> None:
+        if self._name == "cuda":
+            torch.cuda.reset_peak_memory_stats(device_index)
+
+    def total_memory(self, device_index=None) -> int:
+        if self._name == "cuda":
+            return torch.cuda.get_device_properties(device_index or 0).total_memory
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+    def communication_backend_name(self) -> str:
+        return self._communication_backend_name
+
+    def is_bf16_supported(self) -> bool:
+        return True if self._name == "cpu" else torch.cuda.is_bf16_supported()
+
+    def is_fp16_supported(self) -> bool:
+        if self._name == "cuda":
+            return True
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        except Exception:   # DeepSpeed's cpu accelerator answers False when the probe itself fails
+            return False
+
+    def supported_dtypes(self) -> list:
+        return [torch.float, torch.bfloat16] + ([torch.float16] if self.is_fp16_supported() else [])
+
+    def pin_memory(self, tensor, align_bytes=1):
+        return tensor if self._name == "cpu" else tensor.pin_memory()
+
+    def is_pinned(self, tensor) -> bool:
+        return tensor.is_pinned()
+
+    def on_accelerator(self, tensor) -> bool:
+        return tensor.device.type == self._name
+
+    def lazy_call(self, callback):
+        return callback()
+
+
+_ACCELERATOR: Accelerator | None = None
+
+
+def get_accelerator() -> Accelerator:
+    global _ACCELERATOR
+    if _ACCELERATOR is None:
+        kind = os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
+        _ACCELERATOR = Accelerator(kind)
+    return _ACCELERATOR

@@ -1,0 +1,110 @@
+"""The table: each `deepspeed` name a client may use → the ringzero object that serves it, or why not.
+
+    python -m zero_from_scratch.as_deepspeed --list        (prints this table, resolved now)
+
+SERVED maps a DeepSpeed dotted name to "module:attribute" — a STRING, imported on first use
+(importlib in finder.py). That keeps two promises: a name whose ringzero code lands later is
+served from then on without touching this file, and the package arrows hold (zero_from_scratch
+may not import pipeline_parallel; the runner resolves pipeline_parallel's names by table only
+when a script asks for them). A served name whose target is missing fails on lookup with
+NotServedAttributeError. "module:*" serves every name in that module's __all__.
+REFUSED lists DeepSpeed names real clients import at module level that ringzero does not serve:
+they import, and fail at their first call or attribute with one line (what DeepSpeed would
+have done, the nearest ringzero way). Any other name fails on lookup. Cost: a dict lookup.
+"""
+from __future__ import annotations
+
+VERSION = "0.19.8"   # the DeepSpeed release whose API (and quirks) the runner follows
+_R = "zero_from_scratch.as_deepspeed"
+_E = "zero_from_scratch.engine"
+_PIPE = "pipeline_parallel.engine.ds_pipe"
+
+# the modules `import deepspeed.X` finds (every one a package, so deeper imports are looked up here too)
+MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.zero", "deepspeed.utils",
+           "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
+           "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
+           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.ops",
+           "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder",
+           "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
+           "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference")
+
+_LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES")
+_SAFE = tuple(f"safe_{a}_{b}" for a in ("get", "set") for b in ("full_fp32_param", "full_grad", "full_optimizer_state"))
+_PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
+               "PipeModelDataParallelTopology")
+
+# DeepSpeed name → "ringzero module:attribute"
+SERVED: dict[str, str] = {
+    "deepspeed.initialize": f"{_R}.top:initialize",
+    "deepspeed.init_distributed": f"{_R}.top:init_distributed",
+    "deepspeed.add_config_arguments": f"{_R}.top:add_config_arguments",
+    "deepspeed.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
+    "deepspeed.get_accelerator": f"{_R}.accelerator:get_accelerator",
+    "deepspeed.logger": f"{_R}.utils:logger",
+    "deepspeed.log_dist": f"{_R}.utils:log_dist",
+    "deepspeed.PipelineModule": f"{_PIPE}:PipelineModule",
+    "deepspeed.comm.*": f"{_R}.comm:*",
+    "deepspeed.accelerator.get_accelerator": f"{_R}.accelerator:get_accelerator",
+    "deepspeed.zero.Init": f"{_E}.zero_init:Init",
+    "deepspeed.zero.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
+    "deepspeed.zero.register_external_parameter": "zero_from_scratch:register_external_parameter",
+    "deepspeed.runtime.zero.Init": f"{_E}.zero_init:Init",
+    "deepspeed.runtime.zero.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
+    "deepspeed.runtime.zero.register_external_parameter": "zero_from_scratch:register_external_parameter",
+    "deepspeed.runtime.zero.partition_parameters.ZeroParamStatus": f"{_E}.zero_init:ZeroParamStatus",
+    "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
+    "deepspeed.runtime.zero.partition_parameters.Init": f"{_E}.zero_init:Init",
+    "deepspeed.utils.logger": f"{_R}.utils:logger",
+    "deepspeed.utils.log_dist": f"{_R}.utils:log_dist",
+    "deepspeed.utils.logging.logger": f"{_R}.utils:logger",
+    "deepspeed.utils.logging.log_dist": f"{_R}.utils:log_dist",
+    "deepspeed.utils.RepeatingLoader": f"{_E}.dataloader:RepeatingLoader",
+    "deepspeed.runtime.dataloader.RepeatingLoader": f"{_E}.dataloader:RepeatingLoader",
+    "deepspeed.runtime.utils.set_random_seed": f"{_R}.utils:set_random_seed",
+    "deepspeed.runtime.engine.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
+    "deepspeed.checkpoint.utils.clone_tensors_for_torch_save": f"{_R}.utils:clone_tensors_for_torch_save",
+    **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
+    "deepspeed.utils.zero_to_fp32.*": f"{_R}.zero_to_fp32:*",
+    **{f"deepspeed.runtime.lr_schedules.{n}": f"{_E}.lr_schedules:{n}" for n in _LR},
+    **{f"deepspeed.ops.adam.{n}": f"{_E}.optimizers:{n}" for n in ("FusedAdam", "DeepSpeedCPUAdam")},
+    **{f"deepspeed.ops.lion.{n}": f"{_E}.optimizers:{n}" for n in ("FusedLion", "DeepSpeedCPULion")},
+    **{f"deepspeed.pipe.{n}": f"{_PIPE}:{n}" for n in _PIPE_NAMES},
+}
+# a served `deepspeed.initialize(model=PipelineModule)` goes here instead of zero_from_scratch.initialize
+PIPELINE_INITIALIZE = f"{_PIPE}:initialize"
+PIPELINE_MODULE = f"{_PIPE}:PipelineModule"
+
+_NO_MOE = ("mixture-of-experts layers with expert parallelism", "none: ringzero has no MoE; use a dense layer")
+_KERNELS = ("fused CUDA transformer kernels", "the model's own torch layers (transformers, tensor_parallel/)")
+_INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference)",
+          "call the model itself; tensor_parallel/ shards its layers")
+# DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
+REFUSED: dict[str, tuple[str, str]] = {
+    "deepspeed.init_inference": _INFER,
+    "deepspeed.InferenceEngine": _INFER,
+    "deepspeed.tp_model_init": ("shard a model for AutoTP training", "tensor_parallel/engine/parallelize.py"),
+    "deepspeed.DeepSpeedConfig": ("parse a JSON config into a DeepSpeedConfig object",
+                                  "zero_from_scratch.load_config(config, world_size)"),
+    "deepspeed.DeepSpeedTransformerLayer": _KERNELS,
+    "deepspeed.DeepSpeedTransformerConfig": _KERNELS,
+    "deepspeed.replace_transformer_layer": _INFER,
+    "deepspeed.comm.TorchBackend": ("give the torch.distributed backend object", "deepspeed.comm's functions"),
+    "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer": _NO_MOE,
+    "deepspeed.moe.layer.MoE": _NO_MOE,
+    "deepspeed.runtime.utils.see_memory_usage": ("log the accelerator's memory use", "engine.memory_report()"),
+    "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad": ("run its C++ CPU Adagrad", "torch.optim.Adagrad"),
+    "deepspeed.ops.op_builder.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),
+    "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
+    "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
+    "deepspeed.utils.set_z3_leaf_modules": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)"),
+}
+
+
+def target_of(name: str) -> str | None:
+    """The "module:attribute" serving `name`, else None (a "module:*" entry serves its module's __all__)."""
+    if name in SERVED:
+        return SERVED[name]
+    parent, _, attr = name.rpartition(".")
+    star = SERVED.get(f"{parent}.*")
+    return f"{star[:-1]}{attr}" if star else None

@@ -1,0 +1,73 @@
+"""deepspeed.utils / deepspeed.runtime.utils names the runner writes itself, with DeepSpeed's behaviour.
+
+    import deepspeed                      (under python -m zero_from_scratch.as_deepspeed SCRIPT)
+    deepspeed.utils.logger.info("..."); deepspeed.runtime.utils.set_random_seed(42)
+
+logger       logging.getLogger("DeepSpeed") at WARNING, one stdout handler, no propagation, and
+             DeepSpeed's format (deepspeed/utils/logging.py::LoggerFactory.create_logger).
+log_dist     logs "[Rank r] message" on the listed ranks (every rank before torch.distributed
+             starts; ranks=[-1] means all), as deepspeed/utils/logging.py::log_dist.
+set_random_seed   random, numpy (seed mod 2^32) and torch (seed mod 2^63): runtime/utils.py.
+clone_tensors_for_torch_save   detached clones on `device`, nested lists/tuples/dicts kept
+             (deepspeed/checkpoint/utils.py). Cost: nothing beyond the copies.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import sys
+
+import numpy
+import torch
+import torch.distributed as dist
+
+
+def _make_logger() -> logging.Logger:
+    log = logging.getLogger("DeepSpeed")
+    log.setLevel(logging.WARNING)
+    log.propagate = False
+    if not any(getattr(h, "_ringzero", False) for h in log.handlers):
+        h = logging.StreamHandler(stream=sys.stdout)
+        h.setLevel(logging.WARNING)
+        h.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] "
+                                         "%(message)s"))
+        h._ringzero = True
+        log.addHandler(h)
+    return log
+
+
+logger = _make_logger()
+
+
+def _dist_msg(message: str, ranks=None) -> str | None:
+    on = dist.is_available() and dist.is_initialized()
+    me = dist.get_rank() if on else -1
+    ranks = ranks or []
+    if on and not (ranks and (ranks[0] == -1 or me in set(ranks))):
+        return None
+    return f"[Rank {me}] {message}"
+
+
+def log_dist(message, ranks=None, level=logging.INFO) -> None:
+    msg = _dist_msg(message, ranks)
+    if msg is not None:
+        logger.log(level, msg)
+
+
+def set_random_seed(seed: int) -> None:
+    random.seed(seed)
+    numpy.random.seed(seed % (2**32))
+    torch.manual_seed(seed % (2**63))
+
+
+def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
+    if torch.is_tensor(item):
+        device = torch.device(device) if isinstance(device, str) else device
+        return item.detach().clone() if device == item.device else item.detach().to(device)
+    if isinstance(item, list):
+        return [clone_tensors_for_torch_save(v, device) for v in item]
+    if isinstance(item, tuple):
+        return tuple(clone_tensors_for_torch_save(v, device) for v in item)
+    if isinstance(item, dict):
+        return type(item)({k: clone_tensors_for_torch_save(v, device) for k, v in item.items()})
+    return item
