@@ -151,8 +151,9 @@ def test_initialize_adopts_init_model_and_trains_like_plain(spawn):
 
 def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
     """VmHWM above the RSS before construction (benchmarks/zero_init_memory.py, glibc's mmap threshold
-    fixed so frees reach the OS): M = 4Ψ = 32 MiB, one module L = 4 MiB, N = 2. Slack 4 MiB covers
-    the allocator and gloo's first buffers (measured: 0.7-2 MiB)."""
+    fixed so frees reach the OS): M = 4Ψ = 32 MiB, one module L = 4 MiB, N = 2. Slack 6 MiB covers
+    the allocator, gloo's first buffers and first-use allocations of the engine's imports (measured:
+    0.7-4.3 MiB), still below the plain model's M."""
     from benchmarks.zero_init_memory import ROWS, peaks   # a benchmark script's helpers, only this test needs them
     mib, layers, dim = 2 ** 20, 8, 1024
     m, big = 4 * layers * dim ** 2, 4 * dim ** 2
@@ -160,8 +161,8 @@ def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
     got = {row: max(r[i] for r in per_rank) for i, row in enumerate(ROWS)}
     plain, init, adopted = got[False, False], got[True, False], got[True, True]
     assert plain >= 0.95 * m, plain / mib
-    assert init <= m / 2 + big + 4 * mib, init / mib
-    assert adopted <= 4 * m / 2 + big + 4 * mib, adopted / mib    # the engine's 16Ψ/N + one unit, never + M
+    assert init <= m / 2 + big + 6 * mib < plain, init / mib
+    assert adopted <= 4 * m / 2 + big + 6 * mib, adopted / mib    # the engine's 16Ψ/N + one unit, never + M
 
 
 def _infinity(rank, world, init: bool, path):
