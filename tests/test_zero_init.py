@@ -512,3 +512,41 @@ def test_data_reassigned_during_construction_is_partitioned_on_exit():
     assert all(p.numel() == 0 for p in m.parameters())
     full = _full(m)
     assert all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+
+
+class External(nn.Module):
+    """`a.weight` is used again by the parent's forward (DeepSpeed's GatheredParameters fwd_module example)."""
+
+    def __init__(self, use_ctx: bool):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 3)
+        self.use_ctx = use_ctx
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.use_ctx:
+            with GatheredParameters(self.a.weight, fwd_module=self):
+                h = torch.nn.functional.linear(h, self.a.weight)
+        else:
+            h = torch.nn.functional.linear(h, self.a.weight)
+        return self.b(h).pow(2).mean()
+
+
+def _external(rank, world, init: bool):
+    torch.manual_seed(0)
+    with Init(config_dict_or_path=CFG, enabled=init):
+        model = External(use_ctx=init)
+    if not init:                                   # the reference registers it the documented way
+        zero_from_scratch.register_external_parameter(model, model.a.weight)
+    engine, *_ = zero_from_scratch.initialize(model=model, config=CFG)
+    losses = []
+    for step in range(3):
+        loss = engine(torch.randn(2, 8, generator=torch.Generator().manual_seed(10 * step + rank)))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_gathered_parameters_fwd_module_inside_forward(spawn):
+    assert spawn(_external, 2, args=(True,)) == spawn(_external, 2, args=(False,))
