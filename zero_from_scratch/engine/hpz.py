@@ -60,17 +60,18 @@ class HpZ:
         engine.comm._ag = functools.partial(P.all_gather_single, algorithm="auto")
         engine.comm._rs = functools.partial(P.reduce_scatter_single, algorithm="auto")
 
-    def gather(self, u, kind: str, full: torch.Tensor, tag: int) -> bool:
+    def gather(self, u, kind: str, full: torch.Tensor, tag: int, async_op: bool = False):
         """Backward: fill `full` (what the forward all-gather received: the unit, or qwZ's bytes)
-        from the group's secondary shards. False = do the world all-gather."""
+        from the group's secondary shards. None = do the world all-gather; otherwise True, or with
+        async_op (a prefetch) the handle."""
         sec = self.secondary.get(u.index)
         if kind != "backward" or sec is None:
-            return False
+            return None
         b = full.numel() * full.element_size()
-        self.comm.composed("param all-gather (backward, hpZ group)", "all_gather", b, (self.k - 1) * b // self.k,
-                           lambda: P.all_gather_single(full, sec, group=self.group, algorithm="ring", tag=tag),
-                           what=u.tag)
-        return True
+        h = self.comm.composed("param all-gather (backward, hpZ group)", "all_gather", b, (self.k - 1) * b // self.k,
+                               lambda: P.all_gather_single(full, sec, group=self.group, algorithm="ring", tag=tag),
+                               what=u.tag, async_op=async_op)
+        return h if async_op else True
 
     def keep(self, u, full: torch.Tensor) -> None:
         """After the world all-gather of a training forward: keep my 1/k slice of what it received
