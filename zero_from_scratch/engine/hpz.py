@@ -20,7 +20,9 @@ this rank's 1/k slice of *those bytes*: (1 + 4/B)·Ψ/k bytes instead of 4Ψ/k, 
 all-gather inside the group moves int8 too, and backward sees bit for bit the weights forward
 saw. (DeepSpeed keeps the secondary in the weights' dtype, copied from the dequantised forward
 weights, and quantises it again for the group all-gather: a second rounding, other blocks.)
-The group all-gather is filed in the ledger as "param all-gather (backward, hpZ group)".
+The group all-gather is filed in the ledger as "param all-gather (backward, hpZ group)". Under
+overlap_comm the prefetches do the same: a forward prefetch keeps the slice when it is waited
+for, a backward prefetch gathers inside the group (stage3.py, qwz.py).
 Needs comm_impl="primitives" (the group is a primitives view, not a torch process group).
 """
 from __future__ import annotations
