@@ -79,7 +79,7 @@ def mlp(width=256):
     return nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 10))
 
 
-def _train(rank, world, zpp: dict, steps=STEPS, width=256):
+def _train(rank, world, zpp: dict, steps=STEPS, width=256, report_step=0):
     # persistence 0, reuse 0: every unit is all-gathered in forward AND backward and reduced once
     # (the textbook 3 collectives per unit), so bytes compare with the formula unit by unit
     z = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0, **zpp}
@@ -94,7 +94,7 @@ def _train(rank, world, zpp: dict, steps=STEPS, width=256):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-        if step == 0:
+        if step == report_step:
             rep = engine.comm_report(print_table=False)       # one whole optimizer step's ledger
     return losses, rep, [u.padded for u in engine.layout.units], dict(engine.stage.stats)
 
@@ -157,21 +157,28 @@ def test_qgz_hierarchical_matches_exact_sum(spawn):
 
 def _hpz_qwz(rank, world, zpp):
     os.environ["RINGZERO_LOCAL_SIZE"] = "2"
-    return _train(rank, world, zpp, steps=2, width=64)
+    return _train(rank, world, zpp, steps=2, width=64, report_step=1)   # step 1: after the traced one
 
 
-def test_qwz_with_hpz_backward_stays_in_group(spawn):
+@pytest.mark.parametrize("qw", [True, False])
+def test_hpz_backward_stays_in_group_with_qwz_and_prefetch(spawn, qw):
     world = 4
-    a = spawn(_hpz_qwz, world, args=({"zero_quantized_weights": True},))
-    b = spawn(_hpz_qwz, world, args=({"zero_quantized_weights": True, "zero_hpz_partition_size": 2},))
+    on = {"zero_quantized_weights": qw, "zero_hpz_partition_size": 2}
+    a = spawn(_hpz_qwz, world, args=({"zero_quantized_weights": True},)) if qw else None
+    b = spawn(_hpz_qwz, world, args=(on,))
+    c = spawn(_hpz_qwz, world, args=({**on, "overlap_comm": True},))    # prefetches: the group's gather too
     for r in range(world):
-        rows = {row["purpose"]: row for row in b[r][1]["rows"]}
-        assert "param all-gather (backward, int8)" not in rows     # backward: the group's int8 secondary shards
         padded = b[r][2]
-        group = sum((2 - 1) * (world // 2) * qwz.SPEC.wire_bytes(p // world) for p in padded)
-        assert rows["param all-gather (backward, hpZ group)"]["sent"] == group
-        # backward used the very int8 bytes forward received: the same losses as qwZ alone, bit for bit
-        assert a[r][0] == b[r][0]
+        piece = (lambda p: qwz.SPEC.wire_bytes(p // world)) if qw else (lambda p: 4 * (p // world))
+        group = sum((2 - 1) * (world // 2) * piece(p) for p in padded)
+        for run in (b, c):
+            rows = {row["purpose"]: row for row in run[r][1]["rows"]}
+            assert not any(p.startswith("param all-gather (backward") and "hpZ" not in p for p in rows), rows
+            assert rows["param all-gather (backward, hpZ group)"]["sent"] == group
+        assert c[r][3]["prefetch_used"] > 0
+        assert b[r][0] == c[r][0]                 # prefetching changes when bytes move, not which
+        if qw:      # backward used the very int8 bytes forward received: qwZ's losses, bit for bit
+            assert a[r][0] == b[r][0]
 
 
 def _overlap(rank, world, overlap, impl="primitives"):

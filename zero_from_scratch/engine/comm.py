@@ -209,10 +209,11 @@ class Comm:
             self._ag(out, inp.clone() if _overlaps(out, inp) else inp)
         return self._run(purpose, "all_gather", out.numel() * out.element_size(), go, async_op, what)
 
-    def composed(self, purpose: str, collective: str, nbytes: int, formula: int, fn, what: str = "") -> None:
+    def composed(self, purpose: str, collective: str, nbytes: int, formula: int, fn, what: str = "",
+                 async_op: bool = False):
         """A collective the engine composes itself on a sub-group (ZeRO++ qgZ's all-to-alls, hpZ's
         group all-gather): fn() runs it, filed under `purpose` with the bytes its algorithm sends."""
-        self._run(purpose, collective, nbytes, fn, False, what, formula)
+        return self._run(purpose, collective, nbytes, fn, async_op, what, formula)
 
     def broadcast(self, t: torch.Tensor, src: int, *, purpose: str = "broadcast") -> None:
         """src is a rank of this Comm's group (both libraries take a global rank)."""

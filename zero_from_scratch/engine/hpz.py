@@ -20,7 +20,9 @@ this rank's 1/k slice of *those bytes*: (1 + 4/B)·Ψ/k bytes instead of 4Ψ/k, 
 all-gather inside the group moves int8 too, and backward sees bit for bit the weights forward
 saw. (DeepSpeed keeps the secondary in the weights' dtype, copied from the dequantised forward
 weights, and quantises it again for the group all-gather: a second rounding, other blocks.)
-The group all-gather is filed in the ledger as "param all-gather (backward, hpZ group)".
+The group all-gather is filed in the ledger as "param all-gather (backward, hpZ group)". Under
+overlap_comm the prefetches do the same: a forward prefetch keeps the slice when it is waited
+for, a backward prefetch gathers inside the group (stage3.py, qwz.py).
 Needs comm_impl="primitives" (the group is a primitives view, not a torch process group).
 """
 from __future__ import annotations
@@ -60,17 +62,18 @@ class HpZ:
         engine.comm._ag = functools.partial(P.all_gather_single, algorithm="auto")
         engine.comm._rs = functools.partial(P.reduce_scatter_single, algorithm="auto")
 
-    def gather(self, u, kind: str, full: torch.Tensor, tag: int) -> bool:
+    def gather(self, u, kind: str, full: torch.Tensor, tag: int, async_op: bool = False):
         """Backward: fill `full` (what the forward all-gather received: the unit, or qwZ's bytes)
-        from the group's secondary shards. False = do the world all-gather."""
+        from the group's secondary shards. None = do the world all-gather; otherwise True, or with
+        async_op (a prefetch) the handle."""
         sec = self.secondary.get(u.index)
         if kind != "backward" or sec is None:
-            return False
+            return None
         b = full.numel() * full.element_size()
-        self.comm.composed("param all-gather (backward, hpZ group)", "all_gather", b, (self.k - 1) * b // self.k,
-                           lambda: P.all_gather_single(full, sec, group=self.group, algorithm="ring", tag=tag),
-                           what=u.tag)
-        return True
+        h = self.comm.composed("param all-gather (backward, hpZ group)", "all_gather", b, (self.k - 1) * b // self.k,
+                               lambda: P.all_gather_single(full, sec, group=self.group, algorithm="ring", tag=tag),
+                               what=u.tag, async_op=async_op)
+        return h if async_op else True
 
     def keep(self, u, full: torch.Tensor) -> None:
         """After the world all-gather of a training forward: keep my 1/k slice of what it received

@@ -135,8 +135,12 @@ class ZeroStage3(Stage3):
         if self.qwz:
             return self.qwz.start(u, kind, tag)
         full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
-        h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
-                                        async_op=True, what=u.tag)
+        h = self.hpz.gather(u, kind, full, tag, async_op=True) if self.hpz else None   # backward: in the node
+        if h is None:
+            h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
+                                            async_op=True, what=u.tag)
+            if self.hpz:
+                h.then(lambda: self.hpz.keep(u, full))
         return h, full
 
     def _install(self, u, full: torch.Tensor) -> None:
