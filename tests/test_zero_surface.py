@@ -309,6 +309,15 @@ def _safe(rank, world):
             xs, ys = zip(*[_data(t, r) for r in range(world)])
             nn.functional.mse_loss(ref(torch.cat(xs)), torch.cat(ys)).backward()
             diffs += [float((S.safe_get_full_grad(p) - q.grad).abs().max()) for p, q in pairs]
+            if t == 1:      # set a weight and a state between backward and step: the step starts from them
+                w, wr = pairs[0]
+                new = torch.linspace(-1, 1, wr.numel()).view(wr.shape)
+                S.safe_set_full_fp32_param(w, new)
+                S.safe_set_full_optimizer_state(w, torch.full_like(new, 0.01), "exp_avg")
+                with torch.no_grad():
+                    wr.copy_(new)
+                ref_opt.state[wr]["exp_avg"].fill_(0.01)
+                diffs.append(float((S.safe_get_full_fp32_param(w) - new).abs().max()))
             e.step()
             ref_opt.step()
             ref_opt.zero_grad()
@@ -316,15 +325,6 @@ def _safe(rank, world):
             for k in ("exp_avg", "exp_avg_sq"):
                 diffs += [float((S.safe_get_full_optimizer_state(p, k) - ref_opt.state[q][k]).abs().max())
                           for p, q in pairs]
-            if t == 0:      # set a weight and a state on both sides; the next step starts from them
-                w, wr = pairs[0]
-                new = torch.linspace(-1, 1, w.numel() if stage != 3 else wr.numel()).view(wr.shape)
-                S.safe_set_full_fp32_param(w, new)
-                S.safe_set_full_optimizer_state(w, torch.full_like(new, 0.01), "exp_avg")
-                with torch.no_grad():
-                    wr.copy_(new)
-                ref_opt.state[wr]["exp_avg"].fill_(0.01)
-                diffs.append(float((S.safe_get_full_fp32_param(w) - new).abs().max()))
         out[stage] = max(diffs)
         out[stage, "frozen"] = S.safe_get_full_fp32_param(nn.Parameter(torch.zeros(2)))
     return out

@@ -35,6 +35,7 @@ import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full
+from zero_from_scratch.engine.safe_api import ds_partition
 
 DS_VERSION = "0.19.8"
 DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
@@ -64,13 +65,6 @@ def _full_values(engine) -> dict:
     return out
 
 
-def _part(t: torch.Tensor, n: int, r: int) -> torch.Tensor:
-    """DeepSpeed's stage-3 partition r of a tensor: padded to a multiple of n, equal pieces."""
-    p = math.ceil(t.numel() / n)
-    flat = torch.cat([t.reshape(-1), t.new_zeros(p * n - t.numel())])
-    return flat[r * p:(r + 1) * p].clone()
-
-
 def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
@@ -85,7 +79,7 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
                                           for k in g) for g in names],
              "frozen_param_shapes": OrderedDict((k, v.shape) for k, v in frozen.items()),
              "shared_params": dict(aliases),
-             "frozen_param_fragments": {k: (_part(v, n, r) if stage == 3 else v) for k, v in frozen.items()},
+             "frozen_param_fragments": {k: (ds_partition(v, n, r) if stage == 3 else v) for k, v in frozen.items()},
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
              "data_sampler": None, "random_ltd": None, "skipped_steps": engine.skipped_steps,
              "global_steps": engine.global_steps, "global_samples": engine.global_steps * engine.config.train_batch_size,
@@ -103,7 +97,7 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     for g in names:
         for k in flat:
             if stage == 3:
-                parts = [_part(full[x][k], n, r) for x in g]
+                parts = [ds_partition(full[x][k], n, r) for x in g]
                 flat[k].append(torch.cat(parts) if parts else torch.zeros(0))
             else:
                 v = torch.cat([full[x][k].reshape(-1) for x in g]) if g else torch.zeros(0)
