@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader, RepeatingLoader
 from zero_from_scratch.engine import lr_schedules as ours
-from zero_from_scratch.engine.optimizers import FusedLion, lion_step_
+from zero_from_scratch.engine.optimizers import DeepSpeedCPUAdam, FusedLion, lion_step_
 
 BATCH = 4   # per rank
 
@@ -37,6 +37,9 @@ CLIENTS = {   # name -> (torch class, kwargs, config extras)
     "SGD": (torch.optim.SGD, dict(lr=5e-2, momentum=0.9, nesterov=True, weight_decay=0.01),
             {"zero_allow_untested_optimizer": True}),
     "Adagrad": (torch.optim.Adagrad, dict(lr=5e-2, lr_decay=0.1, weight_decay=0.01, initial_accumulator_value=0.1), {}),
+    # DeepSpeed's classes (the runner serves them as deepspeed.ops.*): their one-process step() is the reference
+    "FusedLion": (FusedLion, dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1), {}),
+    "DeepSpeedCPUAdam": (DeepSpeedCPUAdam, dict(lr=1e-2, weight_decay=0.1, bias_correction=False, adamw_mode=False), {}),
 }
 
 
