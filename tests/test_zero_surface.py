@@ -275,6 +275,19 @@ def test_engine_surface_attributes(spawn, tmp_path):
     # save_16bit_model: stage 2 saves; stage 3 without stage3_gather_16bit_weights_on_model_save saves nothing
     # (False), with it saves rank 0's gathered weights (_save16)
     assert res[0]["save16"] == [True, False, True]
+    # deepspeed.utils.zero_to_fp32's functions on that ZeRO-3 bf16 checkpoint: DeepSpeed's files (fp32 masters,
+    # buffers, the frozen bias gathered from both ranks' fragments) give what our own manifest gives
+    from zero_from_scratch.engine import checkpoint_fp32 as F
+    from zero_from_scratch.engine.checkpoint_read import consolidate
+    ck = str(tmp_path / "ckpt")
+    ref = consolidate(ck)
+    got = F.get_fp32_state_dict_from_zero_checkpoint(ck)
+    assert sorted(got) == sorted(ref) and all(torch.equal(got[k], ref[k].float()) for k in ref)
+    assert "2.bias" not in F.get_fp32_state_dict_from_zero_checkpoint(ck, exclude_frozen_parameters=True)
+    m = F.load_state_dict_from_zero_checkpoint(_model(), ck)
+    assert all(torch.equal(p, ref[n]) for n, p in m.state_dict().items())
+    F.convert_zero_checkpoint_to_fp32_state_dict(ck, str(tmp_path / "out"))
+    assert torch.load(tmp_path / "out" / "pytorch_model.bin").keys() == got.keys()
 
 
 @pytest.mark.slow
@@ -344,6 +357,8 @@ def _save16(rank, world, d):
         e, *_ = zero_from_scratch.initialize(model=m, model_parameters=[p for p in m.parameters() if p.requires_grad],
                                              config=cfg)
         saved = e.save_16bit_model(d, f"s{stage}{flag}.bin")
+        if flag:
+            e.save_checkpoint(f"{d}/ckpt")      # ours + DeepSpeed's files (checkpoint_fp32 below reads them)
         want = {k: v.to(torch.bfloat16) for k, v in _model().state_dict().items()}   # rank 0's initial weights
         if saved and rank == 0:
             got = torch.load(f"{d}/s{stage}{flag}.bin")

@@ -199,6 +199,11 @@ def _resume_from_deepspeed(rank, world, d, stage, bf16):
 @pytest.mark.parametrize("stage, bf16", [(1, False), (2, False), (3, False), (2, True)])
 def test_ours_resumes_from_a_deepspeed_checkpoint(spawn, tmp_path, stage, bf16):
     want, got, epoch, steps = spawn(_resume_from_deepspeed, 2, args=(str(tmp_path), stage, bf16), timeout=600.0)[0]
+    # our zero_to_fp32 functions read DeepSpeed's checkpoint as DeepSpeed's own do
+    from zero_from_scratch.engine.checkpoint_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ds_fp32
+    a_, b_ = ds_fp32(str(tmp_path)), ours_fp32(str(tmp_path))
+    assert sorted(a_) == sorted(b_) and all(torch.equal(a_[k].float(), b_[k]) for k in a_)
     assert epoch == 7 and steps == 4
     print(f"ZeRO-{stage} {'bf16' if bf16 else 'fp32'} resumed from DeepSpeed: max loss rel diff "
           f"{max(abs(a - b) / abs(a) for a, b in zip(want, got)):.2e}")
@@ -227,3 +232,8 @@ def test_deepspeeds_zero_to_fp32_reads_our_checkpoint(spawn, tmp_path, stage):
     assert sorted(theirs) == sorted(ours) and "2.bias" in theirs
     for k in ours:
         assert torch.equal(theirs[k].float(), ours[k].float()), k
+    from zero_from_scratch.engine.checkpoint_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
+    for excl in (False, True):
+        a_, b_ = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), exclude_frozen_parameters=excl), \
+            ours_fp32(str(tmp_path), exclude_frozen_parameters=excl)
+        assert sorted(a_) == sorted(b_) and all(torch.equal(a_[k].float(), b_[k]) for k in a_)
