@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader, RepeatingLoader
 from zero_from_scratch.engine import lr_schedules as ours
-from zero_from_scratch.engine.optimizers import FusedLion, lion_step_
+from zero_from_scratch.engine.optimizers import DeepSpeedCPUAdam, FusedLion, lion_step_
 
 BATCH = 4   # per rank
 
@@ -37,6 +37,9 @@ CLIENTS = {   # name -> (torch class, kwargs, config extras)
     "SGD": (torch.optim.SGD, dict(lr=5e-2, momentum=0.9, nesterov=True, weight_decay=0.01),
             {"zero_allow_untested_optimizer": True}),
     "Adagrad": (torch.optim.Adagrad, dict(lr=5e-2, lr_decay=0.1, weight_decay=0.01, initial_accumulator_value=0.1), {}),
+    # DeepSpeed's classes (the runner serves them as deepspeed.ops.*): their one-process step() is the reference
+    "FusedLion": (FusedLion, dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1), {}),
+    "DeepSpeedCPUAdam": (DeepSpeedCPUAdam, dict(lr=1e-2, weight_decay=0.1, bias_correction=False, adamw_mode=False), {}),
 }
 
 
@@ -272,6 +275,19 @@ def test_engine_surface_attributes(spawn, tmp_path):
     # save_16bit_model: stage 2 saves; stage 3 without stage3_gather_16bit_weights_on_model_save saves nothing
     # (False), with it saves rank 0's gathered weights (_save16)
     assert res[0]["save16"] == [True, False, True]
+    # deepspeed.utils.zero_to_fp32's functions on that ZeRO-3 bf16 checkpoint: DeepSpeed's files (fp32 masters,
+    # buffers, the frozen bias gathered from both ranks' fragments) give what our own manifest gives
+    from zero_from_scratch.engine import checkpoint_fp32 as F
+    from zero_from_scratch.engine.checkpoint_read import consolidate
+    ck = str(tmp_path / "ckpt")
+    ref = consolidate(ck)
+    got = F.get_fp32_state_dict_from_zero_checkpoint(ck)
+    assert sorted(got) == sorted(ref) and all(torch.equal(got[k], ref[k].float()) for k in ref)
+    assert "2.bias" not in F.get_fp32_state_dict_from_zero_checkpoint(ck, exclude_frozen_parameters=True)
+    m = F.load_state_dict_from_zero_checkpoint(_model(), ck)
+    assert all(torch.equal(p, ref[n]) for n, p in m.state_dict().items())
+    F.convert_zero_checkpoint_to_fp32_state_dict(ck, str(tmp_path / "out"))
+    assert torch.load(tmp_path / "out" / "pytorch_model.bin").keys() == got.keys()
 
 
 @pytest.mark.slow
@@ -309,6 +325,15 @@ def _safe(rank, world):
             xs, ys = zip(*[_data(t, r) for r in range(world)])
             nn.functional.mse_loss(ref(torch.cat(xs)), torch.cat(ys)).backward()
             diffs += [float((S.safe_get_full_grad(p) - q.grad).abs().max()) for p, q in pairs]
+            if t == 1:      # set a weight and a state between backward and step: the step starts from them
+                w, wr = pairs[0]
+                new = torch.linspace(-1, 1, wr.numel()).view(wr.shape)
+                S.safe_set_full_fp32_param(w, new)
+                S.safe_set_full_optimizer_state(w, torch.full_like(new, 0.01), "exp_avg")
+                with torch.no_grad():
+                    wr.copy_(new)
+                ref_opt.state[wr]["exp_avg"].fill_(0.01)
+                diffs.append(float((S.safe_get_full_fp32_param(w) - new).abs().max()))
             e.step()
             ref_opt.step()
             ref_opt.zero_grad()
@@ -316,15 +341,6 @@ def _safe(rank, world):
             for k in ("exp_avg", "exp_avg_sq"):
                 diffs += [float((S.safe_get_full_optimizer_state(p, k) - ref_opt.state[q][k]).abs().max())
                           for p, q in pairs]
-            if t == 0:      # set a weight and a state on both sides; the next step starts from them
-                w, wr = pairs[0]
-                new = torch.linspace(-1, 1, w.numel() if stage != 3 else wr.numel()).view(wr.shape)
-                S.safe_set_full_fp32_param(w, new)
-                S.safe_set_full_optimizer_state(w, torch.full_like(new, 0.01), "exp_avg")
-                with torch.no_grad():
-                    wr.copy_(new)
-                ref_opt.state[wr]["exp_avg"].fill_(0.01)
-                diffs.append(float((S.safe_get_full_fp32_param(w) - new).abs().max()))
         out[stage] = max(diffs)
         out[stage, "frozen"] = S.safe_get_full_fp32_param(nn.Parameter(torch.zeros(2)))
     return out
@@ -341,6 +357,8 @@ def _save16(rank, world, d):
         e, *_ = zero_from_scratch.initialize(model=m, model_parameters=[p for p in m.parameters() if p.requires_grad],
                                              config=cfg)
         saved = e.save_16bit_model(d, f"s{stage}{flag}.bin")
+        if flag:
+            e.save_checkpoint(f"{d}/ckpt")      # ours + DeepSpeed's files (checkpoint_fp32 below reads them)
         want = {k: v.to(torch.bfloat16) for k, v in _model().state_dict().items()}   # rank 0's initial weights
         if saved and rank == 0:
             got = torch.load(f"{d}/s{stage}{flag}.bin")

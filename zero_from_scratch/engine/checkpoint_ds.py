@@ -35,6 +35,7 @@ import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full
+from zero_from_scratch.engine.safe_api import ds_partition
 
 DS_VERSION = "0.19.8"
 DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
@@ -64,13 +65,6 @@ def _full_values(engine) -> dict:
     return out
 
 
-def _part(t: torch.Tensor, n: int, r: int) -> torch.Tensor:
-    """DeepSpeed's stage-3 partition r of a tensor: padded to a multiple of n, equal pieces."""
-    p = math.ceil(t.numel() / n)
-    flat = torch.cat([t.reshape(-1), t.new_zeros(p * n - t.numel())])
-    return flat[r * p:(r + 1) * p].clone()
-
-
 def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
@@ -85,7 +79,7 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
                                           for k in g) for g in names],
              "frozen_param_shapes": OrderedDict((k, v.shape) for k, v in frozen.items()),
              "shared_params": dict(aliases),
-             "frozen_param_fragments": {k: (_part(v, n, r) if stage == 3 else v) for k, v in frozen.items()},
+             "frozen_param_fragments": {k: (ds_partition(v, n, r) if stage == 3 else v) for k, v in frozen.items()},
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
              "data_sampler": None, "random_ltd": None, "skipped_steps": engine.skipped_steps,
              "global_steps": engine.global_steps, "global_samples": engine.global_steps * engine.config.train_batch_size,
@@ -103,7 +97,7 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     for g in names:
         for k in flat:
             if stage == 3:
-                parts = [_part(full[x][k], n, r) for x in g]
+                parts = [ds_partition(full[x][k], n, r) for x in g]
                 flat[k].append(torch.cat(parts) if parts else torch.zeros(0))
             else:
                 v = torch.cat([full[x][k].reshape(-1) for x in g]) if g else torch.zeros(0)
@@ -157,11 +151,11 @@ class _Unpickler(pickle.Unpickler):
 _PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=pickle.load, __name__="pickle")
 
 
-def _load(path: str):
+def load_file(path: str):
     return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE)
 
 
-def _folder(load_dir: str, tag) -> str:
+def tag_folder(load_dir: str, tag) -> str:
     if tag is None:
         latest = os.path.join(load_dir, "latest")
         if not os.path.exists(latest):
@@ -173,19 +167,23 @@ def _folder(load_dir: str, tag) -> str:
 def is_deepspeed(load_dir: str, tag) -> bool:
     """A folder with DeepSpeed's files and no manifest of ours (ours also holds DeepSpeed's files)."""
     try:
-        d = _folder(load_dir, tag)
+        d = tag_folder(load_dir, tag)
     except CheckpointError:
         return False
     return (os.path.isdir(d) and not glob.glob(os.path.join(d, "*manifest.json"))
             and bool(glob.glob(os.path.join(d, "*_model_states.pt"))))
 
 
+def rank_of(path: str) -> int:
+    return int(os.path.basename(path).split("zero_pp_rank_")[1].split("_")[0])
+
+
 def read_full(d: str) -> tuple[dict, dict, list]:
     """({name: {"param", "master", state keys}}, rank 0's model-states dict, the optimizer files)."""
-    optim = [_load(f)["optimizer_state_dict"] for f in sorted(glob.glob(os.path.join(d, "*_optim_states.pt")),
-                                                             key=lambda s: int(s.split("zero_pp_rank_")[1].split("_")[0]))]
+    optim = [load_file(f)["optimizer_state_dict"] for f in sorted(glob.glob(os.path.join(d, "*_optim_states.pt")),
+                                                                key=rank_of)]
     models = sorted(glob.glob(os.path.join(d, "*_model_states.pt")))
-    model = _load(models[0])
+    model = load_file(models[0])
     if not optim:
         raise CheckpointError(f"{d} has no *_optim_states.pt: a DeepSpeed ZeRO-0 checkpoint keeps its optimizer in "
                               "the model file, which is not read here; load it with DeepSpeed, or save at stage 1-3")
@@ -222,7 +220,7 @@ def read_full(d: str) -> tuple[dict, dict, list]:
 
 
 def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_scheduler_states: bool):
-    d = _folder(load_dir, tag)
+    d = tag_folder(load_dir, tag)
     full, model, optim = read_full(d)
     missing = sorted(set(engine.params_by_name) - set(full))
     if missing:
@@ -245,8 +243,8 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     for name, shape in (model.get("frozen_param_shapes") or {}).items():
         frags = model["frozen_param_fragments"][name]
         if int(optim[0]["zero_stage"]) == 3:      # every rank's model file holds its partition
-            files = sorted(glob.glob(os.path.join(d, "zero_pp_rank_*_mp_rank_00_model_states.pt")))
-            frags = torch.cat([_load(f)["frozen_param_fragments"][name] for f in files])[:math.prod(shape)]
+            files = sorted(glob.glob(os.path.join(d, "zero_pp_rank_*_mp_rank_00_model_states.pt")), key=rank_of)
+            frags = torch.cat([load_file(f)["frozen_param_fragments"][name] for f in files])[:math.prod(shape)]
         extras[name] = frags.reshape(shape)
     apply_full(engine, full, man, extras, load_optimizer_states, load_lr_scheduler_states)
     engine.stage.zero_grad()

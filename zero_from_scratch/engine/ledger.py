@@ -88,7 +88,7 @@ def memory_report(engine, print_table: bool = True) -> dict:
     nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
     measured = dict(engine.stage.memory())
     measured["master"] = nb(engine.master) if engine.mixed else 0
-    measured["optimizer"] = sum(nb([s["exp_avg"], s["exp_avg_sq"]]) for s in engine.optimizer.state)
+    measured["optimizer"] = sum(nb([s[k] for k in engine.optimizer.STATE]) for s in engine.optimizer.state)
     frozen = engine.frozen.report() if hasattr(engine, "frozen") else None
     if frozen and frozen["frozen_partitioned"]:
         measured["params"] -= frozen["frozen_bytes"]   # stage 3 keeps the frozen shards next to the trainable ones

@@ -13,15 +13,22 @@ Semantics, as DeepSpeed 0.19.8's:
   get_full_optimizer_state(param, key)   key: the optimizer's state name ("exp_avg", "exp_avg_sq"
                         for Adam, "exp_avg" for Lion, "momentum_buffer" for SGD, "sum" for Adagrad)
   set_full_*            every rank passes the full value; each keeps its own shard of it. A
-                        mixed-precision weight changes at the next step (the master is set, the
-                        bf16/fp16 copy follows when the step copies it back), as in DeepSpeed
+                        weight changes at the next step, as in DeepSpeed (whose fp32 partition is
+                        apart from the weights forward uses, fp32 runs included): in mixed precision
+                        the master is set and the step copies it back; in fp32, where the shard IS
+                        the weight, the value waits in engine.pending_fp32 (get returns it) and the
+                        step writes it before updating
 A parameter the engine does not train (frozen, or not an engine's) gives None, as DeepSpeed's.
+safe_get_local_* / safe_set_local_* (ZeRO-3 only, as DeepSpeed asserts): DeepSpeed's partition of
+the parameter, ds_partition (padded to a multiple of N, rank r's ceil(numel/N) elements), which is
+not our unit shard: get = the full value's partition; set = an all-gather of every rank's partition.
 Cost: get = one all-gather of the parameter's unit(s) ((N-1)/N of its unit's elements per rank);
 set = no communication. The engine registers its parameters at initialise (register()).
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 
 import torch
@@ -68,6 +75,8 @@ def _get(param, what: str, key=None):
     engine, name = _owner(param)
     if engine is None:
         return None
+    if what == "master" and name in getattr(engine, "pending_fp32", {}):
+        return engine.pending_fp32[name].clone()
     ui, slot = engine.layout.where[name]
     u = engine.layout.units[ui]
     with _states_in_memory(engine):
@@ -109,7 +118,22 @@ def safe_get_full_fp32_param(param):
 
 
 def safe_set_full_fp32_param(param, value) -> None:
+    engine, name = _owner(param)
+    if engine is not None and not engine.mixed:       # the weight forward uses must not change before the step
+        slot = engine.layout.where[name][1]
+        if value.numel() != slot.numel:
+            raise ValueError(f"rank {engine.comm.global_rank}: safe_set for {name!r}: {value.numel()} elements given, "
+                             f"the parameter has {slot.numel} {tuple(slot.shape)}")
+        engine.pending_fp32 = {**getattr(engine, "pending_fp32", {}), name: value.detach().float().reshape(slot.shape)}
+        return
     _set(param, value, "master")
+
+
+def apply_pending(engine) -> None:
+    """At the optimizer step (step.py), before the update: fp32 weights set since the last step."""
+    for name, value in getattr(engine, "pending_fp32", {}).items():
+        _set(engine.params_by_name[name], value, "master")
+    engine.pending_fp32 = {}
 
 
 def safe_get_full_grad(param):
@@ -130,3 +154,62 @@ def safe_get_full_optimizer_state(param, optim_state_key: str):
 
 def safe_set_full_optimizer_state(param, value, optim_state_key: str) -> None:
     _set(param, value, "state", optim_state_key)
+
+
+# ----------------------------------------------------------------------------- DeepSpeed's ZeRO-3 partitions
+def ds_partition(t: torch.Tensor, n: int, r: int) -> torch.Tensor:
+    """DeepSpeed's stage-3 partition r of a tensor: flattened, padded to a multiple of n, equal pieces."""
+    p = math.ceil(t.numel() / n)
+    flat = torch.cat([t.reshape(-1), t.new_zeros(p * n - t.numel())])
+    return flat[r * p:(r + 1) * p].clone()
+
+
+def _stage3(param):
+    engine, _ = _owner(param)
+    if engine is None or engine.stage_id != 3:
+        raise AssertionError("This API is only defined for ZeRO-3 partitioned parameters")   # DeepSpeed's assert
+    return engine
+
+
+def _get_local(param, what: str, key=None):
+    engine = _stage3(param)
+    return ds_partition(_get(param, what, key), engine.comm.size, engine.comm.rank)
+
+
+def _set_local(param, value, what: str, key=None) -> None:
+    engine = _stage3(param)
+    n = engine.comm.size
+    mine = value.detach().reshape(-1).float().to(engine.device).contiguous()
+    everyone = torch.empty(n * mine.numel(), dtype=torch.float32, device=engine.device)
+    engine.comm.all_gather_single(everyone, mine, purpose="safe_set all-gather")
+    engine.comm.usage.pop("safe_set all-gather", None)
+    _, name = _owner(param)
+    slot = engine.layout.where[name][1]
+    full = everyone[:slot.numel].view(slot.shape)
+    if what == "master":
+        return safe_set_full_fp32_param(param, full)
+    _set(param, full * (engine.config.reduction.post_divisor if what == "grad" else 1.0), what, key)
+
+
+def safe_get_local_fp32_param(param):
+    return _get_local(param, "master")
+
+
+def safe_set_local_fp32_param(param, value) -> None:
+    _set_local(param, value, "master")
+
+
+def safe_get_local_grad(param):
+    return _get_local(param, "grad")
+
+
+def safe_set_local_grad(param, value) -> None:
+    _set_local(param, value, "grad")
+
+
+def safe_get_local_optimizer_state(param, optim_state_key: str):
+    return _get_local(param, "state", optim_state_key)
+
+
+def safe_set_local_optimizer_state(param, value, optim_state_key: str) -> None:
+    _set_local(param, value, "state", optim_state_key)

@@ -167,7 +167,8 @@ SURFACE_STATUS = {
     "optimizer.type": H + "Adam/AdamW/Lion/Adagrad in any letter case, SGD (client_optim.py, optimizers.py); other "
                       "torch.optim names refused",
     "optimizer.params": H + "each class's own arguments (client_optim.DEFAULTS), torch_adam/adam_w_mode/bias_correction "
-                        "for Adam; foreach/fused/differentiable/capturable accepted (same maths); others refused",
+                        "for Adam; foreach/fused/differentiable/capturable accepted (same maths); another class's "
+                        "argument refused (DeepSpeed's constructor call would raise TypeError); unknown names warned",
     "scheduler.type": H + "lr_schedules.VALID_LR_SCHEDULES; torch.optim.lr_scheduler names refused",
     "scheduler.params": H + "each schedule's own arguments (lr_schedules.py)",
 }
