@@ -15,6 +15,7 @@
 * ZeRO-Infinity (slow): Ψ = 67 M, N = 2, parameters, gradients and optimizer states in files: the
   training peak per rank ≤ 0.25 × 4Ψ above the RSS before the model existed.
 * checkpoint (slow): a ZeRO-Infinity run saved mid-way resumes bit-identically in a fresh engine.
+* a CUDA model (where a GPU is): cpu (pinned) and nvme parameter offload train as without.
 * refusals: stage < 3, a buffer_size below a unit's shard, unknown keys, a missing nvme_path.
 """
 import ctypes
@@ -255,3 +256,29 @@ def _resume(rank, world, path):
 def test_checkpoint_of_an_offloaded_run_resumes_bit_identically(spawn, tmp_path):
     for r, (after, resumed) in enumerate(spawn(_resume, 2, args=(str(tmp_path),))):
         assert resumed == after, f"rank {r}: resumed {resumed} vs uninterrupted {after}"
+
+
+def _cuda(rank, world, path):
+    out = {}
+    for poff in (None, "cpu", "nvme"):
+        torch.manual_seed(0)
+        model = tiny_distilbert().cuda()
+        engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(False, poff, None, os.path.join(path, str(poff))))
+        g, losses = torch.Generator().manual_seed(rank), []
+        for _ in range(4):
+            loss = engine(input_ids=torch.randint(1, 101, (2, 10), generator=g).cuda(),
+                          labels=torch.randint(0, 2, (2,), generator=g).cuda()).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        store = engine.stage.poff
+        out[poff] = losses, store and (all(t.is_pinned() for t in store.host.values()), store.bytes_read > 0)
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_param_offload_of_a_cuda_model(spawn, tmp_path):
+    res = spawn(_cuda, 1, args=(str(tmp_path),))[0]
+    assert res["cpu"][1] == (True, True) and res["nvme"][1][1], res   # pinned host shards; bytes moved
+    for poff in ("cpu", "nvme"):     # the same kernels on the same values: equal up to GPU reduction order
+        assert res[poff][0] == pytest.approx(res[None][0], rel=1e-6, abs=1e-7), (poff, res[poff][0], res[None][0])
