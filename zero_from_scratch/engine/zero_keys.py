@@ -109,7 +109,7 @@ ZERO_STATUS = {
     "allgather_bucket_size": "warned when it differs from reduce_bucket_size at stages 1-2 (zero_key_notes)",
     "allgather_partitions": "warned when false (zero_key_notes)",
     "round_robin_gradients": "warned when true (zero_key_notes)",
-    "sub_group_size": H + "with offload_optimizer: elements per step chunk; warned otherwise (zero_key_notes)",
+    "sub_group_size": H + "with offload_optimizer: elements per step chunk (at most 2^20); warned otherwise (zero_key_notes)",
     "stage3_gather_16bit_weights_on_model_save": "warned when true (zero_key_notes)",
     "stage3_gather_fp16_weights_on_model_save": W + NOT + "gather a full 16-bit state dict on save (older name)",
     "zero_hpz_partition_size": H + "ZeRO++ hpZ secondary shards (hpz.py)",
