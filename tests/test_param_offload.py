@@ -16,7 +16,7 @@
   training peak per rank ≤ 0.25 × 4Ψ above the RSS before the model existed.
 * checkpoint (slow): a ZeRO-Infinity run saved mid-way resumes bit-identically in a fresh engine.
 * a CUDA model (where a GPU is): cpu (pinned) and nvme parameter offload train as without.
-* refusals: stage < 3, a buffer_size below a unit's shard, unknown keys, a missing nvme_path.
+* refusals: stage < 3, a buffer_size below a unit's shard (on every rank), unknown keys, a missing nvme_path.
 """
 import ctypes
 import os
@@ -118,17 +118,25 @@ def _split(rank, world, path, max_in_cpu):
     cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = max_in_cpu
     engine, *_ = zero_from_scratch.initialize(model=tiny_distilbert(), config=cfg)
     rep = engine.memory_report(print_table=False)["offload_param"]
-    return rep, [u.shard for u in engine.layout.units]
+    try:                                                   # a buffer smaller than a unit's shard: refused
+        zero_from_scratch.initialize(model=tiny_distilbert(), config=_cfg(False, "nvme", None, path + "b", buffer_size=100))
+        small = None
+    except ValueError as e:
+        small = str(e)
+    return rep, [u.shard for u in engine.layout.units], small
 
 
-def test_max_in_cpu_keeps_whole_units_in_host_memory(spawn, tmp_path):
-    (rep, shards), _ = spawn(_split, 2, args=(str(tmp_path), 3000))
+def test_max_in_cpu_keeps_whole_units_in_host_memory_and_buffer_size_is_checked(spawn, tmp_path):
+    res = spawn(_split, 2, args=(str(tmp_path), 3000))
+    rep, shards, _ = res[0]
     host, budget = 0, 3000
     for n in shards:                                   # unit order, while the budget lasts
         if n > budget:
             break
         host, budget = host + n, budget - n
     assert rep["bytes_in_host"] == 4 * host and rep["bytes_in_files"] == 4 * (sum(shards) - host) > 0, rep
+    for r, (_, _, small) in enumerate(res):
+        assert small and f"rank {r}: zero_optimization.offload_param.buffer_size = 100" in small, small
 
 
 def test_offload_param_config_is_checked():
@@ -142,15 +150,6 @@ def test_offload_param_config_is_checked():
                    ({"stage": 3, "offload_param": {"device": "cpu", "buffer_count": 0}}, "buffer_count' = 0")):
         with pytest.raises(ValueError, match=msg):
             load_config({"train_batch_size": 2, "zero_optimization": z}, 1)
-
-
-def _small_buffers(rank, world, path):
-    zero_from_scratch.initialize(model=tiny_distilbert(), config=_cfg(False, "nvme", None, path, buffer_size=100))
-
-
-def test_buffer_size_below_a_unit_shard_is_refused(spawn, tmp_path):
-    for r, (status, value) in enumerate(spawn(_small_buffers, 2, args=(str(tmp_path),), allow_fail=True)):
-        assert status == "error" and f"rank {r}: zero_optimization.offload_param.buffer_size = 100" in value, value
 
 
 def _vm(key: str) -> int:
