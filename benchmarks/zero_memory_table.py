@@ -78,7 +78,8 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
         f.write("5")                                       # VmHWM := VmRSS, before the model exists
     torch.manual_seed(0)
     if init:
-        with zero_from_scratch.zero.Init(config_dict_or_path=cfg):
+        # Init partitions in memory (its remote_device "nvme" is refused): initialize moves the shards
+        with zero_from_scratch.zero.Init(config_dict_or_path={**cfg, "zero_optimization": {"stage": 3}}):
             model = _t5(size)
     else:
         model = _t5(size)

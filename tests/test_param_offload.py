@@ -12,7 +12,11 @@
 * peak RSS (slow): ZeRO-3 fp32, an MLP of Ψ = 16.8 M: nvme parameter offload lowers the training
   peak by ≥ 0.5 × 4Ψ/N (4Ψ/N = the shards; minus ≤ buffer_count unit shards resident at a time);
   with offload_optimizer nvme too (parameters, gradients, m and v in files) by ≥ 0.6 × 16Ψ/N.
-* refusals: stage < 3, a buffer_size below a unit's shard, unknown keys, a missing nvme_path.
+* ZeRO-Infinity (slow): Ψ = 67 M, N = 2, parameters, gradients and optimizer states in files: the
+  training peak per rank ≤ 0.25 × 4Ψ above the RSS before the model existed.
+* checkpoint (slow): a ZeRO-Infinity run saved mid-way resumes bit-identically in a fresh engine.
+* a CUDA model (where a GPU is): cpu (pinned) and nvme parameter offload train as without.
+* refusals: stage < 3, a buffer_size below a unit's shard (on every rank), unknown keys, a missing nvme_path.
 """
 import ctypes
 import os
@@ -71,8 +75,9 @@ def _train(rank, cfg, steps=2):
     return rec, params, info
 
 
-FAST = [(False, "nvme", None, True), (True, "nvme", "nvme", False)]
-SLOW = [(False, "cpu", None, False), (True, "cpu", None, True), (False, "nvme", "nvme", True), (True, "nvme", "cpu", False)]
+FAST = [(True, "nvme", "nvme", True)]
+SLOW = [(False, "nvme", None, True), (False, "cpu", None, False), (True, "cpu", None, True), (False, "nvme", "nvme", False),
+        (True, "nvme", "cpu", False)]
 
 
 def _compare(rank, world, path, cases):
@@ -84,7 +89,7 @@ def _compare(rank, world, path, cases):
     return out
 
 
-@pytest.mark.parametrize("cases", [pytest.param(FAST, id="nvme-fp32-prefetch+infinity-bf16"),
+@pytest.mark.parametrize("cases", [pytest.param(FAST, id="infinity-bf16-prefetch"),
                                    pytest.param(SLOW, id="rest", marks=pytest.mark.slow)])
 def test_param_offload_is_exact_and_moves_the_formula(spawn, tmp_path, cases):
     res = spawn(_compare, 2, args=(str(tmp_path), cases), timeout=300.0)
@@ -101,9 +106,10 @@ def test_param_offload_is_exact_and_moves_the_formula(spawn, tmp_path, cases):
                 assert (read, written) == ((2 * ga + 1) * info["bS"], info["bS"]), f"{what}: moved {read, written}"
             rep = info["report"]
             assert rep["device"] == poff and rep["bytes_in_files"] == (info["bS"] if poff == "nvme" else 0), rep
-    d = tmp_path / "0" / "p" / "zero_rank001"            # every shard of rank 1 in its files
-    if cases is FAST:
+    if cases is FAST:                                   # every shard of rank 1 in its files; gradients too
+        d = tmp_path / "0" / "p" / "zero_rank001"
         assert sum(os.path.getsize(d / f) for f in os.listdir(d)) == res[1][FAST[0]][2]["bS"], os.listdir(d)
+        assert any(f.startswith("grads.group") for f in os.listdir(tmp_path / "0" / "o" / "zero_rank001"))
 
 
 def _split(rank, world, path, max_in_cpu):
@@ -112,17 +118,25 @@ def _split(rank, world, path, max_in_cpu):
     cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = max_in_cpu
     engine, *_ = zero_from_scratch.initialize(model=tiny_distilbert(), config=cfg)
     rep = engine.memory_report(print_table=False)["offload_param"]
-    return rep, [u.shard for u in engine.layout.units]
+    try:                                                   # a buffer smaller than a unit's shard: refused
+        zero_from_scratch.initialize(model=tiny_distilbert(), config=_cfg(False, "nvme", None, path + "b", buffer_size=100))
+        small = None
+    except ValueError as e:
+        small = str(e)
+    return rep, [u.shard for u in engine.layout.units], small
 
 
-def test_max_in_cpu_keeps_whole_units_in_host_memory(spawn, tmp_path):
-    (rep, shards), _ = spawn(_split, 2, args=(str(tmp_path), 3000))
+def test_max_in_cpu_keeps_whole_units_in_host_memory_and_buffer_size_is_checked(spawn, tmp_path):
+    res = spawn(_split, 2, args=(str(tmp_path), 3000))
+    rep, shards, _ = res[0]
     host, budget = 0, 3000
     for n in shards:                                   # unit order, while the budget lasts
         if n > budget:
             break
         host, budget = host + n, budget - n
     assert rep["bytes_in_host"] == 4 * host and rep["bytes_in_files"] == 4 * (sum(shards) - host) > 0, rep
+    for r, (_, _, small) in enumerate(res):
+        assert small and f"rank {r}: zero_optimization.offload_param.buffer_size = 100" in small, small
 
 
 def test_offload_param_config_is_checked():
@@ -136,15 +150,6 @@ def test_offload_param_config_is_checked():
                    ({"stage": 3, "offload_param": {"device": "cpu", "buffer_count": 0}}, "buffer_count' = 0")):
         with pytest.raises(ValueError, match=msg):
             load_config({"train_batch_size": 2, "zero_optimization": z}, 1)
-
-
-def _small_buffers(rank, world, path):
-    zero_from_scratch.initialize(model=tiny_distilbert(), config=_cfg(False, "nvme", None, path, buffer_size=100))
-
-
-def test_buffer_size_below_a_unit_shard_is_refused(spawn, tmp_path):
-    for r, (status, value) in enumerate(spawn(_small_buffers, 2, args=(str(tmp_path),), allow_fail=True)):
-        assert status == "error" and f"rank {r}: zero_optimization.offload_param.buffer_size = 100" in value, value
 
 
 def _vm(key: str) -> int:
@@ -185,3 +190,94 @@ def test_nvme_param_offload_lowers_the_training_peak(spawn, tmp_path):
         assert p0 - p1 >= 0.5 * 4 * psi / 2, f"rank {r}: peak {p0 / MIB:.1f} → {p1 / MIB:.1f} MiB; 4Ψ/N = {2 * psi / MIB:.1f} MiB"
         # parameters, gradients, m and v all in files: 16Ψ/N, less the staging and resident buffers
         assert p0 - p2 >= 0.6 * 16 * psi / 2, f"rank {r}: peak {p0 / MIB:.1f} → {p2 / MIB:.1f} MiB; 16Ψ/N = {8 * psi / MIB:.1f} MiB"
+
+
+def _infinity(rank, world, path, layers):
+    """Training peak RSS (VmHWM reset after initialize) above the RSS before the model existed."""
+    ctypes.CDLL("libc.so.6").mallopt(-3, MIB)
+    base = _vm("VmRSS:")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(layers)])
+    engine, *_ = zero_from_scratch.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10 ** 9, "optimizer": {"type": "AdamW"},
+        "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 2_200_000,
+                              "offload_param": {"device": "nvme", "nvme_path": path, "max_in_cpu": 0},
+                              "offload_optimizer": {"device": "nvme", "nvme_path": path}}})
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(2):
+        loss = engine(torch.randn(4, 1024, generator=g)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    return _vm("VmHWM:") - base, engine.layout.numel
+
+
+@pytest.mark.slow
+def test_zero_infinity_trains_within_a_quarter_of_the_fp32_weights(spawn, tmp_path):
+    """Ψ = 67 M (4Ψ = 256 MiB of fp32 weights), N = 2: while training, a rank holds ≤ 0.25 × 4Ψ
+    above its RSS before the model existed (measured 54 MiB ≈ 0.21 × 4Ψ; the rest of the peak is
+    building the whole model and initialize, which zero.Init, not offload, removes)."""
+    for r, (peak, psi) in enumerate(spawn(_infinity, 2, args=(str(tmp_path), 64), timeout=600.0)):
+        assert peak <= 0.25 * 4 * psi, f"rank {r}: training peak {peak / MIB:.1f} MiB > 0.25 × 4Ψ = {psi / MIB:.1f} MiB"
+
+
+def _resume(rank, world, path):
+    cfg = _cfg(True, "nvme", "nvme", path)
+    torch.manual_seed(0)
+    a, *_ = zero_from_scratch.initialize(model=tiny_distilbert(), config=cfg)
+    g = torch.Generator().manual_seed(rank)
+    batches = [{"input_ids": torch.randint(1, 101, (2, 10), generator=g), "labels": torch.randint(0, 2, (2,), generator=g)}
+               for _ in range(4)]
+    for x in batches[:2]:
+        a.backward(a(**x).loss)
+        a.step()
+    a.save_checkpoint(os.path.join(path, "ckpt"), tag="t")
+    after = []
+    for x in batches[2:]:
+        loss = a(**x).loss
+        a.backward(loss)
+        a.step()
+        after.append(loss.item())
+    torch.manual_seed(1)                                   # different initial weights: the load must replace them
+    b, *_ = zero_from_scratch.initialize(model=tiny_distilbert(), config=_cfg(True, "nvme", "nvme", path + "b"))
+    b.load_checkpoint(os.path.join(path, "ckpt"), tag="t")
+    resumed = []
+    for x in batches[2:]:
+        loss = b(**x).loss
+        b.backward(loss)
+        b.step()
+        resumed.append(loss.item())
+    return after, resumed
+
+
+@pytest.mark.slow
+def test_checkpoint_of_an_offloaded_run_resumes_bit_identically(spawn, tmp_path):
+    for r, (after, resumed) in enumerate(spawn(_resume, 2, args=(str(tmp_path),))):
+        assert resumed == after, f"rank {r}: resumed {resumed} vs uninterrupted {after}"
+
+
+def _cuda(rank, world, path):
+    out = {}
+    for poff in (None, "cpu", "nvme"):
+        torch.manual_seed(0)
+        model = tiny_distilbert().cuda()
+        engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(False, poff, None, os.path.join(path, str(poff))))
+        g, losses = torch.Generator().manual_seed(rank), []
+        for _ in range(4):
+            loss = engine(input_ids=torch.randint(1, 101, (2, 10), generator=g).cuda(),
+                          labels=torch.randint(0, 2, (2,), generator=g).cuda()).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        store = engine.stage.poff
+        out[poff] = losses, store and (all(t.is_pinned() for t in store.host.values()), store.bytes_read > 0)
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_param_offload_of_a_cuda_model(spawn, tmp_path):
+    res = spawn(_cuda, 1, args=(str(tmp_path),))[0]
+    assert res["cpu"][1] == (True, True) and res["nvme"][1][1], res   # pinned host shards; bytes moved
+    for poff in ("cpu", "nvme"):     # the same kernels on the same values: equal up to GPU reduction order
+        assert res[poff][0] == pytest.approx(res[None][0], rel=1e-6, abs=1e-7), (poff, res[poff][0], res[None][0])

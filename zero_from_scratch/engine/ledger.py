@@ -103,7 +103,8 @@ def memory_report(engine, print_table: bool = True) -> dict:
            "total_measured": sum(measured.values()), "total_formula": float(sum(formula.values())),
            "deepspeed_estimate": deepspeed_estimate(stage, lay.numel, n, largest), "frozen": frozen,
            "offload": engine.offload.report() if hasattr(getattr(engine, "offload", None), "report") else None,
-           "offload_param": engine.stage.poff.report() if getattr(engine.stage, "poff", None) else None}
+           "offload_param": engine.stage.poff.report() if getattr(engine.stage, "poff", None) else None,
+           "offload_grads": engine.stage.goff.report() if getattr(engine.stage, "goff", None) else None}
     if print_table and engine.comm.rank == 0:
 
         t = Table(title=f"ZeRO-{stage} model-state memory per rank (Ψ={lay.numel:,}, padded {lay.padded:,}, "

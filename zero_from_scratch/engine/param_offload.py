@@ -257,16 +257,29 @@ def make(stage) -> ParamStore | None:
                        source=lambda u: stage.pshard[u.group][u.local_offset:u.local_offset + u.shard])
     for g in range(len(stage.e.layout.group_local)):      # the shards left the stage's own storage
         stage.pshard[g] = torch.empty(0, dtype=stage.dtype, device=stage.dev)
+    for p in stage.params.values():                       # zero.Init's ds_tensor views would keep them alive:
+        if getattr(p, "ds_tensor", None) is not None:     # swapped out, as DeepSpeed's (empty, ds_numel kept)
+            t = torch.empty(0, dtype=stage.dtype, device=stage.dev)
+            t.ds_numel, p.ds_tensor = p.ds_tensor.ds_numel, t
     return store
+
+
+def grads_go_to_files(e) -> bool:
+    o = e.config.offload_optimizer
+    return bool(o) and o["device"] == "nvme" and e.config.zero.stage == 3 and e.device.type == "cpu"
 
 
 def make_grads(stage) -> ParamStore | None:
     """ZeRO-3 with offload_optimizer "nvme" on a CPU model: the gradient shards live in files too
     (DeepSpeed's optimizer swapper swaps them out as well), next to the optimizer states; at most
     GRAD_BUFFERS unit shards in memory at a time."""
-    o = stage.e.config.offload_optimizer
-    if not o or o["device"] != "nvme" or stage.dev.type != "cpu":
+    if not grads_go_to_files(stage.e):
         return None
+    if stage.qgz:
+        raise ValueError(f"rank {stage.rank}: offload_optimizer nvme at stage 3 with zero_quantized_gradients is not "
+                         "supported by this engine (qgZ's reduction is not wired to gradient shards in files); "
+                         "allowed: one of the two")
+    o = stage.e.config.offload_optimizer
     spec = {"device": "nvme", "nvme_path": o["nvme_path"], "pin_memory": False, "buffer_count": GRAD_BUFFERS,
             "buffer_size": max((u.shard for u in stage.e.layout.units), default=0), "max_in_cpu": 0}
     store = ParamStore(stage.e, spec, stage.dtype, stage.dev, name="grads")

@@ -76,6 +76,12 @@ class ZeroStage3(Stage3):
         poff = getattr(self, "poff", None)                # None while the textbook builds the shards
         return poff.shard(u) if poff and poff.owns(u) else super().param_shard(u)
 
+    def _make_grad_storage(self) -> None:
+        if not param_offload.grads_go_to_files(self.e):
+            return super()._make_grad_storage()
+        # they live in files (param_offload.make_grads): Stage2's two fields, no Ψ/N buffer allocated
+        self.gshard, self.bucket = [torch.empty(0, dtype=self.dtype, device=self.dev) for _ in self.layout.group_local], {}
+
     def grad_shard(self, u) -> torch.Tensor:
         goff = getattr(self, "goff", None)
         return goff.shard(u) if goff else super().grad_shard(u)

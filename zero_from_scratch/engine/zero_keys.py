@@ -109,7 +109,7 @@ ZERO_STATUS = {
     "allgather_bucket_size": "warned when it differs from reduce_bucket_size at stages 1-2 (zero_key_notes)",
     "allgather_partitions": "warned when false (zero_key_notes)",
     "round_robin_gradients": "warned when true (zero_key_notes)",
-    "sub_group_size": H + "with offload_optimizer: elements per step chunk; warned otherwise (zero_key_notes)",
+    "sub_group_size": H + "with offload_optimizer: elements per step chunk (at most 2^20); warned otherwise (zero_key_notes)",
     "stage3_gather_16bit_weights_on_model_save": H + "stage 3: save_16bit_model gathers the full model-dtype "
                                                  "state_dict on rank 0 (surface.py); false: it saves nothing",
     "stage3_gather_fp16_weights_on_model_save": H + "the older name of stage3_gather_16bit_weights_on_model_save",
