@@ -73,8 +73,10 @@ def test_torch_collective_tests_subset_pass_with_ours():
     assert passed == sorted(SUBSET), {k: v for k, v in merged.items() if k not in passed}
 
 
-# at N = 2: 57 of 108 tests apply (51 need GPUs, 3 or 4 ranks); at N = 3: 77; at N = 4: +2 gather_object
-EXPECTED_MIN = {2: 57, 3: 77, 4: 79}
+# of torch's 108 tests of these collectives, 28 need GPUs; at N = 2 the 20 sub-group tests and
+# 2 gather_object tests (exactly 4 ranks) cannot run: 58 pass. N = 3: 78 (30 of them torch skips
+# on gloo: all-to-all, sub-groups, broadcast_object_list). N = 4: 80.
+EXPECTED_MIN = {2: 58, 3: 78, 4: 80}
 
 
 @pytest.mark.slow
