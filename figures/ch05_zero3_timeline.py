@@ -8,7 +8,8 @@ prefetch on and off, and stage3_max_reuse_distance = 0 so every module is freed 
 Recorded from outside, through torch's module hooks: a hook registered after the engine's own
 (forward pre/post, backward pre/post, on every module) compares the units whose full
 parameters are gathered (the stage's `full_of`, unit -> gathered buffer) with the last look and
-notes (time, install/release, unit, live bytes), the live bytes being the gathered buffers' sum.
+notes (time, install/release, unit, live bytes), the live bytes being the engine's own count
+(prefetch.py's `live`: gathered and in-flight, what stage3_max_live_parameters bounds).
 Events land at module boundaries, which is where ZeRO-3 gathers and releases.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _record(rank, world, prefetch):
 
     def look(*_):
         now, t = set(st.full_of), time.perf_counter() - t0[0]
-        live = sum(b.numel() for b in st.full_of.values()) * elem
+        live = st.pf.live * elem                # the engine's count: gathered + in-flight prefetch
         events.extend((t, "install", i, live) for i in sorted(now - seen[0]))
         events.extend((t, "release", i, live) for i in sorted(seen[0] - now))
         seen[0] = now

@@ -3,6 +3,7 @@ with the validation accuracy per epoch, read from the run's own metrics.jsonl.
 
     python -m figures.ch07_lr_loss                       # runs the default demo if no JSONL yet (~9 min)
     python -m figures.ch07_lr_loss --metrics runs/classification/metrics.jsonl
+    RINGZERO_CLASSIFICATION_RUN=DIR python -m figures    # read (or train into) DIR instead
 
 The default run is `make demo` = `deepspeed --num_gpus 2 classification/train.py`; its JSONL is
 written to runs/classification/. Nothing here is re-computed: the curves are what the run logged.
@@ -18,7 +19,8 @@ import sys
 from figures.common import ROOT, pyplot, save
 from primitives.engine.launch import free_port
 
-DEFAULT = os.path.join(ROOT, "runs", "classification", "metrics.jsonl")
+DEFAULT = os.path.join(os.environ.get("RINGZERO_CLASSIFICATION_RUN") or os.path.join(ROOT, "runs", "classification"),
+                       "metrics.jsonl")
 
 
 def read(path: str) -> list[dict]:

@@ -106,7 +106,7 @@ def _api(rank, n):
     refs = [[torch.empty(2), torch.empty(1)] for _ in range(n)]
     P.all_gather_coalesced(outs, ins)
     dist.all_gather_coalesced(refs, ins)
-    _same(errs, "all_gather_coalesced", [torch.cat(o) for o in outs].__repr__(), [torch.cat(o) for o in refs].__repr__())
+    _same(errs, "all_gather_coalesced", torch.cat([torch.cat(o) for o in outs]), torch.cat([torch.cat(o) for o in refs]))
     obj = {"rank": rank, "pad": "x" * (7 * rank)}       # pickles of different sizes
     o1, o2 = [None] * n, [None] * n
     P.all_gather_object(o1, obj)

@@ -31,7 +31,9 @@ def test_chunk_bounds_matches_tensor_split(numel, n):
 def test_op_name_accepts_reduceops_and_rejects_others():
     assert [op_name(o) for o in (P.ReduceOp.SUM, P.ReduceOp.PRODUCT, P.ReduceOp.MIN, P.ReduceOp.MAX,
                                  P.ReduceOp.AVG)] == ["sum", "product", "min", "max", "avg"]
+    assert [op_name(o) for o in (P.ReduceOp.BAND, P.ReduceOp.BOR, P.ReduceOp.BXOR)] == ["band", "bor", "bxor"]
     assert op_name("median") is None and op_name(3.5) is None
+    assert op_name(torch.distributed._make_nccl_premul_sum(2.0)) is None     # nccl's: refused by name (check.py)
 
 
 GLOO = DEFAULTS["gloo"]
@@ -143,3 +145,25 @@ def test_textbook_loads_no_engine_module():
             "assert P.all_reduce.__module__ == 'primitives.engine.api' and callable(P.broadcast)\n"
             "assert sys.modules['primitives.all_reduce'].ring.__module__ == 'primitives.all_reduce'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _recorded(rank, n):
+    from primitives.engine.recording import Recording
+    rec = Recording(P.get_comm())
+    x = torch.arange(6 * n, dtype=torch.float32) + rank
+    with P.LEDGER.track() as d:
+        P.all_reduce(x, group=rec, algorithm="ring")
+    data = rec.sends()
+    return (len(data), sum(m.nbytes for m in data), d.msgs_sent, d.bytes_sent,
+            len(rec.sends(data_only=False)) - len(data), sorted({m.peer for m in data}), x.tolist())
+
+
+def test_recording_communicator_logs_what_the_ledger_counts(spawn):
+    """A ring all-reduce through the recording Communicator: its data messages are the ledger's
+    (2(N-1) per rank, to the next rank only), the check round's envelopes are logged as control,
+    and the result is the all-reduce's."""
+    n = 3
+    for rank, (msgs, nbytes, led_msgs, led_bytes, control, peers, x) in enumerate(spawn(_recorded, n)):
+        assert (msgs, nbytes) == (led_msgs, led_bytes) == (2 * (n - 1), 2 * (n - 1) * 6 * 4), rank
+        assert control == n - 1 and peers == [(rank + 1) % n], (rank, control, peers)
+        assert x == [float(3 * i + sum(range(n))) for i in range(6 * n)]

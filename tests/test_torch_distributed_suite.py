@@ -58,7 +58,7 @@ def _suite(n: int, setting: str, tests=None) -> dict:
     return merged
 
 
-def _check(merged: dict, n: int) -> list[str]:
+def _check(merged: dict) -> list[str]:
     failed = {k: v[1] for k, v in merged.items() if v[0] == "fail"}
     assert not failed, "\n\n".join(f"{k}:\n{v}" for k, v in failed.items())
     unexplained = {k: v[1] for k, v in merged.items()
@@ -69,12 +69,14 @@ def _check(merged: dict, n: int) -> list[str]:
 
 def test_torch_collective_tests_subset_pass_with_ours():
     merged = _suite(2, "default", SUBSET)
-    passed = _check(merged, 2)
+    passed = _check(merged)
     assert passed == sorted(SUBSET), {k: v for k, v in merged.items() if k not in passed}
 
 
-# at N = 2: 57 of 108 tests apply (51 need GPUs, 3 or 4 ranks); at N = 3: 77; at N = 4: +2 gather_object
-EXPECTED_MIN = {2: 57, 3: 77, 4: 79}
+# of torch's 108 tests of these collectives, 28 need GPUs; at N = 2 the 20 sub-group tests and
+# 2 gather_object tests (exactly 4 ranks) cannot run: 58 pass. N = 3: 78 (30 of them torch skips
+# on gloo: all-to-all, sub-groups, broadcast_object_list). N = 4: 80.
+EXPECTED_MIN = {2: 58, 3: 78, 4: 80}
 
 
 @pytest.mark.slow
@@ -82,5 +84,5 @@ EXPECTED_MIN = {2: 57, 3: 77, 4: 79}
                                        (3, "default"), (3, "tcp"), (3, "strict"), (4, "default")])
 def test_every_applicable_torch_collective_test_passes_with_ours(n, setting):
     merged = _suite(n, setting)
-    passed = _check(merged, n)
+    passed = _check(merged)
     assert len(passed) >= EXPECTED_MIN[n], f"only {len(passed)} applicable tests passed: {passed}"

@@ -13,6 +13,8 @@ integer and bool tensors. The *_coalesced and *_object calls: coalesced.py, obje
 """
 from __future__ import annotations
 
+import warnings
+
 from primitives.engine.algos import ALGORITHMS
 from primitives.engine.calls import all_gather as _ag
 from primitives.engine.calls import all_reduce as _ar
@@ -143,11 +145,15 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, **kw):
     """torch's deprecated name for all_gather_single (kept so callers of torch < 2.13 run)."""
+    warnings.warn("`all_gather_into_tensor` is deprecated (as in torch 2.13): use `all_gather_single`",
+                  FutureWarning, stacklevel=2)
     return all_gather_single(output_tensor, input_tensor, group, async_op, **kw)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, **kw):
     """torch's deprecated name for reduce_scatter_single."""
+    warnings.warn("`reduce_scatter_tensor` is deprecated (as in torch 2.13): use `reduce_scatter_single`",
+                  FutureWarning, stacklevel=2)
     return reduce_scatter_single(output, input, op, group, async_op, **kw)
 
 
