@@ -145,7 +145,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--micro", type=int, default=8, help="micro-batch per rank")
     ap.add_argument("--local-size", type=int, default=0, help="pretend nodes of this many ranks (+ an hpZ run)")
     ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
-    ap.add_argument("--json", default=None, help="also write the results here (figures/ch11_zeropp.py reads it)")
+    ap.add_argument("--json", default=None, help="also write the results here (figures/ch14_zeropp.py reads it)")
     a = ap.parse_args(argv)
     runs = {k: v for k, v in RUNS.items() if k == "ZeRO-3" or not a.only or k in a.only.split(",")}
     res = compare(a.model, a.steps, a.world, a.micro, a.local_size, runs)

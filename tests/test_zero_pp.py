@@ -224,7 +224,7 @@ def test_bf16_weights_move_half_gradients_quarter(spawn):
 
 def test_figure_draws_a_saved_benchmark(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from figures import ch11_zeropp, common
+    from figures import ch14_zeropp, common
     monkeypatch.setattr(common, "IMG", str(tmp_path))
     rows = {"ZeRO-3": {"param all-gather (forward)": 400, "grad reduce-scatter": 400},
             "qwZ + qgZ": {"param all-gather (forward, int8)": 101, "grad all-to-all (int4)": 56}}
@@ -232,8 +232,8 @@ def test_figure_draws_a_saved_benchmark(tmp_path, monkeypatch):
                  "rows": {k: {"sent": v, "formula": v} for k, v in r.items()}} for run, r in rows.items()}
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"model": "mlp", "world": 2, "results": res}))
-    (png,) = ch11_zeropp.main(["--json", str(path)])
-    assert common.read_meta(png)["Source"] == "figures.ch11_zeropp"
+    (png,) = ch14_zeropp.main(["--json", str(path)])
+    assert common.read_meta(png)["Source"] == "figures.ch14_zeropp"
 
 
 @pytest.mark.slow

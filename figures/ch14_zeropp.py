@@ -2,9 +2,9 @@
 ZeRO-3, qwZ, qgZ and qwZ + qgZ, and the training loss of each against unquantised ZeRO-3.
 Measured by benchmarks/zeropp.py (the primitives ledger; 2 spawned gloo ranks, fp32).
 
-    python -m figures.ch11_zeropp                          # the classification model (DistilBERT/MiniLM), minutes
-    python -m figures.ch11_zeropp --model mlp              # the MLP, ~20 s
-    python -m figures.ch11_zeropp --json zeropp_cls.json   # draw a saved `benchmarks/zeropp.py --json` run
+    python -m figures.ch14_zeropp                          # the classification model (DistilBERT/MiniLM), minutes
+    python -m figures.ch14_zeropp --model mlp              # the MLP, ~20 s
+    python -m figures.ch14_zeropp --json zeropp_cls.json   # draw a saved `benchmarks/zeropp.py --json` run
 
 Left: stacked bars, one per run, one segment per collective purpose (the ledger's measured bytes);
 the label is the data total as a fraction of ZeRO-3's. Right: loss per step (mean over ranks),
@@ -29,7 +29,7 @@ def _colour(purpose: str) -> str:
     return next((c for k, c in COLOURS.items() if k in purpose), "0.6")
 
 
-def draw(data: dict, name: str = "11_zeropp") -> str:
+def draw(data: dict, name: str = "14_zeropp") -> str:
     plt = pyplot()
     res, model, world = data["results"], data["model"], data["world"]
     fig = plt.figure(figsize=(11, 5.2))
@@ -71,7 +71,7 @@ def draw(data: dict, name: str = "11_zeropp") -> str:
     delta.set_xlabel("optimizer step")
     fig.suptitle(f"ZeRO++ qwZ (int8 weights) and qgZ (int4 gradients) vs ZeRO-3: {model}, "
                  f"Ψ = {res['ZeRO-3']['psi']:,}, N = {world}, fp32, {len(ref)} steps", fontsize=10)
-    return save(fig, name, "figures.ch11_zeropp", note="bytes: primitives ledger via engine.comm_report; "
+    return save(fig, name, "figures.ch14_zeropp", note="bytes: primitives ledger via engine.comm_report; "
                 "losses: the same seeds and batches in every run (benchmarks/zeropp.py)")
 
 
