@@ -144,7 +144,13 @@ class PipelineEngine:
         rank (DeepSpeed's agg_train_loss). data_iter None: the iterator initialize(training_data=) made."""
         return torch.tensor(self._batch(data_iter, train=True))
 
-    def eval_batch(self, data_iter=None):
+    def eval_batch(self, data_iter=None, return_logits=False, compute_loss=True, reduce_output="avg", **kwargs):
+        """DeepSpeed's signature; the mean loss over the m micro-batches (reduce_output 'avg')."""
+        if return_logits or not compute_loss or reduce_output != "avg" or kwargs:
+            raise NotImplementedError(f"rank {self.rank}: eval_batch(return_logits={return_logits}, compute_loss="
+                                      f"{compute_loss}, reduce_output={reduce_output!r}, {sorted(kwargs)}): only the "
+                                      "averaged loss is returned here (DeepSpeed can also return the last stage's "
+                                      "logits or per-micro-batch losses)")
         with torch.no_grad():
             return torch.tensor(self._batch(data_iter, train=False))
 
