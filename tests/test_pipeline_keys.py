@@ -4,6 +4,7 @@ returned; steps_per_print prints DeepSpeed's pipeline line)."""
 import csv
 import os
 import warnings
+from types import SimpleNamespace as NS
 
 import pytest
 import torch
@@ -11,7 +12,9 @@ import torch.nn as nn
 
 from pipeline_parallel.engine.config import KEY_STATUS, load
 from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
+from pipeline_parallel.engine.optim import build_optimizer
 from primitives.engine.log import console
+from zero_from_scratch.engine.client_optim import OptimizerConfig
 
 BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
 
@@ -70,3 +73,15 @@ def test_csv_monitor_and_steps_per_print_act(spawn, tmp_path):
     assert rows[0] == ["step", "train_loss"] and [int(r[0]) for r in rows[1:]] == [4, 8, 12, 16]
     assert [float(r[1]) for r in rows[1:]] == pytest.approx(losses, rel=1e-6)
     assert text.count("steps: ") == 2 and "steps: 2 loss: " in text and "steps: 4 loss: " in text
+
+
+def test_optimizers_the_pipeline_engine_does_not_build_are_refused():
+    """The shared config reader accepts SGD/Adagrad and bias_correction for the ZeRO engine; the
+    pipeline engine builds torch's Adam/AdamW (or Lion), so anything else is refused at start-up."""
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    for opt, words in ((OptimizerConfig(type="SGD"), "'SGD'"),
+                       (OptimizerConfig(type="AdamW", bias_correction=False), "bias_correction false")):
+        with pytest.raises(ValueError, match=words):
+            build_optimizer(NS(run=NS(optimizer=opt), lion=None), params, None, 0)
+    built = build_optimizer(NS(run=NS(optimizer=OptimizerConfig(type="AdamW")), lion=None), params, None, 0)
+    assert isinstance(built, torch.optim.AdamW)
