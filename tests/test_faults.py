@@ -78,7 +78,8 @@ def kill_matrix(runs, transport="auto"):
     """[(n, dead, moment)] -> (live ranks that named exactly the dead rank, live ranks, problems)."""
     good, total, problems = 0, 0, []
     for n, dead, moment in runs:
-        res = spawn(_dies, n, args=(dead, moment, transport), comm_timeout=10, grace=12, allow_fail=True, timeout=60)
+        res = spawn(_dies, n, args=(dead, moment, transport), comm_timeout=10, grace=12, allow_fail=True, timeout=60,
+                    transport=transport)
         if res[dead] != ("exit", 3):
             problems.append(f"{moment} N={n} dead={dead}: the dead rank reported {res[dead]}")
         for r, (status, value) in enumerate(res):
