@@ -2,7 +2,7 @@
 no survivor hangs (primitives/engine/faults.py, primitives/engine/rendezvous.py).
 
     python -m pytest -q tests/test_faults.py                 (a representative subset: 4 runs)
-    python -m pytest -q -m slow tests/test_faults.py         (N = 3, 4 × every dead rank × every moment × both transports)
+    python -m pytest -q -m slow tests/test_faults.py         (N = 3, 4 × dead rank × moment × transport)
 
 The moments a rank dies at:
   before   before building its communicator: the survivors wait for it at set-up's arrival round
