@@ -100,6 +100,7 @@ def kill_matrix(runs, transport="auto"):
 
 def _check(runs, transport):
     good, total, problems = kill_matrix(runs, transport)
+    print(f"{transport}: {good} of {total} live ranks named exactly the dead rank")    # shown with -s
     assert not problems and good == total, f"{good} of {total} live ranks named exactly the dead rank:\n" + \
         "\n".join(problems[:10])
 
