@@ -124,17 +124,19 @@ def culprits(st, world: int) -> tuple[dict, dict]:
     return dead, reps
 
 
-def attribute(comm, peer: int | None, what: str, evidence: str | None = None) -> tuple[int | None, str]:
+def attribute(comm, peer: int | None, what: str, evidence: str | None = None,
+              call: str | None = None) -> tuple[int | None, str]:
     """Record this rank's failure report, then find the root cause.
     peer: the group rank this rank was waiting on (None: unknown); evidence: what this rank saw
     of `peer`'s death as a predicate (PID_GONE, CLOSED, "never arrived at ..."), None if it only
-    stopped answering. Returns (global rank named, ' Root cause: rank D ...') or (None, '') without a store."""
+    stopped answering; call: where (default: the communicator's current call).
+    Returns (global rank named, ' Root cause: rank D ...') or (None, '') without a store."""
     st, world = store()
     if st is None:
         return None, ""
     me = comm.global_rank(comm.rank)
     suspect = -1 if peer is None else comm.global_rank(peer)
-    call = str(getattr(comm, "current_call", "") or "point-to-point")
+    call = call or str(getattr(comm, "current_call", "") or "point-to-point")
     mine = {"by": me, "suspect": suspect, "call": call, "what": what, "evidence": evidence, "t": time.time()}
     try:
         st.set(f"{PREFIX}/report/{me}", json.dumps(mine))

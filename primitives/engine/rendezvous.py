@@ -88,7 +88,7 @@ class Rounds:
 
     def _absent(self, peer: int, evidence: str | None):
         c = self.comm
-        named, cause = faults.attribute(c, peer, f"waiting at {self.where()} for", evidence)
+        named, cause = faults.attribute(c, peer, "waiting for", evidence, call=self.where())
         raise PeerError(f"rank {c.rank}: communicator set-up failed: rank {peer} did not arrive at {self.where()}."
                         + cause, dead=named, attributed=True)
 
