@@ -12,6 +12,7 @@ the textbook's algorithm functions (primitives/<collective>.py) unchanged and wr
     hierarchical.py, topology.py     two-level algorithms for ranks on several nodes
     shm_collectives.py, shm_segment.py   collectives that read peers' shared memory
     strict.py, faults.py, ledger.py  nccl's ordering rules on CPU, naming the dead rank, byte counts
+    rendezvous.py            communicator set-up through the store: a rank that never arrives is named
     launch.py, log.py, runner.py, bench.py, reference.py, all_to_all_runner.py   launching, printing,
                              the verify-and-time scripts
 Nothing in the textbook (READING.md) imports this package.

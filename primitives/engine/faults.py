@@ -110,40 +110,40 @@ def reported(comm, peer: int) -> bool:
         return False
 
 
-def culprits(st, world: int, reps: dict) -> dict:
-    """{global rank: evidence} for every rank without a report that is known to be dead."""
-    dead = {}
-    for g in range(world):
-        if g not in reps:
-            ev = gone(st, g)
-            if ev:
-                dead[g] = ev
+def culprits(st, world: int) -> tuple[dict, dict]:
+    """({global rank: evidence} for every rank without a report that is known to be dead, the
+    reports). Processes are checked first, reports read after: a rank writes its report before
+    it exits, so one seen gone with no report then died without one."""
+    ended = {g: ev for g in range(world) if (ev := gone(st, g))}
+    reps = reports(st, world)
+    dead = {g: ev for g, ev in ended.items() if g not in reps}
     for rep in reps.values():
         s = rep["suspect"]
         if rep.get("evidence") and s >= 0 and s not in reps and s not in dead:
             dead[s] = rep["evidence"]
-    return dead
+    return dead, reps
 
 
-def attribute(comm, peer: int | None, what: str, evidence: str | None = None) -> tuple[int | None, str]:
+def attribute(comm, peer: int | None, what: str, evidence: str | None = None,
+              call: str | None = None) -> tuple[int | None, str]:
     """Record this rank's failure report, then find the root cause.
     peer: the group rank this rank was waiting on (None: unknown); evidence: what this rank saw
     of `peer`'s death as a predicate (PID_GONE, CLOSED, "never arrived at ..."), None if it only
-    stopped answering. Returns (global rank named, ' Root cause: rank D ...') or (None, '') without a store."""
+    stopped answering; call: where (default: the communicator's current call).
+    Returns (global rank named, ' Root cause: rank D ...') or (None, '') without a store."""
     st, world = store()
     if st is None:
         return None, ""
     me = comm.global_rank(comm.rank)
     suspect = -1 if peer is None else comm.global_rank(peer)
-    call = str(getattr(comm, "current_call", "") or "point-to-point")
+    call = call or str(getattr(comm, "current_call", "") or "point-to-point")
     mine = {"by": me, "suspect": suspect, "call": call, "what": what, "evidence": evidence, "t": time.time()}
     try:
         st.set(f"{PREFIX}/report/{me}", json.dumps(mine))
         first = json.loads(st.compare_set(f"{PREFIX}/first", "", json.dumps(mine)).decode())
         deadline = time.monotonic() + GRACE
         while True:
-            reps = reports(st, world)
-            dead = culprits(st, world, reps)
+            dead, reps = culprits(st, world)
             if dead or time.monotonic() > deadline:
                 break
             time.sleep(0.05)

@@ -11,7 +11,7 @@ for a rank that is gone; here each rank writes
 
     ringzero/setup/<group name>.<n-th build>/<round>/<global rank> = pickle(obj)
 
-and polls for its peers' keys (1 ms, backing off to 20 ms). While it waits it checks each missing
+X. While it waits it checks each missing
 peer: its process gone (faults.gone: a hello on this host whose pid no longer exists), or a
 failure report from it (it saw another rank die and gave up: the chain leads to the dead one).
 At the deadline (the communicator's timeout) the ranks still missing are named as never arrived.
@@ -70,14 +70,16 @@ class Rounds:
             for p in pending:
                 ev = faults.gone(self.store, c.global_rank(p))
                 rep = faults.report_of(self.store, c.global_rank(p))
-                if ev or (rep and rep["t"] >= self.t0):   # dead, or it gave up on a dead rank while I waited
+                # dead, or it gave up on a dead rank while I waited; and (a key is written before its
+                # rank can exit) still absent now, not one that arrived and died just after
+                if (ev or (rep and rep["t"] >= self.t0)) and not self.store.check([key + str(c.global_rank(p))]):
                     self._absent(p, ev)
             if time.monotonic() > deadline:
                 self._absent(pending[0], f"never arrived at {self.where()} within {c.timeout:.0f}s "
                                          f"(ranks still missing: {pending}; it died before it, or never built "
                                          "this communicator)")
             time.sleep(nap)
-            nap = min(2 * nap, 0.02)
+            nap = min(2 * nap, 0.004)
         return [pickle.loads(self.store.get(key + str(c.global_rank(p)))) if p != c.rank else obj
                 for p in range(c.size)]
 
@@ -86,7 +88,7 @@ class Rounds:
 
     def _absent(self, peer: int, evidence: str | None):
         c = self.comm
-        named, cause = faults.attribute(c, peer, f"waiting at {self.where()} for", evidence)
+        named, cause = faults.attribute(c, peer, "waiting for", evidence, call=self.where())
         raise PeerError(f"rank {c.rank}: communicator set-up failed: rank {peer} did not arrive at {self.where()}."
                         + cause, dead=named, attributed=True)
 

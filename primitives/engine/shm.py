@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 
 from primitives.engine import faults, shm_segment as seg
-from primitives.engine.rendezvous import Rounds, arrive
 from primitives.engine.checked import DEFAULT_TIMEOUT
 from primitives.engine.comms import TorchComm
 from primitives.engine.errors import PeerError
+from primitives.engine.rendezvous import Rounds, arrive
 from primitives.engine.shm_segment import (LINE, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
                                           layout, transport_from_env)
 
