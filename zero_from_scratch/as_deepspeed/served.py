@@ -55,10 +55,9 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters.ZeroParamStatus": f"{_E}.zero_init:ZeroParamStatus",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_E}.zero_init:Init",
-    # transformers' prevent_arange_dtype_change swaps these around zero.Init
-    "deepspeed.runtime.zero.partition_parameters._orig_torch_arange": f"{_E}.zero_init:_orig_torch_arange",
-    "deepspeed.runtime.zero.partition_parameters.zero_wrapper_for_fp_tensor_constructor":
-        f"{_E}.zero_init:zero_wrapper_for_fp_tensor_constructor",
+    # transformers swaps torch.arange with these two around Init (integrations/deepspeed.py)
+    **{f"deepspeed.runtime.zero.partition_parameters.{n}": f"{_E}.zero_init:{n}"
+       for n in ("_orig_torch_arange", "zero_wrapper_for_fp_tensor_constructor")},
     "deepspeed.utils.logger": f"{_R}.utils:logger",
     "deepspeed.utils.log_dist": f"{_R}.utils:log_dist",
     "deepspeed.utils.logging.logger": f"{_R}.utils:logger",
