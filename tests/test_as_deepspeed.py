@@ -338,3 +338,10 @@ def _zero_to_fp32(rank, world, ckpt):
 def test_zero_to_fp32_functions_read_a_zero2_checkpoint(tmp_path, spawn):
     got = spawn(_zero_to_fp32, 2, args=(str(tmp_path / "ck"),))[0]
     assert got[:3] == (True, True, True) and got[3] > 1 and got[4]   # sharded at 300 B, with its index
+
+
+def test_list_prints_the_table(served_ds, capsys):
+    from zero_from_scratch.as_deepspeed.__main__ import main
+    main(["--list"])
+    out = capsys.readouterr().out
+    assert "deepspeed.initialize" in out and "served" in out and "refused" in out and "0.19.8" in out

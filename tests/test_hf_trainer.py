@@ -1,7 +1,7 @@
 """recipes/hf_trainer.py (the Hugging Face Trainer with TrainingArguments(deepspeed=...)) on 2 ranks:
 the real DeepSpeed vs ringzero's runner, per-step losses and the held-out predictions.
 
-    python -m pytest -q -m slow tests/test_hf_trainer.py        (~4 min on 2 cores)
+    python -m pytest -q -m slow tests/test_hf_trainer.py        (~9 min on 2 cores)
 
 Both sides: `torchrun --nproc_per_node 2 clients/run.py SIDE recipes/hf_trainer.py --stage S`
 (clients/run.py: the same start-up seed; SIDE deepspeed = the installed DeepSpeed 0.19.8, ringzero
@@ -16,9 +16,9 @@ from primitives.engine.launch import free_port
 from tests.conftest import run_cmd
 
 
-def _run(side: str, stage: int, tmp_path) -> tuple[list[float], str]:
+def _run(side: str, stage: int, accum: int, tmp_path) -> tuple[list[float], str]:
     r = run_cmd(f"torchrun --nproc_per_node 2 --master_port {free_port()} clients/run.py {side} recipes/hf_trainer.py "
-                f"--stage {stage} --steps 5 --output-dir {tmp_path}/{side}", timeout=600)
+                f"--stage {stage} --grad-accum {accum} --steps 5 --output-dir {tmp_path}/{side}", timeout=600)
     losses = [float(x) for x in re.findall(r"^STEP \d+ LOSS (\S+)$", r.stdout, re.M)]
     acc = re.search(r"^HELD-OUT ACCURACY (\S+)", r.stdout, re.M)
     assert losses and acc, r.stdout[-2000:]
@@ -27,9 +27,10 @@ def _run(side: str, stage: int, tmp_path) -> tuple[list[float], str]:
 
 @pytest.mark.slow
 @pytest.mark.deepspeed
-@pytest.mark.parametrize("stage", [1, 2])
-def test_trainer_losses_equal_real_deepspeeds(stage, tmp_path):
-    (ds, ds_acc), (rz, rz_acc) = (_run(side, stage, tmp_path) for side in ("deepspeed", "ringzero"))
+@pytest.mark.parametrize("stage, accum", [(1, 1), (2, 1), (3, 1), (2, 2)])
+def test_trainer_losses_equal_real_deepspeeds(stage, accum, tmp_path):
+    """accum 2: the Trainer marks the accumulation boundary itself (set_gradient_accumulation_boundary)."""
+    (ds, ds_acc), (rz, rz_acc) = (_run(side, stage, accum, tmp_path) for side in ("deepspeed", "ringzero"))
     assert len(ds) == len(rz) == 5
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(ds, rz)), (ds, rz)
     assert ds_acc == rz_acc
