@@ -116,3 +116,13 @@ def test_unknown_keys_are_recorded_and_warned():
     with pytest.warns(UserWarning, match=r"gradient_cliping \(did you mean 'gradient_clipping'\?\)"):
         cfg = load_config({"train_batch_size": 2, "gradient_cliping": 0.5}, 1)
     assert cfg.unknown_keys == ["gradient_cliping"] and cfg.monitor == {}
+
+
+def test_engine_config_reads_by_key_like_deepspeeds_dict():
+    """DeepSpeed's engine.config is the (auto-resolved) JSON dict; the HF Trainer reads
+    engine.config.get("zero_optimization", {}).get("stage") when it saves a checkpoint."""
+    cfg = load_config({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto",
+                       "zero_optimization": {"stage": 3}}, world_size=2)
+    assert cfg.get("zero_optimization", {}).get("stage") == 3
+    assert cfg["train_micro_batch_size_per_gpu"] == 4          # "auto" resolved, as DeepSpeed's dict holds it
+    assert cfg.get("tensor_parallel", {}) == {}

@@ -155,6 +155,15 @@ class ZeroRunConfig:
     reduction: Reduction = field(default_factory=Reduction)   # grad_keys.py: mean/sum, pre/post division
     instruments: dict = field(default_factory=lambda: parse_instruments({}))   # wall_clock.py
     surface: dict = field(default_factory=lambda: surface_keys({}))   # client_optim.SURFACE_KEYS
+    raw: dict = field(default_factory=dict)             # the JSON with "auto" resolved
+
+    def get(self, key: str, default=None):
+        """DeepSpeed's engine.config is the config dict (runtime/engine.py): clients such as the HF
+        Trainer read it by key, e.g. engine.config.get("zero_optimization", {}).get("stage")."""
+        return self.raw.get(key, default)
+
+    def __getitem__(self, key: str):
+        return self.raw[key]
 
     def __post_init__(self):
         if self.bf16 and self.fp16.enabled:
@@ -266,7 +275,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     clip = raw.get("gradient_clipping", DEFAULTS["gradient_clipping"][0])
     if not isinstance(clip, (int, float)):
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
-    cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown)
+    cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown, raw=raw)
     cfg.monitor = parse_monitors(raw)
     cfg.offload_optimizer, cfg.sub_group_size, cfg.zeropp = offload, int(sub_group_size), zeropp
     cfg.offload_param = parse_offload_param(z, zero.stage)      # param_offload.py (stage 3)
