@@ -21,6 +21,7 @@ import torch
 
 import zero_from_scratch
 from classification.config import lr_at
+from classification.ddp_keys import check as check_ddp_keys
 from ddp_examples.engine.wrappers import BucketedDataParallel
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.auto import DEFAULTS, weight_decay_default
@@ -154,6 +155,7 @@ class _DDP:
     (loss / accumulation steps, clip on the global norm, scheduler stepped after each update)."""
 
     def __init__(self, model, cfg, comm, mpu=None):
+        check_ddp_keys(cfg)   # every DeepSpeed key: acted on, refused or warned (ddp_keys.py)
         for prec in ("fp16", "bf16"):
             if cfg.get(prec, {}).get("enabled"):
                 raise EngineError(f"--engine ddp trains in fp32; set {prec}.enabled to false in the config")

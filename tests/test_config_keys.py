@@ -12,8 +12,9 @@ from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.optim import ShardedAdam
 
 BASE = {"train_batch_size": 4}
-ENGINES = {"zero": "zero_from_scratch.engine.zero_keys",           # each exposes KEY_STATUS when it takes a
-           "pipeline": "pipeline_parallel.engine.config"}           # DeepSpeed config (ddp_examples does not)
+ENGINES = {"zero": "zero_from_scratch.engine.zero_keys",           # each exposes KEY_STATUS: it takes a
+           "pipeline": "pipeline_parallel.engine.config",           # DeepSpeed config
+           "ddp": "classification.ddp_keys"}                        # classification's --engine ddp
 
 
 @pytest.mark.parametrize("raw, match", [
@@ -308,3 +309,18 @@ def test_steps_per_print_inf_is_accelerates_never():
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(ValueError, match="steps_per_print"):
             parse({"steps_per_print": bad})
+
+
+def test_ddp_engine_refuses_what_it_cannot_do_and_warns_what_it_ignores():
+    from classification.ddp_keys import check
+    base = {"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    check(base)                                                  # the plain case: silent
+    for extra, words in (({"prescale_gradients": True}, "prescale_gradients"),
+                         ({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}, "optimizer.type"),
+                         ({"scheduler": {"type": "OneCycle", "params": {}}}, "scheduler.type"),
+                         ({"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "bias_correction": False}}},
+                          "bias_correction")):
+        with pytest.raises(ValueError, match=words):
+            check({**base, **extra})
+    with pytest.warns(UserWarning, match=r"zero_optimization.*without ZeRO.*steps_per_print"):
+        check({**base, "zero_optimization": {"stage": 2}, "steps_per_print": 10})
