@@ -33,6 +33,9 @@ test-slow: $(STAMP)
 # every picture the tutorials embed, redrawn from fresh measurements (tutorials/img/*.png)
 figures: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m figures
+	@# the multinode picture needs the two-node cluster (network namespaces: root)
+	if [ "$$(id -u)" = 0 ]; then PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.multinode; \
+	else echo "not redrawn: tutorials/img/11_multinode_busbw.png (python -m benchmarks.multinode needs root)"; fi
 
 clean:
 	rm -rf $(VENV)

@@ -11,5 +11,5 @@ lists them at the end); tests/test_figures.py checks every embedded picture is o
 
 ELSEWHERE = {   # picture -> the command that redraws it, and why it is not a figures module
     "11_multinode_busbw.png": "python -m benchmarks.multinode  (needs the two-node cluster: "
-                              "network namespaces and root, see multinode/)",
+                              "network namespaces and root, see multinode/; make figures runs it as root)",
 }
