@@ -5,6 +5,7 @@ against cost.traffic, bad input on every rank, and a dead peer named.
 All-to-all moves data without arithmetic, so every comparison is bitwise.
 """
 import os
+import re
 import time
 
 import pytest
@@ -196,8 +197,8 @@ def test_dead_peer_is_named(algo):
     for r in (0, 2):
         status, (etype, secs, msg) = res[r]
         assert status == "ok" and etype == "PeerError", res[r]
-        assert secs < comm_timeout + 10 and "did rank" in msg, msg
-    assert any("rank 1" in res[r][1][2] for r in (0, 2)), res
+        assert secs < comm_timeout + 10, msg
+        assert re.search(r"Root cause: rank 1 died|did rank 1 die", msg), msg     # every survivor names the dead rank
 
 
 def _strict(rank, n):
