@@ -25,43 +25,11 @@ from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import PipelineEngine
 from pipeline_parallel.engine.pipe_engine import initialize as _initialize
 from pipeline_parallel.engine.topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
+from zero_from_scratch.engine.dataloader import RepeatingLoader   # one home: deepspeed.utils.RepeatingLoader
+from zero_from_scratch.engine.surface import resolve_config        # deepspeed.initialize's config rule, one home
 
 __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
            "PipeModelDataParallelTopology", "PipelineEngine", "RepeatingLoader", "initialize"]
-
-
-class RepeatingLoader:
-    """DeepSpeed's deepspeed.utils.RepeatingLoader: restarts the loader when it runs out."""
-
-    def __init__(self, loader):
-        self.loader, self.data_iter = loader, iter(loader)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        try:
-            return next(self.data_iter)
-        except StopIteration:
-            self.data_iter = iter(self.loader)
-            return next(self.data_iter)
-
-
-def resolve_config(args, config, config_params):
-    """DeepSpeed's rule: config_params is config's older name; args.deepspeed_config (or the deprecated
-    args.deepscale_config) only when no config is passed; one of them is required."""
-    if config is None and config_params is not None:
-        config = config_params
-    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
-    if from_args is not None:
-        if config is not None:
-            raise ValueError("initialize() was given a config and args.deepspeed_config: DeepSpeed asserts "
-                             "('Not sure how to proceed'); pass only one")
-        config = from_args
-    if config is None:
-        raise ValueError("initialize() needs a config: config=, config_params= or args.deepspeed_config "
-                         "(DeepSpeed requires --deepspeed_config to specify configuration file)")
-    return config
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
