@@ -84,6 +84,8 @@ def parse_args(argv=None):
     ap.add_argument("--n-eval", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/hf_trainer")
+    ap.add_argument("--save-every", type=int, default=0, help="save a Trainer checkpoint every N steps (0: none)")
+    ap.add_argument("--resume-from", default=None, help="a checkpoint-N folder of --output-dir to resume from")
     ap.add_argument("--local_rank", type=int, default=-1, help="passed by the deepspeed launcher")
     return ap.parse_args(argv)
 
@@ -101,10 +103,11 @@ def main(argv=None) -> None:
     args = TrainingArguments(output_dir=a.output_dir, per_device_train_batch_size=a.batch,
                              per_device_eval_batch_size=a.batch, gradient_accumulation_steps=a.grad_accum,
                              max_steps=a.steps, learning_rate=a.lr, weight_decay=0.0, max_grad_norm=a.clip,
-                             lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
+                             lr_scheduler_type="constant", logging_steps=1, report_to=[],
+                             save_strategy="steps" if a.save_every else "no", save_steps=a.save_every or 500,
                              use_cpu=True, seed=a.seed, data_seed=a.seed, deepspeed=ds_config(a.stage, a.clip))
     trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=DataCollatorWithPadding(tok))
-    trainer.train()
+    trainer.train(resume_from_checkpoint=a.resume_from)   # the engine's load_checkpoint, the RNG, the data position
     logits = trainer.predict(held).predictions
     acc = float((torch.as_tensor(logits).argmax(-1) == torch.as_tensor(held.labels)).float().mean())
     if int(os.environ.get("RANK", "0")) == 0:

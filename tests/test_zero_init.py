@@ -151,9 +151,9 @@ def test_initialize_adopts_init_model_and_trains_like_plain(spawn):
 
 def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
     """VmHWM above the RSS before construction (benchmarks/zero_init_memory.py, glibc's mmap threshold
-    fixed so frees reach the OS): M = 4Ψ = 32 MiB, one module L = 4 MiB, N = 2. Slack 6 MiB covers
-    the allocator, gloo's first buffers and first-use allocations of the engine's imports (measured:
-    0.7-4.3 MiB), still below the plain model's M."""
+    fixed so frees reach the OS): M = 4Ψ = 32 MiB, one module L = 4 MiB, N = 2. Every row also holds
+    first-use allocations made inside the window (measured 1-12 MiB, depending on the process), so
+    the check is on what Init saves against the plain build: M - (M/N + L) = 12 MiB, less 2 MiB."""
     from benchmarks.zero_init_memory import ROWS, peaks   # a benchmark script's helpers, only this test needs them
     mib, layers, dim = 2 ** 20, 8, 1024
     m, big = 4 * layers * dim ** 2, 4 * dim ** 2
@@ -161,8 +161,9 @@ def test_init_peak_memory_is_a_shard_plus_one_module(spawn):
     got = {row: max(r[i] for r in per_rank) for i, row in enumerate(ROWS)}
     plain, init, adopted = got[False, False], got[True, False], got[True, True]
     assert plain >= 0.95 * m, plain / mib
-    assert init <= m / 2 + big + 6 * mib < plain, init / mib
-    assert adopted <= 4 * m / 2 + big + 6 * mib, adopted / mib    # the engine's 16Ψ/N + one unit, never + M
+    assert plain - init >= m - (m / 2 + big) - 2 * mib, (plain / mib, init / mib)   # a shard and one module, not M
+    overhead = max(plain - m, 0)
+    assert adopted <= 4 * m / 2 + big + overhead + 6 * mib, adopted / mib   # the engine's 16Ψ/N + one unit, never + M
 
 
 def _infinity(rank, world, init: bool, path):

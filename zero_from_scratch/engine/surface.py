@@ -209,3 +209,22 @@ def client_scheduler(engine, lr_scheduler):
         opt = engine.client_optimizer
         return lr_scheduler(opt if opt is not None else engine.optimizer)
     return lr_scheduler
+
+
+def load_args(engine, strict: bool, optimizer_states: bool, scheduler_states: bool, module_only: bool,
+              custom_load_fn) -> tuple[bool, bool]:
+    """DeepSpeed's load_checkpoint arguments on the ZeRO engine: (load optimizer states, scheduler states).
+    load_module_only: the weights alone, no optimizer or scheduler state (the step counters are still
+    restored here; DeepSpeed keeps its own);
+    load_module_strict=False: DeepSpeed would skip missing/unexpected module keys; the engine loads
+    its own partitioned layout, which has no such keys, so it says so once; custom_load_fn: refused."""
+    if custom_load_fn is not None:
+        raise NotImplementedError(f"rank {engine.global_rank}: load_checkpoint(custom_load_fn=...) is not served: DeepSpeed "
+                                  "would call it to load the module's weights; load the state dict yourself after "
+                                  "load_checkpoint(load_module_only=True)")
+    if not strict and engine.global_rank == 0:
+        warnings.warn("zero_from_scratch: load_checkpoint(load_module_strict=False): the checkpoint's weights are "
+                      "loaded by the engine's own layout (a key the model lacks is an error, as with True)", stacklevel=3)
+    if module_only:
+        return False, False
+    return optimizer_states, scheduler_states

@@ -254,8 +254,12 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
                                   else contextlib.nullcontext()):
             return ckpt.save(self, save_dir, tag, client_state or {})
 
-    def load_checkpoint(self, load_dir: str, tag=None, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True, reshard: bool = False):
+    def load_checkpoint(self, load_dir: str, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None,
+                        reshard: bool = False):
+        """DeepSpeed's signature and order; load_module_strict/_only and custom_load_fn: surface.load_args."""
+        load_optimizer_states, load_lr_scheduler_states = surface.load_args(
+            self, load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only, custom_load_fn)
         with self.frozen.full(write_back=True), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
                                                  else contextlib.nullcontext()):
             out = ckpt.load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, reshard)
