@@ -148,6 +148,10 @@ class DeepSpeedSurface:
                         out[pre + n] = b.detach().cpu().clone()
         return out
 
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """DeepSpeed's: whether stage 3 gathers the 16-bit weights on save (accelerate's get_state_dict asks)."""
+        return bool(self.config.surface["gather_16bit_on_save"])
+
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
         """DeepSpeed's: rank 0 writes the model-dtype state_dict; at stage 3 only with
