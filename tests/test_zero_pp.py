@@ -126,6 +126,24 @@ def test_qwz_qgz_bytes_and_loss(spawn):
 
 # ---------------------------------------------------------------------------------- hierarchical qgZ, hpZ + qwZ
 
+def _refused(rank, world, z: dict):
+    try:
+        zero_from_scratch.initialize(model=mlp(64), config={**CFG, "zero_optimization": {"stage": 3, **z}})
+        return "accepted"
+    except ValueError as e:
+        return str(e)
+
+
+def test_offload_with_quantised_collectives_is_refused_on_every_rank(spawn, tmp_path):
+    """Combinations the engine does not wire (a quantised all-gather/reduction of shards in files):
+    a ValueError naming the keys and the rank at initialize, on every rank, never a silent mix."""
+    for z, words in (({"offload_param": {"device": "cpu"}, "zero_quantized_weights": True}, "offload_param"),
+                     ({"offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)},
+                       "zero_quantized_gradients": True}, "zero_quantized_gradients")):
+        out = spawn(_refused, 2, args=(z,))
+        assert all(f"rank {r}:" in m and words in m and "not supported" in m for r, m in enumerate(out)), out
+
+
 def _hier_reduce(rank, world):
     os.environ["RINGZERO_LOCAL_SIZE"] = "2"                 # 2 "nodes" × 2 ranks
     model = nn.Sequential(nn.Linear(40, 50))
