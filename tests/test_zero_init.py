@@ -9,11 +9,10 @@ the same bits either way, so every collective and every step is the same). Also:
 reads and writes (modifier_rank) on Init's and on the engine's parameters, the bodies of DeepSpeed's
 own zero.Init unit tests, peak memory (VmHWM) against M/N + one module, transformers' ZeRO-3 paths
 (from_pretrained, _from_config, resize_token_embeddings) with `import deepspeed` answered by a minimal
-module exposing ours (and, slow, by the runner), and ZeRO-Infinity (where offload_param exists).
+module exposing ours (and, slow, by the runner), and ZeRO-Infinity (offload_param + offload_optimizer in files).
 """
 import functools
 import importlib.machinery
-import importlib.util
 import sys
 import types
 
@@ -193,8 +192,6 @@ def _infinity(rank, world, init: bool, path):
 
 
 def test_init_with_parameter_and_optimizer_offload_to_files(spawn, tmp_path):
-    if importlib.util.find_spec("zero_from_scratch.engine.param_offload") is None:
-        pytest.skip("offload_param is not in this tree")
     with pytest.warns(UserWarning, match="until initialize"):
         Init(config_dict_or_path={"zero_optimization": {"offload_param": {"device": "nvme"}}})
     plain = spawn(_infinity, 2, args=(False, None))
@@ -328,8 +325,6 @@ def test_transformers_zero3_paths_through_the_deepspeed_runner(tmp_path):
     """The same, with `import deepspeed` served by the runner's table (it must serve zero.Init,
     GatheredParameters, comm.get_rank, accelerator, and partition_parameters' _orig_torch_arange /
     zero_wrapper_for_fp_tensor_constructor, which transformers' prevent_arange_dtype_change swaps)."""
-    if importlib.util.find_spec("zero_from_scratch.as_deepspeed") is None:
-        pytest.skip("the deepspeed runner is not in this tree")
     for out in _hf_run(tmp_path, train=True, runner=True):
         assert out["train"][0] == out["train"][1] and out["pretrained_train"][0] == out["pretrained_train"][1]
         assert out["resized"] == []
