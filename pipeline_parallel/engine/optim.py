@@ -5,12 +5,16 @@
 Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"), DeepSpeed's "Lion" type
 (its FusedLion / DeepSpeedCPULion, csrc/lion): with c = β1·m + (1 − β1)·g,
     p ← p·(1 − lr·λ) − lr·sign(c),    m ← β2·m + (1 − β2)·g
+The update has one home, zero_from_scratch/engine/optimizers.py::lion_step_ (the ZeRO engine's,
+DeepSpeed's kernel); Lion here is the torch Optimizer around it that a stage's parameters need.
 DeepSpeed's defaults: betas (0.9, 0.999), weight_decay 0. One state tensor (m) per parameter:
 4Ψ bytes in fp32 where Adam keeps 8Ψ. Cost per step: a few elementwise passes over Ψ_stage.
 """
 from __future__ import annotations
 
 import torch
+
+from zero_from_scratch.engine.optimizers import lion_step_
 
 LION_KEYS = {"lr", "betas", "weight_decay"}
 
@@ -33,10 +37,7 @@ class Lion(torch.optim.Optimizer):
                 st = self.state[p]
                 if not st:
                     st["exp_avg"] = torch.zeros_like(p)
-                m, g = st["exp_avg"], p.grad
-                c = m.mul(b1).add_(g, alpha=1 - b1)
-                p.mul_(1 - lr * wd).add_(c.sign_(), alpha=-lr)
-                m.mul_(b2).add_(g, alpha=1 - b2)
+                lion_step_(p, p.grad, st["exp_avg"], lr, b1, b2, wd)
         return loss
 
 
