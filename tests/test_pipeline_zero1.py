@@ -1,7 +1,8 @@
 """ZeRO stage 1 over the data axis of a pp = 2 × dp = 2 llama pipeline: equal to stage 0 (the
 flat shard runs the same elementwise AdamW), offload_optimizer cpu equal to no offload bit for
 bit, in fp32 and bf16; the optimizer state is 1/dp of the stage's; resume from a ZeRO-1
-checkpoint continues bit for bit."""
+checkpoint continues bit for bit; the dp bytes of a step equal DeepSpeed's stage-1 formula
+(reduce-scatter + all-gather, (dp−1)/dp·Ψ each) and stage 0's all-reduce."""
 import pytest
 import torch
 
@@ -45,7 +46,7 @@ def _runs(rank, world, path):
         losses = _steps(e, range(STEPS))
         state = sum(t.numel() for s in e.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())
         out[(stage, offload, bf16)] = (losses, state, sum(p.numel() for p in e.params),
-                                       [p.detach().clone() for p in e.params])
+                                       [p.detach().clone() for p in e.params], e.step_bytes["dp"])
     e = _engine(1, True, False)
     _steps(e, range(2))
     e.save_checkpoint(path)
@@ -68,5 +69,12 @@ def test_zero1_equals_stage0_and_offload_equals_no_offload(spawn, tmp_path):
         for a, b in zip(z1[3], z0[3]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert z0[1] == 2 * z0[2] and z1[1] == 2 * (-(-z1[2] // 2))  # Adam m + v: 2·Ψ_s vs 2·Ψ_s/dp (padded)
+        # dp traffic of a step (the ledger): ZeRO-1 reduce-scatters the gradients and all-gathers the
+        # updated parameters, (dp−1)/dp·Ψ_pad each (DeepSpeed's stage 1); stage 0's all-reduce moves
+        # 2(dp−1)/dp·Ψ — the same total, where an all-reduce + all-gather would move 1.5× it
+        pad = -(-z1[2] // 2) * 2
+        assert z0[4] == 2 * (2 - 1) / 2 * z0[2] * 4, (rank, z0[4], z0[2])
+        for run, width in ((z1, 4), (z1o, 4), (b1, 2), (b1o, 2)):
+            assert run[4] == (2 - 1) / 2 * pad * (width + width), (rank, run[4], pad, width)
         straight, resumed = out["resume"]
         assert straight == resumed, (rank, straight, resumed)

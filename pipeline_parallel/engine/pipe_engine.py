@@ -18,7 +18,8 @@ One step, per rank (p stages, m micro-batches, Ψ_s = this stage's parameters, A
                   2·m·A bytes sent per inner boundary side
   reduce_tied     tied weights: each holder sends its gradient to the other holders (k−1)·Ψ_tied
   reduce_grads    one coalesced all-reduce of the stage's gradients over dp (primitives/coalesced.py,
-                  ring: 2(dp−1)/dp·Ψ_s elements), then ÷ dp
+                  ring: 2(dp−1)/dp·Ψ_s elements), then ÷ dp; under ZeRO-1 a reduce-scatter instead,
+                  (dp−1)/dp·Ψ_s, and the step all-gathers the updated shards, (dp−1)/dp·Ψ_s (engine/zero1.py)
   step            one 24-byte all-reduce over the world (errors, loss, gradient norm²: control
                   traffic), clip by the global norm, torch AdamW, lr scheduler
   (tp > 1: the layers' own collectives inside fwd / bwd, over mesh.tp_group)
@@ -26,6 +27,8 @@ After each train_batch, engine.step_bytes = data bytes this rank sent, by axis: 
 "pp": the boundary sends + tied reductions, "dp": reduce_grads} (the ledger, per instruction).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -49,6 +52,17 @@ from primitives.engine.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
 from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.lr_schedules import build_scheduler
+
+def stage_device(module, comm) -> torch.device:
+    """The stage's device: cuda:LOCAL_RANK under nccl (DeepSpeed's get_accelerator().device_name(local_rank)),
+    else where the module's parameters are (cpu under gloo)."""
+    if comm.backend == "nccl":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+        torch.cuda.set_device(dev)
+        return dev
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
 
 class PipelineError(RuntimeError):
     """Raised on every rank when any rank failed during a step; lists each failing rank's error."""
@@ -105,6 +119,8 @@ class PipelineEngine:
         self.dp_comm = get_comm(mesh.dp_group) if self.dp > 1 else None
         self._nccl_programs: dict = {}
         self.chunks = model.stage_chunks(self.stage, self.pp, self.v)
+        self.device = stage_device(model, self.comm)
+        model.to(self.device)          # as DeepSpeed's initialize: the stage on its device, before any collective
         self.loss_fn = model.loss_fn
         self.params = [p for p in model.parameters() if p.requires_grad]     # DeepSpeed's order: tied modules first
         self.tied = TiedWeights(self)
@@ -142,7 +158,7 @@ class PipelineEngine:
     def train_batch(self, data_iter=None):
         """One optimizer step over m micro-batches; returns the mean loss as a 0-dim tensor on every
         rank (DeepSpeed's agg_train_loss). data_iter None: the iterator initialize(training_data=) made."""
-        return torch.tensor(self._batch(data_iter, train=True))
+        return torch.tensor(self._batch(data_iter, train=True), device=self.device)
 
     def eval_batch(self, data_iter=None, return_logits=False, compute_loss=True, reduce_output="avg", **kwargs):
         """DeepSpeed's signature; the mean loss over the m micro-batches (reduce_output 'avg')."""
@@ -152,7 +168,7 @@ class PipelineEngine:
                                       "averaged loss is returned here (DeepSpeed can also return the last stage's "
                                       "logits or per-micro-batch losses)")
         with torch.no_grad():
-            return torch.tensor(self._batch(data_iter, train=False))
+            return torch.tensor(self._batch(data_iter, train=False), device=self.device)
 
     def _batch(self, data_iter, train):
         if self._broken:
@@ -168,7 +184,8 @@ class PipelineEngine:
         if train:                      # what the last *training* step did (eval saves nothing)
             self.timeline = self.executor.events
             by = self.executor.sent
-            self.step_bytes = {"tp": by.get("fwd", 0) + by.get("bwd", 0), "dp": by.get("reduce_grads", 0),
+            self.step_bytes = {"tp": by.get("fwd", 0) + by.get("bwd", 0), "dp": by.get("reduce_grads", 0)
+                               + by.get("step", 0),      # the step's data bytes: ZeRO-1's all-gather
                                "pp": sum(v for k, v in by.items() if k.startswith(("send", "recv", "reduce_tied")))}
             self.peak_activation_bytes = self.executor.meter.peak
             self.report.after_step(self, self._status)
@@ -203,7 +220,7 @@ class PipelineEngine:
             if not (isinstance(item, (tuple, list)) and len(item) == 2 and all(torch.is_tensor(t) for t in item)):
                 self.fail(f"micro-batch {mb} is {type(item).__name__}; expected a pair (inputs, labels) of tensors")
                 break
-            inputs[mb], labels[mb] = item
+            inputs[mb], labels[mb] = (t.to(self.device) for t in item)     # DeepSpeed's _exec_load_micro_batch
         return inputs, labels
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
@@ -221,6 +238,8 @@ class PipelineEngine:
     def reduce_grads(self):
         """Average the stage's gradients over the data-parallel replicas: one coalesced all-reduce
         (sum; a parameter without a gradient contributes zeros), then ÷ dp."""
+        if self.zero1 is not None:         # reduce-scatter: each replica keeps the slice it owns
+            return self.zero1.reduce_grads()
         if self.dp == 1:
             return
         for p in self.params:
@@ -244,13 +263,13 @@ class PipelineEngine:
         outcome; on failure every rank gathers the messages and raises the same PipelineError."""
         last = self.is_last_stage() and self.tp_rank == 0      # tp ranks hold the same loss: count one
         status = torch.tensor([1.0 if self._errors else 0.0, self.executor.loss_sum if last else 0.0, norm_sq],
-                              dtype=torch.float64)
+                              dtype=torch.float64, device=self.device)
         with LEDGER.control_traffic():
             all_reduce(status)
             if status[0] > 0:
                 mine = "; ".join(m for m in self._errors if m) or ""
                 text = (f"rank {self.rank} (stage {self.stage}, replica {self.dp_rank}): {mine}" if mine else "")
-                buf = torch.zeros(1024, dtype=torch.uint8)
+                buf = torch.zeros(1024, dtype=torch.uint8, device=self.device)
                 raw = text.encode()[:1024]
                 buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
                 out = [torch.zeros_like(buf) for _ in range(dist.get_world_size())]

@@ -2,7 +2,8 @@
 
     (PipelineEngine.step, run by the executor's `step` op on every rank)
 
-Norm: each parameter once — dp replicas hold equal gradients (only replica 0 counts), tied copies
+Norm: each parameter once — dp replicas hold equal gradients (only replica 0 counts; under ZeRO-1
+each replica counts the slice it owns, engine/zero1.py), tied copies
 after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a sharded
 parameter counts on every tp rank, a replicated one (LayerNorm, row-parallel bias) on tp rank 0
 only (zero_from_scratch.engine.mpu.counts_on). The status all-reduce sums norm² over pp (and tp):
@@ -25,9 +26,12 @@ from zero_from_scratch.engine.mpu import counts_on
 
 def take_step(e) -> bool:
     """One optimizer step on engine `e`; False when it was skipped (fp16/bf16 overflow)."""
-    ok = e.dp_rank == 0 and not e.failed_locally() and (e.clip_norm == "global" or e.stage == 0)
-    norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in e.params
-                  if p.grad is not None and not e.tied.is_replica(p) and counts_on(p, e.tp_rank)) if ok else 0.0
+    ok = not e.failed_locally() and (e.clip_norm == "global" or e.stage == 0)
+    if e.zero1 is not None:          # every replica holds its own slice of the averaged gradients
+        norm_sq = e.zero1.norm_sq() if ok else 0.0
+    else:                            # every replica holds all of them: replica 0 counts
+        norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in e.params if p.grad is not None
+                      and not e.tied.is_replica(p) and counts_on(p, e.tp_rank)) if ok and e.dp_rank == 0 else 0.0
     e.step_status(norm_sq)
     scale = e.scaler.cur_scale if e.scaler is not None else 1.0
     e.global_grad_norm /= scale
@@ -38,8 +42,7 @@ def take_step(e) -> bool:
         if applied:
             e.zero1.step(min(coef, 1.0) / scale)
         else:
-            for p in e.params:
-                p.grad = None
+            e.zero1.skip()
     elif e.mixed is not None:
         applied = e.mixed.step(e.optimizer, clip, e.global_grad_norm, scale)
     else:

@@ -2,23 +2,29 @@
 state of 1/dp of its stage's parameters, optionally in host memory ("offload_optimizer": cpu).
 
     "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}
+    python -m pytest -q tests/test_pipeline_zero1.py
 
 The stage's trainable parameters are flattened (in parameters() order) and padded to a multiple of
 dp; replica r owns elements [r·S, (r+1)·S), S = padded / dp (zero_from_scratch/sharding.py's rule,
-one unit). Per step: gradients are averaged over dp as without ZeRO (all-reduce, engine
-reduce_grads), the step reads this replica's slice, unscales and clips it (the coefficient the
-engine computed from the global norm), updates its fp32 shard, and one all-gather over dp puts the
-updated shards back into every replica's (16-bit or fp32) parameters. Bytes per rank: optimizer
-state K·Ψ_s/dp (+ 4Ψ_s/dp master) instead of K·Ψ_s; traffic 2(dp−1)/dp·Ψ_s (all-reduce) +
-(dp−1)/dp·Ψ_s (all-gather) elements — DeepSpeed reduce-scatters instead of all-reducing and
-saves the first third of that. With offload the shard, its gradient and the optimizer live on
-the CPU; the result equals the run without offload (the same arithmetic on the same device type).
+one unit). Per step, as DeepSpeed's stage 1 (runtime/zero/stage_1_and_2.py: each gradient slice
+reduced to its owner, then all_gather_dp_groups of the updated 16-bit partitions):
+  reduce_grads  one reduce-scatter of the flat gradients over dp in their own dtype (sum, then ÷ dp):
+                replica r ends with the averaged slice it owns, the full gradients are dropped;
+  step          the global norm from the owned slices (each element counted once over dp, pp, tp),
+                unscale and clip into the fp32 shard, the optimizer's update, and one all-gather
+                over dp of the updated shard cast to the parameters' dtype.
+Traffic per rank and step: (dp−1)/dp·Ψ_pad·(g + w) bytes, g / w = bytes per gradient / parameter
+element (fp32: 8, bf16: 4) — what DDP's all-reduce moves, DeepSpeed's formula. Bytes held:
+optimizer state K·Ψ_s/dp + 4Ψ_s/dp master + a gradient shard Ψ_s/dp. With offload the shard, its
+gradient and the optimizer live on the CPU and every collective buffer on the stage's device;
+the result equals the run without offload (the same arithmetic on the same device type).
 """
 from __future__ import annotations
 
 import torch
 
 from pipeline_parallel.engine.optim import build_optimizer
+from zero_from_scratch.engine.mpu import counts_on
 
 
 class Zero1:
@@ -29,38 +35,66 @@ class Zero1:
         self.padded = -(-n // self.dp) * self.dp
         self.shard = self.padded // self.dp
         self.lo, self.hi = self.r * self.shard, (self.r + 1) * self.shard
-        self.device = torch.device("cpu") if offload else (self.params[0].device if self.params else torch.device("cpu"))
-        flat = self._flat([p.detach() for p in self.params])
+        self.stage_device = engine.device
+        self.device = torch.device("cpu") if offload else self.stage_device
+        self.dtype = self.params[0].dtype if self.params else torch.float32
+        flat = self._flat([p.detach() for p in self.params], torch.float32)
         self.master = flat[self.lo:self.hi].clone().to(self.device)
         self.optimizer = build_optimizer(e.cfg, [self.master], None, e.rank)
+        self.grad = None              # this replica's slice of the dp-averaged gradients (stage dtype)
+        counted = [torch.full((p.numel(),), float(not e.tied.is_replica(p) and counts_on(p, e.tp_rank)),
+                              dtype=torch.float64, device=self.stage_device) for p in self.params]
+        self.counted = self._flat(counted, torch.float64)[self.lo:self.hi]   # 1: enters the norm here
 
-    def _flat(self, tensors) -> torch.Tensor:
-        out = torch.zeros(self.padded, dtype=torch.float32, device=tensors[0].device if tensors else "cpu")
+    def _flat(self, tensors, dtype) -> torch.Tensor:
+        out = torch.zeros(self.padded, dtype=dtype, device=self.stage_device)
         o = 0
         for t in tensors:
             out[o:o + t.numel()].copy_(t.reshape(-1))
             o += t.numel()
         return out
 
-    def step(self, inv: float) -> None:
-        """Update this replica's shard from its slice of the (dp-averaged) gradients × inv, then
-        all-gather the shards into every parameter."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.master.grad = self._flat(grads)[self.lo:self.hi].to(self.device).mul_(inv)
+    def reduce_grads(self) -> None:
+        """Reduce-scatter the stage's gradients over dp: keep the averaged owned slice, drop the rest."""
+        flat = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params], self.dtype)
         for p in self.params:
             p.grad = None
+        self.grad = torch.empty(self.shard, dtype=self.dtype, device=self.stage_device)
+        if self.dp > 1:
+            self.e.dp_comm.reduce_scatter_single(self.grad, flat, "sum")
+            self.grad.div_(self.dp)
+        else:
+            self.grad.copy_(flat)
+
+    def norm_sq(self) -> float:
+        """Σ g² over the owned slice, each element counted once (tied replicas and tp-replicated
+        parameters weigh 0): summed over dp (and pp, tp) by the step's status all-reduce."""
+        if self.grad is None:
+            return 0.0
+        return float((self.grad.double().pow(2) * self.counted).sum())
+
+    def step(self, inv: float) -> None:
+        """Update this replica's shard from its gradient slice × inv, then all-gather the shards
+        (in the parameters' dtype) into every parameter."""
+        self.master.grad = self.grad.float().to(self.device).mul_(inv)
+        self.grad = None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        full = torch.empty(self.padded, dtype=torch.float32, device=self.params[0].device)
+        full = torch.empty(self.padded, dtype=self.dtype, device=self.stage_device)
+        mine = self.master.to(device=self.stage_device, dtype=self.dtype)
         if self.dp > 1:
-            self.e.dp_comm.all_gather_single(full, self.master.to(full.device))
+            self.e.dp_comm.all_gather_single(full, mine)
         else:
-            full.copy_(self.master)
+            full.copy_(mine)
         o = 0
         with torch.no_grad():
             for p in self.params:
                 p.copy_(full[o:o + p.numel()].view_as(p))
                 o += p.numel()
+
+    def skip(self) -> None:
+        """An overflowing step: drop the gradient slice."""
+        self.grad = None
 
     def save(self, path: str) -> None:
         torch.save({"optimizer_state_dict": self.optimizer.state_dict(), "fp32_flat_shard": self.master,
