@@ -24,9 +24,9 @@ def shape_header(t: torch.Tensor) -> torch.Tensor:
     """(dtype code, ndim, shape…) as 10 int64s: all a receiver needs to allocate the tensor."""
     if t.dim() > 8 or t.dtype not in DTYPES:
         raise ValueError(f"stage output {tuple(t.shape)} {t.dtype}: a boundary tensor needs <= 8 dims, one of {DTYPES}")
-    h = torch.zeros(10, dtype=torch.int64)
+    h = torch.zeros(10, dtype=torch.int64, device=t.device)
     h[0], h[1] = DTYPES.index(t.dtype), t.dim()
-    h[2:2 + t.dim()] = torch.tensor(t.shape)
+    h[2:2 + t.dim()] = torch.tensor(t.shape, device=t.device)
     return h
 
 
@@ -38,8 +38,10 @@ class Executor:
     """One pipeline rank: its model chunks (virtual stages stage, stage + p, …) and the ops."""
 
     def __init__(self, comm, stage: int, num_stages: int, chunks, loss_fn, micro_batches: int,
-                 virtual_stages: int = 1, optimizer=None):
+                 virtual_stages: int = 1, optimizer=None, device=None):
+        """device: where received boundary tensors live (the stage's: cuda under nccl), default cpu."""
         self.comm, self.stage, self.pp, self.v = comm, stage, num_stages, virtual_stages
+        self.device = torch.device("cpu") if device is None else torch.device(device)
         self.chunks, self.loss_fn, self.micro_batches, self.optimizer = chunks, loss_fn, micro_batches, optimizer
         self.meta: dict = {}          # ("in" | "out", chunk) -> (shape, dtype) agreed in the first step
 
@@ -64,7 +66,7 @@ class Executor:
         self.pending.append(self.comm.isend(shape_header(y), dst))
 
     def recv_header(self, src) -> torch.Tensor:
-        h = torch.zeros(10, dtype=torch.int64)
+        h = torch.zeros(10, dtype=torch.int64, device=self.device)
         self.comm.irecv(h, src).wait()
         return h
 
@@ -74,7 +76,7 @@ class Executor:
         if ("in", op.chunk) not in self.meta:
             self.meta[("in", op.chunk)] = read_header(self.recv_header(src))
         shape, dtype = self.meta[("in", op.chunk)]
-        x = torch.empty(shape, dtype=dtype)
+        x = torch.empty(shape, dtype=dtype, device=self.device)
         self.comm.irecv(x, src).wait()
         self.x_in[(op.mb, op.chunk)] = x.requires_grad_(self.train and x.is_floating_point())
 
@@ -98,7 +100,7 @@ class Executor:
 
     def recv_grad(self, op):
         shape, dtype = self.meta[("out", op.chunk)]
-        g = torch.empty(shape, dtype=dtype)
+        g = torch.empty(shape, dtype=dtype, device=self.device)
         self.comm.irecv(g, peer(op, self.stage, self.pp)).wait()
         self.grad_in[(op.mb, op.chunk)] = g
 

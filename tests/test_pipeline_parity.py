@@ -121,14 +121,26 @@ def _strict_runs(rank, world, runs):
     return parity.ours_many(rank, world, runs)
 
 
+STRICT_RUNS = [dict(n_layers=4, pp=2, m=4, b=B, steps=1, clip=0.0, schedule=s) for s in ("naive", "gpipe", "1f1b")]
+STRICT_RUNS += [dict(n_layers=6, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="interleaved", v=2)]
+
+
 def test_nccl_ordering_under_strict_mode(spawn):
     """Strict mode replays nccl's in-order point-to-point streams: the raw 1F1B order would hang
-    there, so the engine runs engine/nccl_order.py's order (train and eval) — and still equals one process."""
-    runs = [dict(n_layers=4, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="1f1b"),
-            dict(n_layers=6, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="interleaved", v=2)]
-    out = spawn(_strict_runs, 2, args=(runs,))
-    for i, r in enumerate(runs):
+    there, so the engine runs engine/nccl_order.py's order (train and eval) for every schedule
+    at pp = 2 — and still equals one process."""
+    out = spawn(_strict_runs, 2, args=(STRICT_RUNS,))
+    for i, r in enumerate(STRICT_RUNS):
         _check([o[i] for o in out], r["n_layers"], 1, r["m"], r["steps"], r["clip"])
+
+
+@pytest.mark.slow
+def test_nccl_ordering_under_strict_mode_pp2_dp2(spawn):
+    """pp × dp = 2 × 2, every schedule: the boundary messages of both replicas and the gradient
+    all-reduce over dp keep nccl's per-peer order, equal to one process at dp = 2."""
+    out = spawn(_strict_runs, 4, args=(STRICT_RUNS,))
+    for i, r in enumerate(STRICT_RUNS):
+        _check([o[i] for o in out], r["n_layers"], 2, r["m"], r["steps"], r["clip"])
 
 
 SWEEP = [(pp, s, v) for pp in (2, 3, 4) for s in ("naive", "gpipe", "1f1b", "interleaved")

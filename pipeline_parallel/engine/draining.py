@@ -14,7 +14,8 @@ Added around every op of the textbook executor, none of them changing its arithm
   * timing — every op timed with time.perf_counter (one clock for all local processes), for the
     bubble measurement and the timeline pictures (engine/timeline.py);
   * the ledger — shape headers count as control traffic; data bytes sent are summed per op kind;
-  * ActivationMeter — bytes autograd saves for backward, per (micro-batch, chunk).
+  * ActivationMeter — bytes autograd saves for backward, per (micro-batch, chunk);
+  * every buffer it allocates (boundaries, drained zeros, poisoned headers) on the stage's device.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class ActivationMeter:
 class DrainingExecutor(Executor):
     def __init__(self, engine):
         super().__init__(engine.comm, engine.stage, engine.pp, engine.chunks, engine.loss_fn, engine.micro_batches,
-                         engine.v)
+                         engine.v, device=engine.device)
         self.e = engine
 
     def run(self, program, inputs, labels, train: bool = True):
@@ -122,7 +123,7 @@ class DrainingExecutor(Executor):
         y = None if self.e.failed_locally() else self.y_out[key]
         agreed = self.meta.get(("out", c))
         if agreed is None and y is None:       # failed before any shape crossed: poison the boundary
-            h = torch.zeros(10, dtype=torch.int64)
+            h = torch.zeros(10, dtype=torch.int64, device=self.device)
             h[0] = POISON
             with LEDGER.control_traffic():
                 self.pending.append(self.comm.isend(h, peer(op, self.stage, self.pp)))
@@ -134,7 +135,7 @@ class DrainingExecutor(Executor):
                         "needs one shape for every micro-batch")
             y = None
         if y is None:
-            self.y_out[key] = torch.zeros(agreed[0], dtype=agreed[1])
+            self.y_out[key] = torch.zeros(agreed[0], dtype=agreed[1], device=self.device)
         super().send_act(op)
 
     def recv_grad(self, op):
@@ -156,7 +157,7 @@ class DrainingExecutor(Executor):
             return
         if self.e.failed_locally() or key not in self.x_in:
             shape, dtype = self.meta[("in", c)]
-            self.x_in[key] = torch.zeros(shape, dtype=dtype)    # no .grad: zeros are sent
+            self.x_in[key] = torch.zeros(shape, dtype=dtype, device=self.device)    # no .grad: zeros are sent
         super().send_grad(op)
 
     def _drain_send(self, op):
@@ -164,7 +165,7 @@ class DrainingExecutor(Executor):
         key = ("out", op.chunk) if op.kind == "send_act" else ("in", op.chunk)
         if key in self.meta and op.chunk not in self.poisoned:
             shape, dtype = self.meta[key]
-            self.pending.append(self.comm.isend(torch.zeros(shape, dtype=dtype), peer(op, self.stage, self.pp)))
+            self.pending.append(self.comm.isend(torch.zeros(shape, dtype=dtype, device=self.device), peer(op, self.stage, self.pp)))
 
     # ---- once per step: the engine's collectives, after the sends are done
     def reduce_tied(self, op):
