@@ -11,6 +11,9 @@ World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTop
 pp × dp × tp with a caller-built mesh (initialize(mesh=...): classification/parallel/train.py --pp). Each data
 replica reads its own iterator; its first and last stage both pull m micro-batches (inputs,
 labels) per step — first uses the inputs, last the labels — as DeepSpeed's engine does.
+Every tensor of a step lives on the stage's device (stage_device: cuda:LOCAL_RANK under nccl, where
+initialize moves the stage as DeepSpeed's does; else where its parameters are): micro-batches,
+boundary buffers, the loss, the status all-reduce, ZeRO-1's buffers (its shard on the host if offloaded).
 
 One step, per rank (p stages, m micro-batches, Ψ_s = this stage's parameters, A = activation bytes):
   schedule        the textbook schedule (pipeline_parallel/schedules/) run by the textbook executor
