@@ -1,6 +1,6 @@
 """One host at memory speed: six goals for all-reduce on one host, measured in one run, met or not.
 
-    python -m benchmarks.one_host                  # N = 2 and 4, 4 KiB–64 MiB, median of 5 (~5–10 min)
+    python -m benchmarks.one_host                  # N = 2 and 4, 4 KiB–64 MiB, median of 5 (~7 min)
     python -m benchmarks.one_host --quick          # smoke run: N = 2, two sizes, 3 reps (~15 s idle)
     python -m benchmarks.one_host --json out.json --write-model cost_model.json   (RINGZERO_COST_MODEL)
     python -m benchmarks.one_host --from out.json  # re-fit and re-print a saved run, measuring nothing
@@ -73,23 +73,22 @@ def run_worker(n: int, sizes, reps: int, budget: float, how: str, out: str) -> d
         return json.load(f)
 
 
-def index(results: list[dict]) -> dict:
-    """(n, size, name) -> row with median / lo / hi seconds."""
-    out = {}
+def index(results: list[dict]) -> tuple[dict, list]:
+    """(all-reduce rows by (n, size, name), the fit's points from every op), medians in seconds."""
+    out, pts = {}, []
     for res in results:
         for r in res["rows"]:
+            r.setdefault("op", "all_reduce")
             r.update(med=statistics.median(r["samples"]), lo=min(r["samples"]), hi=max(r["samples"]))
-            out[(r["n"], r["size"], r["name"])] = r
-    return out
+            if r["op"] == "all_reduce":
+                out[(r["n"], r["size"], r["name"])] = r
+            if r["transport"]:
+                pts.append((r["transport"], r["op"], r["algo"], r["n"], r["size"], r["med"]))
+    return out, pts
 
 
 def busbw(n, S, t):
     return S / t * 2 * (n - 1) / n / 1e9
-
-
-def fit_points(rows: dict) -> list:
-    return [(r["transport"], "all_reduce", r["algo"], r["n"], r["size"], r["med"])
-            for r in rows.values() if r["transport"]]
 
 
 def analyse(rows: dict, table: dict, default_tp: str) -> dict:
@@ -104,8 +103,9 @@ def analyse(rows: dict, table: dict, default_tp: str) -> dict:
                  memcpy=bus / (S / get("memcpy")["med"] / 1e9), check=r["med"] / get("unchecked")["med"] - 1)
         if get("mpich"):
             c["mpich"] = bus / busbw(n, S, get("mpich")["med"])
-        p = table.get(family(r["algo"], default_tp), {}).get(n)
-        c["model"] = r["med"] / predict("all_reduce", r["algo"], n, S, p) - 1 if p else None   # busbw error
+        for key, row in (("model", r), ("model_unchecked", get("unchecked"))):      # busbw error: t / t_pred - 1
+            p = table.get(family(row["algo"], default_tp), {}).get(n)
+            c[key] = row["med"] / predict("all_reduce", row["algo"], n, S, p) - 1 if p else None
         for tp in ("shm", "tcp"):
             algos = {k.split("/")[1]: v["med"] for (m, s, k), v in rows.items() if m == n and s == S and k.startswith(tp + "/")}
             pick, refit = choose("all_reduce", n, S, "gloo", tp), _refit_choice(table, tp, n, S, algos)
@@ -142,12 +142,12 @@ def goals(cells: dict, has_mpich: bool) -> list[tuple[str, str, list[str]]]:
              out[key]) for key, text in GOALS]
 
 
-def print_tables(rows, cells, table, info):
+def print_tables(rows, pts, cells, table, info):
     ns = sorted({n for n, _ in cells})
     for n in ns:
         t = Table(title=f"all_reduce, N = {n}, float32: busbw GB/s, median of the reps (transport {info['transport']})")
         for c in ("size", "default → algo", "unchecked", "gloo", "mpich", "memcpy GB/s", "×gloo", "×mpich",
-                  "/memcpy", "check cost", "model err"):
+                  "/memcpy", "check cost", "model err", "unchecked → algo, model err"):
             t.add_column(c, justify="right")
         for (m, S), c in sorted(cells.items()):
             if m != n:
@@ -156,12 +156,13 @@ def print_tables(rows, cells, table, info):
             t.add_row(f"{S:,}", f"{c['bus']:.3f} → {c['algo']}", bb("unchecked"), bb("gloo"), bb("mpich"),
                       f"{S / rows[(n, S, 'memcpy')]['med'] / 1e9:.2f}", f"{c['gloo']:.2f}×",
                       f"{c['mpich']:.2f}×" if "mpich" in c else "–", f"{c['memcpy']:.2f}",
-                      f"{c['check'] * 100:+.0f} %", f"{c['model'] * 100:+.0f} %" if c["model"] is not None else "–")
+                      f"{c['check'] * 100:+.0f} %", _pct(c["model"]),
+                      f"{rows[(n, S, 'unchecked')]['algo']}, {_pct(c['model_unchecked'])}")
         console.print(t)
     t = Table(title="cost model fitted to this run (cost_fit.py: relative least squares, constants ≥ 0)")
     for c in ("family", "N", "α µs", "β ns/B", "γ ns/B", "o µs", "points", "worst error", "median |error|"):
         t.add_column(c, justify="right")
-    errs = fit_errors(rows, table)
+    errs = fit_errors(pts, table)
     for fam, per_n in table.items():
         for n, p in per_n.items():
             e = [v for (f, m, _, _), v in errs.items() if f == fam and m == n]
@@ -170,8 +171,9 @@ def print_tables(rows, cells, table, info):
                       f"{p.o * 1e6:.1f}", str(len(e)), f"{worst * 100:+.0f} %", f"{statistics.median(map(abs, e)) * 100:.0f} %")
     console.print(t)
     for n in ns:
-        names = sorted({(f, a) for (f, m, a, _) in errs if m == n})
-        t = Table(title=f"fit error per size, N = {n}: predicted / measured time − 1, per family/algorithm")
+        names = sorted({(f, a) for (f, m, a, _) in errs if m == n and not a.startswith("ag:")})
+        t = Table(title=f"fit error per size, N = {n}: predicted / measured time − 1, per family/algorithm "
+                        "(all-reduce; all-gathers: the fit table's points)")
         t.add_column("size", justify="right")
         for f, a in names:
             t.add_column(f"{f}/{a}", justify="right")
@@ -190,12 +192,16 @@ def print_tables(rows, cells, table, info):
         console.print(t)
 
 
-def fit_errors(rows, table) -> dict:
-    """(family, N, algo, S) -> predicted / measured - 1 (time)."""
+def _pct(x) -> str:
+    return "–" if x is None else f"{x * 100:+.0f} %"
+
+
+def fit_errors(pts, table) -> dict:
+    """(family, N, algo, S) -> predicted / measured - 1 (time); all-gathers' algo as "ag:<algo>"."""
     out = {}
-    for tp, c, a, n, s, t in fit_points(rows):
+    for tp, c, a, n, s, t in pts:
         fam = family(a, tp)
-        out[(fam, n, a if fam != "shm-native" else "shm", s)] = predict(c, a, n, s, table[fam][n]) / t - 1
+        out[(fam, n, ("ag:" if c != "all_reduce" else "") + a, s)] = predict(c, a, n, s, table[fam][n]) / t - 1
     return out
 
 
@@ -230,10 +236,10 @@ def main(argv=None):
                   f"{info['mpich'] or 'no MPICH (torchrun launch)'}, MPIR_CVAR_ENABLE_HEAVY_YIELD={info['heavy_yield']}, "
                   f"launcher {how}, median of {a.reps} interleaved reps, cost model "
                   f"{os.environ.get('RINGZERO_COST_MODEL') or 'cost.FITTED'}")
-    rows = index(results)
-    table = fit_table(fit_points(rows))
+    rows, pts = index(results)
+    table = fit_table(pts)
     cells = analyse(rows, table, info["transport"])
-    print_tables(rows, cells, table, info)
+    print_tables(rows, pts, cells, table, info)
     verdict = goals(cells, info["mpich"] is not None)
     t = Table(title="the goals: one host at memory speed")
     for c in ("goal", "verdict", "cells where we lose"):
@@ -247,8 +253,8 @@ def main(argv=None):
         console.print(f"wrote {a.write_model}: RINGZERO_COST_MODEL={a.write_model} makes auto use it")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(info=info, rows=[{k: r[k] for k in ("n", "size", "name", "transport", "algo", "samples", "iters")}
-                                             for r in rows.values()],
+            json.dump(dict(info=info, rows=[{k: r[k] for k in ("op", "n", "size", "name", "transport", "algo", "samples", "iters")}
+                                             for res in results for r in res["rows"]],
                            fit={fam: {n: p.__dict__ for n, p in d.items()} for fam, d in table.items()},
                            goals=verdict), f, indent=1)
     return verdict

@@ -11,6 +11,8 @@ Contenders, on one buffer of zeros per size (repeated in-place sums of zeros sta
   memcpy           every rank copies S bytes at once (the memory ceiling, same size, same ranks)
   <tp>/<algo>      every all-reduce algorithm, unchecked, on transport tp = shm (this host's
                    shared memory) and tcp (gloo's TCP): the measurements the cost model is fitted to
+and, with --ops all_reduce,all_gather_single, every all-gather algorithm the same way (an
+all-gather reduces nothing: beside the all-reduces it tells the fit β from γ).
 Each of `reps` rounds times every contender in turn (iterations sized to ~budget seconds, at
 least one); a sample is the slowest rank's mean per call. Cost: ~20 contenders × sizes × reps.
 """
@@ -57,17 +59,23 @@ def tcp_group():
     return g
 
 
-def contenders(S: int, buf, src, dst, MPI, w, tcp):
-    """name -> (zero-argument call, handshake on?)."""
-    out = {"default": (lambda: P.all_reduce(buf), True), "unchecked": (lambda: P.all_reduce(buf), False),
-           "gloo": (lambda: dist.all_reduce(buf), True), "memcpy": (lambda: dst.copy_(src), True)}
-    if w is not None:
-        out["mpich"] = (lambda: w.Allreduce(MPI.IN_PLACE, buf.numpy()), True)
+def contenders(op: str, S: int, n: int, MPI, w, tcp):
+    """name -> (zero-argument call, handshake on?), on float32 zeros of S bytes (the full buffer)."""
+    out = {}
+    if op == "all_reduce":
+        buf, src, dst = torch.zeros(S // 4), torch.zeros(S // 4), torch.zeros(S // 4)
+        run = lambda g, al: P.all_reduce(buf, group=g, algorithm=al)  # noqa: E731
+        out = {"default": (lambda: P.all_reduce(buf), True), "unchecked": (lambda: P.all_reduce(buf), False),
+               "gloo": (lambda: dist.all_reduce(buf), True), "memcpy": (lambda: dst.copy_(src), True)}
+        if w is not None:
+            out["mpich"] = (lambda: w.Allreduce(MPI.IN_PLACE, buf.numpy()), True)
+    else:
+        o, i = torch.zeros(S // 4), torch.zeros(S // 4 // n)
+        run = lambda g, al: P.all_gather_single(o, i, group=g, algorithm=al)  # noqa: E731
     for tp, group in (("shm", None), ("tcp", tcp)):
-        comm = P.get_comm(group)
-        for al in P.algorithms_for("all_reduce", comm):
+        for al in P.algorithms_for(op, P.get_comm(group)):
             if al not in SKIP:
-                out[f"{tp}/{al}"] = ((lambda g=group, al=al: P.all_reduce(buf, group=g, algorithm=al)), False)
+                out[f"{tp}/{al}"] = ((lambda g=group, al=al: run(g, al)), False)
     return out
 
 
@@ -89,27 +97,27 @@ def timed(fn, handshake: bool, iters: int) -> float:
         P.set_handshake(True)
 
 
-def measure(sizes, reps: int, budget: float, MPI, w, tcp) -> list[dict]:
+def measure(ops, sizes, reps: int, budget: float, MPI, w, tcp) -> list[dict]:
     n, rows = dist.get_world_size(), []
-    for S in sizes:
-        buf, src, dst = torch.zeros(S // 4), torch.zeros(S // 4), torch.zeros(S // 4)
-        fns = contenders(S, buf, src, dst, MPI, w, tcp)
-        iters, ran = {}, {}
-        for k, (fn, hs) in fns.items():              # warm up, then size the iterations
-            timed(fn, hs, 2)
-            iters[k] = max(1, min(200, int(budget / max(timed(fn, hs, 1), 1e-7))))
-            if k in ("default", "unchecked"):
-                ran[k] = P.LEDGER.calls[-1].algorithm if P.LEDGER.calls else "?"
-        samples = {k: [] for k in fns}
-        for _ in range(reps):
-            for k, (fn, hs) in fns.items():
-                samples[k].append(timed(fn, hs, iters[k]))
-        P.LEDGER.calls.clear()
-        for k, ts in samples.items():
-            tp, _, al = k.partition("/")
-            rows.append(dict(n=n, size=S, name=k, transport=tp if al else "", algo=al or ran.get(k, ""),
-                             samples=ts, iters=iters[k]))
-        del fns, buf, src, dst
+    for op in ops:
+        for S in sizes:
+            fns = contenders(op, S, n, MPI, w, tcp)
+            iters, ran = {}, {}
+            for k, (fn, hs) in fns.items():              # warm up, then size the iterations
+                timed(fn, hs, 2)
+                iters[k] = max(1, min(200, int(budget / max(timed(fn, hs, 1), 1e-7))))
+                if k in ("default", "unchecked"):
+                    ran[k] = P.LEDGER.calls[-1].algorithm if P.LEDGER.calls else "?"
+            samples = {k: [] for k in fns}
+            for _ in range(reps):
+                for k, (fn, hs) in fns.items():
+                    samples[k].append(timed(fn, hs, iters[k]))
+            P.LEDGER.calls.clear()
+            for k, ts in samples.items():
+                tp, _, al = k.partition("/")
+                rows.append(dict(op=op, n=n, size=S, name=k, transport=tp if al else "", algo=al or ran.get(k, ""),
+                                 samples=ts, iters=iters[k]))
+            del fns
     return rows
 
 
@@ -117,6 +125,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="torchrun")
     ap.add_argument("--sizes", required=True, help="comma list of bytes")
+    ap.add_argument("--ops", default="all_reduce,all_gather_single")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget", type=float, default=0.03, help="seconds per sample (iterations sized to it)")
     ap.add_argument("--timeout", type=float, default=300.0)
@@ -127,7 +136,7 @@ def main(argv=None):
     P.get_comm()                              # the default group's communicator: transport auto
     tcp = tcp_group()
     P.LEDGER.keep_calls = True
-    rows = measure([int(s) for s in a.sizes.split(",")], a.reps, a.budget, MPI, w, tcp)
+    rows = measure(a.ops.split(","), [int(s) for s in a.sizes.split(",")], a.reps, a.budget, MPI, w, tcp)
     if dist.get_rank() == 0:
         info = dict(transport=P.get_comm().transport, torch=torch.__version__, cores=os.cpu_count(),
                     mpich=MPI.Get_library_version().split("\n")[0] if MPI else None, load=os.getloadavg()[0],

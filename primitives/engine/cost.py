@@ -45,12 +45,12 @@ DEFAULTS = {
 # same algorithms over this host's shared-memory slots), "shm-native" (algorithm="shm": copies
 # through a workspace and barriers, so its own α (a barrier) and β (a copy)). Per N, because
 # with more ranks than cores a message's latency is a scheduler's time slice, not a wire's.
-# Measured with the machine under a load of 17-24 (other jobs on its 2 cores): α is then a
+# Measured with the machine under a load of 18-33 (other jobs on its 2 cores): α is then a
 # scheduler's time slice (ms), not a message's latency; refit on an idle machine and paste here.
 FITTED: dict[str, dict[int, Params]] = {
-    "shm": {2: Params(0.00242, 1.51e-10, 5.16e-09, 0), 4: Params(0.00642, 8.47e-10, 8.54e-09, 0.00145)},
-    "shm-native": {2: Params(0.00333, 3.39e-09, 0, 0), 4: Params(0.00932, 0, 7.76e-09, 0)},
-    "tcp": {2: Params(0.00174, 1.31e-09, 6.78e-09, 0), 4: Params(0.00742, 1.89e-10, 8.36e-09, 0.000263)},
+    "shm": {2: Params(0.002953, 2.963e-09, 5.009e-09, 0), 4: Params(0.004958, 4.05e-09, 1.555e-09, 0.0004854)},
+    "shm-native": {2: Params(0.002857, 3.613e-09, 8.306e-10, 0), 4: Params(0.005844, 3.653e-09, 0, 0)},
+    "tcp": {2: Params(0.002463, 3.104e-09, 6.212e-09, 0), 4: Params(0.005759, 4.1e-09, 2.217e-09, 0.0002469)},
 }
 MODEL_ENV = "RINGZERO_COST_MODEL"
 _LOADED: dict = {}
@@ -132,10 +132,12 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
     P = 1 << (n.bit_length() - 1)
     fold = 2 * (a + S * b) + S * g if P != n else 0.0
     k = max(1, math.ceil(S / PIPELINE_BYTES))
-    if algo == "shm":     # shm_collectives: copies through a workspace, barriers between rounds. Per rank
-        s = S / n         # it copies what "direct" sends (2(N-1)/N·S all-reduce) and reduces its slice; its
-        if name == "all_reduce":   # switches (one-shot for small S, rounds of a workspace) are left to the fit
-            return a + 2 * (n - 1) * s * b + (n - 1) * s * g
+    if algo == "shm":     # shm_collectives: copies through a workspace, a barrier (α) per phase. Per rank it
+        s = S / n         # copies what "direct" sends (2(N-1)/N·S all-reduce) and reduces its slice, except
+        if name == "all_reduce":   # a small all-reduce: one phase, all N buffers reduced (traffic.py: N-1 messages)
+            if traffic("all_reduce", "shm", n, 0, S, 1)[0] == n - 1:
+                return a + S * b + (n - 1) * S * g
+            return 2 * a + 2 * (n - 1) * s * b + (n - 1) * s * g
         if name.startswith("all_gather"):
             return a + (n - 1) * s * b
         return a + (n - 1) * s * (b + g)
@@ -149,7 +151,7 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
         algo = "ring"
     if name == "all_reduce":
         lp = int(math.log2(P))
-        # linear: the root posts its N-1 receives, then its N-1 sends, at once; their bytes share its link
+        # linear (every collective): the root posts its receives, then its sends, each phase at once
         return {"linear": 2 * a + 2 * (n - 2) * o + 2 * (n - 1) * S * b + (n - 1) * S * g,
                 "ring": 2 * (n - 1) * a + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
                 "direct": 2 * a + 2 * (n - 2) * o + 2 * (n - 1) / n * S * b + (n - 1) / n * S * g,
@@ -158,14 +160,15 @@ def predict(name: str, algo: str, n: int, nbytes: int, p: Params) -> float:
                 "rabenseifner": 2 * lp * a + 2 * (P - 1) / P * S * b + (P - 1) / P * S * g + fold}[algo]
     s = S / n
     if name in ("all_gather", "all_gather_single"):
-        return {"linear": (n - 1) * (a + s * b) + (n - 1) ** 2 * (a + s * b), "ring": (n - 1) * (a + s * b),
+        m = (n - 1) ** 2      # linear: N-1 blocks in to rank 0, then its (N-1)² sends, each phase posted at once
+        return {"linear": 2 * a + (n - 2 + m - 1) * o + (n - 1 + m) * s * b, "ring": (n - 1) * (a + s * b),
                 "direct": a + (n - 2) * o + (n - 1) * s * b}[algo]
     if name in ("reduce_scatter", "reduce_scatter_single"):
-        return {"linear": (n - 1) * (a + S * (b + g)) + (n - 1) * (a + s * b),
+        return {"linear": 2 * a + 2 * (n - 2) * o + (n - 1) * S * (b + g) + (n - 1) * s * b,
                 "ring": (n - 1) * (a + s * (b + g)),
                 "direct": a + (n - 2) * o + (n - 1) * s * (b + g)}[algo]
     if name in ("scatter", "gather"):
-        return {"linear": (n - 1) * (a + s * b), "ring": (n - 1) * (a + s * b) + (n - 2) * a,
+        return {"linear": a + (n - 2) * o + (n - 1) * s * b, "ring": (n - 1) * (a + s * b) + (n - 2) * a,
                 "tree": L * a + (n - 1) * s * b}[algo]
     if name in ("all_to_all", "all_to_all_single"):      # S = this rank's whole input
         return {"linear": a + (n - 2) * o + (n - 1) * s * b, "pairwise": (n - 1) * (a + s * b)}[algo]

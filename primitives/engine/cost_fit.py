@@ -86,6 +86,6 @@ def as_python(table: dict[str, dict[int, Params]]) -> str:
     """The table as cost.FITTED's source text, to paste after a run on the reference machine."""
     lines = []
     for fam, per_n in table.items():
-        cells = ", ".join(f"{n}: Params({p.alpha:.3g}, {p.beta:.3g}, {p.gamma:.3g}, {p.o:.3g})" for n, p in per_n.items())
+        cells = ", ".join(f"{n}: Params({p.alpha:.4g}, {p.beta:.4g}, {p.gamma:.4g}, {p.o:.4g})" for n, p in per_n.items())
         lines.append(f'    "{fam}": {{{cells}}},')
     return "\n".join(lines)
