@@ -1,7 +1,7 @@
 """One host at memory speed: six goals for all-reduce on one host, measured in one run, met or not.
 
     python -m benchmarks.one_host                  # N = 2 and 4, 4 KiB–64 MiB, median of 5 (~7 min)
-    python -m benchmarks.one_host --quick          # smoke run: N = 2, two sizes, 3 reps (~15 s idle)
+    python -m benchmarks.one_host --quick          # smoke run: N = 2, two sizes, 3 reps (~15 s; 45 s at load 29)
     python -m benchmarks.one_host --json out.json --write-model cost_model.json   (RINGZERO_COST_MODEL)
     python -m benchmarks.one_host --from out.json  # re-fit and re-print a saved run, measuring nothing
 
@@ -58,7 +58,7 @@ def _path() -> str:
     return os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
-def run_worker(n: int, sizes, reps: int, budget: float, how: str, out: str) -> dict:
+def run_worker(n: int, sizes, reps: int, budget: float, how: str, out: str, ops: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RINGZERO_TRANSPORT"}
     env.update(OMP_NUM_THREADS="1", MPIR_CVAR_ENABLE_HEAVY_YIELD="1", PATH=_path(),
                PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
@@ -66,7 +66,7 @@ def run_worker(n: int, sizes, reps: int, budget: float, how: str, out: str) -> d
             ["torchrun", "--standalone", f"--nproc_per_node={n}", f"--master_port={free_port()}"])
     cmd = head + ["-m" if how == "torchrun" else sys.executable, *([] if how == "torchrun" else ["-m"]),
                   "benchmarks.one_host_worker", "--launcher", how, "--sizes", ",".join(map(str, sizes)),
-                  "--reps", str(reps), "--budget", str(budget), "--json", out]
+                  "--reps", str(reps), "--budget", str(budget), "--ops", ops, "--json", out]
     console.print(f"[dim]{' '.join(cmd)}[/]")
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     with open(out) as f:
@@ -213,7 +213,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget", type=float, default=0.03, help="seconds per sample")
     ap.add_argument("--launcher", choices=("auto", "mpiexec", "torchrun"), default="auto")
-    ap.add_argument("--quick", action="store_true", help="smoke run: N = 2, 4 KiB and 1 MiB, 3 reps")
+    ap.add_argument("--ops", default="all_reduce,all_gather_single", help="all_reduce, plus all-gathers for the fit")
+    ap.add_argument("--quick", action="store_true", help="smoke run: N = 2, 4 KiB and 1 MiB, 3 reps, all-reduce only")
     ap.add_argument("--json", help="write the rows, the fit and the goals here")
     ap.add_argument("--from", dest="source", help="a saved --json run: fit and print it again (auto's picks: "
                     "the cost model as loaded now)")
@@ -221,7 +222,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     ranks, sizes = [int(x) for x in a.ranks.split(",")], sizes_between(parse_size(a.min_bytes), parse_size(a.max_bytes))
     if a.quick:
-        ranks, sizes, a.reps, a.budget = [2], [4 << 10, 1 << 20], 3, 0.005
+        ranks, sizes, a.reps, a.budget, a.ops = [2], [4 << 10, 1 << 20], 3, 0.002, "all_reduce"
     how = launcher() if a.launcher == "auto" else a.launcher
     if a.source:
         with open(a.source) as f:
@@ -230,7 +231,7 @@ def main(argv=None):
         a.reps = len(saved["rows"][0]["samples"])
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            results = [run_worker(n, sizes, a.reps, a.budget, how, os.path.join(tmp, f"n{n}.json")) for n in ranks]
+            results = [run_worker(n, sizes, a.reps, a.budget, how, os.path.join(tmp, f"n{n}.json"), a.ops) for n in ranks]
     info = dict(results[0]["info"], launcher=how)
     console.print(f"[bold]one host[/]: {info['cores']} cores, load {info['load']:.1f} at the start, torch {info['torch']}, "
                   f"{info['mpich'] or 'no MPICH (torchrun launch)'}, MPIR_CVAR_ENABLE_HEAVY_YIELD={info['heavy_yield']}, "
