@@ -12,7 +12,9 @@ the mean over `--iters` calls after warm-up; the table shows the median rep and 
                                                    reduce-scatter, gather, scatter; 1 broadcast, reduce)
 --fit runs a ping-pong between ranks 0 and 1, fits t = α + S·β, measures γ (the reduction's
 seconds per byte) and prints the cost model's predicted time next to the measured one, and the
-sizes where algorithm="auto" switches. The machine's memcpy bandwidth is printed as the ceiling.
+sizes where algorithm="auto" switches (auto reads cost.FITTED, fitted to the algorithms' own times
+by `python -m benchmarks.one_host`; a ping-pong alone misses what a collective adds to its messages).
+The machine's memcpy bandwidth is printed as the ceiling.
 Buffers are zeros: repeated in-place all-reduce of random data overflows.
 
 Every algorithm is timed twice: as a user gets it (the default: the call check on, whose
@@ -31,7 +33,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from primitives.engine import api, core
-from primitives.engine.cost import DEFAULTS, Params, choose, predict
+from primitives.engine.cost import Params, choose, family, predict
+from primitives.engine.cost import params as fitted
 from primitives.engine.ledger import LEDGER
 from primitives.engine.launch import add_launch_args, init_from_env
 from primitives.engine.log import print0
@@ -215,7 +218,8 @@ def main(argv=None):
         result["fit"] = dict(alpha=params.alpha, beta=params.beta, gamma=params.gamma, pingpong=pts)
         print0(f"ping-pong fit: α = {params.alpha * 1e6:.1f} µs, β = {params.beta * 1e9:.3f} ns/byte "
                f"({1 / params.beta / 1e9:.2f} GB/s), γ = {params.gamma * 1e9:.3f} ns/byte "
-               f"(defaults in cost.py: {DEFAULTS.get('shm' if getattr(comm, 'transport', '') == 'shm' else comm.backend)})")
+               f"(cost.py's fitted ring on this transport: {fitted(family('ring', getattr(comm, 'transport', None), comm.backend), n)}; "
+               "the fit to the algorithms' own times: python -m benchmarks.one_host)")
         t = Table(title="cost model vs measured (all_reduce)")
         for c in ("size", "algorithm", "predicted µs", "measured µs", "predicted/measured"):
             t.add_column(c, justify="right")
