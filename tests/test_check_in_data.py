@@ -25,6 +25,7 @@ def _matrix(rank, n):
                     names=["all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single", "gather", "scatter"])
 
 
+@pytest.mark.slow                     # ~30 s under load; the default matrix covers the small sizes
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_results_with_the_check_in_the_data(spawn, transport):
     results = spawn(_matrix, 3, transport=transport)

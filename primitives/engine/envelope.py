@@ -70,6 +70,14 @@ class _Envelopes:
         self.inc_np = self.inc.numpy() if dev.type == "cpu" else None
         self.payload = {}
 
+    def rows(self, buf, *used):
+        """Row i of buf (out or inc) cut to HEADER_BYTES + used[i] bytes (no `used`: whole rows)."""
+        key = (buf is self.out, used)
+        r = self.payload.get(key)
+        if r is None:
+            r = self.payload[key] = [buf[i, :HEADER_BYTES + used[i]] if used else buf[i] for i in range(buf.shape[0])]
+        return r
+
     def views(self, nbytes: int, dtype):
         """([out payload row i as dtype], [inc payload row i as dtype]) for nbytes of payload."""
         key = (nbytes, dtype)
