@@ -126,8 +126,10 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
                 env.views(nb, t.dtype)[0][i].copy_(t.view(-1))
             sent.append(nb)
     sends = [(out[0 if rows == 1 else i], p) for i, p in enumerate(peers)]
-    upto = cpu and not getattr(comm, "strict", False)   # receives take shorter envelopes: send
-    if upto:                                            # only the bytes used (and meet inband.py)
+    # receives take shorter envelopes, so send only the bytes used (and meet inband.py's); views
+    # (subcomm.py) keep whole envelopes through their own exchange, which recording.py logs
+    upto = cpu and not getattr(comm, "strict", False) and not hasattr(comm, "parent")
+    if upto:
         used = [len(text) if text else (sent[0 if rows == 1 else i] if sent else 0) for i in range(n - 1)]
         sends = [(t[:HEADER_BYTES + u], p) for (t, p), u in zip(sends, used)]
     with LEDGER.control_traffic():
