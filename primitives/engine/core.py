@@ -7,12 +7,14 @@ async execution on one worker thread per communicator, and the choice algorithm=
 Callers can add their own `tag=` (an int every rank must agree on, e.g. which module a ZeRO-3
 gather belongs to) and get that identity checked in the same round.
 
-The check turns bad input into errors instead of hangs: every call opens with one round in
-which every rank sends every other rank a fixed-size envelope holding its call's fingerprint
-(call, algorithm, op, root, dtype, numel, shape hash, tag, "my arguments are bad"). If any rank
-disagrees or flagged an error, *every* rank raises, naming the rank and what differed. Small
-calls carry their data in the same envelopes, so for them the check costs no extra round
-(primitives/engine/envelope.py). Switch it off with set_handshake(False) or RINGZERO_HANDSHAKE=0.
+The check turns bad input into errors instead of hangs: every rank sends every other rank a
+small envelope holding its call's fingerprint (call, algorithm, op, root, dtype, numel, shape
+hash, tag, "my arguments are bad"); if any rank disagrees or flagged an error, *every* rank
+raises, naming the rank and what differed. On CPU the envelopes ride with the algorithm's first
+messages (primitives/engine/inband.py: no round of their own); on CUDA, in strict nccl
+ordering and for algorithm="shm"/"hierarchical" they are a round before the algorithm, which
+small calls' data rides in (primitives/engine/envelope.py). Switch the check off with
+set_handshake(False) or RINGZERO_HANDSHAKE=0.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from primitives.engine import inband
 from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
 from primitives.engine.envelope import Fused, check_round, fits
@@ -78,11 +81,21 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
         with LEDGER.call(name, algorithm, nbytes):
-            if _HANDSHAKE and comm.size > 1:
-                meta = [code(name), code(algorithm), OP_CODES.get(op, -1), root,
-                        DTYPE_CODES.get(dtype, -1), numel, code(str(tuple(shape))), int(tag)]
-                if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
-                    return
+            if not (_HANDSHAKE and comm.size > 1):
+                return body()
+            meta = [code(name), code(algorithm), OP_CODES.get(op, -1), root,
+                    DTYPE_CODES.get(dtype, -1), numel, code(str(tuple(shape))), int(tag)]
+            if inband.applies(comm, algorithm):      # the check rides in the data (inband.py)
+                ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
+                try:
+                    if not check.errors:
+                        body()
+                    ib.finish()
+                finally:
+                    comm._inband = None
+                return
+            if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
+                return
             body()
 
     key = id(comm)
@@ -153,7 +166,8 @@ def fuses(name: str, algo: str, comm, nbytes: int) -> bool:
     """Will this call's data ride in the check round's envelopes? (Same answer on every rank
     whose arguments agree; ranks whose arguments differ are stopped by the check itself.)"""
     f = FUSED.get(name)
-    return _HANDSHAKE and comm.size > 1 and f is not None and f[0] == algo and fits(f[1](nbytes, comm.size))
+    return (_HANDSHAKE and comm.size > 1 and f is not None and f[0] == algo and not inband.applies(comm, algo)
+            and fits(f[1](nbytes, comm.size)))
 
 
 def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:

@@ -1,18 +1,20 @@
-"""The safety check, fused with small calls: one all-to-all round of fixed-size envelopes.
+"""The check as a round of its own: fixed-size envelopes, with small calls' data inside.
 
-Every checked call opens with this round. Each rank sends every other rank one envelope of
-ENVELOPE_BYTES (primitives/engine/algos.py): a HEADER_BYTES fingerprint (call, algorithm, op, root,
-dtype, numel, shape hash, caller tag, length of my error text) followed by a payload region.
-Because the size never depends on the arguments, a mismatched call can never post a message
-of the wrong size (gloo aborts the process on that) or wait for a message that never comes:
-after the round every rank holds every fingerprint, and if any differ, or any rank flagged bad
-arguments (its error text rides in its payload region), EVERY rank raises CollectiveError.
+On CPU the check rides in the algorithm's first messages instead (inband.py, which shares this
+module's header layout, buffers and verdict). This round is what runs on CUDA, in strict nccl
+ordering, and for algorithm="shm" / "hierarchical". Each rank sends every other rank one
+envelope of ENVELOPE_BYTES (primitives/engine/algos.py): a HEADER_BYTES fingerprint (the HEAD
+words below) followed by a payload region. Because the size never depends on the arguments, a
+mismatched call can never post a message of the wrong size (gloo aborts the process on that)
+or wait for a message that never comes: after the round every rank holds every fingerprint,
+and if any differ, or any rank flagged bad arguments (its error text rides in its payload
+region), EVERY rank raises CollectiveError. On CPU its receives take shorter envelopes ("up
+to"), and on a mismatch it receives what an in-band peer announced behind its envelope, so
+the two kinds of check meet safely when ranks disagree about which one runs.
 
-What makes it cheap: when the call's data fits in the payload region (≤ 64 KiB per message),
-the data travels in the same envelopes, so a small all-reduce (one_shot), all-gather (direct),
-broadcast (linear) or reduce-scatter (direct) costs one round, check included: no separate
-handshake. Larger calls pay the round as a handshake before their algorithm; from ~1 MiB up
-that is a few percent. The trade-off, measured: tutorials/02_collectives.md.
+When the call's data fits in the payload region (≤ 64 KiB per message), the data travels in
+the same envelopes: a small all-reduce (one_shot), all-gather (direct), broadcast (linear) or
+reduce-scatter (direct) costs one round, check included.
 
     cost per rank: N-1 messages of ENVELOPE_BYTES, one round (α + (N-2)·o + (N-1)·E·β)
 
@@ -34,6 +36,10 @@ from primitives.engine.topology import topology
 from primitives.ops import wait_all
 
 MAGIC = 0x52494E47   # "RING": a stray message from another protocol is caught, not decoded
+# the header's int64 words: MAGIC, the 8 fingerprint words (check.META_DESC's order), my error
+# text's length, then inband.py's `inline` (bytes of my first message inside this envelope)
+# and `follow` (bytes of my first message sent right behind it)
+ERR, INLINE_AT, FOLLOW, NH = 9, 10, 11, 12
 
 
 class Fused:
@@ -64,6 +70,14 @@ class _Envelopes:
         self.inc_np = self.inc.numpy() if dev.type == "cpu" else None
         self.payload = {}
 
+    def rows(self, buf, *used):
+        """Row i of buf (out or inc) cut to HEADER_BYTES + used[i] bytes (no `used`: whole rows)."""
+        key = (buf is self.out, used)
+        r = self.payload.get(key)
+        if r is None:
+            r = self.payload[key] = [buf[i, :HEADER_BYTES + used[i]] if used else buf[i] for i in range(buf.shape[0])]
+        return r
+
     def views(self, nbytes: int, dtype):
         """([out payload row i as dtype], [inc payload row i as dtype]) for nbytes of payload."""
         key = (nbytes, dtype)
@@ -77,7 +91,7 @@ class _Envelopes:
         return v
 
 
-def _envelopes(comm) -> _Envelopes:
+def envelopes(comm) -> _Envelopes:
     env = comm.__dict__.get("_envelopes")
     if env is None or env.out.device != comm.device:
         env = comm._envelopes = _Envelopes(comm)
@@ -91,17 +105,16 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
     n, me = comm.size, comm.rank
     text = "; ".join(errors).encode()[:ENVELOPE_PAYLOAD]
     fused = None if errors else fused
-    header = [MAGIC, *meta, len(text)]
-    nh = len(header)
+    header = [MAGIC, *meta, len(text), 0, 0]
     peers = [(me + i) % n for i in range(1, n)]
     rows = 1 if fused is None or fused.same_for_all else n - 1
-    env = _envelopes(comm)
+    env = envelopes(comm)
     out, inc = env.out, env.inc
     cpu = env.out_np is not None                # numpy views: ~1 µs where a torch op costs ~10
     if cpu:
-        env.out_np[:rows, :nh * 8].view(np.int64)[:] = header
+        env.out_np[:rows, :NH * 8].view(np.int64)[:] = header
     else:
-        out[:rows, :nh * 8].copy_(torch.tensor(header, dtype=torch.int64).view(torch.uint8).expand(rows, -1))
+        out[:rows, :NH * 8].copy_(torch.tensor(header, dtype=torch.int64).view(torch.uint8).expand(rows, -1))
     sent = []
     if text:
         out[0, HEADER_BYTES:HEADER_BYTES + len(text)].copy_(torch.frombuffer(bytearray(text), dtype=torch.uint8))
@@ -112,45 +125,79 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
             if nb:
                 env.views(nb, t.dtype)[0][i].copy_(t.view(-1))
             sent.append(nb)
+    sends = [(out[0 if rows == 1 else i], p) for i, p in enumerate(peers)]
+    # receives take shorter envelopes, so send only the bytes used (and meet inband.py's); views
+    # (subcomm.py) keep whole envelopes through their own exchange, which recording.py logs
+    upto = cpu and not getattr(comm, "strict", False) and not hasattr(comm, "parent")
+    if upto:
+        used = [len(text) if text else (sent[0 if rows == 1 else i] if sent else 0) for i in range(n - 1)]
+        sends = [(t[:HEADER_BYTES + u], p) for (t, p), u in zip(sends, used)]
     with LEDGER.control_traffic():
-        wait_all(comm.exchange(sends=[(out[0 if rows == 1 else i], p) for i, p in enumerate(peers)],
-                               recvs=[(inc[i], p) for i, p in enumerate(peers)]))
-    if errors:
-        raise error_cls(f"rank {me}: {name}: " + "; ".join(errors))
+        if upto:
+            reqs = comm._post_raw([("upto", inc[i], p) for i, p in enumerate(peers)]
+                                  + [("send", t, p) for t, p in sends])
+        else:
+            reqs = comm.exchange(sends=sends, recvs=[(inc[i], p) for i, p in enumerate(peers)])
+        wait_all(reqs)
     if defer(comm):
+        if errors:
+            raise error_cls(f"rank {me}: {name}: " + "; ".join(errors))
         _defer_verdict(comm, name, torch.tensor(header).to(inc.device, non_blocking=True),
-                       inc[:, :nh * 8].view(torch.int64))
+                       inc[:, :NH * 8].view(torch.int64))
         if fused is not None:
             received = fused.finish(lambda nb, dtype: dict(zip(peers, env.views(nb, dtype)[1])))
-            _count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
+            count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
         return fused is not None
-    heads = (env.inc_np[:, :nh * 8].view(np.int64) if cpu else inc[:, :nh * 8].view(torch.int64)).tolist()
-    table = {me: header}
-    for i, p in enumerate(peers):
-        table[p] = heads[i]
-    for p in peers:
-        if table[p][0] != MAGIC:
-            raise error_cls(f"rank {me}: {name}: rank {p} sent a message that is not a ringzero call "
-                            f"header: its ranks are running different code or mixing protocols")
-    bad = [p for p in range(n) if table[p][-1]]
-    if bad:
-        row = {p: i for i, p in enumerate(peers)}
-        why = "; ".join(f"rank {p}: " + bytes(inc[row[p], HEADER_BYTES:HEADER_BYTES + table[p][-1]].cpu()
-                                               .tolist()).decode(errors="replace") for p in bad)
-        raise error_cls(f"rank {me}: {name} aborted because rank(s) {bad} passed invalid arguments: {why}")
-    for p in range(n):
-        if table[p][1:-1] != table[me][1:-1]:
-            raise error_cls(f"rank {me}: {name}: ranks disagree on the call: rank {me} passed "
-                            f"{meta_desc(table[me][1:])} but rank {p} passed {meta_desc(table[p][1:])}")
+    heads = (env.inc_np[:, :NH * 8].view(np.int64) if cpu else inc[:, :NH * 8].view(torch.int64)).tolist()
+    problem = verdict(comm, name, header, errors, peers, heads, inc, meta_desc)
+    if problem is not None:
+        drain(comm, peers, heads)
+        raise error_cls(problem)
     if fused is None:
         return False
     received = fused.finish(lambda nb, dtype: dict(zip(peers, env.views(nb, dtype)[1])))
     # the payload bytes are this call's data traffic; the envelopes stay counted as control
-    _count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
+    count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
     return True
 
 
-def _count_fused(comm, peers, sent, received) -> None:
+def verdict(comm, name, mine, errors, peers, heads, inc, meta_desc) -> str | None:
+    """The error every rank raises, from my header `mine` and the peers' `heads` (rows of
+    int64 words, HEAD layout; inc: the envelopes, for error texts), or None if all agree."""
+    me, n = comm.rank, comm.size
+    if errors:
+        return f"rank {me}: {name}: " + "; ".join(errors)
+    table = {me: list(mine[:ERR + 1])}
+    for i, p in enumerate(peers):
+        table[p] = list(heads[i][:ERR + 1])
+    for p in peers:
+        if table[p][0] != MAGIC:
+            return (f"rank {me}: {name}: rank {p} sent a message that is not a ringzero call "
+                    f"header: its ranks are running different code or mixing protocols")
+    bad = [p for p in range(n) if table[p][ERR]]
+    if bad:
+        row = {p: i for i, p in enumerate(peers)}
+        why = "; ".join(f"rank {p}: " + bytes(inc[row[p], HEADER_BYTES:HEADER_BYTES + table[p][ERR]].cpu()
+                                               .tolist()).decode(errors="replace") for p in bad)
+        return f"rank {me}: {name} aborted because rank(s) {bad} passed invalid arguments: {why}"
+    for p in range(n):
+        if table[p][1:ERR] != table[me][1:ERR]:
+            return (f"rank {me}: {name}: ranks disagree on the call: rank {me} passed "
+                    f"{meta_desc(table[me][1:])} but rank {p} passed {meta_desc(table[p][1:])}")
+    return None
+
+
+def drain(comm, peers, heads) -> None:
+    """After a mismatch: receive every message a peer announced behind its envelope (`follow`
+    bytes, inband.py), so nothing of the aborted call stays in flight."""
+    with LEDGER.control_traffic():
+        for i, p in enumerate(peers):
+            nb = int(heads[i][FOLLOW]) if heads[i][0] == MAGIC else 0
+            if nb > 0:                      # one at a time: they share the scratch buffer
+                wait_all(comm._post_raw([("recv", comm.scratch(nb, torch.uint8, slot=7), p)]))
+
+
+def count_fused(comm, peers, sent, received) -> None:
     """The fused payloads in the ledger as data, per peer's link (intra/inter node), like
     Communicator.exchange counts the unfused algorithm's messages. received: a list aligned
     with peers, or {peer: bytes} (broadcast: only from the root)."""

@@ -44,10 +44,10 @@ from primitives.engine.shm_segment import (LINE, SLOT_BYTES, SLOTS, SPIN, TRANSP
                                           layout, transport_from_env)
 
 class _Op:
-    __slots__ = ("peer", "kind", "buf", "total", "off", "done", "out")
+    __slots__ = ("peer", "kind", "buf", "total", "off", "done", "out", "upto")
 
-    def __init__(self, peer, kind, buf, out=None):
-        self.peer, self.kind, self.buf, self.out = peer, kind, buf, out
+    def __init__(self, peer, kind, buf, out=None, upto=False):
+        self.peer, self.kind, self.buf, self.out, self.upto = peer, kind, buf, out, upto
         self.total, self.off, self.done = buf.numel(), 0, False
 
 
@@ -151,6 +151,11 @@ class ShmComm(TorchComm):
         tmp = torch.empty(tensor.shape, dtype=tensor.dtype)
         return self._post_op(_Op(peer, "receiving from", _bytes(tmp), out=(tensor, tmp)), self._recvq)
 
+    def _irecv_upto(self, tensor, peer):   # a message of at most tensor's bytes (inband.py's envelopes)
+        if peer not in self.local:
+            return super()._irecv(tensor, peer)              # gloo takes a shorter message as it is
+        return self._post_op(_Op(peer, "receiving from", _bytes(tensor), upto=True), self._recvq)
+
     def _post_op(self, op, queues):
         with self._lock:
             queues[op.peer].append(op)
@@ -185,6 +190,8 @@ class ShmComm(TorchComm):
                     op = rq[0]
                     s = self._slot(ch, tail)
                     total, k = int(i64[s // 8]), int(i64[s // 8 + 1])
+                    if total != op.total and op.upto and op.off == 0 and total < op.total:
+                        op.total = total                          # "up to": take the shorter message
                     if total != op.total:
                         raise PeerError(self._describe(peer, op.kind, RuntimeError(
                             f"rank {peer} sent a message of {total} bytes, this rank posted a receive "
