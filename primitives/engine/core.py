@@ -23,7 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
-from primitives.engine.cost import choose
+from primitives.engine import shm_collectives
+from primitives.engine.cost import SHM_NATIVE, choose
 from primitives.engine.envelope import Fused, check_round, fits
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
@@ -81,6 +82,8 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
             if _HANDSHAKE and comm.size > 1:
                 meta = [code(name), code(algorithm), OP_CODES.get(op, -1), root,
                         DTYPE_CODES.get(dtype, -1), numel, code(str(tuple(shape))), int(tag)]
+                if algorithm == "shm":        # the check rides in the shm workspace header: no round
+                    return shm_collectives.checked(comm, name, meta, check.errors, body)
                 if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
                     return
             body()
@@ -161,7 +164,7 @@ def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Ch
     if algorithm == "auto":
         if "hierarchical" in algos and prefers_hierarchical(comm):
             return "hierarchical"
-        if FUSED.get(name) and fuses(name, FUSED[name][0], comm, nbytes):
+        if FUSED.get(name) and not (transport == "shm" and name in SHM_NATIVE) and fuses(name, FUSED[name][0], comm, nbytes):
             return FUSED[name][0]            # the check round carries the data: one round in all
         return choose(name, comm.size, nbytes, comm.backend, transport)
     if algorithm == "shm" and "shm" in algos and transport != "shm":   # shm transport
