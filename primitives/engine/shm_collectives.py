@@ -5,9 +5,10 @@ rank of the group is on this host (ShmComm.transport == "shm"); `auto` picks the
     RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/engine/bench.py --ops all_reduce --algorithms shm
 
 Each rank owns BUFS = 3 workspaces of W bytes (RINGZERO_SHM_WORKSPACE, 2 MiB: a round's
-working set stays in cache, where the copies and adds of 2 MiB rounds measured twice as fast
-per byte as of 16 MiB ones) used in turn; ranks meet through flags, not messages or barriers
-(shm_flags.py, which also carries the call's check in the workspace header). Three buffers
+working set stays in cache; benchmarks/shm_profile.py measured the copies and adds of 64 MiB
+~4x faster in 2 MiB rounds than in 16 MiB ones) used in turn; ranks meet through flags, not
+messages or barriers (shm_flags.py, which also carries the call's check in the workspace
+header). Three buffers
 make ONE flag per round enough: I rewrite buffer i only after every peer published a flag it
 raises after its last read of buffer i-3. Views of the workspaces are cached: no allocation.
 

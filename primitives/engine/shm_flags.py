@@ -5,8 +5,9 @@ carry the call's check. No messages, no barrier object, no allocation per call.
 
 Each rank has a publish counter in its control line (shm_segment.SEQ_OFF). Publishing = bump
 mine after writing the data (x86-64 keeps stores in order); waiting = until every peer's
-counter reached mine: a few polls (RINGZERO_SHM_SPIN_S more seconds of them, default 0: on
-an oversubscribed host a spinning rank holds the core its peer needs), then a futex on my
+counter reached mine: a few polls, sched_yield() between polls for RINGZERO_SHM_YIELD_S
+(default 0: on an oversubscribed host a polling rank holds the core its peer needs; what
+MPIR_CVAR_ENABLE_HEAVY_YIELD does for MPICH), then a futex on my
 doorbell, which a publisher bumps always and rings (a system call) only when I said I sleep.
 Cost per flag: one store per peer, a system call per sleeping peer, one wake-up when I slept.
 
@@ -29,9 +30,8 @@ from primitives.engine import shm_segment as seg
 from primitives.engine.check import META_DESC
 from primitives.engine.envelope import MAGIC, check_round
 from primitives.engine.errors import CollectiveError
-from primitives.engine.shm_segment import BUFS, HDR_BYTES, LINE, SEQ_OFF, SLEEP_OFF, SPIN
+from primitives.engine.shm_segment import BUFS, HDR_BYTES, LINE, SEQ_OFF, SLEEP_OFF, SPIN, YIELD_S
 
-SPIN_S = float(os.environ.get("RINGZERO_SHM_SPIN_S", 0))
 NMETA = 8                                   # core.run's fingerprint: call, algorithm, op, root, dtype, numel, shape, tag
 
 
@@ -107,8 +107,9 @@ def wait(comm, st, what: str, b: int | None = None) -> None:
                 continue
             now = time.monotonic()
             if spin_until is None:
-                spin_until = now + SPIN_S
+                spin_until = now + YIELD_S
             if now < spin_until:
+                os.sched_yield()
                 continue
             if start is None:
                 start, check = now, now + 0.05          # liveness: /proc reads cost ~1 ms under load
