@@ -24,7 +24,7 @@ import torch
 
 from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
 from primitives.engine import shm_collectives
-from primitives.engine.cost import SHM_NATIVE, choose
+from primitives.engine.cost import choose
 from primitives.engine.envelope import Fused, check_round, fits
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
@@ -164,7 +164,7 @@ def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Ch
     if algorithm == "auto":
         if "hierarchical" in algos and prefers_hierarchical(comm):
             return "hierarchical"
-        if FUSED.get(name) and not (transport == "shm" and name in SHM_NATIVE) and fuses(name, FUSED[name][0], comm, nbytes):
+        if FUSED.get(name) and fuses(name, FUSED[name][0], comm, nbytes):
             return FUSED[name][0]            # the check round carries the data: one round in all
         return choose(name, comm.size, nbytes, comm.backend, transport)
     if algorithm == "shm" and "shm" in algos and transport != "shm":   # shm transport

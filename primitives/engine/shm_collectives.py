@@ -1,6 +1,6 @@
 """Collectives that read peers' buffers in shared memory directly (algorithm="shm"), the
 way MPICH's intranode collectives and DeepSpeed's CPU shm op (shm.cpp) do. Only when every
-rank of the group is on this host (ShmComm.transport == "shm"); `auto` picks them there.
+rank of the group is on this host (ShmComm.transport == "shm"); `auto` picks them by cost.py.
 
     RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/engine/bench.py --ops all_reduce --algorithms shm
 
