@@ -7,9 +7,11 @@ built-in (TCP loopback) vs MPICH's built-in (its own shared memory), plus α-β 
 One mpiexec job holds both worlds: MPI's COMM_WORLD and a gloo process group on the same
 ranks (rendezvous on a port rank 0 picks), so every contender runs on the same processes,
 size after size, in turn (`--reps` times, each the mean of `iters` calls; median and min–max
-shown). ringzero runs its default path: algorithm="auto" and the argument check (handshake)
+shown). ringzero runs its default path (--algorithm auto; shm: shm_collectives) with the argument check (handshake)
 ON. busbw as nccl-tests: all-reduce S/t·2(N-1)/N, all-gather/reduce-scatter S/t·(N-1)/N, S the
-full buffer. The ceiling is one core copying 64 MiB (primitives.engine.bench.memcpy_bw).
+full buffer. The ceiling: all_reduce also times "memcpy", every rank copying S bytes at once,
+interleaved like the others; the ratio printed is ringzero's busbw / that copy's S/t at the same
+S (and, once, one core copying 64 MiB: primitives.engine.bench.memcpy_bw).
 --fit: one-way ping-pong between ranks 0 and 1 on each transport, t(S) = α + S·β (bench.py's fit).
 Buffers are zeros (repeated in-place all-reduce of random data would overflow).
 """
@@ -45,32 +47,34 @@ def _worlds(timeout):
     return MPI, w
 
 
-def contenders(op, S, n, comm, MPI, w):
-    """name -> zero-argument call, on buffers of S bytes (the full buffer, float32)."""
+def contenders(op, S, n, comm, MPI, w, algo="auto"):
+    """name -> zero-argument call, on buffers of S bytes (the full buffer, float32); ringzero's
+    with algorithm=algo."""
     full, blk = S // 4, max(1, S // 4 // n)
     if op == "all_reduce":
-        a, b, c = torch.zeros(full), torch.zeros(full), torch.zeros(full)
-        return {"ringzero": lambda: P.all_reduce(a),
+        a, b, c, d, e = (torch.zeros(full) for _ in range(5))
+        return {"ringzero": lambda: P.all_reduce(a, algorithm=algo),
                 "gloo": lambda: dist.all_reduce(b),
-                "mpich": lambda: w.Allreduce(MPI.IN_PLACE, c.numpy())}
+                "mpich": lambda: w.Allreduce(MPI.IN_PLACE, c.numpy()),
+                "memcpy": lambda: d.copy_(e)}          # every rank copies S bytes at once: the ceiling
     if op == "all_gather":
         i, o1, o2, o3 = torch.zeros(blk), torch.zeros(n * blk), torch.zeros(n * blk), torch.zeros(n * blk)
         ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return {"ringzero": lambda: P.all_gather_single(o1, i),
+        return {"ringzero": lambda: P.all_gather_single(o1, i, algorithm=algo),
                 "gloo": lambda: ag(o2, i),
                 "mpich": lambda: w.Allgather(i.numpy(), o3.numpy())}
     i, o1, o2, o3 = torch.zeros(n * blk), torch.zeros(blk), torch.zeros(blk), torch.zeros(blk)
     rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return {"ringzero": lambda: P.reduce_scatter_single(o1, i),
+    return {"ringzero": lambda: P.reduce_scatter_single(o1, i, algorithm=algo),
             "gloo": lambda: rs(o2, i),
             "mpich": lambda: w.Reduce_scatter_block(i.numpy(), o3.numpy())}
 
 
-def sweep(ops, sizes, reps, comm, MPI, w, budget_s=0.05):
+def sweep(ops, sizes, reps, comm, MPI, w, budget_s=0.05, algo="auto"):
     n, rows = w.size, []
     for op in ops:
         for S in sizes:
-            fns = contenders(op, S, n, comm, MPI, w)
+            fns = contenders(op, S, n, comm, MPI, w, algo)
             iters = {}
             for k, fn in fns.items():                  # warm up; size iterations to ~budget_s
                 fn(), fn()
@@ -90,7 +94,7 @@ def sweep(ops, sizes, reps, comm, MPI, w, budget_s=0.05):
             for k, ts in samples.items():
                 med = statistics.median(ts)
                 rows.append(dict(op=op, size=S, impl=k, algo=used if k == "ringzero" else "", median=med,
-                                 lo=min(ts), hi=max(ts), busbw=S / med * FACTOR[op](n) / 1e9))
+                                 lo=min(ts), hi=max(ts), busbw=S / med * (1 if k == "memcpy" else FACTOR[op](n)) / 1e9))
             P.LEDGER.calls.clear()
     return rows
 
@@ -103,6 +107,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--fit", action="store_true", help="ping-pong α-β fit for each transport")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--algorithm", default="auto", help="ringzero's algorithm= (auto: the default path; shm: shm_collectives)")
     args = ap.parse_args(argv)
     MPI, w = _worlds(args.timeout)
     comm = P.get_comm()
@@ -113,7 +118,7 @@ def main(argv=None):
            f"MPICH {MPI.Get_library_version().split(chr(10))[0]}, "
            f"MPIR_CVAR_ENABLE_HEAVY_YIELD={os.environ.get('MPIR_CVAR_ENABLE_HEAVY_YIELD', 'unset')}")
     rows = sweep(args.ops.split(","), sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes)),
-                 args.reps, comm, MPI, w)
+                 args.reps, comm, MPI, w, algo=args.algorithm)
     ceiling = memcpy_bw()
     for op in args.ops.split(","):
         t = Table(title=f"{op}, {n} ranks, float32: busbw GB/s (median of {args.reps} interleaved reps; min–max µs)")
@@ -127,6 +132,10 @@ def main(argv=None):
                       f"{by['mpich']['busbw']:.3f}", f"{by['ringzero']['busbw'] / by['gloo']['busbw']:.2f}×",
                       f"{by['ringzero']['busbw'] / by['mpich']['busbw']:.2f}×", us("ringzero"), us("gloo"), us("mpich"))
         print0(t)
+    cp = {r["size"]: r["busbw"] for r in rows if r["impl"] == "memcpy"}
+    for r in (r for r in rows if r["op"] == "all_reduce" and r["impl"] == "ringzero"):
+        print0(f"all_reduce {r['size']:>12,} B: ringzero busbw {r['busbw']:.3f} GB/s / memcpy of the same S on every "
+               f"rank at once {cp[r['size']]:.3f} GB/s = {r['busbw'] / cp[r['size']]:.2f}")
     big = [r for r in rows if r["op"] == "all_reduce" and r["impl"] == "ringzero"]
     if big:
         r = max(big, key=lambda r: r["size"])

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from primitives.engine import inband
+from primitives.engine import inband, shm_collectives
 from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
 from primitives.engine.envelope import Fused, check_round, fits
@@ -85,6 +85,8 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
                 return body()
             meta = [code(name), code(algorithm), OP_CODES.get(op, -1), root,
                     DTYPE_CODES.get(dtype, -1), numel, code(str(tuple(shape))), int(tag)]
+            if algorithm == "shm":        # the check rides in the shm workspace header: no round
+                return shm_collectives.checked(comm, name, meta, check.errors, body)
             if inband.applies(comm, algorithm):      # the check rides in the data (inband.py)
                 ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
                 try:

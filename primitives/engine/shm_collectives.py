@@ -1,38 +1,49 @@
 """Collectives that read peers' buffers in shared memory directly (algorithm="shm"), the
-way MPICH's intranode collectives and DeepSpeed's CPU shm op do. Only when every rank of the
-group is on this host (ShmComm.transport == "shm"); `auto` picks them by the cost model.
+way MPICH's intranode collectives and DeepSpeed's CPU shm op (shm.cpp) do. Only when every
+rank of the group is on this host (ShmComm.transport == "shm"); `auto` picks them by cost.py.
 
-    RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/allreduce.py
+    RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/engine/bench.py --ops all_reduce --algorithms shm
 
-Each rank owns a workspace of W = 8 MiB (RINGZERO_SHM_WORKSPACE), two of them used in turn so
-that one barrier per round is enough: rank r rewrites buffer g%2 only after every rank has
-passed the barrier of round g-1, i.e. finished reading round g-2 from it.
+Each rank owns BUFS = 3 workspaces of W bytes (RINGZERO_SHM_WORKSPACE, 2 MiB: a round's
+working set stays in cache; benchmarks/shm_profile.py measured the copies and adds of 64 MiB
+~4x faster in 2 MiB rounds than in 16 MiB ones) used in turn; ranks meet through flags, not
+messages or barriers (shm_flags.py, which also carries the call's check in the workspace
+header). Three buffers
+make ONE flag per round enough: I rewrite buffer i only after every peer published a flag it
+raises after its last read of buffer i-3. Views of the workspaces are cached: no allocation.
 
-  all_reduce      rank r copies every slice but its own into its workspace (barrier), adds slice
-                  r from all N workspaces (its own straight from its tensor) in rank order 0..N-1
-                  into its workspace and its tensor (barrier), then copies the others' finished
-                  slices out. Per rank: 2(N-1)/N·S copied + N·S/N reduced; 2 barriers per round.
-                  Peers read (N-1)/N·S of my input and (N-1)·S/N of my result: 2(N-1)/N·S,
-                  what the ledger counts as sent — the same as "direct" (and the ring's total).
-                  Up to ONE_SHOT_BYTES (64 KiB) instead: publish all of it (barrier), every rank
-                  reduces all N in rank order. One barrier; peers read (N-1)·S of mine.
-  all_gather      copy my block in (barrier), copy the N-1 others out. Ledger: (N-1)·S sent.
-  reduce_scatter  copy the N-1 blocks others own in (barrier), reduce mine in rank order from
-                  all workspaces. Ledger: (N-1)·S sent (S = one block).
-Buffers larger than the workspace go in rounds: ⌈slice/(W/N)⌉ for all-reduce, ⌈S/W⌉ and
-⌈S/(W/N)⌉ for all-gather and reduce-scatter. Cost per round: one barrier (α_shm) each phase.
+  all_reduce (S > ONE_SHOT_BYTES), rounds j = 0..R-1 of C = W bytes, slot p of round j =
+  chunk_bounds(C, N)[p] (rank p reduces it), reduction in rank order 0..N-1:
+      copy-in(0); publish
+      for j: wait; reduce slot r of round j from all N workspaces (mine from my tensor) into
+             my workspace and my tensor; copy-out(j-1) (the others' slots); copy-in(j+1); publish
+      wait; copy-out(R-1)
+    R+1 flags. Per rank: copy (N-1)/N·S in, (N-1)/N·S out, reduce S/N from N sources, S/N copied
+    to my tensor. T ≈ (R+1)·α + (2N-1)/N·S·c + (N-1)/N·S·γ  (c: seconds per byte copied,
+    R = ⌈S/W⌉). Peers read (N-1)/N·S of my input and (N-1)/N·S of my result: the ledger counts
+    2(N-1)/N·S sent, what "direct" sends.
+  all_reduce (S ≤ ONE_SHOT_BYTES, 256 KiB): copy all of it in, one flag, every rank reduces all N
+    in rank order. T ≈ α + S·c + (N-1)·S·γ; peers read (N-1)·S of mine.
+  all_gather: per round copy my block in, flag, copy the N-1 others out: T ≈ R·α + N·s·c.
+  reduce_scatter: per round copy in the N-1 blocks others own, flag, reduce mine from all N:
+    T ≈ R·α + N·s·c + (N-1)·s·γ (s = one block; R = ⌈s/W⌉ all-gather, ⌈N·s/W⌉ reduce-scatter).
+
+Reference order of every reduction: rank order, ((x0 op x1) op x2) op ..., each step rounded
+to the dtype; AVG divides that sum once (tests/test_shm_collectives.py checks the bits).
 """
 from __future__ import annotations
 
 import torch
 
 from primitives.engine.ledger import LEDGER
-from primitives.engine.shm_segment import WS_BYTES
+from primitives.engine.shm_flags import checked, next_buf, publish, state, wait  # noqa: F401  (core.run: checked)
+from primitives.engine.shm_segment import BUFS, WS_BYTES
 from primitives.ops import chunk_bounds, combine_
 
-ONE_SHOT_BYTES = min(WS_BYTES, 64 << 10)   # all-reduce up to this: one barrier, N·S reduced per rank
+ONE_SHOT_BYTES = min(WS_BYTES, 256 << 10)   # all-reduce up to this: one flag, N·S reduced per rank
 
 _FIRST = {"sum": torch.add, "avg": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum}
+
 
 
 def _reduce(acc, srcs, op):
@@ -54,82 +65,101 @@ def _count(sent: list[int], recv: list[int]) -> None:
             LEDGER.received(b)
 
 
-def _elems(buf) -> int:
-    return WS_BYTES // buf.element_size()
-
-
-def _all_reduce_one_shot(comm, buf, op):
-    """Small buffers: everyone publishes the whole buffer (barrier), then every rank reduces all
-    of it from the N workspaces in rank order: one barrier instead of two, same bits everywhere."""
-    n, r = comm.size, comm.rank
-    g = comm.ws_gen = comm.ws_gen + 1
-    ws = [comm.workspace(p, g, buf.dtype, buf.numel()) for p in range(n)]
-    ws[r].copy_(buf)
-    comm.barrier_local("all_reduce")
-    _reduce(buf, ws, op)
-    S = buf.numel() * buf.element_size()
+def _all_reduce_one_shot(comm, st, buf, op):
+    n, r, k = comm.size, comm.rank, buf.numel()
+    b = next_buf(st)
+    st.view(r, b, buf.dtype)[:k].copy_(buf)
+    publish(comm, st, b)
+    wait(comm, st, "all_reduce: waiting for", b)
+    _reduce(buf, [st.view(p, b, buf.dtype)[:k] for p in range(n)], op)
+    S = k * buf.element_size()
     _count([S] * (n - 1), [S] * (n - 1))
 
 
 def all_reduce(comm, buf, op):
-    n, r, esz = comm.size, comm.rank, buf.element_size()
-    if buf.numel() * esz <= ONE_SHOT_BYTES:
-        return _all_reduce_one_shot(comm, buf, op)
-    b = chunk_bounds(buf.numel(), n)
-    m = max(1, _elems(buf) // n)                       # elements of each slice per round
-    rounds = -(-max(e - s for s, e in b) // m)
-    for j in range(rounds):
-        g = comm.ws_gen = comm.ws_gen + 1
-        piece = [(min(s + j * m, e), min(s + (j + 1) * m, e)) for s, e in b]   # slice p, round j
-        ws = [comm.workspace(p, g, buf.dtype, n * m) for p in range(n)]
-        mine = ws[r]
-        for p, (s, e) in enumerate(piece):
-            if p != r and e > s:
-                mine[p * m:p * m + e - s].copy_(buf[s:e])
-        comm.barrier_local("all_reduce")
-        s, e = piece[r]
+    st = state(comm)
+    n, r, esz, k = comm.size, comm.rank, buf.element_size(), buf.numel()
+    if k * esz <= ONE_SHOT_BYTES:
+        return _all_reduce_one_shot(comm, st, buf, op)
+    C = max(n, WS_BYTES // esz)                     # elements per round
+    R, base, dt = -(-k // C), st.gen, buf.dtype
+    st.gen += 1                                     # the first buffer; the rest once past the check
+    rounds = []
+    for j in range(R):
+        c0, c1 = j * C, min(k, (j + 1) * C)
+        rounds.append((c0, chunk_bounds(c1 - c0, n), c1 - c0, (base + j) % BUFS))
+
+    def copy_in(j):
+        c0, bd, w, b = rounds[j]
+        s, e = bd[r]
+        mine = st.view(r, b, dt)
+        if s:
+            mine[:s].copy_(buf[c0:c0 + s])
+        if e < w:
+            mine[e:w].copy_(buf[c0 + e:c0 + w])
+
+    def copy_out(j):
+        c0, bd, w, b = rounds[j]
+        for p in st.peers:
+            s, e = bd[p]
+            if e > s:
+                buf[c0 + s:c0 + e].copy_(st.view(p, b, dt)[s:e])
+
+    copy_in(0)
+    publish(comm, st, base % BUFS)
+    for j in range(R):
+        wait(comm, st, "all_reduce: waiting for", base % BUFS if j == 0 else None)
+        st.gen = base + R
+        c0, bd, w, b = rounds[j]
+        s, e = bd[r]
         if e > s:
-            acc = mine[r * m:r * m + e - s]
-            _reduce(acc, [buf[s:e] if p == r else ws[p][r * m:r * m + e - s] for p in range(n)], op)
-            buf[s:e].copy_(acc)
-        comm.barrier_local("all_reduce")
-        for p, (s, e) in enumerate(piece):
-            if p != r and e > s:
-                buf[s:e].copy_(ws[p][p * m:p * m + e - s])
-    c = [(e - s) * esz for s, e in b]
-    _count([c[p] for p in range(n) if p != r] + [c[r]] * (n - 1),
-           [c[r]] * (n - 1) + [c[p] for p in range(n) if p != r])
+            acc = st.view(r, b, dt)[s:e]
+            _reduce(acc, [buf[c0 + s:c0 + e] if p == r else st.view(p, b, dt)[s:e] for p in range(n)], op)
+            buf[c0 + s:c0 + e].copy_(acc)
+        if j:
+            copy_out(j - 1)
+        if j + 1 < R:
+            copy_in(j + 1)
+        publish(comm, st)
+    wait(comm, st, "all_reduce: waiting for")
+    copy_out(R - 1)
+    c = [(e - s) * esz for s, e in chunk_bounds(k, n)]
+    _count([c[p] for p in st.peers] + [c[r]] * (n - 1), [c[r]] * (n - 1) + [c[p] for p in st.peers])
 
 
 def all_gather(comm, blocks):
+    st = state(comm)
     n, r = comm.size, comm.rank
-    k, m = blocks[r].numel(), _elems(blocks[r])
+    k, dt = blocks[r].numel(), blocks[r].dtype
+    m = max(1, WS_BYTES // blocks[r].element_size())
     for c0 in range(0, k, m):
         c1 = min(k, c0 + m)
-        g = comm.ws_gen = comm.ws_gen + 1
-        comm.workspace(r, g, blocks[r].dtype, c1 - c0).copy_(blocks[r][c0:c1])
-        comm.barrier_local("all_gather")
-        for p in range(n):
-            if p != r:
-                blocks[p][c0:c1].copy_(comm.workspace(p, g, blocks[p].dtype, c1 - c0))
+        b = next_buf(st)
+        st.view(r, b, dt)[:c1 - c0].copy_(blocks[r][c0:c1])
+        publish(comm, st, b)
+        wait(comm, st, "all_gather: waiting for", b)
+        for p in st.peers:
+            blocks[p][c0:c1].copy_(st.view(p, b, dt)[:c1 - c0])
     S = k * blocks[r].element_size()
     _count([S] * (n - 1), [S] * (n - 1))
 
 
 def reduce_scatter(comm, blocks, out, op):
+    st = state(comm)
     n, r = comm.size, comm.rank
-    k, m = out.numel(), max(1, _elems(out) // n)
+    k, dt = out.numel(), out.dtype
+    m = max(1, WS_BYTES // out.element_size() // n)
     for c0 in range(0, k, m):
         c1 = min(k, c0 + m)
         w = c1 - c0
-        g = comm.ws_gen = comm.ws_gen + 1
-        ws = [comm.workspace(p, g, out.dtype, n * m) for p in range(n)]
-        for p in range(n):
-            if p != r:
-                ws[r][p * m:p * m + w].copy_(blocks[p][c0:c1])
-        comm.barrier_local("reduce_scatter")
-        acc = ws[r][r * m:r * m + w]                    # my own block's slot is free: out may alias blocks[r]
-        _reduce(acc, [blocks[r][c0:c1] if p == r else ws[p][r * m:r * m + w] for p in range(n)], op)
+        b = next_buf(st)
+        mine = st.view(r, b, dt)
+        for p in st.peers:
+            mine[p * m:p * m + w].copy_(blocks[p][c0:c1])
+        publish(comm, st, b)
+        wait(comm, st, "reduce_scatter: waiting for", b)
+        acc = mine[r * m:r * m + w]                    # my own block's slot is free: out may alias blocks[r]
+        _reduce(acc, [blocks[r][c0:c1] if p == r else st.view(p, b, dt)[r * m:r * m + w] for p in range(n)], op)
         out[c0:c1].copy_(acc)
     S = k * out.element_size()
     _count([S] * (n - 1), [S] * (n - 1))

@@ -29,8 +29,12 @@ import time
 TRANSPORTS = ("auto", "shm", "tcp")
 SLOT_BYTES = int(os.environ.get("RINGZERO_SHM_SLOT_BYTES", 512 << 10))
 SLOTS = int(os.environ.get("RINGZERO_SHM_SLOTS", 8))
-WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 8 << 20))   # per rank, ×2 (double-buffered)
+WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 2 << 20))   # per rank and buffer: one round
+BUFS = 3                      # workspaces per rank, used in turn (shm_collectives: one flag per round)
+HDR_BYTES = 4096              # per rank and buffer: the call's fingerprint and error text
 LINE = 64                                                            # one cache line per counter
+# a rank's control line: +0 barrier count, +32 doorbell (shm.py); shm_collectives' flags:
+SEQ_OFF, SLEEP_OFF = 8, 40    # int64 publish counter, int32 "asleep on my doorbell"
 SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
 
 
@@ -43,12 +47,14 @@ def transport_from_env(transport: str | None) -> str:
 
 def layout(n: int) -> dict:
     """Byte offsets in a host's segment for n local ranks: per-rank control lines, n·n
-    channels (head line, tail line, K slots of a header line + C bytes), 2·n workspaces."""
+    channels (head line, tail line, K slots of a header line + C bytes), BUFS·n headers and
+    BUFS·n workspaces (rank-major)."""
     ctl = LINE * (1 + n)
     slot = LINE + SLOT_BYTES
     chan = 2 * LINE + SLOTS * slot
-    ws = ctl + n * n * chan
-    return dict(ctl=LINE, chan0=ctl, chan=chan, slot=slot, ws=ws, total=ws + 2 * n * WS_BYTES)
+    hdr = ctl + n * n * chan
+    ws = hdr + BUFS * n * HDR_BYTES
+    return dict(ctl=LINE, chan0=ctl, chan=chan, slot=slot, hdr=hdr, ws=ws, total=ws + BUFS * n * WS_BYTES)
 
 
 SHM_DIR = "/dev/shm"
