@@ -6,8 +6,9 @@
 `install(deepspeed)` wraps the module-level entry points in ENTRY (`deepspeed.initialize`, ...) of
 whatever `deepspeed` resolves to (the installed package or ringzero's), and every public method of
 the engine `initialize` returns (its class's own methods, plus forward/train/eval). A call is counted
-only when it comes from outside the engine: the engine's calls to itself (step() asking
-is_gradient_accumulation_boundary(), ...) are DeepSpeed's business, not the client's. Each call is
+only when it comes from outside the engine: not while another counted call runs, and not from code of
+either engine (ENGINE_PACKAGES): the engine's calls to itself (step() asking
+is_gradient_accumulation_boundary(), its forward hooks on the client's module, ...) are its own business. Each call is
 recorded as its name and argument shape (`_` per positional argument, keyword names, and the value
 of a bool/int/None keyword, which is what tells `is_boundary=True` from `is_boundary=False`). At exit
 rank 0 prints a rich table: the calls in first-call order, how many times.
@@ -19,6 +20,7 @@ import atexit
 import functools
 import inspect
 import os
+import sys
 import threading
 
 import torch
@@ -27,6 +29,9 @@ from rich.table import Table
 
 ENTRY = ("initialize", "init_distributed", "zero.Init", "zero.GatheredParameters")
 MODULE_METHODS = ("forward", "train", "eval")   # nn.Module's own methods that a client calls on an engine
+# code of either engine: a call from there is the engine's own, e.g. the forward hooks DeepSpeed puts on the
+# client's module (they call engine methods when the Trainer runs the bare model in predict())
+ENGINE_PACKAGES = {"deepspeed", "zero_from_scratch", "pipeline_parallel", "tensor_parallel", "primitives"}
 
 _counts: dict[str, int] = {}
 _depth = threading.local()
@@ -41,7 +46,8 @@ def _shape(args, kwargs) -> str:
 def _counted(name: str, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        outer = getattr(_depth, "n", 0) == 0
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        outer = getattr(_depth, "n", 0) == 0 and caller.split(".")[0] not in ENGINE_PACKAGES
         if outer:
             key = f"{name}({_shape(args, kwargs)})"
             _counts[key] = _counts.get(key, 0) + 1
@@ -65,11 +71,11 @@ def _wrap_engine(engine) -> None:
 
 
 def _wrap_initialize(fn):
-    counted = _counted("deepspeed.initialize", fn)
-
     @functools.wraps(fn)
     def initialize(*args, **kwargs):
-        out = counted(*args, **kwargs)
+        key = f"deepspeed.initialize({_shape(args, kwargs)})"
+        _counts[key] = _counts.get(key, 0) + 1
+        out = fn(*args, **kwargs)
         _wrap_engine(out[0])
         return out
     return initialize
