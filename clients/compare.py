@@ -1,25 +1,34 @@
-"""Each DeepSpeedExamples client on 2 ranks under the real DeepSpeed and under ringzero: per-step losses side by side.
+"""Each DeepSpeedExamples client, and the Hugging Face Trainer recipe, on 2 ranks under the real DeepSpeed and under ringzero.
 
-    python -m clients.compare                      (every case, 4-11 min on 2 cores; the table in clients/README.md)
-    python -m clients.compare --case cifar10-fp32-zero2
-    python -m pytest -q -m slow tests/test_as_deepspeed_clients.py
+    python -m clients.compare                      (every case, ~10-30 min on 2 cores; the table in clients/README.md)
+    python -m clients.compare --case hf-trainer-fp32-zero2 --per-step     (one case, its losses step by step)
+    python -m pytest -q -m slow tests/test_as_deepspeed_clients.py tests/test_hf_trainer.py
 
 Both sides run the same command, `torchrun --nproc_per_node 2 clients/run.py SIDE SCRIPT ARGS`
 (run.py: same start-up seed; SIDE deepspeed = the installed DeepSpeed 0.19.8, ringzero = the
 runner, `-m zero_from_scratch.as_deepspeed`), OMP_NUM_THREADS=1 on both. The losses compared are
 what each script itself reports: cifar10 prints every step's loss (--log-interval 1);
-train_bert_ds writes the running mean of its losses to TensorBoard every step (--log_every 1).
-Tolerance: fp32 1e-5 relative; bf16 one bf16 ulp of the loss (2^(e-7) for a loss in [2^e, 2^(e+1))).
-Cost: two 2-rank trainings per case; the first DeepSpeed run JIT-builds its fused_adam op (~2 min,
+train_bert_ds writes the running mean of its losses to TensorBoard every step (--log_every 1);
+recipes/hf_trainer.py prints the Trainer's logged loss per step and the held-out logits. A case
+with `resume` runs twice per side (the second run loads the first's checkpoint); both runs' losses are compared.
+Tolerance: fp32 1e-5 relative; bf16 one bf16 ulp of the loss (2^(e-7) for a loss in [2^e, 2^(e+1)));
+held-out logits LOGIT_TOL absolute and the same predicted label on every snippet; a resumed Trainer
+run equal to the uninterrupted one bit for bit. The first line printed names the machine and versions.
+Cost: two 2-rank trainings per case (four with resume); the first DeepSpeed run JIT-builds its fused_adam op (~2 min,
 cached in ~/.cache/torch_extensions) because the upstream configs name "Adam" without torch_adam.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import importlib.metadata
+import json
 import math
 import os
+import platform
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +46,9 @@ class Case:
     script: str       # relative to the repository root
     args: str         # {tmp} and {tokenizer} are filled in
     dtype: str        # "fp32" or "bf16": picks the tolerance
-    losses: str       # "stdout" (cifar10's prints) or "tensorboard" (train_bert_ds's scalars)
+    losses: str       # "stdout" (cifar10's prints), "tensorboard" (train_bert_ds's scalars) or "trainer"
+    resume: str = ""  # a second run's arguments, same {tmp}, after the first ({exp}: the first run's experiment folder)
+    same_curve: bool = False   # the resumed run replays the uninterrupted one's steps (the Trainer skips seen batches)
 
 
 CASES = {
@@ -45,6 +56,13 @@ CASES = {
                                "--dtype fp32 --stage 2 -e 1 --log-interval 1", "fp32", "stdout"),
     "cifar10-bf16-zero0": Case("clients/cifar10/cifar10_deepspeed.py",
                                "--dtype bf16 --stage 0 -e 1 --log-interval 1", "bf16", "stdout"),
+    # the script saves at its end (step 7, DeepSpeed's tag global_step6); the resumed run reloads the engine and
+    # restarts its data iterator from the first batch (upstream does not skip seen batches): losses of steps 8-11
+    "hello-bf16-zero1-offload-resume": Case(
+        "clients/hello_deepspeed/train_bert_ds.py",
+        "--checkpoint_dir {tmp}/ckpt --tokenizer {tokenizer} --num_layers 2 --num_heads 2 --ff_dim 128 --h_dim 64 "
+        "--max_seq_length 32 --batch_size 4 --num_iterations 7 --log_every 1 --dtype bf16", "bf16", "tensorboard",
+        resume="--load_checkpoint_dir {exp} --num_iterations 12 --log_every 1 --dtype bf16"),
     "hello-bf16-zero1-offload": Case(
         "clients/hello_deepspeed/train_bert_ds.py",
         "--checkpoint_dir {tmp}/ckpt --tokenizer {tokenizer} --num_layers 2 --num_heads 2 --ff_dim 128 --h_dim 64 "
@@ -52,10 +70,33 @@ CASES = {
 }
 
 
+# recipes/hf_trainer.py (the Hugging Face Trainer, TrainingArguments(deepspeed=...)): 6 steps saving at step 3, then
+# resume_from_checkpoint at step 3; compared: the losses of both runs, the resumed steps 4-6 against the
+# uninterrupted ones on each side, and the held-out logits. Run here, not by tests/test_as_deepspeed_clients.py:
+# tests/test_hf_trainer.py asserts each part.
+_TRAINER = "--stage {s} --steps 6 --output-dir {{tmp}}/out --grad-accum {a}"
+TRAINER_CASES = {
+    **{f"hf-trainer-fp32-zero{s}": Case("recipes/hf_trainer.py", _TRAINER.format(s=s, a=1) + " --save-every 3",
+                                        "fp32", "trainer", resume=_TRAINER.format(s=s, a=1) + " --resume-from "
+                                        "{tmp}/out/checkpoint-3", same_curve=True) for s in (1, 2, 3)},
+    "hf-trainer-fp32-zero2-accum2": Case("recipes/hf_trainer.py", _TRAINER.format(s=2, a=2), "fp32", "trainer"),
+}
+ALL_CASES = {**CASES, **TRAINER_CASES}
+LOGIT_TOL = 1e-5   # fp32 held-out logits, absolute: see tests/test_hf_trainer.py
+
+
 def tolerance(dtype: str, loss: float) -> float:
     if dtype == "fp32":
         return 1e-5 * abs(loss)
     return 2.0 ** (math.floor(math.log2(abs(loss))) - 7)
+
+
+def versions_line() -> str:
+    """The machine and the versions the numbers come from (DeepSpeed's version read without importing it)."""
+    v = {p: importlib.metadata.version(p) for p in ("torch", "deepspeed", "transformers", "accelerate")}
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{platform.machine()} CPU, {os.cpu_count()} cores (load average {load} at start), "
+            + ", ".join(f"{k} {x}" for k, x in v.items()) + ", gloo, OMP_NUM_THREADS=1")
 
 
 def offline_tokenizer(out_dir: str) -> str:
@@ -75,61 +116,158 @@ def _free_port() -> int:
     return free_port()
 
 
-def _stdout_losses(out: str) -> list[float]:
+def _stdout_losses(out: str, tmp: str) -> list[float]:
     return [float(m.group(1)) for m in re.finditer(r"^\[\s*\d+,\s+\d+\] loss:\s+(\S+)$", out, re.M)]
 
 
-def _tensorboard_losses(tmp: str) -> list[float]:
+def _tensorboard_losses(out: str, tmp: str) -> list[float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # this case's reader
     (tb,) = glob.glob(f"{tmp}/ckpt/*/tb_dir")
-    acc = EventAccumulator(tb)
+    acc = EventAccumulator(tb)   # a resumed run writes a second event file into the same folder: both are read
     acc.Reload()
     return [e.value for e in acc.Scalars("Train/loss")]
 
 
-def run_side(name: str, side: str, timeout: float = 900) -> list[float]:
-    """The per-step losses `side` reports for case `name` (raises with the output tail if it fails)."""
-    case = CASES[name]
+def _trainer_losses(out: str, tmp: str) -> list[float]:
+    return [float(m.group(1)) for m in re.finditer(r"^STEP \d+ LOSS (\S+)$", out, re.M)]
+
+
+READERS = {"stdout": _stdout_losses, "tensorboard": _tensorboard_losses, "trainer": _trainer_losses}
+
+
+def _logits(out: str) -> list[list[float]] | None:
+    m = re.search(r"^LOGITS (.+)$", out, re.M)
+    return json.loads(m.group(1)) if m else None
+
+
+def _launch(side: str, script: str, args: str, timeout: float) -> str:
+    cmd = f"torchrun --nproc_per_node 2 --master_port {_free_port()} clients/run.py {side} {script} {args}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    p = subprocess.Popen(cmd, shell=True, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)   # its own process group: a timeout ends torchrun's ranks too
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise RuntimeError(f"{side} ran past {timeout:.0f} s, its process group killed: {cmd}") from None
+    if p.returncode != 0:
+        raise RuntimeError(f"{side} failed ({p.returncode}): {cmd}\n{out[-3000:]}\n{err[-3000:]}")
+    return out
+
+
+def run_case(name: str, side: str, timeout: float = 900) -> dict:
+    """What `side` reports for case `name`: "losses" (of the last run), "first" (the first run's, when the case
+    resumes), "logits" (held-out, when the script prints them). Raises with the output tail if a run fails."""
+    case = ALL_CASES[name]
     with tempfile.TemporaryDirectory(prefix=f"client-{side}-") as tmp:
         tokenizer = offline_tokenizer(f"{tmp}/tokenizer") if "{tokenizer}" in case.args else ""
-        args = case.args.format(tmp=tmp, tokenizer=tokenizer)
-        cmd = (f"torchrun --nproc_per_node 2 --master_port {_free_port()} clients/run.py {side} "
-               f"{case.script} {args}")
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
-                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-        r = subprocess.run(cmd, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise RuntimeError(f"{side} failed ({r.returncode}): {cmd}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-        losses = _stdout_losses(r.stdout) if case.losses == "stdout" else _tensorboard_losses(tmp)
+        for _ in range(3):
+            out = _launch(side, case.script, case.args.format(tmp=tmp, tokenizer=tokenizer), timeout)
+            exps = glob.glob(f"{tmp}/ckpt/*/")   # train_bert_ds.py's experiment folder
+            if len(exps) <= 1:
+                break
+            # the script names it by each rank's clock second: ranks that straddle a second write two folders
+            # (rank 1's ZeRO shard in its own), which no resume can read; run again
+            shutil.rmtree(f"{tmp}/ckpt")
+        else:
+            raise RuntimeError(f"{side}: {case.script}'s ranks named different experiment folders 3 times")
+        first = READERS[case.losses](out, tmp)
+        if case.resume:
+            exp = exps[0] if exps else ""
+            out = _launch(side, case.script, case.resume.format(tmp=tmp, tokenizer=tokenizer, exp=exp), timeout)
+        losses = READERS[case.losses](out, tmp)
     if not losses:
         raise RuntimeError(f"{side}: no losses found for {name}")
-    return losses
+    return {"losses": losses, "first": first if case.resume else None, "logits": _logits(out)}
+
+
+def run_side(name: str, side: str, timeout: float = 900) -> list[float]:
+    """The per-step losses `side` reports for case `name` (raises with the output tail if it fails)."""
+    return run_case(name, side, timeout)["losses"]
+
+
+def _resume_delta(r: dict) -> float:
+    """max |Δ| between the resumed run's losses and the uninterrupted run's, over the steps both logged."""
+    return max(abs(a - b) for a, b in zip(r["first"], r["losses"]))
 
 
 def compare(name: str) -> dict:
-    ds, rz = (run_side(name, side) for side in SIDES)
+    case = ALL_CASES[name]
+    ds_run, rz_run = (run_case(name, side) for side in SIDES)
+    ds, rz = ds_run["losses"], rz_run["losses"]
+    pairs = list(zip(ds, rz)) + (list(zip(ds_run["first"], rz_run["first"])) if case.resume else [])
     deltas = [abs(a - b) for a, b in zip(ds, rz)]
-    worst = max(range(len(deltas)), key=lambda i: deltas[i] / tolerance(CASES[name].dtype, ds[i]))
-    return {"case": name, "deepspeed": ds, "ringzero": rz, "steps": len(ds), "same_steps": len(ds) == len(rz),
-            "max_abs": max(deltas), "max_rel": max(d / abs(a) for d, a in zip(deltas, ds)),
-            "within": len(ds) == len(rz) and all(d <= tolerance(CASES[name].dtype, a) for d, a in zip(deltas, ds)),
-            "worst_step": worst}
+    worst = max(range(len(deltas)), key=lambda i: deltas[i] / tolerance(case.dtype, ds[i]))
+    c = {"case": name, "deepspeed": ds, "ringzero": rz, "steps": len(ds), "same_steps": len(ds) == len(rz),
+         "max_abs": max(abs(a - b) for a, b in pairs), "max_rel": max(abs(a - b) / abs(a) for a, b in pairs),
+         "losses_within": len(ds) == len(rz) and all(abs(a - b) <= tolerance(case.dtype, a) for a, b in pairs),
+         "worst_step": worst, "runs": {"deepspeed": ds_run, "ringzero": rz_run}}
+    c["resume_delta"] = {s: _resume_delta(r) for s, r in c["runs"].items()} if case.same_curve else None
+    c["logits"] = None
+    if ds_run["logits"] is not None:
+        pd, pr = ds_run["logits"], rz_run["logits"]
+        c["logits"] = {"n": len(pd), "max_abs": max(abs(a - b) for u, v in zip(pd, pr) for a, b in zip(u, v)),
+                       "same_argmax": sum(u.index(max(u)) == v.index(max(v)) for u, v in zip(pd, pr))}
+    c["within"] = (c["losses_within"] and (c["resume_delta"] is None or max(c["resume_delta"].values()) == 0)
+                   and (c["logits"] is None or (c["logits"]["max_abs"] <= LOGIT_TOL
+                                                 and c["logits"]["same_argmax"] == c["logits"]["n"])))
+    return c
+
+
+def per_step_table(c: dict) -> Table:
+    """Step by step: each side's logged loss, |Δ| and the tolerance; resumed runs beside the uninterrupted ones."""
+    case, runs = ALL_CASES[c["case"]], c["runs"]
+    t = Table(title=f"{c['case']}: logged loss per step, 2 ranks, real DeepSpeed vs ringzero's runner")
+    cols = ["step", "DeepSpeed", "ringzero", "|Δ|", "tolerance"]
+    if case.same_curve:
+        cols[1:3] = ["DeepSpeed", "DeepSpeed resumed", "ringzero", "ringzero resumed"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    for i, (a, b) in enumerate(zip(c["deepspeed"], c["ringzero"])):
+        mid = [f"{a:.9g}", f"{b:.9g}"]
+        if case.same_curve:
+            mid = [f"{runs['deepspeed']['first'][i]:.9g}", f"{a:.9g}", f"{runs['ringzero']['first'][i]:.9g}", f"{b:.9g}"]
+        t.add_row(str(i + 1), *mid, f"{abs(a - b):.2e}", f"{tolerance(case.dtype, a):.1e}")
+    return t
+
+
+def _cells(c: dict) -> tuple[str, str]:
+    lg, rd = c["logits"], c["resume_delta"]
+    pred = "—" if lg is None else f"{lg['same_argmax']}/{lg['n']} same, |Δ| {lg['max_abs']:.1e}"
+    res = "—" if rd is None else ("bit for bit" if max(rd.values()) == 0 else
+                                  f"DS {rd['deepspeed']:.1e}, rz {rd['ringzero']:.1e}")
+    return pred, res
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", choices=sorted(CASES), action="append", help="default: every case")
+    ap.add_argument("--case", choices=sorted(ALL_CASES), action="append", help="default: every case")
+    ap.add_argument("--per-step", action="store_true", help="also print each case's losses step by step")
     a = ap.parse_args(argv)
+    console = Console(width=160)
+    console.print(versions_line(), soft_wrap=True)
     t = Table(title="DeepSpeedExamples clients, 2 ranks: real DeepSpeed 0.19.8 vs ringzero's runner")
-    for col in ("client", "steps", "DeepSpeed last loss", "ringzero last loss", "max |Δ|", "max rel Δ", "within"):
+    t.add_column("client", no_wrap=True)
+    for col in ("steps", "DeepSpeed last loss", "ringzero last loss", "max |Δ|", "max rel Δ",
+                "held-out predictions", "resumed = uninterrupted", "within"):
         t.add_column(col)
     ok = True
-    for name in a.case or list(CASES):
-        c = compare(name)
+    for name in a.case or list(ALL_CASES):
+        try:
+            c = compare(name)
+        except RuntimeError as e:   # one failing client must not hide the others' rows
+            console.print(f"[red]{name} failed[/]: {str(e)[-2000:]}")
+            t.add_row(name, *["—"] * 7, "FAILED")
+            ok = False
+            continue
         ok &= c["within"]
+        if a.per_step:
+            console.print(per_step_table(c))
         t.add_row(name, str(c["steps"]), f"{c['deepspeed'][-1]:.8g}", f"{c['ringzero'][-1]:.8g}",
-                  f"{c['max_abs']:.2e}", f"{c['max_rel']:.2e}", "yes" if c["within"] else "NO")
-    Console(width=130).print(t)
+                  f"{c['max_abs']:.2e}", f"{c['max_rel']:.2e}", *_cells(c), "yes" if c["within"] else "NO")
+    console.print(t)
     return 0 if ok else 1
 
 

