@@ -22,7 +22,8 @@ from primitives.engine.launch import spawn
 from primitives.engine.log import console
 
 
-def draw(events_per_rank, title, name):
+def draw(events_per_rank, title, name, labels=None, source="figures.ch09_pipeline"):
+    """One row per rank (labels: its y-axis names, default "stage r"); saved as tutorials/img/<name>.png."""
     plt = pyplot()
     bubbles, span, t0 = measure(events_per_rank)
     p = len(events_per_rank)
@@ -37,13 +38,14 @@ def draw(events_per_rank, title, name):
                 ax.text((a + b - 2 * t0) / 2 * 1e3, p - 1 - r, f"{mb}" + (f".{chunk}" if chunk else ""),
                         ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(p))
-    ax.set_yticklabels([f"stage {r}\nbubble {bubbles[r]:.0%}" for r in range(p)][::-1], fontsize=8)
+    labels = labels or [f"stage {r}" for r in range(p)]
+    ax.set_yticklabels([f"{labels[r]}\nbubble {bubbles[r]:.0%}" for r in range(p)][::-1], fontsize=8)
     ax.set_xlabel("ms since the step began")
     ax.set_title(title, fontsize=10)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("fwd", "bwd", "recv_act", "send_act", "reduce_grads", "step")]
     ax.legend(handles, ["forward", "backward", "waiting for a receive", "posting a send", "tied/dp reduce", "optimizer step"],
               loc="upper center", bbox_to_anchor=(0.5, -0.35 if p < 3 else -0.18), ncol=6, fontsize=7, frameon=False)
-    return bubbles, save(fig, name, "figures.ch09_pipeline", note="every instruction of the last step timed on every rank")
+    return bubbles, save(fig, name, source, note="every instruction of the last step timed on every rank")
 
 
 def main(argv=None):

@@ -11,7 +11,8 @@ launcher, which passes --local_rank=N before the script.
 """
 import pytest
 
-from clients.compare import CASES, compare
+from clients.cases import CASES
+from clients.compare import compare
 from primitives.engine.launch import free_port
 from tests.conftest import run_cmd
 from tests.test_as_deepspeed import CONFIG, TINY

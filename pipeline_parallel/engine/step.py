@@ -12,7 +12,9 @@ the global norm of one process, by default.
 clip_grad_norm_ (deepspeed/runtime/utils.py, `if (mpu.get_model_parallel_rank() == 0) or
 is_model_parallel_parameter(p)`) sums only model-parallel rank 0's norms, and in a pipeline grid
 the model-parallel group is the stages of one replica, so rank 0 is stage 0: the norm that
-scales every stage's gradients is stage 0's alone (DeepSpeed's bf16/fp16 optimizers use all stages).
+scales every stage's gradients is stage 0's alone (DeepSpeed's bf16/fp16 optimizers use all stages),
+in its fp32 arithmetic (an fp32 norm per parameter, the coefficient in fp32: _deepspeed_fp32_coef) — its
+AlexNet pipeline example matches to ~1e-6 only with both (clients/pipeline/).
 Mixed precision (engine/mixed.py): the norm is of the scaled gradients ÷ S; a non-finite norm
 skips the step on every rank (skipped_steps += 1, no scheduler step), as DeepSpeed's engine.
 Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's own passes.
@@ -20,6 +22,8 @@ Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's
 from __future__ import annotations
 
 import math
+
+import torch
 
 from zero_from_scratch.engine.mpu import counts_on
 
@@ -30,8 +34,14 @@ def take_step(e) -> bool:
     if e.zero1 is not None:          # every replica holds its own slice of the averaged gradients
         norm_sq = e.zero1.norm_sq() if ok else 0.0
     else:                            # every replica holds all of them: replica 0 counts
-        norm_sq = sum(float(p.grad.double().pow(2).sum()) for p in e.params if p.grad is not None
-                      and not e.tied.is_replica(p) and counts_on(p, e.tp_rank)) if ok and e.dp_rank == 0 else 0.0
+        mine = [p.grad for p in e.params if p.grad is not None and not e.tied.is_replica(p)
+                and counts_on(p, e.tp_rank)] if ok and e.dp_rank == 0 else []
+        if not mine:
+            norm_sq = 0.0
+        elif e.clip_norm == "stage0":   # DeepSpeed's arithmetic: an fp32 norm per parameter, their squares summed in fp32
+            norm_sq = float(torch.stack([g.float().norm(2) for g in mine]).pow(2).sum())
+        else:
+            norm_sq = sum(float(g.double().pow(2).sum()) for g in mine)
     e.step_status(norm_sq)
     scale = e.scaler.cur_scale if e.scaler is not None else 1.0
     e.global_grad_norm /= scale
@@ -46,7 +56,12 @@ def take_step(e) -> bool:
     elif e.mixed is not None:
         applied = e.mixed.step(e.optimizer, clip, e.global_grad_norm, scale)
     else:
-        if clip > 0:
+        if clip > 0 and e.clip_norm == "stage0":
+            coef = _deepspeed_fp32_coef(e, clip)
+            for p in e.params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        elif clip > 0:
             coef = clip / (e.global_grad_norm + 1e-6)
             if coef < 1:
                 for p in e.params:
@@ -64,3 +79,15 @@ def take_step(e) -> bool:
     e.global_steps += 1
     e.global_samples += e.micro_batches * e.micro_batch_size * e.dp
     return applied
+
+
+def _deepspeed_fp32_coef(e, clip: float) -> torch.Tensor:
+    """DeepSpeed's clip_grad_norm_ (runtime/utils.py) from stage 0's fp32 norm²: √ in fp32, the average over
+    data replicas (each adds norm/dp), clip / (norm + 1e-6) in fp32, capped at 1; every gradient is multiplied."""
+    # the all-reduced norm² was stage 0's fp32 sum plus zeros: squaring its double root recovers it exactly in fp32
+    total = torch.tensor([e.global_grad_norm ** 2], dtype=torch.float32).pow(0.5)
+    part = total * 1.0 / float(e.dp)
+    total = part
+    for _ in range(e.dp - 1):
+        total = total + part
+    return torch.min(torch.tensor([1.0]), torch.tensor([float(clip)]) / (total + 1e-6))
