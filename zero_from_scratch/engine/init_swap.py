@@ -4,6 +4,7 @@
     with zero_from_scratch.zero.Init(config_dict_or_path=cfg):
         model = Big()          # each shard goes to its file as soon as it is made: no rank holds Ψ/N
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)   # read back unit by unit
+    python -m pytest -q tests/test_zero_init.py -k nvme
 
 One file per rank and Init, NVME_PATH/zero_init_rank{r}_{pid}_{k}.params: every parameter's shard
 (⌈numel/N⌉ elements, b bytes each) at its own byte offset; `ds_tensor` is left empty with its
