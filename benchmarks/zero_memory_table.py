@@ -1,28 +1,32 @@
 """ZeRO memory table for a T5-shaped model: configuration → peak memory per rank, time per step.
 
-    python benchmarks/zero_memory_table.py              # T5 d_model 384, 6+6 layers, Ψ ≈ 28 M, 2 ranks, ~2 min
+    python benchmarks/zero_memory_table.py              # T5 d_model 384, 6+6 layers, Ψ ≈ 28 M, 2 ranks, ~10 min loaded
     python benchmarks/zero_memory_table.py --quick      # d_model 128, 2+2 layers: proves it runs (~40 s)
 
 Rows: ZeRO-1; ZeRO-3; ZeRO-3 + offload_optimizer; ZeRO-3 + offload_param + offload_optimizer
-(ZeRO-Infinity); the last two again with the model built under zero.Init ("n/a" where this tree
-has no zero.Init). Offload goes to files (device "nvme", max_in_cpu 0): on this CPU-only machine
-"cpu" offload keeps the states in the same memory and saves nothing. Each row runs in a fresh pair
-of ranks (primitives spawn, gloo, fp32, AdamW, micro-batch 2 × 32 tokens); each rank fixes glibc's
-mmap threshold at 1 MiB (mallopt) so freed tensors leave RSS at once, runs a tiny T5 once (torch's
-kernels and thread pools are then loaded) and reports VmHWM above its RSS just before the model is
-built: "peak" covers construction + initialize + training, "train"
-the training steps alone (VmHWM reset after initialize). Model-state formulas per rank (fp32, K = 8):
+(ZeRO-Infinity); the last two again with the model built under zero.Init (with offload_param
+"nvme", Init writes each shard to a file as it is built). Offload goes to files (device "nvme",
+max_in_cpu 0): on this CPU-only machine "cpu" offload keeps the states in the same memory and
+saves nothing. Each row runs in a fresh pair of ranks (primitives spawn, gloo, fp32, AdamW,
+micro-batch 2 × 32 tokens); each rank fixes glibc's mmap threshold at 1 MiB (mallopt) so freed
+tensors of ≥ 1 MiB leave RSS at once, runs a tiny T5 once (torch's kernels and thread pools are
+then loaded) and reports VmHWM above its RSS just before the model is built: "peak" covers
+construction + initialize + training, "train" the training steps alone. Between the two, glibc
+keeps the freed small blocks (< 1 MiB: the T5's 384 × 384 projections, their shards, each unit
+assembled at initialize) inside its heap, where they count in RSS until reused; "heap free" is
+that amount (mallinfo2's fordblks) after initialize, which malloc_trim(0) then returns, so "train"
+is what training holds, not what the allocator kept. Model-state formulas per rank (fp32, K = 8):
 ZeRO-1 4Ψ + 4Ψ + 8Ψ/N, ZeRO-3 16Ψ/N; offload_optimizer "nvme" removes 8Ψ/N and, at stage 3,
 the gradient shards (4Ψ/N: they go to files beside the states); offload_param 4Ψ/N more. The
-gathered units stay, bounded by LIVE (stage3_max_live_parameters 4e6, no reuse distance). The model is T5ForConditionalGeneration
-from a T5Config (offline, random init, seed 0); time per step is the median after the first
-step, on 2 shared cores: read it as the trade, not a claim.
+gathered units stay, bounded by LIVE (stage3_max_live_parameters 4e6, no reuse distance). The
+model is T5ForConditionalGeneration from a T5Config (offline, random init, seed 0); time per step
+is the median after the first step, on 2 shared cores: read it as the trade, not a claim.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
+import json
 import os
 import platform
 import statistics
@@ -41,12 +45,16 @@ MIB = 2 ** 20
 # ZeRO-3's working set: DeepSpeed's defaults (1e9) keep every unit gathered from its forward to its
 # backward, i.e. the whole model in memory at the turn of the pass; these bound it to ~2 layers
 LIVE = {"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 4_000_000, "stage3_param_persistence_threshold": 10_000}
-HAVE_INIT = importlib.util.find_spec("zero_from_scratch.engine.zero_init") is not None
 ROWS = [("ZeRO-1", 1, False, False, False), ("ZeRO-3", 3, False, False, False),
         ("ZeRO-3 + offload_optimizer", 3, True, False, False),
         ("ZeRO-3 + offload_param + offload_optimizer", 3, True, True, False),
         ("ZeRO-3 + offload_optimizer, zero.Init", 3, True, False, True),
         ("ZeRO-3 + offload_param + offload_optimizer, zero.Init", 3, True, True, True)]
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(k, ctypes.c_size_t) for k in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                               "uordblks", "fordblks", "keepcost")]
 
 
 def _vm(key: str) -> int:
@@ -77,14 +85,16 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")                                       # VmHWM := VmRSS, before the model exists
     torch.manual_seed(0)
-    if init:
-        # Init partitions in memory (its remote_device "nvme" is refused): initialize moves the shards
-        with zero_from_scratch.zero.Init(config_dict_or_path={**cfg, "zero_optimization": {"stage": 3}}):
-            model = _t5(size)
-    else:
+    # under zero.Init the config's offload_param "nvme" sends each shard to a file as it is built
+    # (init_swap.py); initialize then moves them, unit by unit, to offload_param's own files
+    with zero_from_scratch.zero.Init(config_dict_or_path=cfg, enabled=init):
         model = _t5(size)
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     built = _vm("VmHWM:") - base
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    heap_free, held = libc.mallinfo2().fordblks, _vm("VmRSS:") - base   # free bytes glibc keeps in its heap
+    libc.malloc_trim(0)                                    # give them back: "train" is what training holds
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     g, times, losses = torch.Generator().manual_seed(rank), [], []
@@ -97,44 +107,59 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
         times.append(time.perf_counter() - t)
         losses.append(loss.item())
     train = _vm("VmHWM:") - base
-    return {"peak": max(built, train), "train": train, "step_s": statistics.median(times[1:] or times),
+    return {"peak": max(built, train), "built": built, "train": train, "heap_free": heap_free, "held": held,
+            "step_s": statistics.median(times[1:] or times),
             "losses": losses, "psi": engine.layout.numel}
+
+
+def measure(quick: bool, steps: int) -> dict:
+    """Every row in its own fresh pair of ranks: {"size", "psi", "rows": {name: [per-rank dicts]}}."""
+    size = {"vocab": 4000, "d": 128, "layers": 2} if quick else {"vocab": 8000, "d": 384, "layers": 6}
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="zero-memory-table-") as d:
+        for i, (name, stage, ooff, poff, init) in enumerate(ROWS):
+            rows[name] = spawn(_run, 2, timeout=1200.0, args=(stage, ooff, poff, init, size,
+                                                              os.path.join(d, str(i)), steps))
+    return {"size": size, "psi": rows["ZeRO-1"][0]["psi"], "rows": rows,
+            "machine": f"{platform.machine()}, {os.cpu_count()} shared cores, python {platform.python_version()}, "
+                       f"torch {torch.__version__}, transformers {transformers.__version__}"}
+
+
+def states(name: str, psi: int) -> float:
+    """Model-state bytes per rank the configuration leaves in memory (fp32, N = 2, K = 8)."""
+    if name == "ZeRO-1":
+        return 8 * psi + 8 * psi / 2
+    return 16 * psi / 2 - 12 * psi / 2 * ("offload_optimizer" in name) - 4 * psi / 2 * ("offload_param" in name)
+
+
+def show(data: dict) -> None:
+    size, psi, res = data["size"], data["psi"], data["rows"]
+    t = Table(title=f"T5ForConditionalGeneration (d_model {size['d']}, {size['layers']}+{size['layers']} layers, "
+                    f"vocab {size['vocab']}), Ψ = {psi:,} (4Ψ = {4 * psi / MIB:,.0f} MiB), N = 2, fp32, "
+                    f"micro-batch 2 × 32, ZeRO-3 live ≤ 4e6: peak RSS per rank above the pre-model RSS (MiB)")
+    for c in ("configuration", "peak r0", "peak r1", "train r0", "train r1", "peak / 4Ψ", "step s",
+              "model states (MiB)", "heap free r0"):
+        t.add_column(c, justify="right" if c != "configuration" else "left")
+    for name, r in res.items():
+        t.add_row(name, *[f"{x['peak'] / MIB:,.0f}" for x in r], *[f"{x['train'] / MIB:,.0f}" for x in r],
+                  f"{max(x['peak'] for x in r) / (4 * psi):.2f}", f"{r[0]['step_s']:.2f}",
+                  f"{states(name, psi) / MIB:,.0f}", f"{r[0]['heap_free'] / MIB:,.0f}")
+    console.print(t)
+    same = all(res[n][0]["losses"] == res["ZeRO-3"][0]["losses"] for n in res if n != "ZeRO-1")
+    console.print(f"ZeRO-3 rows' losses bit-identical to ZeRO-3's: {same}; machine: {data['machine']}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--json", default=None, help="also write the measurements here (figures.ch14_zero_infinity draws it)")
     a = ap.parse_args(argv)
-    size = {"vocab": 4000, "d": 128, "layers": 2} if a.quick else {"vocab": 8000, "d": 384, "layers": 6}
-    res = {}
-    with tempfile.TemporaryDirectory(prefix="zero-memory-table-") as d:
-        for i, (name, stage, ooff, poff, init) in enumerate(ROWS):
-            if init and not HAVE_INIT:
-                continue
-            res[name] = spawn(_run, 2, timeout=1200.0, args=(stage, ooff, poff, init, size,
-                                                             os.path.join(d, str(i)), a.steps))
-    psi = res["ZeRO-1"][0]["psi"]
-    t = Table(title=f"T5ForConditionalGeneration (d_model {size['d']}, {size['layers']}+{size['layers']} layers, "
-                    f"vocab {size['vocab']}), Ψ = {psi:,} (4Ψ = {4 * psi / MIB:,.0f} MiB), N = 2, fp32, "
-                    f"micro-batch 2 × 32, ZeRO-3 live ≤ 4e6: peak RSS per rank above the pre-model RSS (MiB)")
-    for c in ("configuration", "peak r0", "peak r1", "train r0", "train r1", "step s", "model states (MiB)"):
-        t.add_column(c, justify="right" if c != "configuration" else "left")
-    formula = {"ZeRO-1": 8 * psi + 8 * psi / 2, "ZeRO-3": 16 * psi / 2}
-    for name, stage, ooff, poff, init in ROWS:
-        if name not in res:
-            t.add_row(name, *["n/a"] * 5, "zero.Init not in this tree")
-            continue
-        r = res[name]
-        f = formula.get(name, 16 * psi / 2 - 12 * psi / 2 * ooff - 4 * psi / 2 * poff)
-        t.add_row(name, *[f"{x['peak'] / MIB:,.0f}" for x in r], *[f"{x['train'] / MIB:,.0f}" for x in r],
-                  f"{r[0]['step_s']:.2f}", f"{f / MIB:,.0f}")
-    console.print(t)
-    same = all(res[n][0]["losses"] == res["ZeRO-3"][0]["losses"] for n in res if n != "ZeRO-1")
-    console.print(f"ZeRO-3 rows' losses bit-identical to ZeRO-3's: {same}; "
-                  f"machine: {platform.machine()}, {os.cpu_count()} shared cores, python {platform.python_version()}, "
-                  f"torch {torch.__version__}, transformers {transformers.__version__}; "
-                  f"zero.Init {'present' if HAVE_INIT else 'absent'}")
+    data = measure(a.quick, a.steps)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(data, f)
+    show(data)
 
 
 if __name__ == "__main__":

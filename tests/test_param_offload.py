@@ -12,8 +12,9 @@
 * peak RSS (slow): ZeRO-3 fp32, an MLP of Ψ = 16.8 M: nvme parameter offload lowers the training
   peak by ≥ 0.5 × 4Ψ/N (4Ψ/N = the shards; minus ≤ buffer_count unit shards resident at a time);
   with offload_optimizer nvme too (parameters, gradients, m and v in files) by ≥ 0.6 × 16Ψ/N.
-* ZeRO-Infinity (slow): Ψ = 67 M, N = 2, parameters, gradients and optimizer states in files: the
-  training peak per rank ≤ 0.25 × 4Ψ above the RSS before the model existed.
+* ZeRO-Infinity (slow, ~5 min loaded): Ψ = 67 M, N = 2, built under zero.Init, parameters, gradients and
+  optimizer states in files: the peak per rank over the whole run (build, initialize, 2 steps)
+  ≤ 0.25 × 4Ψ above the RSS before the model existed; losses equal ZeRO-3 without offload.
 * checkpoint (slow): a ZeRO-Infinity run saved mid-way resumes bit-identically in a fresh engine.
 * a CUDA model (where a GPU is): cpu (pinned) and nvme parameter offload train as without.
 * refusals: stage < 3, a buffer_size below a unit's shard (on every rank), unknown keys, a missing nvme_path.
@@ -192,34 +193,20 @@ def test_nvme_param_offload_lowers_the_training_peak(spawn, tmp_path):
         assert p0 - p2 >= 0.6 * 16 * psi / 2, f"rank {r}: peak {p0 / MIB:.1f} → {p2 / MIB:.1f} MiB; 16Ψ/N = {8 * psi / MIB:.1f} MiB"
 
 
-def _infinity(rank, world, path, layers):
-    """Training peak RSS (VmHWM reset after initialize) above the RSS before the model existed."""
-    ctypes.CDLL("libc.so.6").mallopt(-3, MIB)
-    base = _vm("VmRSS:")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(layers)])
-    engine, *_ = zero_from_scratch.initialize(model=model, config={
-        "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10 ** 9, "optimizer": {"type": "AdamW"},
-        "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 2_200_000,
-                              "offload_param": {"device": "nvme", "nvme_path": path, "max_in_cpu": 0},
-                              "offload_optimizer": {"device": "nvme", "nvme_path": path}}})
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    g = torch.Generator().manual_seed(rank)
-    for _ in range(2):
-        loss = engine(torch.randn(4, 1024, generator=g)).pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-    return _vm("VmHWM:") - base, engine.layout.numel
-
-
 @pytest.mark.slow
-def test_zero_infinity_trains_within_a_quarter_of_the_fp32_weights(spawn, tmp_path):
-    """Ψ = 67 M (4Ψ = 256 MiB of fp32 weights), N = 2: while training, a rank holds ≤ 0.25 × 4Ψ
-    above its RSS before the model existed (measured 54 MiB ≈ 0.21 × 4Ψ; the rest of the peak is
-    building the whole model and initialize, which zero.Init, not offload, removes)."""
-    for r, (peak, psi) in enumerate(spawn(_infinity, 2, args=(str(tmp_path), 64), timeout=600.0)):
-        assert peak <= 0.25 * 4 * psi, f"rank {r}: training peak {peak / MIB:.1f} MiB > 0.25 × 4Ψ = {psi / MIB:.1f} MiB"
+@pytest.mark.timeout(2400)                                 # ~10 min on 2 loaded cores: 67 M parameters, twice
+def test_zero_infinity_whole_run_within_a_quarter_of_the_fp32_weights(spawn, tmp_path):
+    """256 × Linear(512, 512): Ψ = 67 M, 4Ψ = 256 MiB of fp32 weights, N = 2. Built under zero.Init
+    with offload_param + offload_optimizer nvme (DeepSpeed's defaults but the live-parameter bound),
+    adopted by initialize and trained: each rank's peak over the whole run ≤ 0.25 × 4Ψ above its RSS
+    before the model existed (the model states, 16Ψ/N = 2 × 4Ψ, are in files), and every loss equals
+    ZeRO-3 without offload on the plainly built model."""
+    from benchmarks.zero_init_memory import infinity   # the benchmark's measurement: only this test needs it
+    for r, out in enumerate(spawn(infinity, 2, args=(str(tmp_path),), timeout=1800.0)):
+        peak, psi = out["train"], out["psi"]                # cumulative: build, initialize and training
+        assert peak <= 0.25 * 4 * psi, f"rank {r}: peak {peak / MIB:.1f} MiB > 0.25 × 4Ψ = {psi / MIB:.1f} MiB"
+        assert out["in_files"] >= 4 * psi // 2, f"rank {r}: {out['in_files']} bytes of parameter shards in files"
+        assert out["losses"] == out["ref_losses"], f"rank {r}: {out['losses']} vs ZeRO-3 without offload"
 
 
 def _resume(rank, world, path):

@@ -192,7 +192,7 @@ def _infinity(rank, world, init: bool, path):
 
 
 def test_init_with_parameter_and_optimizer_offload_to_files(spawn, tmp_path):
-    with pytest.warns(UserWarning, match="until initialize"):
+    with pytest.raises(ValueError, match="nvme_path"):
         Init(config_dict_or_path={"zero_optimization": {"offload_param": {"device": "nvme"}}})
     plain = spawn(_infinity, 2, args=(False, None))
     assert spawn(_infinity, 2, args=(True, str(tmp_path))) == plain     # exact
@@ -446,7 +446,7 @@ def test_single_process_without_torch_distributed_and_classes_restored():
     lin = nn.Linear(3, 3)
     Init(module=lin)                          # DeepSpeed's module=: partition a model already built
     assert lin.weight.numel() == 0 and lin.weight.ds_shape == (3, 3)
-    with pytest.warns(UserWarning, match="until initialize"):
+    with pytest.raises(ValueError, match="nvme_path"):
         Init(remote_device="nvme", dtype=torch.float32)
     with pytest.raises(NotImplementedError, match="zero_quantized_weights"):
         Init(zero_quantized_weights=True)
@@ -546,3 +546,23 @@ def _external(rank, world, init: bool):
 
 def test_gathered_parameters_fwd_module_inside_forward(spawn):
     assert spawn(_external, 2, args=(True,)) == spawn(_external, 2, args=(False,))
+
+
+def test_init_with_nvme_writes_each_shard_to_a_file_as_it_is_built(tmp_path):
+    """offload_param "nvme" in Init's config (init_swap.py): no shard stays in memory (ds_tensor
+    empty, ds_numel kept), the file holds exactly the shards, reads give the plain model's values,
+    an edit through GatheredParameters is rewritten in place, and initialize deletes the file."""
+    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+           "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(tmp_path)}}}
+    m = build(True, config_dict_or_path=cfg)
+    (f,) = list(tmp_path.iterdir())
+    assert all(p.numel() == 0 and p.ds_tensor.numel() == 0 for p in m.parameters())
+    assert f.stat().st_size == sum(4 * p.ds_tensor.ds_numel for p in m.parameters())
+    full, ref = _full(m), build(False)
+    assert all(torch.equal(full[n], p) for n, p in ref.named_parameters())
+    with GatheredParameters(m.a.weight, modifier_rank=0):
+        m.a.weight.data.mul_(2)
+    assert f.stat().st_size == sum(4 * p.ds_tensor.ds_numel for p in m.parameters())   # in place
+    assert torch.equal(_full(m)["a.weight"], 2 * ref.a.weight)
+    zero_from_scratch.initialize(model=m, config=cfg)
+    assert not f.exists()

@@ -41,6 +41,7 @@ from collections import OrderedDict
 
 import torch
 
+from zero_from_scratch.engine import zero_partition as zp
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
 
 DEVICES = ("none", "cpu", "nvme")
@@ -115,20 +116,21 @@ class ParamStore:
         self.dir, budget, err = None, spec["max_in_cpu"] if spec["device"] == "nvme" else None, ""
         if spec["device"] == "nvme":
             self.dir = os.path.join(spec["nvme_path"], f"{mp_prefix(*engine_mp(e))}zero_rank{self.rank:03d}")
-        try:
-            for u in self.units:
-                src = source(u) if source else None
-                if budget is None or u.shard <= budget:
-                    budget = None if budget is None else budget - u.shard
-                    self.host[u.index] = torch.zeros(u.shard, dtype=self.dtype, pin_memory=pin)
-                    if src is not None:
-                        self.host[u.index].copy_(src)
-                else:                                       # the host part is a prefix, as DeepSpeed's
-                    budget, fd = -1, self._fd(u.group)
+        for u in self.units:                               # source(u) may be collective: every rank, every unit
+            src = source(u) if source else None
+            if budget is None or u.shard <= budget:
+                budget = None if budget is None else budget - u.shard
+                self.host[u.index] = torch.empty(u.shard, dtype=self.dtype, pin_memory=pin)
+                self.host[u.index].copy_(src) if src is not None else self.host[u.index].zero_()
+            elif not err:                                   # the host part is a prefix, as DeepSpeed's
+                budget = -1
+                try:
+                    fd = self._fd(u.group)
                     if src is not None:
                         _io(True, fd, src.cpu(), self.b * u.local_offset)
-        except OSError as ex:
-            err = f"{ex}"
+                except OSError as ex:
+                    err = f"{ex}"
+            del src
         bad = _agree(e.comm, bool(err))
         if bad:
             raise ParamOffloadError(f"rank {self.rank}: offload {name} nvme_path {spec['nvme_path']!r} is not usable on "
@@ -241,7 +243,8 @@ def _agree(comm, failed: bool) -> list[int]:
 
 
 def make(stage) -> ParamStore | None:
-    """The stage's parameter store, or None without offload_param (call once the shards exist)."""
+    """The stage's parameter store, built from the module's parameters (plain or zero.Init's), or
+    None without offload_param."""
     spec = getattr(stage.e.config, "offload_param", None)
     if spec is None:
         return None
@@ -253,14 +256,10 @@ def make(stage) -> ParamStore | None:
         raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param with zero_quantized_weights/"
                          "zero_quantized_gradients is not supported by this engine (DeepSpeed would quantise the "
                          "all-gathers of offloaded shards); allowed: one of the two")
-    store = ParamStore(stage.e, spec, stage.dtype, stage.dev,
-                       source=lambda u: stage.pshard[u.group][u.local_offset:u.local_offset + u.shard])
-    for g in range(len(stage.e.layout.group_local)):      # the shards left the stage's own storage
-        stage.pshard[g] = torch.empty(0, dtype=stage.dtype, device=stage.dev)
-    for p in stage.params.values():                       # zero.Init's ds_tensor views would keep them alive:
-        if getattr(p, "ds_tensor", None) is not None:     # swapped out, as DeepSpeed's (empty, ds_numel kept)
-            t = torch.empty(0, dtype=stage.dtype, device=stage.dev)
-            t.ds_numel, p.ds_tensor = p.ds_tensor.ds_numel, t
+    # each unit's block is assembled (zero_partition.unit_block: one unit whole at a time, Init's
+    # shards read back and dropped) and written to its home at once: no Ψ/N copy in memory
+    store = ParamStore(stage.e, spec, stage.dtype, stage.dev, source=lambda u: zp.unit_block(stage, u))
+    zp.adopt(stage.e, stage.e.layout.units, stage.params)
     return store
 
 

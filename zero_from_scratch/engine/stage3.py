@@ -51,7 +51,7 @@ class ZeroStage3(Stage3):
         super().__init__(*engine_inputs(engine), engine.module)
         self.hpz = hpz.make(engine)                       # ZeRO++ hpZ, None when off
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
-        self.poff = param_offload.make(self)              # offload_param, None when off
+        self.poff = param_offload.make(self)              # offload_param (the shards built here), None when off
         self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
@@ -60,6 +60,11 @@ class ZeroStage3(Stage3):
         return labelled(self, purpose, u, self.tag)
 
     def _make_param_storage(self) -> None:
+        if getattr(self.e.config, "offload_param", None) is not None:
+            # param_offload.make builds each unit's shard straight into its store: no Ψ/N here
+            self.flat, self.pshard = [], [torch.empty(0, dtype=self.dtype, device=self.dev)
+                                          for _ in self.layout.group_local]
+            return
         make_param_storage(self)          # the textbook's, plus shards built by zero.Init (zero_partition.py)
 
     @property

@@ -23,9 +23,10 @@ Arguments as DeepSpeed 0.19.8's: config_dict_or_path (or the deprecated config) 
 (bf16/fp16 "enabled"); dtype overrides it; with neither, parameters keep the constructor's dtype
 (DeepSpeed picks fp16/bf16 by accelerator: warned). dtype applies to the parameter shards; buffers
 keep theirs until initialize casts the model. remote_device None/"cpu": shards stay on the
-parameters' device; "nvme" (or offload_param.device "nvme" in the config): the same, warned
-(DeepSpeed writes the partitions to files while building; here initialize's offload_param moves
-them). module=: partition an already built model. mpu: DeepSpeed hands it to its config object
+parameters' device; "nvme", or the config's offload_param.device "nvme" (which wins, as in DeepSpeed):
+each shard is written to a file under offload_param.nvme_path as it is made (init_swap.py), so a
+rank holds one module, never Ψ/N; without a config naming nvme_path it is refused (DeepSpeed asserts).
+module=: partition an already built model. mpu: DeepSpeed hands it to its config object
 only (batch arithmetic); accepted, unused. mem_efficient_linear: the
 engine saves Linear weights by reference during training (saved.py) whatever its value.
 data_parallel_group: the torch.distributed group to partition over (default: the world).
@@ -37,11 +38,13 @@ import warnings
 import weakref
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from zero_from_scratch.engine import zero_partition as zp
 from zero_from_scratch.engine.external import register_external_parameter
+from zero_from_scratch.engine.init_swap import InitSwap
 from zero_from_scratch.engine.zero_gathered import GatheredParameters
 from zero_from_scratch.engine.zero_partition import STATE, ZeroParamStatus, is_zero_param
 
@@ -61,15 +64,19 @@ _SAFE = {"dtype", "device", "requires_grad", "grad", "is_leaf", "grad_fn", "_gra
          "is_complex", "element_size", "get_device", "_base", "__class__", "__dict__", "_version"}
 
 
-def _dtype_from(cfg) -> torch.dtype | None:
-    if cfg is None:
-        return None
+def _load(cfg):
     if isinstance(cfg, str):
         with open(cfg) as f:
             cfg = json.load(f)
     cfg = getattr(cfg, "config", cfg)            # HfDeepSpeedConfig / objects holding the dict
-    if not isinstance(cfg, dict):
+    if cfg is not None and not isinstance(cfg, dict):
         raise TypeError(f"Init(config_dict_or_path=...) must be a dict or a JSON path, got {type(cfg).__name__}")
+    return cfg
+
+
+def _dtype_from(cfg: dict | None) -> torch.dtype | None:
+    if cfg is None:
+        return None
     on = {k: (cfg.get(k) or {}).get("enabled", False) for k in ("bf16", "bfloat16", "fp16")}
     bad = [k for k, v in on.items() if v not in (True, False)]
     if bad:
@@ -77,15 +84,22 @@ def _dtype_from(cfg) -> torch.dtype | None:
                          "(transformers' HfDeepSpeedConfig does)")
     if (on["bf16"] or on["bfloat16"]) and on["fp16"]:
         raise ValueError("Init: bf16 and fp16 cannot be enabled at once (DeepSpeed raises the same)")
-    if ((cfg.get("zero_optimization") or {}).get("offload_param") or {}).get("device") == "nvme":
-        _nvme_note(4)                                 # the user's Init(...) line
     return torch.bfloat16 if (on["bf16"] or on["bfloat16"]) else torch.float16 if on["fp16"] else torch.float32
 
 
-def _nvme_note(stacklevel: int) -> None:
-    warnings.warn("zero.Init with nvme (remote_device or offload_param.device): the partitions stay in memory "
-                  "(Ψ/N per rank) until initialize() moves them to offload_param's files; DeepSpeed writes them "
-                  "to nvme_path while the model is built", stacklevel=stacklevel)
+def _swap_from(cfg: dict | None, remote_device, enabled: bool):
+    """An InitSwap when the shards go to files (the config's offload_param.device wins over
+    remote_device, as in DeepSpeed), else None."""
+    off = ((cfg or {}).get("zero_optimization") or {}).get("offload_param") or {}
+    device = off.get("device", remote_device) if off else remote_device
+    if device != "nvme" or not enabled:
+        return None
+    if not off.get("nvme_path"):
+        raise ValueError("zero.Init with nvme (remote_device or offload_param.device) needs config_dict_or_path with "
+                         "zero_optimization.offload_param.nvme_path (DeepSpeed asserts the same); or build with "
+                         "remote_device None/'cpu' and let initialize's offload_param move the shards")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return InitSwap(off["nvme_path"], rank)
 
 
 class Init:
@@ -108,17 +122,17 @@ class Init:
                                           "hpZ / quantisation / offload at initialize()")
         if remote_device not in (None, "none", "cpu", "nvme"):
             raise ValueError(f"Init(remote_device={remote_device!r}): DeepSpeed takes None, 'none', 'cpu' or 'nvme'")
-        if remote_device == "nvme" and enabled:
-            _nvme_note(3)
         if config is not None:
             warnings.warn("zero.Init: the `config` argument is deprecated; use `config_dict_or_path` (as DeepSpeed "
                           "says)", stacklevel=2)
             config_dict_or_path = config
+        cfg = _load(config_dict_or_path)
+        self.swap = _swap_from(cfg, remote_device, enabled)   # shards to a file as they are made, or None
         if data_parallel_group is not None and sequence_data_parallel_group is not None:
             raise ValueError("Init: both 'data_parallel_group' and 'sequence_data_parallel_group' were specified")
         self.enabled = enabled
         self.group = data_parallel_group if data_parallel_group is not None else sequence_data_parallel_group
-        self.dtype = dtype if dtype is not None else _dtype_from(config_dict_or_path)
+        self.dtype = dtype if dtype is not None else _dtype_from(cfg)
         if self.dtype is None and enabled:
             warnings.warn("zero.Init without dtype or config: parameters keep the constructor's dtype (DeepSpeed "
                           "would cast them to fp16/bf16, whichever the accelerator supports)", stacklevel=2)
@@ -199,7 +213,7 @@ class Init:
             self.flush()
             for p in module.parameters(recurse=False):
                 if not is_zero_param(p) and not p.is_meta:   # meta (skip_init): nothing to scatter yet
-                    zp.partition(p, self.group, 0, self.dtype)
+                    zp.partition(p, self.group, 0, self.dtype, self.swap)
                     p._zero_owner = id(module)
                     if self.pin:
                         p.ds_tensor = p.ds_tensor.pin_memory()

@@ -18,7 +18,9 @@ by gathering its parameters one at a time, keeping this rank's block and droppin
 Peak: the largest unit plus its largest parameter, never the model; cost (N-1)/N·Ψ once, and no
 broadcast (Init already made every rank agree). After adoption Init's shards are freed, the
 parameter has no `ds_tensor` (its elements live in the engine's unit shard) and GatheredParameters
-goes through the engine.
+goes through the engine. With offload_param the engine allocates no Ψ/N storage: each unit's
+block (`unit_block`) goes straight to the parameter store (param_offload.py), and shards Init kept
+in a file (init_swap.py) are read back one parameter at a time.
 """
 from __future__ import annotations
 
@@ -73,9 +75,10 @@ def _global(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def partition(p: torch.nn.Parameter, group=None, src: int = 0, dtype=None) -> None:
+def partition(p: torch.nn.Parameter, group=None, src: int = 0, dtype=None, swap=None) -> None:
     """p.data (full, on every rank) → each rank's shard of rank src's value; .data ← empty.
-    A parameter seen for the first time gets DeepSpeed's attributes."""
+    A parameter seen for the first time gets DeepSpeed's attributes. With `swap` (or a swap the
+    parameter already has: init_swap.py) the shard goes to its file and ds_tensor stays empty."""
     rank, n = _world(group)
     full = p.data
     if dtype is not None and full.is_floating_point():
@@ -101,13 +104,18 @@ def partition(p: torch.nn.Parameter, group=None, src: int = 0, dtype=None) -> No
             chunks = list(flat.chunk(n))
         dist.scatter(out, chunks, src=_global(group, src), group=group)
     out.ds_numel = shard
-    p.ds_tensor = out
+    swap = swap or getattr(p, "ds_swap", None)
+    if swap is not None:
+        swap.put(p, out)
+    else:
+        p.ds_tensor = out
     release(p)
 
 
 def gather(p: torch.nn.Parameter) -> torch.Tensor:
     """The full value of an Init-held parameter from every rank's shard (all ranks call it)."""
-    s, group = p.ds_tensor, p.ds_process_group
+    swap, group = getattr(p, "ds_swap", None), p.ds_process_group
+    s = swap.get(p) if swap is not None else p.ds_tensor
     _, n = _world(group)
     if n == 1:
         return s[:p.ds_numel].view(p.ds_shape).clone()
@@ -153,28 +161,37 @@ def value_of(p: torch.nn.Parameter) -> tuple[torch.Tensor, bool]:
 
 
 def make_param_storage(st) -> None:
-    """ZeRO-3's shards (engine/stage3.py), unit by unit: plain parameters as the textbook does
-    (rank 0's unit broadcast), Init-held ones from Init's shards (gathered, no broadcast)."""
+    """ZeRO-3's shards (engine/stage3.py) in memory, unit by unit: plain parameters as the textbook
+    does (rank 0's unit broadcast), Init-held ones from Init's shards (gathered, no broadcast)."""
     st.flat = []
     st.pshard = [torch.zeros(n, dtype=st.dtype, device=st.dev) for n in st.layout.group_local]
     for u in st.layout.units:
-        full = torch.zeros(u.padded, dtype=st.dtype, device=st.dev)
-        plain = False
-        for s in u.slots:
-            v, from_init = value_of(st.params[s.name])
-            full[s.offset:s.offset + s.numel].copy_(v.reshape(-1))
-            plain |= not from_init
-            del v
-        if st.comm.size > 1 and plain:
-            st.comm.broadcast(full, 0, **st.kw("init broadcast"))
-        lo, hi = u.shard_range(st.rank)
-        st.param_shard(u).copy_(full[lo:hi])
-        del full
-        for s in u.slots:                # this unit's full tensors and Init shards go now, not at the end
-            st.params[s.name].data = torch.empty(0, dtype=st.dtype, device=st.dev)
-            if held_by_init(st.params[s.name]):
-                st.params[s.name].ds_tensor = None
+        st.param_shard(u).copy_(unit_block(st, u))
     adopt(st.e, st.layout.units, st.params)
+
+
+def unit_block(st, u) -> torch.Tensor:
+    """This rank's block of unit u (a view of the full unit, freed with it): the unit assembled
+    from its parameters one at a time, then their full tensors and Init's shards are dropped, so
+    only one unit (+ one parameter) is ever whole. All ranks call it, in unit order."""
+    full = torch.zeros(u.padded, dtype=st.dtype, device=st.dev)
+    plain = False
+    for s in u.slots:
+        v, from_init = value_of(st.params[s.name])
+        full[s.offset:s.offset + s.numel].copy_(v.reshape(-1))
+        plain |= not from_init
+        del v
+    if st.comm.size > 1 and plain:
+        st.comm.broadcast(full, 0, **st.kw("init broadcast"))
+    for s in u.slots:                    # this unit's full tensors and Init shards go now, not at the end
+        p = st.params[s.name]
+        p.data = torch.empty(0, dtype=st.dtype, device=st.dev)
+        if held_by_init(p):
+            p.ds_tensor = None
+            if getattr(p, "ds_swap", None) is not None:
+                p.ds_swap.drop(p)        # the last one deletes Init's file (init_swap.py)
+    lo, hi = u.shard_range(st.rank)
+    return full[lo:hi]
 
 
 def adopt(engine, units, params: dict) -> None:
