@@ -25,7 +25,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
            "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder",
-           "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
+           "deepspeed.runtime.pipe.module", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference")
 
@@ -33,6 +34,9 @@ _LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest",
 _SAFE = tuple(f"safe_{a}_{b}" for a in ("get", "set") for b in ("full_fp32_param", "full_grad", "full_optimizer_state"))
 _PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
                "PipeModelDataParallelTopology")
+_TOPO = "pipeline_parallel.engine.topology"
+_TOPO_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid",
+               "_prime_factors")
 
 # DeepSpeed name → "ringzero module:attribute"
 SERVED: dict[str, str] = {
@@ -73,6 +77,9 @@ SERVED: dict[str, str] = {
     **{f"deepspeed.ops.adam.{n}": f"{_E}.optimizers:{n}" for n in ("FusedAdam", "DeepSpeedCPUAdam")},
     **{f"deepspeed.ops.lion.{n}": f"{_E}.optimizers:{n}" for n in ("FusedLion", "DeepSpeedCPULion")},
     **{f"deepspeed.pipe.{n}": f"{_PIPE}:{n}" for n in _PIPE_NAMES},
+    **{f"deepspeed.runtime.pipe.{n}": f"{_PIPE}:{n}" for n in _PIPE_NAMES},
+    **{f"deepspeed.runtime.pipe.module.{n}": f"{_PIPE}:{n}" for n in ("PipelineModule", "LayerSpec", "TiedLayerSpec")},
+    **{f"deepspeed.runtime.pipe.topology.{n}": f"{_TOPO}:{n}" for n in _TOPO_NAMES},
 }
 # a served `deepspeed.initialize(model=PipelineModule)` goes here instead of zero_from_scratch.initialize
 PIPELINE_INITIALIZE = f"{_PIPE}:initialize"
