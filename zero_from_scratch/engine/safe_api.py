@@ -23,7 +23,8 @@ safe_get_local_* / safe_set_local_* (ZeRO-3 only, as DeepSpeed asserts): DeepSpe
 the parameter, ds_partition (padded to a multiple of N, rank r's ceil(numel/N) elements), which is
 not our unit shard: get = the full value's partition; set = an all-gather of every rank's partition.
 Cost: get = one all-gather of the parameter's unit(s) ((N-1)/N of its unit's elements per rank);
-set = no communication. The engine registers its parameters at initialise (register()).
+set = no communication. safe_update_full_grad_vectorized(params, fn): a get and a set per parameter.
+The engine registers its parameters at initialise (register()).
 """
 from __future__ import annotations
 
@@ -146,6 +147,17 @@ def safe_set_full_grad(param, value) -> None:
     if engine is not None:
         value = value * engine.config.reduction.post_divisor
     _set(param, value, "grad")
+
+
+def safe_update_full_grad_vectorized(param_list, update_func) -> None:
+    """DeepSpeed's: each parameter's full gradient becomes update_func(full gradient, param); one that
+    still holds its .grad is updated in place, a trained one whose gradient lives in the shards is read
+    and written with safe_get/set_full_grad (a collective: every rank passes the same list)."""
+    for p in param_list:
+        if p.grad is not None:
+            p.grad.copy_(update_func(p.grad, p))
+        elif p.requires_grad and _owner(p)[0] is not None:
+            safe_set_full_grad(p, update_func(safe_get_full_grad(p), p))
 
 
 def safe_get_full_optimizer_state(param, optim_state_key: str):
