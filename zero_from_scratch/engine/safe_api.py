@@ -178,6 +178,8 @@ def ds_partition(t: torch.Tensor, n: int, r: int) -> torch.Tensor:
 
 def _stage3(param):
     engine, _ = _owner(param)
+    if engine is None and hasattr(param, "ds_id") and not param.requires_grad:
+        return None      # DeepSpeed: a frozen ZeRO-3 parameter has no fp32 partition, its safe_*_local_* give None
     if engine is None or engine.stage_id != 3:
         raise AssertionError("This API is only defined for ZeRO-3 partitioned parameters")   # DeepSpeed's assert
     return engine
@@ -185,11 +187,15 @@ def _stage3(param):
 
 def _get_local(param, what: str, key=None):
     engine = _stage3(param)
+    if engine is None:
+        return None
     return ds_partition(_get(param, what, key), engine.comm.size, engine.comm.rank)
 
 
 def _set_local(param, value, what: str, key=None) -> None:
     engine = _stage3(param)
+    if engine is None:
+        return
     n = engine.comm.size
     mine = value.detach().reshape(-1).float().to(engine.device).contiguous()
     everyone = torch.empty(n * mine.numel(), dtype=torch.float32, device=engine.device)
