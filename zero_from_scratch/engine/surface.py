@@ -103,12 +103,6 @@ class DeepSpeedSurface:
         if hasattr(self.stage, "release_all"):
             self.stage.release_all()
 
-    @property
-    def sparse_tensor_module_names(self) -> set:
-        """DeepSpeed's set of modules whose gradients it all-reduces as sparse tensors (sparse_gradients):
-        empty, as DeepSpeed's is without that key (ringzero reduces every gradient dense)."""
-        return set()
-
     def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
         """DeepSpeed's: the path of this rank's optimizer-state file under `tag`, the DeepSpeed-layout file
         every save writes at stages 1-3 (checkpoint_ds.py)."""
