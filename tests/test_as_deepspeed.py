@@ -128,12 +128,12 @@ def test_modules_are_ours_and_version_is_the_followed_api(served_ds):
 
 def test_not_served_fails_at_first_use_with_one_line(served_ds):
     # a refused name imports (a client imports it at the top and may never use it), then fails when used
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer as split
+    from deepspeed.compression.compress import init_compression
     with pytest.raises(finder.NotServedError) as e:
-        split({"params": []})
+        init_compression(torch.nn.Linear(1, 1), "ds.json")
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith("deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer is not served")
+    assert msg.startswith("deepspeed.compression.compress.init_compression is not served")
     assert "DeepSpeed would" in msg and "nearest ringzero way:" in msg and "0.19.8" in msg
     assert not isinstance(torch.nn.Linear(1, 1), served_ds.moe.layer.MoE)
     with pytest.raises(finder.NotServedAttributeError, match="nearest ringzero way"):
@@ -147,6 +147,16 @@ def test_not_served_fails_at_first_use_with_one_line(served_ds):
     assert isinstance(e.value, finder.NotServedImportError)
     with pytest.raises(finder.NotServedAttributeError, match=r"get_accelerator\(\).create_graph is not served"):
         served_ds.accelerator.get_accelerator().create_graph()
+
+
+def test_moe_split_serves_dense_groups_and_refuses_experts(served_ds):
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer as split
+    w, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
+    group = {"params": [w, b], "name": "parameters"}
+    assert split(group) == [group] and split((group,)) == [group]      # DeepSpeed's, without expert parameters
+    w.allreduce = False                                                   # what DeepSpeed's MoE layer marks
+    with pytest.raises(finder.NotServedError, match="1 expert parameters.*ringzero has no MoE"):
+        split(group)
 
 
 def test_installing_after_the_real_deepspeed_refuses(monkeypatch):

@@ -77,11 +77,14 @@ def test_csv_monitor_and_steps_per_print_act(spawn, tmp_path):
 
 def test_optimizers_the_pipeline_engine_does_not_build_are_refused():
     """The shared config reader accepts SGD/Adagrad and bias_correction for the ZeRO engine; the
-    pipeline engine builds torch's Adam/AdamW (or Lion), so anything else is refused at start-up."""
+    pipeline engine builds torch's Adam/AdamW/SGD (or Lion), so anything else is refused at start-up."""
     params = [torch.nn.Parameter(torch.zeros(3))]
-    for opt, words in ((OptimizerConfig(type="SGD"), "'SGD'"),
+    for opt, words in ((OptimizerConfig(type="Adagrad"), "'Adagrad'"),
                        (OptimizerConfig(type="AdamW", bias_correction=False), "bias_correction false")):
         with pytest.raises(ValueError, match=words):
             build_optimizer(NS(run=NS(optimizer=opt), lion=None), params, None, 0)
     built = build_optimizer(NS(run=NS(optimizer=OptimizerConfig(type="AdamW")), lion=None), params, None, 0)
     assert isinstance(built, torch.optim.AdamW)
+    sgd = build_optimizer(NS(run=NS(optimizer=OptimizerConfig(type="SGD", params={"lr": 0.5})), lion=None), params,
+                          None, 0)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["lr"] == 0.5   # DeepSpeed's torch.optim.SGD

@@ -12,11 +12,20 @@ argument rules: config, or its older name config_params, or args.deepspeed_confi
 training_data → a loader over this data replica's share (DistributedSampler over the data axis,
 no shuffle, micro-batch size, as DeepSpeed's pipeline engine builds it), returned third, and a
 repeating iterator over it that train_batch() reads when called without data_iter.
-A client optimizer / lr_scheduler object or an mpu is refused with the reason. Cost: none beyond initialize.
+A client optimizer / lr_scheduler object or an mpu is refused with the reason.
+DeepSpeed's own "pipeline" config keys (runtime/config.py::get_pipeline_config) are read here, as its
+pipeline engine reads them: activation_checkpoint_interval k > 0 sets the module's interval (before its
+stages are built; after, refused), use_reentrant picks torch's checkpoint flavour (same numbers);
+pipe_partitioned / grad_partitioned act only with a model axis (DeepSpeed: is_model_parallel), so
+they are refused there and accepted without one; stages, partition and seed_layers are accepted and
+read by nothing, as in DeepSpeed (PipelineModule's arguments decide those). Cost: none beyond initialize.
 """
 from __future__ import annotations
 
 import json
+import warnings
+
+import torch
 
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -50,7 +59,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     config = resolve_config(args, config, config_params)
     if isinstance(config, dict):
         config = json.loads(json.dumps(config))
+    else:
+        with open(config) as f:
+            config = json.load(f)
+    _deepspeed_pipeline_keys(model, config)
     engine, opt, _, sched = _initialize(model=model, model_parameters=model_parameters, config=config)
+    if not hasattr(engine, "device"):     # DeepSpeed's engine.device: where this stage's parameters live
+        engine.device = next(iter(engine.params), torch.zeros(0)).device
     loader = None
     if training_data is not None:
         sampler = DistributedSampler(training_data, num_replicas=engine.dp, rank=engine.dp_rank, shuffle=False)
@@ -59,4 +74,34 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine.training_dataloader = loader
         engine.data_iterator = RepeatingLoader(loader)
     return engine, opt, loader, sched
+
+
+_READ_BY_NOTHING = ("stages", "partition", "seed_layers")   # DeepSpeed's engine does not read these either
+
+
+def _deepspeed_pipeline_keys(model, config: dict) -> None:
+    """Act on (and remove) DeepSpeed's own keys of config["pipeline"] (see the module docstring)."""
+    pipe = config.get("pipeline") or {}
+    for key in _READ_BY_NOTHING:
+        pipe.pop(key, None)
+    k = pipe.pop("activation_checkpoint_interval", 0)
+    if k > 0 and k != model.activation_checkpoint_interval:
+        if model._built is not None:
+            raise NotImplementedError(f"config key 'pipeline.activation_checkpoint_interval' = {k} after the "
+                                      "PipelineModule built its stages (parameters() was called): DeepSpeed would "
+                                      f"checkpoint every {k} layers; pass PipelineModule(activation_checkpoint_interval={k})")
+        model.activation_checkpoint_interval = k
+    if pipe.pop("use_reentrant", True) is False and model.activation_checkpoint_interval > 0 and \
+            model.activation_checkpoint_func is None:
+        warnings.warn("pipeline.use_reentrant=false: torch's checkpoint recomputes the same numbers either way; "
+                      "ringzero's layer checkpointing is used", stacklevel=3)
+    model_axis = model._topo is not None and model._topo.get_dim("model") > 1
+    for key in ("pipe_partitioned", "grad_partitioned"):
+        if pipe.pop(key, True) and model_axis:
+            raise NotImplementedError(f"config key 'pipeline.{key}' with a model axis: DeepSpeed would partition "
+                                      "activations/gradients sent between stages over the tensor-parallel ranks; "
+                                      "set it false (ringzero sends them whole)")
+    if "pipeline" in config and not pipe:
+        del config["pipeline"]
+
 

@@ -72,10 +72,12 @@ def build_optimizer(cfg, stage_params: list, model_parameters, rank: int):
     if getattr(cfg, "lion", None) is not None:
         return Lion(params, **cfg.lion)
     o = cfg.run.optimizer
+    if o.type == "SGD":              # DeepSpeed's basic optimizer for it: torch.optim.SGD(params, **config params)
+        return torch.optim.SGD(params, **o.params)
     if o.type not in ("Adam", "AdamW") or not o.bias_correction:   # the ZeRO engine's config reader accepts more
         raise ValueError(f"rank {rank}: optimizer {o.type!r}" + ("" if o.bias_correction else " with bias_correction "
                          "false") + " is not served by the pipeline engine (DeepSpeed's would build it on the stage's "
-                         "parameters); allowed: Adam, AdamW (bias-corrected) or Lion")
+                         "parameters); allowed: Adam, AdamW (bias-corrected), Lion or SGD")
     opt_cls = torch.optim.AdamW if o.adam_w_mode else torch.optim.Adam
     return opt_cls(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
 

@@ -157,6 +157,10 @@ class PipelineEngine:
     def is_last_stage(self) -> bool:
         return self.stage == self.pp - 1
 
+    def set_dataiterator(self, iterator) -> None:
+        """DeepSpeed's: the iterator train_batch() / eval_batch() read when called without one."""
+        self.data_iterator = iterator
+
     # ------------------------------------------------------------------ public API
     def train_batch(self, data_iter=None):
         """One optimizer step over m micro-batches; returns the mean loss as a 0-dim tensor on every

@@ -6,12 +6,17 @@ ProcessTopology(axes, dims): the last axis varies fastest, so axes=["pipe", "dat
 replicas of one stage on adjacent ranks (DeepSpeed's PipeDataParallelTopology);
 PipeModelDataParallelTopology is axes ["pipe", "data", "model"], dims [pp, dp, mp] — the layout of
 primitives.mesh (global rank = (pp·dp + dp)·tp + tp), which the engine builds from it.
-Same method names and return values as deepspeed.runtime.pipe.topology. Cost: a dict of world entries.
+PipelineParallelGrid(topology) is DeepSpeed's process grid over one: this rank's stage and data index
+and one torch.distributed group per axis list (its pipe / data / model groups), built on every rank.
+Same method names and return values as deepspeed.runtime.pipe.topology. Cost: a dict of world entries;
+the grid creates one group per axis list, on every rank (new_group is collective).
 """
 from __future__ import annotations
 
 from collections import namedtuple
 from itertools import product
+
+import torch.distributed as dist
 
 
 class ProcessTopology:
@@ -82,6 +87,123 @@ class PipeModelDataParallelTopology(ProcessTopology):
 
     def __init__(self, num_pp, num_mp, num_dp):
         super().__init__(axes=["pipe", "data", "model"], dims=[num_pp, num_dp, num_mp])
+
+
+def _prime_factors(N):
+    """The prime factors of N > 0 in ascending order (DeepSpeed splits a world into pp × dp with them)."""
+    if N <= 0:
+        raise ValueError("Values must be strictly positive.")
+    primes, p = [], 2
+    while N != 1:
+        while N % p:
+            p += 1
+        primes.append(p)
+        N //= p
+    return primes
+
+
+class PipelineParallelGrid:
+    """deepspeed.runtime.pipe.topology.PipelineParallelGrid: the groups of a topology, seen from this rank.
+    Without a topology the world's prime factors go alternately to pipe and data, as DeepSpeed does."""
+
+    def __init__(self, topology=None, process_group=None):
+        self.global_rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        if topology is None:
+            pp = dp = 1
+            for i, prime in enumerate(_prime_factors(self.world_size)):
+                pp, dp = (pp * prime, dp) if i % 2 == 0 else (pp, dp * prime)
+            topology = PipeDataParallelTopology(num_pp=pp, num_dp=dp)
+        self._topo = topology
+        self.data_parallel_size = max(topology.get_dim("data"), 1)
+        self.pipe_parallel_size = max(topology.get_dim("pipe"), 1)
+        self.model_parallel_size = self.slice_parallel_size = max(topology.get_dim("model"), 1)
+        assert self._is_grid_valid(), "Invalid Grid"
+        self.stage_id, self.data_parallel_id = self.get_stage_id(), self.get_data_parallel_id()
+        self.is_first_stage = self.stage_id == 0
+        self.is_last_stage = self.stage_id == self.pipe_parallel_size - 1
+        # every rank creates every group, in the same order (torch's new_group is collective)
+        self.ds_model_proc_group, self.ds_model_rank, self.ds_model_world_size = self._mine(
+            [sorted(topology.get_axis_list("data", i)) for i in range(self.data_parallel_size)])
+        self.dp_groups = topology.get_axis_comm_lists("data")
+        self.dp_proc_group, _, _ = self._mine(self.dp_groups)
+        self.dp_group = next(g for g in self.dp_groups if self.global_rank in g)
+        self.pipe_groups = topology.get_axis_comm_lists("pipe")
+        self.pp_proc_group, _, _ = self._mine(self.pipe_groups)
+        self.pp_group = next(g for g in self.pipe_groups if self.global_rank in g)
+        self.p2p_groups = [[r, g[(g.index(r) + 1) % len(g)]] for r in range(self.world_size)
+                           for g in self.pipe_groups if r in g]
+        lists = ([[r] for r in range(self.world_size)] if self.model_parallel_size == 1
+                 else topology.get_axis_comm_lists("model"))
+        self.slice_proc_group, _, _ = self._mine(lists)
+        self.slice_group = next(g for g in lists if self.global_rank in g)
+
+    def _mine(self, lists):
+        """Create one group per rank list; (this rank's group, its rank in it, its size)."""
+        mine = (None, -1, 0)
+        for ranks in lists:
+            group = dist.new_group(ranks=ranks)
+            if self.global_rank in ranks:
+                mine = (group, ranks.index(self.global_rank), len(ranks))
+        return mine
+
+    def _is_grid_valid(self) -> bool:
+        return self._topo.world_size() == dist.get_world_size()
+
+    def stage_to_global(self, stage_id, **kwargs) -> int:
+        """The global rank of `stage_id` at this rank's other coordinates (kwargs override them)."""
+        me = self._topo.get_coord(self.global_rank)
+        return self._topo.get_rank(**me._replace(pipe=stage_id, **kwargs)._asdict())
+
+    def topology(self):
+        return self._topo
+
+    def get_stage_id(self) -> int:
+        return self._topo.get_coord(rank=self.global_rank).pipe
+
+    def get_data_parallel_id(self) -> int:
+        return self._topo.get_coord(rank=self.global_rank).data
+
+    def get_global_rank(self):
+        return self.global_rank
+
+    def get_pipe_parallel_rank(self):
+        return self.stage_id
+
+    def get_pipe_parallel_world_size(self):
+        return self.pipe_parallel_size
+
+    def get_pipe_parallel_group(self):
+        return self.pp_proc_group
+
+    def get_data_parallel_rank(self):
+        return self.data_parallel_id
+
+    def get_data_parallel_world_size(self):
+        return self.data_parallel_size
+
+    def get_data_parallel_group(self):
+        return self.dp_proc_group
+
+    def get_data_parallel_group_ranks(self):
+        return self.dp_group
+
+    def get_model_parallel_rank(self):
+        return self.ds_model_rank
+
+    def get_model_parallel_world_size(self):
+        return self.ds_model_world_size
+
+    def get_model_parallel_group(self):
+        return self.ds_model_proc_group
+
+    def get_slice_parallel_rank(self):
+        return self.slice_group.index(self.global_rank)
+
+    def get_slice_parallel_world_size(self):
+        return self.slice_parallel_size
+
+    def get_slice_parallel_group(self):
+        return self.slice_proc_group
 
 
 def mesh_sizes(topo: ProcessTopology) -> tuple[int, int, int]:

@@ -24,15 +24,23 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
            "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.ops",
-           "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder",
-           "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
+           "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.swap_tensor",
+           "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
+           "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
+           "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
+           "deepspeed.runtime.pipe.module", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference")
 
 _LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES")
-_SAFE = tuple(f"safe_{a}_{b}" for a in ("get", "set") for b in ("full_fp32_param", "full_grad", "full_optimizer_state"))
+_SAFE = tuple(f"safe_{a}_{c}_{b}" for a in ("get", "set") for c in ("full", "local")
+              for b in ("fp32_param", "grad", "optimizer_state")) + ("safe_update_full_grad_vectorized",)
 _PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
                "PipeModelDataParallelTopology")
+_TOPO = "pipeline_parallel.engine.topology"
+_TOPO_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid",
+               "_prime_factors")
 
 # DeepSpeed name → "ringzero module:attribute"
 SERVED: dict[str, str] = {
@@ -67,12 +75,19 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.utils.set_random_seed": f"{_R}.utils:set_random_seed",
     "deepspeed.runtime.engine.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
     "deepspeed.checkpoint.utils.clone_tensors_for_torch_save": f"{_R}.utils:clone_tensors_for_torch_save",
+    "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer":
+        f"{_R}.utils:split_params_into_different_moe_groups_for_optimizer",
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
     "deepspeed.utils.zero_to_fp32.*": f"{_R}.zero_to_fp32:*",
+    "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": f"{_R}.constants:OffloadDeviceEnum",
+    "deepspeed.runtime.swap_tensor.MIN_SWAPPABLE_BYTES": f"{_R}.constants:MIN_SWAPPABLE_BYTES",
     **{f"deepspeed.runtime.lr_schedules.{n}": f"{_E}.lr_schedules:{n}" for n in _LR},
     **{f"deepspeed.ops.adam.{n}": f"{_E}.optimizers:{n}" for n in ("FusedAdam", "DeepSpeedCPUAdam")},
     **{f"deepspeed.ops.lion.{n}": f"{_E}.optimizers:{n}" for n in ("FusedLion", "DeepSpeedCPULion")},
     **{f"deepspeed.pipe.{n}": f"{_PIPE}:{n}" for n in _PIPE_NAMES},
+    **{f"deepspeed.runtime.pipe.{n}": f"{_PIPE}:{n}" for n in _PIPE_NAMES},
+    **{f"deepspeed.runtime.pipe.module.{n}": f"{_PIPE}:{n}" for n in ("PipelineModule", "LayerSpec", "TiedLayerSpec")},
+    **{f"deepspeed.runtime.pipe.topology.{n}": f"{_TOPO}:{n}" for n in _TOPO_NAMES},
 }
 # a served `deepspeed.initialize(model=PipelineModule)` goes here instead of zero_from_scratch.initialize
 PIPELINE_INITIALIZE = f"{_PIPE}:initialize"
@@ -82,9 +97,15 @@ _NO_MOE = ("mixture-of-experts layers with expert parallelism", "none: ringzero 
 _KERNELS = ("fused CUDA transformer kernels", "the model's own torch layers (transformers, tensor_parallel/)")
 _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference)",
           "call the model itself; tensor_parallel/ shards its layers")
+_DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitions laid out its way",
+             "engine.optimizer: a torch.optim.Optimizer over ringzero's shards (safe_get_full_* reads any parameter's)")
 # DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
+    "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer": _DS_OPTIM,
+    "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": _DS_OPTIM,
+    "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer": _DS_OPTIM,
+    "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer": _DS_OPTIM,
     "deepspeed.InferenceEngine": _INFER,
     "deepspeed.tp_model_init": ("shard a model for AutoTP training", "tensor_parallel/engine/parallelize.py"),
     "deepspeed.DeepSpeedConfig": ("parse a JSON config into a DeepSpeedConfig object",
@@ -93,11 +114,11 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.DeepSpeedTransformerConfig": _KERNELS,
     "deepspeed.replace_transformer_layer": _INFER,
     "deepspeed.comm.TorchBackend": ("give the torch.distributed backend object", "deepspeed.comm's functions"),
-    "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer": _NO_MOE,
     "deepspeed.moe.layer.MoE": _NO_MOE,
     "deepspeed.runtime.utils.see_memory_usage": ("log the accelerator's memory use", "engine.memory_report()"),
     "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad": ("run its C++ CPU Adagrad", "torch.optim.Adagrad"),
     "deepspeed.ops.op_builder.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),
+    "deepspeed.ops.aio.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
     "deepspeed.utils.set_z3_leaf_modules": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)"),

@@ -9,7 +9,11 @@ log_dist     logs "[Rank r] message" on the listed ranks (every rank before torc
              starts; ranks=[-1] means all), as deepspeed/utils/logging.py::log_dist.
 set_random_seed   random, numpy (seed mod 2^32) and torch (seed mod 2^63): runtime/utils.py.
 clone_tensors_for_torch_save   detached clones on `device`, nested lists/tuples/dicts kept
-             (deepspeed/checkpoint/utils.py). Cost: nothing beyond the copies.
+             (deepspeed/checkpoint/utils.py).
+split_params_into_different_moe_groups_for_optimizer   deepspeed/moe/utils.py for a dense model: the
+             groups as a list (a dict becomes [dict], a tuple a list), each left as it is; a group
+             holding an expert parameter (allreduce=False) is refused: ringzero has no MoE.
+Cost: nothing beyond the copies.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import sys
 import numpy
 import torch
 import torch.distributed as dist
+
+from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 
 
 def _make_logger() -> logging.Logger:
@@ -71,3 +77,18 @@ def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
     if isinstance(item, dict):
         return type(item)({k: clone_tensors_for_torch_save(v, device) for k, v in item.items()})
     return item
+
+
+def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group_size=178956971):
+    if isinstance(param_groups, tuple):
+        param_groups = list(param_groups)
+    elif isinstance(param_groups, dict):
+        param_groups = [param_groups]
+    elif not isinstance(param_groups, list):
+        raise ValueError(f"Unknown param group type of {type(param_groups)}")
+    experts = [p for g in param_groups for p in g["params"] if hasattr(p, "allreduce") and not p.allreduce]
+    if experts:
+        raise NotServedError(message("deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer "
+                                     f"with {len(experts)} expert parameters", "put each expert group in its own "
+                                     "optimizer group", "none: ringzero has no MoE; use a dense layer"))
+    return param_groups

@@ -21,7 +21,8 @@ A save never destroys the previous good checkpoint, re-saving the same tag inclu
   latest     rank 0 rewrites `latest` (the tag, as DeepSpeed writes it) the same way
   cleanup    rank 0 removes the folder <tag> pointed at before, and leftovers of killed saves
 A kill before `tag` leaves the old <tag> and `latest`; after it, the new complete save.
-Loading checks: a different model (names/shapes), a different layout without reshard=True,
+Loading with tag=None from a folder without `latest` loads nothing and returns (None, None) with a
+warning, as DeepSpeed's load_checkpoint does. Loading checks: a different model (names/shapes), a different layout without reshard=True,
 missing or truncated shard files, and files from different saves each raise CheckpointError.
 
 With an mpu (mpu.py) each model-parallel rank is its own ZeRO world with its own parameter
@@ -43,6 +44,7 @@ import json
 import os
 import shutil
 import signal
+import warnings
 
 import torch
 
@@ -236,6 +238,12 @@ def _check_model(engine, man: dict) -> None:
 
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
+    if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):   # DeepSpeed: warn, load nothing
+        warnings.warn(f"Unable to find latest file at {os.path.join(load_dir, 'latest')}, if trying to load latest "
+                      "checkpoint please ensure this file exists or pass an explicit checkpoint tag when loading a "
+                      "checkpoint. Nothing was loaded: load_checkpoint returns (None, None), as DeepSpeed's does",
+                      stacklevel=3)
+        return None, None
     if checkpoint_ds.is_deepspeed(load_dir, tag):     # DeepSpeed's own layout (checkpoint_ds.py)
         return checkpoint_ds.load(engine, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
     c = engine.comm

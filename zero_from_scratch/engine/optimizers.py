@@ -61,6 +61,21 @@ def adagrad_step_(param, grad, state_sum, step: int, lr: float, lr_decay=0.0, we
     param.addcdiv_(grad, state_sum.sqrt().add_(eps), value=-clr)
 
 
+class GroupStates(list):
+    """An optimizer's `state`: one dict per parameter group (its step and its states over the rank's
+    shard), also readable as a mapping group → state, the way clients walk DeepSpeed's ZeRO optimizer's
+    `state` (its base optimizer's, keyed by each group's fp32 partition): keys(), values(), items()."""
+
+    def keys(self):
+        return range(len(self))
+
+    def values(self):
+        return list(self)
+
+    def items(self):
+        return list(enumerate(self))
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """What every engine optimizer is (a torch Optimizer by type, so torch's LR schedulers accept
     it; torch's own __init__ and per-parameter state are not used): `param_groups` (hyper-parameters, torch's shape), `state[g]`
@@ -77,8 +92,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, groups: list[dict], local_numels: list[int]):
         self.param_groups = [dict(g) for g in groups]
-        self.state = [{"step": 0, **{k: self.initial(g, k, n) for k in self.STATE}}
-                      for g, n in zip(self.param_groups, local_numels)]
+        self.state = GroupStates({"step": 0, **{k: self.initial(g, k, n) for k in self.STATE}}
+                                 for g, n in zip(self.param_groups, local_numels))
 
     def initial(self, group: dict, key: str, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.float32)
@@ -130,6 +145,7 @@ class ZeroAdam(ShardedOptimizer, ShardedAdam):
 
     def __init__(self, groups, local_numels, adam_w_mode: bool = True):
         ShardedAdam.__init__(self, groups, local_numels, adam_w_mode)
+        self.state = GroupStates(self.state)
 
     step_group = ShardedAdam.step_group
 

@@ -23,7 +23,8 @@ safe_get_local_* / safe_set_local_* (ZeRO-3 only, as DeepSpeed asserts): DeepSpe
 the parameter, ds_partition (padded to a multiple of N, rank r's ceil(numel/N) elements), which is
 not our unit shard: get = the full value's partition; set = an all-gather of every rank's partition.
 Cost: get = one all-gather of the parameter's unit(s) ((N-1)/N of its unit's elements per rank);
-set = no communication. The engine registers its parameters at initialise (register()).
+set = no communication. safe_update_full_grad_vectorized(params, fn): a get and a set per parameter.
+The engine registers its parameters at initialise (register()).
 """
 from __future__ import annotations
 
@@ -148,6 +149,17 @@ def safe_set_full_grad(param, value) -> None:
     _set(param, value, "grad")
 
 
+def safe_update_full_grad_vectorized(param_list, update_func) -> None:
+    """DeepSpeed's: each parameter's full gradient becomes update_func(full gradient, param); one that
+    still holds its .grad is updated in place, a trained one whose gradient lives in the shards is read
+    and written with safe_get/set_full_grad (a collective: every rank passes the same list)."""
+    for p in param_list:
+        if p.grad is not None:
+            p.grad.copy_(update_func(p.grad, p))
+        elif p.requires_grad and _owner(p)[0] is not None:
+            safe_set_full_grad(p, update_func(safe_get_full_grad(p), p))
+
+
 def safe_get_full_optimizer_state(param, optim_state_key: str):
     return _get(param, "state", optim_state_key)
 
@@ -166,6 +178,8 @@ def ds_partition(t: torch.Tensor, n: int, r: int) -> torch.Tensor:
 
 def _stage3(param):
     engine, _ = _owner(param)
+    if engine is None and hasattr(param, "ds_id") and not param.requires_grad:
+        return None      # DeepSpeed: a frozen ZeRO-3 parameter has no fp32 partition, its safe_*_local_* give None
     if engine is None or engine.stage_id != 3:
         raise AssertionError("This API is only defined for ZeRO-3 partitioned parameters")   # DeepSpeed's assert
     return engine
@@ -173,11 +187,15 @@ def _stage3(param):
 
 def _get_local(param, what: str, key=None):
     engine = _stage3(param)
+    if engine is None:
+        return None
     return ds_partition(_get(param, what, key), engine.comm.size, engine.comm.rank)
 
 
 def _set_local(param, value, what: str, key=None) -> None:
     engine = _stage3(param)
+    if engine is None:
+        return
     n = engine.comm.size
     mine = value.detach().reshape(-1).float().to(engine.device).contiguous()
     everyone = torch.empty(n * mine.numel(), dtype=torch.float32, device=engine.device)

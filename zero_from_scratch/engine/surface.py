@@ -96,7 +96,17 @@ class DeepSpeedSurface:
         self.stage.hooks = []
         if hasattr(self.stage, "release_all"):
             self.stage.release_all()
-        self.optimizer.state = [{} for _ in self.optimizer.state]
+        self.optimizer.state = type(self.optimizer.state)({} for _ in self.optimizer.state)
+
+    def empty_partition_cache(self) -> None:
+        """DeepSpeedEngine.empty_partition_cache: release ZeRO-3's gathered parameters (a no-op below stage 3)."""
+        if hasattr(self.stage, "release_all"):
+            self.stage.release_all()
+
+    def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
+        """DeepSpeed's: the path of this rank's optimizer-state file under `tag`, the DeepSpeed-layout file
+        every save writes at stages 1-3 (checkpoint_ds.py)."""
+        return os.path.join(checkpoints_path, str(tag), f"zero_pp_rank_{self.comm.rank}_mp_rank_00_optim_states.pt")
 
     def was_step_applied(self) -> bool:
         return not self.optimizer.overflow
