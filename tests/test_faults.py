@@ -49,20 +49,21 @@ def _dies(rank, n, dead, moment, transport):
     try:
         registry._COMMS.clear()
         comm = P.get_comm()
+        calls = [0]
         if moment in ("check", "mid") and rank == dead:
-            sent, orig = [0], comm._group
-            # check: after posting the first call's envelopes; mid: call 1 = check + ring, call 2 = check + 1 step
-            limit = 0 if moment == "check" else (n - 1) + 2 * (n - 1) + (n - 1) + 1
+            # check: call 1's N-1 envelopes leave (the check rides in them), then it dies;
+            # mid: call 2's envelopes and one data message leave, then it dies
+            (at_call, limit), sent, orig = ((1, n - 1) if moment == "check" else (2, n)), [0], comm._isend
 
-            def group(ops):
-                sent[0] += sum(kind == "send" for kind, _, _ in ops)
-                if sent[0] > limit:
-                    if moment == "check":
-                        orig(ops)                 # the envelopes leave (some may arrive), then it dies
-                    _die()
-                return orig(ops)
-            comm._group = group
+            def isend(t, peer):
+                if calls[0] == at_call:
+                    sent[0] += 1
+                    if sent[0] > limit:
+                        _die()
+                return orig(t, peer)
+            comm._isend = isend
         for _ in range(3):
+            calls[0] += 1
             P.all_reduce(torch.ones(40_000), algorithm="ring")   # 160 kB: larger than an envelope
         return "returned", "", None
     except Exception as e:
