@@ -45,6 +45,7 @@ def test_every_body_is_in_the_readme_table_with_its_upstream_file():
     assert len(funcs) >= 20
 
 
+@pytest.mark.slow
 @pytest.mark.deepspeed
 def test_quick_bodies_equal_under_deepspeed_and_ringzero():
     pytest.importorskip("deepspeed")

@@ -82,6 +82,7 @@ def _audit(rank, world, runs):
     return out
 
 
+@pytest.mark.slow
 def test_no_step_allocates_on_the_host_without_naming_a_device(spawn):
     """pp = 2, bf16 interleaved with ZeRO-1: the executor, the draining guards, the status
     all-reduce and ZeRO-1 name the stage's device for every tensor they create in a step."""

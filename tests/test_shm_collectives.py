@@ -98,7 +98,8 @@ R = WS // 4                                  # float32 elements per round
 SIZES = [1, 7, ONE_SHOT // 4 - 1, ONE_SHOT // 4, ONE_SHOT // 4 + 1, R - 1, R, R + 1, 3 * R + 5]
 
 
-@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow                     # ~10-40 s each; tests/test_shm.py runs algorithm="shm" in the default suite
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_shm_collectives_bitwise_rank_order(spawn, n):
     dtypes = [torch.float32, torch.bfloat16, torch.int32] + ([torch.float64, torch.int64] if n == 4 else [])
     for errs in spawn(_parity, n, args=(dtypes, SIZES), transport="shm"):
