@@ -23,8 +23,8 @@ import time
 import torch  # noqa: E402
 import zero_from_scratch
 from rich.table import Table
-from primitives.engine.log import console
-from primitives.engine.launch import spawn
+from primitives.log import console
+from primitives.launch import spawn
 
 MIB = 2 ** 20
 

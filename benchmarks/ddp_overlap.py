@@ -34,8 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 import primitives as P
 from ddp_examples.engine.common import Config, build_model
 from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel
-from primitives.engine.launch import init_from_env
-from primitives.engine.log import print0
+from primitives.launch import init_from_env
+from primitives.log import print0
 
 
 def main(argv=None):

@@ -22,7 +22,7 @@ import torch.nn as nn
 import primitives as P
 import zero_from_scratch
 from multinode.pingpong import fit
-from primitives.engine.launch import init_from_env
+from primitives.launch import init_from_env
 from primitives.engine.ledger import LEDGER
 
 ALGOS = ("ring", "hierarchical", "built-in")

@@ -33,8 +33,8 @@ import zero_from_scratch
 from zero_from_scratch.parity.sides import peak_rss_bytes
 from zero_from_scratch.engine.models import tiny_distilbert
 from rich.table import Table
-from primitives.engine.log import console
-from primitives.engine.launch import spawn
+from primitives.log import console
+from primitives.launch import spawn
 
 MIB = 2 ** 20
 

@@ -33,8 +33,8 @@ from figures.common import ROOT
 from primitives.engine.bench import parse_size, sizes_between
 from primitives.engine.cost import choose, family, params, predict
 from primitives.engine.cost_fit import as_python, fit_table, write_model
-from primitives.engine.launch import free_port
-from primitives.engine.log import console
+from primitives.launch import free_port
+from primitives.log import console
 
 GOALS = [  # key, statement
     ("gloo", "default busbw ≥ 4× gloo's built-in at every size, 4 KiB–64 MiB"),

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 import primitives as P
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 
 SKIP = {"hierarchical"}      # one host: the hierarchy is the plain ring (cost.py)
 

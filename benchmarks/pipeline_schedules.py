@@ -29,8 +29,8 @@ from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
 from pipeline_parallel.engine.timeline import machine
 from pipeline_parallel.parity import deepspeed_engine
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 
 SIDES = ("naive", "gpipe", "1f1b", "interleaved", "deepspeed")
 

@@ -18,8 +18,8 @@ import torch
 import primitives as P
 from primitives.engine import shm_segment
 from primitives.engine.bench import parse_size
-from primitives.engine.launch import init_from_env
-from primitives.engine.log import print0
+from primitives.launch import init_from_env
+from primitives.log import print0
 
 GROUPS = {"memory (copy_, add, ...)": ("copy_", "add", "mul", "minimum", "maximum"),
           "waiting (futex sleep + wake)": ("futex_wait", "futex_wake")}

@@ -40,9 +40,9 @@ import primitives as P
 import tensor_parallel as tp
 from classification.parallel.memory import SavedBytes
 from classification.parallel.train import _sync_dp
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 from primitives.engine.ledger import LEDGER
-from primitives.engine.log import console
+from primitives.log import console
 from primitives.mesh import Mesh
 from zero_from_scratch.parity.sides import peak_rss_bytes
 

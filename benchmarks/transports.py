@@ -30,8 +30,8 @@ from rich.table import Table
 import primitives as P
 from primitives.engine.bench import memcpy_bw, parse_size, pingpong_fit, sizes_between
 from primitives.engine.comms import TorchComm
-from primitives.engine.launch import free_port
-from primitives.engine.log import print0
+from primitives.launch import free_port
+from primitives.log import print0
 from primitives.engine.mpi_comm import MPIComm
 
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,

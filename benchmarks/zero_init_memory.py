@@ -42,8 +42,8 @@ import torch.nn as nn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import zero_from_scratch  # noqa: E402
-from primitives.engine.launch import spawn  # noqa: E402
-from primitives.engine.log import console  # noqa: E402
+from primitives.launch import spawn  # noqa: E402
+from primitives.log import console  # noqa: E402
 from zero_from_scratch.engine.zero_init import Init  # noqa: E402
 
 MIB = 2 ** 20

@@ -38,8 +38,8 @@ import transformers
 from rich.table import Table
 
 import zero_from_scratch
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 
 MIB = 2 ** 20
 # ZeRO-3's working set: DeepSpeed's defaults (1e9) keep every unit gathered from its forward to its

@@ -41,8 +41,8 @@ from zero_from_scratch.engine.models import tiny_distilbert
 from zero_from_scratch.engine.atomic import atomic_write
 from torch.nn.parallel import DistributedDataParallel
 from rich.table import Table
-from primitives.engine.log import console
-from primitives.engine.launch import spawn
+from primitives.log import console
+from primitives.launch import spawn
 
 GIB = 2 ** 30
 

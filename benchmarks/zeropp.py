@@ -28,9 +28,9 @@ import torch.nn as nn
 from rich.table import Table
 
 import zero_from_scratch
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 from primitives.engine.ledger import LEDGER
-from primitives.engine.log import console
+from primitives.log import console
 
 BASE = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}
 RUNS = {"ZeRO-3": {}, "qwZ": {"zero_quantized_weights": True}, "qgZ": {"zero_quantized_gradients": True},

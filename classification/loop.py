@@ -31,7 +31,7 @@ from classification.evaluate import evaluate
 from classification.metrics import Metrics
 from classification.model import ModelError, load_model
 from classification.tp import setup
-from primitives.engine.log import console, print0
+from primitives.log import console, print0
 from zero_from_scratch.engine.lora import LoraError, apply_lora, trainable_counts
 
 RESUME_KEYS = ("model", "num_labels", "dataset", "engine", "max_len", "tp")

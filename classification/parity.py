@@ -39,7 +39,7 @@ from classification import config as C
 from classification import data as D
 from classification import model as M
 from classification.batches import collate, epoch_batches, tokenize
-from primitives.engine.log import console
+from primitives.log import console
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.models import tiny_distilbert
 from zero_from_scratch.parity.compare import render

@@ -17,7 +17,7 @@ gradient-norm all-reduce over tp.
 """
 from __future__ import annotations
 
-from primitives.engine.log import print0
+from primitives.log import print0
 from primitives.mesh import Mesh
 from tensor_parallel.engine.parallelize import parallelize
 from tensor_parallel.engine.state_dict import gather_state_dict, load_full_state_dict

@@ -31,8 +31,8 @@ from classification import data as D
 from classification.loop import run
 from classification.model import DEFAULT_MODEL
 from classification.tp import refusals
-from primitives.engine.launch import add_launch_args, init_from_env
-from primitives.engine.log import print0
+from primitives.launch import add_launch_args, init_from_env
+from primitives.log import print0
 from primitives.engine.shm import describe
 
 

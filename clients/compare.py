@@ -63,7 +63,7 @@ def offline_tokenizer(out_dir: str) -> str:
 
 def _free_port() -> int:
     sys.path.insert(0, ROOT)
-    from primitives.engine.launch import free_port   # the repo root is put on sys.path just above
+    from primitives.launch import free_port   # the repo root is put on sys.path just above
     return free_port()
 
 

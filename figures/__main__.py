@@ -5,7 +5,7 @@ import sys
 import time
 
 import figures
-from primitives.engine.log import console
+from primitives.log import console
 
 
 def modules() -> list[str]:

@@ -16,7 +16,7 @@ import torch
 
 import primitives
 from figures.common import pyplot, save
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 from primitives.engine.ledger import LEDGER
 from primitives.engine.recording import Recording
 from primitives.engine.registry import get_comm

@@ -20,7 +20,7 @@ import torch
 from ddp_examples.engine.common import Config, build_model, make_batch
 from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel
 from figures.common import pyplot, save
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 from primitives.engine.ledger import LEDGER
 
 CFG = dict(depth=6, hidden=768, in_dim=768, classes=8, global_batch=64, steps=1, bucket_cap_mb=4.0)

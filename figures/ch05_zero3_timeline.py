@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from figures.common import pyplot, save
 import zero_from_scratch
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 
 WIDTH, DEPTH, BATCH = 256, 6, 16
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from figures.common import ROOT, pyplot, save
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 
 DEFAULT = os.path.join(os.environ.get("RINGZERO_CLASSIFICATION_RUN") or os.path.join(ROOT, "runs", "classification"),
                        "metrics.jsonl")

@@ -28,8 +28,8 @@ from pipeline_parallel.engine.pipe_engine import initialize
 from pipeline_parallel.engine.timeline import machine, measure
 from pipeline_parallel.models import llama_layers, llama_loss, llama_model
 from pipeline_parallel.schedules import bubble_formula
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 
 
 def _layer_names(model) -> list[str]:

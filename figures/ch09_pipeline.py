@@ -18,8 +18,8 @@ from rich.table import Table
 from figures.common import ROOT, pyplot, save
 from pipeline_parallel.engine.timeline import COLORS, _run, machine, measure
 from pipeline_parallel.schedules import bubble_formula
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 
 
 def draw(events_per_rank, title, name, labels=None, source="figures.ch09_pipeline"):

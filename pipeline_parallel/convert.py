@@ -25,7 +25,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from primitives.engine.log import console
+from primitives.log import console
 
 HF_EXTRA = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
             "special_tokens_map.json")

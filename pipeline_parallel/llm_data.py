@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from primitives.engine.log import console
+from primitives.log import console
 
 IGNORE = -100
 USER_ROLES, BOT_ROLES = ("human", "user"), ("gpt", "assistant")

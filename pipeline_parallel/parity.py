@@ -29,8 +29,8 @@ from rich.table import Table
 from pipeline_parallel.engine.model import gpt_layers, lm_loss, reference_model
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 from zero_from_scratch.parity.sides import prepare_deepspeed
 
 VOCAB, DIM, SEQ = 97, 32, 16

@@ -31,8 +31,8 @@ from pipeline_parallel.engine.reviews import reviews
 from pipeline_parallel.parity import deepspeed_engine
 from pipeline_parallel.schedules import bubble_formula
 from primitives import all_gather
-from primitives.engine.launch import shutdown
-from primitives.engine.log import console, print0
+from primitives.launch import shutdown
+from primitives.log import console, print0
 
 
 def byte_windows(texts, seq: int) -> torch.Tensor:

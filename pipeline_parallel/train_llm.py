@@ -31,8 +31,8 @@ from pipeline_parallel.convert import hf_to_pp, pp_to_hf
 from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
 from pipeline_parallel.llm_data import ByteTokenizer, load_dataset
 from pipeline_parallel.models import llama_config, llama_layers, llama_loss, llama_model
-from primitives.engine.launch import init_from_env
-from primitives.engine.log import print0
+from primitives.launch import init_from_env
+from primitives.log import print0
 
 
 def ds_config(a) -> dict:

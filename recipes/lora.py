@@ -14,7 +14,7 @@ import argparse
 import torch
 from rich.table import Table
 
-from primitives.engine.log import console
+from primitives.log import console
 from zero_from_scratch.engine.ledger import model_state_bytes
 from zero_from_scratch.engine.lora import apply_lora, trainable_counts
 from zero_from_scratch.engine.report import build

@@ -21,8 +21,8 @@ import tempfile
 import torch
 from rich.table import Table
 
-from primitives.engine.launch import free_port
-from primitives.engine.log import console
+from primitives.launch import free_port
+from primitives.log import console
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = [("zero", "ds_config_zero1.json"), ("zero", "ds_config_zero3_offload.json"),

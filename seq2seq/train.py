@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 import zero_from_scratch
-from primitives.engine.launch import init_from_env
-from primitives.engine.log import print0
+from primitives.launch import init_from_env
+from primitives.log import print0
 from seq2seq.grammar import Vocab, dataset
 from zero_from_scratch.parity.sides import peak_rss_bytes, prepare_deepspeed
 

@@ -19,8 +19,8 @@ import torch
 from rich.table import Table
 
 import primitives as P
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 from primitives.mesh import Mesh
 from tensor_parallel.engine.parallelize import parallelize
 from tensor_parallel.engine.state_dict import gather_state_dict

@@ -1,4 +1,4 @@
-"""Shared fixtures. `spawn` runs a function on N fresh ranks (primitives.engine.launch.spawn):
+"""Shared fixtures. `spawn` runs a function on N fresh ranks (primitives.launch.spawn):
 file-store rendezvous, a deadline, per-rank exit codes and tracebacks; the first failing rank
 ends the run, so a multi-rank test fails instead of hanging."""
 import functools
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from primitives.engine.launch import spawn as _spawn
+from primitives.launch import spawn as _spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # every process a test starts (torchrun, deepspeed, scripts run by path) imports this checkout

@@ -8,7 +8,7 @@ import os
 import torch
 
 import primitives as P
-from primitives.engine.launch import add_launch_args, init_from_env
+from primitives.launch import add_launch_args, init_from_env
 
 ap = argparse.ArgumentParser()
 add_launch_args(ap)

@@ -8,7 +8,7 @@ import time
 import torch
 
 import primitives as P
-from primitives.engine.launch import init_from_env
+from primitives.launch import init_from_env
 
 comm = init_from_env("mpi", timeout=2)
 buf = torch.zeros(4)

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import collective_checks as C  # noqa: E402
 import primitives as P  # noqa: E402
-from primitives.engine.launch import init_from_env  # noqa: E402
+from primitives.launch import init_from_env  # noqa: E402
 
 
 def correctness(comm) -> list[str]:

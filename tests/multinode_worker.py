@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import primitives as P  # noqa: E402
 from multinode_util import checks_on_two_nodes  # noqa: E402
-from primitives.engine.launch import add_launch_args, init_from_env  # noqa: E402
+from primitives.launch import add_launch_args, init_from_env  # noqa: E402
 from primitives.engine.topology import Topology, topology  # noqa: E402
 
 ap = argparse.ArgumentParser()

@@ -190,7 +190,7 @@ def _dies(rank, n, algo):
 
 @pytest.mark.parametrize("algo", ["linear", pytest.param("pairwise", marks=pytest.mark.slow)])
 def test_dead_peer_is_named(algo):
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     comm_timeout = 4.0
     res = spawn(_dies, 3, args=(algo,), comm_timeout=comm_timeout, grace=comm_timeout + 10, allow_fail=True, timeout=60)
     assert res[1] == ("exit", 3), res

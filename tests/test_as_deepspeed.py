@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 from tests.conftest import run_cmd
 from zero_from_scratch.as_deepspeed import finder, served
 from zero_from_scratch.as_deepspeed.__main__ import split_argv

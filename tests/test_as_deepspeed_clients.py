@@ -13,7 +13,7 @@ import pytest
 
 from clients.cases import CASES
 from clients.compare import compare
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 from tests.conftest import run_cmd
 from tests.test_as_deepspeed import CONFIG, TINY
 

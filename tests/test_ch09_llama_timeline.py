@@ -18,7 +18,7 @@ def test_llama_timeline_is_the_1f1b_schedule_and_is_stamped(tmp_path, monkeypatc
     m = 4
     (path,) = fig.main(["--shapes", "2x1", "--steps", "1", "--micro-batches", str(m)])
     assert common.read_meta(path)["Source"] == "figures.ch09_llama_timeline"
-    from primitives.engine.launch import spawn   # the engine run the picture drew, again, to read its events
+    from primitives.launch import spawn   # the engine run the picture drew, again, to read its events
     out = spawn(fig._run, 2, args=(2, "tiny", m, 2, 16, 1), timeout=600)
     for events, stage, dp, names in out:
         ran = [(k, mb) for k, mb, *_ in events if k in ("fwd", "bwd")]

@@ -12,7 +12,7 @@ RAW = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 9,     
 
 
 def _train(rank, world, kind, raw):
-    import primitives.engine.launch  # noqa: F401  (the spawned rank's process group is already up)
+    import primitives.launch  # noqa: F401  (the spawned rank's process group is already up)
     from classification.engines import build
     from zero_from_scratch.engine.models import TinyMLP
     torch.manual_seed(0)

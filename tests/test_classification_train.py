@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import run_cmd
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 
 POS = ["wonderful", "brilliant", "superb", "delightful", "moving", "excellent", "great", "charming"]
 NEG = ["awful", "terrible", "boring", "dreadful", "dull", "horrible", "bad", "tedious"]

@@ -222,7 +222,7 @@ def test_zero_refuses_and_warns_what_its_table_says():
 
 def _instruments(rank, world):
     import zero_from_scratch
-    from primitives.engine.log import console
+    from primitives.log import console
     from zero_from_scratch.engine.models import TinyMLP
     torch.manual_seed(0)
     model = TinyMLP()
@@ -261,7 +261,7 @@ def test_instruments_print_as_deepspeed_and_agree_with_the_ledger(spawn):
 
 def _flops(rank, world, out_file):
     import zero_from_scratch
-    from primitives.engine.log import console
+    from primitives.log import console
     from zero_from_scratch.engine.models import TinyMLP
     torch.manual_seed(0)
     model = TinyMLP()

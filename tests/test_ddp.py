@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from primitives.engine.launch import spawn as _spawn
+from primitives.launch import spawn as _spawn
 from ddp_examples.bucketed import plan_buckets
 from ddp_examples.engine.common import Config, build_model, formula_bytes, make_batch, max_diff, reference, ring_bytes, train
 from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel, NaiveDataParallel
@@ -47,7 +47,7 @@ def _all(rank, world):
 @pytest.fixture(scope="module")
 def ranks():
     """ranks(world) -> per-rank results of _all, spawned once per world size and module.
-    Same harness as the `spawn` fixture (primitives.engine.launch.spawn, same deadline), module-scoped."""
+    Same harness as the `spawn` fixture (primitives.launch.spawn, same deadline), module-scoped."""
     cache = {}
 
     def get(world):

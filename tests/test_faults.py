@@ -24,7 +24,7 @@ import torch
 
 import primitives as P
 from primitives.engine import registry, shm_segment
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 from primitives.engine.rendezvous import Rounds
 
 MOMENTS = ("before", "during", "check", "mid", "late")

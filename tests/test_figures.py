@@ -22,7 +22,7 @@ from figures import common  # noqa: E402
 from figures.__main__ import modules  # noqa: E402
 
 from conftest import ROOT, run_cmd  # noqa: E402
-from primitives.engine.launch import free_port  # noqa: E402
+from primitives.launch import free_port  # noqa: E402
 
 
 def _embedded() -> set[str]:

@@ -29,7 +29,7 @@ import torch
 
 from clients import trace
 from clients.compare import LOGIT_TOL, compare
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 from tests.conftest import run_cmd
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import primitives as P
-from primitives.engine.launch import SpawnError, spawn
+from primitives.launch import SpawnError, spawn
 
 from conftest import run_cmd
 
@@ -22,7 +22,7 @@ def test_torchrun_exits_nonzero_when_a_rank_dies():
 
 
 def test_plain_python_is_a_world_of_one():
-    r = run_cmd("python -c \"from primitives.engine.launch import init_from_env; import torch, primitives as P; "
+    r = run_cmd("python -c \"from primitives.launch import init_from_env; import torch, primitives as P; "
                 "c = init_from_env('gloo'); t = torch.arange(3.); P.all_reduce(t); print(c.rank, c.size, c.backend, t.tolist())\"",
                 timeout=120)
     assert r.stdout.strip().splitlines()[-1] == "0 1 gloo [0.0, 1.0, 2.0]"

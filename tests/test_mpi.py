@@ -28,7 +28,7 @@ def test_bad_input_under_mpi():
 
 def test_mpiexec_without_backend_flag_explains():
     """Started by mpiexec but asked for gloo: a clear exit telling the user to pass --backend mpi."""
-    r = run_cmd("mpiexec -n 2 python -c \"from primitives.engine.launch import init_from_env; init_from_env('gloo')\"",
+    r = run_cmd("mpiexec -n 2 python -c \"from primitives.launch import init_from_env; init_from_env('gloo')\"",
                 env=ENV, timeout=120, check=False)
     assert r.returncode != 0
     assert "--backend mpi" in r.stdout + r.stderr

@@ -22,7 +22,7 @@ import tempfile
 import pytest
 
 from clients.compare import ALL_CASES, client_config, csv_losses, run_side, tolerance
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 from tests.conftest import ROOT, run_cmd
 
 HERE = os.path.join(ROOT, "clients", "pipeline")

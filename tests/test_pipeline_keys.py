@@ -13,7 +13,7 @@ import torch.nn as nn
 from pipeline_parallel.engine.config import KEY_STATUS, load
 from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
 from pipeline_parallel.engine.optim import build_optimizer
-from primitives.engine.log import console
+from primitives.log import console
 from zero_from_scratch.engine.client_optim import OptimizerConfig
 
 BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}

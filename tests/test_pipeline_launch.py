@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import run_cmd
-from primitives.engine.launch import free_port
+from primitives.launch import free_port
 
 SMALL = "--steps 2 --dim 32 --layers 2 --heads 2 --micro-batch-size 2 --seq 16 --texts 200"
 

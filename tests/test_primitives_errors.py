@@ -170,7 +170,7 @@ def _mismatch_no_handshake(rank, n, kind):
 def test_mismatch_without_handshake_ends_within_timeout(kind):
     """With the handshake off nothing checks the arguments, so a mismatch can only be caught by the
     deadline on every wait: it must end in an error within comm_timeout (plus slack), not hang."""
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     comm_timeout = 4.0
     t0 = time.monotonic()
     res = spawn(_mismatch_no_handshake, 2, args=(kind,), comm_timeout=comm_timeout, grace=comm_timeout + 10,
@@ -220,7 +220,7 @@ def _dies(rank, n, when):
 
 @pytest.mark.parametrize("n,when", [(2, "before"), (3, "during")])
 def test_dead_rank_raises_peer_error_in_bounded_time(n, when):
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     comm_timeout = 5.0
     t0 = time.monotonic()
     res = spawn(_dies, n, args=(when,), comm_timeout=comm_timeout, grace=comm_timeout + 10,

@@ -116,7 +116,7 @@ def _ran(entry, calls) -> bool:
 
 @pytest.fixture(scope="module")
 def traces():
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     return spawn(_traced, 2, args=(T.ROOT,), timeout=180.0)
 
 

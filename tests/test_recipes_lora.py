@@ -95,7 +95,7 @@ def _both(rank, world, ckpt_dir):   # one spawn for both tests: peft's import is
 
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     return spawn(_both, 2, args=(str(tmp_path_factory.mktemp("ckpt")),), timeout=300.0)
 
 

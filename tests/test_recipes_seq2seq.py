@@ -30,7 +30,7 @@ def test_grammar_is_deterministic_disjoint_and_fully_covered():
 @pytest.mark.slow
 def test_zero3_nvme_offload_recipe_runs_under_torchrun(tmp_path):
     from conftest import run_cmd
-    from primitives.engine.launch import free_port
+    from primitives.launch import free_port
     run_cmd(f"torchrun --nproc_per_node 2 --master_port {free_port()} seq2seq/train.py --engine zero "
             f"--config seq2seq/ds_config_zero3_offload.json --steps 100 --train-size 2000 --test-size 20 "
             f"--output-dir {tmp_path}", timeout=600)
@@ -49,7 +49,7 @@ def test_default_recipe_reaches_the_exact_match_bar(tmp_path):
     mapped, optional clauses decided), so 0.9 is far from chance; the 100-step runs of
     seq2seq.memory_table score ~0.01."""
     from conftest import run_cmd
-    from primitives.engine.launch import free_port
+    from primitives.launch import free_port
     run_cmd(f"torchrun --nproc_per_node 2 --master_port {free_port()} seq2seq/train.py --engine zero "
             f"--output-dir {tmp_path}", timeout=1500)
     final = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")][-1]

@@ -11,7 +11,7 @@ def test_unknown_algorithm_is_refused_at_parsing():
 
 
 def test_bad_root_one_line_per_rank_with_the_range():
-    from primitives.engine.launch import free_port
+    from primitives.launch import free_port
     r = run_cmd(f"torchrun --standalone --nproc_per_node 2 --master_port {free_port()} primitives/run.py scatter --root 5",
                 check=False, timeout=120)
     assert r.returncode != 0

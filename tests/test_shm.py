@@ -89,7 +89,7 @@ def _killed_mid_collective(rank, n):
 
 
 def test_rank_killed_mid_collective_named_and_no_segment_left():
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     comm_timeout = 20.0
     res = spawn(_killed_mid_collective, 3, comm_timeout=comm_timeout, grace=comm_timeout + 10, allow_fail=True,
                 timeout=90, transport="shm")

@@ -47,7 +47,7 @@ def _old_pattern(rank, n, kind):
 
 @pytest.mark.parametrize("n,kind", [(2, "ring"), (3, "handshake")])
 def test_old_ungrouped_irecv_then_isend_is_reported_as_deadlock(n, kind):
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     res = spawn(_old_pattern, n, args=(kind,), comm_timeout=30, grace=15, allow_fail=True, timeout=90)
     for rank, (status, value) in enumerate(res):
         assert status == "ok", res

@@ -191,7 +191,7 @@ def test_bad_input_clear_error_on_every_rank(spawn):
 def test_demo_runs_under_torchrun():
     """dp = 2 × tp = 2 on the offline DistilBERT: the mesh, the loss and the per-rank table."""
     from conftest import run_cmd
-    from primitives.engine.launch import free_port
+    from primitives.launch import free_port
     r = run_cmd(f"torchrun --standalone --master_port {free_port()} --nproc_per_node 4 classification/parallel/train.py "
                 "--dp 2 --tp 2 --steps 2 --eval-samples 16", timeout=900)
     assert "mesh dp=2 × pp=1 × tp=2" in r.stdout and "step    1  loss" in r.stdout and "TP bytes sent/step" in r.stdout

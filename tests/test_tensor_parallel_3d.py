@@ -130,7 +130,7 @@ def test_demo_refuses_a_mesh_the_world_cannot_take():
 @pytest.mark.slow
 def test_3d_demo_under_torchrun():
     from conftest import run_cmd
-    from primitives.engine.launch import free_port
+    from primitives.launch import free_port
     r = run_cmd(f"torchrun --standalone --master_port {free_port()} --nproc_per_node 8 classification/parallel/train.py "
                 "--dp 2 --pp 2 --tp 2 --steps 2 --batch 8 --max-len 32 --eval-samples 32 --log-every 1", timeout=900)
     assert "mesh dp=2 × pp=2 × tp=2" in r.stdout and "step    1  loss" in r.stdout, r.stdout[-3000:]

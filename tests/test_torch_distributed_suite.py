@@ -17,7 +17,7 @@ import tempfile
 import pytest
 
 import torch_suite_driver as D
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 
 # why a test of PREFIXES does not apply here (substring of torch's skip reason -> our reason)
 INAPPLICABLE = {

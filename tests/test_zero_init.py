@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import zero_from_scratch
-from primitives.engine.launch import spawn as _spawn
+from primitives.launch import spawn as _spawn
 from zero_from_scratch.engine import zero_init
 from zero_from_scratch.engine.zero_init import GatheredParameters, Init, ZeroParamStatus
 

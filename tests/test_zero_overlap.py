@@ -12,7 +12,7 @@ tests/test_zero_ds_parity.py.
 import pytest
 import torch
 import torch.nn as nn
-from primitives.engine.launch import spawn as _spawn
+from primitives.launch import spawn as _spawn
 
 import zero_from_scratch
 from zero_from_scratch.engine.config import load_config

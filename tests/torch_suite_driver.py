@@ -1,6 +1,6 @@
 """Runs torch's own collective test bodies (torch/testing/_internal/distributed/distributed_test.py,
 the gloo suite) with torch.distributed's collectives replaced by ringzero's. Used by
-tests/test_torch_distributed_suite.py; runs on a rank spawned by primitives.engine.launch.spawn.
+tests/test_torch_distributed_suite.py; runs on a rank spawned by primitives.launch.spawn.
 
 How: the module's global `dist` (its `import torch.distributed as dist`) becomes a proxy that
 answers the collectives (OURS) with primitives' functions and everything else (new_group,

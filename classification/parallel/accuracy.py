@@ -30,8 +30,8 @@ from rich.table import Table
 
 from classification import data as D
 from classification.model import load_offline_model
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 from tensor_parallel.engine.parallelize import parallelize
 
 HEAD = ("pre_classifier", "classifier")
@@ -110,7 +110,7 @@ def reference(rows: int | None = None, train_rows: int = 2000, epochs: int = 30)
 
 
 def sharded(spawn, n: int, ref: dict) -> list[dict]:
-    """Step 3: compare() for every rank of a tp = n world (spawn: primitives.engine.launch.spawn or the
+    """Step 3: compare() for every rank of a tp = n world (spawn: primitives.launch.spawn or the
     tests' fixture)."""
     res = spawn(_sharded, n, args=(ref["num_labels"], ref["head"], ref["texts"]), timeout=1200)
     return [compare(ref["logits"], r, ref["labels"]) for r in res]

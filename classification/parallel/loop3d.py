@@ -27,7 +27,7 @@ from classification.parallel.pipeline import (accuracy, classification_loss, dis
 from classification.parallel.tokens import tokenized
 from pipeline_parallel.engine.module import PipelineModule
 from primitives.engine.cost import traffic
-from primitives.engine.log import print0
+from primitives.log import print0
 from primitives.mesh import Mesh
 from tensor_parallel.engine.formulas import layer_traffic
 from tensor_parallel.engine.state_dict import sharded_numel

@@ -26,8 +26,8 @@ import torch
 from rich.table import Table
 
 from classification.model import distilbert_config
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 from tensor_parallel.engine.formulas import distilbert_params, megatron_activation_bytes
 from tensor_parallel.engine.parallelize import parallelize
 

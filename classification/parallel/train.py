@@ -40,9 +40,9 @@ from classification.parallel.loop3d import run_pipeline
 from classification.parallel.pipeline import StageError
 from classification.parallel.tokens import tokenized
 from primitives.coalesced import all_reduce_coalesced
-from primitives.engine.launch import add_launch_args, init_from_env
+from primitives.launch import add_launch_args, init_from_env
 from primitives.engine.ledger import LEDGER
-from primitives.engine.log import print0
+from primitives.log import print0
 from primitives.mesh import Mesh, MeshError
 from tensor_parallel.engine.parallelize import parallelize
 from tensor_parallel.engine.state_dict import sharded_numel

@@ -31,8 +31,8 @@ from rich.table import Table
 
 import primitives as P
 from primitives.engine.cost import ring_fraction, traffic
-from primitives.engine.launch import add_launch_args, init_from_env
-from primitives.engine.log import print0
+from primitives.launch import add_launch_args, init_from_env
+from primitives.log import print0
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline_parallel.engine.module import LayerSpec, PipelineModule, TiedLayerSpec, layer_name
-from primitives.engine.log import console
+from primitives.log import console
 
 
 class Embed(nn.Module):

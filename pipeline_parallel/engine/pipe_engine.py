@@ -51,7 +51,7 @@ from pipeline_parallel.engine.zero1 import Zero1
 from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
-from primitives.engine.launch import init_from_env
+from primitives.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
 from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.lr_schedules import build_scheduler

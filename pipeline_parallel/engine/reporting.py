@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from primitives.engine.log import print0
+from primitives.log import print0
 from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.monitor import Monitors
 

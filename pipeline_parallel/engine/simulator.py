@@ -23,7 +23,7 @@ from rich.table import Table
 
 from pipeline_parallel.schedules import SCHEDULES, bubble_formula, build
 from pipeline_parallel.schedules.instructions import SENDS, Op, ScheduleError, peer
-from primitives.engine.log import console
+from primitives.log import console
 
 
 def _msg(op, stage: int, p: int):

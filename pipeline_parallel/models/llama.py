@@ -28,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from pipeline_parallel.engine.layers import TiedLayerSpec
-from primitives.engine.log import console
+from primitives.log import console
 
 PRESETS = {   # hidden, layers, heads, kv heads, ffn, vocab
     "tiny": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,

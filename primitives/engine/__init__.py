@@ -13,7 +13,7 @@ the textbook's algorithm functions (primitives/<collective>.py) unchanged and wr
     shm_collectives.py, shm_segment.py   collectives that read peers' shared memory
     strict.py, faults.py, ledger.py  nccl's ordering rules on CPU, naming the dead rank, byte counts
     rendezvous.py            communicator set-up through the store: a rank that never arrives is named
-    launch.py, log.py, runner.py, bench.py, reference.py, all_to_all_runner.py   launching, printing,
-                             the verify-and-time scripts
+    runner.py, bench.py, reference.py, all_to_all_runner.py   the verify-and-time scripts
+Printing and launching ranks, which every package uses, live one level up: primitives/log.py, primitives/launch.py.
 Nothing in the textbook (READING.md) imports this package.
 """

@@ -18,9 +18,9 @@ from rich.table import Table
 
 from primitives.engine.algos import ALGORITHMS
 from primitives.engine.calls.all_to_all import all_to_all_single
-from primitives.engine.launch import add_launch_args, init_from_env
+from primitives.launch import add_launch_args, init_from_env
 from primitives.engine.ledger import LEDGER
-from primitives.engine.log import print0
+from primitives.log import print0
 from primitives.engine.traffic import traffic
 
 

@@ -36,8 +36,8 @@ from primitives.engine import api, core
 from primitives.engine.cost import Params, choose, family, predict
 from primitives.engine.cost import params as fitted
 from primitives.engine.ledger import LEDGER
-from primitives.engine.launch import add_launch_args, init_from_env
-from primitives.engine.log import print0
+from primitives.launch import add_launch_args, init_from_env
+from primitives.log import print0
 from primitives.engine.runner import BUS_FACTOR, Case, barrier, builtin_call
 
 

@@ -33,7 +33,7 @@ NOT_INIT_MSG = (
     "no process group is initialised. Launch with one of:\n"
     "  torchrun --nproc_per_node 4 SCRIPT.py             (gloo, or nccl with one GPU per rank)\n"
     "  mpiexec -n 4 python SCRIPT.py --backend mpi       (needs `pip install mpi4py mpich`)\n"
-    "or call primitives.engine.launch.init_from_env() / primitives.engine.launch.spawn(fn, world_size) first."
+    "or call primitives.launch.init_from_env() / primitives.launch.spawn(fn, world_size) first."
 )
 
 

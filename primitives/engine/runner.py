@@ -21,8 +21,8 @@ from primitives.engine import api, core
 from primitives.engine.algos import ALGORITHMS
 from primitives.engine.ledger import LEDGER
 from primitives.engine.traffic import traffic
-from primitives.engine.launch import add_launch_args, init_from_env
-from primitives.engine.log import fail, print0
+from primitives.launch import add_launch_args, init_from_env
+from primitives.log import fail, print0
 from primitives.engine.reference import ref
 from primitives.engine.subcomm import shape
 

@@ -4,7 +4,7 @@ hierarchical algorithms (hierarchical.py).
     RINGZERO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 primitives/allreduce.py
 
 The views are not new process groups: they send through the parent's point-to-point with rank
-numbers translated, so nothing but primitives/engine/launch.py creates groups, and they work
+numbers translated, so nothing but primitives/launch.py creates groups, and they work
 the same over gloo, nccl and MPI.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python -m tests.ds_unit.harness [--all] [BODY_ID ...]      (both engines, then the comparison table)
 
-run_rank(rank, world, engine, ids, tmp) is spawned on N fresh ranks (primitives.engine.launch.spawn).
+run_rank(rank, world, engine, ids, tmp) is spawned on N fresh ranks (primitives.launch.spawn).
 engine "deepspeed": the installed DeepSpeed (its shm op marked incompatible so it is not JIT-built:
 it serves only inference_all_reduce); engine "ringzero": zero_from_scratch.as_deepspeed's finder is
 installed first, so every `import deepspeed` in the bodies resolves to ringzero, as under
@@ -174,7 +174,7 @@ def max_rel_diff(ref: tuple, ours: tuple) -> float:
 
 def run_both(bodies: list[Body], timeout: float = 600.0) -> dict:
     """Each body on its world size under both engines: {(id, rank): (deepspeed record, ringzero record)}."""
-    from primitives.engine.launch import spawn   # the one spawn helper; only this entry point needs it
+    from primitives.launch import spawn   # the one spawn helper; only this entry point needs it
     results = {}
     # pipeline bodies get processes of their own: DeepSpeed's pipeline engine leaves global state
     # (its mpu) that a ZeRO engine built later in the same process trips on; upstream runs each test fresh

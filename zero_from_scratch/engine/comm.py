@@ -94,7 +94,7 @@ class Comm:
             raise ValueError(f"comm_impl={impl!r} is invalid; allowed: {list(IMPLS)}")
         if not dist.is_initialized():
             raise RuntimeError("zero_from_scratch needs torch.distributed initialised: start with torchrun / "
-                               "deepspeed launcher and call primitives.engine.launch.init_from_env() first")
+                               "deepspeed launcher and call primitives.launch.init_from_env() first")
         self.impl, self.group = impl, group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.global_rank = dist.get_rank()

@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
-from primitives.engine.launch import add_launch_args, init_from_env
-from primitives.engine.log import print0
+from primitives.launch import add_launch_args, init_from_env
+from primitives.log import print0
 from primitives.engine.shm import describe
 
 

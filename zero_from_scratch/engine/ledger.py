@@ -37,7 +37,7 @@ from fractions import Fraction
 
 from primitives.engine.cost import ring_fraction   # the one ring byte formula
 from rich.table import Table
-from primitives.engine.log import print0
+from primitives.log import print0
 
 
 def model_state_bytes(stage: int, psi: int, n: int, mixed: bool) -> dict:

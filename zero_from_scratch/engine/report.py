@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from rich.table import Table
 
-from primitives.engine.log import console
+from primitives.log import console
 from zero_from_scratch.engine.params import module_units
 from zero_from_scratch.engine.ledger import (comm_bytes_per_step, deepspeed_estimate, model_state_bytes, paper_comm)
 from zero_from_scratch.sharding import bucket_units, shard_layout

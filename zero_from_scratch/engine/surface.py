@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from primitives.engine import registry
-from primitives.engine.launch import init_from_env
-from primitives.engine.log import print0
+from primitives.launch import init_from_env
+from primitives.log import print0
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from primitives.engine.log import print0
+from primitives.log import print0
 from zero_from_scratch.engine import comms_logger, flops_profiler
 
 
@@ -130,5 +130,5 @@ def _demo(rank, world):
 
 
 if __name__ == "__main__":       # python -m zero_from_scratch.engine.wall_clock: 2 ranks, 2 steps, ~3 s
-    from primitives.engine.launch import spawn
+    from primitives.launch import spawn
     spawn(_demo, 2)

@@ -58,7 +58,7 @@ from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
 from zero_from_scratch.engine.step import optimizer_step
 from zero_from_scratch.engine.zero_partition import refuse_below_stage3, true_shapes
-from primitives.engine.log import print0
+from primitives.log import print0
 
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 

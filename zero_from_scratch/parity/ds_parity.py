@@ -17,7 +17,7 @@ from zero_from_scratch.engine.models import MODELS
 from zero_from_scratch.parity.compare import ParityResult, Tolerance, compare, render
 from zero_from_scratch.parity.harness import Job, run_jobs
 from zero_from_scratch.parity.sides import SIDES
-from primitives.engine.log import console
+from primitives.log import console
 
 __all__ = ["make_config", "run_parity", "run_parities", "main"]
 

@@ -2,7 +2,7 @@
 
     python -m zero_from_scratch.parity.ds_parity --stage 2 --world-size 2 --steps 5            # its CLI
 
-Each side runs in N fresh processes (primitives.engine.launch.spawn: gloo over a file store), from the
+Each side runs in N fresh processes (primitives.launch.spawn: gloo over a file store), from the
 same initial state_dict, on the same global micro-batches (rank r takes rows r·m … (r+1)·m of
 each), dropout off. Per optimizer step we record the global mean loss, the engine's global
 gradient norm and the learning rate; at the end the full parameters (gathered for ZeRO-3).
@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from zero_from_scratch.engine.models import MODELS, build_model, make_batches, param_groups
 from zero_from_scratch.parity.sides import SIDES, full_params, make_engine, peak_rss_bytes
-from primitives.engine.launch import spawn
+from primitives.launch import spawn
 
 
 def _global_mean(x: float) -> float:

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from rich.table import Table
 
-from primitives.engine.launch import spawn
-from primitives.engine.log import console
+from primitives.launch import spawn
+from primitives.log import console
 from zero_from_scratch.parity.sides import make_engine
 from zero_from_scratch.parity.ds_parity import make_config
 from zero_from_scratch.engine.models import TinyMLP, param_groups
