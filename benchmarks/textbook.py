@@ -26,7 +26,7 @@ from rich.table import Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("primitives", "ddp_examples", "zero_from_scratch", "pipeline_parallel", "tensor_parallel",
-            "classification", "recipes", "seq2seq", "figures", "benchmarks", "multinode")
+            "classification", "recipes", "seq2seq", "figures", "benchmarks", "multinode", "parity", "planner")
 TEXTBOOK_BUDGET = 3000
 # one line of READING.md's list: `- <idea>: <path>::<function or Class or Class.method>`
 ENTRY = re.compile(r"^- (?P<idea>[^:`]+): (?P<path>[\w/]+\.py)::(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)$")

@@ -28,6 +28,10 @@ ARROWS = {
     "figures": set(T.PACKAGES),
     "benchmarks": set(T.PACKAGES),
     "multinode": {"primitives"},
+    # the parity harnesses (each layer against DeepSpeed, one process, torch) and the planner sit beside
+    # figures and benchmarks: they may import any library package, and only tests/figures/benchmarks import them
+    "parity": BELOW_APPS,
+    "planner": BELOW_APPS,
 }
 # words a reader of the repository alone cannot resolve: process stops, sessions' guides, issue numbers,
 # an earlier version of the code, a file's former name
