@@ -43,17 +43,6 @@ class FlatDataParallel(flat.FlatDataParallel):
         self.group = group
 
 
-class _AveragedWork:
-    """torch's SUM all-reduce of a bucket, divided by N once it has arrived (gloo has no AVG)."""
-
-    def __init__(self, work, buffer, n: int):
-        self.work, self.buffer, self.n = work, buffer, n
-
-    def wait(self) -> None:
-        self.work.wait()
-        self.buffer.div_(self.n)
-
-
 class BucketedDataParallel(bucketed.BucketedDataParallel):
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None, comm_impl: str = "primitives",
                  *, algorithm: str = "ring", find_unused_parameters: bool = False, init_sync: str = "broadcast"):
@@ -81,9 +70,8 @@ class BucketedDataParallel(bucketed.BucketedDataParallel):
     def _launch(self, b: int) -> None:
         if self.comm_impl == "primitives":
             return super()._launch(b)
-        buf = self.buckets[b].buffer
-        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        self._work[b] = _AveragedWork(work, buf, self.comm.size)
+        buf = self.buckets[b].buffer.div_(self.comm.size)   # gloo has no AVG: divide first, as torch DDP does
+        self._work[b] = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def remove_hooks(self) -> None:
         """Detach from the module's parameters (after this, backward no longer communicates)."""

@@ -5,7 +5,7 @@
 naive (bubble (p−1)/p) → GPipe → 1F1B (both (p−1)/(m+p−1)) → interleaved 1F1B ((p−1)/(v·m+p−1)).
 """
 from pipeline_parallel.schedules.gpipe import gpipe
-from pipeline_parallel.schedules.instructions import Op, ScheduleError, bubble_formula
+from pipeline_parallel.schedules.instructions import Instruction, ScheduleError, bubble_formula
 from pipeline_parallel.schedules.interleaved import interleaved
 from pipeline_parallel.schedules.naive import naive
 from pipeline_parallel.schedules.one_f_one_b import one_f_one_b
