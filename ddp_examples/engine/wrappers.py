@@ -27,19 +27,22 @@ from ddp_examples.engine.state import sync_initial_state
 from primitives.engine.registry import get_comm
 
 
+def _synced_comm(module: nn.Module, group, init_sync: str, who: str):
+    """The group's communicator, once every rank holds rank 0's parameters and buffers (state.py)."""
+    comm = get_comm(group)
+    sync_initial_state(module, comm, init_sync, who, group)
+    return comm
+
+
 class NaiveDataParallel(naive.NaiveDataParallel):
     def __init__(self, module: nn.Module, group=None, *, algorithm: str = "ring", init_sync: str = "broadcast"):
-        comm = get_comm(group)
-        sync_initial_state(module, comm, init_sync, "NaiveDataParallel", group)
-        super().__init__(module, comm, algorithm=algorithm)
+        super().__init__(module, _synced_comm(module, group, init_sync, "NaiveDataParallel"), algorithm=algorithm)
         self.group = group
 
 
 class FlatDataParallel(flat.FlatDataParallel):
     def __init__(self, module: nn.Module, group=None, *, algorithm: str = "ring", init_sync: str = "broadcast"):
-        comm = get_comm(group)
-        sync_initial_state(module, comm, init_sync, "FlatDataParallel", group)
-        super().__init__(module, comm, algorithm=algorithm)
+        super().__init__(module, _synced_comm(module, group, init_sync, "FlatDataParallel"), algorithm=algorithm)
         self.group = group
 
 
