@@ -331,12 +331,16 @@ def test_engine_overrides_of_reading_methods_call_the_textbook():
     every = replacing_overrides()
     bad = [f"{e[0]}::{e[1]}.{m} replaces {t[0]}::{t[1]}.{m}" for e, m, t in every
            if (t[0], t[1], m) in named or (t[0], t[1], None) in named]
-    per_pkg: dict[str, int] = {}
-    for e, _, _ in every:
-        per_pkg[e[0].split("/")[0]] = per_pkg.get(e[0].split("/")[0], 0) + 1
-    print(f"\nengine overrides of READING.md methods that do not call them: {len(bad)}")
+
+    def by_package(rows) -> str:
+        count: dict[str, int] = {}
+        for r in rows:
+            count[r.split("/")[0]] = count.get(r.split("/")[0], 0) + 1
+        return ", ".join(f"{k} {v}" for k, v in sorted(count.items())) or "none"
+
+    print(f"\nengine overrides of READING.md methods that do not call them: {len(bad)} ({by_package(bad)})")
     print("\n".join("  " + b for b in bad))
     print(f"engine overrides of any textbook class's method that do not call it: {len(every)} "
-          f"({', '.join(f'{k} {v}' for k, v in sorted(per_pkg.items()))})")
+          f"({by_package([e[0] for e, _, _ in every])})")
     print("\n".join(f"  {e[0]}::{e[1]}.{m} replaces {t[0]}::{t[1]}.{m}" for e, m, t in every))
     _fail("engine overrides of READING.md methods that do not call the textbook's", bad)
