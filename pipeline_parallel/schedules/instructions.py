@@ -39,7 +39,7 @@ def check_args(name: str, stage: int, num_stages: int, micro_batches: int, virtu
     if not isinstance(micro_batches, int) or micro_batches < 1:
         raise ScheduleError(f"{name}: micro_batches (gradient_accumulation_steps) must be >= 1, got {micro_batches!r}")
     if not isinstance(virtual_stages, int) or virtual_stages < 1:
-        raise ScheduleError(f"{name}: virtual_stages must be >= 1, got {virtual_stages!r}")
+        raise ScheduleError(f"{name}: virtual_stages must be an int >= 1, got {virtual_stages!r}")
 
 
 def fwd_ops(mb: int, chunk: int, stage: int, p: int, v: int = 1) -> list[Instruction]:
