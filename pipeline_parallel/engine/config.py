@@ -49,7 +49,8 @@ class PipelineRunConfig:
         return self.run.gradient_accumulation_steps
 
 
-def _raw(config) -> dict:
+def read_json(config) -> dict:
+    """A path to a JSON file, or a dict (deep-copied): the config as a fresh dict."""
     if isinstance(config, (str, os.PathLike)):
         try:
             with open(config) as f:
@@ -64,7 +65,7 @@ def _raw(config) -> dict:
 
 
 def load(config, dp: int) -> PipelineRunConfig:
-    raw = _raw(config)
+    raw = read_json(config)
     given = json.loads(json.dumps(raw))
     gate(raw, GATE_TABLE, where="pipeline_parallel")
     if raw.get("gradient_allreduce_op", "mean") != "mean":
