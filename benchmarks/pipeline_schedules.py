@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 from rich.table import Table
 
+from figures.ch09_pipeline import machine
 from pipeline_parallel.engine.model import gpt_layers, lm_loss
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
-from pipeline_parallel.engine.timeline import machine
-from pipeline_parallel.parity import deepspeed_engine
+from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
 from primitives.launch import spawn
 from primitives.log import console
 

@@ -24,8 +24,8 @@ import torch
 from rich.table import Table
 
 import zero_from_scratch
+from figures.ch09_pipeline import machine
 from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
-from pipeline_parallel.engine.timeline import machine
 from pipeline_parallel.models import llama_layers, llama_loss, llama_model
 from primitives.launch import spawn
 from primitives.log import console

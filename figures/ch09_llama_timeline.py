@@ -6,7 +6,7 @@
 pipeline_parallel.models.llama_layers(model) (embedding, decoder blocks, final norm, LM head) in our
 PipelineModule (partition "parameters"), 1F1B over m micro-batches of b sequences, on spawned ranks; every
 instruction of the last step timed on every rank by the engine's recorder
-(pipeline_parallel/engine/timeline.py, engine.timeline) and drawn by figures/ch09_pipeline.py::draw.
+(engine.timeline: pipeline_parallel/engine/draining.py) and drawn by figures/ch09_pipeline.py::draw.
 With dp = 2 each stage's gradients are all-reduced over its replica pair after the last backward
 (the "tied/dp reduce" bars). On a shared CPU the waits include other jobs' time slices: the picture
 shows the schedule's shape, its bubble numbers sit above the formula (p−1)/(m+p−1).
@@ -21,11 +21,11 @@ import sys
 import torch
 from rich.table import Table
 
-from figures.ch09_pipeline import draw
+from figures.ch09_pipeline import draw, machine
 from figures.common import ROOT
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
-from pipeline_parallel.engine.timeline import machine, measure
+from pipeline_parallel.engine.draining import measure_bubbles
 from pipeline_parallel.models import llama_layers, llama_loss, llama_model
 from pipeline_parallel.schedules import bubble_formula
 from primitives.launch import spawn
@@ -76,7 +76,7 @@ def main(argv=None):
                              f"m={m} — formula bubble {f:.0%}", f"09_llama_timeline_pp{pp}_dp{dp}",
                              labels=labels, source="figures.ch09_llama_timeline")
         paths.append(path)
-        t.add_row(shape, "; ".join(lab.replace("\n", ": ") for lab in labels), f"{measure([o[0] for o in out])[1] * 1e3:.0f}",
+        t.add_row(shape, "; ".join(lab.replace("\n", ": ") for lab in labels), f"{measure_bubbles([o[0] for o in out])[1] * 1e3:.0f}",
                   " ".join(f"{x:.2f}" for x in bubbles), f"{f:.2f}", os.path.relpath(path, ROOT))
     console.print(t)
     return paths

@@ -4,28 +4,78 @@ the measured bubble per stage next to the formula (p−1)/(v·m+p−1).
     python -m figures.ch09_pipeline                              # p = 4, m = 8, every schedule
     python -m figures.ch09_pipeline --pp 2 --micro-batches 4 --schedules gpipe 1f1b
 
-The timestamps come from pipeline_parallel.engine.timeline (every instruction of the last step timed on
-every rank, one monotonic clock for all local processes); this module only draws them.
+Each schedule trains a few steps of a balanced stack (identical MLP blocks, so every stage costs
+the same, which the formula assumes) on p spawned ranks; the engine times every instruction of the
+last step on every rank with time.perf_counter (one monotonic clock for all local processes).
+Measured bubble = 1 − busy / span (pipeline_parallel/engine/draining.py::measure_bubbles); messages
+and waits count as idle, so on a shared CPU it is a little above the formula. Cost: schedules ×
+(warm-up + 1) steps of p processes.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import platform
 import sys
 
+import torch
+import torch.nn as nn
 from rich.table import Table
 
 from figures.common import ROOT, pyplot, save
-from pipeline_parallel.engine.timeline import COLORS, _run, machine, measure
+from pipeline_parallel.engine.draining import measure_bubbles
+from pipeline_parallel.engine.module import LayerSpec, PipelineModule
+from pipeline_parallel.engine.pipe_engine import initialize
 from pipeline_parallel.schedules import bubble_formula
 from primitives.launch import spawn
 from primitives.log import console
 
 
+COLORS = {"fwd": "#4C72B0", "bwd": "#55A868", "recv_act": "#DDDDDD", "recv_grad": "#DDDDDD",
+          "send_act": "#C44E52", "send_grad": "#C44E52", "reduce_tied": "#8172B2", "reduce_grads": "#8172B2",
+          "step": "#CCB974"}
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def _mse(y, target):
+    return ((y - target) ** 2).mean()
+
+
+def _run(rank, world, schedule, v, m, dim, rows, steps):
+    layers = [LayerSpec(MLPBlock, dim) for _ in range(2 * world * v)]
+    pm = PipelineModule(layers, num_stages=world, loss_fn=_mse, partition_method="uniform", seed_layers=True)
+    cfg = {"train_micro_batch_size_per_gpu": rows, "gradient_accumulation_steps": m,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "pipeline": {"schedule": schedule, "virtual_stages": v}}
+    engine, *_ = initialize(model=pm, config=cfg)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g)) for _ in range(m)]
+    for _ in range(steps):
+        engine.train_batch(iter(batches))
+    return engine.timeline
+
+
+def machine() -> str:
+    try:
+        ds = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        ds = "absent"
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+            f"deepspeed {ds}, gloo")
+
+
 def draw(events_per_rank, title, name, labels=None, source="figures.ch09_pipeline"):
     """One row per rank (labels: its y-axis names, default "stage r"); saved as tutorials/img/<name>.png."""
     plt = pyplot()
-    bubbles, span, t0 = measure(events_per_rank)
+    bubbles, span, t0 = measure_bubbles(events_per_rank)
     p = len(events_per_rank)
     fig, ax = plt.subplots(figsize=(12, 0.7 * p + 1.6))
     for r, ev in enumerate(events_per_rank):
@@ -70,7 +120,7 @@ def main(argv=None):
         bubbles, path = draw(events, f"{s} (v={v}), p={p} stages, m={m} micro-batches — formula bubble {f:.0%}",
                              f"09_timeline_{s}")
         paths.append(path)
-        span = measure(events)[1]
+        span = measure_bubbles(events)[1]
         t.add_row(s, str(v), f"{span * 1e3:.0f}", " ".join(f"{b:.2f}" for b in bubbles), f"{max(bubbles):.2f}",
                   f"{f:.2f}", os.path.relpath(path, ROOT))
     console.print(t)

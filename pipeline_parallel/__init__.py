@@ -1,11 +1,11 @@
 """pipeline_parallel: pipeline parallelism on a Communicator's point-to-point messages.
 
-Textbook (no engine imports): schedules/ (Op, naive, GPipe, 1F1B, interleaved as pure functions),
+Textbook (no engine imports): schedules/ (Instruction, naive, GPipe, 1F1B, interleaved as pure functions),
 partition.py (layers → stages), executor.py (one rank's instruction list, real tensors).
 Engine (engine/): DeepSpeed's pipeline API built on it (initialize, train_batch, PipelineModule,
 the guarded executor, tied weights, simulator, nccl ordering). models/: llama as pipeline layers.
-parity.py, train.py: checks, demo. convert.py (HF ↔ pipeline weights), llm_data.py and
-train_llm.py (JSON data and the llama trainer).
+train.py: the demo (parity/pipeline.py: the checks). convert.py: HF ↔ pipeline weights (the llama
+trainer that uses them: recipes/train_llm.py).
 """
 import importlib
 

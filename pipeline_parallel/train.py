@@ -24,13 +24,14 @@ import time
 import torch
 from rich.table import Table
 
+from pipeline_parallel.engine.draining import measure_bubbles
 from pipeline_parallel.engine.model import gpt_layers, lm_loss
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
 from pipeline_parallel.engine.reviews import reviews
-from pipeline_parallel.parity import deepspeed_engine
+from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
 from pipeline_parallel.schedules import bubble_formula
-from primitives import all_gather
+from primitives import all_gather_object
 from primitives.launch import shutdown
 from primitives.log import console, print0
 
@@ -63,17 +64,12 @@ def split_table(pm, pp, v):
 
 
 def bubble_table(engine):
-    """Every rank's busy time and span of the last step, gathered with primitives' all_gather."""
-    ev = [e for e in engine.timeline if e[0] in ("fwd", "bwd")]
-    mine = torch.tensor([sum(e[4] - e[3] for e in ev), min(e[3] for e in engine.timeline), max(e[4] for e in ev)],
-                        dtype=torch.float64)
-    world = torch.distributed.get_world_size()
-    out = [torch.zeros_like(mine) for _ in range(world)]
-    all_gather(out, mine)
-    t0, t1 = min(float(o[1]) for o in out), max(float(o[2]) for o in out)
+    """Every rank's measured bubble of the last step (draining.py's measure_bubbles), beside the formula."""
+    events = [None] * torch.distributed.get_world_size()
+    all_gather_object(events, engine.timeline)
     p, m, v = engine.pp, engine.micro_batches, engine.v
     f = (p - 1) / p if engine.schedule == "naive" else bubble_formula(p, m, v)
-    return ", ".join(f"rank {r}: {1 - float(o[0]) / (t1 - t0):.2f}" for r, o in enumerate(out)) + f"  (formula {f:.2f})"
+    return ", ".join(f"rank {r}: {b:.2f}" for r, b in enumerate(measure_bubbles(events)[0])) + f"  (formula {f:.2f})"
 
 
 def main(argv=None):

@@ -6,9 +6,8 @@ The textbook (read in this order):
     comm.py            f / g and the sequence-parallel pair (autograd functions, derivations)
     layers.py          ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
     cross_entropy.py   vocab-parallel cross-entropy (never the full logits)
-The engine (engine/): parallelize(model, group, sequence_parallel) for Hugging Face DistilBERT and
-MLP stacks; gather_state_dict / load_full_state_dict; uneven gathers; Ulysses; formulas.
-parity.py compares a parallelized model with one process (`python -m tensor_parallel.parity`).
+The engine (engine/, each file named in engine/__init__.py): parallelize, state dicts, Ulysses.
+parity/tensor_parallel.py compares a parallelized model with one process (`python -m parity.tensor_parallel`).
 The applications (dp × tp × pp training, accuracy, memory) live in classification/parallel/.
 """
 import importlib

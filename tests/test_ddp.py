@@ -21,8 +21,9 @@ import torch.nn as nn
 
 from primitives.launch import spawn as _spawn
 from ddp_examples.bucketed import plan_buckets
-from ddp_examples.engine.common import Config, build_model, formula_bytes, make_batch, max_diff, reference, ring_bytes, train
+from ddp_examples.engine.common import Config, build_model, make_batch, max_diff, reference, train
 from ddp_examples.engine.wrappers import BucketedDataParallel, FlatDataParallel, NaiveDataParallel
+from primitives.engine.cost import ring_fraction, traffic
 
 TOL = 1e-5
 SMALL_CAP = 0.004                            # MiB: splits the default model (Ψ = 3846) into 4 uneven buckets
@@ -31,6 +32,15 @@ ACC_CFG = Config(steps=10, global_batch=48, accum=3, bucket_cap_mb=SMALL_CAP)   
 EDGE_CFG = Config(steps=10)
 UNEVEN_CFG = Config(steps=10, in_dim=7, hidden=13, classes=5, global_batch=30)  # odd sizes everywhere
 
+
+def formula_bytes(numel: int, world_size: int, elem: int = 4) -> float:
+    """2(N−1)/N·Ψ·e: what a ring all-reduce of Ψ elements sends per rank."""
+    return float(ring_fraction("all_reduce", world_size) * numel * elem)
+
+
+def ring_bytes(buffer_numels: list[int], world_size: int, rank: int, elem: int = 4) -> int:
+    """Exact bytes `rank` sends when each buffer is ring-all-reduced (tensor_split chunk sizes)."""
+    return sum(traffic("all_reduce", "ring", world_size, rank, n, elem)[1] for n in buffer_numels)
 
 def _all(rank, world):
     """Everything one world size needs, in ONE set of rank processes (starting ranks is the

@@ -6,7 +6,8 @@ import torch
 import torch.nn as nn
 
 import pipeline_parallel
-from pipeline_parallel import PipelineError, PipelineModule, parity
+from parity import pipeline as parity
+from pipeline_parallel import PipelineError, PipelineModule
 from pipeline_parallel.engine.model import lm_loss
 from primitives import LEDGER
 from primitives.engine.cost import traffic

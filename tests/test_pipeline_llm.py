@@ -76,7 +76,7 @@ def _deepspeed(rank, world, steps):
 @pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_two_stages_equal_one_process(spawn, tied):
-    # one rounding per element from accumulating micro-batch gradients separately (pipeline_parallel/parity.py)
+    # one rounding per element from accumulating micro-batch gradients separately (parity/pipeline.py)
     out = spawn(_ours, 2, args=(2, tied))
     ref = _reference(2, tied=tied)
     for rank in range(2):

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from pipeline_parallel.llm_data import IGNORE, ByteTokenizer, detect, encode, load_dataset, make_example
+from recipes.llm_data import IGNORE, ByteTokenizer, detect, encode, load_dataset, make_example
 from tests.conftest import run_cmd
 
 TOK = ByteTokenizer()
@@ -44,7 +44,7 @@ def test_dataset_file_and_the_answer_that_does_not_fit(tmp_path):
 @pytest.mark.slow
 def test_train_llm_trains_exports_and_generates(tmp_path):
     data = make_example(str(tmp_path / "ex.json"))
-    r = run_cmd(f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 -m pipeline_parallel.train_llm "
+    r = run_cmd(f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 -m recipes.train_llm "
                 f"--data {data} --pp 2 --steps 40 --dtype bf16 --lr 3e-3 --export-hf {tmp_path / 'hf'} "
                 f"--prompt 'What is 2 plus 3?' --log-every 10", timeout=600)
     losses = [float(line.split("loss: ")[1].split()[0]) for line in r.stdout.splitlines() if line.startswith("steps: ")]

@@ -1,4 +1,4 @@
-"""Pipeline parity: every schedule against one process (fp32, 1e-5; see pipeline_parallel/parity.py
+"""Pipeline parity: every schedule against one process (fp32, 1e-5; see parity/pipeline.py
 for why that tolerance) and against DeepSpeed's pipeline engine, plus what the schedules cost in
 stored activations. The default suite runs a representative subset in three spawns; the full
 N = 2, 3, 4 × schedule × DeepSpeed sweep is @slow."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from pipeline_parallel import parity
+from parity import pipeline as parity
 from pipeline_parallel.executor import Executor
 from pipeline_parallel.schedules import build
 from primitives import get_comm

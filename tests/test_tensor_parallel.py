@@ -7,6 +7,7 @@ order of floating-point sums (~1e-7 relative here); any wrong shard or missing/d
 reduction is O(1).
 """
 import copy
+import math
 
 import pytest
 import torch
@@ -18,6 +19,17 @@ import primitives as P
 TOL = 1e-5
 
 
+def reference_attention(x, q, k, v, o, n_heads, key_mask=None):
+    """The same attention on the whole sequence, one process: what UlyssesAttention must equal."""
+    b, s, h = x.shape
+    d = h // n_heads
+    heads = lambda t: t.view(b, s, n_heads, d).transpose(1, 2)  # noqa: E731
+    scores = heads(q(x)) @ heads(k(x)).transpose(-1, -2) / math.sqrt(d)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
+    return o((scores.softmax(-1) @ heads(v(x))).transpose(1, 2).reshape(b, s, h))
+
+
 def _close(errs, what, a, b):
     d = (a.detach().double() - b.detach().double()).abs().max().item() if a.numel() else 0.0
     if not d <= TOL or a.shape != b.shape:
@@ -27,7 +39,7 @@ def _close(errs, what, a, b):
 def _layers(rank, n):
     import tensor_parallel as tp
     from tensor_parallel.comm import gather_seq, scatter_seq, split_seq
-    from tensor_parallel.engine.ulysses import UlyssesAttention, reference_attention
+    from tensor_parallel.engine.ulysses import UlyssesAttention
     from tensor_parallel.engine.uneven import gather_last_dim, scatter_last_dim
     comm = P.get_comm()
     errs = []

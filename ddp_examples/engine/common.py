@@ -13,8 +13,8 @@ samples with the loss divided by k; the average over ranks of the summed gradien
 exactly the gradient of the mean loss over the B samples, up to float summation order.
 
 Communication per optimizer step and rank, ring all-reduce of Ψ parameters of e bytes:
-2(N−1)/N·Ψ·e bytes (exactly, when every all-reduced buffer divides by N; `ring_bytes` gives
-the exact closed form otherwise).
+2(N−1)/N·Ψ·e bytes (exactly, when every all-reduced buffer divides by N; primitives.engine.cost.traffic
+gives the exact bytes otherwise).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from rich.table import Table
 
 import primitives as P
-from primitives.engine.cost import ring_fraction, traffic
+from primitives.engine.cost import ring_fraction
 from primitives.launch import add_launch_args, init_from_env
 from primitives.log import print0
 
@@ -163,18 +163,6 @@ def max_diff(a: list, b: list) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
-# ----------------------------------------------------------------------------- byte formulas
-
-def formula_bytes(numel: int, world_size: int, elem: int = 4) -> float:
-    """2(N−1)/N·Ψ·e: what a ring all-reduce of Ψ elements sends per rank (primitives.engine.cost)."""
-    return float(ring_fraction("all_reduce", world_size) * numel * elem)
-
-
-def ring_bytes(buffer_numels: list[int], world_size: int, rank: int, elem: int = 4) -> int:
-    """Exact bytes `rank` sends when each buffer is ring-all-reduced (tensor_split chunk sizes)."""
-    return sum(traffic("all_reduce", "ring", world_size, rank, n, elem)[1] for n in buffer_numels)
-
-
 # ----------------------------------------------------------------------------- the table and main()
 
 def summary_table(title: str, rows: list[tuple[str, str]]):
@@ -237,6 +225,6 @@ def main(wrap, title: str, *, single_process: bool = False, needs_torch_dist: bo
             ("bytes sent per step, this rank (ledger)",
              "n/a (torch's own traffic)" if needs_torch_dist else f"{b:,}"),
             ("collective calls per step", f"{res.calls[-1]}" if not needs_torch_dist else "n/a"),
-            ("2(N−1)/N·Ψ·4 bytes", f"{formula_bytes(psi, world):,.0f}")]
+            ("2(N−1)/N·Ψ·4 bytes", f"{float(ring_fraction('all_reduce', world) * psi * 4):,.0f}")]
     print0(summary_table(title, rows))
     return res

@@ -27,31 +27,23 @@ from ddp_examples.engine.state import sync_initial_state
 from primitives.engine.registry import get_comm
 
 
+def _synced_comm(module: nn.Module, group, init_sync: str, who: str):
+    """The group's communicator, once every rank holds rank 0's parameters and buffers (state.py)."""
+    comm = get_comm(group)
+    sync_initial_state(module, comm, init_sync, who, group)
+    return comm
+
+
 class NaiveDataParallel(naive.NaiveDataParallel):
     def __init__(self, module: nn.Module, group=None, *, algorithm: str = "ring", init_sync: str = "broadcast"):
-        comm = get_comm(group)
-        sync_initial_state(module, comm, init_sync, "NaiveDataParallel", group)
-        super().__init__(module, comm, algorithm=algorithm)
+        super().__init__(module, _synced_comm(module, group, init_sync, "NaiveDataParallel"), algorithm=algorithm)
         self.group = group
 
 
 class FlatDataParallel(flat.FlatDataParallel):
     def __init__(self, module: nn.Module, group=None, *, algorithm: str = "ring", init_sync: str = "broadcast"):
-        comm = get_comm(group)
-        sync_initial_state(module, comm, init_sync, "FlatDataParallel", group)
-        super().__init__(module, comm, algorithm=algorithm)
+        super().__init__(module, _synced_comm(module, group, init_sync, "FlatDataParallel"), algorithm=algorithm)
         self.group = group
-
-
-class _AveragedWork:
-    """torch's SUM all-reduce of a bucket, divided by N once it has arrived (gloo has no AVG)."""
-
-    def __init__(self, work, buffer, n: int):
-        self.work, self.buffer, self.n = work, buffer, n
-
-    def wait(self) -> None:
-        self.work.wait()
-        self.buffer.div_(self.n)
 
 
 class BucketedDataParallel(bucketed.BucketedDataParallel):
@@ -81,9 +73,8 @@ class BucketedDataParallel(bucketed.BucketedDataParallel):
     def _launch(self, b: int) -> None:
         if self.comm_impl == "primitives":
             return super()._launch(b)
-        buf = self.buckets[b].buffer
-        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        self._work[b] = _AveragedWork(work, buf, self.comm.size)
+        buf = self.buckets[b].buffer.div_(self.comm.size)   # gloo has no AVG: divide first, as torch DDP does
+        self._work[b] = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def remove_hooks(self) -> None:
         """Detach from the module's parameters (after this, backward no longer communicates)."""

@@ -2,7 +2,8 @@
 
 pipe_engine.py (initialize, PipelineEngine), draining.py (the textbook Executor, guarded),
 module.py (PipelineModule, an nn.Module) and layers.py (LayerSpec, TiedLayerSpec, stage chunks),
-topology.py and ds_pipe.py (deepspeed.pipe's names and initialize), optim.py (Adam/AdamW, Lion), tied.py, config.py, simulator.py and
-nccl_order.py (schedules checked and ordered without processes), timeline.py, model.py (the
-byte-level GPT the demo trains), reviews.py (the demo's text).
+topology.py and ds_pipe.py (deepspeed.pipe's names and initialize), deepspeed_engine.py (DeepSpeed's
+own engine, the reference), optim.py (Adam/AdamW, Lion), tied.py, config.py, simulator.py and
+nccl_order.py (schedules checked and ordered without processes), model.py (the byte-level GPT the
+demo trains), reviews.py (the demo's text).
 """

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from pipeline_parallel.engine.optim import parse_lion
 from pipeline_parallel.engine.pipe_keys import GATE_TABLE, KEY_STATUS
-from pipeline_parallel.schedules import SCHEDULES
+from pipeline_parallel.schedules import ScheduleError, build
 from zero_from_scratch.engine.config import ZeroRunConfig, load_config
 from zero_from_scratch.engine.key_status import gate
 
@@ -49,7 +49,8 @@ class PipelineRunConfig:
         return self.run.gradient_accumulation_steps
 
 
-def _raw(config) -> dict:
+def read_json(config) -> dict:
+    """A path to a JSON file, or a dict (deep-copied): the config as a fresh dict."""
     if isinstance(config, (str, os.PathLike)):
         try:
             with open(config) as f:
@@ -64,7 +65,7 @@ def _raw(config) -> dict:
 
 
 def load(config, dp: int) -> PipelineRunConfig:
-    raw = _raw(config)
+    raw = read_json(config)
     given = json.loads(json.dumps(raw))
     gate(raw, GATE_TABLE, where="pipeline_parallel")
     if raw.get("gradient_allreduce_op", "mean") != "mean":
@@ -82,15 +83,11 @@ def load(config, dp: int) -> PipelineRunConfig:
     lion = None
     if str((raw.get("optimizer") or {}).get("type", "")).lower() == "lion":
         lion = parse_lion(raw.pop("optimizer"))
-    schedule = pipe.get("schedule", DEFAULT_SCHEDULE)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"config key 'pipeline.schedule' = {schedule!r} is invalid; allowed: {list(SCHEDULES)}")
-    v = pipe.get("virtual_stages", 1)
-    if not isinstance(v, int) or v < 1:
-        raise ValueError(f"config key 'pipeline.virtual_stages' = {v!r} is invalid; allowed: an int >= 1")
-    if v > 1 and schedule != "interleaved":
-        raise ValueError(f"config key 'pipeline.virtual_stages' = {v} needs 'pipeline.schedule' = 'interleaved' "
-                         f"(got {schedule!r}, which runs one chunk per stage)")
+    schedule, v = pipe.get("schedule", DEFAULT_SCHEDULE), pipe.get("virtual_stages", 1)
+    try:           # the schedules' own checks (a known name; v >= 1, and v > 1 only interleaved), at load time
+        build(schedule, 0, 1, 1, v)
+    except ScheduleError as e:
+        raise ValueError(f"config section 'pipeline' = {pipe} is invalid: {e}") from None
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
         val = raw.get(key)
         if val is not None and val != "auto" and (not isinstance(val, int) or val < 1):

@@ -12,7 +12,7 @@ Added around every op of the textbook executor, none of them changing its arithm
   * the end-of-step ops delegate to the engine: tied-weight exchange, dp gradient all-reduce,
     clipping and the optimizer (PipelineEngine.reduce_tied / reduce_grads / step).
   * timing — every op timed with time.perf_counter (one clock for all local processes), for the
-    bubble measurement and the timeline pictures (engine/timeline.py);
+    bubble measurement (measure_bubbles) and the timeline pictures (figures/ch09_pipeline.py);
   * the ledger — shape headers count as control traffic; data bytes sent are summed per op kind;
   * ActivationMeter — bytes autograd saves for backward, per (micro-batch, chunk);
   * every buffer it allocates (boundaries, drained zeros, poisoned headers) on the stage's device.
@@ -59,6 +59,15 @@ class ActivationMeter:
 
     def release(self, key):
         self.live -= self.per.pop(key, 0)
+
+
+def measure_bubbles(events_per_rank):
+    """(bubble per rank, span, t0) of one step from every rank's `events` (one perf_counter clock):
+    busy = forward + backward time, span = first instruction on any rank → last compute on any."""
+    t0 = min(e[3] for ev in events_per_rank for e in ev)
+    t1 = max(e[4] for ev in events_per_rank for e in ev if e[0] in ("fwd", "bwd"))
+    busy = [sum(e[4] - e[3] for e in ev if e[0] in ("fwd", "bwd")) for ev in events_per_rank]
+    return [1 - b / (t1 - t0) for b in busy], t1 - t0, t0
 
 
 class DrainingExecutor(Executor):

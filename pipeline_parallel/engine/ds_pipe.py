@@ -22,13 +22,13 @@ read by nothing, as in DeepSpeed (PipelineModule's arguments decide those). Cost
 """
 from __future__ import annotations
 
-import json
 import warnings
 
 import torch
 
 from torch.utils.data import DataLoader, DistributedSampler
 
+from pipeline_parallel.engine.config import read_json
 from pipeline_parallel.engine.layers import LayerSpec, TiedLayerSpec
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import PipelineEngine
@@ -56,12 +56,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         if val is not None:
             raise NotImplementedError(f"initialize({name}=...) with a PipelineModule is not supported by "
                                       f"pipeline_parallel: {why}")
-    config = resolve_config(args, config, config_params)
-    if isinstance(config, dict):
-        config = json.loads(json.dumps(config))
-    else:
-        with open(config) as f:
-            config = json.load(f)
+    config = read_json(resolve_config(args, config, config_params))
     _deepspeed_pipeline_keys(model, config)
     engine, opt, _, sched = _initialize(model=model, model_parameters=model_parameters, config=config)
     if not hasattr(engine, "device"):     # DeepSpeed's engine.device: where this stage's parameters live

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pipeline_parallel.engine.simulator import simulate
 from pipeline_parallel.schedules import build
-from pipeline_parallel.schedules.instructions import SENDS, Op, ScheduleError, peer
+from pipeline_parallel.schedules.instructions import SENDS, Instruction, ScheduleError, peer
 
 COMPUTE = ("fwd", "bwd")
 
@@ -30,8 +30,8 @@ def programs(name: str, num_stages: int, micro_batches: int, virtual_stages: int
     return progs
 
 
-def legalize_for_nccl(programs: list[list[Op]], micro_batches: int, virtual_stages: int = 1,
-                      max_moves: int = 100_000) -> list[list[Op]]:
+def legalize_for_nccl(programs: list[list[Instruction]], micro_batches: int, virtual_stages: int = 1,
+                      max_moves: int = 100_000) -> list[list[Instruction]]:
     """Reorder receives so every per-peer queue pairs up under nccl's in-order streams.
 
     Where the k-th ops two ranks post towards each other are both sends, one of them moves its

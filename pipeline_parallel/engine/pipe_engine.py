@@ -49,7 +49,7 @@ from pipeline_parallel.engine.tied import TiedWeights
 from pipeline_parallel.engine.topology import mesh_sizes
 from pipeline_parallel.engine.zero1 import Zero1
 from pipeline_parallel.schedules import build
-from primitives import LEDGER, all_gather, all_reduce, get_comm
+from primitives import LEDGER, all_gather_object, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
 from primitives.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
@@ -274,14 +274,10 @@ class PipelineEngine:
         with LEDGER.control_traffic():
             all_reduce(status)
             if status[0] > 0:
-                mine = "; ".join(m for m in self._errors if m) or ""
-                text = (f"rank {self.rank} (stage {self.stage}, replica {self.dp_rank}): {mine}" if mine else "")
-                buf = torch.zeros(1024, dtype=torch.uint8, device=self.device)
-                raw = text.encode()[:1024]
-                buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-                out = [torch.zeros_like(buf) for _ in range(dist.get_world_size())]
-                all_gather(out, buf)
-                msgs = [bytes(o[:int((o != 0).sum())].tolist()).decode(errors="replace") for o in out]
+                mine = "; ".join(m for m in self._errors if m)
+                msgs = [None] * dist.get_world_size()         # every rank's message, whole
+                all_gather_object(msgs, f"rank {self.rank} (stage {self.stage}, replica {self.dp_rank}): {mine}"
+                                  if mine else "")
                 self._broken = "\n".join(f"  {m}" for m in msgs if m)
                 raise PipelineError(f"rank {self.rank}: the pipeline step failed on {int(status[0])} rank(s):\n{self._broken}")
         self._status = float(status[1]) / (self.micro_batches * self.dp)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from pipeline_parallel.schedules import SCHEDULES, bubble_formula, build
-from pipeline_parallel.schedules.instructions import SENDS, Op, ScheduleError, peer
+from pipeline_parallel.schedules.instructions import SENDS, Instruction, ScheduleError, peer
 from primitives.log import console
 
 
@@ -34,7 +34,7 @@ def _msg(op, stage: int, p: int):
     return ("grad", op.mb, g - 1 if op.kind == "send_grad" else g)
 
 
-def simulate(programs: list[list[Op]], micro_batches: int, virtual_stages: int = 1, *,
+def simulate(programs: list[list[Instruction]], micro_batches: int, virtual_stages: int = 1, *,
              t_fwd: float = 1.0, t_bwd: float = 2.0, mode: str = "buffered") -> dict:
     """Run one program per rank on a logical clock (compute takes t_fwd / t_bwd, messages are
     free). mode "buffered": sends never block (gloo); "nccl": the k-th op a rank posts towards a peer

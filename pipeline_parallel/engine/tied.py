@@ -7,8 +7,8 @@ holder too), so all copies start equal. After every backward each holder exchang
 of the tied attributes (tied_weight_attr, default "weight") with every other holder and sums them
 in stage order — the same sum, bit for bit, on every holder, so the copies stay equal. Cost per
 step per holder: (k − 1)·Ψ_tied elements sent, k holders. Point-to-point on the pipeline group's
-Communicator: no extra process group. For nccl's per-peer ordering, in each pair of holders the
-lower stage sends first and the higher stage receives first. For the gradient norm, copies after
+Communicator, each holder's sends and receives posted as one group (exchange): no extra process
+group, and no per-peer order for nccl to deadlock on. For the gradient norm, copies after
 the first holder are skipped (`is_replica`), as DeepSpeed's ds_pipe_replicated does.
 """
 from __future__ import annotations
@@ -46,23 +46,13 @@ class TiedWeights:
         return id(p) in self._replicas
 
     def _exchange(self, holders, mine):
-        """Every other holder's tensor, received into fresh buffers; ours is sent to each of them."""
-        e = self.e
-        got, pending = {e.stage: mine}, []
-        for other in holders:
-            if other == e.stage:
-                continue
-            buf = torch.empty_like(mine)
-            if e.stage < other:
-                pending.append(e.comm.isend(mine, other))
-                e.comm.irecv(buf, other).wait()
-            else:
-                e.comm.irecv(buf, other).wait()
-                pending.append(e.comm.isend(mine, other))
-            got[other] = buf
-        for req in pending:
+        """Every holder's tensor: ours sent to each other holder and theirs received, posted as one
+        group (the textbook Communicator.exchange), so no per-peer order can deadlock under nccl."""
+        others = [h for h in holders if h != self.e.stage]
+        got = {h: torch.empty_like(mine) for h in others}
+        for req in self.e.comm.exchange(sends=[(mine, h) for h in others], recvs=[(got[h], h) for h in others]):
             req.wait()
-        return got
+        return {self.e.stage: mine, **got}
 
     def broadcast_initial(self):
         e = self.e

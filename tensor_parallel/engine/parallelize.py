@@ -15,13 +15,11 @@ Knows two kinds of model (anything else is a TPError naming its class):
   * an nn.Sequential MLP stack: consecutive Linear pairs (with elementwise modules between)
     become column → row; a last unpaired Linear stays replicated.
 
-Per transformer layer and step (b·s·h activations): plain TP runs 4 all-reduces (2 forward g,
-2 backward f); with sequence_parallel=True (Megatron-SP) each becomes a reduce-scatter or
-all-gather, plus one all-gather per column-parallel input in backward (Q/K/V share one, lin1
-one), since those layers save only the sequence shard: 6 all-gathers + 4 reduce-scatters of
-b·s·h/N per rank (1.25× the bytes), while LayerNorm, residual, dropout and the saved inputs
-of Q/K/V and lin1 hold only s/N of the sequence. SP params (LayerNorms, row
-biases) see a sequence slice, so their gradients are all-reduced over the group by a hook.
+Cost per transformer layer and step: 4 all-reduces of b·s·h (plain TP), or with
+sequence_parallel=True (Megatron-SP) 6 all-gathers + 4 reduce-scatters of b·s·h/N per rank, while
+LayerNorm, residual, dropout and the saved inputs of Q/K/V and lin1 hold s/N of the sequence
+(formulas.py derives both). SP params (LayerNorms, row biases) see a sequence slice: a hook
+all-reduces their gradients over the group.
 Forward and backward must run on every rank of the group in the same order (or they hang
 until the communicator's timeout names the missing peer).
 """

@@ -21,6 +21,7 @@ i.e. O(b·s·h/N), falling with N, where TP's all-reduces send 2(N-1)/N·b·s·h
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -37,29 +38,18 @@ def _a2a(x: torch.Tensor, comm) -> torch.Tensor:
     return out
 
 
-class SeqToHeads(torch.autograd.Function):
-    """[..., b, s/N, H, d] → [..., b, s, H/N, d]. All-to-all is a permutation of blocks, so its
-    adjoint is the inverse permutation: the backward is HeadsToSeq's forward."""
+class AllToAll(torch.autograd.Function):
+    """to_heads: [..., b, s/N, H, d] → [..., b, s, H/N, d], else the inverse. All-to-all is a
+    permutation of blocks, so its adjoint is the inverse permutation: the other direction."""
 
     @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return _seq_to_heads(x, comm)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _heads_to_seq(dy, ctx.comm), None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return _heads_to_seq(x, comm)
+    def forward(ctx, x, comm, to_heads: bool):
+        ctx.comm, ctx.to_heads = comm, to_heads
+        return (_seq_to_heads if to_heads else _heads_to_seq)(x, comm)
 
     @staticmethod
     def backward(ctx, dy):
-        return _seq_to_heads(dy, ctx.comm), None
+        return (_heads_to_seq if ctx.to_heads else _seq_to_heads)(dy, ctx.comm), None, None
 
 
 def _seq_to_heads(x, comm):
@@ -89,9 +79,7 @@ class UlyssesAttention(nn.Module):
             raise TPError(f"rank {comm.rank}: UlyssesAttention: {n_heads} heads do not divide over {comm.size} "
                           "ranks (all-to-all gives every rank H/N whole heads)")
         self.comm, self.n_heads = comm, n_heads
-        self.q, self.k, self.v, self.o = (nn.Linear(m.in_features, m.out_features) for m in (q, k, v, o))
-        for mine, src in zip((self.q, self.k, self.v, self.o), (q, k, v, o)):
-            mine.load_state_dict(src.state_dict())
+        self.q, self.k, self.v, self.o = (copy.deepcopy(m) for m in (q, k, v, o))   # the caller's stay as they are
         for p in self.parameters():                 # each rank sees s/N positions: partial gradients
             p.register_hook(lambda g: all_reduce_grad(g, comm))
 
@@ -100,20 +88,10 @@ class UlyssesAttention(nn.Module):
         b, sl, h = x.shape
         d = h // self.n_heads
         qkv = torch.stack([m(x) for m in (self.q, self.k, self.v)]).view(3, b, sl, self.n_heads, d)
-        q, k, v = SeqToHeads.apply(qkv, self.comm).transpose(-2, -3).unbind(0)   # [b, H/N, s, d]
+        q, k, v = AllToAll.apply(qkv, self.comm, True).transpose(-2, -3).unbind(0)   # [b, H/N, s, d]
         scores = q @ k.transpose(-1, -2) / math.sqrt(d)
         if key_mask is not None:
             scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
         ctx = (scores.softmax(-1) @ v).transpose(1, 2)                           # [b, s, H/N, d]
-        return self.o(HeadsToSeq.apply(ctx, self.comm).reshape(b, sl, h))
+        return self.o(AllToAll.apply(ctx, self.comm, False).reshape(b, sl, h))
 
-
-def reference_attention(x, q, k, v, o, n_heads, key_mask=None):
-    """The same attention on the whole sequence, one process: what UlyssesAttention must equal."""
-    b, s, h = x.shape
-    d = h // n_heads
-    heads = lambda t: t.view(b, s, n_heads, d).transpose(1, 2)  # noqa: E731
-    scores = heads(q(x)) @ heads(k(x)).transpose(-1, -2) / math.sqrt(d)
-    if key_mask is not None:
-        scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
-    return o((scores.softmax(-1) @ heads(v(x))).transpose(1, 2).reshape(b, s, h))

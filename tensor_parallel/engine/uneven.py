@@ -33,39 +33,31 @@ def pad_gather(x: torch.Tensor, full: int, comm, unit: int = 1) -> torch.Tensor:
     return torch.cat([parts[r, :hi - lo] for r, (lo, hi) in enumerate(bounds)]).movedim(0, -1)
 
 
-class GatherLastDim(torch.autograd.Function):
-    """Forward: all-gather the last-dim slices. Backward: each rank keeps its slice (downstream
-    is replicated, so every rank holds the same full gradient)."""
+class LastDim(torch.autograd.Function):
+    """gather: all-gather the last-dim slices (a column-parallel output → the whole output), else keep
+    this rank's slice of a replicated input. Each is the other's adjoint: downstream of a gather every
+    rank holds the same full gradient, so its backward keeps the slice; a slice's backward gathers."""
 
     @staticmethod
-    def forward(ctx, x, full, comm, unit):
-        ctx.bounds = shard_bounds(full, comm.size, comm.rank, unit)
+    def forward(ctx, x, full, comm, unit, gather: bool):
+        ctx.args, ctx.gather = (full, comm, unit), gather
+        return _gather_or_slice(x, full, comm, unit, gather)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _gather_or_slice(dy, *ctx.args, not ctx.gather), None, None, None, None
+
+
+def _gather_or_slice(x, full: int, comm, unit: int, gather: bool) -> torch.Tensor:
+    if gather:
         return pad_gather(x, full, comm, unit) if comm.size > 1 else x
-
-    @staticmethod
-    def backward(ctx, dy):
-        lo, hi = ctx.bounds
-        return dy[..., lo:hi].contiguous(), None, None, None
-
-
-class ScatterLastDim(torch.autograd.Function):
-    """Forward: keep this rank's slice of a replicated input. Backward: all-gather the slices."""
-
-    @staticmethod
-    def forward(ctx, x, full, comm, unit):
-        ctx.full, ctx.comm, ctx.unit = full, comm, unit
-        lo, hi = shard_bounds(full, comm.size, comm.rank, unit)
-        return x[..., lo:hi].contiguous()
-
-    @staticmethod
-    def backward(ctx, dy):
-        n = ctx.comm.size
-        return (pad_gather(dy, ctx.full, ctx.comm, ctx.unit) if n > 1 else dy), None, None, None
+    lo, hi = shard_bounds(full, comm.size, comm.rank, unit)
+    return x[..., lo:hi].contiguous()
 
 
 def gather_last_dim(x, full: int, comm, unit: int = 1):
-    return GatherLastDim.apply(x, full, comm, unit)
+    return LastDim.apply(x, full, comm, unit, True)
 
 
 def scatter_last_dim(x, full: int, comm, unit: int = 1):
-    return ScatterLastDim.apply(x, full, comm, unit)
+    return LastDim.apply(x, full, comm, unit, False)

@@ -1,7 +1,7 @@
 """Parity: our pipeline engine vs one process vs DeepSpeed's pipeline engine, step by step.
 
-    python -m pipeline_parallel.parity --pp 2 --schedule 1f1b --steps 3
-    python -m pipeline_parallel.parity --pp 2 --dp 2 --schedule interleaved --virtual-stages 2 --deepspeed
+    python -m parity.pipeline --pp 2 --schedule 1f1b --steps 3
+    python -m parity.pipeline --pp 2 --dp 2 --schedule interleaved --virtual-stages 2 --deepspeed
 
 Every side trains the same GPT-style layer list (pipeline_parallel/engine/model.py, seed_layers: layer i
 is built after torch.manual_seed(1234 + i), wherever it is built) on the same micro-batches:
@@ -17,7 +17,7 @@ reference sums the losses first), and the dp mean is an all-reduce then ÷ dp. E
 per element (≈ 6e-8 relative in fp32); AdamW's update is ≲ lr per step whatever the gradient's
 scale, so after S steps parameters differ by ≲ S·lr·1e-6 — the 1e-5 tolerance is ≥ 10× that and
 ≥ 100× below the effect of a real bug (a missing ÷ m moves every update by up to lr).
-The DeepSpeed side is the only place in pipeline_parallel that imports deepspeed.
+The DeepSpeed side builds its engine with pipeline_parallel/engine/deepspeed_engine.py.
 """
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ import torch
 from rich.table import Table
 
 from pipeline_parallel.engine.model import gpt_layers, lm_loss, reference_model
+from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
 from primitives.launch import spawn
 from primitives.log import console
-from zero_from_scratch.parity.sides import prepare_deepspeed
 
 VOCAB, DIM, SEQ = 97, 32, 16
 
@@ -144,33 +144,6 @@ def ours(rank, world, n_layers, pp, m, b, steps, clip, schedule, v=1, partition=
 def ours_many(rank, world, runs):
     """Several runs in the same processes (one spawn): each run is a kwargs dict for `ours`."""
     return [ours(rank, world, **r) for r in runs]
-
-
-def deepspeed_engine(layers, pp, loss_fn, config, partition="parameters", ckpt=0):
-    """DeepSpeed's PipelineModule over the same LayerSpecs (converted to DeepSpeed's classes), seeded
-    per layer like ours, and its engine. Needs an initialised process group (spawn / a launcher)."""
-    deepspeed = prepare_deepspeed()
-    deepspeed.init_distributed(dist_backend="gloo")   # wraps the group spawn/torchrun made; PipelineModule needs it
-    from deepspeed.pipe import LayerSpec as DSLayerSpec   # deepspeed: optional, imported only for this side
-    from deepspeed.pipe import PipelineModule as DSPipelineModule   # deepspeed: optional
-    from deepspeed.pipe import TiedLayerSpec as DSTiedLayerSpec   # deepspeed: optional
-
-    def convert(spec):
-        if hasattr(spec, "key"):
-            return DSTiedLayerSpec(spec.key, spec.typename, *spec.module_args, forward_fn=spec.forward_fn,
-                                   tied_weight_attr=spec.tied_weight_attr, **spec.module_kwargs)
-        return DSLayerSpec(spec.typename, *spec.module_args, **spec.module_kwargs)
-
-    net = DSPipelineModule(layers=[convert(s) for s in layers], num_stages=pp, loss_fn=loss_fn,
-                           partition_method=partition, seed_layers=True, base_seed=1234,
-                           activation_checkpoint_interval=ckpt,
-                           # DeepSpeed 0.19.8's default seed_fn calls random.seed(base_seed + layer_idx) with a
-                           # numpy integer (its partition boundaries) and raises TypeError: seed torch ourselves
-                           seed_fn=lambda s: torch.manual_seed(int(s)))
-    cfg = {k: v for k, v in config.items() if k != "pipeline"}
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
-                                      config=cfg)
-    return engine, net
 
 
 def deepspeed_side(rank, world, n_layers, pp, m, b, steps, clip, partition="parameters"):

@@ -1,7 +1,7 @@
 """Tensor parallel vs one process, on the same batch: logits, loss, every gradient, and the
 parameters after AdamW steps, as max |difference| (fp32).
 
-    python -m tensor_parallel.parity                   # tp = 2, 3 × (plain, SP), dp × tp = 2 × 2; a table
+    python -m parity.tensor_parallel                   # tp = 2, 3 × (plain, SP), dp × tp = 2 × 2; a table
 
 Each rank also runs the unsharded model itself (a deep copy taken before `parallelize`), so
 the reference is computed independently of every collective. A gradient of a sharded
@@ -13,6 +13,7 @@ averaged over the dp group (ringzero's all-reduce), against the reference on the
 """
 from __future__ import annotations
 
+import argparse
 import copy
 
 import torch
@@ -106,7 +107,8 @@ def _work(rank, world, dp, tp, sp):
     return run_parity(model, mesh.tp_group, sp, mesh.dp_group if dp > 1 else None)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    argparse.ArgumentParser(description="tensor parallel vs one process: a table of max differences").parse_args(argv)
     t = Table(title="tensor parallel vs one process: max |difference| over all ranks (tiny DistilBERT, fp32, 5 AdamW steps)")
     for c in ("dp × tp", "sequence parallel", "logits", "loss", "every gradient", "params after 5 steps"):
         t.add_column(c, justify="right")

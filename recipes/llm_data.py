@@ -1,7 +1,7 @@
 """Pretrain / instruct / conversation JSON for the llama pipeline: token ids and labels that put
 the loss only on what the model should learn to write.
 
-    python -m pipeline_parallel.llm_data --make-example data/example_llm.json     (a tiny file, by code)
+    python -m recipes.llm_data --make-example data/example_llm.json     (a tiny file, by code)
 
 Formats (a JSON list, or one JSON object per line), detected from the first record's keys:
   pretrain       {"text": "..."}                                      loss on every token

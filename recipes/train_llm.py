@@ -1,14 +1,14 @@
 """Train a llama-family model in pipeline mode from a JSON file (pretrain / instruct / conversation).
 
-    python -m pipeline_parallel.llm_data --make-example data/example_llm.json
-    torchrun --standalone --nproc_per_node 2 -m pipeline_parallel.train_llm --data data/example_llm.json --pp 2 \\
+    python -m recipes.llm_data --make-example data/example_llm.json
+    torchrun --standalone --nproc_per_node 2 -m recipes.train_llm --data data/example_llm.json --pp 2 \\
         --steps 20 --dtype bf16 --save ckpt --export-hf hf_out --prompt "What is 2 plus 3?"
-    torchrun --standalone --nproc_per_node 4 -m pipeline_parallel.train_llm --data data/example_llm.json --pp 2 \\
+    torchrun --standalone --nproc_per_node 4 -m recipes.train_llm --data data/example_llm.json --pp 2 \\
         --zero-stage 1 --offload --optimizer lion --parts 3 4 --checkpoint-interval 1
 
 The model: transformers' LlamaForCausalLM from a size preset (pipeline_parallel/models/llama.py,
 random init, offline) or from HF weights (--hf-init DIR: converted by pipeline_parallel/convert.py
-and loaded into the stages). Data: pipeline_parallel/llm_data.py (loss only on answers), each
+and loaded into the stages). Data: recipes/llm_data.py (loss only on answers), each
 data replica reading its share through initialize(training_data=...). Every option maps to a
 DeepSpeed config key or PipelineModule argument, printed on rank 0 at start. At the end: a pipeline
 checkpoint (--save, DeepSpeed's layout), the HF export (--export-hf) and, with --prompt, rank 0
@@ -29,7 +29,7 @@ from transformers import LlamaForCausalLM
 
 from pipeline_parallel.convert import hf_to_pp, pp_to_hf
 from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
-from pipeline_parallel.llm_data import ByteTokenizer, load_dataset
+from recipes.llm_data import ByteTokenizer, load_dataset
 from pipeline_parallel.models import llama_config, llama_layers, llama_loss, llama_model
 from primitives.launch import init_from_env
 from primitives.log import print0
