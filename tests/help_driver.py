@@ -5,7 +5,7 @@ each child, so a script that only works from one place still fails here).
 
     python tests/help_driver.py path:classification/train.py module:zero_from_scratch.engine.report
 
-Prints one JSON line per target: {"target", "rc", "out"} (out: stdout + stderr, the first 4,000 characters).
+Prints one line per target: `help-result {"target", "rc", "out"}` (out: stdout + stderr, the first 4,000 characters).
 """
 import json
 import os
@@ -68,4 +68,4 @@ def run(target: str) -> dict:
 
 if __name__ == "__main__":
     for t in sys.argv[1:]:
-        print(json.dumps(run(t)), flush=True)
+        print("help-result", json.dumps(run(t)), flush=True)   # the imports above print too

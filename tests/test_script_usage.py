@@ -62,8 +62,20 @@ def scripts() -> list[str]:
     return sorted(out)
 
 
+def shown() -> str:
+    """Every Markdown file of the repository (README.md, RESULTS.md, the tutorials, each package's
+    README): where a reader is shown how to run a script."""
+    docs = []
+    for d, dirs, files in os.walk(ROOT):
+        dirs[:] = [x for x in dirs if not x.startswith((".", "__")) and x not in ("runs", "build")]
+        docs += [os.path.join(d, f) for f in files if f.endswith(".md")]
+    return "\n".join(open(p).read() for p in sorted(docs))
+
+
 def help_targets() -> list[str]:
-    targets = []
+    """Every script answers --help by path; by -m too where a Markdown file shows it either way
+    or its own docstring shows `-m MODULE`."""
+    text, targets = shown(), []
     for rel in scripts():
         if rel in NO_COMMAND_LINE or rel in UPSTREAM:
             continue
@@ -71,8 +83,12 @@ def help_targets() -> list[str]:
         if rel.endswith("__main__.py"):
             targets.append("module:" + mod.rsplit(".", 1)[0])
             continue
+        with open(os.path.join(ROOT, rel)) as f:
+            src = f.read()
+        own = src.split('"""')[1] if src.startswith('"""') else ""      # the module docstring
+        by_module = re.search(rf"-m {re.escape(mod)}\b", own) is not None
         targets.append("path:" + rel)
-        if rel not in PATH_ONLY:
+        if by_module or (rel not in PATH_ONLY and (rel in text or re.search(rf"-m {re.escape(mod)}\b", text))):
             targets.append("module:" + mod)
     return targets
 
@@ -89,7 +105,8 @@ def test_scripts_without_a_command_line_read_no_arguments():
 @pytest.fixture(scope="module")
 def helps():
     r = run_cmd(f"{sys.executable} tests/help_driver.py {' '.join(help_targets())}", timeout=600, env={"COLUMNS": "120"})
-    return {d["target"]: d for d in map(json.loads, r.stdout.splitlines())}
+    found = [json.loads(ln.split(" ", 1)[1]) for ln in r.stdout.splitlines() if ln.startswith("help-result ")]
+    return {d["target"]: d for d in found}
 
 
 @pytest.mark.parametrize("target", help_targets())
