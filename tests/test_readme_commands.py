@@ -31,7 +31,7 @@ SMALL = {
     "zero_from_scratch.engine.report": ("", r"paper 2 or 3"),
     "pipeline_parallel/train.py": ("--steps 1", r"held-out loss"),
     "classification/parallel/train.py": ("--steps 1 --batch 4 --eval-samples 0", r"mesh dp=2 × pp=1 × tp=2"),
-    "classification/train.py": ("--max-steps 2 --max-train-samples 128 --max-eval-samples 16 --epochs 1 "
+    "classification/train.py": ("--max-steps 1 --max-train-samples 64 --max-eval-samples 8 --epochs 1 "
                                 "--output-dir {tmp}/run --tensorboard {tmp}/tb", r"test split, best checkpoint"),
     "seq2seq/train.py": ("--steps 2 --train-size 64 --test-size 16 --output-dir {tmp}/run", r"held-out exact match"),
     "zero_from_scratch.as_deepspeed": ("", r"deepspeed names served by ringzero"),
