@@ -88,6 +88,15 @@ def test_make_test_runs_the_suite():
         assert "`make test` runs `python -m pytest -q`" in " ".join(f.read().split())
 
 
+def test_every_make_target_named_exists():
+    """`make test-slow`, `make figures` ...: every make target the README names is a Makefile target."""
+    with open(README) as f:
+        named = set(re.findall(r"`make (?:PYTHON=\S+ )?([\w-]+)`", f.read()))
+    assert named >= {"demo", "test"}, named
+    for target in sorted(named):
+        makefile_recipe(target)
+
+
 def test_make_demo_is_the_deepspeed_command():
     assert any(ln.endswith(DEMO) for ln in makefile_recipe("demo")), makefile_recipe("demo")
     with open(README) as f:
