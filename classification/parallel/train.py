@@ -138,7 +138,8 @@ def run(a, comm) -> dict:
     rows = [torch.zeros_like(stats) for _ in range(world)]
     P.all_gather(rows, stats)
     t = Table(title=f"dp={dp} × tp={a.tp}{' + SP' if a.sequence_parallel else ''}: {a.steps} steps, "
-                    f"batch {a.batch}/replica, {secs:.2f} s/step, val accuracy {acc:.3f}")
+                    f"batch {a.batch}/replica, {secs:.2f} s/step, "
+                    + (f"val accuracy {acc:.3f}" if a.eval_samples else "no validation (--eval-samples 0)"))
     for c in ("rank", "(pp, dp, tp)", "TP bytes sent/step", "DP bytes sent/step", "peak RSS MiB", "params held"):
         t.add_column(c, justify="right")
     for r, row in enumerate(rows):
