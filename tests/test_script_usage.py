@@ -1,5 +1,10 @@
 """What a learner sees when a runnable script is misused: a usage error at parsing, and one line
-per rank naming the valid range; and every script's --help, by path and by -m."""
+per rank naming the valid range; and every script's --help, by path and by -m.
+
+    python -m pytest -q tests/test_script_usage.py
+
+Cost: two short torchrun runs, and one forked interpreter per script for --help (tests/help_driver.py).
+"""
 import json
 import os
 import re
