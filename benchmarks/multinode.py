@@ -20,11 +20,15 @@ machine: ratios, not absolutes.
 """
 from __future__ import annotations
 
+import os
+import sys
+
+if not __package__:   # run by path: this folder (and its multinode.py) would hide the multinode package
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 
 from rich.console import Console

@@ -11,6 +11,12 @@ Cost: --reps × (every size × 3 algorithms) collectives; the ping-pong sends 8 
 """
 from __future__ import annotations
 
+import os
+import sys
+
+if not __package__:   # run by path: this folder (and its multinode.py) would hide the multinode package
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 import argparse
 import json
 import time

@@ -17,6 +17,7 @@ gradient-norm all-reduce over tp.
 """
 from __future__ import annotations
 
+from classification.mesh_table import mesh_table
 from primitives.log import print0
 from primitives.mesh import Mesh
 from tensor_parallel.engine.parallelize import parallelize
@@ -68,5 +69,5 @@ def setup(a, comm) -> TP | None:
         raise SystemExit(f"error (rank {comm.rank}): --tp {a.tp} does not divide the {comm.size} ranks; start a "
                          f"multiple of {a.tp} processes (dp = ranks / tp)")
     mesh = Mesh.build(dp=comm.size // a.tp, tp=a.tp)
-    print0(mesh.table())
+    print0(mesh_table(mesh.layout))
     return TP(mesh)

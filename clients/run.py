@@ -46,9 +46,12 @@ def trace_calls(side: str) -> None:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    usage = f"usage: clients/run.py {{{','.join(SIDES)}}} [--local_rank=N] SCRIPT [ARGS...]"
+    if argv[:1] in (["-h"], ["--help"]):
+        raise SystemExit(print(f"{usage}\n\n{__doc__.strip()}"))
     side = next((a for a in argv if not a.startswith("--local_rank")), None)
     if side not in SIDES:
-        raise SystemExit(f"usage: clients/run.py {{{','.join(SIDES)}}} [--local_rank=N] SCRIPT [ARGS...]")
+        raise SystemExit(usage)
     argv.remove(side)
     seed_everything(int(os.environ.get("CLIENT_SEED", "0")))
     if side == "ringzero":

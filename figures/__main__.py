@@ -14,6 +14,9 @@ def modules() -> list[str]:
 
 def main(argv=None) -> int:
     names = (argv if argv is not None else sys.argv[1:]) or modules()
+    if names[:1] in (["-h"], ["--help"]):
+        console.print(f"usage: {__doc__}\nmodules: {' '.join(modules())}")
+        return 0
     unknown = [n for n in names if n not in modules()]
     if unknown:
         console.print(f"[red]unknown figure module(s) {unknown}; expected some of {modules()}[/red]")

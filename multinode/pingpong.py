@@ -98,6 +98,9 @@ def measure(server_ns: str, client_ns: str, host: str) -> dict:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] not in (["serve"], ["client"]) or len(sys.argv) < (3 if sys.argv[1] == "serve" else 4):
+        print("usage: python -m multinode.pingpong serve ADDR | client ADDR PORT  (measure() starts both in the nodes)")
+        raise SystemExit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
     if sys.argv[1] == "serve":
         serve(sys.argv[2])
     else:

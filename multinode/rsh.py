@@ -16,6 +16,9 @@ import sys
 
 def main(argv) -> int:
     args = list(argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.split("\n\n")[0].replace("`rsh.py", "usage: `rsh.py", 1))
+        return 0
     while args and args[0].startswith("-"):       # ssh options hydra may pass (-x, -q, ...)
         args.pop(0)
     if len(args) < 2:

@@ -15,8 +15,11 @@ from primitives.engine import all_to_all_runner, runner
 NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "scatter", "gather", "all_to_all")
 
 if __name__ == "__main__":
+    usage = f"usage: primitives/run.py NAME [--size BYTES] [--iters N] [--backend ...]; NAME is one of {NAMES}"
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        raise SystemExit(print(f"{usage}\n\n{__doc__.strip()}"))
     if len(sys.argv) < 2 or sys.argv[1] not in NAMES:
-        raise SystemExit(f"usage: primitives/run.py NAME [--size BYTES] [--iters N] [--backend ...]; NAME is one of {NAMES}")
+        raise SystemExit(usage)
     name, argv = sys.argv[1], sys.argv[2:]
     if name == "all_to_all":
         all_to_all_runner.main(argv)

@@ -1,5 +1,17 @@
 """What a learner sees when a runnable script is misused: a usage error at parsing, and one line
-per rank naming the valid range."""
+per rank naming the valid range; and every script's --help, by path and by -m.
+
+    python -m pytest -q tests/test_script_usage.py
+
+Cost: two short torchrun runs, and one forked interpreter per script for --help (tests/help_driver.py).
+"""
+import json
+import os
+import re
+import sys
+
+import pytest
+
 from conftest import ROOT, run_cmd
 
 
@@ -20,3 +32,90 @@ def test_bad_root_one_line_per_rank_with_the_range():
     assert lines and all(ln.count("out of range") == 1 for ln in lines), lines
     assert all(ln.startswith(("rank 0: ", "rank 1: ")) and ln.endswith("expected 0 ≤ root ≤ 1") for ln in lines), lines
 
+
+
+# --help of every script with a command line, by path and by -m (tests/help_driver.py forks one warm
+# interpreter per script, with the sys.path either form gives it)
+NO_COMMAND_LINE = {   # run as their docstrings show, no arguments read (checked below)
+    "benchmarks/textbook.py",
+    "ddp_examples/01_single_process.py", "ddp_examples/02_naive.py", "ddp_examples/03_flat.py",
+    "ddp_examples/04_bucketed.py", "ddp_examples/05_torch_ddp.py",
+    "figures/ch02_ring.py", "figures/ch03_overlap.py", "figures/ch04_zero_memory.py",
+    "figures/ch05_zero3_timeline.py", "figures/ch10_tensor_parallel.py",
+    "pipeline_parallel/engine/model.py", "pipeline_parallel/engine/simulator.py", "pipeline_parallel/models/llama.py",
+    "seq2seq/grammar.py", "tensor_parallel/parity.py", "zero_from_scratch/engine/wall_clock.py",
+}
+UPSTREAM = {   # DeepSpeedExamples' files as upstream wrote them, kept for the diff (clients/README.md)
+    "clients/cifar10/upstream.py", "clients/hello_deepspeed/upstream.py", "clients/pipeline/upstream.py",
+}
+PATH_ONLY = {"clients/pipeline/train.py"}   # imports its sibling alexnet.py, as upstream's does
+READS_ARGV = re.compile(r"argparse|sys\.argv|parse_args|add_launch_args|import fire|fire\.Fire|def main\(argv")
+
+
+def scripts() -> list[str]:
+    """Every file a reader can run: a __main__ guard or a package's __main__.py (tests' own helpers aside)."""
+    out = []
+    for d, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(x for x in dirs if not x.startswith((".", "__")) and x not in ("runs", "build"))
+        for f in files:
+            rel = os.path.relpath(os.path.join(d, f), ROOT)
+            if not f.endswith(".py") or (rel.startswith("tests" + os.sep) and rel != "tests/ds_unit/harness.py"):
+                continue
+            with open(os.path.join(ROOT, rel)) as fh:
+                if f == "__main__.py" or '__name__ == "__main__"' in fh.read():
+                    out.append(rel)
+    return sorted(out)
+
+
+def shown() -> str:
+    """Every Markdown file of the repository (README.md, RESULTS.md, the tutorials, each package's
+    README): where a reader is shown how to run a script."""
+    docs = []
+    for d, dirs, files in os.walk(ROOT):
+        dirs[:] = [x for x in dirs if not x.startswith((".", "__")) and x not in ("runs", "build")]
+        docs += [os.path.join(d, f) for f in files if f.endswith(".md")]
+    return "\n".join(open(p).read() for p in sorted(docs))
+
+
+def help_targets() -> list[str]:
+    """Every script answers --help by path; by -m too where a Markdown file shows it either way
+    or its own docstring shows `-m MODULE`."""
+    text, targets = shown(), []
+    for rel in scripts():
+        if rel in NO_COMMAND_LINE or rel in UPSTREAM:
+            continue
+        mod = rel[:-3].replace(os.sep, ".")
+        if rel.endswith("__main__.py"):
+            targets.append("module:" + mod.rsplit(".", 1)[0])
+            continue
+        with open(os.path.join(ROOT, rel)) as f:
+            src = f.read()
+        own = src.split('"""')[1] if src.startswith('"""') else ""      # the module docstring
+        by_module = re.search(rf"-m {re.escape(mod)}\b", own) is not None
+        targets.append("path:" + rel)
+        if by_module or (rel not in PATH_ONLY and (rel in text or re.search(rf"-m {re.escape(mod)}\b", text))):
+            targets.append("module:" + mod)
+    return targets
+
+
+def test_scripts_without_a_command_line_read_no_arguments():
+    for rel in sorted(NO_COMMAND_LINE | UPSTREAM | PATH_ONLY):
+        assert os.path.exists(os.path.join(ROOT, rel)), f"{rel} is gone: drop it from this test's lists"
+    for rel in sorted(NO_COMMAND_LINE):
+        with open(os.path.join(ROOT, rel)) as f:
+            hit = READS_ARGV.search(f.read())
+        assert not hit, f"{rel} reads its command line ({hit.group(0)!r}): take it out of NO_COMMAND_LINE"
+
+
+@pytest.fixture(scope="module")
+def helps():
+    r = run_cmd(f"{sys.executable} tests/help_driver.py {' '.join(help_targets())}", timeout=600, env={"COLUMNS": "120"})
+    found = [json.loads(ln.split(" ", 1)[1]) for ln in r.stdout.splitlines() if ln.startswith("help-result ")]
+    return {d["target"]: d for d in found}
+
+
+@pytest.mark.parametrize("target", help_targets())
+def test_help(target, helps):
+    d = helps[target]
+    shown = f"python {target[5:]}" if target.startswith("path:") else f"python -m {target[7:]}"
+    assert d["rc"] == 0 and re.search(r"usage|synopsis", d["out"], re.I), f"`{shown} --help` exited {d['rc']}:\n{d['out']}"

@@ -21,6 +21,7 @@ from rich.table import Table
 import pipeline_parallel
 import primitives as P
 from classification import data as D
+from classification.mesh_table import mesh_table
 from classification.model import distilbert_config, load_offline_model
 from classification.parallel.pipeline import (accuracy, classification_loss, distilbert_layers, pack,
                                               stage_bounds)
@@ -59,7 +60,7 @@ def run_pipeline(a, comm) -> dict:
     bounds = stage_bounds(cfg.n_layers, a.pp, rank)           # StageError on every rank, before any work
     dp = a.dp or max(1, world // (a.tp * a.pp))
     mesh = Mesh.build(dp=dp, pp=a.pp, tp=a.tp)              # MeshError on every rank if it does not factor
-    print0(mesh.table())
+    print0(mesh_table(mesh.layout))
     torch.manual_seed(a.seed)                                # the same head init and dropout stream everywhere
     bundle = D.load(getattr(a, "dataset", D.DEFAULT_DATASET))
     model, tok = load_offline_model(num_labels=bundle.num_labels, dropout=a.dropout)

@@ -35,6 +35,7 @@ from rich.table import Table
 
 import primitives as P
 from classification import data as D
+from classification.mesh_table import mesh_table
 from classification.model import load_offline_model
 from classification.parallel.loop3d import run_pipeline
 from classification.parallel.pipeline import StageError
@@ -60,7 +61,7 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps")
     ap.add_argument("--batch", type=int, default=16, help="examples per step and dp replica")
     ap.add_argument("--lr", type=float, default=5e-5)
-    ap.add_argument("--max-len", type=int, default=64, help="tokens per text (padded: SP needs s % tp == 0)")
+    ap.add_argument("--max-len", type=int, default=64, help="tokens per text (padded: SP needs s %% tp == 0)")
     ap.add_argument("--eval-samples", type=int, default=400, help="validation rows for the final accuracy (0 = none)")
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
@@ -100,7 +101,7 @@ def run(a, comm) -> dict:
     world = comm.size
     dp = a.dp or world // (a.tp * a.pp)
     mesh = Mesh.build(dp=dp, pp=a.pp, tp=a.tp)          # MeshError on every rank if it does not factor
-    print0(mesh.table())
+    print0(mesh_table(mesh.layout))
     _, d, _ = mesh.coords
     torch.manual_seed(a.seed)                            # the same head init on every rank
     bundle = D.load(getattr(a, "dataset", D.DEFAULT_DATASET))
@@ -137,7 +138,8 @@ def run(a, comm) -> dict:
     rows = [torch.zeros_like(stats) for _ in range(world)]
     P.all_gather(rows, stats)
     t = Table(title=f"dp={dp} × tp={a.tp}{' + SP' if a.sequence_parallel else ''}: {a.steps} steps, "
-                    f"batch {a.batch}/replica, {secs:.2f} s/step, val accuracy {acc:.3f}")
+                    f"batch {a.batch}/replica, {secs:.2f} s/step, "
+                    + (f"val accuracy {acc:.3f}" if a.eval_samples else "no validation (--eval-samples 0)"))
     for c in ("rank", "(pp, dp, tp)", "TP bytes sent/step", "DP bytes sent/step", "peak RSS MiB", "params held"):
         t.add_column(c, justify="right")
     for r, row in enumerate(rows):

@@ -200,7 +200,13 @@ def main(argv: list[str]) -> int:
     from rich.console import Console   # terminal output of the command line only
     from rich.table import Table
     bodies = selection()
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: python -m tests.ds_unit.harness [--all | BODY ...]  (no argument: the quick subset)")
+        return 0
     if argv and argv[0] != "--all":
+        unknown = [a for a in argv if not any(a in (b.id, b.id.split(".", 1)[1].split("[")[0]) for b in bodies)]
+        if unknown:
+            raise SystemExit(f"unknown bodies {unknown}; known: {sorted({b.id for b in bodies})}")
         bodies = [b for b in bodies if b.id in argv or b.id.split(".", 1)[1].split("[")[0] in argv]
     elif not argv:
         bodies = [b for b in bodies if b.quick]

@@ -50,6 +50,9 @@ def print_table() -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE + "\n\n" + __doc__.split("\n\n", 1)[1].strip())
+        return
     if argv[:1] == ["--list"]:
         finder.install()
         print_table()
