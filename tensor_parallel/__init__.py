@@ -7,7 +7,7 @@ The textbook (read in this order):
     layers.py          ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
     cross_entropy.py   vocab-parallel cross-entropy (never the full logits)
 The engine (engine/, each file named in engine/__init__.py): parallelize, state dicts, Ulysses.
-parity/tensor_parallel.py compares a parallelized model with one process (`python -m parity.tensor_parallel`).
+parity/tp.py compares a parallelized model with one process (`python -m parity.tp`).
 The applications (dp × tp × pp training, accuracy, memory) live in classification/parallel/.
 """
 import importlib

@@ -5,7 +5,7 @@ classification/parallel/pipeline.py's stages on one primitives.mesh, against one
     python -m pytest -q -m slow tests/test_tensor_parallel_3d.py    # + dp=2 × pp=2 × tp=2, the demo
 
 Every rank trains the sharded pipeline AND, on its own, a deep copy of the unsharded tiny
-DistilBERT (parity.tensor_parallel.tiny_config: 5 heads, FFN 37, vocab 101, so every tp split
+DistilBERT (parity.tp.tiny_config: 5 heads, FFN 37, vocab 101, so every tp split
 is uneven) on the whole global batch: the reference touches no collective. Per step the loss
 and the global gradient norm must match (1e-5); after 3 AdamW steps with clipping active, each
 parameter this rank holds must equal its slice of the reference (1e-5, fp32: the differences
@@ -23,7 +23,7 @@ def _pipeline_vs_one_process(rank, world, dp):
     import pipeline_parallel
     from pipeline_parallel.engine.module import PipelineModule
     from primitives.mesh import Mesh
-    from parity.tensor_parallel import batch, tiny_config
+    from parity.tp import batch, tiny_config
     from classification.parallel.pipeline import classification_loss, distilbert_layers, hf_named_parameters, pack, stage_bounds
     from transformers import DistilBertForSequenceClassification
     mesh = Mesh.build(dp=dp, pp=2, tp=2)

@@ -1,6 +1,6 @@
 """parallelize() on DistilBERT equals one process; its bytes equal the formula.
 
-Parity (parity/tensor_parallel.py): on every rank the unsharded model runs beside the sharded
+Parity (parity/tp.py): on every rank the unsharded model runs beside the sharded
 one on the same batch; logits, loss, every gradient (sharded ones against the matching slice)
 and the parameters after 5 AdamW steps (through gather_state_dict) must agree to 1e-5 in fp32.
 What separates them is only the order of floating-point sums (a row-parallel product is
@@ -46,7 +46,7 @@ def _check(res, label):
 def _model():
     from transformers import DistilBertForSequenceClassification
 
-    from parity.tensor_parallel import tiny_config
+    from parity.tp import tiny_config
     torch.manual_seed(0)
     return DistilBertForSequenceClassification(tiny_config())
 
@@ -56,7 +56,7 @@ def _ledger(rank, n, sp, b=4, s=6):
     import tensor_parallel.comm as C
     from tensor_parallel import parallelize, sharded_numel
     from tensor_parallel.engine.formulas import distilbert_params, distilbert_traffic
-    from parity.tensor_parallel import batch
+    from parity.tp import batch
     for k in C.ALGORITHM:
         C.ALGORITHM[k] = "ring"
     model = parallelize(_model(), None, sequence_parallel=sp)
@@ -77,7 +77,7 @@ ACC_ROWS, ACC_TRAIN_ROWS, ACC_EPOCHS = 32, 32, 10     # the default suite's slic
 
 
 def _tp_work(rank, n, real):
-    from parity.tensor_parallel import run_parity
+    from parity.tp import run_parity
     out = {"plain": run_parity(_model(), None, False), "sp": run_parity(_model(), None, True)}
     out["ledger plain"] = _ledger(rank, n, False)
     out["ledger sp"] = _ledger(rank, n, True)
@@ -93,7 +93,7 @@ def _tp_work(rank, n, real):
 def _sp_full_width_saves(b=2, s=6):
     """Saved-for-backward tensors inside the SP transformer layers that hold all s positions × h."""
     from tensor_parallel import parallelize
-    from parity.tensor_parallel import batch
+    from parity.tp import batch
     model = parallelize(_model(), sequence_parallel=True)
     h, found, on = model.config.dim, [], [False]
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -118,7 +118,7 @@ def _bad_distilbert(rank, n):
     from transformers import DistilBertForSequenceClassification
 
     from tensor_parallel import parallelize
-    from parity.tensor_parallel import batch, tiny_config
+    from parity.tp import batch, tiny_config
     rows = []
     try:
         parallelize(DistilBertForSequenceClassification(tiny_config(n_heads=n - 1, dim=4 * (n - 1))))
@@ -186,7 +186,7 @@ def test_tp3_uneven_parity_and_ledger(spawn):
 
 def _dp_tp_work(rank, n, sp):
     from primitives.mesh import Mesh
-    from parity.tensor_parallel import run_parity
+    from parity.tp import run_parity
     mesh = Mesh.build(dp=2, tp=2)
     return run_parity(_model(), mesh.tp_group, sp, mesh.dp_group)
 

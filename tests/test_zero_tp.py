@@ -34,7 +34,7 @@ def _work(rank, n, tp, stage, ckpt_dir=None, side="ours"):
     import zero_from_scratch
     from primitives.mesh import Mesh
     from tensor_parallel import gather_state_dict, parallelize
-    from parity.tensor_parallel import batch, tiny_config
+    from parity.tp import batch, tiny_config
     dp = n // tp
     mesh = Mesh.build(dp=dp, tp=tp)
     d = mesh.index("dp")

@@ -1,7 +1,7 @@
 """Tensor parallel vs one process, on the same batch: logits, loss, every gradient, and the
 parameters after AdamW steps, as max |difference| (fp32).
 
-    python -m parity.tensor_parallel                   # tp = 2, 3 × (plain, SP), dp × tp = 2 × 2; a table
+    python -m parity.tp                   # tp = 2, 3 × (plain, SP), dp × tp = 2 × 2; a table
 
 Each rank also runs the unsharded model itself (a deep copy taken before `parallelize`), so
 the reference is computed independently of every collective. A gradient of a sharded
