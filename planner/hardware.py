@@ -81,7 +81,7 @@ def cpu_here(ranks_per_node: int = 2) -> Hardware:
         raise ValueError(f"{CPU_HERE} is missing: run `python -m benchmarks.planner_fit`")
     with open(CPU_HERE) as f:
         d = json.load(f)
-    d["intra"] = asdict(fitted_params("shm", ranks_per_node))
+    d["intra"] = d.get("intra") or asdict(fitted_params("shm", ranks_per_node))
     d["inter"] = d.get("inter") or asdict(Params(alpha=1e-3, beta=8 / 400e6, gamma=0.0))
     return _from_dict(d)
 

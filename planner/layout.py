@@ -62,6 +62,8 @@ def why_not(model, lay: Layout, gpus: int, per_node: int, global_batch: int, hos
         return f"global batch {global_batch} is not a multiple of dp·mb = {lay.dp * lay.mb}"
     if lay.v > 1 and (lay.pp == 1 or lay.micro_batches(global_batch) % lay.pp):
         return "interleaving needs pp > 1 and micro-batches a multiple of pp"
+    if lay.zero and lay.dp == 1:
+        return "ZeRO shards over dp: with dp = 1 it is ZeRO-0"
     if lay.sp and lay.tp == 1:
         return "sequence parallelism needs tp > 1"
     if lay.zero >= 2 and lay.pp > 1:

@@ -18,7 +18,9 @@ def _s(x: float) -> str:
 
 
 def table(preds, model, hw, gpus: int, seq: int, batch: int, top: int = 15) -> Table:
-    t = Table(title=f"{model.name} ({model.params() / 1e9:,.2f} B params) on {gpus} × {hw.name}, "
+    n = model.params()
+    size = f"{n / 1e9:,.2f} B" if n >= 1e9 else f"{n / 1e6:,.2f} M"
+    t = Table(title=f"{model.name} ({size} params) on {gpus} × {hw.name}, "
                     f"seq {seq}, global batch {batch}: best {min(top, len(preds))} of {len(preds)} layouts that fit")
     t.add_column("#", justify="right")
     t.add_column("layout")
@@ -34,7 +36,7 @@ def table(preds, model, hw, gpus: int, seq: int, batch: int, top: int = 15) -> T
         m = p.memory
         t.add_row(str(i), p.layout.label(), _s(p.time["total"]), *[_s(p.time[k]) for k in TIME_TERMS],
                   f"{m['total'] / 2**30:,.1f}", f"{(m['params'] + m['grads'] + m['optimizer']) / 2**30:,.1f}",
-                  f"{m['activations'] / 2**30:,.1f}", f"{p.tflops_per_gpu:,.1f}", f"{p.mfu:.1%}")
+                  f"{m['activations'] / 2**30:,.1f}", f"{p.tflops_per_gpu:,.1f}" if p.tflops_per_gpu >= 1 else f"{p.tflops_per_gpu:.3f}", f"{p.mfu:.1%}")
     return t
 
 
