@@ -6,7 +6,7 @@ and strong scaling, gdGPT's pipeline vs ZeRO-3; sources in planner/published.py.
 
 Each row: the run's own layout (the knobs the source does not state — micro-batch, interleaving —
 are the planner's best), predicted vs reported, and the planner's own best layout for the same
-model and cluster. Tolerances from the issue: TFLOP/s within 15 %, MFU within 5 points.
+model and cluster. Tolerances: TFLOP/s within 15 %, MFU within 5 points.
 """
 from __future__ import annotations
 

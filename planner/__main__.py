@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                       f"({hw.memory / 2**30:.0f} GiB each) at global batch {batch}[/red]")
     else:
         console.print(table(fits, model, hw, a.gpus, seq, batch, a.top))
-    console.print(f"{len(preds)} layouts predicted in {elapsed:.2f} s; times in ms; compute at "
+    console.print(f"{len(preds)} layouts predicted in {elapsed:.2f} s; times in seconds; compute at "
                   f"{hw.gemm_efficiency:.0%} of {hw.peak_flops / 1e12:,.3g} TFLOP/s ({hw.calibrated_on or 'fitted here'})")
     if a.json:
         write_json(a.json, preds, model, hw, a.gpus, seq, batch)

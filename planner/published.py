@@ -22,7 +22,7 @@ MEGATRON_STRONG: the same README's text: GPT-3 175 B (vocabulary 131,072) from 9
   layout is the planner's own choice (the README does not give it).
 ZERO_FIG1: Rajbhandari et al., ZeRO, arXiv 1910.02054, Figure 1: Ψ = 7.5 B, N_d = 64, K = 12:
   120 GB baseline, 31.4 GB P_os, 16.6 GB P_os+g, 1.9 GB P_os+g+p per device.
-GDGPT: gdGPT's README (github.com/CVI-SZU/gdGPT, as quoted in the project's GUIDE §7): llama-7b on
+GDGPT: gdGPT's README (github.com/CVI-SZU/gdGPT; the figures as quoted, not re-read here): llama-7b on
   8 × A100-40G, fp16, micro-batch 1, global batch 128, samples/s: seq 256 pipeline 56.85, ZeRO-3
   15.76; seq 1024 pipeline 24.47, ZeRO-3 out of memory.
 """

@@ -6,6 +6,7 @@ stacked bar per layout (time terms, and memory terms beside them).
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 from rich.table import Table
 
@@ -14,7 +15,7 @@ MEM_TERMS = ("params", "grads", "optimizer", "activations", "working", "reserved
 
 
 def _s(x: float) -> str:
-    return f"{x * 1e3:,.1f}" if x < 10 else f"{x:,.1f}s"
+    return f"{x:,.4g}" if x >= 1e-4 else ("0" if x == 0 else f"{x:.1e}")
 
 
 def table(preds, model, hw, gpus: int, seq: int, batch: int, top: int = 15) -> Table:
@@ -24,7 +25,7 @@ def table(preds, model, hw, gpus: int, seq: int, batch: int, top: int = 15) -> T
                     f"seq {seq}, global batch {batch}: best {min(top, len(preds))} of {len(preds)} layouts that fit")
     t.add_column("#", justify="right")
     t.add_column("layout")
-    t.add_column("step ms", justify="right")
+    t.add_column("step s", justify="right")
     for k in TIME_TERMS:
         t.add_column(k, justify="right")
     t.add_column("GiB/GPU", justify="right")
@@ -41,7 +42,6 @@ def table(preds, model, hw, gpus: int, seq: int, batch: int, top: int = 15) -> T
 
 
 def write_json(path: str, preds, model, hw, gpus: int, seq: int, batch: int) -> None:
-    from dataclasses import asdict
     doc = {"model": asdict(model), "params": model.params(), "hardware": {k: (asdict(v) if hasattr(v, "alpha") else v)
                                                                         for k, v in asdict(hw).items()},
            "gpus": gpus, "seq": seq, "global_batch": batch, "units": {"memory_bytes": "bytes", "time_s": "seconds"},
@@ -52,9 +52,9 @@ def write_json(path: str, preds, model, hw, gpus: int, seq: int, batch: int) -> 
 
 def picture(path: str, preds, title: str, top: int = 12) -> str:
     """One stacked bar per layout: its step-time terms (left) and memory terms (right)."""
-    import matplotlib
+    import matplotlib   # optional dependency, loaded only when a picture is asked for
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt   # after use("Agg"): files only, no display
     rows = preds[:top]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 0.45 * len(rows) + 2), sharey=True)
     labels = [p.layout.label() for p in rows]
