@@ -2,12 +2,14 @@
 rate, a large add for the memory rate; links come from benchmarks.one_host's α-β fit
 (primitives.engine.cost.FITTED), read by planner.hardware.cpu_here.
 
-    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~10 s)
+    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~20 s)
     python -m benchmarks.planner_fit --out /tmp/cpu.json --quick
 
-One thread (what each rank gets: OMP_NUM_THREADS=1), fp32. peak_flops is the best rate of the
-sweep; gemm_efficiency the median rate of the transformer-shaped products (tokens × h by h × 4h)
-divided by it. Measured on a machine other jobs share: the rates are whatever the cores gave.
+Measured as training runs: `--ranks` processes (default 2) at once, one thread each, fp32, and
+the median of the repetitions (not the best), so the rates are what a rank gets while the others
+compute and whatever else shares the cores. peak_flops is the best median rate of the sweep;
+gemm_efficiency the transformer-shaped products' (tokens × h by h × 4h) harmonic mean (the
+rate of running all of them) over it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 import torch
 
 from planner.hardware import CPU_HERE
+from primitives.launch import spawn
 from primitives.log import console
 
 
@@ -30,7 +33,7 @@ def rate(m: int, k: int, n: int, reps: int) -> float:
         t0 = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t0)
-    return 2 * m * k * n / min(times)
+    return 2 * m * k * n / statistics.median(times)
 
 
 def mem_rate(nbytes: int, reps: int) -> float:
@@ -41,26 +44,34 @@ def mem_rate(nbytes: int, reps: int) -> float:
         t0 = time.perf_counter()
         torch.add(x, 1.0, out=y)
         times.append(time.perf_counter() - t0)
-    return 2 * nbytes / min(times)            # read x, write y
+    return 2 * nbytes / statistics.median(times)            # read x, write y
+
+
+def sweep(rank: int, world: int, quick: bool) -> dict:
+    torch.set_num_threads(1)
+    reps = 3 if quick else 7
+    return {"square": [rate(n, n, n, reps) for n in ((256, 512) if quick else (256, 512, 1024))],
+            "shaped": [rate(t, h, 4 * h, reps) for t, h in ((256, 64), (256, 128)) + (() if quick else ((512, 256),))],
+            "bw": mem_rate(64 * 2**20, reps)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=CPU_HERE)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    ap.add_argument("--ranks", type=int, default=2, help="processes measuring at once (as training ranks)")
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    reps = 2 if a.quick else 5
-    square = [rate(n, n, n, reps) for n in ((256, 512) if a.quick else (256, 512, 1024))]
-    shaped = [rate(t, h, 4 * h, reps) for t, h in ((256, 64), (256, 128)) + (() if a.quick else ((512, 256),))]
+    got = spawn(sweep, a.ranks, args=(a.quick,), timeout=600)
+    med = lambda key: [statistics.median(g[key][i] for g in got) for i in range(len(got[0][key]))]  # noqa: E731
+    square, shaped = med("square"), med("shaped")
     peak = max(square + shaped)
-    bw = mem_rate(64 * 2**20, reps)
+    bw = statistics.median(g["bw"] for g in got)
     with open("/proc/meminfo") as f:
         total = int(f.readline().split()[1]) * 1024
     doc = {"name": "cpu-here", "peak_flops": peak, "memory": total / 2, "mem_bandwidth": bw, "gpus_per_node": 2,
-           "intra": None, "inter": None, "host_link": bw, "host_adam": bw / 36, "gemm_efficiency": statistics.median(shaped) / peak,
+           "intra": None, "inter": None, "host_link": bw, "host_adam": bw / 36, "gemm_efficiency": statistics.harmonic_mean(shaped) / peak,
            "reserved": 350 * 2**20, "bytes_per_elem": 4,
-           "calibrated_on": "python -m benchmarks.planner_fit (matmul sweep on this machine, one thread)",
+           "calibrated_on": f"python -m benchmarks.planner_fit (matmul sweep, {a.ranks} ranks at once, load {open('/proc/loadavg').read().split()[0]})",
            "source": "measured here; links from primitives.engine.cost.FITTED (benchmarks.one_host)"}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)

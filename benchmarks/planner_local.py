@@ -1,14 +1,16 @@
 """The planner against this machine: data-parallel training of small GPT-shaped models on 2 CPU
 ranks, predicted (hardware cpu-here) vs measured step time and peak memory per rank.
 
-    python -m benchmarks.planner_local               # two shapes, 4 steps each (~1 min idle)
-    python -m benchmarks.planner_local --quick       # one shape, 3 steps
+    python -m benchmarks.planner_local               # two shapes DDP + ZeRO-1/2/3, 4 steps each (~3 min idle)
+    python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps
 
 Each shape is planner.model.Model built in torch (token + position embeddings, pre-norm
 nn.TransformerEncoderLayer × L, a tied output layer: the planner's parameter count exactly), fp32,
 AdamW, one flat gradient all-reduce after backward through ringzero's default path (what
-benchmarks.one_host fitted the cost model on; so the planner's dp term is not overlapped).
-Time: median step after the first. Memory: VmHWM minus the RSS just before the model is built.
+benchmarks.one_host fitted the cost model on; so the planner's dp term is not overlapped); then
+ZeRO-1/2/3 of the smaller shape through zero_from_scratch's engine (overlap_comm off).
+Time: median step after the first. Memory: VmHWM minus the RSS just before the model is built
+(after a warm-up step of a tiny model, so torch's lazily loaded kernels and pools are not counted).
 The planner's activation bytes are Korthikanti's for Megatron's layer, not torch's encoder
 layer: the memory column tests how far that transfers.
 """
@@ -22,6 +24,7 @@ import torch
 from rich.table import Table
 
 import primitives as P
+import zero_from_scratch
 from planner import hardware as H
 from planner.layout import Layout
 from planner.model import Model
@@ -48,21 +51,26 @@ class Net(torch.nn.Module):
         self.norm = torch.nn.LayerNorm(m.hidden)
 
     def forward(self, x):
-        h = self.emb(x) + self.pos.weight[: x.shape[1]]
+        h = self.emb(x) + self.pos(torch.arange(x.shape[1]))
         for layer in self.layers:
             h = layer(h)
         return self.norm(h) @ self.emb.weight.t()
 
 
-def _rank(rank, world, m: Model, mb: int, steps: int):
+def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
+    warm = Net(Model("warm", 1, 64, 4, 64, 16, positions=16))     # torch's kernels and pools load here, not below
+    warm(torch.zeros(1, 16, dtype=torch.long)).sum().backward()
+    del warm
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _vm("VmRSS")
     torch.manual_seed(0)
     net = Net(m)
     assert sum(p.numel() for p in net.parameters()) == m.params(), "torch model ≠ planner's count"
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(rank))
+    if zero is not None:
+        return _zero_steps(net, x, zero, mb, steps, base)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -80,15 +88,38 @@ def _rank(rank, world, m: Model, mb: int, steps: int):
     return {"step": statistics.median(times[1:]), "peak": _vm("VmHWM") - base}
 
 
+def _zero_steps(net, x, zero: int, mb: int, steps: int, base: int):
+    """The same steps through zero_from_scratch's DeepSpeed-API engine at ZeRO `zero` (fp32, AdamW)."""
+    if zero == 3:     # the tied output layer reads the embedding's weight outside the embedding's forward
+        zero_from_scratch.register_external_parameter(net, net.emb.weight)
+        for layer in net.layers:   # nn.MultiheadAttention reads out_proj's tensors without calling it
+            for p in layer.self_attn.out_proj.parameters():
+                zero_from_scratch.register_external_parameter(layer.self_attn, p)
+    engine, *_ = zero_from_scratch.initialize(model=net, model_parameters=net.parameters(), dist_init_required=False, config={
+        "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": zero, "overlap_comm": False},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), x.flatten())
+        engine.backward(loss)
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    return {"step": statistics.median(times[1:]), "peak": _vm("VmHWM") - base}
+
+
 def measure(quick: bool, steps: int, mb: int = 4) -> list[dict]:
     hw = H.load("cpu-here")
     rows = []
-    for m in SHAPES[:1] if quick else SHAPES:
-        got = spawn(_rank, 2, args=(m, mb, steps), timeout=600)
-        pred = predict_layout(m, m.seq, Layout(dp=2, tp=1, pp=1, mb=mb), 2 * mb, hw,
+    runs = [(SHAPES[0], None)] if quick else [(m, None) for m in SHAPES] + [(SHAPES[0], z) for z in (1, 2, 3)]
+    for m, zero in runs:
+        got = spawn(_rank, 2, args=(m, mb, steps, zero), timeout=600)
+        pred = predict_layout(m, m.seq, Layout(dp=2, tp=1, pp=1, mb=mb, zero=zero or 0), 2 * mb, hw,
                               Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False))
         mem_pred = pred.memory["total"] - pred.memory["reserved"]
-        rows.append({"model": m.name, "params": m.params(), "layout": "dp2 Z0 mb%d" % mb,
+        rows.append({"model": m.name, "params": m.params(),
+                     "layout": (f"dp2 Z{zero} (engine)" if zero is not None else "dp2 Z0 (torch)") + f" mb{mb}",
                      "step_pred": pred.time["total"], "step_meas": max(g["step"] for g in got),
                      "mem_pred": mem_pred, "mem_meas": max(g["peak"] for g in got)})
     return rows
@@ -108,7 +139,9 @@ def main(argv=None) -> int:
                   f"{r['step_pred'] / r['step_meas'] - 1:+.0%}", f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}",
                   f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
     console.print(t)
-    console.print(f"load average while measuring: {open('/proc/loadavg').read().split()[0]} (shared cores)")
+    errs = [abs(r["step_pred"] / r["step_meas"] - 1) for r in rows], [abs(r["mem_pred"] / r["mem_meas"] - 1) for r in rows]
+    console.print(f"median |error|: step time {statistics.median(errs[0]):.0%}, memory {statistics.median(errs[1]):.0%}; "
+                  f"load average while measuring: {open('/proc/loadavg').read().split()[0]} (shared cores)")
     return 0
 
 
