@@ -38,7 +38,9 @@ class Hardware:
     intra: Params                # link between accelerators of one node
     inter: Params                # a node's NICs, summed
     host_link: float             # bytes/s device <-> host (offload), per accelerator
-    host_adam: float             # parameters/s the host's Adam updates per accelerator (offload)
+    host_adam: float             # parameters/s the host's Adam updates per accelerator (offload): an
+                                 # estimate, ~1e9/s per host (ZeRO-Offload's CPU-Adam, arXiv 2101.06840)
+                                 # shared by 8 accelerators
     gemm_efficiency: float       # fraction of peak the layers' matmuls reach. Calibrated: the one
                                  # free number, set from ONE published row per GPU (named in
                                  # `calibrated_on`); every other row is a prediction
@@ -54,14 +56,14 @@ _NV = ("NVIDIA A100/H100 datasheets; DGX A100/H100 user guides; nccl-tests busbw
 A100 = Hardware(
     "a100", peak_flops=312e12, memory=80 * GB, mem_bandwidth=2.039e12, gpus_per_node=8,
     intra=Params(alpha=3e-6, beta=1 / 230e9, gamma=0.0), inter=Params(alpha=6e-6, beta=1 / (8 * 23e9), gamma=0.0),
-    host_link=25e9, host_adam=1.0e9, gemm_efficiency=0.5745, reserved=3 * GiB,
+    host_link=25e9, host_adam=1.25e8, gemm_efficiency=0.5745, reserved=3 * GiB,
     calibrated_on="Narayanan et al. Table 1, GPT 1.7B on 32 A100s (137 TFLOP/s)", source=_NV)
 A100_40G = Hardware(**{**asdict(A100), "intra": A100.intra, "inter": A100.inter, "name": "a100-40g",
                        "memory": 40 * GB, "mem_bandwidth": 1.555e12})
 H100 = Hardware(
     "h100", peak_flops=989.4e12, memory=80 * GB, mem_bandwidth=3.35e12, gpus_per_node=8,
     intra=Params(alpha=3e-6, beta=1 / 360e9, gamma=0.0), inter=Params(alpha=6e-6, beta=1 / (8 * 45e9), gamma=0.0),
-    host_link=50e9, host_adam=1.5e9, gemm_efficiency=0.4736, reserved=4 * GiB,
+    host_link=50e9, host_adam=1.25e8, gemm_efficiency=0.4736, reserved=4 * GiB,
     calibrated_on="Megatron-LM README, H100 weak scaling, GPT 1.7B on 48 GPUs (MFU 41 %)", source=_NV)
 BUILTIN = {h.name: h for h in (A100, A100_40G, H100)}
 

@@ -17,6 +17,16 @@ from planner.steptime import Software, step_time
 from zero_from_scratch.engine.ledger import model_state_bytes
 
 
+@pytest.fixture(scope="module")
+def nar():
+    return pub.narayanan_rows()
+
+
+@pytest.fixture(scope="module")
+def weak():
+    return pub.megatron_weak_rows()
+
+
 def test_zero_paper_figure1_exactly():
     """ZeRO Figure 1: Ψ = 7.5 B, N = 64, K = 12 → 120 / 31.4 / 16.6 / 1.9 GB per device."""
     psi, n = int(pub.ZERO_FIG1["psi"]), pub.ZERO_FIG1["n"]
@@ -112,6 +122,28 @@ def test_cli_json_and_plot(tmp_path):
     assert bad.returncode == 2 and "unknown model" in bad.stdout
 
 
+def test_cli_custom_fix_and_all(tmp_path):
+    out = tmp_path / "all.json"
+    run_cmd(f"python -m planner custom --layers 4 --hidden 256 --heads 4 --vocab 1000 --seq 64 --gpus 4 "
+            f"--hardware a100 --global-batch 8 --fix tp=2,recompute=full --all --json {out}")
+    doc = json.loads(out.read_text())
+    assert doc["params"] == Model("c", 4, 256, 4, 1000, 64).params()
+    assert doc["layouts"] and all(x["layout"]["tp"] == 2 and x["layout"]["recompute"] == "full" for x in doc["layouts"])
+    tight = tmp_path / "tight.json"
+    r = run_cmd(f"python -m planner llama-70b --gpus 8 --hardware a100 --global-batch 8 --fix offload=false --all "
+                f"--json {tight}", check=False)
+    assert r.returncode == 1 and "no layout" in r.stdout          # 70 B × 16 bytes > 8 × 80 GB without offload
+    assert not any(x["fits"] for x in json.loads(tight.read_text())["layouts"])
+
+
+def test_published_runs_are_predicted_to_fit(nar, weak):
+    """They ran, so their layouts fit: the memory side of the check."""
+    for r in nar:
+        assert r["gib"] < 80, r
+    for r in weak:
+        assert r["layout"] != "does not fit", r
+
+
 def test_70b_on_512_h100s_finishes():
     t0 = time.perf_counter()
     r = run_cmd("python -m planner llama-70b --gpus 512 --hardware h100 --global-batch 1024 --top 5")
@@ -125,8 +157,8 @@ def test_cpu_here_loads():
     assert plan(PRESETS["tiny"], 2, hw, 32, 8)
 
 
-def test_published_narayanan_table1():
-    rows = pub.narayanan_rows()
+def test_published_narayanan_table1(nar):
+    rows = nar
     for r in rows:
         print(f"{r['model']:10s} reported {r['reported']:5.1f} predicted {r['predicted']:6.1f} ({r['error']:+.1%}) {r['layout']}"
               + ("" if abs(r["error"]) <= 0.15 else "  MISS"))
@@ -137,8 +169,8 @@ def test_published_narayanan_table1():
     assert all(e <= 0.15 for e in errs), "a Table 1 row misses 15 %"
 
 
-def test_published_megatron_h100():
-    weak, strong = pub.megatron_weak_rows(), pub.megatron_strong_rows()
+def test_published_megatron_h100(weak):
+    strong = pub.megatron_strong_rows()
     pts = [r["points"] for r in weak[1:]] + [r["points"] for r in strong]
     for r in weak + strong:
         print(f"{r['model']:10s} {r['gpus']:5d} GPUs reported {r['reported_mfu']}% predicted {r['predicted_mfu']:.1f}% "
@@ -158,6 +190,6 @@ def test_published_gdgpt_direction():
     assert rows[(256, "pipeline")]["predicted"] > rows[(256, "zero3")]["predicted"]
 
 
-def test_planner_best_is_no_worse_than_the_papers_layout():
-    for r in pub.narayanan_rows()[:3]:
+def test_planner_best_is_no_worse_than_the_papers_layout(nar):
+    for r in nar:
         assert r["best_step_s"] <= r["paper_step_s"] * (1 + 1e-9)
