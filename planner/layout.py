@@ -78,7 +78,7 @@ def divisors(n: int) -> list[int]:
 
 
 def enumerate_layouts(model, gpus: int, per_node: int, global_batch: int, host_offload: bool = True,
-                      mbs=(1, 2, 4, 8), zeros=(0, 1, 2, 3), recomputes=RECOMPUTE, max_v: int = 8,
+                      mbs=(1, 2, 4, 8), zeros=(0, 1, 2, 3), recomputes=RECOMPUTE, max_v: int = 64,
                       fixed: dict | None = None):
     """Every legal layout (interleaving: v chunks of whole layers, v ≤ max_v); `fixed` pins fields (e.g. {"tp": 8, "pp": 2} for a published run)."""
     fixed = fixed or {}

@@ -15,7 +15,8 @@ tp           each collective of Megatron's layer (tensor_parallel.engine.formula
              layer's compute: exposed = max(0, comm − compute)
 pp           each stage sends one activation forward and one gradient back per micro-batch and
              chunk, b·s·h/t bytes (the scatter/gather of Narayanan §4.1); blocking sends add to
-             every micro-batch, overlapped ones only to the fill and drain
+             every micro-batch, overlapped ones to the fill and drain and where a micro-batch's
+             2·v sends outlast its compute
 bubble       1F1B / interleaved: (p−1)/(v·m+p−1) of the pipeline's time
              (pipeline_parallel.schedules.instructions.bubble_formula)
 dp           ZeRO-0 one all-reduce of the stage's gradients; ZeRO-1 reduce-scatter + all-gather of
@@ -103,13 +104,14 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         hop = link.alpha + S / t * link.beta
     else:
         hop = 0.0
-    per_mb_p2p = 0.0 if sw.overlap_pp else 2 * v * hop
+    # each micro-batch crosses 2·v chunk boundaries per stage; overlapped sends hide behind its compute
+    per_mb_p2p = max(0.0, 2 * v * hop - compute_mb) if sw.overlap_pp else 2 * v * hop
     t_mb = compute_mb + tp_exposed_mb + per_mb_p2p
     busy = m * t_mb
     bubble_frac = bubble_formula(p, m, v) if p > 1 else 0.0
     pipeline = busy / (1 - bubble_frac)
     bubble = pipeline - busy
-    pp_fill = 2 * (p - 1) * hop if sw.overlap_pp else m * per_mb_p2p
+    pp_fill = 2 * (p - 1) * hop + m * per_mb_p2p if sw.overlap_pp else m * per_mb_p2p
 
     # data parallel over the stage's parameters
     psi = max(stage_params(model, lay, "first"), stage_params(model, lay, "last"))
