@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         total = int(f.readline().split()[1]) * 1024
     doc = {"name": "cpu-here", "peak_flops": peak, "memory": total / 2, "mem_bandwidth": bw, "gpus_per_node": 2,
            "intra": None, "inter": None, "host_link": bw, "host_adam": bw / 36, "gemm_efficiency": statistics.harmonic_mean(shaped) / peak,
-           "reserved": 350 * 2**20, "bytes_per_elem": 4,
+           "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "calibrated_on": f"python -m benchmarks.planner_fit (matmul sweep, {a.ranks} ranks at once, load {open('/proc/loadavg').read().split()[0]})",
            "source": "measured here; links from primitives.engine.cost.FITTED (benchmarks.one_host)"}
     with open(a.out, "w") as f:

@@ -3,22 +3,36 @@ ranks, predicted (hardware cpu-here) vs measured step time and peak memory per r
 
     python -m benchmarks.planner_local               # two shapes DDP + ZeRO-1/2/3, 4 steps each (~3 min idle)
     python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps
+    python -m benchmarks.planner_local --json rows.json --plot local.png
 
 Each shape is planner.model.Model built in torch (token + position embeddings, pre-norm
 nn.TransformerEncoderLayer × L, a tied output layer: the planner's parameter count exactly), fp32,
 AdamW, one flat gradient all-reduce after backward through ringzero's default path (what
 benchmarks.one_host fitted the cost model on; so the planner's dp term is not overlapped); then
 ZeRO-1/2/3 of the smaller shape through zero_from_scratch's engine (overlap_comm off).
-Time: median step after the first. Memory: VmHWM minus the RSS just before the model is built
-(after a warm-up step of a tiny model, so torch's lazily loaded kernels and pools are not counted).
-The planner's activation bytes are Korthikanti's for Megatron's layer, not torch's encoder
-layer: the memory column tests how far that transfers.
+Time: median step after the first. The planner is given the compute and memory rates each rank
+gets IN THIS RUN (a matmul of the model's shape and a large add, timed by both ranks at once just
+before and just after the steps; "same-run" columns), and, for comparison, the rates of
+planner/cpu_here.json fitted earlier under whatever load there was then ("file" column): on
+shared cores the load, not the model, decides a rank's share of a core.
+Memory, exactly what is measured: the peak resident set (VmHWM, clear_refs reset) minus the RSS
+just before the model is built, per rank, the larger rank reported. Before the baseline a tiny
+model runs one step with AdamW and one all-reduce, so torch's lazily loaded modules and pools are
+in the baseline, not in the measurement (that is the planner's `reserved`, left out of both
+sides). glibc's mmap threshold is fixed at 64 KiB (mallopt) so a freed tensor leaves the resident
+set: with the default, the threshold rises to the largest block freed (up to 32 MiB) and later
+activations come from a heap that is not returned, so RSS would count freed memory that no
+formula describes. The planner's activation family for cpu-here is torch's eager fp32 encoder
+layer (planner.memory.torch_layer_activation_bytes).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import json
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 from rich.table import Table
@@ -57,10 +71,32 @@ class Net(torch.nn.Module):
         return self.norm(h) @ self.emb.weight.t()
 
 
+def _rates(m: Model, mb: int) -> tuple[float, float]:
+    """(FLOP/s, bytes/s) this rank gets now: the layer's widest matmul (b·s × h by h × f) and a
+    16 MiB add, median of 5."""
+    a, w = torch.randn(mb * m.seq, m.hidden), torch.randn(m.hidden, m.f)
+    x = torch.zeros(4 * 2**20)
+    y = torch.zeros_like(x)
+    tf, tb = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ w
+        t1 = time.perf_counter()
+        torch.add(x, 1.0, out=y)
+        tb.append(time.perf_counter() - t1)
+        tf.append(t1 - t0)
+    return 2 * a.shape[0] * m.hidden * m.f / statistics.median(tf), 2 * x.numel() * 4 / statistics.median(tb)
+
+
 def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
-    warm = Net(Model("warm", 1, 64, 4, 64, 16, positions=16))     # torch's kernels and pools load here, not below
+    ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD: fixed, see the docstring
+    warm = Net(Model("warm", 1, 64, 4, 64, 16, positions=16))     # torch's modules and pools load here, not below
+    wopt = torch.optim.AdamW(warm.parameters())
     warm(torch.zeros(1, 16, dtype=torch.long)).sum().backward()
-    del warm
+    wopt.step()
+    P.all_reduce(torch.zeros(16))
+    del warm, wopt
+    r0 = _rates(m, mb)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _vm("VmRSS")
@@ -69,7 +105,9 @@ def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
     assert sum(p.numel() for p in net.parameters()) == m.params(), "torch model ≠ planner's count"
     x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(rank))
     if zero is not None:
-        return _zero_steps(net, x, zero, mb, steps, base)
+        out = _zero_steps(net, x, zero, mb, steps, base)
+        r1 = _rates(m, mb)
+        return {**out, "flops": (r0[0] + r1[0]) / 2, "bw": (r0[1] + r1[1]) / 2}
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     times = []
     for _ in range(steps):
@@ -82,10 +120,13 @@ def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
         for p in net.parameters():
             p.grad.copy_(flat[off:off + p.numel()].view_as(p)).div_(world)
             off += p.numel()
+        del flat              # the copy lives only while it is reduced (planner.memory: ZeRO-0's working)
         opt.step()
         opt.zero_grad(set_to_none=False)
         times.append(time.perf_counter() - t0)
-    return {"step": statistics.median(times[1:]), "peak": _vm("VmHWM") - base}
+    peak = _vm("VmHWM") - base
+    r1 = _rates(m, mb)
+    return {"step": statistics.median(times[1:]), "peak": peak, "flops": (r0[0] + r1[0]) / 2, "bw": (r0[1] + r1[1]) / 2}
 
 
 def _zero_steps(net, x, zero: int, mb: int, steps: int, base: int):
@@ -115,13 +156,19 @@ def measure(quick: bool, steps: int, mb: int = 4) -> list[dict]:
     runs = [(SHAPES[0], None)] if quick else [(m, None) for m in SHAPES] + [(SHAPES[0], z) for z in (1, 2, 3)]
     for m, zero in runs:
         got = spawn(_rank, 2, args=(m, mb, steps, zero), timeout=600)
-        pred = predict_layout(m, m.seq, Layout(dp=2, tp=1, pp=1, mb=mb, zero=zero or 0), 2 * mb, hw,
-                              Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False))
-        mem_pred = pred.memory["total"] - pred.memory["reserved"]
+        lay = Layout(dp=2, tp=1, pp=1, mb=mb, zero=zero or 0)
+        sw = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False)
+        flops, bw = min(g["flops"] for g in got), min(g["bw"] for g in got)     # the slower rank sets the pace
+        here = replace(hw, peak_flops=flops, gemm_efficiency=1.0, mem_bandwidth=bw, host_link=bw, host_adam=bw / 36)
+        pred = predict_layout(m, m.seq, lay, 2 * mb, here, sw)
+        from_file = predict_layout(m, m.seq, lay, 2 * mb, hw, sw)
         rows.append({"model": m.name, "params": m.params(),
                      "layout": (f"dp2 Z{zero} (engine)" if zero is not None else "dp2 Z0 (torch)") + f" mb{mb}",
-                     "step_pred": pred.time["total"], "step_meas": max(g["step"] for g in got),
-                     "mem_pred": mem_pred, "mem_meas": max(g["peak"] for g in got)})
+                     "step_pred": pred.time["total"], "step_file": from_file.time["total"],
+                     "step_meas": max(g["step"] for g in got), "gflops": flops / 1e9, "gbs": bw / 1e9,
+                     "time_terms": pred.time,
+                     "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
+                     "mem_meas": max(g["peak"] for g in got), "load": float(open("/proc/loadavg").read().split()[0])})
     return rows
 
 
@@ -129,19 +176,28 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--json", help="write the rows (predicted terms, measured) to this file")
     a = ap.parse_args(argv)
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3))
-    t = Table(title="planner vs this machine (2 CPU ranks, fp32)")
-    for c in ("model", "params", "layout", "step ms predicted", "measured", "error", "MiB predicted", "measured ", "error "):
+    loads = [r["load"] for r in rows]
+    t = Table(title=f"planner vs this machine (2 CPU ranks, fp32), measured under load {min(loads):.1f}-{max(loads):.1f} on 2 cores")
+    for c in ("model", "params", "layout", "GFLOP/s", "step ms same-run", "file", "measured", "error",
+              "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
-        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['step_pred'] * 1e3:.0f}", f"{r['step_meas'] * 1e3:.0f}",
-                  f"{r['step_pred'] / r['step_meas'] - 1:+.0%}", f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}",
-                  f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
+        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['gflops']:.1f}", f"{r['step_pred'] * 1e3:.0f}",
+                  f"{r['step_file'] * 1e3:.0f}", f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
+                  f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
     console.print(t)
     errs = [abs(r["step_pred"] / r["step_meas"] - 1) for r in rows], [abs(r["mem_pred"] / r["mem_meas"] - 1) for r in rows]
-    console.print(f"median |error|: step time {statistics.median(errs[0]):.0%}, memory {statistics.median(errs[1]):.0%}; "
-                  f"load average while measuring: {open('/proc/loadavg').read().split()[0]} (shared cores)")
+    ferr = [abs(r["step_file"] / r["step_meas"] - 1) for r in rows]
+    console.print(f"median |error|: step time {statistics.median(errs[0]):.0%} (same-run rates; "
+                  f"{statistics.median(ferr):.0%} with cpu_here.json's), memory {statistics.median(errs[1]):.0%}; "
+                  f"misses (time > 25 %, memory > 10 %): "
+                  + (", ".join(f"{r['model']} {r['layout']}" for r, et, em in zip(rows, *errs) if et > 0.25 or em > 0.10) or "none"))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 

@@ -46,6 +46,8 @@ class Hardware:
                                  # `calibrated_on`); every other row is a prediction
     reserved: float              # bytes a framework holds before the model (context, NCCL, allocator slack)
     bytes_per_elem: int = 2      # parameters/gradients/activations (bf16); 4 for fp32 on CPU
+    activations: str = "megatron-16bit"   # which layer's saved tensors (planner.memory): Megatron's
+                                          # fused layer, or "torch-eager-fp32" (torch's encoder layer)
     calibrated_on: str = ""
     source: str = ""
 

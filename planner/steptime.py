@@ -7,7 +7,8 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              the memory-bound elementwise work: each activation byte Korthikanti counts
              (planner.memory; without its s×s scores under fused attention) is written and read in
              forward and backward, ~4× its bytes (6× with full recomputation, which runs the
-             forward again) at the HBM rate
+             forward again) at the HBM rate; on cpu-here the torch layer's saved bytes
+             (planner.memory.torch_layer_activation_bytes)
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring); full recomputation repeats
@@ -35,7 +36,7 @@ from pipeline_parallel.schedules.instructions import bubble_formula
 from primitives.engine.cost import Links, Params, predict, predict_2level
 from tensor_parallel.engine.formulas import layer_traffic
 
-from planner.memory import layer_activation_bytes, stage_params
+from planner.memory import layer_activation_bytes, stage_params, torch_layer_activation_bytes
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,10 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         passes_attn = 0
     flops = tokens * (Ls * (passes * fwd_layer + passes_attn * 4 * seq * model.hidden)
                       + 6 * model.hidden * model.vocab / p) / t          # logits spread: a stage's average
-    act = layer_activation_bytes(model, seq, lay, bpe, "selective" if sw.flash_attention else "none")
+    if hw.activations == "torch-eager-fp32":
+        act = torch_layer_activation_bytes(model, seq, lay, "none")
+    else:
+        act = layer_activation_bytes(model, seq, lay, bpe, "selective" if sw.flash_attention else "none")
     elem = Ls * act * (6 if full else 4) / hw.mem_bandwidth
     compute_mb = flops / rate + elem
 
