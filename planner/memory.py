@@ -89,10 +89,10 @@ def torch_layer_activation_bytes(model, seq: int, lay, recompute: str | None = N
 def torch_head_bytes(model, seq: int, lay) -> tuple[float, float]:
     """(saved, transient) bytes of the last stage's top in fp32: the final LayerNorm keeps its input,
     mean, rstd, the logits matmul its input (2·s·b·h + 2·s·b), cross-entropy's log-softmax its
-    output (s·b·V); in the loss's backward the log-softmax's incoming gradient and its output
+    output (s·b·V) and nll_loss its total weight (one fp32 scalar); in the loss's backward the log-softmax's incoming gradient and its output
     gradient (2·s·b·V) live beside them: the step's peak for a small model."""
     s, b, h, V = seq, lay.mb, model.hidden, model.vocab / lay.tp
-    return 4 * s * b * (2 * h + 2 + V), 4 * 2 * s * b * V
+    return 4 * s * b * (2 * h + 2 + V) + 4, 4 * 2 * s * b * V
 
 
 def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
@@ -132,16 +132,34 @@ def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
     return best
 
 
+def zero_unit(model, lay, psi: int, bucket: int = 500_000_000) -> int:
+    """Elements of the largest unit zero_from_scratch communicates as one flat buffer
+    (zero_from_scratch/sharding.py): ZeRO-0..2 buckets of consecutive parameters up to
+    reduce_bucket_size (DeepSpeed's default 5e8: the whole stage for any model here), ZeRO-3 one
+    module's parameters (the largest: the embedding, in_proj's 3h × h or the MLP's h × f)."""
+    if lay.zero < 3:
+        return min(psi, bucket)
+    h = model.hidden
+    return max(model.vocab * h, 3 * h * h, h * model.f) // lay.tp
+
+
 def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
     """memory() for torch's eager fp32 layers (module docstring). Model states from the ZeRO
     ledger (fp32: 4 + 4 + 8 bytes per parameter, sharded by stage). Activations: L/p layers ×
     in-flight micro-batches (1F1B: min(p, m) on the first stage); the embedding keeps only its
-    indices, the last stage its top (torch_head_bytes). Working:
-    the larger of the loss backward's two logit gradients (last stage) and, for ZeRO-0, the flat
-    gradient copy that is all-reduced after backward when the activations are gone (4Ψ minus the
-    activations it outlives); ZeRO-3 also holds one gathered layer; and, once a large collective
-    ran, the shared-memory transport's workspaces of every rank on the host, mapped into each
-    process and touched by the rounds (primitives.engine.shm_segment: BUFS × WS_BYTES per rank)."""
+    indices, the last stage its top (torch_head_bytes). Working, what lives beside them at the
+    peak:
+      the loss backward's two logit gradients (last stage), or for ZeRO-0 the flat gradient copy
+        that is all-reduced after backward when the activations are gone (4Ψ minus the
+        activations it outlives), whichever is larger;
+      the shared-memory transport's workspaces of every rank on the host, mapped into each
+        process and touched by a large collective (primitives.engine.shm_segment: BUFS ×
+        WS_BYTES per rank);
+      ZeRO ≥ 1 through zero_from_scratch (u = zero_unit, its largest flat unit): the ring
+        reduce-scatter's two block-sized scratch buffers, 2·4u/N, kept by comm.scratch
+        (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
+        4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 one
+        gathered unit, 4u (the tied embedding, in use at the loss)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
@@ -160,10 +178,11 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
         work = transient
         if lay.zero == 0 and lay.dp > 1:
             work = max(work, 4 * psi - acts)
-        if lay.zero == 3:
-            work += 4 * model.layer_params() / lay.tp
         if lay.gpus > 1:
             work += min(lay.gpus, hw.gpus_per_node) * BUFS * WS_BYTES
+        if lay.zero >= 1:
+            u = zero_unit(model, lay, psi)
+            work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * u if lay.zero == 3 else 0)
         out["working"] = work
         out["reserved"] = hw.reserved
         out["total"] = sum(out.values())

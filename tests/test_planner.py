@@ -5,12 +5,13 @@ import statistics
 import time
 
 import pytest
+import torch
 
 from conftest import run_cmd
 from planner import hardware as H
 from planner import published as pub
 from planner.layout import Layout, enumerate_layouts, why_not
-from planner.memory import layer_activation_bytes, memory
+from planner.memory import layer_activation_bytes, memory, torch_head_bytes, torch_layer_activation_bytes
 from planner.model import PRESETS, Model, from_hf_config, gpt, resolve
 from planner.plan import plan, predict_layout
 from planner.steptime import Software, step_time
@@ -67,6 +68,47 @@ def test_korthikanti_activations():
     assert layer_activation_bytes(m, s, lay, 2) == s * h * (34 + 5 * a * s / h)
     assert layer_activation_bytes(m, s, Layout(1, 4, 1, recompute="selective", sp=True), 2) == s * h * 34 / 4
     assert layer_activation_bytes(m, s, Layout(1, 4, 1, recompute="full", sp=True), 2) == 2 * s * h / 4
+
+
+def _saved_float_bytes(fn, params) -> int:
+    """Bytes of the distinct floating-point storages autograd saves while fn runs, parameters
+    excluded (they are model states, not activations)."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if t.is_floating_point() and st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("h,a,f,s,b", [(256, 4, 1024, 128, 4), (96, 3, 200, 24, 2)])
+def test_torch_activation_formula_is_what_autograd_saves(h, a, f, s, b):
+    """cpu-here's activation family, 4·s·b·(8h + f + a + 4) per layer and the top's
+    4·s·b·(2h + 2 + V) + 4, against the saved tensors of torch's own layers in fp32 (counted by
+    saved_tensors_hooks: load-independent, exact)."""
+    torch.manual_seed(0)
+    m = Model("t", 1, h, a, 50, s, ffn=f)
+    lay = Layout(1, 1, 1, mb=b)
+    layer = torch.nn.TransformerEncoderLayer(h, a, f, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(b, s, h, requires_grad=True)
+    assert _saved_float_bytes(lambda: layer(x), layer.parameters()) == torch_layer_activation_bytes(m, s, lay)
+    norm, emb = torch.nn.LayerNorm(h), torch.nn.Embedding(m.vocab, h)
+    tgt = torch.randint(0, m.vocab, (b, s))
+    head = lambda: torch.nn.functional.cross_entropy((norm(x) @ emb.weight.t()).flatten(0, 1), tgt.flatten())  # noqa: E731
+    assert _saved_float_bytes(head, [*norm.parameters(), *emb.parameters()]) == torch_head_bytes(m, s, lay)[0]
+
+
+def test_cpu_here_uses_the_torch_family_and_gpus_megatrons():
+    m, lay = PRESETS["tiny"], Layout(1, 1, 1, mb=2)
+    assert H.load("cpu-here").activations == "torch-eager-fp32" and H.A100.activations == "megatron-16bit"
+    cpu = memory(m, 32, lay, 2, H.load("cpu-here"))
+    per_layer = torch_layer_activation_bytes(m, 32, lay)
+    assert cpu["activations"] == pytest.approx(m.layers * per_layer + torch_head_bytes(m, 32, lay)[0])
 
 
 def test_bubble_and_terms_add_up():
