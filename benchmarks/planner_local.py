@@ -44,6 +44,9 @@ from planner.layout import Layout
 from planner.model import Model
 from planner.plan import predict_layout
 from planner.steptime import Software
+from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
+from pipeline_parallel import initialize as pipe_initialize
+from pipeline_parallel.engine.model import Embed, FinalNorm, head, lm_loss
 from primitives.launch import spawn
 from primitives.log import console
 
@@ -71,24 +74,31 @@ class Net(torch.nn.Module):
         return self.norm(h) @ self.emb.weight.t()
 
 
-def _rates(m: Model, mb: int) -> tuple[float, float]:
-    """(FLOP/s, bytes/s) this rank gets now: the layer's widest matmul (b·s × h by h × f) and a
-    16 MiB add, median of 5."""
+def _rates(m: Model, mb: int, window: float = 0.15) -> tuple[float, float]:
+    """(FLOP/s, bytes/s) this rank gets now: the layer's widest matmul (b·s × h by h × f) repeated
+    for `window` seconds of wall time (long against the scheduler's slices, so a shared core's
+    share is in the rate, not only its speed), and an add of 4 MiB for a fifth of that."""
     a, w = torch.randn(mb * m.seq, m.hidden), torch.randn(m.hidden, m.f)
-    x = torch.zeros(4 * 2**20)
+    x = torch.zeros(2**20)
     y = torch.zeros_like(x)
-    tf, tb = [], []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        a @ w
-        t1 = time.perf_counter()
-        torch.add(x, 1.0, out=y)
-        tb.append(time.perf_counter() - t1)
-        tf.append(t1 - t0)
-    return 2 * a.shape[0] * m.hidden * m.f / statistics.median(tf), 2 * x.numel() * 4 / statistics.median(tb)
+    out = []
+    for work, op in ((2 * a.shape[0] * m.hidden * m.f, lambda: a @ w), (2 * x.numel() * 4, lambda: torch.add(x, 1.0, out=y))):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < window:
+            op()
+            n += 1
+        out.append(n * work / (time.perf_counter() - t0))
+        window /= 5
+    return out[0], out[1]
 
 
-def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")          # VmHWM := VmRSS
+
+
+def _warm() -> int:
+    """Load what a first step loads, then return the baseline RSS (module docstring)."""
     ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD: fixed, see the docstring
     warm = Net(Model("warm", 1, 64, 4, 64, 16, positions=16))     # torch's modules and pools load here, not below
     wopt = torch.optim.AdamW(warm.parameters())
@@ -96,22 +106,36 @@ def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
     wopt.step()
     P.all_reduce(torch.zeros(16))
     del warm, wopt
-    r0 = _rates(m, mb)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _vm("VmRSS")
+    _reset_peak()
+    return _vm("VmRSS")
+
+
+def _timed(one_step, m: Model, mb: int, steps: int, base: int) -> dict:
+    """Run `steps` steps; before each, sample the rates (so they see the load the step sees), then
+    reset the peak so the samples' buffers are not in it. Step: the median after the first."""
+    times, peaks, rates = [], [], []
+    for _ in range(steps):
+        rates.append(_rates(m, mb))
+        _reset_peak()
+        t0 = time.perf_counter()
+        one_step()
+        times.append(time.perf_counter() - t0)
+        peaks.append(_vm("VmHWM") - base)
+    return {"step": statistics.median(times[1:]), "peak": max(peaks),
+            "flops": statistics.median(r[0] for r in rates), "bw": statistics.median(r[1] for r in rates)}
+
+
+def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
+    base = _warm()
     torch.manual_seed(0)
     net = Net(m)
     assert sum(p.numel() for p in net.parameters()) == m.params(), "torch model ≠ planner's count"
     x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(rank))
     if zero is not None:
-        out = _zero_steps(net, x, zero, mb, steps, base)
-        r1 = _rates(m, mb)
-        return {**out, "flops": (r0[0] + r1[0]) / 2, "bw": (r0[1] + r1[1]) / 2}
+        return _zero_steps(net, x, zero, m, mb, steps, base)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step():
         loss = torch.nn.functional.cross_entropy(net(x).flatten(0, 1), x.flatten())
         loss.backward()
         flat = torch.cat([p.grad.flatten() for p in net.parameters()])
@@ -123,13 +147,10 @@ def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
         del flat              # the copy lives only while it is reduced (planner.memory: ZeRO-0's working)
         opt.step()
         opt.zero_grad(set_to_none=False)
-        times.append(time.perf_counter() - t0)
-    peak = _vm("VmHWM") - base
-    r1 = _rates(m, mb)
-    return {"step": statistics.median(times[1:]), "peak": peak, "flops": (r0[0] + r1[0]) / 2, "bw": (r0[1] + r1[1]) / 2}
+    return _timed(step, m, mb, steps, base)
 
 
-def _zero_steps(net, x, zero: int, mb: int, steps: int, base: int):
+def _zero_steps(net, x, zero: int, m: Model, mb: int, steps: int, base: int):
     """The same steps through zero_from_scratch's DeepSpeed-API engine at ZeRO `zero` (fp32, AdamW)."""
     if zero == 3:     # the tied output layer reads the embedding's weight outside the embedding's forward
         zero_from_scratch.register_external_parameter(net, net.emb.weight)
@@ -140,35 +161,64 @@ def _zero_steps(net, x, zero: int, mb: int, steps: int, base: int):
         "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": zero, "overlap_comm": False},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step():
         loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), x.flatten())
         engine.backward(loss)
         engine.step()
-        times.append(time.perf_counter() - t0)
-    return {"step": statistics.median(times[1:]), "peak": _vm("VmHWM") - base}
+    return _timed(step, m, mb, steps, base)
 
 
-def measure(quick: bool, steps: int, mb: int = 4) -> list[dict]:
+def _pp_rank(rank, world, m: Model, mb: int, micro: int, steps: int):
+    """pp = 2 through pipeline_parallel's DeepSpeed-API engine (1F1B, `micro` micro-batches of mb):
+    the same layers as Net (token + position embedding tied to the head, torch's encoder layer)."""
+    base = _warm()
+    layers = ([TiedLayerSpec("embed", Embed, m.vocab, m.hidden, m.positions)]
+              + [LayerSpec(torch.nn.TransformerEncoderLayer, m.hidden, m.heads, m.f, dropout=0.0, batch_first=True,
+                           norm_first=True) for _ in range(m.layers)]
+              + [LayerSpec(FinalNorm, m.hidden), TiedLayerSpec("embed", Embed, m.vocab, m.hidden, m.positions, forward_fn=head)])
+    half = m.layers // 2      # the planner's split: L/p layers per stage, the embedding first, norm and head last
+    pm = PipelineModule(layers, num_stages=2, loss_fn=lm_loss, partition_method=[1 + half, m.layers - half + 2])
+    engine, *_ = pipe_initialize(model=pm, config={
+        "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": micro,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "pipeline": {"schedule": "1f1b"}}, dp=1)
+    x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(0))
+    return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), m, mb, steps, base)
+
+
+def runs(quick: bool, steps: int, mb: int = 4):
+    """(model, layout label, Layout, global batch, rank function, its args) of every row."""
+    small, mid = SHAPES
+    out = [(small, f"dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank, (small, mb, steps, None))]
+    if quick:
+        return out
+    out.append((mid, f"dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank, (mid, mb, steps, None)))
+    out += [(small, f"dp2 Z{z} (engine) mb{mb}", Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, _rank, (small, mb, steps, z))
+            for z in (1, 2, 3)]
+    out.append((small, "pp2 1F1B m4 mb2 (engine)", Layout(1, 1, 2, mb=2), 8, _pp_rank, (small, 2, 4, steps)))
+    return out
+
+
+def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     hw = H.load("cpu-here")
+    sw = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False)
     rows = []
-    runs = [(SHAPES[0], None)] if quick else [(m, None) for m in SHAPES] + [(SHAPES[0], z) for z in (1, 2, 3)]
-    for m, zero in runs:
-        got = spawn(_rank, 2, args=(m, mb, steps, zero), timeout=600)
-        lay = Layout(dp=2, tp=1, pp=1, mb=mb, zero=zero or 0)
-        sw = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False)
+    for m, label, lay, batch, fn, args in runs(quick, steps):
+        if only not in label:
+            continue
+        got = spawn(fn, lay.gpus, args=args, timeout=600)
         flops, bw = min(g["flops"] for g in got), min(g["bw"] for g in got)     # the slower rank sets the pace
         here = replace(hw, peak_flops=flops, gemm_efficiency=1.0, mem_bandwidth=bw, host_link=bw, host_adam=bw / 36)
-        pred = predict_layout(m, m.seq, lay, 2 * mb, here, sw)
-        from_file = predict_layout(m, m.seq, lay, 2 * mb, hw, sw)
-        rows.append({"model": m.name, "params": m.params(),
-                     "layout": (f"dp2 Z{zero} (engine)" if zero is not None else "dp2 Z0 (torch)") + f" mb{mb}",
+        pred = predict_layout(m, m.seq, lay, batch, here, sw)
+        from_file = predict_layout(m, m.seq, lay, batch, hw, sw)
+        rows.append({"model": m.name, "params": m.params(), "layout": label,
                      "step_pred": pred.time["total"], "step_file": from_file.time["total"],
                      "step_meas": max(g["step"] for g in got), "gflops": flops / 1e9, "gbs": bw / 1e9,
                      "time_terms": pred.time,
                      "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
-                     "mem_meas": max(g["peak"] for g in got), "load": float(open("/proc/loadavg").read().split()[0])})
+                     "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got],
+                     "load": float(open("/proc/loadavg").read().split()[0])})
     return rows
 
 
@@ -177,8 +227,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--json", help="write the rows (predicted terms, measured) to this file")
+    ap.add_argument("--only", default="", help="rows whose layout label contains this text (e.g. pp2, Z3)")
     a = ap.parse_args(argv)
-    rows = measure(a.quick, max(2, a.steps if not a.quick else 3))
+    rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
     loads = [r["load"] for r in rows]
     t = Table(title=f"planner vs this machine (2 CPU ranks, fp32), measured under load {min(loads):.1f}-{max(loads):.1f} on 2 cores")
     for c in ("model", "params", "layout", "GFLOP/s", "step ms same-run", "file", "measured", "error",
