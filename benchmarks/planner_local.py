@@ -1,15 +1,19 @@
-"""The planner against this machine: data-parallel training of small GPT-shaped models on 2 CPU
-ranks, predicted (hardware cpu-here) vs measured step time and peak memory per rank.
+"""The planner against this machine: small GPT-shaped models on 2 CPU ranks, predicted (hardware
+cpu-here) vs measured step time and peak memory per rank.
 
-    python -m benchmarks.planner_local               # two shapes DDP + ZeRO-1/2/3, 4 steps each (~3 min idle)
+    python -m benchmarks.planner_local               # DDP × 2 shapes, ZeRO-1/2/3, pp = 2; 4 steps each (~3 min idle)
     python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps
-    python -m benchmarks.planner_local --json rows.json --plot local.png
+    python -m benchmarks.planner_local --only pp2 --json rows.json      # some rows; the rows as JSON
 
 Each shape is planner.model.Model built in torch (token + position embeddings, pre-norm
 nn.TransformerEncoderLayer × L, a tied output layer: the planner's parameter count exactly), fp32,
-AdamW, one flat gradient all-reduce after backward through ringzero's default path (what
-benchmarks.one_host fitted the cost model on; so the planner's dp term is not overlapped); then
-ZeRO-1/2/3 of the smaller shape through zero_from_scratch's engine (overlap_comm off).
+AdamW. Rows: DDP with one flat gradient all-reduce after backward through ringzero's default path
+(what benchmarks.one_host fitted the cost model on; so the planner's dp term is not overlapped);
+ZeRO-1/2/3 of the smaller shape through zero_from_scratch's engine (overlap_comm off); pp = 2
+through pipeline_parallel's engine (1F1B, 4 micro-batches, L/2 layers per stage). Not run:
+tp = 2 (tensor_parallel.parallelize takes Hugging Face DistilBERT and MLP stacks, not this
+layer, and the planner has no activation formula for DistilBERT's eager layer yet) and offload
+(the planner refuses it on cpu-here: the host is the device).
 Time: median step after the first. The planner is given the compute and memory rates each rank
 gets IN THIS RUN (a matmul of the model's shape and a large add, timed by both ranks at once just
 before and just after the steps; "same-run" columns), and, for comparison, the rates of
