@@ -14,11 +14,12 @@ through pipeline_parallel's engine (1F1B, 4 micro-batches, L/2 layers per stage)
 tp = 2 (tensor_parallel.parallelize takes Hugging Face DistilBERT and MLP stacks, not this
 layer, and the planner has no activation formula for DistilBERT's eager layer yet) and offload
 (the planner refuses it on cpu-here: the host is the device).
-Time: median step after the first. The planner is given the compute and memory rates each rank
-gets IN THIS RUN (a matmul of the model's shape and a large add, timed by both ranks at once just
-before and just after the steps; "same-run" columns), and, for comparison, the rates of
+Time: median step after the first. The planner is given the compute, memory and Adam rates each
+rank gets IN THIS RUN (_rates: the step's GEMM shapes, an add, torch's AdamW, timed by both ranks
+at once before every step; "same-run" column), and, for comparison, the rates of
 planner/cpu_here.json fitted earlier under whatever load there was then ("file" column): on
-shared cores the load, not the model, decides a rank's share of a core.
+shared cores the load, not the model, decides a rank's share of a core. Links: the cost model's
+α-β fitted by benchmarks.one_host.
 Memory, exactly what is measured: the peak resident set (VmHWM, clear_refs reset) minus the RSS
 just before the model is built, per rank, the larger rank reported. Before the baseline a tiny
 model runs one step with AdamW and one all-reduce, so torch's lazily loaded modules and pools are
@@ -78,22 +79,30 @@ class Net(torch.nn.Module):
         return self.norm(h) @ self.emb.weight.t()
 
 
-def _rates(m: Model, mb: int, window: float = 0.15) -> tuple[float, float]:
-    """(FLOP/s, bytes/s) this rank gets now: the layer's widest matmul (b·s × h by h × f) repeated
-    for `window` seconds of wall time (long against the scheduler's slices, so a shared core's
-    share is in the rate, not only its speed), and an add of 4 MiB for a fifth of that."""
-    a, w = torch.randn(mb * m.seq, m.hidden), torch.randn(m.hidden, m.f)
+def _rates(m: Model, mb: int, window: float = 0.15) -> tuple[float, float, float]:
+    """(FLOP/s, bytes/s, Adam parameters/s) this rank gets now, each from work repeated for a
+    window of wall time (long against the scheduler's slices, so a shared core's share is in the
+    rate, not only its speed): the step's GEMM shapes in turn (T = b·s tokens: a linear's forward
+    T×h·h×f, its input gradient T×f·f×h, its weight gradient h×T·T×f, the logits T×h·h×V) for
+    `window`; a 4 MiB add and torch's AdamW on 2^20 parameters for a fifth of it each."""
+    T, h, f, V = mb * m.seq, m.hidden, m.f, m.vocab
+    mats = [(torch.randn(i, k), torch.randn(k, j)) for i, k, j in ((T, h, f), (T, f, h), (h, T, f), (T, h, V))]
     x = torch.zeros(2**20)
     y = torch.zeros_like(x)
+    p = torch.nn.Parameter(torch.zeros(2**20))
+    p.grad = torch.ones_like(p)
+    adam = torch.optim.AdamW([p], lr=1e-4)
+    ops = ((sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in mats), lambda: [a @ b for a, b in mats], window),
+           (2 * x.numel() * 4, lambda: torch.add(x, 1.0, out=y), window / 5),
+           (p.numel(), adam.step, window / 5))
     out = []
-    for work, op in ((2 * a.shape[0] * m.hidden * m.f, lambda: a @ w), (2 * x.numel() * 4, lambda: torch.add(x, 1.0, out=y))):
+    for work, op, w in ops:
         n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < window:
+        while time.perf_counter() - t0 < w:
             op()
             n += 1
         out.append(n * work / (time.perf_counter() - t0))
-        window /= 5
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def _reset_peak() -> None:
@@ -125,8 +134,8 @@ def _timed(one_step, m: Model, mb: int, steps: int, base: int) -> dict:
         one_step()
         times.append(time.perf_counter() - t0)
         peaks.append(_vm("VmHWM") - base)
-    return {"step": statistics.median(times[1:]), "peak": max(peaks),
-            "flops": statistics.median(r[0] for r in rates), "bw": statistics.median(r[1] for r in rates)}
+    return {"step": statistics.median(times[1:]), "peak": max(peaks), "flops": statistics.median(r[0] for r in rates),
+            "bw": statistics.median(r[1] for r in rates), "adam": statistics.median(r[2] for r in rates)}
 
 
 def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None):
@@ -213,7 +222,8 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
             continue
         got = spawn(fn, lay.gpus, args=args, timeout=600)
         flops, bw = min(g["flops"] for g in got), min(g["bw"] for g in got)     # the slower rank sets the pace
-        here = replace(hw, peak_flops=flops, gemm_efficiency=1.0, mem_bandwidth=bw, host_link=bw, host_adam=bw / 36)
+        here = replace(hw, peak_flops=flops, gemm_efficiency=1.0, mem_bandwidth=bw, host_link=bw,
+                       host_adam=min(g["adam"] for g in got))
         pred = predict_layout(m, m.seq, lay, batch, here, sw)
         from_file = predict_layout(m, m.seq, lay, batch, hw, sw)
         rows.append({"model": m.name, "params": m.params(), "layout": label,

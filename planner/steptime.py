@@ -26,7 +26,8 @@ dp           ZeRO-0 one all-reduce of the stage's gradients; ZeRO-1 reduce-scatt
              Across nodes the two-level hierarchical cost (cost.predict_2level). Overlapped, ZeRO-0..2
              hide behind the last micro-batch's backward, ZeRO-3 behind each micro-batch's compute
 optimizer    Adam on the rank's shard, memory-bound (~36 bytes read+written per parameter); offloaded:
-             the host's Adam rate plus gradients down and parameters up the host link
+             the host's Adam rate plus gradients down and parameters up the host link; on cpu-here
+             the host's Adam rate (torch's eager Adam on a CPU is bound by its sqrt, not memory)
 """
 from __future__ import annotations
 
@@ -144,6 +145,8 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     shard = psi / (lay.dp if lay.zero >= 1 else 1)
     if lay.offload:
         opt = shard / hw.host_adam + 2 * shard * bpe / hw.host_link
+    elif hw.activations == "torch-eager-fp32":   # the device is the host: Adam at the host's rate
+        opt = shard / hw.host_adam
     else:
         opt = shard * 36 / hw.mem_bandwidth
     out = {"matmul": m * flops / rate, "elementwise": m * elem, "tp comm": m * tp_exposed_mb, "pp comm": pp_fill,
