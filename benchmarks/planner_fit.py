@@ -7,7 +7,8 @@ rate, a large add for the memory rate; links come from benchmarks.one_host's α-
 
 Measured as training runs: `--ranks` processes (default 2) at once, one thread each, fp32, and
 the median of the repetitions (not the best), so the rates are what a rank gets while the others
-compute and whatever else shares the cores. peak_flops is the best median rate of the sweep;
+compute and whatever else shares the cores. host_adam: torch's AdamW on 4 M parameters (on
+cpu-here the optimizer runs on the host, planner.steptime). peak_flops is the best median rate of the sweep;
 gemm_efficiency the transformer-shaped products' (tokens × h by h × 4h) harmonic mean (the
 rate of running all of them) over it.
 """
@@ -47,12 +48,26 @@ def mem_rate(nbytes: int, reps: int) -> float:
     return 2 * nbytes / statistics.median(times)            # read x, write y
 
 
+def adam_rate(n: int, reps: int) -> float:
+    """Parameters per second torch's AdamW updates (on a CPU it is bound by its sqrt, not memory)."""
+    p = torch.nn.Parameter(torch.zeros(n))
+    p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW([p], lr=1e-4)
+    opt.step()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return n / statistics.median(times)
+
+
 def sweep(rank: int, world: int, quick: bool) -> dict:
     torch.set_num_threads(1)
     reps = 3 if quick else 7
     return {"square": [rate(n, n, n, reps) for n in ((256, 512) if quick else (256, 512, 1024))],
             "shaped": [rate(t, h, 4 * h, reps) for t, h in ((256, 64), (256, 128)) + (() if quick else ((512, 256),))],
-            "bw": mem_rate(64 * 2**20, reps)}
+            "bw": mem_rate(64 * 2**20, reps), "adam": adam_rate(2**22, reps)}
 
 
 def main(argv=None) -> int:
@@ -66,10 +81,11 @@ def main(argv=None) -> int:
     square, shaped = med("square"), med("shaped")
     peak = max(square + shaped)
     bw = statistics.median(g["bw"] for g in got)
+    adam = statistics.median(g["adam"] for g in got)
     with open("/proc/meminfo") as f:
         total = int(f.readline().split()[1]) * 1024
     doc = {"name": "cpu-here", "peak_flops": peak, "memory": total / 2, "mem_bandwidth": bw, "gpus_per_node": 2,
-           "intra": None, "inter": None, "host_link": bw, "host_adam": bw / 36, "gemm_efficiency": statistics.harmonic_mean(shaped) / peak,
+           "intra": None, "inter": None, "host_link": bw, "host_adam": adam, "gemm_efficiency": statistics.harmonic_mean(shaped) / peak,
            "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "calibrated_on": f"python -m benchmarks.planner_fit (matmul sweep, {a.ranks} ranks at once, load {open('/proc/loadavg').read().split()[0]})",
            "source": "measured here; links from primitives.engine.cost.FITTED (benchmarks.one_host)"}
@@ -77,7 +93,7 @@ def main(argv=None) -> int:
         json.dump(doc, f, indent=1)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s (squares {[round(r / 1e9, 1) for r in square]}, "
                   f"transformer-shaped {[round(r / 1e9, 1) for r in shaped]}), memory {bw / 1e9:.1f} GB/s, "
-                  f"gemm_efficiency {doc['gemm_efficiency']:.2f} → {a.out}")
+                  f"Adam {adam / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f} → {a.out}")
     return 0
 
 
