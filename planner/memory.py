@@ -73,7 +73,8 @@ def torch_layer_activation_bytes(model, seq: int, lay, recompute: str | None = N
         linear1            its input, LayerNorm 2's output (s·b·h)
         ReLU + linear2     one tensor: ReLU keeps its output, linear2 the same one as input (s·b·f)
     Korthikanti's 34·s·b·h for Megatron's layer also keeps dropout masks, GELU's input beside its
-    output and 16-bit copies; here: 8h + f = 12h with f = 4h. With tensor parallelism the
+    output and 16-bit copies; here: 8h + f = 12h with f = 4h. Selective recomputation saves
+    nothing on this layer (there are no s×s scores to drop). With tensor parallelism the
     tensors inside the parallel region (q, k, v, the attention output and its copy, the ReLU
     output, a) divide by t; the norms and the linears' inputs stay whole; full recomputation keeps
     the layer's input (4·s·b·h). (tp and recomputation are this formula's extrapolation: the
