@@ -1,0 +1,64 @@
+"""Chapter 15's check on this machine: the planner's predicted step time and peak memory per rank
+against the measured ones, one point per layout run on 2 CPU ranks (benchmarks.planner_local).
+
+    python -m figures.ch15_planner_local                       # measures first (~3 min idle, more under load)
+    python -m figures.ch15_planner_local --json local.json     # draw a saved `benchmarks.planner_local --json` run
+
+Left: step time, predicted with the compute and memory rates each rank got in the same run
+(filled) and with cpu_here.json's rates fitted earlier (open); the band is ±25 %. Right: peak
+resident memory above the pre-model baseline, predicted vs measured, band ±10 %.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from benchmarks.planner_local import measure
+from figures.common import pyplot, save
+
+
+def draw(rows: list[dict]) -> str:
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.4))
+    for ax, key, scale, unit, band in ((a, "step", 1e3, "ms", 0.25), (b, "mem", 2**-20, "MiB", 0.10)):
+        meas = [r[f"{key}_meas"] * scale for r in rows]
+        pred = [r[f"{key}_pred"] * scale for r in rows]
+        ax.scatter(meas, pred, zorder=3, label="same-run rates" if key == "step" else "predicted")
+        if key == "step":
+            ax.scatter(meas, [r["step_file"] * scale for r in rows], facecolors="none", edgecolors="C1", zorder=3,
+                       label="cpu_here.json's rates")
+        for r, x, y in zip(rows, meas, pred):
+            ax.annotate(f"{r['model'].replace('gpt-', '')} {r['layout'].split(' (')[0]}", (x, y), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+        lo, hi = 0.0, max(meas + pred) * 1.15
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)], color="0.9",
+                        label=f"±{band:.0%}")
+        ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"measured {unit}", ylabel=f"predicted {unit}")
+        ax.legend(fontsize=7, loc="upper left")
+    loads = [r["load"] for r in rows]
+    a.set_title("step time (2 CPU ranks, fp32)", fontsize=9)
+    b.set_title("peak RSS above the pre-model baseline, per rank", fontsize=9)
+    fig.suptitle(f"planner (cpu-here) vs this machine, measured under load {min(loads):.1f}–{max(loads):.1f} on 2 cores",
+                 fontsize=10)
+    return save(fig, "15_planner_local", "figures.ch15_planner_local",
+                note="python -m benchmarks.planner_local; time under load, memory load-independent")
+
+
+def main(argv=None) -> list[str]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="rows written by `python -m benchmarks.planner_local --json FILE`")
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args(argv if argv is not None else [])
+    if a.json:
+        with open(a.json) as f:
+            rows = json.load(f)
+    else:
+        rows = measure(False, a.steps)
+    return [draw(rows)]
+
+
+if __name__ == "__main__":
+    import sys
+    for p in main(sys.argv[1:]):
+        print(p)

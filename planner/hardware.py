@@ -1,0 +1,105 @@
+"""What one accelerator and its links can do: peak FLOP/s, memory, and α-β per link class.
+
+    python -m planner llama-70b --gpus 512 --hardware h100
+    python -m planner tiny --gpus 2 --hardware cpu-here          # fitted by benchmarks/planner_fit.py
+    python -m planner tiny --gpus 2 --hardware my_cluster.json   # a file with the fields of Hardware
+
+Links are primitives.engine.cost.Params (α seconds per message, β seconds per byte as bus
+bandwidth, so a ring all-reduce of S bytes over n ranks costs 2(n-1)α + 2(n-1)/n·S·β). A node's
+NICs are modelled as one link of their summed rate (cost.predict_2level's hierarchical
+all-reduce sends each node's share through "one NIC"): a DGX has one NIC per GPU.
+Sources of the figures: NVIDIA A100 and H100 Tensor Core GPU datasheets (dense bf16 peak, HBM
+size and bandwidth, NVLink bandwidth), the DGX A100 / DGX H100 user guides (8 GPUs, 8 × HDR
+200 Gb/s / 8 × NDR 400 Gb/s compute NICs), nccl-tests' bus bandwidth convention (busbw,
+README_PERFORMANCE.md). The intra-node β uses the all-reduce busbw NCCL reaches on those boxes
+(~230 GB/s A100, ~360 GB/s H100, below the 300 / 450 GB/s per-direction NVLink rate); α is the
+order of NCCL's small-message latency per step (µs), an approximation that only matters for
+small messages. `gemm_efficiency` is the one calibrated number, see its field.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from primitives.engine.cost import Params, params as fitted_params
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CPU_HERE = os.path.join(HERE, "cpu_here.json")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float            # dense FLOP/s in the training dtype (bf16 on GPUs, fp32 on CPU)
+    memory: float                # bytes of device memory per accelerator
+    mem_bandwidth: float         # bytes/s of device memory (elementwise ops are bound by it)
+    gpus_per_node: int
+    intra: Params                # link between accelerators of one node
+    inter: Params                # a node's NICs, summed
+    host_link: float             # bytes/s device <-> host (offload), per accelerator
+    host_adam: float             # parameters/s the host's Adam updates per accelerator (offload): an
+                                 # estimate, ~1e9/s per host (ZeRO-Offload's CPU-Adam, arXiv 2101.06840)
+                                 # shared by 8 accelerators
+    gemm_efficiency: float       # fraction of peak the layers' matmuls reach. Calibrated: the one
+                                 # free number, set from ONE published row per GPU (named in
+                                 # `calibrated_on`); every other row is a prediction
+    reserved: float              # bytes a framework holds before the model (context, NCCL, allocator slack)
+    bytes_per_elem: int = 2      # parameters/gradients/activations (bf16); 4 for fp32 on CPU
+    activations: str = "megatron-16bit"   # which layer's saved tensors (planner.memory): Megatron's
+                                          # fused layer, or "torch-eager-fp32" (torch's encoder layer)
+    calibrated_on: str = ""
+    source: str = ""
+
+
+GB, GiB = 1e9, 2**30
+_NV = ("NVIDIA A100/H100 datasheets; DGX A100/H100 user guides; nccl-tests busbw figures "
+       "(approximate, see planner/hardware.py)")
+A100 = Hardware(
+    "a100", peak_flops=312e12, memory=80 * GB, mem_bandwidth=2.039e12, gpus_per_node=8,
+    intra=Params(alpha=3e-6, beta=1 / 230e9, gamma=0.0), inter=Params(alpha=6e-6, beta=1 / (8 * 23e9), gamma=0.0),
+    host_link=25e9, host_adam=1.25e8, gemm_efficiency=0.5745, reserved=3 * GiB,
+    calibrated_on="Narayanan et al. Table 1, GPT 1.7B on 32 A100s (137 TFLOP/s)", source=_NV)
+A100_40G = Hardware(**{**asdict(A100), "intra": A100.intra, "inter": A100.inter, "name": "a100-40g",
+                       "memory": 40 * GB, "mem_bandwidth": 1.555e12})
+H100 = Hardware(
+    "h100", peak_flops=989.4e12, memory=80 * GB, mem_bandwidth=3.35e12, gpus_per_node=8,
+    intra=Params(alpha=3e-6, beta=1 / 360e9, gamma=0.0), inter=Params(alpha=6e-6, beta=1 / (8 * 45e9), gamma=0.0),
+    host_link=50e9, host_adam=1.25e8, gemm_efficiency=0.4736, reserved=4 * GiB,
+    calibrated_on="Megatron-LM README, H100 weak scaling, GPT 1.7B on 48 GPUs (MFU 41 %)", source=_NV)
+BUILTIN = {h.name: h for h in (A100, A100_40G, H100)}
+
+
+def _from_dict(d: dict) -> Hardware:
+    d = dict(d)
+    for k in ("intra", "inter"):
+        d[k] = Params(**d[k]) if isinstance(d[k], dict) else d[k]
+    return Hardware(**d)
+
+
+def cpu_here(ranks_per_node: int = 2) -> Hardware:
+    """This machine: compute from benchmarks/planner_fit.py's matmul sweep (cpu_here.json), links
+    from the α-β table benchmarks.one_host fitted (primitives.engine.cost.FITTED, "shm" family;
+    across nodes the tbf-shaped veth of multinode/, 400 Mbit/s)."""
+    if not os.path.exists(CPU_HERE):
+        raise ValueError(f"{CPU_HERE} is missing: run `python -m benchmarks.planner_fit`")
+    with open(CPU_HERE) as f:
+        d = json.load(f)
+    d["intra"] = d.get("intra") or asdict(fitted_params("shm", ranks_per_node))
+    d["inter"] = d.get("inter") or asdict(Params(alpha=1e-3, beta=8 / 400e6, gamma=0.0))
+    return _from_dict(d)
+
+
+def load(name: str) -> Hardware:
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if name == "cpu-here":
+        return cpu_here()
+    if os.path.exists(name):
+        with open(name) as f:
+            return _from_dict(json.load(f))
+    raise ValueError(f"unknown hardware {name!r}: one of {', '.join([*BUILTIN, 'cpu-here'])} or a JSON file")
+
+
+def to_dict(hw: Hardware) -> dict:
+    return asdict(hw)

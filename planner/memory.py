@@ -1,0 +1,192 @@
+"""Peak memory per accelerator of one layout: model states, activations, buffers, working set.
+
+    python -m planner gpt-39b --gpus 512 --hardware a100 --json plan.json
+
+Model states: the ZeRO paper's per-rank bytes (zero_from_scratch.engine.ledger.model_state_bytes,
+arXiv 1910.02054) for the parameters one (tp, pp) shard holds; offload moves the fp32 master and
+Adam's m, v to the host (ZeRO-Offload, arXiv 2101.06840).
+Activations per layer and micro-batch: Korthikanti et al. 2022 (arXiv 2205.05198), eq. 1-5
+(tensor_parallel.engine.formulas.megatron_activation_bytes), 16-bit activations:
+    none       s·b·h·(34 + 5·a·s/h)  with the tp / sp divisions
+    selective  the 5·a·s/h term (attention scores, softmax, its dropout) recomputed: s·b·h·34 (/t)
+    full       only each layer's input kept: 2·s·b·h (/t with sp), plus one layer's activations
+               rebuilt during its backward (working set)
+The first pipeline stage holds min(p, m) micro-batches in flight (1F1B), L/p layers each, so
+L layers' worth; interleaving with v chunks multiplies that by 1 + (p-1)/(p·v) (Korthikanti §4.2.3).
+The last stage keeps the fp32 logits of one micro-batch, 4·s·b·V/t bytes (Korthikanti §4.3).
+fp32 runs of that layer (bytes_per_elem 4) double the 16-bit activation bytes.
+
+The activation family follows the hardware (Hardware.activations): "megatron-16bit" above for
+GPUs; "torch-eager-fp32" for cpu-here, where the layers that run are torch's own
+(torch_layer_activation_bytes: nn.TransformerEncoderLayer, pre-norm, ReLU, no dropout, in fp32)
+and the peak is taken when it happens on that engine: in the loss's backward (the saved
+activations plus the logits' two gradients) or, after backward, while a flat gradient copy is
+reduced (ZeRO-0), whichever is larger (torch_peak_working).
+"""
+from __future__ import annotations
+
+from primitives.engine.shm_segment import BUFS, WS_BYTES
+from tensor_parallel.engine.formulas import megatron_activation_bytes
+from zero_from_scratch.engine.ledger import model_state_bytes
+
+
+def stage_params(model, lay, stage: str) -> int:
+    """Parameters one rank of the first or last pipeline stage holds (after tp)."""
+    t, p = lay.tp, lay.pp
+    n = model.layers // p * model.layer_params() // t
+    if stage == "first" or p == 1:
+        n += model.embedding_params() // t
+    if stage == "last" or p == 1:
+        n += model.head_params() // t
+        if model.tied and p > 1:
+            n += model.vocab * model.hidden // t      # the last stage keeps its own copy of the tied embedding
+    return n
+
+
+def layer_activation_bytes(model, seq: int, lay, bpe: int, recompute: str | None = None) -> float:
+    rc = recompute or lay.recompute
+    s, b, h, a, t = seq, lay.mb, model.hidden, model.heads, lay.tp
+    if rc == "full":
+        x = 2 * s * b * h / (t if lay.sp else 1)
+    elif rc == "selective":
+        x = megatron_activation_bytes(s, b, h, 0, t, lay.sp)      # a = 0 drops the 5·a·s/h term
+    else:
+        x = megatron_activation_bytes(s, b, h, a, t, lay.sp)
+    return x * bpe / 2
+
+
+def torch_layer_activation_bytes(model, seq: int, lay, recompute: str | None = None) -> float:
+    """Bytes autograd saves for one torch.nn.TransformerEncoderLayer(norm_first=True, dropout=0,
+    activation=relu) in fp32, per micro-batch of b sequences of s tokens:
+
+        4·s·b·(8h + f + a + 4)
+
+    derived from what each op saves for its backward (tests/test_planner.py counts the saved
+    storages with torch.autograd.graph.saved_tensors_hooks and finds this exactly):
+        LayerNorm 1        its input x (s·b·h) and mean, rstd (2·s·b)
+        in_proj            its input, LayerNorm 1's output (s·b·h); its weight is a parameter
+        attention          CPU scaled_dot_product_attention (the flash kernel; need_weights=False):
+                           q, k, v (3·s·b·h), its output (s·b·h) and the log-sum-exp (a·s·b);
+                           no s×s scores are kept
+        out_proj           its input, the heads merged into a contiguous copy (s·b·h)
+        LayerNorm 2        its input, x + attention (s·b·h), mean, rstd (2·s·b)
+        linear1            its input, LayerNorm 2's output (s·b·h)
+        ReLU + linear2     one tensor: ReLU keeps its output, linear2 the same one as input (s·b·f)
+    Korthikanti's 34·s·b·h for Megatron's layer also keeps dropout masks, GELU's input beside its
+    output and 16-bit copies; here: 8h + f = 12h with f = 4h. Selective recomputation saves
+    nothing on this layer (there are no s×s scores to drop). With tensor parallelism the
+    tensors inside the parallel region (q, k, v, the attention output and its copy, the ReLU
+    output, a) divide by t; the norms and the linears' inputs stay whole; full recomputation keeps
+    the layer's input (4·s·b·h). (tp and recomputation are this formula's extrapolation: the
+    local checks run tp = 1 without recomputation.)
+    """
+    rc = recompute or lay.recompute
+    s, b, h, a, f, t = seq, lay.mb, model.hidden, model.heads, model.f, lay.tp
+    if rc == "full":
+        return 4 * s * b * h / (t if lay.sp else 1)
+    return 4 * s * b * (4 * h + 4 + (4 * h + f + a) / t)
+
+
+def torch_head_bytes(model, seq: int, lay) -> tuple[float, float]:
+    """(saved, transient) bytes of the last stage's top in fp32: the final LayerNorm keeps its input,
+    mean, rstd, the logits matmul its input (2·s·b·h + 2·s·b), cross-entropy's log-softmax its
+    output (s·b·V) and nll_loss its total weight (one fp32 scalar); in the loss's backward the log-softmax's incoming gradient and its output
+    gradient (2·s·b·V) live beside them: the step's peak for a small model."""
+    s, b, h, V = seq, lay.mb, model.hidden, model.vocab / lay.tp
+    return 4 * s * b * (2 * h + 2 + V) + 4, 4 * 2 * s * b * V
+
+
+def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
+    """{term: bytes} of the heavier of the first and last pipeline stage; 'total' their sum."""
+    bpe = hw.bytes_per_elem
+    mixed = bpe == 2
+    m = lay.micro_batches(global_batch)
+    if hw.activations == "torch-eager-fp32":
+        return torch_memory(model, seq, lay, global_batch, hw)
+    best = None
+    for stage in ("first", "last"):
+        psi = stage_params(model, lay, stage)
+        st = model_state_bytes(lay.zero, psi, lay.dp, mixed)
+        out = {"params": float(st["params"]), "grads": float(st["grads"]),
+               "optimizer": 0.0 if lay.offload else float(st["master"] + st["optimizer"])}
+        per_layer = layer_activation_bytes(model, seq, lay, bpe)
+        if stage == "first":
+            inflight = min(lay.pp, m)
+            inter = 1 + (lay.pp - 1) / (lay.pp * lay.v) if lay.v > 1 else 1.0
+            out["activations"] = model.layers / lay.pp * inflight * per_layer * inter \
+                + inflight * seq * lay.mb * model.hidden * bpe / lay.tp     # embedding output
+        else:
+            out["activations"] = model.layers / lay.pp * per_layer + 4 * seq * lay.mb * model.vocab / lay.tp
+        work = 0.0
+        if lay.recompute == "full":
+            work += layer_activation_bytes(model, seq, lay, bpe, "selective")
+        if lay.zero == 3:   # two gathered layers: the one computing and the one prefetched
+            work += 2 * model.layer_params() / lay.tp * bpe
+        if lay.sp or lay.tp > 1:     # an all-gathered (or all-reduced) b·s·h input
+            work += seq * lay.mb * model.hidden * bpe
+        work += seq * lay.mb * model.f / lay.tp * bpe                  # the widest matmul output
+        out["working"] = work
+        out["reserved"] = hw.reserved
+        out["total"] = sum(out.values())
+        if best is None or out["total"] > best["total"]:
+            best = {**out, "stage": stage}
+    return best
+
+
+def zero_unit(model, lay, psi: int, bucket: int = 500_000_000) -> int:
+    """Elements of the largest unit zero_from_scratch communicates as one flat buffer
+    (zero_from_scratch/sharding.py): ZeRO-0..2 buckets of consecutive parameters up to
+    reduce_bucket_size (DeepSpeed's default 5e8: the whole stage for any model here), ZeRO-3 one
+    module's parameters (the largest: the embedding, in_proj's 3h × h or the MLP's h × f)."""
+    if lay.zero < 3:
+        return min(psi, bucket)
+    h = model.hidden
+    return max(model.vocab * h, 3 * h * h, h * model.f) // lay.tp
+
+
+def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
+    """memory() for torch's eager fp32 layers (module docstring). Model states from the ZeRO
+    ledger (fp32: 4 + 4 + 8 bytes per parameter, sharded by stage). Activations: L/p layers ×
+    in-flight micro-batches (1F1B: min(p, m) on the first stage); the embedding keeps only its
+    indices, the last stage its top (torch_head_bytes). Working, what lives beside them at the
+    peak:
+      the loss backward's two logit gradients (last stage), or for ZeRO-0 the flat gradient copy
+        that is all-reduced after backward when the activations are gone (4Ψ minus the
+        activations it outlives), whichever is larger;
+      the shared-memory transport's workspaces of every rank on the host, mapped into each
+        process and touched by a large collective (primitives.engine.shm_segment: BUFS ×
+        WS_BYTES per rank);
+      ZeRO ≥ 1 through zero_from_scratch (u = zero_unit, its largest flat unit): the ring
+        reduce-scatter's two block-sized scratch buffers, 2·4u/N, kept by comm.scratch
+        (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
+        4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 one
+        gathered unit, 4u (the tied embedding, in use at the loss)."""
+    m = lay.micro_batches(global_batch)
+    best = None
+    for stage in ("first", "last"):
+        psi = stage_params(model, lay, stage)
+        st = model_state_bytes(lay.zero, psi, lay.dp, False)
+        out = {"params": float(st["params"]), "grads": float(st["grads"]),
+               "optimizer": 0.0 if lay.offload else float(st["master"] + st["optimizer"])}
+        per_layer = torch_layer_activation_bytes(model, seq, lay)
+        inflight = min(lay.pp, m) if stage == "first" else 1
+        acts = model.layers / lay.pp * inflight * per_layer * (1 + (lay.pp - 1) / (lay.pp * lay.v) if lay.v > 1 else 1.0)
+        transient = 0.0
+        if stage == "last" or lay.pp == 1:
+            saved, transient = torch_head_bytes(model, seq, lay)
+            acts += saved
+        out["activations"] = acts
+        work = transient
+        if lay.zero == 0 and lay.dp > 1:
+            work = max(work, 4 * psi - acts)
+        if lay.gpus > 1:
+            work += min(lay.gpus, hw.gpus_per_node) * BUFS * WS_BYTES
+        if lay.zero >= 1:
+            u = zero_unit(model, lay, psi)
+            work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * u if lay.zero == 3 else 0)
+        out["working"] = work
+        out["reserved"] = hw.reserved
+        out["total"] = sum(out.values())
+        if best is None or out["total"] > best["total"]:
+            best = {**out, "stage": stage}
+    return best

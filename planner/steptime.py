@@ -1,0 +1,157 @@
+"""Step time of one layout: compute, exposed communication by kind, the pipeline bubble, the
+optimizer.
+
+    python -m planner gpt3-175b --gpus 1024 --hardware h100
+
+compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm_efficiency, plus
+             the memory-bound elementwise work: each activation byte Korthikanti counts
+             (planner.memory; without its s×s scores under fused attention) is written and read in
+             forward and backward, ~4× its bytes (6× with full recomputation, which runs the
+             forward again) at the HBM rate; on cpu-here the torch layer's saved bytes
+             (planner.memory.torch_layer_activation_bytes)
+tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
+             4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
+             of the node's link (primitives.engine.cost.predict, ring); full recomputation repeats
+             the forward's half. Overlapped (Megatron-Core --tp-comm-overlap) it hides behind the
+             layer's compute: exposed = max(0, comm − compute)
+pp           each stage sends one activation forward and one gradient back per micro-batch and
+             chunk, b·s·h/t bytes (the scatter/gather of Narayanan §4.1); blocking sends add to
+             every micro-batch, overlapped ones to the fill and drain and where a micro-batch's
+             2·v sends outlast its compute
+bubble       1F1B / interleaved: (p−1)/(v·m+p−1) of the pipeline's time
+             (pipeline_parallel.schedules.instructions.bubble_formula)
+dp           ZeRO-0 one all-reduce of the stage's gradients; ZeRO-1 reduce-scatter + all-gather of
+             the parameters; ZeRO-2 the reduce-scatter per micro-batch; ZeRO-3 all-gather forward,
+             all-gather backward and reduce-scatter per micro-batch (zero_from_scratch.engine.ledger).
+             Across nodes the two-level hierarchical cost (cost.predict_2level). Overlapped, ZeRO-0..2
+             hide behind the last micro-batch's backward, ZeRO-3 behind each micro-batch's compute
+optimizer    Adam on the rank's shard, memory-bound (~36 bytes read+written per parameter); offloaded:
+             the host's Adam rate plus gradients down and parameters up the host link; on cpu-here
+             the host's Adam rate (torch's eager Adam on a CPU is bound by its sqrt, not memory)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline_parallel.schedules.instructions import bubble_formula
+from primitives.engine.cost import Links, Params, predict, predict_2level
+from tensor_parallel.engine.formulas import layer_traffic
+
+from planner.memory import layer_activation_bytes, stage_params, torch_layer_activation_bytes
+
+
+@dataclass(frozen=True)
+class Software:
+    """What the training engine overlaps and in which dtype it reduces gradients."""
+    overlap_dp: bool = True       # Megatron-Core --overlap-grad-reduce / --overlap-param-gather, DeepSpeed overlap_comm
+    overlap_tp: bool = True       # --tp-comm-overlap
+    overlap_pp: bool = True       # Megatron-Core's non-blocking p2p
+    grad_bytes: int = 0           # bytes per gradient element on the wire; 0 → the hardware's dtype
+    flash_attention: bool = True  # fused attention: the s×s scores never reach memory
+
+
+def _scaled(p: Params, share: float) -> Params:
+    """A link shared by `share` concurrent groups: each gets 1/share of its bandwidth."""
+    return Params(p.alpha, p.beta * share, p.gamma, p.o)
+
+
+def group_time(name: str, n: int, nbytes: float, stride: int, hw) -> float:
+    """One collective over n ranks `stride` apart (Megatron placement) on hw's links."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    G = hw.gpus_per_node
+    k = max(1, min(n, G // stride)) if stride < G else 1        # members of the group per node
+    if k >= n:
+        return predict(name, "ring", n, int(nbytes), hw.intra)
+    m = n // k
+    inter = _scaled(hw.inter, G / k)                           # G/k such groups share the node's NICs
+    return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
+
+
+def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
+    """{term: seconds} for one optimizer step; 'total' their sum."""
+    bpe, t, p, v = hw.bytes_per_elem, lay.tp, lay.pp, lay.v
+    m = lay.micro_batches(global_batch)
+    tokens = lay.mb * seq
+    rate = hw.peak_flops * hw.gemm_efficiency
+    Ls = model.layers / p
+    full = lay.recompute == "full"
+    fwd_layer = 2 * model.layer_linear_params() + 4 * seq * model.hidden
+    passes = 4 if full else 3
+    if lay.recompute == "selective":
+        passes_attn = 1            # the attention core's forward again, 4·s·h per token
+    else:
+        passes_attn = 0
+    flops = tokens * (Ls * (passes * fwd_layer + passes_attn * 4 * seq * model.hidden)
+                      + 6 * model.hidden * model.vocab / p) / t          # logits spread: a stage's average
+    if hw.activations == "torch-eager-fp32":
+        act = torch_layer_activation_bytes(model, seq, lay, "none")
+    else:
+        act = layer_activation_bytes(model, seq, lay, bpe, "selective" if sw.flash_attention else "none")
+    elem = Ls * act * (6 if full else 4) / hw.mem_bandwidth
+    compute_mb = flops / rate + elem
+
+    # tensor parallel, per micro-batch and stage
+    calls, _ = layer_traffic(lay.mb, seq, model.hidden, t, 0, lay.sp)
+    S = tokens * model.hidden * bpe
+    tp_mb = 0.0
+    for name, count in calls.items():
+        one = group_time(name, t, S, 1, hw)
+        tp_mb += count * one * (1.5 if full else 1.0)
+    tp_mb *= Ls
+    tp_exposed_mb = max(0.0, tp_mb - compute_mb) if sw.overlap_tp else tp_mb
+
+    # pipeline p2p: b·s·h/t bytes per send
+    if p > 1:
+        G = hw.gpus_per_node
+        same_node = t * lay.dp * p <= G
+        link = hw.intra if same_node else _scaled(hw.inter, G)
+        hop = link.alpha + S / t * link.beta
+    else:
+        hop = 0.0
+    # each micro-batch crosses 2·v chunk boundaries per stage; overlapped sends hide behind its compute
+    per_mb_p2p = max(0.0, 2 * v * hop - compute_mb) if sw.overlap_pp else 2 * v * hop
+    t_mb = compute_mb + tp_exposed_mb + per_mb_p2p
+    busy = m * t_mb
+    bubble_frac = bubble_formula(p, m, v) if p > 1 else 0.0
+    pipeline = busy / (1 - bubble_frac)
+    bubble = pipeline - busy
+    pp_fill = 2 * (p - 1) * hop + m * per_mb_p2p if sw.overlap_pp else m * per_mb_p2p
+
+    # data parallel over the stage's parameters
+    psi = max(stage_params(model, lay, "first"), stage_params(model, lay, "last"))
+    gb = sw.grad_bytes or bpe
+    stride = t
+    dp_t = 0.0
+    exposed_dp = 0.0
+    if lay.dp > 1:
+        ag_p = group_time("all_gather", lay.dp, psi * bpe, stride, hw)
+        rs_g = group_time("reduce_scatter", lay.dp, psi * gb, stride, hw)
+        if lay.zero == 0:
+            dp_t = group_time("all_reduce", lay.dp, psi * gb, stride, hw)
+        elif lay.zero == 1:
+            dp_t = rs_g + ag_p
+        elif lay.zero == 2:
+            dp_t = m * rs_g + ag_p
+        else:
+            dp_t = m * (2 * ag_p + rs_g)
+        if not sw.overlap_dp:
+            exposed_dp = dp_t
+        elif lay.zero == 3:
+            exposed_dp = m * max(0.0, 2 * ag_p + rs_g - compute_mb)
+        else:
+            backward_last = compute_mb * 2 / 3 * v       # a stage's whole backward of the last micro-batch
+            exposed_dp = max(0.0, dp_t - (m - 1) * rs_g - backward_last) if lay.zero == 2 else max(0.0, dp_t - backward_last)
+    shard = psi / (lay.dp if lay.zero >= 1 else 1)
+    if lay.offload:
+        opt = shard / hw.host_adam + 2 * shard * bpe / hw.host_link
+    elif hw.activations == "torch-eager-fp32":   # the device is the host: Adam at the host's rate
+        opt = shard / hw.host_adam
+    else:
+        opt = shard * 36 / hw.mem_bandwidth
+    out = {"matmul": m * flops / rate, "elementwise": m * elem, "tp comm": m * tp_exposed_mb, "pp comm": pp_fill,
+           "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt}
+    out["total"] = sum(out.values())
+    out["dp comm (all)"] = dp_t          # before overlap, for the record
+    out["tp comm (all)"] = m * tp_mb
+    return out

@@ -1,0 +1,237 @@
+"""The planner: its formulas against the papers' own numbers, its CLI and JSON, and its
+predictions against published runs (tolerances from the issue; every miss printed)."""
+import json
+import statistics
+import time
+
+import pytest
+import torch
+
+from conftest import run_cmd
+from planner import hardware as H
+from planner import published as pub
+from planner.layout import Layout, enumerate_layouts, why_not
+from planner.memory import layer_activation_bytes, memory, torch_head_bytes, torch_layer_activation_bytes
+from planner.model import PRESETS, Model, from_hf_config, gpt, resolve
+from planner.plan import plan, predict_layout
+from planner.steptime import Software, step_time
+from zero_from_scratch.engine.ledger import model_state_bytes
+
+
+@pytest.fixture(scope="module")
+def nar():
+    return pub.narayanan_rows()
+
+
+@pytest.fixture(scope="module")
+def weak():
+    return pub.megatron_weak_rows()
+
+
+def test_zero_paper_figure1_exactly():
+    """ZeRO Figure 1: Ψ = 7.5 B, N = 64, K = 12 → 120 / 31.4 / 16.6 / 1.9 GB per device."""
+    psi, n = int(pub.ZERO_FIG1["psi"]), pub.ZERO_FIG1["n"]
+    for stage, gb in pub.ZERO_FIG1["GB"].items():
+        got = sum(model_state_bytes(stage, psi, n, mixed=True).values()) / 1e9
+        assert round(float(got), 1) == gb, (stage, float(got), gb)
+
+
+def test_planner_states_are_the_ledger_formula():
+    """A 7.5 B-parameter shape on 64 GPUs, tp = pp = 1: the planner's model states are 16Ψ, 4Ψ + 12Ψ/N, ..."""
+    m = Model("z", 1, 4096, 32, 8, 16, ffn=4096, bias=False)
+    hw = H.A100
+    for stage, k in ((0, 16), (3, 16 / 64)):
+        mem = memory(m, 16, Layout(64, 1, 1, zero=stage), 64, hw)
+        assert mem["params"] + mem["grads"] + mem["optimizer"] == pytest.approx(k * m.params(), rel=1e-9)
+
+
+def test_gpt_flops_are_narayanan_eq3():
+    m = PRESETS["gpt-1t"]
+    B, s, L, h, V = 1, m.seq, m.layers, m.hidden, m.vocab
+    paper = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    assert m.flops_per_token(s, recompute_layers=True) * s == pytest.approx(paper, rel=1e-12)
+    model_flops = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    assert m.flops_per_token(s) * s == pytest.approx(model_flops, rel=1e-12)
+
+
+def test_parameter_counts():
+    assert PRESETS["llama-7b"].params() == 6_738_415_616          # Llama-2-7b's published count
+    assert abs(PRESETS["gpt-1t"].params() / 1e9 - 1008.0) < 1.0   # Narayanan Table 1: 1008.0 B
+    assert abs(PRESETS["gpt-530b"].params() / 1e9 - 529.6) < 0.5
+
+
+def test_korthikanti_activations():
+    """sbh(34 + 5as/h) without parallelism; selective drops the 5as/h term; full keeps 2sbh; /t with sp."""
+    m = gpt("g", 2, 1024, 16, seq=2048)
+    s, h, a = 2048, 1024, 16
+    lay = Layout(1, 1, 1, mb=1)
+    assert layer_activation_bytes(m, s, lay, 2) == s * h * (34 + 5 * a * s / h)
+    assert layer_activation_bytes(m, s, Layout(1, 4, 1, recompute="selective", sp=True), 2) == s * h * 34 / 4
+    assert layer_activation_bytes(m, s, Layout(1, 4, 1, recompute="full", sp=True), 2) == 2 * s * h / 4
+
+
+def _saved_float_bytes(fn, params) -> int:
+    """Bytes of the distinct floating-point storages autograd saves while fn runs, parameters
+    excluded (they are model states, not activations)."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if t.is_floating_point() and st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("h,a,f,s,b", [(256, 4, 1024, 128, 4), (96, 3, 200, 24, 2)])
+def test_torch_activation_formula_is_what_autograd_saves(h, a, f, s, b):
+    """cpu-here's activation family, 4·s·b·(8h + f + a + 4) per layer and the top's
+    4·s·b·(2h + 2 + V) + 4, against the saved tensors of torch's own layers in fp32 (counted by
+    saved_tensors_hooks: load-independent, exact)."""
+    torch.manual_seed(0)
+    m = Model("t", 1, h, a, 50, s, ffn=f)
+    lay = Layout(1, 1, 1, mb=b)
+    layer = torch.nn.TransformerEncoderLayer(h, a, f, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(b, s, h, requires_grad=True)
+    assert _saved_float_bytes(lambda: layer(x), layer.parameters()) == torch_layer_activation_bytes(m, s, lay)
+    norm, emb = torch.nn.LayerNorm(h), torch.nn.Embedding(m.vocab, h)
+    tgt = torch.randint(0, m.vocab, (b, s))
+    head = lambda: torch.nn.functional.cross_entropy((norm(x) @ emb.weight.t()).flatten(0, 1), tgt.flatten())  # noqa: E731
+    assert _saved_float_bytes(head, [*norm.parameters(), *emb.parameters()]) == torch_head_bytes(m, s, lay)[0]
+
+
+def test_cpu_here_uses_the_torch_family_and_gpus_megatrons():
+    m, lay = PRESETS["tiny"], Layout(1, 1, 1, mb=2)
+    assert H.load("cpu-here").activations == "torch-eager-fp32" and H.A100.activations == "megatron-16bit"
+    cpu = memory(m, 32, lay, 2, H.load("cpu-here"))
+    per_layer = torch_layer_activation_bytes(m, 32, lay)
+    assert cpu["activations"] == pytest.approx(m.layers * per_layer + torch_head_bytes(m, 32, lay)[0])
+
+
+def test_bubble_and_terms_add_up():
+    m = PRESETS["gpt-39b"]
+    sw = Software(False, False, False)
+    t1 = step_time(m, m.seq, Layout(32, 8, 2, mb=1), 1536, H.A100, sw)
+    t2 = step_time(m, m.seq, Layout(32, 8, 2, mb=1, v=4), 1536, H.A100, sw)
+    assert t2["bubble"] < t1["bubble"]          # interleaving divides the fill by v
+    for t in (t1, t2):
+        parts = sum(v for k, v in t.items() if k in ("matmul", "elementwise", "tp comm", "pp comm", "bubble", "dp comm", "optimizer"))
+        assert parts == pytest.approx(t["total"])
+
+
+def test_layout_rules():
+    m = PRESETS["llama-70b"]
+    assert "kv heads" in why_not(m, Layout(32, 16, 1), 512, 16, 64)
+    assert "ZeRO-2/3" in why_not(m, Layout(64, 8, 2, zero=3), 1024, 8, 64)
+    assert why_not(m, Layout(64, 8, 1, zero=3), 512, 8, 64) == ""
+    lays = list(enumerate_layouts(PRESETS["tiny"], 4, 4, 8))
+    assert lays and all(why_not(PRESETS["tiny"], x, 4, 4, 8) == "" for x in lays)
+
+
+def test_more_memory_saving_never_costs_memory():
+    m, hw = PRESETS["llama-13b"], H.A100
+    mems = [memory(m, 4096, Layout(64, 1, 1, zero=z, recompute="full"), 128, hw)["total"] for z in range(4)]
+    assert mems == sorted(mems, reverse=True)
+
+
+def test_hf_config(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096,
+           "tie_word_embeddings": False, "hidden_act": "silu", "rope_theta": 10000.0}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert from_hf_config(str(p)).params() == PRESETS["llama-7b"].params()
+    assert resolve(str(tmp_path)).layers == 32
+    with pytest.raises(ValueError):
+        resolve("custom", layers=2)
+
+
+def test_cli_json_and_plot(tmp_path):
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    r = run_cmd(f"python -m planner llama-7b --gpus 16 --hardware a100 --global-batch 64 --top 3 --json {out} --plot {png}")
+    assert "llama-7b" in r.stdout and "step s" in r.stdout
+    doc = json.loads(out.read_text())
+    lay = doc["layouts"][0]
+    assert set(lay["time_s"]) >= {"matmul", "tp comm", "dp comm", "bubble", "total"}
+    assert sum(v for k, v in lay["memory_bytes"].items() if k != "total" and not isinstance(v, str)) == \
+        pytest.approx(lay["memory_bytes"]["total"])
+    assert png.exists() and png.stat().st_size > 10_000
+    assert run_cmd("python -m planner --help").returncode == 0
+    bad = run_cmd("python -m planner nosuchmodel --gpus 8", check=False)
+    assert bad.returncode == 2 and "unknown model" in bad.stdout
+
+
+def test_cli_custom_fix_and_all(tmp_path):
+    out = tmp_path / "all.json"
+    run_cmd(f"python -m planner custom --layers 4 --hidden 256 --heads 4 --vocab 1000 --seq 64 --gpus 4 "
+            f"--hardware a100 --global-batch 8 --fix tp=2,recompute=full --all --json {out}")
+    doc = json.loads(out.read_text())
+    assert doc["params"] == Model("c", 4, 256, 4, 1000, 64).params()
+    assert doc["layouts"] and all(x["layout"]["tp"] == 2 and x["layout"]["recompute"] == "full" for x in doc["layouts"])
+    tight = tmp_path / "tight.json"
+    r = run_cmd(f"python -m planner llama-70b --gpus 8 --hardware a100 --global-batch 8 --fix offload=false --all "
+                f"--json {tight}", check=False)
+    assert r.returncode == 1 and "no layout" in r.stdout          # 70 B × 16 bytes > 8 × 80 GB without offload
+    assert not any(x["fits"] for x in json.loads(tight.read_text())["layouts"])
+
+
+def test_published_runs_are_predicted_to_fit(nar, weak):
+    """They ran, so their layouts fit: the memory side of the check."""
+    for r in nar:
+        assert r["gib"] < 80, r
+    for r in weak:
+        assert r["layout"] != "does not fit", r
+
+
+def test_70b_on_512_h100s_finishes():
+    t0 = time.perf_counter()
+    r = run_cmd("python -m planner llama-70b --gpus 512 --hardware h100 --global-batch 1024 --top 5")
+    print(f"llama-70b on 512 H100s: {time.perf_counter() - t0:.1f} s wall (with interpreter start)")
+    assert "layouts predicted" in r.stdout
+
+
+def test_cpu_here_loads():
+    hw = H.load("cpu-here")
+    assert hw.bytes_per_elem == 4 and hw.peak_flops > 1e9
+    assert plan(PRESETS["tiny"], 2, hw, 32, 8)
+
+
+def test_published_narayanan_table1(nar):
+    rows = nar
+    for r in rows:
+        print(f"{r['model']:10s} reported {r['reported']:5.1f} predicted {r['predicted']:6.1f} ({r['error']:+.1%}) {r['layout']}"
+              + ("" if abs(r["error"]) <= 0.15 else "  MISS"))
+    assert abs(rows[0]["error"]) < 0.01                  # the calibration row
+    errs = [abs(r["error"]) for r in rows[1:]]
+    print(f"median |error| {statistics.median(errs):.1%}")
+    assert statistics.median(errs) <= 0.15
+    assert all(e <= 0.15 for e in errs), "a Table 1 row misses 15 %"
+
+
+def test_published_megatron_h100(weak):
+    strong = pub.megatron_strong_rows()
+    pts = [r["points"] for r in weak[1:]] + [r["points"] for r in strong]
+    for r in weak + strong:
+        print(f"{r['model']:10s} {r['gpus']:5d} GPUs reported {r['reported_mfu']}% predicted {r['predicted_mfu']:.1f}% "
+              f"({r['points']:+.1f}) {r['layout']}" + ("" if abs(r["points"]) <= 5 else "  MISS"))
+    print(f"median |points| {statistics.median(abs(p) for p in pts):.1f}")
+    assert abs(weak[0]["points"]) < 0.1                  # the calibration row
+    assert statistics.median(abs(p) for p in pts) <= 5
+    assert sum(abs(p) > 5 for p in pts) <= 1, "more than one row misses 5 points"
+
+
+def test_published_gdgpt_direction():
+    """gdGPT: pipeline beats ZeRO-3 at seq 256. Absolute samples/s and the ZeRO-3 OOM at seq 1024
+    are misses (printed): the planner predicts 2-3× gdGPT's rate and a fit."""
+    rows = {(r["seq"], r["layout"]): r for r in pub.gdgpt_rows()}
+    for r in rows.values():
+        print(r)
+    assert rows[(256, "pipeline")]["predicted"] > rows[(256, "zero3")]["predicted"]
+
+
+def test_planner_best_is_no_worse_than_the_papers_layout(nar):
+    for r in nar:
+        assert r["best_step_s"] <= r["paper_step_s"] * (1 + 1e-9)
