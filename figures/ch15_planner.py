@@ -9,6 +9,8 @@ measurement, ~20 s.
 """
 from __future__ import annotations
 
+import argparse
+
 from figures.common import pyplot, save
 from planner import hardware as H
 from planner import published as pub
@@ -72,5 +74,6 @@ def main() -> list[str]:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     for p in main():
         print(p)

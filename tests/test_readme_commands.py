@@ -29,6 +29,7 @@ SMALL = {
     "primitives/allreduce.py": ("--size 4096 --iters 1", r"│ ring +│ ring +│ pass"),
     "primitives/engine/bench.py": ("--sizes 4096 --iters 2 --warmup 1 --reps 1", r"cost model vs measured"),
     "zero_from_scratch.engine.report": ("", r"paper 2 or 3"),
+    "planner": ("", r"tp"),
     "pipeline_parallel/train.py": ("--steps 1", r"(?s)step 0: loss \d.*held-out loss"),
     "classification/parallel/train.py": ("--steps 1 --batch 4 --eval-samples 0", r"(?s)mesh dp=2 × pp=1 × tp=2.*step +0 +loss \d"),
     "classification/train.py": ("--max-steps 1 --max-train-samples 64 --max-eval-samples 8 --epochs 1 "
