@@ -2,7 +2,8 @@
 
 The textbook (read these): comm.py (the Communicator), ops.py (chunk rule, reduce ops), one file
 of algorithms per collective (all_reduce.py, broadcast.py, reduce.py, all_gather.py,
-reduce_scatter.py, scatter.py, gather.py, all_to_all.py), coalesced.py, mesh.py.
+reduce_scatter.py, scatter.py, gather.py, all_to_all.py), coalesced.py, shm.py (the same
+collectives over a shared-memory segment), mesh.py.
 The engine (primitives/engine/) runs those same algorithms checked, counted and chosen by cost.
 
 Drop-in for torch.distributed: `primitives.all_reduce(tensor, op, group, async_op, algorithm=,
