@@ -18,6 +18,7 @@ set_handshake(False) or RINGZERO_HANDSHAKE=0.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,8 +84,7 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         with LEDGER.call(name, algorithm, nbytes):
             if not (_HANDSHAKE and comm.size > 1):
                 return body()
-            meta = [code(name), code(algorithm), OP_CODES.get(op, -1), root,
-                    DTYPE_CODES.get(dtype, -1), numel, code(str(tuple(shape))), int(tag)]
+            meta = fingerprint(name, algorithm, op, root, dtype, numel, tuple(shape), tag)
             if algorithm == "shm":        # the check rides in the shm workspace header: no round
                 return shm_collectives.checked(comm, name, meta, check.errors, body)
             if inband.applies(comm, algorithm):      # the check rides in the data (inband.py)
@@ -172,7 +172,49 @@ def fuses(name: str, algo: str, comm, nbytes: int) -> bool:
             and fits(f[1](nbytes, comm.size)))
 
 
+class Plan:
+    """What the first call of a signature decides, replayed by every later call with it (MPI-4's
+    persistent collectives: MPI_Allreduce_init decides, MPI_Start replays; NCCL keeps plans per
+    communicator). Kept in comm.plans, keyed by (call, algorithm asked for, S, check on, strict):
+      algo   the algorithm that runs: "auto" resolved by the cost model once (~7 predictions)
+      fused  whether the data rides in the check's envelopes (envelope.py)
+    and, per fingerprint (call, algorithm, op, root, dtype, numel, shape, tag), the 8 ints the
+    check sends (fingerprint(), cached the same way). A signature whose first call had bad
+    arguments gets no plan: it is checked again next time."""
+    __slots__ = ("algo", "fused")
+
+    def __init__(self, algo: str, fused: bool):
+        self.algo, self.fused = algo, fused
+
+
+@functools.lru_cache(maxsize=4096)
+def fingerprint(name, algorithm, op, root, dtype, numel, shape, tag) -> list[int]:
+    return [code(name), code(algorithm), OP_CODES.get(op, -1), root, DTYPE_CODES.get(dtype, -1), numel,
+            code(str(tuple(shape))), int(tag)]
+
+
+def plan(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> Plan:
+    """comm's plan for this signature, built by its first call (see Plan)."""
+    plans = comm.__dict__.get("plans")
+    if plans is None:
+        plans = comm.plans = {}
+    key = (name, algorithm, nbytes, _HANDSHAKE, getattr(comm, "strict", False))
+    p = plans.get(key)
+    if p is None:
+        errors = len(check.errors)
+        algo = _resolve(name, algorithm, algos, comm, nbytes, check)
+        f = FUSED.get(name)
+        p = Plan(algo, f is not None and fuses(name, algo, comm, nbytes))
+        if len(check.errors) == errors:
+            plans[key] = p
+    return p
+
+
 def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
+    return plan(name, algorithm, algos, comm, nbytes, check).algo
+
+
+def _resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
     transport = getattr(comm, "transport", None)           # shm transport: auto may pick "shm"
     if algorithm == "auto":
         if "hierarchical" in algos and prefers_hierarchical(comm):
