@@ -32,7 +32,7 @@ _ENGINE = {   # public name -> the engine module that defines it
     **{n: "primitives.engine.coalesced" for n in ("all_reduce_coalesced", "all_gather_coalesced")},
     **{n: "primitives.engine.objects" for n in (
         "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")},
-    "Work": "primitives.engine.compat",
+    "Work": "primitives.comm", "submit": "primitives.engine.core",
     "ALGORITHMS": "primitives.engine.algos", "get_comm": "primitives.engine.registry",
     "LEDGER": "primitives.engine.ledger", "PeerError": "primitives.engine.errors",
     "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.core",
@@ -55,4 +55,4 @@ __all__ = ["algorithms_for", "broadcast", "reduce", "all_reduce", "all_gather", 
            "LEDGER", "get_comm", "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled",
            "StrictOrderError", "set_strict_p2p", "all_gather_into_tensor", "reduce_scatter_tensor",
            "all_reduce_coalesced", "all_gather_coalesced", "all_gather_object", "broadcast_object_list",
-           "gather_object", "scatter_object_list", "Work"]
+           "gather_object", "scatter_object_list", "Work", "submit"]

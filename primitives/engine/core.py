@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from primitives.comm import Work
 from primitives.engine import inband, shm_collectives
 from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
@@ -52,30 +53,13 @@ _pending: dict[int, list[Future]] = {}
 _lock = threading.Lock()
 
 
-class AsyncWork:
-    """What async_op=True returns: wait() blocks until the collective finished (re-raising its error)."""
-
-    def __init__(self, fut: Future):
-        self._fut = fut
-
-    def wait(self, timeout=None) -> bool:
-        self._fut.result()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-
 def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
         fused: Fused | None = None):
-    """Validate (locally and, via the check round, across ranks), then run body() under the ledger.
-    `fused`: how this call's data rides in the check's envelopes (primitives/engine/envelope.py) when
-    it is small enough; then body() is not needed.
-
-    Collectives on one communicator run in call order on a single worker thread when any of
-    them is asynchronous, so point-to-point messages of different calls can never interleave.
-    """
+    """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
+    now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
+    the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
+    not needed."""
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
         comm.current_call = CallName(name, algorithm, comm.calls)
@@ -100,10 +84,23 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
                 return
             body()
 
+    return _execute(comm, go, async_op, name)
+
+
+def submit(comm, fn, name: str = "call") -> Work:
+    """Run fn() on comm's worker thread, in call order with its async collectives (the one
+    executor for asynchronous communication); returns its Work."""
+    return _execute(comm, fn, True, name)
+
+
+def _execute(comm, go, async_op: bool, name: str):
+    """Collectives on one communicator run in call order on a single worker thread when any of
+    them is asynchronous, so point-to-point messages of different calls can never interleave."""
     key = id(comm)
     with _lock:
-        pend = [f for f in _pending.get(key, []) if not f.done()]
-        _pending[key] = pend
+        pend = _pending.get(key)
+        if pend:
+            pend = _pending[key] = [f for f in pend if not f.done()]
         if not async_op and not pend:
             ex = None
         else:
@@ -111,12 +108,12 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
             if ex is None:
                 ex = _executors[key] = ThreadPoolExecutor(1, thread_name_prefix=f"ringzero-{name}")
             fut = ex.submit(go)
-            pend.append(fut)
+            _pending.setdefault(key, []).append(fut)
     if ex is None:
         go()
         return None
     if async_op:
-        return AsyncWork(fut)
+        return Work(comm, fut, None, name)
     fut.result()
     return None
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from primitives.engine import faults, shm_segment as seg
 from primitives.engine.checked import DEFAULT_TIMEOUT
-from primitives.engine.comms import TorchComm
+from primitives.engine.comms import CheckedTorchComm
 from primitives.engine.errors import PeerError
 from primitives.engine.rendezvous import Rounds, arrive
 from primitives.engine.shm_segment import (LINE, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
@@ -63,8 +63,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class ShmComm(TorchComm):
-    """A TorchComm whose messages to ranks on this host go through shared memory."""
+class ShmComm(CheckedTorchComm):
+    """A CheckedTorchComm whose messages to ranks on this host go through shared memory."""
 
     def __init__(self, group=None, timeout: float | None = None, transport: str | None = None):
         super().__init__(group, timeout)
@@ -217,6 +217,13 @@ class ShmComm(TorchComm):
             tensor.copy_(tmp)
             handle.out = None
 
+    def _completed(self, handle) -> bool:
+        if not isinstance(handle, _Op):
+            return super()._completed(handle)
+        with self._lock:
+            self._progress()                     # nothing moves in the background: advance it here
+        return handle.done
+
     def spin_until(self, ready, peer: int, kind: str, progress: bool = False) -> None:
         """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
         YIELD_S, then block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
@@ -280,14 +287,14 @@ class ShmComm(TorchComm):
         return self.u8[off:off + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
 
 
-def build(group=None, timeout: float | None = None, transport: str | None = None) -> TorchComm:
+def build(group=None, timeout: float | None = None, transport: str | None = None) -> CheckedTorchComm:
     """The communicator get_comm() builds: ShmComm on gloo (it falls back to plain TCP by itself),
-    TorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
+    CheckedTorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
     timeout = float(os.environ.get("RINGZERO_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
     if dist.get_backend(group) != "gloo":
         if transport_from_env(transport) == "shm":
             raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
-        return arrive(TorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
+        return arrive(CheckedTorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
     return ShmComm(group, timeout, transport)
 
 
