@@ -6,7 +6,9 @@
 For each N one mpiexec job (MPIR_CVAR_ENABLE_HEAVY_YIELD=1) holds MPICH's world and a gloo
 process group on the same ranks; each size times, in turn, `--reps` times: `primitives.all_reduce(t)`
 (no option: check on, transport and algorithm auto; its plan is built by the warm-up call and
-replayed after), `dist.all_reduce(t)` on gloo, and `Allreduce(IN_PLACE)` of MPICH. A sample is the
+replayed after), the textbook function it runs called alone on the same shared-memory segment
+(primitives/shm.py: no check, no ledger, no API; the difference is the engine's cost per call),
+`dist.all_reduce(t)` on gloo, and `Allreduce(IN_PLACE)` of MPICH. A sample is the
 slowest rank's mean over a batch of calls; the table shows the median sample in µs, the ratios of
 the same run, and busbw = S/t·2(N-1)/N (nccl-tests). The goals: ≤ 15 µs at 4 B and 4 KiB (N = 2),
 ≤ 2× MPICH at 64 KiB, ≥ 1.5× MPICH's busbw from 1 MiB. Without mpiexec it runs under torchrun,
@@ -23,10 +25,16 @@ import sys
 import tempfile
 import time
 
+import torch
+import torch.distributed as dist
 from rich.table import Table
 
+import primitives as P
 from benchmarks.one_host import _path, launcher
+from benchmarks.one_host_worker import slowest, worlds
 from figures.common import ROOT
+from primitives import shm
+from primitives.engine import shm_collectives
 from primitives.launch import free_port
 from primitives.log import console
 
@@ -34,17 +42,17 @@ SIZES = (4, 4 << 10, 64 << 10, 1 << 20)
 
 
 def worker(a) -> None:
-    import torch
-    import torch.distributed as dist
-
-    import primitives as P
-    from benchmarks.one_host_worker import slowest, worlds
     torch.set_num_threads(1)
     MPI, w = worlds(a.launcher, 120.0)
+    comm = P.get_comm()
+    seg = shm_collectives.state(comm) if comm.transport == "shm" else None
     n, rows = dist.get_world_size(), []
     for S in a.sizes:
         t = torch.zeros(max(1, S // 4))
         fns = {"ringzero": lambda: P.all_reduce(t), "gloo": lambda: dist.all_reduce(t)}
+        if comm.transport == "shm":               # the textbook function alone, on the same segment
+            fn = shm.shm_one_shot if S <= shm_collectives.ONE_SHOT_BYTES else shm.shm_reduce_by_slices
+            fns["textbook"] = lambda fn=fn: fn(seg, t, "sum")
         if w is not None:
             fns["mpich"] = lambda: w.Allreduce(MPI.IN_PLACE, t.numpy())
         iters = {}
@@ -81,7 +89,7 @@ def run(n: int, a) -> dict:
             ["torchrun", "--standalone", f"--nproc_per_node={n}", f"--master_port={free_port()}"])
     cmd = head + ["-m", "benchmarks.call_latency", "--worker", "--launcher", how, "--json", out, "--reps",
                   str(a.reps), "--budget", str(a.budget), "--sizes", ",".join(map(str, a.sizes))]
-    console.print(f"[dim]{' '.join(cmd)}[/]")
+    console.print(f"[dim]{' '.join(cmd)}[/]", soft_wrap=True)
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     with open(out) as f:
         return json.load(f)
@@ -118,7 +126,7 @@ def main(argv=None):
     if a.worker:
         return worker(a)
     tab = Table(title="all_reduce per call, median µs (slowest rank; min–max of the samples in brackets)")
-    for c in ("N", "size", "ringzero (default, check on)", "MPICH", "gloo", "ringzero / MPICH",
+    for c in ("N", "size", "ringzero (default, check on)", "textbook function alone", "MPICH", "gloo", "ringzero / MPICH",
               "gloo / ringzero", "busbw GB/s ringzero | MPICH", "goal"):
         tab.add_column(c, justify="right")
     loads = []
@@ -131,7 +139,7 @@ def main(argv=None):
                 us = lambda k: (f"{med[k] * 1e6:,.1f} [{sp[k][0] * 1e6:,.0f}–{sp[k][1] * 1e6:,.0f}]"  # noqa: E731
                                 if k in med else "-")
                 bw = lambda k: f"{S / med[k] * 2 * (n - 1) / n / 1e9:.2f}" if k in med else "-"  # noqa: E731
-                tab.add_row(str(n), _size(S), us("ringzero"), us("mpich"), us("gloo"),
+                tab.add_row(str(n), _size(S), us("ringzero"), us("textbook"), us("mpich"), us("gloo"),
                             f"{med['ringzero'] / med['mpich']:.2f}" if "mpich" in med else "-",
                             f"{med['gloo'] / med['ringzero']:.1f}", f"{bw('ringzero')} | {bw('mpich')}",
                             goal(n, S, med))

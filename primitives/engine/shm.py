@@ -116,15 +116,13 @@ class ShmComm(CheckedTorchComm):
         self._head = {r: 0 for r in local}                         # chunks I published to r
         self._tail = {r: 0 for r in local}                         # chunks I consumed from r
         self._busy: set[int] = set()
-        self._bar = 0
-        self.ws_gen = 0                                            # shm_collectives: chunk counter
 
     # ------------------------------------------------------------------ channel geometry
     def _chan(self, src_rank: int, dst_rank: int) -> int:
         return self.L["chan0"] + (self.local[src_rank] * self.n_local + self.local[dst_rank]) * self.L["chan"]
 
     def _door(self, rank: int) -> int:
-        """Byte offset of rank's doorbell: an int32 in its control line (the barrier count is at +0)."""
+        """Byte offset of rank's doorbell: an int32 in its control line."""
         return self.L["ctl"] + self.local[rank] * LINE + 32
 
     def ring(self, rank: int) -> None:
@@ -262,29 +260,6 @@ class ShmComm(CheckedTorchComm):
             if r in self.procs and not seg.alive(*self.procs[r]):
                 why = faults.PID_GONE.format(pid=self.procs[r][0])
                 raise self._peer_error(peer, kind, PeerError(f"rank {r} {why}", dead=r, evidence=why))
-
-    # ------------------------------------------------------------------ for shm_collectives
-    def barrier_local(self, what: str) -> None:
-        """Every local rank reaches this point: bump my counter, wait for everyone's."""
-        self._bar += 1
-        v, i64, base = self._bar, self.i64, self.L["ctl"] // 8
-        stride = LINE // 8
-        i64[base + self.me * stride] = v
-        for r in self.local:
-            if r != self.rank:
-                self.ring(r)
-        others = [(r, base + i * stride) for r, i in self.local.items() if r != self.rank]
-        pending = list(others)
-
-        def ready():
-            while pending and i64[pending[-1][1]] >= v:
-                pending.pop()
-            return not pending
-        self.spin_until(ready, pending[-1][0] if pending else self.rank, f"{what}: waiting at a barrier for")
-
-    def workspace(self, rank: int, gen: int, dtype, numel: int) -> torch.Tensor:
-        off = self.L["ws"] + (2 * self.local[rank] + gen % 2) * WS_BYTES
-        return self.u8[off:off + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
 
 
 def build(group=None, timeout: float | None = None, transport: str | None = None) -> CheckedTorchComm:
