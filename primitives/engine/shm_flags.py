@@ -42,7 +42,7 @@ class _State:
     def __init__(self, comm):
         L, n, me = comm.L, comm.size, comm.rank
         line = lambda r: L["ctl"] + comm.local[r] * LINE  # noqa: E731
-        self.comm, self.rank, self.size, self.what = comm, me, n, "waiting for"
+        self.comm, self.rank, self.size, self.what = comm, me, n, "shm collective"
         self.seq = int(comm.i64[(line(me) + SEQ_OFF) // 8])
         self.gen, self.fp = 0, None
         self.me_seq, self.me_sleep = (line(me) + SEQ_OFF) // 8, (line(me) + SLEEP_OFF) // 4
@@ -89,14 +89,15 @@ class _State:
     def wait(self, b: int | None = None) -> None:
         """Until every peer published as often as I did. b: this is a call's first wait (check the
         headers of buffer b; a peer's check envelope in my channel means it is in another call)."""
-        comm, st, what = self.comm, self, f"{self.what}: waiting for"
+        comm, st = self.comm, self
         k, i64, i32 = st.seq, comm.i64, comm.i32
         pend = [(p, i) for p, i in st.peer_seq if i64[i] < k]
         spins, start, check, spin_until = 0, None, 0.0, None
         try:
             while pend:
                 bell = int(i32[st.me_door])
-                stray = _stray(comm, pend) if b is not None and st.fp is not None else None
+                # a peer in another call never publishes: look for its envelope once polling is not enough
+                stray = _stray(comm, pend) if spins >= SPIN - 1 and b is not None and st.fp is not None else None
                 pend = [(p, i) for p, i in pend if i64[i] < k]
                 if not pend:
                     break
@@ -116,10 +117,10 @@ class _State:
                     i32[st.me_sleep] = 1
                     continue                                # re-check once after saying I sleep
                 if now >= check:
-                    comm._check_peers(pend[0][0], what)
+                    comm._check_peers(pend[0][0], f"{self.what}: waiting for")
                     check = now + 0.05
                 if now - start > comm.timeout:
-                    raise comm._peer_error(pend[0][0], what, RuntimeError(
+                    raise comm._peer_error(pend[0][0], f"{self.what}: waiting for", RuntimeError(
                         f"timed out after {comm.timeout:.0f}s on the shared-memory transport"))
                 seg.futex_wait(comm._base + 4 * st.me_door, bell, 5e-3)
         finally:
