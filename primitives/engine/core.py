@@ -55,7 +55,7 @@ _lock = threading.Lock()
 
 def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
-        fused: Fused | None = None):
+        fused: Fused | None = None, plan: Plan | None = None):
     """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
     now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
     the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
@@ -65,13 +65,14 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         comm.current_call = CallName(name, algorithm, comm.calls)
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
+        way = plan.check if plan is not None else check_way(comm, algorithm)
         with LEDGER.call(name, algorithm, nbytes):
-            if not (_HANDSHAKE and comm.size > 1):
+            if way is None:
                 return body()
             meta = fingerprint(name, algorithm, op, root, dtype, numel, tuple(shape), tag)
-            if algorithm == "shm":        # the check rides in the shm workspace header: no round
+            if way == "shm":              # the check rides in the shm workspace header: no round
                 return shm_collectives.checked(comm, name, meta, check.errors, body)
-            if inband.applies(comm, algorithm):      # the check rides in the data (inband.py)
+            if way == "inband":           # the check rides in the data (inband.py)
                 ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
                 try:
                     if not check.errors:
@@ -175,13 +176,23 @@ class Plan:
     communicator). Kept in comm.plans, keyed by (call, algorithm asked for, S, check on, strict):
       algo   the algorithm that runs: "auto" resolved by the cost model once (~7 predictions)
       fused  whether the data rides in the check's envelopes (envelope.py)
+      check  how the check travels (check_way): None (off), "shm", "inband" or "round"
     and, per fingerprint (call, algorithm, op, root, dtype, numel, shape, tag), the 8 ints the
     check sends (fingerprint(), cached the same way). A signature whose first call had bad
     arguments gets no plan: it is checked again next time."""
-    __slots__ = ("algo", "fused")
+    __slots__ = ("algo", "fused", "check")
 
-    def __init__(self, algo: str, fused: bool):
-        self.algo, self.fused = algo, fused
+    def __init__(self, algo: str, fused: bool, check: str | None):
+        self.algo, self.fused, self.check = algo, fused, check
+
+
+def check_way(comm, algo: str) -> str | None:
+    """How a call's check travels: None (switched off, or a world of one); "shm": in the shared-memory
+    workspace header; "inband": in the algorithm's first messages (inband.py); "round": envelopes
+    of their own before the algorithm (envelope.py)."""
+    if not (_HANDSHAKE and comm.size > 1):
+        return None
+    return "shm" if algo == "shm" else "inband" if inband.applies(comm, algo) else "round"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -201,7 +212,7 @@ def plan(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check
         errors = len(check.errors)
         algo = _resolve(name, algorithm, algos, comm, nbytes, check)
         f = FUSED.get(name)
-        p = Plan(algo, f is not None and fuses(name, algo, comm, nbytes))
+        p = Plan(algo, f is not None and fuses(name, algo, comm, nbytes), check_way(comm, algo))
         if len(check.errors) == errors:
             plans[key] = p
     return p

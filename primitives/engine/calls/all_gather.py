@@ -56,7 +56,7 @@ def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None, 
         return [nb] * (comm.size - 1)
     fused = (Fused(lambda peer: prep()[1], finish, same_for_all=True)
              if ok and tensor.numel() and pl.fused else None)
-    return run(comm, name, algo, check, numel=tensor.numel() if ok else -1,
+    return run(comm, name, algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=-1,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)

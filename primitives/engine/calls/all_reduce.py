@@ -55,7 +55,7 @@ def all_reduce(comm, tensor, op=ReduceOp.SUM, async_op=False, *, algorithm="auto
         done()
     fused = (_one_shot_fused(prep, opn, comm.size, comm.rank, done)
              if ok and tensor.numel() and pl.fused else None)
-    return run(comm, "all_reduce", algo, check, numel=tensor.numel() if ok else -1,
+    return run(comm, "all_reduce", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=opn, root=-1,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)

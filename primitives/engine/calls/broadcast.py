@@ -42,7 +42,7 @@ def broadcast(comm, tensor, src, async_op=False, *, group_src=None, algorithm="a
         return {root: nb} if comm.rank != root else {}    # by peer: only the root sent data
     fused = (Fused(lambda peer: prep() if comm.rank == root else None, finish, same_for_all=True)
              if ok and tensor.numel() and pl.fused else None)
-    return run(comm, "broadcast", algo, check, numel=tensor.numel() if ok else -1,
+    return run(comm, "broadcast", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)

@@ -68,7 +68,7 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0,
     fused = (Fused(lambda peer: prep()[1][peer], finish, same_for_all=False)
              if ok and output.numel() and not sizes and pl.fused else None)
     numel, shape = (sum(sizes), tuple(sizes)) if sizes else (output.numel(), tuple(output.shape))
-    return run(comm, name, algo, check, numel=numel if ok else -1,
+    return run(comm, name, algo, check, plan=pl, numel=numel if ok else -1,
                dtype=output.dtype if ok else None, op=opn, root=-1,
                shape=shape if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)
