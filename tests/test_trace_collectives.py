@@ -91,3 +91,45 @@ def test_default_collectives_run_the_reading_functions(n):
                 if _ran(entries[idea], calls):
                     bad.append(f"{case}: rank {r}: {idea} ran, but this size takes the other algorithm")
     assert not bad, "\n".join(bad)
+
+
+def _replayed_then_mismatched(rank, n):
+    import primitives
+    from primitives.engine.calls import all_reduce as calls
+    comm = primitives.get_comm()
+    t = torch.ones(1000)
+    primitives.all_reduce(t)
+    plans = len(comm.plans)
+    primitives.all_reduce(t)                              # replayed: no new plan
+    replayed = len(comm.plans) == plans
+    calls_made = {"n": 0}
+    orig = calls.plan
+
+    def counting(*a, **k):
+        calls_made["n"] += 1
+        return orig(*a, **k)
+    calls.plan = counting
+    try:
+        primitives.all_reduce(t)
+        primitives.all_reduce(torch.ones(7))             # a new signature: planned
+    finally:
+        calls.plan = orig
+    try:                                                  # rank 0 replays, rank 1 passes another size
+        primitives.all_reduce(torch.ones(1000 if rank == 0 else 999))
+        err = ""
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    u = torch.full((5,), float(rank))
+    primitives.all_reduce(u)                              # the communicator still works
+    return replayed, calls_made["n"], err, u.tolist()
+
+
+def test_a_replayed_call_is_still_checked_across_ranks():
+    """The second call of a signature adds no plan and builds none (a new signature builds one); a
+    rank replaying its plan while its peer passes another size still raises, on both ranks."""
+    from primitives.launch import spawn
+    res = spawn(_replayed_then_mismatched, 2, timeout=120.0)
+    for r, (replayed, built, err, u) in enumerate(res):
+        assert replayed and built == 1, (r, replayed, built)
+        assert err.startswith("CollectiveError") and "numel=1000" in err and "numel=999" in err, (r, err)
+        assert u == [1.0] * 5, (r, u)
