@@ -140,7 +140,7 @@ class Communicator:
         self.irecv(tensor, peer).wait()
 
     def exchange(self, sends=(), recvs=()) -> list:
-        """Post every (tensor, peer) receive and send as one group; returns their requests,
+        """Post every (tensor, peer) receive and send as one group; returns their Works,
         receives first (in the order given), then sends."""
         ops = [("recv", t, p) for t, p in recvs if t.numel()] + [("send", t, p) for t, p in sends if t.numel()]
         return [Work(self, h, p, "receiving from" if k == "recv" else "sending to")
@@ -174,7 +174,7 @@ class Communicator:
 
     # ---- collectives: in place, ranks are group ranks, op is "sum" | "avg" | "min" | "max" |
     # "product". algorithm= names a function of primitives/<collective>.py. Here every call runs
-    # at once, so async_op=True returns a request that is already done (the engine overlaps).
+    # at once, so async_op=True returns a Work that is already done (the engine overlaps).
     def all_reduce(self, tensor, op="sum", *, algorithm="ring", async_op=False, tag=0):
         buf = _flat(tensor)
         if self.size > 1 and buf.numel():
