@@ -11,7 +11,7 @@ shown). ringzero runs its default path (--algorithm auto; shm: shm_collectives) 
 ON. busbw as nccl-tests: all-reduce S/t·2(N-1)/N, all-gather/reduce-scatter S/t·(N-1)/N, S the
 full buffer. The ceiling: all_reduce also times "memcpy", every rank copying S bytes at once,
 interleaved like the others; the ratio printed is ringzero's busbw / that copy's S/t at the same
-S (and, once, one core copying 64 MiB: primitives.engine.bench.memcpy_bw).
+S (and, once, one core copying 64 MiB: benchmarks.collectives.memcpy_bw).
 --fit: one-way ping-pong between ranks 0 and 1 on each transport, t(S) = α + S·β (bench.py's fit).
 Buffers are zeros (repeated in-place all-reduce of random data would overflow).
 """
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from rich.table import Table
 
 import primitives as P
-from primitives.engine.bench import memcpy_bw, parse_size, pingpong_fit, sizes_between
+from benchmarks.collectives import memcpy_bw, parse_size, pingpong_fit, sizes_between
 from primitives.engine.comms import CheckedTorchComm
 from primitives.launch import free_port
 from primitives.log import print0

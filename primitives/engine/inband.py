@@ -1,7 +1,7 @@
 """The check rides in the data: the call's fingerprint travels with the algorithm's first messages.
 
     python -m pytest -q -x tests/test_check_in_data.py tests/test_primitives_errors.py
-    torchrun --standalone --nproc_per_node 4 primitives/engine/bench.py --ops all_reduce   ("check cost")
+    torchrun --standalone --nproc_per_node 4 benchmarks/collectives.py --ops all_reduce   ("check cost")
 
 The checked call (core.run) hands the algorithm a communicator whose first posting of the call
 does three things at once, with no wait in between:

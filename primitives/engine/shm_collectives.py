@@ -3,7 +3,7 @@ host's segment (shm_flags.py: flags, futex doorbells, the check in the workspace
 with their bytes in the ledger. Only when every rank of the group is on this host
 (ShmComm.transport == "shm"); `auto` picks them by cost.py.
 
-    RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/engine/bench.py --ops all_reduce --algorithms shm
+    RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 benchmarks/collectives.py --ops all_reduce --algorithms shm
 
 Each rank owns BUFS = 3 workspaces of W bytes (RINGZERO_SHM_WORKSPACE, 2 MiB: a round's working
 set stays in cache; benchmarks/shm_profile.py measured the copies and adds of 64 MiB ~4x faster
