@@ -6,7 +6,7 @@ instead of sending messages (MPICH's intranode collectives, DeepSpeed's shm.cpp)
 The segment (built over /dev/shm by primitives/engine/shm_flags.py) gives every rank BUFS = 3
 workspaces of W bytes and one flag:
     seg.rank, seg.size, seg.W        my rank, ranks on the segment, bytes per workspace
-    seg.view(p, b, dtype)            rank p's workspace b as a 1-D tensor; every rank may read it
+    seg.view(p, b, dtype, i=0, j=None)  elements i:j of rank p's workspace b as dtype; every rank may read it
     seg.next_buf(k=1)                the first of the next k workspaces (they are used in turn)
     seg.publish(b=None)              raise my flag: what I wrote so far is readable
     seg.wait(b=None)                 until every peer raised its flag as often as I did
@@ -48,10 +48,10 @@ def reduce_in_order(acc, srcs, op):
 def shm_one_shot(seg, buf, op):
     """Copy mine in, raise my flag, wait for everyone's, reduce all N workspaces into buf."""
     k, b = buf.numel(), seg.next_buf()
-    seg.view(seg.rank, b, buf.dtype)[:k].copy_(buf)
+    seg.view(seg.rank, b, buf.dtype, 0, k).copy_(buf)
     seg.publish(b)
     seg.wait(b)
-    reduce_in_order(buf, [seg.view(p, b, buf.dtype)[:k] for p in range(seg.size)], op)
+    reduce_in_order(buf, [seg.view(p, b, buf.dtype, 0, k) for p in range(seg.size)], op)
 
 
 def shm_reduce_by_slices(seg, buf, op):
@@ -65,14 +65,14 @@ def shm_reduce_by_slices(seg, buf, op):
     def copy_in(j):                                      # my input, except my own slice (read in place)
         c0, bd, b = rounds[j]
         (s, e), w = bd[r], bd[-1][1]
-        seg.view(r, b, dt)[:s].copy_(buf[c0:c0 + s])
-        seg.view(r, b, dt)[e:w].copy_(buf[c0 + e:c0 + w])
+        seg.view(r, b, dt, 0, s).copy_(buf[c0:c0 + s])
+        seg.view(r, b, dt, e, w).copy_(buf[c0 + e:c0 + w])
 
     def copy_out(j):                                     # the others' reduced slices
         c0, bd, b = rounds[j]
         for p, (s, e) in enumerate(bd):
             if p != r:
-                buf[c0 + s:c0 + e].copy_(seg.view(p, b, dt)[s:e])
+                buf[c0 + s:c0 + e].copy_(seg.view(p, b, dt, s, e))
 
     copy_in(0)
     seg.publish(b0)
@@ -81,8 +81,8 @@ def shm_reduce_by_slices(seg, buf, op):
         if j == 0:
             seg.next_buf(R - 1)
         s, e = bd[r]
-        acc = seg.view(r, b, dt)[s:e]
-        reduce_in_order(acc, [buf[c0 + s:c0 + e] if p == r else seg.view(p, b, dt)[s:e] for p in range(n)], op)
+        acc = seg.view(r, b, dt, s, e)
+        reduce_in_order(acc, [buf[c0 + s:c0 + e] if p == r else seg.view(p, b, dt, s, e) for p in range(n)], op)
         buf[c0 + s:c0 + e].copy_(acc)
         if j:
             copy_out(j - 1)
@@ -99,12 +99,12 @@ def shm_all_gather(seg, blocks):
     k, m = blocks[r].numel(), max(1, seg.W // blocks[r].element_size())
     for c0 in range(0, k, m):
         c1, b = min(k, c0 + m), seg.next_buf()
-        seg.view(r, b, dt)[:c1 - c0].copy_(blocks[r][c0:c1])
+        seg.view(r, b, dt, 0, c1 - c0).copy_(blocks[r][c0:c1])
         seg.publish(b)
         seg.wait(b)
         for p in range(seg.size):
             if p != r:
-                blocks[p][c0:c1].copy_(seg.view(p, b, dt)[:c1 - c0])
+                blocks[p][c0:c1].copy_(seg.view(p, b, dt, 0, c1 - c0))
 
 
 def shm_reduce_scatter(seg, blocks, out, op):
@@ -121,6 +121,6 @@ def shm_reduce_scatter(seg, blocks, out, op):
         seg.publish(b)
         seg.wait(b)
         acc = mine[r * m:r * m + w]                      # my own slot is free: out may alias blocks[r]
-        reduce_in_order(acc, [blocks[r][c0:c1] if p == r else seg.view(p, b, dt)[r * m:r * m + w]
+        reduce_in_order(acc, [blocks[r][c0:c1] if p == r else seg.view(p, b, dt, r * m, r * m + w)
                               for p in range(n)], op)
         out[c0:c1].copy_(acc)

@@ -66,24 +66,30 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
         way = plan.check if plan is not None else check_way(comm, algorithm)
-        with LEDGER.call(name, algorithm, nbytes):
-            if way is None:
-                return body()
-            meta = fingerprint(name, algorithm, op, root, dtype, numel, tuple(shape), tag)
-            if way == "shm":              # the check rides in the shm workspace header: no round
-                return shm_collectives.checked(comm, name, meta, check.errors, body)
-            if way == "inband":           # the check rides in the data (inband.py)
-                ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
-                try:
-                    if not check.errors:
-                        body()
-                    ib.finish()
-                finally:
-                    comm._inband = None
-                return
-            if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
-                return
-            body()
+        entry = LEDGER.open_call(name, algorithm, nbytes)     # no `with`: a generator costs µs per call
+        try:
+            checked(way)
+        finally:
+            LEDGER.close_call(*entry)
+
+    def checked(way):
+        if way is None:
+            return body()
+        meta = fingerprint(name, algorithm, op, root, dtype, numel, tuple(shape), tag)
+        if way == "shm":              # the check rides in the shm workspace header: no round
+            return shm_collectives.checked(comm, name, meta, check.errors, body)
+        if way == "inband":           # the check rides in the data (inband.py)
+            ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
+            try:
+                if not check.errors:
+                    body()
+                ib.finish()
+            finally:
+                comm._inband = None
+            return
+        if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
+            return
+        body()
 
     return _execute(comm, go, async_op, name)
 
@@ -133,7 +139,7 @@ def drain() -> None:
 def flat_work(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """A contiguous 1-D view of t, or a contiguous copy when t is not contiguous."""
     if t.is_contiguous():
-        return t.view(-1), False
+        return (t if t.dim() == 1 else t.view(-1)), False
     return t.contiguous().view(-1), True
 
 

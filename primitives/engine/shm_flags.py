@@ -56,10 +56,14 @@ class _State:
                     for r in range(n)]
         self.views = {}
 
-    def view(self, r: int, b: int, dtype) -> torch.Tensor:
-        v = self.views.get((r, b, dtype))
+    def view(self, r: int, b: int, dtype, i: int = 0, j: int | None = None) -> torch.Tensor:
+        """Cached: a torch slice costs µs, and a step repeats the same few views every call."""
+        key = (r, b, dtype, i, j)
+        v = self.views.get(key)
         if v is None:
-            v = self.views[(r, b, dtype)] = self.ws[r][b].view(dtype)
+            if len(self.views) > 4096:
+                self.views.clear()
+            v = self.views[key] = self.ws[r][b].view(dtype)[i:j]
         return v
 
     def next_buf(self, k: int = 1) -> int:
