@@ -45,7 +45,7 @@ class MPIComm(Collectives):
         return req
 
     def _completed(self, req) -> bool:
-        return bool(req.Test())
+        return bool(req.Test()) if hasattr(req, "Test") else super()._completed(req)   # else: an async collective
 
     def _wait(self, req):
         # MPI_Wait has no deadline, so poll. Yield the core between polls (sleep(0)) instead of
