@@ -55,22 +55,27 @@ _lock = threading.Lock()
 
 def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
-        fused: Fused | None = None, plan: Plan | None = None):
+        plan: Plan, fused: Fused | None = None, replay: Replay | None = None):
     """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
     now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
     the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
-    not needed."""
+    not needed. `replay`: this call replays a planned signature (its ledger record, once known)."""
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
         comm.current_call = CallName(name, algorithm, comm.calls)
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
-        way = plan.check if plan is not None else check_way(comm, algorithm)
-        entry = LEDGER.open_call(name, algorithm, nbytes)     # no `with`: a generator costs µs per call
+        way = plan.check                 # decided once per signature (Plan)
+        template = replay.record if replay is not None else None
+        rec, prev = LEDGER.open_call(name, algorithm, nbytes, template)  # no `with`: a generator costs µs
+        ok = False
         try:
             checked(way)
+            ok = True
         finally:
-            LEDGER.close_call(*entry)
+            LEDGER.close_call(rec, prev, ok)
+        if replay is not None and template is None:
+            replay.record = rec           # the first replay counts its messages; the later ones add it
 
     def checked(way):
         if way is None:
@@ -192,6 +197,43 @@ class Plan:
         self.algo, self.fused, self.check = algo, fused, check
 
 
+class Replay:
+    """A planned signature as its later calls replay it, kept in comm.plans by replay_key: the
+    Plan, what the argument check derived (`args`: the op's name, the root, ...), and the ledger
+    record its first replay counted (record), which every later replay adds without counting a
+    message. Only a signature whose planning call passed the argument check gets one."""
+    __slots__ = ("plan", "args", "record")
+
+    def __init__(self, plan: Plan, args):
+        self.plan, self.args, self.record = plan, args, None
+
+
+PASSED = Check(None, "replayed")   # a replayed call's check: its signature passed when it was planned
+
+
+def sig(t):
+    """What a replayed call's tensor (or list of tensors) must share with the planned call's."""
+    if isinstance(t, (list, tuple)):
+        return tuple(map(sig, t))
+    return (t.dtype, t.shape, t.device.type, t.layout) if isinstance(t, torch.Tensor) else type(t)
+
+
+def replayed(comm, *key) -> tuple[Replay | None, tuple | None]:
+    """(the Replay of this signature or None, its key; None when a part is unhashable). key: the
+    call's name, sig() of its tensors, its other arguments; the check switch and strict mode added."""
+    key = (*key, _HANDSHAKE, comm.strict)
+    try:
+        return comm.__dict__.get("plans", {}).get(key), key
+    except TypeError:
+        return None, None
+
+
+def remember(comm, key, check: Check, pl: Plan, args=None) -> None:
+    """Keep the Replay of a signature whose planning call passed the argument check."""
+    if key is not None and not check.errors:
+        comm.plans[key] = Replay(pl, args)
+
+
 def check_way(comm, algo: str) -> str | None:
     """How a call's check travels: None (switched off, or a world of one); "shm": in the shared-memory
     workspace header; "inband": in the algorithm's first messages (inband.py); "round": envelopes
@@ -217,15 +259,10 @@ def plan(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check
     if p is None:
         errors = len(check.errors)
         algo = _resolve(name, algorithm, algos, comm, nbytes, check)
-        f = FUSED.get(name)
-        p = Plan(algo, f is not None and fuses(name, algo, comm, nbytes), check_way(comm, algo))
+        p = Plan(algo, fuses(name, algo, comm, nbytes), check_way(comm, algo))
         if len(check.errors) == errors:
             plans[key] = p
     return p
-
-
-def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
-    return plan(name, algorithm, algos, comm, nbytes, check).algo
 
 
 def _resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:

@@ -149,7 +149,7 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
             count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
         return fused is not None
     heads = (env.inc_np[:, :NH * 8].view(np.int64) if cpu else inc[:, :NH * 8].view(torch.int64)).tolist()
-    problem = verdict(comm, name, header, errors, peers, heads, inc, meta_desc)
+    problem = verdict(comm, name, header, errors, peers, heads, envelope_text(inc), meta_desc)
     if problem is not None:
         drain(comm, peers, heads)
         raise error_cls(problem)
@@ -161,9 +161,10 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
     return True
 
 
-def verdict(comm, name, mine, errors, peers, heads, inc, meta_desc) -> str | None:
-    """The error every rank raises, from my header `mine` and the peers' `heads` (rows of
-    int64 words, HEAD layout; inc: the envelopes, for error texts), or None if all agree."""
+def verdict(comm, name, mine, errors, peers, heads, text, meta_desc) -> str | None:
+    """The error every rank raises, from my header `mine` and the peers' `heads` (rows of int64
+    words, this module's layout, from envelopes or shm workspace headers; text(i, k): the k bytes
+    of error text behind row i), or None if all agree."""
     me, n = comm.rank, comm.size
     if errors:
         return f"rank {me}: {name}: " + "; ".join(errors)
@@ -177,14 +178,18 @@ def verdict(comm, name, mine, errors, peers, heads, inc, meta_desc) -> str | Non
     bad = [p for p in range(n) if table[p][ERR]]
     if bad:
         row = {p: i for i, p in enumerate(peers)}
-        why = "; ".join(f"rank {p}: " + bytes(inc[row[p], HEADER_BYTES:HEADER_BYTES + table[p][ERR]].cpu()
-                                               .tolist()).decode(errors="replace") for p in bad)
+        why = "; ".join(f"rank {p}: " + text(row[p], table[p][ERR]).decode(errors="replace") for p in bad)
         return f"rank {me}: {name} aborted because rank(s) {bad} passed invalid arguments: {why}"
     for p in range(n):
         if table[p][1:ERR] != table[me][1:ERR]:
             return (f"rank {me}: {name}: ranks disagree on the call: rank {me} passed "
                     f"{meta_desc(table[me][1:])} but rank {p} passed {meta_desc(table[p][1:])}")
     return None
+
+
+def envelope_text(inc):
+    """verdict's text(i, k): the error text in received envelope i."""
+    return lambda i, k: bytes(inc[i, HEADER_BYTES:HEADER_BYTES + k].cpu().tolist())
 
 
 def drain(comm, peers, heads) -> None:

@@ -41,8 +41,8 @@ import torch
 
 from primitives.comm import DONE, Work
 from primitives.engine.algos import ENVELOPE_BYTES, ENVELOPE_PAYLOAD, HEADER_BYTES
-from primitives.engine.envelope import (ERR, FOLLOW, INLINE_AT, MAGIC, NH, count_fused, drain, envelopes,
-                                        verdict)
+from primitives.engine.envelope import (ERR, FOLLOW, INLINE_AT, MAGIC, NH, count_fused, drain, envelope_text,
+                                        envelopes, verdict)
 from primitives.engine.ledger import LEDGER
 
 INLINE = ENVELOPE_PAYLOAD        # a first message up to this size rides inside its envelope
@@ -180,7 +180,7 @@ class InBand:
         env = envelopes(comm)
         heads = env.inc_np[:, :NH * 8].view("int64").tolist()
         problem = verdict(comm, self.name, [MAGIC, *self.meta, len(self.errors)], self.errors,
-                          peers, heads, env.inc, self.meta_desc)
+                          peers, heads, envelope_text(env.inc), self.meta_desc)
         if problem is not None:
             self.failed = problem
             self._drain(heads)
