@@ -154,15 +154,19 @@ def _replayed_ledger(rank, n):
                          (rec.counts.msgs_sent, rec.counts.bytes_sent), rec.template is not None))
         numel = 100 if name == "reduce_scatter_single" else args[0].numel()
         out[f"{name} {algo}"] = (rows, traffic(name, LEDGER.calls[-1].algorithm, n, rank, numel, 4))
-    return out
+    with LEDGER.control_traffic(), LEDGER.track() as d:  # a replay the caller marks as control adds no data
+        primitives.all_reduce(torch.ones(1000), algorithm="ring")
+    return out, d.msgs_sent + d.msgs_recv
 
 
 def test_a_replayed_call_adds_the_ledger_record_it_would_count():
     """A replayed call counts no message: its record is its signature's first replay's, added at
     its end. Every call of a signature gives the same totals and record, equal to the closed form
-    (traffic.py), and the last two really took the record (not the per-message counts)."""
+    (traffic.py), and the last two really took the record (not the per-message counts); a
+    replay the caller marks as control traffic adds no data."""
     from primitives.launch import spawn
-    for r, out in enumerate(spawn(_replayed_ledger, 2, timeout=120.0)):
+    for r, (out, control) in enumerate(spawn(_replayed_ledger, 2, timeout=120.0)):
+        assert control == 0, (r, control)
         for case, (rows, formula) in out.items():
             assert len({row[:2] for row in rows}) == 1, (r, case, rows)
             assert rows[0][1] == formula, (r, case, rows[0], formula)

@@ -27,7 +27,7 @@ import torch
 
 from primitives.comm import Work
 from primitives.engine import inband, shm_collectives
-from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
+from primitives.engine.check import DTYPE_CODES, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
 from primitives.engine.envelope import Fused, check_round, fits
 from primitives.engine.errors import CollectiveError
@@ -74,7 +74,7 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
             ok = True
         finally:
             LEDGER.close_call(rec, prev, ok)
-        if replay is not None and template is None:
+        if replay is not None and template is None and not LEDGER.in_control():
             replay.record = rec           # the first replay counts its messages; the later ones add it
 
     def checked(way):
@@ -84,7 +84,7 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         if way == "shm":              # the check rides in the shm workspace header: no round
             return shm_collectives.checked(comm, name, meta, check.errors, body)
         if way == "inband":           # the check rides in the data (inband.py)
-            ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
+            ib = comm._inband = inband.InBand(comm, name, meta, check.errors)
             try:
                 if not check.errors:
                     body()
@@ -92,7 +92,7 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
             finally:
                 comm._inband = None
             return
-        if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
+        if check_round(comm, name, meta, check.errors, fused):
             return
         body()
 
@@ -109,6 +109,9 @@ def _execute(comm, go, async_op: bool, name: str):
     """Collectives on one communicator run in call order on a single worker thread when any of
     them is asynchronous, so point-to-point messages of different calls can never interleave."""
     key = id(comm)
+    if not async_op and not _pending.get(key):     # nothing queued (the common case): here, no lock
+        go()
+        return None
     with _lock:
         pend = _pending.get(key)
         if pend:

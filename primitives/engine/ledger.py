@@ -82,6 +82,9 @@ class Ledger:
             out.append(self._t.current.links.setdefault(link, Counts()))
         return out
 
+    def in_control(self) -> bool:
+        return bool(self._t.control_depth)
+
     def _replaying(self) -> bool:
         cur = self._t.current
         return cur is not None and cur.template is not None and not self._t.control_depth
@@ -138,7 +141,7 @@ class Ledger:
     def close_call(self, rec: CallRecord, prev, ok: bool = True) -> None:
         self._t.current = prev
         t = rec.template
-        if t is not None and ok:
+        if t is not None and ok and not self._t.control_depth:   # a call marked as control adds no data
             rec.counts, rec.links = t.counts, t.links     # shared: nothing counts into a replayed record
             if t.counts.msgs_sent or t.counts.msgs_recv:
                 with self._lock:

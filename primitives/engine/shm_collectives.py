@@ -34,7 +34,6 @@ import numpy as np
 
 from primitives import shm
 from primitives.engine import shm_segment as seg
-from primitives.engine.check import META_DESC
 from primitives.engine.envelope import ERR, MAGIC, check_round, verdict
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
@@ -130,7 +129,7 @@ def _verify(comm, st, b: int) -> None:
     st.fp = None
     hdr = [st.hdr[p][b] for p in st.peers]
     problem = verdict(comm, name, [MAGIC, *meta, len(errors)], errors, st.peers, [h[:ERR + 1].tolist() for h in hdr],
-                      lambda i, k: hdr[i][ERR + 1:].view(np.uint8)[:k].tobytes(), META_DESC)
+                      lambda i, k: hdr[i][ERR + 1:].view(np.uint8)[:k].tobytes())
     if problem is not None:
         raise CollectiveError(problem)
 
@@ -157,7 +156,7 @@ def _answer(comm, st) -> None:
     st.seq -= 1
     st.gen -= 1
     comm.i64[st.me_seq] = st.seq
-    check_round(comm, name, meta, errors, META_DESC, None, CollectiveError)
+    check_round(comm, name, meta, errors, None)
     raise CollectiveError(f"rank {comm.rank}: {name}: a peer is in a message-based call, this rank in algorithm 'shm'")
 
 
