@@ -27,7 +27,7 @@ DEMO = "deepspeed --num_gpus 2 classification/train.py"
 SMALL = {
     "benchmarks.textbook": ("", r"textbook vs engine"),
     "primitives/allreduce.py": ("--size 4096 --iters 1", r"│ ring +│ ring +│ pass"),
-    "primitives/engine/bench.py": ("--sizes 4096 --iters 2 --warmup 1 --reps 1", r"cost model vs measured"),
+    "benchmarks/collectives.py": ("--sizes 4096 --iters 2 --warmup 1 --reps 1", r"cost model vs measured"),
     "zero_from_scratch.engine.report": ("", r"paper 2 or 3"),
     "planner": ("", r"tp"),
     "pipeline_parallel/train.py": ("--steps 1", r"(?s)step 0: loss \d.*held-out loss"),

@@ -18,14 +18,16 @@ set_handshake(False) or RINGZERO_HANDSHAKE=0.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from primitives.comm import Work
 from primitives.engine import inband, shm_collectives
-from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
+from primitives.engine.check import DTYPE_CODES, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
 from primitives.engine.envelope import Fused, check_round, fits
 from primitives.engine.errors import CollectiveError
@@ -51,59 +53,69 @@ _pending: dict[int, list[Future]] = {}
 _lock = threading.Lock()
 
 
-class AsyncWork:
-    """What async_op=True returns: wait() blocks until the collective finished (re-raising its error)."""
-
-    def __init__(self, fut: Future):
-        self._fut = fut
-
-    def wait(self, timeout=None) -> bool:
-        self._fut.result()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-
 def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
-        fused: Fused | None = None):
-    """Validate (locally and, via the check round, across ranks), then run body() under the ledger.
-    `fused`: how this call's data rides in the check's envelopes (primitives/engine/envelope.py) when
-    it is small enough; then body() is not needed.
-
-    Collectives on one communicator run in call order on a single worker thread when any of
-    them is asynchronous, so point-to-point messages of different calls can never interleave.
-    """
+        plan: Plan, fused: Fused | None = None, replay: Replay | None = None):
+    """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
+    now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
+    the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
+    not needed. `replay`: this call replays a planned signature (its ledger record, once known)."""
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
         comm.current_call = CallName(name, algorithm, comm.calls)
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
-        with LEDGER.call(name, algorithm, nbytes):
-            if not (_HANDSHAKE and comm.size > 1):
-                return body()
-            meta = [code(name), code(algorithm), OP_CODES.get(op, -1), root,
-                    DTYPE_CODES.get(dtype, -1), numel, code(str(tuple(shape))), int(tag)]
-            if algorithm == "shm":        # the check rides in the shm workspace header: no round
-                return shm_collectives.checked(comm, name, meta, check.errors, body)
-            if inband.applies(comm, algorithm):      # the check rides in the data (inband.py)
-                ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
-                try:
-                    if not check.errors:
-                        body()
-                    ib.finish()
-                finally:
-                    comm._inband = None
-                return
-            if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
-                return
-            body()
+        way = plan.check                 # decided once per signature (Plan)
+        template = replay.record if replay is not None else None
+        rec, prev = LEDGER.open_call(name, algorithm, nbytes, template)  # no `with`: a generator costs µs
+        ok = False
+        try:
+            checked(way)
+            ok = True
+        finally:
+            LEDGER.close_call(rec, prev, ok)
+        if replay is not None and template is None and not LEDGER.in_control():
+            replay.record = rec           # the first replay counts its messages; the later ones add it
 
+    def checked(way):
+        if way is None:
+            return body()
+        meta = fingerprint(name, algorithm, op, root, dtype, numel, tuple(shape), tag)
+        if way == "shm":              # the check rides in the shm workspace header: no round
+            return shm_collectives.checked(comm, name, meta, check.errors, body)
+        if way == "inband":           # the check rides in the data (inband.py)
+            ib = comm._inband = inband.InBand(comm, name, meta, check.errors)
+            try:
+                if not check.errors:
+                    body()
+                ib.finish()
+            finally:
+                comm._inband = None
+            return
+        if check_round(comm, name, meta, check.errors, fused):
+            return
+        body()
+
+    return _execute(comm, go, async_op, name)
+
+
+def submit(comm, fn, name: str = "call") -> Work:
+    """Run fn() on comm's worker thread, in call order with its async collectives (the one
+    executor for asynchronous communication); returns its Work."""
+    return _execute(comm, fn, True, name)
+
+
+def _execute(comm, go, async_op: bool, name: str):
+    """Collectives on one communicator run in call order on a single worker thread when any of
+    them is asynchronous, so point-to-point messages of different calls can never interleave."""
     key = id(comm)
+    if not async_op and not _pending.get(key):     # nothing queued (the common case): here, no lock
+        go()
+        return None
     with _lock:
-        pend = [f for f in _pending.get(key, []) if not f.done()]
-        _pending[key] = pend
+        pend = _pending.get(key)
+        if pend:
+            pend = _pending[key] = [f for f in pend if not f.done()]
         if not async_op and not pend:
             ex = None
         else:
@@ -111,12 +123,12 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
             if ex is None:
                 ex = _executors[key] = ThreadPoolExecutor(1, thread_name_prefix=f"ringzero-{name}")
             fut = ex.submit(go)
-            pend.append(fut)
+            _pending.setdefault(key, []).append(fut)
     if ex is None:
         go()
         return None
     if async_op:
-        return AsyncWork(fut)
+        return Work(comm, fut, None, name)
     fut.result()
     return None
 
@@ -135,7 +147,7 @@ def drain() -> None:
 def flat_work(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """A contiguous 1-D view of t, or a contiguous copy when t is not contiguous."""
     if t.is_contiguous():
-        return t.view(-1), False
+        return (t if t.dim() == 1 else t.view(-1)), False
     return t.contiguous().view(-1), True
 
 
@@ -172,7 +184,91 @@ def fuses(name: str, algo: str, comm, nbytes: int) -> bool:
             and fits(f[1](nbytes, comm.size)))
 
 
-def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
+class Plan:
+    """What the first call of a signature decides, replayed by every later call with it (MPI-4's
+    persistent collectives: MPI_Allreduce_init decides, MPI_Start replays; NCCL keeps plans per
+    communicator). Kept in comm.plans, keyed by (call, algorithm asked for, S, check on, strict):
+      algo   the algorithm that runs: "auto" resolved by the cost model once (~7 predictions)
+      fused  whether the data rides in the check's envelopes (envelope.py)
+      check  how the check travels (check_way): None (off), "shm", "inband" or "round"
+    and, per fingerprint (call, algorithm, op, root, dtype, numel, shape, tag), the 8 ints the
+    check sends (fingerprint(), cached the same way). A signature whose first call had bad
+    arguments gets no plan: it is checked again next time."""
+    __slots__ = ("algo", "fused", "check")
+
+    def __init__(self, algo: str, fused: bool, check: str | None):
+        self.algo, self.fused, self.check = algo, fused, check
+
+
+class Replay:
+    """A planned signature as its later calls replay it, kept in comm.plans by replay_key: the
+    Plan, what the argument check derived (`args`: the op's name, the root, ...), and the ledger
+    record its first replay counted (record), which every later replay adds without counting a
+    message. Only a signature whose planning call passed the argument check gets one."""
+    __slots__ = ("plan", "args", "record")
+
+    def __init__(self, plan: Plan, args):
+        self.plan, self.args, self.record = plan, args, None
+
+
+PASSED = Check(None, "replayed")   # a replayed call's check: its signature passed when it was planned
+
+
+def sig(t):
+    """What a replayed call's tensor (or list of tensors) must share with the planned call's."""
+    if isinstance(t, (list, tuple)):
+        return tuple(map(sig, t))
+    return (t.dtype, t.shape, t.device.type, t.layout) if isinstance(t, torch.Tensor) else type(t)
+
+
+def replayed(comm, *key) -> tuple[Replay | None, tuple | None]:
+    """(the Replay of this signature or None, its key; None when a part is unhashable). key: the
+    call's name, sig() of its tensors, its other arguments; the check switch and strict mode added."""
+    key = (*key, _HANDSHAKE, comm.strict)
+    try:
+        return comm.__dict__.get("plans", {}).get(key), key
+    except TypeError:
+        return None, None
+
+
+def remember(comm, key, check: Check, pl: Plan, args=None) -> None:
+    """Keep the Replay of a signature whose planning call passed the argument check."""
+    if key is not None and not check.errors:
+        comm.plans[key] = Replay(pl, args)
+
+
+def check_way(comm, algo: str) -> str | None:
+    """How a call's check travels: None (switched off, or a world of one); "shm": in the shared-memory
+    workspace header; "inband": in the algorithm's first messages (inband.py); "round": envelopes
+    of their own before the algorithm (envelope.py)."""
+    if not (_HANDSHAKE and comm.size > 1):
+        return None
+    return "shm" if algo == "shm" else "inband" if inband.applies(comm, algo) else "round"
+
+
+@functools.lru_cache(maxsize=4096)
+def fingerprint(name, algorithm, op, root, dtype, numel, shape, tag) -> list[int]:
+    return [code(name), code(algorithm), OP_CODES.get(op, -1), root, DTYPE_CODES.get(dtype, -1), numel,
+            code(str(tuple(shape))), int(tag)]
+
+
+def plan(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> Plan:
+    """comm's plan for this signature, built by its first call (see Plan)."""
+    plans = comm.__dict__.get("plans")
+    if plans is None:
+        plans = comm.plans = {}
+    key = (name, algorithm, nbytes, _HANDSHAKE, getattr(comm, "strict", False))
+    p = plans.get(key)
+    if p is None:
+        errors = len(check.errors)
+        algo = _resolve(name, algorithm, algos, comm, nbytes, check)
+        p = Plan(algo, fuses(name, algo, comm, nbytes), check_way(comm, algo))
+        if len(check.errors) == errors:
+            plans[key] = p
+    return p
+
+
+def _resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
     transport = getattr(comm, "transport", None)           # shm transport: auto may pick "shm"
     if algorithm == "auto":
         if "hierarchical" in algos and prefers_hierarchical(comm):

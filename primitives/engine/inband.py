@@ -1,7 +1,7 @@
 """The check rides in the data: the call's fingerprint travels with the algorithm's first messages.
 
     python -m pytest -q -x tests/test_check_in_data.py tests/test_primitives_errors.py
-    torchrun --standalone --nproc_per_node 4 primitives/engine/bench.py --ops all_reduce   ("check cost")
+    torchrun --standalone --nproc_per_node 4 benchmarks/collectives.py --ops all_reduce   ("check cost")
 
 The checked call (core.run) hands the algorithm a communicator whose first posting of the call
 does three things at once, with no wait in between:
@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import torch
 
-from primitives.comm import DONE
+from primitives.comm import DONE, Work
 from primitives.engine.algos import ENVELOPE_BYTES, ENVELOPE_PAYLOAD, HEADER_BYTES
-from primitives.engine.envelope import (ERR, FOLLOW, INLINE_AT, MAGIC, NH, count_fused, drain, envelopes,
-                                        verdict)
+from primitives.engine.envelope import (ERR, FOLLOW, INLINE_AT, MAGIC, NH, count_fused, drain, envelope_text,
+                                        envelopes, verdict)
+from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
 
 INLINE = ENVELOPE_PAYLOAD        # a first message up to this size rides inside its envelope
@@ -55,8 +56,10 @@ def applies(comm, algo: str) -> bool:
 
 
 class _Later:
-    """A request of the first posting that waits for the verdict: wait() settles the call first."""
+    """A Work's handle for an operation of the first posting that waits for the verdict: wait()
+    settles the call first."""
     __slots__ = ("ib", "kind", "t", "peer", "req")
+    waits_itself = True
 
     def __init__(self, ib, kind, t, peer):
         self.ib, self.kind, self.t, self.peer, self.req = ib, kind, t, peer, None
@@ -67,29 +70,16 @@ class _Later:
             self.req.wait()
         return True
 
-
-class _Once:
-    """A request both the algorithm and the call's end may wait on: gloo counts waits on a send
-    (a second wait blocks for a second send), so only the first reaches the transport."""
-    __slots__ = ("req", "done")
-
-    def __init__(self, req):
-        self.req, self.done = req, False
-
-    def wait(self, timeout=None) -> bool:
-        if not self.done:
-            self.req.wait()
-            self.done = True
-        return True
+    def is_completed(self) -> bool:
+        return self.req is not None and self.req.is_completed()
 
 
 class InBand:
     """One checked call's state while its algorithm runs (comm._inband)."""
 
-    def __init__(self, comm, name, meta, errors, meta_desc, error_cls):
+    def __init__(self, comm, name, meta, errors):
         n, me = comm.size, comm.rank
         self.comm, self.name, self.meta, self.errors = comm, name, meta, errors
-        self.meta_desc, self.error_cls = meta_desc, error_cls
         self.peers = [(me + i) % n for i in range(1, n)]
         self.opened = self.settled = False
         self.failed = None
@@ -121,7 +111,7 @@ class InBand:
         i = self.inline_left.pop(p)
         nb = t.numel() * t.element_size()
         if nb != self.heads[i][INLINE_AT]:      # cannot happen once the fingerprints agree
-            raise self.error_cls(f"rank {self.comm.rank}: {self.name}: rank {p} sent {self.heads[i][INLINE_AT]} "
+            raise CollectiveError(f"rank {self.comm.rank}: {self.name}: rank {p} sent {self.heads[i][INLINE_AT]} "
                                  f"bytes in its envelope, this rank expected {nb}")
         got = envelopes(self.comm).views(nb, t.dtype)[1][i]
         t.copy_(got if t.dim() == 1 else got.view(t.shape))
@@ -161,15 +151,15 @@ class InBand:
                     follow[p] = t
                     reqs.append(None)            # filled below, once posted
             else:
-                reqs.append(_Later(self, kind, t, p))
-        self.later = [r for r in reqs if isinstance(r, _Later)]
+                reqs.append(Work(comm, _Later(self, kind, t, p), p, kind))
+        self.later = [r.handle for r in reqs if r is not None and isinstance(r.handle, _Later)]
         env_ops = ([("upto", r, p) for r, p in zip(env.rows(env.inc), peers)]
                    + [("send", r, p) for r, p in zip(env.rows(env.out, *head), peers)])
         with LEDGER.control_traffic():
             posted = comm._post_raw(env_ops)
-        self.env_in, self.mine = posted[:len(peers)], [_Once(r) for r in posted[len(peers):]]
+        self.env_in, self.mine = posted[:len(peers)], posted[len(peers):]   # a Work reaches the transport once
         if follow:
-            early = [_Once(r) for r in comm._post_raw([("send", t, p) for p, t in follow.items()])]
+            early = comm._post_raw([("send", t, p) for p, t in follow.items()])
             self.mine += early
             it = iter(early)
             reqs = [next(it) if r is None else r for r in reqs]
@@ -179,7 +169,7 @@ class InBand:
     def settle(self) -> None:
         if self.settled:
             if self.failed is not None:          # every later wait of the aborted call raises too
-                raise self.error_cls(self.failed)
+                raise CollectiveError(self.failed)
             return
         if not self.opened:
             self.open([])
@@ -190,11 +180,11 @@ class InBand:
         env = envelopes(comm)
         heads = env.inc_np[:, :NH * 8].view("int64").tolist()
         problem = verdict(comm, self.name, [MAGIC, *self.meta, len(self.errors)], self.errors,
-                          peers, heads, env.inc, self.meta_desc)
+                          peers, heads, envelope_text(env.inc))
         if problem is not None:
             self.failed = problem
             self._drain(heads)
-            raise self.error_cls(problem)
+            raise CollectiveError(problem)
         self.heads = heads
         self.inline_left = {p: i for i, p in enumerate(peers) if heads[i][INLINE_AT]}
         posts = []

@@ -37,10 +37,10 @@ import torch.distributed as dist
 
 from primitives.engine import faults, shm_segment as seg
 from primitives.engine.checked import DEFAULT_TIMEOUT
-from primitives.engine.comms import TorchComm
+from primitives.engine.comms import CheckedTorchComm
 from primitives.engine.errors import PeerError
 from primitives.engine.rendezvous import Rounds, arrive
-from primitives.engine.shm_segment import (LINE, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
+from primitives.engine.shm_segment import (LINE, SLEEP_OFF, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
                                           layout, transport_from_env)
 
 class _Op:
@@ -63,8 +63,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class ShmComm(TorchComm):
-    """A TorchComm whose messages to ranks on this host go through shared memory."""
+class ShmComm(CheckedTorchComm):
+    """A CheckedTorchComm whose messages to ranks on this host go through shared memory."""
 
     def __init__(self, group=None, timeout: float | None = None, transport: str | None = None):
         super().__init__(group, timeout)
@@ -116,15 +116,13 @@ class ShmComm(TorchComm):
         self._head = {r: 0 for r in local}                         # chunks I published to r
         self._tail = {r: 0 for r in local}                         # chunks I consumed from r
         self._busy: set[int] = set()
-        self._bar = 0
-        self.ws_gen = 0                                            # shm_collectives: chunk counter
 
     # ------------------------------------------------------------------ channel geometry
     def _chan(self, src_rank: int, dst_rank: int) -> int:
         return self.L["chan0"] + (self.local[src_rank] * self.n_local + self.local[dst_rank]) * self.L["chan"]
 
     def _door(self, rank: int) -> int:
-        """Byte offset of rank's doorbell: an int32 in its control line (the barrier count is at +0)."""
+        """Byte offset of rank's doorbell: an int32 in its control line."""
         return self.L["ctl"] + self.local[rank] * LINE + 32
 
     def ring(self, rank: int) -> None:
@@ -217,35 +215,52 @@ class ShmComm(TorchComm):
             tensor.copy_(tmp)
             handle.out = None
 
-    def spin_until(self, ready, peer: int, kind: str, progress: bool = False) -> None:
+    def _completed(self, handle) -> bool:
+        if not isinstance(handle, _Op):
+            return super()._completed(handle)
+        with self._lock:
+            self._progress()                     # nothing moves in the background: advance it here
+        return handle.done
+
+    def spin_until(self, ready, peer, kind: str, progress: bool = False) -> None:
         """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
-        YIELD_S, then block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
-        Every 50 ms a dead local peer, and the deadline, become a PeerError."""
+        YIELD_S, then raise my "asleep" flag (the shm collectives' publishers ring only then),
+        poll once more and block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
+        Every 50 ms a dead local peer, and the deadline, become a PeerError naming `peer` (the
+        rank waited for, or a function giving it). The one wait loop of both transports' waits."""
         spins, start, check = 0, None, 0.0
         door = self._door(self.rank)
-        while True:
-            bell = int(self.i32[door // 4])              # read before checking: no lost wake-up
-            if progress:
-                with self._lock:
-                    self._progress()
-            if ready():
-                return
-            spins += 1
-            if spins < SPIN:
-                continue
-            now = time.monotonic()
-            if start is None:
-                start = now
-            if now >= check:
-                self._check_peers(peer, kind)
-                check = now + 0.05
-            if now - start > self.timeout:
-                raise self._peer_error(peer, kind, RuntimeError(
-                    f"timed out after {self.timeout:.0f}s on the shared-memory transport"))
-            if now - start < YIELD_S:
-                os.sched_yield()
-            else:
+        sleep = (door - 32 + SLEEP_OFF) // 4             # my int32 "asleep" flag, in the same control line
+        try:
+            while True:
+                bell = int(self.i32[door // 4])          # read before checking: no lost wake-up
+                if progress:
+                    with self._lock:
+                        self._progress()
+                if ready():
+                    return
+                spins += 1
+                if spins < SPIN:
+                    continue
+                now = time.monotonic()
+                if start is None:
+                    start, check = now, now + 0.05      # liveness: /proc reads cost ~1 ms under load
+                if now - start < YIELD_S:
+                    os.sched_yield()
+                    continue
+                if not self.i32[sleep]:
+                    self.i32[sleep] = 1
+                    continue                             # poll once more after saying I sleep
+                who = peer() if callable(peer) else peer
+                if now >= check:
+                    self._check_peers(who, kind)
+                    check = now + 0.05
+                if now - start > self.timeout:
+                    raise self._peer_error(who, kind, RuntimeError(
+                        f"timed out after {self.timeout:.0f}s on the shared-memory transport"))
                 seg.futex_wait(self._base + door, bell, 5e-3)
+        finally:
+            self.i32[sleep] = 0
 
     def _check_peers(self, peer: int, kind: str) -> None:
         """A local peer whose process is gone ends the wait, even if it is not `peer`; the
@@ -256,38 +271,15 @@ class ShmComm(TorchComm):
                 why = faults.PID_GONE.format(pid=self.procs[r][0])
                 raise self._peer_error(peer, kind, PeerError(f"rank {r} {why}", dead=r, evidence=why))
 
-    # ------------------------------------------------------------------ for shm_collectives
-    def barrier_local(self, what: str) -> None:
-        """Every local rank reaches this point: bump my counter, wait for everyone's."""
-        self._bar += 1
-        v, i64, base = self._bar, self.i64, self.L["ctl"] // 8
-        stride = LINE // 8
-        i64[base + self.me * stride] = v
-        for r in self.local:
-            if r != self.rank:
-                self.ring(r)
-        others = [(r, base + i * stride) for r, i in self.local.items() if r != self.rank]
-        pending = list(others)
 
-        def ready():
-            while pending and i64[pending[-1][1]] >= v:
-                pending.pop()
-            return not pending
-        self.spin_until(ready, pending[-1][0] if pending else self.rank, f"{what}: waiting at a barrier for")
-
-    def workspace(self, rank: int, gen: int, dtype, numel: int) -> torch.Tensor:
-        off = self.L["ws"] + (2 * self.local[rank] + gen % 2) * WS_BYTES
-        return self.u8[off:off + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
-
-
-def build(group=None, timeout: float | None = None, transport: str | None = None) -> TorchComm:
+def build(group=None, timeout: float | None = None, transport: str | None = None) -> CheckedTorchComm:
     """The communicator get_comm() builds: ShmComm on gloo (it falls back to plain TCP by itself),
-    TorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
+    CheckedTorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
     timeout = float(os.environ.get("RINGZERO_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
     if dist.get_backend(group) != "gloo":
         if transport_from_env(transport) == "shm":
             raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
-        return arrive(TorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
+        return arrive(CheckedTorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
     return ShmComm(group, timeout, transport)
 
 
