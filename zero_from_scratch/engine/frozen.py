@@ -100,12 +100,12 @@ class FrozenParams:
             # ran, so the weights may still be needed; after_backward releases them instead.
             if any(g is not None for g in grad_input):
                 for u in units:
-                    self.e.stage._release(u)
+                    self.e.stage._release(u, "backward")
         return hook
 
     def after_backward(self) -> None:
         for u in self.units:
-            self.e.stage._release(u)
+            self.e.stage._release(u, "backward")
 
     @contextlib.contextmanager
     def gathered(self, params, modifier_rank=None):
@@ -123,7 +123,7 @@ class FrozenParams:
             for u in mine:
                 if modifier_rank is not None:
                     st.write_back(u, modifier_rank)
-                st._release(u)
+                st._release(u, "frozen gathered")     # persistent frozen units stay
 
     def full(self, write_back: bool = False):
         """Every frozen tensor full inside the block: checkpoint save reads them, load writes them

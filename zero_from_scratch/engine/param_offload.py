@@ -258,7 +258,7 @@ def make(stage) -> ParamStore | None:
                          "all-gathers of offloaded shards); allowed: one of the two")
     # each unit's block is assembled (zero_partition.unit_block: one unit whole at a time, Init's
     # shards read back and dropped) and written to its home at once: no Ψ/N copy in memory
-    store = ParamStore(stage.e, spec, stage.dtype, stage.dev, source=lambda u: zp.unit_block(stage, u))
+    store = ParamStore(stage.e, spec, stage.dtype, stage.dev, source=stage._unit_block)
     zp.adopt(stage.e, stage.e.layout.units, stage.params)
     return store
 

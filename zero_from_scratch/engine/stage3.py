@@ -31,16 +31,19 @@ from zero_from_scratch.engine import hpz, param_offload, qgz, qwz
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
-from zero_from_scratch.engine.stages import engine_inputs, labelled, make_pool
-from zero_from_scratch.engine.zero_partition import make_param_storage
+from zero_from_scratch.engine import zero_partition as zp
+from zero_from_scratch.engine.stages import BucketPool, Pooled, engine_inputs, labelled
 from zero_from_scratch.stage3 import Stage3
 
 
-class ZeroStage3(Stage3):
+FORCED = ("gather_ctx", "evict", "step")     # releases that drop even persistent and pinned units
+
+
+class ZeroStage3(Pooled, Stage3):
     def __init__(self, engine):
         z, c = engine.config.zero, engine.comm
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
-        self.pool = make_pool(self, engine)
+        self.pool = BucketPool(self, engine)
         self.pf = Prefetcher(self.unit, z.stage3_prefetch_bucket_size if self.overlap else 0,
                              z.stage3_max_live_parameters, z.stage3_max_reuse_distance)
         self.persistent = {u.index for u in engine.layout.units if u.numel <= z.stage3_param_persistence_threshold}
@@ -57,15 +60,22 @@ class ZeroStage3(Stage3):
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
     def kw(self, purpose: str, u=None) -> dict:
-        return labelled(self, purpose, u, self.tag)
+        return {**super().kw(purpose, u), **labelled(self, purpose, u, self.tag)}
 
     def _make_param_storage(self) -> None:
-        if getattr(self.e.config, "offload_param", None) is not None:
-            # param_offload.make builds each unit's shard straight into its store: no Ψ/N here
+        if getattr(self.e.config, "offload_param", None) is None:
+            super()._make_param_storage()
+            zp.adopt(self.e, self.layout.units, self.params)
+        else:   # param_offload.make writes each unit's block (_unit_block) straight into its store: no Ψ/N here
             self.flat, self.pshard = [], [torch.empty(0, dtype=self.dtype, device=self.dev)
                                           for _ in self.layout.group_local]
-            return
-        make_param_storage(self)          # the textbook's, plus shards built by zero.Init (zero_partition.py)
+
+    def _unit_block(self, u) -> torch.Tensor:
+        """The textbook's (rank 0's unit, broadcast), or, for parameters zero.Init partitioned,
+        their shards gathered one at a time (zero_partition.py)."""
+        if any(zp.held_by_init(self.params[s.name]) for s in u.slots):
+            return zp.unit_block(self, u)
+        return super()._unit_block(u)
 
     @property
     def stats(self) -> dict:
@@ -74,8 +84,8 @@ class ZeroStage3(Stage3):
     def unit(self, i: int):
         """A unit by index: the engine's layout, then (frozen.py) the frozen parameters' units,
         numbered after it; both can be gathered, traced, kept and released."""
-        units = self.e.layout.units
-        return units[i] if i < len(units) else self.e.frozen.units[i - len(units)]
+        n = len(self.layout.units)
+        return super().unit(i) if i < n else self.e.frozen.units[i - n]
 
     def param_shard(self, u) -> torch.Tensor:
         poff = getattr(self, "poff", None)                # None while the textbook builds the shards
@@ -94,11 +104,6 @@ class ZeroStage3(Stage3):
     def zero_grad(self) -> None:
         self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()
 
-    def _new_bucket(self, u) -> torch.Tensor:
-        return self.pool.take(u)
-
-    def _bucket_done(self, u, b) -> None:
-        self.pool.give_back(u)
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u, kind: str, label: str) -> None:
@@ -117,7 +122,7 @@ class ZeroStage3(Stage3):
                 self.poff.end_read(u)                     # the collective has the shard: drop its copy
             self._install(u, full)
             return
-        self.pf.make_room(u.padded, lambda v: self._release(v, force=True))
+        self.pf.make_room(u.padded, lambda v: self._release(v, "evict"))
         self.tag = self.check.count(kind, u, label)
         self.pf.count_live(u.padded)
         self.pf.stats["demand"] += 1
@@ -158,43 +163,40 @@ class ZeroStage3(Stage3):
         super()._install(u, full)
         self.saved.add(u.index, full)
 
-    def _release(self, u, force: bool = False) -> None:
-        if u.index in self.full_of and (force or (u.index not in self.persistent and not self.pinned.get(u.index))):
+    def _release(self, u, kind: str) -> None:
+        """After forward a unit the trace uses again soon is kept (evictable); persistent and pinned
+        units stay until a forced release ("gather_ctx", "evict", "step")."""
+        if u.index not in self.full_of:
+            return
+        if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
+            self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
+            return
+        if kind in FORCED or (u.index not in self.persistent and not self.pinned.get(u.index)):
             if u.index in self.pf.kept:
                 self.pf.kept.remove(u.index)
             self.pf.live -= u.padded
             self.saved.remove(self.full_of[u.index])
-            super()._release(u)
+            super()._release(u, kind)
 
     def release_all(self) -> None:
         """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
         self.pf.drop()
         for i in list(self.full_of):
-            self._release(self.unit(i), force=True)
+            self._release(self.unit(i), "step")
 
     # ------------------------------------------------------------------ the hooks follow the trace
     def _pre_forward(self, name, units):
-        def hook(module, args):
-            for u in units:
-                self.pf.follow("forward", u)
-                self._gather(u, "forward", f"forward of {name!r}")
-            self.pf.prefetch(self.full_of, self._start_prefetch)
-        return hook
-
-    def _post_forward(self, units):
-        def hook(module, args, output):
-            for u in units:
-                if u.index in self.full_of and u.index not in self.persistent and self.pf.reused_soon(u):
-                    self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
-                else:
-                    self._release(u)
-        return hook
+        return self._following("forward", units, super()._pre_forward(name, units))
 
     def _pre_backward(self, name, units):
-        def hook(module, grad_output):
+        return self._following("backward", units, super()._pre_backward(name, units))
+
+    def _following(self, kind: str, units, gather):
+        """The textbook's gather hook, walking the trace first and prefetching after."""
+        def hook(module, *args):
             for u in units:
-                self.pf.follow("backward", u)
-                self._gather(u, "backward", f"backward of {name!r}")
+                self.pf.follow(kind, u)
+            gather(module, *args)
             self.pf.prefetch(self.full_of, self._start_prefetch)
         return hook
 
@@ -224,8 +226,6 @@ class ZeroStage3(Stage3):
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self.pf.drop()                   # a micro-batch that left the trace may leave some in flight
-        for i in list(self.full_of):
-            self._release(self.unit(i))  # frozen units too; persistent units stay until the step
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 
@@ -239,6 +239,7 @@ class ZeroStage3(Stage3):
 
     # ------------------------------------------------------------------ optimizer, checkpoints, users
     def after_step(self) -> None:
+        super().after_step()
         if self.hpz:
             self.hpz.clear()             # secondary shards are stale once the weights move
         if self.poff:
@@ -253,21 +254,15 @@ class ZeroStage3(Stage3):
         modifier_rank, that rank's edits are broadcast and written back into every shard."""
         wanted = {id(p) for p in params}
         units = [u for u in self.layout.units if any(id(self.params[s.name]) in wanted for s in u.slots)]
-        mine = [u for u in units if u.index not in self.full_of]
-        for u in mine:
-            self._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")
-        try:
-            yield
-        finally:
-            for u in units:             # already-gathered (persistent, kept) units are written back too
+        with super().gathered(units):
+            try:
+                yield
+            finally:
                 if modifier_rank is not None:
-                    full = self.write_back(u, modifier_rank)
-                    if u not in mine:   # stays gathered: its copy must hold the modifier's values too
-                        self._install(u, self.full_of[u.index].copy_(full))
-                if u in mine:
-                    self._release(u, force=True)
-            if modifier_rank is not None:
-                self.e.refresh_master()
+                    for u in units:          # already-gathered (persistent, kept) units are written back too
+                        full = self.write_back(u, modifier_rank)
+                        self.full_of[u.index].copy_(full)    # a unit that stays gathered holds the edit too
+                    self.e.refresh_master()
 
     def write_back(self, u, modifier_rank: int) -> torch.Tensor:
         """modifier_rank's (possibly edited) full unit → every rank's shard; returns the full unit."""
