@@ -31,7 +31,7 @@ from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
 from primitives.launch import spawn
 from primitives.log import console
-from zero_from_scratch.parity.sides import prepare_deepspeed
+from zero_from_scratch.engine.real_deepspeed import prepare_deepspeed
 
 VOCAB, DIM, SEQ = 97, 32, 16
 

@@ -155,7 +155,7 @@ def test_lion_step_is_the_papers_update_with_fused_lions_zero_rule():
 # ----------------------------------------------------------------------------- schedules vs DeepSpeed
 def _ds_schedules():
     pytest.importorskip("deepspeed")
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     prepare_deepspeed()
     from deepspeed.runtime import lr_schedules as ds
     return ds

@@ -49,7 +49,7 @@ CONFIGS = {   # the config's optimizer and scheduler sections (DeepSpeed builds 
 
 def _run(side, stage, opt_name, rank):
     import zero_from_scratch
-    from zero_from_scratch.parity.sides import full_params, prepare_deepspeed
+    from parity.zero.sides import full_params, prepare_deepspeed
     m = _model()
     cfg = {"train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
@@ -101,7 +101,7 @@ def test_client_optimizers_and_scheduler_equal_deepspeed(spawn):
 
 def _safe_values(side, stage, bf16, rank):
     import zero_from_scratch
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     if side == "deepspeed":
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
     else:
@@ -180,7 +180,7 @@ def _resume_from_deepspeed(rank, world, d, stage, bf16):
     import warnings
     warnings.filterwarnings("ignore")
     import zero_from_scratch
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     m = _model()
     ds, *_ = prepare_deepspeed().initialize(model=m, model_parameters=m.parameters(), config=_ckpt_cfg(stage, bf16))
     _steps(ds, rank, range(2))
@@ -224,7 +224,7 @@ def _save_ours(rank, world, d, stage):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeeds_zero_to_fp32_reads_our_checkpoint(spawn, tmp_path, stage):
     from zero_from_scratch.engine.checkpoint_read import consolidate
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     spawn(_save_ours, 2, args=(str(tmp_path), stage))
     prepare_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
