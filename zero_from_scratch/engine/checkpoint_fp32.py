@@ -14,9 +14,9 @@ checkpoint_read.consolidate. Cost: every rank's files read once (O(Ψ) memory), 
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
-import re
 
 import torch
 
@@ -61,37 +61,35 @@ def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir,
     return model
 
 
-_UNITS = {"KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12, "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
-
-
-def _bytes(size) -> int:
-    if isinstance(size, int):
-        return size
-    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]I?B)\s*", str(size).upper())
-    if not m:
-        raise ValueError(f"max_shard_size = {size!r} is invalid; allowed: an int of bytes or e.g. '5GB'")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
-
 def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype=torch.float32, max_shard_size="5GB",
                                           safe_serialization=False, tag=None, exclude_frozen_parameters=False) -> None:
-    """One file in output_dir: pytorch_model.bin (model.safetensors with safe_serialization). A state
-    dict larger than max_shard_size is refused: DeepSpeed would write shards and an index file."""
+    """output_dir/pytorch_model.bin (model.safetensors with safe_serialization); larger than
+    max_shard_size: shards split by huggingface_hub's split_torch_state_dict_into_shards plus an
+    index file, as DeepSpeed writes them."""
     dtype = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}.get(dtype, dtype) if isinstance(dtype, str) else dtype
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
-    sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
-    total = sum(v.numel() * v.element_size() for v in sd.values())
-    if max_shard_size is not None and total > _bytes(max_shard_size):
-        raise NotImplementedError(f"the state dict has {total} bytes > max_shard_size {max_shard_size!r}: sharded "
-                                  "output is not implemented here; DeepSpeed would split it into shards with an index "
-                                  "file. Pass max_shard_size=None for one file")
+    # own storage per tensor: views of one flat master would all land in one shard (the splitter groups by storage)
+    sd = {k: (v.to(dtype, copy=True) if v.is_floating_point() else v.clone()) for k, v in sd.items()}
+    weights = "model.safetensors" if safe_serialization else "pytorch_model.bin"
+    files, split = {weights: list(sd)}, None
+    if max_shard_size is not None:
+        from huggingface_hub import split_torch_state_dict_into_shards   # DeepSpeed's own splitter, only here
+        pattern = weights.replace(".bin", "{suffix}.bin").replace(".safetensors", "{suffix}.safetensors")
+        split = split_torch_state_dict_into_shards(sd, filename_pattern=pattern, max_shard_size=max_shard_size)
+        files = split.filename_to_tensors
     os.makedirs(output_dir, exist_ok=True)
-    if safe_serialization:
-        from safetensors.torch import save_file   # optional dependency, as in DeepSpeed
-        save_file(sd, os.path.join(output_dir, "model.safetensors"), metadata={"format": "pt"})
-    else:
-        atomic_write(os.path.join(output_dir, "pytorch_model.bin"), lambda f: torch.save(sd, f))
+    for name, keys in files.items():
+        shard = {k: sd[k] for k in keys}
+        if safe_serialization:
+            from safetensors.torch import save_file   # optional dependency, as in DeepSpeed
+            save_file(shard, os.path.join(output_dir, name), metadata={"format": "pt"})
+        else:
+            atomic_write(os.path.join(output_dir, name), lambda f, shard=shard: torch.save(shard, f))
+    if split is not None and split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        atomic_write(os.path.join(output_dir, f"{weights}.index.json"),
+                     lambda f: f.write((json.dumps(index, indent=2, sort_keys=True) + "\n").encode()))
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
