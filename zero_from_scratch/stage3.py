@@ -69,14 +69,14 @@ class Stage3(Stage2):
     # ------------------------------------------------------------------ gather before use, release after
     def _gather(self, u, kind: str, label: str) -> None:
         """Full parameters of u, now. kind: "forward", "backward" or "gather_ctx"; label names the module."""
-        if u.index in self.full_of:
-            return
-        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
-        self._fetch(u, kind, full)
-        self._install(u, full)
+        if u.index not in self.full_of:
+            self._install(u, self._fetch(u, kind))
 
-    def _fetch(self, u, kind: str, full: torch.Tensor) -> None:
+    def _fetch(self, u, kind: str) -> torch.Tensor:
+        """u's full parameters, all-gathered from every rank's shard."""
+        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
         self.comm.all_gather_single(full, self.param_shard(u), **self.kw(f"param all-gather ({kind})", u))
+        return full
 
     def _install(self, u, full: torch.Tensor) -> None:
         for s in u.slots:

@@ -107,21 +107,10 @@ class ZeroStage3(Pooled, Stage3):
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u, kind: str, label: str) -> None:
-        if u.index in self.full_of:
-            if u.index in self.pf.kept:
-                self.pf.kept.remove(u.index)              # in use again: not evictable
-            return
-        if u.index in self.pf.prefetched:
-            h, full = self.pf.prefetched.pop(u.index)
-            try:
-                h.wait()
-            except CollectiveError as e:
-                raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {label} failed: {e}") from e
-            self.pf.stats["prefetch_used"] += 1
-            if self.poff:
-                self.poff.end_read(u)                     # the collective has the shard: drop its copy
-            self._install(u, full)
-            return
+        if u.index in self.pf.kept:
+            self.pf.kept.remove(u.index)                  # in use again: not evictable
+        if u.index in self.full_of or u.index in self.pf.prefetched:
+            return super()._gather(u, kind, label)
         self.pf.make_room(u.padded, lambda v: self._release(v, "evict"))
         self.tag = self.check.count(kind, u, label)
         self.pf.count_live(u.padded)
@@ -132,17 +121,33 @@ class ZeroStage3(Pooled, Stage3):
         finally:
             self.tag = 0
 
-    def _fetch(self, u, kind: str, full: torch.Tensor) -> None:
-        if self.qwz and kind in qwz.KINDS:                           # int8 on the wire (hpZ inside)
-            return self.qwz.fetch(u, kind, full)
-        if self.hpz and self.hpz.gather(u, kind, full, self.tag):   # hpZ: backward stays in the node
-            return
+    def _fetch(self, u, kind: str) -> torch.Tensor:
+        """The prefetched buffer once its all-gather is done; else qwZ (int8 on the wire, hpZ inside),
+        hpZ (backward stays in the node) or the textbook's all-gather, from the offloaded shard."""
+        if u.index in self.pf.prefetched:
+            h, full = self.pf.prefetched.pop(u.index)
+            try:
+                h.wait()
+            except CollectiveError as e:
+                raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {kind} of {u.tag!r} failed: {e}") from e
+            self.pf.stats["prefetch_used"] += 1
+            if self.poff:
+                self.poff.end_read(u)                     # the collective has the shard: drop its copy
+            return full
+        if (self.qwz and kind in qwz.KINDS) or (self.hpz and self.hpz.has(u, kind)):
+            full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
+            if self.qwz and kind in qwz.KINDS:
+                self.qwz.fetch(u, kind, full)
+            else:
+                self.hpz.gather(u, kind, full, self.tag)
+            return full
         fresh = self.poff is not None and self.poff.begin_read(u)
-        super()._fetch(u, kind, full)
+        full = super()._fetch(u, kind)
         if fresh:
             self.poff.end_read(u)
         if self.hpz:
             self.hpz.keep(u, full)
+        return full
 
     def _start_prefetch(self, u, kind: str):
         tag = self.check.count(kind, u, f"prefetch for {kind} of {u.tag!r}")
