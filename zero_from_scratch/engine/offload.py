@@ -36,6 +36,7 @@ import torch
 
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
 from zero_from_scratch.engine.offload_cpu import STREAM_CHUNK, HostOptimizerStates, stream_chunk  # noqa: F401
+from zero_from_scratch.engine.param_offload import file_io
 
 DEVICES = ("none", "cpu", "nvme")
 TUNING = ("pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline")
@@ -73,17 +74,6 @@ def parse(z: dict) -> dict | None:
     return {"device": dev, "nvme_path": s.get("nvme_path")}
 
 
-def _io(fn, fd: int, t: torch.Tensor, offset: int) -> None:
-    """Read or write all of t's bytes at offset (os.preadv / os.pwritev may move fewer)."""
-    mv = memoryview(t.numpy()).cast("B")
-    done = 0
-    while done < len(mv):
-        n = fn(fd, [mv[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"short {'read' if fn is os.preadv else 'write'} at byte {offset + done}")
-        done += n
-
-
 class NvmeOptimizerStates:
     """The engine's optimizer states of this rank, in files, stepped a chunk at a time."""
 
@@ -102,7 +92,7 @@ class NvmeOptimizerStates:
                     fd = self.fds[g, k] = os.open(os.path.join(self.dir, f"group{g}.{k}"), os.O_RDWR | os.O_CREAT
                                                   | os.O_TRUNC, 0o600)
                     for a in range(0, n, len(zero)):       # real bytes, not a sparse file: space is taken now
-                        _io(os.pwritev, fd, zero[:min(len(zero), n - a)], 4 * a)
+                        file_io(True, fd, zero[:min(len(zero), n - a)], 4 * a)
         except OSError as e:
             err = f"{e}"
         bad = self._agree(bool(err))
@@ -136,7 +126,7 @@ class NvmeOptimizerStates:
         for u, a, b in self._chunks():
             m = buf[:b - a]
             m.copy_(self.e.stage.param_shard(u)[a:b])
-            _io(os.pwritev, self.fds[u.group, "master"], m, 4 * (u.local_offset + a))
+            file_io(True, self.fds[u.group, "master"], m, 4 * (u.local_offset + a))
 
     def step(self, coef: float, scale: float) -> None:
         """Adam over every chunk: read (master,) m, v; step; write back; copy master into the params."""
@@ -147,7 +137,7 @@ class NvmeOptimizerStates:
                 n, off = b - a, 4 * (u.local_offset + a)
                 bufs = {k: staging[k][:n] for k in self.keys}
                 for k, t in bufs.items():
-                    _io(os.preadv, self.fds[u.group, k], t, off)
+                    file_io(False, self.fds[u.group, k], t, off)
                 g = e.stage.grad_shard(u)[a:b]
                 g32 = g.mul_(coef / scale) if not e.mixed else g.float().mul_(coef / scale)
                 master = bufs["master"] if e.mixed else e.stage.param_shard(u)[a:b]
@@ -162,7 +152,7 @@ class NvmeOptimizerStates:
                 if e.mixed:
                     e.stage.param_shard(u)[a:b].copy_(master)
                 for k, t in bufs.items():
-                    _io(os.pwritev, self.fds[u.group, k], t, off)
+                    file_io(True, self.fds[u.group, k], t, off)
                 self.bytes_read += 4 * n * len(self.keys)
                 self.bytes_written += 4 * n * len(self.keys)
         except OSError as ex:
@@ -183,7 +173,7 @@ class NvmeOptimizerStates:
         full = {(g, k): torch.empty(n, dtype=torch.float32) for g, n in enumerate(e.layout.group_local)
                 for k in self.keys}
         for (g, k), t in full.items():
-            _io(os.preadv, self.fds[g, k], t, 0)
+            file_io(False, self.fds[g, k], t, 0)
         keep_master, keep_state = e.master, [(s["exp_avg"], s["exp_avg_sq"]) for s in e.optimizer.state]
         if e.mixed:
             e.master = [full[g, "master"] for g in range(len(e.layout.group_local))]
@@ -192,7 +182,7 @@ class NvmeOptimizerStates:
         try:
             yield
             for (g, k), t in full.items():
-                _io(os.pwritev, self.fds[g, k], t, 0)
+                file_io(True, self.fds[g, k], t, 0)
         finally:
             e.master = keep_master
             for s, (m, v) in zip(e.optimizer.state, keep_state):

@@ -84,7 +84,7 @@ def parse(z: dict, stage: int) -> dict | None:
     return spec
 
 
-def _io(write: bool, fd: int, t: torch.Tensor, offset: int) -> None:
+def file_io(write: bool, fd: int, t: torch.Tensor, offset: int) -> None:
     """Read or write all of t's bytes at byte offset (any dtype, bf16 included)."""
     mv = memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
     fn, done = (os.pwritev if write else os.preadv), 0
@@ -127,7 +127,7 @@ class ParamStore:
                 try:
                     fd = self._fd(u.group)
                     if src is not None:
-                        _io(True, fd, src.cpu(), self.b * u.local_offset)
+                        file_io(True, fd, src.cpu(), self.b * u.local_offset)
                 except OSError as ex:
                     err = f"{ex}"
             del src
@@ -170,7 +170,7 @@ class ParamStore:
                 buf.copy_(self.host[u.index])
             else:
                 tmp = buf if self.dev.type == "cpu" else torch.empty(u.shard, dtype=self.dtype)
-                _io(False, self.fds[u.group], tmp, self.b * u.local_offset)
+                file_io(False, self.fds[u.group], tmp, self.b * u.local_offset)
                 buf.copy_(tmp)
         except OSError as ex:
             raise ParamOffloadError(f"rank {self.rank}: reading the {self.name} shard of {u.tag!r} from {self.dir!r} "
@@ -189,7 +189,7 @@ class ParamStore:
             if i in self.host:
                 self.host[i].copy_(buf)
             else:
-                _io(True, self.fds[u.group], buf.cpu(), self.b * u.local_offset)
+                file_io(True, self.fds[u.group], buf.cpu(), self.b * u.local_offset)
         except OSError as ex:
             raise ParamOffloadError(f"rank {self.rank}: writing the {self.name} shard of {u.tag!r} to {self.dir!r} "
                                     f"failed ({ex}); this run's parameters are inconsistent: resume from the last "
