@@ -30,9 +30,9 @@ import tempfile
 from rich.table import Table
 
 from figures.common import ROOT
-from primitives.engine.bench import parse_size, sizes_between
+from benchmarks.collectives import parse_size, sizes_between
 from primitives.engine.cost import choose, family, params, predict
-from primitives.engine.cost_fit import as_python, fit_table, write_model
+from benchmarks.cost_fit import as_python, fit_table, write_model
 from primitives.launch import free_port
 from primitives.log import console
 

@@ -17,7 +17,7 @@ import torch
 
 import primitives as P
 from primitives.engine import shm_segment
-from primitives.engine.bench import parse_size
+from benchmarks.collectives import parse_size
 from primitives.launch import init_from_env
 from primitives.log import print0
 

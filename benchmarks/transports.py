@@ -11,7 +11,7 @@ shown). ringzero runs its default path (--algorithm auto; shm: shm_collectives) 
 ON. busbw as nccl-tests: all-reduce S/t·2(N-1)/N, all-gather/reduce-scatter S/t·(N-1)/N, S the
 full buffer. The ceiling: all_reduce also times "memcpy", every rank copying S bytes at once,
 interleaved like the others; the ratio printed is ringzero's busbw / that copy's S/t at the same
-S (and, once, one core copying 64 MiB: primitives.engine.bench.memcpy_bw).
+S (and, once, one core copying 64 MiB: benchmarks.collectives.memcpy_bw).
 --fit: one-way ping-pong between ranks 0 and 1 on each transport, t(S) = α + S·β (bench.py's fit).
 Buffers are zeros (repeated in-place all-reduce of random data would overflow).
 """
@@ -28,8 +28,8 @@ import torch.distributed as dist
 from rich.table import Table
 
 import primitives as P
-from primitives.engine.bench import memcpy_bw, parse_size, pingpong_fit, sizes_between
-from primitives.engine.comms import TorchComm
+from benchmarks.collectives import memcpy_bw, parse_size, pingpong_fit, sizes_between
+from primitives.engine.comms import CheckedTorchComm
 from primitives.launch import free_port
 from primitives.log import print0
 from primitives.engine.mpi_comm import MPIComm
@@ -145,7 +145,7 @@ def main(argv=None):
         t = Table(title="point-to-point ping-pong, ranks 0 ↔ 1: t(S) = α + S·β")
         for c in ("transport", "α µs", "β ns/B", "1/β GB/s", "t(8 B) µs", "t(4 MiB) µs"):
             t.add_column(c, justify="right")
-        for name, c in (("shm (ringzero)", comm), ("tcp (gloo)", TorchComm()), ("mpich", MPIComm(w))):
+        for name, c in (("shm (ringzero)", comm), ("tcp (gloo)", CheckedTorchComm()), ("mpich", MPIComm(w))):
             params, pts = pingpong_fit(c, 20)
             pt = dict(pts)
             t.add_row(name, f"{params.alpha * 1e6:.1f}", f"{params.beta * 1e9:.3f}", f"{1 / params.beta / 1e9:.2f}",

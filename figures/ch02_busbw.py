@@ -21,7 +21,7 @@ import tempfile
 
 from figures.common import ROOT, pyplot, save
 from primitives.engine.cost import family, predict
-from primitives.engine.cost_fit import fit_table
+from benchmarks.cost_fit import fit_table
 
 REFS = {"default": dict(color="black", lw=2, marker="*"), "gloo": dict(color="0.45", marker="s", ls=":", lw=1),
         "mpich": dict(color="0.65", marker="^", ls=":", lw=1), "memcpy": dict(color="tab:brown", ls="-.", marker="", lw=1)}

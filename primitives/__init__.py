@@ -2,7 +2,8 @@
 
 The textbook (read these): comm.py (the Communicator), ops.py (chunk rule, reduce ops), one file
 of algorithms per collective (all_reduce.py, broadcast.py, reduce.py, all_gather.py,
-reduce_scatter.py, scatter.py, gather.py, all_to_all.py), coalesced.py, mesh.py.
+reduce_scatter.py, scatter.py, gather.py, all_to_all.py), coalesced.py, shm.py (the same
+collectives over a shared-memory segment), mesh.py.
 The engine (primitives/engine/) runs those same algorithms checked, counted and chosen by cost.
 
 Drop-in for torch.distributed: `primitives.all_reduce(tensor, op, group, async_op, algorithm=,
@@ -31,7 +32,7 @@ _ENGINE = {   # public name -> the engine module that defines it
     **{n: "primitives.engine.coalesced" for n in ("all_reduce_coalesced", "all_gather_coalesced")},
     **{n: "primitives.engine.objects" for n in (
         "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")},
-    "Work": "primitives.engine.compat",
+    "Work": "primitives.comm", "submit": "primitives.engine.core",
     "ALGORITHMS": "primitives.engine.algos", "get_comm": "primitives.engine.registry",
     "LEDGER": "primitives.engine.ledger", "PeerError": "primitives.engine.errors",
     "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.core",
@@ -54,4 +55,4 @@ __all__ = ["algorithms_for", "broadcast", "reduce", "all_reduce", "all_gather", 
            "LEDGER", "get_comm", "Communicator", "PeerError", "CollectiveError", "set_handshake", "handshake_enabled",
            "StrictOrderError", "set_strict_p2p", "all_gather_into_tensor", "reduce_scatter_tensor",
            "all_reduce_coalesced", "all_gather_coalesced", "all_gather_object", "broadcast_object_list",
-           "gather_object", "scatter_object_list", "Work"]
+           "gather_object", "scatter_object_list", "Work", "submit"]

@@ -3,7 +3,7 @@
     python -m pytest -q tests/test_primitives_collectives.py -k textbook
 
     rank, size, device                        my place in the group; where my buffers live
-    isend / irecv(t, peer) -> request         non-blocking point-to-point; request.wait()
+    isend / irecv(t, peer) -> Work            non-blocking point-to-point; work.wait()
     send / recv(t, peer)                      the blocking forms
     exchange(sends=[(t, peer)], recvs=[..])   several sends and receives posted as ONE group
     all_reduce, broadcast, all_gather(_single), reduce_scatter(_single), all_to_all_single
@@ -21,6 +21,7 @@ The engine (primitives/engine/checked.py) subclasses it: the same algorithms, ev
 counted, deadlines that name a dead peer, arguments checked on every rank.
 """
 import importlib
+import time
 from datetime import timedelta
 
 import torch
@@ -35,19 +36,76 @@ all_reduce, broadcast, all_gather, reduce_scatter, all_to_all = (
     for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"))
 
 
-class Request:
-    """A pending send or receive; wait() blocks until it is done (handle None: already done)."""
+class Work:
+    """A pending operation: a send, a receive or (in the engine) a whole collective, with
+    torch.distributed.Work's interface. `handle` is what the transport posted; the communicator
+    finishes it (comm._finish) and says whether it is done (comm._completed). None: done already.
+    An error is kept: every later wait() raises it again, exception() returns it."""
 
-    def __init__(self, comm: "Communicator", handle):
-        self.comm, self.handle = comm, handle
+    def __init__(self, comm, handle, peer=None, kind="", outputs=()):
+        self.comm, self.handle, self.peer, self.kind, self.outputs = comm, handle, peer, kind, outputs
+        self.done, self.error = handle is None, None
 
     def wait(self, timeout=None) -> bool:
-        if self.handle is not None:
-            self.comm._wait(self.handle)
+        """Block until done (re-raising its error). timeout (seconds or timedelta): RuntimeError
+        if not done by then; the operation itself goes on."""
+        if timeout is not None and not self.is_completed():
+            secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            end = time.monotonic() + secs
+            while secs > 0 and not self.is_completed():
+                if time.monotonic() > end:
+                    raise RuntimeError(f"rank {self.comm.rank}: {self.kind}: Work.wait(timeout={secs:g}s) timed "
+                                       f"out; it has not finished (a peer has not joined it yet)")
+                time.sleep(0.0005)
+        if not self.done:
+            try:
+                self.comm._finish(self)
+            except Exception as e:
+                self.error = e
+            self.done = True
+        if self.error is not None:
+            raise self.error
         return True
 
+    def is_completed(self) -> bool:
+        return self.done or self.comm._completed(self.handle)
 
-DONE = Request(None, None)   # an empty message, or a collective that already ran
+    def exception(self):
+        """The error once it finished, else None."""
+        if self.is_completed() and not self.done:
+            try:
+                self.wait()
+            except Exception:
+                pass
+        return self.error
+
+    def is_success(self) -> bool:
+        if not self.is_completed():
+            raise RuntimeError(f"{self.kind}: is_success() asked before the work completed; call wait() first")
+        return self.exception() is None
+
+    def result(self) -> list:
+        self.wait()
+        return list(self.outputs)
+
+    def get_future(self) -> torch.futures.Future:
+        """A torch Future holding the outputs, completed when this work is (waited for here when
+        the transport has no callback to complete it later)."""
+        fut = torch.futures.Future()
+
+        def complete(*_):
+            try:
+                fut.set_result(self.result())
+            except Exception as e:
+                fut.set_exception(e)
+        if hasattr(self.handle, "add_done_callback") and not self.done:
+            self.handle.add_done_callback(complete)
+        else:
+            complete()
+        return fut
+
+
+DONE = Work(None, None)   # an empty message, or a collective that already ran
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -62,17 +120,18 @@ def _copy_back(t: torch.Tensor, flat: torch.Tensor) -> None:
 
 class Communicator:
     """A backend provides _isend(tensor, peer) and _irecv(tensor, peer), which post an operation
-    and return a handle, and _wait(handle), which blocks until it is done."""
+    and return a handle, _wait(handle), which blocks until it is done, and, where its handles
+    are not torch Works, _completed(handle)."""
     rank: int
     size: int
     backend: str
     device: torch.device
 
     def isend(self, tensor: torch.Tensor, peer: int):
-        return DONE if tensor.numel() == 0 else Request(self, self._isend(tensor, peer))
+        return DONE if tensor.numel() == 0 else Work(self, self._isend(tensor, peer), peer, "sending to")
 
     def irecv(self, tensor: torch.Tensor, peer: int):
-        return DONE if tensor.numel() == 0 else Request(self, self._irecv(tensor, peer))
+        return DONE if tensor.numel() == 0 else Work(self, self._irecv(tensor, peer), peer, "receiving from")
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         self.isend(tensor, peer).wait()
@@ -81,15 +140,22 @@ class Communicator:
         self.irecv(tensor, peer).wait()
 
     def exchange(self, sends=(), recvs=()) -> list:
-        """Post every (tensor, peer) receive and send as one group; returns their requests,
+        """Post every (tensor, peer) receive and send as one group; returns their Works,
         receives first (in the order given), then sends."""
         ops = [("recv", t, p) for t, p in recvs if t.numel()] + [("send", t, p) for t, p in sends if t.numel()]
-        return [Request(self, h) for h in self._group(ops)] if ops else []
+        return [Work(self, h, p, "receiving from" if k == "recv" else "sending to")
+                for h, (k, _, p) in zip(self._group(ops), ops)] if ops else []
 
     def sendrecv(self, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
         """Swap buffers with one peer (one group) and wait for both directions."""
         for r in self.exchange(sends=[(send, peer)], recvs=[(recv, peer)]):
             r.wait()
+
+    def _finish(self, work) -> None:
+        self._wait(work.handle)
+
+    def _completed(self, handle) -> bool:
+        return handle.is_completed()
 
     def _group(self, ops) -> list:
         """Post a group of ("send"|"recv", tensor, peer). Default: one operation at a time, which
@@ -108,7 +174,7 @@ class Communicator:
 
     # ---- collectives: in place, ranks are group ranks, op is "sum" | "avg" | "min" | "max" |
     # "product". algorithm= names a function of primitives/<collective>.py. Here every call runs
-    # at once, so async_op=True returns a request that is already done (the engine overlaps).
+    # at once, so async_op=True returns a Work that is already done (the engine overlaps).
     def all_reduce(self, tensor, op="sum", *, algorithm="ring", async_op=False, tag=0):
         buf = _flat(tensor)
         if self.size > 1 and buf.numel():

@@ -17,7 +17,7 @@ from benchmarks.one_host import GOALS, goals
 from primitives.engine import cost
 from primitives.engine.algos import ALGORITHMS
 from primitives.engine.cost import Params, choose, family, params, predict
-from primitives.engine.cost_fit import coefficients, fit_table, nnls_relative, write_model
+from benchmarks.cost_fit import coefficients, fit_table, nnls_relative, write_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]

@@ -139,3 +139,24 @@ def test_a_rank_that_never_arrives_at_set_up_is_named_at_the_deadline():
         status, (etype, msg, d) = res[r]
         assert etype == "PeerError" and d == 2 and named(msg) == [2], msg
         assert "Root cause: rank 2 never arrived at the shared-memory rendezvous (set-up round 1) within 2s" in msg, msg
+
+
+def test_a_rank_dead_before_the_shm_rendezvous_is_named_after_the_store_host_gave_up():
+    """env:// start (rank 0 hosts the store), 3 ranks: rank 2 dies before the shared-memory
+    rendezvous, rank 1 reaches it a second after rank 0 named rank 2. Both survivors name rank 2
+    from the evidence (its pid gone), not from a deadline (RINGZERO_TIMEOUT is 120 s)."""
+    import subprocess
+    import sys
+    from primitives.launch import free_port
+    env = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               RINGZERO_TIMEOUT="120", OMP_NUM_THREADS="1")
+    env.pop("RINGZERO_TRANSPORT", None)
+    script = os.path.join(os.path.dirname(__file__), "launch_dying_rank.py")
+    procs = [subprocess.Popen([sys.executable, script, "--before-shm"], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=110)[0] for p in procs]
+    assert procs[2].returncode == 3, outs[2]
+    for r in (0, 1):
+        line = outs[r].strip().splitlines()[-1] if outs[r].strip() else ""
+        assert line.startswith("PeerError") and f"rank {r}: " in line, (r, outs[r][-2000:])
+        assert named(line) == [2] and "Root cause: rank 2 died: its process" in line, (r, line)

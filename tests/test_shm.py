@@ -44,7 +44,7 @@ def _native_rounds(rank, n, numel):
     from primitives.engine import shm_collectives
     comm = P.get_comm()
     assert comm.transport == "shm", comm.transport
-    shm_collectives.WS_BYTES = 96 << 10                # rounds of 96 KiB: several of them
+    shm_collectives.state(comm).W = 96 << 10         # rounds of 96 KiB: several of them
     errs, cases = [], {}
     for i, (dtype, op) in enumerate([(torch.float32, "sum"), (torch.int32, "max"), (torch.bfloat16, "avg")]):
         for name in NATIVE:
@@ -72,14 +72,15 @@ def _killed_mid_collective(rank, n):
     if rank == 1:
         from primitives.engine import shm_collectives
         calls = [0]
-        orig = shm_collectives.wait
+        st = shm_collectives.state(comm)
+        orig = st.wait
 
         def wait(*args, **kw):                           # SIGKILL (no cleanup at all) mid all-reduce
             calls[0] += 1
             if calls[0] == 3:
                 os.kill(os.getpid(), signal.SIGKILL)
             orig(*args, **kw)
-        shm_collectives.wait = wait
+        st.wait = wait
     t0 = time.monotonic()
     try:
         P.all_reduce(torch.zeros(3 << 20), algorithm="shm")    # 12 MiB: several rounds

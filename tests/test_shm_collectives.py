@@ -56,8 +56,8 @@ def _close_to_gloo(mine, xs, op, n):
 
 def _parity(rank, n, dtypes, sizes):
     from primitives.engine import shm_collectives as sc
-    sc.WS_BYTES, sc.ONE_SHOT_BYTES = WS, ONE_SHOT
     comm = P.get_comm()
+    sc.state(comm).W, sc.ONE_SHOT_BYTES = WS, ONE_SHOT
     assert comm.transport == "shm", comm.transport
     errs = []
     for di, dtype in enumerate(dtypes):

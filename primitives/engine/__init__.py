@@ -6,11 +6,13 @@ the textbook's algorithm functions (primitives/<collective>.py) unchanged and wr
                              mpi_comm.py, shm.py: the MPI and shared-memory transports;
                              registry.py: get_comm(group)
     api.py, calls/           the torch.distributed-shaped drop-ins and the checked call per collective
-    core.py, check.py, envelope.py   the checked call: argument checks, the check round that also
-                             carries small calls' data, async execution, algorithm="auto"
+    core.py, check.py, envelope.py   the checked call: its plan (built by a signature's first call,
+                             replayed by the rest), argument checks, the check round that also
+                             carries small calls' data, the one executor for async calls, "auto"
     cost.py, traffic.py      the α-β cost model behind "auto", and the exact bytes per algorithm
     hierarchical.py, topology.py     two-level algorithms for ranks on several nodes
-    shm_collectives.py, shm_segment.py   collectives that read peers' shared memory
+    shm_collectives.py, shm_flags.py, shm_segment.py   the segment, its flags and the check under
+                             the textbook's shared-memory collectives (primitives/shm.py)
     strict.py, faults.py, ledger.py  nccl's ordering rules on CPU, naming the dead rank, byte counts
     rendezvous.py            communicator set-up through the store: a rank that never arrives is named
     runner.py, bench.py, reference.py, all_to_all_runner.py   the verify-and-time scripts

@@ -17,10 +17,12 @@ No torch.cuda.synchronize() here: nccl ordering is stream-ordered, and wait() on
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 
 import torch.distributed as dist
 
 from primitives import comm as textbook
+from primitives.comm import Work
 from primitives.engine import strict
 from primitives.engine.errors import PeerError
 from primitives.engine.faults import CLOSED, attribute, closed
@@ -35,20 +37,6 @@ NOT_INIT_MSG = (
     "  mpiexec -n 4 python SCRIPT.py --backend mpi       (needs `pip install mpi4py mpich`)\n"
     "or call primitives.launch.init_from_env() / primitives.launch.spawn(fn, world_size) first."
 )
-
-
-class Request:
-    """A pending send or receive. wait() honours the communicator's deadline and turns a
-    failure into a PeerError naming both ranks."""
-
-    def __init__(self, comm: "CheckedComm", handle, peer: int, kind: str):
-        self.comm, self.handle, self.peer, self.kind = comm, handle, peer, kind
-
-    def wait(self) -> None:
-        try:
-            self.comm._wait(self.handle)
-        except Exception as e:  # gloo raises RuntimeError with its own wording; add who, whom, and why
-            raise self.comm._peer_error(self.peer, self.kind, e) from e
 
 
 def _count(kind: str, t, link: str) -> None:
@@ -76,10 +64,9 @@ class CheckedComm(textbook.Communicator):
         what = "sending to" if kind == "send" else "receiving from"
         post = super().isend if kind == "send" else super().irecv      # the textbook's post
         try:             # gloo can fail when the operation is posted (the peer has already gone)
-            req = post(tensor, peer)
+            return post(tensor, peer)
         except Exception as e:
             raise self._peer_error(peer, what, e) from e
-        return Request(self, req.handle, peer, what)
 
     def exchange(self, sends=(), recvs=()) -> list:
         ops = [("recv", t, p) for t, p in recvs if t.numel()] + [("send", t, p) for t, p in sends if t.numel()]
@@ -93,11 +80,9 @@ class CheckedComm(textbook.Communicator):
         for kind, t, p in ops:
             _count(kind, t, self.link_to(p))
         try:
-            reqs = super().exchange(sends, recvs)      # the textbook's one group, same order as ops
+            return super().exchange(sends, recvs)      # the textbook's one group, same order as ops
         except Exception as e:
             raise self._peer_error(None, f"exchanging with ranks {sorted({p for _, _, p in ops})}", e) from e
-        return [Request(self, r.handle, p, "receiving from" if k == "recv" else "sending to")
-                for r, (k, _, p) in zip(reqs, ops)]
 
     def _post_raw(self, ops) -> list:
         """Post ("send" | "recv" | "upto", tensor, peer) operations as a group, counted, past the
@@ -108,10 +93,28 @@ class CheckedComm(textbook.Communicator):
             _count(kind, t, self.link_to(p))
             what = "sending to" if kind == "send" else "receiving from"
             try:
-                out.append(Request(self, post[kind](t, p), p, what))
+                out.append(Work(self, post[kind](t, p), p, what))
             except Exception as e:
                 raise self._peer_error(p, what, e) from e
         return out
+
+    def _finish(self, work) -> None:
+        """The textbook's wait, with a failure turned into a PeerError naming both ranks. An async
+        collective (a Future of core.run) and strict or in-band handles raise their own, already named."""
+        h = work.handle
+        if isinstance(h, Future):
+            return h.result()
+        if getattr(h, "waits_itself", False):      # strict mode's and the in-band check's: errors named
+            return h.wait()
+        try:
+            self._wait(h)
+        except Exception as e:  # gloo raises RuntimeError with its own wording; add who, whom, and why
+            raise self._peer_error(work.peer, work.kind, e) from e
+
+    def _completed(self, handle) -> bool:
+        if isinstance(handle, Future):
+            return handle.done()
+        return handle.is_completed()
 
     def _irecv_upto(self, tensor, peer):
         """A receive of at most tensor's bytes: gloo and MPI take a shorter message as it is."""

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from primitives.coalesced import all_reduce_coalesced as _textbook_all_reduce_coalesced
 from primitives.engine.api import all_gather_single
 from primitives.engine.check import ReduceOp, op_name
-from primitives.engine.compat import Work, complex_op, outside, reals
+from primitives.comm import Work
+from primitives.engine.compat import complex_op, outside, reals
 from primitives.engine.registry import get_comm
 
 
@@ -41,7 +42,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
     tensors = _tensors("all_reduce_coalesced", "tensors", tensors)
     complex_op("all_reduce_coalesced", op, tensors, op_name, torch_name="all_reduce")
     _textbook_all_reduce_coalesced(get_comm(group), reals(tensors), op)
-    return Work(None, tensors, "all_reduce_coalesced").get_future() if async_op else None
+    return Work(None, None, None, "all_reduce_coalesced", tensors).get_future() if async_op else None
 
 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False):
@@ -67,4 +68,4 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
         for t in outs[p]:
             t.copy_(row[off:off + t.numel()].view_as(t))
             off += t.numel()
-    return Work(None, output_tensor_lists, name).get_future() if async_op else None
+    return Work(None, None, None, name, output_tensor_lists).get_future() if async_op else None

@@ -54,7 +54,7 @@ class Collectives(CheckedComm):
         return split(self)[1]
 
 
-class TorchComm(Collectives, textbook.TorchComm):
+class CheckedTorchComm(Collectives, textbook.TorchComm):
     """The checked torch.distributed communicator (gloo or nccl), optionally inside a subgroup."""
 
     def __init__(self, group=None, timeout: float | None = None):

@@ -18,12 +18,14 @@ set_handshake(False) or RINGZERO_HANDSHAKE=0.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from primitives.comm import Work
 from primitives.engine import inband, shm_collectives
 from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
@@ -51,59 +53,61 @@ _pending: dict[int, list[Future]] = {}
 _lock = threading.Lock()
 
 
-class AsyncWork:
-    """What async_op=True returns: wait() blocks until the collective finished (re-raising its error)."""
-
-    def __init__(self, fut: Future):
-        self._fut = fut
-
-    def wait(self, timeout=None) -> bool:
-        self._fut.result()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-
 def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
-        fused: Fused | None = None):
-    """Validate (locally and, via the check round, across ranks), then run body() under the ledger.
-    `fused`: how this call's data rides in the check's envelopes (primitives/engine/envelope.py) when
-    it is small enough; then body() is not needed.
-
-    Collectives on one communicator run in call order on a single worker thread when any of
-    them is asynchronous, so point-to-point messages of different calls can never interleave.
-    """
+        fused: Fused | None = None, plan: Plan | None = None):
+    """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
+    now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
+    the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
+    not needed."""
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
         comm.current_call = CallName(name, algorithm, comm.calls)
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
-        with LEDGER.call(name, algorithm, nbytes):
-            if not (_HANDSHAKE and comm.size > 1):
-                return body()
-            meta = [code(name), code(algorithm), OP_CODES.get(op, -1), root,
-                    DTYPE_CODES.get(dtype, -1), numel, code(str(tuple(shape))), int(tag)]
-            if algorithm == "shm":        # the check rides in the shm workspace header: no round
-                return shm_collectives.checked(comm, name, meta, check.errors, body)
-            if inband.applies(comm, algorithm):      # the check rides in the data (inband.py)
-                ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
-                try:
-                    if not check.errors:
-                        body()
-                    ib.finish()
-                finally:
-                    comm._inband = None
-                return
-            if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
-                return
-            body()
+        way = plan.check if plan is not None else check_way(comm, algorithm)
+        entry = LEDGER.open_call(name, algorithm, nbytes)     # no `with`: a generator costs µs per call
+        try:
+            checked(way)
+        finally:
+            LEDGER.close_call(*entry)
 
+    def checked(way):
+        if way is None:
+            return body()
+        meta = fingerprint(name, algorithm, op, root, dtype, numel, tuple(shape), tag)
+        if way == "shm":              # the check rides in the shm workspace header: no round
+            return shm_collectives.checked(comm, name, meta, check.errors, body)
+        if way == "inband":           # the check rides in the data (inband.py)
+            ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
+            try:
+                if not check.errors:
+                    body()
+                ib.finish()
+            finally:
+                comm._inband = None
+            return
+        if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
+            return
+        body()
+
+    return _execute(comm, go, async_op, name)
+
+
+def submit(comm, fn, name: str = "call") -> Work:
+    """Run fn() on comm's worker thread, in call order with its async collectives (the one
+    executor for asynchronous communication); returns its Work."""
+    return _execute(comm, fn, True, name)
+
+
+def _execute(comm, go, async_op: bool, name: str):
+    """Collectives on one communicator run in call order on a single worker thread when any of
+    them is asynchronous, so point-to-point messages of different calls can never interleave."""
     key = id(comm)
     with _lock:
-        pend = [f for f in _pending.get(key, []) if not f.done()]
-        _pending[key] = pend
+        pend = _pending.get(key)
+        if pend:
+            pend = _pending[key] = [f for f in pend if not f.done()]
         if not async_op and not pend:
             ex = None
         else:
@@ -111,12 +115,12 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
             if ex is None:
                 ex = _executors[key] = ThreadPoolExecutor(1, thread_name_prefix=f"ringzero-{name}")
             fut = ex.submit(go)
-            pend.append(fut)
+            _pending.setdefault(key, []).append(fut)
     if ex is None:
         go()
         return None
     if async_op:
-        return AsyncWork(fut)
+        return Work(comm, fut, None, name)
     fut.result()
     return None
 
@@ -135,7 +139,7 @@ def drain() -> None:
 def flat_work(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """A contiguous 1-D view of t, or a contiguous copy when t is not contiguous."""
     if t.is_contiguous():
-        return t.view(-1), False
+        return (t if t.dim() == 1 else t.view(-1)), False
     return t.contiguous().view(-1), True
 
 
@@ -172,7 +176,59 @@ def fuses(name: str, algo: str, comm, nbytes: int) -> bool:
             and fits(f[1](nbytes, comm.size)))
 
 
+class Plan:
+    """What the first call of a signature decides, replayed by every later call with it (MPI-4's
+    persistent collectives: MPI_Allreduce_init decides, MPI_Start replays; NCCL keeps plans per
+    communicator). Kept in comm.plans, keyed by (call, algorithm asked for, S, check on, strict):
+      algo   the algorithm that runs: "auto" resolved by the cost model once (~7 predictions)
+      fused  whether the data rides in the check's envelopes (envelope.py)
+      check  how the check travels (check_way): None (off), "shm", "inband" or "round"
+    and, per fingerprint (call, algorithm, op, root, dtype, numel, shape, tag), the 8 ints the
+    check sends (fingerprint(), cached the same way). A signature whose first call had bad
+    arguments gets no plan: it is checked again next time."""
+    __slots__ = ("algo", "fused", "check")
+
+    def __init__(self, algo: str, fused: bool, check: str | None):
+        self.algo, self.fused, self.check = algo, fused, check
+
+
+def check_way(comm, algo: str) -> str | None:
+    """How a call's check travels: None (switched off, or a world of one); "shm": in the shared-memory
+    workspace header; "inband": in the algorithm's first messages (inband.py); "round": envelopes
+    of their own before the algorithm (envelope.py)."""
+    if not (_HANDSHAKE and comm.size > 1):
+        return None
+    return "shm" if algo == "shm" else "inband" if inband.applies(comm, algo) else "round"
+
+
+@functools.lru_cache(maxsize=4096)
+def fingerprint(name, algorithm, op, root, dtype, numel, shape, tag) -> list[int]:
+    return [code(name), code(algorithm), OP_CODES.get(op, -1), root, DTYPE_CODES.get(dtype, -1), numel,
+            code(str(tuple(shape))), int(tag)]
+
+
+def plan(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> Plan:
+    """comm's plan for this signature, built by its first call (see Plan)."""
+    plans = comm.__dict__.get("plans")
+    if plans is None:
+        plans = comm.plans = {}
+    key = (name, algorithm, nbytes, _HANDSHAKE, getattr(comm, "strict", False))
+    p = plans.get(key)
+    if p is None:
+        errors = len(check.errors)
+        algo = _resolve(name, algorithm, algos, comm, nbytes, check)
+        f = FUSED.get(name)
+        p = Plan(algo, f is not None and fuses(name, algo, comm, nbytes), check_way(comm, algo))
+        if len(check.errors) == errors:
+            plans[key] = p
+    return p
+
+
 def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
+    return plan(name, algorithm, algos, comm, nbytes, check).algo
+
+
+def _resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
     transport = getattr(comm, "transport", None)           # shm transport: auto may pick "shm"
     if algorithm == "auto":
         if "hierarchical" in algos and prefers_hierarchical(comm):

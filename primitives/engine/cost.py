@@ -7,7 +7,7 @@ and the choice algorithm="auto" makes.
     (o is the per-message software overhead; the "direct" algorithms rely on it being < α)
 
 The bytes each algorithm sends are counted exactly in traffic.py. The constants are fitted by
-least squares to the measured times of the algorithms themselves (cost_fit.py), per transport and
+least squares to the measured times of the algorithms themselves (benchmarks/cost_fit.py), per transport and
 world size: `python -m benchmarks.one_host` measures, fits and prints the fit's error per size;
 FITTED below holds its output on the 2-core development machine. `--write-model F` writes the
 same table as JSON; RINGZERO_COST_MODEL=F makes `auto` read F instead (a missing or malformed F
@@ -40,7 +40,7 @@ DEFAULTS = {
     "mpi": Params(alpha=2.0e-5, beta=2.5e-10, gamma=2.5e-10, o=2.0e-5),
     "nccl": Params(alpha=1.0e-5, beta=1.0e-11, gamma=1.0e-12, o=1.0e-5),
 }
-# family -> {world size N -> Params}, fitted by `python -m benchmarks.one_host` (cost_fit.py) on
+# family -> {world size N -> Params}, fitted by `python -m benchmarks.one_host` (benchmarks/cost_fit.py) on
 # the 2-core development machine. Families: "tcp" (the p2p algorithms over gloo's TCP), "shm" (the
 # same algorithms over this host's shared-memory slots), "shm-native" (algorithm="shm": copies
 # through a workspace and barriers, so its own α (a barrier) and β (a copy)). Per N, because

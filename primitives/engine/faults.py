@@ -22,6 +22,10 @@ The root cause is a rank without a report for which there is evidence of death:
   * report missing: it never arrived at communicator set-up before the deadline (rendezvous.py).
 A survivor waits at most GRACE seconds for that evidence; then it names the rank it was waiting
 on as one that stopped answering (alive but absent: it skipped the call or waits elsewhere).
+The store lives in one process (rank 0 of an env:// or tcp:// start; under torchrun its agent):
+if that rank gave up first and exited, the store and every report would go with it, and a later
+survivor could name nobody. So the rank hosting the store, once it named the dead rank, stays
+until every other rank has reported or is gone (at most LINGER seconds): a failure path only.
 Cost: nothing until a failure; then a few store reads per 50 ms for at most GRACE seconds.
 Without a torch.distributed store (MPI) nothing is recorded and the message names the peer.
 """
@@ -36,6 +40,7 @@ import torch.distributed as dist
 from primitives.engine.shm_segment import host_key, start_time
 
 GRACE = 1.0      # seconds a failing rank waits for evidence of a death
+LINGER = 10.0    # seconds the rank hosting the store stays after naming a death, for the others
 PREFIX = "ringzero/fault"
 # evidence, as the predicate of "rank D ...": what a survivor saw of the dead rank
 PID_GONE = "died: its process (pid {pid}) is gone: it exited or was killed"
@@ -149,6 +154,8 @@ def attribute(comm, peer: int | None, what: str, evidence: str | None = None,
             time.sleep(0.05)
     except Exception:             # the store itself may live on the dead rank
         return None, ""
+    if dead and hosts_store():
+        linger(st, world, me, dead)
     if dead:
         d = first["suspect"] if first["suspect"] in dead else min(dead)
         by = first if first["suspect"] == d else next((r for r in sorted(reps.values(), key=lambda r: r["by"])
@@ -162,3 +169,23 @@ def attribute(comm, peer: int | None, what: str, evidence: str | None = None,
     rep = quiet[0]
     return rep["suspect"], (f" Root cause: rank {rep['suspect']} stopped answering (it died or skipped the call; "
                             f"first detected by rank {rep['by']} in {rep['call']}, {rep['what']} it).")
+
+
+def hosts_store() -> bool:
+    """Does this process host the process group's store (rank 0 of an env:// or tcp:// start)?"""
+    st, _ = store()
+    while hasattr(st, "underlying_store"):
+        st = st.underlying_store
+    return type(st).__name__ == "TCPStore" and dist.get_rank() == 0 and "TORCHELASTIC_RUN_ID" not in os.environ
+
+
+def linger(st, world: int, me: int, dead: dict) -> None:
+    """Stay (≤ LINGER s) until every rank but me and the dead has reported a failure or is gone."""
+    end = time.monotonic() + LINGER
+    left = [g for g in range(world) if g != me and g not in dead]
+    try:
+        while left and time.monotonic() < end:
+            left = [g for g in left if not st.check([f"{PREFIX}/report/{g}"]) and not gone(st, g)]
+            time.sleep(0.02)
+    except Exception:
+        pass

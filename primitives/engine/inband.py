@@ -1,7 +1,7 @@
 """The check rides in the data: the call's fingerprint travels with the algorithm's first messages.
 
     python -m pytest -q -x tests/test_check_in_data.py tests/test_primitives_errors.py
-    torchrun --standalone --nproc_per_node 4 primitives/engine/bench.py --ops all_reduce   ("check cost")
+    torchrun --standalone --nproc_per_node 4 benchmarks/collectives.py --ops all_reduce   ("check cost")
 
 The checked call (core.run) hands the algorithm a communicator whose first posting of the call
 does three things at once, with no wait in between:
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from primitives.comm import DONE
+from primitives.comm import DONE, Work
 from primitives.engine.algos import ENVELOPE_BYTES, ENVELOPE_PAYLOAD, HEADER_BYTES
 from primitives.engine.envelope import (ERR, FOLLOW, INLINE_AT, MAGIC, NH, count_fused, drain, envelopes,
                                         verdict)
@@ -55,8 +55,10 @@ def applies(comm, algo: str) -> bool:
 
 
 class _Later:
-    """A request of the first posting that waits for the verdict: wait() settles the call first."""
+    """A Work's handle for an operation of the first posting that waits for the verdict: wait()
+    settles the call first."""
     __slots__ = ("ib", "kind", "t", "peer", "req")
+    waits_itself = True
 
     def __init__(self, ib, kind, t, peer):
         self.ib, self.kind, self.t, self.peer, self.req = ib, kind, t, peer, None
@@ -67,20 +69,8 @@ class _Later:
             self.req.wait()
         return True
 
-
-class _Once:
-    """A request both the algorithm and the call's end may wait on: gloo counts waits on a send
-    (a second wait blocks for a second send), so only the first reaches the transport."""
-    __slots__ = ("req", "done")
-
-    def __init__(self, req):
-        self.req, self.done = req, False
-
-    def wait(self, timeout=None) -> bool:
-        if not self.done:
-            self.req.wait()
-            self.done = True
-        return True
+    def is_completed(self) -> bool:
+        return self.req is not None and self.req.is_completed()
 
 
 class InBand:
@@ -161,15 +151,15 @@ class InBand:
                     follow[p] = t
                     reqs.append(None)            # filled below, once posted
             else:
-                reqs.append(_Later(self, kind, t, p))
-        self.later = [r for r in reqs if isinstance(r, _Later)]
+                reqs.append(Work(comm, _Later(self, kind, t, p), p, kind))
+        self.later = [r.handle for r in reqs if r is not None and isinstance(r.handle, _Later)]
         env_ops = ([("upto", r, p) for r, p in zip(env.rows(env.inc), peers)]
                    + [("send", r, p) for r, p in zip(env.rows(env.out, *head), peers)])
         with LEDGER.control_traffic():
             posted = comm._post_raw(env_ops)
-        self.env_in, self.mine = posted[:len(peers)], [_Once(r) for r in posted[len(peers):]]
+        self.env_in, self.mine = posted[:len(peers)], posted[len(peers):]   # a Work reaches the transport once
         if follow:
-            early = [_Once(r) for r in comm._post_raw([("send", t, p) for p, t in follow.items()])]
+            early = comm._post_raw([("send", t, p) for p, t in follow.items()])
             self.mine += early
             it = iter(early)
             reqs = [next(it) if r is None else r for r in reqs]

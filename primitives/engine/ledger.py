@@ -112,17 +112,25 @@ class Ledger:
                             c.msgs_recv += 1
                             c.bytes_recv += b
 
-    @contextlib.contextmanager
-    def call(self, name: str, algorithm: str, nbytes: int):
+    def open_call(self, name: str, algorithm: str, nbytes: int) -> tuple:
+        """Start counting a collective call (close_call ends it; call() is the same as a `with`)."""
         rec = CallRecord(name, algorithm, nbytes)
         prev, self._t.current = self._t.current, rec
+        return rec, prev
+
+    def close_call(self, rec: CallRecord, prev) -> None:
+        self._t.current = prev
+        if self.keep_calls and prev is None:
+            with self._lock:
+                self.calls.append(rec)
+
+    @contextlib.contextmanager
+    def call(self, name: str, algorithm: str, nbytes: int):
+        rec, prev = self.open_call(name, algorithm, nbytes)
         try:
             yield rec
         finally:
-            self._t.current = prev
-            if self.keep_calls and prev is None:
-                with self._lock:
-                    self.calls.append(rec)
+            self.close_call(rec, prev)
 
     @contextlib.contextmanager
     def control_traffic(self):

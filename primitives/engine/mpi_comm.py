@@ -44,6 +44,9 @@ class MPIComm(Collectives):
         self.__dict__.setdefault("_posted", []).append(req)
         return req
 
+    def _completed(self, req) -> bool:
+        return bool(req.Test()) if hasattr(req, "Test") else super()._completed(req)   # else: an async collective
+
     def _wait(self, req):
         # MPI_Wait has no deadline, so poll. Yield the core between polls (sleep(0)) instead of
         # napping: with more ranks than cores the peer needs the CPU, and a nap of even 100 µs

@@ -1,7 +1,7 @@
 """get_comm(group): the engine's communicator for a torch process group (or MPI's world).
 
 One communicator per group, built once: ShmComm on gloo (shared memory between the ranks of a
-host, TCP otherwise; RINGZERO_TRANSPORT=auto|shm|tcp), the checked TorchComm on nccl, MPIComm
+host, TCP otherwise; RINGZERO_TRANSPORT=auto|shm|tcp), the CheckedTorchComm on nccl, MPIComm
 when launched with --backend mpi.
 """
 from __future__ import annotations
@@ -45,5 +45,5 @@ def get_comm(group=None) -> Communicator:
     c = _COMMS.get(key)
     if c is None or c.group is not group:
         check_member(group)                 # first: build() asks the group for its backend
-        c = _COMMS[key] = build(group)       # ShmComm on gloo (falls back to TCP), TorchComm otherwise
+        c = _COMMS[key] = build(group)       # ShmComm on gloo (falls back to TCP), CheckedTorchComm otherwise
     return c

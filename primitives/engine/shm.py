@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from primitives.engine import faults, shm_segment as seg
 from primitives.engine.checked import DEFAULT_TIMEOUT
-from primitives.engine.comms import TorchComm
+from primitives.engine.comms import CheckedTorchComm
 from primitives.engine.errors import PeerError
 from primitives.engine.rendezvous import Rounds, arrive
 from primitives.engine.shm_segment import (LINE, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
@@ -63,8 +63,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class ShmComm(TorchComm):
-    """A TorchComm whose messages to ranks on this host go through shared memory."""
+class ShmComm(CheckedTorchComm):
+    """A CheckedTorchComm whose messages to ranks on this host go through shared memory."""
 
     def __init__(self, group=None, timeout: float | None = None, transport: str | None = None):
         super().__init__(group, timeout)
@@ -116,15 +116,13 @@ class ShmComm(TorchComm):
         self._head = {r: 0 for r in local}                         # chunks I published to r
         self._tail = {r: 0 for r in local}                         # chunks I consumed from r
         self._busy: set[int] = set()
-        self._bar = 0
-        self.ws_gen = 0                                            # shm_collectives: chunk counter
 
     # ------------------------------------------------------------------ channel geometry
     def _chan(self, src_rank: int, dst_rank: int) -> int:
         return self.L["chan0"] + (self.local[src_rank] * self.n_local + self.local[dst_rank]) * self.L["chan"]
 
     def _door(self, rank: int) -> int:
-        """Byte offset of rank's doorbell: an int32 in its control line (the barrier count is at +0)."""
+        """Byte offset of rank's doorbell: an int32 in its control line."""
         return self.L["ctl"] + self.local[rank] * LINE + 32
 
     def ring(self, rank: int) -> None:
@@ -217,6 +215,13 @@ class ShmComm(TorchComm):
             tensor.copy_(tmp)
             handle.out = None
 
+    def _completed(self, handle) -> bool:
+        if not isinstance(handle, _Op):
+            return super()._completed(handle)
+        with self._lock:
+            self._progress()                     # nothing moves in the background: advance it here
+        return handle.done
+
     def spin_until(self, ready, peer: int, kind: str, progress: bool = False) -> None:
         """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
         YIELD_S, then block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
@@ -256,38 +261,15 @@ class ShmComm(TorchComm):
                 why = faults.PID_GONE.format(pid=self.procs[r][0])
                 raise self._peer_error(peer, kind, PeerError(f"rank {r} {why}", dead=r, evidence=why))
 
-    # ------------------------------------------------------------------ for shm_collectives
-    def barrier_local(self, what: str) -> None:
-        """Every local rank reaches this point: bump my counter, wait for everyone's."""
-        self._bar += 1
-        v, i64, base = self._bar, self.i64, self.L["ctl"] // 8
-        stride = LINE // 8
-        i64[base + self.me * stride] = v
-        for r in self.local:
-            if r != self.rank:
-                self.ring(r)
-        others = [(r, base + i * stride) for r, i in self.local.items() if r != self.rank]
-        pending = list(others)
 
-        def ready():
-            while pending and i64[pending[-1][1]] >= v:
-                pending.pop()
-            return not pending
-        self.spin_until(ready, pending[-1][0] if pending else self.rank, f"{what}: waiting at a barrier for")
-
-    def workspace(self, rank: int, gen: int, dtype, numel: int) -> torch.Tensor:
-        off = self.L["ws"] + (2 * self.local[rank] + gen % 2) * WS_BYTES
-        return self.u8[off:off + numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
-
-
-def build(group=None, timeout: float | None = None, transport: str | None = None) -> TorchComm:
+def build(group=None, timeout: float | None = None, transport: str | None = None) -> CheckedTorchComm:
     """The communicator get_comm() builds: ShmComm on gloo (it falls back to plain TCP by itself),
-    TorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
+    CheckedTorchComm otherwise (nccl tensors live on the GPU). timeout: default $RINGZERO_TIMEOUT as it is now."""
     timeout = float(os.environ.get("RINGZERO_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
     if dist.get_backend(group) != "gloo":
         if transport_from_env(transport) == "shm":
             raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
-        return arrive(TorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
+        return arrive(CheckedTorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
     return ShmComm(group, timeout, transport)
 
 

@@ -36,11 +36,13 @@ NMETA = 8                                   # core.run's fingerprint: call, algo
 
 
 class _State:
-    """One communicator's counters, flag addresses and cached workspace views (built once)."""
+    """One communicator's segment as primitives/shm.py reads it: counters, flag addresses and
+    workspace views, built once. `what` names the call in a timeout's message."""
 
     def __init__(self, comm):
         L, n, me = comm.L, comm.size, comm.rank
         line = lambda r: L["ctl"] + comm.local[r] * LINE  # noqa: E731
+        self.comm, self.rank, self.size, self.what = comm, me, n, "shm collective"
         self.seq = int(comm.i64[(line(me) + SEQ_OFF) // 8])
         self.gen, self.fp = 0, None
         self.me_seq, self.me_sleep = (line(me) + SEQ_OFF) // 8, (line(me) + SLEEP_OFF) // 4
@@ -48,17 +50,87 @@ class _State:
         self.peers = [p for p in range(n) if p != me]
         self.peer_seq = [(p, (line(p) + SEQ_OFF) // 8) for p in self.peers]
         self.peer_wake = [((line(p) + SLEEP_OFF) // 4, comm._door(p) // 4) for p in self.peers]
-        W = seg.WS_BYTES                            # the segment's; WS_BYTES here may be set smaller (tests)
+        self.W = W = seg.WS_BYTES                   # the segment's; self.W may be set smaller (tests)
         self.ws = [[comm.u8[L["ws"] + (r * BUFS + b) * W:][:W] for b in range(BUFS)] for r in range(n)]
         self.hdr = [[comm.i64[(L["hdr"] + (r * BUFS + b) * HDR_BYTES) // 8:][:HDR_BYTES // 8] for b in range(BUFS)]
                     for r in range(n)]
         self.views = {}
 
-    def view(self, r: int, b: int, dtype) -> torch.Tensor:
-        v = self.views.get((r, b, dtype))
+    def view(self, r: int, b: int, dtype, i: int = 0, j: int | None = None) -> torch.Tensor:
+        """Cached: a torch slice costs µs, and a step repeats the same few views every call."""
+        key = (r, b, dtype, i, j)
+        v = self.views.get(key)
         if v is None:
-            v = self.views[(r, b, dtype)] = self.ws[r][b].view(dtype)
+            if len(self.views) > 4096:
+                self.views.clear()
+            v = self.views[key] = self.ws[r][b].view(dtype)[i:j]
         return v
+
+    def next_buf(self, k: int = 1) -> int:
+        b = self.gen % BUFS
+        self.gen += k
+        return b
+
+    def publish(self, b: int | None = None) -> None:
+        """Raise my counter; b: the first buffer of a call, whose header carries the fingerprint."""
+        comm = self.comm
+        if b is not None and self.fp is not None:
+            _, meta, errors = self.fp
+            text = "; ".join(errors).encode()[:HDR_BYTES - 8 * (NMETA + 1)]
+            h = self.hdr[self.rank][b]
+            h[:NMETA] = meta
+            h[NMETA] = len(text)
+            if text:
+                h[NMETA + 1:].view(np.uint8)[:len(text)] = np.frombuffer(text, dtype=np.uint8)
+        self.seq += 1
+        i64, i32 = comm.i64, comm.i32
+        i64[self.me_seq] = self.seq                   # after the data (x86-64: stores stay in order)
+        for sleep, door in self.peer_wake:
+            i32[door] += 1                            # a peer about to sleep sees the bell moved
+            if i32[sleep]:
+                seg.futex_wake(comm._base + 4 * door)
+
+    def wait(self, b: int | None = None) -> None:
+        """Until every peer published as often as I did. b: this is a call's first wait (check the
+        headers of buffer b; a peer's check envelope in my channel means it is in another call)."""
+        comm, st = self.comm, self
+        k, i64, i32 = st.seq, comm.i64, comm.i32
+        pend = [(p, i) for p, i in st.peer_seq if i64[i] < k]
+        spins, start, check, spin_until = 0, None, 0.0, None
+        try:
+            while pend:
+                bell = int(i32[st.me_door])
+                # a peer in another call never publishes: look for its envelope once polling is not enough
+                stray = _stray(comm, pend) if spins >= SPIN - 1 and b is not None and st.fp is not None else None
+                pend = [(p, i) for p, i in pend if i64[i] < k]
+                if not pend:
+                    break
+                if stray is not None:
+                    _answer(comm, st)
+                spins += 1
+                if spins < SPIN:
+                    continue
+                now = time.monotonic()
+                if spin_until is None:
+                    spin_until = now + YIELD_S
+                if now < spin_until:
+                    os.sched_yield()
+                    continue
+                if start is None:
+                    start, check = now, now + 0.05          # liveness: /proc reads cost ~1 ms under load
+                    i32[st.me_sleep] = 1
+                    continue                                # re-check once after saying I sleep
+                if now >= check:
+                    comm._check_peers(pend[0][0], f"{self.what}: waiting for")
+                    check = now + 0.05
+                if now - start > comm.timeout:
+                    raise comm._peer_error(pend[0][0], f"{self.what}: waiting for", RuntimeError(
+                        f"timed out after {comm.timeout:.0f}s on the shared-memory transport"))
+                seg.futex_wait(comm._base + 4 * st.me_door, bell, 5e-3)
+        finally:
+            i32[st.me_sleep] = 0
+        if b is not None and st.fp is not None:
+            _verify(comm, st, b)
 
 
 def state(comm) -> _State:
@@ -66,66 +138,6 @@ def state(comm) -> _State:
     if st is None:
         st = comm._shm_state = _State(comm)
     return st
-
-
-def publish(comm, st, b: int | None = None) -> None:
-    """Raise my counter; b: the first buffer of a call, whose header carries the fingerprint."""
-    if b is not None and st.fp is not None:
-        _, meta, errors = st.fp
-        text = "; ".join(errors).encode()[:HDR_BYTES - 8 * (NMETA + 1)]
-        h = st.hdr[comm.rank][b]
-        h[:NMETA] = meta
-        h[NMETA] = len(text)
-        if text:
-            h[NMETA + 1:].view(np.uint8)[:len(text)] = np.frombuffer(text, dtype=np.uint8)
-    st.seq += 1
-    i64, i32 = comm.i64, comm.i32
-    i64[st.me_seq] = st.seq                         # after the data (x86-64: stores stay in order)
-    for sleep, door in st.peer_wake:
-        i32[door] += 1                              # a peer about to sleep sees the bell moved
-        if i32[sleep]:
-            seg.futex_wake(comm._base + 4 * door)
-
-
-def wait(comm, st, what: str, b: int | None = None) -> None:
-    """Until every peer published as often as I did. b: this is a call's first wait (check the
-    headers of buffer b; a peer's check envelope in my channel means it is in another call)."""
-    k, i64, i32 = st.seq, comm.i64, comm.i32
-    pend = [(p, i) for p, i in st.peer_seq if i64[i] < k]
-    spins, start, check, spin_until = 0, None, 0.0, None
-    try:
-        while pend:
-            bell = int(i32[st.me_door])
-            stray = _stray(comm, pend) if b is not None and st.fp is not None else None
-            pend = [(p, i) for p, i in pend if i64[i] < k]
-            if not pend:
-                break
-            if stray is not None:
-                _answer(comm, st)
-            spins += 1
-            if spins < SPIN:
-                continue
-            now = time.monotonic()
-            if spin_until is None:
-                spin_until = now + YIELD_S
-            if now < spin_until:
-                os.sched_yield()
-                continue
-            if start is None:
-                start, check = now, now + 0.05          # liveness: /proc reads cost ~1 ms under load
-                i32[st.me_sleep] = 1
-                continue                                # re-check once after saying I sleep
-            if now >= check:
-                comm._check_peers(pend[0][0], what)
-                check = now + 0.05
-            if now - start > comm.timeout:
-                raise comm._peer_error(pend[0][0], what, RuntimeError(
-                    f"timed out after {comm.timeout:.0f}s on the shared-memory transport"))
-            seg.futex_wait(comm._base + 4 * st.me_door, bell, 5e-3)
-    finally:
-        i32[st.me_sleep] = 0
-    if b is not None and st.fp is not None:
-        _verify(comm, st, b)
 
 
 def _verify(comm, st, b: int) -> None:
@@ -176,19 +188,14 @@ def checked(comm, name: str, meta: list[int], errors: list[str], body) -> None:
     """core.run's check for algorithm="shm": body() publishes the fingerprint with its data;
     a call that published nothing (bad arguments, an empty tensor) publishes it alone."""
     st = state(comm)
-    st.fp = (name, meta, errors)
+    st.fp, st.what = (name, meta, errors), name
     try:
         if not errors:
             body()
         if st.fp is not None:
-            b = next_buf(st)
-            publish(comm, st, b)
-            wait(comm, st, f"{name}: waiting at the check for", b)
+            b = st.next_buf()
+            st.publish(b)
+            st.wait(b)
     finally:
         st.fp = None
 
-
-def next_buf(st) -> int:
-    b = st.gen % BUFS
-    st.gen += 1
-    return b

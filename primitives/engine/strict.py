@@ -35,6 +35,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from primitives.comm import Work
 from primitives.engine.errors import PeerError
 
 _ENABLED = os.environ.get("RINGZERO_STRICT_P2P", "0") not in ("", "0")
@@ -71,12 +72,18 @@ def describe(kind: str, index: int, peer: int, grouped: bool = False) -> str:
     return what + (" (grouped)" if grouped else "")
 
 
-class _Request:
+class _Posted:
+    """A strict-mode operation as a Work's handle: the scheduler waits for it."""
+    waits_itself = True
+
     def __init__(self, sched: "Scheduler", op: Op):
-        self.sched, self.op, self.peer = sched, op, op.peer
+        self.sched, self.op = sched, op
 
     def wait(self) -> None:
         self.sched.wait(self.op)
+
+    def is_completed(self) -> bool:
+        return self.op.done
 
 
 class Scheduler:
@@ -115,7 +122,8 @@ class Scheduler:
                 q.append(made[0])
                 if len(q) == 1:
                     self._start(made[0])
-        return [_Request(self, op) for op in made]
+        return [Work(self.comm, _Posted(self, op), op.peer, "receiving from" if op.kind == "recv" else "sending to")
+                for op in made]
 
     def _start(self, op: Op) -> None:              # lock held
         # Always the process group's own transport (gloo over TCP), never ShmComm's shared-memory

@@ -8,7 +8,7 @@ from __future__ import annotations
 from primitives.all_gather import direct, linear, ring
 from primitives.engine import shm_collectives
 from primitives.engine.check import Check
-from primitives.engine.core import flat_work, fuses, resolve, run
+from primitives.engine.core import flat_work, plan, run
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import all_gather_2level
 
@@ -20,7 +20,8 @@ ALGOS = {"linear": linear, "ring": ring, "direct": direct,
 
 def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None, tag=0):
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: the full output
-    algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
+    pl = plan(name, algorithm, ALGOS, comm, nbytes, check)
+    algo = pl.algo
 
     st = {}
 
@@ -54,8 +55,8 @@ def _run(name, blocks, tensor, comm, check, algorithm, ok, async_op, post=None, 
         done()
         return [nb] * (comm.size - 1)
     fused = (Fused(lambda peer: prep()[1], finish, same_for_all=True)
-             if ok and tensor.numel() and fuses(name, algo, comm, nbytes) else None)
-    return run(comm, name, algo, check, numel=tensor.numel() if ok else -1,
+             if ok and tensor.numel() and pl.fused else None)
+    return run(comm, name, algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=-1,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)

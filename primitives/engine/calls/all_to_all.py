@@ -14,7 +14,7 @@ import torch
 
 from primitives.all_to_all import linear, pairwise
 from primitives.engine.check import Check
-from primitives.engine.core import flat_work, handshake_enabled, resolve, run
+from primitives.engine.core import flat_work, handshake_enabled, plan, run
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
 from primitives.ops import wait_all
@@ -76,7 +76,8 @@ def _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, v
     nbytes = sum(send_counts) * elem if not check.errors else 0     # S: this rank's whole input
     # the model's two predictions differ only in latency (same bytes), so "auto" does not depend on
     # S: uneven splits give ranks different S, and every rank must pick the same algorithm
-    algo = resolve(name, algorithm, ALGOS, comm, 0, check)
+    pl = plan(name, algorithm, ALGOS, comm, 0, check)
+    algo = pl.algo
     total = -1
     if handshake_enabled():
         total = _exchange_counts(comm, name, check, send_counts, recv_counts)
@@ -90,7 +91,7 @@ def _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, v
         if n > 1:
             ALGOS[algo](comm, send, recv)
         finish()
-    return run(comm, name, algo, check, numel=total, dtype=dtype if not check.errors else None, op=None,
+    return run(comm, name, algo, check, plan=pl, numel=total, dtype=dtype if not check.errors else None, op=None,
                root=-1, shape=shape, nbytes=nbytes, body=body, async_op=async_op, tag=tag)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from primitives.broadcast import linear, ring, tree
 from primitives.engine.check import Check
-from primitives.engine.core import LazyFlat, fuses, resolve, run
+from primitives.engine.core import LazyFlat, plan, run
 from primitives.engine.envelope import Fused
 
 
@@ -21,7 +21,8 @@ def broadcast(comm, tensor, src, async_op=False, *, group_src=None, algorithm="a
     ok = check.tensor("tensor", tensor)
     root = check.root("src", src, group_src)
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
-    algo = resolve("broadcast", algorithm, ALGOS, comm, nbytes, check)
+    pl = plan("broadcast", algorithm, ALGOS, comm, nbytes, check)
+    algo = pl.algo
 
     prep = LazyFlat(tensor)
     done = prep.copy_back
@@ -40,8 +41,8 @@ def broadcast(comm, tensor, src, async_op=False, *, group_src=None, algorithm="a
             done()
         return {root: nb} if comm.rank != root else {}    # by peer: only the root sent data
     fused = (Fused(lambda peer: prep() if comm.rank == root else None, finish, same_for_all=True)
-             if ok and tensor.numel() and fuses("broadcast", algo, comm, nbytes) else None)
-    return run(comm, "broadcast", algo, check, numel=tensor.numel() if ok else -1,
+             if ok and tensor.numel() and pl.fused else None)
+    return run(comm, "broadcast", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)

@@ -6,7 +6,7 @@ textbook algorithms of primitives/gather.py (which run unchanged on every transp
 from __future__ import annotations
 
 from primitives.engine.check import Check
-from primitives.engine.core import flat_work, resolve, run
+from primitives.engine.core import flat_work, plan, run
 from primitives.gather import linear, ring, tree
 
 
@@ -27,7 +27,8 @@ def gather(comm, tensor, gather_list=None, dst=0, async_op=False, *, group_dst=N
         check.fail(f"argument 'gather_list' must be None on ranks other than the root (group rank {root})")
         ok = False
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
-    algo = resolve("gather", algorithm, ALGOS, comm, nbytes, check)
+    pl = plan("gather", algorithm, ALGOS, comm, nbytes, check)
+    algo = pl.algo
 
     def body():
         mine, _ = flat_work(tensor)
@@ -41,6 +42,6 @@ def gather(comm, tensor, gather_list=None, dst=0, async_op=False, *, group_dst=N
             for orig, (w, copied) in zip(gather_list, work):
                 if copied:
                     orig.copy_(w.view_as(orig))
-    return run(comm, "gather", algo, check, numel=tensor.numel() if ok else -1,
+    return run(comm, "gather", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)

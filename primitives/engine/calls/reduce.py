@@ -6,7 +6,7 @@ textbook algorithms of primitives/reduce.py (which run unchanged on every transp
 from __future__ import annotations
 
 from primitives.engine.check import Check, ReduceOp
-from primitives.engine.core import flat_work, resolve, run
+from primitives.engine.core import flat_work, plan, run
 from primitives.ops import finish_avg_
 from primitives.reduce import linear, ring, tree
 
@@ -23,7 +23,8 @@ def reduce(comm, tensor, dst, op=None, async_op=False, *, group_dst=None, algori
     root = check.root("dst", dst, group_dst)
     opn = check.op(op, tensor.dtype if ok else None)
     nbytes = tensor.numel() * tensor.element_size() if ok else 0
-    algo = resolve("reduce", algorithm, ALGOS, comm, nbytes, check)
+    pl = plan("reduce", algorithm, ALGOS, comm, nbytes, check)
+    algo = pl.algo
 
     def body():
         buf, copied = flat_work(tensor)
@@ -33,6 +34,6 @@ def reduce(comm, tensor, dst, op=None, async_op=False, *, group_dst=None, algori
             finish_avg_(buf, opn, comm.size)
             if copied:
                 tensor.copy_(buf.view_as(tensor))
-    return run(comm, "reduce", algo, check, numel=tensor.numel() if ok else -1,
+    return run(comm, "reduce", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=opn, root=root,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)

@@ -6,8 +6,8 @@ textbook algorithms of primitives/reduce_scatter.py (which run unchanged on ever
 from __future__ import annotations
 
 from primitives.engine import shm_collectives
-from primitives.engine.check import BITWISE, Check, ReduceOp
-from primitives.engine.core import flat_work, fuses, resolve, run
+from primitives.engine.check import Check, ReduceOp
+from primitives.engine.core import flat_work, plan, run
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import reduce_scatter_2level
 from primitives.ops import combine_, finish_avg_
@@ -29,11 +29,8 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0,
             check.fail(f"argument 'input_list' holds blocks of different sizes {sizes}; algorithm "
                        f"{algorithm!r} needs equal blocks: use algorithm='direct' (or 'auto')")
         algorithm = "direct"
-    algo = resolve(name, algorithm, ALGOS, comm, nbytes, check)
-    if algo == "shm" and opn in BITWISE:          # the shm kernels reduce with arithmetic ops only
-        if algorithm == "shm":
-            check.fail(f"argument 'op' is {opn.upper()}: algorithm 'shm' has no bitwise reduction; use 'ring'")
-        algo = "ring"
+    pl = plan(name, algorithm, ALGOS, comm, nbytes, check)
+    algo = pl.algo
 
     st = {}
 
@@ -69,9 +66,9 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0,
         done()
         return [nb] * (comm.size - 1)
     fused = (Fused(lambda peer: prep()[1][peer], finish, same_for_all=False)
-             if ok and output.numel() and not sizes and fuses(name, algo, comm, nbytes) else None)
+             if ok and output.numel() and not sizes and pl.fused else None)
     numel, shape = (sum(sizes), tuple(sizes)) if sizes else (output.numel(), tuple(output.shape))
-    return run(comm, name, algo, check, numel=numel if ok else -1,
+    return run(comm, name, algo, check, plan=pl, numel=numel if ok else -1,
                dtype=output.dtype if ok else None, op=opn, root=-1,
                shape=shape if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
                fused=fused)

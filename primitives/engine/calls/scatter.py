@@ -6,7 +6,7 @@ textbook algorithms of primitives/scatter.py (which run unchanged on every trans
 from __future__ import annotations
 
 from primitives.engine.check import Check
-from primitives.engine.core import flat_work, resolve, run
+from primitives.engine.core import flat_work, plan, run
 from primitives.scatter import linear, ring, tree
 
 
@@ -27,7 +27,8 @@ def scatter(comm, tensor, scatter_list=None, src=0, async_op=False, *, group_src
         check.fail(f"argument 'scatter_list' must be None on ranks other than the root (group rank {root})")
         ok = False
     nbytes = tensor.numel() * tensor.element_size() * comm.size if ok else 0   # S: all N blocks
-    algo = resolve("scatter", algorithm, ALGOS, comm, nbytes, check)
+    pl = plan("scatter", algorithm, ALGOS, comm, nbytes, check)
+    algo = pl.algo
 
     def body():
         out, copied = flat_work(tensor)
@@ -38,6 +39,6 @@ def scatter(comm, tensor, scatter_list=None, src=0, async_op=False, *, group_src
             ALGOS[algo](comm, out, blocks, root)
         if copied:
             tensor.copy_(out.view_as(tensor))
-    return run(comm, "scatter", algo, check, numel=tensor.numel() if ok else -1,
+    return run(comm, "scatter", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=None, root=root,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag)

@@ -1,9 +1,9 @@
 """nccl-tests-style sweep: from-scratch collectives vs the backend's built-in, side by side.
 
-    torchrun --standalone --nproc_per_node 4 primitives/engine/bench.py
-    RINGZERO_TRANSPORT=tcp torchrun --standalone --nproc_per_node 2 primitives/engine/bench.py   (the transport column says which ran)
-    torchrun --standalone --nproc_per_node 2 primitives/engine/bench.py --ops all_reduce --fit --json out.json
-    mpiexec -n 4 python primitives/engine/bench.py --backend mpi
+    torchrun --standalone --nproc_per_node 4 benchmarks/collectives.py
+    RINGZERO_TRANSPORT=tcp torchrun --standalone --nproc_per_node 2 benchmarks/collectives.py   (the transport column says which ran)
+    torchrun --standalone --nproc_per_node 2 benchmarks/collectives.py --ops all_reduce --fit --json out.json
+    mpiexec -n 4 python benchmarks/collectives.py --backend mpi
 
 For each size (the full buffer S, as nccl-tests counts it) and op, every implementation is
 timed in turn, `--reps` times (interleaved so drifting load hits all sides alike), each rep
@@ -190,7 +190,7 @@ def main(argv=None):
     sizes = ([parse_size(s) for s in args.sizes.split(",")] if args.sizes
              else sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes)))
     if n == 1:
-        print0("[yellow]World size 1: nothing to measure. Run: torchrun --standalone --nproc_per_node 4 primitives/engine/bench.py[/]")
+        print0("[yellow]World size 1: nothing to measure. Run: torchrun --standalone --nproc_per_node 4 benchmarks/collectives.py[/]")
         return
     rows = []
     with Progress(disable=comm.rank != 0, transient=True) as prog:

@@ -69,12 +69,6 @@ def fit_table(points: list[tuple[str, str, str, int, int, float]]) -> dict[str, 
     return out
 
 
-def relative_error(pred: float, measured: float) -> float:
-    """(pred - measured) / measured: +0.30 = predicted 30 % slower than measured. For busbw
-    (∝ 1/t) the same point is off by measured/pred - 1."""
-    return pred / measured - 1
-
-
 def write_model(table: dict[str, dict[int, Params]], path: str, info: dict) -> None:
     """The JSON cost.load_model reads (RINGZERO_COST_MODEL)."""
     raw = {fam: {str(n): p.__dict__ for n, p in per_n.items()} for fam, per_n in table.items()}

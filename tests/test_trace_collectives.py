@@ -1,0 +1,135 @@
+"""The collectives a user calls with defaults run the functions READING.md names: traced.
+
+    python -m pytest -q tests/test_trace_collectives.py
+
+Each case is one public call with nothing but its tensor: `primitives.all_reduce(t)` at 4 KiB
+and at 1 MiB, `primitives.all_gather_single(out, t)` and `primitives.reduce_scatter_single(out, t)`,
+on 2 and on 4 ranks of one host (the default transport: shared memory). On every rank
+sys.setprofile / threading.setprofile record (file, qualified name) of every Python call while the
+call runs (the second call of each signature, so a replayed plan is what is traced); the test
+asserts that exactly the READING.md functions of that case ran, and that the result equals the
+sum computed here. Cost: two spawns, a few seconds each.
+"""
+import os
+import sys
+import threading
+
+import pytest
+import torch
+
+from benchmarks import textbook as T
+
+# case -> (the READING.md ideas that must run in it, those that must not)
+CASES = {
+    "all_reduce 4 KiB": (["shared-memory one-shot all-reduce"], ["shared-memory reduce-by-slices all-reduce"]),
+    "all_reduce 1 MiB": (["shared-memory reduce-by-slices all-reduce", "chunk rule"],
+                         ["shared-memory one-shot all-reduce"]),
+    "all_gather_single": (["shared-memory all-gather"], []),
+    "reduce_scatter_single": (["shared-memory reduce-scatter"], []),
+}
+
+
+def _calls(case, rank, n):
+    """(a function making the call, a function checking its result)."""
+    import primitives
+    if case.startswith("all_reduce"):
+        k = 1024 if "4 KiB" in case else 1 << 18
+        t = torch.full((k,), float(rank + 1))
+        return (lambda: primitives.all_reduce(t)), (lambda: torch.equal(t, torch.full((k,), n * (n + 1) / 2)))
+    if case == "all_gather_single":
+        x, out = torch.full((300,), float(rank)), torch.empty(300 * n)
+        ref = torch.arange(n, dtype=torch.float32).repeat_interleave(300)
+        return (lambda: primitives.all_gather_single(out, x)), (lambda: torch.equal(out, ref))
+    x, out = torch.arange(300 * n, dtype=torch.float32) + rank, torch.empty(300)
+    ref = n * torch.arange(300 * rank, 300 * (rank + 1), dtype=torch.float32) + n * (n - 1) / 2
+    return (lambda: primitives.reduce_scatter_single(out, x)), (lambda: torch.equal(out, ref))
+
+
+def _traced(rank, n, root):
+    out = {}
+    for case in CASES:
+        call, ok = _calls(case, rank, n)
+        call()                                          # the first call builds the plan
+        seen = set()
+
+        def hook(frame, event, arg):
+            if event == "call":
+                seen.add((frame.f_code.co_filename, frame.f_code.co_qualname))
+        threading.setprofile(hook)
+        sys.setprofile(hook)
+        try:
+            call()
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+        call, ok = _calls(case, rank, n)
+        call()
+        out[case] = (ok(), sorted({(os.path.relpath(f, root), q) for f, q in seen if f.startswith(root + os.sep)}))
+    return out
+
+
+def _ran(entry, calls) -> bool:
+    return any(f == entry.path and q == entry.name for f, q in calls)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_default_collectives_run_the_reading_functions(n):
+    from primitives.launch import spawn
+    entries = {e.idea: e for e in T.reading_entries()}
+    res = spawn(_traced, n, args=(T.ROOT,), timeout=180.0)
+    bad = []
+    for case, (must, must_not) in CASES.items():
+        for r, out in enumerate(res):
+            ok, calls = out[case]
+            if not ok:
+                bad.append(f"{case}: rank {r}: wrong result")
+            for idea in must:
+                if not _ran(entries[idea], calls):
+                    bad.append(f"{case}: rank {r}: {idea} ({entries[idea].path}::{entries[idea].name}) did not run; "
+                               f"ran: {sorted({q for f, q in calls if f.startswith('primitives/') and 'engine' not in f})}")
+            for idea in must_not:
+                if _ran(entries[idea], calls):
+                    bad.append(f"{case}: rank {r}: {idea} ran, but this size takes the other algorithm")
+    assert not bad, "\n".join(bad)
+
+
+def _replayed_then_mismatched(rank, n):
+    import primitives
+    from primitives.engine.calls import all_reduce as calls
+    comm = primitives.get_comm()
+    t = torch.ones(1000)
+    primitives.all_reduce(t)
+    plans = len(comm.plans)
+    primitives.all_reduce(t)                              # replayed: no new plan
+    replayed = len(comm.plans) == plans
+    calls_made = {"n": 0}
+    orig = calls.plan
+
+    def counting(*a, **k):
+        calls_made["n"] += 1
+        return orig(*a, **k)
+    calls.plan = counting
+    try:
+        primitives.all_reduce(t)
+        primitives.all_reduce(torch.ones(7))             # a new signature: planned
+    finally:
+        calls.plan = orig
+    try:                                                  # rank 0 replays, rank 1 passes another size
+        primitives.all_reduce(torch.ones(1000 if rank == 0 else 999))
+        err = ""
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    u = torch.full((5,), float(rank))
+    primitives.all_reduce(u)                              # the communicator still works
+    return replayed, calls_made["n"], err, u.tolist()
+
+
+def test_a_replayed_call_is_still_checked_across_ranks():
+    """The second call of a signature adds no plan and builds none (a new signature builds one); a
+    rank replaying its plan while its peer passes another size still raises, on both ranks."""
+    from primitives.launch import spawn
+    res = spawn(_replayed_then_mismatched, 2, timeout=120.0)
+    for r, (replayed, built, err, u) in enumerate(res):
+        assert replayed and built == 1, (r, replayed, built)
+        assert err.startswith("CollectiveError") and "numel=1000" in err and "numel=999" in err, (r, err)
+        assert u == [1.0] * 5, (r, u)
