@@ -22,6 +22,7 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import torch
@@ -32,14 +33,14 @@ from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceE
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
 from zero_from_scratch.engine import zero_partition as zp
-from zero_from_scratch.engine.stages import BucketPool, Pooled, engine_inputs, labelled
+from zero_from_scratch.engine.stages import BucketPool, Pooled, TimedWait, engine_inputs, labelled
 from zero_from_scratch.stage3 import Stage3
 
 
 FORCED = ("gather_ctx", "evict", "step")     # releases that drop even persistent and pinned units
 
 
-class ZeroStage3(Pooled, Stage3):
+class ZeroStage3(Pooled, TimedWait, Stage3):
     def __init__(self, engine):
         z, c = engine.config.zero, engine.comm
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
@@ -125,9 +126,9 @@ class ZeroStage3(Pooled, Stage3):
         """The prefetched buffer once its all-gather is done; else qwZ (int8 on the wire, hpZ inside),
         hpZ (backward stays in the node) or the textbook's all-gather, from the offloaded shard."""
         if u.index in self.pf.prefetched:
-            h, full = self.pf.prefetched.pop(u.index)
+            wait, full = self.pf.prefetched.pop(u.index)
             try:
-                h.wait()
+                wait()
             except CollectiveError as e:
                 raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {kind} of {u.tag!r} failed: {e}") from e
             self.pf.stats["prefetch_used"] += 1
@@ -157,12 +158,11 @@ class ZeroStage3(Pooled, Stage3):
             return self.qwz.start(u, kind, tag)
         full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
         h = self.hpz.gather(u, kind, full, tag, async_op=True) if self.hpz else None   # backward: in the node
-        if h is None:
-            h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
-                                            async_op=True, what=u.tag)
-            if self.hpz:
-                h.then(lambda: self.hpz.keep(u, full))
-        return h, full
+        if h is not None:
+            return functools.partial(self.comm.wait, h), full
+        h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
+                                        async_op=True, what=u.tag)
+        return functools.partial(self.comm.wait, h, *([lambda: self.hpz.keep(u, full)] if self.hpz else [])), full
 
     def _install(self, u, full: torch.Tensor) -> None:
         super()._install(u, full)

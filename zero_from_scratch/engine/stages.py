@@ -53,7 +53,16 @@ def gathered_replicated(stage, params, modifier_rank=None):
         stage.e.refresh_master()
 
 
-class Labelled:
+class TimedWait:
+    """The textbook's wait for the oldest asynchronous reduction, timed by the engine's Comm first
+    (how long it blocks is that call's exposed communication; then() is not counted)."""
+
+    def _wait_oldest(self) -> None:
+        self.comm.wait(self.inflight[0][0])
+        super()._wait_oldest()
+
+
+class Labelled(TimedWait):
     """The engine's keywords on every collective of a stage (labelled), its gathered_parameters."""
     gathered = gathered_replicated
 
