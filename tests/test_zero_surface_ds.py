@@ -200,7 +200,7 @@ def _resume_from_deepspeed(rank, world, d, stage, bf16):
 def test_ours_resumes_from_a_deepspeed_checkpoint(spawn, tmp_path, stage, bf16):
     want, got, epoch, steps = spawn(_resume_from_deepspeed, 2, args=(str(tmp_path), stage, bf16), timeout=600.0)[0]
     # our zero_to_fp32 functions read DeepSpeed's checkpoint as DeepSpeed's own do
-    from zero_from_scratch.engine.checkpoint_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
+    from zero_from_scratch.engine.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ds_fp32
     a_, b_ = ds_fp32(str(tmp_path)), ours_fp32(str(tmp_path))
     assert sorted(a_) == sorted(b_) and all(torch.equal(a_[k].float(), b_[k]) for k in a_)
@@ -232,7 +232,7 @@ def test_deepspeeds_zero_to_fp32_reads_our_checkpoint(spawn, tmp_path, stage):
     assert sorted(theirs) == sorted(ours) and "2.bias" in theirs
     for k in ours:
         assert torch.equal(theirs[k].float(), ours[k].float()), k
-    from zero_from_scratch.engine.checkpoint_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
+    from zero_from_scratch.engine.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
     for excl in (False, True):
         a_, b_ = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), exclude_frozen_parameters=excl), \
             ours_fp32(str(tmp_path), exclude_frozen_parameters=excl)

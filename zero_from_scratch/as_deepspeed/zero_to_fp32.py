@@ -1,4 +1,4 @@
-"""deepspeed.utils.zero_to_fp32 under the runner: the engine's functions (engine/checkpoint_fp32.py),
+"""deepspeed.utils.zero_to_fp32 under the runner: the engine's functions (engine/zero_to_fp32.py),
 which read our checkpoints and DeepSpeed's.
 
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint   (under the runner)
@@ -6,10 +6,10 @@ which read our checkpoints and DeepSpeed's.
     convert_zero_checkpoint_to_fp32_state_dict("ckpt", "out")        # out/pytorch_model.bin (+ shards, index)
     model = load_state_dict_from_zero_checkpoint(model, "ckpt")      # model.cpu(), loaded, strict=False
 """
-from zero_from_scratch.engine.checkpoint_fp32 import (convert_zero_checkpoint_to_fp32_state_dict,  # noqa: F401
-                                                      convert_zero_checkpoint_to_state_dict,
-                                                      get_fp32_state_dict_from_zero_checkpoint,
-                                                      load_state_dict_from_zero_checkpoint)
+from zero_from_scratch.engine.zero_to_fp32 import (convert_zero_checkpoint_to_fp32_state_dict,  # noqa: F401
+                                                   convert_zero_checkpoint_to_state_dict,
+                                                   get_fp32_state_dict_from_zero_checkpoint,
+                                                   load_state_dict_from_zero_checkpoint)
 
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "convert_zero_checkpoint_to_fp32_state_dict",
            "convert_zero_checkpoint_to_state_dict", "load_state_dict_from_zero_checkpoint"]
