@@ -1,4 +1,4 @@
-"""offload_optimizer {"device": "cpu"} (zero_from_scratch/engine/offload_cpu.py).
+"""offload_optimizer {"device": "cpu"} (zero_from_scratch/engine/offload.py, HostOptimizerStates).
 
     python -m pytest -q tests/test_recipes_offload_cpu.py
 
