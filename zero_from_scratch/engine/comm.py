@@ -49,7 +49,7 @@ class Event:
     what: str                 # the bucket / module it moved
     nbytes: int
     launched: float
-    started: float = float("nan")     # when the background thread began it (after earlier calls)
+    started: float = float("nan")     # when the worker thread began it (after earlier calls)
     finished: float = float("nan")
     waited: float = float("nan")      # when the caller asked for the result
     exposed: float = 0.0              # how long that wait blocked: communication not hidden
