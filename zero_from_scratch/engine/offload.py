@@ -41,7 +41,7 @@ import warnings
 import torch
 
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
-from zero_from_scratch.engine.param_offload import file_io
+from zero_from_scratch.engine.param_offload import failed_ranks, file_io
 
 DEVICES = ("none", "cpu", "nvme")
 TUNING = ("pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline")
@@ -171,18 +171,12 @@ class NvmeOptimizerStates:
                         file_io(True, fd, zero[:min(len(zero), n - a)], 4 * a)
         except OSError as e:
             err = f"{e}"
-        bad = self._agree(bool(err))
+        bad = failed_ranks(self.e.comm, bool(err))
         if bad:
             raise OffloadError(f"rank {c.rank}: offload_optimizer nvme_path {nvme_path!r} is not usable on rank(s) "
                                f"{bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder with room for "
                                f"{len(self.keys) * 4}·Ψ/N bytes per rank")
         self.bytes_read = self.bytes_written = 0
-
-    def _agree(self, failed: bool) -> list[int]:
-        c = self.e.comm
-        rows = c.gather_ints([int(failed)], "offload check") if c.size > 1 else [[int(failed)]]
-        c.usage.pop("offload check", None)
-        return [r for r, (f,) in enumerate(rows) if f]
 
     def _chunks(self):
         """(unit, a, b): the step order of the non-offloaded engine, cut at sub_group_size."""
@@ -234,7 +228,7 @@ class NvmeOptimizerStates:
         except OSError as ex:
             err = f"{ex}"
         staging = bufs = None                  # freed before the next forward: never part of its peak
-        bad = self._agree(bool(err))
+        bad = failed_ranks(self.e.comm, bool(err))
         if bad:
             raise OffloadError(f"rank {e.comm.rank}: the optimizer step failed writing/reading offloaded states on "
                                f"rank(s) {bad}" + (f" ({err})" if err else "") + f" under {self.dir!r}: this run's "

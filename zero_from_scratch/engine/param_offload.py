@@ -131,7 +131,7 @@ class ParamStore:
                 except OSError as ex:
                     err = f"{ex}"
             del src
-        bad = _agree(e.comm, bool(err))
+        bad = failed_ranks(e.comm, bool(err))
         if bad:
             raise ParamOffloadError(f"rank {self.rank}: offload {name} nvme_path {spec['nvme_path']!r} is not usable on "
                                     f"rank(s) {bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder "
@@ -236,9 +236,10 @@ class ParamStore:
         self.fds = {}
 
 
-def _agree(comm, failed: bool) -> list[int]:
-    rows = comm.gather_ints([int(failed)], "param offload check") if comm.size > 1 else [[int(failed)]]
-    comm.usage.pop("param offload check", None)
+def failed_ranks(comm, failed: bool) -> list[int]:
+    """The ranks where an offload file operation failed (one small all-gather, not in the ledger's report)."""
+    rows = comm.gather_ints([int(failed)], "offload check") if comm.size > 1 else [[int(failed)]]
+    comm.usage.pop("offload check", None)
     return [r for r, (f,) in enumerate(rows) if f]
 
 
