@@ -3,7 +3,7 @@ instead of sending messages (MPICH's intranode collectives, DeepSpeed's shm.cpp)
 
     RINGZERO_TRANSPORT=shm torchrun --nproc_per_node 4 primitives/allreduce.py
 
-The segment (built over /dev/shm by primitives/engine/shm_flags.py) gives every rank BUFS = 3
+The segment (built over /dev/shm by primitives/engine/shm_collectives.py) gives every rank BUFS = 3
 workspaces of W bytes and one flag:
     seg.rank, seg.size, seg.W        my rank, ranks on the segment, bytes per workspace
     seg.view(p, b, dtype, i=0, j=None)  elements i:j of rank p's workspace b as dtype; every rank may read it

@@ -133,3 +133,41 @@ def test_a_replayed_call_is_still_checked_across_ranks():
         assert replayed and built == 1, (r, replayed, built)
         assert err.startswith("CollectiveError") and "numel=1000" in err and "numel=999" in err, (r, err)
         assert u == [1.0] * 5, (r, u)
+
+
+def _replayed_ledger(rank, n):
+    import primitives
+    from primitives.engine.ledger import LEDGER
+    from primitives.engine.traffic import traffic
+    out = {}
+    for name, algo, make in (("all_reduce", "ring", lambda: (torch.ones(1000),)),
+                             ("broadcast", "tree", lambda: (torch.ones(300), 0)),
+                             ("reduce_scatter_single", "ring", lambda: (torch.zeros(100), torch.ones(100 * n))),
+                             ("all_reduce", "auto", lambda: (torch.ones(1000),))):
+        rows = []
+        for _ in range(4):                   # planned, first replay (counted), two replays (the record added)
+            args = make()
+            with LEDGER.track() as d:
+                getattr(primitives, name)(*args, algorithm=algo)
+            rec = LEDGER.calls[-1]
+            rows.append(((d.msgs_sent, d.bytes_sent, d.msgs_recv, d.bytes_recv),
+                         (rec.counts.msgs_sent, rec.counts.bytes_sent), rec.template is not None))
+        numel = 100 if name == "reduce_scatter_single" else args[0].numel()
+        out[f"{name} {algo}"] = (rows, traffic(name, LEDGER.calls[-1].algorithm, n, rank, numel, 4))
+    with LEDGER.control_traffic(), LEDGER.track() as d:  # a replay the caller marks as control adds no data
+        primitives.all_reduce(torch.ones(1000), algorithm="ring")
+    return out, d.msgs_sent + d.msgs_recv
+
+
+def test_a_replayed_call_adds_the_ledger_record_it_would_count():
+    """A replayed call counts no message: its record is its signature's first replay's, added at
+    its end. Every call of a signature gives the same totals and record, equal to the closed form
+    (traffic.py), and the last two really took the record (not the per-message counts); a
+    replay the caller marks as control traffic adds no data."""
+    from primitives.launch import spawn
+    for r, (out, control) in enumerate(spawn(_replayed_ledger, 2, timeout=120.0)):
+        assert control == 0, (r, control)
+        for case, (rows, formula) in out.items():
+            assert len({row[:2] for row in rows}) == 1, (r, case, rows)
+            assert rows[0][1] == formula, (r, case, rows[0], formula)
+            assert [row[2] for row in rows] == [False, False, True, True], (r, case, rows)

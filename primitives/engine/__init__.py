@@ -11,11 +11,11 @@ the textbook's algorithm functions (primitives/<collective>.py) unchanged and wr
                              carries small calls' data, the one executor for async calls, "auto"
     cost.py, traffic.py      the α-β cost model behind "auto", and the exact bytes per algorithm
     hierarchical.py, topology.py     two-level algorithms for ranks on several nodes
-    shm_collectives.py, shm_flags.py, shm_segment.py   the segment, its flags and the check under
-                             the textbook's shared-memory collectives (primitives/shm.py)
+    shm_collectives.py, shm_segment.py   the segment, its flags and the check under the
+                             textbook's shared-memory collectives (primitives/shm.py)
     strict.py, faults.py, ledger.py  nccl's ordering rules on CPU, naming the dead rank, byte counts
     rendezvous.py            communicator set-up through the store: a rank that never arrives is named
-    runner.py, bench.py, reference.py, all_to_all_runner.py   the verify-and-time scripts
+    runner.py, reference.py, all_to_all_runner.py   the verify-and-time scripts
 Printing and launching ranks, which every package uses, live one level up: primitives/log.py, primitives/launch.py.
 Nothing in the textbook (READING.md) imports this package.
 """

@@ -7,14 +7,22 @@ group_src/group_dst, async_op), same in-place semantics, plus a keyword-only `al
 
 Each function resolves `group` to its communicator (get_comm: shared memory on one host, gloo's
 TCP, nccl, or MPI) and runs the checked call (calls/), which runs the textbook algorithm. As in
-torch: a rank outside `group` gets a warning and None; async_op=True returns a Work (compat.py);
-complex tensors move as their real view and reduce with SUM/AVG; ReduceOp.BAND/BOR/BXOR reduce
-integer and bool tensors. The *_coalesced and *_object calls: coalesced.py, objects.py.
+torch: a rank outside `group` gets a warning and None; async_op=True returns a Work (the one
+handle type, primitives/comm.py: wait(timeout=), get_future(), exception(); wait(timeout) polls
+every 0.5 ms, get_future() completes from the communicator's worker thread); ReduceOp.BAND/BOR/BXOR
+reduce integer and bool tensors. Complex tensors travel as their real view (torch.view_as_real: a
+trailing dim of 2), like torch.distributed does: every collective moves them; the reducing ones
+accept SUM and AVG, which act on real and imaginary parts separately (torch's supports_complex
+refuses the rest). The *_coalesced and *_object calls: coalesced.py, objects.py.
 """
 from __future__ import annotations
 
 import warnings
 
+import torch
+import torch.distributed as dist
+
+from primitives.comm import Communicator, Work
 from primitives.engine.algos import ALGORITHMS
 from primitives.engine.calls import all_gather as _ag
 from primitives.engine.calls import all_reduce as _ar
@@ -25,122 +33,146 @@ from primitives.engine.calls import reduce as _re
 from primitives.engine.calls import reduce_scatter as _rs
 from primitives.engine.calls import scatter as _sc
 from primitives.engine.check import ReduceOp, op_name
-from primitives.engine.compat import complex_op, outside, real, reals, work
 from primitives.engine.cost import SHM_NATIVE
 from primitives.engine.registry import get_comm
 
 
+COMPLEX_OPS = ("sum", "avg")
+
+
+def outside(group, name: str, stacklevel: int = 3) -> bool:
+    """True, after torch's warning, when this process is not in `group` (torch then returns None
+    without communicating)."""
+    if group is None or isinstance(group, Communicator) or not dist.is_initialized():
+        return False
+    if group is dist.GroupMember.NON_GROUP_MEMBER or (isinstance(group, dist.ProcessGroup)
+                                                      and dist.get_rank(group) < 0):
+        warnings.warn(f"Running {name} on global rank {dist.get_rank()} which does not belong to the given group.",
+                      stacklevel=stacklevel)
+        return True
+    return False
+
+
+def real(t):
+    """A complex tensor's real view (trailing dim of 2); anything else unchanged."""
+    return torch.view_as_real(t) if isinstance(t, torch.Tensor) and t.is_complex() else t
+
+
+def reals(ts):
+    return [real(t) for t in ts] if isinstance(ts, (list, tuple)) else ts
+
+
+def complex_op(name: str, op, tensors, op_name, torch_name: str | None = None) -> None:
+    """torch's rule: a reducing call on complex tensors takes SUM or AVG only (torch_name: the
+    call torch's message names, e.g. all_reduce for all_reduce_coalesced)."""
+    flat = [x for t in tensors for x in (t if isinstance(t, (list, tuple)) else [t])]
+    if any(isinstance(t, torch.Tensor) and t.is_complex() for t in flat) and op_name(op) not in COMPLEX_OPS:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise ValueError(f"rank {rank}: {torch_name or name} does not support {op} on complex tensors "
+                         f"(in {name}: SUM and AVG act on real and imaginary parts; the others are not defined)")
+
+
+def work(result, outputs, name: str, async_op: bool):
+    """The engine call's result as torch returns it: None for a blocking call, else its Work
+    (primitives/comm.py), holding the tensors it writes (result(), get_future())."""
+    if not async_op:
+        return None
+    result = result if result is not None else Work(None, None, None, name)
+    result.outputs = outputs
+    return result
+
+
+def _run(name: str, group, async_op: bool, outputs, call, op=None, reduced=()):
+    """torch's conventions around the checked call `call(comm)`: None (after torch's warning)
+    on a rank outside `group`; complex tensors (`reduced`) only with SUM or AVG; an async call's
+    Work holding `outputs`."""
+    if outside(group, name, stacklevel=4):
+        return None
+    if op is not None:
+        complex_op(name, op, reduced, op_name)
+    return work(call(get_comm(group)), outputs, name, async_op)
+
+
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_reduce(tensor, op): in place on every rank."""
-    if outside(group, "all_reduce"):
-        return None
-    complex_op("all_reduce", op, [tensor], op_name)
-    r = _ar.all_reduce(get_comm(group), real(tensor), op, async_op, algorithm=algorithm, tag=tag)
-    return work(r, [tensor], "all_reduce", async_op)
+    return _run("all_reduce", group, async_op, [tensor], lambda comm: _ar.all_reduce(
+        comm, real(tensor), op, async_op, algorithm=algorithm, tag=tag), op, [tensor])
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, algorithm="auto", tag=0):
     """Like torch.distributed.broadcast: tensor on every rank becomes the root's tensor; the root
     is `src` (a global rank) or `group_src` (a rank of the group)."""
-    if outside(group, "broadcast"):
-        return None
-    r = _bc.broadcast(get_comm(group), real(tensor), src, async_op, group_src=group_src, algorithm=algorithm, tag=tag)
-    return work(r, [tensor], "broadcast", async_op)
+    return _run("broadcast", group, async_op, [tensor], lambda comm: _bc.broadcast(
+        comm, real(tensor), src, async_op, group_src=group_src, algorithm=algorithm, tag=tag))
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, *, algorithm="auto",
            tag=0):
     """Like torch.distributed.reduce(tensor, dst, op): the result lands in the root's tensor
     (`dst` a global rank, or `group_dst` a rank of the group)."""
-    if outside(group, "reduce"):
-        return None
     op = ReduceOp.SUM if op is None else op
-    complex_op("reduce", op, [tensor], op_name)
-    r = _re.reduce(get_comm(group), real(tensor), dst, op, async_op, group_dst=group_dst, algorithm=algorithm,
-                   tag=tag)
-    return work(r, [tensor], "reduce", async_op)
+    return _run("reduce", group, async_op, [tensor], lambda comm: _re.reduce(
+        comm, real(tensor), dst, op, async_op, group_dst=group_dst, algorithm=algorithm, tag=tag), op, [tensor])
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_gather(tensor_list, tensor): tensor_list[i] <- rank i's tensor."""
-    if outside(group, "all_gather"):
-        return None
-    r = _ag.all_gather(get_comm(group), reals(tensor_list), real(tensor), async_op, algorithm=algorithm, tag=tag)
-    return work(r, tensor_list, "all_gather", async_op)
+    return _run("all_gather", group, async_op, tensor_list, lambda comm: _ag.all_gather(
+        comm, reals(tensor_list), real(tensor), async_op, algorithm=algorithm, tag=tag))
 
 
 def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_gather_single: output_tensor (N·numel elements) <- all inputs, rank-major."""
-    if outside(group, "all_gather_single"):
-        return None
-    r = _ag.all_gather_single(get_comm(group), real(output_tensor), real(input_tensor), async_op,
-                              algorithm=algorithm, tag=tag)
-    return work(r, [output_tensor], "all_gather_single", async_op)
+    return _run("all_gather_single", group, async_op, [output_tensor], lambda comm: _ag.all_gather_single(
+        comm, real(output_tensor), real(input_tensor), async_op, algorithm=algorithm, tag=tag))
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter(output, input_list, op); the blocks of input_list
     may differ in size (block p the size of rank p's output), as on gloo."""
-    if outside(group, "reduce_scatter"):
-        return None
-    complex_op("reduce_scatter", op, [output, input_list], op_name)
-    r = _rs.reduce_scatter(get_comm(group), real(output), reals(input_list), op, async_op, algorithm=algorithm,
-                           tag=tag)
-    return work(r, [output], "reduce_scatter", async_op)
+    return _run("reduce_scatter", group, async_op, [output], lambda comm: _rs.reduce_scatter(
+        comm, real(output), reals(input_list), op, async_op, algorithm=algorithm, tag=tag), op, [output, input_list])
 
 
 def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
-    if outside(group, "reduce_scatter_single"):
-        return None
-    complex_op("reduce_scatter_single", op, [output, input], op_name)
-    r = _rs.reduce_scatter_single(get_comm(group), real(output), real(input), op, async_op, algorithm=algorithm,
-                                  tag=tag)
-    return work(r, [output], "reduce_scatter_single", async_op)
+    return _run("reduce_scatter_single", group, async_op, [output], lambda comm: _rs.reduce_scatter_single(
+        comm, real(output), real(input), op, async_op, algorithm=algorithm, tag=tag), op, [output, input])
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *, algorithm="auto",
             tag=0):
     """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on the root
     only (`src` a global rank or `group_src` a group rank; neither given: global rank 0)."""
-    if outside(group, "scatter"):
-        return None
     src = 0 if src is None and group_src is None else src
-    r = _sc.scatter(get_comm(group), real(tensor), reals(scatter_list) or None, src, async_op, group_src=group_src,
-                    algorithm=algorithm, tag=tag)
-    return work(r, [tensor], "scatter", async_op)
+    return _run("scatter", group, async_op, [tensor], lambda comm: _sc.scatter(
+        comm, real(tensor), reals(scatter_list) or None, src, async_op, group_src=group_src, algorithm=algorithm,
+        tag=tag))
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *, algorithm="auto",
            tag=0):
     """Like torch.distributed.gather(tensor, gather_list, dst); gather_list is written on the root
     only (`dst` a global rank or `group_dst` a group rank; neither given: global rank 0)."""
-    if outside(group, "gather"):
-        return None
     dst = 0 if dst is None and group_dst is None else dst
-    r = _ga.gather(get_comm(group), real(tensor), reals(gather_list) or None, dst, async_op, group_dst=group_dst,
-                   algorithm=algorithm, tag=tag)
-    return work(r, gather_list or [], "gather", async_op)
+    return _run("gather", group, async_op, gather_list or [], lambda comm: _ga.gather(
+        comm, real(tensor), reals(gather_list) or None, dst, async_op, group_dst=group_dst, algorithm=algorithm,
+        tag=tag))
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_to_all_single: rows input_split_sizes[p] of `input` go to rank p;
     output_split_sizes[p] rows of `output` come from rank p (None = dim 0 split evenly)."""
-    if outside(group, "all_to_all_single"):
-        return None
-    r = _a2a.all_to_all_single(get_comm(group), real(output), real(input), output_split_sizes, input_split_sizes,
-                               async_op, algorithm=algorithm, tag=tag)
-    return work(r, [output], "all_to_all_single", async_op)
+    return _run("all_to_all_single", group, async_op, [output], lambda comm: _a2a.all_to_all_single(
+        comm, real(output), real(input), output_split_sizes, input_split_sizes, async_op, algorithm=algorithm,
+        tag=tag))
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_to_all: output_tensor_list[p] <- rank p's input_tensor_list[me]."""
-    if outside(group, "all_to_all"):
-        return None
-    r = _a2a.all_to_all(get_comm(group), reals(output_tensor_list), reals(input_tensor_list), async_op,
-                        algorithm=algorithm, tag=tag)
-    return work(r, output_tensor_list, "all_to_all", async_op)
+    return _run("all_to_all", group, async_op, output_tensor_list, lambda comm: _a2a.all_to_all(
+        comm, reals(output_tensor_list), reals(input_tensor_list), async_op, algorithm=algorithm, tag=tag))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, **kw):

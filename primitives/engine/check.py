@@ -143,18 +143,13 @@ def code(s: str) -> int:
     return zlib.crc32(s.encode()) & 0x7FFFFFFF
 
 
-def _meta_desc(names):
-    def desc(row):  # noqa: E306
-        known = {code(s): s for s in [*ALGORITHMS, *(a for v in ALGORITHMS.values() for a in v)]}
-        d = dict(zip(names, row))
-        dtype = DTYPES[d["dtype"]] if 0 <= d["dtype"] < len(DTYPES) else "?"
-        return (f"(call={known.get(d['call'], '?')}, algorithm={known.get(d['algorithm'], '?')}, dtype={dtype}, "
-                f"numel={d['numel']}, shape#={d['shape']}, tag={d['tag']}, "
-                f"op={list(OP_CODES)[d['op']] if d['op'] >= 0 else '-'}, root={d['root']})")
-    return desc
-
-
-META_DESC = _meta_desc(["call", "algorithm", "op", "root", "dtype", "numel", "shape", "tag"])
+def meta_desc(row) -> str:
+    """A fingerprint (call, algorithm, op, root, dtype, numel, shape, tag: core.fingerprint) as words."""
+    known = {code(s): s for s in [*ALGORITHMS, *(a for v in ALGORITHMS.values() for a in v)]}
+    call, algorithm, op, root, dt, numel, shape, tag = row[:8]
+    dtype = DTYPES[dt] if 0 <= dt < len(DTYPES) else "?"
+    return (f"(call={known.get(call, '?')}, algorithm={known.get(algorithm, '?')}, dtype={dtype}, "
+            f"numel={numel}, shape#={shape}, tag={tag}, op={list(OP_CODES)[op] if op >= 0 else '-'}, root={root})")
 
 
 class CallName:

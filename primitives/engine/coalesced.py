@@ -15,10 +15,9 @@ import torch
 import torch.distributed as dist
 
 from primitives.coalesced import all_reduce_coalesced as _textbook_all_reduce_coalesced
-from primitives.engine.api import all_gather_single
-from primitives.engine.check import ReduceOp, op_name
 from primitives.comm import Work
-from primitives.engine.compat import complex_op, outside, reals
+from primitives.engine.api import all_gather_single, complex_op, outside, reals
+from primitives.engine.check import ReduceOp, op_name
 from primitives.engine.registry import get_comm
 
 

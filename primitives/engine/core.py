@@ -27,7 +27,7 @@ import torch
 
 from primitives.comm import Work
 from primitives.engine import inband, shm_collectives
-from primitives.engine.check import DTYPE_CODES, META_DESC, OP_CODES, CallName, Check, code
+from primitives.engine.check import DTYPE_CODES, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
 from primitives.engine.envelope import Fused, check_round, fits
 from primitives.engine.errors import CollectiveError
@@ -56,22 +56,27 @@ _worker = threading.local()   # .key: the communicator whose worker this thread 
 
 def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
-        fused: Fused | None = None, plan: Plan | None = None):
+        plan: Plan, fused: Fused | None = None, replay: Replay | None = None):
     """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
     now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
     the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
-    not needed."""
+    not needed. `replay`: this call replays a planned signature (its ledger record, once known)."""
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
         comm.current_call = CallName(name, algorithm, comm.calls)
         if check.errors and (not _HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
-        way = plan.check if plan is not None else check_way(comm, algorithm)
-        entry = LEDGER.open_call(name, algorithm, nbytes)     # no `with`: a generator costs µs per call
+        way = plan.check                 # decided once per signature (Plan)
+        template = replay.record if replay is not None else None
+        rec, prev = LEDGER.open_call(name, algorithm, nbytes, template)  # no `with`: a generator costs µs
+        ok = False
         try:
             checked(way)
+            ok = True
         finally:
-            LEDGER.close_call(*entry)
+            LEDGER.close_call(rec, prev, ok)
+        if replay is not None and template is None and not LEDGER.in_control():
+            replay.record = rec           # the first replay counts its messages; the later ones add it
 
     def checked(way):
         if way is None:
@@ -80,7 +85,7 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
         if way == "shm":              # the check rides in the shm workspace header: no round
             return shm_collectives.checked(comm, name, meta, check.errors, body)
         if way == "inband":           # the check rides in the data (inband.py)
-            ib = comm._inband = inband.InBand(comm, name, meta, check.errors, META_DESC, CollectiveError)
+            ib = comm._inband = inband.InBand(comm, name, meta, check.errors)
             try:
                 if not check.errors:
                     body()
@@ -88,7 +93,7 @@ def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
             finally:
                 comm._inband = None
             return
-        if check_round(comm, name, meta, check.errors, META_DESC, fused, CollectiveError):
+        if check_round(comm, name, meta, check.errors, fused):
             return
         body()
 
@@ -110,6 +115,9 @@ def _execute(comm, go, async_op: bool, name: str):
         # already, and queueing it behind fn would wait for itself
         go()
         return Work(comm, None, None, name) if async_op else None
+    if not async_op and not _pending.get(key):     # nothing queued (the common case): here, no lock
+        go()
+        return None
     with _lock:
         pend = _pending.get(key)
         if pend:
@@ -202,6 +210,43 @@ class Plan:
         self.algo, self.fused, self.check = algo, fused, check
 
 
+class Replay:
+    """A planned signature as its later calls replay it, kept in comm.plans by replay_key: the
+    Plan, what the argument check derived (`args`: the op's name, the root, ...), and the ledger
+    record its first replay counted (record), which every later replay adds without counting a
+    message. Only a signature whose planning call passed the argument check gets one."""
+    __slots__ = ("plan", "args", "record")
+
+    def __init__(self, plan: Plan, args):
+        self.plan, self.args, self.record = plan, args, None
+
+
+PASSED = Check(None, "replayed")   # a replayed call's check: its signature passed when it was planned
+
+
+def sig(t):
+    """What a replayed call's tensor (or list of tensors) must share with the planned call's."""
+    if isinstance(t, (list, tuple)):
+        return tuple(map(sig, t))
+    return (t.dtype, t.shape, t.device.type, t.layout) if isinstance(t, torch.Tensor) else type(t)
+
+
+def replayed(comm, *key) -> tuple[Replay | None, tuple | None]:
+    """(the Replay of this signature or None, its key; None when a part is unhashable). key: the
+    call's name, sig() of its tensors, its other arguments; the check switch and strict mode added."""
+    key = (*key, _HANDSHAKE, comm.strict)
+    try:
+        return comm.__dict__.get("plans", {}).get(key), key
+    except TypeError:
+        return None, None
+
+
+def remember(comm, key, check: Check, pl: Plan, args=None) -> None:
+    """Keep the Replay of a signature whose planning call passed the argument check."""
+    if key is not None and not check.errors:
+        comm.plans[key] = Replay(pl, args)
+
+
 def check_way(comm, algo: str) -> str | None:
     """How a call's check travels: None (switched off, or a world of one); "shm": in the shared-memory
     workspace header; "inband": in the algorithm's first messages (inband.py); "round": envelopes
@@ -227,15 +272,10 @@ def plan(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check
     if p is None:
         errors = len(check.errors)
         algo = _resolve(name, algorithm, algos, comm, nbytes, check)
-        f = FUSED.get(name)
-        p = Plan(algo, f is not None and fuses(name, algo, comm, nbytes), check_way(comm, algo))
+        p = Plan(algo, fuses(name, algo, comm, nbytes), check_way(comm, algo))
         if len(check.errors) == errors:
             plans[key] = p
     return p
-
-
-def resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
-    return plan(name, algorithm, algos, comm, nbytes, check).algo
 
 
 def _resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:

@@ -30,13 +30,14 @@ import numpy as np
 import torch
 
 from primitives.engine.algos import ENVELOPE_BYTES, ENVELOPE_PAYLOAD, HEADER_BYTES
+from primitives.engine.check import meta_desc
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
 from primitives.engine.topology import topology
 from primitives.ops import wait_all
 
 MAGIC = 0x52494E47   # "RING": a stray message from another protocol is caught, not decoded
-# the header's int64 words: MAGIC, the 8 fingerprint words (check.META_DESC's order), my error
+# the header's int64 words: MAGIC, the 8 fingerprint words (check.meta_desc's order), my error
 # text's length, then inband.py's `inline` (bytes of my first message inside this envelope)
 # and `follow` (bytes of my first message sent right behind it)
 ERR, INLINE_AT, FOLLOW, NH = 9, 10, 11, 12
@@ -98,10 +99,9 @@ def envelopes(comm) -> _Envelopes:
     return env
 
 
-def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, fused: Fused | None,
-                error_cls) -> bool:
-    """Run the round; raise error_cls on every rank on a mismatch. True when `fused` carried the data."""
-    raise_deferred(comm, error_cls)
+def check_round(comm, name: str, meta: list[int], errors: list[str], fused: Fused | None) -> bool:
+    """Run the round; raise CollectiveError on every rank on a mismatch. True when `fused` carried the data."""
+    raise_deferred(comm)
     n, me = comm.size, comm.rank
     text = "; ".join(errors).encode()[:ENVELOPE_PAYLOAD]
     fused = None if errors else fused
@@ -141,7 +141,7 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
         wait_all(reqs)
     if defer(comm):
         if errors:
-            raise error_cls(f"rank {me}: {name}: " + "; ".join(errors))
+            raise CollectiveError(f"rank {me}: {name}: " + "; ".join(errors))
         _defer_verdict(comm, name, torch.tensor(header).to(inc.device, non_blocking=True),
                        inc[:, :NH * 8].view(torch.int64))
         if fused is not None:
@@ -149,10 +149,10 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
             count_fused(comm, peers, sent * (n - 1) if rows == 1 else sent, received)
         return fused is not None
     heads = (env.inc_np[:, :NH * 8].view(np.int64) if cpu else inc[:, :NH * 8].view(torch.int64)).tolist()
-    problem = verdict(comm, name, header, errors, peers, heads, inc, meta_desc)
+    problem = verdict(comm, name, header, errors, peers, heads, envelope_text(inc))
     if problem is not None:
         drain(comm, peers, heads)
-        raise error_cls(problem)
+        raise CollectiveError(problem)
     if fused is None:
         return False
     received = fused.finish(lambda nb, dtype: dict(zip(peers, env.views(nb, dtype)[1])))
@@ -161,9 +161,10 @@ def check_round(comm, name: str, meta: list[int], errors: list[str], meta_desc, 
     return True
 
 
-def verdict(comm, name, mine, errors, peers, heads, inc, meta_desc) -> str | None:
-    """The error every rank raises, from my header `mine` and the peers' `heads` (rows of
-    int64 words, HEAD layout; inc: the envelopes, for error texts), or None if all agree."""
+def verdict(comm, name, mine, errors, peers, heads, text) -> str | None:
+    """The error every rank raises, from my header `mine` and the peers' `heads` (rows of int64
+    words, this module's layout, from envelopes or shm workspace headers; text(i, k): the k bytes
+    of error text behind row i), or None if all agree."""
     me, n = comm.rank, comm.size
     if errors:
         return f"rank {me}: {name}: " + "; ".join(errors)
@@ -177,14 +178,18 @@ def verdict(comm, name, mine, errors, peers, heads, inc, meta_desc) -> str | Non
     bad = [p for p in range(n) if table[p][ERR]]
     if bad:
         row = {p: i for i, p in enumerate(peers)}
-        why = "; ".join(f"rank {p}: " + bytes(inc[row[p], HEADER_BYTES:HEADER_BYTES + table[p][ERR]].cpu()
-                                               .tolist()).decode(errors="replace") for p in bad)
+        why = "; ".join(f"rank {p}: " + text(row[p], table[p][ERR]).decode(errors="replace") for p in bad)
         return f"rank {me}: {name} aborted because rank(s) {bad} passed invalid arguments: {why}"
     for p in range(n):
         if table[p][1:ERR] != table[me][1:ERR]:
             return (f"rank {me}: {name}: ranks disagree on the call: rank {me} passed "
                     f"{meta_desc(table[me][1:])} but rank {p} passed {meta_desc(table[p][1:])}")
     return None
+
+
+def envelope_text(inc):
+    """verdict's text(i, k): the error text in received envelope i."""
+    return lambda i, k: bytes(inc[i, HEADER_BYTES:HEADER_BYTES + k].cpu().tolist())
 
 
 def drain(comm, peers, heads) -> None:
@@ -229,7 +234,7 @@ def _defer_verdict(comm, name, mine, heads) -> None:
     comm.__dict__.setdefault("_deferred", []).append((flag, event, getattr(comm, "current_call", name)))
 
 
-def raise_deferred(comm, error_cls, wait: bool = False) -> None:
+def raise_deferred(comm, wait: bool = False) -> None:
     """Raise for the oldest finished device-side verdict that found a disagreement."""
     pending = comm.__dict__.get("_deferred")
     while pending:
@@ -241,11 +246,11 @@ def raise_deferred(comm, error_cls, wait: bool = False) -> None:
         pending.pop(0)
         if flag.any():
             pending.clear()
-            raise error_cls(f"rank {comm.rank}: {call}: ranks disagreed on the call or passed invalid "
+            raise CollectiveError(f"rank {comm.rank}: {call}: ranks disagreed on the call or passed invalid "
                             f"arguments (found on the device, reported at the next call; the other "
                             f"ranks' own errors say what they passed)")
 
 
-def check_pending(comm, error_cls=None) -> None:
+def check_pending(comm) -> None:
     """Wait for every deferred (CUDA) verdict of `comm` and raise if any found a disagreement."""
-    raise_deferred(comm, error_cls or CollectiveError, wait=True)
+    raise_deferred(comm, wait=True)

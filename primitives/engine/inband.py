@@ -41,8 +41,9 @@ import torch
 
 from primitives.comm import DONE, Work
 from primitives.engine.algos import ENVELOPE_BYTES, ENVELOPE_PAYLOAD, HEADER_BYTES
-from primitives.engine.envelope import (ERR, FOLLOW, INLINE_AT, MAGIC, NH, count_fused, drain, envelopes,
-                                        verdict)
+from primitives.engine.envelope import (ERR, FOLLOW, INLINE_AT, MAGIC, NH, count_fused, drain, envelope_text,
+                                        envelopes, verdict)
+from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
 
 INLINE = ENVELOPE_PAYLOAD        # a first message up to this size rides inside its envelope
@@ -76,10 +77,9 @@ class _Later:
 class InBand:
     """One checked call's state while its algorithm runs (comm._inband)."""
 
-    def __init__(self, comm, name, meta, errors, meta_desc, error_cls):
+    def __init__(self, comm, name, meta, errors):
         n, me = comm.size, comm.rank
         self.comm, self.name, self.meta, self.errors = comm, name, meta, errors
-        self.meta_desc, self.error_cls = meta_desc, error_cls
         self.peers = [(me + i) % n for i in range(1, n)]
         self.opened = self.settled = False
         self.failed = None
@@ -111,7 +111,7 @@ class InBand:
         i = self.inline_left.pop(p)
         nb = t.numel() * t.element_size()
         if nb != self.heads[i][INLINE_AT]:      # cannot happen once the fingerprints agree
-            raise self.error_cls(f"rank {self.comm.rank}: {self.name}: rank {p} sent {self.heads[i][INLINE_AT]} "
+            raise CollectiveError(f"rank {self.comm.rank}: {self.name}: rank {p} sent {self.heads[i][INLINE_AT]} "
                                  f"bytes in its envelope, this rank expected {nb}")
         got = envelopes(self.comm).views(nb, t.dtype)[1][i]
         t.copy_(got if t.dim() == 1 else got.view(t.shape))
@@ -169,7 +169,7 @@ class InBand:
     def settle(self) -> None:
         if self.settled:
             if self.failed is not None:          # every later wait of the aborted call raises too
-                raise self.error_cls(self.failed)
+                raise CollectiveError(self.failed)
             return
         if not self.opened:
             self.open([])
@@ -180,11 +180,11 @@ class InBand:
         env = envelopes(comm)
         heads = env.inc_np[:, :NH * 8].view("int64").tolist()
         problem = verdict(comm, self.name, [MAGIC, *self.meta, len(self.errors)], self.errors,
-                          peers, heads, env.inc, self.meta_desc)
+                          peers, heads, envelope_text(env.inc))
         if problem is not None:
             self.failed = problem
             self._drain(heads)
-            raise self.error_cls(problem)
+            raise CollectiveError(problem)
         self.heads = heads
         self.inline_left = {p: i for i, p in enumerate(peers) if heads[i][INLINE_AT]}
         posts = []

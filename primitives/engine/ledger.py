@@ -2,7 +2,9 @@
 
 The ledger is what lets a test say "ring all-reduce sent exactly 2(N-1) messages and
 2(N-1)/N·S bytes" instead of trusting a docstring. Communicator.isend/irecv record into it;
-each collective call opens a CallRecord so counts are also available per call.
+each collective call opens a CallRecord so counts are also available per call. A replayed call
+(core.Replay) counts no message: its record is the one its signature's first replay counted
+(the same algorithm on the same sizes sends the same messages), added once at its end.
 
 Data traffic (the algorithm's own messages) is kept apart from control traffic (the small
 metadata handshake that turns mismatched arguments into errors), so formulas compare
@@ -26,6 +28,11 @@ class Counts:
         return Counts(self.msgs_sent - other.msgs_sent, self.bytes_sent - other.bytes_sent,
                       self.msgs_recv - other.msgs_recv, self.bytes_recv - other.bytes_recv)
 
+    def __iadd__(self, o: "Counts") -> "Counts":
+        self.msgs_sent, self.bytes_sent = self.msgs_sent + o.msgs_sent, self.bytes_sent + o.bytes_sent
+        self.msgs_recv, self.bytes_recv = self.msgs_recv + o.msgs_recv, self.bytes_recv + o.bytes_recv
+        return self
+
     def copy(self) -> "Counts":
         return Counts(self.msgs_sent, self.bytes_sent, self.msgs_recv, self.bytes_recv)
 
@@ -38,6 +45,7 @@ class CallRecord:
     nbytes: int                      # S: the full buffer, as nccl-tests counts it
     counts: Counts = field(default_factory=Counts)
     links: dict = field(default_factory=dict)   # multinode: "intra"/"inter" -> Counts (primitives/engine/topology.py)
+    template: "CallRecord | None" = None       # a replayed call: the record to add instead of counting
 
 
 class _PerThread(threading.local):
@@ -74,13 +82,24 @@ class Ledger:
             out.append(self._t.current.links.setdefault(link, Counts()))
         return out
 
+    def in_control(self) -> bool:
+        return bool(self._t.control_depth)
+
+    def _replaying(self) -> bool:
+        cur = self._t.current
+        return cur is not None and cur.template is not None and not self._t.control_depth
+
     def sent(self, nbytes: int, link: str | None = None) -> None:
+        if self._replaying():
+            return
         with self._lock:
             for c in self._target() + self._link_targets(link):
                 c.msgs_sent += 1
                 c.bytes_sent += nbytes
 
     def received(self, nbytes: int, link: str | None = None) -> None:
+        if self._replaying():
+            return
         with self._lock:
             for c in self._target() + self._link_targets(link):
                 c.msgs_recv += 1
@@ -91,8 +110,8 @@ class Ledger:
         non-zero entry, counted as data without counting the envelope twice as control.
         links[i]: the link class ("intra"/"inter") of the peer of sent[i] and received[i]. The
         fused path counts per link like sent()/received(), or small calls vanish from self.links."""
-        if self._t.control_depth:   # a call the caller marked as control (e.g. a status all-reduce):
-            return                  # its envelopes, payload inside, were already counted as control
+        if self._t.control_depth or self._replaying():   # a call the caller marked as control (e.g. a
+            return                  # status all-reduce): its envelopes, payload inside, were counted as control
         links = links if links is not None else [None] * max(len(sent), len(received))
         with self._lock:
             for entries, out in ((sent, True), (received, False)):
@@ -112,14 +131,24 @@ class Ledger:
                             c.msgs_recv += 1
                             c.bytes_recv += b
 
-    def open_call(self, name: str, algorithm: str, nbytes: int) -> tuple:
-        """Start counting a collective call (close_call ends it; call() is the same as a `with`)."""
-        rec = CallRecord(name, algorithm, nbytes)
+    def open_call(self, name: str, algorithm: str, nbytes: int, template: CallRecord | None = None) -> tuple:
+        """Start counting a collective call (close_call ends it; call() is the same as a `with`).
+        template: a replayed call's record, added by close_call(ok=True) instead of counting."""
+        rec = CallRecord(name, algorithm, nbytes, template=template)
         prev, self._t.current = self._t.current, rec
         return rec, prev
 
-    def close_call(self, rec: CallRecord, prev) -> None:
+    def close_call(self, rec: CallRecord, prev, ok: bool = True) -> None:
         self._t.current = prev
+        t = rec.template
+        if t is not None and ok and not self._t.control_depth:   # a call marked as control adds no data
+            rec.counts, rec.links = t.counts, t.links     # shared: nothing counts into a replayed record
+            if t.counts.msgs_sent or t.counts.msgs_recv:
+                with self._lock:
+                    self.data += t.counts
+                    for k, c in t.links.items():
+                        total = self.links.setdefault(k, Counts())
+                        total += c
         if self.keep_calls and prev is None:
             with self._lock:
                 self.calls.append(rec)

@@ -18,8 +18,7 @@ import torch
 import torch.distributed as dist
 
 from primitives.engine.algos import group_rank
-from primitives.engine.api import all_gather, broadcast, gather, scatter
-from primitives.engine.compat import outside
+from primitives.engine.api import all_gather, broadcast, gather, outside, scatter
 from primitives.engine.registry import get_comm
 
 

@@ -40,7 +40,7 @@ from primitives.engine.checked import DEFAULT_TIMEOUT
 from primitives.engine.comms import CheckedTorchComm
 from primitives.engine.errors import PeerError
 from primitives.engine.rendezvous import Rounds, arrive
-from primitives.engine.shm_segment import (LINE, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
+from primitives.engine.shm_segment import (LINE, SLEEP_OFF, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
                                           layout, transport_from_env)
 
 class _Op:
@@ -222,35 +222,45 @@ class ShmComm(CheckedTorchComm):
             self._progress()                     # nothing moves in the background: advance it here
         return handle.done
 
-    def spin_until(self, ready, peer: int, kind: str, progress: bool = False) -> None:
+    def spin_until(self, ready, peer, kind: str, progress: bool = False) -> None:
         """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
-        YIELD_S, then block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
-        Every 50 ms a dead local peer, and the deadline, become a PeerError."""
+        YIELD_S, then raise my "asleep" flag (the shm collectives' publishers ring only then),
+        poll once more and block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
+        Every 50 ms a dead local peer, and the deadline, become a PeerError naming `peer` (the
+        rank waited for, or a function giving it). The one wait loop of both transports' waits."""
         spins, start, check = 0, None, 0.0
         door = self._door(self.rank)
-        while True:
-            bell = int(self.i32[door // 4])              # read before checking: no lost wake-up
-            if progress:
-                with self._lock:
-                    self._progress()
-            if ready():
-                return
-            spins += 1
-            if spins < SPIN:
-                continue
-            now = time.monotonic()
-            if start is None:
-                start = now
-            if now >= check:
-                self._check_peers(peer, kind)
-                check = now + 0.05
-            if now - start > self.timeout:
-                raise self._peer_error(peer, kind, RuntimeError(
-                    f"timed out after {self.timeout:.0f}s on the shared-memory transport"))
-            if now - start < YIELD_S:
-                os.sched_yield()
-            else:
+        sleep = (door - 32 + SLEEP_OFF) // 4             # my int32 "asleep" flag, in the same control line
+        try:
+            while True:
+                bell = int(self.i32[door // 4])          # read before checking: no lost wake-up
+                if progress:
+                    with self._lock:
+                        self._progress()
+                if ready():
+                    return
+                spins += 1
+                if spins < SPIN:
+                    continue
+                now = time.monotonic()
+                if start is None:
+                    start, check = now, now + 0.05      # liveness: /proc reads cost ~1 ms under load
+                if now - start < YIELD_S:
+                    os.sched_yield()
+                    continue
+                if not self.i32[sleep]:
+                    self.i32[sleep] = 1
+                    continue                             # poll once more after saying I sleep
+                who = peer() if callable(peer) else peer
+                if now >= check:
+                    self._check_peers(who, kind)
+                    check = now + 0.05
+                if now - start > self.timeout:
+                    raise self._peer_error(who, kind, RuntimeError(
+                        f"timed out after {self.timeout:.0f}s on the shared-memory transport"))
                 seg.futex_wait(self._base + door, bell, 5e-3)
+        finally:
+            self.i32[sleep] = 0
 
     def _check_peers(self, peer: int, kind: str) -> None:
         """A local peer whose process is gone ends the wait, even if it is not `peer`; the

@@ -33,7 +33,7 @@ WS_BYTES = int(os.environ.get("RINGZERO_SHM_WORKSPACE", 2 << 20))   # per rank a
 BUFS = 3                      # workspaces per rank, used in turn (shm_collectives: one flag per round)
 HDR_BYTES = 4096              # per rank and buffer: the call's fingerprint and error text
 LINE = 64                                                            # one cache line per counter
-# a rank's control line: +32 doorbell (shm.py); the shm collectives' flags (shm_flags.py):
+# a rank's control line: +32 doorbell (shm.py); the shm collectives' flags (shm_collectives.py):
 SEQ_OFF, SLEEP_OFF = 8, 40    # int64 publish counter, int32 "asleep on my doorbell"
 SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
 

@@ -41,40 +41,26 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
     v = (rank - root) % n
     low = v & -v if v else 1 << n.bit_length()
 
-    def kids(v):  # children of v in a binomial tree: v+1, v+2, v+4, … below lowbit(v)
-        out, m = [], 1
-        while m < low and v + m < n:
-            out.append(m)
-            m <<= 1
-        return out
-
     def msgs(sizes):
         sizes = [s for s in sizes if s > 0]
         return len(sizes), sum(sizes)
+
+    if base in ("all_gather", "reduce_scatter") or algo in ("linear", "ring", "direct", "one_shot") and base == "all_reduce":
+        return msgs([b for _, b in peers(name, algo, n, rank, numel, elem)])
 
     if base == "broadcast":
         if algo == "linear":
             return msgs([S] * (n - 1)) if v == 0 else (0, 0)
         if algo == "ring":
             return (segments(numel, elem), S) if v < n - 1 else (0, 0)
-        return msgs([S] * len(kids(v)))
+        return msgs([S] * len(_all_kids(v, n)))
     if base == "reduce":
         if algo in ("linear", "tree"):
             return (0, 0) if v == 0 else (1, S)
         return (segments(numel, elem), S) if rank != root else (0, 0)
     if base == "all_reduce":
         P = 1 << (n.bit_length() - 1)
-        rem = n - P
-        if algo == "linear":
-            return msgs([S] * (n - 1)) if rank == 0 else (1, S)
-        if algo == "ring":
-            c = [(e - s) * elem for s, e in chunk_bounds(numel, n)]
-            return msgs([c[i] for i in range(n) if i != (rank + 1) % n] + [c[i] for i in range(n) if i != (rank + 2) % n])
-        if algo == "direct":
-            c = [(e - s) * elem for s, e in chunk_bounds(numel, n)]
-            return msgs([c[i] for i in range(n) if i != rank] + [c[rank]] * (n - 1))
-        if algo == "one_shot":
-            return msgs([S] * (n - 1))
+        rem = n - P                                  # recursive doubling, Rabenseifner: fold to P ranks first
         if rank < 2 * rem and rank % 2 == 0:
             return 1, S
         fold = [S] if rank < 2 * rem else []
@@ -86,14 +72,6 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
         halving = [_half_bytes(c, nr, P, i) for i in range(steps)]              # sums to S - c[nr]
         doubling = [sum(c[(nr & ~(m - 1)) + j] for j in range(m)) for m in (1 << i for i in range(steps))]
         return msgs(halving + doubling + fold)
-    if base == "all_gather":
-        if algo == "linear":
-            return msgs([S] * (n - 1) ** 2) if rank == 0 else (1, S)
-        return msgs([S] * (n - 1))                                              # ring and direct
-    if base == "reduce_scatter":
-        if algo == "linear":
-            return msgs([S] * (n - 1)) if rank == 0 else (1, n * S)
-        return msgs([S] * (n - 1))
     if base == "scatter":
         if algo == "linear":
             return msgs([S] * (n - 1)) if v == 0 else (0, 0)
@@ -111,6 +89,7 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
 
 
 def _all_kids(v: int, n: int) -> list[int]:
+    """The children of v in a binomial tree: v+1, v+2, v+4, ... below lowbit(v)."""
     low = v & -v if v else 1 << n.bit_length()
     out, m = [], 1
     while m < low and v + m < n:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from primitives.all_reduce import direct, linear, one_shot, rabenseifner, recursive_doubling, reduce_rows, ring
 from primitives.engine import shm_collectives
 from primitives.engine.check import Check, ReduceOp
-from primitives.engine.core import LazyFlat, handshake_enabled, plan, run
+from primitives.engine.core import PASSED, LazyFlat, plan, remember, replayed, run, sig
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import all_reduce_2level
 from primitives.ops import finish_avg_
@@ -33,36 +33,20 @@ ALGOS = {"linear": linear, "ring": ring, "direct": direct, "one_shot": one_shot,
          "shm": shm_collectives.all_reduce}               # shm transport only
 
 
-PASSED = Check(None, "all_reduce")   # a replayed call's check: its signature passed when it was planned
-
-
-def _replay_key(comm, tensor, op, algorithm, tag):
-    """What a replayed call must share with the planned one (None: not a tensor, an unhashable op)."""
-    try:
-        key = ("all_reduce", tensor.dtype, tensor.shape, tensor.device.type, tensor.layout, op, algorithm, tag,
-               handshake_enabled(), comm.strict)
-        hash(key)
-        return key
-    except (AttributeError, TypeError):
-        return None
-
-
 def all_reduce(comm, tensor, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_reduce(tensor, op): in place on every rank of comm. A call whose
     dtype, shape, device, layout, op, algorithm and tag match a call that passed the argument
-    check replays that call's plan (core.Plan) without checking them again."""
-    key = _replay_key(comm, tensor, op, algorithm, tag)
-    hit = comm.__dict__.get("plans", {}).get(key) if key is not None else None
-    if hit is not None:
-        (pl, opn), check, ok, nbytes = hit, PASSED, True, tensor.numel() * tensor.element_size()
+    check replays that call's plan (core.Replay) without checking them again."""
+    rp, key = replayed(comm, "all_reduce", sig(tensor), op, algorithm, tag)
+    if rp is not None:
+        pl, opn, check, ok, nbytes = rp.plan, rp.args, PASSED, True, tensor.numel() * tensor.element_size()
     else:
         check = Check(comm, "all_reduce")
         ok = check.tensor("tensor", tensor)
         opn = check.op(op, tensor.dtype if ok else None)
         nbytes = tensor.numel() * tensor.element_size() if ok else 0
         pl = plan("all_reduce", algorithm, ALGOS, comm, nbytes, check)
-        if key is not None and not check.errors:
-            comm.plans[key] = (pl, opn)
+        remember(comm, key, check, pl, opn)
     algo = pl.algo
 
     prep = LazyFlat(tensor)
@@ -81,4 +65,4 @@ def all_reduce(comm, tensor, op=ReduceOp.SUM, async_op=False, *, algorithm="auto
     return run(comm, "all_reduce", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
                dtype=tensor.dtype if ok else None, op=opn, root=-1,
                shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
-               fused=fused)
+               fused=fused, replay=rp)

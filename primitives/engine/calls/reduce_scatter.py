@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from primitives.engine import shm_collectives
 from primitives.engine.check import Check, ReduceOp
-from primitives.engine.core import flat_work, plan, run
+from primitives.engine.core import PASSED, flat_work, plan, remember, replayed, run, sig
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import reduce_scatter_2level
 from primitives.ops import combine_, finish_avg_
@@ -19,7 +19,7 @@ ALGOS = {"linear": linear, "ring": ring, "direct": direct,
          "shm": shm_collectives.reduce_scatter}           # shm transport only
 
 
-def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0, sizes=None):
+def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0, sizes=None, rp=None, key=None):
     """sizes: the numel of every block when they differ (torch's uneven reduce_scatter list);
     then only "direct" runs them (each rank receives just its own block's size from every peer)."""
     nbytes = output.numel() * output.element_size() * comm.size if ok else 0
@@ -29,7 +29,9 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0,
             check.fail(f"argument 'input_list' holds blocks of different sizes {sizes}; algorithm "
                        f"{algorithm!r} needs equal blocks: use algorithm='direct' (or 'auto')")
         algorithm = "direct"
-    pl = plan(name, algorithm, ALGOS, comm, nbytes, check)
+    pl = rp.plan if rp is not None else plan(name, algorithm, ALGOS, comm, nbytes, check)
+    if rp is None:
+        remember(comm, key, check, pl, (opn, sizes))
     algo = pl.algo
 
     st = {}
@@ -71,7 +73,7 @@ def _run(name, blocks, output, comm, check, opn, algorithm, ok, async_op, tag=0,
     return run(comm, name, algo, check, plan=pl, numel=numel if ok else -1,
                dtype=output.dtype if ok else None, op=opn, root=-1,
                shape=shape if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
-               fused=fused)
+               fused=fused, replay=rp)
 
 
 def _input_list(check, comm, lst, output) -> tuple[bool, list | None]:
@@ -99,24 +101,30 @@ def _input_list(check, comm, lst, output) -> tuple[bool, list | None]:
 def reduce_scatter(comm, output, input_list, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter(output, input_list, op); input_list[p] may differ in
     size between blocks (block p the size of rank p's output), as on gloo."""
-    check = Check(comm, "reduce_scatter")
-    ok, sizes = _input_list(check, comm, input_list, output) if check.tensor("output", output) else (False, None)
-    opn = check.op(op, output.dtype if ok else None)
+    rp, key = replayed(comm, "reduce_scatter", sig(output), sig(input_list), op, algorithm, tag)
+    if rp is not None:                           # a planned signature: no argument check (core.Replay)
+        check, ok, (opn, sizes) = PASSED, True, rp.args
+    else:
+        check = Check(comm, "reduce_scatter")
+        ok, sizes = _input_list(check, comm, input_list, output) if check.tensor("output", output) else (False, None)
+        opn = check.op(op, output.dtype if ok else None)
     return _run("reduce_scatter", lambda: input_list, output, comm, check, opn, algorithm, ok, async_op, tag=tag,
-                sizes=sizes)
+                sizes=sizes, rp=rp, key=key)
 
 
 def reduce_scatter_single(comm, output, input, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
-    check = Check(comm, "reduce_scatter_single")
-    ok = check.tensor("output", output) and check.tensor("input", input)
-    if ok and output.dtype != input.dtype:
+    rp, key = replayed(comm, "reduce_scatter_single", sig(output), sig(input), op, algorithm, tag)
+    check = PASSED if rp is not None else Check(comm, "reduce_scatter_single")
+    ok = rp is not None or (check.tensor("output", output) and check.tensor("input", input))
+    if rp is None and ok and output.dtype != input.dtype:
         check.fail(f"argument 'input' has dtype {input.dtype}, expected {output.dtype} like 'output'")
         ok = False
-    if ok:
+    if rp is None and ok:
         check.sizes(f"argument 'input' must hold world_size({comm.size}) × output.numel()({output.numel()})",
                     input.numel(), comm.size * output.numel())
         ok = not check.errors
-    opn = check.op(op, output.dtype if ok else None)
+    opn = rp.args[0] if rp is not None else check.op(op, output.dtype if ok else None)
     blocks = lambda: list(flat_work(input)[0].tensor_split(comm.size))  # noqa: E731
-    return _run("reduce_scatter_single", blocks, output, comm, check, opn, algorithm, ok, async_op, tag=tag)
+    return _run("reduce_scatter_single", blocks, output, comm, check, opn, algorithm, ok, async_op, tag=tag,
+                rp=rp, key=key)
