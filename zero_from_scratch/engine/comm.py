@@ -77,14 +77,11 @@ class Comm:
             self._ag = functools.partial(P.all_gather_single, **ring)
             self._bcast = functools.partial(P.broadcast, group=group)
         else:
-            B = dist
             self._ledger = None
-            self._all_reduce = functools.partial(B.all_reduce, group=group)
-            self._rs = functools.partial(getattr(B, "reduce_scatter_single", None) or B.reduce_scatter_tensor,
-                                         group=group)
-            self._ag = functools.partial(getattr(B, "all_gather_single", None) or B.all_gather_into_tensor,
-                                         group=group)
-            self._bcast = functools.partial(B.broadcast, group=group)
+            self._all_reduce = functools.partial(dist.all_reduce, group=group)
+            self._rs = functools.partial(dist.reduce_scatter_tensor, group=group)
+            self._ag = functools.partial(dist.all_gather_into_tensor, group=group)
+            self._bcast = functools.partial(dist.broadcast, group=group)
         self.device = torch.device("cpu")      # where small helper tensors live (the engine sets it)
         self.usage: dict[str, Usage] = {}       # purpose -> usage since reset_step()
         self.last_step: dict[str, Usage] = {}   # the previous optimizer step's usage
