@@ -30,7 +30,7 @@ import time
 
 import torch  # noqa: E402
 import zero_from_scratch
-from zero_from_scratch.parity.sides import peak_rss_bytes
+from parity.zero.sides import peak_rss_bytes
 from zero_from_scratch.engine.models import tiny_distilbert
 from rich.table import Table
 from primitives.log import console

@@ -29,7 +29,7 @@ from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
 from pipeline_parallel.models import llama_layers, llama_loss, llama_model
 from primitives.launch import spawn
 from primitives.log import console
-from zero_from_scratch.parity.sides import prepare_deepspeed
+from parity.zero.sides import prepare_deepspeed
 
 SIDES = ("pipeline 1F1B", "pipeline interleaved", "ours ZeRO-3", "DeepSpeed ZeRO-3", "ours ZeRO-3 + hpZ")
 

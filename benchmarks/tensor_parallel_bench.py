@@ -10,7 +10,7 @@ interleaved, median of --iters. Ours runs with the default argument handshake an
 Part 2 (4 ranks): one DistilBERT-shaped model as dp=4, dp=2 × tp=2 and tp=4, steps
 interleaved in one run: step time (forward, backward, dp gradient all-reduce, AdamW), bytes
 sent per rank per step (ledger), parameters held and saved-activation bytes per rank. Peak RSS
-per rank (VmHWM, zero_from_scratch.parity.sides.peak_rss_bytes) needs each layout in processes of its
+per rank (VmHWM, parity.zero.sides.peak_rss_bytes) needs each layout in processes of its
 own, since VmHWM is per process and never falls: after the timed run, each layout runs
 --rss-steps steps in 4 fresh ranks; printed whole (libraries included) and above the peak
 reached once torch and transformers are imported (model, gradients, AdamW states, activations).
@@ -44,7 +44,7 @@ from primitives.launch import spawn
 from primitives.engine.ledger import LEDGER
 from primitives.log import console
 from primitives.mesh import Mesh
-from zero_from_scratch.parity.sides import peak_rss_bytes
+from parity.zero.sides import peak_rss_bytes
 
 
 def _mlp(h, blocks):

@@ -35,8 +35,8 @@ import time
 
 
 import torch  # noqa: E402
-from zero_from_scratch.parity.sides import peak_rss_bytes
-from zero_from_scratch.parity.sides import make_engine
+from parity.zero.sides import peak_rss_bytes
+from parity.zero.sides import make_engine
 from zero_from_scratch.engine.models import tiny_distilbert
 from zero_from_scratch.engine.atomic import atomic_write
 from torch.nn.parallel import DistributedDataParallel

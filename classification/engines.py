@@ -26,7 +26,7 @@ from ddp_examples.engine.wrappers import BucketedDataParallel
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.auto import DEFAULTS, weight_decay_default
 from zero_from_scratch.engine.mpu import clip_grad_norm_, mp_prefix
-from zero_from_scratch.parity.sides import skip_shm_op_build
+from zero_from_scratch.engine.real_deepspeed import skip_shm_op_build
 
 ENGINES = ("deepspeed", "zero", "ddp")
 

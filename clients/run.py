@@ -8,7 +8,7 @@ seeds (cifar10_deepspeed.py builds its model unseeded) differ by their initial w
 This harness seeds random, numpy and torch with $CLIENT_SEED (default 0) before the script runs,
 the same on both sides; nothing else differs from the plain commands, except that on the
 deepspeed side the `deepspeed_shm_comm` op (inference all-reduce only) is marked incompatible so
-it is not JIT-built (zero_from_scratch/parity/sides.py::skip_shm_op_build). The deepspeed
+it is not JIT-built (zero_from_scratch/engine/real_deepspeed.py::skip_shm_op_build). The deepspeed
 launcher's --local_rank=N (first on the command line) is handed on to the script.
 CLIENT_TRACE=1 also counts the DeepSpeed calls the script makes and prints them at exit (clients/trace.py).
 Cost: the script's own.
@@ -59,7 +59,7 @@ if __name__ == "__main__":
             trace_calls("ringzero")
         ringzero_main(argv)
     else:
-        from zero_from_scratch.parity.sides import skip_shm_op_build  # imports the real DeepSpeed: this side only
+        from zero_from_scratch.engine.real_deepspeed import skip_shm_op_build  # imports the real DeepSpeed: this side only
         script, args = split_argv(argv)
         skip_shm_op_build()
         if os.environ.get("CLIENT_TRACE"):

@@ -29,7 +29,7 @@ import zero_from_scratch
 from primitives.launch import init_from_env
 from primitives.log import print0
 from seq2seq.grammar import Vocab, dataset
-from zero_from_scratch.parity.sides import peak_rss_bytes, prepare_deepspeed
+from zero_from_scratch.engine.real_deepspeed import peak_rss_bytes, prepare_deepspeed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_SRC, MAX_TGT = 32, 24

@@ -54,7 +54,7 @@ def test_without_gradient_clipping_all_three_engines_clip_at_1_and_agree(spawn):
     def maxdiff(a):
         return max((torch.tensor(a[n]) - torch.tensor(ref[n])).abs().max().item() for n in ref)
     # fp32, N = 2: reduction order and Adam's arithmetic differ at rounding level (zero_from_scratch.
-    # zero_from_scratch.parity.compare.Tolerance: S·lr·4e-4 = 1.6e-5); skipping a clip of a norm ≥ 1.3 changes each update
+    # parity.zero.compare.Tolerance: S·lr·4e-4 = 1.6e-5); skipping a clip of a norm ≥ 1.3 changes each update
     assert maxdiff(runs["zero"][0]) < 1.6e-5 and maxdiff(runs["ddp"][0]) < 1.6e-5
     assert maxdiff(unclipped) > 10 * 1.6e-5
 

@@ -84,8 +84,8 @@ MATH_KEYS = [  # (stage, extra top-level keys, zero_optimization extras): DeepSp
 @pytest.mark.deepspeed
 def test_math_keys_match_deepspeed():
     pytest.importorskip("deepspeed")
-    from zero_from_scratch.parity.ds_parity import make_config, run_parities
-    from zero_from_scratch.parity.harness import Job
+    from parity.zero.ds_parity import make_config, run_parities
+    from parity.zero.harness import Job
     pairs = []
     for stage, top, zx in MATH_KEYS:
         c = make_config(stage)

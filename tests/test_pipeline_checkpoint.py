@@ -84,7 +84,7 @@ def _ours_saves(rank, world, path):
 
 
 def _deepspeed_loads(rank, world, path):
-    from zero_from_scratch.parity.sides import prepare_deepspeed   # DeepSpeed: the reference side only
+    from parity.zero.sides import prepare_deepspeed   # DeepSpeed: the reference side only
     deepspeed = prepare_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")
     from deepspeed.pipe import PipelineModule as DSPipelineModule   # deepspeed: optional, the reference

@@ -48,7 +48,7 @@ def _ours(rank, world, dtype, power=24):
 
 
 def _deepspeed(rank, world, dtype, power=24):
-    from zero_from_scratch.parity.sides import prepare_deepspeed   # DeepSpeed: the reference side only
+    from parity.zero.sides import prepare_deepspeed   # DeepSpeed: the reference side only
     deepspeed = prepare_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")
     from deepspeed.accelerator import get_accelerator   # deepspeed: optional, the reference

@@ -4,7 +4,7 @@
 
 * peft-LoRA tiny DistilBERT vs real DeepSpeed, step by step (loss, grad norm, lr every step; every
   final parameter, adapters and frozen weights): ZeRO-3 by default, ZeRO-1/2 behind `slow`. fp32
-  tolerances are zero_from_scratch.parity.compare.Tolerance.for_run (1e-5 relative on loss and norm).
+  tolerances are parity.zero.compare.Tolerance.for_run (1e-5 relative on loss and norm).
 * ZeRO-3 partitions the frozen weights (empty .data outside forward, Ψ_frozen/N per rank), never
   gives them optimizer state, and a checkpoint round trip restores them.
 * LoRA r = 8 at stage 2: the measured model-state bytes equal the paper's formula with trainable Ψ.
@@ -22,15 +22,15 @@ M = "zero_from_scratch.engine.lora:tiny_lora_distilbert"
 
 
 def _pairs(stages):
-    from zero_from_scratch.parity.harness import Job
-    from zero_from_scratch.parity.ds_parity import make_config
+    from parity.zero.harness import Job
+    from parity.zero.ds_parity import make_config
     return [(Job("deepspeed", M, make_config(s, clip=0.2), 4), Job("ours", M, make_config(s, clip=0.2), 4))
             for s in stages]
 
 
 def _parity(stages):
     from zero_from_scratch.engine.models import make_batches
-    from zero_from_scratch.parity.ds_parity import run_parities
+    from parity.zero.ds_parity import run_parities
     res = run_parities(_pairs(stages), 2, batches={(M, 4): make_batches("distilbert", 8, 8, seed=1)}, timeout=600)
     bad = [f"ZeRO-{s}: " + "; ".join(r.failures) for s, r in zip(stages, res) if not r.ok]
     assert not bad, "\n".join(bad)

@@ -43,9 +43,9 @@ def _train(rank, cfg, steps=3, fail_at=None, ckpt=None):
     rec = []
     for step in range(steps):
         if step == fail_at and rank == 1:
-            def full(fn, fd, t, off):
+            def full(write, fd, t, off):
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
-            offload._io = full
+            offload.file_io = full
         for _ in range(2):
             loss = engine(**_data(g)).loss
             engine.backward(loss)

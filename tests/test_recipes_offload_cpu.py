@@ -1,4 +1,4 @@
-"""offload_optimizer {"device": "cpu"} (zero_from_scratch/engine/offload_cpu.py).
+"""offload_optimizer {"device": "cpu"} (zero_from_scratch/engine/offload.py, HostOptimizerStates).
 
     python -m pytest -q tests/test_recipes_offload_cpu.py
 
@@ -9,7 +9,7 @@
   master follows the loaded parameters). The model is on the CPU here, so the copies are host →
   host: the same code path as for a GPU model.
 * against real DeepSpeed's cpu offload (DeepSpeed with "torch_adam", so no JIT build), stages 1-3,
-  with the DeepSpeed-parity tolerances (zero_from_scratch.parity.compare.Tolerance): `slow` (about 1 min).
+  with the DeepSpeed-parity tolerances (parity.zero.compare.Tolerance): `slow` (about 1 min).
 * a CUDA model at world size 1 (skipped without CUDA): states pinned on the host, parameters on
   the GPU, the run equal to the GPU run without offload within 1e-5 (the Adam step runs on the
   CPU there, whose rounding may differ from the GPU's in the last bit).
@@ -98,8 +98,8 @@ def test_cpu_offload_is_bit_identical_to_no_offload(spawn, tmp_path, cases):
 @pytest.mark.deepspeed
 def test_cpu_offload_matches_deepspeed_cpu_offload():
     pytest.importorskip("deepspeed")
-    from zero_from_scratch.parity.ds_parity import make_config, run_parities
-    from zero_from_scratch.parity.harness import Job
+    from parity.zero.ds_parity import make_config, run_parities
+    from parity.zero.harness import Job
     pairs = []
     for stage in (1, 2, 3):
         c = make_config(stage)

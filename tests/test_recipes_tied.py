@@ -5,7 +5,7 @@
 * A tiny T5ForConditionalGeneration (`shared` held by encoder, decoder and LM head) and a tiny
   GPT-2 LM (lm_head.weight is wte.weight), built from config, vs real DeepSpeed step by step in
   lockstep: loss, grad norm and lr every step, max |Δparam| after every step, final parameters
-  (zero_from_scratch.parity.compare.Tolerance.for_run, fp32: 1e-5 relative). T5 ZeRO-3 by default; GPT-2 and 1-2 `slow`.
+  (parity.zero.compare.Tolerance.for_run, fp32: 1e-5 relative). T5 ZeRO-3 by default; GPT-2 and 1-2 `slow`.
 * A parameter used outside the forward of any module that holds it: without registration every
   rank raises ZeroExternalParameterError naming it; registered (our call, or DeepSpeed's
   `_external_params` dict) the run equals a single-process torch AdamW run.
@@ -23,8 +23,8 @@ from zero_from_scratch.engine.models import Output  # noqa: E402
 
 def _parity(stages, kinds=("t5", "gpt2")):
     from recipes.tiny import batches
-    from zero_from_scratch.parity.harness import Job
-    from zero_from_scratch.parity.ds_parity import make_config, run_parities
+    from parity.zero.harness import Job
+    from parity.zero.ds_parity import make_config, run_parities
     pairs, labels = [], []
     for kind in kinds:
         m = f"recipes.tiny:tiny_{kind}"

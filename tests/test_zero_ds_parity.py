@@ -7,16 +7,16 @@ import and start-up are paid twice. No JIT build happens: "torch_adam": true avo
 sides.prepare_deepspeed() skips the shm comm op (test_deepspeed_ran_without_any_jit_build).
 Config: AdamW lr 1e-2, weight decay 0.1 on a decay group and 0 on biases/LayerNorm, clipping 0.5,
 WarmupLR, gradient accumulation 2, micro-batch 4 per rank, 5 optimizer steps. Tolerances are
-zero_from_scratch.parity.compare.Tolerance.for_run (the reasons are written there).
+parity.zero.compare.Tolerance.for_run (the reasons are written there).
 """
 import pytest
 
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from zero_from_scratch.parity.ds_parity import make_config, run_parities  # noqa: E402
-from zero_from_scratch.parity.compare import Tolerance, compare  # noqa: E402
-from zero_from_scratch.parity.harness import Job  # noqa: E402
+from parity.zero.ds_parity import make_config, run_parities  # noqa: E402
+from parity.zero.compare import Tolerance, compare  # noqa: E402
+from parity.zero.harness import Job  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
 STEPS = 5
@@ -137,9 +137,9 @@ def test_compare_thresholds_without_processes():
 
 
 def test_classification_parity_tiny_cli():
-    """The CI size of classification/parity.py: real config, tokenizer and data, tiny model."""
+    """The CI size of parity/distilbert.py: real config, tokenizer and data, tiny model."""
     from conftest import run_cmd
-    r = run_cmd("python classification/parity.py --tiny", timeout=300)
+    r = run_cmd("python -m parity.distilbert --tiny", timeout=300)
     assert "PARITY OK" in r.stdout and "max |Δparam|" in r.stdout, r.stdout[-3000:]
-    bad = run_cmd("python classification/parity.py --tiny --config no/such.json", timeout=60, check=False)
+    bad = run_cmd("python -m parity.distilbert --tiny --config no/such.json", timeout=60, check=False)
     assert bad.returncode == 2 and "no/such.json" in bad.stdout and "does not exist" in bad.stdout, bad.stdout

@@ -155,7 +155,7 @@ def test_lion_step_is_the_papers_update_with_fused_lions_zero_rule():
 # ----------------------------------------------------------------------------- schedules vs DeepSpeed
 def _ds_schedules():
     pytest.importorskip("deepspeed")
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     prepare_deepspeed()
     from deepspeed.runtime import lr_schedules as ds
     return ds
@@ -277,7 +277,7 @@ def test_engine_surface_attributes(spawn, tmp_path):
     assert res[0]["save16"] == [True, False, True]
     # deepspeed.utils.zero_to_fp32's functions on that ZeRO-3 bf16 checkpoint: DeepSpeed's files (fp32 masters,
     # buffers, the frozen bias gathered from both ranks' fragments) give what our own manifest gives
-    from zero_from_scratch.engine import checkpoint_fp32 as F
+    from zero_from_scratch.engine import zero_to_fp32 as F
     from zero_from_scratch.engine.checkpoint_read import consolidate
     ck = str(tmp_path / "ckpt")
     ref = consolidate(ck)
@@ -358,7 +358,7 @@ def _save16(rank, world, d):
                                              config=cfg)
         saved = e.save_16bit_model(d, f"s{stage}{flag}.bin")
         if flag:
-            e.save_checkpoint(f"{d}/ckpt")      # ours + DeepSpeed's files (checkpoint_fp32 below reads them)
+            e.save_checkpoint(f"{d}/ckpt")      # ours + DeepSpeed's files (zero_to_fp32 below reads them)
         want = {k: v.to(torch.bfloat16) for k, v in _model().state_dict().items()}   # rank 0's initial weights
         if saved and rank == 0:
             got = torch.load(f"{d}/s{stage}{flag}.bin")

@@ -49,7 +49,7 @@ CONFIGS = {   # the config's optimizer and scheduler sections (DeepSpeed builds 
 
 def _run(side, stage, opt_name, rank):
     import zero_from_scratch
-    from zero_from_scratch.parity.sides import full_params, prepare_deepspeed
+    from parity.zero.sides import full_params, prepare_deepspeed
     m = _model()
     cfg = {"train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
@@ -101,7 +101,7 @@ def test_client_optimizers_and_scheduler_equal_deepspeed(spawn):
 
 def _safe_values(side, stage, bf16, rank):
     import zero_from_scratch
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     if side == "deepspeed":
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
     else:
@@ -180,7 +180,7 @@ def _resume_from_deepspeed(rank, world, d, stage, bf16):
     import warnings
     warnings.filterwarnings("ignore")
     import zero_from_scratch
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     m = _model()
     ds, *_ = prepare_deepspeed().initialize(model=m, model_parameters=m.parameters(), config=_ckpt_cfg(stage, bf16))
     _steps(ds, rank, range(2))
@@ -200,7 +200,7 @@ def _resume_from_deepspeed(rank, world, d, stage, bf16):
 def test_ours_resumes_from_a_deepspeed_checkpoint(spawn, tmp_path, stage, bf16):
     want, got, epoch, steps = spawn(_resume_from_deepspeed, 2, args=(str(tmp_path), stage, bf16), timeout=600.0)[0]
     # our zero_to_fp32 functions read DeepSpeed's checkpoint as DeepSpeed's own do
-    from zero_from_scratch.engine.checkpoint_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
+    from zero_from_scratch.engine.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ds_fp32
     a_, b_ = ds_fp32(str(tmp_path)), ours_fp32(str(tmp_path))
     assert sorted(a_) == sorted(b_) and all(torch.equal(a_[k].float(), b_[k]) for k in a_)
@@ -224,7 +224,7 @@ def _save_ours(rank, world, d, stage):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeeds_zero_to_fp32_reads_our_checkpoint(spawn, tmp_path, stage):
     from zero_from_scratch.engine.checkpoint_read import consolidate
-    from zero_from_scratch.parity.sides import prepare_deepspeed
+    from parity.zero.sides import prepare_deepspeed
     spawn(_save_ours, 2, args=(str(tmp_path), stage))
     prepare_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -232,7 +232,7 @@ def test_deepspeeds_zero_to_fp32_reads_our_checkpoint(spawn, tmp_path, stage):
     assert sorted(theirs) == sorted(ours) and "2.bias" in theirs
     for k in ours:
         assert torch.equal(theirs[k].float(), ours[k].float()), k
-    from zero_from_scratch.engine.checkpoint_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
+    from zero_from_scratch.engine.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours_fp32
     for excl in (False, True):
         a_, b_ = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), exclude_frozen_parameters=excl), \
             ours_fp32(str(tmp_path), exclude_frozen_parameters=excl)

@@ -42,7 +42,7 @@ def _work(rank, n, tp, stage, ckpt_dir=None, side="ours"):
     ref = DistilBertForSequenceClassification(tiny_config())
     model = parallelize(copy.deepcopy(ref), mesh.tp_group)
     if side == "deepspeed":
-        from zero_from_scratch.parity.sides import prepare_deepspeed
+        from parity.zero.sides import prepare_deepspeed
         engine, *_ = prepare_deepspeed().initialize(model=model, config=_cfg(stage, 4, True), mpu=mesh.mpu())
     elif side == "ddp":                          # classification's ddp engine with --tp
         from classification.engines import build

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import primitives as P
 import zero_from_scratch
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.lr_schedules import WarmupDecayLR, WarmupLR
@@ -266,3 +267,26 @@ def test_textbook_stage_step_equals_one_process_adamw(spawn, stage):
     for got in spawn(_textbook_step, 2, args=(stage,)):
         for n, p in ref.named_parameters():
             torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the executor
+def test_submitted_fn_may_run_a_call_on_its_own_communicator():
+    """The engine's async calls are primitives.submit(comm, fn) whose fn runs a collective on the
+    same communicator: on that communicator's worker it runs inline, in call order (queued, it
+    would wait for the very thread that queued it)."""
+    from types import SimpleNamespace
+
+    from primitives.engine import core
+    comm = SimpleNamespace(_finish=lambda w: w.handle.result(), _completed=lambda h: h.done())
+    order = []
+
+    def outer():
+        order.append("outer")
+        assert core._execute(comm, lambda: order.append("inner sync"), False, "inner") is None
+        assert core._execute(comm, lambda: order.append("inner async"), True, "inner").is_completed()
+        order.append("outer done")
+    first = P.submit(comm, outer)
+    second = P.submit(comm, lambda: order.append("next"))
+    second.wait(timeout=120)     # a deadlock guard, not a timing: RuntimeError instead of a hang
+    first.wait()
+    assert order == ["outer", "inner sync", "inner async", "outer done", "next"]

@@ -48,7 +48,7 @@ class ShardedAdam:
 
     # torch-style (de)serialisation of the hyper-parameters; the tensors go through checkpoint.py
     def hyper_state(self) -> list[dict]:
-        return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+        return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k not in ("params", "step")}
                 for g in self.param_groups]
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # the engine owns gradients

@@ -43,19 +43,23 @@ class Stage3(Stage2):
                 self.add_module_hooks(name, m, [layout.units[i] for i in us])
 
     def _make_param_storage(self) -> None:
-        """This rank's shards only: rank 0's full unit, broadcast, then each rank keeps its block."""
+        """This rank's shards only, built one unit at a time (never the whole model at once)."""
         self.flat = []
         self.pshard = [torch.zeros(n, dtype=self.dtype, device=self.dev) for n in self.layout.group_local]
         for u in self.layout.units:
-            full = torch.zeros(u.padded, dtype=self.dtype, device=self.dev)
-            for s in u.slots:
-                full[s.offset:s.offset + s.numel].copy_(self.params[s.name].data.reshape(-1))
-            if self.comm.size > 1:
-                self.comm.broadcast(full, 0, **self.kw("init broadcast"))
-            lo, hi = u.shard_range(self.rank)
-            self.param_shard(u).copy_(full[lo:hi])
-        for p in self.params.values():
-            p.data = torch.empty(0, dtype=self.dtype, device=self.dev)
+            self.param_shard(u).copy_(self._unit_block(u))
+
+    def _unit_block(self, u) -> torch.Tensor:
+        """This rank's block of u: rank 0's full unit, broadcast (DeepSpeed starts from rank 0's
+        weights too); the parameters' full tensors are dropped."""
+        full = torch.zeros(u.padded, dtype=self.dtype, device=self.dev)
+        for s in u.slots:
+            full[s.offset:s.offset + s.numel].copy_(self.params[s.name].data.reshape(-1))
+            self.params[s.name].data = torch.empty(0, dtype=self.dtype, device=self.dev)
+        if self.comm.size > 1:
+            self.comm.broadcast(full, 0, **self.kw("init broadcast"))
+        lo, hi = u.shard_range(self.rank)
+        return full[lo:hi]
 
     def add_module_hooks(self, name: str, m: torch.nn.Module, units: list) -> None:
         self.hooks += [m.register_forward_pre_hook(self._pre_forward(name, units)),
@@ -65,21 +69,24 @@ class Stage3(Stage2):
     # ------------------------------------------------------------------ gather before use, release after
     def _gather(self, u, kind: str, label: str) -> None:
         """Full parameters of u, now. kind: "forward", "backward" or "gather_ctx"; label names the module."""
-        if u.index in self.full_of:
-            return
-        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
-        self._fetch(u, kind, full)
-        self._install(u, full)
+        if u.index not in self.full_of:
+            self._install(u, self._fetch(u, kind))
 
-    def _fetch(self, u, kind: str, full: torch.Tensor) -> None:
+    def _fetch(self, u, kind: str) -> torch.Tensor:
+        """u's full parameters, all-gathered from every rank's shard."""
+        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
         self.comm.all_gather_single(full, self.param_shard(u), **self.kw(f"param all-gather ({kind})", u))
+        return full
 
     def _install(self, u, full: torch.Tensor) -> None:
         for s in u.slots:
             self.params[s.name].data = full[s.offset:s.offset + s.numel].view(s.shape)
         self.full_of[u.index] = full
 
-    def _release(self, u, force: bool = False) -> None:
+    def _release(self, u, kind: str) -> None:
+        """Drop u's full parameters. kind names the moment ("forward": after the module's forward,
+        "reduce": its gradients were reduced, "backward": end of backward, "gather_ctx"): the engine
+        keeps some units gathered by it (reuse, persistence)."""
         if self.full_of.pop(u.index, None) is not None:
             for s in u.slots:
                 self.params[s.name].data = torch.empty(0, dtype=self.dtype, device=self.dev)
@@ -93,7 +100,7 @@ class Stage3(Stage2):
     def _post_forward(self, units):
         def hook(module, args, output):
             for u in units:
-                self._release(u)
+                self._release(u, "forward")
         return hook
 
     def _pre_backward(self, name, units):
@@ -110,7 +117,7 @@ class Stage3(Stage2):
 
     def _reduce(self, u) -> None:
         super()._reduce(u)
-        self._release(u)
+        self._release(u, "reduce")
 
     def after_backward(self, boundary: bool) -> None:
         for u in self.layout.units:    # units with no gradient (unused this micro-batch), in unit order
@@ -118,7 +125,7 @@ class Stage3(Stage2):
                 self._reduce(u)
         self.wait_all()
         for i in list(self.full_of):
-            self._release(self.unit(i))
+            self._release(self.unit(i), "backward")
 
     def unit(self, i: int):
         return self.layout.units[i]
@@ -141,7 +148,7 @@ class Stage3(Stage2):
             yield
         finally:
             for u in mine:
-                self._release(u, force=True)
+                self._release(u, "gather_ctx")
 
     def memory(self) -> dict:
         return {"params": _nbytes(self.pshard), "grads": _nbytes(self.gshard)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from zero_from_scratch.parity.sides import prepare_deepspeed
+from zero_from_scratch.engine.real_deepspeed import prepare_deepspeed
 
 
 def deepspeed_engine(layers, pp, loss_fn, config, partition="parameters", ckpt=0):

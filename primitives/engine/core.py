@@ -51,6 +51,7 @@ def handshake_enabled() -> bool:
 _executors: dict[int, ThreadPoolExecutor] = {}
 _pending: dict[int, list[Future]] = {}
 _lock = threading.Lock()
+_worker = threading.local()   # .key: the communicator whose worker this thread is
 
 
 def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
@@ -109,6 +110,11 @@ def _execute(comm, go, async_op: bool, name: str):
     """Collectives on one communicator run in call order on a single worker thread when any of
     them is asynchronous, so point-to-point messages of different calls can never interleave."""
     key = id(comm)
+    if getattr(_worker, "key", None) == key:
+        # fn of submit() running a collective on its own communicator: it is in call order
+        # already, and queueing it behind fn would wait for itself
+        go()
+        return Work(comm, None, None, name) if async_op else None
     if not async_op and not _pending.get(key):     # nothing queued (the common case): here, no lock
         go()
         return None
@@ -121,7 +127,7 @@ def _execute(comm, go, async_op: bool, name: str):
         else:
             ex = _executors.get(key)
             if ex is None:
-                ex = _executors[key] = ThreadPoolExecutor(1, thread_name_prefix=f"ringzero-{name}")
+                ex = _executors[key] = ThreadPoolExecutor(1, f"ringzero-{name}", _mark, (key,))
             fut = ex.submit(go)
             _pending.setdefault(key, []).append(fut)
     if ex is None:
@@ -131,6 +137,10 @@ def _execute(comm, go, async_op: bool, name: str):
         return Work(comm, fut, None, name)
     fut.result()
     return None
+
+
+def _mark(key: int) -> None:
+    _worker.key = key
 
 
 def drain() -> None:

@@ -97,7 +97,7 @@ def import_deepspeed(engine: str):
         from zero_from_scratch.as_deepspeed import finder   # only the ringzero ranks install the finder
         finder.install()
     else:
-        from zero_from_scratch.parity.sides import prepare_deepspeed   # imports the real DeepSpeed: that rank only
+        from parity.zero.sides import prepare_deepspeed   # imports the real DeepSpeed: that rank only
         prepare_deepspeed()
     return importlib.import_module("deepspeed")
 

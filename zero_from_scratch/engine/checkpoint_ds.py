@@ -34,7 +34,7 @@ from collections import OrderedDict
 import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
-from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full
+from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, tag_folder
 from zero_from_scratch.engine.safe_api import ds_partition
 
 DS_VERSION = "0.19.8"
@@ -155,15 +155,6 @@ def load_file(path: str):
     return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE)
 
 
-def tag_folder(load_dir: str, tag) -> str:
-    if tag is None:
-        latest = os.path.join(load_dir, "latest")
-        if not os.path.exists(latest):
-            raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
-        tag = open(latest).read().strip()
-    return os.path.join(load_dir, str(tag))
-
-
 def is_deepspeed(load_dir: str, tag) -> bool:
     """A folder with DeepSpeed's files and no manifest of ours (ours also holds DeepSpeed's files)."""
     try:
@@ -219,6 +210,16 @@ def read_full(d: str) -> tuple[dict, dict, list]:
     return full, model, optim
 
 
+def frozen_params(d: str, model: dict, optim: list) -> dict:
+    """{name: full tensor} of the frozen parameters; at stage 3 every rank's model file holds its partition."""
+    shapes = model.get("frozen_param_shapes") or {}
+    files = sorted(glob.glob(os.path.join(d, "zero_pp_rank_*_mp_rank_00_model_states.pt")), key=rank_of)
+    z3 = int(optim[0]["zero_stage"]) == 3 and len(files) == len(optim)
+    frags = [load_file(f)["frozen_param_fragments"] for f in files] if z3 and shapes else None
+    return {name: (torch.cat([f[name] for f in frags])[:math.prod(shape)] if z3
+                   else model["frozen_param_fragments"][name]).reshape(shape) for name, shape in shapes.items()}
+
+
 def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_scheduler_states: bool):
     d = tag_folder(load_dir, tag)
     full, model, optim = read_full(d)
@@ -239,13 +240,7 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
            "skipped_steps": model.get("skipped_steps", 0),
            "loss_scaler": {"cur_scale": cur}}
     extras = {k: v for k, v in model["module"].items() if k in set(model.get("buffer_names", []))}
-    n = len(optim)
-    for name, shape in (model.get("frozen_param_shapes") or {}).items():
-        frags = model["frozen_param_fragments"][name]
-        if int(optim[0]["zero_stage"]) == 3:      # every rank's model file holds its partition
-            files = sorted(glob.glob(os.path.join(d, "zero_pp_rank_*_mp_rank_00_model_states.pt")), key=rank_of)
-            frags = torch.cat([load_file(f)["frozen_param_fragments"][name] for f in files])[:math.prod(shape)]
-        extras[name] = frags.reshape(shape)
+    extras.update(frozen_params(d, model, optim))
     apply_full(engine, full, man, extras, load_optimizer_states, load_lr_scheduler_states)
     engine.stage.zero_grad()
     return d, {k: v for k, v in model.items() if k not in DS_KEYS}

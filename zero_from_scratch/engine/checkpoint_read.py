@@ -33,15 +33,18 @@ def _manifest_file(mp_rank: int = 0, mp_size: int = 1) -> str:
     return f"{mp_prefix(mp_rank, mp_size)}manifest.json"
 
 
-
-
-def read_manifest(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> tuple[str, dict]:
+def tag_folder(load_dir: str, tag=None) -> str:
+    """The folder of `tag` (default: the one `latest` names); ours and DeepSpeed's."""
     if tag is None:
         latest = os.path.join(load_dir, "latest")
         if not os.path.exists(latest):
             raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
         tag = open(latest).read().strip()
-    d = os.path.join(load_dir, str(tag))
+    return os.path.join(load_dir, str(tag))
+
+
+def read_manifest(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> tuple[str, dict]:
+    d = tag_folder(load_dir, tag)
     if not os.path.exists(d) and os.path.isdir(d + ".old"):   # killed while moving an old-format folder aside
         d += ".old"
     path = os.path.join(d, _manifest_file(mp_rank, mp_size))

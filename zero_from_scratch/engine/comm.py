@@ -8,20 +8,19 @@ textbook formulas (reduce-scatter and all-gather send (N-1)/N·S, all-reduce 2(N
 each call is measured with primitives.LEDGER. Every call is filed under a *purpose* ("grad
 reduce-scatter", "param all-gather", ...) so comm_report can show bytes per step per collective.
 
-Overlap (overlap_comm): `async_op=True` hands the call to ONE background thread per engine and
-returns a Pending handle at once; the caller computes on, and `wait()` blocks only for what is
-left. While anything is in flight, synchronous calls queue on that same thread, so every rank
-still issues its collectives in program order (they pair up) and the ledger's byte count of each
-call is its own (one call runs at a time). Each async call leaves an Event: when it was launched,
-started, finished and waited for, and how long the wait blocked (the *exposed* communication);
-comm_report prints them. The thread runs the library's ordinary blocking collectives, so this
-works the same with the primitives and torch implementations.
+Overlap (overlap_comm): `async_op=True` hands the call to primitives' executor
+(primitives.submit: one worker thread per communicator) and returns its Work at once; the
+caller computes on, and `wait(work)` blocks only for what is left. While anything is in
+flight, synchronous calls queue on that same thread, so every rank still issues its
+collectives in program order (they pair up) and the ledger's byte count of each call is its
+own (one call runs at a time). The bookkeeping runs with the call, on the thread doing the
+work. Each async call leaves an Event: when it was launched, started, finished and waited
+for, and how long the wait blocked (the *exposed* communication); comm_report prints them.
 """
 from __future__ import annotations
 
 import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -50,38 +49,10 @@ class Event:
     what: str                 # the bucket / module it moved
     nbytes: int
     launched: float
-    started: float = float("nan")     # when the background thread began it (after earlier calls)
+    started: float = float("nan")     # when the worker thread began it (after earlier calls)
     finished: float = float("nan")
     waited: float = float("nan")      # when the caller asked for the result
     exposed: float = 0.0              # how long that wait blocked: communication not hidden
-
-
-class Pending:
-    """What an async_op=True call returns. wait() blocks until the call finished, re-raises its
-    error, then runs the caller's `then` callbacks (once, in the waiting thread)."""
-
-    def __init__(self, comm: "Comm", fut, event: Event):
-        self._comm, self._fut, self.event, self._then, self._done = comm, fut, event, [], False
-
-    def then(self, fn) -> "Pending":
-        self._then.append(fn)
-        return self
-
-    def done(self) -> bool:
-        return self._fut.done()
-
-    def wait(self) -> None:
-        if self._done:
-            return
-        t0 = time.perf_counter()
-        try:
-            self._fut.result()
-        finally:
-            self._done = True
-            self.event.waited = t0 - self._comm.t0
-            self.event.exposed = time.perf_counter() - t0
-        for fn in self._then:
-            fn()
 
 
 class Comm:
@@ -106,21 +77,17 @@ class Comm:
             self._ag = functools.partial(P.all_gather_single, **ring)
             self._bcast = functools.partial(P.broadcast, group=group)
         else:
-            B = dist
             self._ledger = None
-            self._all_reduce = functools.partial(B.all_reduce, group=group)
-            self._rs = functools.partial(getattr(B, "reduce_scatter_single", None) or B.reduce_scatter_tensor,
-                                         group=group)
-            self._ag = functools.partial(getattr(B, "all_gather_single", None) or B.all_gather_into_tensor,
-                                         group=group)
-            self._bcast = functools.partial(B.broadcast, group=group)
+            self._all_reduce = functools.partial(dist.all_reduce, group=group)
+            self._rs = functools.partial(dist.reduce_scatter_tensor, group=group)
+            self._ag = functools.partial(dist.all_gather_into_tensor, group=group)
+            self._bcast = functools.partial(dist.broadcast, group=group)
         self.device = torch.device("cpu")      # where small helper tensors live (the engine sets it)
         self.usage: dict[str, Usage] = {}       # purpose -> usage since reset_step()
         self.last_step: dict[str, Usage] = {}   # the previous optimizer step's usage
         self.events: list[Event] = []           # async calls since reset_step()
         self.last_events: list[Event] = []
-        self._pool: ThreadPoolExecutor | None = None
-        self._inflight: list = []
+        self._inflight: list = []               # async Works not known to be done
         self.t0 = time.perf_counter()
 
     def reset_step(self) -> None:
@@ -145,12 +112,10 @@ class Comm:
 
     def _run(self, purpose: str, collective: str, nbytes: int, fn, async_op: bool = False, what: str = "",
              formula: int | None = None):
-        self._inflight = [f for f in self._inflight if not f.done()]
+        self._inflight = [w for w in self._inflight if not w.is_completed()]
         if not async_op and not self._inflight:
             self._account(purpose, collective, nbytes, fn, formula)
             return None
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="zero-comm")
         ev = Event(purpose, what, nbytes, time.perf_counter() - self.t0)
 
         def go():
@@ -159,16 +124,41 @@ class Comm:
                 self._account(purpose, collective, nbytes, fn, formula)
             finally:
                 ev.finished = time.perf_counter() - self.t0
-        fut = self._pool.submit(go)
-        self._inflight.append(fut)
+        work = P.submit(self._executor, go, purpose)
         if not async_op:                        # queued behind the in-flight calls: program order
-            fut.result()
+            work.wait()
             return None
+        self._inflight.append(work)
         self.events.append(ev)
-        return Pending(self, fut, ev)
+        work.event = ev                         # the engine's record rides on primitives' handle
+        return work
+
+    def wait(self, work, *then) -> None:
+        """Wait for an async call (its error re-raised), then run `then` here. How long the first
+        wait blocked is the call's exposed communication."""
+        t0, first = time.perf_counter(), not work.done
+        try:
+            work.wait()
+        finally:
+            if first:
+                work.event.waited, work.event.exposed = t0 - self.t0, time.perf_counter() - t0
+        for fn in then:
+            fn()
+
+    @functools.cached_property
+    def _executor(self):
+        """Whose worker thread runs the async calls: the primitives communicator of the group, so
+        that they queue with every other call on it; with torch, this Comm."""
+        return P.get_comm(self.group) if self.impl == "primitives" else self
+
+    def _finish(self, work) -> None:         # a Work of this Comm (impl "torch") holds a Future
+        work.handle.result()
+
+    def _completed(self, fut) -> bool:
+        return fut.done()
 
     # The textbook's collective methods (stage1.py), with a ledger label (purpose, what), a tag
-    # for the primitives handshake and async_op (a Pending comes back; otherwise None).
+    # for the primitives handshake and async_op (a Work comes back; otherwise None).
     def all_reduce(self, t: torch.Tensor, op: str = "sum", *, purpose: str = "all-reduce", async_op: bool = False,
                    what: str = ""):
         assert op == "sum", op
@@ -178,7 +168,7 @@ class Comm:
     def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, op: str = "sum", *,
                               purpose: str = "reduce-scatter", tag: int = 0, async_op: bool = False, what: str = ""):
         """out (numel/N) <- this rank's block of the sum of every rank's inp. out may alias inp's block.
-        async_op=True: returns a Pending (see the module docstring); otherwise None."""
+        async_op=True: returns a Work (see the module docstring); otherwise None."""
         assert op == "sum", op
         def go():
             if self.impl == "primitives":
@@ -226,15 +216,6 @@ class Comm:
         out = torch.empty(self.size * len(values), dtype=torch.int64, device=self.device)
         self.all_gather_single(out, mine, purpose=purpose)
         return out.view(self.size, len(values)).tolist()
-
-    def drain(self) -> None:
-        """Wait for every in-flight call (errors re-raised) and stop the background thread."""
-        for f in self._inflight:
-            f.result()
-        self._inflight = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -91,7 +91,7 @@ class ExternalParams:
 
         def post(mod, args, out):
             self.pins[u.index] -= 1
-            st._release(u)
+            st._release(u, "external")
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
 

@@ -67,21 +67,10 @@ class FrozenParams:
         self.units = [dataclasses.replace(u, index=base + u.index, group=group) for u in lay.units]
         shard = torch.zeros(lay.group_local[0] if lay.group_local else 0, dtype=e.dtype)
         st.pshard.append(shard)                          # param_shard(u) finds it by u.group
-        st.params = dict(st.params)                      # engine.params_by_name stays trainable-only
-        for u in self.units:
-            full, plain = torch.zeros(u.padded, dtype=e.dtype), False
-            for s in u.slots:                    # zero.Init's shards are gathered (every rank agrees)
-                v, from_init = zp.value_of(dict(self.named)[s.name])
-                full[s.offset:s.offset + s.numel].copy_(v.reshape(-1))
-                plain |= not from_init
-            if c.size > 1 and plain:
-                c.broadcast(full, 0, purpose="init broadcast")   # rank 0's weights, like the trainable part
-            lo, hi = u.shard_range(c.rank)
-            st.param_shard(u).copy_(full[lo:hi])
+        st.params = {**st.params, **dict(self.named)}    # engine.params_by_name stays trainable-only
+        for u in self.units:                             # the stage's blocks: rank 0's values, or zero.Init's shards
+            st.param_shard(u).copy_(st._unit_block(u))
             st.tag_of[u.index] = u.tag
-        for n, p in self.named:
-            st.params[n] = p
-            p.data = torch.empty(0, dtype=e.dtype)
         zp.adopt(e, self.units, st.params)
         unit_of = {id(dict(self.named)[s.name]): u for u in self.units for s in u.slots}
         for name, m in e.module.named_modules():
@@ -100,12 +89,12 @@ class FrozenParams:
             # ran, so the weights may still be needed; after_backward releases them instead.
             if any(g is not None for g in grad_input):
                 for u in units:
-                    self.e.stage._release(u)
+                    self.e.stage._release(u, "backward")
         return hook
 
     def after_backward(self) -> None:
         for u in self.units:
-            self.e.stage._release(u)
+            self.e.stage._release(u, "backward")
 
     @contextlib.contextmanager
     def gathered(self, params, modifier_rank=None):
@@ -123,7 +112,7 @@ class FrozenParams:
             for u in mine:
                 if modifier_rank is not None:
                     st.write_back(u, modifier_rank)
-                st._release(u)
+                st._release(u, "frozen gathered")     # persistent frozen units stay
 
     def full(self, write_back: bool = False):
         """Every frozen tensor full inside the block: checkpoint save reads them, load writes them

@@ -62,13 +62,17 @@ class HpZ:
         engine.comm._ag = functools.partial(P.all_gather_single, algorithm="auto")
         engine.comm._rs = functools.partial(P.reduce_scatter_single, algorithm="auto")
 
+    def has(self, u, kind: str) -> bool:
+        """Can the group's secondary shards serve this gather (a backward after a kept forward)?"""
+        return kind == "backward" and u.index in self.secondary
+
     def gather(self, u, kind: str, full: torch.Tensor, tag: int, async_op: bool = False):
         """Backward: fill `full` (what the forward all-gather received: the unit, or qwZ's bytes)
         from the group's secondary shards. None = do the world all-gather; otherwise True, or with
         async_op (a prefetch) the handle."""
-        sec = self.secondary.get(u.index)
-        if kind != "backward" or sec is None:
+        if not self.has(u, kind):
             return None
+        sec = self.secondary[u.index]
         b = full.numel() * full.element_size()
         h = self.comm.composed("param all-gather (backward, hpZ group)", "all_gather", b, (self.k - 1) * b // self.k,
                                lambda: P.all_gather_single(full, sec, group=self.group, algorithm="ring", tag=tag),

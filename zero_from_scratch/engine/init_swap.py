@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from zero_from_scratch.engine.param_offload import _io
+from zero_from_scratch.engine.param_offload import file_io
 
 _FILES = itertools.count()
 
@@ -49,7 +49,7 @@ class InitSwap:
         off, size = self.live.get(id(p), (self.end, -1))
         if size != nbytes:
             off, self.end = self.end, self.end + nbytes
-        _io(True, self.fd, shard.cpu(), off)
+        file_io(True, self.fd, shard.cpu(), off)
         self.bytes_written += nbytes
         self.live[id(p)] = (off, nbytes)
         t = torch.empty(0, dtype=shard.dtype, device=shard.device)
@@ -60,7 +60,7 @@ class InitSwap:
         """A copy of p's shard read from the file (on the shard's device)."""
         off, nbytes = self.live[id(p)]
         t = torch.empty(p.ds_tensor.ds_numel, dtype=p.ds_tensor.dtype)
-        _io(False, self.fd, t, off)
+        file_io(False, self.fd, t, off)
         self.bytes_read += nbytes
         return t.to(p.ds_tensor.device)
 

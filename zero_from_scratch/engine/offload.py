@@ -16,9 +16,15 @@ device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_ran
                Memory saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus ≤ 3 × 4 MiB.
                Bytes moved per step and rank: K·Ψ/N read + K·Ψ/N written (P/N with padding).
                At ZeRO-3 the gradient shards go to files too (param_offload.make_grads).
-device "cpu"   offload_cpu.py: fp32 master, m, v and the Adam step on the host (pinned with a GPU
-               model); gradients copied down, parameters up: b·P/N bytes each way per step and
-               rank. The same code runs for a CPU model (host → host copies).
+device "cpu"   HostOptimizerStates: the fp32 master of every owned shard (in fp32 training too) and
+               Adam's m, v on the host, pinned with a GPU model (unless "pin_memory": false) so
+               the copies are DMA and the upward ones asynchronous. Per unit and chunk: gradient
+               shard device → host, × clip_coef / (N · loss_scale), Adam on the host master (the
+               same step_group: offload moves bytes, not maths), master chunk host → device.
+               Bytes per step and rank: b·P/N down + b·P/N up (`bytes_down` / `bytes_up`); the
+               device saves K·Ψ/N, the host holds 12·Ψ/N plus one chunk of gradients during the
+               step. The same code runs for a CPU model (host → host copies), which is how the
+               CPU test (tests/test_recipes_offload_cpu.py) proves it bit-identical to no offload.
 device "none"  no offload (DeepSpeed's meaning).
 pin_memory     device "cpu" with a GPU model: pinned host buffers (default true, as in DeepSpeed 0.19.8; false: pageable).
 Other keys (buffer_count, fast_init, ratio; pin_memory with nvme) tune CUDA/AIO transfers: warned.
@@ -35,10 +41,11 @@ import warnings
 import torch
 
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
-from zero_from_scratch.engine.offload_cpu import STREAM_CHUNK, HostOptimizerStates, stream_chunk  # noqa: F401
+from zero_from_scratch.engine.param_offload import failed_ranks, file_io
 
 DEVICES = ("none", "cpu", "nvme")
 TUNING = ("pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write", "pipeline")
+STREAM_CHUNK = 1 << 20     # elements per staging buffer, whatever the shard size (4 MiB of fp32)
 
 
 class OffloadError(RuntimeError):
@@ -73,15 +80,74 @@ def parse(z: dict) -> dict | None:
     return {"device": dev, "nvme_path": s.get("nvme_path")}
 
 
-def _io(fn, fd: int, t: torch.Tensor, offset: int) -> None:
-    """Read or write all of t's bytes at offset (os.preadv / os.pwritev may move fewer)."""
-    mv = memoryview(t.numpy()).cast("B")
-    done = 0
-    while done < len(mv):
-        n = fn(fd, [mv[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"short {'read' if fn is os.preadv else 'write'} at byte {offset + done}")
-        done += n
+def stream_chunk(engine, sub_group_size: int) -> int:
+    """Elements per staging buffer: min(sub_group_size, largest shard, STREAM_CHUNK), at least 1."""
+    return max(1, min(int(sub_group_size), max((u.shard for u in engine.layout.units), default=1), STREAM_CHUNK))
+
+
+class HostOptimizerStates:
+    """fp32 master + Adam m, v of this rank's shards on the host; the step runs there."""
+
+    def __init__(self, engine, sub_group_size: int, pin_memory: bool = True):
+        self.e = e = engine
+        self.device = e.device
+        self.pin = pin_memory and e.device.type == "cuda"   # pinning needs (and only helps) CUDA
+        self.chunk = stream_chunk(e, sub_group_size)
+        self.master = [self._host(n, torch.float32) for n in e.layout.group_local]
+        self.bytes_down = self.bytes_up = 0       # running totals; per step: see report()
+        self.steps = 0
+
+    def _host(self, n: int, dtype) -> torch.Tensor:
+        return torch.zeros(n, dtype=dtype, device="cpu", pin_memory=self.pin)
+
+    def adopt(self, t: torch.Tensor) -> torch.Tensor:
+        """An Adam state tensor, kept on the host (pinned with a GPU model)."""
+        return t.pin_memory() if self.pin else t
+
+    def write_master(self) -> None:
+        """host master ← the parameter shards (after init, a weight edit, or an fp32 load)."""
+        e = self.e
+        for u in e.layout.units:
+            self.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(e.stage.param_shard(u))
+
+    def after_load(self) -> None:
+        # mixed: checkpoint.load wrote the master itself (engine.master is ours, more precise than
+        # the bf16 params); fp32: the params were loaded, the host copy must follow them
+        if not self.e.mixed:
+            self.write_master()
+
+    def step(self, coef: float, scale: float) -> None:
+        e, opt, first = self.e, self.e.optimizer, set()
+        gbuf = self._host(self.chunk, e.dtype)    # freed when the step returns
+        for u in e.layout.units:
+            g_dev, p_dev = e.stage.grad_shard(u), e.stage.param_shard(u)
+            master = self.master[u.group][u.local_offset:u.local_offset + u.shard]
+            for a in range(0, max(u.shard, 1), self.chunk):
+                b = min(a + self.chunk, u.shard)
+                g = gbuf[:b - a]
+                g.copy_(g_dev[a:b])                # device → host; blocking: Adam reads it next
+                g32 = g.mul_(coef / scale) if not e.mixed else g.float().mul_(coef / scale)
+                opt.step_group(u.group, master[a:b], g32, u.local_offset + a, u.local_offset + b,
+                               count=u.group not in first)
+                first.add(u.group)
+                # host → device; from pinned memory it is asynchronous and overlaps the next chunk
+                p_dev[a:b].copy_(master[a:b], non_blocking=self.pin)
+                self.bytes_down += g.numel() * g.element_size()
+                self.bytes_up += (b - a) * p_dev.element_size()
+        if self.pin:                               # the params are read next: the copies must land
+            torch.cuda.current_stream(self.device).synchronize()
+        self.steps += 1
+
+    def report(self) -> dict:
+        """Bytes moved per optimizer step on this rank (mean over the steps run) and host bytes held."""
+        n = max(self.steps, 1)
+        held = sum(t.numel() * t.element_size() for t in self.master)
+        held += sum(s[k].numel() * s[k].element_size() for s in self.e.optimizer.state for k in ("exp_avg", "exp_avg_sq"))
+        return {"device": "cpu", "bytes_down_per_step": self.bytes_down // n, "bytes_up_per_step": self.bytes_up // n,
+                "host_state_bytes": held, "pinned": self.pin}
+
+    def close(self) -> None:
+        pass
 
 
 class NvmeOptimizerStates:
@@ -102,21 +168,15 @@ class NvmeOptimizerStates:
                     fd = self.fds[g, k] = os.open(os.path.join(self.dir, f"group{g}.{k}"), os.O_RDWR | os.O_CREAT
                                                   | os.O_TRUNC, 0o600)
                     for a in range(0, n, len(zero)):       # real bytes, not a sparse file: space is taken now
-                        _io(os.pwritev, fd, zero[:min(len(zero), n - a)], 4 * a)
+                        file_io(True, fd, zero[:min(len(zero), n - a)], 4 * a)
         except OSError as e:
             err = f"{e}"
-        bad = self._agree(bool(err))
+        bad = failed_ranks(self.e.comm, bool(err))
         if bad:
             raise OffloadError(f"rank {c.rank}: offload_optimizer nvme_path {nvme_path!r} is not usable on rank(s) "
                                f"{bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder with room for "
                                f"{len(self.keys) * 4}·Ψ/N bytes per rank")
         self.bytes_read = self.bytes_written = 0
-
-    def _agree(self, failed: bool) -> list[int]:
-        c = self.e.comm
-        rows = c.gather_ints([int(failed)], "offload check") if c.size > 1 else [[int(failed)]]
-        c.usage.pop("offload check", None)
-        return [r for r, (f,) in enumerate(rows) if f]
 
     def _chunks(self):
         """(unit, a, b): the step order of the non-offloaded engine, cut at sub_group_size."""
@@ -136,7 +196,7 @@ class NvmeOptimizerStates:
         for u, a, b in self._chunks():
             m = buf[:b - a]
             m.copy_(self.e.stage.param_shard(u)[a:b])
-            _io(os.pwritev, self.fds[u.group, "master"], m, 4 * (u.local_offset + a))
+            file_io(True, self.fds[u.group, "master"], m, 4 * (u.local_offset + a))
 
     def step(self, coef: float, scale: float) -> None:
         """Adam over every chunk: read (master,) m, v; step; write back; copy master into the params."""
@@ -147,7 +207,7 @@ class NvmeOptimizerStates:
                 n, off = b - a, 4 * (u.local_offset + a)
                 bufs = {k: staging[k][:n] for k in self.keys}
                 for k, t in bufs.items():
-                    _io(os.preadv, self.fds[u.group, k], t, off)
+                    file_io(False, self.fds[u.group, k], t, off)
                 g = e.stage.grad_shard(u)[a:b]
                 g32 = g.mul_(coef / scale) if not e.mixed else g.float().mul_(coef / scale)
                 master = bufs["master"] if e.mixed else e.stage.param_shard(u)[a:b]
@@ -162,13 +222,13 @@ class NvmeOptimizerStates:
                 if e.mixed:
                     e.stage.param_shard(u)[a:b].copy_(master)
                 for k, t in bufs.items():
-                    _io(os.pwritev, self.fds[u.group, k], t, off)
+                    file_io(True, self.fds[u.group, k], t, off)
                 self.bytes_read += 4 * n * len(self.keys)
                 self.bytes_written += 4 * n * len(self.keys)
         except OSError as ex:
             err = f"{ex}"
         staging = bufs = None                  # freed before the next forward: never part of its peak
-        bad = self._agree(bool(err))
+        bad = failed_ranks(self.e.comm, bool(err))
         if bad:
             raise OffloadError(f"rank {e.comm.rank}: the optimizer step failed writing/reading offloaded states on "
                                f"rank(s) {bad}" + (f" ({err})" if err else "") + f" under {self.dir!r}: this run's "
@@ -183,7 +243,7 @@ class NvmeOptimizerStates:
         full = {(g, k): torch.empty(n, dtype=torch.float32) for g, n in enumerate(e.layout.group_local)
                 for k in self.keys}
         for (g, k), t in full.items():
-            _io(os.preadv, self.fds[g, k], t, 0)
+            file_io(False, self.fds[g, k], t, 0)
         keep_master, keep_state = e.master, [(s["exp_avg"], s["exp_avg_sq"]) for s in e.optimizer.state]
         if e.mixed:
             e.master = [full[g, "master"] for g in range(len(e.layout.group_local))]
@@ -192,7 +252,7 @@ class NvmeOptimizerStates:
         try:
             yield
             for (g, k), t in full.items():
-                _io(os.pwritev, self.fds[g, k], t, 0)
+                file_io(True, self.fds[g, k], t, 0)
         finally:
             e.master = keep_master
             for s, (m, v) in zip(e.optimizer.state, keep_state):
@@ -205,7 +265,7 @@ class NvmeOptimizerStates:
 
 
 def build(engine, spec: dict | None, sub_group_size: int):
-    """The engine's offload: NvmeOptimizerStates, offload_cpu.HostOptimizerStates, or None."""
+    """The engine's offload: NvmeOptimizerStates, HostOptimizerStates, or None."""
     if spec is None:
         return None
     if spec["device"] == "cpu":

@@ -140,14 +140,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return self.engine_backward(loss, retain_graph=retain_graph, scale_wrt_gas=False)
 
 
-class ZeroAdam(ShardedOptimizer, ShardedAdam):
+class ZeroAdam(ShardedAdam, ShardedOptimizer):
+    """The textbook's Adam (step_group, hyper_state) first; ShardedOptimizer adds the torch and
+    DeepSpeed surface."""
     STATE, name = ("exp_avg", "exp_avg_sq"), "Adam"
 
     def __init__(self, groups, local_numels, adam_w_mode: bool = True):
         ShardedAdam.__init__(self, groups, local_numels, adam_w_mode)
         self.state = GroupStates(self.state)
-
-    step_group = ShardedAdam.step_group
 
 
 class ZeroLion(ShardedOptimizer):

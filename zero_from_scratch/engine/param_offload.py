@@ -84,7 +84,7 @@ def parse(z: dict, stage: int) -> dict | None:
     return spec
 
 
-def _io(write: bool, fd: int, t: torch.Tensor, offset: int) -> None:
+def file_io(write: bool, fd: int, t: torch.Tensor, offset: int) -> None:
     """Read or write all of t's bytes at byte offset (any dtype, bf16 included)."""
     mv = memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
     fn, done = (os.pwritev if write else os.preadv), 0
@@ -127,11 +127,11 @@ class ParamStore:
                 try:
                     fd = self._fd(u.group)
                     if src is not None:
-                        _io(True, fd, src.cpu(), self.b * u.local_offset)
+                        file_io(True, fd, src.cpu(), self.b * u.local_offset)
                 except OSError as ex:
                     err = f"{ex}"
             del src
-        bad = _agree(e.comm, bool(err))
+        bad = failed_ranks(e.comm, bool(err))
         if bad:
             raise ParamOffloadError(f"rank {self.rank}: offload {name} nvme_path {spec['nvme_path']!r} is not usable on "
                                     f"rank(s) {bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder "
@@ -170,7 +170,7 @@ class ParamStore:
                 buf.copy_(self.host[u.index])
             else:
                 tmp = buf if self.dev.type == "cpu" else torch.empty(u.shard, dtype=self.dtype)
-                _io(False, self.fds[u.group], tmp, self.b * u.local_offset)
+                file_io(False, self.fds[u.group], tmp, self.b * u.local_offset)
                 buf.copy_(tmp)
         except OSError as ex:
             raise ParamOffloadError(f"rank {self.rank}: reading the {self.name} shard of {u.tag!r} from {self.dir!r} "
@@ -189,7 +189,7 @@ class ParamStore:
             if i in self.host:
                 self.host[i].copy_(buf)
             else:
-                _io(True, self.fds[u.group], buf.cpu(), self.b * u.local_offset)
+                file_io(True, self.fds[u.group], buf.cpu(), self.b * u.local_offset)
         except OSError as ex:
             raise ParamOffloadError(f"rank {self.rank}: writing the {self.name} shard of {u.tag!r} to {self.dir!r} "
                                     f"failed ({ex}); this run's parameters are inconsistent: resume from the last "
@@ -236,9 +236,10 @@ class ParamStore:
         self.fds = {}
 
 
-def _agree(comm, failed: bool) -> list[int]:
-    rows = comm.gather_ints([int(failed)], "param offload check") if comm.size > 1 else [[int(failed)]]
-    comm.usage.pop("param offload check", None)
+def failed_ranks(comm, failed: bool) -> list[int]:
+    """The ranks where an offload file operation failed (one small all-gather, not in the ledger's report)."""
+    rows = comm.gather_ints([int(failed)], "offload check") if comm.size > 1 else [[int(failed)]]
+    comm.usage.pop("offload check", None)
     return [r for r, (f,) in enumerate(rows) if f]
 
 
@@ -258,7 +259,7 @@ def make(stage) -> ParamStore | None:
                          "all-gathers of offloaded shards); allowed: one of the two")
     # each unit's block is assembled (zero_partition.unit_block: one unit whole at a time, Init's
     # shards read back and dropped) and written to its home at once: no Ψ/N copy in memory
-    store = ParamStore(stage.e, spec, stage.dtype, stage.dev, source=lambda u: zp.unit_block(stage, u))
+    store = ParamStore(stage.e, spec, stage.dtype, stage.dev, source=stage._unit_block)
     zp.adopt(stage.e, stage.e.layout.units, stage.params)
     return store
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 class Prefetcher:
     """unit(i) -> Unit; budget: elements ahead (0 = no prefetch); max_live, reuse_distance: elements.
     The stage tells it what happens (start/follow/finish, count_live) and hands it two actions:
-    start(u, kind) -> (handle, buffer) for an asynchronous all-gather, evict(u) to release."""
+    start(u, kind) -> (wait, buffer) for an asynchronous all-gather (wait() blocks until buffer is
+    filled), evict(u) to release."""
 
     def __init__(self, unit, budget: int, max_live: int, reuse_distance: int):
         self.unit, self.budget, self.max_live, self.reuse_distance = unit, budget, max_live, reuse_distance
@@ -30,7 +31,7 @@ class Prefetcher:
         self.recording: list = []
         self.tpos, self.trace_ok, self.in_train = 0, False, False
         self.fwd_pos: dict[int, int] = {}                 # unit -> its trace position in this forward
-        self.prefetched: dict[int, tuple] = {}            # unit -> (handle, buffer) in flight
+        self.prefetched: dict[int, tuple] = {}            # unit -> (wait, buffer) in flight
         self.kept: list[int] = []                         # gathered past forward for reuse, oldest first
         self.live = 0                                     # gathered + in-flight elements
         self.stats = {"demand": 0, "prefetch": 0, "prefetch_used": 0, "max_live": 0, "evicted": 0}
@@ -105,7 +106,7 @@ class Prefetcher:
 
     def drop(self) -> None:
         """Wait for and forget every prefetch in flight."""
-        for i, (h, _) in list(self.prefetched.items()):
-            h.wait()
+        for i, (wait, _) in list(self.prefetched.items()):
+            wait()
             self.live -= self.unit(i).padded
         self.prefetched.clear()

@@ -20,6 +20,8 @@ Cost: an encode of s elements and a decode of P elements per gather (elementwise
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from zero_from_scratch.engine.quantize import Spec, decode_rows, encode_rows
@@ -55,14 +57,14 @@ class QwZ:
         self._decode(u, buf, full)
 
     def start(self, u, kind: str, tag: int):
-        """Prefetch: the int8 all-gather (hpZ's group all-gather in backward), asynchronous; (handle,
-        full) as ZeroStage3._start_prefetch. The handle dequantises (and keeps hpZ's slice) when waited for."""
+        """Prefetch: the int8 all-gather (hpZ's group all-gather in backward), asynchronous; (wait,
+        full) as ZeroStage3._start_prefetch. wait() also dequantises (and keeps hpZ's slice)."""
         st, hp = self.st, self.st.hpz
         buf = torch.empty(st.comm.size * self.wire(u), dtype=torch.uint8, device=st.dev)
         full = torch.empty(u.padded, dtype=st.dtype, device=st.dev)
         h = hp.gather(u, kind, buf, tag, async_op=True) if hp else None      # backward: inside the node
         if h is not None:
-            return h.then(lambda: self._decode(u, buf, full)), full
+            return functools.partial(st.comm.wait, h, lambda: self._decode(u, buf, full)), full
         h = st.comm.all_gather_single(buf, self._encode(u), purpose=f"param all-gather ({kind}, int8)", tag=tag,
                                       async_op=True, what=u.tag)
 
@@ -70,7 +72,7 @@ class QwZ:
             if hp:
                 hp.keep(u, buf)
             self._decode(u, buf, full)
-        return h.then(arrived), full
+        return functools.partial(st.comm.wait, h, arrived), full
 
 
 def make(stage, engine):

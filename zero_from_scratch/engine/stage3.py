@@ -22,6 +22,7 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import torch
@@ -31,16 +32,19 @@ from zero_from_scratch.engine import hpz, param_offload, qgz, qwz
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
-from zero_from_scratch.engine.stages import engine_inputs, labelled, make_pool
-from zero_from_scratch.engine.zero_partition import make_param_storage
+from zero_from_scratch.engine import zero_partition as zp
+from zero_from_scratch.engine.stages import BucketPool, Pooled, TimedWait, engine_inputs, labelled
 from zero_from_scratch.stage3 import Stage3
 
 
-class ZeroStage3(Stage3):
+FORCED = ("gather_ctx", "evict", "step")     # releases that drop even persistent and pinned units
+
+
+class ZeroStage3(Pooled, TimedWait, Stage3):
     def __init__(self, engine):
         z, c = engine.config.zero, engine.comm
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
-        self.pool = make_pool(self, engine)
+        self.pool = BucketPool(self, engine)
         self.pf = Prefetcher(self.unit, z.stage3_prefetch_bucket_size if self.overlap else 0,
                              z.stage3_max_live_parameters, z.stage3_max_reuse_distance)
         self.persistent = {u.index for u in engine.layout.units if u.numel <= z.stage3_param_persistence_threshold}
@@ -57,15 +61,22 @@ class ZeroStage3(Stage3):
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
     def kw(self, purpose: str, u=None) -> dict:
-        return labelled(self, purpose, u, self.tag)
+        return {**super().kw(purpose, u), **labelled(self, purpose, u, self.tag)}
 
     def _make_param_storage(self) -> None:
-        if getattr(self.e.config, "offload_param", None) is not None:
-            # param_offload.make builds each unit's shard straight into its store: no Ψ/N here
+        if getattr(self.e.config, "offload_param", None) is None:
+            super()._make_param_storage()
+            zp.adopt(self.e, self.layout.units, self.params)
+        else:   # param_offload.make writes each unit's block (_unit_block) straight into its store: no Ψ/N here
             self.flat, self.pshard = [], [torch.empty(0, dtype=self.dtype, device=self.dev)
                                           for _ in self.layout.group_local]
-            return
-        make_param_storage(self)          # the textbook's, plus shards built by zero.Init (zero_partition.py)
+
+    def _unit_block(self, u) -> torch.Tensor:
+        """The textbook's (rank 0's unit, broadcast), or, for parameters zero.Init partitioned,
+        their shards gathered one at a time (zero_partition.py)."""
+        if any(zp.held_by_init(self.params[s.name]) for s in u.slots):
+            return zp.unit_block(self, u)
+        return super()._unit_block(u)
 
     @property
     def stats(self) -> dict:
@@ -74,8 +85,8 @@ class ZeroStage3(Stage3):
     def unit(self, i: int):
         """A unit by index: the engine's layout, then (frozen.py) the frozen parameters' units,
         numbered after it; both can be gathered, traced, kept and released."""
-        units = self.e.layout.units
-        return units[i] if i < len(units) else self.e.frozen.units[i - len(units)]
+        n = len(self.layout.units)
+        return super().unit(i) if i < n else self.e.frozen.units[i - n]
 
     def param_shard(self, u) -> torch.Tensor:
         poff = getattr(self, "poff", None)                # None while the textbook builds the shards
@@ -94,30 +105,14 @@ class ZeroStage3(Stage3):
     def zero_grad(self) -> None:
         self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()
 
-    def _new_bucket(self, u) -> torch.Tensor:
-        return self.pool.take(u)
-
-    def _bucket_done(self, u, b) -> None:
-        self.pool.give_back(u)
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u, kind: str, label: str) -> None:
-        if u.index in self.full_of:
-            if u.index in self.pf.kept:
-                self.pf.kept.remove(u.index)              # in use again: not evictable
-            return
-        if u.index in self.pf.prefetched:
-            h, full = self.pf.prefetched.pop(u.index)
-            try:
-                h.wait()
-            except CollectiveError as e:
-                raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {label} failed: {e}") from e
-            self.pf.stats["prefetch_used"] += 1
-            if self.poff:
-                self.poff.end_read(u)                     # the collective has the shard: drop its copy
-            self._install(u, full)
-            return
-        self.pf.make_room(u.padded, lambda v: self._release(v, force=True))
+        if u.index in self.pf.kept:
+            self.pf.kept.remove(u.index)                  # in use again: not evictable
+        if u.index in self.full_of or u.index in self.pf.prefetched:
+            return super()._gather(u, kind, label)
+        self.pf.make_room(u.padded, lambda v: self._release(v, "evict"))
         self.tag = self.check.count(kind, u, label)
         self.pf.count_live(u.padded)
         self.pf.stats["demand"] += 1
@@ -127,17 +122,33 @@ class ZeroStage3(Stage3):
         finally:
             self.tag = 0
 
-    def _fetch(self, u, kind: str, full: torch.Tensor) -> None:
-        if self.qwz and kind in qwz.KINDS:                           # int8 on the wire (hpZ inside)
-            return self.qwz.fetch(u, kind, full)
-        if self.hpz and self.hpz.gather(u, kind, full, self.tag):   # hpZ: backward stays in the node
-            return
+    def _fetch(self, u, kind: str) -> torch.Tensor:
+        """The prefetched buffer once its all-gather is done; else qwZ (int8 on the wire, hpZ inside),
+        hpZ (backward stays in the node) or the textbook's all-gather, from the offloaded shard."""
+        if u.index in self.pf.prefetched:
+            wait, full = self.pf.prefetched.pop(u.index)
+            try:
+                wait()
+            except CollectiveError as e:
+                raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {kind} of {u.tag!r} failed: {e}") from e
+            self.pf.stats["prefetch_used"] += 1
+            if self.poff:
+                self.poff.end_read(u)                     # the collective has the shard: drop its copy
+            return full
+        if (self.qwz and kind in qwz.KINDS) or (self.hpz and self.hpz.has(u, kind)):
+            full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
+            if self.qwz and kind in qwz.KINDS:
+                self.qwz.fetch(u, kind, full)
+            else:
+                self.hpz.gather(u, kind, full, self.tag)
+            return full
         fresh = self.poff is not None and self.poff.begin_read(u)
-        super()._fetch(u, kind, full)
+        full = super()._fetch(u, kind)
         if fresh:
             self.poff.end_read(u)
         if self.hpz:
             self.hpz.keep(u, full)
+        return full
 
     def _start_prefetch(self, u, kind: str):
         tag = self.check.count(kind, u, f"prefetch for {kind} of {u.tag!r}")
@@ -147,54 +158,50 @@ class ZeroStage3(Stage3):
             return self.qwz.start(u, kind, tag)
         full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
         h = self.hpz.gather(u, kind, full, tag, async_op=True) if self.hpz else None   # backward: in the node
-        if h is None:
-            h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
-                                            async_op=True, what=u.tag)
-            if self.hpz:
-                h.then(lambda: self.hpz.keep(u, full))
-        return h, full
+        if h is not None:
+            return functools.partial(self.comm.wait, h), full
+        h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
+                                        async_op=True, what=u.tag)
+        return functools.partial(self.comm.wait, h, *([lambda: self.hpz.keep(u, full)] if self.hpz else [])), full
 
     def _install(self, u, full: torch.Tensor) -> None:
         super()._install(u, full)
         self.saved.add(u.index, full)
 
-    def _release(self, u, force: bool = False) -> None:
-        if u.index in self.full_of and (force or (u.index not in self.persistent and not self.pinned.get(u.index))):
+    def _release(self, u, kind: str) -> None:
+        """After forward a unit the trace uses again soon is kept (evictable); persistent and pinned
+        units stay until a forced release ("gather_ctx", "evict", "step")."""
+        if u.index not in self.full_of:
+            return
+        if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
+            self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
+            return
+        if kind in FORCED or (u.index not in self.persistent and not self.pinned.get(u.index)):
             if u.index in self.pf.kept:
                 self.pf.kept.remove(u.index)
             self.pf.live -= u.padded
             self.saved.remove(self.full_of[u.index])
-            super()._release(u)
+            super()._release(u, kind)
 
     def release_all(self) -> None:
         """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
         self.pf.drop()
         for i in list(self.full_of):
-            self._release(self.unit(i), force=True)
+            self._release(self.unit(i), "step")
 
     # ------------------------------------------------------------------ the hooks follow the trace
     def _pre_forward(self, name, units):
-        def hook(module, args):
-            for u in units:
-                self.pf.follow("forward", u)
-                self._gather(u, "forward", f"forward of {name!r}")
-            self.pf.prefetch(self.full_of, self._start_prefetch)
-        return hook
-
-    def _post_forward(self, units):
-        def hook(module, args, output):
-            for u in units:
-                if u.index in self.full_of and u.index not in self.persistent and self.pf.reused_soon(u):
-                    self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
-                else:
-                    self._release(u)
-        return hook
+        return self._following("forward", units, super()._pre_forward(name, units))
 
     def _pre_backward(self, name, units):
-        def hook(module, grad_output):
+        return self._following("backward", units, super()._pre_backward(name, units))
+
+    def _following(self, kind: str, units, gather):
+        """The textbook's gather hook, walking the trace first and prefetching after."""
+        def hook(module, *args):
             for u in units:
-                self.pf.follow("backward", u)
-                self._gather(u, "backward", f"backward of {name!r}")
+                self.pf.follow(kind, u)
+            gather(module, *args)
             self.pf.prefetch(self.full_of, self._start_prefetch)
         return hook
 
@@ -224,8 +231,6 @@ class ZeroStage3(Stage3):
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self.pf.drop()                   # a micro-batch that left the trace may leave some in flight
-        for i in list(self.full_of):
-            self._release(self.unit(i))  # frozen units too; persistent units stay until the step
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 
@@ -239,6 +244,7 @@ class ZeroStage3(Stage3):
 
     # ------------------------------------------------------------------ optimizer, checkpoints, users
     def after_step(self) -> None:
+        super().after_step()
         if self.hpz:
             self.hpz.clear()             # secondary shards are stale once the weights move
         if self.poff:
@@ -253,21 +259,15 @@ class ZeroStage3(Stage3):
         modifier_rank, that rank's edits are broadcast and written back into every shard."""
         wanted = {id(p) for p in params}
         units = [u for u in self.layout.units if any(id(self.params[s.name]) in wanted for s in u.slots)]
-        mine = [u for u in units if u.index not in self.full_of]
-        for u in mine:
-            self._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")
-        try:
-            yield
-        finally:
-            for u in units:             # already-gathered (persistent, kept) units are written back too
+        with super().gathered(units):
+            try:
+                yield
+            finally:
                 if modifier_rank is not None:
-                    full = self.write_back(u, modifier_rank)
-                    if u not in mine:   # stays gathered: its copy must hold the modifier's values too
-                        self._install(u, self.full_of[u.index].copy_(full))
-                if u in mine:
-                    self._release(u, force=True)
-            if modifier_rank is not None:
-                self.e.refresh_master()
+                    for u in units:          # already-gathered (persistent, kept) units are written back too
+                        full = self.write_back(u, modifier_rank)
+                        self.full_of[u.index].copy_(full)    # a unit that stays gathered holds the edit too
+                    self.e.refresh_master()
 
     def write_back(self, u, modifier_rank: int) -> torch.Tensor:
         """modifier_rank's (possibly edited) full unit → every rank's shard; returns the full unit."""

@@ -53,47 +53,65 @@ def gathered_replicated(stage, params, modifier_rank=None):
         stage.e.refresh_master()
 
 
-class ZeroStage1(Stage1):
-    def __init__(self, engine):
-        self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
-        super().__init__(*engine_inputs(engine))
-        self.reduce_scatter = engine.config.zero.reduce_scatter
+class TimedWait:
+    """The textbook's wait for the oldest asynchronous reduction, timed by the engine's Comm first
+    (how long it blocks is that call's exposed communication; then() is not counted)."""
 
-    kw, gathered = labelled, gathered_replicated
+    def _wait_oldest(self) -> None:
+        self.comm.wait(self.inflight[0][0])
+        super()._wait_oldest()
 
-    def _reduce_in_backward(self) -> bool:
-        return self.overlap and self.boundary
+
+class Labelled(TimedWait):
+    """The engine's keywords on every collective of a stage (labelled), its gathered_parameters."""
+    gathered = gathered_replicated
+
+    def kw(self, purpose: str, u=None) -> dict:
+        return {**super().kw(purpose, u), **labelled(self, purpose, u)}
 
     def after_load(self) -> None:
         pass
 
 
-class ZeroStage0(Stage0):
+class Overlapped(Labelled):
+    """Stages 0 and 1 under overlap_comm: the boundary micro-batch reduces from the gradient hooks."""
+
+    def _reduce_in_backward(self) -> bool:
+        return super()._reduce_in_backward() or (self.overlap and self.boundary)
+
+
+class ZeroStage1(Overlapped, Stage1):
     def __init__(self, engine):
         self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
         super().__init__(*engine_inputs(engine))
+        self.reduce_scatter = engine.config.zero.reduce_scatter
 
-    kw, gathered = labelled, gathered_replicated
 
-    _reduce_in_backward, after_load = ZeroStage1._reduce_in_backward, ZeroStage1.after_load
+class ZeroStage0(Overlapped, Stage0):
+    def __init__(self, engine):
+        self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
+        super().__init__(*engine_inputs(engine))
 
 
 class BucketPool:
     """Gradient buckets of up to `cap` elements, handed out and taken back (contiguous_gradients).
     When `limit` buffers exist and none is free, take() waits for the oldest in-flight reduction
-    of `stage` (its `then` gives its buffer back)."""
+    of `stage` (its `then` gives its buffer back): one, or two under overlap_comm."""
 
-    def __init__(self, stage, cap: int, contiguous: bool, limit: int):
-        self.stage, self.cap, self.contiguous, self.limit = stage, cap, contiguous, limit
+    def __init__(self, stage, engine):
+        self.stage, self.contiguous = stage, engine.config.zero.contiguous_gradients
+        self.cap = max((u.padded for u in engine.layout.units), default=0)
+        self.limit = 2 if stage.overlap else 1
         self.free: list[torch.Tensor] = []
         self.base_of: dict[int, torch.Tensor] = {}        # unit -> the buffer its bucket is a view of
         self.size = self.allocs = 0
 
-    def take(self, u) -> torch.Tensor:
+    def take(self, u) -> torch.Tensor | None:
+        """A zeroed view of a pooled buffer; None (counted) when not contiguous: the stage allocates."""
         st = self.stage
         if not self.contiguous:
             self.allocs += 1
-            return torch.zeros(u.padded, dtype=st.dtype, device=st.dev)
+            return None
         while not self.free and st.inflight and self.size >= self.limit:
             st._wait_oldest()
         if not self.free:
@@ -109,24 +127,21 @@ class BucketPool:
             self.free.append(base)
 
 
-def make_pool(stage, engine) -> BucketPool:
-    cap = max((u.padded for u in engine.layout.units), default=0)
-    return BucketPool(stage, cap, engine.config.zero.contiguous_gradients, 2 if stage.overlap else 1)
-
-
-class ZeroStage2(Stage2):
-    def __init__(self, engine):
-        self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
-        self.pool = make_pool(self, engine)
-        super().__init__(*engine_inputs(engine))
-        self.reduce_scatter = engine.config.zero.reduce_scatter
-
-    kw, gathered = labelled, gathered_replicated
+class Pooled:
+    """Stages 2 and 3: gradient buckets from the stage's BucketPool (`self.pool`)."""
 
     def _new_bucket(self, u) -> torch.Tensor:
-        return self.pool.take(u)
+        b = self.pool.take(u)
+        return super()._new_bucket(u) if b is None else b
 
     def _bucket_done(self, u, b) -> None:
+        super()._bucket_done(u, b)
         self.pool.give_back(u)
 
-    after_load = ZeroStage1.after_load
+
+class ZeroStage2(Pooled, Labelled, Stage2):
+    def __init__(self, engine):
+        self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
+        self.pool = BucketPool(self, engine)
+        super().__init__(*engine_inputs(engine))
+        self.reduce_scatter = engine.config.zero.reduce_scatter

@@ -23,7 +23,7 @@ backward; stage 3 also prefetches parameters along the traced module order. Same
 bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
 Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device
 per model, else a ValueError naming the parameters on each), except with offload_optimizer: "cpu"
-keeps the fp32 master and Adam states on the host (offload_cpu.py), "nvme" in files (offload.py).
+keeps the fp32 master and Adam states on the host (offload.py), "nvme" in files (offload.py).
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
 DeepSpeed's client-facing surface: client optimizer objects / callables and LR schedulers
 (client_optim.py, optimizers.py), initialize(training_data=, args=) and torch.distributed start-up,
@@ -118,7 +118,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
         # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
-        # cpu on the host (offload_cpu.py: pinned, next to its own fp32 master)
+        # cpu on the host (offload.HostOptimizerStates: pinned, next to its own fp32 master)
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
         host = hasattr(self.offload, "adopt")
         in_ram = [0] * len(self.layout.group_local) if self.offload and not host else list(self.layout.group_local)

@@ -12,7 +12,7 @@ shard of ⌈ds_numel/N⌉ elements, zero-padded, with its own `ds_numel`) and `d
   gather      all-gather of the shards into a full buffer: (N-1)/N·b·numel per rank
   release     .data ← empty; the shard stays
 
-Adoption by the engine (`make_param_storage`, ZeRO-3's storage): the engine's units are whole
+Adoption by the engine (ZeRO-3's `_unit_block`, then `adopt`): the engine's units are whole
 modules, Init's shards are per parameter, so the two layouts do not line up; each unit is built
 by gathering its parameters one at a time, keeping this rank's block and dropping the rest.
 Peak: the largest unit plus its largest parameter, never the model; cost (N-1)/N·Ψ once, and no
@@ -158,16 +158,6 @@ def value_of(p: torch.nn.Parameter) -> tuple[torch.Tensor, bool]:
     if held_by_init(p):
         return gather(p), True
     return p.data, False
-
-
-def make_param_storage(st) -> None:
-    """ZeRO-3's shards (engine/stage3.py) in memory, unit by unit: plain parameters as the textbook
-    does (rank 0's unit broadcast), Init-held ones from Init's shards (gathered, no broadcast)."""
-    st.flat = []
-    st.pshard = [torch.zeros(n, dtype=st.dtype, device=st.dev) for n in st.layout.group_local]
-    for u in st.layout.units:
-        st.param_shard(u).copy_(unit_block(st, u))
-    adopt(st.e, st.layout.units, st.params)
 
 
 def unit_block(st, u) -> torch.Tensor:

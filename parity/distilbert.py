@@ -1,16 +1,16 @@
 """DeepSpeed ZeRO-2 vs this toolkit's ZeRO-2, step by step, on the classification model.
 
-    python classification/parity.py --tiny        # CI size: DistilBERT dim 32, 2 layers, 5 steps (~30 s)
-    python classification/parity.py               # the real model: MiniLM weights mapped into DistilBERT
+    python -m parity.distilbert --tiny        # CI size: DistilBERT dim 32, 2 layers, 5 steps (~30 s)
+    python -m parity.distilbert               # the real model: MiniLM weights mapped into DistilBERT
                                                   #   (22.7 M params), 10 steps × 2 ranks × 32 texts, max_len 64
-    python classification/parity.py --steps 20 --json parity.json
+    python -m parity.distilbert --steps 20 --json parity.json
 
 Both engines are driven by the same classification/ds_config_zero2.json (its "auto" values
 resolved by classification/config.py), start from the same weights (dropout 0) and see the same
 Rotten Tomatoes batches in the same order (classification/batches.py: the length-bucketed sampler). They
 run side by side in the same 2 processes (spawned, gloo), one optimizer step each in turn, so
 after every step the full parameters are compared. Exit status 1 when any step is outside the
-tolerance (zero_from_scratch.parity.compare.Tolerance, which explains its numbers).
+tolerance (parity.zero.compare.Tolerance, which explains its numbers).
 Cost: 2 × steps × (forward + backward + ZeRO-2 step) per rank, plus one parameter copy per step.
 
 Why the two columns are not bit-identical, and why the drift stays at rounding level (fp32):
@@ -42,9 +42,9 @@ from classification.batches import collate, epoch_batches, tokenize
 from primitives.log import console
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.models import tiny_distilbert
-from zero_from_scratch.parity.compare import render
-from zero_from_scratch.parity.ds_parity import run_parities
-from zero_from_scratch.parity.harness import Job
+from parity.zero.compare import render
+from parity.zero.ds_parity import run_parities
+from parity.zero.harness import Job
 
 BUGS = ("none", "weight_decay_groups")
 
@@ -111,9 +111,9 @@ def main(argv=None) -> int:
     batches = make_batches(tok, bundle.train.texts, bundle.train.labels, steps, micro, gas, a.world_size, max_len,
                            a.seed)
     if a.tiny:
-        name, init = "classification.parity:tiny_model", None  # seeded random init, built once by ds_parity
+        name, init = "parity.distilbert:tiny_model", None  # seeded random init, built once by ds_parity
     else:
-        name = "classification.parity:full_arch"
+        name = "parity.distilbert:full_arch"
         torch.manual_seed(a.seed)  # the classification head is randomly initialised
         full, _, _ = M.load_model(dropout=0.0)
         init = {k: v.detach().clone() for k, v in full.state_dict().items()}

@@ -1,13 +1,13 @@
 """Parity harness: the same training run under real DeepSpeed and under zero_from_scratch.
 
-    python -m zero_from_scratch.parity.ds_parity --stage 2 --world-size 2 --steps 5            # its CLI
+    python -m parity.zero.ds_parity --stage 2 --world-size 2 --steps 5            # its CLI
 
 Each side runs in N fresh processes (primitives.launch.spawn: gloo over a file store), from the
 same initial state_dict, on the same global micro-batches (rank r takes rows r·m … (r+1)·m of
 each), dropout off. Per optimizer step we record the global mean loss, the engine's global
 gradient norm and the learning rate; at the end the full parameters (gathered for ZeRO-3).
-Models and batches: zero_from_scratch.engine.models; engines: zero_from_scratch.parity.sides; the verdict:
-zero_from_scratch.parity.compare. Cost: one training run per side, i.e. 2·steps·gas
+Models and batches: zero_from_scratch.engine.models; engines: parity.zero.sides; the verdict:
+parity.zero.compare. Cost: one training run per side, i.e. 2·steps·gas
 forward+backward passes per rank, plus one all-gather of Ψ at the end for stage 3.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from zero_from_scratch.engine.models import MODELS, build_model, make_batches, param_groups
-from zero_from_scratch.parity.sides import SIDES, full_params, make_engine, peak_rss_bytes
+from parity.zero.sides import SIDES, full_params, make_engine, peak_rss_bytes
 from primitives.launch import spawn
 
 

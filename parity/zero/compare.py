@@ -1,6 +1,6 @@
 """How far our ZeRO may sit from DeepSpeed's, and the step-by-step verdict.
 
-    python -m zero_from_scratch.parity.ds_parity --stage 2 --world-size 2 --steps 5     (prints render()'s table)
+    python -m parity.zero.ds_parity --stage 2 --world-size 2 --steps 5     (prints render()'s table)
 
 Tolerance.for_run gives the bounds (the reasoning below); compare() checks two runs' per-step
 loss, gradient norm, LR and max |Δparam|, and the final parameters; render() draws the rich table.

@@ -1,6 +1,6 @@
 """Resume at another world size: our `reshard=True` next to DeepSpeed's universal checkpoints.
 
-    python -m zero_from_scratch.parity.universal_compare          # ~1-2 min on 2 cores, CPU/gloo
+    python -m parity.zero.universal_compare          # ~1-2 min on 2 cores, CPU/gloo
 
 Both engines train the same tiny model with ZeRO-2 at N = 2 for 6 steps (global batch 12),
 saving a checkpoint after step 3. Then, at N = 3 with the same global batch:
@@ -30,8 +30,8 @@ from rich.table import Table
 
 from primitives.launch import spawn
 from primitives.log import console
-from zero_from_scratch.parity.sides import make_engine
-from zero_from_scratch.parity.ds_parity import make_config
+from parity.zero.sides import make_engine
+from parity.zero.ds_parity import make_config
 from zero_from_scratch.engine.models import TinyMLP, param_groups
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 12, 3, 6

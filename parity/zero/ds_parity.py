@@ -1,8 +1,8 @@
 """DeepSpeed vs zero_from_scratch, step by step: the command line and the one-call API.
 
-    python -m zero_from_scratch.parity.ds_parity --stage 2 --world-size 2 --steps 5            # MLP, fp32
-    python -m zero_from_scratch.parity.ds_parity --stage 3 --model distilbert --bf16 --steps 5
-    python -m zero_from_scratch.parity.ds_parity --stage 1 --ours deepspeed                     # harness self-check
+    python -m parity.zero.ds_parity --stage 2 --world-size 2 --steps 5            # MLP, fp32
+    python -m parity.zero.ds_parity --stage 3 --model distilbert --bf16 --steps 5
+    python -m parity.zero.ds_parity --stage 1 --ours deepspeed                     # harness self-check
 
 make_config() is the DeepSpeed JSON the parity runs use; run_parity / run_parities train both
 sides in the same spawned processes (harness.py) and compare them (compare.py, where the
@@ -14,9 +14,9 @@ import argparse
 import sys
 
 from zero_from_scratch.engine.models import MODELS
-from zero_from_scratch.parity.compare import ParityResult, Tolerance, compare, render
-from zero_from_scratch.parity.harness import Job, run_jobs
-from zero_from_scratch.parity.sides import SIDES
+from parity.zero.compare import ParityResult, Tolerance, compare, render
+from parity.zero.harness import Job, run_jobs
+from parity.zero.sides import SIDES
 from primitives.log import console
 
 __all__ = ["make_config", "run_parity", "run_parities", "main"]
