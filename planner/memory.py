@@ -96,6 +96,13 @@ def torch_head_bytes(model, seq: int, lay) -> tuple[float, float]:
     return 4 * s * b * (2 * h + 2 + V) + 4, 4 * 2 * s * b * V
 
 
+
+def _states(lay, psi: float, mixed: bool) -> dict:
+    """Model-state bytes per GPU (the ZeRO ledger's formula); the optimizer's leave with offload."""
+    st = model_state_bytes(lay.zero, psi, lay.dp, mixed)
+    return {"params": float(st["params"]), "grads": float(st["grads"]),
+            "optimizer": 0.0 if lay.offload else float(st["master"] + st["optimizer"])}
+
 def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
     """{term: bytes} of the heavier of the first and last pipeline stage; 'total' their sum."""
     bpe = hw.bytes_per_elem
@@ -106,9 +113,7 @@ def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
     best = None
     for stage in ("first", "last"):
         psi = stage_params(model, lay, stage)
-        st = model_state_bytes(lay.zero, psi, lay.dp, mixed)
-        out = {"params": float(st["params"]), "grads": float(st["grads"]),
-               "optimizer": 0.0 if lay.offload else float(st["master"] + st["optimizer"])}
+        out = _states(lay, psi, mixed)
         per_layer = layer_activation_bytes(model, seq, lay, bpe)
         if stage == "first":
             inflight = min(lay.pp, m)
@@ -165,9 +170,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
     best = None
     for stage in ("first", "last"):
         psi = stage_params(model, lay, stage)
-        st = model_state_bytes(lay.zero, psi, lay.dp, False)
-        out = {"params": float(st["params"]), "grads": float(st["grads"]),
-               "optimizer": 0.0 if lay.offload else float(st["master"] + st["optimizer"])}
+        out = _states(lay, psi, False)
         per_layer = torch_layer_activation_bytes(model, seq, lay)
         inflight = min(lay.pp, m) if stage == "first" else 1
         acts = model.layers / lay.pp * inflight * per_layer * (1 + (lay.pp - 1) / (lay.pp * lay.v) if lay.v > 1 else 1.0)
