@@ -103,6 +103,13 @@ def _states(lay, psi: float, mixed: bool) -> dict:
     return {"params": float(st["params"]), "grads": float(st["grads"]),
             "optimizer": 0.0 if lay.offload else float(st["master"] + st["optimizer"])}
 
+
+def _heavier(best, out: dict, work: float, hw, stage: str) -> dict:
+    """out completed (working set, the hardware's reserve, total) if it outweighs best, else best."""
+    out = {**out, "working": work, "reserved": hw.reserved}
+    out["total"] = sum(out.values())
+    return {**out, "stage": stage} if best is None or out["total"] > best["total"] else best
+
 def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
     """{term: bytes} of the heavier of the first and last pipeline stage; 'total' their sum."""
     bpe = hw.bytes_per_elem
@@ -130,11 +137,7 @@ def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
         if lay.sp or lay.tp > 1:     # an all-gathered (or all-reduced) b·s·h input
             work += seq * lay.mb * model.hidden * bpe
         work += seq * lay.mb * model.f / lay.tp * bpe                  # the widest matmul output
-        out["working"] = work
-        out["reserved"] = hw.reserved
-        out["total"] = sum(out.values())
-        if best is None or out["total"] > best["total"]:
-            best = {**out, "stage": stage}
+        best = _heavier(best, out, work, hw, stage)
     return best
 
 
@@ -187,9 +190,5 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * u if lay.zero == 3 else 0)
-        out["working"] = work
-        out["reserved"] = hw.reserved
-        out["total"] = sum(out.values())
-        if best is None or out["total"] > best["total"]:
-            best = {**out, "stage": stage}
+        best = _heavier(best, out, work, hw, stage)
     return best
