@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -19,6 +20,7 @@ import socket
 import tempfile
 import time
 import traceback
+import types
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -99,10 +101,21 @@ def shutdown() -> None:
     a failure although every rank finished."""
     core.drain()
     if dist.is_initialized():
+        _forget_captured_groups()
         try:
             dist.destroy_process_group()
         except Exception:
             pass
+
+
+def _forget_captured_groups() -> None:
+    """A default argument evaluated after init holds the group past destroy_process_group
+    (torch's ShardedGradScaler: `process_group=dist.group.WORLD`, imported by transformers):
+    its gloo threads then outlive the interpreter and abort the process at exit."""
+    pg = dist.ProcessGroup
+    for f in gc.get_objects():
+        if type(f) is types.FunctionType and f.__defaults__ and any(isinstance(d, pg) for d in f.__defaults__):
+            f.__defaults__ = tuple(None if isinstance(d, pg) else d for d in f.__defaults__)
 
 
 # ----------------------------------------------------------------------------- spawn

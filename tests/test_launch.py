@@ -64,3 +64,21 @@ def test_spawn_returns_per_rank_values_in_rank_order():
     out = spawn(_returns, 3, args=(7,))
     assert [o["rank"] for o in out] == [0, 1, 2] and all(o["n"] == 3 and o["k"] == 7 for o in out)
     assert torch.equal(out[2]["t"], torch.full((2,), 2))
+
+
+def test_exit_leaves_no_gloo_threads_when_a_module_captured_the_group(tmp_path):
+    # torch's ShardedGradScaler evaluates `process_group=dist.group.WORLD` when imported: imported
+    # after init (transformers does), it would keep the group alive past destroy_process_group,
+    # and the group's gloo threads abort the process at exit ("terminate called without an active
+    # exception")
+    script = tmp_path / "capture.py"
+    script.write_text(
+        "import os, sys\n"
+        "from primitives.launch import init_from_env, shutdown\n"
+        "init_from_env('gloo', 60)\n"
+        "import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401\n"
+        "shutdown()\n"
+        "names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')]\n"
+        "print('threads', sorted(n for n in names if 'gloo' in n))\n")
+    r = run_cmd(f"torchrun --standalone --nproc_per_node 2 {script}", timeout=120)
+    assert r.stdout.count("threads []") == 2, r.stdout + r.stderr
