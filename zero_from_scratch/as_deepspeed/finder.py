@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the file that serves each module (its __file__: tests and users can see whose code answers)
 FILES = {"deepspeed": "top.py", "deepspeed.comm": "comm.py", "deepspeed.accelerator": "accelerator.py",
          "deepspeed.utils": "utils.py", "deepspeed.utils.logging": "utils.py", "deepspeed.runtime.utils": "utils.py",
-         "deepspeed.utils.zero_to_fp32": "zero_to_fp32.py"}
+         "deepspeed.utils.zero_to_fp32": "zero_to_fp32.py", "deepspeed.runtime.zero.utils": "zero_utils.py"}
 
 
 def message(name: str, what: str, nearest: str) -> str:

@@ -69,7 +69,10 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
     full = _full_values(engine)
-    names = engine.group_names
+    # DeepSpeed drops param groups without parameters (runtime/engine.py::_configure_optimizer), and its
+    # zero_to_fp32 cannot read an empty one: the files hold the non-empty groups only, renumbered
+    keep = nonempty_groups(engine)
+    names = [engine.group_names[g] for g in keep]
     trained = set(engine.params_by_name)
     frozen = {k: p.detach().float().cpu() for k, p in engine.module.named_parameters()
               if k not in trained and k not in aliases}
@@ -91,7 +94,7 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
         return
     opt = engine.optimizer
     scaler = {"cur_scale": engine.loss_scaler.cur_scale, "dynamic": engine.loss_scaler.dynamic}
-    hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    hyper = [{k: v for k, v in opt.param_groups[g].items() if k != "params"} for g in keep]
     flat = {k: [] for k in ("master", *opt.STATE)}
     pads = []
     for g in names:
@@ -107,8 +110,8 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
                 v = torch.cat([v, v.new_zeros(size - v.numel())])
                 p = size // n
                 flat[k].append(v[r * p:(r + 1) * p].clone())
-    states = {g: {"step": torch.tensor(float(st["step"])), **{k: flat[k][g] for k in opt.STATE}}
-              for g, st in enumerate(opt.state)}
+    states = {i: {"step": torch.tensor(float(opt.state[g]["step"])), **{k: flat[k][i] for k in opt.STATE}}
+              for i, g in enumerate(keep)}
     base = {"state": states, "param_groups": hyper}
     osd = {"zero_stage": stage, "loss_scaler": scaler, "dynamic_loss_scale": engine.loss_scaler.dynamic,
            "overflow": bool(opt.overflow), "partition_count": n if stage == 3 else [n] * len(names),
@@ -120,6 +123,11 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
                    param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping)
     blob = {"optimizer_state_dict": osd, "ds_version": DS_VERSION}
     atomic_write(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), lambda f: torch.save(blob, f))
+
+
+def nonempty_groups(engine) -> list[int]:
+    """The indices of the optimizer's param groups that hold a parameter (DeepSpeed keeps only these)."""
+    return [g for g, ns in enumerate(engine.group_names) if ns]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -230,6 +238,11 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     steps = [int(s["step"]) for _, s in sorted(st0.get("state", {}).items())] or [0]
     hyper = [{k: v for k, v in h.items() if k in ("lr", "betas", "eps", "weight_decay")}
              for h in st0.get("param_groups", [])]
+    keep = nonempty_groups(engine)
+    if len(hyper) == len(keep) != len(engine.optimizer.param_groups):   # written without our empty groups
+        at = {g: i for i, g in enumerate(keep)}
+        steps = [steps[min(at.get(g, 0), len(steps) - 1)] for g in range(len(engine.optimizer.param_groups))]
+        hyper = [hyper[at[g]] if g in at else {} for g in range(len(engine.optimizer.param_groups))]
     if len(hyper) != len(engine.optimizer.param_groups):
         hyper = [{} for _ in engine.optimizer.param_groups]        # grouped differently: keep ours
     scaler = optim[0].get("loss_scaler")
