@@ -17,7 +17,8 @@ train_what_is_given       model_parameters that leave trainable weights out: Dee
         says so once on rank 0.
 expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / fp16 wrappers keep the
         torch optimizer there; ringzero's engine.optimizer is that optimizer (over its shards), so a
-        view of it is set there (one without a further .optimizer: unwrapping loops end).
+        view of it is set there (one without a further .optimizer: unwrapping loops end); its
+        state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 
+import torch
 import torch.distributed as dist
 
 from zero_from_scratch.as_deepspeed.utils import logger
@@ -106,6 +108,16 @@ class TorchOptimizerView:
 
     def __repr__(self):
         return f"TorchOptimizerView({self._opt!r})"
+
+    def state_dict(self) -> dict:
+        """torch's format over this rank's shard, as DeepSpeed's inner optimizer holds its fp32 partition:
+        one "parameter" per group (the group's shard), its step and states."""
+        opt = self._opt
+        state = {g: {k: (torch.tensor(float(v)) if k == "step" else v.detach().clone()) for k, v in st.items()}
+                 for g, st in enumerate(opt.state)}
+        groups = [{**{k: v for k, v in grp.items() if k != "params"}, "params": [g]}
+                  for g, grp in enumerate(opt.param_groups)]
+        return {"state": state, "param_groups": groups}
 
 
 def expose_torch_optimizer(engine) -> None:
