@@ -7,7 +7,9 @@ One pytest process per (file, mode), rooted at tests/ds_bulk/upstream with DeepS
 conftest.py and pytest.ini, so DeepSpeed's DistributedTest spawns the ranks (forkserver, gloo on
 the CPU accelerator). Mode "ringzero" puts tests/ds_bulk/site first on PYTHONPATH with
 RINGZERO_DEEPSPEED=1: its sitecustomize installs the runner's finder in pytest and in every rank,
-so `import deepspeed` is ringzero's, as under `python -m zero_from_scratch.as_deepspeed`.
+so `import deepspeed` is ringzero's, as under `python -m zero_from_scratch.as_deepspeed`, except that
+a name ringzero does not serve fails where a test uses it, not at the file's imports
+(RINGZERO_DEEPSPEED_DEFER, finder.py): each test is judged by what it uses.
 Each test's outcome (and a failure's last line) goes to tests/ds_bulk/results/<mode>.json;
 table.py reads them. Cost: the tests' own, serial (2 cores); a few seconds of imports per file.
 """
@@ -37,7 +39,8 @@ def environment(mode: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "site"), ROOT])
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", LOCAL_SIZE="4",  # 4 CPU "devices": world sizes > 4 skip
-               DS_DISABLE_REUSE_DIST_ENV="1", RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0")
+               DS_DISABLE_REUSE_DIST_ENV="1", RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0",
+               RINGZERO_DEEPSPEED_DEFER="1")   # an unserved name fails the test that uses it, not the whole file
     return env
 
 
@@ -65,12 +68,12 @@ def parse(xml_path: str, file: str) -> dict:
     return out
 
 
-def run_file(file: str, mode: str, timeout: int) -> dict:
+def run_file(file: str, mode: str, timeout: int, select: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "r.xml")
         cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--confcutdir=.", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=", "-m", "not sequential and not nightly and not inference", f"--junitxml={xml}",
-               "--timeout", "600", file]
+               "--timeout", "600", file] + (["-k", select] if select else [])
         try:
             subprocess.run(cmd, cwd=UP, env=environment(mode), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
