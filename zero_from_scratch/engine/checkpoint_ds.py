@@ -215,6 +215,8 @@ def read_full(d: str) -> tuple[dict, dict, list]:
             off += p
     for v in full.values():
         v["param"] = v["master"]
+        for k in v:     # DeepSpeed saves its fp32 partitions as Parameters: the values only, no autograd
+            v[k] = v[k].detach()
     return full, model, optim
 
 
