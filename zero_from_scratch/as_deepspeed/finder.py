@@ -137,6 +137,10 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if module.__name__ == "deepspeed":
             module.__version__ = served.VERSION
             module.version = served.VERSION
+            # deepspeed/__init__.py's version names; a build outside git records "unknown" (the installed one does)
+            module.__version_major__, module.__version_minor__, module.__version_patch__ = \
+                (int(x) for x in served.VERSION.split("."))
+            module.__git_hash__ = module.__git_branch__ = "unknown"
 
 
 FINDER = Finder()

@@ -19,12 +19,14 @@ expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / 
         torch optimizer there; ringzero's engine.optimizer is that optimizer (over its shards), so a
         view of it is set there (one without a further .optimizer: unwrapping loops end); its
         state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition.
+read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -34,10 +36,29 @@ from zero_from_scratch.as_deepspeed.utils import logger
 _DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
 
 
-def _as_dict(config):
+def _no_duplicates(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):   # DeepSpeed's message (runtime/config_utils.py::dict_raise_error_on_duplicate_keys)
+        keys = [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]
+        raise ValueError("Duplicate keys in DeepSpeed config: {}".format(keys))
+    return d
+
+
+def read_config(config):
+    """A config file as DeepSpeed reads it (runtime/config.py::DeepSpeedConfig): hjson (JSON's superset:
+    comments, unquoted keys, trailing commas), duplicate keys refused; a dict or anything else unchanged."""
     if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
+        try:
+            import hjson
+        except ImportError:    # DeepSpeed's own dependency; without it, plain JSON
+            hjson = json
         with open(config) as f:
-            return json.load(f)
+            return hjson.load(f, object_pairs_hook=_no_duplicates)
+    return config
+
+
+def _as_dict(config):
+    config = read_config(config)
     return json.loads(json.dumps(config)) if isinstance(config, dict) else config
 
 

@@ -131,7 +131,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
              "lr_scheduler": lr_scheduler, "mpu": mpu, "collate_fn": collate_fn}
     kwargs = {k: v for k, v in given.items() if v is not None}
     pipeline = _is_pipeline_module(model)
-    config = quirks.deprecated_offload_keys(config)
+    config = quirks.deprecated_offload_keys(quirks.read_config(config))
     if pipeline:
         assert mpu is None, "mpu must be None with pipeline parallelism"
         build = resolve("deepspeed.initialize(model=PipelineModule)", served.PIPELINE_INITIALIZE)
