@@ -30,3 +30,6 @@ torch_info = {"version": "0.0", "bf16_support": False, "cuda_version": "0.0", "n
 version = "0.19.8"
 git_hash = None
 git_branch = None
+
+# runtime/zero/partition_parameters.py: the shape of a partitioned parameter's .data between uses
+partitioned_param_data_shape = [0]

@@ -63,6 +63,7 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.register_external_parameter": "zero_from_scratch:register_external_parameter",
     "deepspeed.runtime.zero.partition_parameters.ZeroParamStatus": f"{_E}.zero_init:ZeroParamStatus",
+    "deepspeed.runtime.zero.partition_parameters.partitioned_param_data_shape": f"{_R}.constants:partitioned_param_data_shape",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_E}.zero_init:Init",
     # transformers swaps torch.arange with these two around Init (integrations/deepspeed.py)
