@@ -93,8 +93,11 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     if stage == 0:
         return
     opt = engine.optimizer
-    scaler = {"cur_scale": engine.loss_scaler.cur_scale, "dynamic": engine.loss_scaler.dynamic}
-    hyper = [{k: v for k, v in opt.param_groups[g].items() if k != "params"} for g in keep]
+    scaler = ({"cur_scale": engine.loss_scaler.cur_scale, "dynamic": True} if engine.loss_scaler.dynamic
+              else _static_scaler(engine.loss_scaler.cur_scale))
+    # torch's format for DeepSpeed's base optimizer: one "parameter" per group (its flat fp32 partition)
+    hyper = [{**{k: v for k, v in opt.param_groups[g].items() if k != "params"}, "params": [i]}
+             for i, g in enumerate(keep)]
     flat = {k: [] for k in ("master", *opt.STATE)}
     pads = []
     for g in names:
@@ -122,7 +125,35 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
         osd.update(base_optimizer_state=base, single_partition_of_fp32_groups=flat["master"], group_paddings=pads,
                    param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping)
     blob = {"optimizer_state_dict": osd, "ds_version": DS_VERSION}
-    atomic_write(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), lambda f: torch.save(blob, f))
+    atomic_write(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"),
+                 lambda f: torch.save(blob, f, pickle_module=_DS_PICKLE))
+
+
+class _DeepSpeedLossScaler:
+    """Pickled as DeepSpeed's static LossScaler (runtime/fp16/loss_scaler.py) without importing DeepSpeed:
+    its engine's load_checkpoint takes the object as its loss scaler (cur_scale, dynamic=False)."""
+    _deepspeed_name = ("deepspeed.runtime.fp16.loss_scaler", "LossScaler")
+
+
+def _static_scaler(scale: float) -> _DeepSpeedLossScaler:
+    s = _DeepSpeedLossScaler()
+    s.cur_scale, s.dynamic = float(scale), False
+    return s
+
+
+class _Pickler(pickle._Pickler):
+    """torch.save's pickler, naming _DeepSpeedLossScaler's class by DeepSpeed's module path (pickle would
+    import that module to check the name; here it is written as is)."""
+
+    def save_global(self, obj, name=None):
+        target = getattr(obj, "__dict__", {}).get("_deepspeed_name")
+        if target is None:
+            return super().save_global(obj, name)
+        self.write(pickle.GLOBAL + f"{target[0]}\n{target[1]}\n".encode())
+        self.memoize(obj)
+
+
+_DS_PICKLE = types.SimpleNamespace(Pickler=_Pickler, __name__="pickle")
 
 
 def nonempty_groups(engine) -> list[int]:
