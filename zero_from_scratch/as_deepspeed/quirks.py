@@ -49,7 +49,7 @@ def read_config(config):
     comments, unquoted keys, trailing commas), duplicate keys refused; a dict or anything else unchanged."""
     if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
         try:
-            import hjson
+            import hjson   # on use: DeepSpeed's dependency, not ringzero's
         except ImportError:    # DeepSpeed's own dependency; without it, plain JSON
             hjson = json
         with open(config) as f:

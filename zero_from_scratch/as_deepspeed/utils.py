@@ -29,6 +29,7 @@ import numpy
 import torch
 import torch.distributed as dist
 
+from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 
 
@@ -69,9 +70,8 @@ def see_memory_usage(message, force=False) -> None:
         return
     if dist.is_initialized() and not dist.get_rank() == 0:
         return
-    import psutil
+    import psutil   # on use: DeepSpeed's dependency, not ringzero's (installed beside DeepSpeed)
 
-    from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
     gc.collect()     # as DeepSpeed: collect first so the host numbers are current
     acc, gb = get_accelerator(), 1024**3
     print(message)
