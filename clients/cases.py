@@ -61,15 +61,18 @@ TRAINER_CASES = {
 _PIPE = "--deepspeed_config {config} -p 2 --steps 4 --backend gloo"
 _PIPE_CONFIG = "clients/pipeline/ds_config_small.json"
 PIPELINE_CASES = {
-    "pipeline-fp32-pp2-clip-stage0": Case("clients/pipeline/train.py", _PIPE, "fp32", "csv", _PIPE_CONFIG,
-                                          '{"pipeline": {"clip_norm": "stage0"}}'),
+    "pipeline-fp32-pp2-clip-stage0": Case("clients/pipeline/train.py", _PIPE, "fp32", "csv", config=_PIPE_CONFIG,
+                                          overrides='{"pipeline": {"clip_norm": "stage0"}}'),
     "pipeline-fp32-pp2-clip-stage0-fused-adam": Case(
-        "clients/pipeline/train.py", _PIPE, "fp32", "csv", _PIPE_CONFIG,
-        '{"pipeline": {"clip_norm": "stage0"}, "optimizer": {"type": "Adam", "params": {"lr": 0.001, '
+        "clients/pipeline/train.py", _PIPE, "fp32", "csv", config=_PIPE_CONFIG,
+        overrides='{"pipeline": {"clip_norm": "stage0"}, "optimizer": {"type": "Adam", "params": {"lr": 0.001, '
         '"betas": [0.9, 0.999], "eps": 1e-8}}}'),
-    "pipeline-fp32-pp2": Case("clients/pipeline/train.py", _PIPE, "fp32", "csv", _PIPE_CONFIG, differs=(
-        "DeepSpeed scales every stage's gradients by stage 0's norm, ringzero by all stages' unless "
-        "pipeline.clip_norm is 'stage0'; clipping starts at step 2")),
+    # the example's own config: under the runner stage 0's norm is the default (as_deepspeed/quirks.py)
+    "pipeline-fp32-pp2": Case("clients/pipeline/train.py", _PIPE, "fp32", "csv", config=_PIPE_CONFIG),
+    "pipeline-fp32-pp2-clip-global": Case("clients/pipeline/train.py", _PIPE, "fp32", "csv", config=_PIPE_CONFIG,
+                                          overrides='{"pipeline": {"clip_norm": "global"}}', differs=(
+        "DeepSpeed scales every stage's gradients by stage 0's norm; pipeline.clip_norm 'global' asks ringzero "
+        "for all stages' norm; clipping starts at step 2")),
 }
 ALL_CASES = {**CASES, **TRAINER_CASES, **PIPELINE_CASES}
 LOGIT_TOL = 1e-5   # fp32 held-out logits, absolute: see tests/test_hf_trainer.py

@@ -354,3 +354,26 @@ def test_list_prints_the_table(served_ds, capsys):
     main(["--list"])
     out = capsys.readouterr().out
     assert "deepspeed.initialize" in out and "served" in out and "refused" in out and "0.19.8" in out
+
+
+def test_quirks_the_runner_applies_as_deepspeed_does(tmp_path, caplog):
+    """quirks.py: the deprecated cpu_offload keys map as DeepSpeed 0.19.8's config does (with its assertion
+    when both spellings are given), fp32 pipelines clip by stage 0 unless told, and config files are hjson."""
+    from zero_from_scratch.as_deepspeed import quirks
+    cfg = {"zero_optimization": {"stage": 2, "cpu_offload": True, "cpu_offload_use_pin_memory": True}}
+    out = quirks.deprecated_offload_keys(cfg)
+    assert out["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    assert cfg["zero_optimization"]["cpu_offload"] is True           # the caller's dict is left alone
+    assert quirks.deprecated_offload_keys({"zero_optimization": {"stage": 3, "cpu_offload_param": False}}) == \
+        {"zero_optimization": {"stage": 3}}
+    with pytest.raises(AssertionError, match="Cannot provide deprecated parameter 'cpu_offload'"):
+        quirks.deprecated_offload_keys({"zero_optimization": {"cpu_offload": False, "offload_optimizer": {}}})
+    assert quirks.pipeline_clip_stage0({"train_batch_size": 4})["pipeline"] == {"clip_norm": "stage0"}
+    for kept in ({"bf16": {"enabled": True}}, {"pipeline": {"clip_norm": "global"}}):
+        assert quirks.pipeline_clip_stage0(kept) == kept
+    p = tmp_path / "ds.json"
+    p.write_text("{\n  # a comment\n  train_batch_size: 8,\n}\n")
+    assert quirks.read_config(str(p)) == {"train_batch_size": 8}
+    p.write_text('{"a": 1, "a": 2}')
+    with pytest.raises(ValueError, match=r"Duplicate keys in DeepSpeed config: \['a'\]"):
+        quirks.read_config(str(p))

@@ -3,16 +3,16 @@ unchanged but for offline data, torchvision's stand-ins and sizes: real DeepSpee
 
     python -m pytest -q tests/test_pipeline_ds_example.py                  (the patch record, < 1 s)
     python -m pytest -q -m slow tests/test_pipeline_ds_example.py          (4 two-rank runs, ~6-12 min on 2 cores)
-    python -m clients.compare --case pipeline-fp32-pp2-clip-stage0 --case pipeline-fp32-pp2
+    python -m clients.compare --case pipeline-fp32-pp2 --case pipeline-fp32-pp2-clip-global
 
 The losses are DeepSpeed's csv_monitor's Train/Samples/train_loss, one per step, written by both
-sides. With "pipeline": {"clip_norm": "stage0"} ringzero clips as DeepSpeed 0.19.8's fp32 pipeline
-does (deepspeed/runtime/utils.py::clip_grad_norm_: the norm of model-parallel rank 0 = stage 0
+sides. Under the runner ringzero clips as DeepSpeed 0.19.8's fp32 pipeline by default (as
+"pipeline": {"clip_norm": "stage0"} asks: as_deepspeed/quirks.py), as DeepSpeed does (deepspeed/runtime/utils.py::clip_grad_norm_: the norm of model-parallel rank 0 = stage 0
 only, in fp32) and every step agrees within 1e-5 relative (fp32; measured: the training is the same to the
 bit, the logged loss differs by < 1 fp32 ulp because DeepSpeed averages the micro-batch losses in
 fp32). ds_config_small.json asks for torch_adam: DeepSpeed's CPU FusedAdam is a JIT build (minutes)
-and rounds differently (clients.compare's "-fused-adam" case: ~1e-6). Without it the steps before clipping starts agree
-and the later ones do not: the switch is the cause of the difference.
+and rounds differently (clients.compare's "-fused-adam" case: ~1e-6). With "clip_norm": "global" (ringzero's own
+default) the steps before clipping starts agree and the later ones do not: the clipping is the cause of the difference.
 """
 import difflib
 import json
@@ -26,7 +26,7 @@ from primitives.launch import free_port
 from tests.conftest import ROOT, run_cmd
 
 HERE = os.path.join(ROOT, "clients", "pipeline")
-STAGE0, DEFAULT = "pipeline-fp32-pp2-clip-stage0", "pipeline-fp32-pp2"
+STAGE0, DEFAULT, GLOBAL = "pipeline-fp32-pp2-clip-stage0", "pipeline-fp32-pp2", "pipeline-fp32-pp2-clip-global"
 
 
 def _lines(name):
@@ -76,10 +76,20 @@ def test_with_clip_norm_stage0_every_step_equals_deepspeed(deepspeed_losses):
 @pytest.mark.slow
 @pytest.mark.deepspeed
 @pytest.mark.timeout(1800)
-def test_without_the_switch_it_differs_once_clipping_starts(deepspeed_losses):
+def test_its_own_config_under_the_runner_equals_deepspeed(deepspeed_losses):
+    """The example's config unchanged: the runner's default is DeepSpeed's fp32 pipeline clipping."""
+    ours = run_side(DEFAULT, "ringzero")
+    assert len(ours) == 4 and all(abs(a - b) <= tolerance("fp32", a) for a, b in zip(deepspeed_losses, ours)), \
+        (deepspeed_losses, ours, _relative(deepspeed_losses, ours))
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+@pytest.mark.timeout(1800)
+def test_global_clipping_differs_once_clipping_starts(deepspeed_losses):
     """Step 1 is before any update and step 2's update is unclipped (the global norm is under 1.0):
     equal; from the clipped second update on, stage 0's norm alone vs every stage's differ by far more."""
-    ours = run_side(DEFAULT, "ringzero")
+    ours = run_side(GLOBAL, "ringzero")
     rel = _relative(deepspeed_losses, ours)
     assert max(rel[:2]) <= 1e-5 and min(rel[2:]) > 1e-3, (deepspeed_losses, ours, rel)
 

@@ -14,8 +14,8 @@ no shuffle, micro-batch size, as DeepSpeed's pipeline engine builds it), returne
 repeating iterator over it that train_batch() reads when called without data_iter.
 A client optimizer / lr_scheduler object or an mpu is refused with the reason.
 DeepSpeed's own "pipeline" config keys (runtime/config.py::get_pipeline_config) are read here, as its
-pipeline engine reads them: activation_checkpoint_interval k > 0 sets the module's interval (before its
-stages are built; after, refused), use_reentrant picks torch's checkpoint flavour (same numbers);
+pipeline engine reads them: activation_checkpoint_interval k > 0 sets the module's interval (its stages too
+when they are built already: runtime/pipe/engine.py's __init__), use_reentrant picks torch's checkpoint flavour (same numbers);
 pipe_partitioned / grad_partitioned act only with a model axis (DeepSpeed: is_model_parallel), so
 they are refused there and accepted without one; stages, partition and seed_layers are accepted and
 read by nothing, as in DeepSpeed (PipelineModule's arguments decide those). Cost: none beyond initialize.
@@ -80,12 +80,10 @@ def _deepspeed_pipeline_keys(model, config: dict) -> None:
     for key in _READ_BY_NOTHING:
         pipe.pop(key, None)
     k = pipe.pop("activation_checkpoint_interval", 0)
-    if k > 0 and k != model.activation_checkpoint_interval:
-        if model._built is not None:
-            raise NotImplementedError(f"config key 'pipeline.activation_checkpoint_interval' = {k} after the "
-                                      "PipelineModule built its stages (parameters() was called): DeepSpeed would "
-                                      f"checkpoint every {k} layers; pass PipelineModule(activation_checkpoint_interval={k})")
+    if k > 0:     # DeepSpeed's runtime/pipe/engine.py __init__: the config's k > 0 overrides the module's
         model.activation_checkpoint_interval = k
+        for chunk in model._chunks:     # stages built already (parameters() was called): they checkpoint by k too
+            chunk.interval = k
     if pipe.pop("use_reentrant", True) is False and model.activation_checkpoint_interval > 0 and \
             model.activation_checkpoint_func is None:
         warnings.warn("pipeline.use_reentrant=false: torch's checkpoint recomputes the same numbers either way; "

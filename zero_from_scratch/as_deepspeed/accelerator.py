@@ -134,6 +134,12 @@ class Accelerator:
         self.memory_allocated()
         return self._max_rss
 
+    def memory_reserved(self, device_index=None) -> int:
+        return torch.cuda.memory_reserved(device_index) if self._name == "cuda" else self.memory_allocated()
+
+    def max_memory_reserved(self, device_index=None) -> int:
+        return torch.cuda.max_memory_reserved(device_index) if self._name == "cuda" else self.max_memory_allocated()
+
     def reset_peak_memory_stats(self, device_index=None) -> None:
         if self._name == "cuda":
             torch.cuda.reset_peak_memory_stats(device_index)
@@ -174,6 +180,11 @@ class Accelerator:
 
 
 _ACCELERATOR: Accelerator | None = None
+
+
+def is_current_accelerator_supported() -> bool:
+    """DeepSpeed's check that the accelerator is one it knows: cpu and cuda both are."""
+    return get_accelerator().device_name() in ("cpu", "cuda")
 
 
 def get_accelerator() -> Accelerator:

@@ -23,7 +23,7 @@ _PIPE = "pipeline_parallel.engine.ds_pipe"
 MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.zero", "deepspeed.utils",
            "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
-           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.ops",
+           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
            "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.swap_tensor",
            "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
@@ -31,7 +31,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
            "deepspeed.runtime.pipe.module", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
-           "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference")
+           "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
 _LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES")
 _SAFE = tuple(f"safe_{a}_{c}_{b}" for a in ("get", "set") for c in ("full", "local")
@@ -54,6 +54,8 @@ SERVED: dict[str, str] = {
     "deepspeed.PipelineModule": f"{_PIPE}:PipelineModule",
     "deepspeed.comm.*": f"{_R}.comm:*",
     "deepspeed.accelerator.get_accelerator": f"{_R}.accelerator:get_accelerator",
+    "deepspeed.accelerator.is_current_accelerator_supported": f"{_R}.accelerator:is_current_accelerator_supported",
+    **{f"deepspeed.git_version_info.{n}": f"{_R}.constants:{n}" for n in ("torch_info", "version", "git_hash", "git_branch")},
     "deepspeed.zero.Init": f"{_E}.zero_init:Init",
     "deepspeed.zero.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.zero.register_external_parameter": "zero_from_scratch:register_external_parameter",
@@ -61,11 +63,15 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.register_external_parameter": "zero_from_scratch:register_external_parameter",
     "deepspeed.runtime.zero.partition_parameters.ZeroParamStatus": f"{_E}.zero_init:ZeroParamStatus",
+    "deepspeed.runtime.zero.partition_parameters.partitioned_param_data_shape": f"{_R}.constants:partitioned_param_data_shape",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_E}.zero_init:Init",
     # transformers swaps torch.arange with these two around Init (integrations/deepspeed.py)
     **{f"deepspeed.runtime.zero.partition_parameters.{n}": f"{_E}.zero_init:{n}"
        for n in ("_orig_torch_arange", "zero_wrapper_for_fp_tensor_constructor")},
+    **{f"deepspeed.runtime.zero.utils.{n}": f"{_R}.zero_utils:{n}"
+       for n in ("ZeRORuntimeException", "is_zero_param", "is_builtin_type", "isinstance_namedtuple")},
+    "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
     "deepspeed.utils.logger": f"{_R}.utils:logger",
     "deepspeed.utils.log_dist": f"{_R}.utils:log_dist",
     "deepspeed.utils.logging.logger": f"{_R}.utils:logger",
@@ -115,7 +121,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.replace_transformer_layer": _INFER,
     "deepspeed.comm.TorchBackend": ("give the torch.distributed backend object", "deepspeed.comm's functions"),
     "deepspeed.moe.layer.MoE": _NO_MOE,
-    "deepspeed.runtime.utils.see_memory_usage": ("log the accelerator's memory use", "engine.memory_report()"),
     "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad": ("run its C++ CPU Adagrad", "torch.optim.Adagrad"),
     "deepspeed.ops.op_builder.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),
     "deepspeed.ops.aio.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),

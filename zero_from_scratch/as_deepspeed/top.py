@@ -9,7 +9,9 @@ deprecated args.deepscale_config), with DeepSpeed's checks; then a PipelineModul
 pipeline engine (pipeline_parallel.engine.ds_pipe.initialize, resolved from served.py's table) and
 anything else to zero_from_scratch.initialize, with the resolved config as config= (and a copy of
 args without deepspeed_config, so the engine sees one config). Every other argument is handed on
-unchanged: the engine serves it or refuses it by name. mesh_param (sequence-parallel meshes) is not served.
+unchanged: the engine serves it or refuses it by name, after DeepSpeed's quirks (quirks.py: the
+deprecated cpu_offload keys, fp32 pipeline clipping by stage 0, model_parameters that leave
+weights out, engine.optimizer.optimizer) are applied. mesh_param (sequence-parallel meshes) is not served.
 init_distributed follows deepspeed/comm/comm.py::init_distributed: nothing when torch.distributed
 is up; else RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK from the launcher, backend from the
 accelerator (gloo on cpu, nccl on cuda), timeout DEEPSPEED_TIMEOUT minutes (default 10). Without a
@@ -27,7 +29,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import served
+from zero_from_scratch.as_deepspeed import quirks, served
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message, resolve
 from zero_from_scratch.as_deepspeed.utils import logger
@@ -128,13 +130,20 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     given = {"optimizer": optimizer, "model_parameters": model_parameters, "training_data": training_data,
              "lr_scheduler": lr_scheduler, "mpu": mpu, "collate_fn": collate_fn}
     kwargs = {k: v for k, v in given.items() if v is not None}
-    if _is_pipeline_module(model):
+    pipeline = _is_pipeline_module(model)
+    config = quirks.deprecated_offload_keys(quirks.read_config(config))
+    if pipeline:
         assert mpu is None, "mpu must be None with pipeline parallelism"
         build = resolve("deepspeed.initialize(model=PipelineModule)", served.PIPELINE_INITIALIZE)
+        config = quirks.pipeline_clip_stage0(config)
     else:
         build = resolve("deepspeed.initialize", "zero_from_scratch:initialize")
+        if model_parameters is not None:
+            kwargs["model_parameters"] = quirks.train_what_is_given(model, model_parameters)
     if getattr(args, "deepspeed_config", None) is not None:
         # the config goes on as config=: a copy of args without it, so the engine does not see two configs
         args = copy.copy(args)
         args.deepspeed_config = None
-    return build(args=args, model=model, config=config, **kwargs)
+    out = build(args=args, model=model, config=config, **kwargs)
+    quirks.expose_torch_optimizer(out[0])
+    return out

@@ -7,6 +7,9 @@ logger       logging.getLogger("DeepSpeed") at WARNING, one stdout handler, no p
              DeepSpeed's format (deepspeed/utils/logging.py::LoggerFactory.create_logger).
 log_dist     logs "[Rank r] message" on the listed ranks (every rank before torch.distributed
              starts; ranks=[-1] means all), as deepspeed/utils/logging.py::log_dist.
+see_memory_usage(message, force=False)   with force, on rank 0: gc, then DeepSpeed's three prints
+             (the message; MA/Max_MA/CA/Max_CA in GB from the accelerator; the host's virtual
+             memory), and the peak counter reset: runtime/utils.py::see_memory_usage.
 set_random_seed   random, numpy (seed mod 2^32) and torch (seed mod 2^63): runtime/utils.py.
 clone_tensors_for_torch_save   detached clones on `device`, nested lists/tuples/dicts kept
              (deepspeed/checkpoint/utils.py).
@@ -17,6 +20,7 @@ Cost: nothing beyond the copies.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import sys
@@ -25,6 +29,7 @@ import numpy
 import torch
 import torch.distributed as dist
 
+from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 
 
@@ -58,6 +63,26 @@ def log_dist(message, ranks=None, level=logging.INFO) -> None:
     msg = _dist_msg(message, ranks)
     if msg is not None:
         logger.log(level, msg)
+
+
+def see_memory_usage(message, force=False) -> None:
+    if not force:
+        return
+    if dist.is_initialized() and not dist.get_rank() == 0:
+        return
+    import psutil   # on use: DeepSpeed's dependency, not ringzero's (installed beside DeepSpeed)
+
+    gc.collect()     # as DeepSpeed: collect first so the host numbers are current
+    acc, gb = get_accelerator(), 1024**3
+    print(message)
+    print(f"MA {round(acc.memory_allocated() / gb, 2)} GB \
+        Max_MA {round(acc.max_memory_allocated() / gb, 2)} GB \
+        CA {round(acc.memory_reserved() / gb, 2)} GB \
+        Max_CA {round(acc.max_memory_reserved() / gb)} GB ")
+    vm_stats = psutil.virtual_memory()
+    print(f'CPU Virtual Memory:  used = {round((vm_stats.total - vm_stats.available) / gb, 2)} GB, '
+          f'percent = {vm_stats.percent}%')
+    acc.reset_peak_memory_stats()
 
 
 def set_random_seed(seed: int) -> None:

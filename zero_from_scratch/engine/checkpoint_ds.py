@@ -69,7 +69,10 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
     full = _full_values(engine)
-    names = engine.group_names
+    # DeepSpeed drops param groups without parameters (runtime/engine.py::_configure_optimizer), and its
+    # zero_to_fp32 cannot read an empty one: the files hold the non-empty groups only, renumbered
+    keep = nonempty_groups(engine)
+    names = [engine.group_names[g] for g in keep]
     trained = set(engine.params_by_name)
     frozen = {k: p.detach().float().cpu() for k, p in engine.module.named_parameters()
               if k not in trained and k not in aliases}
@@ -90,8 +93,11 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     if stage == 0:
         return
     opt = engine.optimizer
-    scaler = {"cur_scale": engine.loss_scaler.cur_scale, "dynamic": engine.loss_scaler.dynamic}
-    hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    scaler = ({"cur_scale": engine.loss_scaler.cur_scale, "dynamic": True} if engine.loss_scaler.dynamic
+              else _static_scaler(engine.loss_scaler.cur_scale))
+    # torch's format for DeepSpeed's base optimizer: one "parameter" per group (its flat fp32 partition)
+    hyper = [{**{k: v for k, v in opt.param_groups[g].items() if k != "params"}, "params": [i]}
+             for i, g in enumerate(keep)]
     flat = {k: [] for k in ("master", *opt.STATE)}
     pads = []
     for g in names:
@@ -107,8 +113,8 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
                 v = torch.cat([v, v.new_zeros(size - v.numel())])
                 p = size // n
                 flat[k].append(v[r * p:(r + 1) * p].clone())
-    states = {g: {"step": torch.tensor(float(st["step"])), **{k: flat[k][g] for k in opt.STATE}}
-              for g, st in enumerate(opt.state)}
+    states = {i: {"step": torch.tensor(float(opt.state[g]["step"])), **{k: flat[k][i] for k in opt.STATE}}
+              for i, g in enumerate(keep)}
     base = {"state": states, "param_groups": hyper}
     osd = {"zero_stage": stage, "loss_scaler": scaler, "dynamic_loss_scale": engine.loss_scaler.dynamic,
            "overflow": bool(opt.overflow), "partition_count": n if stage == 3 else [n] * len(names),
@@ -119,7 +125,40 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
         osd.update(base_optimizer_state=base, single_partition_of_fp32_groups=flat["master"], group_paddings=pads,
                    param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping)
     blob = {"optimizer_state_dict": osd, "ds_version": DS_VERSION}
-    atomic_write(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), lambda f: torch.save(blob, f))
+    atomic_write(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"),
+                 lambda f: torch.save(blob, f, pickle_module=_DS_PICKLE))
+
+
+class _DeepSpeedLossScaler:
+    """Pickled as DeepSpeed's static LossScaler (runtime/fp16/loss_scaler.py) without importing DeepSpeed:
+    its engine's load_checkpoint takes the object as its loss scaler (cur_scale, dynamic=False)."""
+    _deepspeed_name = ("deepspeed.runtime.fp16.loss_scaler", "LossScaler")
+
+
+def _static_scaler(scale: float) -> _DeepSpeedLossScaler:
+    s = _DeepSpeedLossScaler()
+    s.cur_scale, s.dynamic = float(scale), False
+    return s
+
+
+class _Pickler(pickle._Pickler):
+    """torch.save's pickler, naming _DeepSpeedLossScaler's class by DeepSpeed's module path (pickle would
+    import that module to check the name; here it is written as is)."""
+
+    def save_global(self, obj, name=None):
+        target = getattr(obj, "__dict__", {}).get("_deepspeed_name")
+        if target is None:
+            return super().save_global(obj, name)
+        self.write(pickle.GLOBAL + f"{target[0]}\n{target[1]}\n".encode())
+        self.memoize(obj)
+
+
+_DS_PICKLE = types.SimpleNamespace(Pickler=_Pickler, __name__="pickle")
+
+
+def nonempty_groups(engine) -> list[int]:
+    """The indices of the optimizer's param groups that hold a parameter (DeepSpeed keeps only these)."""
+    return [g for g, ns in enumerate(engine.group_names) if ns]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -207,6 +246,8 @@ def read_full(d: str) -> tuple[dict, dict, list]:
             off += p
     for v in full.values():
         v["param"] = v["master"]
+        for k in v:     # DeepSpeed saves its fp32 partitions as Parameters: the values only, no autograd
+            v[k] = v[k].detach()
     return full, model, optim
 
 
@@ -230,6 +271,11 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     steps = [int(s["step"]) for _, s in sorted(st0.get("state", {}).items())] or [0]
     hyper = [{k: v for k, v in h.items() if k in ("lr", "betas", "eps", "weight_decay")}
              for h in st0.get("param_groups", [])]
+    keep = nonempty_groups(engine)
+    if len(hyper) == len(keep) != len(engine.optimizer.param_groups):   # written without our empty groups
+        at = {g: i for i, g in enumerate(keep)}
+        steps = [steps[min(at.get(g, 0), len(steps) - 1)] for g in range(len(engine.optimizer.param_groups))]
+        hyper = [hyper[at[g]] if g in at else {} for g in range(len(engine.optimizer.param_groups))]
     if len(hyper) != len(engine.optimizer.param_groups):
         hyper = [{} for _ in engine.optimizer.param_groups]        # grouped differently: keep ours
     scaler = optim[0].get("loss_scaler")

@@ -120,6 +120,7 @@ def consolidate(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> 
     return sd
 
 
+@torch.no_grad()     # the shards are written, not differentiated (a loaded tensor may require grad)
 def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: bool, load_lr_scheduler_states: bool):
     """Full tensors {name: {"param", "master", state keys}} → this rank's shards with the current
     layout; then the optimizer's hyper-parameters and steps, the scheduler, loss scaler, counters."""

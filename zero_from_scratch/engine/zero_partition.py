@@ -31,6 +31,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from zero_from_scratch.engine.partition_shape import PartitionShape
+
 _IDS = itertools.count()        # ds_id: every rank creates parameters in the same order
 
 
@@ -186,9 +188,9 @@ def unit_block(st, u) -> torch.Tensor:
 
 def adopt(engine, units, params: dict) -> None:
     """Mark `params` as the engine's: DeepSpeed's ds_id / ds_shape / ds_numel / ds_status on every
-    one (peft and the HF Trainer read ds_shape / ds_numel), Init's shard dropped. No ds_tensor: the
-    shard is a block of the engine's module-wide unit (stage.param_shard), which offload may move;
-    a view here would pin it."""
+    one (peft and the HF Trainer read ds_shape / ds_numel), Init's shard dropped. ds_tensor holds no
+    values: the shard is a block of the engine's module-wide unit (stage.param_shard), which offload
+    may move; it has the shape of DeepSpeed's partition (partition_shape.py)."""
     for u in units:
         for s in u.slots:
             p = params[s.name]
@@ -197,5 +199,5 @@ def adopt(engine, units, params: dict) -> None:
             p.ds_shape, p.ds_numel = torch.Size(s.shape), s.numel
             p.ds_status = ZeroParamStatus.NOT_AVAILABLE
             p.ds_process_group = getattr(engine.comm, "group", None)
-            p.__dict__.pop("ds_tensor", None)
+            p.ds_tensor = PartitionShape.of(s.numel, engine.comm.size, p.dtype)   # DeepSpeed's partition: its shape only
             p._zero_engine = weakref.ref(engine)

@@ -1,0 +1,108 @@
+"""Run DeepSpeed's own unit-test files (tests/ds_bulk/upstream, unchanged) under both `deepspeed`s.
+
+    python -m tests.ds_bulk.run                      # every vendored file, installed DeepSpeed then ringzero
+    python -m tests.ds_bulk.run --mode ringzero unit/runtime/pipe/test_topology.py
+
+One pytest process per (file, mode), rooted at tests/ds_bulk/upstream with DeepSpeed's own
+conftest.py and pytest.ini, so DeepSpeed's DistributedTest spawns the ranks (forkserver, gloo on
+the CPU accelerator). Mode "ringzero" puts tests/ds_bulk/site first on PYTHONPATH with
+RINGZERO_DEEPSPEED=1: its sitecustomize installs the runner's finder in pytest and in every rank,
+so `import deepspeed` is ringzero's, as under `python -m zero_from_scratch.as_deepspeed`, except that
+a name ringzero does not serve fails where a test uses it, not at the file's imports
+(RINGZERO_DEEPSPEED_DEFER, finder.py): each test is judged by what it uses.
+Each test's outcome (and a failure's last line) goes to tests/ds_bulk/results/<mode>.json;
+table.py reads them. Cost: the tests' own, serial (2 cores); a few seconds of imports per file.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+UP = os.path.join(HERE, "upstream")
+RESULTS = os.path.join(HERE, "results")
+MODES = ("deepspeed", "ringzero")
+
+
+def test_files() -> list[str]:
+    return sorted(os.path.relpath(p, UP) for p in glob.glob(os.path.join(UP, "unit", "**", "test_*.py"), recursive=True))
+
+
+def environment(mode: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "site"), ROOT])
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", LOCAL_SIZE="4",  # 4 CPU "devices": world sizes > 4 skip
+               DS_DISABLE_REUSE_DIST_ENV="1", RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0",
+               RINGZERO_DEEPSPEED_DEFER="1")   # an unserved name fails the test that uses it, not the whole file
+    return env
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ln.startswith("E ")]
+    return (errs[-1] if errs else lines[-1] if lines else "")[:300]
+
+
+def parse(xml_path: str, file: str) -> dict:
+    out = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        name = case.get("name")
+        outcome, why = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                why = last_line((el.get("message") or "") + "\n" + (el.text or "")) if tag != "skipped" else \
+                    (el.get("message") or "")[:300]
+                break
+        cls = case.get("classname", "").rpartition(".")[2]
+        key = f"{file}::{cls + '::' if cls.startswith('Test') else ''}{name}"
+        out[key] = [outcome, why]
+    return out
+
+
+def run_file(file: str, mode: str, timeout: int, select: str | None = None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = os.path.join(tmp, "r.xml")
+        cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--confcutdir=.", "-p", "no:cacheprovider", "-q",
+               "-o", "addopts=", "-m", "not sequential and not nightly and not inference", f"--junitxml={xml}",
+               "--timeout", "600", file] + (["-k", select] if select else [])
+        try:
+            subprocess.run(cmd, cwd=UP, env=environment(mode), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {f"{file}::<file>": ["error", f"the file ran past {timeout}s"]}
+        if not os.path.exists(xml):
+            return {f"{file}::<file>": ["error", "pytest wrote no report"]}
+        return parse(xml, file)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", help="paths under tests/ds_bulk/upstream (default: every vendored test file)")
+    ap.add_argument("--mode", choices=(*MODES, "both"), default="both")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per test file (default 3600; 600 per test)")
+    a = ap.parse_args(argv)
+    os.makedirs(RESULTS, exist_ok=True)
+    for file in a.files or test_files():
+        for mode in MODES if a.mode == "both" else (a.mode,):
+            path = os.path.join(RESULTS, f"{mode}.json")
+            old = json.load(open(path)) if os.path.exists(path) else {}
+            res = run_file(file, mode, a.timeout)
+            old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
+            old.update(res)
+            with open(path, "w") as f:
+                json.dump(dict(sorted(old.items())), f, indent=0)
+            n = len(res)
+            p = sum(v[0] == "passed" for v in res.values())
+            print(f"{mode:9s} {file}: {p}/{n} passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The bulk table: DeepSpeed's own unit-test files under the installed DeepSpeed and under ringzero.
+
+    python -m tests.ds_bulk.table                 (from tests/ds_bulk/results/*.json, written by run.py)
+    python -m tests.ds_bulk.table --markdown      (the same as the markdown table in tests/ds_bulk/README.md)
+
+Per file: collected (test cases, parameter sets included), passed under DeepSpeed on this CPU, of
+those: passed under ringzero too, refused on purpose (ringzero's one-line "not served"/"not
+supported" error: the reason is the name), failing (anything else). A case DeepSpeed itself fails or
+skips on CPU is not compared. Cost: reading two JSON files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections import Counter
+
+from tests.ds_bulk.run import RESULTS
+
+# ringzero's refusals: the runner's NotServed* errors and the engines' "not supported/implemented here" lines
+NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero")
+REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,160})")
+
+
+def load() -> tuple[dict, dict]:
+    def one(mode):
+        path = os.path.join(RESULTS, f"{mode}.json")
+        return json.load(open(path)) if os.path.exists(path) else {}
+    return one("deepspeed"), one("ringzero")
+
+
+def refusal(why: str) -> str | None:
+    m = NOT_SERVED.search(why or "")
+    if m:
+        return "not served: " + m.group(1)
+    m = REFUSAL.search(why or "")
+    return (m.group(1) or m.group(2)).strip() if m else None
+
+
+def rows(ds: dict, rz: dict) -> list[dict]:
+    files = sorted({k.split("::")[0] for k in ds})
+    out = []
+    for f in files:
+        cases = {k: v for k, v in ds.items() if k.startswith(f + "::")}
+        whole = rz.get(f"{f}::<file>") or next((v for k, v in rz.items() if k.startswith(f + "::") and
+                                                "::" not in k[len(f) + 2:] and v[0] == "error" and
+                                                not k.endswith("]") and k[len(f) + 2:].startswith("unit.")), None)
+        r = {"file": f, "collected": len(cases), "ds_pass": 0, "both": 0, "refused": Counter(), "failing": [],
+             "ds_other": Counter()}
+        for k, (outcome, why) in cases.items():
+            if outcome != "passed":
+                r["ds_other"][outcome] += 1
+                continue
+            r["ds_pass"] += 1
+            ours = rz.get(k) or whole or ["missing", "not run under ringzero"]
+            if ours[0] == "passed":
+                r["both"] += 1
+            elif refusal(ours[1]):
+                r["refused"][refusal(ours[1])] += 1
+            else:
+                r["failing"].append((k, ours[1]))
+        out.append(r)
+    return out
+
+
+def markdown(rs: list[dict]) -> str:
+    lines = ["| file | collected | pass under DeepSpeed (CPU) | pass under ringzero too | refused on purpose | failing |",
+             "|---|---|---|---|---|---|"]
+    for r in rs:
+        lines.append(f"| {r['file']} | {r['collected']} | {r['ds_pass']} | {r['both']} | "
+                     f"{sum(r['refused'].values())} | {len(r['failing'])} |")
+    t = {k: sum(r[k] if isinstance(r[k], int) else (sum(r[k].values()) if isinstance(r[k], Counter) else len(r[k]))
+                for r in rs) for k in ("collected", "ds_pass", "both", "refused", "failing")}
+    lines.append(f"| **all** | {t['collected']} | {t['ds_pass']} | {t['both']} | {t['refused']} | {t['failing']} |")
+    return "\n".join(lines)
+
+
+def reasons(rs: list[dict]) -> list[tuple[str, int]]:
+    c = Counter()
+    for r in rs:
+        c.update(r["refused"])
+    return c.most_common()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--markdown", action="store_true", help="print markdown (for tests/ds_bulk/README.md)")
+    ap.add_argument("--failing", action="store_true", help="list every failing case with ringzero's last line")
+    a = ap.parse_args(argv)
+    rs = rows(*load())
+    if a.markdown:
+        print(markdown(rs))
+        print("\nRefusals (reason: cases):\n")
+        print("\n".join(f"- {why}: {n}" for why, n in reasons(rs)))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="DeepSpeed's tests/unit files: installed DeepSpeed 0.19.8 vs ringzero (CPU, gloo)")
+    for col in ("file", "collected", "pass DeepSpeed", "pass ringzero too", "refused", "failing", "DeepSpeed itself"):
+        t.add_column(col)
+    for r in rs:
+        t.add_row(r["file"], str(r["collected"]), str(r["ds_pass"]), str(r["both"]), str(sum(r["refused"].values())),
+                  str(len(r["failing"])), ", ".join(f"{n} {k}" for k, n in r["ds_other"].items()))
+    con = Console(width=200)
+    con.print(t)
+    for why, n in reasons(rs):
+        con.print(f"refused ×{n}: {why}")
+    if a.failing:
+        for r in rs:
+            for k, why in r["failing"]:
+                con.print(f"[red]failing[/] {k}: {why[:220]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""DeepSpeed 0.19.8's behaviours the runner makes its defaults (ringzero's own entry points keep theirs).
+
+    python -m zero_from_scratch.as_deepspeed train.py --deepspeed_config ds.json
+    (top.initialize calls these around the engine it builds)
+
+deprecated_offload_keys   zero_optimization.cpu_offload: true → offload_optimizer {"device": "cpu"},
+        cpu_offload_param: true → offload_param {"device": "cpu"}, false → the key dropped,
+        cpu_offload_use_pin_memory dropped; each with DeepSpeed's warning, and its assertion when the
+        new key is given too (runtime/config_utils.py::_process_deprecated_field, zero/config.py).
+pipeline_clip_stage0      a PipelineModule in fp32: gradient clipping by stage 0's norm on every stage
+        (DeepSpeed's fp32 pipeline: runtime/pipe/engine.py leaves clipping to the torch optimizer
+        path, whose norm covers the stage's own parameters, broadcast from the first stage), i.e.
+        "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself.
+train_what_is_given       model_parameters that leave trainable weights out: DeepSpeed's optimizer holds
+        only what it is given, so the others never change; the runner sets requires_grad=False on them
+        (the engine then keeps them as frozen weights: same losses, no gradient kept for them) and
+        says so once on rank 0.
+expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / fp16 wrappers keep the
+        torch optimizer there; ringzero's engine.optimizer is that optimizer (over its shards), so a
+        view of it is set there (one without a further .optimizer: unwrapping loops end); its
+        state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition.
+read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
+Cost: a read of the config (JSON) and a walk over named_parameters(), once.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+
+from zero_from_scratch.as_deepspeed.utils import logger
+
+_DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
+
+
+def _no_duplicates(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):   # DeepSpeed's message (runtime/config_utils.py::dict_raise_error_on_duplicate_keys)
+        keys = [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]
+        raise ValueError("Duplicate keys in DeepSpeed config: {}".format(keys))
+    return d
+
+
+def read_config(config):
+    """A config file as DeepSpeed reads it (runtime/config.py::DeepSpeedConfig): hjson (JSON's superset:
+    comments, unquoted keys, trailing commas), duplicate keys refused; a dict or anything else unchanged."""
+    if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
+        try:
+            import hjson   # on use: DeepSpeed's dependency, not ringzero's
+        except ImportError:    # DeepSpeed's own dependency; without it, plain JSON
+            hjson = json
+        with open(config) as f:
+            return hjson.load(f, object_pairs_hook=_no_duplicates)
+    return config
+
+
+def _as_dict(config):
+    config = read_config(config)
+    return json.loads(json.dumps(config)) if isinstance(config, dict) else config
+
+
+def _rank0() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def deprecated_offload_keys(config):
+    c = _as_dict(config)
+    z = c.get("zero_optimization") if isinstance(c, dict) else None
+    if not isinstance(z, dict) or not {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"} & set(z):
+        return config
+    config = c
+    for old, new in _DEPRECATED:
+        if old in z:
+            logger.warning(f"Config parameter {old} is deprecated use {new} instead")
+            assert new not in z, f"Cannot provide deprecated parameter '{old}' and replacing parameter '{new}' together"
+            if z.pop(old):
+                z[new] = {"device": "cpu"}
+    if "cpu_offload_use_pin_memory" in z:   # set_new_param=False in DeepSpeed: warned, then read by nothing
+        logger.warning("Config parameter cpu_offload_use_pin_memory is deprecated use offload_param or "
+                       "offload_optimizer instead")
+        z.pop("cpu_offload_use_pin_memory")
+    return config
+
+
+def pipeline_clip_stage0(config):
+    c = _as_dict(config)
+    if not isinstance(c, dict):
+        return config
+    low = any((c.get(k) or {}).get("enabled") is True for k in ("fp16", "bf16", "bfloat16"))
+    pipe = c.get("pipeline") or {}
+    if low or "clip_norm" in pipe:
+        return config     # DeepSpeed's bf16/fp16 optimizers clip by every stage's norm: ringzero's default
+    c["pipeline"] = {**pipe, "clip_norm": "stage0"}
+    return c
+
+
+def train_what_is_given(model, model_parameters):
+    items = list(model_parameters)
+    given = set()
+    for it in items:
+        given |= {id(p) for p in (it["params"] if isinstance(it, dict) else [it])}
+    left = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in given]
+    for _, p in left:
+        p.requires_grad_(False)
+    if left and _rank0():
+        names = [n for n, _ in left]
+        logger.warning(f"{len(names)} trainable parameters are not in model_parameters ({', '.join(names[:5])}"
+                       f"{', …' if len(names) > 5 else ''}): DeepSpeed's optimizer never updates them; "
+                       "ringzero keeps them frozen (requires_grad=False)")
+    return items
+
+
+class TorchOptimizerView:
+    """engine.optimizer.optimizer: every attribute read and written on the engine's optimizer."""
+
+    def __init__(self, opt):
+        object.__setattr__(self, "_opt", opt)
+
+    def __getattr__(self, attr):
+        if attr == "optimizer":
+            raise AttributeError(attr)
+        return getattr(object.__getattribute__(self, "_opt"), attr)
+
+    def __setattr__(self, attr, value):
+        setattr(self._opt, attr, value)
+
+    def __repr__(self):
+        return f"TorchOptimizerView({self._opt!r})"
+
+    def state_dict(self) -> dict:
+        """torch's format over this rank's shard, as DeepSpeed's inner optimizer holds its fp32 partition:
+        one "parameter" per group (the group's shard), its step and states."""
+        opt = self._opt
+        state = {g: {k: (torch.tensor(float(v)) if k == "step" else v.detach().clone()) for k, v in st.items()}
+                 for g, st in enumerate(opt.state)}
+        groups = [{**{k: v for k, v in grp.items() if k != "params"}, "params": [g]}
+                  for g, grp in enumerate(opt.param_groups)]
+        return {"state": state, "param_groups": groups}
+
+
+def expose_torch_optimizer(engine) -> None:
+    opt = getattr(engine, "optimizer", None)
+    if opt is None or hasattr(opt, "optimizer"):
+        return
+    wrapped = any(getattr(engine, f, lambda: False)() for f in ("fp16_enabled", "bfloat16_enabled")) or \
+        getattr(engine, "zero_optimization_stage", lambda: 0)() > 0
+    if wrapped:     # DeepSpeed at stage 0 in fp32 hands back the torch optimizer itself: no .optimizer there
+        opt.optimizer = TorchOptimizerView(opt)

@@ -1,0 +1,51 @@
+"""`ds_tensor` of a parameter the ZeRO-3 engine holds: DeepSpeed's partition, as shape and dtype only.
+
+    engine, *_ = zero_from_scratch.initialize(model=model, config={... "zero_optimization": {"stage": 3}})
+    p.ds_tensor.shape        # torch.Size([ceil(p.ds_numel / N)]), DeepSpeed's per-rank partition
+    safe_get_local_fp32_param(p)   # its values (safe_api.py)
+
+DeepSpeed's ZeRO-3 keeps each parameter's rank-r partition (ceil(numel/N) elements) in ds_tensor;
+the engine here shards whole module units instead (stage3.py), so no tensor holds that partition.
+Scripts and DeepSpeed's tests read ds_tensor's shape, numel and dtype (and ds_tensor.ds_numel):
+those answer as DeepSpeed's would. Anything reading or writing values raises, naming
+safe_get/set_local_* (a silent meta tensor would drop writes). Cost: none (a meta tensor).
+"""
+from __future__ import annotations
+
+import torch
+
+_METADATA = {"shape", "size", "dim", "ndim", "numel", "nelement", "dtype", "device", "is_floating_point",
+             "element_size", "__repr__", "__format__", "__len__", "is_meta",
+             "layout", "requires_grad", "_make_subclass"}
+
+
+class PartitionShape(torch.Tensor):
+    """A meta tensor shaped as DeepSpeed's partition; its values are not here (see the module docstring)."""
+
+    @staticmethod
+    def of(numel: int, world: int, dtype: torch.dtype) -> "PartitionShape":
+        return PartitionShape._sized(-(-numel // world), dtype)
+
+    @staticmethod
+    def _sized(shard: int, dtype: torch.dtype) -> "PartitionShape":
+        t = torch.Tensor._make_subclass(PartitionShape, torch.empty(shard, dtype=dtype, device="meta"))
+        t.ds_numel = shard
+        return t
+
+    def __deepcopy__(self, memo):      # copy.deepcopy(model) after initialize: another shape-only partition
+        return PartitionShape._sized(self.ds_numel, self.dtype)
+
+    def __reduce_ex__(self, protocol):
+        return PartitionShape._sized, (self.ds_numel, self.dtype)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("__get__", "__set__"):
+            name = getattr(getattr(func, "__self__", None), "__name__", name)
+        if name not in _METADATA:
+            raise NotImplementedError(f"ds_tensor.{name}: the ZeRO engine shards whole modules, so DeepSpeed's "
+                                      "per-parameter partition has its shape here, not its values; read/write them "
+                                      "with deepspeed.utils.safe_get_local_fp32_param / safe_set_local_fp32_param")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
