@@ -43,6 +43,7 @@ import torch
 
 from zero_from_scratch.engine import zero_partition as zp
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
+from zero_from_scratch.engine.pools import Pool
 
 DEVICES = ("none", "cpu", "nvme")
 DEFAULTS = {"device": "none", "nvme_path": None, "pin_memory": True, "buffer_count": 5, "buffer_size": 100_000_000,
@@ -137,6 +138,7 @@ class ParamStore:
                                     f"rank(s) {bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder "
                                     f"with room for {self.b}·Ψ/N bytes per rank")
         self.resident: OrderedDict[int, torch.Tensor] = OrderedDict()   # unit -> buffer on the device, oldest first
+        self.pool = Pool(f"{name} shards", self.dtype, self.dev)          # the resident buffers, reused
         self.reading: set[int] = set()                      # resident only for an all-gather: never written back
         self.bytes_read = self.bytes_written = 0
         self.gathers = 0                                    # all-gathers that read a shard from the store
@@ -160,7 +162,7 @@ class ParamStore:
         victims = [i for i in self.resident if i not in self.reading]
         while len(self.resident) >= self.spec["buffer_count"] and victims:
             self._evict(victims.pop(0))
-        buf = torch.empty(u.shard, dtype=self.dtype, device=self.dev)
+        buf = self.pool.take(u.shard)
         if u.index in self.zeroed:                          # known zeros: nothing to read
             self.zeroed.discard(u.index)
             self.resident[u.index] = buf.zero_()
@@ -181,6 +183,12 @@ class ParamStore:
 
     def _evict(self, i: int) -> None:
         buf = self.resident.pop(i)
+        try:
+            self._write_back(i, buf)
+        finally:
+            self.pool.give(buf)
+
+    def _write_back(self, i: int, buf: torch.Tensor) -> None:
         if i in self.reading:                               # unchanged copy: just drop it
             self.reading.discard(i)
             return
@@ -217,6 +225,8 @@ class ParamStore:
 
     def zero_all(self) -> None:
         """Every shard is zeros (zero_grad): drop the buffers unwritten, read nothing until written."""
+        for buf in self.resident.values():
+            self.pool.give(buf)
         self.resident.clear()
         self.reading.clear()
         self.zeroed = {u.index for u in self.units}
