@@ -88,7 +88,8 @@ def run(rank, world, path: str | None, dim: int, layers: int, steps: int) -> dic
         losses.append(loss.item())
     out["train"] = _vm("VmHWM:") - base
     out.update(losses=losses, step_s=statistics.median(times[1:] or times), psi=engine.layout.numel,
-               predicted=report.working_set(engine, activations=report.mlp_activations(BATCH, dim, layers))["total"])
+               predicted=report.working_set(engine.config, engine.layout, world,
+                                            report.mlp_activations(BATCH, dim, layers))["total"])
     return out
 
 

@@ -28,7 +28,8 @@ import warnings
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import hpz, param_offload, qgz, qwz
+from primitives.log import print0
+from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.pools import Pool
 from zero_from_scratch.engine.prefetch import Prefetcher
@@ -38,14 +39,21 @@ from zero_from_scratch.engine.stages import BucketPool, Pooled, TimedWait, engin
 from zero_from_scratch.stage3 import Stage3
 
 
-FORCED = ("gather_ctx", "evict", "step")     # releases that drop even persistent and pinned units
+FORCED = ("gather_ctx", "evict", "step")
+# DeepSpeed's defaults of the keys that bound the working set: a config that sets one, or
+# offload_param, gets a start-up line saying how much host memory each allows (report.py)
+MEMORY_KEYS = {"stage3_max_live_parameters": 1_000_000_000, "stage3_prefetch_bucket_size": 50_000_000,
+               "stage3_max_reuse_distance": 1_000_000_000, "stage3_param_persistence_threshold": 100_000}     # releases that drop even persistent and pinned units
 
 
 class ZeroStage3(Pooled, TimedWait, Stage3):
     def __init__(self, engine):
         z, c = engine.config.zero, engine.comm
+        allocator.map_large_blocks()                       # before any unit is built (allocator.py)
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
         self.pool = BucketPool(self, engine)
+        if param_offload.grads_go_to_files(engine):
+            self.pool.limit = 1                           # each reduce is waited for at once: one bucket serves
         self.units_pool = Pool("gathered units", engine.dtype, engine.device)   # every gathered unit's buffer
         self.pf = Prefetcher(self.unit, z.stage3_prefetch_bucket_size if self.overlap else 0,
                              z.stage3_max_live_parameters, z.stage3_max_reuse_distance)
@@ -59,6 +67,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
         self.poff = param_offload.make(self)              # offload_param (the shards built here), None when off
         self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
+        if getattr(engine.config, "offload_param", None) is not None or any(getattr(z, k) != d for k, d in MEMORY_KEYS.items()):
+            print0(report.key_allowance(engine.config, engine.layout), soft_wrap=True)   # what the keys allow
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
