@@ -1,10 +1,10 @@
 """ZeRO-Infinity's whole run as a DeepSpeed user writes it: predicted vs measured peak RSS per rank.
 
-    python benchmarks/infinity_memory.py                       # 48 units of 4 MiB (Ψ = 50.4 M), N = 2, ~3 min
-    python benchmarks/infinity_memory.py --dims 512,1024,2048  # units of 1, 4 and 16 MiB, ~15 min
-    python benchmarks/infinity_memory.py --dims 128 --layers 8 --steps 2      # tiny: proves it runs (~20 s)
+    python benchmarks/infinity_memory.py                              # 64 units of 4 MiB (Ψ = 67 M), N = 2, ~2 min
+    python benchmarks/infinity_memory.py --shapes 512x256,1024x64,2048x64   # units of 1, 4, 16 MiB, ~20 min
+    python benchmarks/infinity_memory.py --shapes 128x8 --steps 2     # tiny: proves it runs (~30 s)
 
-A residual MLP (x + relu(Linear(d, d)(x)), `layers` blocks: one unit of 4·d·(d+1) bytes each),
+A residual MLP (x + tanh(Linear(d, d)(x)), L blocks: one unit of 4·d·(d+1) bytes each; shape dxL),
 fp32, N = 2, AdamW, micro-batch 4. Two rows, each in its own fresh pair of ranks (primitives spawn),
 glibc's allocator left at its defaults (no mallopt, no malloc_trim, no environment variable):
   ZeRO-3     plain ZeRO-3, the model built whole, DeepSpeed's stage-3 defaults but the three keys
@@ -93,20 +93,20 @@ def run(rank, world, path: str | None, dim: int, layers: int, steps: int) -> dic
     return out
 
 
-def measure(dims: list[int], layers: int, steps: int) -> list[dict]:
+def measure(shapes: list[tuple[int, int]], steps: int) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="infinity-memory-") as d:
-        for dim in dims:
+        for dim, layers in shapes:
             ref = spawn(run, 2, args=(None, dim, layers, steps), timeout=3600.0)
             inf = spawn(run, 2, args=(os.path.join(d, str(dim)), dim, layers, steps), timeout=3600.0)
-            rows.append({"dim": dim, "ZeRO-3": ref, "Infinity": inf})
+            rows.append({"dim": dim, "layers": layers, "ZeRO-3": ref, "Infinity": inf})
     return rows
 
 
-def show(rows: list[dict], layers: int) -> bool:
-    t = Table(title=f"residual MLP, {layers} units, N = 2, fp32, micro-batch {BATCH}, stage3 keys 3e6, allocator "
-                    f"defaults: peak RSS per rank above the pre-model RSS (MiB), build + initialize + train")
-    for c in ("unit", "row", "4Ψ", "predicted", "peak r0", "peak r1", "max / predicted", "max / 4Ψ", "goal",
+def show(rows: list[dict]) -> bool:
+    t = Table(title=f"residual MLP, N = 2, fp32, micro-batch {BATCH}, stage3 keys 3e6, allocator defaults: peak RSS "
+                    f"per rank above the pre-model RSS (MiB), build + initialize + train")
+    for c in ("unit", "units", "row", "4Ψ", "predicted", "peak r0", "peak r1", "max / predicted", "max / 4Ψ", "goal",
               "step s", "losses vs ZeRO-3"):
         t.add_column(c, justify="right")
     ok = True
@@ -118,7 +118,7 @@ def show(rows: list[dict], layers: int) -> bool:
             same = all(abs(a - b) <= 1e-6 * abs(b) for x, y in zip(res, r["ZeRO-3"]) for a, b in zip(x["losses"], y["losses"]))
             met = name == "ZeRO-3" or peak <= 0.25 * 4 * psi
             ok &= met and same and abs(peak / pred - 1) <= 0.15
-            t.add_row(f"{4 * (r['dim'] + 1) * r['dim'] / MIB:.0f} MiB", name, f"{4 * psi / MIB:.0f}", f"{pred / MIB:.1f}",
+            t.add_row(f"{4 * (r['dim'] + 1) * r['dim'] / MIB:.0f} MiB", str(r["layers"]), name, f"{4 * psi / MIB:.0f}", f"{pred / MIB:.1f}",
                       *[f"{x['train'] / MIB:.1f}" for x in res], f"{peak / pred:.2f}", f"{peak / (4 * psi):.3f}",
                       "" if name == "ZeRO-3" else ("≤ 0.25 met" if met else "≤ 0.25 NOT met"),
                       f"{res[0]['step_s']:.2f}", "equal" if same else "DIFFER")
@@ -130,11 +130,16 @@ def show(rows: list[dict], layers: int) -> bool:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dims", default="1024", help="comma-separated widths d (unit = 4·d·(d+1) bytes)")
-    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--shapes", default="1024x64", help="comma-separated dxL: width d (unit = 4·d·(d+1) bytes), "
+                    "L units")
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args(argv)
-    show(measure([int(x) for x in a.dims.split(",")], a.layers, a.steps), a.layers)
+    try:
+        shapes = [tuple(int(v) for v in x.split("x")) for x in a.shapes.split(",")]
+        assert all(len(s) == 2 and min(s) > 0 for s in shapes)
+    except (ValueError, AssertionError):
+        ap.error(f"--shapes {a.shapes!r}: comma-separated dxL, e.g. 1024x64")
+    show(measure(shapes, a.steps))
 
 
 if __name__ == "__main__":

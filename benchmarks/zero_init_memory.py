@@ -4,8 +4,9 @@
     python benchmarks/zero_init_memory.py --layers 8 --dim 1024 --world 2     # ~10 s (2 idle cores)
     python benchmarks/zero_init_memory.py --infinity    # zero.Init + ZeRO-Infinity, Ψ = 67 M, whole run, minutes
 
-The rows run one after the other in the same ranks (primitives spawn, gloo); each rank fixes
-glibc's mmap threshold at 64 KiB (mallopt), so a freed tensor leaves RSS at once, resets its peak
+The rows run one after the other in the same ranks (primitives spawn, gloo), glibc's allocator at
+its defaults (zero.Init and the engine make their one announced setting, engine/allocator.py, so
+a freed tensor of ≥ 1 MiB leaves RSS at once; rows without Init run after it); each rank resets its peak
 (/proc/self/clear_refs "5") just before each model is built and reports VmHWM minus the RSS at that
 moment. Expected, fp32, model bytes M = 4Ψ, largest module L = 4·dim²:
   plain                      M                  (every rank builds the whole model)
@@ -30,7 +31,6 @@ without offload, which the same processes train afterwards).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import tempfile
@@ -61,7 +61,6 @@ def _rss(field: str) -> int:
 
 def peak(rank, world, init: bool, engine: bool, layers: int, dim: int) -> int:
     """Bytes this rank's peak RSS rose while building (and with engine, adopting) the model."""
-    ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)      # M_MMAP_THRESHOLD fixed: frees reach the OS
     torch.manual_seed(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -109,12 +108,9 @@ def _train(engine, rank: int, dim: int, steps: int) -> list:
 def infinity(rank, world, path: str, dim: int = 512, layers: int = 256, steps: int = 2) -> dict:
     """ZeRO-Infinity's whole run: `layers` × Linear(dim, dim) built under zero.Init with offload_param
     and offload_optimizer "nvme" (shards to files as they are built), initialize, `steps` steps.
-    The peak RSS above the RSS before the model existed, cumulative by phase (glibc: mmap threshold
-    64 KiB, one arena, so a freed tensor leaves RSS at once); then, in the same process, the same
+    The peak RSS above the RSS before the model existed, cumulative by phase (allocator defaults);
+    then, in the same process, the same
     model built plainly and trained by ZeRO-3 without offload: its losses, to compare."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 64 * 1024)                            # M_MMAP_THRESHOLD
-    libc.mallopt(-8, 1)                                    # M_ARENA_MAX: gloo's threads share the one arena
     torch.ones(8, 8) @ torch.ones(8, 8)                    # torch's first-use allocations before the baseline
     base = _rss("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:

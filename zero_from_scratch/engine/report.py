@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 from rich.table import Table
 
+from primitives.engine.shm_collectives import BUFS
+from primitives.engine.shm_segment import WS_BYTES
 from primitives.log import console
 from zero_from_scratch.engine import offload, param_offload, step
 from zero_from_scratch.engine.config import load_config
@@ -75,6 +77,8 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
         out["optimizer staging + temporaries"] = 4 * chunk * (keys + 2)
     else:
         out["optimizer staging + temporaries"] = 4 * 2 * min(step.STEP_CHUNK, big_shard)
+    # the shared-memory transport's workspaces (primitives/engine/shm_segment.py), ranks on one host
+    out["shm transport workspaces"] = BUFS * WS_BYTES if n > 1 else 0
     out["activations"] = activations
     out["total"] = sum(out.values())
     return out
@@ -91,13 +95,16 @@ def key_allowance(cfg, layout) -> str:
     z = cfg.zero
     b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
     sizes = [u.padded for u in layout.units]
-    return (f"[zero_from_scratch] ZeRO-3 working set keys (bytes of host memory per rank, {b}-byte elements): stage3_max_live_parameters "
-            f"{z.stage3_max_live_parameters:,.0f} → ≤ {b * live_bound(sizes, z.stage3_max_live_parameters) / MIB:,.1f} MiB "
-            f"gathered (prefetch included); stage3_prefetch_bucket_size {z.stage3_prefetch_bucket_size:,.0f} → ≤ "
-            f"{b * min(z.stage3_prefetch_bucket_size, sum(sizes)) / MIB:,.1f} MiB ahead, within that bound; "
-            f"stage3_max_reuse_distance {z.stage3_max_reuse_distance:,.0f} → units kept for reuse, within it too; "
+    reuse = "no unit kept past its forward" if z.stage3_max_reuse_distance == 0 else "units kept for reuse"
+    persist = b * sum(n for n in sizes if n <= z.stage3_param_persistence_threshold)
+    return (f"\\[zero_from_scratch] host memory per rank the ZeRO-3 keys allow ({b}-byte elements): "
+            f"stage3_max_live_parameters {z.stage3_max_live_parameters:,.0f} → ≤ "
+            f"{b * live_bound(sizes, z.stage3_max_live_parameters) / MIB:,.1f} MiB gathered at once, which "
+            f"stage3_prefetch_bucket_size {z.stage3_prefetch_bucket_size:,.0f} (≤ "
+            f"{b * min(z.stage3_prefetch_bucket_size, sum(sizes)) / MIB:,.1f} MiB ahead) and "
+            f"stage3_max_reuse_distance {z.stage3_max_reuse_distance:,.0f} ({reuse}) stay within; "
             f"stage3_param_persistence_threshold {z.stage3_param_persistence_threshold:,.0f} → "
-            f"{b * sum(n for n in sizes if n <= z.stage3_param_persistence_threshold) / MIB:,.1f} MiB kept gathered")
+            f"{persist / MIB:,.1f} MiB kept gathered")
 
 
 def build(name: str) -> nn.Module:
