@@ -37,14 +37,15 @@ class Pool:
         self.allocs = self.takes = self.escaped = 0
         self.b = torch.empty(0, dtype=dtype).element_size()
 
-    def take(self, n: int) -> torch.Tensor:
-        """A buffer of n elements (contents undefined)."""
+    def take(self, n: int, new=None) -> torch.Tensor:
+        """A buffer of n elements (contents undefined); new() allocates one when none is free
+        (default: torch.empty)."""
         self.takes += 1
         free = self.free.get(n)
         if free:
             t = free.pop()
         else:
-            t = torch.empty(n, dtype=self.dtype, device=self.dev)
+            t = new() if new is not None else torch.empty(n, dtype=self.dtype, device=self.dev)
             self.own[id(t)] = _uses(t)
             self.allocs += 1
             self.held += n * self.b

@@ -177,7 +177,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         return functools.partial(self.comm.wait, h, *([lambda: self.hpz.keep(u, full)] if self.hpz else [])), full
 
     def _empty_unit(self, u) -> torch.Tensor:
-        return self.units_pool.take(u.padded)
+        """A free pooled buffer of u's size, else the textbook's new one (kept by the pool after)."""
+        return self.units_pool.take(u.padded, lambda: super(ZeroStage3, self)._empty_unit(u))
 
     def _install(self, u, full: torch.Tensor) -> None:
         super()._install(u, full)
