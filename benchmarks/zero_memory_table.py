@@ -83,8 +83,9 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
         model = _t5(size)
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     built = _vm("VmHWM:") - base
-    pred = (report.working_set(engine.config, engine.layout, world)["total"] if stage == 3
-            else 8 * engine.layout.numel + 8 * engine.layout.numel / world)     # ZeRO-1: its model states
+    act = report.transformer_activations(model.config, 2, 32, 4)   # micro-batch 2 × 32, fp32
+    pred = (report.working_set(engine.config, engine.layout, world, act)["total"] if stage == 3
+            else 8 * engine.layout.numel + 8 * engine.layout.numel / world + act)   # ZeRO-1: states + activations
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     g, times, losses = torch.Generator().manual_seed(rank), [], []

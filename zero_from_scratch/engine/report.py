@@ -163,12 +163,16 @@ def tables(model_name: str, n: int, mixed: bool) -> tuple[Table, Table, dict]:
     return mem, com, data
 
 
-def transformer_activations(model: nn.Module, batch: int, seq: int, b: int) -> int:
-    """Activation bytes of a transformer's layers for a batch (Korthikanti et al. 2022, no
-    recomputation: (34·s·h + 5·a·s²)·B per layer at 2-byte activations, scaled to b bytes)."""
-    c = model.config
-    h, a, layers = getattr(c, "dim", getattr(c, "d_model", 0)), getattr(c, "n_heads", 1), getattr(c, "n_layers", 1)
-    return int(layers * batch * (34 * seq * h + 5 * a * seq * seq) * b / 2)
+def transformer_activations(config, batch: int, seq: int, b: int) -> int:
+    """Activation bytes of a transformer for a batch (Korthikanti et al. 2022, no recomputation:
+    (34·s·h + 5·a·s²)·B per layer at 2-byte activations, scaled to b bytes), plus the logits and
+    their gradient (2·B·s·V·b). config: a transformers config (DistilBERT's or T5's names)."""
+    c = config
+    h = getattr(c, "dim", None) or getattr(c, "d_model", 0)
+    a = getattr(c, "n_heads", None) or getattr(c, "num_heads", 1)
+    layers = (getattr(c, "n_layers", None) or getattr(c, "num_layers", 1)) + (getattr(c, "num_decoder_layers", 0) or 0)
+    per_layer = batch * (34 * seq * h + 5 * a * seq * seq) * b / 2
+    return int(layers * per_layer + 2 * batch * seq * getattr(c, "vocab_size", 0) * b)
 
 
 def working_set_table(model_name: str, n: int, mixed: bool, batch: int, seq: int, config: str | None) -> tuple:
@@ -178,7 +182,7 @@ def working_set_table(model_name: str, n: int, mixed: bool, batch: int, seq: int
     cfg = load_config(raw, n)
     lay = layouts(model, n)[3]
     b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
-    act = transformer_activations(model, batch, seq, b) if model_name.startswith("distilbert") else 0
+    act = transformer_activations(model.config, batch, seq, b) if model_name.startswith("distilbert") else 0
     ws = working_set(cfg, lay, n, act)
     t = Table(title=f"{model_name}: ZeRO-3 host memory per rank (MiB), N={n}, {config or 'DeepSpeed defaults'}, "
                     f"micro-batch {batch} × {seq}")
