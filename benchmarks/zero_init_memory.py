@@ -13,8 +13,8 @@ moment. Expected, fp32, model bytes M = 4Ψ, largest module L = 4·dim²:
   Init                       M/N + L            (a module is whole only until its __init__ returns)
   + initialize(ZeRO-3)       the engine's state, 16Ψ/N = 4M/N (parameter and gradient shards, Adam
                              m and v), + L while a unit is built; Init's shards are freed unit by unit
-Measured here (8 × Linear(1024, 1024), N = 2): plain 33.2 MiB, Init 20.7 (M/N + L = 20), plain +
-initialize 71.5, Init + initialize 64.6; N = 4: plain 33.2, Init 12.7 (12), plain + initialize 75.4
+Measured here (8 × Linear(1024, 1024), N = 2): plain 36.5 MiB, Init 25.0 (M/N + L = 20), plain +
+initialize 74.0, Init + initialize 64.9; N = 4: plain 36.5, Init 17.2 (12), plain + initialize 78.0
 (initialize's rank-0 broadcast concatenates the whole model once more), Init + initialize 32.8 (36).
 At N = 2 with Adam on the rank the engine's own 4M/N is 2M, so what Init saves (M·(N-1)/N, at
 construction) shows less after initialize; it decides whether the model can be built at all when M

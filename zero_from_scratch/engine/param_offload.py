@@ -14,8 +14,9 @@ Where a rank's parameter shards (Ψ/N elements, model dtype, b bytes each) live 
 Between uses the rank holds at most buffer_count shards in buffers on the model's device, each ≤
 buffer_size elements (a larger unit shard is refused at start-up, as DeepSpeed's swap buffers
 would be too small); a new one evicts the oldest that no all-gather is reading, writing it back.
-DeepSpeed preallocates buffer_count × buffer_size pinned elements; here a buffer is allocated when
-a shard arrives and freed when it leaves, so memory follows what is resident.
+DeepSpeed preallocates buffer_count × buffer_size pinned elements; here the buffers come from a
+pool (pools.py): one of a shard's exact size is allocated the first time it is needed and reused
+after, so the store holds at most buffer_count buffers of each shard size, never buffer_size.
 Who asks: the all-gathers of the stage (forward, backward, prefetch: stage3.py), which read a shard
 and drop it once the collective has it (nothing written back); and everything that may write (the
 optimizer step, a checkpoint load, gathered_parameters(modifier_rank=)), whose shards are written
