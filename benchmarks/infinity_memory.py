@@ -115,10 +115,12 @@ def show(rows: list[dict]) -> bool:
         for name in ("ZeRO-3", "Infinity"):
             res = r[name]
             peak, pred = max(x["train"] for x in res), max(x["predicted"] for x in res)
-            same = all(abs(a - b) <= 1e-6 * abs(b) for x, y in zip(res, r["ZeRO-3"]) for a, b in zip(x["losses"], y["losses"]))
+            same = all(abs(a - b) <= 1e-6 * abs(b)
+                       for x, y in zip(res, r["ZeRO-3"]) for a, b in zip(x["losses"], y["losses"]))
             met = name == "ZeRO-3" or peak <= 0.25 * 4 * psi
             ok &= met and same and abs(peak / pred - 1) <= 0.15
-            t.add_row(f"{4 * (r['dim'] + 1) * r['dim'] / MIB:.0f} MiB", str(r["layers"]), name, f"{4 * psi / MIB:.0f}", f"{pred / MIB:.1f}",
+            t.add_row(f"{4 * (r['dim'] + 1) * r['dim'] / MIB:.0f} MiB", str(r["layers"]), name,
+                      f"{4 * psi / MIB:.0f}", f"{pred / MIB:.1f}",
                       *[f"{x['train'] / MIB:.1f}" for x in res], f"{peak / pred:.2f}", f"{peak / (4 * psi):.3f}",
                       "" if name == "ZeRO-3" else ("≤ 0.25 met" if met else "≤ 0.25 NOT met"),
                       f"{res[0]['step_s']:.2f}", "equal" if same else "DIFFER")

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from primitives.engine.shm_collectives import BUFS
 from primitives.engine.shm_segment import WS_BYTES
-from primitives.log import console
+from primitives.log import console, print0
 from zero_from_scratch.engine import offload, param_offload, step
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.precision import model_dtype
@@ -105,6 +105,18 @@ def key_allowance(cfg, layout) -> str:
             f"stage3_max_reuse_distance {z.stage3_max_reuse_distance:,.0f} ({reuse}) stay within; "
             f"stage3_param_persistence_threshold {z.stage3_param_persistence_threshold:,.0f} → "
             f"{persist / MIB:,.1f} MiB kept gathered")
+
+
+# DeepSpeed's defaults of the keys that bound the working set: a config that sets one, or
+# offload_param, gets a start-up line saying how much host memory each allows
+MEMORY_KEYS = {"stage3_max_live_parameters": 1_000_000_000, "stage3_prefetch_bucket_size": 50_000_000,
+               "stage3_max_reuse_distance": 1_000_000_000, "stage3_param_persistence_threshold": 100_000}
+
+
+def announce(cfg, layout) -> None:
+    """The engine's start-up line (rank 0), when the config sizes ZeRO-3's memory."""
+    if getattr(cfg, "offload_param", None) is not None or any(getattr(cfg.zero, k) != d for k, d in MEMORY_KEYS.items()):
+        print0(key_allowance(cfg, layout), soft_wrap=True)
 
 
 def build(name: str) -> nn.Module:

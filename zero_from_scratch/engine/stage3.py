@@ -14,6 +14,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   divergence                  DivergenceCheck (divergence.py): every collective carries (kind,
                               unit, call#); ranks that ran different modules raise
                               ZeroDivergenceError naming them, instead of hanging
+  buffers                     Pool (pools.py): gathered units reused step after step; allocator.py:
+                              the one process-wide setting, announced; report.py: what each key allows
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
   offload_param               ParamStore (param_offload.py): shards on the host or in files,
                               read in for each all-gather, written back after the step;
@@ -28,7 +30,6 @@ import warnings
 import torch
 
 from primitives import CollectiveError
-from primitives.log import print0
 from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.pools import Pool
@@ -39,11 +40,7 @@ from zero_from_scratch.engine.stages import BucketPool, Pooled, TimedWait, engin
 from zero_from_scratch.stage3 import Stage3
 
 
-FORCED = ("gather_ctx", "evict", "step")
-# DeepSpeed's defaults of the keys that bound the working set: a config that sets one, or
-# offload_param, gets a start-up line saying how much host memory each allows (report.py)
-MEMORY_KEYS = {"stage3_max_live_parameters": 1_000_000_000, "stage3_prefetch_bucket_size": 50_000_000,
-               "stage3_max_reuse_distance": 1_000_000_000, "stage3_param_persistence_threshold": 100_000}     # releases that drop even persistent and pinned units
+FORCED = ("gather_ctx", "evict", "step")     # releases that drop even persistent and pinned units
 
 
 class ZeroStage3(Pooled, TimedWait, Stage3):
@@ -67,8 +64,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
         self.poff = param_offload.make(self)              # offload_param (the shards built here), None when off
         self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
-        if getattr(engine.config, "offload_param", None) is not None or any(getattr(z, k) != d for k, d in MEMORY_KEYS.items()):
-            print0(report.key_allowance(engine.config, engine.layout), soft_wrap=True)   # what the keys allow
+        report.announce(engine.config, engine.layout)    # what each stage-3 key allows, when a user sets one
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
