@@ -9,8 +9,7 @@ Each configuration runs in its own fresh pair of ranks (primitives spawn, gloo),
 Micro-batch 2 × seq 32 keeps activations small next to the model states. Expected saving per rank:
 the optimizer states K·Ψ/N with K = 12 (fp32 master + Adam m + v, bf16 run) minus the three
 staging buffers (3 × 4 × min(sub_group_size, 2^20) bytes); the bar: saving ≥ 0.8 × 12Ψ/N. Peak RSS
-is VmHWM above the rank's RSS once the model is built, with glibc's mmap threshold fixed at 1 MiB
-(mallopt), so freed tensors leave at once and the figure is what the engine holds.
+is VmHWM above the rank's RSS once the model is built, glibc's allocator at its defaults.
 Bytes moved per step are counted by the offload itself: nvme read + written (expected 2·12·P/N),
 cpu gradients down + parameters up (expected 2·b·P/N, b = 2 in bf16). On this CPU-only machine
 the cpu offload's copies are host → host and its states were on the host anyway, so its RSS row
@@ -20,7 +19,6 @@ for the trade, not as a claim: the machine is shared and the files sit in the pa
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
@@ -45,7 +43,6 @@ def _rss(key: str) -> int:
 
 
 def _run(rank, world, model, off, path, steps, sub):
-    ctypes.CDLL("libc.so.6").mallopt(-3, MIB)            # M_MMAP_THRESHOLD: big frees go back to the OS
     torch.manual_seed(0)
     if model == "distilbert-base":
         from transformers import DistilBertConfig, DistilBertForSequenceClassification  # optional dependency

@@ -4,16 +4,17 @@
     python benchmarks/zero_init_memory.py --layers 8 --dim 1024 --world 2     # ~10 s (2 idle cores)
     python benchmarks/zero_init_memory.py --infinity    # zero.Init + ZeRO-Infinity, Ψ = 67 M, whole run, minutes
 
-The rows run one after the other in the same ranks (primitives spawn, gloo); each rank fixes
-glibc's mmap threshold at 64 KiB (mallopt), so a freed tensor leaves RSS at once, resets its peak
+The rows run one after the other in the same ranks (primitives spawn, gloo), glibc's allocator at
+its defaults (zero.Init and the engine make their one announced setting, engine/allocator.py, so
+a freed tensor of ≥ 1 MiB leaves RSS at once; rows without Init run after it); each rank resets its peak
 (/proc/self/clear_refs "5") just before each model is built and reports VmHWM minus the RSS at that
 moment. Expected, fp32, model bytes M = 4Ψ, largest module L = 4·dim²:
   plain                      M                  (every rank builds the whole model)
   Init                       M/N + L            (a module is whole only until its __init__ returns)
   + initialize(ZeRO-3)       the engine's state, 16Ψ/N = 4M/N (parameter and gradient shards, Adam
                              m and v), + L while a unit is built; Init's shards are freed unit by unit
-Measured here (8 × Linear(1024, 1024), N = 2): plain 33.2 MiB, Init 20.7 (M/N + L = 20), plain +
-initialize 71.5, Init + initialize 64.6; N = 4: plain 33.2, Init 12.7 (12), plain + initialize 75.4
+Measured here (8 × Linear(1024, 1024), N = 2): plain 36.5 MiB, Init 25.0 (M/N + L = 20), plain +
+initialize 74.0, Init + initialize 64.9; N = 4: plain 36.5, Init 17.2 (12), plain + initialize 78.0
 (initialize's rank-0 broadcast concatenates the whole model once more), Init + initialize 32.8 (36).
 At N = 2 with Adam on the rank the engine's own 4M/N is 2M, so what Init saves (M·(N-1)/N, at
 construction) shows less after initialize; it decides whether the model can be built at all when M
@@ -30,7 +31,6 @@ without offload, which the same processes train afterwards).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import tempfile
@@ -61,7 +61,6 @@ def _rss(field: str) -> int:
 
 def peak(rank, world, init: bool, engine: bool, layers: int, dim: int) -> int:
     """Bytes this rank's peak RSS rose while building (and with engine, adopting) the model."""
-    ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)      # M_MMAP_THRESHOLD fixed: frees reach the OS
     torch.manual_seed(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -109,12 +108,9 @@ def _train(engine, rank: int, dim: int, steps: int) -> list:
 def infinity(rank, world, path: str, dim: int = 512, layers: int = 256, steps: int = 2) -> dict:
     """ZeRO-Infinity's whole run: `layers` × Linear(dim, dim) built under zero.Init with offload_param
     and offload_optimizer "nvme" (shards to files as they are built), initialize, `steps` steps.
-    The peak RSS above the RSS before the model existed, cumulative by phase (glibc: mmap threshold
-    64 KiB, one arena, so a freed tensor leaves RSS at once); then, in the same process, the same
+    The peak RSS above the RSS before the model existed, cumulative by phase (allocator defaults);
+    then, in the same process, the same
     model built plainly and trained by ZeRO-3 without offload: its losses, to compare."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 64 * 1024)                            # M_MMAP_THRESHOLD
-    libc.mallopt(-8, 1)                                    # M_ARENA_MAX: gloo's threads share the one arena
     torch.ones(8, 8) @ torch.ones(8, 8)                    # torch's first-use allocations before the baseline
     base = _rss("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:

@@ -8,14 +8,12 @@ Rows: ZeRO-1; ZeRO-3; ZeRO-3 + offload_optimizer; ZeRO-3 + offload_param + offlo
 "nvme", Init writes each shard to a file as it is built). Offload goes to files (device "nvme",
 max_in_cpu 0): on this CPU-only machine "cpu" offload keeps the states in the same memory and
 saves nothing. Each row runs in a fresh pair of ranks (primitives spawn, gloo, fp32, AdamW,
-micro-batch 2 × 32 tokens); each rank fixes glibc's mmap threshold at 1 MiB (mallopt) so freed
-tensors of ≥ 1 MiB leave RSS at once, runs a tiny T5 once (torch's kernels and thread pools are
-then loaded) and reports VmHWM above its RSS just before the model is built: "peak" covers
-construction + initialize + training, "train" the training steps alone. Between the two, glibc
-keeps the freed small blocks (< 1 MiB: the T5's 384 × 384 projections, their shards, each unit
-assembled at initialize) inside its heap, where they count in RSS until reused; "heap free" is
-that amount (mallinfo2's fordblks) after initialize, which malloc_trim(0) then returns, so "train"
-is what training holds, not what the allocator kept. Model-state formulas per rank (fp32, K = 8):
+micro-batch 2 × 32 tokens), with glibc's allocator left at its defaults (the engine's own
+process-wide setting, engine/allocator.py, announces itself); each rank runs a tiny T5 once
+(torch's kernels and thread pools are then loaded) and reports VmHWM above its RSS just before
+the model is built: "peak" covers construction + initialize + training, "train" the training
+steps alone (peak reset after initialize). "predicted" is zero_from_scratch.engine.report's
+model states + working set for the row's config (at least 4Ψ for a model built whole). Model-state formulas per rank (fp32, K = 8):
 ZeRO-1 4Ψ + 4Ψ + 8Ψ/N, ZeRO-3 16Ψ/N; offload_optimizer "nvme" removes 8Ψ/N and, at stage 3,
 the gradient shards (4Ψ/N: they go to files beside the states); offload_param 4Ψ/N more. The
 gathered units stay, bounded by LIVE (stage3_max_live_parameters 4e6, no reuse distance). The
@@ -25,7 +23,6 @@ is the median after the first step, on 2 shared cores: read it as the trade, not
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -38,6 +35,7 @@ import transformers
 from rich.table import Table
 
 import zero_from_scratch
+from zero_from_scratch.engine import report
 from primitives.launch import spawn
 from primitives.log import console
 
@@ -52,11 +50,6 @@ ROWS = [("ZeRO-1", 1, False, False, False), ("ZeRO-3", 3, False, False, False),
         ("ZeRO-3 + offload_param + offload_optimizer, zero.Init", 3, True, True, True)]
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(k, ctypes.c_size_t) for k in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                                               "uordblks", "fordblks", "keepcost")]
-
-
 def _vm(key: str) -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
@@ -69,7 +62,6 @@ def _t5(size: dict):
 
 
 def _run(rank, world, stage, ooff, poff, init, size, path, steps):
-    ctypes.CDLL("libc.so.6").mallopt(-3, MIB)             # M_MMAP_THRESHOLD: big frees go back to the OS
     z = {"stage": stage, **(LIVE if stage == 3 else {})}
     if ooff:
         z["offload_optimizer"] = {"device": "nvme", "nvme_path": path}
@@ -91,10 +83,9 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
         model = _t5(size)
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     built = _vm("VmHWM:") - base
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    heap_free, held = libc.mallinfo2().fordblks, _vm("VmRSS:") - base   # free bytes glibc keeps in its heap
-    libc.malloc_trim(0)                                    # give them back: "train" is what training holds
+    act = report.transformer_activations(model.config, 2, 32, 4)   # micro-batch 2 × 32, fp32
+    pred = (report.working_set(engine.config, engine.layout, world, act)["total"] if stage == 3
+            else 8 * engine.layout.numel + 8 * engine.layout.numel / world + act)   # ZeRO-1: states + activations
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     g, times, losses = torch.Generator().manual_seed(rank), [], []
@@ -107,7 +98,8 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
         times.append(time.perf_counter() - t)
         losses.append(loss.item())
     train = _vm("VmHWM:") - base
-    return {"peak": max(built, train), "built": built, "train": train, "heap_free": heap_free, "held": held,
+    return {"peak": max(built, train), "built": built, "train": train,
+            "predicted": pred if init else max(pred, 4 * engine.layout.numel),
             "step_s": statistics.median(times[1:] or times),
             "losses": losses, "psi": engine.layout.numel}
 
@@ -137,16 +129,19 @@ def show(data: dict) -> None:
     t = Table(title=f"T5ForConditionalGeneration (d_model {size['d']}, {size['layers']}+{size['layers']} layers, "
                     f"vocab {size['vocab']}), Ψ = {psi:,} (4Ψ = {4 * psi / MIB:,.0f} MiB), N = 2, fp32, "
                     f"micro-batch 2 × 32, ZeRO-3 live ≤ 4e6: peak RSS per rank above the pre-model RSS (MiB)")
-    for c in ("configuration", "peak r0", "peak r1", "train r0", "train r1", "peak / 4Ψ", "step s",
-              "model states (MiB)", "heap free r0"):
+    z3 = res["ZeRO-3"][0]["step_s"]
+    for c in ("configuration", "predicted", "peak r0", "peak r1", "peak / predicted", "train r0", "train r1",
+              "peak / 4Ψ", "step s", "step / ZeRO-3", "model states (MiB)"):
         t.add_column(c, justify="right" if c != "configuration" else "left")
     for name, r in res.items():
-        t.add_row(name, *[f"{x['peak'] / MIB:,.0f}" for x in r], *[f"{x['train'] / MIB:,.0f}" for x in r],
-                  f"{max(x['peak'] for x in r) / (4 * psi):.2f}", f"{r[0]['step_s']:.2f}",
-                  f"{states(name, psi) / MIB:,.0f}", f"{r[0]['heap_free'] / MIB:,.0f}")
+        peak, pred = max(x["peak"] for x in r), max(x["predicted"] for x in r)
+        t.add_row(name, f"{pred / MIB:,.0f}", *[f"{x['peak'] / MIB:,.0f}" for x in r], f"{peak / pred:.2f}",
+                  *[f"{x['train'] / MIB:,.0f}" for x in r], f"{peak / (4 * psi):.2f}", f"{r[0]['step_s']:.2f}",
+                  f"{r[0]['step_s'] / z3:.2f}", f"{states(name, psi) / MIB:,.0f}")
     console.print(t)
     same = all(res[n][0]["losses"] == res["ZeRO-3"][0]["losses"] for n in res if n != "ZeRO-1")
-    console.print(f"ZeRO-3 rows' losses bit-identical to ZeRO-3's: {same}; machine: {data['machine']}")
+    console.print(f"ZeRO-3 rows' losses bit-identical to ZeRO-3's: {same}; allocator defaults; machine: "
+                  f"{data['machine']}, load average {os.getloadavg()[0]:.1f}")
 
 
 def main(argv=None):

@@ -19,7 +19,6 @@
 * a CUDA model (where a GPU is): cpu (pinned) and nvme parameter offload train as without.
 * refusals: stage < 3, a buffer_size below a unit's shard (on every rank), unknown keys, a missing nvme_path.
 """
-import ctypes
 import os
 
 import pytest
@@ -160,7 +159,6 @@ def _vm(key: str) -> int:
 
 def _peak(rank, world, poff, path, ooff=None):
     """Training peak RSS (VmHWM after initialize, above the RSS with the model built) of 2 steps."""
-    ctypes.CDLL("libc.so.6").mallopt(-3, MIB)              # M_MMAP_THRESHOLD: frees go back to the OS at once
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)])
     base = _vm("VmRSS:")

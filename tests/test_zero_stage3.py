@@ -117,8 +117,9 @@ def test_divergent_module_calls_raise_naming_the_module(spawn, impl):
 
 
 def _freed_between_forward_and_backward(rank, world):
-    """Every buffer gathered for forward must be gone before backward starts (autograd saves a
-    reference to the unit, not the tensor), and backward must still see the weights."""
+    """Every buffer gathered for forward must be back in the engine's pool before backward starts,
+    nothing else holding it (autograd saves a reference to the unit, not the tensor: a buffer
+    something kept would leave the pool as `escaped`), and backward must still see the weights."""
     import gc
 
     from torch.multiprocessing.reductions import StorageWeakRef   # a weak reference to the bytes
@@ -137,7 +138,7 @@ def _freed_between_forward_and_backward(rank, world):
     x = torch.randn(2, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()  # so W.t() is saved
     loss = engine(x).sum()
     gc.collect()
-    alive = sum(not r.expired() for r in refs)
+    alive = st.units_pool.in_use + st.units_pool.escaped   # bytes handed out, buffers something kept
     engine.backward(loss)                       # must still find every weight it saved
     engine.step()
     return len(refs), alive, sum(saved_as_refs)
@@ -146,5 +147,50 @@ def _freed_between_forward_and_backward(rank, world):
 def test_gathered_weights_are_freed_between_forward_and_backward(spawn):
     for n_gathered, alive, n_refs in spawn(_freed_between_forward_and_backward, 2):
         assert n_gathered == 4                  # four modules own parameters (GELU has none)
-        assert alive == 0, f"{alive} gathered buffers still alive after forward"
+        assert alive == 0, f"gathered buffers not back in the pool after forward ({alive})"
         assert n_refs >= 3                      # the Linear weights were saved by reference
+
+
+def test_pool_reuses_a_buffer_only_when_nothing_else_holds_it():
+    """engine/pools.py without processes: a buffer given back is handed out again; one that a view
+    still sees leaves the pool (escaped) and the next take allocates, so two owners never share bytes."""
+    from zero_from_scratch.engine.pools import Pool
+    p = Pool("test", torch.float32, torch.device("cpu"))
+    a = p.take(8)
+    a.fill_(1.0)
+    p.give(a)
+    assert p.take(8) is a and p.allocs == 1 and p.held == 32
+    view = a[2:4]
+    p.give(a)
+    b = p.take(8)
+    assert b is not a and p.escaped == 1 and p.allocs == 2
+    b.fill_(2.0)
+    assert view.tolist() == [1.0, 1.0]          # the kept view's bytes are untouched
+    assert p.take(4).numel() == 4 and p.allocs == 3   # sizes are exact: no buffer of 8 serves 4
+
+
+def _pooled_steps(rank, world):
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Linear(32, 32) for _ in range(6)])
+    cfg = {**CFG, "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_param_persistence_threshold": 0,
+                                        "stage3_max_live_parameters": 3000, "stage3_prefetch_bucket_size": 3000}}
+    engine, *_ = zero_from_scratch.initialize(model=m, model_parameters=m.parameters(), config=cfg)
+    allocs, losses = [], []
+    for step in range(4):
+        x = torch.randn(2, 32, generator=torch.Generator().manual_seed(10 * step + rank))
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+        allocs.append(engine.stage.units_pool.allocs)
+    return allocs, engine.stage.units_pool.report(), losses
+
+
+def test_gathered_units_come_from_a_pool_that_stops_growing(spawn):
+    """After the first step (which records the trace) every gather reuses a pooled buffer: no
+    allocation, nothing escaped, and the pool holds no more than the live bound allows (3000
+    elements → two units of 1056)."""
+    for allocs, rep, _ in spawn(_pooled_steps, 2):
+        assert allocs[1] == allocs[2] == allocs[3], allocs
+        assert rep["escaped"] == 0 and rep["takes"] > 4 * rep["allocations"], rep
+        assert rep["held_bytes"] <= 2 * 4 * 1056 + 4 * 1056, rep   # two live + one demand beyond the cap

@@ -74,9 +74,13 @@ class Stage3(Stage2):
 
     def _fetch(self, u, kind: str) -> torch.Tensor:
         """u's full parameters, all-gathered from every rank's shard."""
-        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
+        full = self._empty_unit(u)
         self.comm.all_gather_single(full, self.param_shard(u), **self.kw(f"param all-gather ({kind})", u))
         return full
+
+    def _empty_unit(self, u) -> torch.Tensor:
+        """A buffer for u's full parameters (the engine reuses them: engine/pools.py)."""
+        return torch.empty(u.padded, dtype=self.dtype, device=self.dev)
 
     def _install(self, u, full: torch.Tensor) -> None:
         for s in u.slots:

@@ -196,6 +196,8 @@ class InBand:
         if posts:
             for lt, r in zip(posts, comm._post_raw([(lt.kind, lt.t, lt.peer) for lt in posts])):
                 lt.req = r
+        self.later = []      # each handle has its request now; kept, they would form a cycle (handle.ib ↔
+                             # self.later) that holds the call's tensors until Python's cycle collector runs
 
     def _drain(self, heads) -> None:
         """Nothing of the aborted call stays in flight: receive what was announced to me, wait for mine."""

@@ -7,8 +7,8 @@
 device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_rank{r}/group{g}.{key}:
                fp32 master (mixed precision only: in fp32 the parameter shard is the master),
                Adam's exp_avg and exp_avg_sq. The step streams them through one staging buffer per
-               key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), allocated for the
-               step and freed after it: read a chunk, Adam on it (optim.py, the same function as
+               key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), allocated once and
+               kept (engine/pools.py says why): read a chunk, Adam on it (optim.py, the same function as
                without offload, so the result is bit-identical), write it back. DeepSpeed sizes its
                buffer_count swap buffers to a whole sub-group (default 1e9 elements: a whole shard,
                so at default settings its buffers cost what offload saves); Adam is elementwise, so
@@ -94,6 +94,7 @@ class HostOptimizerStates:
         self.pin = pin_memory and e.device.type == "cuda"   # pinning needs (and only helps) CUDA
         self.chunk = stream_chunk(e, sub_group_size)
         self.master = [self._host(n, torch.float32) for n in e.layout.group_local]
+        self.gbuf = self._host(self.chunk, e.dtype)       # the gradient chunk's staging, kept
         self.bytes_down = self.bytes_up = 0       # running totals; per step: see report()
         self.steps = 0
 
@@ -118,7 +119,7 @@ class HostOptimizerStates:
 
     def step(self, coef: float, scale: float) -> None:
         e, opt, first = self.e, self.e.optimizer, set()
-        gbuf = self._host(self.chunk, e.dtype)    # freed when the step returns
+        gbuf = self.gbuf
         for u in e.layout.units:
             g_dev, p_dev = e.stage.grad_shard(u), e.stage.param_shard(u)
             master = self.master[u.group][u.local_offset:u.local_offset + u.shard]
@@ -177,6 +178,7 @@ class NvmeOptimizerStates:
                                f"{bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder with room for "
                                f"{len(self.keys) * 4}·Ψ/N bytes per rank")
         self.bytes_read = self.bytes_written = 0
+        self.staging = {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}   # kept: no heap churn
 
     def _chunks(self):
         """(unit, a, b): the step order of the non-offloaded engine, cut at sub_group_size."""
@@ -184,15 +186,11 @@ class NvmeOptimizerStates:
             for a in range(0, max(u.shard, 1), self.chunk):
                 yield u, a, min(a + self.chunk, u.shard)
 
-    def _buffers(self) -> dict:
-        """Staging buffers for one pass over the states, freed by the caller when it returns."""
-        return {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}
-
     def write_master(self) -> None:
         """master file ← the model-dtype shards (refresh_master for an offloaded run)."""
         if not self.e.mixed:
             return
-        buf = self._buffers()["master"]
+        buf = self.staging["master"]
         for u, a, b in self._chunks():
             m = buf[:b - a]
             m.copy_(self.e.stage.param_shard(u)[a:b])
@@ -201,7 +199,7 @@ class NvmeOptimizerStates:
     def step(self, coef: float, scale: float) -> None:
         """Adam over every chunk: read (master,) m, v; step; write back; copy master into the params."""
         e, err = self.e, ""
-        opt, first, staging = e.optimizer, set(), self._buffers()
+        opt, first, staging = e.optimizer, set(), self.staging
         try:
             for u, a, b in self._chunks():
                 n, off = b - a, 4 * (u.local_offset + a)
@@ -227,7 +225,7 @@ class NvmeOptimizerStates:
                 self.bytes_written += 4 * n * len(self.keys)
         except OSError as ex:
             err = f"{ex}"
-        staging = bufs = None                  # freed before the next forward: never part of its peak
+        bufs = None
         bad = failed_ranks(self.e.comm, bool(err))
         if bad:
             raise OffloadError(f"rank {e.comm.rank}: the optimizer step failed writing/reading offloaded states on "

@@ -14,8 +14,9 @@ Where a rank's parameter shards (Ψ/N elements, model dtype, b bytes each) live 
 Between uses the rank holds at most buffer_count shards in buffers on the model's device, each ≤
 buffer_size elements (a larger unit shard is refused at start-up, as DeepSpeed's swap buffers
 would be too small); a new one evicts the oldest that no all-gather is reading, writing it back.
-DeepSpeed preallocates buffer_count × buffer_size pinned elements; here a buffer is allocated when
-a shard arrives and freed when it leaves, so memory follows what is resident.
+DeepSpeed preallocates buffer_count × buffer_size pinned elements; here the buffers come from a
+pool (pools.py): one of a shard's exact size is allocated the first time it is needed and reused
+after, so the store holds at most buffer_count buffers of each shard size, never buffer_size.
 Who asks: the all-gathers of the stage (forward, backward, prefetch: stage3.py), which read a shard
 and drop it once the collective has it (nothing written back); and everything that may write (the
 optimizer step, a checkpoint load, gathered_parameters(modifier_rank=)), whose shards are written
@@ -43,6 +44,7 @@ import torch
 
 from zero_from_scratch.engine import zero_partition as zp
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
+from zero_from_scratch.engine.pools import Pool
 
 DEVICES = ("none", "cpu", "nvme")
 DEFAULTS = {"device": "none", "nvme_path": None, "pin_memory": True, "buffer_count": 5, "buffer_size": 100_000_000,
@@ -137,6 +139,7 @@ class ParamStore:
                                     f"rank(s) {bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder "
                                     f"with room for {self.b}·Ψ/N bytes per rank")
         self.resident: OrderedDict[int, torch.Tensor] = OrderedDict()   # unit -> buffer on the device, oldest first
+        self.pool = Pool(f"{name} shards", self.dtype, self.dev)          # the resident buffers, reused
         self.reading: set[int] = set()                      # resident only for an all-gather: never written back
         self.bytes_read = self.bytes_written = 0
         self.gathers = 0                                    # all-gathers that read a shard from the store
@@ -160,7 +163,7 @@ class ParamStore:
         victims = [i for i in self.resident if i not in self.reading]
         while len(self.resident) >= self.spec["buffer_count"] and victims:
             self._evict(victims.pop(0))
-        buf = torch.empty(u.shard, dtype=self.dtype, device=self.dev)
+        buf = self.pool.take(u.shard)
         if u.index in self.zeroed:                          # known zeros: nothing to read
             self.zeroed.discard(u.index)
             self.resident[u.index] = buf.zero_()
@@ -181,6 +184,12 @@ class ParamStore:
 
     def _evict(self, i: int) -> None:
         buf = self.resident.pop(i)
+        try:
+            self._write_back(i, buf)
+        finally:
+            self.pool.give(buf)
+
+    def _write_back(self, i: int, buf: torch.Tensor) -> None:
         if i in self.reading:                               # unchanged copy: just drop it
             self.reading.discard(i)
             return
@@ -217,6 +226,8 @@ class ParamStore:
 
     def zero_all(self) -> None:
         """Every shard is zeros (zero_grad): drop the buffers unwritten, read nothing until written."""
+        for buf in self.resident.values():
+            self.pool.give(buf)
         self.resident.clear()
         self.reading.clear()
         self.zeroed = {u.index for u in self.units}

@@ -104,9 +104,11 @@ class Prefetcher:
             traversed += self.unit(i).numel
         return False
 
-    def drop(self) -> None:
-        """Wait for and forget every prefetch in flight."""
-        for i, (wait, _) in list(self.prefetched.items()):
+    def drop(self, give=None) -> None:
+        """Wait for and forget every prefetch in flight (give(buffer) hands each buffer back)."""
+        for i, (wait, buf) in list(self.prefetched.items()):
             wait()
             self.live -= self.unit(i).padded
+            if give is not None:
+                give(buf)
         self.prefetched.clear()

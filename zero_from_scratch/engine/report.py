@@ -7,21 +7,116 @@ The model is built on the meta device (shapes only, no memory), the engine's own
 function pads it exactly as a run would, and ledger.py turns the layout into bytes: what the
 engine allocates per rank (the formula at the padded count P), the ZeRO paper's formula at Ψ,
 DeepSpeed's estimator, and the ring bytes each rank sends per optimizer step.
+working_set(engine) adds what a ZeRO-3 run holds besides the model states, each bounded by a
+config key (the engine's pools, engine/pools.py, never hold more): the gathered units (≤
+stage3_max_live_parameters, at least the largest unit; the prefetch counts in it), the shards
+read in by offload_param (buffer_count), the gradient shards of offload_optimizer "nvme"
+(GRAD_BUFFERS), the gradient buckets (one, two with overlap_comm), the autograd gradient of one
+unit before its bucket takes it, the optimizer's staging and temporaries, and the activations of a
+batch (given). The engine prints its line at start-up (stage3.py); benchmarks/infinity_memory.py
+and benchmarks/zero_memory_table.py set it beside the measured peak.
 """
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
 from rich.table import Table
 
-from primitives.log import console
+from primitives.engine.shm_collectives import BUFS
+from primitives.engine.shm_segment import WS_BYTES
+from primitives.log import console, print0
+from zero_from_scratch.engine import offload, param_offload, step
+from zero_from_scratch.engine.config import load_config
+from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.params import module_units
 from zero_from_scratch.engine.ledger import (comm_bytes_per_step, deepspeed_estimate, model_state_bytes, paper_comm)
 from zero_from_scratch.sharding import bucket_units, shard_layout
 
 MODELS = ("distilbert", "distilbert-tiny", "mlp")
+MIB = 2 ** 20
+
+
+def live_bound(sizes: list[int], max_live: int) -> int:
+    """Elements gathered at once under stage3_max_live_parameters: the most consecutive units (in
+    layout order, which the trace follows) that fit under it, at least the largest unit."""
+    best, lo, run = max(sizes, default=0), 0, 0
+    for hi, n in enumerate(sizes):
+        run += n
+        while run > max_live and lo <= hi:
+            run, lo = run - sizes[lo], lo + 1
+        best = max(best, run)
+    return best
+
+
+def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
+    """Bytes per rank a ZeRO-3 run of `cfg` (engine.config) on `layout` holds in host memory (a
+    CPU model) while training: the model states left in memory and the working set, by part;
+    "total" is their sum."""
+    z, units = cfg.zero, layout.units
+    b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
+    mixed = b != 4
+    shards = sum(u.shard for u in units)
+    big_unit, big_shard = max(u.padded for u in units), max(u.shard for u in units)
+    poff, ooff = getattr(cfg, "offload_param", None), cfg.offload_optimizer
+    nvme_opt = bool(ooff) and ooff["device"] == "nvme"
+    keys = 3 if mixed else 2                        # (fp32 master,) Adam m, v
+    in_cpu = shards if not poff or poff["device"] != "nvme" else min(shards, poff["max_in_cpu"])
+    out = {"parameter shards": b * in_cpu,
+           "gradient shards": 0 if nvme_opt else b * shards,          # nvme at stage 3: in files too
+           "optimizer states": 0 if nvme_opt else 4 * keys * shards,
+           "gathered units (max_live)": b * live_bound([u.padded for u in units], z.stage3_max_live_parameters),
+           "offload_param buffers": b * big_shard * poff["buffer_count"] if poff else 0,
+           "gradient shard buffers": b * big_shard * param_offload.GRAD_BUFFERS if nvme_opt else 0,
+           "gradient buckets": b * big_unit * (2 if z.overlap_comm and n > 1 and not nvme_opt else 1),
+           "autograd gradient of a unit": b * big_unit}
+    if nvme_opt:
+        chunk = offload.stream_chunk(SimpleNamespace(layout=layout), cfg.sub_group_size)
+        out["optimizer staging + temporaries"] = 4 * chunk * (keys + 2)
+    else:
+        out["optimizer staging + temporaries"] = 4 * 2 * min(step.STEP_CHUNK, big_shard)
+    # the shared-memory transport's workspaces (primitives/engine/shm_segment.py), ranks on one host
+    out["shm transport workspaces"] = BUFS * WS_BYTES if n > 1 else 0
+    out["activations"] = activations
+    out["total"] = sum(out.values())
+    return out
+
+
+def mlp_activations(batch: int, dim: int, layers: int) -> int:
+    """fp32 bytes autograd keeps for a residual MLP block x + tanh(Linear(x)): its input, the
+    linear's output and tanh's output, per block."""
+    return 4 * 3 * batch * dim * layers
+
+
+def key_allowance(cfg, layout) -> str:
+    """One line: what each stage-3 key allows in host memory on this engine (a CPU model)."""
+    z = cfg.zero
+    b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
+    sizes = [u.padded for u in layout.units]
+    reuse = "no unit kept past its forward" if z.stage3_max_reuse_distance == 0 else "units kept for reuse"
+    persist = b * sum(n for n in sizes if n <= z.stage3_param_persistence_threshold)
+    return (f"\\[zero_from_scratch] host memory per rank the ZeRO-3 keys allow ({b}-byte elements): "
+            f"stage3_max_live_parameters {z.stage3_max_live_parameters:,.0f} → ≤ "
+            f"{b * live_bound(sizes, z.stage3_max_live_parameters) / MIB:,.1f} MiB gathered at once, which "
+            f"stage3_prefetch_bucket_size {z.stage3_prefetch_bucket_size:,.0f} (≤ "
+            f"{b * min(z.stage3_prefetch_bucket_size, sum(sizes)) / MIB:,.1f} MiB ahead) and "
+            f"stage3_max_reuse_distance {z.stage3_max_reuse_distance:,.0f} ({reuse}) stay within; "
+            f"stage3_param_persistence_threshold {z.stage3_param_persistence_threshold:,.0f} → "
+            f"{persist / MIB:,.1f} MiB kept gathered")
+
+
+# DeepSpeed's defaults of the keys that bound the working set: a config that sets one, or
+# offload_param, gets a start-up line saying how much host memory each allows
+MEMORY_KEYS = {"stage3_max_live_parameters": 1_000_000_000, "stage3_prefetch_bucket_size": 50_000_000,
+               "stage3_max_reuse_distance": 1_000_000_000, "stage3_param_persistence_threshold": 100_000}
+
+
+def announce(cfg, layout) -> None:
+    """The engine's start-up line (rank 0), when the config sizes ZeRO-3's memory."""
+    if getattr(cfg, "offload_param", None) is not None or any(getattr(cfg.zero, k) != d for k, d in MEMORY_KEYS.items()):
+        print0(key_allowance(cfg, layout), soft_wrap=True)
 
 
 def build(name: str) -> nn.Module:
@@ -80,17 +175,53 @@ def tables(model_name: str, n: int, mixed: bool) -> tuple[Table, Table, dict]:
     return mem, com, data
 
 
+def transformer_activations(config, batch: int, seq: int, b: int) -> int:
+    """Activation bytes of a transformer for a batch (Korthikanti et al. 2022, no recomputation:
+    (34·s·h + 5·a·s²)·B per layer at 2-byte activations, scaled to b bytes), plus the logits and
+    their gradient (2·B·s·V·b). config: a transformers config (DistilBERT's or T5's names)."""
+    c = config
+    h = getattr(c, "dim", None) or getattr(c, "d_model", 0)
+    a = getattr(c, "n_heads", None) or getattr(c, "num_heads", 1)
+    layers = (getattr(c, "n_layers", None) or getattr(c, "num_layers", 1)) + (getattr(c, "num_decoder_layers", 0) or 0)
+    per_layer = batch * (34 * seq * h + 5 * a * seq * seq) * b / 2
+    return int(layers * per_layer + 2 * batch * seq * getattr(c, "vocab_size", 0) * b)
+
+
+def working_set_table(model_name: str, n: int, mixed: bool, batch: int, seq: int, config: str | None) -> tuple:
+    """The ZeRO-3 working set of `config` (a DeepSpeed JSON; default: stage 3, DeepSpeed's defaults)."""
+    model = build(model_name)
+    raw = config or {"train_batch_size": batch * n, "bf16": {"enabled": mixed}, "zero_optimization": {"stage": 3}}
+    cfg = load_config(raw, n)
+    lay = layouts(model, n)[3]
+    b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
+    act = transformer_activations(model.config, batch, seq, b) if model_name.startswith("distilbert") else 0
+    ws = working_set(cfg, lay, n, act)
+    t = Table(title=f"{model_name}: ZeRO-3 host memory per rank (MiB), N={n}, {config or 'DeepSpeed defaults'}, "
+                    f"micro-batch {batch} × {seq}")
+    t.add_column("part")
+    t.add_column("MiB", justify="right")
+    for k, v in ws.items():
+        t.add_row(f"[bold]{k}[/bold]" if k == "total" else k, f"{v / MIB:,.1f}")
+    return t, key_allowance(cfg, lay)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="distilbert", choices=MODELS)
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="mixed precision (2-byte params/grads, fp32 master)")
+    ap.add_argument("--config", default=None, help="a DeepSpeed JSON for the ZeRO-3 working set (stage3_* keys, offload)")
+    ap.add_argument("--batch", type=int, default=8, help="micro-batch for the activations (transformers)")
+    ap.add_argument("--seq", type=int, default=128, help="sequence length for the activations (transformers)")
     a = ap.parse_args(argv)
     if a.world_size < 1:
         ap.error(f"--world-size must be >= 1, got {a.world_size}")
     mem, com, _ = tables(a.model, a.world_size, a.bf16)
     console.print(mem)
     console.print(com)
+    ws, line = working_set_table(a.model, a.world_size, a.bf16, a.batch, a.seq, a.config)
+    console.print(ws)
+    console.print(line, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   divergence                  DivergenceCheck (divergence.py): every collective carries (kind,
                               unit, call#); ranks that ran different modules raise
                               ZeroDivergenceError naming them, instead of hanging
+  buffers                     Pool (pools.py): gathered units reused step after step; allocator.py:
+                              the one process-wide setting, announced; report.py: what each key allows
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
   offload_param               ParamStore (param_offload.py): shards on the host or in files,
                               read in for each all-gather, written back after the step;
@@ -28,8 +30,9 @@ import warnings
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import hpz, param_offload, qgz, qwz
+from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
+from zero_from_scratch.engine.pools import Pool
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
 from zero_from_scratch.engine import zero_partition as zp
@@ -43,8 +46,12 @@ FORCED = ("gather_ctx", "evict", "step")     # releases that drop even persisten
 class ZeroStage3(Pooled, TimedWait, Stage3):
     def __init__(self, engine):
         z, c = engine.config.zero, engine.comm
+        allocator.map_large_blocks()                       # before any unit is built (allocator.py)
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
         self.pool = BucketPool(self, engine)
+        if param_offload.grads_go_to_files(engine):
+            self.pool.limit = 1                           # each reduce is waited for at once: one bucket serves
+        self.units_pool = Pool("gathered units", engine.dtype, engine.device)   # every gathered unit's buffer
         self.pf = Prefetcher(self.unit, z.stage3_prefetch_bucket_size if self.overlap else 0,
                              z.stage3_max_live_parameters, z.stage3_max_reuse_distance)
         self.persistent = {u.index for u in engine.layout.units if u.numel <= z.stage3_param_persistence_threshold}
@@ -57,6 +64,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
         self.poff = param_offload.make(self)              # offload_param (the shards built here), None when off
         self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
+        report.announce(engine.config, engine.layout)    # what each stage-3 key allows, when a user sets one
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
 
@@ -136,7 +144,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
                 self.poff.end_read(u)                     # the collective has the shard: drop its copy
             return full
         if (self.qwz and kind in qwz.KINDS) or (self.hpz and self.hpz.has(u, kind)):
-            full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
+            full = self._empty_unit(u)
             if self.qwz and kind in qwz.KINDS:
                 self.qwz.fetch(u, kind, full)
             else:
@@ -156,13 +164,17 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             self.poff.begin_read(u)                       # kept until _gather has waited for it
         if self.qwz:
             return self.qwz.start(u, kind, tag)
-        full = torch.empty(u.padded, dtype=self.dtype, device=self.dev)
+        full = self._empty_unit(u)
         h = self.hpz.gather(u, kind, full, tag, async_op=True) if self.hpz else None   # backward: in the node
         if h is not None:
             return functools.partial(self.comm.wait, h), full
         h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
                                         async_op=True, what=u.tag)
         return functools.partial(self.comm.wait, h, *([lambda: self.hpz.keep(u, full)] if self.hpz else [])), full
+
+    def _empty_unit(self, u) -> torch.Tensor:
+        """A free pooled buffer of u's size, else the textbook's new one (kept by the pool after)."""
+        return self.units_pool.take(u.padded, lambda: super(ZeroStage3, self)._empty_unit(u))
 
     def _install(self, u, full: torch.Tensor) -> None:
         super()._install(u, full)
@@ -180,12 +192,14 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             if u.index in self.pf.kept:
                 self.pf.kept.remove(u.index)
             self.pf.live -= u.padded
-            self.saved.remove(self.full_of[u.index])
+            full = self.full_of[u.index]
+            self.saved.remove(full)
             super()._release(u, kind)
+            self.units_pool.give(full)           # reused by the next gather unless something kept it
 
     def release_all(self) -> None:
         """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
-        self.pf.drop()
+        self.pf.drop(self.units_pool.give)
         for i in list(self.full_of):
             self._release(self.unit(i), "step")
 
@@ -230,7 +244,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             super().after_backward(boundary)
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
-        self.pf.drop()                   # a micro-batch that left the trace may leave some in flight
+        self.pf.drop(self.units_pool.give)                   # a micro-batch that left the trace may leave some in flight
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 

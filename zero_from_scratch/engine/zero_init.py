@@ -33,16 +33,14 @@ data_parallel_group: the torch.distributed group to partition over (default: the
 """
 from __future__ import annotations
 
-import json
-import warnings
-import weakref
+import json, warnings, weakref
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from zero_from_scratch.engine import zero_partition as zp
+from zero_from_scratch.engine import allocator, zero_partition as zp
 from zero_from_scratch.engine.external import register_external_parameter
 from zero_from_scratch.engine.init_swap import InitSwap
 from zero_from_scratch.engine.zero_gathered import GatheredParameters
@@ -153,6 +151,7 @@ class Init:
         if not self.enabled:
             return self
         if STATE.depth == 0:
+            allocator.map_large_blocks()      # each module's weights, freed once partitioned, leave at once
             STATE.top = self
             self._patch()
             self.mode = _Touch(self)
