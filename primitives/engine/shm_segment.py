@@ -36,6 +36,18 @@ LINE = 64                                                            # one cache
 # a rank's control line: +32 doorbell (shm.py); the shm collectives' flags (shm_collectives.py):
 SEQ_OFF, SLEEP_OFF = 8, 40    # int64 publish counter, int32 "asleep on my doorbell"
 SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
+POLLS = os.environ.get("RINGZERO_SHM_POLLS")   # the shm collectives' quick polls (~50 ns each): polls() by default
+
+
+def polls(n_local: int) -> int:
+    """How often a shm collective polls its peers' flags before ShmComm.spin_until: ~1000 polls
+    (~50-100 µs) while every local rank has a core of its own (a peer that runs publishes within
+    µs; a futex sleep and wake-up costs ~50 µs), none when ranks outnumber cores (the peer
+    needs mine). RINGZERO_SHM_POLLS overrides."""
+    if POLLS is not None:
+        return int(POLLS)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 1000 if n_local <= cores else 0
 
 
 def transport_from_env(transport: str | None) -> str:

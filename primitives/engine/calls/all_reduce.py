@@ -6,9 +6,9 @@ textbook algorithms of primitives/all_reduce.py (which run unchanged on every tr
 from __future__ import annotations
 
 from primitives.all_reduce import direct, linear, one_shot, rabenseifner, recursive_doubling, reduce_rows, ring
-from primitives.engine import shm_collectives
+from primitives.engine import planned, shm_collectives
 from primitives.engine.check import Check, ReduceOp
-from primitives.engine.core import PASSED, LazyFlat, plan, remember, replayed, run, sig
+from primitives.engine.core import PASSED, LazyFlat, _pending, fingerprint, plan, remember, replayed, run, sig
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import all_reduce_2level
 from primitives.ops import finish_avg_
@@ -62,7 +62,13 @@ def all_reduce(comm, tensor, op=ReduceOp.SUM, async_op=False, *, algorithm="auto
         done()
     fused = (_one_shot_fused(prep, opn, comm.size, comm.rank, done)
              if ok and tensor.numel() and pl.fused else None)
-    return run(comm, "all_reduce", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
-               dtype=tensor.dtype if ok else None, op=opn, root=-1,
-               shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
-               fused=fused, replay=rp)
+    out = run(comm, "all_reduce", algo, check, plan=pl, numel=tensor.numel() if ok else -1,
+              dtype=tensor.dtype if ok else None, op=opn, root=-1,
+              shape=tuple(tensor.shape) if ok else (), nbytes=nbytes, body=body, async_op=async_op, tag=tag,
+              fused=fused, replay=rp)
+    if (rp is not None and rp.record is not None and algo == "shm" and pl.check in ("shm", None) and not async_op
+            and tensor.numel() and comm.size > 1 and not prep._copied):   # nothing left to decide: planned.py
+        stamp = shm_collectives.Stamp("all_reduce", fingerprint("all_reduce", algo, opn, -1, tensor.dtype, tensor.numel(),
+                                                                tuple(tensor.shape), tag), [])
+        planned.all_reduce(comm, tensor, op, algorithm, tag, opn, stamp if pl.check else None, rp.record, _pending)
+    return out
