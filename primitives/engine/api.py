@@ -100,7 +100,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         comm = group if isinstance(group, Communicator) else (
             _COMMS.get(None) if group is None and dist.is_initialized() else None)
         pl = comm.__dict__.get("planned") if comm is not None else None
-        if pl and (pl := pl.get((tensor.dtype, tensor.shape, op, algorithm, tag))) is not None and pl.run(tensor):
+        if pl and (pl := pl.get((tensor.dtype, tensor.shape, id(op), algorithm, tag))) is not None and pl.run(tensor):
             return None
     return _run("all_reduce", group, async_op, [tensor], lambda comm: _ar.all_reduce(
         comm, real(tensor), op, async_op, algorithm=algorithm, tag=tag), op, [tensor])

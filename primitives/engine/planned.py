@@ -38,10 +38,11 @@ _STRIDED = torch.strided
 
 
 class Planned:
-    __slots__ = ("comm", "st", "fn", "op", "avg", "stamp", "rec", "name", "algo", "pending")
+    __slots__ = ("comm", "st", "fn", "op", "avg", "stamp", "rec", "name", "algo", "pending", "op_obj")
 
-    def __init__(self, comm, st, fn, op: str, stamp, template: CallRecord, pending: dict):
+    def __init__(self, comm, st, fn, op: str, stamp, template: CallRecord, pending: dict, op_obj=None):
         self.comm, self.st, self.fn, self.op, self.avg = comm, st, fn, op, op == "avg"
+        self.op_obj = op_obj          # the caller's op, kept alive: its id() is part of the key
         self.stamp, self.name, self.algo, self.pending = stamp, template.name, template.algorithm, pending
         self.rec = CallRecord(template.name, template.algorithm, template.nbytes, template.counts, template.links,
                               template)
@@ -67,7 +68,8 @@ class Planned:
 
 
 def table(comm) -> dict:
-    """comm's Planned calls, keyed by (dtype, shape, op, algorithm, tag) as the API receives them."""
+    """comm's Planned calls, keyed by (dtype, shape, id(op), algorithm, tag) as the API receives them
+    (hashing a ReduceOp costs ~0.5 µs, its id ~50 ns; the Planned holds the op, so the id stays its)."""
     t = comm.__dict__.get("planned")
     if t is None:
         t = comm.planned = {}
@@ -86,5 +88,5 @@ def all_reduce(comm, tensor, op, algorithm, tag, opn: str, stamp, template, pend
     st = shm_collectives.state(comm)
     nbytes = tensor.numel() * tensor.element_size()
     fn = shm.shm_one_shot if nbytes <= shm_collectives.ONE_SHOT_BYTES else shm.shm_reduce_by_slices
-    table(comm)[(tensor.dtype, tensor.shape, op, algorithm, tag)] = Planned(comm, st, fn, opn, stamp, template,
-                                                                          pending)
+    table(comm)[(tensor.dtype, tensor.shape, id(op), algorithm, tag)] = Planned(comm, st, fn, opn, stamp, template,
+                                                                              pending, op)

@@ -13,10 +13,11 @@ in 2 MiB rounds than in 16 MiB ones). The ledger counts what peers read of mine:
 
 Each rank has a publish counter in its control line (shm_segment.SEQ_OFF). Publishing = bump
 mine after writing the data (x86-64 keeps stores in order); waiting = until every peer's
-counter reached mine, in ShmComm.spin_until (shm.py): a few polls, sched_yield() for
-RINGZERO_SHM_YIELD_S (default 0: on an oversubscribed host a polling rank holds the core its
-peer needs; what MPIR_CVAR_ENABLE_HEAVY_YIELD does for MPICH), then a futex on my doorbell,
-which a publisher bumps always and rings (a system call) only when I said I sleep.
+counter reached mine: _State.wait polls the counters (up to shm_segment.max_polls: 2000 while
+every rank has a core, 64 when ranks outnumber cores; halved after a wait that slept, doubled
+after one that ended soon after), then ShmComm.spin_until (shm.py): 32 polls more, sched_yield()
+for shm_segment.yield_s (0.5 ms when ranks outnumber cores, else 0), then a futex on my
+doorbell, which a publisher bumps always and rings (a system call) only when I said I sleep.
 Cost per flag: one store per peer, a system call per sleeping peer, one wake-up when I slept.
 
 The check (core.run -> checked()): the call's fingerprint (check.py) and this rank's argument
@@ -78,7 +79,8 @@ class _State:
         self.ws = [[comm.u8[L["ws"] + (r * BUFS + b) * W:][:W] for b in range(BUFS)] for r in range(n)]
         self.hoff = [[L["hdr"] + (r * BUFS + b) * HDR_BYTES for b in range(BUFS)] for r in range(n)]
         self.hdr = [[comm.i64[o // 8:][:HDR_BYTES // 8] for o in offs] for offs in self.hoff]
-        self.views, self.polls = {}, seg.polls(comm.n_local)
+        self.views, self.max_polls = {}, seg.max_polls(comm.n_local)
+        self.polls = self.max_polls
 
     def view(self, r: int, b: int, dtype, i: int = 0, j: int | None = None) -> torch.Tensor:
         """Cached: a torch slice costs µs, and a step repeats the same few views every call."""
@@ -123,8 +125,11 @@ class _State:
                     break
             else:
                 break
-        else:
-            self._wait_long(b)
+        else:          # adapt: poll longer when the peer came soon after, less when I had to sleep
+            if self._wait_long(b):
+                self.polls = min(self.max_polls, 2 * self.polls + 64)
+            elif seg.POLLS is None:
+                self.polls //= 2
         fp = self.fp
         if b is not None and fp is not None:
             self.fp = None
@@ -134,7 +139,8 @@ class _State:
                 if mm[o:o + n] != fp.head or fp.errors:
                     _verify(self.comm, self, b, fp)
 
-    def _wait_long(self, b: int | None) -> None:
+    def _wait_long(self, b: int | None) -> bool:
+        """ShmComm.spin_until; whether it ended within its polls (the peer was close)."""
         comm, k, q, polls = self.comm, self.seq, self.q, 0
         pend = [(p, i) for p, i in self.peer_seq if q[i] < k]
 
@@ -147,8 +153,7 @@ class _State:
             if pend and stray is not None:
                 _answer(comm, self)
             return not pend
-        if pend:
-            comm.spin_until(ready, lambda: pend[0][0], f"{self.what}: waiting for")
+        return not pend or comm.spin_until(ready, lambda: pend[0][0], f"{self.what}: waiting for")
 
 
 def state(comm) -> _State:
