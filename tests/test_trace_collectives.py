@@ -218,6 +218,12 @@ def _planned(rank, n):
     u = torch.ones(5)
     primitives.all_reduce(u)
     out["after"] = u.tolist()
+    g = torch.distributed.new_group(list(range(n)))       # a group passed explicitly is planned too
+    for _ in range(3):
+        primitives.all_reduce(torch.ones(4), group=g)
+    v = torch.ones(4)
+    seen = traced(lambda: primitives.all_reduce(v, group=g))
+    out["group"] = (v.tolist(), "Planned.run" in seen and "run" not in seen)
     return out
 
 
@@ -226,7 +232,7 @@ def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
     the textbook's shm_one_shot runs without core.run, SUM and AVG give the exact sums, the
     ledger adds the same bytes as the formula (one-shot: (N-1)·S sent); a non-contiguous tensor
     of the same signature takes the full path; set_handshake drops the plans; a peer passing
-    another tag still raises on both ranks."""
+    another tag still raises on both ranks; a group passed explicitly is planned as well."""
     from primitives.launch import spawn
     n = 2
     base = [[sum(3 * i + j + r for r in range(n)) for j in range(3)] for i in range(2)]
@@ -239,3 +245,4 @@ def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
         assert out["switched"] == 0, (r, out)
         assert out["mismatch"].startswith("CollectiveError") and "tag" in out["mismatch"], (r, out)
         assert out["after"] == [float(n)] * 5, (r, out)
+        assert out["group"] == ([float(n)] * 4, True), (r, out)

@@ -98,8 +98,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
     planned signature replays its plan (planned.py) without the steps below."""
     if not async_op:
         comm = group if isinstance(group, Communicator) else (
-            _COMMS.get(None) if group is None and dist.is_initialized() else None)
-        pl = comm.__dict__.get("planned") if comm is not None else None
+            _COMMS.get(group if group is None else id(group)) if dist.is_initialized() else None)
+        pl = comm.__dict__.get("planned") if comm is not None and (group is None or comm is group
+                                                                   or comm.group is group) else None
         if pl and (pl := pl.get((tensor.dtype, tensor.shape, id(op), algorithm, tag))) is not None and pl.run(tensor):
             return None
     return _run("all_reduce", group, async_op, [tensor], lambda comm: _ar.all_reduce(
