@@ -224,6 +224,11 @@ def _planned(rank, n):
     v = torch.ones(4)
     seen = traced(lambda: primitives.all_reduce(v, group=g))
     out["group"] = (v.tolist(), "Planned.run" in seen and "run" not in seen)
+    w = torch.ones(4)                                     # the communicator's method as well
+    for _ in range(3):
+        comm.all_reduce(w, "sum")
+    seen = traced(lambda: comm.all_reduce(w, "sum"))
+    out["method"] = (w.tolist(), "Planned.run" in seen and "run" not in seen)
     return out
 
 
@@ -232,7 +237,8 @@ def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
     the textbook's shm_one_shot runs without core.run, SUM and AVG give the exact sums, the
     ledger adds the same bytes as the formula (one-shot: (N-1)·S sent); a non-contiguous tensor
     of the same signature takes the full path; set_handshake drops the plans; a peer passing
-    another tag still raises on both ranks; a group passed explicitly is planned as well."""
+    another tag still raises on both ranks; a group passed explicitly, and the communicator's
+    own all_reduce method, replay their Planned as well."""
     from primitives.launch import spawn
     n = 2
     base = [[sum(3 * i + j + r for r in range(n)) for j in range(3)] for i in range(2)]
@@ -246,3 +252,4 @@ def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
         assert out["mismatch"].startswith("CollectiveError") and "tag" in out["mismatch"], (r, out)
         assert out["after"] == [float(n)] * 5, (r, out)
         assert out["group"] == ([float(n)] * 4, True), (r, out)
+        assert out["method"] == ([float(n ** 4)] * 4, True), (r, out)
