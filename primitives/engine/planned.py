@@ -20,7 +20,8 @@ run(t) declines (the call takes the full path) when t is not a contiguous CPU te
 call is still queued on the communicator, or the ledger is inside another call or control traffic.
 The cross-rank check, the fault attribution (comm.current_call names the call in a PeerError)
 and strict mode are the full path's; set_handshake / set_strict_p2p / set_strict drop every
-Planned (forget()). Cost per call: ~10 frames and the textbook's torch ops (copy in, reduce out).
+Planned (forget()). Cost per call: 16 Python frames, 36 calls with the builtins (the full path:
+129), and the textbook's torch ops (copy in, reduce out).
 """
 from __future__ import annotations
 
