@@ -117,6 +117,7 @@ class ShmComm(CheckedTorchComm):
         self._tail = {r: 0 for r in local}                         # chunks I consumed from r
         self._busy: set[int] = set()
         self.yield_s = seg.yield_s(n)                               # spin_until's yield phase
+        self.spin = SPIN if self.yield_s == 0 else 2                # oversubscribed: yield almost at once
 
     # ------------------------------------------------------------------ channel geometry
     def _chan(self, src_rank: int, dst_rank: int) -> int:
@@ -224,12 +225,14 @@ class ShmComm(CheckedTorchComm):
         return handle.done
 
     def spin_until(self, ready, peer, kind: str, progress: bool = False) -> bool:
-        """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
+        """Poll ready() (advancing transfers when progress): spin self.spin polls (SPIN, or 2 when
+        ranks outnumber cores: my polling delays the peer that shares my core), yield the core for
         self.yield_s (shm_segment.yield_s), then raise my "asleep" flag (the shm collectives'
-        publishers ring only then), poll once more and block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
+        publishers ring only then), poll once more and block on my doorbell (futex, ≤ 5 ms a
+        time) until a peer rings it.
         Every 50 ms a dead local peer, and the deadline, become a PeerError naming `peer` (the
         rank waited for, or a function giving it). The one wait loop of both transports' waits.
-        Returns whether ready() came true within the SPIN polls (no yield, no sleep)."""
+        Returns whether ready() came true within the spin polls (no yield, no sleep)."""
         spins, start, check = 0, None, 0.0
         door = self._door(self.rank)
         sleep = (door - 32 + SLEEP_OFF) // 4             # my int32 "asleep" flag, in the same control line
@@ -240,9 +243,9 @@ class ShmComm(CheckedTorchComm):
                     with self._lock:
                         self._progress()
                 if ready():
-                    return spins < SPIN
+                    return spins < self.spin
                 spins += 1
-                if spins < SPIN:
+                if spins < self.spin:
                     continue
                 now = time.monotonic()
                 if start is None:

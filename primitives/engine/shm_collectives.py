@@ -14,10 +14,11 @@ in 2 MiB rounds than in 16 MiB ones). The ledger counts what peers read of mine:
 Each rank has a publish counter in its control line (shm_segment.SEQ_OFF). Publishing = bump
 mine after writing the data (x86-64 keeps stores in order); waiting = until every peer's
 counter reached mine: _State.wait polls the counters (up to shm_segment.max_polls: 2000 while
-every rank has a core, 64 when ranks outnumber cores; halved after a wait that slept, doubled
-after one that ended soon after), then ShmComm.spin_until (shm.py): 32 polls more, sched_yield()
-for shm_segment.yield_s (0.5 ms when ranks outnumber cores, else 0), then a futex on my
-doorbell, which a publisher bumps always and rings (a system call) only when I said I sleep.
+every rank has a core, none when ranks outnumber cores; halved after a wait that slept, doubled
+after one that ended soon after), then ShmComm.spin_until (shm.py): 32 polls more (2 when
+oversubscribed), sched_yield() for shm_segment.yield_s (0.5 ms when ranks outnumber cores, else
+0), then a futex on my doorbell, which a publisher bumps always and rings (a system call) only
+when I said I sleep.
 Cost per flag: one store per peer, a system call per sleeping peer, one wake-up when I slept.
 
 The check (core.run -> checked()): the call's fingerprint (check.py) and this rank's argument

@@ -56,12 +56,13 @@ def yield_s(n_local: int) -> float:
 def max_polls(n_local: int) -> int:
     """The most quick polls (~50 ns each) a shm collective makes before ShmComm.spin_until: 2000
     (~100-150 µs) while every local rank has a core of its own (a running peer publishes within µs;
-    a futex sleep and wake-up costs ~50 µs and more), 64 when ranks outnumber cores (the peer needs
-    my core). Within it the count adapts (shm_collectives._State.wait): halved after a wait that
-    slept, doubled after one that the polls of spin_until ended. RINGZERO_SHM_POLLS fixes it."""
+    a futex sleep and wake-up costs ~50 µs and more), none when ranks outnumber cores (the peer
+    needs my core: spin_until yields it at once). Within it the count adapts
+    (shm_collectives._State.wait): halved after a wait that slept, doubled after one that the
+    polls of spin_until ended. RINGZERO_SHM_POLLS fixes it."""
     if POLLS is not None:
         return int(POLLS)
-    return 2000 if n_local <= _cores() else 64
+    return 2000 if n_local <= _cores() else 0
 
 
 def transport_from_env(transport: str | None) -> str:
