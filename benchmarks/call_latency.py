@@ -2,6 +2,7 @@
 
     python -m benchmarks.call_latency                      # N = 2 and 4; 4 B, 4 KiB, 64 KiB, 1 MiB (~1 min)
     python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 3     (smoke run, ~10 s)
+    python -m benchmarks.call_latency --n 2 --fifo    (ranks at real-time priority: an idle machine's numbers on a shared one)
 
 For each N two mpiexec jobs hold MPICH's world and a gloo process group on the same ranks: one with
 MPICH as a user gets it (it busy-polls), one with MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (it yields the core
@@ -14,7 +15,9 @@ replayed after), the textbook function it runs called alone on the same shared-m
 slowest rank's mean over a batch of calls; the table shows the median sample in µs, the ratios of
 the same run, and busbw = S/t·2(N-1)/N (nccl-tests). The goals: ≤ 15 µs at 4 B and 4 KiB (N = 2),
 ≤ 2× MPICH at 64 KiB, ≥ 1.5× MPICH's busbw from 1 MiB (MPICH as a user gets it). Without mpiexec it runs under torchrun,
-without the MPICH column. Buffers are float32 zeros.
+without the MPICH column. Buffers are float32 zeros. --fifo runs the ranks under SCHED_FIFO
+(`chrt -f 5`, needs root or CAP_SYS_NICE) so other jobs on a shared machine do not preempt them; only
+for N ≤ cores (a busy-polling MPICH rank at real-time priority would never give up its core).
 """
 from __future__ import annotations
 
@@ -91,6 +94,10 @@ def run(n: int, a, heavy_yield: bool = False) -> dict:
     out = os.path.join(a.tmp, f"n{n}{'y' if heavy_yield else ''}.json")
     head = (["mpiexec", "-n", str(n), sys.executable] if how == "mpiexec" else
             ["torchrun", "--standalone", f"--nproc_per_node={n}", f"--master_port={free_port()}"])
+    if a.fifo and n <= (os.cpu_count() or 1):
+        head = ["chrt", "-f", "5"] + head
+    elif a.fifo:
+        console.print(f"[yellow]--fifo ignored for N = {n}: more ranks than cores[/]")
     cmd = head + ["-m", "benchmarks.call_latency", "--worker", "--launcher", how, "--json", out, "--reps",
                   str(a.reps), "--budget", str(a.budget), "--sizes", ",".join(map(str, a.sizes))]
     console.print(f"[dim]{' '.join(cmd)}[/]", soft_wrap=True)
@@ -122,6 +129,7 @@ def main(argv=None):
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of bytes")
     ap.add_argument("--reps", type=int, default=7, help="interleaved samples per contender and size")
     ap.add_argument("--budget", type=float, default=0.02, help="seconds per sample (batch sized to it)")
+    ap.add_argument("--fifo", action="store_true", help="ranks at real-time priority (chrt -f 5; N ≤ cores only)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--launcher", default="torchrun", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
@@ -153,7 +161,8 @@ def main(argv=None):
                             goal(n, S, med))
     console.print(tab)
     console.print(f"load average during the runs: {', '.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} cores "
-                  "(numbers measured under that load; ±30 % noise is normal here)")
+                  "(numbers measured under that load; ±30 % noise is normal here)"
+                  + ("; N ≤ cores ran at real-time priority (--fifo)" if a.fifo else ""))
 
 
 if __name__ == "__main__":

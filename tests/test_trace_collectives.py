@@ -6,7 +6,8 @@ Each case is one public call with nothing but its tensor: `primitives.all_reduce
 and at 1 MiB, `primitives.all_gather_single(out, t)` and `primitives.reduce_scatter_single(out, t)`,
 on 2 and on 4 ranks of one host (the default transport: shared memory). On every rank
 sys.setprofile / threading.setprofile record (file, qualified name) of every Python call while the
-call runs (the second call of each signature, so a replayed plan is what is traced); the test
+call runs (the third call of each signature, so a replayed plan is what is traced: for all_reduce
+its Planned, primitives/engine/planned.py); the test
 asserts that exactly the READING.md functions of that case ran, and that the result equals the
 sum computed here. Cost: two spawns, a few seconds each.
 """
@@ -49,7 +50,8 @@ def _traced(rank, n, root):
     out = {}
     for case in CASES:
         call, ok = _calls(case, rank, n)
-        call()                                          # the first call builds the plan
+        call()                                          # the first call builds the plan,
+        call()                                          # the second counts its ledger record
         seen = set()
 
         def hook(frame, event, arg):
@@ -171,3 +173,83 @@ def test_a_replayed_call_adds_the_ledger_record_it_would_count():
             assert len({row[:2] for row in rows}) == 1, (r, case, rows)
             assert rows[0][1] == formula, (r, case, rows[0], formula)
             assert [row[2] for row in rows] == [False, False, True, True], (r, case, rows)
+
+
+def _planned(rank, n):
+    import primitives
+    from primitives.engine import core
+    from primitives.engine.ledger import LEDGER
+    comm, out = primitives.get_comm(), {}
+
+    def traced(fn):
+        seen = set()
+
+        def hook(frame, event, arg):
+            if event == "call":
+                seen.add(frame.f_code.co_qualname)
+        sys.setprofile(hook)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+        return seen
+    for op in (primitives.ReduceOp.SUM, primitives.ReduceOp.AVG):
+        for _ in range(3):                               # plan, record, planned from then on
+            t = torch.arange(6.0).reshape(2, 3) + rank
+            primitives.all_reduce(t, op)
+        t = torch.arange(6.0).reshape(2, 3) + rank
+        with LEDGER.track() as d:
+            seen = traced(lambda: primitives.all_reduce(t, op))
+        out[str(op)] = (t.tolist(), "Planned.run" in seen and "shm_one_shot" in seen and "run" not in seen,
+                        LEDGER.calls[-1].template is not None, (d.msgs_sent, d.bytes_sent))
+    t = (torch.arange(6.0).reshape(3, 2) + rank).t()       # same dtype and shape, not contiguous: full path
+    seen = traced(lambda: primitives.all_reduce(t))
+    out["strided"] = (t.tolist(), "run" in seen and "shm_one_shot" in seen)
+    core.set_handshake(False)                              # a switch drops every Planned
+    out["switched"] = len(comm.planned)
+    core.set_handshake(True)
+    for _ in range(3):
+        primitives.all_reduce(torch.ones(5))
+    try:                                                   # rank 0 replays its Planned, rank 1 another tag
+        primitives.all_reduce(torch.ones(5), tag=0 if rank == 0 else 3)
+        out["mismatch"] = ""
+    except Exception as e:
+        out["mismatch"] = f"{type(e).__name__}: {e}"
+    u = torch.ones(5)
+    primitives.all_reduce(u)
+    out["after"] = u.tolist()
+    g = torch.distributed.new_group(list(range(n)))       # a group passed explicitly is planned too
+    for _ in range(3):
+        primitives.all_reduce(torch.ones(4), group=g)
+    v = torch.ones(4)
+    seen = traced(lambda: primitives.all_reduce(v, group=g))
+    out["group"] = (v.tolist(), "Planned.run" in seen and "run" not in seen)
+    w = torch.ones(4)                                     # the communicator's method as well
+    for _ in range(3):
+        comm.all_reduce(w, "sum")
+    seen = traced(lambda: comm.all_reduce(w, "sum"))
+    out["method"] = (w.tolist(), "Planned.run" in seen and "run" not in seen)
+    return out
+
+
+def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
+    """From a signature's third call, primitives.all_reduce(t) goes to its Planned (planned.py):
+    the textbook's shm_one_shot runs without core.run, SUM and AVG give the exact sums, the
+    ledger adds the same bytes as the formula (one-shot: (N-1)·S sent); a non-contiguous tensor
+    of the same signature takes the full path; set_handshake drops the plans; a peer passing
+    another tag still raises on both ranks; a group passed explicitly, and the communicator's
+    own all_reduce method, replay their Planned as well."""
+    from primitives.launch import spawn
+    n = 2
+    base = [[sum(3 * i + j + r for r in range(n)) for j in range(3)] for i in range(2)]
+    for r, out in enumerate(spawn(_planned, n, timeout=120.0)):
+        assert out[str(torch.distributed.ReduceOp.SUM)] == (base, True, True, ((n - 1), (n - 1) * 24)), (r, out)
+        assert out[str(torch.distributed.ReduceOp.AVG)][0] == [[v / n for v in row] for row in base], (r, out)
+        assert out[str(torch.distributed.ReduceOp.AVG)][1:3] == (True, True), (r, out)
+        ref = (torch.arange(6.0).reshape(3, 2) * n + n * (n - 1) / 2).t().tolist()
+        assert out["strided"] == (ref, True), (r, out)
+        assert out["switched"] == 0, (r, out)
+        assert out["mismatch"].startswith("CollectiveError") and "tag" in out["mismatch"], (r, out)
+        assert out["after"] == [float(n)] * 5, (r, out)
+        assert out["group"] == ([float(n)] * 4, True), (r, out)
+        assert out["method"] == ([float(n ** 4)] * 4, True), (r, out)

@@ -9,6 +9,7 @@ the textbook's algorithm functions (primitives/<collective>.py) unchanged and wr
     core.py, check.py, envelope.py   the checked call: its plan (built by a signature's first call,
                              replayed by the rest), argument checks, the check round that also
                              carries small calls' data, the one executor for async calls, "auto"
+    planned.py               a planned all_reduce on shared memory: API -> Planned.run -> the textbook
     cost.py, traffic.py      the α-β cost model behind "auto", and the exact bytes per algorithm
     hierarchical.py, topology.py     two-level algorithms for ranks on several nodes
     shm_collectives.py, shm_segment.py   the segment, its flags and the check under the

@@ -34,7 +34,7 @@ from primitives.engine.calls import reduce_scatter as _rs
 from primitives.engine.calls import scatter as _sc
 from primitives.engine.check import ReduceOp, op_name
 from primitives.engine.cost import SHM_NATIVE
-from primitives.engine.registry import get_comm
+from primitives.engine.registry import _COMMS, get_comm
 
 
 COMPLEX_OPS = ("sum", "avg")
@@ -94,7 +94,15 @@ def _run(name: str, group, async_op: bool, outputs, call, op=None, reduced=()):
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
-    """Like torch.distributed.all_reduce(tensor, op): in place on every rank."""
+    """Like torch.distributed.all_reduce(tensor, op): in place on every rank. A blocking call of a
+    planned signature replays its plan (planned.py) without the steps below."""
+    if not async_op:
+        comm = group if isinstance(group, Communicator) else (
+            _COMMS.get(group if group is None else id(group)) if dist.is_initialized() else None)
+        pl = comm.__dict__.get("planned") if comm is not None and (group is None or comm is group
+                                                                   or comm.group is group) else None
+        if pl and (pl := pl.get((tensor.dtype, tensor.shape, id(op), algorithm, tag))) is not None and pl.run(tensor):
+            return None
     return _run("all_reduce", group, async_op, [tensor], lambda comm: _ar.all_reduce(
         comm, real(tensor), op, async_op, algorithm=algorithm, tag=tag), op, [tensor])
 

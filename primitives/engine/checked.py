@@ -131,6 +131,7 @@ class CheckedComm(textbook.Communicator):
     def set_strict(self, enabled: bool | None) -> None:
         """True/False for this communicator; None follows the process default (set_strict_p2p)."""
         self._strict_flag = enabled
+        self.__dict__.get("planned", {}).clear()   # planned.py: plans depend on it
 
     def _strict_post(self, ops, grouped):
         if self._strict_sched is None:

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from primitives.comm import Work
-from primitives.engine import inband, shm_collectives
+from primitives.engine import inband, planned, shm_collectives
 from primitives.engine.check import DTYPE_CODES, OP_CODES, CallName, Check, code
 from primitives.engine.cost import choose
 from primitives.engine.envelope import Fused, check_round, fits
@@ -40,6 +40,7 @@ _HANDSHAKE = os.environ.get("RINGZERO_HANDSHAKE", "1") != "0"
 def set_handshake(enabled: bool) -> None:
     global _HANDSHAKE
     _HANDSHAKE = bool(enabled)
+    planned.forget()
 
 
 def handshake_enabled() -> bool:

@@ -153,6 +153,22 @@ class Ledger:
             with self._lock:
                 self.calls.append(rec)
 
+    def add_replayed(self, rec: CallRecord) -> None:
+        """A planned call's end (planned.py): its record (shared counts, template set) added to
+        the totals, as close_call adds a replayed record, with no call open around it."""
+        c = rec.counts
+        with self._lock:
+            d = self.data
+            d.msgs_sent += c.msgs_sent
+            d.bytes_sent += c.bytes_sent
+            d.msgs_recv += c.msgs_recv
+            d.bytes_recv += c.bytes_recv
+            for k, lc in rec.links.items():
+                total = self.links.setdefault(k, Counts())
+                total += lc
+            if self.keep_calls:
+                self.calls.append(rec)
+
     @contextlib.contextmanager
     def call(self, name: str, algorithm: str, nbytes: int):
         rec, prev = self.open_call(name, algorithm, nbytes)

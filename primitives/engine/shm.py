@@ -16,8 +16,8 @@ The counters rely on x86's store order (TSO): data is written before the counter
 Semantics are MPI's: messages between a pair arrive in posting order; isend completes once
 its bytes are in the ring (buffered); nothing moves in the background, so every wait() also
 advances every other pending transfer of this communicator (no deadlock when two ranks
-send to each other before receiving). Waiting spins 32 polls, optionally yields the core for
-RINGZERO_SHM_YIELD_S (default 0), then blocks on a futex "doorbell" in the segment that every
+send to each other before receiving). Waiting spins 32 polls, yields the core for
+shm_segment.yield_s() (0.5 ms when ranks outnumber cores, else 0), then blocks on a futex "doorbell" in the segment that every
 publisher rings (≤ 5 ms per block, so nothing waits on a lost wake-up for long); every 50 ms
 it checks each local peer's pid (with its start time, so a reused pid does not count): a
 dead peer is a PeerError naming it, the deadline (`timeout`) one naming the peer waited for.
@@ -40,7 +40,7 @@ from primitives.engine.checked import DEFAULT_TIMEOUT
 from primitives.engine.comms import CheckedTorchComm
 from primitives.engine.errors import PeerError
 from primitives.engine.rendezvous import Rounds, arrive
-from primitives.engine.shm_segment import (LINE, SLEEP_OFF, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES, YIELD_S,  # noqa: F401
+from primitives.engine.shm_segment import (LINE, SLEEP_OFF, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES,  # noqa: F401
                                           layout, transport_from_env)
 
 class _Op:
@@ -116,6 +116,8 @@ class ShmComm(CheckedTorchComm):
         self._head = {r: 0 for r in local}                         # chunks I published to r
         self._tail = {r: 0 for r in local}                         # chunks I consumed from r
         self._busy: set[int] = set()
+        self.yield_s = seg.yield_s(n)                               # spin_until's yield phase
+        self.spin = SPIN if self.yield_s == 0 else 2                # oversubscribed: yield almost at once
 
     # ------------------------------------------------------------------ channel geometry
     def _chan(self, src_rank: int, dst_rank: int) -> int:
@@ -222,12 +224,15 @@ class ShmComm(CheckedTorchComm):
             self._progress()                     # nothing moves in the background: advance it here
         return handle.done
 
-    def spin_until(self, ready, peer, kind: str, progress: bool = False) -> None:
-        """Poll ready() (advancing transfers when progress): spin SPIN polls, yield the core for
-        YIELD_S, then raise my "asleep" flag (the shm collectives' publishers ring only then),
-        poll once more and block on my doorbell (futex, ≤ 5 ms a time) until a peer rings it.
+    def spin_until(self, ready, peer, kind: str, progress: bool = False) -> bool:
+        """Poll ready() (advancing transfers when progress): spin self.spin polls (SPIN, or 2 when
+        ranks outnumber cores: my polling delays the peer that shares my core), yield the core for
+        self.yield_s (shm_segment.yield_s), then raise my "asleep" flag (the shm collectives'
+        publishers ring only then), poll once more and block on my doorbell (futex, ≤ 5 ms a
+        time) until a peer rings it.
         Every 50 ms a dead local peer, and the deadline, become a PeerError naming `peer` (the
-        rank waited for, or a function giving it). The one wait loop of both transports' waits."""
+        rank waited for, or a function giving it). The one wait loop of both transports' waits.
+        Returns whether ready() came true within the spin polls (no yield, no sleep)."""
         spins, start, check = 0, None, 0.0
         door = self._door(self.rank)
         sleep = (door - 32 + SLEEP_OFF) // 4             # my int32 "asleep" flag, in the same control line
@@ -238,14 +243,14 @@ class ShmComm(CheckedTorchComm):
                     with self._lock:
                         self._progress()
                 if ready():
-                    return
+                    return spins < self.spin
                 spins += 1
-                if spins < SPIN:
+                if spins < self.spin:
                     continue
                 now = time.monotonic()
                 if start is None:
                     start, check = now, now + 0.05      # liveness: /proc reads cost ~1 ms under load
-                if now - start < YIELD_S:
+                if now - start < self.yield_s:
                     os.sched_yield()
                     continue
                 if not self.i32[sleep]:

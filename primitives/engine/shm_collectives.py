@@ -13,10 +13,12 @@ in 2 MiB rounds than in 16 MiB ones). The ledger counts what peers read of mine:
 
 Each rank has a publish counter in its control line (shm_segment.SEQ_OFF). Publishing = bump
 mine after writing the data (x86-64 keeps stores in order); waiting = until every peer's
-counter reached mine, in ShmComm.spin_until (shm.py): a few polls, sched_yield() for
-RINGZERO_SHM_YIELD_S (default 0: on an oversubscribed host a polling rank holds the core its
-peer needs; what MPIR_CVAR_ENABLE_HEAVY_YIELD does for MPICH), then a futex on my doorbell,
-which a publisher bumps always and rings (a system call) only when I said I sleep.
+counter reached mine: _State.wait polls the counters (up to shm_segment.max_polls: 2000 while
+every rank has a core, none when ranks outnumber cores; halved after a wait that slept, doubled
+after one that ended soon after), then ShmComm.spin_until (shm.py): 32 polls more (2 when
+oversubscribed), sched_yield() for shm_segment.yield_s (0.5 ms when ranks outnumber cores, else
+0), then a futex on my doorbell, which a publisher bumps always and rings (a system call) only
+when I said I sleep.
 Cost per flag: one store per peer, a system call per sleeping peer, one wake-up when I slept.
 
 The check (core.run -> checked()): the call's fingerprint (check.py) and this rank's argument
@@ -43,25 +45,43 @@ from primitives.ops import chunk_bounds
 ONE_SHOT_BYTES = min(WS_BYTES, shm.ONE_SHOT_BYTES)
 
 
+class Stamp:
+    """A call's check as it rides in a workspace header (envelope.py's layout): `head`, the bytes
+    MAGIC, the 8 fingerprint words, the error text's length; then the text. A plan builds its
+    Stamp once; a peer whose header holds the same `head` agrees (no errors, same call)."""
+    __slots__ = ("name", "meta", "errors", "head", "text")
+
+    def __init__(self, name: str, meta: list[int], errors: list[str]):
+        self.name, self.meta, self.errors = name, meta, errors
+        self.text = "; ".join(errors).encode()[:HDR_BYTES - 8 * (ERR + 1)]
+        self.head = np.array([MAGIC, *meta, len(self.text)], dtype=np.int64).tobytes()
+
+
 class _State:
     """One communicator's segment as primitives/shm.py reads it: counters, flag addresses and
-    workspace views, built once. `what` names the call in a timeout's message."""
+    workspace views, built once. `what` names the call in a timeout's message. The flags are
+    read and written through memoryviews of the segment (q: int64, l: int32, b: bytes): an
+    item costs ~20 ns there, ~70 ns through numpy."""
 
     def __init__(self, comm):
         L, n, me = comm.L, comm.size, comm.rank
         line = lambda r: L["ctl"] + comm.local[r] * LINE  # noqa: E731
         self.comm, self.rank, self.size, self.what = comm, me, n, "shm collective"
-        self.seq = int(comm.i64[(line(me) + SEQ_OFF) // 8])
+        whole = memoryview(comm.mm)
+        self.q, self.l, self.b = whole.cast("q"), whole.cast("i"), whole
+        self.seq = self.q[(line(me) + SEQ_OFF) // 8]
         self.gen, self.fp = 0, None
         self.me_seq = (line(me) + SEQ_OFF) // 8
         self.peers = [p for p in range(n) if p != me]
         self.peer_seq = [(p, (line(p) + SEQ_OFF) // 8) for p in self.peers]
+        self.peer_idx = [i for _, i in self.peer_seq]
         self.peer_wake = [((line(p) + SLEEP_OFF) // 4, comm._door(p) // 4) for p in self.peers]
         self.W = W = seg.WS_BYTES                   # the segment's; self.W may be set smaller (tests)
         self.ws = [[comm.u8[L["ws"] + (r * BUFS + b) * W:][:W] for b in range(BUFS)] for r in range(n)]
-        self.hdr = [[comm.i64[(L["hdr"] + (r * BUFS + b) * HDR_BYTES) // 8:][:HDR_BYTES // 8] for b in range(BUFS)]
-                    for r in range(n)]
-        self.views = {}
+        self.hoff = [[L["hdr"] + (r * BUFS + b) * HDR_BYTES for b in range(BUFS)] for r in range(n)]
+        self.hdr = [[comm.i64[o // 8:][:HDR_BYTES // 8] for o in offs] for offs in self.hoff]
+        self.views, self.max_polls = {}, seg.max_polls(comm.n_local)
+        self.polls = self.max_polls
 
     def view(self, r: int, b: int, dtype, i: int = 0, j: int | None = None) -> torch.Tensor:
         """Cached: a torch slice costs µs, and a step repeats the same few views every call."""
@@ -79,42 +99,64 @@ class _State:
         return b
 
     def publish(self, b: int | None = None) -> None:
-        """Raise my counter; b: the first buffer of a call, whose header carries the fingerprint."""
-        comm = self.comm
-        if b is not None and self.fp is not None:   # the envelope's header layout (envelope.py)
-            _, meta, errors = self.fp
-            text = "; ".join(errors).encode()[:HDR_BYTES - 8 * (ERR + 1)]
-            h = self.hdr[self.rank][b]
-            h[0], h[1:ERR], h[ERR] = MAGIC, meta, len(text)
-            if text:
-                h[ERR + 1:].view(np.uint8)[:len(text)] = np.frombuffer(text, dtype=np.uint8)
+        """Raise my counter; b: the first buffer of a call, whose header carries the Stamp."""
+        fp = self.fp
+        if b is not None and fp is not None:
+            o = self.hoff[self.rank][b]
+            k = o + len(fp.head)
+            self.b[o:k] = fp.head
+            if fp.text:
+                self.b[k:k + len(fp.text)] = fp.text
         self.seq += 1
-        i64, i32 = comm.i64, comm.i32
-        i64[self.me_seq] = self.seq                   # after the data (x86-64: stores stay in order)
+        self.q[self.me_seq] = self.seq                # after the data (x86-64: stores stay in order)
+        l32 = self.l
         for sleep, door in self.peer_wake:
-            i32[door] += 1                            # a peer about to sleep sees the bell moved
-            if i32[sleep]:
-                seg.futex_wake(comm._base + 4 * door)
+            l32[door] += 1                            # a peer about to sleep sees the bell moved
+            if l32[sleep]:
+                seg.futex_wake(self.comm._base + 4 * door)
 
     def wait(self, b: int | None = None) -> None:
-        """Until every peer published as often as I did. b: this is a call's first wait (check the
-        headers of buffer b; a peer's check envelope in my channel means it is in another call)."""
-        comm, k, i64, polls = self.comm, self.seq, self.comm.i64, 0
-        pend = [(p, i) for p, i in self.peer_seq if i64[i] < k]
+        """Until every peer published as often as I did: self.polls quick polls, then ShmComm.spin_until.
+        b: this is a call's first wait (check the headers of buffer b; a peer's check envelope
+        in my channel means it is in another call)."""
+        q, k = self.q, self.seq
+        for _ in range(self.polls):
+            for i in self.peer_idx:
+                if q[i] < k:
+                    break
+            else:
+                break
+        else:          # adapt: poll longer when the peer came soon after, less when I had to sleep
+            if self._wait_long(b):
+                self.polls = min(self.max_polls, 2 * self.polls + 64)
+            elif seg.POLLS is None:
+                self.polls //= 2
+        fp = self.fp
+        if b is not None and fp is not None:
+            self.fp = None
+            n, mm = len(fp.head), self.comm.mm
+            for p in self.peers:
+                o = self.hoff[p][b]
+                if mm[o:o + n] != fp.head or fp.errors:
+                    _verify(self.comm, self, b, fp)
+
+    def _wait_long(self, b: int | None) -> bool:
+        """ShmComm.spin_until; whether it ended within its polls (the peer was close)."""
+        comm, k, q, polls = self.comm, self.seq, self.q, 0
+        pend = [(p, i) for p, i in self.peer_seq if q[i] < k]
 
         def ready() -> bool:
             nonlocal pend, polls
             polls += 1
-            # a peer in another call never publishes: look for its envelope once polling is not enough
-            stray = _stray(comm, pend) if polls >= SPIN and b is not None and self.fp is not None else None
-            pend = [(p, i) for p, i in pend if i64[i] < k]
+            # a peer in another call never publishes: look for its envelope once polling is not enough,
+            # every 16th poll (~2 µs each: with ranks sharing a core, every poll delays the peer)
+            stray = (_stray(comm, pend) if polls >= SPIN and not polls % 16 and b is not None and self.fp is not None
+                     else None)
+            pend = [(p, i) for p, i in pend if q[i] < k]
             if pend and stray is not None:
                 _answer(comm, self)
             return not pend
-        if pend:
-            comm.spin_until(ready, lambda: pend[0][0], f"{self.what}: waiting for")
-        if b is not None and self.fp is not None:
-            _verify(comm, self, b)
+        return not pend or comm.spin_until(ready, lambda: pend[0][0], f"{self.what}: waiting for")
 
 
 def state(comm) -> _State:
@@ -124,12 +166,10 @@ def state(comm) -> _State:
     return st
 
 
-def _verify(comm, st, b: int) -> None:
-    name, meta, errors = st.fp
-    st.fp = None
+def _verify(comm, st, b: int, fp: Stamp) -> None:
     hdr = [st.hdr[p][b] for p in st.peers]
-    problem = verdict(comm, name, [MAGIC, *meta, len(errors)], errors, st.peers, [h[:ERR + 1].tolist() for h in hdr],
-                      lambda i, k: hdr[i][ERR + 1:].view(np.uint8)[:k].tobytes())
+    problem = verdict(comm, fp.name, [MAGIC, *fp.meta, len(fp.errors)], fp.errors, st.peers,
+                      [h[:ERR + 1].tolist() for h in hdr], lambda i, k: hdr[i][ERR + 1:].view(np.uint8)[:k].tobytes())
     if problem is not None:
         raise CollectiveError(problem)
 
@@ -151,20 +191,19 @@ def _stray(comm, pend):
 def _answer(comm, st) -> None:
     """Withdraw my first flag (nobody passed it: the stray peer never raised its own) and meet
     the peer's envelope round with my fingerprint: every rank raises the disagreement."""
-    name, meta, errors = st.fp
-    st.fp = None
+    fp, st.fp = st.fp, None
     st.seq -= 1
     st.gen -= 1
-    comm.i64[st.me_seq] = st.seq
-    check_round(comm, name, meta, errors, None)
-    raise CollectiveError(f"rank {comm.rank}: {name}: a peer is in a message-based call, this rank in algorithm 'shm'")
+    st.q[st.me_seq] = st.seq
+    check_round(comm, fp.name, fp.meta, fp.errors, None)
+    raise CollectiveError(f"rank {comm.rank}: {fp.name}: a peer is in a message-based call, this rank in algorithm 'shm'")
 
 
 def checked(comm, name: str, meta: list[int], errors: list[str], body) -> None:
     """core.run's check for algorithm="shm": body() publishes the fingerprint with its data;
     a call that published nothing (bad arguments, an empty tensor) publishes it alone."""
     st = state(comm)
-    st.fp, st.what = (name, meta, errors), name
+    st.fp, st.what = Stamp(name, meta, errors), name
     try:
         if not errors:
             body()

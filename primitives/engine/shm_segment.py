@@ -35,7 +35,34 @@ HDR_BYTES = 4096              # per rank and buffer: the call's fingerprint and 
 LINE = 64                                                            # one cache line per counter
 # a rank's control line: +32 doorbell (shm.py); the shm collectives' flags (shm_collectives.py):
 SEQ_OFF, SLEEP_OFF = 8, 40    # int64 publish counter, int32 "asleep on my doorbell"
-SPIN, YIELD_S = 32, float(os.environ.get("RINGZERO_SHM_YIELD_S", 0))
+SPIN, YIELD_S = 32, os.environ.get("RINGZERO_SHM_YIELD_S")   # YIELD_S: see yield_s()
+POLLS = os.environ.get("RINGZERO_SHM_POLLS")   # a fixed number of quick polls (else adaptive, max_polls)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def yield_s(n_local: int) -> float:
+    """Seconds a wait yields the core (sched_yield) before it sleeps on its futex: 0.5 ms when the
+    local ranks outnumber the cores (a yield hands the core to a peer on the same run queue in
+    ~1 µs, a futex sleep and wake-up costs tens; MPICH yields there too), else 0 (the peer runs
+    on a core of its own: sleep). RINGZERO_SHM_YIELD_S fixes it."""
+    if YIELD_S is not None:
+        return float(YIELD_S)
+    return 5e-4 if n_local > _cores() else 0.0
+
+
+def max_polls(n_local: int) -> int:
+    """The most quick polls (~50 ns each) a shm collective makes before ShmComm.spin_until: 2000
+    (~100-150 µs) while every local rank has a core of its own (a running peer publishes within µs;
+    a futex sleep and wake-up costs ~50 µs and more), none when ranks outnumber cores (the peer
+    needs my core: spin_until yields it at once). Within it the count adapts
+    (shm_collectives._State.wait): halved after a wait that slept, doubled after one that the
+    polls of spin_until ended. RINGZERO_SHM_POLLS fixes it."""
+    if POLLS is not None:
+        return int(POLLS)
+    return 2000 if n_local <= _cores() else 0
 
 
 def transport_from_env(transport: str | None) -> str:

@@ -49,6 +49,8 @@ def set_strict_p2p(flag: bool) -> None:
     """Process default for every communicator that has not called set_strict()."""
     global _ENABLED
     _ENABLED = bool(flag)
+    from primitives.engine import planned      # plans depend on it: re-decided (no import cycle at load)
+    planned.forget()
 
 
 class StrictOrderError(PeerError):
