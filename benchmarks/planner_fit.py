@@ -1,65 +1,104 @@
-"""Fit the planner's `cpu-here` hardware file on this machine: a matmul sweep for the compute
-rate, a large add for the memory rate; links come from benchmarks.one_host's α-β fit
-(primitives.engine.cost.FITTED), read by planner.hardware.cpu_here.
+"""Fit the planner's `cpu-here` hardware file on this machine: the rates of a core's work, each
+from a micro-benchmark at calibration shapes that no row of benchmarks.planner_local runs.
 
-    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~20 s)
+    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~1 min idle)
     python -m benchmarks.planner_fit --out /tmp/cpu.json --quick
 
-Measured as training runs: `--ranks` processes (default 2) at once, one thread each, fp32, and
-the median of the repetitions (not the best), so the rates are what a rank gets while the others
-compute and whatever else shares the cores. host_adam: torch's AdamW on 4 M parameters (on
-cpu-here the optimizer runs on the host, planner.steptime). peak_flops is the best median rate of the sweep;
-gemm_efficiency the transformer-shaped products' (tokens × h by h × 4h) harmonic mean (the
-rate of running all of them) over it.
+Every rate is CPU time (time.thread_time, one thread, fp32), not wall time: the work a step
+costs a core, whatever else shares the cores. How many cores the ranks share, and how many other
+runnable tasks, turn CPU seconds into wall seconds (planner.steptime: ×(ranks + load)/cores),
+so the fit does not depend on the load it ran under. `--ranks` processes (default 2) measure at
+once, as training ranks would (they share caches and memory bandwidth); the medians are kept.
+
+    peak_flops, gemm_efficiency   square matmuls (the best median rate is the peak) and the
+                                  transformer-shaped products tokens×h·h×4h (their harmonic mean
+                                  over the peak); h = 64, 128, 256 at 256-512 tokens
+    mem_bandwidth                 a 64 MiB add (read + write)
+    host_adam                     torch's AdamW on 4 M parameters
+    op_overhead, elementwise_s    torch.nn.TransformerEncoderLayer forward + backward at three
+                                  calibration shapes (h = 64, 128, 192): what is left after its
+                                  matmul FLOPs at the fitted GEMM rate, fitted as
+                                  op_overhead + elementwise_s × (the layer's saved activation
+                                  bytes, planner.memory.torch_layer_activation_bytes) by least squares
+    logit_s                       the top (LayerNorm, logits, cross-entropy) forward + backward at
+                                  two vocabularies: the rest after the matmuls, per logit element
+    call_overhead                 CPU seconds of one small all-reduce through ringzero's default
+                                  path (its check, plan, and the transport's waits)
+    alloc_slack, zero3_module_s   benchmarks.planner_local's own measurement (2 ranks) on a
+                                  calibration shape, CAL (L 3, h 192, V 12288, mb 4): the DDP
+                                  step's peak RSS at glibc's defaults minus the planner's count
+                                  without slack; ZeRO-3's CPU seconds beyond ZeRO-1's per module
+                                  fetch or release (3 per module with parameters and step)
+Links (α-β) come from benchmarks.one_host's fit (primitives.engine.cost.FITTED), read by
+planner.hardware.cpu_here; `cores` from os.cpu_count().
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
 import torch
 
+import primitives as P
 from planner.hardware import CPU_HERE
+from planner.layout import Layout
+from planner.memory import torch_layer_activation_bytes
+from planner.model import Model
 from primitives.launch import spawn
 from primitives.log import console
+
+LAYERS = ((64, 4, 256, 32, 2), (128, 4, 512, 64, 4), (192, 4, 768, 64, 4))    # h, heads, f, s, b
+HEADS = ((256, 128, 2048), (256, 64, 4096))                                    # tokens, h, V
+
+
+def cpu(op, reps: int) -> float:
+    """Median CPU seconds of op() after one warm-up call."""
+    op()
+    times = []
+    for _ in range(reps):
+        t0 = time.thread_time()
+        op()
+        times.append(time.thread_time() - t0)
+    return statistics.median(times)
 
 
 def rate(m: int, k: int, n: int, reps: int) -> float:
     a, b = torch.randn(m, k), torch.randn(k, n)
-    a @ b
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * m * k * n / statistics.median(times)
+    return 2 * m * k * n / cpu(lambda: a @ b, reps)
 
 
 def mem_rate(nbytes: int, reps: int) -> float:
     x = torch.zeros(nbytes // 4)
     y = torch.zeros_like(x)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.add(x, 1.0, out=y)
-        times.append(time.perf_counter() - t0)
-    return 2 * nbytes / statistics.median(times)            # read x, write y
+    return 2 * nbytes / cpu(lambda: torch.add(x, 1.0, out=y), reps)            # read x, write y
 
 
 def adam_rate(n: int, reps: int) -> float:
-    """Parameters per second torch's AdamW updates (on a CPU it is bound by its sqrt, not memory)."""
+    """Parameters per CPU second torch's AdamW updates (on a CPU it is bound by its sqrt, not memory)."""
     p = torch.nn.Parameter(torch.zeros(n))
     p.grad = torch.ones_like(p)
     opt = torch.optim.AdamW([p], lr=1e-4)
-    opt.step()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    return n / statistics.median(times)
+    return n / cpu(opt.step, reps)
+
+
+def layer_cpu(h: int, a: int, f: int, s: int, b: int, reps: int) -> float:
+    layer = torch.nn.TransformerEncoderLayer(h, a, f, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(b, s, h, requires_grad=True)
+    return cpu(lambda: layer(x).sum().backward(), reps)
+
+
+def head_cpu(T: int, h: int, V: int, reps: int) -> float:
+    norm, emb = torch.nn.LayerNorm(h), torch.nn.Embedding(V, h)
+    x, tgt = torch.randn(T, h, requires_grad=True), torch.randint(0, V, (T,))
+    return cpu(lambda: torch.nn.functional.cross_entropy(norm(x) @ emb.weight.t(), tgt).backward(), reps)
+
+
+def call_cpu(reps: int) -> float:
+    x = torch.zeros(16)
+    return cpu(lambda: P.all_reduce(x), reps)
 
 
 def sweep(rank: int, world: int, quick: bool) -> dict:
@@ -67,7 +106,39 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
     reps = 3 if quick else 7
     return {"square": [rate(n, n, n, reps) for n in ((256, 512) if quick else (256, 512, 1024))],
             "shaped": [rate(t, h, 4 * h, reps) for t, h in ((256, 64), (256, 128)) + (() if quick else ((512, 256),))],
-            "bw": mem_rate(64 * 2**20, reps), "adam": adam_rate(2**22, reps)}
+            "bw": mem_rate(64 * 2**20, reps), "adam": adam_rate(2**22, reps),
+            "layers": [layer_cpu(*shape, reps) for shape in LAYERS], "heads": [head_cpu(*shape, reps) for shape in HEADS],
+            "call": call_cpu(20 if quick else 100)}
+
+
+CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
+
+
+def engine_fit(mb: int = 4, steps: int = 4) -> tuple[float, float]:
+    """(alloc_slack, zero3_module_s) from benchmarks.planner_local's own measurement on the
+    calibration shape CAL, 2 ranks: the DDP step's peak minus the planner's live bytes for it
+    (what glibc keeps beyond them at its defaults), and the CPU seconds ZeRO-3's step spends
+    beyond ZeRO-1's per module fetch or release (its hooks, gathers, frees)."""
+    import dataclasses
+
+    from benchmarks.planner_local import _rank        # the rows' own measurement, at another shape
+    from planner.hardware import cpu_here
+    from planner.memory import memory
+    from planner.steptime import UNITS_PER_LAYER
+    lay = Layout(2, 1, 1, mb=mb)
+    z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
+    pred = memory(CAL, CAL.seq, lay, 2 * mb, dataclasses.replace(cpu_here(2), alloc_slack=0.0))
+    slack = max(0.0, max(g["peak"] for g in z0) - (pred["total"] - pred["reserved"]))
+    calls = 3 * (UNITS_PER_LAYER * CAL.layers + 3)
+    extra = max(g["cpu"] for g in z3) - max(g["cpu"] for g in z1)
+    return slack, max(0.0, extra / calls)
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope), both kept ≥ 0."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs))
+    return max(0.0, my - slope * mx), slope
 
 
 def main(argv=None) -> int:
@@ -76,24 +147,40 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--ranks", type=int, default=2, help="processes measuring at once (as training ranks)")
     a = ap.parse_args(argv)
-    got = spawn(sweep, a.ranks, args=(a.quick,), timeout=600)
+    got = spawn(sweep, a.ranks, args=(a.quick,), timeout=900)
     med = lambda key: [statistics.median(g[key][i] for g in got) for i in range(len(got[0][key]))]  # noqa: E731
     square, shaped = med("square"), med("shaped")
     peak = max(square + shaped)
+    gemm = statistics.harmonic_mean(shaped)
+    rest = []
+    for (h, heads, f, s, b), t in zip(LAYERS, med("layers")):
+        m = Model("cal", 1, h, heads, 2, s, ffn=f)
+        rest.append((torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)), t - 3 * 2 * m.layer_linear_params() * s * b / gemm
+                     - 3 * 4 * s * s * h * b / gemm))
+    op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
+    logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
+    slack, module_s = engine_fit()
     bw = statistics.median(g["bw"] for g in got)
-    adam = statistics.median(g["adam"] for g in got)
     with open("/proc/meminfo") as f:
         total = int(f.readline().split()[1]) * 1024
-    doc = {"name": "cpu-here", "peak_flops": peak, "memory": total / 2, "mem_bandwidth": bw, "gpus_per_node": 2,
-           "intra": None, "inter": None, "host_link": bw, "host_adam": adam, "gemm_efficiency": statistics.harmonic_mean(shaped) / peak,
-           "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
-           "calibrated_on": f"python -m benchmarks.planner_fit (matmul sweep, {a.ranks} ranks at once, load {open('/proc/loadavg').read().split()[0]})",
+    doc = {"name": "cpu-here", "peak_flops": peak, "memory": total / 2, "mem_bandwidth": bw, "gpus_per_node": 8,
+           "intra": None, "inter": None, "host_link": bw, "host_adam": statistics.median(g["adam"] for g in got),
+           "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
+           "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
+           "call_overhead": statistics.median(g["call"] for g in got), "alloc_slack": slack, "zero3_module_s": module_s,
+           "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
+                            f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
            "source": "measured here; links from primitives.engine.cost.FITTED (benchmarks.one_host)"}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
-    console.print(f"peak {peak / 1e9:.1f} GFLOP/s (squares {[round(r / 1e9, 1) for r in square]}, "
+    console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
                   f"transformer-shaped {[round(r / 1e9, 1) for r in shaped]}), memory {bw / 1e9:.1f} GB/s, "
-                  f"Adam {adam / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f} → {a.out}")
+                  f"Adam {doc['host_adam'] / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f}\n"
+                  f"a layer's non-matmul work: {op_overhead * 1e3:.2f} ms + {elem_s * 1e9:.2f} ns per saved activation byte "
+                  f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element; "
+                  f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB; "
+                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; "
+                  f"{doc['cores']} cores → {a.out}")
     return 0
 
 

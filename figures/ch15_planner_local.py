@@ -1,12 +1,12 @@
 """Chapter 15's check on this machine: the planner's predicted step time and peak memory per rank
-against the measured ones, one point per layout run on 2 CPU ranks (benchmarks.planner_local).
+against the measured ones, one point per layout run on 2-4 CPU ranks (benchmarks.planner_local).
 
     python -m figures.ch15_planner_local                       # measures first (~3 min idle, more under load)
     python -m figures.ch15_planner_local --json local.json     # draw a saved `benchmarks.planner_local --json` run
 
-Left: step time, predicted with the compute and memory rates each rank got in the same run
-(filled) and with cpu_here.json's rates fitted earlier (open); the band is ±25 %. Right: peak
-resident memory above the pre-model baseline, predicted vs measured, band ±10 %.
+Left: step time, predicted from cpu_here.json's CPU-time rates and the machine's load during
+the row; the band is ±25 %. Right: peak resident memory above the pre-model baseline at glibc's
+defaults, predicted vs measured, band ±10 %.
 """
 from __future__ import annotations
 
@@ -23,10 +23,7 @@ def draw(rows: list[dict]) -> str:
     for ax, key, scale, unit, band in ((a, "step", 1e3, "ms", 0.25), (b, "mem", 2**-20, "MiB", 0.10)):
         meas = [r[f"{key}_meas"] * scale for r in rows]
         pred = [r[f"{key}_pred"] * scale for r in rows]
-        ax.scatter(meas, pred, zorder=3, label="same-run rates" if key == "step" else "predicted")
-        if key == "step":
-            ax.scatter(meas, [r["step_file"] * scale for r in rows], facecolors="none", edgecolors="C1", zorder=3,
-                       label="cpu_here.json's rates")
+        ax.scatter(meas, pred, zorder=3, label="predicted")
         for r, x, y in zip(rows, meas, pred):
             ax.annotate(f"{r['model'].replace('gpt-', '')} {r['layout'].split(' (')[0]}", (x, y), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
@@ -37,9 +34,9 @@ def draw(rows: list[dict]) -> str:
         ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"measured {unit}", ylabel=f"predicted {unit}")
         ax.legend(fontsize=7, loc="upper left")
     loads = [r["load"] for r in rows]
-    a.set_title("step time (2 CPU ranks, fp32)", fontsize=9)
+    a.set_title("step time (CPU ranks, fp32)", fontsize=9)
     b.set_title("peak RSS above the pre-model baseline, per rank", fontsize=9)
-    fig.suptitle(f"planner (cpu-here) vs this machine, measured under load {min(loads):.1f}–{max(loads):.1f} on 2 cores",
+    fig.suptitle(f"planner (cpu-here) vs this machine, {min(loads):.1f}–{max(loads):.1f} other runnable tasks on 2 cores",
                  fontsize=10)
     return save(fig, "15_planner_local", "figures.ch15_planner_local",
                 note="python -m benchmarks.planner_local; time under load, memory load-independent")

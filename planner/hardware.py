@@ -48,6 +48,17 @@ class Hardware:
     bytes_per_elem: int = 2      # parameters/gradients/activations (bf16); 4 for fp32 on CPU
     activations: str = "megatron-16bit"   # which layer's saved tensors (planner.memory): Megatron's
                                           # fused layer, or "torch-eager-fp32" (torch's encoder layer)
+    # CPU hosts (cpu-here), where a rank is a process on shared cores; all 0 for GPUs
+    cores: int = 0               # cores a node's ranks share: compute's CPU seconds stretch by
+                                 # (ranks + load) / cores when more tasks than cores are runnable
+    load: float = 0.0            # other runnable tasks on the node (the load the ranks compete with)
+    op_overhead: float = 0.0     # CPU seconds per layer and micro-batch of non-matmul work that does
+    elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted)
+    logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
+    call_overhead: float = 0.0   # CPU seconds of one collective call through the engine
+    zero3_module_s: float = 0.0  # CPU seconds of the ZeRO-3 engine's work per module fetch or release
+    alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
+                                 # defaults (glibc: freed heap blocks once its mmap threshold has risen)
     calibrated_on: str = ""
     source: str = ""
 
@@ -77,17 +88,18 @@ def _from_dict(d: dict) -> Hardware:
     return Hardware(**d)
 
 
-def cpu_here(ranks_per_node: int = 2) -> Hardware:
-    """This machine: compute from benchmarks/planner_fit.py's matmul sweep (cpu_here.json), links
-    from the α-β table benchmarks.one_host fitted (primitives.engine.cost.FITTED, "shm" family;
-    across nodes the tbf-shaped veth of multinode/, 400 Mbit/s)."""
+def cpu_here(ranks_per_node: int = 2, load: float = 0.0) -> Hardware:
+    """This machine: compute from benchmarks/planner_fit.py's CPU-time micro-benchmarks
+    (cpu_here.json), links from the α-β table benchmarks.one_host fitted for that many ranks on
+    the host (primitives.engine.cost.FITTED, "shm" family; across nodes the tbf-shaped veth of
+    multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch)."""
     if not os.path.exists(CPU_HERE):
         raise ValueError(f"{CPU_HERE} is missing: run `python -m benchmarks.planner_fit`")
     with open(CPU_HERE) as f:
         d = json.load(f)
     d["intra"] = d.get("intra") or asdict(fitted_params("shm", ranks_per_node))
     d["inter"] = d.get("inter") or asdict(Params(alpha=1e-3, beta=8 / 400e6, gamma=0.0))
-    return _from_dict(d)
+    return _from_dict({**d, "load": load})
 
 
 def load(name: str) -> Hardware:

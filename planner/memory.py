@@ -168,12 +168,16 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
         reduce-scatter's two block-sized scratch buffers, 2·4u/N, kept by comm.scratch
         (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
         4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 one
-        gathered unit, 4u (the tied embedding, in use at the loss)."""
+        gathered unit, 4u (the tied embedding, in use at the loss).
+    Allocator: what glibc keeps resident beyond the live tensors at its defaults (Hardware.alloc_slack,
+    fitted by benchmarks.planner_fit on a training step of another shape)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
         psi = stage_params(model, lay, stage)
         out = _states(lay, psi, False)
+        if lay.offload:     # the host is the device: the fp32 master and Adam's m, v stay in the rank's memory
+            out["optimizer"] = 12.0 * psi / lay.dp
         per_layer = torch_layer_activation_bytes(model, seq, lay)
         inflight = min(lay.pp, m) if stage == "first" else 1
         acts = model.layers / lay.pp * inflight * per_layer * (1 + (lay.pp - 1) / (lay.pp * lay.v) if lay.v > 1 else 1.0)
@@ -190,5 +194,6 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * u if lay.zero == 3 else 0)
+        out["allocator"] = hw.alloc_slack
         best = _heavier(best, out, work, hw, stage)
     return best

@@ -7,8 +7,11 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              the memory-bound elementwise work: each activation byte Korthikanti counts
              (planner.memory; without its s×s scores under fused attention) is written and read in
              forward and backward, ~4× its bytes (6× with full recomputation, which runs the
-             forward again) at the HBM rate; on cpu-here the torch layer's saved bytes
-             (planner.memory.torch_layer_activation_bytes)
+             forward again) at the HBM rate. On a CPU host (cpu-here) the non-matmul work is
+             fitted instead (benchmarks.planner_fit): per layer a fixed op_overhead plus
+             elementwise_s per byte the torch layer saves (planner.memory.torch_layer_activation_bytes),
+             and logit_s per logit element; every CPU second is stretched by cpu_stretch when the
+             ranks and other runnable tasks outnumber the cores
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring); full recomputation repeats
@@ -23,6 +26,9 @@ bubble       1F1B / interleaved: (p−1)/(v·m+p−1) of the pipeline's time
 dp           ZeRO-0 one all-reduce of the stage's gradients; ZeRO-1 reduce-scatter + all-gather of
              the parameters; ZeRO-2 the reduce-scatter per micro-batch; ZeRO-3 all-gather forward,
              all-gather backward and reduce-scatter per micro-batch (zero_from_scratch.engine.ledger).
+             ZeRO-3 per module with parameters (UNITS_PER_LAYER per layer, + embeddings and the final
+             norm), so each pays its α; each call also costs the engine's call_overhead of CPU
+             (and, at ZeRO-3, zero3_module_s for the engine's per-module hooks).
              Across nodes the two-level hierarchical cost (cost.predict_2level). Overlapped, ZeRO-0..2
              hide behind the last micro-batch's backward, ZeRO-3 behind each micro-batch's compute
 optimizer    Adam on the rank's shard, memory-bound (~36 bytes read+written per parameter); offloaded:
@@ -48,6 +54,9 @@ class Software:
     overlap_pp: bool = True       # Megatron-Core's non-blocking p2p
     grad_bytes: int = 0           # bytes per gradient element on the wire; 0 → the hardware's dtype
     flash_attention: bool = True  # fused attention: the s×s scores never reach memory
+    balanced_stages: bool = True  # the split gives the last stage fewer layers for its output layer, so the
+                                  # logits' work spreads over the stages; False: L/p layers each, and the
+                                  # last stage, with the whole output layer, paces the pipeline
 
 
 def _scaled(p: Params, share: float) -> Params:
@@ -68,6 +77,18 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw) -> float:
     return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
 
 
+UNITS_PER_LAYER = 6     # modules with parameters in a layer (fused qkv, proj, fc1, fc2, 2 norms): ZeRO-3's fetch units
+
+
+def cpu_stretch(lay, hw) -> float:
+    """Wall seconds per CPU second of a rank's compute: 1 on a GPU; on a CPU host, where the ranks
+    of a node and `load` other runnable tasks share `cores`, the scheduler gives each runnable task
+    cores / (ranks + load) of a core once they outnumber the cores."""
+    if not hw.cores:
+        return 1.0
+    return max(1.0, (min(lay.gpus, hw.gpus_per_node) + hw.load) / hw.cores)
+
+
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
     """{term: seconds} for one optimizer step; 'total' their sum."""
     bpe, t, p, v = hw.bytes_per_elem, lay.tp, lay.pp, lay.v
@@ -82,14 +103,21 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         passes_attn = 1            # the attention core's forward again, 4·s·h per token
     else:
         passes_attn = 0
+    head_share = 1 / p if sw.balanced_stages else 1.0       # of the output layer's work, on the pacing stage
     flops = tokens * (Ls * (passes * fwd_layer + passes_attn * 4 * seq * model.hidden)
-                      + 6 * model.hidden * model.vocab / p) / t          # logits spread: a stage's average
+                      + 6 * model.hidden * model.vocab * head_share) / t
+    stretch = cpu_stretch(lay, hw)
     if hw.activations == "torch-eager-fp32":
         act = torch_layer_activation_bytes(model, seq, lay, "none")
     else:
         act = layer_activation_bytes(model, seq, lay, bpe, "selective" if sw.flash_attention else "none")
-    elem = Ls * act * (6 if full else 4) / hw.mem_bandwidth
-    compute_mb = flops / rate + elem
+    if hw.elementwise_s:    # fitted per layer: a fixed cost of its ops, and one per saved byte
+        elem = Ls * (hw.op_overhead + act * hw.elementwise_s) * (4 / 3 if full else 1) \
+            + tokens * model.vocab * head_share / t * hw.logit_s
+    else:
+        elem = Ls * act * (6 if full else 4) / hw.mem_bandwidth
+    flops_s, elem = flops / rate * stretch, elem * stretch
+    compute_mb = flops_s + elem
 
     # tensor parallel, per micro-batch and stage
     calls, _ = layer_traffic(lay.mb, seq, model.hidden, t, 0, lay.sp)
@@ -124,11 +152,19 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     stride = t
     dp_t = 0.0
     exposed_dp = 0.0
+    calls = hw.call_overhead * stretch       # the engine's CPU per collective call
     if lay.dp > 1:
         ag_p = group_time("all_gather", lay.dp, psi * bpe, stride, hw)
         rs_g = group_time("reduce_scatter", lay.dp, psi * gb, stride, hw)
+        if lay.zero == 3:     # one gather (forward), one (backward), one reduce-scatter per module with parameters
+            units = UNITS_PER_LAYER * Ls + 3
+            calls += hw.zero3_module_s * stretch
+            ag_p = units * (group_time("all_gather", lay.dp, psi * bpe / units, stride, hw) + calls)
+            rs_g = units * (group_time("reduce_scatter", lay.dp, psi * gb / units, stride, hw) + calls)
+        else:
+            ag_p, rs_g = ag_p + calls, rs_g + calls
         if lay.zero == 0:
-            dp_t = group_time("all_reduce", lay.dp, psi * gb, stride, hw)
+            dp_t = group_time("all_reduce", lay.dp, psi * gb, stride, hw) + calls
         elif lay.zero == 1:
             dp_t = rs_g + ag_p
         elif lay.zero == 2:
@@ -144,12 +180,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
             exposed_dp = max(0.0, dp_t - (m - 1) * rs_g - backward_last) if lay.zero == 2 else max(0.0, dp_t - backward_last)
     shard = psi / (lay.dp if lay.zero >= 1 else 1)
     if lay.offload:
-        opt = shard / hw.host_adam + 2 * shard * bpe / hw.host_link
+        opt = (shard / hw.host_adam + 2 * shard * bpe / hw.host_link) * stretch
     elif hw.activations == "torch-eager-fp32":   # the device is the host: Adam at the host's rate
-        opt = shard / hw.host_adam
+        opt = shard / hw.host_adam * stretch
     else:
         opt = shard * 36 / hw.mem_bandwidth
-    out = {"matmul": m * flops / rate, "elementwise": m * elem, "tp comm": m * tp_exposed_mb, "pp comm": pp_fill,
+    out = {"matmul": m * flops_s, "elementwise": m * elem, "tp comm": m * tp_exposed_mb, "pp comm": pp_fill,
            "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt}
     out["total"] = sum(out.values())
     out["dp comm (all)"] = dp_t          # before overlap, for the record

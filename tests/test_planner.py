@@ -235,3 +235,36 @@ def test_published_gdgpt_direction():
 def test_planner_best_is_no_worse_than_the_papers_layout(nar):
     for r in nar:
         assert r["best_step_s"] <= r["paper_step_s"] * (1 + 1e-9)
+
+
+def test_ranks_beyond_the_cores_stretch_compute():
+    """cpu-here: with more runnable tasks than cores each rank's CPU seconds take longer in wall
+    time, (ranks + load) / cores; a GPU (cores = 0) never stretches."""
+    from dataclasses import replace
+    from planner.steptime import cpu_stretch
+    hw, m = H.load("cpu-here"), PRESETS["tiny"]
+    assert hw.cores >= 1
+    two = replace(hw, cores=2)
+    assert cpu_stretch(Layout(2, 1, 1), two) == 1.0
+    assert cpu_stretch(Layout(2, 1, 2), two) == 2.0
+    assert cpu_stretch(Layout(2, 1, 1), replace(two, load=2.0)) == 2.0
+    assert cpu_stretch(Layout(64, 1, 1), H.A100) == 1.0
+    a = step_time(m, 32, Layout(2, 1, 1, mb=2), 4, two, Software(False, False, False))
+    b = step_time(m, 32, Layout(2, 1, 1, mb=2), 4, replace(two, load=4.0), Software(False, False, False))
+    assert b["matmul"] == pytest.approx(3 * a["matmul"]) and b["optimizer"] == pytest.approx(3 * a["optimizer"])
+
+
+def test_planner_fit_line():
+    from benchmarks.planner_fit import fit_line
+    assert fit_line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0]) == pytest.approx((1.0, 2.0))
+    assert fit_line([1.0, 2.0], [2.0, 1.0])[1] == 0.0          # a negative slope is clamped: work never shrinks
+
+
+def test_zero3_pays_per_module_calls():
+    """ZeRO-3 gathers and reduce-scatters per module: its dp term carries 3 × modules × α per
+    micro-batch, more than ZeRO-2's one reduce-scatter and all-gather of the whole shard."""
+    hw, m = H.load("cpu-here"), PRESETS["tiny"]
+    sw = Software(False, False, False)
+    z2 = step_time(m, 32, Layout(2, 1, 1, zero=2, mb=2), 4, hw, sw)["dp comm"]
+    z3 = step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["dp comm"]
+    assert z3 > 3 * hw.intra.alpha * (6 * m.layers + 3) > z2
