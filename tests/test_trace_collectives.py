@@ -229,6 +229,13 @@ def _planned(rank, n):
         comm.all_reduce(w, "sum")
     seen = traced(lambda: comm.all_reduce(w, "sum"))
     out["method"] = (w.tolist(), "Planned.run" in seen and "run" not in seen)
+    from primitives.engine import planned
+    planned.ENABLED = False                               # RINGZERO_PLANNED=0: every call takes the full path
+    planned.forget()
+    for _ in range(4):
+        primitives.all_reduce(torch.ones(4))
+    out["disabled"] = len(comm.planned)
+    planned.ENABLED = True
     return out
 
 
@@ -253,3 +260,4 @@ def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
         assert out["after"] == [float(n)] * 5, (r, out)
         assert out["group"] == ([float(n)] * 4, True), (r, out)
         assert out["method"] == ([float(n ** 4)] * 4, True), (r, out)
+        assert out["disabled"] == 0, (r, out)

@@ -20,11 +20,13 @@ run(t) declines (the call takes the full path) when t is not a contiguous CPU te
 call is still queued on the communicator, or the ledger is inside another call or control traffic.
 The cross-rank check, the fault attribution (comm.current_call names the call in a PeerError)
 and strict mode are the full path's; set_handshake / set_strict_p2p / set_strict drop every
-Planned (forget()). Cost per call: 16 Python frames, 36 calls with the builtins (the full path:
+Planned (forget()). RINGZERO_PLANNED=0 builds none (every call takes the full path: to measure
+what a Planned saves). Cost per call: 16 Python frames, 36 calls with the builtins (the full path:
 129), and the textbook's torch ops (copy in, reduce out).
 """
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
@@ -34,6 +36,7 @@ from primitives.engine import shm_collectives
 from primitives.engine.check import CallName
 from primitives.engine.ledger import LEDGER, CallRecord
 
+ENABLED = os.environ.get("RINGZERO_PLANNED", "1") != "0"
 _TABLES: "weakref.WeakSet" = weakref.WeakSet()    # the communicators holding Planned calls
 _STRIDED = torch.strided
 
@@ -86,6 +89,8 @@ def forget() -> None:
 
 def all_reduce(comm, tensor, op, algorithm, tag, opn: str, stamp, template, pending) -> None:
     """Plan an all_reduce whose replay record is known (calls/all_reduce.py), over the segment."""
+    if not ENABLED:
+        return
     st = shm_collectives.state(comm)
     nbytes = tensor.numel() * tensor.element_size()
     fn = shm.shm_one_shot if nbytes <= shm_collectives.ONE_SHOT_BYTES else shm.shm_reduce_by_slices
