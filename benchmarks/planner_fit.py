@@ -35,6 +35,7 @@ planner.hardware.cpu_here; `cores` from os.cpu_count().
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -43,10 +44,12 @@ import time
 import torch
 
 import primitives as P
-from planner.hardware import CPU_HERE
+from benchmarks.planner_local import _rank        # the rows' own measurement, run at another shape
+from planner.hardware import CPU_HERE, cpu_here
 from planner.layout import Layout
-from planner.memory import torch_layer_activation_bytes
+from planner.memory import memory, torch_layer_activation_bytes
 from planner.model import Model
+from planner.steptime import UNITS_PER_LAYER
 from primitives.launch import spawn
 from primitives.log import console
 
@@ -119,12 +122,6 @@ def engine_fit(mb: int = 4, steps: int = 4) -> tuple[float, float]:
     calibration shape CAL, 2 ranks: the DDP step's peak minus the planner's live bytes for it
     (what glibc keeps beyond them at its defaults), and the CPU seconds ZeRO-3's step spends
     beyond ZeRO-1's per module fetch or release (its hooks, gathers, frees)."""
-    import dataclasses
-
-    from benchmarks.planner_local import _rank        # the rows' own measurement, at another shape
-    from planner.hardware import cpu_here
-    from planner.memory import memory
-    from planner.steptime import UNITS_PER_LAYER
     lay = Layout(2, 1, 1, mb=mb)
     z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
     pred = memory(CAL, CAL.seq, lay, 2 * mb, dataclasses.replace(cpu_here(2), alloc_slack=0.0))

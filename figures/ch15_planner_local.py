@@ -4,9 +4,9 @@ against the measured ones, one point per layout run on 2-4 CPU ranks (benchmarks
     python -m figures.ch15_planner_local                       # measures first (~3 min idle, more under load)
     python -m figures.ch15_planner_local --json local.json     # draw a saved `benchmarks.planner_local --json` run
 
-Left: step time, predicted from cpu_here.json's CPU-time rates and the machine's load during
-the row; the band is ±25 %. Right: peak resident memory above the pre-model baseline at glibc's
-defaults, predicted vs measured, band ±10 %.
+Left: step time, predicted from cpu_here.json's CPU-time rates and the share of the cores the
+row's session got (a probe); the band is ±25 %. Right: peak resident memory above the
+pre-model baseline at glibc's defaults, predicted vs measured, band ±10 %.
 """
 from __future__ import annotations
 
@@ -28,15 +28,18 @@ def draw(rows: list[dict]) -> str:
             ax.annotate(f"{r['model'].replace('gpt-', '')} {r['layout'].split(' (')[0]}", (x, y), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
         lo, hi = 0.0, max(meas + pred) * 1.15
+        if key == "step":      # the load swings a step over two orders of magnitude: log axes
+            lo = min(meas + pred) / 1.5
+            ax.set(xscale="log", yscale="log")
         ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
         ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)], color="0.9",
                         label=f"±{band:.0%}")
         ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"measured {unit}", ylabel=f"predicted {unit}")
         ax.legend(fontsize=7, loc="upper left")
-    loads = [r["load"] for r in rows]
+    shares = [r["share"] for r in rows]
     a.set_title("step time (CPU ranks, fp32)", fontsize=9)
     b.set_title("peak RSS above the pre-model baseline, per rank", fontsize=9)
-    fig.suptitle(f"planner (cpu-here) vs this machine, {min(loads):.1f}–{max(loads):.1f} other runnable tasks on 2 cores",
+    fig.suptitle(f"planner (cpu-here) vs this machine; the run's session got {min(shares):.2f}–{max(shares):.2f} of a core (2 cores)",
                  fontsize=10)
     return save(fig, "15_planner_local", "figures.ch15_planner_local",
                 note="python -m benchmarks.planner_local; time under load, memory load-independent")
