@@ -33,3 +33,43 @@ git_branch = None
 
 # runtime/zero/partition_parameters.py: the shape of a partitioned parameter's .data between uses
 partitioned_param_data_shape = [0]
+
+# deepspeed/runtime/lr_schedules.py: the config key names and schedule names (strings, DeepSpeed's values)
+LR_SCHEDULE_NAMES = {
+    "LR_SCHEDULE": "lr_schedule", "LR_RANGE_TEST": "LRRangeTest", "ONE_CYCLE": "OneCycle", "WARMUP_LR": "WarmupLR",
+    "WARMUP_DECAY_LR": "WarmupDecayLR", "WARMUP_COSINE_LR": "WarmupCosineLR", "EDGE_VALUE": "edge_value",
+    "MID_VALUE": "mid_value", "LR_RANGE_TEST_MIN_LR": "lr_range_test_min_lr",
+    "LR_RANGE_TEST_STEP_RATE": "lr_range_test_step_rate", "LR_RANGE_TEST_STEP_SIZE": "lr_range_test_step_size",
+    "LR_RANGE_TEST_STAIRCASE": "lr_range_test_staircase", "CYCLE_FIRST_STEP_SIZE": "cycle_first_step_size",
+    "CYCLE_FIRST_STAIR_COUNT": "cycle_first_stair_count", "CYCLE_SECOND_STEP_SIZE": "cycle_second_step_size",
+    "CYCLE_SECOND_STAIR_COUNT": "cycle_second_stair_count", "DECAY_STEP_SIZE": "decay_step_size",
+    "CYCLE_MIN_LR": "cycle_min_lr", "CYCLE_MAX_LR": "cycle_max_lr", "DECAY_LR_RATE": "decay_lr_rate",
+    "CYCLE_MIN_MOM": "cycle_min_mom", "CYCLE_MAX_MOM": "cycle_max_mom", "DECAY_MOM_RATE": "decay_mom_rate",
+    "WARMUP_MIN_LR": "warmup_min_lr", "WARMUP_MAX_LR": "warmup_max_lr", "WARMUP_NUM_STEPS": "warmup_num_steps",
+    "WARMUP_TYPE": "warmup_type", "WARMUP_LOG_RATE": "log", "WARMUP_LINEAR_RATE": "linear",
+    "WARMUP_MIN_RATIO": "warmup_min_ratio", "COS_MIN_RATIO": "cos_min_ratio", "TOTAL_NUM_STEPS": "total_num_steps"}
+globals().update(LR_SCHEDULE_NAMES)
+
+# deepspeed.ops.__compatible_ops__: the ops ringzero serves (as torch code: optimizers.py) are compatible;
+# the ones it refuses or lacks (cpu_adagrad, async_io, the shm/ccl comm ops) are not
+COMPATIBLE_OPS = {"cpu_adam": True, "fused_adam": True, "cpu_lion": True, "fused_lion": True, "cpu_adagrad": False,
+                  "async_io": False, "deepspeed_shm_comm": False, "deepspeed_ccl_comm": False,
+                  "deepspeed_not_implemented": False, "pin_memory": True}
+
+
+class _OpBuilder:
+    """deepspeed.ops.op_builder's builders, by NAME: is_compatible() from COMPATIBLE_OPS; nothing is built."""
+    NAME = ""
+
+    def is_compatible(self, verbose=False) -> bool:
+        return COMPATIBLE_OPS.get(self.NAME, False)
+
+    def load(self, verbose=True):
+        raise NotImplementedError(f"deepspeed.ops.op_builder {type(self).__name__}.load(): ringzero builds no C++/CUDA "
+                                  "op; the served optimizers run torch's code (engine/optimizers.py)")
+
+
+OP_BUILDERS = {f"{name}Builder": type(f"{name}Builder", (_OpBuilder,), {"NAME": op}) for name, op in (
+    ("CPUAdam", "cpu_adam"), ("FusedAdam", "fused_adam"), ("CPULion", "cpu_lion"), ("FusedLion", "fused_lion"),
+    ("CPUAdagrad", "cpu_adagrad"), ("FusedLamb", "fused_lamb"))}
+globals().update(OP_BUILDERS)

@@ -141,6 +141,8 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.__version_major__, module.__version_minor__, module.__version_patch__ = \
                 (int(x) for x in served.VERSION.split("."))
             module.__git_hash__ = module.__git_branch__ = "unknown"
+        if module.__name__ == "deepspeed.ops":       # a dunder: __getattr__ does not serve it
+            module.__compatible_ops__ = dict(importlib.import_module(f"{served._R}.constants").COMPATIBLE_OPS)
 
 
 FINDER = Finder()

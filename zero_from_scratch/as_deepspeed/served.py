@@ -34,6 +34,14 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
 _LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES")
+_LR_KEYS = ("LR_SCHEDULE", "LR_RANGE_TEST", "ONE_CYCLE", "WARMUP_LR", "WARMUP_DECAY_LR", "WARMUP_COSINE_LR", "EDGE_VALUE",
+            "MID_VALUE", "LR_RANGE_TEST_MIN_LR", "LR_RANGE_TEST_STEP_RATE", "LR_RANGE_TEST_STEP_SIZE",
+            "LR_RANGE_TEST_STAIRCASE", "CYCLE_FIRST_STEP_SIZE", "CYCLE_FIRST_STAIR_COUNT", "CYCLE_SECOND_STEP_SIZE",
+            "CYCLE_SECOND_STAIR_COUNT", "DECAY_STEP_SIZE", "CYCLE_MIN_LR", "CYCLE_MAX_LR", "DECAY_LR_RATE", "CYCLE_MIN_MOM",
+            "CYCLE_MAX_MOM", "DECAY_MOM_RATE", "WARMUP_MIN_LR", "WARMUP_MAX_LR", "WARMUP_NUM_STEPS", "WARMUP_TYPE",
+            "WARMUP_LOG_RATE", "WARMUP_LINEAR_RATE", "WARMUP_MIN_RATIO", "COS_MIN_RATIO", "TOTAL_NUM_STEPS")
+_BUILDERS = ("CPUAdamBuilder", "FusedAdamBuilder", "CPULionBuilder", "FusedLionBuilder", "CPUAdagradBuilder",
+             "FusedLambBuilder")
 _SAFE = tuple(f"safe_{a}_{c}_{b}" for a in ("get", "set") for c in ("full", "local")
               for b in ("fp32_param", "grad", "optimizer_state")) + ("safe_update_full_grad_vectorized",)
 _PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
@@ -88,6 +96,8 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": f"{_R}.constants:OffloadDeviceEnum",
     "deepspeed.runtime.swap_tensor.MIN_SWAPPABLE_BYTES": f"{_R}.constants:MIN_SWAPPABLE_BYTES",
     **{f"deepspeed.runtime.lr_schedules.{n}": f"{_E}.lr_schedules:{n}" for n in _LR},
+    **{f"deepspeed.runtime.lr_schedules.{n}": f"{_R}.constants:{n}" for n in _LR_KEYS},
+    **{f"deepspeed.ops.op_builder.{n}": f"{_R}.constants:{n}" for n in _BUILDERS},
     **{f"deepspeed.ops.adam.{n}": f"{_E}.optimizers:{n}" for n in ("FusedAdam", "DeepSpeedCPUAdam")},
     **{f"deepspeed.ops.lion.{n}": f"{_E}.optimizers:{n}" for n in ("FusedLion", "DeepSpeedCPULion")},
     **{f"deepspeed.pipe.{n}": f"{_PIPE}:{n}" for n in _PIPE_NAMES},

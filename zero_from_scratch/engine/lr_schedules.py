@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from zero_from_scratch.optim import ShardedAdam
 
 VALID_LR_SCHEDULES = ["LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"]
@@ -67,9 +69,7 @@ class WarmupLR:
         return [a + d * gamma for a, d in zip(self.min_lrs, self.delta_lrs)]
 
     def _apply(self) -> None:
-        for g, lr in zip(self.optimizer.param_groups, self.get_lr()):
-            g["lr"] = lr
-        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self._last_lr = _set_lrs(self.optimizer, self.get_lr())
 
     def get_last_lr(self) -> list[float]:
         return self._last_lr
@@ -105,9 +105,14 @@ def _per_group(optimizer, value, name: str) -> list:
 
 
 def _set_lrs(optimizer, lrs) -> list[float]:
+    """Each group's lr ← lrs; a tensor lr is filled in place, as DeepSpeed's update_lr does (a compiled or
+    capturable optimizer holds that tensor). The values set, tensors cloned."""
     for g, lr in zip(optimizer.param_groups, lrs):
-        g["lr"] = lr
-    return [g["lr"] for g in optimizer.param_groups]
+        if torch.is_tensor(g["lr"]):
+            g["lr"].fill_(lr.squeeze() if torch.is_tensor(lr) else lr)
+        else:
+            g["lr"] = lr
+    return [g["lr"].clone() if torch.is_tensor(g["lr"]) else g["lr"] for g in optimizer.param_groups]
 
 
 class _Iter:
