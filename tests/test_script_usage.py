@@ -52,6 +52,10 @@ PATH_ONLY = {"clients/pipeline/train.py"}   # imports its sibling alexnet.py, as
 READS_ARGV = re.compile(r"argparse|sys\.argv|parse_args|add_launch_args|import fire|fire\.Fire|def main\(argv")
 
 
+# the scripts under tests/ that a README shows a reader
+READER_TOOLS = ("tests/ds_unit/harness.py", "tests/ds_bulk/run.py", "tests/ds_bulk/table.py")
+
+
 def scripts() -> list[str]:
     """Every file a reader can run: a __main__ guard or a package's __main__.py (tests' own helpers aside)."""
     out = []
@@ -59,7 +63,7 @@ def scripts() -> list[str]:
         dirs[:] = sorted(x for x in dirs if not x.startswith((".", "__")) and x not in ("runs", "build"))
         for f in files:
             rel = os.path.relpath(os.path.join(d, f), ROOT)
-            if not f.endswith(".py") or (rel.startswith("tests" + os.sep) and rel != "tests/ds_unit/harness.py"):
+            if not f.endswith(".py") or (rel.startswith("tests" + os.sep) and rel not in READER_TOOLS):
                 continue
             with open(os.path.join(ROOT, rel)) as fh:
                 if f == "__main__.py" or '__name__ == "__main__"' in fh.read():
