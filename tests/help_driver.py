@@ -23,6 +23,9 @@ import rich  # noqa: E402,F401
 import torch  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
 import transformers  # noqa: E402,F401
+import transformers.modeling_utils  # noqa: E402,F401   (these pull torch.distributed.tensor, dynamo, sympy)
+import torch.distributed.checkpoint  # noqa: E402,F401
+import torch.distributed.elastic.events  # noqa: E402,F401
 
 
 def child(kind: str, name: str) -> None:
