@@ -2,7 +2,7 @@
 -> the textbook function (primitives/shm.py) + the ledger's record. MPI-4's MPI_Start on a
 persistent request; CUDA graphs' replay.
 
-    python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 3
+    python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 1 --no-yield
     torchrun --standalone --nproc_per_node 2 benchmarks/shm_profile.py --default --size 4K --iters 5000
 
 core.Plan and core.Replay decide a signature once (algorithm, check, ledger record); a call that
