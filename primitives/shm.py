@@ -21,7 +21,10 @@ Cost for S bytes on N ranks; α: one flag, c: seconds per byte copied, γ: per b
                         all N workspaces into its own, peers copy the reduced slices out one
                         round later. R+1 flags, R = ⌈S/W⌉; per rank (N-1)/N·S copied in and out,
                         S/N reduced from N sources: T ≈ (R+1)·α + (2N-1)/N·S·c + (N-1)/N·S·γ;
-                        peers read 2(N-1)/N·S of mine, what "direct" sends.
+                        peers read 2(N-1)/N·S of mine, what "direct" sends. Each rank writes 2S:
+                        (N-1)/N·S in, S/N reduced, S/N back, (N-1)/N·S out. Private buffers need
+                        that much (my input for the peers and the result in buf and for them);
+                        copying all S in and out, or reducing straight into buf, writes as much or more.
   shm_all_gather        per round: my block in, a flag, the N-1 others out. T ≈ R·α + N·s·c.
   shm_reduce_scatter    per round: the N-1 blocks others own in, a flag, mine reduced from all N.
                         T ≈ R·α + N·s·c + (N-1)·s·γ   (s = one block).
