@@ -56,7 +56,7 @@ def worker(a) -> None:
         t = torch.zeros(max(1, S // 4))
         fns = {"ringzero": lambda: P.all_reduce(t), "gloo": lambda: dist.all_reduce(t)}
         if comm.transport == "shm":               # the textbook function alone, on the same segment
-            fn = shm.shm_one_shot if S <= shm_collectives.ONE_SHOT_BYTES else shm.shm_reduce_by_slices
+            fn = shm.shm_one_shot if shm_collectives.one_shot(S, n) else shm.shm_reduce_by_slices
             fns["textbook"] = lambda fn=fn: fn(seg, t, "sum")
         if w is not None:
             fns["mpich"] = lambda: w.Allreduce(MPI.IN_PLACE, t.numpy())

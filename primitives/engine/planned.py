@@ -93,6 +93,6 @@ def all_reduce(comm, tensor, op, algorithm, tag, opn: str, stamp, template, pend
         return
     st = shm_collectives.state(comm)
     nbytes = tensor.numel() * tensor.element_size()
-    fn = shm.shm_one_shot if nbytes <= shm_collectives.ONE_SHOT_BYTES else shm.shm_reduce_by_slices
+    fn = shm.shm_one_shot if shm_collectives.one_shot(nbytes, comm.size) else shm.shm_reduce_by_slices
     table(comm)[(tensor.dtype, tensor.shape, id(op), algorithm, tag)] = Planned(comm, st, fn, opn, stamp, template,
                                                                               pending, op)
