@@ -21,7 +21,7 @@ call is still queued on the communicator, or the ledger is inside another call o
 The cross-rank check, the fault attribution (comm.current_call names the call in a PeerError)
 and strict mode are the full path's; set_handshake / set_strict_p2p / set_strict drop every
 Planned (forget()). RINGZERO_PLANNED=0 builds none (every call takes the full path: to measure
-what a Planned saves). Cost per call: 16 Python frames, 36 calls with the builtins (the full path:
+what a Planned saves). Cost per call: 17 Python frames, 35 calls with the builtins (the full path:
 129), and the textbook's torch ops (copy in, reduce out).
 """
 from __future__ import annotations
