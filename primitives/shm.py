@@ -21,11 +21,8 @@ Cost for S bytes on N ranks; α: one flag, c: seconds per byte copied, γ: per b
                         all N workspaces into its own, peers copy the reduced slices out one
                         round later. R+1 flags, R = ⌈S/W⌉; per rank (N-1)/N·S copied in and out,
                         S/N reduced from N sources: T ≈ (R+1)·α + (2N-1)/N·S·c + (N-1)/N·S·γ;
-                        peers read 2(N-1)/N·S of mine, what "direct" sends. Each rank writes 2S:
-                        (N-1)/N·S in, S/N reduced, S/N back, (N-1)/N·S out. Private buffers need
-                        that much (my input for the peers and the result in buf and for them);
-                        copying all S in and out writes more. Ranks 0 and 1 reduce straight into
-                        buf, in place (reduce_in_order): no fewer bytes, one stream fewer.
+                        peers read 2(N-1)/N·S of mine, what "direct" sends. Each rank writes 2S, the
+                        least private buffers allow (copying all S in and out writes S/N more).
   shm_all_gather        per round: my block in, a flag, the N-1 others out. T ≈ R·α + N·s·c.
   shm_reduce_scatter    per round: the N-1 blocks others own in, a flag, mine reduced from all N.
                         T ≈ R·α + N·s·c + (N-1)·s·γ   (s = one block).
@@ -35,17 +32,15 @@ import torch
 
 from primitives.ops import chunk_bounds, combine_
 
-ONE_SHOT_BYTES = 256 << 10   # all-reduce up to this (and W) in one shot: one flag, N·S reduced per rank.
-# At N = 2 one shot writes the same 2S as by slices with one flag and two torch ops, not two and four: the
-# engine (shm_collectives.one_shot) runs it up to W there.
+ONE_SHOT_BYTES = 256 << 10   # all-reduce up to this (and W) in one shot: one flag, N·S reduced per rank
+#                              (N = 2: the same 2S written as by slices, one flag fewer: up to W there)
 _FIRST = {"sum": torch.add, "avg": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum}
 COMMUTES = ("sum", "avg", "product", "band", "bor", "bxor")   # x1 op x0 has the bits of x0 op x1 (min(-0, 0) not)
 
 
 def reduce_in_order(acc, srcs, op):
-    """acc <- srcs[0] op srcs[1] op ... in that order (the first op writes acc: one pass fewer).
-    acc may be srcs[0], or srcs[1] when op commutes: then every op runs in place (measured 1.3-1.6x
-    faster than writing a third tensor)."""
+    """acc <- srcs[0] op srcs[1] op ... in that order (the first op writes acc: one pass fewer). acc may
+    be srcs[0], or srcs[1] when op commutes: then every op is in place, ~1.3-1.6x faster than out=."""
     first = 2
     if acc is srcs[0]:
         first = 1
@@ -71,8 +66,8 @@ def shm_one_shot(seg, buf, op):
     seg.view(seg.rank, b, buf.dtype, 0, k).copy_(buf)
     seg.publish(b)
     seg.wait(b)
-    mine = _in_place(seg.rank, op)
-    reduce_in_order(buf, [buf if mine and p == seg.rank else seg.view(p, b, buf.dtype, 0, k) for p in range(seg.size)], op)
+    me = seg.rank if _in_place(seg.rank, op) else -1          # its own source is buf itself
+    reduce_in_order(buf, [buf if p == me else seg.view(p, b, buf.dtype, 0, k) for p in range(seg.size)], op)
 
 
 def shm_reduce_by_slices(seg, buf, op):
