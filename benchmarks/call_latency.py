@@ -1,7 +1,7 @@
 """What one all-reduce call costs on the default path (check on), against gloo's and MPICH's built-ins.
 
     python -m benchmarks.call_latency                      # N = 2 and 4; 4 B, 4 KiB, 64 KiB, 1 MiB (~1 min)
-    python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 3     (smoke run, ~10 s)
+    python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 1 --no-yield     (smoke run, ~5 s)
     python -m benchmarks.call_latency --n 2 --fifo    (ranks at real-time priority: an idle machine's numbers on a shared one)
 
 For each N two mpiexec jobs hold MPICH's world and a gloo process group on the same ranks: one with
@@ -56,7 +56,7 @@ def worker(a) -> None:
         t = torch.zeros(max(1, S // 4))
         fns = {"ringzero": lambda: P.all_reduce(t), "gloo": lambda: dist.all_reduce(t)}
         if comm.transport == "shm":               # the textbook function alone, on the same segment
-            fn = shm.shm_one_shot if S <= shm_collectives.ONE_SHOT_BYTES else shm.shm_reduce_by_slices
+            fn = shm.shm_one_shot if shm_collectives.one_shot(S, n) else shm.shm_reduce_by_slices
             fns["textbook"] = lambda fn=fn: fn(seg, t, "sum")
         if w is not None:
             fns["mpich"] = lambda: w.Allreduce(MPI.IN_PLACE, t.numpy())
@@ -129,6 +129,8 @@ def main(argv=None):
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of bytes")
     ap.add_argument("--reps", type=int, default=7, help="interleaved samples per contender and size")
     ap.add_argument("--budget", type=float, default=0.02, help="seconds per sample (batch sized to it)")
+    ap.add_argument("--yield", dest="heavy_yield", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time MPICH with MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (a second mpiexec job)")
     ap.add_argument("--fifo", action="store_true", help="ranks at real-time priority (chrt -f 5; N ≤ cores only)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--launcher", default="torchrun", help=argparse.SUPPRESS)
@@ -146,7 +148,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as a.tmp:
         for n in (int(x) for x in a.n.split(",")):
             res = run(n, a)
-            yld = run(n, a, heavy_yield=True) if launcher() == "mpiexec" else {"rows": [{}] * len(res["rows"])}
+            yld = run(n, a, heavy_yield=True) if launcher() == "mpiexec" and a.heavy_yield else {"rows": [{}] * len(res["rows"])}
             loads += [res["load"]] + ([yld["load"]] if "load" in yld else [])
             for row, yrow in zip(res["rows"], yld["rows"]):
                 S, med, sp = row["size"], row["med"], row["spread"]

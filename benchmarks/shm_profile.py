@@ -5,6 +5,8 @@ vs waiting for peers (futex sleeps and wake-ups) vs the rest (Python), on rank 0
     RINGZERO_SHM_WORKSPACE=16777216 torchrun --standalone --nproc_per_node 2 benchmarks/shm_profile.py --size 64M
     torchrun --standalone --nproc_per_node 2 benchmarks/shm_profile.py --default --size 4K --iters 5000
                                            (the default call, no algorithm passed: where its µs go)
+    torchrun --standalone --nproc_per_node 4 benchmarks/shm_profile.py --default --size 4 --iters 3000
+                                           (4 ranks on 2 cores: the waits are the scheduler's)
 
 cProfile around --iters calls after warm-up (checked: the default), grouped by function.
 """
@@ -24,7 +26,7 @@ from primitives.launch import init_from_env
 from primitives.log import print0
 
 GROUPS = {"memory (copy_, add, ...)": ("copy_", "add", "mul", "minimum", "maximum"),
-          "waiting (futex sleep + wake)": ("futex_wait", "futex_wake")}
+          "waiting (futex sleep + wake, sched_yield)": ("futex_wait", "futex_wake", "sched_yield")}
 
 
 def main(argv=None):
@@ -52,7 +54,7 @@ def main(argv=None):
     own = {g: 0.0 for g in GROUPS}
     for (_, _, fn), (_, _, tottime, _, _) in stats.items():
         for g, names in GROUPS.items():
-            if any(fn == n or f"'{n}'" in fn or fn.endswith(f"torch.{n}>") for n in names):
+            if any(fn == n or f"'{n}'" in fn or fn.endswith((f"torch.{n}>", f"posix.{n}>")) for n in names):
                 own[g] += tottime
     how = "" if args.default else "algorithm='shm'"
     print0(f"all_reduce({how}) of {x.numel() * 4:,} B, {comm.size} ranks, workspace rounds of "

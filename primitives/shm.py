@@ -21,7 +21,8 @@ Cost for S bytes on N ranks; α: one flag, c: seconds per byte copied, γ: per b
                         all N workspaces into its own, peers copy the reduced slices out one
                         round later. R+1 flags, R = ⌈S/W⌉; per rank (N-1)/N·S copied in and out,
                         S/N reduced from N sources: T ≈ (R+1)·α + (2N-1)/N·S·c + (N-1)/N·S·γ;
-                        peers read 2(N-1)/N·S of mine, what "direct" sends.
+                        peers read 2(N-1)/N·S of mine, what "direct" sends. Each rank writes 2S, the
+                        least private buffers allow (copying all S in and out writes S/N more).
   shm_all_gather        per round: my block in, a flag, the N-1 others out. T ≈ R·α + N·s·c.
   shm_reduce_scatter    per round: the N-1 blocks others own in, a flag, mine reduced from all N.
                         T ≈ R·α + N·s·c + (N-1)·s·γ   (s = one block).
@@ -32,17 +33,31 @@ import torch
 from primitives.ops import chunk_bounds, combine_
 
 ONE_SHOT_BYTES = 256 << 10   # all-reduce up to this (and W) in one shot: one flag, N·S reduced per rank
+#                              (N = 2: the same 2S written as by slices, one flag fewer: up to W there)
 _FIRST = {"sum": torch.add, "avg": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum}
+COMMUTES = ("sum", "avg", "product", "band", "bor", "bxor")   # x1 op x0 has the bits of x0 op x1 (min(-0, 0) not)
 
 
 def reduce_in_order(acc, srcs, op):
-    """acc <- srcs[0] op srcs[1] op ... in that order (the first op writes acc: one pass fewer)."""
-    if len(srcs) == 1 or op not in _FIRST:
+    """acc <- srcs[0] op srcs[1] op ... in that order (the first op writes acc: one pass fewer). acc may
+    be srcs[0], or srcs[1] when op commutes: then every op is in place, ~1.3-1.6x faster than out=."""
+    first = 2
+    if acc is srcs[0]:
+        first = 1
+    elif len(srcs) > 1 and acc is srcs[1] and op in COMMUTES:
+        combine_(acc, srcs[0], op)
+    elif len(srcs) == 1 or op not in _FIRST:
         acc.copy_(srcs[0])
+        first = 1
     else:
         _FIRST[op](srcs[0], srcs[1], out=acc)
-    for s in srcs[1 if op not in _FIRST else 2:]:
+    for s in srcs[first:]:
         combine_(acc, s, op)
+
+
+def _in_place(r, op):
+    """Whether rank r can reduce into its own tensor (it is the first source, or the second and op commutes)."""
+    return r == 0 or (r == 1 and op in COMMUTES)
 
 
 def shm_one_shot(seg, buf, op):
@@ -51,7 +66,8 @@ def shm_one_shot(seg, buf, op):
     seg.view(seg.rank, b, buf.dtype, 0, k).copy_(buf)
     seg.publish(b)
     seg.wait(b)
-    reduce_in_order(buf, [seg.view(p, b, buf.dtype, 0, k) for p in range(seg.size)], op)
+    me = seg.rank if _in_place(seg.rank, op) else -1          # its own source is buf itself
+    reduce_in_order(buf, [buf if p == me else seg.view(p, b, buf.dtype, 0, k) for p in range(seg.size)], op)
 
 
 def shm_reduce_by_slices(seg, buf, op):
@@ -81,9 +97,10 @@ def shm_reduce_by_slices(seg, buf, op):
         if j == 0:
             seg.next_buf(R - 1)
         s, e = bd[r]
-        acc = seg.view(r, b, dt, s, e)
-        reduce_in_order(acc, [buf[c0 + s:c0 + e] if p == r else seg.view(p, b, dt, s, e) for p in range(n)], op)
-        buf[c0 + s:c0 + e].copy_(acc)
+        mine, ws = buf[c0 + s:c0 + e], seg.view(r, b, dt, s, e)
+        acc, out = (mine, ws) if _in_place(r, op) else (ws, mine)     # the peers read my slice from ws
+        reduce_in_order(acc, [mine if p == r else seg.view(p, b, dt, s, e) for p in range(n)], op)
+        out.copy_(acc)
         if j:
             copy_out(j - 1)
         if j + 1 < R:

@@ -27,7 +27,7 @@ import primitives as P
 from primitives.engine.cost import traffic
 from primitives.engine.ledger import LEDGER
 from primitives.engine.reference import ref
-from primitives.engine.shm_collectives import ONE_SHOT_BYTES
+from primitives.engine.shm_collectives import one_shot
 from primitives.ops import PIPELINE_BYTES
 
 REDUCING = {"reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single"}
@@ -327,7 +327,7 @@ def traffic_identities(name, algo, n, numel, elem, root, counts):
             want(all(lo <= b <= hi for b in bs), f"each rank within [{lo}, {hi}] bytes")
             if numel >= n:
                 want(all(m == 2 * (n - 1) for m in ms), "each rank 2(N-1) messages")
-        elif algo == "shm" and S <= ONE_SHOT_BYTES:
+        elif algo == "shm" and one_shot(S, n):
             want(all(m == n - 1 and b == (n - 1) * S for m, b in zip(ms, bs)), "one-shot: N-1 peers read all S")
         elif algo in ("direct", "shm"):       # shm: peers read what direct would send
             want(sum(bs) == 2 * (n - 1) * S, "Σ bytes == 2(N-1)·S")

@@ -57,7 +57,7 @@ def _close_to_gloo(mine, xs, op, n):
 def _parity(rank, n, dtypes, sizes):
     from primitives.engine import shm_collectives as sc
     comm = P.get_comm()
-    sc.state(comm).W, sc.ONE_SHOT_BYTES = WS, ONE_SHOT
+    sc.state(comm).W, sc.ONE_SHOT_BYTES, sc.ONE_SHOT_BYTES_2 = WS, ONE_SHOT, ONE_SHOT   # both ways at N = 2 too
     assert comm.transport == "shm", comm.transport
     errs = []
     for di, dtype in enumerate(dtypes):

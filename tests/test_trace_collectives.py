@@ -3,7 +3,8 @@
     python -m pytest -q tests/test_trace_collectives.py
 
 Each case is one public call with nothing but its tensor: `primitives.all_reduce(t)` at 4 KiB
-and at 1 MiB, `primitives.all_gather_single(out, t)` and `primitives.reduce_scatter_single(out, t)`,
+and at a size past one shot (1 MiB; 4 MiB on 2 ranks, where one shot runs up to a 2 MiB workspace),
+`primitives.all_gather_single(out, t)` and `primitives.reduce_scatter_single(out, t)`,
 on 2 and on 4 ranks of one host (the default transport: shared memory). On every rank
 sys.setprofile / threading.setprofile record (file, qualified name) of every Python call while the
 call runs (the third call of each signature, so a replayed plan is what is traced: for all_reduce
@@ -23,7 +24,7 @@ from benchmarks import textbook as T
 # case -> (the READING.md ideas that must run in it, those that must not)
 CASES = {
     "all_reduce 4 KiB": (["shared-memory one-shot all-reduce"], ["shared-memory reduce-by-slices all-reduce"]),
-    "all_reduce 1 MiB": (["shared-memory reduce-by-slices all-reduce", "chunk rule"],
+    "all_reduce by slices": (["shared-memory reduce-by-slices all-reduce", "chunk rule"],
                          ["shared-memory one-shot all-reduce"]),
     "all_gather_single": (["shared-memory all-gather"], []),
     "reduce_scatter_single": (["shared-memory reduce-scatter"], []),
@@ -34,7 +35,7 @@ def _calls(case, rank, n):
     """(a function making the call, a function checking its result)."""
     import primitives
     if case.startswith("all_reduce"):
-        k = 1024 if "4 KiB" in case else 1 << 18
+        k = 1024 if "4 KiB" in case else 1 << 18 if n > 2 else 1 << 20
         t = torch.full((k,), float(rank + 1))
         return (lambda: primitives.all_reduce(t)), (lambda: torch.equal(t, torch.full((k,), n * (n + 1) / 2)))
     if case == "all_gather_single":

@@ -2,7 +2,7 @@
 -> the textbook function (primitives/shm.py) + the ledger's record. MPI-4's MPI_Start on a
 persistent request; CUDA graphs' replay.
 
-    python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 3
+    python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 1 --no-yield
     torchrun --standalone --nproc_per_node 2 benchmarks/shm_profile.py --default --size 4K --iters 5000
 
 core.Plan and core.Replay decide a signature once (algorithm, check, ledger record); a call that
@@ -21,7 +21,7 @@ call is still queued on the communicator, or the ledger is inside another call o
 The cross-rank check, the fault attribution (comm.current_call names the call in a PeerError)
 and strict mode are the full path's; set_handshake / set_strict_p2p / set_strict drop every
 Planned (forget()). RINGZERO_PLANNED=0 builds none (every call takes the full path: to measure
-what a Planned saves). Cost per call: 16 Python frames, 36 calls with the builtins (the full path:
+what a Planned saves). Cost per call: 17 Python frames, 35 calls with the builtins (the full path:
 129), and the textbook's torch ops (copy in, reduce out).
 """
 from __future__ import annotations
@@ -93,6 +93,6 @@ def all_reduce(comm, tensor, op, algorithm, tag, opn: str, stamp, template, pend
         return
     st = shm_collectives.state(comm)
     nbytes = tensor.numel() * tensor.element_size()
-    fn = shm.shm_one_shot if nbytes <= shm_collectives.ONE_SHOT_BYTES else shm.shm_reduce_by_slices
+    fn = shm.shm_one_shot if shm_collectives.one_shot(nbytes, comm.size) else shm.shm_reduce_by_slices
     table(comm)[(tensor.dtype, tensor.shape, id(op), algorithm, tag)] = Planned(comm, st, fn, opn, stamp, template,
                                                                               pending, op)

@@ -43,6 +43,12 @@ from primitives.engine.shm_segment import BUFS, HDR_BYTES, LINE, SEQ_OFF, SLEEP_
 from primitives.ops import chunk_bounds
 
 ONE_SHOT_BYTES = min(WS_BYTES, shm.ONE_SHOT_BYTES)
+ONE_SHOT_BYTES_2 = WS_BYTES   # two ranks: one shot up to a workspace (shm.py: the same 2S written, 1 flag not 2)
+
+
+def one_shot(nbytes: int, n: int) -> bool:
+    """Whether an all-reduce of nbytes over n ranks runs shm_one_shot (else shm_reduce_by_slices)."""
+    return nbytes <= (ONE_SHOT_BYTES_2 if n == 2 else ONE_SHOT_BYTES)
 
 
 class Stamp:
@@ -227,7 +233,7 @@ def _count(sent: list[int], recv: list[int]) -> None:
 def all_reduce(comm, buf, op):
     st = state(comm)
     n, r, S = comm.size, comm.rank, buf.numel() * buf.element_size()
-    if S <= ONE_SHOT_BYTES:                       # fits the real workspace (st.W may be set smaller)
+    if one_shot(S, n):                            # fits the real workspace (st.W may be set smaller)
         shm.shm_one_shot(st, buf, op)
         return _count([S] * (n - 1), [S] * (n - 1))
     shm.shm_reduce_by_slices(st, buf, op)

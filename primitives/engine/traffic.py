@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from primitives.engine.shm_collectives import ONE_SHOT_BYTES
+from primitives.engine.shm_collectives import one_shot
 from primitives.ops import chunk_bounds, segments
 
 
@@ -35,7 +35,7 @@ def traffic(name: str, algo: str, n: int, rank: int, numel: int, elem: int, root
     if n <= 1 or numel == 0:
         return 0, 0
     base = name.replace("_single", "")
-    if algo == "shm" and base == "all_reduce" and S <= ONE_SHOT_BYTES:
+    if algo == "shm" and base == "all_reduce" and one_shot(S, n):
         return n - 1, (n - 1) * S                   # shm_collectives one-shot: peers read all of mine
     algo = "direct" if algo == "shm" else algo     # shm_collectives: peers read what "direct" sends
     v = (rank - root) % n
