@@ -157,8 +157,11 @@ def reference(steps: int = 4, world: int = 2) -> list[list[float]]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("deepspeed", "ringzero"):
-        raise SystemExit(f"usage: torchrun --nproc_per_node 2 {sys.argv[0]} {{deepspeed,ringzero}} [ours|trl]\n\n{__doc__}")
+    usage = f"usage: torchrun --nproc_per_node 2 {sys.argv[0]} {{deepspeed,ringzero}} [ours|trl]"
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        raise SystemExit(print(f"{usage}\n\n{__doc__.strip()}"))
+    if len(sys.argv) < 2 or sys.argv[1] not in ("deepspeed", "ringzero") or sys.argv[2:] not in ([], ["ours"], ["trl"]):
+        raise SystemExit(usage)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from tests.ds_unit.harness import import_deepspeed
     ds = import_deepspeed(sys.argv[1])
