@@ -28,14 +28,17 @@ sys.path.insert(0, ROOT)
 from clients.compare import _launch, versions_line  # noqa: E402  (the repo root on sys.path first when run by path)
 
 SCRIPT = "tests/hf_suites/trl_trainers.py"
-CASES = {f"{t}-zero{s}": (t, s) for t in ("sft", "dpo", "reward") for s in (2, 3)}
+# TRL's configs turn gradient checkpointing on by default: "-ckpt" runs that way (at ZeRO-3, where it matters)
+CASES = {**{f"{t}-zero{s}": (t, s, False) for t in ("sft", "dpo", "reward") for s in (2, 3)},
+         **{f"{t}-zero3-ckpt": (t, 3, True) for t in ("sft", "dpo", "reward")}}
 TOL = 1e-5
 SIDES = ("deepspeed", "ringzero")
 
 
 def run(name: str, side: str, out_dir: str, timeout: float = 900) -> dict:
-    trainer, stage = CASES[name]
-    out = _launch(side, SCRIPT, f"--trainer {trainer} --stage {stage} --output-dir {out_dir}", timeout)
+    trainer, stage, ckpt = CASES[name]
+    out = _launch(side, SCRIPT, f"--trainer {trainer} --stage {stage} --output-dir {out_dir}"
+                  + (" --checkpointing" if ckpt else ""), timeout)
     from safetensors.torch import load_file   # the adapter as save_model wrote it
     return {"losses": [float(x) for x in re.findall(r"^STEP \d+ LOSS (\S+)$", out, re.M)],
             "eval": float(re.search(r"^EVAL_LOSS (\S+)$", out, re.M).group(1)),
