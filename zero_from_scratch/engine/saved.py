@@ -16,6 +16,8 @@ ChunkedLogProbFunction) reads `lm_head.weight` in such a block, saves it and gat
 backward; a tensor that went through the hooks would come back as a new tensor holding the data of
 the moment of unpacking (empty) and without `ds_status`. The block's gathered buffer stays alive
 while a view saved in it does (the pool does not reuse a buffer something still sees), as in DeepSpeed.
+Such a kernel tests `ds_status` before it gathers, so the status follows every gather and release
+(add / remove); and a unit it gathers in backward stays until its gradient is reduced (grad_due).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import contextlib
 import torch
 
 from zero_from_scratch.engine.zero_partition import ZeroParamStatus
+
 
 class _SavedView:
     """Marker: a saved tensor that is a view of a gathered parameter unit (see pack)."""
