@@ -7,7 +7,7 @@
 Each side runs `torchrun --nproc_per_node 2 clients/run.py SIDE tests/hf_suites/trl_trainers.py --trainer T
 --stage S` (clients/compare.py's launcher: same start-up seed, OMP_NUM_THREADS=1). Compared: every step's
 logged training loss and the eval loss (relative difference), and every tensor of the saved LoRA adapter
-(adapter_model.safetensors: max |Δ| over the tensor's max |value|). Tolerance 1e-5 relative everywhere, fp32:
+(adapter_model.safetensors, or model.safetensors for "-full": max |Δ| over the tensor's max |value|). Tolerance 1e-5 relative everywhere, fp32:
 the engines add the ranks' gradients in their own order, so the weights may differ in their last bits
 after a step (~1e-7); 1e-5 leaves two orders of magnitude over 4 steps. The first line printed names the
 machine and versions. Cost: two 2-rank trainings per case.
@@ -29,20 +29,22 @@ from clients.compare import _launch, versions_line  # noqa: E402  (the repo root
 
 SCRIPT = "tests/hf_suites/trl_trainers.py"
 # TRL's configs turn gradient checkpointing on by default: "-ckpt" runs that way (at ZeRO-3, where it matters)
-CASES = {**{f"{t}-zero{s}": (t, s, False) for t in ("sft", "dpo", "reward") for s in (2, 3)},
-         **{f"{t}-zero3-ckpt": (t, 3, True) for t in ("sft", "dpo", "reward")}}
+# "-full": no LoRA, every weight trained (the fused head's lm_head too; DPO's reference model is a second engine)
+CASES = {**{f"{t}-zero{s}": (t, s, "") for t in ("sft", "dpo", "reward") for s in (2, 3)},
+         **{f"{t}-zero3-ckpt": (t, 3, "--checkpointing") for t in ("sft", "dpo", "reward")},
+         **{f"{t}-zero3-full": (t, 3, "--full") for t in ("sft", "dpo")}}
 TOL = 1e-5
 SIDES = ("deepspeed", "ringzero")
 
 
 def run(name: str, side: str, out_dir: str, timeout: float = 900) -> dict:
-    trainer, stage, ckpt = CASES[name]
-    out = _launch(side, SCRIPT, f"--trainer {trainer} --stage {stage} --output-dir {out_dir}"
-                  + (" --checkpointing" if ckpt else ""), timeout)
-    from safetensors.torch import load_file   # the adapter as save_model wrote it
+    trainer, stage, flags = CASES[name]
+    out = _launch(side, SCRIPT, f"--trainer {trainer} --stage {stage} --output-dir {out_dir} {flags}", timeout)
+    from safetensors.torch import load_file   # the adapter (or the model) as save_model wrote it
+    saved = "model.safetensors" if "--full" in flags else "adapter_model.safetensors"
     return {"losses": [float(x) for x in re.findall(r"^STEP \d+ LOSS (\S+)$", out, re.M)],
             "eval": float(re.search(r"^EVAL_LOSS (\S+)$", out, re.M).group(1)),
-            "weights": load_file(os.path.join(out_dir, "adapter_model.safetensors"))}
+            "weights": load_file(os.path.join(out_dir, saved))}
 
 
 def _rel(a: float, b: float) -> float:
@@ -71,9 +73,9 @@ def main(argv=None) -> int:
     console = Console(width=170)
     import importlib.metadata
     console.print(versions_line() + ", " + ", ".join(f"{p} {importlib.metadata.version(p)}" for p in ("trl", "peft")))
-    t = Table(title="TRL trainers with LoRA, fp32, 2 ranks: real DeepSpeed 0.19.8 vs ringzero's runner")
+    t = Table(title="TRL trainers (LoRA; -full: every weight), fp32, 2 ranks: real DeepSpeed 0.19.8 vs ringzero's runner")
     for col in ("case", "steps", "DeepSpeed last loss", "max rel Δ loss", "eval loss", "rel Δ eval",
-                "adapter tensors", "max rel Δ weights", f"within {TOL:g}"):
+                "saved tensors", "max rel Δ weights", f"within {TOL:g}"):
         t.add_column(col)
     ok = True
     for name in a.case or list(CASES):

@@ -8,11 +8,11 @@ Nothing here imports deepspeed: each trainer hands `deepspeed=` to accelerate, w
 (`deepspeed.initialize`) and drives it; under ringzero's runner that `deepspeed` is ringzero's. The model is
 a tiny Llama built from a config with a fixed seed (LlamaForCausalLM; LlamaForSequenceClassification for
 the reward trainer), the tokenizer a word-level one built in code, the data sentences drawn from a seeded
-generator: nothing is downloaded. LoRA (peft) on q_proj and v_proj, r=4; fp32 (TRL's configs default to
+generator: nothing is downloaded. LoRA (peft) on q_proj and v_proj, r=4 (`--full`: every weight); fp32 (TRL's configs default to
 bf16: set off), no gradient checkpointing (TRL's default is on; `--checkpointing` turns it on), AdamW
 with torch's implementation and weight decay 0, constant learning rate, `--steps` optimizer steps of 2
 sequences per rank, then `trainer.evaluate()` on 8 held-out rows and `trainer.save_model()` (the LoRA
-adapter; at ZeRO-3 gathered by stage3_gather_16bit_weights_on_model_save). SFT and DPO score tokens
+adapter, or the model with `--full`; at ZeRO-3 gathered by stage3_gather_16bit_weights_on_model_save). SFT and DPO score tokens
 through TRL's fused LM head (trl/trainer/utils.py::add_fused_lm_head), which at ZeRO-3 reads and gathers
 `lm_head.weight` itself. Rank 0 prints `STEP i LOSS x` per step, `EVAL_LOSS x`, and the folder it saved.
 Cost: a few seconds of training; most of the time is importing transformers, datasets and TRL.
@@ -83,6 +83,8 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (TRL's default)")
+    ap.add_argument("--full", action="store_true", help="train every weight (no LoRA; DPO then builds a reference "
+                    "model of its own, a second deepspeed.initialize)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/trl_trainers")
     ap.add_argument("--local_rank", type=int, default=-1, help="passed by the deepspeed launcher")
@@ -101,14 +103,15 @@ def main(argv=None) -> None:
                   use_cpu=True, seed=a.seed, data_seed=a.seed, bf16=False, fp16=False,
                   gradient_checkpointing=a.checkpointing, deepspeed=ds_config(a.stage))
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                      task_type="SEQ_CLS" if a.trainer == "reward" else "CAUSAL_LM")
+                      task_type="SEQ_CLS" if a.trainer == "reward" else "CAUSAL_LM") if not a.full else None
     train, held = dataset(a.trainer, 32, a.seed), dataset(a.trainer, 8, a.seed + 100)
     if a.trainer == "sft":
         trainer = trl.SFTTrainer(model=net, args=trl.SFTConfig(max_length=16, **common), train_dataset=train,
                                  eval_dataset=held, processing_class=tok, peft_config=lora)
     elif a.trainer == "dpo":
-        trainer = trl.DPOTrainer(model=net, args=trl.DPOConfig(max_length=16, **common), train_dataset=train,
-                                 eval_dataset=held, processing_class=tok, peft_config=lora)
+        ref = model(a.trainer, tok, a.seed) if a.full else None   # a model built in code has no path TRL could load
+        trainer = trl.DPOTrainer(model=net, ref_model=ref, args=trl.DPOConfig(max_length=16, **common),
+                                 train_dataset=train, eval_dataset=held, processing_class=tok, peft_config=lora)
     else:
         trainer = trl.RewardTrainer(model=net, args=trl.RewardConfig(max_length=16, **common), train_dataset=train,
                                     eval_dataset=held, processing_class=tok, peft_config=lora)
