@@ -1,5 +1,6 @@
-"""TRL's SFTTrainer, DPOTrainer and RewardTrainer with LoRA at ZeRO-2 and ZeRO-3, fp32, 2 ranks: real DeepSpeed
-0.19.8 against ringzero's runner (tests/hf_suites/trl_trainers.py, compared by tests/hf_suites/trl_compare.py).
+"""TRL's SFTTrainer, DPOTrainer and RewardTrainer with LoRA at ZeRO-2 and ZeRO-3 (at ZeRO-3 also with gradient
+checkpointing, TRL's default, and SFT / DPO without LoRA), fp32, 2 ranks: real DeepSpeed 0.19.8 against ringzero's
+runner (tests/hf_suites/trl_trainers.py, compared by tests/hf_suites/trl_compare.py).
 
     python -m pytest -q -m slow tests/test_hf_trl.py        (~1 min per case on 2 cores when idle)
     python -m tests.hf_suites.trl_compare                   (the same cases as a table)
