@@ -72,6 +72,8 @@ class FrozenParams:
             st.param_shard(u).copy_(st._unit_block(u))
             st.tag_of[u.index] = u.tag
         zp.adopt(e, self.units, st.params)
+        # DeepSpeed keeps every small parameter gathered, frozen ones too (mark_persistent_parameters)
+        st.persistent |= {u.index for u in self.units if u.numel <= e.config.zero.stage3_param_persistence_threshold}
         unit_of = {id(dict(self.named)[s.name]): u for u in self.units for s in u.slots}
         for name, m in e.module.named_modules():
             us = sorted({unit_of[id(p)].index for p in m.parameters(recurse=False) if id(p) in unit_of})

@@ -8,12 +8,24 @@ after forward would free nothing. Instead, a view of a gathered unit is saved as
 stride, offset) and rebuilt, on first use in backward, from the buffer the backward pre-hook has
 gathered again. DeepSpeed gets the same effect with its own Linear. Cost: a dict lookup per
 saved tensor; no communication (a registered external unit missing in backward is re-gathered).
+
+Inside a script's own `GatheredParameters` block the hooks step aside (`suspended`), and what is
+saved there is saved as DeepSpeed saves it: a Parameter as the object itself, usable in backward
+once the script (or a module's hook) gathers it again. A fused LM-head kernel (TRL's
+ChunkedLogProbFunction) reads `lm_head.weight` in such a block, saves it and gathers it again in its
+backward; a tensor that went through the hooks would come back as a new tensor holding the data of
+the moment of unpacking (empty) and without `ds_status`. The block's gathered buffer stays alive
+while a view saved in it does (the pool does not reuse a buffer something still sees), as in DeepSpeed.
+Such a kernel tests `ds_status` before it gathers, so the status follows every gather and release
+(add / remove); and a unit it gathers in backward stays until its gradient is reduced (grad_due).
 """
 from __future__ import annotations
 
 import contextlib
 
 import torch
+
+from zero_from_scratch.engine.zero_partition import ZeroParamStatus
 
 
 class _SavedView:
@@ -30,15 +42,46 @@ class SavedByReference:
         self.regather: dict = {}
 
     def add(self, index: int, full: torch.Tensor) -> None:
+        """Unit `index` is gathered into `full` (its parameters' ds_status follows, as DeepSpeed's does)."""
         self.unit_of_storage[full.untyped_storage().data_ptr()] = index
+        self._status(index, ZeroParamStatus.AVAILABLE)
 
     def remove(self, full: torch.Tensor) -> None:
-        self.unit_of_storage.pop(full.untyped_storage().data_ptr(), None)
+        index = self.unit_of_storage.pop(full.untyped_storage().data_ptr(), None)
+        if index is not None:
+            self._status(index, ZeroParamStatus.NOT_AVAILABLE)
+
+    def _status(self, index: int, status) -> None:
+        for s in self.stage.unit(index).slots:
+            p = self.stage.params[s.name]
+            if hasattr(p, "ds_status"):      # set by zero_partition.adopt; scripts test it before gathering
+                p.ds_status = status
+
+    def grad_due(self, u) -> bool:
+        """In backward, before u's gradient has arrived: a script's own gather (a fused kernel's
+        GatheredParameters in its backward) keeps u until the reduce, as DeepSpeed keeps it until the
+        module's backward ends; autograd accumulates the gradient into the parameter after the block,
+        which needs the full shape."""
+        return torch._C._current_graph_task_id() != -1 and self.stage.pending.get(u.index, -1) > 0
 
     @contextlib.contextmanager
     def active(self):
         with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
             yield
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """Inside: tensors are saved plainly (see the module docstring). Only when the innermost
+        saved-tensor hooks are this object's (an activation-checkpointing region keeps its own)."""
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        ours = top is not None and top[0] == self.pack
+        if ours:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        try:
+            yield
+        finally:
+            if ours:
+                torch._C._autograd._push_saved_tensors_default_hooks(self.pack, self.unpack)
 
     def pack(self, t: torch.Tensor):
         if t.device.type == "meta" or t.layout != torch.strided:

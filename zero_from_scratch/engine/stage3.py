@@ -183,8 +183,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def _release(self, u, kind: str) -> None:
         """After forward a unit the trace uses again soon is kept (evictable); persistent and pinned
         units stay until a forced release ("gather_ctx", "evict", "step")."""
-        if u.index not in self.full_of:
-            return
+        if u.index not in self.full_of or (kind == "gather_ctx" and self.saved.grad_due(u)):
+            return                             # the latter: released by its reduce (saved.py)
         if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
             self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
             return
@@ -273,7 +273,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         modifier_rank, that rank's edits are broadcast and written back into every shard."""
         wanted = {id(p) for p in params}
         units = [u for u in self.layout.units if any(id(self.params[s.name]) in wanted for s in u.slots)]
-        with super().gathered(units):
+        with super().gathered(units), self.saved.suspended():   # saved as DeepSpeed saves (saved.py)
             try:
                 yield
             finally:
