@@ -27,7 +27,9 @@ from primitives.log import print0
 
 ENV = "RINGZERO_MALLOC"
 THRESHOLD = 64 << 10
-M_MMAP_THRESHOLD = -3             # glibc's mallopt parameter number
+M_MMAP_THRESHOLD = -3             # glibc's mallopt parameter numbers
+M_TRIM_THRESHOLD = -1
+TRIM = 128 << 10                  # glibc's initial trim threshold, which its dynamic threshold raises
 _set = False
 
 
@@ -40,7 +42,8 @@ def map_large_blocks() -> bool:
         return _set
     size = int(env) if env.isdigit() else THRESHOLD
     try:
-        ok = ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, size) == 1
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(M_MMAP_THRESHOLD, size) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM) == 1
     except (OSError, AttributeError):  # not glibc: nothing to set
         return False
     if ok:
@@ -49,3 +52,22 @@ def map_large_blocks() -> bool:
                f"are mapped and return to the system when freed); {ENV}=default leaves the allocator alone",
                soft_wrap=True)
     return _set
+
+
+def maps() -> bool:
+    """True when map_large_blocks set the threshold: a freed large block returns to the system at
+    once, so a buffer idle for a whole phase is better freed than kept."""
+    return _set
+
+
+def release_freed() -> bool:
+    """Return the heap's free pages to the system (glibc malloc_trim(0)), once the engine has
+    dropped what it no longer needs (a model's full tensors after ZeRO-3 sharded them): they were
+    allocated before the threshold was fixed, many from the heap, and their holes would otherwise
+    stay resident. Only when map_large_blocks set the threshold (RINGZERO_MALLOC=default: nothing)."""
+    if not _set:
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim(0) == 1
+    except (OSError, AttributeError):
+        return False

@@ -48,7 +48,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         z, c = engine.config.zero, engine.comm
         allocator.map_large_blocks()                       # before any unit is built (allocator.py)
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
-        self.pool = BucketPool(self, engine)
+        self.pool = BucketPool(self, engine, exact=True)
         if param_offload.grads_go_to_files(engine):
             self.pool.limit = 1                           # each reduce is waited for at once: one bucket serves
         self.units_pool = Pool("gathered units", engine.dtype, engine.device)   # every gathered unit's buffer
@@ -64,6 +64,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
         self.poff = param_offload.make(self)              # offload_param (the shards built here), None when off
         self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
+        allocator.release_freed()                         # the model's full tensors are gone (allocator.py)
         report.announce(engine.config, engine.layout)    # what each stage-3 key allows, when a user sets one
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
@@ -140,8 +141,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             except CollectiveError as e:
                 raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {kind} of {u.tag!r} failed: {e}") from e
             self.pf.stats["prefetch_used"] += 1
-            if self.poff:
-                self.poff.end_read(u)                     # the collective has the shard: drop its copy
             return full
         if (self.qwz and kind in qwz.KINDS) or (self.hpz and self.hpz.has(u, kind)):
             full = self._empty_unit(u)
@@ -150,27 +149,34 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             else:
                 self.hpz.gather(u, kind, full, self.tag)
             return full
-        fresh = self.poff is not None and self.poff.begin_read(u)
+        if self.poff is not None and self.poff.owns(u):
+            full, mine = self._read_shard(u)
+            self.comm.all_gather_single(full, mine, **self.kw(f"param all-gather ({kind})", u))
+            return full
         full = super()._fetch(u, kind)
-        if fresh:
-            self.poff.end_read(u)
         if self.hpz:
             self.hpz.keep(u, full)
         return full
 
     def _start_prefetch(self, u, kind: str):
         tag = self.check.count(kind, u, f"prefetch for {kind} of {u.tag!r}")
-        if self.poff:
-            self.poff.begin_read(u)                       # kept until _gather has waited for it
         if self.qwz:
             return self.qwz.start(u, kind, tag)
-        full = self._empty_unit(u)
+        full, mine = self._read_shard(u) if self.poff is not None and self.poff.owns(u) else (self._empty_unit(u), None)
         h = self.hpz.gather(u, kind, full, tag, async_op=True) if self.hpz else None   # backward: in the node
         if h is not None:
             return functools.partial(self.comm.wait, h), full
-        h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
+        h = self.comm.all_gather_single(full, self.param_shard(u) if mine is None else mine, purpose=f"param all-gather ({kind})", tag=tag,
                                         async_op=True, what=u.tag)
         return functools.partial(self.comm.wait, h, *([lambda: self.hpz.keep(u, full)] if self.hpz else [])), full
+
+    def _read_shard(self, u) -> tuple:
+        """A unit buffer with this rank's offloaded shard read into its own block (the all-gather
+        then runs in place): (buffer, the block)."""
+        full = self._empty_unit(u)
+        lo, hi = u.shard_range(self.rank)
+        self.poff.read_into(u, full[lo:hi])
+        return full, full[lo:hi]
 
     def _empty_unit(self, u) -> torch.Tensor:
         """A free pooled buffer of u's size, else the textbook's new one (kept by the pool after)."""
@@ -245,6 +251,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self.pf.drop(self.units_pool.give)                   # a micro-batch that left the trace may leave some in flight
+        if allocator.maps():
+            self.pool.clear()            # idle until the next backward: mapped, so they return now (allocator.py)
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 
@@ -264,6 +272,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
         self.release_all()               # the shards changed: persistent copies are stale
+        allocator.release_freed()        # this step's activations and gradients, freed into the heap
 
     after_load = after_step
 
