@@ -13,10 +13,16 @@ allocated and freed per step or while the model is built and adopted (a module's
 zero.Init, a unit assembled at initialize, autograd's gradients and activations) is returned at
 once only if it is mapped. So at ZeRO-3 start-up and on entering zero.Init the engine fixes
 M_MMAP_THRESHOLD at THRESHOLD (64 KiB: a transformer's activations of a small batch, a 384 × 384
-projection and its shards are above it; fixing it also stops the rise), says so on rank 0, once,
-and RINGZERO_MALLOC=default switches it off. Cost: an mmap/munmap pair and a page fault per 4 KiB
-for each block ≥ 64 KiB, i.e. per activation and autograd gradient of that size: 2-4 ms more per
-4 MiB block than a reused heap block on this machine's 2 shared cores, a few % of a ZeRO-3 step.
+projection and its shards are above it; fixing it also stops the rise) and the trim threshold at
+glibc's initial 128 KiB (the rise had raised it too), says so on rank 0, once, and
+RINGZERO_MALLOC=default switches it off. With it on, the engine also (release_freed) returns the
+heap's free pages once ZeRO-3 has sharded a model built before the setting (its full tensors came
+partly from the heap, and their holes would be reused and stay resident: measured 40 MiB per rank
+on the T5 with both offloads) and after each optimizer step, and frees the buffers a phase leaves
+idle (the backward's buckets, the step's staging: maps()). Cost: an mmap/munmap pair and a page
+fault per 4 KiB for each block ≥ 64 KiB, i.e. per activation and autograd gradient of that size:
+2-4 ms more per 4 MiB block than a reused heap block on this machine's 2 shared cores, a few % of
+a ZeRO-3 step; malloc_trim walks the free lists once per step.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_ran
                fp32 master (mixed precision only: in fp32 the parameter shard is the master),
                Adam's exp_avg and exp_avg_sq. The step streams them through one staging buffer per
                key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), allocated for
-               the step and freed after it (idle in forward and backward): read a chunk, Adam on it (optim.py, the same function as
+               the step and freed after it (idle in forward and backward; kept under
+               RINGZERO_MALLOC=default: allocator.py): read a chunk, Adam on it (optim.py, the same function as
                without offload, so the result is bit-identical), write it back. DeepSpeed sizes its
                buffer_count swap buffers to a whole sub-group (default 1e9 elements: a whole shard,
                so at default settings its buffers cost what offload saves); Adam is elementwise, so
@@ -40,6 +41,7 @@ import warnings
 
 import torch
 
+from zero_from_scratch.engine import allocator
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
 from zero_from_scratch.engine.param_offload import failed_ranks, file_io
 
@@ -180,9 +182,16 @@ class NvmeOptimizerStates:
         self.bytes_read = self.bytes_written = 0
 
     def _staging(self) -> dict:
-        """One chunk per key, for one step (or write_master) only: between steps these bytes
-        serve the forward and backward (mapped blocks return at once: allocator.py)."""
-        return {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}
+        """One chunk per key, for one step (or write_master) only when freed blocks return to the
+        system (allocator.maps()): between steps these bytes serve the forward and backward;
+        otherwise allocated once and kept (pools.py says why)."""
+        kept = getattr(self, "_kept", None)
+        if kept is not None:
+            return kept
+        bufs = {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}
+        if not allocator.maps():
+            self._kept = bufs
+        return bufs
 
     def _chunks(self):
         """(unit, a, b): the step order of the non-offloaded engine, cut at sub_group_size."""
