@@ -161,24 +161,25 @@ class ParamStore:
         victims = list(self.resident)
         while len(self.resident) >= self.spec["buffer_count"] and victims:
             self._evict(victims.pop(0))
-        buf = self.pool.take(u.shard)
+        buf = self.resident[u.index] = self.pool.take(u.shard)
         if u.index in self.zeroed:                          # known zeros: nothing to read
             self.zeroed.discard(u.index)
-            self.resident[u.index] = buf.zero_()
-            return buf
+            return buf.zero_()
+        self._load(u, buf)
+        return buf
+
+    def _load(self, u, dst: torch.Tensor) -> None:
         try:
             if u.index in self.host:
-                buf.copy_(self.host[u.index])
+                dst.copy_(self.host[u.index])
             else:
-                tmp = buf if self.dev.type == "cpu" else torch.empty(u.shard, dtype=self.dtype)
+                tmp = dst if self.dev.type == "cpu" else torch.empty(u.shard, dtype=self.dtype)
                 file_io(False, self.fds[u.group], tmp, self.b * u.local_offset)
-                buf.copy_(tmp)
+                dst.copy_(tmp) if tmp is not dst else None
         except OSError as ex:
             raise ParamOffloadError(f"rank {self.rank}: reading the {self.name} shard of {u.tag!r} from {self.dir!r} "
                                     f"failed ({ex}); resume from the last checkpoint") from ex
         self.bytes_read += self.b * u.shard
-        self.resident[u.index] = buf
-        return buf
 
     def _evict(self, i: int) -> None:
         buf = self.resident.pop(i)
@@ -204,23 +205,10 @@ class ParamStore:
         """u's shard into dst (this rank's block of the buffer its all-gather fills): no buffer of
         the store's own, the shard never sits in memory twice."""
         buf = self.resident.get(u.index)
-        try:
-            if buf is not None:                             # a writer holds it: its copy is the current one
-                dst.copy_(buf)
-                return
-            if u.index in self.zeroed:
-                dst.zero_()
-            elif u.index in self.host:
-                dst.copy_(self.host[u.index])
-            else:
-                tmp = dst if self.dev.type == "cpu" else torch.empty(u.shard, dtype=self.dtype)
-                file_io(False, self.fds[u.group], tmp, self.b * u.local_offset)
-                if tmp is not dst:
-                    dst.copy_(tmp)
-        except OSError as ex:
-            raise ParamOffloadError(f"rank {self.rank}: reading the {self.name} shard of {u.tag!r} from {self.dir!r} "
-                                    f"failed ({ex}); resume from the last checkpoint") from ex
-        self.bytes_read += self.b * u.shard
+        if buf is not None:                                 # a writer holds it: its copy is the current one
+            dst.copy_(buf)
+            return
+        dst.zero_() if u.index in self.zeroed else self._load(u, dst)
         self.gathers += 1
 
     def flush(self) -> None:

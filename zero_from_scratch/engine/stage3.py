@@ -17,9 +17,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   buffers                     Pool (pools.py): gathered units reused step after step; allocator.py:
                               the one process-wide setting, announced; report.py: what each key allows
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
-  offload_param               ParamStore (param_offload.py): shards on the host or in files,
-                              read in for each all-gather, written back after the step;
-                              offload_optimizer nvme: the gradient shards in files too
+  offload_param               ParamStore (param_offload.py): shards on the host or in files, read
+                              into the all-gather's own buffer; nvme optimizer: gradient shards too
 """
 from __future__ import annotations
 
@@ -114,7 +113,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def zero_grad(self) -> None:
         self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()
 
-
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u, kind: str, label: str) -> None:
         if u.index in self.pf.kept:
@@ -171,8 +169,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         return functools.partial(self.comm.wait, h, *([lambda: self.hpz.keep(u, full)] if self.hpz else [])), full
 
     def _read_shard(self, u) -> tuple:
-        """A unit buffer with this rank's offloaded shard read into its own block (the all-gather
-        then runs in place): (buffer, the block)."""
+        """(a unit buffer, its block holding this rank's offloaded shard): the all-gather runs in place."""
         full = self._empty_unit(u)
         lo, hi = u.shard_range(self.rank)
         self.poff.read_into(u, full[lo:hi])
@@ -251,8 +248,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self.pf.drop(self.units_pool.give)                   # a micro-batch that left the trace may leave some in flight
-        if allocator.maps():
-            self.pool.clear()            # idle until the next backward: mapped, so they return now (allocator.py)
+        self.pool.clear() if allocator.maps() else None      # idle until the next backward (allocator.py)
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 
