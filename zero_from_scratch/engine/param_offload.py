@@ -28,9 +28,9 @@ Bytes moved per optimizer step and rank, b·S with S = this rank's shard element
 Memory per rank: −b·S (nvme, max_in_cpu 0), + ≤ buffer_count shards while a writer works.
 Device "cpu" on a CPU model runs the same copies host → host: it moves bytes and saves nothing.
 Gradients (make_grads): at ZeRO-3 with offload_optimizer "nvme" (CPU model) the gradient shards
-live in NVME_PATH/zero_rank{r}/grads.group{g} beside the optimizer states, GRAD_BUFFERS unit
-shards in memory at a time: each reduce-scatter lands in its unit's buffer (waited for at once,
-so no sum is pending when a buffer leaves), zero_grad forgets them all without I/O. Memory:
+live in NVME_PATH/zero_rank{r}/grads.group{g} beside the optimizer states: each reduce-scatter
+lands in its unit's buffer, waited for and written back at once (one buffer per shard size in
+backward), GRAD_BUFFERS shards at a time for the norm and the step; zero_grad forgets them. Memory:
 −b·S; bytes per step: every unit written back after its reduce (GA times) and read by the norm
 and the step (≈ (GA + 2)·b·S each way, GA − 1 reads fewer: the first micro-batch starts from zeros).
 """
@@ -211,12 +211,13 @@ class ParamStore:
         dst.zero_() if u.index in self.zeroed else self._load(u, dst)
         self.gathers += 1
 
-    def flush(self) -> None:
+    def flush(self, keep: bool = False) -> None:
         """Write back every resident shard a writer may have changed, and free all buffers (the
-        next ones are needed only by the next writer: the all-gathers read into their own)."""
+        next ones are needed only by the next writer: the all-gathers read into their own), or
+        with keep, leave them idle in the pool for the next shard of their size."""
         for i in list(self.resident):
             self._evict(i)
-        self.pool.clear()
+        self.pool.clear() if not keep else None
 
     def zero_all(self) -> None:
         """Every shard is zeros (zero_grad): drop the buffers unwritten, read nothing until written."""

@@ -10,12 +10,13 @@ DeepSpeed's estimator, and the ring bytes each rank sends per optimizer step.
 working_set(engine) adds what a ZeRO-3 run holds besides the model states, each bounded by a
 config key (the engine's pools, engine/pools.py, never hold more): the gathered units (≤
 stage3_max_live_parameters, at least the largest unit; the prefetch counts in it), the gradient
-shards of offload_optimizer "nvme" (GRAD_BUFFERS), the transport's reduce-scatter block and
+shards of offload_optimizer "nvme" (one per shard size), the transport's reduce-scatter block and
 shared-memory pages, the process's own overhead (measured, named); in backward the gradient
 buckets (one, two with overlap_comm), the autograd gradient of one unit before its bucket takes
 it and the activations of a batch (given); in the step the shards offload_param's writer holds
-(buffer_count) and the optimizer's staging. The peak is the held parts plus the larger phase. The engine prints its line at start-up (stage3.py); benchmarks/infinity_memory.py
-and benchmarks/zero_memory_table.py set it beside the measured peak.
+(buffer_count), the gradient shards it reads (GRAD_BUFFERS) and the optimizer's staging. The
+peak is the held parts plus the larger phase. The engine prints its line at start-up (stage3.py);
+benchmarks/infinity_memory.py and benchmarks/zero_memory_table.py set it beside the measured peak.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ PROCESS_OVERHEAD = 16 * MIB
 # slots the ring algorithms use (primitives/engine/shm_segment.py), measured 8 MiB per rank at N = 2
 SHM_SLOT_PAGES = SLOTS * SLOT_BYTES // 2
 BACKWARD_ONLY = ("gradient buckets", "autograd gradient of a unit", "activations")
-STEP_ONLY = ("offload_param buffers (step)", "optimizer staging + temporaries (step)")
+STEP_ONLY = ("offload_param buffers (step)", "gradient shards read by the step", "optimizer staging + temporaries (step)")
 
 
 def largest(sizes: list[int], k: int) -> int:
@@ -88,7 +89,8 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
            "gradient shards": 0 if nvme_opt else b * shards,          # nvme at stage 3: in files too
            "optimizer states": 0 if nvme_opt else 4 * keys * shards,
            "gathered units (max_live)": b * live_bound([u.padded for u in units], z.stage3_max_live_parameters),
-           "gradient shard buffers": b * largest(sizes, param_offload.GRAD_BUFFERS) if nvme_opt else 0,
+           # backward: one idle buffer per shard size (each reduce is written out at once)
+           "gradient shard buffers": b * sum(set(sizes)) if nvme_opt else 0,
            # the ring reduce-scatter's receive block (primitives/comm.py scratch: kept by the transport)
            "reduce-scatter scratch": b * max(sizes) if n > 1 else 0,
            # the shared-memory transport (primitives/engine/shm_segment.py), ranks on one host
@@ -97,7 +99,8 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
            "gradient buckets": b * big_unit * (2 if z.overlap_comm and n > 1 and not nvme_opt else 1),
            "autograd gradient of a unit": b * big_unit,
            "activations": activations,
-           "offload_param buffers (step)": b * largest(sizes, poff["buffer_count"]) if poff else 0}
+           "offload_param buffers (step)": b * largest(sizes, poff["buffer_count"]) if poff else 0,
+           "gradient shards read by the step": b * largest(sizes, param_offload.GRAD_BUFFERS) if nvme_opt else 0}
     if nvme_opt:
         chunk = offload.stream_chunk(SimpleNamespace(layout=layout), cfg.sub_group_size)
         out["optimizer staging + temporaries (step)"] = 4 * chunk * (keys + 2)

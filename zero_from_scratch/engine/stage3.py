@@ -48,8 +48,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         allocator.map_large_blocks()                       # before any unit is built (allocator.py)
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
         self.pool = BucketPool(self, engine, exact=True)
-        if param_offload.grads_go_to_files(engine):
-            self.pool.limit = 1                           # each reduce is waited for at once: one bucket serves
+        self.pool.limit = 1 if param_offload.grads_go_to_files(engine) else self.pool.limit  # waited for at once
         self.units_pool = Pool("gathered units", engine.dtype, engine.device)   # every gathered unit's buffer
         self.pf = Prefetcher(self.unit, z.stage3_prefetch_bucket_size if self.overlap else 0,
                              z.stage3_max_live_parameters, z.stage3_max_reuse_distance)
@@ -230,7 +229,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             with self.check.tagged(self.tag, label):
                 super()._reduce(u)
                 if self.goff:
-                    self.wait_all()      # the sum has landed in its shard's buffer before any eviction
+                    self.wait_all()      # the sum has landed in its shard's buffer: to its file now
+                    self.goff.flush(keep=True)
         finally:
             self.tag = 0
         if self.hpz:
