@@ -1,7 +1,7 @@
 """ZeRO-Infinity's whole run as a DeepSpeed user writes it: predicted vs measured peak RSS per rank.
 
     python benchmarks/infinity_memory.py                              # 64 units of 4 MiB (Ψ = 67 M), N = 2, ~2 min
-    python benchmarks/infinity_memory.py --shapes 512x256,1024x64,2048x64   # units of 1, 4, 16 MiB, ~20 min
+    python benchmarks/infinity_memory.py --shapes 1024x48,1024x64,512x256,2048x64   # units of 4, 1, 16 MiB, ~5-20 min
     python benchmarks/infinity_memory.py --shapes 128x8 --steps 2     # tiny: proves it runs (~30 s)
 
 A residual MLP (x + tanh(Linear(d, d)(x)), L blocks: one unit of 4·d·(d+1) bytes each; shape dxL),
@@ -12,8 +12,9 @@ glibc's allocator left at its defaults (no mallopt, no malloc_trim, no environme
 both with stage3_max_live_parameters = stage3_prefetch_bucket_size = stage3_max_reuse_distance = 3e6
 and overlap_comm. Measured: VmHWM above the RSS just before the model is built (torch's kernels
 already loaded by a tiny warm-up), so the peak covers build, initialize and the training steps.
-Predicted: zero_from_scratch.engine.report's working set (model states left in memory + the
-engine's pools + activations for the batch), the same function the engine prints at start-up.
+Predicted: zero_from_scratch.engine.report's working set (model states left in memory, the
+engine's pools, the transport's pages, the named process overhead, and the larger of the
+backward's and the step's parts, activations for the batch included).
 Goals (issue): Infinity ≤ 0.25 × 4Ψ per rank, losses equal ZeRO-3's (1e-6 relative), predicted
 within 15 % of measured. Step time is the median after the first step, on 2 shared cores.
 """

@@ -65,12 +65,13 @@ def _train(rank, cfg, steps=2):
         rec.append(engine.get_global_grad_norm())
         if poff:
             moved.append((poff.bytes_read - before[0], poff.bytes_written - before[1]))
+    store_held = poff.pool.held if poff else 0          # between steps: the all-gathers read into their own buffers
     with engine.gathered_parameters(model.parameters()):
         params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     b = torch.empty(0, dtype=engine.dtype).element_size()
     info = {"moved": moved, "bS": b * sum(u.shard for u in engine.layout.units),
             "held": sum(t.numel() for t in engine.stage.pshard[:len(engine.layout.group_local)]),
-            "grads_held": sum(t.numel() for t in engine.stage.gshard),
+            "grads_held": sum(t.numel() for t in engine.stage.gshard), "store_held": store_held,
             "report": engine.memory_report(print_table=False)["offload_param"]}
     return rec, params, info
 
@@ -101,6 +102,7 @@ def test_param_offload_is_exact_and_moves_the_formula(spawn, tmp_path, cases):
             assert all(torch.equal(off[1][n], plain[1][n]) for n in plain[1]), f"{what}: parameters"
             info, ga = off[2], 2
             assert info["held"] == 0, f"{what}: the stage still holds {info['held']} shard elements"
+            assert info["store_held"] == 0, f"{what}: the store holds {info['store_held']} bytes between steps"
             assert (info["grads_held"] == 0) == (ooff == "nvme"), f"{what}: gradient shards {info['grads_held']}"
             for read, written in info["moved"][1:]:   # per optimizer step (the first also writes the edit back)
                 assert (read, written) == ((2 * ga + 1) * info["bS"], info["bS"]), f"{what}: moved {read, written}"

@@ -51,3 +51,20 @@ def test_report_cli_distilbert():
     assert "66,955,010" in out and "ZeRO-3" in out
     # ZeRO-3 fp32 total at N=4: 16Ψ/4 bytes = 255.4 MiB; comm 3·3/4·4Ψ = 574.7 MiB
     assert "255.4" in out and "574.7" in out
+
+
+def test_working_set_is_the_held_parts_plus_the_larger_phase(tmp_path):
+    """report.working_set for ZeRO-Infinity (no processes): no model state left in memory, and the
+    peak is what stays held plus the larger of the backward's and the step's parts, not their sum."""
+    from zero_from_scratch.engine import report
+    from zero_from_scratch.engine.config import load_config
+    lay = report.layouts(report.build("mlp"), 2)[3]
+    off = {"device": "nvme", "nvme_path": str(tmp_path)}
+    cfg = load_config({"train_batch_size": 4, "zero_optimization": {
+        "stage": 3, "offload_param": {**off, "max_in_cpu": 0}, "offload_optimizer": off}}, 2)
+    ws = report.working_set(cfg, lay, 2, activations=10 ** 6)
+    assert ws["parameter shards"] == ws["gradient shards"] == ws["optimizer states"] == 0, ws
+    phases = report.BACKWARD_ONLY + report.STEP_ONLY
+    held = sum(v for k, v in ws.items() if k not in phases + ("total",))
+    bwd, step = (sum(ws[k] for k in ks) for ks in (report.BACKWARD_ONLY, report.STEP_ONLY))
+    assert bwd > 0 and step > 0 and ws["total"] == held + max(bwd, step) < held + bwd + step, ws

@@ -7,8 +7,9 @@
 device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_rank{r}/group{g}.{key}:
                fp32 master (mixed precision only: in fp32 the parameter shard is the master),
                Adam's exp_avg and exp_avg_sq. The step streams them through one staging buffer per
-               key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), allocated once and
-               kept (engine/pools.py says why): read a chunk, Adam on it (optim.py, the same function as
+               key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), allocated for
+               the step and freed after it (idle in forward and backward; kept under
+               RINGZERO_MALLOC=default: allocator.py): read a chunk, Adam on it (optim.py, the same function as
                without offload, so the result is bit-identical), write it back. DeepSpeed sizes its
                buffer_count swap buffers to a whole sub-group (default 1e9 elements: a whole shard,
                so at default settings its buffers cost what offload saves); Adam is elementwise, so
@@ -40,6 +41,7 @@ import warnings
 
 import torch
 
+from zero_from_scratch.engine import allocator
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
 from zero_from_scratch.engine.param_offload import failed_ranks, file_io
 
@@ -178,7 +180,18 @@ class NvmeOptimizerStates:
                                f"{bad}" + (f" ({err})" if err else "") + "; allowed: a writable folder with room for "
                                f"{len(self.keys) * 4}·Ψ/N bytes per rank")
         self.bytes_read = self.bytes_written = 0
-        self.staging = {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}   # kept: no heap churn
+
+    def _staging(self) -> dict:
+        """One chunk per key, for one step (or write_master) only when freed blocks return to the
+        system (allocator.maps()): between steps these bytes serve the forward and backward;
+        otherwise allocated once and kept (pools.py says why)."""
+        kept = getattr(self, "_kept", None)
+        if kept is not None:
+            return kept
+        bufs = {k: torch.empty(self.chunk, dtype=torch.float32) for k in self.keys}
+        if not allocator.maps():
+            self._kept = bufs
+        return bufs
 
     def _chunks(self):
         """(unit, a, b): the step order of the non-offloaded engine, cut at sub_group_size."""
@@ -190,7 +203,7 @@ class NvmeOptimizerStates:
         """master file ← the model-dtype shards (refresh_master for an offloaded run)."""
         if not self.e.mixed:
             return
-        buf = self.staging["master"]
+        buf = self._staging()["master"]
         for u, a, b in self._chunks():
             m = buf[:b - a]
             m.copy_(self.e.stage.param_shard(u)[a:b])
@@ -199,7 +212,7 @@ class NvmeOptimizerStates:
     def step(self, coef: float, scale: float) -> None:
         """Adam over every chunk: read (master,) m, v; step; write back; copy master into the params."""
         e, err = self.e, ""
-        opt, first, staging = e.optimizer, set(), self.staging
+        opt, first, staging = e.optimizer, set(), self._staging()
         try:
             for u, a, b in self._chunks():
                 n, off = b - a, 4 * (u.local_offset + a)

@@ -11,27 +11,26 @@ Where a rank's parameter shards (Ψ/N elements, model dtype, b bytes each) live 
                  units, a prefix in unit order), which stay in host tensors (DeepSpeed keeps up to max_in_cpu
                  elements of the partitions in CPU memory; its default 1e9 keeps a model below that
                  size entirely there: set 0 to move every shard to the files)
-Between uses the rank holds at most buffer_count shards in buffers on the model's device, each ≤
-buffer_size elements (a larger unit shard is refused at start-up, as DeepSpeed's swap buffers
-would be too small); a new one evicts the oldest that no all-gather is reading, writing it back.
-DeepSpeed preallocates buffer_count × buffer_size pinned elements; here the buffers come from a
-pool (pools.py): one of a shard's exact size is allocated the first time it is needed and reused
-after, so the store holds at most buffer_count buffers of each shard size, never buffer_size.
-Who asks: the all-gathers of the stage (forward, backward, prefetch: stage3.py), which read a shard
-and drop it once the collective has it (nothing written back); and everything that may write (the
-optimizer step, a checkpoint load, gathered_parameters(modifier_rank=)), whose shards are written
-back when evicted or at the next flush (after the step, after a load, before each forward).
+An all-gather (forward, backward, prefetch: stage3.py) reads this rank's shard straight into its
+own block of the unit buffer it fills (read_into), so the shard is never in memory twice and the
+store needs no buffer of its own for it. Only a writer (the optimizer step, a checkpoint load,
+gathered_parameters(modifier_rank=)) holds shards in buffers, at most buffer_count of them, each
+≤ buffer_size elements (a larger unit shard is refused at start-up, as DeepSpeed's swap buffers
+would be too small); a new one evicts the oldest, writing it back, and a flush (after the step,
+after a load, before each forward) writes back the rest and frees the buffers.
+DeepSpeed preallocates buffer_count × buffer_size pinned elements; here a pool (pools.py) holds
+buffers of the shards' exact sizes while a writer works, none between flushes.
 Bytes moved per optimizer step and rank, b·S with S = this rank's shard elements (P/N):
   read    (number of gathers of a unit per step)·b·S_unit, summed, + b·S for the step
           = (2·GA + 1)·b·S with no reuse or persistence (stage3_max_reuse_distance 0,
           stage3_param_persistence_threshold 0), GA = gradient_accumulation_steps
   written b·S (the stepped shards)
-Memory per rank: −b·S (nvme, max_in_cpu 0), + ≤ buffer_count·buffer_size·b while resident.
+Memory per rank: −b·S (nvme, max_in_cpu 0), + ≤ buffer_count shards while a writer works.
 Device "cpu" on a CPU model runs the same copies host → host: it moves bytes and saves nothing.
 Gradients (make_grads): at ZeRO-3 with offload_optimizer "nvme" (CPU model) the gradient shards
-live in NVME_PATH/zero_rank{r}/grads.group{g} beside the optimizer states, GRAD_BUFFERS unit
-shards in memory at a time: each reduce-scatter lands in its unit's buffer (waited for at once,
-so no sum is pending when a buffer leaves), zero_grad forgets them all without I/O. Memory:
+live in NVME_PATH/zero_rank{r}/grads.group{g} beside the optimizer states: each reduce-scatter
+lands in its unit's buffer, waited for and written back at once (one buffer per shard size in
+backward), GRAD_BUFFERS shards at a time for the norm and the step; zero_grad forgets them. Memory:
 −b·S; bytes per step: every unit written back after its reduce (GA times) and read by the norm
 and the step (≈ (GA + 2)·b·S each way, GA − 1 reads fewer: the first micro-batch starts from zeros).
 """
@@ -140,7 +139,6 @@ class ParamStore:
                                     f"with room for {self.b}·Ψ/N bytes per rank")
         self.resident: OrderedDict[int, torch.Tensor] = OrderedDict()   # unit -> buffer on the device, oldest first
         self.pool = Pool(f"{name} shards", self.dtype, self.dev)          # the resident buffers, reused
-        self.reading: set[int] = set()                      # resident only for an all-gather: never written back
         self.bytes_read = self.bytes_written = 0
         self.gathers = 0                                    # all-gathers that read a shard from the store
 
@@ -160,27 +158,28 @@ class ParamStore:
         buf = self.resident.get(u.index)
         if buf is not None:
             return buf
-        victims = [i for i in self.resident if i not in self.reading]
+        victims = list(self.resident)
         while len(self.resident) >= self.spec["buffer_count"] and victims:
             self._evict(victims.pop(0))
-        buf = self.pool.take(u.shard)
+        buf = self.resident[u.index] = self.pool.take(u.shard)
         if u.index in self.zeroed:                          # known zeros: nothing to read
             self.zeroed.discard(u.index)
-            self.resident[u.index] = buf.zero_()
-            return buf
+            return buf.zero_()
+        self._load(u, buf)
+        return buf
+
+    def _load(self, u, dst: torch.Tensor) -> None:
         try:
             if u.index in self.host:
-                buf.copy_(self.host[u.index])
+                dst.copy_(self.host[u.index])
             else:
-                tmp = buf if self.dev.type == "cpu" else torch.empty(u.shard, dtype=self.dtype)
+                tmp = dst if self.dev.type == "cpu" else torch.empty(u.shard, dtype=self.dtype)
                 file_io(False, self.fds[u.group], tmp, self.b * u.local_offset)
-                buf.copy_(tmp)
+                dst.copy_(tmp) if tmp is not dst else None
         except OSError as ex:
             raise ParamOffloadError(f"rank {self.rank}: reading the {self.name} shard of {u.tag!r} from {self.dir!r} "
                                     f"failed ({ex}); resume from the last checkpoint") from ex
         self.bytes_read += self.b * u.shard
-        self.resident[u.index] = buf
-        return buf
 
     def _evict(self, i: int) -> None:
         buf = self.resident.pop(i)
@@ -190,9 +189,6 @@ class ParamStore:
             self.pool.give(buf)
 
     def _write_back(self, i: int, buf: torch.Tensor) -> None:
-        if i in self.reading:                               # unchanged copy: just drop it
-            self.reading.discard(i)
-            return
         u = self.units[i]
         try:
             if i in self.host:
@@ -205,31 +201,30 @@ class ParamStore:
                                     "checkpoint") from ex
         self.bytes_written += self.b * u.shard
 
-    def begin_read(self, u) -> bool:
-        """Before an all-gather reads u's shard: True when it was read in for that gather alone."""
-        if not self.owns(u) or u.index in self.resident:
-            return False
-        self.shard(u)
-        self.reading.add(u.index)
+    def read_into(self, u, dst: torch.Tensor) -> None:
+        """u's shard into dst (this rank's block of the buffer its all-gather fills): no buffer of
+        the store's own, the shard never sits in memory twice."""
+        buf = self.resident.get(u.index)
+        if buf is not None:                                 # a writer holds it: its copy is the current one
+            dst.copy_(buf)
+            return
+        dst.zero_() if u.index in self.zeroed else self._load(u, dst)
         self.gathers += 1
-        return True
 
-    def end_read(self, u) -> None:
-        """The all-gather has u's shard: drop a copy read in for it."""
-        if u.index in self.reading:
-            self._evict(u.index)
-
-    def flush(self) -> None:
-        """Write back every resident shard a writer may have changed, and free all buffers."""
+    def flush(self, keep: bool = False) -> None:
+        """Write back every resident shard a writer may have changed, and free all buffers (the
+        next ones are needed only by the next writer: the all-gathers read into their own), or
+        with keep, leave them idle in the pool for the next shard of their size."""
         for i in list(self.resident):
             self._evict(i)
+        self.pool.clear() if not keep else None
 
     def zero_all(self) -> None:
         """Every shard is zeros (zero_grad): drop the buffers unwritten, read nothing until written."""
         for buf in self.resident.values():
             self.pool.give(buf)
         self.resident.clear()
-        self.reading.clear()
+        self.pool.clear()
         self.zeroed = {u.index for u in self.units}
 
     def report(self) -> dict:

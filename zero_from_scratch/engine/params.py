@@ -5,8 +5,8 @@
     device = param_device(model)               # the one device, or a ValueError naming the parameters
     broadcast_module_state(comm, model)        # every parameter and buffer ← rank 0's
 
-Pure bookkeeping over named_parameters(), except the broadcast: one per dtype of the flattened
-parameters and buffers, Ψ·bytes from rank 0, once per run. Used by zero_engine.py and report.py.
+Pure bookkeeping over named_parameters(), except the broadcast: Ψ·bytes from rank 0, once per
+run, streamed in chunks (never a flat copy of the model). Used by zero_engine.py and report.py.
 """
 from __future__ import annotations
 
@@ -89,21 +89,42 @@ def param_device(module: nn.Module) -> torch.device:
     return next(iter(by_dev), torch.device("cpu"))
 
 
+BROADCAST_CHUNK = 1 << 20      # elements packed into one broadcast of small tensors (4 MiB of fp32)
+
+
 def broadcast_module_state(comm, module: nn.Module) -> None:
     """Every parameter (frozen ones included) and buffer ← rank 0's, as deepspeed.initialize and
     torch DDP do, so ranks that built the model with different seeds still train one model.
-    One broadcast per dtype of the flattened tensors: Ψ·bytes from rank 0 (ring/tree forwarding)."""
+    Ψ·bytes from rank 0 (ring/tree forwarding), streamed: a contiguous tensor of ≥ BROADCAST_CHUNK
+    elements is broadcast in place, smaller ones are packed, per dtype, into buffers of ≤
+    BROADCAST_CHUNK elements, so it adds one chunk to the host memory, not a flat copy of the model."""
     if comm.size == 1:
         return
     by_dtype: dict = {}
     for t in [*module.parameters(), *module.buffers()]:
-        by_dtype.setdefault(t.dtype, []).append(t)
+        if t.numel():                                      # zero.Init's parameters are empty here
+            by_dtype.setdefault(t.dtype, []).append(t)
+
+    def packed(ts: list) -> None:
+        flat = torch.cat([t.detach().reshape(-1) for t in ts])
+        comm.broadcast(flat, 0, purpose="init broadcast")
+        off = 0
+        for t in ts:
+            t.copy_(flat[off:off + t.numel()].view_as(t))
+            off += t.numel()
+
     with torch.no_grad():
-        for dtype, ts in by_dtype.items():
-            flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            comm.broadcast(flat, 0, purpose="init broadcast")
-            off = 0
+        for ts in by_dtype.values():
+            pack, n = [], 0
             for t in ts:
-                t.copy_(flat[off:off + t.numel()].view_as(t))
-                off += t.numel()
+                if t.numel() >= BROADCAST_CHUNK and t.is_contiguous():
+                    comm.broadcast(t.detach().view(-1), 0, purpose="init broadcast")
+                    continue
+                if pack and n + t.numel() > BROADCAST_CHUNK:
+                    packed(pack)
+                    pack, n = [], 0
+                pack.append(t)
+                n += t.numel()
+            if pack:
+                packed(pack)
     comm.usage.pop("init broadcast", None)   # once per run: not a per-step cost in comm_report

@@ -3,14 +3,15 @@
     python -m pytest -q tests/test_zero_stage3.py -k pool
 
 A training step at ZeRO-3 needs the same large buffers again and again: each gathered unit
-(stage3.py), each offloaded shard read in (param_offload.py), the optimizer's staging (offload.py).
+(stage3.py), the gradient shards offload reads in and the shards the step writes (param_offload.py).
 Allocated and freed every time, they become free heap the process keeps: glibc serves blocks
 below its mmap threshold (128 KiB, raised up to 32 MiB once a mapped block of that size is freed)
 from a heap that shrinks only from its top, and small long-lived blocks land between the freed
 large ones. A pool hands out buffers of exact sizes, and a buffer given back waits in its size's
 free list for the next take: after the first step nothing is allocated or freed for these
 purposes, and the pool's bytes are what its purpose needs at its busiest (the stage-3 keys and
-offload_param.buffer_count bound that; report.py predicts it).
+offload_param.buffer_count bound that; report.py predicts it). A pool idle for a whole phase
+(the writer's shards between steps) is cleared: its blocks are mapped (allocator.py) and return.
 Safety: a buffer is reused only when nothing outside the pool still refers to its memory (the
 storage's reference count, one call per give). One that something kept (a user's reference to
 `param.data`, autograd state saved by value) leaves the pool, counted as `escaped`, and a fresh

@@ -9,12 +9,14 @@ engine allocates per rank (the formula at the padded count P), the ZeRO paper's 
 DeepSpeed's estimator, and the ring bytes each rank sends per optimizer step.
 working_set(engine) adds what a ZeRO-3 run holds besides the model states, each bounded by a
 config key (the engine's pools, engine/pools.py, never hold more): the gathered units (≤
-stage3_max_live_parameters, at least the largest unit; the prefetch counts in it), the shards
-read in by offload_param (buffer_count), the gradient shards of offload_optimizer "nvme"
-(GRAD_BUFFERS), the gradient buckets (one, two with overlap_comm), the autograd gradient of one
-unit before its bucket takes it, the optimizer's staging and temporaries, and the activations of a
-batch (given). The engine prints its line at start-up (stage3.py); benchmarks/infinity_memory.py
-and benchmarks/zero_memory_table.py set it beside the measured peak.
+stage3_max_live_parameters, at least the largest unit; the prefetch counts in it), the gradient
+shards of offload_optimizer "nvme" (one per shard size), the transport's reduce-scatter block and
+shared-memory pages, the process's own overhead (measured, named); in backward the gradient
+buckets (one, two with overlap_comm), the autograd gradient of one unit before its bucket takes
+it and the activations of a batch (given); in the step the shards offload_param's writer holds
+(buffer_count), the gradient shards it reads (GRAD_BUFFERS) and the optimizer's staging. The
+peak is the held parts plus the larger phase. The engine prints its line at start-up (stage3.py);
+benchmarks/infinity_memory.py and benchmarks/zero_memory_table.py set it beside the measured peak.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch.nn as nn
 from rich.table import Table
 
 from primitives.engine.shm_collectives import BUFS
-from primitives.engine.shm_segment import WS_BYTES
+from primitives.engine.shm_segment import SLOT_BYTES, SLOTS, WS_BYTES
 from primitives.log import console, print0
 from zero_from_scratch.engine import offload, param_offload, step
 from zero_from_scratch.engine.config import load_config
@@ -51,36 +53,61 @@ def live_bound(sizes: list[int], max_live: int) -> int:
     return best
 
 
+# resident bytes of a training process that no buffer below accounts for: interpreter objects
+# (module hooks, the trace, the ledger), code pages of the kernels first run, small heap blocks.
+# Measured on this machine as a ZeRO-3 rank's RSS after its first step minus every part named
+# here (T5 and residual-MLP runs, benchmarks/zero_memory_table.py, infinity_memory.py): 14-18 MiB
+PROCESS_OVERHEAD = 16 * MIB
+# pages of the shared-memory segment a rank touches: its BUFS workspaces and the point-to-point
+# slots the ring algorithms use (primitives/engine/shm_segment.py), measured 8 MiB per rank at N = 2
+SHM_SLOT_PAGES = SLOTS * SLOT_BYTES // 2
+BACKWARD_ONLY = ("gradient buckets", "autograd gradient of a unit", "activations")
+STEP_ONLY = ("offload_param buffers (step)", "gradient shards read by the step", "optimizer staging + temporaries (step)")
+
+
+def largest(sizes: list[int], k: int) -> int:
+    return sum(sorted(sizes, reverse=True)[:k])
+
+
 def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
     """Bytes per rank a ZeRO-3 run of `cfg` (engine.config) on `layout` holds in host memory (a
-    CPU model) while training: the model states left in memory and the working set, by part;
-    "total" is their sum."""
+    CPU model) while training: the model states left in memory and the working set, by part.
+    "total" is the peak: the parts held throughout, plus the larger of the backward's (buckets,
+    autograd's gradient, activations) and the step's (writer buffers, optimizer staging), which
+    the engine frees between phases (allocator.py)."""
     z, units = cfg.zero, layout.units
     b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
     mixed = b != 4
     shards = sum(u.shard for u in units)
-    big_unit, big_shard = max(u.padded for u in units), max(u.shard for u in units)
+    big_unit = max(u.padded for u in units)
     poff, ooff = getattr(cfg, "offload_param", None), cfg.offload_optimizer
     nvme_opt = bool(ooff) and ooff["device"] == "nvme"
     keys = 3 if mixed else 2                        # (fp32 master,) Adam m, v
     in_cpu = shards if not poff or poff["device"] != "nvme" else min(shards, poff["max_in_cpu"])
+    sizes = [u.shard for u in units]
     out = {"parameter shards": b * in_cpu,
            "gradient shards": 0 if nvme_opt else b * shards,          # nvme at stage 3: in files too
            "optimizer states": 0 if nvme_opt else 4 * keys * shards,
            "gathered units (max_live)": b * live_bound([u.padded for u in units], z.stage3_max_live_parameters),
-           "offload_param buffers": b * big_shard * poff["buffer_count"] if poff else 0,
-           "gradient shard buffers": b * big_shard * param_offload.GRAD_BUFFERS if nvme_opt else 0,
+           # backward: one idle buffer per shard size (each reduce is written out at once)
+           "gradient shard buffers": b * sum(set(sizes)) if nvme_opt else 0,
+           # the ring reduce-scatter's receive block (primitives/comm.py scratch: kept by the transport)
+           "reduce-scatter scratch": b * max(sizes) if n > 1 else 0,
+           # the shared-memory transport (primitives/engine/shm_segment.py), ranks on one host
+           "shm transport pages": BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0,
+           "process overhead": PROCESS_OVERHEAD,
            "gradient buckets": b * big_unit * (2 if z.overlap_comm and n > 1 and not nvme_opt else 1),
-           "autograd gradient of a unit": b * big_unit}
+           "autograd gradient of a unit": b * big_unit,
+           "activations": activations,
+           "offload_param buffers (step)": b * largest(sizes, poff["buffer_count"]) if poff else 0,
+           "gradient shards read by the step": b * largest(sizes, param_offload.GRAD_BUFFERS) if nvme_opt else 0}
     if nvme_opt:
         chunk = offload.stream_chunk(SimpleNamespace(layout=layout), cfg.sub_group_size)
-        out["optimizer staging + temporaries"] = 4 * chunk * (keys + 2)
+        out["optimizer staging + temporaries (step)"] = 4 * chunk * (keys + 2)
     else:
-        out["optimizer staging + temporaries"] = 4 * 2 * min(step.STEP_CHUNK, big_shard)
-    # the shared-memory transport's workspaces (primitives/engine/shm_segment.py), ranks on one host
-    out["shm transport workspaces"] = BUFS * WS_BYTES if n > 1 else 0
-    out["activations"] = activations
-    out["total"] = sum(out.values())
+        out["optimizer staging + temporaries (step)"] = 4 * 2 * min(step.STEP_CHUNK, max(sizes))
+    held = sum(v for k, v in out.items() if k not in BACKWARD_ONLY + STEP_ONLY)
+    out["total"] = held + max(sum(out[k] for k in BACKWARD_ONLY), sum(out[k] for k in STEP_ONLY))
     return out
 
 

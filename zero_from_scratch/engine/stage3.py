@@ -17,9 +17,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   buffers                     Pool (pools.py): gathered units reused step after step; allocator.py:
                               the one process-wide setting, announced; report.py: what each key allows
   gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
-  offload_param               ParamStore (param_offload.py): shards on the host or in files,
-                              read in for each all-gather, written back after the step;
-                              offload_optimizer nvme: the gradient shards in files too
+  offload_param               ParamStore (param_offload.py): shards on the host or in files, read
+                              into the all-gather's own buffer; nvme optimizer: gradient shards too
 """
 from __future__ import annotations
 
@@ -48,9 +47,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         z, c = engine.config.zero, engine.comm
         allocator.map_large_blocks()                       # before any unit is built (allocator.py)
         self.e, self.overlap, self.tag = engine, z.overlap_comm and c.size > 1, 0
-        self.pool = BucketPool(self, engine)
-        if param_offload.grads_go_to_files(engine):
-            self.pool.limit = 1                           # each reduce is waited for at once: one bucket serves
+        self.pool = BucketPool(self, engine, exact=True)
+        self.pool.limit = 1 if param_offload.grads_go_to_files(engine) else self.pool.limit  # waited for at once
         self.units_pool = Pool("gathered units", engine.dtype, engine.device)   # every gathered unit's buffer
         self.pf = Prefetcher(self.unit, z.stage3_prefetch_bucket_size if self.overlap else 0,
                              z.stage3_max_live_parameters, z.stage3_max_reuse_distance)
@@ -64,6 +62,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
         self.poff = param_offload.make(self)              # offload_param (the shards built here), None when off
         self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
+        allocator.release_freed()                         # the model's full tensors are gone (allocator.py)
         report.announce(engine.config, engine.layout)    # what each stage-3 key allows, when a user sets one
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
@@ -113,7 +112,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def zero_grad(self) -> None:
         self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()
 
-
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u, kind: str, label: str) -> None:
         if u.index in self.pf.kept:
@@ -140,8 +138,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             except CollectiveError as e:
                 raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 prefetch for {kind} of {u.tag!r} failed: {e}") from e
             self.pf.stats["prefetch_used"] += 1
-            if self.poff:
-                self.poff.end_read(u)                     # the collective has the shard: drop its copy
             return full
         if (self.qwz and kind in qwz.KINDS) or (self.hpz and self.hpz.has(u, kind)):
             full = self._empty_unit(u)
@@ -150,27 +146,33 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             else:
                 self.hpz.gather(u, kind, full, self.tag)
             return full
-        fresh = self.poff is not None and self.poff.begin_read(u)
+        if self.poff is not None and self.poff.owns(u):
+            full, mine = self._read_shard(u)
+            self.comm.all_gather_single(full, mine, **self.kw(f"param all-gather ({kind})", u))
+            return full
         full = super()._fetch(u, kind)
-        if fresh:
-            self.poff.end_read(u)
         if self.hpz:
             self.hpz.keep(u, full)
         return full
 
     def _start_prefetch(self, u, kind: str):
         tag = self.check.count(kind, u, f"prefetch for {kind} of {u.tag!r}")
-        if self.poff:
-            self.poff.begin_read(u)                       # kept until _gather has waited for it
         if self.qwz:
             return self.qwz.start(u, kind, tag)
-        full = self._empty_unit(u)
+        full, mine = self._read_shard(u) if self.poff is not None and self.poff.owns(u) else (self._empty_unit(u), None)
         h = self.hpz.gather(u, kind, full, tag, async_op=True) if self.hpz else None   # backward: in the node
         if h is not None:
             return functools.partial(self.comm.wait, h), full
-        h = self.comm.all_gather_single(full, self.param_shard(u), purpose=f"param all-gather ({kind})", tag=tag,
+        h = self.comm.all_gather_single(full, self.param_shard(u) if mine is None else mine, purpose=f"param all-gather ({kind})", tag=tag,
                                         async_op=True, what=u.tag)
         return functools.partial(self.comm.wait, h, *([lambda: self.hpz.keep(u, full)] if self.hpz else [])), full
+
+    def _read_shard(self, u) -> tuple:
+        """(a unit buffer, its block holding this rank's offloaded shard): the all-gather runs in place."""
+        full = self._empty_unit(u)
+        lo, hi = u.shard_range(self.rank)
+        self.poff.read_into(u, full[lo:hi])
+        return full, full[lo:hi]
 
     def _empty_unit(self, u) -> torch.Tensor:
         """A free pooled buffer of u's size, else the textbook's new one (kept by the pool after)."""
@@ -227,7 +229,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             with self.check.tagged(self.tag, label):
                 super()._reduce(u)
                 if self.goff:
-                    self.wait_all()      # the sum has landed in its shard's buffer before any eviction
+                    self.wait_all()      # the sum has landed in its shard's buffer: to its file now
+                    self.goff.flush(keep=True)
         finally:
             self.tag = 0
         if self.hpz:
@@ -245,6 +248,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self.pf.drop(self.units_pool.give)                   # a micro-batch that left the trace may leave some in flight
+        self.pool.clear() if allocator.maps() else None      # idle until the next backward (allocator.py)
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 
@@ -264,6 +268,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
         self.release_all()               # the shards changed: persistent copies are stale
+        allocator.release_freed()        # this step's activations and gradients, freed into the heap
 
     after_load = after_step
 

@@ -94,15 +94,18 @@ class ZeroStage0(Overlapped, Stage0):
 
 
 class BucketPool:
-    """Gradient buckets of up to `cap` elements, handed out and taken back (contiguous_gradients).
-    When `limit` buffers exist and none is free, take() waits for the oldest in-flight reduction
-    of `stage` (its `then` gives its buffer back): one, or two under overlap_comm."""
+    """Gradient buckets, handed out and taken back (contiguous_gradients). Stage 2's buckets are
+    alike (reduce_bucket_size), so each buffer holds `cap` elements, the largest; ZeRO-3's units
+    differ by module (a vocabulary embedding is many times a layer), so with `exact` a buffer has
+    its unit's size and is reused by units of that size: the largest exists only while its unit
+    reduces. When `limit` buffers are in use and none fits, take() waits for the oldest in-flight
+    reduction of `stage` (its `then` gives its buffer back): one, or two under overlap_comm."""
 
-    def __init__(self, stage, engine):
-        self.stage, self.contiguous = stage, engine.config.zero.contiguous_gradients
+    def __init__(self, stage, engine, exact: bool = False):
+        self.stage, self.contiguous, self.exact = stage, engine.config.zero.contiguous_gradients, exact
         self.cap = max((u.padded for u in engine.layout.units), default=0)
         self.limit = 2 if stage.overlap else 1
-        self.free: list[torch.Tensor] = []
+        self.free: dict[int, list[torch.Tensor]] = {}    # buffer size -> idle buffers
         self.base_of: dict[int, torch.Tensor] = {}        # unit -> the buffer its bucket is a view of
         self.size = self.allocs = 0
 
@@ -112,19 +115,25 @@ class BucketPool:
         if not self.contiguous:
             self.allocs += 1
             return None
-        while not self.free and st.inflight and self.size >= self.limit:
+        n = u.padded if self.exact else self.cap
+        while not self.free.get(n) and st.inflight and len(self.base_of) >= self.limit:
             st._wait_oldest()
-        if not self.free:
-            self.free.append(torch.empty(self.cap, dtype=st.dtype, device=st.dev))
+        if not self.free.get(n):
+            self.free.setdefault(n, []).append(torch.empty(n, dtype=st.dtype, device=st.dev))
             self.size += 1
             self.allocs += 1
-        base = self.base_of[u.index] = self.free.pop()
+        base = self.base_of[u.index] = self.free[n].pop()
         return base[:u.padded].zero_()
 
     def give_back(self, u) -> None:
         base = self.base_of.pop(u.index, None)
         if base is not None:
-            self.free.append(base)
+            self.free.setdefault(base.numel(), []).append(base)
+
+    def clear(self) -> None:
+        """Free the idle buffers (the next backward allocates again)."""
+        self.size -= sum(len(b) for b in self.free.values())
+        self.free = {}
 
 
 class Pooled:
