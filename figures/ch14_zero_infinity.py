@@ -48,7 +48,7 @@ def draw(data: dict, name: str = "14_zero_infinity") -> str:
                         "budget ¼ × 4Ψ"], fontsize=7, loc="upper right")
     ax.set_title(f"T5 (d_model {size['d']}, {size['layers']}+{size['layers']} layers), Ψ = {psi:,}, N = 2, fp32, "
                  "offload to files (nvme): the worse rank of each run", fontsize=10, loc="left")
-    return save(fig, name, "figures.ch14_zero_infinity", note="VmHWM with glibc's mmap threshold fixed at 1 MiB; "
+    return save(fig, name, "figures.ch14_zero_infinity", note="VmHWM at allocator defaults (the engine's own announced setting included); "
                 f"each bar a fresh pair of ranks (benchmarks/zero_memory_table.py); {data['machine']}")
 
 
