@@ -71,6 +71,7 @@ from primitives.launch import spawn
 from primitives.log import console
 
 TUNED = "(malloc 64K)"
+LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
 SHAPES = [Model("gpt-mini", 4, 256, 4, 8192, 128, positions=128), Model("gpt-small", 6, 384, 6, 16384, 128, positions=128)]
 
 
@@ -214,7 +215,6 @@ def runs(quick: bool, steps: int, mb: int = 4):
 
 
 def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
-    sw = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
     rows = []
     for m, label, lay, batch, fn, args in runs(quick, steps):
         if only not in label:
@@ -225,8 +225,7 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
         load.stop()
         load.during([g["span"] for g in got])
         hw = H.cpu_here(lay.gpus, load.load(lay.gpus))
-        if label.endswith(TUNED):       # a freed block leaves the resident set: no allocator slack
-            hw = replace(hw, alloc_slack=0.0)
+        sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
         pred = predict_layout(m, m.seq, lay, batch, hw, sw)
         idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
         free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait

@@ -110,13 +110,13 @@ def _heavier(best, out: dict, work: float, hw, stage: str) -> dict:
     out["total"] = sum(out.values())
     return {**out, "stage": stage} if best is None or out["total"] > best["total"] else best
 
-def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
+def memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     """{term: bytes} of the heavier of the first and last pipeline stage; 'total' their sum."""
     bpe = hw.bytes_per_elem
     mixed = bpe == 2
     m = lay.micro_batches(global_batch)
     if hw.activations == "torch-eager-fp32":
-        return torch_memory(model, seq, lay, global_batch, hw)
+        return torch_memory(model, seq, lay, global_batch, hw, sw)
     best = None
     for stage in ("first", "last"):
         psi = stage_params(model, lay, stage)
@@ -152,7 +152,14 @@ def zero_unit(model, lay, psi: int, bucket: int = 500_000_000) -> int:
     return max(model.vocab * h, 3 * h * h, h * model.f) // lay.tp
 
 
-def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
+def maps_blocks(lay, hw, sw) -> bool:
+    """Whether the host allocator maps every large block: asked for (Software.mapped_alloc), or
+    ringzero's ZeRO-3 engine on a CPU host, which fixes glibc's mmap threshold at 64 KiB
+    (zero_from_scratch.engine.allocator)."""
+    return bool(sw and sw.mapped_alloc) or (lay.zero == 3 and hw.activations == "torch-eager-fp32")
+
+
+def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     """memory() for torch's eager fp32 layers (module docstring). Model states from the ZeRO
     ledger (fp32: 4 + 4 + 8 bytes per parameter, sharded by stage). Activations: L/p layers ×
     in-flight micro-batches (1F1B: min(p, m) on the first stage); the embedding keeps only its
@@ -170,7 +177,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
         4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 one
         gathered unit, 4u (the tied embedding, in use at the loss).
     Allocator: what glibc keeps resident beyond the live tensors at its defaults (Hardware.alloc_slack,
-    fitted by benchmarks.planner_fit on a training step of another shape)."""
+    fitted by benchmarks.planner_fit on a training step of another shape); nothing when large
+    blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
@@ -194,6 +202,6 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * u if lay.zero == 3 else 0)
-        out["allocator"] = hw.alloc_slack
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else hw.alloc_slack
         best = _heavier(best, out, work, hw, stage)
     return best
