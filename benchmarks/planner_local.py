@@ -196,6 +196,52 @@ def _pp_rank(rank, world, m: Model, mb: int, micro: int, steps: int):
     return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
 
 
+NODE_RUN = "--node-run"
+
+
+def _node_rank(shape: int, mb: int, steps: int) -> None:
+    """One rank of the two-node row, started by torchrun inside a node's namespace: its result
+    as one JSON line on stdout."""
+    from primitives.launch import init_from_env
+    comm = init_from_env("gloo")
+    got = _rank(comm.rank, comm.size, SHAPES[shape], mb, steps)
+    print("PLANNER_ROW " + json.dumps(got), flush=True)
+
+
+def _on_two_nodes(shape: int, mb: int, steps: int) -> list[dict]:
+    """The DDP row with one rank on each of two nodes of multinode/'s cluster on this machine
+    (network namespaces joined by a tbf-shaped 400 Mbit/s veth; tests/test_multinode_launch.py
+    starts it the same way). Each node's processes run in a session of their own."""
+    import io
+    import sys
+    from multinode import cluster as C
+    from multinode.run import run
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    cmd = (f"cd {root} && {sys.executable} -m torch.distributed.run --nnodes 2 --nproc_per_node 1 "
+           f"--node_rank $NODE_RANK --master_addr $MASTER_ADDR --master_port $MASTER_PORT "
+           f"-m benchmarks.planner_local {NODE_RUN} {shape} {mb} {steps}")
+    name, out = f"rzp{os.getpid() % 10**6}", io.StringIO()
+    try:
+        c = C.up(2, 400.0, name)
+        code, err = run(c, cmd, timeout=600, out=out)
+    finally:
+        C.down(name)
+    if code:
+        raise RuntimeError(f"two-node row failed: {err}\n{out.getvalue()[-3000:]}")
+    return [json.loads(ln.split("PLANNER_ROW ", 1)[1]) for ln in out.getvalue().splitlines() if "PLANNER_ROW " in ln]
+
+
+def two_nodes_possible() -> str:
+    """'' when multinode's cluster can start here, else why not."""
+    try:
+        from multinode import cluster as C
+        C.require_root()
+    except Exception as e:            # not root, no iproute2, namespaces refused
+        return str(e)
+    return ""
+
+
 def runs(quick: bool, steps: int, mb: int = 4):
     """(model, layout label, Layout, global batch, rank function, its args) of every row."""
     small, mid = SHAPES
@@ -211,6 +257,8 @@ def runs(quick: bool, steps: int, mb: int = 4):
     out.append((small, "pp2·dp2 1F1B m4 mb2 (engine)", Layout(2, 1, 2, mb=2), 16, _pp_rank, (small, 2, 4, steps)))
     out.append((small, f"dp2 Z0 (torch) mb{mb} {TUNED}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank,
                 (small, mb, steps, None, True)))
+    if not two_nodes_possible():
+        out.append((small, f"2 nodes × 1: dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, _on_two_nodes, (0, mb, steps)))
     return out
 
 
@@ -219,12 +267,15 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     for m, label, lay, batch, fn, args in runs(quick, steps):
         if only not in label:
             continue
+        nodes = fn is _on_two_nodes
         load = Load()
         load.start()
-        got = spawn(fn, lay.gpus, args=args, timeout=900)
+        got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
         load.stop()
         load.during([g["span"] for g in got])
         hw = H.cpu_here(lay.gpus, load.load(lay.gpus))
+        if nodes:     # one rank per node, each node a session of its own: the probe's share is each rank's
+            hw = replace(hw, gpus_per_node=1, load=load.load(1))
         sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
         pred = predict_layout(m, m.seq, lay, batch, hw, sw)
         idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
@@ -235,7 +286,7 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
                      "step_pred": pred.time["total"], "step_idle": idle.time["total"],
                      "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
                      "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
-                     "time_terms": pred.time, "load": load.load(lay.gpus), "share": load.share(), "stretch": stretch,
+                     "time_terms": pred.time, "load": hw.load, "share": load.share(), "stretch": stretch,
                      "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
                      "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]})
     return rows
@@ -247,7 +298,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--json", help="write the rows (predicted terms, measured) to this file")
     ap.add_argument("--only", default="", help="rows whose layout label contains this text (e.g. pp2, Z3)")
+    ap.add_argument(NODE_RUN, nargs=3, type=int, metavar=("SHAPE", "MB", "STEPS"),
+                    help="internal: one rank of the two-node row (started by torchrun in a node)")
     a = ap.parse_args(argv)
+    if a.node_run:
+        _node_rank(*a.node_run)
+        return 0
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
