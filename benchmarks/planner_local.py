@@ -16,24 +16,28 @@ AdamW. Rows (the label says which engine runs it):
                           (4 ranks on the 2 cores for pp2·dp2)
     ... (malloc 64K)      the DDP row again with glibc's mmap threshold fixed at 64 KiB (mallopt),
                           a tuned allocator beside the default one, labelled
+    2 nodes × 1           the DDP row with one rank on each of two nodes of multinode/'s cluster on
+                          this machine (network namespaces, a 400 Mbit/s tbf-shaped veth between
+                          them; needs root and iproute2, else the row is left out)
 Not run: tp (tensor_parallel.parallelize takes Hugging Face DistilBERT and MLP stacks, not this
-layer, and the planner has no activation formula for DistilBERT's eager layer), hence 3D; the
-llama pipeline presets (no formula for Hugging Face's eager LlamaDecoderLayer); 2 nodes over
-multinode/'s shaped link (needs a per-node launch of these rows).
+layer, and the planner has no activation formula for DistilBERT's eager layer), hence dp × tp and
+3D; the llama pipeline presets (no formula for Hugging Face's eager LlamaDecoderLayer).
 
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED). No row's timing feeds any constant.
-The one input taken from the run is the machine's load: while a row runs, a probe in a session
+A pipeline's pacing share (pipeline_share) and the cost of a mapped block (mmap_s) come from
+the same benchmark's pipeline and tuned DDP step at calibration shapes. The one input taken from
+the run is the machine's load: while a row runs, a probe in a session
 of its own spins and measures the share of the cores a session gets (class Load: the scheduler
 shares the cores between sessions first), from which the ranks' share follows (the probe is one
 more busy session and slows the row as one would); the planner's cpu_stretch turns CPU seconds into
 wall seconds with it ((ranks + load) / cores). Counting runnable tasks would misjudge it: the
 cores are shared between sessions before tasks.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
-The tuned row's time is shown, not checked: its allocator unmaps every freed tensor and faults
-the next one in, CPU the planner does not count.
+The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
+planner counts no allocator slack there and mmap_s per byte each step maps afresh.
 Memory: the peak resident set (VmHWM, clear_refs reset) minus the RSS just before the model is
 built, per rank, the larger rank reported. Before the baseline a tiny model runs one step with
 AdamW and one all-reduce, so torch's lazily loaded modules and pools are in the baseline, not in
@@ -58,6 +62,7 @@ from rich.table import Table
 import primitives as P
 import zero_from_scratch
 from benchmarks.planner_load import Load
+from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
 from planner import hardware as H
 from planner.layout import Layout
 from planner.model import Model
@@ -196,52 +201,6 @@ def _pp_rank(rank, world, m: Model, mb: int, micro: int, steps: int):
     return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
 
 
-NODE_RUN = "--node-run"
-
-
-def _node_rank(shape: int, mb: int, steps: int) -> None:
-    """One rank of the two-node row, started by torchrun inside a node's namespace: its result
-    as one JSON line on stdout."""
-    from primitives.launch import init_from_env
-    comm = init_from_env("gloo")
-    got = _rank(comm.rank, comm.size, SHAPES[shape], mb, steps)
-    print("PLANNER_ROW " + json.dumps(got), flush=True)
-
-
-def _on_two_nodes(shape: int, mb: int, steps: int) -> list[dict]:
-    """The DDP row with one rank on each of two nodes of multinode/'s cluster on this machine
-    (network namespaces joined by a tbf-shaped 400 Mbit/s veth; tests/test_multinode_launch.py
-    starts it the same way). Each node's processes run in a session of their own."""
-    import io
-    import sys
-    from multinode import cluster as C
-    from multinode.run import run
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
-    cmd = (f"cd {root} && {sys.executable} -m torch.distributed.run --nnodes 2 --nproc_per_node 1 "
-           f"--node_rank $NODE_RANK --master_addr $MASTER_ADDR --master_port $MASTER_PORT "
-           f"-m benchmarks.planner_local {NODE_RUN} {shape} {mb} {steps}")
-    name, out = f"rzp{os.getpid() % 10**6}", io.StringIO()
-    try:
-        c = C.up(2, 400.0, name)
-        code, err = run(c, cmd, timeout=600, out=out)
-    finally:
-        C.down(name)
-    if code:
-        raise RuntimeError(f"two-node row failed: {err}\n{out.getvalue()[-3000:]}")
-    return [json.loads(ln.split("PLANNER_ROW ", 1)[1]) for ln in out.getvalue().splitlines() if "PLANNER_ROW " in ln]
-
-
-def two_nodes_possible() -> str:
-    """'' when multinode's cluster can start here, else why not."""
-    try:
-        from multinode import cluster as C
-        C.require_root()
-    except Exception as e:            # not root, no iproute2, namespaces refused
-        return str(e)
-    return ""
-
-
 def runs(quick: bool, steps: int, mb: int = 4):
     """(model, layout label, Layout, global batch, rank function, its args) of every row."""
     small, mid = SHAPES
@@ -258,7 +217,7 @@ def runs(quick: bool, steps: int, mb: int = 4):
     out.append((small, f"dp2 Z0 (torch) mb{mb} {TUNED}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank,
                 (small, mb, steps, None, True)))
     if not two_nodes_possible():
-        out.append((small, f"2 nodes × 1: dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, _on_two_nodes, (0, mb, steps)))
+        out.append((small, f"2 nodes × 1: dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, on_two_nodes, (0, mb, steps)))
     return out
 
 
@@ -267,7 +226,7 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     for m, label, lay, batch, fn, args in runs(quick, steps):
         if only not in label:
             continue
-        nodes = fn is _on_two_nodes
+        nodes = fn is on_two_nodes
         load = Load()
         load.start()
         got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
@@ -298,12 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--json", help="write the rows (predicted terms, measured) to this file")
     ap.add_argument("--only", default="", help="rows whose layout label contains this text (e.g. pp2, Z3)")
-    ap.add_argument(NODE_RUN, nargs=3, type=int, metavar=("SHAPE", "MB", "STEPS"),
-                    help="internal: one rank of the two-node row (started by torchrun in a node)")
     a = ap.parse_args(argv)
-    if a.node_run:
-        _node_rank(*a.node_run)
-        return 0
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
@@ -318,12 +272,8 @@ def main(argv=None) -> int:
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
     console.print(t)
-    # the tuned row checks memory; its time is shown but not checked (mallopt's 64 KiB threshold turns
-    # every freed tensor into munmap and page faults: CPU the planner does not count)
-    errs = [0.0 if r["layout"].endswith(TUNED) else abs(r["step_pred"] / r["step_meas"] - 1) for r in rows], \
-        [abs(r["mem_pred"] / r["mem_meas"] - 1) for r in rows]
-    timed = [e for r, e in zip(rows, errs[0]) if not r["layout"].endswith(TUNED)]
-    console.print(f"median |error|: step time {statistics.median(timed):.0%} (the tuned row not checked), "
+    errs = [abs(r["step_pred"] / r["step_meas"] - 1) for r in rows], [abs(r["mem_pred"] / r["mem_meas"] - 1) for r in rows]
+    console.print(f"median |error|: step time {statistics.median(errs[0]):.0%}, "
                   f"memory {statistics.median(errs[1]):.0%}; "
                   f"misses (time > 25 %, memory > 10 %): "
                   + (", ".join(f"{r['model']} {r['layout']}" for r, et, em in zip(rows, *errs) if et > 0.25 or em > 0.10) or "none"))
