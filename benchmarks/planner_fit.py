@@ -54,7 +54,8 @@ import torch
 
 import primitives as P
 from benchmarks.planner_load import Load
-from benchmarks.planner_local import LOCAL_SW, _pp_rank, _rank     # the rows' own measurement, run at another shape
+from benchmarks.planner_local import LOCAL_SW
+from benchmarks.planner_ranks import _pp_rank, _rank     # the rows' own measurement, run at another shape
 from planner.hardware import CPU_HERE, cpu_here
 from planner.layout import Layout
 from planner.memory import memory, torch_head_bytes, torch_layer_activation_bytes

@@ -16,11 +16,14 @@ import json
 import os
 import sys
 
+from benchmarks.planner_ranks import SHAPES, _rank
+from multinode import cluster as C
+from multinode.run import run
+from primitives.launch import init_from_env
+
 
 def node_rank(shape: int, mb: int, steps: int) -> None:
     """One rank of the row, started by torchrun inside a node's namespace: its result as one JSON line."""
-    from benchmarks.planner_local import SHAPES, _rank
-    from primitives.launch import init_from_env
     comm = init_from_env("gloo")
     got = _rank(comm.rank, comm.size, SHAPES[shape], mb, steps)
     print("PLANNER_ROW " + json.dumps(got), flush=True)
@@ -28,8 +31,6 @@ def node_rank(shape: int, mb: int, steps: int) -> None:
 
 def on_two_nodes(shape: int, mb: int, steps: int) -> list[dict]:
     """Run the row on a fresh two-node cluster (always taken down); each rank's result."""
-    from multinode import cluster as C
-    from multinode.run import run
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")    # the nodes inherit it
     cmd = (f"cd {root} && {sys.executable} -m torch.distributed.run --nnodes 2 --nproc_per_node 1 "
@@ -49,7 +50,6 @@ def on_two_nodes(shape: int, mb: int, steps: int) -> list[dict]:
 def two_nodes_possible() -> str:
     """'' when multinode's cluster can start here, else why not."""
     try:
-        from multinode import cluster as C
         C.require_root()
     except Exception as e:            # not root, no iproute2, namespaces refused
         return str(e)

@@ -30,6 +30,9 @@ from tensor_parallel.engine.formulas import megatron_activation_bytes
 from zero_from_scratch.engine.ledger import model_state_bytes
 
 
+ZERO3_MAX_LIVE = 1e9      # DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance defaults (elements)
+
+
 def stage_params(model, lay, stage: str) -> int:
     """Parameters one rank of the first or last pipeline stage holds (after tp)."""
     t, p = lay.tp, lay.pp
@@ -174,8 +177,10 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
       ZeRO ≥ 1 through zero_from_scratch (u = zero_unit, its largest flat unit): the ring
         reduce-scatter's two block-sized scratch buffers, 2·4u/N, kept by comm.scratch
         (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
-        4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 one
-        gathered unit, 4u (the tied embedding, in use at the loss).
+        4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 the
+        gathered units' pool (engine/pools.py): at DeepSpeed's defaults the engine keeps each
+        unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
+        (engine/prefetch.py), so the pool holds 4·min(Ψ, ZERO3_MAX_LIVE) bytes at the peak.
     Allocator: what glibc keeps resident beyond the live tensors at its defaults (Hardware.alloc_slack,
     fitted by benchmarks.planner_fit on a training step of another shape); nothing when large
     blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
@@ -201,7 +206,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
             work += min(lay.gpus, hw.gpus_per_node) * BUFS * WS_BYTES
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
-            work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * u if lay.zero == 3 else 0)
+            work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
         out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else hw.alloc_slack
         best = _heavier(best, out, work, hw, stage)
     return best

@@ -51,7 +51,7 @@ from pipeline_parallel.schedules.instructions import bubble_formula
 from primitives.engine.cost import Links, Params, predict, predict_2level
 from tensor_parallel.engine.formulas import layer_traffic
 
-from planner.memory import layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
+from planner.memory import ZERO3_MAX_LIVE, layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,15 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw) -> float:
 
 
 UNITS_PER_LAYER = 6     # modules with parameters in a layer (fused qkv, proj, fc1, fc2, 2 norms): ZeRO-3's fetch units
+
+
+def zero3_reused(psi: float, hw) -> float:
+    """Fraction of a stage's units ZeRO-3 keeps gathered from their forward to their backward, so
+    the backward does not gather them again: ringzero's engine (the host's, cpu-here) at
+    DeepSpeed's defaults, stage3_max_reuse_distance = stage3_max_live_parameters = 1e9 elements
+    (zero_from_scratch/engine/prefetch.py), keeps up to that many; the GPU plans assume an engine
+    that frees each layer after use and gathers it again (0)."""
+    return min(1.0, ZERO3_MAX_LIVE / psi) if hw.activations == "torch-eager-fp32" and psi else 0.0
 
 
 def cpu_stretch(lay, hw) -> float:
@@ -192,7 +201,8 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         if lay.zero == 3:     # one gather (forward), one (backward), one reduce-scatter per module with parameters
             units = UNITS_PER_LAYER * Ls + 3
             calls += hw.zero3_module_s * stretch
-            ag_p = units * (group_time("all_gather", lay.dp, psi * bpe / units, stride, hw) + calls)
+            gather = units * group_time("all_gather", lay.dp, psi * bpe / units, stride, hw)
+            ag_p = gather + units * calls
             rs_g = units * (group_time("reduce_scatter", lay.dp, psi * gb / units, stride, hw) + calls)
         else:
             ag_p, rs_g = ag_p + calls, rs_g + calls
@@ -202,12 +212,13 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
             dp_t = rs_g + ag_p
         elif lay.zero == 2:
             dp_t = m * rs_g + ag_p
-        else:
-            dp_t = m * (2 * ag_p + rs_g)
+        else:     # the backward's gathers, less the units the engine kept since their forward
+            z3_mb = 2 * ag_p + rs_g - zero3_reused(psi, hw) * gather
+            dp_t = m * z3_mb
         if not sw.overlap_dp:
             exposed_dp = dp_t
         elif lay.zero == 3:
-            exposed_dp = m * max(0.0, 2 * ag_p + rs_g - compute_mb)
+            exposed_dp = m * max(0.0, z3_mb - compute_mb)
         else:
             backward_last = compute_mb * 2 / 3 * v       # a stage's whole backward of the last micro-batch
             exposed_dp = max(0.0, dp_t - (m - 1) * rs_g - backward_last) if lay.zero == 2 else max(0.0, dp_t - backward_last)
