@@ -17,9 +17,20 @@ import os
 import sys
 
 from benchmarks.planner_ranks import SHAPES, _rank
-from multinode import cluster as C
-from multinode.run import run
 from primitives.launch import init_from_env
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _multinode():
+    """(multinode.cluster, multinode.run.run). Imported here, with the repository root first on
+    sys.path: run by path, benchmarks/ comes first and its multinode.py would shadow the package."""
+    if sys.path[:1] != [ROOT]:
+        sys.path.insert(0, ROOT)
+    from multinode import cluster  # noqa: E402  (after the path fix above)
+    from multinode.run import run  # noqa: E402  (the same)
+    return cluster, run
 
 
 def node_rank(shape: int, mb: int, steps: int) -> None:
@@ -31,7 +42,8 @@ def node_rank(shape: int, mb: int, steps: int) -> None:
 
 def on_two_nodes(shape: int, mb: int, steps: int) -> list[dict]:
     """Run the row on a fresh two-node cluster (always taken down); each rank's result."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    C, run = _multinode()
+    root = ROOT
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")    # the nodes inherit it
     cmd = (f"cd {root} && {sys.executable} -m torch.distributed.run --nnodes 2 --nproc_per_node 1 "
            f"--node_rank $NODE_RANK --master_addr $MASTER_ADDR --master_port $MASTER_PORT "
@@ -50,6 +62,7 @@ def on_two_nodes(shape: int, mb: int, steps: int) -> list[dict]:
 def two_nodes_possible() -> str:
     """'' when multinode's cluster can start here, else why not."""
     try:
+        C, _ = _multinode()
         C.require_root()
     except Exception as e:            # not root, no iproute2, namespaces refused
         return str(e)
