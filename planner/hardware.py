@@ -59,6 +59,8 @@ class Hardware:
     zero3_module_s: float = 0.0  # CPU seconds of the ZeRO-3 engine's work per module fetch or release
     alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
+    alloc_slack_zero: float = 0.0  # the same for zero_from_scratch's ZeRO-1/2 engine (its flat buffers and chunked
+                                   # step free blocks of other sizes); 0: alloc_slack
     mmap_s: float = 0.0          # CPU seconds per byte of a freshly mapped block (mmap, page faults, munmap)
     pipeline_share: float = 1.0  # a pipeline's pacing rank runs at this fraction of one busy session's share
                                  # of the cores (its neighbours wait asleep; fitted, planner.steptime.pipeline_stretch)

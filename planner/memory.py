@@ -182,7 +182,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
         (engine/prefetch.py), so the pool holds 4·min(Ψ, ZERO3_MAX_LIVE) bytes at the peak.
     Allocator: what glibc keeps resident beyond the live tensors at its defaults (Hardware.alloc_slack,
-    fitted by benchmarks.planner_fit on a training step of another shape); nothing when large
+    fitted by benchmarks.planner_fit on a training step of another shape; alloc_slack_zero for
+    zero_from_scratch's ZeRO-1/2 engine, fitted on its step at that shape); nothing when large
     blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
@@ -207,6 +208,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else hw.alloc_slack
+        engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else (hw.alloc_slack_zero if engine else hw.alloc_slack)
         best = _heavier(best, out, work, hw, stage)
     return best

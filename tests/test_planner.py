@@ -305,6 +305,8 @@ def test_mapped_blocks_keep_no_slack_and_cost_faults():
     sw = Software(False, False, False)
     z1, z3 = (memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, hw, sw)["allocator"] for z in (1, 3))
     assert (z1, z3) == (1e6, 0.0)
+    engine = replace(hw, alloc_slack_zero=3e6)      # zero_from_scratch's ZeRO-1/2 step keeps its own slack
+    assert [memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, engine, sw)["allocator"] for z in (0, 1, 2, 3)] == [1e6, 3e6, 3e6, 0.0]
     assert memory(m, 32, Layout(2, 1, 1, mb=2), 4, hw, replace(sw, mapped_alloc=True))["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=1, mb=2), 4, hw, sw)["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["allocator"] > 0.0
