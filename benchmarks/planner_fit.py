@@ -24,11 +24,20 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   two vocabularies: the rest after the matmuls, per logit element
     call_overhead                 CPU seconds of one small all-reduce through ringzero's default
                                   path (its check, plan, and the transport's waits)
-    alloc_slack, zero3_module_s   benchmarks.planner_local's own measurement (2 ranks) on a
-                                  calibration shape, CAL (L 3, h 192, V 12288, mb 4): the DDP
+    alloc_slack(_zero), mmap_s,   benchmarks.planner_local's own measurement (2 ranks, median of 3) on a
+    zero3_module_s                calibration shape, CAL (L 3, h 192, V 12288, mb 4): the DDP
                                   step's peak RSS at glibc's defaults minus the planner's count
-                                  without slack; ZeRO-3's CPU seconds beyond ZeRO-1's per module
-                                  fetch or release (3 per module with parameters and step)
+                                  without slack, and the ZeRO-1 engine step's likewise; the DDP step's CPU seconds with large blocks mapped
+                                  (mmap threshold 64 KiB) beyond the default's, per byte of saved
+                                  activations and logits, twice (each and its gradient are fresh
+                                  mappings); ZeRO-3's CPU seconds beyond ZeRO-1's and that mapping
+                                  (the engine maps at ZeRO-3) per module fetch or release (3 per
+                                  module with parameters and step)
+    pipeline_share                benchmarks.planner_local's pipeline (pp 2, 1F1B, 4 micro-batches
+                                  of 2) on CAL_PP (L 4, h 192, V 12288), with the session probe
+                                  (benchmarks.planner_load) beside it, 3 runs: the share of one
+                                  busy session's cores at which the planner's step time equals the
+                                  measured one (planner.steptime.pipeline_stretch), the median
 Links (α-β) come from benchmarks.one_host's fit (primitives.engine.cost.FITTED), read by
 planner.hardware.cpu_here; `cores` from os.cpu_count().
 """
@@ -44,11 +53,14 @@ import time
 import torch
 
 import primitives as P
-from benchmarks.planner_local import _rank        # the rows' own measurement, run at another shape
+from benchmarks.planner_load import Load
+from benchmarks.planner_local import LOCAL_SW
+from benchmarks.planner_ranks import _pp_rank, _rank     # the rows' own measurement, run at another shape
 from planner.hardware import CPU_HERE, cpu_here
 from planner.layout import Layout
-from planner.memory import memory, torch_layer_activation_bytes
+from planner.memory import memory, torch_head_bytes, torch_layer_activation_bytes
 from planner.model import Model
+from planner.plan import predict_layout
 from planner.steptime import UNITS_PER_LAYER
 from primitives.launch import spawn
 from primitives.log import console
@@ -115,20 +127,53 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
 
 
 CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
+CAL_PP = Model("gpt-cal-pp", 4, 192, 4, 12288, 128, positions=128)
 
 
-def engine_fit(mb: int = 4, steps: int = 4) -> tuple[float, float]:
-    """(alloc_slack, zero3_module_s) from benchmarks.planner_local's own measurement on the
-    calibration shape CAL, 2 ranks: the DDP step's peak minus the planner's live bytes for it
-    (what glibc keeps beyond them at its defaults), and the CPU seconds ZeRO-3's step spends
-    beyond ZeRO-1's per module fetch or release (its hooks, gathers, frees)."""
+def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float, float, float]:
+    """(alloc_slack, alloc_slack_zero, mmap_s, zero3_module_s) from benchmarks.planner_local's own
+    measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
+    slack moves by tens of MiB from one run to the next): the DDP step's peak minus the planner's
+    live bytes for it (what glibc keeps beyond them at its defaults), the same for the ZeRO-1
+    engine's step; the DDP step's CPU seconds with large blocks mapped beyond the default's, per
+    byte mapped (each saved activation and logit, and its gradient); the CPU seconds ZeRO-3's step
+    spends beyond ZeRO-1's and that mapping, per module fetch or release (its hooks, gathers, frees)."""
     lay = Layout(2, 1, 1, mb=mb)
-    z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
-    pred = memory(CAL, CAL.seq, lay, 2 * mb, dataclasses.replace(cpu_here(2), alloc_slack=0.0))
-    slack = max(0.0, max(g["peak"] for g in z0) - (pred["total"] - pred["reserved"]))
+    bare = dataclasses.replace(cpu_here(2), alloc_slack=0.0, alloc_slack_zero=0.0)
+    pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, bare) for z in (0, 1))
+    cpu = lambda got: statistics.median(g["cpu"] for g in got)  # noqa: E731
+    mapped = 2 * (CAL.layers * torch_layer_activation_bytes(CAL, CAL.seq, lay) + 4 * mb * CAL.seq * CAL.vocab)
     calls = 3 * (UNITS_PER_LAYER * CAL.layers + 3)
-    extra = max(g["cpu"] for g in z3) - max(g["cpu"] for g in z1)
-    return slack, max(0.0, extra / calls)
+    fits = []
+    for _ in range(runs):
+        z0, tuned, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z, t), timeout=900)
+                             for z, t in ((None, False), (None, True), (1, False), (3, False)))
+        mmap_s = max(0.0, cpu(tuned) - cpu(z0)) / mapped
+        fits.append((max(0.0, max(g["peak"] for g in z0) - (pred["total"] - pred["reserved"])),
+                     max(0.0, max(g["peak"] for g in z1) - (pred1["total"] - pred1["reserved"])),
+                     mmap_s, max(0.0, (cpu(z3) - cpu(z1) - mapped * mmap_s) / calls)))
+    return tuple(statistics.median(f[i] for f in fits) for i in range(4))
+
+
+def pipeline_fit(hw, runs: int = 3, steps: int = 4) -> float:
+    """pipeline_share: on CAL_PP's pp 2 pipeline (1F1B, m 4, mb 2) beside the session probe, the
+    share at which the planner's step time meets the measured one (bisection; the median of runs)."""
+    lay, batch, got = Layout(1, 1, 2, mb=2), 8, []
+    for _ in range(runs):
+        load = Load()
+        load.start()
+        ranks = spawn(_pp_rank, 2, args=(CAL_PP, 2, 4, steps), timeout=900)
+        load.stop()
+        load.during([g["span"] for g in ranks])
+        meas = max(g["step"] for g in ranks)
+        base = dataclasses.replace(hw, load=load.load(2))
+        lo, hi = 0.05, 4.0
+        for _ in range(40):      # step time falls as the share rises
+            mid = (lo + hi) / 2
+            t = predict_layout(CAL_PP, CAL_PP.seq, lay, batch, dataclasses.replace(base, pipeline_share=mid), LOCAL_SW).time["total"]
+            lo, hi = (mid, hi) if t > meas else (lo, mid)
+        got.append((lo + hi) / 2)
+    return statistics.median(got)
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -156,7 +201,7 @@ def main(argv=None) -> int:
                      - 3 * 4 * s * s * h * b / gemm))
     op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
     logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
-    slack, module_s = engine_fit()
+    slack, slack_zero, mmap_s, module_s = engine_fit()
     bw = statistics.median(g["bw"] for g in got)
     with open("/proc/meminfo") as f:
         total = int(f.readline().split()[1]) * 1024
@@ -165,9 +210,11 @@ def main(argv=None) -> int:
            "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
            "call_overhead": statistics.median(g["call"] for g in got), "alloc_slack": slack, "zero3_module_s": module_s,
+           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero,
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
            "source": "measured here; links from primitives.engine.cost.FITTED (benchmarks.one_host)"}
+    doc["pipeline_share"] = pipeline_fit(cpu_here(2, fitted=doc))
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
@@ -175,8 +222,11 @@ def main(argv=None) -> int:
                   f"Adam {doc['host_adam'] / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f}\n"
                   f"a layer's non-matmul work: {op_overhead * 1e3:.2f} ms + {elem_s * 1e9:.2f} ns per saved activation byte "
                   f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element; "
-                  f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB; "
-                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; "
+                  f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB "
+                  f"(ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
+                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a mapped block "
+                  f"{mmap_s * 2**20 * 1e3:.2f} ms CPU per MiB; a pipeline's pacing rank at {doc['pipeline_share']:.2f} "
+                  f"of a session's share; "
                   f"{doc['cores']} cores → {a.out}")
     return 0
 

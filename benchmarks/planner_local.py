@@ -16,24 +16,28 @@ AdamW. Rows (the label says which engine runs it):
                           (4 ranks on the 2 cores for pp2·dp2)
     ... (malloc 64K)      the DDP row again with glibc's mmap threshold fixed at 64 KiB (mallopt),
                           a tuned allocator beside the default one, labelled
+    2 nodes × 1           the DDP row with one rank on each of two nodes of multinode/'s cluster on
+                          this machine (network namespaces, a 400 Mbit/s tbf-shaped veth between
+                          them; needs root and iproute2, else the row is left out)
 Not run: tp (tensor_parallel.parallelize takes Hugging Face DistilBERT and MLP stacks, not this
-layer, and the planner has no activation formula for DistilBERT's eager layer), hence 3D; the
-llama pipeline presets (no formula for Hugging Face's eager LlamaDecoderLayer); 2 nodes over
-multinode/'s shaped link (needs a per-node launch of these rows).
+layer, and the planner has no activation formula for DistilBERT's eager layer), hence dp × tp and
+3D; the llama pipeline presets (no formula for Hugging Face's eager LlamaDecoderLayer).
 
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED). No row's timing feeds any constant.
-The one input taken from the run is the machine's load: while a row runs, a probe in a session
+A pipeline's pacing share (pipeline_share) and the cost of a mapped block (mmap_s) come from
+the same benchmark's pipeline and tuned DDP step at calibration shapes. The one input taken from
+the run is the machine's load: while a row runs, a probe in a session
 of its own spins and measures the share of the cores a session gets (class Load: the scheduler
 shares the cores between sessions first), from which the ranks' share follows (the probe is one
 more busy session and slows the row as one would); the planner's cpu_stretch turns CPU seconds into
 wall seconds with it ((ranks + load) / cores). Counting runnable tasks would misjudge it: the
 cores are shared between sessions before tasks.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
-The tuned row's time is shown, not checked: its allocator unmaps every freed tensor and faults
-the next one in, CPU the planner does not count.
+The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
+planner counts no allocator slack there and mmap_s per byte each step maps afresh.
 Memory: the peak resident set (VmHWM, clear_refs reset) minus the RSS just before the model is
 built, per rank, the larger rank reported. Before the baseline a tiny model runs one step with
 AdamW and one all-reduce, so torch's lazily loaded modules and pools are in the baseline, not in
@@ -45,154 +49,26 @@ user's would.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
-import time
 from dataclasses import replace
 
-import torch
 from rich.table import Table
 
-import primitives as P
-import zero_from_scratch
 from benchmarks.planner_load import Load
+from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
+from benchmarks.planner_ranks import SHAPES, _pp_rank, _rank
 from planner import hardware as H
 from planner.layout import Layout
-from planner.model import Model
 from planner.plan import predict_layout
 from planner.steptime import Software, cpu_stretch
-from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
-from pipeline_parallel import initialize as pipe_initialize
-from pipeline_parallel.engine.model import Embed, FinalNorm, head, lm_loss
 from primitives.engine.cost import Params
 from primitives.launch import spawn
 from primitives.log import console
 
 TUNED = "(malloc 64K)"
-SHAPES = [Model("gpt-mini", 4, 256, 4, 8192, 128, positions=128), Model("gpt-small", 6, 384, 6, 16384, 128, positions=128)]
-
-
-def _vm(key: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(key))
-
-
-class Net(torch.nn.Module):
-    def __init__(self, m: Model):
-        super().__init__()
-        self.emb = torch.nn.Embedding(m.vocab, m.hidden)
-        self.pos = torch.nn.Embedding(m.positions, m.hidden)
-        self.layers = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(
-            m.hidden, m.heads, m.f, dropout=0.0, batch_first=True, norm_first=True) for _ in range(m.layers))
-        self.norm = torch.nn.LayerNorm(m.hidden)
-
-    def forward(self, x):
-        h = self.emb(x) + self.pos(torch.arange(x.shape[1]))
-        for layer in self.layers:
-            h = layer(h)
-        return self.norm(h) @ self.emb.weight.t()
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")          # VmHWM := VmRSS
-
-
-def _warm(tuned: bool = False) -> int:
-    """Load what a first step loads, then return the baseline RSS (module docstring)."""
-    if tuned:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD: the labelled tuned rows only
-    warm = Net(Model("warm", 1, 64, 4, 64, 16, positions=16))     # torch's modules and pools load here, not below
-    wopt = torch.optim.AdamW(warm.parameters())
-    warm(torch.zeros(1, 16, dtype=torch.long)).sum().backward()
-    wopt.step()
-    P.all_reduce(torch.zeros(16))
-    del warm, wopt
-    _reset_peak()
-    return _vm("VmRSS")
-
-
-def _timed(one_step, steps: int, base: int) -> dict:
-    """Run `steps` steps, the peak reset before each. Step: the median after the first, wall and CPU."""
-    times, cpus, peaks, window = [], [], [], []
-    for i in range(steps):
-        _reset_peak()
-        if i == 1:
-            window.append(time.time())      # the timed steps' span, for the load probe
-        t0, c0 = time.perf_counter(), time.thread_time()
-        one_step()
-        times.append(time.perf_counter() - t0)
-        cpus.append(time.thread_time() - c0)
-        peaks.append(_vm("VmHWM") - base)
-    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks),
-            "span": (window[0], time.time())}
-
-
-def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None, tuned: bool = False,
-          offload: bool = False):
-    base = _warm(tuned)
-    torch.manual_seed(0)
-    net = Net(m)
-    assert sum(p.numel() for p in net.parameters()) == m.params(), "torch model ≠ planner's count"
-    x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(rank))
-    if zero is not None:
-        return _zero_steps(net, x, zero, mb, steps, base, offload)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(net(x).flatten(0, 1), x.flatten())
-        loss.backward()
-        flat = torch.cat([p.grad.flatten() for p in net.parameters()])
-        P.all_reduce(flat)
-        off = 0
-        for p in net.parameters():
-            p.grad.copy_(flat[off:off + p.numel()].view_as(p)).div_(world)
-            off += p.numel()
-        del flat              # the copy lives only while it is reduced (planner.memory: ZeRO-0's working)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-    return _timed(step, steps, base)
-
-
-def _zero_steps(net, x, zero: int, mb: int, steps: int, base: int, offload: bool):
-    """The same steps through zero_from_scratch's DeepSpeed-API engine at ZeRO `zero` (fp32, AdamW)."""
-    if zero == 3:     # the tied output layer reads the embedding's weight outside the embedding's forward
-        zero_from_scratch.register_external_parameter(net, net.emb.weight)
-        for layer in net.layers:   # nn.MultiheadAttention reads out_proj's tensors without calling it
-            for p in layer.self_attn.out_proj.parameters():
-                zero_from_scratch.register_external_parameter(layer.self_attn, p)
-    engine, *_ = zero_from_scratch.initialize(model=net, model_parameters=net.parameters(), dist_init_required=False, config={
-        "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": zero, "overlap_comm": False,
-                              **({"offload_optimizer": {"device": "cpu"}} if offload else {})},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(engine(x).flatten(0, 1), x.flatten())
-        engine.backward(loss)
-        engine.step()
-    return _timed(step, steps, base)
-
-
-def _pp_rank(rank, world, m: Model, mb: int, micro: int, steps: int):
-    """pp = 2 (× dp = world / 2) through pipeline_parallel's DeepSpeed-API engine (1F1B, `micro`
-    micro-batches of mb): the same layers as Net (token + position embedding tied to the head,
-    torch's encoder layer)."""
-    base = _warm()
-    layers = ([TiedLayerSpec("embed", Embed, m.vocab, m.hidden, m.positions)]
-              + [LayerSpec(torch.nn.TransformerEncoderLayer, m.hidden, m.heads, m.f, dropout=0.0, batch_first=True,
-                           norm_first=True) for _ in range(m.layers)]
-              + [LayerSpec(FinalNorm, m.hidden), TiedLayerSpec("embed", Embed, m.vocab, m.hidden, m.positions, forward_fn=head)])
-    half = m.layers // 2      # the planner's split: L/p layers per stage, the embedding first, norm and head last
-    pm = PipelineModule(layers, num_stages=2, loss_fn=lm_loss, partition_method=[1 + half, m.layers - half + 2])
-    engine, *_ = pipe_initialize(model=pm, config={
-        "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": micro,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-        "pipeline": {"schedule": "1f1b"}}, dp=world // 2)
-    x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(rank))
-    return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
+LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
 
 
 def runs(quick: bool, steps: int, mb: int = 4):
@@ -210,23 +86,26 @@ def runs(quick: bool, steps: int, mb: int = 4):
     out.append((small, "pp2·dp2 1F1B m4 mb2 (engine)", Layout(2, 1, 2, mb=2), 16, _pp_rank, (small, 2, 4, steps)))
     out.append((small, f"dp2 Z0 (torch) mb{mb} {TUNED}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank,
                 (small, mb, steps, None, True)))
+    if not two_nodes_possible():
+        out.append((small, f"2 nodes × 1: dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, on_two_nodes, (0, mb, steps)))
     return out
 
 
 def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
-    sw = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
     rows = []
     for m, label, lay, batch, fn, args in runs(quick, steps):
         if only not in label:
             continue
+        nodes = fn is on_two_nodes
         load = Load()
         load.start()
-        got = spawn(fn, lay.gpus, args=args, timeout=900)
+        got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
         load.stop()
         load.during([g["span"] for g in got])
         hw = H.cpu_here(lay.gpus, load.load(lay.gpus))
-        if label.endswith(TUNED):       # a freed block leaves the resident set: no allocator slack
-            hw = replace(hw, alloc_slack=0.0)
+        if nodes:     # one rank per node, each node a session of its own: the probe's share is each rank's
+            hw = replace(hw, gpus_per_node=1, load=load.load(1))
+        sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
         pred = predict_layout(m, m.seq, lay, batch, hw, sw)
         idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
         free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
@@ -236,7 +115,7 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
                      "step_pred": pred.time["total"], "step_idle": idle.time["total"],
                      "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
                      "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
-                     "time_terms": pred.time, "load": load.load(lay.gpus), "share": load.share(), "stretch": stretch,
+                     "time_terms": pred.time, "load": hw.load, "share": load.share(), "stretch": stretch,
                      "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
                      "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]})
     return rows
@@ -263,12 +142,8 @@ def main(argv=None) -> int:
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
     console.print(t)
-    # the tuned row checks memory; its time is shown but not checked (mallopt's 64 KiB threshold turns
-    # every freed tensor into munmap and page faults: CPU the planner does not count)
-    errs = [0.0 if r["layout"].endswith(TUNED) else abs(r["step_pred"] / r["step_meas"] - 1) for r in rows], \
-        [abs(r["mem_pred"] / r["mem_meas"] - 1) for r in rows]
-    timed = [e for r, e in zip(rows, errs[0]) if not r["layout"].endswith(TUNED)]
-    console.print(f"median |error|: step time {statistics.median(timed):.0%} (the tuned row not checked), "
+    errs = [abs(r["step_pred"] / r["step_meas"] - 1) for r in rows], [abs(r["mem_pred"] / r["mem_meas"] - 1) for r in rows]
+    console.print(f"median |error|: step time {statistics.median(errs[0]):.0%}, "
                   f"memory {statistics.median(errs[1]):.0%}; "
                   f"misses (time > 25 %, memory > 10 %): "
                   + (", ".join(f"{r['model']} {r['layout']}" for r, et, em in zip(rows, *errs) if et > 0.25 or em > 0.10) or "none"))

@@ -57,6 +57,14 @@ def tables() -> tuple[list, dict]:
         t.add_row(str(r["seq"]), r["layout"], "out of memory" if r["reported"] is None else f"{r['reported']}",
                   f"{r['predicted']:.1f}", f"{r['gib']:.1f}", "yes" if r["fits"] else "no")
     out.append(t)
+    g = pub.gdgpt_gap()
+    summary["gdgpt"] = (f"gdGPT, read off its own rows (planner.published.gdgpt_gap): a pipeline stage spends "
+                        f"{g['per_mb_ms'][256]:.1f} / {g['per_mb_ms'][1024]:.1f} ms per micro-batch at seq 256 / 1024 = "
+                        f"{g['fixed_ms']:.1f} ms + {g['per_token_us']:.1f} µs per token (the planner's compute: "
+                        f"{g['planner_per_token_us']:.1f} µs per token); the {g['fixed_ms']:.1f} ms per micro-batch and stage is "
+                        f"the engine's host-side work, not counted. ZeRO-3 at seq 256 is {g['zero3_gap_s']:.1f} s per step "
+                        f"slower than predicted: {g['zero3_per_call_ms']:.2f} ms per module fetch or release "
+                        f"({g['zero3_calls']:.0f} a step), not counted")
     return out, summary
 
 
@@ -75,6 +83,7 @@ def main(argv=None) -> int:
                   f"{statistics.median(abs(e) for e in s['narayanan']):.1%}, worst {max(abs(e) for e in s['narayanan']):.1%}")
     console.print(f"Megatron H100 (rows 2-9 + strong; row 1 calibrates the H100): median |points| "
                   f"{statistics.median(abs(e) for e in s['megatron']):.1f}, worst {max(abs(e) for e in s['megatron']):.1f}")
+    console.print(s["gdgpt"])
     return 0
 
 

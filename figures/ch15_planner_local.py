@@ -6,15 +6,24 @@ against the measured ones, one point per layout run on 2-4 CPU ranks (benchmarks
 
 Left: step time, predicted from cpu_here.json's CPU-time rates and the share of the cores the
 row's session got (a probe); the band is ±25 %. Right: peak resident memory above the
-pre-model baseline at glibc's defaults, predicted vs measured, band ±10 %.
+pre-model baseline at glibc's defaults, predicted vs measured, band ±10 %. Each point is labelled
+with its row and the load it ran under; a point outside its band is red; each panel's title
+gives the median |error|.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 from benchmarks.planner_local import measure
 from figures.common import pyplot, save
+
+
+def _short(layout: str) -> str:
+    for long, short in ((" (torch)", ""), (" (engine)", ""), (" 1F1B m4 mb2", ""), (" mb4", ""), ("(malloc 64K)", "malloc 64K")):
+        layout = layout.replace(long, short)
+    return layout
 
 
 def draw(rows: list[dict]) -> str:
@@ -23,10 +32,12 @@ def draw(rows: list[dict]) -> str:
     for ax, key, scale, unit, band in ((a, "step", 1e3, "ms", 0.25), (b, "mem", 2**-20, "MiB", 0.10)):
         meas = [r[f"{key}_meas"] * scale for r in rows]
         pred = [r[f"{key}_pred"] * scale for r in rows]
-        ax.scatter(meas, pred, zorder=3, label="predicted")
+        miss = [abs(y / x - 1) > band for x, y in zip(meas, pred)]
+        ax.scatter(meas, pred, zorder=3, label="predicted", c=["tab:red" if e else "tab:blue" for e in miss])
         for r, x, y in zip(rows, meas, pred):
-            ax.annotate(f"{r['model'].replace('gpt-', '')} {r['layout'].split(' (')[0]}", (x, y), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+            ax.annotate(f"{r['model'].replace('gpt-', '')} {_short(r['layout'])} (load {r['load']:.0f})", (x, y),
+                        fontsize=6, xytext=(3, 3), textcoords="offset points")
+        med = statistics.median(abs(y / x - 1) for x, y in zip(meas, pred))
         lo, hi = 0.0, max(meas + pred) * 1.15
         if key == "step":      # the load swings a step over two orders of magnitude: log axes
             lo = min(meas + pred) / 1.5
@@ -36,9 +47,9 @@ def draw(rows: list[dict]) -> str:
                         label=f"±{band:.0%}")
         ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"measured {unit}", ylabel=f"predicted {unit}")
         ax.legend(fontsize=7, loc="upper left")
+        ax.set_title(("step time (CPU ranks, fp32)" if key == "step" else "peak RSS above the pre-model baseline, per rank")
+                     + f"\nmedian |error| {med:.0%}, {sum(miss)} of {len(miss)} outside ±{band:.0%}", fontsize=9)
     shares = [r["share"] for r in rows]
-    a.set_title("step time (CPU ranks, fp32)", fontsize=9)
-    b.set_title("peak RSS above the pre-model baseline, per rank", fontsize=9)
     fig.suptitle(f"planner (cpu-here) vs this machine; the run's session got {min(shares):.2f}–{max(shares):.2f} of a core (2 cores)",
                  fontsize=10)
     return save(fig, "15_planner_local", "figures.ch15_planner_local",

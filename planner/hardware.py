@@ -59,6 +59,11 @@ class Hardware:
     zero3_module_s: float = 0.0  # CPU seconds of the ZeRO-3 engine's work per module fetch or release
     alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
+    alloc_slack_zero: float = 0.0  # the same for zero_from_scratch's ZeRO-1/2 engine (its flat buffers and chunked
+                                   # step free blocks of other sizes); 0: alloc_slack
+    mmap_s: float = 0.0          # CPU seconds per byte of a freshly mapped block (mmap, page faults, munmap)
+    pipeline_share: float = 1.0  # a pipeline's pacing rank runs at this fraction of one busy session's share
+                                 # of the cores (its neighbours wait asleep; fitted, planner.steptime.pipeline_stretch)
     calibrated_on: str = ""
     source: str = ""
 
@@ -88,15 +93,18 @@ def _from_dict(d: dict) -> Hardware:
     return Hardware(**d)
 
 
-def cpu_here(ranks_per_node: int = 2, load: float = 0.0) -> Hardware:
+def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = None) -> Hardware:
     """This machine: compute from benchmarks/planner_fit.py's CPU-time micro-benchmarks
     (cpu_here.json), links from the α-β table benchmarks.one_host fitted for that many ranks on
     the host (primitives.engine.cost.FITTED, "shm" family; across nodes the tbf-shaped veth of
-    multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch)."""
-    if not os.path.exists(CPU_HERE):
+    multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch).
+    `fitted`: the fields of cpu_here.json, given instead of read (benchmarks.planner_fit while it fits)."""
+    if fitted is None and not os.path.exists(CPU_HERE):
         raise ValueError(f"{CPU_HERE} is missing: run `python -m benchmarks.planner_fit`")
-    with open(CPU_HERE) as f:
-        d = json.load(f)
+    if fitted is None:
+        with open(CPU_HERE) as f:
+            fitted = json.load(f)
+    d = dict(fitted)
     d["intra"] = d.get("intra") or asdict(fitted_params("shm", ranks_per_node))
     d["inter"] = d.get("inter") or asdict(Params(alpha=1e-3, beta=8 / 400e6, gamma=0.0))
     return _from_dict({**d, "load": load})

@@ -30,6 +30,9 @@ from tensor_parallel.engine.formulas import megatron_activation_bytes
 from zero_from_scratch.engine.ledger import model_state_bytes
 
 
+ZERO3_MAX_LIVE = 1e9      # DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance defaults (elements)
+
+
 def stage_params(model, lay, stage: str) -> int:
     """Parameters one rank of the first or last pipeline stage holds (after tp)."""
     t, p = lay.tp, lay.pp
@@ -110,13 +113,13 @@ def _heavier(best, out: dict, work: float, hw, stage: str) -> dict:
     out["total"] = sum(out.values())
     return {**out, "stage": stage} if best is None or out["total"] > best["total"] else best
 
-def memory(model, seq: int, lay, global_batch: int, hw) -> dict:
+def memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     """{term: bytes} of the heavier of the first and last pipeline stage; 'total' their sum."""
     bpe = hw.bytes_per_elem
     mixed = bpe == 2
     m = lay.micro_batches(global_batch)
     if hw.activations == "torch-eager-fp32":
-        return torch_memory(model, seq, lay, global_batch, hw)
+        return torch_memory(model, seq, lay, global_batch, hw, sw)
     best = None
     for stage in ("first", "last"):
         psi = stage_params(model, lay, stage)
@@ -152,7 +155,14 @@ def zero_unit(model, lay, psi: int, bucket: int = 500_000_000) -> int:
     return max(model.vocab * h, 3 * h * h, h * model.f) // lay.tp
 
 
-def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
+def maps_blocks(lay, hw, sw) -> bool:
+    """Whether the host allocator maps every large block: asked for (Software.mapped_alloc), or
+    ringzero's ZeRO-3 engine on a CPU host, which fixes glibc's mmap threshold at 64 KiB
+    (zero_from_scratch.engine.allocator)."""
+    return bool(sw and sw.mapped_alloc) or (lay.zero == 3 and hw.activations == "torch-eager-fp32")
+
+
+def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     """memory() for torch's eager fp32 layers (module docstring). Model states from the ZeRO
     ledger (fp32: 4 + 4 + 8 bytes per parameter, sharded by stage). Activations: L/p layers ×
     in-flight micro-batches (1F1B: min(p, m) on the first stage); the embedding keeps only its
@@ -167,10 +177,14 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
       ZeRO ≥ 1 through zero_from_scratch (u = zero_unit, its largest flat unit): the ring
         reduce-scatter's two block-sized scratch buffers, 2·4u/N, kept by comm.scratch
         (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
-        4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 one
-        gathered unit, 4u (the tied embedding, in use at the loss).
+        4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 the
+        gathered units' pool (engine/pools.py): at DeepSpeed's defaults the engine keeps each
+        unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
+        (engine/prefetch.py), so the pool holds 4·min(Ψ, ZERO3_MAX_LIVE) bytes at the peak.
     Allocator: what glibc keeps resident beyond the live tensors at its defaults (Hardware.alloc_slack,
-    fitted by benchmarks.planner_fit on a training step of another shape)."""
+    fitted by benchmarks.planner_fit on a training step of another shape; alloc_slack_zero for
+    zero_from_scratch's ZeRO-1/2 engine, fitted on its step at that shape); nothing when large
+    blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
@@ -193,7 +207,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw) -> dict:
             work += min(lay.gpus, hw.gpus_per_node) * BUFS * WS_BYTES
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
-            work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * u if lay.zero == 3 else 0)
-        out["allocator"] = hw.alloc_slack
+            work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
+        engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else (hw.alloc_slack_zero if engine else hw.alloc_slack)
         best = _heavier(best, out, work, hw, stage)
     return best

@@ -32,7 +32,7 @@ class Prediction:
 
 
 def predict_layout(model, seq: int, lay: Layout, global_batch: int, hw, sw: Software = Software()) -> Prediction:
-    mem = memory(model, seq, lay, global_batch, hw)
+    mem = memory(model, seq, lay, global_batch, hw, sw)
     tm = step_time(model, seq, lay, global_batch, hw, sw)
     T = tm["total"]
     flops = model.flops_per_token(seq) * global_batch * seq

@@ -138,3 +138,31 @@ def calibrate(which: str) -> float:
                      else (megatron_weak_rows(h, rows=1)[0]["predicted_mfu"], MEGATRON_WEAK[0][-1]))
         lo, hi = (mid, hi) if got < want else (lo, mid)
     return round((lo + hi) / 2, 4)
+
+
+def gdgpt_gap(hw=None) -> dict:
+    """Why gdGPT's runs are slower than predicted, read off its own rows (an explanation, not a
+    prediction: nothing here feeds the planner). Pipeline (pp 8, m = 128 micro-batches of one
+    sequence): a stage spends (step time) / (m + p − 1) per micro-batch; the two sequence lengths
+    give it as a + b·tokens. b is the compute per token, to compare with the planner's; a is what
+    a micro-batch costs whatever its size — the engine's host-side work per micro-batch and stage
+    (DeepSpeed's PipelineEngine runs each instruction, p2p and kernel launch from Python), which the
+    planner does not count. ZeRO-3 (dp 8, 16 micro-batches per rank): the measured step beyond the
+    planner's, per module fetch or release (3 per module with parameters and micro-batch) — the
+    engine's per-module hooks, the GPU counterpart of cpu-here's zero3_module_s."""
+    hw = hw or H.A100_40G
+    m, p, batch = PRESETS[GDGPT["model"]], 8, GDGPT["batch"]
+    sps = GDGPT["samples_per_s"]
+    per_mb = {seq: batch / sps[(seq, "pipeline")] / (batch + p - 1) for seq in (256, 1024)}
+    b = (per_mb[1024] - per_mb[256]) / (1024 - 256)
+    a = per_mb[256] - 256 * b
+    fixed = {"tp": 1, "pp": 8, "zero": 0, "offload": False, "mb": 1, "v": 1, "recompute": "none"}
+    pred = plan(m, 8, hw, 256, batch, Software(), fixed=fixed, keep_all=True)[0].time
+    planner_b = (pred["matmul"] + pred["elementwise"]) / batch / 256
+    z3 = plan(m, 8, hw, 256, batch, Software(), keep_all=True,
+              fixed={"tp": 1, "pp": 1, "zero": 3, "offload": False, "mb": 1, "recompute": "none"})[0].time
+    calls = 3 * (9 * m.layers + 3) * batch // 8     # a llama layer's modules with parameters: 7 linears, 2 norms
+    gap = batch / sps[(256, "zero3")] - z3["total"]
+    return {"per_mb_ms": {k: v * 1e3 for k, v in per_mb.items()}, "fixed_ms": a * 1e3, "per_token_us": b * 1e6,
+            "planner_per_token_us": planner_b * 1e6, "zero3_gap_s": gap, "zero3_calls": calls,
+            "zero3_per_call_ms": gap / calls * 1e3}

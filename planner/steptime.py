@@ -11,7 +11,13 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              fitted instead (benchmarks.planner_fit): per layer a fixed op_overhead plus
              elementwise_s per byte the torch layer saves (planner.memory.torch_layer_activation_bytes),
              and logit_s per logit element; every CPU second is stretched by cpu_stretch when the
-             ranks and other runnable tasks outnumber the cores
+             ranks and other runnable tasks outnumber the cores. A pipeline's micro-batches are
+             paced by one rank while its neighbours wait (asleep on a futex, no CPU): that rank
+             runs at pipeline_share of one busy session's share (pipeline_stretch), not at the
+             share of a rank among all busy ranks; the node's cores still bound the ranks' CPU
+             seconds together (the "cores" term). With the engine mapping large blocks (ZeRO-3
+             here, zero_from_scratch.engine.allocator) every saved activation and its gradient
+             is a fresh mapping: mmap_s per byte (the "allocator" term)
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring); full recomputation repeats
@@ -22,7 +28,9 @@ pp           each stage sends one activation forward and one gradient back per m
              every micro-batch, overlapped ones to the fill and drain and where a micro-batch's
              2·v sends outlast its compute
 bubble       1F1B / interleaved: (p−1)/(v·m+p−1) of the pipeline's time
-             (pipeline_parallel.schedules.instructions.bubble_formula)
+             (pipeline_parallel.schedules.instructions.bubble_formula) with equal stages; when the
+             last stage also holds the output layer (balanced_stages=False) it paces the steady
+             state and the fill and drain are the other stages' micro-batches: (p−1)/v of theirs
 dp           ZeRO-0 one all-reduce of the stage's gradients; ZeRO-1 reduce-scatter + all-gather of
              the parameters; ZeRO-2 the reduce-scatter per micro-batch; ZeRO-3 all-gather forward,
              all-gather backward and reduce-scatter per micro-batch (zero_from_scratch.engine.ledger).
@@ -43,7 +51,7 @@ from pipeline_parallel.schedules.instructions import bubble_formula
 from primitives.engine.cost import Links, Params, predict, predict_2level
 from tensor_parallel.engine.formulas import layer_traffic
 
-from planner.memory import layer_activation_bytes, stage_params, torch_layer_activation_bytes
+from planner.memory import ZERO3_MAX_LIVE, layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,9 @@ class Software:
     balanced_stages: bool = True  # the split gives the last stage fewer layers for its output layer, so the
                                   # logits' work spreads over the stages; False: L/p layers each, and the
                                   # last stage, with the whole output layer, paces the pipeline
+    mapped_alloc: bool = False    # the host allocator maps every large block (glibc's mmap threshold fixed low):
+                                  # nothing kept beyond live tensors, a page fault per page of each fresh block.
+                                  # ringzero's ZeRO-3 engine does so on a CPU host whatever this says
 
 
 def _scaled(p: Params, share: float) -> Params:
@@ -80,6 +91,15 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw) -> float:
 UNITS_PER_LAYER = 6     # modules with parameters in a layer (fused qkv, proj, fc1, fc2, 2 norms): ZeRO-3's fetch units
 
 
+def zero3_reused(psi: float, hw) -> float:
+    """Fraction of a stage's units ZeRO-3 keeps gathered from their forward to their backward, so
+    the backward does not gather them again: ringzero's engine (the host's, cpu-here) at
+    DeepSpeed's defaults, stage3_max_reuse_distance = stage3_max_live_parameters = 1e9 elements
+    (zero_from_scratch/engine/prefetch.py), keeps up to that many; the GPU plans assume an engine
+    that frees each layer after use and gathers it again (0)."""
+    return min(1.0, ZERO3_MAX_LIVE / psi) if hw.activations == "torch-eager-fp32" and psi else 0.0
+
+
 def cpu_stretch(lay, hw) -> float:
     """Wall seconds per CPU second of a rank's compute: 1 on a GPU; on a CPU host, where the ranks
     of a node and `load` other runnable tasks share `cores`, the scheduler gives each runnable task
@@ -87,6 +107,20 @@ def cpu_stretch(lay, hw) -> float:
     if not hw.cores:
         return 1.0
     return max(1.0, (min(lay.gpus, hw.gpus_per_node) + hw.load) / hw.cores)
+
+
+def pipeline_stretch(lay, hw) -> float:
+    """Wall seconds per CPU second of the rank that paces a pipeline on a CPU host. The ranks'
+    session gets p = cores·r / (r + load) cores (what benchmarks.planner_load's probe measures);
+    all r ranks busy, each runs at p / r (cpu_stretch). A pipeline's pacing rank runs while its
+    neighbours sleep, and is served at hw.pipeline_share·p of a core (fitted by
+    benchmarks.planner_fit on a pipeline of another shape; one per pipeline, however many
+    pipelines run side by side), at most one core."""
+    if not hw.cores or lay.pp == 1:
+        return cpu_stretch(lay, hw)
+    r = min(lay.gpus, hw.gpus_per_node)
+    p = hw.cores * r / (r + hw.load)
+    return max(1.0, 1.0 / (hw.pipeline_share * p))
 
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
@@ -116,8 +150,16 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
             + tokens * model.vocab * head_share / t * hw.logit_s
     else:
         elem = Ls * act * (6 if full else 4) / hw.mem_bandwidth
-    flops_s, elem = flops / rate * stretch, elem * stretch
-    compute_mb = flops_s + elem
+    head_flops = tokens * 6 * model.hidden * model.vocab * head_share / t
+    head_elem = tokens * model.vocab * head_share / t * hw.logit_s if hw.elementwise_s else 0.0
+    mapped = maps_blocks(lay, hw, sw)
+    alloc = 2 * (Ls * act + tokens * model.vocab * head_share / t * 4) * hw.mmap_s if mapped else 0.0
+    cpu_mb = flops / rate + elem + alloc             # CPU seconds of one micro-batch on the pacing stage
+    other_mb = cpu_mb - (head_flops / rate + head_elem + 2 * tokens * model.vocab * head_share / t * 4 * hw.mmap_s * mapped
+                         if not sw.balanced_stages and p > 1 else 0.0)     # a stage without the output layer
+    pace = pipeline_stretch(lay, hw) if p > 1 else stretch
+    flops_s, elem, alloc = flops / rate * pace, elem * pace, alloc * pace
+    compute_mb = flops_s + elem + alloc
 
     # tensor parallel, per micro-batch and stage
     calls, _ = layer_traffic(lay.mb, seq, model.hidden, t, 0, lay.sp)
@@ -142,8 +184,8 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     t_mb = compute_mb + tp_exposed_mb + per_mb_p2p
     busy = m * t_mb
     bubble_frac = bubble_formula(p, m, v) if p > 1 else 0.0
-    pipeline = busy / (1 - bubble_frac)
-    bubble = pipeline - busy
+    t_other = t_mb - (cpu_mb - other_mb) * pace        # fill and drain: the stages without the output layer
+    bubble = m * t_other * bubble_frac / (1 - bubble_frac)
     pp_fill = 2 * (p - 1) * hop + m * per_mb_p2p if sw.overlap_pp else m * per_mb_p2p
 
     # data parallel over the stage's parameters
@@ -159,7 +201,8 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         if lay.zero == 3:     # one gather (forward), one (backward), one reduce-scatter per module with parameters
             units = UNITS_PER_LAYER * Ls + 3
             calls += hw.zero3_module_s * stretch
-            ag_p = units * (group_time("all_gather", lay.dp, psi * bpe / units, stride, hw) + calls)
+            gather = units * group_time("all_gather", lay.dp, psi * bpe / units, stride, hw)
+            ag_p = gather + units * calls
             rs_g = units * (group_time("reduce_scatter", lay.dp, psi * gb / units, stride, hw) + calls)
         else:
             ag_p, rs_g = ag_p + calls, rs_g + calls
@@ -169,12 +212,13 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
             dp_t = rs_g + ag_p
         elif lay.zero == 2:
             dp_t = m * rs_g + ag_p
-        else:
-            dp_t = m * (2 * ag_p + rs_g)
+        else:     # the backward's gathers, less the units the engine kept since their forward
+            z3_mb = 2 * ag_p + rs_g - zero3_reused(psi, hw) * gather
+            dp_t = m * z3_mb
         if not sw.overlap_dp:
             exposed_dp = dp_t
         elif lay.zero == 3:
-            exposed_dp = m * max(0.0, 2 * ag_p + rs_g - compute_mb)
+            exposed_dp = m * max(0.0, z3_mb - compute_mb)
         else:
             backward_last = compute_mb * 2 / 3 * v       # a stage's whole backward of the last micro-batch
             exposed_dp = max(0.0, dp_t - (m - 1) * rs_g - backward_last) if lay.zero == 2 else max(0.0, dp_t - backward_last)
@@ -185,8 +229,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         opt = shard / hw.host_adam * stretch
     else:
         opt = shard * 36 / hw.mem_bandwidth
-    out = {"matmul": m * flops_s, "elementwise": m * elem, "tp comm": m * tp_exposed_mb, "pp comm": pp_fill,
-           "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt}
+    out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc, "tp comm": m * tp_exposed_mb,
+           "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt}
+    if hw.cores and p > 1:   # the node's cores bound its ranks' CPU seconds together: r/p pipelines of p stages
+        r = min(lay.gpus, hw.gpus_per_node)
+        work = r / p * m * (cpu_mb + (p - 1) * other_mb)
+        out["cores"] = max(0.0, work / hw.cores - (m * compute_mb + bubble))
     out["total"] = sum(out.values())
     out["dp comm (all)"] = dp_t          # before overlap, for the record
     out["tp comm (all)"] = m * tp_mb

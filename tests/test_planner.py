@@ -261,10 +261,52 @@ def test_planner_fit_line():
 
 
 def test_zero3_pays_per_module_calls():
-    """ZeRO-3 gathers and reduce-scatters per module: its dp term carries 3 × modules × α per
-    micro-batch, more than ZeRO-2's one reduce-scatter and all-gather of the whole shard."""
+    """ZeRO-3 gathers and reduce-scatters per module: its dp term carries 2 × modules × α per
+    micro-batch (at DeepSpeed's defaults the engine keeps a small model's units gathered from
+    forward to backward: no backward gather), more than ZeRO-2's one reduce-scatter and
+    all-gather of the whole shard; a GPU plan gathers again in the backward."""
     hw, m = H.load("cpu-here"), PRESETS["tiny"]
     sw = Software(False, False, False)
     z2 = step_time(m, 32, Layout(2, 1, 1, zero=2, mb=2), 4, hw, sw)["dp comm"]
     z3 = step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["dp comm"]
-    assert z3 > 3 * hw.intra.alpha * (6 * m.layers + 3) > z2
+    assert z3 > 2 * hw.intra.alpha * (6 * m.layers + 3) > z2
+    from planner.steptime import zero3_reused
+    assert zero3_reused(1e6, hw) == 1.0 and zero3_reused(4e9, hw) == 0.25 and zero3_reused(1e6, H.A100) == 0.0
+
+
+def test_a_pipeline_is_paced_by_one_rank_per_pipeline():
+    """cpu-here under load: a pipeline's pacing rank runs at pipeline_share of one session's share
+    (its neighbours wait asleep), so pp 2 is stretched less than two busy data-parallel ranks, and a
+    second pipeline beside it does not slow it; the bubble is the stages without the output layer,
+    and the node's cores still bound all ranks' CPU seconds together."""
+    from dataclasses import replace
+    from planner.steptime import cpu_stretch, pipeline_stretch
+    hw, m = replace(H.load("cpu-here"), cores=2, pipeline_share=1.0), PRESETS["tiny"]
+    busy = replace(hw, load=6.0)                 # the ranks' session gets 2·2/8 = 0.5 cores
+    assert cpu_stretch(Layout(2, 1, 1), busy) == 4.0
+    assert pipeline_stretch(Layout(1, 1, 2), busy) == pytest.approx(2.0)
+    assert pipeline_stretch(Layout(2, 1, 2), replace(hw, load=12.0)) == pytest.approx(2.0)
+    assert pipeline_stretch(Layout(1, 1, 2), hw) == 1.0           # never faster than a core
+    sw = Software(False, False, False, flash_attention=False, balanced_stages=False)
+    t = step_time(m, 32, Layout(1, 1, 2, mb=1), 8, busy, sw)
+    even = step_time(m, 32, Layout(1, 1, 2, mb=1), 8, busy, replace(sw, balanced_stages=True))
+    assert t["bubble"] < t["matmul"] + t["elementwise"]           # the first stage has no output layer
+    assert even["bubble"] == pytest.approx((even["matmul"] + even["elementwise"] + even["pp comm"]) / 8)   # (p−1)/m of the busy time
+    four = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1), sw)
+    assert four["cores"] > 0                                      # 4 ranks' CPU seconds on one core
+
+
+def test_mapped_blocks_keep_no_slack_and_cost_faults():
+    """With large blocks mapped (ZeRO-3 on this host, or Software.mapped_alloc) the allocator keeps
+    nothing beyond live tensors, and each step's fresh mappings cost mmap_s per byte."""
+    from dataclasses import replace
+    from planner.memory import memory
+    hw, m = replace(H.load("cpu-here"), alloc_slack=1e6, mmap_s=1e-9), PRESETS["tiny"]
+    sw = Software(False, False, False)
+    z1, z3 = (memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, hw, sw)["allocator"] for z in (1, 3))
+    assert (z1, z3) == (1e6, 0.0)
+    engine = replace(hw, alloc_slack_zero=3e6)      # zero_from_scratch's ZeRO-1/2 step keeps its own slack
+    assert [memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, engine, sw)["allocator"] for z in (0, 1, 2, 3)] == [1e6, 3e6, 3e6, 0.0]
+    assert memory(m, 32, Layout(2, 1, 1, mb=2), 4, hw, replace(sw, mapped_alloc=True))["allocator"] == 0.0
+    assert step_time(m, 32, Layout(2, 1, 1, zero=1, mb=2), 4, hw, sw)["allocator"] == 0.0
+    assert step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["allocator"] > 0.0
