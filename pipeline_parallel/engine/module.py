@@ -234,6 +234,13 @@ class PipelineModule(nn.Module):
                                "interleaved chunks (use the engine's train_batch / eval_batch)")
         return self._chunks[0](x)
 
+    def set_checkpoint_interval(self, interval: int) -> None:
+        """DeepSpeed's setter: the interval the next forward uses, built stages included."""
+        assert interval >= 0
+        self.activation_checkpoint_interval = interval
+        for chunk in self._chunks:
+            chunk.interval = interval
+
     def topology(self):
         return self._topo if self._topo is not None else PipeDataParallelTopology(
             self.num_stages, (dist.get_world_size() if dist.is_initialized() else 1) // self.num_stages)

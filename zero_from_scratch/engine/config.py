@@ -57,6 +57,10 @@ KNOWN_OPT |= {k for d in OPT_DEFAULTS.values() for k in d} | SAME_MATHS     # Li
 KNOWN_SCHED = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
                "last_batch_iteration"} | SCHEDULE_KEYS
 
+class DeepSpeedConfigError(ValueError):
+    """A config value DeepSpeed refuses with its DeepSpeedConfigError (runtime/config.py)."""
+
+
 def _bad(key, value, allowed):
     return ValueError(f"config key {key!r} = {value!r} is invalid; allowed: {allowed}")
 
@@ -156,6 +160,7 @@ class ZeroRunConfig:
     instruments: dict = field(default_factory=lambda: parse_instruments({}))   # wall_clock.py
     surface: dict = field(default_factory=lambda: surface_keys({}))   # client_optim.SURFACE_KEYS
     raw: dict = field(default_factory=dict)             # the JSON with "auto" resolved
+    tag_validation: str | None = None                   # checkpoint.tag_validation: WARN/IGNORE/FAIL, None = refuse
 
     def get(self, key: str, default=None):
         """DeepSpeed's engine.config is the config dict (runtime/engine.py): clients such as the HF
@@ -191,6 +196,15 @@ def unknown_keys(raw: dict) -> list[str]:
 def suggest(key: str) -> str:
     """' (did you mean X?)' for a near miss of a known key, else ''."""
     return _suggest(key, KNOWN_TOP | KNOWN_ZERO | KNOWN_OPT | KNOWN_SCHED)
+
+
+def tag_validation_mode(raw: dict) -> str | None:
+    """DeepSpeed's get_checkpoint_tag_validation_mode: WARN / IGNORE / FAIL in any case, else its error."""
+    mode = (raw.get("checkpoint") or {}).get("tag_validation")
+    if mode is not None and str(mode).upper() not in ("WARN", "IGNORE", "FAIL"):
+        raise DeepSpeedConfigError(f"Checkpoint config contains invalid tag_validation value of {str(mode).upper()}, "
+                                   "expecting one of ['WARN', 'IGNORE', 'FAIL']")
+    return None if mode is None else str(mode).upper()
 
 
 def load_config(config, world_size: int) -> ZeroRunConfig:
@@ -277,6 +291,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown, raw=raw)
     cfg.monitor = parse_monitors(raw)
+    cfg.tag_validation = tag_validation_mode(raw)
     cfg.offload_optimizer, cfg.sub_group_size, cfg.zeropp = offload, int(sub_group_size), zeropp
     cfg.offload_param = parse_offload_param(z, zero.stage)      # param_offload.py (stage 3)
     cfg.activation_checkpointing = parse_ac(raw)
