@@ -80,6 +80,9 @@ SERVED: dict[str, str] = {
        for n in ("_orig_torch_arange", "zero_wrapper_for_fp_tensor_constructor")},
     **{f"deepspeed.runtime.zero.utils.{n}": f"{_R}.zero_utils:{n}"
        for n in ("ZeRORuntimeException", "is_zero_param", "is_builtin_type", "isinstance_namedtuple")},
+    "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
+    "deepspeed.runtime.zero.stage3.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
+    "deepspeed.runtime.utils.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward",
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
     **{f"deepspeed.runtime.utils.{n}": f"{_R}.utils:{n}" for n in ("call_to_str", "prefix_sum_inc", "clip_grad_norm_")},
     "deepspeed.runtime.utils.partition_uniform": "pipeline_parallel.partition:uniform",
@@ -122,6 +125,8 @@ _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference
           "call the model itself; tensor_parallel/ shards its layers")
 _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitions laid out its way",
              "engine.optimizer: a torch.optim.Optimizer over ringzero's shards (safe_get_full_* reads any parameter's)")
+_DS_CONFIG = ("build its pydantic config objects (DeepSpeedConfig and its sections)",
+              "zero_from_scratch.load_config(config, world_size) → ringzero's ZeroRunConfig; engine.config reads keys")
 # DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
@@ -143,6 +148,21 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.ops.aio.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
+    **{f"deepspeed.utils.groups.{n}": _NO_MOE for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
+                                                        "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
+    "deepspeed.runtime.utils.PartitionedTensor": ("split a tensor over a model-parallel group for pipeline sends "
+                                                  "(pipeline.pipe_partitioned)", "none: ringzero's pipeline sends "
+                                                  "activations whole"),
+    **{n: _DS_CONFIG for n in ("deepspeed.runtime.config", "deepspeed.runtime.config.DeepSpeedConfig",
+                               "deepspeed.runtime.precision_config.get_bfloat16_config",
+                               "deepspeed.runtime.zero.config.DeepSpeedZeroConfig",
+                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig",
+                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
+    "deepspeed.runtime.activation_checkpointing.checkpointing": (
+        "serve its activation-checkpointing module (reentrant/non-reentrant functions, partitioned activations)",
+        "deepspeed.checkpointing.checkpoint → torch.utils.checkpoint; PipelineModule's activation_checkpoint_interval"),
+    "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
+        "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
     "deepspeed.utils.set_z3_leaf_modules": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)"),
 }
 

@@ -16,7 +16,9 @@ clone_tensors_for_torch_save   detached clones on `device`, nested lists/tuples/
 split_params_into_different_moe_groups_for_optimizer   deepspeed/moe/utils.py for a dense model: the
              groups as a list (a dict becomes [dict], a tuple a list), each left as it is; a group
              holding an expert parameter (allreduce=False) is refused: ringzero has no MoE.
-call_to_str, prefix_sum_inc, required_torch_version   runtime/utils.py's and utils/torch.py's helpers.
+call_to_str, prefix_sum_inc, required_torch_version, count_used_parameters_in_backward   runtime/utils.py's
+             and utils/torch.py's helpers (the last: inside a backward hook, how many of `parameters`
+             this backward will reach, by torch's engine query).
 clip_grad_norm_(parameters, max_norm, norm_type=2, mpu=None)   runtime/utils.py's: the p-norm of the
              gradients (with an mpu: summed over its model-parallel group, replicated weights counted on
              model-parallel rank 0 only), averaged over the data-parallel group (all ranks: ringzero
@@ -168,3 +170,17 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2, mpu=None):
     for p in parameters:
         p.grad.data.mul_(coef)
     return total
+
+
+def count_used_parameters_in_backward(parameters) -> int:
+    from torch.autograd.graph import _get_grad_fn_or_grad_acc     # torch internals, as DeepSpeed's
+    if torch._C._current_graph_task_id() == -1:
+        raise RuntimeError("count_used_parameters_in_backward must be called during backward execution")
+    nodes = set()
+    for p in parameters:
+        if isinstance(p, torch.Tensor) and p.requires_grad:
+            with torch.enable_grad():      # hooks run with grad off; the lookup for a leaf needs it on
+                node = _get_grad_fn_or_grad_acc(p)
+            if node is not None:
+                nodes.add(node)
+    return int(sum(map(torch._C._will_engine_execute_node, nodes)))
