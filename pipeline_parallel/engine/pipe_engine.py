@@ -174,6 +174,10 @@ class PipelineEngine:
                                       f"{compute_loss}, reduce_output={reduce_output!r}, {sorted(kwargs)}): only the "
                                       "averaged loss is returned here (DeepSpeed can also return the last stage's "
                                       "logits or per-micro-batch losses)")
+        if self.loss_fn is None:      # every rank has the same module: all refuse together
+            raise NotImplementedError(f"rank {self.rank}: eval_batch on a PipelineModule without loss_fn: DeepSpeed "
+                                      "would return the last stage's outputs; here it returns the mean loss only "
+                                      "(give PipelineModule a loss_fn)")
         with torch.no_grad():
             return torch.tensor(self._batch(data_iter, train=False), device=self.device)
 
