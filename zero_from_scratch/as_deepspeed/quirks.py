@@ -29,6 +29,9 @@ init_model_below_stage3   a model built under zero.Init, initialized at stage 0-
         (runtime/engine.py keeps the partitioned parameters, which its stage 0-2 cannot train); the
         runner gathers them whole (every rank) and drops their ZeRO-3 attributes, with one warning,
         where ringzero's own initialize refuses (zero_partition.refuse_below_stage3).
+offload_param_below_stage3   zero_optimization.offload_param at stage 0-2: DeepSpeed reads it only at
+        stage 3 (runtime/zero/config.py; stages 0-2 never look), so the runner drops it with a warning
+        where ringzero's own config refuses it.
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
@@ -100,6 +103,18 @@ def tag_validation_warn(config):
     if not isinstance(c, dict) or "tag_validation" in (c.get("checkpoint") or {}):
         return config
     c["checkpoint"] = {**(c.get("checkpoint") or {}), "tag_validation": "WARN"}
+    return c
+
+
+def offload_param_below_stage3(config):
+    c = _as_dict(config)
+    z = c.get("zero_optimization") if isinstance(c, dict) else None
+    if not isinstance(z, dict) or z.get("offload_param") is None or z.get("stage", 0) == 3:
+        return config
+    del z["offload_param"]
+    if _rank0():
+        logger.warning(f"zero_optimization.offload_param at stage {z.get('stage', 0)}: DeepSpeed offloads parameters "
+                       "at stage 3 only and ignores it here; so does the runner")
     return c
 
 

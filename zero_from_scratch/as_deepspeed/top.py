@@ -132,6 +132,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     kwargs = {k: v for k, v in given.items() if v is not None}
     pipeline = _is_pipeline_module(model)
     config = quirks.tag_validation_warn(quirks.deprecated_offload_keys(quirks.read_config(config)))
+    config = quirks.offload_param_below_stage3(config)
     if pipeline:
         assert mpu is None, "mpu must be None with pipeline parallelism"
         build = resolve("deepspeed.initialize(model=PipelineModule)", served.PIPELINE_INITIALIZE)
