@@ -29,7 +29,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
-           "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.config_utils", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
@@ -40,6 +40,9 @@ _LR_KEYS = ("LR_SCHEDULE", "LR_RANGE_TEST", "ONE_CYCLE", "WARMUP_LR", "WARMUP_DE
             "CYCLE_SECOND_STAIR_COUNT", "DECAY_STEP_SIZE", "CYCLE_MIN_LR", "CYCLE_MAX_LR", "DECAY_LR_RATE", "CYCLE_MIN_MOM",
             "CYCLE_MAX_MOM", "DECAY_MOM_RATE", "WARMUP_MIN_LR", "WARMUP_MAX_LR", "WARMUP_NUM_STEPS", "WARMUP_TYPE",
             "WARMUP_LOG_RATE", "WARMUP_LINEAR_RATE", "WARMUP_MIN_RATIO", "COS_MIN_RATIO", "TOTAL_NUM_STEPS")
+_CONFIG_NAMES = ("ADAGRAD_OPTIMIZER", "ADAM_OPTIMIZER", "ADAMW_OPTIMIZER", "LAMB_OPTIMIZER", "MUADAM_OPTIMIZER",
+                 "MUADAMW_OPTIMIZER", "MUSGD_OPTIMIZER", "LION_OPTIMIZER", "MUON_OPTIMIZER", "DEEPSPEED_OPTIMIZERS",
+                 "TORCH_ADAM_PARAM", "ADAM_W_MODE", "ADAM_W_MODE_DEFAULT")
 _BUILDERS = ("CPUAdamBuilder", "FusedAdamBuilder", "CPULionBuilder", "FusedLionBuilder", "CPUAdagradBuilder",
              "FusedLambBuilder")
 _SAFE = tuple(f"safe_{a}_{c}_{b}" for a in ("get", "set") for c in ("full", "local")
@@ -90,6 +93,8 @@ SERVED: dict[str, str] = {
     "deepspeed.utils.torch.required_torch_version": f"{_R}.utils:required_torch_version",
     "deepspeed.runtime.pipe.schedule.*": "pipeline_parallel.engine.ds_schedule:*",
     "deepspeed.runtime.config_utils.DeepSpeedConfigModel": f"{_R}.config_model:DeepSpeedConfigModel",
+    **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
+    "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.config:DeepSpeedConfigError",
     "deepspeed.utils.logger": f"{_R}.utils:logger",
     "deepspeed.utils.log_dist": f"{_R}.utils:log_dist",
     "deepspeed.utils.logging.logger": f"{_R}.utils:logger",
@@ -153,7 +158,7 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.runtime.utils.PartitionedTensor": ("split a tensor over a model-parallel group for pipeline sends "
                                                   "(pipeline.pipe_partitioned)", "none: ringzero's pipeline sends "
                                                   "activations whole"),
-    **{n: _DS_CONFIG for n in ("deepspeed.runtime.config", "deepspeed.runtime.config.DeepSpeedConfig",
+    **{n: _DS_CONFIG for n in ("deepspeed.runtime.config.DeepSpeedConfig",
                                "deepspeed.runtime.precision_config.get_bfloat16_config",
                                "deepspeed.runtime.zero.config.DeepSpeedZeroConfig",
                                "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig",
