@@ -165,6 +165,9 @@ class PipelineEngine:
     def train_batch(self, data_iter=None):
         """One optimizer step over m micro-batches; returns the mean loss as a 0-dim tensor on every
         rank (DeepSpeed's agg_train_loss). data_iter None: the iterator initialize(training_data=) made."""
+        if self.loss_fn is None:      # every rank has the same module: all refuse together
+            raise NotImplementedError(f"rank {self.rank}: train_batch on a PipelineModule without loss_fn: DeepSpeed "
+                                      "would backpropagate the last stage's outputs; give PipelineModule a loss_fn")
         return torch.tensor(self._batch(data_iter, train=True), device=self.device)
 
     def eval_batch(self, data_iter=None, return_logits=False, compute_loss=True, reduce_output="avg", **kwargs):
@@ -174,12 +177,16 @@ class PipelineEngine:
                                       f"{compute_loss}, reduce_output={reduce_output!r}, {sorted(kwargs)}): only the "
                                       "averaged loss is returned here (DeepSpeed can also return the last stage's "
                                       "logits or per-micro-batch losses)")
-        if self.loss_fn is None:      # every rank has the same module: all refuse together
-            raise NotImplementedError(f"rank {self.rank}: eval_batch on a PipelineModule without loss_fn: DeepSpeed "
-                                      "would return the last stage's outputs; here it returns the mean loss only "
-                                      "(give PipelineModule a loss_fn)")
         with torch.no_grad():
-            return torch.tensor(self._batch(data_iter, train=False), device=self.device)
+            loss = torch.tensor(self._batch(data_iter, train=False), device=self.device)
+        if self.loss_fn is not None:
+            return loss
+        # no loss_fn: DeepSpeed's eval_batch returns the last stage's outputs, averaged over micro-batches
+        # and data replicas, on every rank (runtime/pipe/engine.py::_aggregate_total_loss)
+        out = [None] * dist.get_world_size()
+        last = self.is_last_stage() and self.tp_rank == 0
+        all_gather_object(out, self.executor.out_sum.cpu() / self.micro_batches if last else None)
+        return (sum(o for o in out if o is not None) / sum(o is not None for o in out)).to(self.device)
 
     def _batch(self, data_iter, train):
         if self._broken:
@@ -228,10 +235,11 @@ class PipelineEngine:
                 self.fail(f"data iterator ran dry at micro-batch {mb} of {self.micro_batches} "
                           f"(stage {self.stage}, data replica {self.dp_rank})")
                 break
-            if not (isinstance(item, (tuple, list)) and len(item) == 2 and all(torch.is_tensor(t) for t in item)):
-                self.fail(f"micro-batch {mb} is {type(item).__name__}; expected a pair (inputs, labels) of tensors")
+            if not (isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[0])):
+                self.fail(f"micro-batch {mb} is {type(item).__name__}; expected a pair (inputs, labels), inputs a tensor")
                 break
-            inputs[mb], labels[mb] = (t.to(self.device) for t in item)     # DeepSpeed's _exec_load_micro_batch
+            # DeepSpeed's _exec_load_micro_batch: tensors moved to the device, a label of another type kept
+            inputs[mb], labels[mb] = (t.to(self.device) if torch.is_tensor(t) else t for t in item)
         return inputs, labels
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):

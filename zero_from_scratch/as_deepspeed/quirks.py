@@ -192,7 +192,7 @@ def register_external_on_use(engine) -> None:
 
 
 def init_model_below_stage3(model, config) -> None:
-    from zero_from_scratch.engine.zero_partition import STATE, gather, held_by_init
+    from zero_from_scratch.engine.zero_partition import STATE, gather, held_by_init   # only when a script needs it
     c = _as_dict(config)
     stage = ((c.get("zero_optimization") or {}).get("stage", 0) if isinstance(c, dict) else 0)
     held = [(n, p) for n, p in model.named_parameters() if held_by_init(p)]

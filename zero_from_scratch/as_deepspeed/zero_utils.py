@@ -38,6 +38,6 @@ def isinstance_namedtuple(obj: object) -> bool:
 
 @contextlib.contextmanager
 def unwrap_model_for_generation(model):
-    from zero_from_scratch.engine.zero_init import GatheredParameters
+    from zero_from_scratch.engine.zero_init import GatheredParameters   # keeps zero_utils free of the engine
     with GatheredParameters(list(model.parameters())):
         yield model

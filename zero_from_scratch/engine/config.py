@@ -30,6 +30,7 @@ from zero_from_scratch.engine.zeropp import ZeroPP, check as check_zeropp
 from zero_from_scratch.engine.offload import parse as parse_offload
 from zero_from_scratch.engine.param_offload import parse as parse_offload_param
 from zero_from_scratch.engine.lr_schedules import VALID_LR_SCHEDULES, SCHEDULE_KEYS
+from zero_from_scratch.engine.checkpoint_read import tag_validation_mode
 from zero_from_scratch.engine.client_optim import DEFAULTS as OPT_DEFAULTS, SAME_MATHS, OptimizerConfig, surface_keys
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -56,10 +57,6 @@ KNOWN_OPT = {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", 
 KNOWN_OPT |= {k for d in OPT_DEFAULTS.values() for k in d} | SAME_MATHS     # Lion/SGD/Adagrad (client_optim.py)
 KNOWN_SCHED = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
                "last_batch_iteration"} | SCHEDULE_KEYS
-
-class DeepSpeedConfigError(ValueError):
-    """A config value DeepSpeed refuses with its DeepSpeedConfigError (runtime/config.py)."""
-
 
 def _bad(key, value, allowed):
     return ValueError(f"config key {key!r} = {value!r} is invalid; allowed: {allowed}")
@@ -196,15 +193,6 @@ def unknown_keys(raw: dict) -> list[str]:
 def suggest(key: str) -> str:
     """' (did you mean X?)' for a near miss of a known key, else ''."""
     return _suggest(key, KNOWN_TOP | KNOWN_ZERO | KNOWN_OPT | KNOWN_SCHED)
-
-
-def tag_validation_mode(raw: dict) -> str | None:
-    """DeepSpeed's get_checkpoint_tag_validation_mode: WARN / IGNORE / FAIL in any case, else its error."""
-    mode = (raw.get("checkpoint") or {}).get("tag_validation")
-    if mode is not None and str(mode).upper() not in ("WARN", "IGNORE", "FAIL"):
-        raise DeepSpeedConfigError(f"Checkpoint config contains invalid tag_validation value of {str(mode).upper()}, "
-                                   "expecting one of ['WARN', 'IGNORE', 'FAIL']")
-    return None if mode is None else str(mode).upper()
 
 
 def load_config(config, world_size: int) -> ZeroRunConfig:
