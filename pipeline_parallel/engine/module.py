@@ -240,6 +240,17 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_interval = interval
         for chunk in self._chunks:
             chunk.interval = interval
+        if self._chunks:
+            self._precompute_checkpointable_values()
+
+    def _precompute_checkpointable_values(self) -> None:
+        """DeepSpeed's is_checkpointable_results: per block of `interval` layers of this rank's stage
+        (stage 0, built for this, before the stage is), whether forward checkpoints it (StageChunk._checkpointed)."""
+        k = self.activation_checkpoint_interval
+        chunk = self._chunks[0] if self._chunks else self.build_chunks(0, self.num_stages)[0]
+        if k > 0:
+            self.is_checkpointable_results = [chunk._checkpointed(lo, min(lo + k, chunk.stop))
+                                              for lo in range(chunk.start, chunk.stop, k)]
 
     def topology(self):
         return self._topo if self._topo is not None else PipeDataParallelTopology(
