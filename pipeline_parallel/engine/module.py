@@ -240,7 +240,7 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_interval = interval
         for chunk in self._chunks:
             chunk.interval = interval
-        if self._chunks:
+        if self._chunks or hasattr(self, "is_checkpointable_results"):     # the cache, rebuilt for the new interval
             self._precompute_checkpointable_values()
 
     def _precompute_checkpointable_values(self) -> None:
