@@ -181,12 +181,15 @@ class PipelineEngine:
             loss = torch.tensor(self._batch(data_iter, train=False), device=self.device)
         if self.loss_fn is not None:
             return loss
-        # no loss_fn: DeepSpeed's eval_batch returns the last stage's outputs, averaged over micro-batches
-        # and data replicas, on every rank (runtime/pipe/engine.py::_aggregate_total_loss)
+        # no loss_fn: the last stage's outputs, averaged over micro-batches and replicas, everywhere (DeepSpeed's)
         out = [None] * dist.get_world_size()
         last = self.is_last_stage() and self.tp_rank == 0
         all_gather_object(out, self.executor.out_sum.cpu() / self.micro_batches if last else None)
         return (sum(o for o in out if o is not None) / sum(o is not None for o in out)).to(self.device)
+
+    def _reentrant_activation_checkpointing(self) -> bool:
+        """DeepSpeed's: must stage 0's inputs require grad? Only under a client's own checkpoint function."""
+        return self.module.activation_checkpoint_interval > 0 and self.module.activation_checkpoint_func is not None
 
     def _batch(self, data_iter, train):
         if self._broken:
