@@ -165,26 +165,27 @@ class PipelineEngine:
     def train_batch(self, data_iter=None):
         """One optimizer step over m micro-batches; returns the mean loss as a 0-dim tensor on every
         rank (DeepSpeed's agg_train_loss). data_iter None: the iterator initialize(training_data=) made."""
-        if self.loss_fn is None:      # every rank has the same module: all refuse together
-            raise NotImplementedError(f"rank {self.rank}: train_batch on a PipelineModule without loss_fn: DeepSpeed "
-                                      "would backpropagate the last stage's outputs; give PipelineModule a loss_fn")
         return torch.tensor(self._batch(data_iter, train=True), device=self.device)
 
     def eval_batch(self, data_iter=None, return_logits=False, compute_loss=True, reduce_output="avg", **kwargs):
-        """DeepSpeed's signature; the mean loss over the m micro-batches (reduce_output 'avg')."""
+        """DeepSpeed's signature; the mean loss over the m micro-batches (reduce_output 'avg'); without a
+        loss_fn, DeepSpeed's too: the last stage's outputs averaged over micro-batches and replicas, on every rank."""
         if return_logits or not compute_loss or reduce_output != "avg" or kwargs:
             raise NotImplementedError(f"rank {self.rank}: eval_batch(return_logits={return_logits}, compute_loss="
                                       f"{compute_loss}, reduce_output={reduce_output!r}, {sorted(kwargs)}): only the "
                                       "averaged loss is returned here (DeepSpeed can also return the last stage's "
                                       "logits or per-micro-batch losses)")
-        with torch.no_grad():
-            loss = torch.tensor(self._batch(data_iter, train=False), device=self.device)
         if self.loss_fn is not None:
-            return loss
-        # no loss_fn: the last stage's outputs, averaged over micro-batches and replicas, everywhere (DeepSpeed's)
-        out = [None] * dist.get_world_size()
-        last = self.is_last_stage() and self.tp_rank == 0
-        all_gather_object(out, self.executor.out_sum.cpu() / self.micro_batches if last else None)
+            with torch.no_grad():
+                return torch.tensor(self._batch(data_iter, train=False), device=self.device)
+        outs, out, self.executor.loss_fn = [], [None] * dist.get_world_size(), \
+            lambda y, _labels: (outs.append(y.detach().cpu()), y.new_zeros(()))[1]
+        try:
+            with torch.no_grad():
+                self._batch(data_iter, train=False)
+        finally:
+            self.executor.loss_fn = None
+        all_gather_object(out, sum(outs) / len(outs) if outs and self.tp_rank == 0 else None)
         return (sum(o for o in out if o is not None) / sum(o is not None for o in out)).to(self.device)
 
     def _reentrant_activation_checkpointing(self) -> bool:
