@@ -153,7 +153,8 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.ops.aio.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
-    **{f"deepspeed.utils.groups.{n}": _NO_MOE for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
+    **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
+                                       "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
     "deepspeed.runtime.utils.PartitionedTensor": ("split a tensor over a model-parallel group for pipeline sends "
                                                   "(pipeline.pipe_partitioned)", "none: ringzero's pipeline sends "
