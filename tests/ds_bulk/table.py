@@ -17,6 +17,7 @@ import re
 from collections import Counter
 
 from tests.ds_bulk.run import RESULTS
+from zero_from_scratch.as_deepspeed import served
 
 # ringzero's refusals: the runner's NotServed* errors and the engines' "not supported/implemented here" lines
 NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero(?: \(DeepSpeed [\d.]+ API\): "
@@ -44,8 +45,8 @@ def label(file: str) -> str:
 
 def refusal(why: str) -> str | None:
     m = NOT_SERVED.search(why or "")
-    if m:
-        what = m.group(2) or ""
+    if m:     # the reason: the runner's table (served.REFUSED) as it is now, else the message's
+        what = served.REFUSED.get(m.group(1), (m.group(2) or "",))[0]
         return "not served: " + m.group(1) + ("" if not what or what.startswith("serve ") else f" (DeepSpeed would {what})")
     m = REFUSAL.search(why or "")
     return (m.group(1) or m.group(2)).strip() if m else None

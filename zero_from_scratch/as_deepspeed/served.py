@@ -165,7 +165,7 @@ REFUSED: dict[str, tuple[str, str]] = {
                                "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig",
                                "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
     "deepspeed.runtime.activation_checkpointing.checkpointing": (
-        "serve its activation-checkpointing module (reentrant/non-reentrant functions, partitioned activations)",
+        "provide its activation-checkpointing module (reentrant/non-reentrant functions, partitioned activations)",
         "deepspeed.checkpointing.checkpoint → torch.utils.checkpoint; PipelineModule's activation_checkpoint_interval"),
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
