@@ -188,10 +188,6 @@ class PipelineEngine:
         all_gather_object(out, sum(outs) / len(outs) if outs and self.tp_rank == 0 else None)
         return (sum(o for o in out if o is not None) / sum(o is not None for o in out)).to(self.device)
 
-    def _reentrant_activation_checkpointing(self) -> bool:
-        """DeepSpeed's: must stage 0's inputs require grad? Only under a client's own checkpoint function."""
-        return self.module.activation_checkpoint_interval > 0 and self.module.activation_checkpoint_func is not None
-
     def _batch(self, data_iter, train):
         if self._broken:
             raise PipelineError(f"rank {self.rank}: this engine failed in an earlier step and cannot continue:\n{self._broken}")

@@ -29,7 +29,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
-           "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
+           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
@@ -93,6 +94,9 @@ SERVED: dict[str, str] = {
     "deepspeed.utils.torch.required_torch_version": f"{_R}.utils:required_torch_version",
     "deepspeed.runtime.pipe.schedule.*": "pipeline_parallel.engine.ds_schedule:*",
     "deepspeed.runtime.config_utils.DeepSpeedConfigModel": f"{_R}.config_model:DeepSpeedConfigModel",
+    **{f"{m}.{n}": f"{_R}.checkpointing:{n}" for m in ("deepspeed.checkpointing",
+                                                       "deepspeed.runtime.activation_checkpointing.checkpointing")
+       for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
     **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
     "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
     "deepspeed.utils.logger": f"{_R}.utils:logger",
@@ -164,9 +168,6 @@ REFUSED: dict[str, tuple[str, str]] = {
                                "deepspeed.runtime.zero.config.DeepSpeedZeroConfig",
                                "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig",
                                "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
-    "deepspeed.runtime.activation_checkpointing.checkpointing": (
-        "provide its activation-checkpointing module (reentrant/non-reentrant functions, partitioned activations)",
-        "deepspeed.checkpointing.checkpoint → torch.utils.checkpoint; PipelineModule's activation_checkpoint_interval"),
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
     "deepspeed.utils.set_z3_leaf_modules": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)"),
