@@ -107,4 +107,6 @@ def _reentrant_activation_checkpointing(engine) -> bool:
 
 
 PipelineEngine._reentrant_activation_checkpointing = _reentrant_activation_checkpointing   # DeepSpeed's surface
+PipelineEngine.config = property(lambda engine: engine.cfg.raw,   # DeepSpeed's engine.config: the config given
+                                 doc="the config as given to initialize (DeepSpeed's engine.config)")
 
