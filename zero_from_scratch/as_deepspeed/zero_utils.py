@@ -19,9 +19,7 @@ import contextlib
 
 import torch
 
-
-class ZeRORuntimeException(Exception):
-    pass
+from zero_from_scratch.engine.client_optim import ZeRORuntimeException   # raised by the engine, served here
 
 
 def is_zero_param(parameter) -> bool:
