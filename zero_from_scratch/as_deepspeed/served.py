@@ -29,7 +29,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
-           "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
+           "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
            "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
@@ -94,6 +94,7 @@ SERVED: dict[str, str] = {
     "deepspeed.utils.torch.required_torch_version": f"{_R}.utils:required_torch_version",
     "deepspeed.runtime.pipe.schedule.*": "pipeline_parallel.engine.ds_schedule:*",
     "deepspeed.runtime.config_utils.DeepSpeedConfigModel": f"{_R}.config_model:DeepSpeedConfigModel",
+    "deepspeed.runtime.comm.coalesced_collectives.reduce_scatter_coalesced": f"{_R}.coalesced:reduce_scatter_coalesced",
     **{f"{m}.{n}": f"{_R}.checkpointing:{n}" for m in ("deepspeed.checkpointing",
                                                        "deepspeed.runtime.activation_checkpointing.checkpointing")
        for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
