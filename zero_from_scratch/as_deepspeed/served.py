@@ -171,6 +171,10 @@ REFUSED: dict[str, tuple[str, str]] = {
                                "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
+    **{f"deepspeed.runtime.zero.parameter_offload.{n}": (
+        "wrap a module's _parameters in its ZeROOrderedDict (fetch-on-read for ZeRO-3)",
+        "stage 3 gathers in module hooks; under the runner a parameter read outside its module is registered "
+        "as external (engine/external.py)") for n in ("ZeROOrderedDict", "ensure_zero_ordered_dict")},
     "deepspeed.utils.set_z3_leaf_modules": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)"),
 }
 
