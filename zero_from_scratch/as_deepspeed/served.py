@@ -175,7 +175,9 @@ REFUSED: dict[str, tuple[str, str]] = {
         "wrap a module's _parameters in its ZeROOrderedDict (fetch-on-read for ZeRO-3)",
         "stage 3 gathers in module hooks; under the runner a parameter read outside its module is registered "
         "as external (engine/external.py)") for n in ("ZeROOrderedDict", "ensure_zero_ordered_dict")},
-    "deepspeed.utils.set_z3_leaf_modules": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)"),
+    **{f"deepspeed.utils.{n}": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)")
+       for n in ("set_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix", "z3_leaf_module",
+                 "unset_z3_leaf_modules", "get_z3_leaf_modules")},
 }
 
 
