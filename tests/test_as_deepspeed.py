@@ -377,3 +377,30 @@ def test_quirks_the_runner_applies_as_deepspeed_does(tmp_path, caplog):
     p.write_text('{"a": 1, "a": 2}')
     with pytest.raises(ValueError, match=r"Duplicate keys in DeepSpeed config: \['a'\]"):
         quirks.read_config(str(p))
+
+
+def test_config_model_base_behaves_as_deepspeeds():
+    """DeepSpeedConfigModel as served: the same section class on DeepSpeed's base and on ours accepts,
+    moves deprecated values, resolves aliases and refuses the same inputs."""
+    from typing import List, Optional
+    from pydantic import Field, ValidationError
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel as Theirs
+    from zero_from_scratch.as_deepspeed.config_model import DeepSpeedConfigModel as Ours
+
+    def section(base):
+        class Conf(base):
+            a: int = 0
+            old: Optional[str] = Field(None, json_schema_extra={"deprecated": True, "new_param": "new",
+                                                                "new_param_fn": lambda x: [x]})
+            new: Optional[List[str]] = None
+            c: int = Field(0, alias="c_alias")
+        return Conf
+
+    def outcome(cls, kw):
+        try:
+            return cls(**kw).model_dump()
+        except (ValidationError, AssertionError) as e:
+            return type(e).__name__
+    cases = [{"a": 42}, {"old": "DS"}, {"c": 10}, {"c_alias": 10}, {"a": "DS"}, {"new": "DS"}, {"typo": 0},
+             {"new": ["DS"], "old": "DS"}, {"a": "auto"}]
+    assert [outcome(section(Ours), k) for k in cases] == [outcome(section(Theirs), k) for k in cases]

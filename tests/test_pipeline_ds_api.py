@@ -36,6 +36,34 @@ def test_topologies_equal_deepspeeds(topo):
     assert ours.get_axis_list(ax, 0) == theirs.get_axis_list(ax, 0)
 
 
+@pytest.mark.parametrize("cls", ["TrainSchedule", "InferenceSchedule", "DataParallelSchedule"])
+def test_schedules_equal_deepspeeds_step_for_step(cls):
+    """deepspeed.runtime.pipe.schedule as the runner serves it (ringzero's 1F1B on DeepSpeed's clock):
+    every step's instructions, buffers included, equal DeepSpeed's own for p ≤ 5, m ≤ 9, every stage."""
+    from deepspeed.runtime.pipe import schedule as ds
+    from pipeline_parallel.engine import ds_schedule as ours
+    for p in range(1, 6):
+        for m in range(1, 10):
+            for s in range(p):
+                a, b = getattr(ours, cls)(m, p, s), getattr(ds, cls)(m, p, s)
+                assert [repr(x) for x in a] == [repr(x) for x in b], (cls, m, p, s)
+                assert a.num_pipe_buffers() == b.num_pipe_buffers()
+
+
+def test_partition_helpers_equal_deepspeeds():
+    import random
+    from deepspeed.runtime import utils as ds
+    from pipeline_parallel.partition import balanced, uniform
+    from zero_from_scratch.as_deepspeed.utils import call_to_str, prefix_sum_inc
+    rng = random.Random(0)
+    for _ in range(500):
+        n, k = rng.randint(0, 10), rng.randint(1, 5)
+        w = [rng.randint(0, 9) for _ in range(n)]
+        assert balanced(w, k) == list(ds.partition_balanced(w, k)) and uniform(n, k) == list(ds.partition_uniform(n, k))
+        assert prefix_sum_inc(w) == ds.prefix_sum_inc(w)
+    assert call_to_str("f", 1, "x", k=[2]) == ds.call_to_str("f", 1, "x", k=[2]) == "f(1, 'x', k=[2])"
+
+
 def test_counts_partition_and_nn_module_on_one_stage():
     layers = [nn.Linear(4, 4) for _ in range(5)]
     assert ds_pipe.PipelineModule(layers, num_stages=2, partition_method=[3, 2]).parts == [0, 3, 5]

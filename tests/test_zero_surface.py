@@ -379,3 +379,21 @@ def test_initialize_takes_deepspeeds_arguments_each_with_a_status():
     ours = list(inspect.signature(zero_from_scratch.initialize).parameters)
     assert ours[:len(theirs)] == theirs             # the same names in the same order: positional calls agree
     assert sorted(INITIALIZE_ARGS) == sorted(theirs)
+
+
+def test_throughput_timer_state_equals_deepspeeds(monkeypatch):
+    """engine.tput_timer's counters and flags step for step as DeepSpeed's ThroughputTimer (its clock replaced)."""
+    from types import SimpleNamespace
+    from deepspeed.utils import timer as ds_timer
+    from zero_from_scratch.engine import surface
+    clock = iter(range(2, 2000))
+    now = lambda: float(next(clock) // 2)     # each reading twice: DeepSpeed's timer, then ours, read the same
+    monkeypatch.setattr(ds_timer.time, "time", now)
+    ours = surface.ThroughputTimer(42)
+    theirs = ds_timer.ThroughputTimer(SimpleNamespace(enabled=True, synchronized=False), 42, logging_fn=lambda *_: None)
+    fields = ("initialized", "started", "start_time", "end_time", "micro_step_count", "global_step_count",
+              "total_elapsed_time", "step_elapsed_time", "batch_size", "start_step")
+    for i in range(14):
+        for t in (theirs, ours):     # the same clock reading order: DeepSpeed's first, then ours
+            t.stop(global_step=(i % 3 == 2)) if i % 2 else t.start()
+        assert {f: getattr(ours, f) for f in fields} == {f: getattr(theirs, f) for f in fields}, i

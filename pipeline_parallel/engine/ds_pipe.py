@@ -15,14 +15,14 @@ repeating iterator over it that train_batch() reads when called without data_ite
 A client optimizer / lr_scheduler object or an mpu is refused with the reason.
 DeepSpeed's own "pipeline" config keys (runtime/config.py::get_pipeline_config) are read here, as its
 pipeline engine reads them: activation_checkpoint_interval k > 0 sets the module's interval (its stages too
-when they are built already: runtime/pipe/engine.py's __init__), use_reentrant picks torch's checkpoint flavour (same numbers);
+when they are built already: runtime/pipe/engine.py's __init__), use_reentrant false sets the module's
+activation_checkpoint_func to non_reentrant_checkpoint (torch's non-reentrant checkpoint, as DeepSpeed's);
 pipe_partitioned / grad_partitioned act only with a model axis (DeepSpeed: is_model_parallel), so
 they are refused there and accepted without one; stages, partition and seed_layers are accepted and
 read by nothing, as in DeepSpeed (PipelineModule's arguments decide those). Cost: none beyond initialize.
 """
 from __future__ import annotations
 
-import warnings
 
 import torch
 
@@ -34,6 +34,7 @@ from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import PipelineEngine
 from pipeline_parallel.engine.pipe_engine import initialize as _initialize
 from pipeline_parallel.engine.topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
+from zero_from_scratch.engine.activation_checkpointing import checkpoint as non_reentrant_checkpoint
 from zero_from_scratch.engine.dataloader import RepeatingLoader   # one home: deepspeed.utils.RepeatingLoader
 from zero_from_scratch.engine.surface import resolve_config        # deepspeed.initialize's config rule, one home
 
@@ -84,10 +85,10 @@ def _deepspeed_pipeline_keys(model, config: dict) -> None:
         model.activation_checkpoint_interval = k
         for chunk in model._chunks:     # stages built already (parameters() was called): they checkpoint by k too
             chunk.interval = k
-    if pipe.pop("use_reentrant", True) is False and model.activation_checkpoint_interval > 0 and \
-            model.activation_checkpoint_func is None:
-        warnings.warn("pipeline.use_reentrant=false: torch's checkpoint recomputes the same numbers either way; "
-                      "ringzero's layer checkpointing is used", stacklevel=3)
+    if pipe.pop("use_reentrant", True) is False:     # DeepSpeed's engine: the module's function becomes its
+        model.activation_checkpoint_func = non_reentrant_checkpoint     # non_reentrant_checkpoint (ringzero's)
+        for chunk in model._chunks:
+            chunk.checkpoint_func = non_reentrant_checkpoint
     model_axis = model._topo is not None and model._topo.get_dim("model") > 1
     for key in ("pipe_partitioned", "grad_partitioned"):
         if pipe.pop(key, True) and model_axis:
@@ -97,4 +98,15 @@ def _deepspeed_pipeline_keys(model, config: dict) -> None:
     if "pipeline" in config and not pipe:
         del config["pipeline"]
 
+
+def _reentrant_activation_checkpointing(engine) -> bool:
+    """DeepSpeed's engine query (must stage 0's inputs require grad?): only under a client's own checkpoint
+    function; ringzero's layer checkpointing and non_reentrant_checkpoint are torch's non-reentrant one."""
+    func = engine.module.activation_checkpoint_func
+    return engine.module.activation_checkpoint_interval > 0 and func not in (None, non_reentrant_checkpoint)
+
+
+PipelineEngine._reentrant_activation_checkpointing = _reentrant_activation_checkpointing   # DeepSpeed's surface
+PipelineEngine.config = property(lambda engine: engine.cfg.raw,   # DeepSpeed's engine.config: the config given
+                                 doc="the config as given to initialize (DeepSpeed's engine.config)")
 

@@ -234,6 +234,24 @@ class PipelineModule(nn.Module):
                                "interleaved chunks (use the engine's train_batch / eval_batch)")
         return self._chunks[0](x)
 
+    def set_checkpoint_interval(self, interval: int) -> None:
+        """DeepSpeed's setter: the interval the next forward uses, built stages included."""
+        assert interval >= 0
+        self.activation_checkpoint_interval = interval
+        for chunk in self._chunks:
+            chunk.interval = interval
+        if self._chunks or hasattr(self, "is_checkpointable_results"):     # the cache, rebuilt for the new interval
+            self._precompute_checkpointable_values()
+
+    def _precompute_checkpointable_values(self) -> None:
+        """DeepSpeed's is_checkpointable_results: per block of `interval` layers of this rank's stage
+        (stage 0, built for this, before the stage is), whether forward checkpoints it (StageChunk._checkpointed)."""
+        k = self.activation_checkpoint_interval
+        chunk = self._chunks[0] if self._chunks else self.build_chunks(0, self.num_stages)[0]
+        if k > 0:
+            self.is_checkpointable_results = [chunk._checkpointed(lo, min(lo + k, chunk.stop))
+                                              for lo in range(chunk.start, chunk.stop, k)]
+
     def topology(self):
         return self._topo if self._topo is not None else PipeDataParallelTopology(
             self.num_stages, (dist.get_world_size() if dist.is_initialized() else 1) // self.num_stages)

@@ -168,14 +168,25 @@ class PipelineEngine:
         return torch.tensor(self._batch(data_iter, train=True), device=self.device)
 
     def eval_batch(self, data_iter=None, return_logits=False, compute_loss=True, reduce_output="avg", **kwargs):
-        """DeepSpeed's signature; the mean loss over the m micro-batches (reduce_output 'avg')."""
+        """DeepSpeed's signature; the mean loss over the m micro-batches (reduce_output 'avg'); without a
+        loss_fn, DeepSpeed's too: the last stage's outputs averaged over micro-batches and replicas, on every rank."""
         if return_logits or not compute_loss or reduce_output != "avg" or kwargs:
             raise NotImplementedError(f"rank {self.rank}: eval_batch(return_logits={return_logits}, compute_loss="
                                       f"{compute_loss}, reduce_output={reduce_output!r}, {sorted(kwargs)}): only the "
                                       "averaged loss is returned here (DeepSpeed can also return the last stage's "
                                       "logits or per-micro-batch losses)")
-        with torch.no_grad():
-            return torch.tensor(self._batch(data_iter, train=False), device=self.device)
+        if self.loss_fn is not None:
+            with torch.no_grad():
+                return torch.tensor(self._batch(data_iter, train=False), device=self.device)
+        outs, out, self.executor.loss_fn = [], [None] * dist.get_world_size(), \
+            lambda y, _labels: (outs.append(y.detach().cpu()), y.new_zeros(()))[1]
+        try:
+            with torch.no_grad():
+                self._batch(data_iter, train=False)
+        finally:
+            self.executor.loss_fn = None
+        all_gather_object(out, sum(outs) / len(outs) if outs and self.tp_rank == 0 else None)
+        return (sum(o for o in out if o is not None) / sum(o is not None for o in out)).to(self.device)
 
     def _batch(self, data_iter, train):
         if self._broken:
@@ -224,10 +235,11 @@ class PipelineEngine:
                 self.fail(f"data iterator ran dry at micro-batch {mb} of {self.micro_batches} "
                           f"(stage {self.stage}, data replica {self.dp_rank})")
                 break
-            if not (isinstance(item, (tuple, list)) and len(item) == 2 and all(torch.is_tensor(t) for t in item)):
-                self.fail(f"micro-batch {mb} is {type(item).__name__}; expected a pair (inputs, labels) of tensors")
+            if not (isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[0])):
+                self.fail(f"micro-batch {mb} is {type(item).__name__}; expected a pair (inputs, labels), inputs a tensor")
                 break
-            inputs[mb], labels[mb] = (t.to(self.device) for t in item)     # DeepSpeed's _exec_load_micro_batch
+            # DeepSpeed's _exec_load_micro_batch: tensors moved to the device, a label of another type kept
+            inputs[mb], labels[mb] = (t.to(self.device) if torch.is_tensor(t) else t for t in item)
         return inputs, labels
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):

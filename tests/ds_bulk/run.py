@@ -88,14 +88,26 @@ def main(argv=None) -> None:
     ap.add_argument("files", nargs="*", help="paths under tests/ds_bulk/upstream (default: every vendored test file)")
     ap.add_argument("--mode", choices=(*MODES, "both"), default="both")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per test file (default 3600; 600 per test)")
+    ap.add_argument("-k", dest="select", help="pytest -k: run only these cases, keep the file's other results")
+    ap.add_argument("--subset", action="store_true", help="with -k: the file is compared on this subset only "
+                                                          "(recorded in results/subsets.json; the table says so)")
     a = ap.parse_args(argv)
     os.makedirs(RESULTS, exist_ok=True)
+    if a.subset:
+        path = os.path.join(RESULTS, "subsets.json")
+        subsets = json.load(open(path)) if os.path.exists(path) else {}
+        subsets.update({f: a.select for f in a.files})
+        with open(path, "w") as f:
+            json.dump(dict(sorted(subsets.items())), f, indent=0)
     for file in a.files or test_files():
         for mode in MODES if a.mode == "both" else (a.mode,):
             path = os.path.join(RESULTS, f"{mode}.json")
             old = json.load(open(path)) if os.path.exists(path) else {}
-            res = run_file(file, mode, a.timeout)
-            old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
+            res = run_file(file, mode, a.timeout, a.select)
+            if a.select and not a.subset:     # a rerun of some cases: the file's other results stay
+                old = {k: v for k, v in old.items() if k not in res and k != f"{file}::<file>"}
+            else:
+                old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
             old.update(res)
             with open(path, "w") as f:
                 json.dump(dict(sorted(old.items())), f, indent=0)

@@ -17,9 +17,11 @@ import re
 from collections import Counter
 
 from tests.ds_bulk.run import RESULTS
+from zero_from_scratch.as_deepspeed import served
 
 # ringzero's refusals: the runner's NotServed* errors and the engines' "not supported/implemented here" lines
-NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero")
+NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero(?: \(DeepSpeed [\d.]+ API\): "
+                        r"DeepSpeed would ([^;]*))?")
 REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,160})")
 
 
@@ -30,10 +32,22 @@ def load() -> tuple[dict, dict]:
     return one("deepspeed"), one("ringzero")
 
 
+def subsets() -> dict:
+    """file → the pytest -k expression it was compared on (run.py --subset); absent: the whole file."""
+    path = os.path.join(RESULTS, "subsets.json")
+    return json.load(open(path)) if os.path.exists(path) else {}
+
+
+def label(file: str) -> str:
+    k = subsets().get(file)
+    return f"{file} (subset: -k \"{k}\")" if k else file
+
+
 def refusal(why: str) -> str | None:
     m = NOT_SERVED.search(why or "")
-    if m:
-        return "not served: " + m.group(1)
+    if m:     # the reason: the runner's table (served.REFUSED) as it is now, else the message's
+        what = served.REFUSED.get(m.group(1), (m.group(2) or "",))[0]
+        return "not served: " + m.group(1) + ("" if not what or what.startswith("serve ") else f" (DeepSpeed would {what})")
     m = REFUSAL.search(why or "")
     return (m.group(1) or m.group(2)).strip() if m else None
 
@@ -68,7 +82,7 @@ def markdown(rs: list[dict]) -> str:
     lines = ["| file | collected | pass under DeepSpeed (CPU) | pass under ringzero too | refused on purpose | failing |",
              "|---|---|---|---|---|---|"]
     for r in rs:
-        lines.append(f"| {r['file']} | {r['collected']} | {r['ds_pass']} | {r['both']} | "
+        lines.append(f"| {label(r['file'])} | {r['collected']} | {r['ds_pass']} | {r['both']} | "
                      f"{sum(r['refused'].values())} | {len(r['failing'])} |")
     t = {k: sum(r[k] if isinstance(r[k], int) else (sum(r[k].values()) if isinstance(r[k], Counter) else len(r[k]))
                 for r in rs) for k in ("collected", "ds_pass", "both", "refused", "failing")}
@@ -100,7 +114,7 @@ def main(argv=None) -> None:
     for col in ("file", "collected", "pass DeepSpeed", "pass ringzero too", "refused", "failing", "DeepSpeed itself"):
         t.add_column(col)
     for r in rs:
-        t.add_row(r["file"], str(r["collected"]), str(r["ds_pass"]), str(r["both"]), str(sum(r["refused"].values())),
+        t.add_row(label(r["file"]), str(r["collected"]), str(r["ds_pass"]), str(r["both"]), str(sum(r["refused"].values())),
                   str(len(r["failing"])), ", ".join(f"{n} {k}" for k, n in r["ds_other"].items()))
     con = Console(width=200)
     con.print(t)

@@ -31,7 +31,7 @@ new_group, get_global_rank = dist.new_group, dist.get_global_rank
 destroy_process_group = dist.destroy_process_group
 
 __all__ = ["ReduceOp", "P2POp", "init_distributed", "is_initialized", "is_available", "destroy_process_group",
-           "new_group", "get_rank", "get_world_size", "get_local_rank", "get_global_rank", "get_world_group",
+           "new_group", "inference_all_reduce", "get_rank", "get_world_size", "get_local_rank", "get_global_rank", "get_world_group",
            "get_all_ranks_from_group", "barrier", "all_reduce", "broadcast", "reduce", "all_gather",
            "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
            "all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv", "batch_isend_irecv",
@@ -93,6 +93,14 @@ def barrier(group=None, async_op=False, device_ids=None, prof=False, log_name="b
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce", debug=None):
     _no_prof(prof, "all_reduce")
     return primitives.all_reduce(tensor, op, group, async_op)
+
+
+def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce",
+                         debug=None):
+    """DeepSpeed's latency-tuned all-reduce for inference (shared memory on CPU): here the same all_reduce,
+    done before it returns (DeepSpeed's is synchronous too)."""
+    _no_prof(prof, "all_reduce")
+    return primitives.all_reduce(tensor, op, group)
 
 
 def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast", debug=None):

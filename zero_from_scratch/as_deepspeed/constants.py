@@ -7,6 +7,8 @@ OffloadDeviceEnum   runtime/zero/offload_config.py: the offload devices, a str E
 MIN_SWAPPABLE_BYTES runtime/swap_tensor/utils.py: the smallest tensor (bytes) DeepSpeed's NVMe
                     swapper moves (MIN_AIO_BYTES, 1 MiB).
 torch_info, version, git_hash, git_branch   deepspeed/git_version_info.py, as the installed build has them.
+ADAM_OPTIMIZER ... DEEPSPEED_OPTIMIZERS, ADAM_W_MODE(_DEFAULT), TORCH_ADAM_PARAM   runtime/config.py's
+                    optimizer names (the config's "optimizer.type" values, lower case) and keys.
 Cost: none.
 """
 from __future__ import annotations
@@ -73,3 +75,12 @@ OP_BUILDERS = {f"{name}Builder": type(f"{name}Builder", (_OpBuilder,), {"NAME": 
     ("CPUAdam", "cpu_adam"), ("FusedAdam", "fused_adam"), ("CPULion", "cpu_lion"), ("FusedLion", "fused_lion"),
     ("CPUAdagrad", "cpu_adagrad"), ("FusedLamb", "fused_lamb"))}
 globals().update(OP_BUILDERS)
+
+
+# runtime/config.py's optimizer names and keys
+ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER = "adagrad", "adam", "adamw", "lamb"
+MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER = \
+    "muadam", "muadamw", "musgd", "lion", "muon"
+DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, MUADAM_OPTIMIZER,
+                        MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER]
+TORCH_ADAM_PARAM, ADAM_W_MODE, ADAM_W_MODE_DEFAULT = "torch_adam", "adam_w_mode", True

@@ -19,6 +19,20 @@ expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / 
         torch optimizer there; ringzero's engine.optimizer is that optimizer (over its shards), so a
         view of it is set there (one without a further .optimizer: unwrapping loops end); its
         state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition.
+tag_validation_warn       checkpoint.tag_validation defaults to WARN (runtime/config.py's default): ranks
+        saving under different tags are warned, not refused (checkpoint.py::_rank0_tag says where
+        the files go).
+register_external_on_use  stage 3: a parameter read in the forward of a module that does not hold it is
+        registered to that module and gathered (DeepSpeed's ZeROOrderedDict,
+        runtime/zero/parameter_offload.py), not refused (external.py, auto_register).
+init_model_below_stage3   a model built under zero.Init, initialized at stage 0-2: DeepSpeed accepts it
+        (runtime/engine.py keeps the partitioned parameters, which its stage 0-2 cannot train); the
+        runner gathers them whole (every rank) and drops their ZeRO-3 attributes, with one warning,
+        where ringzero's own initialize refuses (zero_partition.refuse_below_stage3); initialize inside
+        the still-open Init context is refused (the context would partition them again at its end).
+offload_param_below_stage3   zero_optimization.offload_param at stage 0-2: DeepSpeed reads it only at
+        stage 3 (runtime/zero/config.py; stages 0-2 never look), so the runner drops it with a warning
+        where ringzero's own config refuses it.
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
@@ -85,6 +99,26 @@ def deprecated_offload_keys(config):
     return config
 
 
+def tag_validation_warn(config):
+    c = _as_dict(config)
+    if not isinstance(c, dict) or "tag_validation" in (c.get("checkpoint") or {}):
+        return config
+    c["checkpoint"] = {**(c.get("checkpoint") or {}), "tag_validation": "WARN"}
+    return c
+
+
+def offload_param_below_stage3(config):
+    c = _as_dict(config)
+    z = c.get("zero_optimization") if isinstance(c, dict) else None
+    if not isinstance(z, dict) or z.get("offload_param") is None or z.get("stage", 0) == 3:
+        return config
+    del z["offload_param"]
+    if _rank0():
+        logger.warning(f"zero_optimization.offload_param at stage {z.get('stage', 0)}: DeepSpeed offloads parameters "
+                       "at stage 3 only and ignores it here; so does the runner")
+    return c
+
+
 def pipeline_clip_stage0(config):
     c = _as_dict(config)
     if not isinstance(c, dict):
@@ -149,3 +183,30 @@ def expose_torch_optimizer(engine) -> None:
         getattr(engine, "zero_optimization_stage", lambda: 0)() > 0
     if wrapped:     # DeepSpeed at stage 0 in fp32 hands back the torch optimizer itself: no .optimizer there
         opt.optimizer = TorchOptimizerView(opt)
+
+
+def register_external_on_use(engine) -> None:
+    ext = getattr(engine, "external", None)
+    if ext is not None and hasattr(ext, "auto_register"):
+        ext.auto_register = True
+
+
+def init_model_below_stage3(model, config) -> None:
+    from zero_from_scratch.engine.zero_partition import STATE, gather, held_by_init   # only when a script needs it
+    c = _as_dict(config)
+    stage = ((c.get("zero_optimization") or {}).get("stage", 0) if isinstance(c, dict) else 0)
+    held = [(n, p) for n, p in model.named_parameters() if held_by_init(p)]
+    if stage == 3 or not held:
+        return
+    if STATE.depth > 0:      # the open context would partition them again when it closes
+        raise NotImplementedError(f"deepspeed.initialize inside zero.Init at zero_optimization.stage={stage}: "
+                                  "DeepSpeed keeps the parameters partitioned, which its stages 0-2 cannot train; "
+                                  "the runner gathers them whole only after the `with` block (initialize there)")
+    for _, p in held:
+        p.data = gather(p)
+        for a in [k for k in vars(p) if k.startswith("ds_")]:
+            delattr(p, a)
+    if _rank0():
+        logger.warning(f"{len(held)} parameters (e.g. {held[0][0]!r}) were partitioned by zero.Init but "
+                       f"zero_optimization.stage is {stage}: DeepSpeed keeps them partitioned; ringzero gathers "
+                       "them whole for this stage")

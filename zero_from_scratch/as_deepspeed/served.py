@@ -29,7 +29,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
-           "deepspeed.runtime.pipe.module", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
+           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
@@ -40,6 +41,9 @@ _LR_KEYS = ("LR_SCHEDULE", "LR_RANGE_TEST", "ONE_CYCLE", "WARMUP_LR", "WARMUP_DE
             "CYCLE_SECOND_STAIR_COUNT", "DECAY_STEP_SIZE", "CYCLE_MIN_LR", "CYCLE_MAX_LR", "DECAY_LR_RATE", "CYCLE_MIN_MOM",
             "CYCLE_MAX_MOM", "DECAY_MOM_RATE", "WARMUP_MIN_LR", "WARMUP_MAX_LR", "WARMUP_NUM_STEPS", "WARMUP_TYPE",
             "WARMUP_LOG_RATE", "WARMUP_LINEAR_RATE", "WARMUP_MIN_RATIO", "COS_MIN_RATIO", "TOTAL_NUM_STEPS")
+_CONFIG_NAMES = ("ADAGRAD_OPTIMIZER", "ADAM_OPTIMIZER", "ADAMW_OPTIMIZER", "LAMB_OPTIMIZER", "MUADAM_OPTIMIZER",
+                 "MUADAMW_OPTIMIZER", "MUSGD_OPTIMIZER", "LION_OPTIMIZER", "MUON_OPTIMIZER", "DEEPSPEED_OPTIMIZERS",
+                 "TORCH_ADAM_PARAM", "ADAM_W_MODE", "ADAM_W_MODE_DEFAULT")
 _BUILDERS = ("CPUAdamBuilder", "FusedAdamBuilder", "CPULionBuilder", "FusedLionBuilder", "CPUAdagradBuilder",
              "FusedLambBuilder")
 _SAFE = tuple(f"safe_{a}_{c}_{b}" for a in ("get", "set") for c in ("full", "local")
@@ -56,6 +60,7 @@ SERVED: dict[str, str] = {
     "deepspeed.init_distributed": f"{_R}.top:init_distributed",
     "deepspeed.add_config_arguments": f"{_R}.top:add_config_arguments",
     "deepspeed.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
+    "deepspeed.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
     "deepspeed.get_accelerator": f"{_R}.accelerator:get_accelerator",
     "deepspeed.logger": f"{_R}.utils:logger",
     "deepspeed.log_dist": f"{_R}.utils:log_dist",
@@ -64,22 +69,37 @@ SERVED: dict[str, str] = {
     "deepspeed.accelerator.get_accelerator": f"{_R}.accelerator:get_accelerator",
     "deepspeed.accelerator.is_current_accelerator_supported": f"{_R}.accelerator:is_current_accelerator_supported",
     **{f"deepspeed.git_version_info.{n}": f"{_R}.constants:{n}" for n in ("torch_info", "version", "git_hash", "git_branch")},
-    "deepspeed.zero.Init": f"{_E}.zero_init:Init",
+    "deepspeed.zero.Init": f"{_R}.zero_init:Init",
     "deepspeed.zero.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.zero.register_external_parameter": "zero_from_scratch:register_external_parameter",
-    "deepspeed.runtime.zero.Init": f"{_E}.zero_init:Init",
+    "deepspeed.runtime.zero.Init": f"{_R}.zero_init:Init",
     "deepspeed.runtime.zero.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.register_external_parameter": "zero_from_scratch:register_external_parameter",
     "deepspeed.runtime.zero.partition_parameters.ZeroParamStatus": f"{_E}.zero_init:ZeroParamStatus",
     "deepspeed.runtime.zero.partition_parameters.partitioned_param_data_shape": f"{_R}.constants:partitioned_param_data_shape",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
-    "deepspeed.runtime.zero.partition_parameters.Init": f"{_E}.zero_init:Init",
+    "deepspeed.runtime.zero.partition_parameters.Init": f"{_R}.zero_init:Init",
     # transformers swaps torch.arange with these two around Init (integrations/deepspeed.py)
     **{f"deepspeed.runtime.zero.partition_parameters.{n}": f"{_E}.zero_init:{n}"
        for n in ("_orig_torch_arange", "zero_wrapper_for_fp_tensor_constructor")},
     **{f"deepspeed.runtime.zero.utils.{n}": f"{_R}.zero_utils:{n}"
        for n in ("ZeRORuntimeException", "is_zero_param", "is_builtin_type", "isinstance_namedtuple")},
+    "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
+    "deepspeed.runtime.zero.stage3.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
+    "deepspeed.runtime.utils.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward",
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
+    **{f"deepspeed.runtime.utils.{n}": f"{_R}.utils:{n}" for n in ("call_to_str", "prefix_sum_inc", "clip_grad_norm_")},
+    "deepspeed.runtime.utils.partition_uniform": "pipeline_parallel.partition:uniform",
+    "deepspeed.runtime.utils.partition_balanced": "pipeline_parallel.partition:balanced",
+    "deepspeed.utils.torch.required_torch_version": f"{_R}.utils:required_torch_version",
+    "deepspeed.runtime.pipe.schedule.*": "pipeline_parallel.engine.ds_schedule:*",
+    "deepspeed.runtime.config_utils.DeepSpeedConfigModel": f"{_R}.config_model:DeepSpeedConfigModel",
+    "deepspeed.runtime.comm.coalesced_collectives.reduce_scatter_coalesced": f"{_R}.coalesced:reduce_scatter_coalesced",
+    **{f"{m}.{n}": f"{_R}.checkpointing:{n}" for m in ("deepspeed.checkpointing",
+                                                       "deepspeed.runtime.activation_checkpointing.checkpointing")
+       for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
+    **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
+    "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
     "deepspeed.utils.logger": f"{_R}.utils:logger",
     "deepspeed.utils.log_dist": f"{_R}.utils:log_dist",
     "deepspeed.utils.logging.logger": f"{_R}.utils:logger",
@@ -115,6 +135,8 @@ _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference
           "call the model itself; tensor_parallel/ shards its layers")
 _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitions laid out its way",
              "engine.optimizer: a torch.optim.Optimizer over ringzero's shards (safe_get_full_* reads any parameter's)")
+_DS_CONFIG = ("build its pydantic config objects (DeepSpeedConfig and its sections)",
+              "zero_from_scratch.load_config(config, world_size) → ringzero's ZeroRunConfig; engine.config reads keys")
 # DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
@@ -136,7 +158,26 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.ops.aio.AsyncIOBuilder": ("build the async-io C++ op for NVMe", "offload_optimizer nvme"),
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
-    "deepspeed.utils.set_z3_leaf_modules": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)"),
+    **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
+                                       "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
+                                                        "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
+    "deepspeed.runtime.utils.PartitionedTensor": ("split a tensor over a model-parallel group for pipeline sends "
+                                                  "(pipeline.pipe_partitioned)", "none: ringzero's pipeline sends "
+                                                  "activations whole"),
+    **{n: _DS_CONFIG for n in ("deepspeed.runtime.config.DeepSpeedConfig",
+                               "deepspeed.runtime.precision_config.get_bfloat16_config",
+                               "deepspeed.runtime.zero.config.DeepSpeedZeroConfig",
+                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig",
+                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
+    "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
+        "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
+    **{f"deepspeed.runtime.zero.parameter_offload.{n}": (
+        "wrap a module's _parameters in its ZeROOrderedDict (fetch-on-read for ZeRO-3)",
+        "stage 3 gathers in module hooks; under the runner a parameter read outside its module is registered "
+        "as external (engine/external.py)") for n in ("ZeROOrderedDict", "ensure_zero_ordered_dict")},
+    **{f"deepspeed.utils.{n}": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)")
+       for n in ("set_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix", "z3_leaf_module",
+                 "unset_z3_leaf_modules", "get_z3_leaf_modules")},
 }
 
 

@@ -131,13 +131,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
              "lr_scheduler": lr_scheduler, "mpu": mpu, "collate_fn": collate_fn}
     kwargs = {k: v for k, v in given.items() if v is not None}
     pipeline = _is_pipeline_module(model)
-    config = quirks.deprecated_offload_keys(quirks.read_config(config))
+    config = quirks.tag_validation_warn(quirks.deprecated_offload_keys(quirks.read_config(config)))
+    config = quirks.offload_param_below_stage3(config)
     if pipeline:
         assert mpu is None, "mpu must be None with pipeline parallelism"
         build = resolve("deepspeed.initialize(model=PipelineModule)", served.PIPELINE_INITIALIZE)
         config = quirks.pipeline_clip_stage0(config)
     else:
         build = resolve("deepspeed.initialize", "zero_from_scratch:initialize")
+        quirks.init_model_below_stage3(model, config)
         if model_parameters is not None:
             kwargs["model_parameters"] = quirks.train_what_is_given(model, model_parameters)
     if getattr(args, "deepspeed_config", None) is not None:
@@ -146,4 +148,5 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         args.deepspeed_config = None
     out = build(args=args, model=model, config=config, **kwargs)
     quirks.expose_torch_optimizer(out[0])
+    quirks.register_external_on_use(out[0])
     return out

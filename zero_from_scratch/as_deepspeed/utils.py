@@ -16,6 +16,13 @@ clone_tensors_for_torch_save   detached clones on `device`, nested lists/tuples/
 split_params_into_different_moe_groups_for_optimizer   deepspeed/moe/utils.py for a dense model: the
              groups as a list (a dict becomes [dict], a tuple a list), each left as it is; a group
              holding an expert parameter (allreduce=False) is refused: ringzero has no MoE.
+call_to_str, prefix_sum_inc, required_torch_version, count_used_parameters_in_backward   runtime/utils.py's
+             and utils/torch.py's helpers (the last: inside a backward hook, how many of `parameters`
+             this backward will reach, by torch's engine query).
+clip_grad_norm_(parameters, max_norm, norm_type=2, mpu=None)   runtime/utils.py's: the p-norm of the
+             gradients (with an mpu: summed over its model-parallel group, replicated weights counted on
+             model-parallel rank 0 only), averaged over the data-parallel group (all ranks: ringzero
+             has no expert groups), every gradient scaled by min(1, max_norm / (norm + 1e-6)).
 Cost: nothing beyond the copies.
 """
 from __future__ import annotations
@@ -117,3 +124,63 @@ def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group
                                      f"with {len(experts)} expert parameters", "put each expert group in its own "
                                      "optimizer group", "none: ringzero has no MoE; use a dense layer"))
     return param_groups
+
+
+def call_to_str(base, *args, **kwargs) -> str:
+    """'base(arg, key=value)' with repr() of each argument."""
+    return f"{base}({', '.join([repr(a) for a in args] + [f'{k}={v!r}' for k, v in kwargs.items()])})"
+
+
+def prefix_sum_inc(weights) -> list:
+    """The inclusive prefix sum: [3, 4, 5] → [3, 7, 12]."""
+    out = list(weights)
+    for i in range(1, len(out)):
+        out[i] += out[i - 1]
+    return out
+
+
+def required_torch_version(min_version=None, max_version=None) -> bool:
+    """True when torch's version lies in [min_version, max_version] (either bound optional, one required)."""
+    from packaging import version   # DeepSpeed's dependency (and torch's)
+    assert min_version or max_version, "Must provide a min_version or max_version argument"
+    v = version.parse(torch.__version__)
+    return not ((min_version and version.parse(str(min_version)) > v) or
+                (max_version and version.parse(str(max_version)) < v))
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2, mpu=None):
+    parameters = [p for p in ([parameters] if torch.is_tensor(parameters) else parameters) if p.grad is not None]
+    norm_type = float(norm_type)
+    if norm_type == float("inf"):
+        total = torch.stack([p.grad.detach().abs().max().float() for p in parameters]).max()
+        if mpu is not None:
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=mpu.get_model_parallel_group())
+    else:
+        counted = [p for p in parameters if mpu is None or mpu.get_model_parallel_rank() == 0 or
+                   getattr(p, "model_parallel", False) or getattr(p, "tensor_model_parallel", False)]
+        norms = [p.grad.detach().float().norm(norm_type) for p in counted]
+        total = torch.stack(norms).pow(norm_type).sum().float() if norms else torch.zeros(1)
+        if mpu is not None:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mpu.get_model_parallel_group())
+        total = total.pow(1.0 / norm_type)
+    total = total * 1.0 / float(dist.get_world_size())   # DeepSpeed averages over its data-parallel group
+    dist.all_reduce(total)
+    total = total.to(parameters[0].device)
+    coef = torch.min(torch.tensor([1.0]), torch.tensor([float(max_norm)]) / (total + 1e-6))
+    for p in parameters:
+        p.grad.data.mul_(coef)
+    return total
+
+
+def count_used_parameters_in_backward(parameters) -> int:
+    from torch.autograd.graph import _get_grad_fn_or_grad_acc     # torch internals, as DeepSpeed's
+    if torch._C._current_graph_task_id() == -1:
+        raise RuntimeError("count_used_parameters_in_backward must be called during backward execution")
+    nodes = set()
+    for p in parameters:
+        if isinstance(p, torch.Tensor) and p.requires_grad:
+            with torch.enable_grad():      # hooks run with grad off; the lookup for a leaf needs it on
+                node = _get_grad_fn_or_grad_acc(p)
+            if node is not None:
+                nodes.add(node)
+    return int(sum(map(torch._C._will_engine_execute_node, nodes)))

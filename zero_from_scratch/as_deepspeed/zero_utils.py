@@ -7,15 +7,19 @@ ZeRORuntimeException   the exception class DeepSpeed's ZeRO raises on a checkpoi
                        (runtime/zero/utils.py); ringzero raises it where DeepSpeed does.
 is_zero_param(p)       a tensor with a `ds_id` (a ZeRO-3 partitioned parameter), as DeepSpeed.
 is_builtin_type, isinstance_namedtuple   DeepSpeed's two type tests, verbatim in meaning.
-Cost: none.
+unwrap_model_for_generation(engine)   a context in which every parameter is whole (ZeRO-3: gathered
+                       once by GatheredParameters, as runtime/zero/stage3.py does for generate());
+                       DeepSpeed also unhooks its ZeRO-3 module hooks there: ringzero's find the
+                       units gathered and leave them, so generation runs without per-module gathers.
+Cost: none; unwrap_model_for_generation one all-gather of the model.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-
-class ZeRORuntimeException(Exception):
-    pass
+from zero_from_scratch.engine.client_optim import ZeRORuntimeException   # raised by the engine, served here
 
 
 def is_zero_param(parameter) -> bool:
@@ -28,3 +32,10 @@ def is_builtin_type(obj) -> bool:
 
 def isinstance_namedtuple(obj: object) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
+
+
+@contextlib.contextmanager
+def unwrap_model_for_generation(model):
+    from zero_from_scratch.engine.zero_init import GatheredParameters   # keeps zero_utils free of the engine
+    with GatheredParameters(list(model.parameters())):
+        yield model

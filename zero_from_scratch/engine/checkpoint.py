@@ -106,10 +106,10 @@ def _check_args(save_dir, tag: str, client_state) -> tuple[int, str]:
     return 0, ""
 
 
-def _agree(c, save_dir, tag, client_state) -> int:
+def _agree(c, save_dir, tag, client_state, mode=None) -> tuple[int, str]:
     """Validate on every rank, then one all-gather so every rank raises the same error (naming the
     ranks and what is wrong) instead of one rank failing and the others waiting at a collective.
-    Returns the save id, drawn on rank 0."""
+    Returns the save id, drawn on rank 0, and the tag (rank 0's: _rank0_tag)."""
     code, detail = _check_args(save_dir, tag, client_state)
     tag_hash = int.from_bytes(hashlib.sha1(str(tag).encode()).digest()[:7], "little")
     sid = int.from_bytes(os.urandom(6), "little") if c.rank == 0 else 0
@@ -120,9 +120,26 @@ def _agree(c, save_dir, tag, client_state) -> int:
         mine = f" (here, rank {c.rank}: {detail})" if code else ""
         raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: {who}{mine}")
     if len({row[1] for row in rows}) > 1:
+        return rows[0][2], _rank0_tag(c, tag, mode)
+    return rows[0][2], tag
+
+
+def _rank0_tag(c, tag: str, mode: str | None) -> str:
+    """Ranks passed different tags. checkpoint.tag_validation unset (ringzero's own): refused. FAIL:
+    DeepSpeed's assertion (runtime/engine.py::_checkpoint_tag_validation). WARN / IGNORE: DeepSpeed
+    writes each rank's files under its own tag (a checkpoint no load can use); here all are written
+    under rank 0's tag, which `latest` names, with DeepSpeed's warning and where the files went."""
+    msg = (f"[rank={c.rank}] The checkpoint tag name '{tag}' is not consistent across all ranks. Including rank "
+           "unique information in checkpoint tag could cause issues when restoring with different world sizes.")
+    if mode is None:
         raise CheckpointError(f"save_checkpoint refused on every rank, nothing written: the ranks passed different "
                               f"tags (rank {c.rank} has {tag!r}); pass the same tag everywhere")
-    return rows[0][2]
+    assert mode != "FAIL", msg
+    raw = torch.tensor(list(tag.encode()) + [0] * 256, dtype=torch.uint8)[:256]   # rank 0's tag, ≤ 255 bytes
+    c.broadcast(raw, 0, purpose="checkpoint")
+    first = bytes(raw.tolist()).rstrip(b"\0").decode()
+    warnings.warn(f"{msg} ringzero writes every rank's files under rank 0's tag {first!r}", stacklevel=3)
+    return first
 
 
 def _agree_mp(engine, sid: int, tag, refused: CheckpointError | None) -> int:
@@ -150,8 +167,10 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
     c = engine.comm
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     mp_rank, mp_size = engine_mp(engine)
+    if not save_dir:      # DeepSpeed's check, before any collective (runtime/engine.py::save_checkpoint)
+        raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
     try:
-        sid = _agree(c, save_dir, tag, client_state)
+        sid, tag = _agree(c, save_dir, tag, client_state, getattr(engine.config, "tag_validation", None))
     except CheckpointError as e:
         if mp_size == 1:
             raise

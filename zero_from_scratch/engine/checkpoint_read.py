@@ -6,7 +6,9 @@ The format checkpoint.py writes (FORMAT): per rank one shard file (param, fp32 m
 and v over the rank's local buffer), per model-parallel rank one manifest (the layout of
 sharding.py and every parameter's name and shape). `unshard` rebuilds every full tensor from
 all ranks' shards, so a checkpoint loads at any world size, and `consolidate` is the
-fp32 state_dict (zero_to_fp32). Cost: every shard file is read once (O(Ψ) memory).
+fp32 state_dict (zero_to_fp32). `tag_validation_mode` reads checkpoint.tag_validation as DeepSpeed
+does (WARN / IGNORE / FAIL, else its DeepSpeedConfigError); checkpoint.py acts on it when ranks pass
+different tags. Cost: every shard file is read once (O(Ψ) memory).
 """
 from __future__ import annotations
 
@@ -19,6 +21,19 @@ from zero_from_scratch.engine.mpu import mp_prefix
 
 FORMAT = "ringzero-zero/1"
 KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
+
+
+class DeepSpeedConfigError(ValueError):
+    """A config value DeepSpeed refuses with its DeepSpeedConfigError (runtime/config.py)."""
+
+
+def tag_validation_mode(raw: dict) -> str | None:
+    """DeepSpeed's get_checkpoint_tag_validation_mode: WARN / IGNORE / FAIL in any case, else its error."""
+    mode = (raw.get("checkpoint") or {}).get("tag_validation")
+    if mode is not None and str(mode).upper() not in ("WARN", "IGNORE", "FAIL"):
+        raise DeepSpeedConfigError(f"Checkpoint config contains invalid tag_validation value of {str(mode).upper()}, "
+                                   "expecting one of ['WARN', 'IGNORE', 'FAIL']")
+    return None if mode is None else str(mode).upper()
 
 
 class CheckpointError(RuntimeError):

@@ -42,6 +42,10 @@ def _bad(key, value, allowed):
     return ValueError(f"config key {key!r} = {value!r} is invalid; allowed: {allowed}")
 
 
+class ZeRORuntimeException(ValueError):
+    """DeepSpeed's ZeRO refusal (runtime/zero/utils.py), raised where it raises it; deepspeed.runtime.zero.utils serves it."""
+
+
 @dataclass
 class OptimizerConfig:
     type: str = "AdamW"            # Adam | AdamW | Lion | SGD | Adagrad
@@ -200,7 +204,7 @@ def plan(module, model_parameters, client, cfg, rank: int, param_groups):
                                       "steps Adam's m and v); DeepSpeed would use its CPU Lion/Adagrad. Use Adam, or "
                                       "no offload")
         if client is not None and not isinstance(client, O.DeepSpeedCPUAdam) and cfg.surface["zero_force_ds_cpu_optimizer"]:
-            raise ValueError(f"rank {rank}: ZeRO-Offload with a client optimizer ({label}): DeepSpeed raises "
+            raise ZeRORuntimeException(f"rank {rank}: ZeRO-Offload with a client optimizer ({label}): DeepSpeed raises "
                              "ZeRORuntimeException unless it is DeepSpeedCPUAdam or \"zero_force_ds_cpu_optimizer\": "
                              "false; set that key (the update here is Adam's either way)")
     return names, hypers, kind, wmode, shared

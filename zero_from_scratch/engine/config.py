@@ -30,6 +30,7 @@ from zero_from_scratch.engine.zeropp import ZeroPP, check as check_zeropp
 from zero_from_scratch.engine.offload import parse as parse_offload
 from zero_from_scratch.engine.param_offload import parse as parse_offload_param
 from zero_from_scratch.engine.lr_schedules import VALID_LR_SCHEDULES, SCHEDULE_KEYS
+from zero_from_scratch.engine.checkpoint_read import tag_validation_mode
 from zero_from_scratch.engine.client_optim import DEFAULTS as OPT_DEFAULTS, SAME_MATHS, OptimizerConfig, surface_keys
 
 KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -156,6 +157,7 @@ class ZeroRunConfig:
     instruments: dict = field(default_factory=lambda: parse_instruments({}))   # wall_clock.py
     surface: dict = field(default_factory=lambda: surface_keys({}))   # client_optim.SURFACE_KEYS
     raw: dict = field(default_factory=dict)             # the JSON with "auto" resolved
+    tag_validation: str | None = None                   # checkpoint.tag_validation: WARN/IGNORE/FAIL, None = refuse
 
     def get(self, key: str, default=None):
         """DeepSpeed's engine.config is the config dict (runtime/engine.py): clients such as the HF
@@ -277,6 +279,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown, raw=raw)
     cfg.monitor = parse_monitors(raw)
+    cfg.tag_validation = tag_validation_mode(raw)
     cfg.offload_optimizer, cfg.sub_group_size, cfg.zeropp = offload, int(sub_group_size), zeropp
     cfg.offload_param = parse_offload_param(z, zero.stage)      # param_offload.py (stage 3)
     cfg.activation_checkpointing = parse_ac(raw)

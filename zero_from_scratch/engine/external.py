@@ -18,11 +18,17 @@ whose output is a ModelOutput, not a tensor). Cost: one extra all-gather of the 
 Unregistered use is caught by a TorchFunctionMode active during the engine's forward: any torch
 op that receives an empty engine parameter raises ZeroExternalParameterError naming the parameter,
 its owner and the fix, on every rank (every rank runs the same forward), instead of a shape error
-deep inside the model. Cost: one Python check per torch op of the forward (a few µs each).
+deep inside the model. With `auto_register` (the runner's default: DeepSpeed's ZeROOrderedDict,
+runtime/zero/parameter_offload.py, registers a parameter read in forward to the innermost module
+in forward) the parameter is registered to the innermost module whose `forward` frame is on the
+stack, gathered, and the op runs; rank 0 says so once per parameter. Cost: one Python check per
+torch op of the forward (a few µs each); a stack walk on the first unregistered use.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
+import warnings
 
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
@@ -56,6 +62,7 @@ class ExternalParams:
         self.e = engine
         self.done: set = set()
         self.pins: dict[int, int] = {}
+        self.auto_register = False
         if engine.stage_id != 3:
             return
         st = engine.stage
@@ -71,6 +78,7 @@ class ExternalParams:
         st.saved.regather = self.external_units   # a registered unit's saved weight, needed in backward
         for mname, m in engine.module.named_modules():
             m.__dict__["_zero_external"] = self
+            m.__dict__.setdefault("_external_params", {})     # as DeepSpeed's stage 3 gives every module
             for p in list(getattr(m, "_external_params", {}).values()):
                 self.register(m, p)
 
@@ -122,9 +130,31 @@ class _Guard(TorchFunctionMode):
         if isinstance(a, nn.Parameter) and id(a) in self.ext.unit_of and a.numel() == 0:
             x = self.ext
             n = x.name_of.get(id(a), "?")
+            module = _innermost_in_forward(x.e.module) if x.auto_register else None
+            if module is not None:
+                register_external_parameter(module, a)
+                u = x.unit_of[id(a)]     # this forward's pre hook has run already: gather and pin now
+                x.e.stage._gather(u, "forward", f"forward of {type(module).__name__} (external {n})")
+                x.pins[u.index] = x.pins.get(u.index, 0) + 1
+                if x.e.comm.rank == 0:
+                    warnings.warn(f"ZeRO-3 parameter {n!r} used outside its module's forward: registered as an "
+                                  f"external parameter of {type(module).__name__}, as DeepSpeed does", stacklevel=4)
+                return
             raise ZeroExternalParameterError(
                 f"rank {x.e.comm.rank}: ZeRO-3 parameter {n!r} (held by module {x.owner.get(id(a), '?')!r}) was "
                 f"used by {getattr(func, '__name__', func)} outside the forward of any module that holds it, so it "
                 "is empty here (torch.Size([0])). Register the module that uses it: "
                 "zero_from_scratch.register_external_parameter(module, param) (or deepspeed.zero's) before or "
                 "after initialize()")
+
+
+def _innermost_in_forward(root: nn.Module) -> nn.Module | None:
+    """The module of the innermost `forward` frame on the stack that belongs to `root`'s tree."""
+    mods = {id(m) for m in root.modules()}
+    f = sys._getframe(1)
+    while f is not None:
+        me = f.f_locals.get("self") if f.f_code.co_name == "forward" else None
+        if me is not None and id(me) in mods:
+            return me
+        f = f.f_back
+    return None

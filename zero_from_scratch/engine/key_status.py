@@ -100,7 +100,7 @@ SUB = {
     "optimizer.params": H + "lr, betas, eps, weight_decay, adam_w_mode, torch_adam, bias_correction; others warned",
     "optimizer.legacy_fusion": W + NOT + "use the legacy fused fp16 optimizer",
     "scheduler.type": H + "WarmupLR, WarmupDecayLR (lr_schedules.py)", "scheduler.params": H + "lr_schedules.py",
-    "checkpoint.tag_validation": W + NOT + "check that every rank saves under the same tag",
+    "checkpoint.tag_validation": H + "WARN/IGNORE/FAIL when ranks pass different tags (checkpoint.py::_rank0_tag)",
     "checkpoint.load_universal": R + NOT + "load a universal (topology-free) checkpoint; load_checkpoint(reshard=True) "
                                  "reads ours at another N",
     "checkpoint.use_node_local_storage": W + SAME + "let each node's rank 0 write to local storage",

@@ -49,6 +49,8 @@ class WarmupLR:
 
     def __init__(self, optimizer: ShardedAdam, warmup_min_lr=0.0, warmup_max_lr=None, warmup_num_steps=1000,
                  warmup_type="log", last_batch_iteration=-1):
+        if not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:   # DeepSpeed's check (lr_schedules.py)
+            raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps}")
         self.optimizer = optimizer
         n = len(optimizer.param_groups)
         maxes = warmup_max_lr if warmup_max_lr is not None else [g["lr"] for g in optimizer.param_groups]
@@ -146,7 +148,7 @@ class WarmupCosineLR(_Iter):
         self.warmup_type = warmup_type if warmup_type in ("log", "linear") else "log"
         self.warmup_num_steps = max(2, warmup_num_steps)
         self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
-        self.org_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.org_lrs = [g["lr"].clone() if torch.is_tensor(g["lr"]) else g["lr"] for g in optimizer.param_groups]
         if last_batch_iteration == -1:
             self._last_lr = _set_lrs(optimizer, self.get_lr())
 

@@ -25,32 +25,46 @@ from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader
 
 
 class ThroughputTimer:
-    """DeepSpeed's engine.tput_timer, the part clients read: start()/stop() around a step,
-    avg_samples_per_sec() over the steps timed after the first `start_step` (DeepSpeed: 2)."""
+    """DeepSpeed's engine.tput_timer (utils/timer.py), its state machine without the logging: start()
+    marks it initialized and started, and times from then once `start_step` global steps are done;
+    stop() counts a micro step (a global one when global_step), adds the time to total and step
+    elapsed (the latter reset at each global step); avg_samples_per_sec over the timed steps."""
 
     def __init__(self, batch_size: int, start_step: int = 2):
-        self.batch_size, self.start_step = batch_size, start_step
-        self.global_step_count = self.micro_step_count = 0
-        self.total_elapsed_time, self._t0 = 0.0, None
+        self.batch_size = 1 if batch_size is None else batch_size
+        self.start_step, self.start_time, self.end_time, self.started, self.initialized = start_step, 0, 0, False, False
+        self.epoch_count = self.micro_step_count = self.global_step_count = 0
+        self.total_elapsed_time = self.step_elapsed_time = 0
+
+    def update_epoch_count(self) -> None:
+        self.epoch_count += 1
+        self.micro_step_count = 0
 
     def start(self) -> None:
-        self._t0 = time.perf_counter()
+        self.initialized = self.started = True
+        if self.global_step_count >= self.start_step:
+            self.start_time = time.time()
 
     def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
-        if self._t0 is None:
+        if not self.started:
             return
+        self.started = False
         self.micro_step_count += 1
         if global_step:
             self.global_step_count += 1
-        if self.global_step_count >= self.start_step:
-            self.total_elapsed_time += time.perf_counter() - self._t0
-        self._t0 = None
+        if self.start_time > 0:
+            self.end_time = time.time()
+            duration = self.end_time - self.start_time
+            self.total_elapsed_time += duration
+            self.step_elapsed_time += duration
+            if global_step:
+                self.step_elapsed_time = 0
 
     def avg_samples_per_sec(self) -> float:
         steps = self.global_step_count - self.start_step
-        if steps > 0 and self.total_elapsed_time > 0:
-            return self.batch_size * steps / self.total_elapsed_time
-        return float("-inf")            # DeepSpeed's value before enough steps
+        if self.global_step_count > 0 and steps > 0 and self.total_elapsed_time > 0:   # DeepSpeed divides by 0 here
+            return self.batch_size / (self.total_elapsed_time / steps)
+        return float("-inf")
 
 
 class DeepSpeedSurface:

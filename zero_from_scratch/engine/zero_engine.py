@@ -173,7 +173,8 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.stage.after_backward(boundary)
         self.frozen.after_backward()
         self.monitor.record_loss(loss)
-        return loss
+        gas = self.gradient_accumulation_steps()     # DeepSpeed returns the loss divided as its gradients are
+        return loss / gas if gas > 1 and scale_wrt_gas else loss
 
     def step(self, lr_kwargs=None) -> None:
         if self.is_gradient_accumulation_boundary():

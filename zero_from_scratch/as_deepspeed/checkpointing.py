@@ -1,0 +1,42 @@
+"""`deepspeed.checkpointing` (runtime/activation_checkpointing/checkpointing.py) under the runner.
+
+    deepspeed.checkpointing.configure(None, partition_activations=True)   (under the runner)
+    y = deepspeed.checkpointing.checkpoint(block, x)
+
+checkpoint / non_reentrant_checkpoint   torch's non-reentrant checkpoint (engine/activation_checkpointing.py):
+             the same numbers as DeepSpeed's reentrant default; one extra forward of the block in backward.
+configure(mpu_, deepspeed_config=None, ...)   records the settings; partition_activations,
+             contiguous_checkpointing, checkpoint_in_cpu, synchronize, profile set true are warned once
+             (they split activations over model-parallel ranks or tune CUDA memory: nothing to do here),
+             as the engine warns for the config's `activation_checkpointing` section.
+is_configured(), reset()   as DeepSpeed's. Cost: none beyond torch's checkpoint.
+"""
+from __future__ import annotations
+
+from zero_from_scratch.as_deepspeed.utils import logger
+from zero_from_scratch.engine.activation_checkpointing import checkpoint
+
+non_reentrant_checkpoint = checkpoint
+_SETTINGS: dict = {}
+_NO_EFFECT = ("partition_activations", "contiguous_checkpointing", "checkpoint_in_cpu", "synchronize", "profile")
+
+
+def configure(mpu_, deepspeed_config=None, partition_activations=None, contiguous_checkpointing=None,
+              num_checkpoints=None, checkpoint_in_cpu=None, synchronize=None, profile=None) -> None:
+    given = dict(partition_activations=partition_activations, contiguous_checkpointing=contiguous_checkpointing,
+                 num_checkpoints=num_checkpoints, checkpoint_in_cpu=checkpoint_in_cpu, synchronize=synchronize,
+                 profile=profile)
+    _SETTINGS.clear()
+    _SETTINGS.update({k: v for k, v in given.items() if v is not None}, mpu=mpu_)
+    on = [k for k in _NO_EFFECT if given[k]]
+    if on:
+        logger.warning(f"deepspeed.checkpointing.configure: {', '.join(on)} have no effect here (no model-parallel "
+                       "ranks to partition activations over, no CUDA memory to tune); checkpoint() recomputes as usual")
+
+
+def is_configured() -> bool:
+    return bool(_SETTINGS)
+
+
+def reset() -> None:
+    """DeepSpeed frees its contiguous buffers here; there are none."""
