@@ -23,7 +23,7 @@ Communication per optimizer step and rank, ring algorithms (b·P bytes of payloa
 plus one 8-byte all-reduce for the global gradient norm (and, stage 3, the tiny int64
 divergence checks), listed separately.
 ZeRO++ at stage 3 (arXiv 2306.10209; per unit, s = P/N, m nodes × k ranks; rows named by purpose):
-  qwZ  each param all-gather sends (N-1)·w8(s), w8(s) = s + 4⌈s/256⌉ (int8 + fp32 scales):
+  qwZ  each param all-gather sends (N-1)·w8(s), w8(s) = s + 4⌈s/4096⌉ (int8 + fp32 scales):
        ¼ of fp32's (N-1)·4s, ½ of bf16's (qwz.py)
   hpZ  the backward all-gather runs inside a group of k ranks (a node): (k-1)·P/k elements,
        nothing across nodes; with qwZ it moves the int8 bytes, (k-1)·(N/k)·w8(s) (hpz.py)

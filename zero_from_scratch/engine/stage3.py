@@ -239,8 +239,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def _sum_into_block(self, b: torch.Tensor, u, then=None) -> None:
         if self.qgz is None:
             return super()._sum_into_block(b, u, then)
-        self.qgz.reduce(b, u)                                        # synchronous (qgz.py)
-        self._launch(None, then)
+        h, finish = self.qgz.reduce(b, u, self.overlap)             # overlap_comm: asynchronous (qgz.py)
+        self._launch(h, (lambda: (finish(), then and then())) if h is not None else then)
 
     def after_backward(self, boundary: bool) -> None:
         try:
