@@ -137,22 +137,38 @@ def _refused(rank, world, z: dict):
 def test_offload_with_quantised_collectives_is_refused_on_every_rank(spawn, tmp_path):
     """Combinations the engine does not wire (a quantised all-gather/reduction of shards in files):
     a ValueError naming the keys and the rank at initialize, on every rank, never a silent mix."""
-    for z, words in (({"offload_param": {"device": "cpu"}, "zero_quantized_weights": True}, "offload_param"),
+    for z, words in (({"offload_param": {"device": "nvme", "nvme_path": str(tmp_path)}, "zero_hpz_partition_size": 2},
+                      "secondary partition"),
                      ({"offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)},
                        "zero_quantized_gradients": True}, "zero_quantized_gradients")):
         out = spawn(_refused, 2, args=(z,))
         assert all(f"rank {r}:" in m and words in m and "not supported" in m for r, m in enumerate(out)), out
 
 
-def _offload_qgz(rank, world, offload: bool):
-    z = {"zero_quantized_gradients": True, **({"offload_param": {"device": "cpu"}} if offload else {})}
-    return _train(rank, world, z, steps=3, width=64)[0]
+def _offload_pp(rank, world, offload: bool, overlap: bool, hpz: int = 1, qw: bool = True):
+    os.environ["RINGZERO_LOCAL_SIZE"] = "2"                 # with 4 ranks: 2 "nodes" × 2
+    z = {"zero_quantized_weights": qw, "zero_quantized_gradients": True, "overlap_comm": overlap,
+         "zero_hpz_partition_size": hpz, **({"offload_param": {"device": "cpu", "buffer_count": 2}} if offload else {})}
+    losses, rep, _, _ = _train(rank, world, z, steps=3, width=64, report_step=1)
+    return losses, sorted(row["purpose"] for row in rep["rows"])
 
 
-def test_qgz_with_offload_param_is_qgz(spawn):
-    """qgZ reduces gradients, which offload_param leaves in memory: offloading the weight shards
-    changes where they live, not one bit of the losses (as offload_param alone vs ZeRO-3)."""
-    assert spawn(_offload_qgz, 2, args=(True,)) == spawn(_offload_qgz, 2, args=(False,))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_qwz_qgz_with_offload_param_are_qwz_qgz(spawn, overlap):
+    """qwZ reads each offloaded shard in and quantises it; qgZ reduces gradients, which
+    offload_param leaves in memory: offloading the shards changes where they live, not one bit of
+    the losses (as offload_param alone vs ZeRO-3), with and without prefetching."""
+    assert spawn(_offload_pp, 2, args=(True, overlap)) == spawn(_offload_pp, 2, args=(False, overlap))
+
+
+@pytest.mark.parametrize("qw,overlap", [(False, False), (True, True)])
+def test_hpz_with_offload_param_cpu_is_hpz(spawn, qw, overlap):
+    """hpZ with offload_param "cpu" keeps its secondary shards in host memory (where DeepSpeed puts
+    them for "cpu"); 2 "nodes" × 2 ranks: the backward gathers stay in the group and the losses are
+    bit for bit those without offload."""
+    on, off = (spawn(_offload_pp, 4, args=(o, overlap, 2, qw)) for o in (True, False))
+    assert on == off
+    assert all("param all-gather (backward, hpZ group)" in purposes for _, purposes in on), on[0][1]
 
 
 def _hier_reduce(rank, world):

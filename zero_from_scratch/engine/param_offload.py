@@ -255,16 +255,12 @@ def make(stage) -> ParamStore | None:
     spec = getattr(stage.e.config, "offload_param", None)
     if spec is None:
         return None
-    if stage.hpz:      # DeepSpeed keeps hpZ's secondary shard on the offload device (_partition_param_sec)
-        raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param with zero_hpz_partition_size > 1 is not "
-                         "supported by this engine; DeepSpeed allocates hpZ's secondary partition on the offload "
-                         "device (host memory for 'cpu', _partition_param_sec), here it would be a second copy of "
-                         "the offloaded weights in memory; allowed: one of the two")
-    if stage.qwz:      # qgZ needs nothing of the store: gradient shards stay in memory (make_grads refuses files)
-        raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param with zero_quantized_weights is not "
-                         "supported by this engine (its all-gathers read offloaded shards straight into the gathered "
-                         "unit; DeepSpeed moves each shard to the device and quantises it there before the int8 "
-                         "all-gather); allowed: one of the two")
+    if stage.hpz and spec["device"] != "cpu":   # DeepSpeed: hpZ's secondary on the offload device (_partition_param_sec)
+        raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param device 'nvme' with "
+                         "zero_hpz_partition_size > 1 is not supported by this engine: hpZ's secondary partition "
+                         "lives in host memory here (as DeepSpeed places it for device 'cpu', _partition_param_sec), "
+                         "not in files; allowed: device 'cpu', or one of the two")
+    # qwZ reads each shard in to quantise it (qwz.py); qgZ reduces gradients, which stay in memory
     # each unit's block is assembled (zero_partition.unit_block: one unit whole at a time, Init's
     # shards read back and dropped) and written to its home at once: no Ψ/N copy in memory
     store = ParamStore(stage.e, spec, stage.dtype, stage.dev, source=stage._unit_block)

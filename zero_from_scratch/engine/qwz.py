@@ -42,7 +42,13 @@ class QwZ:
         return self.spec.wire_bytes(u.shard)
 
     def _encode(self, u) -> torch.Tensor:
-        return encode_rows(self.st.param_shard(u).view(1, -1), self.spec).view(-1)
+        st = self.st
+        if st.poff is not None and st.poff.owns(u):     # offload_param: read in, quantise, let go (DeepSpeed
+            shard = torch.empty(u.shard, dtype=st.dtype, device=st.dev)   # quantises the shard it moved to
+            st.poff.read_into(u, shard)                                    # the device)
+        else:
+            shard = st.param_shard(u)
+        return encode_rows(shard.view(1, -1), self.spec).view(-1)
 
     def _decode(self, u, buf: torch.Tensor, full: torch.Tensor) -> None:
         n = self.st.comm.size
