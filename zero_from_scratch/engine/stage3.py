@@ -149,11 +149,9 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if self.poff is not None and self.poff.owns(u):
             full, mine = self._read_shard(u)
             self.comm.all_gather_single(full, mine, **self.kw(f"param all-gather ({kind})", u))
-            if self.hpz:                 # offload_param "cpu": hpZ's secondary in host memory, as DeepSpeed's
-                self.hpz.keep(u, full)
-            return full
-        full = super()._fetch(u, kind)
-        if self.hpz:
+        else:
+            full = super()._fetch(u, kind)
+        if self.hpz:                     # with offload_param "cpu" too: in host memory, where DeepSpeed keeps it
             self.hpz.keep(u, full)
         return full
 
