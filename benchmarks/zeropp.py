@@ -4,12 +4,16 @@ ledger, per collective, next to its formula) and the training loss, on the same 
     python benchmarks/zeropp.py                                  # an MLP (Ψ = 76,810), 2 ranks, 30 steps: ~15 s
     python benchmarks/zeropp.py --model classification --json zeropp_cls.json   # DistilBERT (MiniLM), slow
     python benchmarks/zeropp.py --world 4 --local-size 2         # 2 "nodes" × 2: hierarchical qgZ, + hpZ
+    python benchmarks/zeropp.py --dtype bf16 --world 4 --local-size 2   # the same in bf16
 
 Runs, each in fresh spawned gloo ranks (primitives transport), identical seeds and batches:
 ZeRO-3, qwZ, qgZ, qwZ + qgZ (and qwZ + qgZ + hpZ with --local-size). Every unit is gathered in
 forward and again in backward (stage3_param_persistence_threshold 0, stage3_max_reuse_distance
 0), so per micro-batch ZeRO-3 sends 3(N-1)/N·4P bytes in fp32 and qwZ + qgZ
-(N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/4096⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.22×.
+(N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/4096⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.21×.
+With --dtype bf16 ZeRO-3 moves 2 bytes per element in all three: int8 weights twice and int4
+gradients are ≥ (2 + 0.5)/6 = 0.417× of that on one node, whatever the block sizes (DeepSpeed's
+scheme too); the paper's 4× is the cross-node volume with hpZ (--local-size: the inter-node column).
 The loss column is the mean over ranks of the last 5 steps (one step's loss is one micro-batch's);
 "inter-node" counts the bytes ALL ranks sent across a node boundary in step 1 (all purposes, the
 primitives ledger's link classes; 0 on one node): in a flat ring only the node-boundary ranks

@@ -29,7 +29,8 @@ ZeRO++ at stage 3 (arXiv 2306.10209; per unit, s = P/N, m nodes × k ranks; rows
        nothing across nodes; with qwZ it moves the int8 bytes, (k-1)·(N/k)·w8(s) (hpz.py)
   qgZ  the reduce-scatter becomes int4 all-to-alls: (k-1)·w4(m·s) inside the node, then
        (m-1)·w4(s) across, w4(x) = ⌈x/2⌉ + 4⌈x/64⌉; one node: (N-1)·w4(s) ≈ 0.14 of fp32's (qgz.py)
-  qwZ + qgZ in fp32: (N-1)·(2·w8(s) + w4(s)) ≈ 0.22 × ZeRO-3's 3·(N-1)·4s per micro-batch.
+  qwZ + qgZ in fp32: (N-1)·(2·w8(s) + w4(s)) ≈ 0.21 × ZeRO-3's 3·(N-1)·4s per micro-batch
+  (bf16: ≈ 0.43 × 3·(N-1)·2s).
 """
 from __future__ import annotations
 

@@ -25,7 +25,11 @@ Precision: int4, the paper's choice: the N contributions are rounded independent
 unbiased in sign) and the optimizer sees their mean, while the bytes are 1/8 of fp32's. Block
 B = 64 rather than qwZ's 256, measured: on the MLP of tests/test_zero_pp.py the loss after 30
 steps moved +1.9 % from unquantised with B = 256, +1.0 % with 64, +0.8 % with 32, while the
-scales add 0.016, 0.0625, 0.125 byte per element to int4's 0.5.
+scales add 0.016, 0.0625, 0.125 byte per element to int4's 0.5. DeepSpeed 0.19.8
+(all_to_all_quant_reduce) is int4 in both all-to-alls too, with max(rows, cols, N) groups per
+gradient matrix (≈ min(rows, cols) elements each: 256 on that MLP's hidden layer), its scales in
+a second all-to-all beside the codes (here in the same buffer: same bytes, one call); 1-D
+gradients (biases) go through its plain reduce-scatter.
 Error bound of my block: Σ over the contributions of s_i/2 (plus, with m > 1, half a step of
 the re-quantised node sums).
 Needs comm_impl="primitives" for m > 1 (the node groups are primitives views); with
