@@ -165,8 +165,9 @@ def test_qwz_qgz_with_offload_param_are_qwz_qgz(spawn, overlap):
 def test_hpz_with_offload_param_cpu_is_hpz(spawn, qw, overlap):
     """hpZ with offload_param "cpu" keeps its secondary shards in host memory (where DeepSpeed puts
     them for "cpu"); 2 "nodes" × 2 ranks: the backward gathers stay in the group and the losses are
-    bit for bit those without offload."""
-    on, off = (spawn(_offload_pp, 4, args=(o, overlap, 2, qw)) for o in (True, False))
+    bit for bit those without offload, and without overlap_comm (prefetches, and qgZ's intra-node
+    all-to-all on the comm thread with the inter-node step after it, change when bytes move only)."""
+    on, off = spawn(_offload_pp, 4, args=(True, overlap, 2, qw)), spawn(_offload_pp, 4, args=(False, False, 2, qw))
     assert on == off
     assert all("param all-gather (backward, hpZ group)" in purposes for _, purposes in on), on[0][1]
 
