@@ -4,12 +4,16 @@ ledger, per collective, next to its formula) and the training loss, on the same 
     python benchmarks/zeropp.py                                  # an MLP (Ψ = 76,810), 2 ranks, 30 steps: ~15 s
     python benchmarks/zeropp.py --model classification --json zeropp_cls.json   # DistilBERT (MiniLM), slow
     python benchmarks/zeropp.py --world 4 --local-size 2         # 2 "nodes" × 2: hierarchical qgZ, + hpZ
+    python benchmarks/zeropp.py --dtype bf16 --world 4 --local-size 2   # the same in bf16
 
 Runs, each in fresh spawned gloo ranks (primitives transport), identical seeds and batches:
 ZeRO-3, qwZ, qgZ, qwZ + qgZ (and qwZ + qgZ + hpZ with --local-size). Every unit is gathered in
 forward and again in backward (stage3_param_persistence_threshold 0, stage3_max_reuse_distance
 0), so per micro-batch ZeRO-3 sends 3(N-1)/N·4P bytes in fp32 and qwZ + qgZ
-(N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/256⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.22×.
+(N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/4096⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.21×.
+With --dtype bf16 ZeRO-3 moves 2 bytes per element in all three: int8 weights twice and int4
+gradients are ≥ (2 + 0.5)/6 = 0.417× of that on one node, whatever the block sizes (DeepSpeed's
+scheme too); the paper's 4× is the cross-node volume with hpZ (--local-size: the inter-node column).
 The loss column is the mean over ranks of the last 5 steps (one step's loss is one micro-batch's);
 "inter-node" counts the bytes ALL ranks sent across a node boundary in step 1 (all purposes, the
 primitives ledger's link classes; 0 on one node): in a flat ring only the node-boundary ranks
@@ -76,12 +80,14 @@ def _classification_task(rank, world, micro):
 TASKS = {"mlp": _mlp_task, "classification": _classification_task}
 
 
-def _run(rank, world, task, zpp, steps, micro, local_size):
+def _run(rank, world, task, zpp, steps, micro, local_size, dtype="fp32"):
     if local_size:
         os.environ["RINGZERO_LOCAL_SIZE"] = str(local_size)
     model, batch, loss_of, lr = TASKS[task](rank, world, micro)
     cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW", "params": {"lr": lr}}, "zero_optimization": {**BASE, **zpp}}
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
     engine, *_ = zero_from_scratch.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     losses, rep, t0 = [], None, 0.0
     for step in range(steps):
@@ -90,6 +96,8 @@ def _run(rank, world, task, zpp, steps, micro, local_size):
         if step == 0:
             LEDGER.reset()
         inputs, y = batch(step)
+        if dtype == "bf16":    # the model's inputs in its dtype (the engine casts the weights, not the data)
+            inputs = tuple(t.bfloat16() if t.is_floating_point() else t for t in inputs)
         loss = loss_of(engine, inputs, y)
         engine.backward(loss)
         engine.step()
@@ -103,7 +111,7 @@ def _run(rank, world, task, zpp, steps, micro, local_size):
             "s_per_step": (time.perf_counter() - t0) / max(1, steps - 1)}
 
 
-def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None) -> dict:
+def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None, dtype="fp32") -> dict:
     """{run name: {"losses": mean over ranks per step, "rows", "data_sent", "psi", "s_per_step"}: rank 0's
     bytes; "inter": all ranks' inter-node bytes}."""
     runs = dict(runs or RUNS)
@@ -111,7 +119,7 @@ def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None) -> 
         runs[HPZ[0]] = {**HPZ[1], "zero_hpz_partition_size": local_size}
     out = {}
     for name, zpp in runs.items():
-        res = spawn(_run, world, args=(task, zpp, steps, micro, local_size), timeout=3600.0)
+        res = spawn(_run, world, args=(task, zpp, steps, micro, local_size, dtype), timeout=3600.0)
         r0 = res[0]
         r0["losses"] = [sum(r["losses"][i] for r in res) / world for i in range(steps)]
         r0["inter"] = sum(r["inter"] for r in res)
@@ -144,17 +152,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--micro", type=int, default=8, help="micro-batch per rank")
     ap.add_argument("--local-size", type=int, default=0, help="pretend nodes of this many ranks (+ an hpZ run)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: weights and gradients move as bf16")
     ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
     ap.add_argument("--json", default=None, help="also write the results here (figures/ch14_zeropp.py reads it)")
     a = ap.parse_args(argv)
     runs = {k: v for k, v in RUNS.items() if k == "ZeRO-3" or not a.only or k in a.only.split(",")}
-    res = compare(a.model, a.steps, a.world, a.micro, a.local_size, runs)
+    res = compare(a.model, a.steps, a.world, a.micro, a.local_size, runs, a.dtype)
     psi = next(iter(res.values()))["psi"]
     console.print(table(res, f"ZeRO++ bytes sent per optimizer step by rank 0 and loss after {a.steps} steps "
-                             f"({a.model}, Ψ={psi:,}, N={a.world}, fp32)"))
+                             f"({a.model}, Ψ={psi:,}, N={a.world}, {a.dtype})"))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": a.model, "world": a.world, "steps": a.steps, "results": res}, f, indent=1)
+            json.dump({"model": a.model, "world": a.world, "steps": a.steps, "dtype": a.dtype, "results": res}, f, indent=1)
     return res
 
 

@@ -111,9 +111,9 @@ def test_qwz_qgz_bytes_and_loss(spawn):
             assert rows[f"param all-gather ({kind}, int8)"]["sent"] == qwz.allgather_bytes(padded, world)
         for purpose, b in qgz.reduce_bytes(padded, 1, world).items():
             assert rows[purpose]["sent"] == rows[purpose]["ring_formula"] == b
-        # independent expectation: int8 = 1 byte + 4 per 256 (scales), int4 = 1/2 + 4 per 64, vs fp32 4
+        # independent expectation: int8 = 1 byte + 4 per 4096 (scales), int4 = 1/2 + 4 per 64, vs fp32 4
         shard = [p // world for p in padded]
-        expect = sum((world - 1) * (2 * (s + 4 * -(-s // 256)) + (s + 1) // 2 + 4 * -(-s // 64)) for s in shard)
+        expect = sum((world - 1) * (2 * (s + 4 * -(-s // 4096)) + (s + 1) // 2 + 4 * -(-s // 64)) for s in shard)
         assert pp[r][1]["data_sent"] == expect
         assert plain[r][1]["data_sent"] == 3 * (world - 1) * 4 * sum(shard)
         assert pp[r][1]["data_sent"] <= 0.35 * plain[r][1]["data_sent"]
@@ -137,11 +137,38 @@ def _refused(rank, world, z: dict):
 def test_offload_with_quantised_collectives_is_refused_on_every_rank(spawn, tmp_path):
     """Combinations the engine does not wire (a quantised all-gather/reduction of shards in files):
     a ValueError naming the keys and the rank at initialize, on every rank, never a silent mix."""
-    for z, words in (({"offload_param": {"device": "cpu"}, "zero_quantized_weights": True}, "offload_param"),
+    for z, words in (({"offload_param": {"device": "nvme", "nvme_path": str(tmp_path)}, "zero_hpz_partition_size": 2},
+                      "secondary partition"),
                      ({"offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)},
                        "zero_quantized_gradients": True}, "zero_quantized_gradients")):
         out = spawn(_refused, 2, args=(z,))
         assert all(f"rank {r}:" in m and words in m and "not supported" in m for r, m in enumerate(out)), out
+
+
+def _offload_pp(rank, world, offload: bool, overlap: bool, hpz: int = 1, qw: bool = True):
+    os.environ["RINGZERO_LOCAL_SIZE"] = "2"                 # with 4 ranks: 2 "nodes" × 2
+    z = {"zero_quantized_weights": qw, "zero_quantized_gradients": True, "overlap_comm": overlap,
+         "zero_hpz_partition_size": hpz, **({"offload_param": {"device": "cpu", "buffer_count": 2}} if offload else {})}
+    losses, rep, _, _ = _train(rank, world, z, steps=3, width=64, report_step=1)
+    return losses, sorted(row["purpose"] for row in rep["rows"])
+
+
+def test_qwz_qgz_with_offload_param_are_qwz_qgz(spawn):
+    """qwZ reads each offloaded shard in and quantises it; qgZ reduces gradients, which
+    offload_param leaves in memory: offloading the shards changes where they live, not one bit of
+    the losses (as offload_param alone vs ZeRO-3); overlap_comm (prefetches, qgZ on the comm
+    thread) changes when bytes move only. Offload + overlap against neither."""
+    assert spawn(_offload_pp, 2, args=(True, True)) == spawn(_offload_pp, 2, args=(False, False))
+
+
+def test_hpz_with_offload_param_cpu_is_hpz(spawn):
+    """hpZ with offload_param "cpu" keeps its secondary shards in host memory (where DeepSpeed puts
+    them for "cpu"); 2 "nodes" × 2 ranks: the backward gathers stay in the group and the losses are
+    bit for bit those without offload and without overlap_comm (qgZ's intra-node all-to-all on
+    the comm thread, the inter-node step after it: when bytes move, not which)."""
+    on, off = spawn(_offload_pp, 4, args=(True, True, 2, False)), spawn(_offload_pp, 4, args=(False, False, 2, False))
+    assert on == off
+    assert all("param all-gather (backward, hpZ group)" in purposes for _, purposes in on), on[0][1]
 
 
 def _hier_reduce(rank, world):
@@ -206,21 +233,27 @@ def _overlap(rank, world, overlap, impl="primitives"):
     zpp = {"zero_quantized_weights": True, "zero_quantized_gradients": True, "overlap_comm": overlap}
     z = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0, **zpp}
     engine, *_ = zero_from_scratch.initialize(model=mlp(64), config={**CFG, "zero_optimization": z}, comm_impl=impl)
-    losses = []
+    losses, async_a2a, composed = [], [], engine.comm.composed
+
+    def spy(purpose, *a, async_op=False, **k):           # which qgZ all-to-alls were launched asynchronously
+        async_a2a.append(async_op and purpose == "grad all-to-all (int4)")
+        return composed(purpose, *a, async_op=async_op, **k)
+    engine.comm.composed = spy
     for step in range(3):
         x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 * step + rank))
         loss = engine(x).pow(2).mean()
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    return losses, engine.stage.stats["prefetch_used"]
+    return losses, engine.stage.stats["prefetch_used"], sum(async_a2a)
 
 
-def test_qwz_prefetch_and_torch_comm_are_the_same_computation(spawn):
+def test_qwz_prefetch_qgz_overlap_and_torch_comm_are_the_same_computation(spawn):
     seq, ovl = spawn(_overlap, 2, args=(False,)), spawn(_overlap, 2, args=(True,))
     tch = spawn(_overlap, 2, args=(False, "torch"))
     for r in range(2):
         assert ovl[r][1] > 0 and seq[r][1] == 0          # prefetched int8 gathers were used
+        assert ovl[r][2] > 0 and seq[r][2] == 0          # overlap_comm: qgZ's all-to-alls left the backward thread
         assert ovl[r][0] == seq[r][0]                     # same bytes quantised, same sums: same losses
         assert tch[r][0] == seq[r][0]                     # torch.distributed moves the same bytes (flat qgZ)
 

@@ -23,6 +23,8 @@ weights, and quantises it again for the group all-gather: a second rounding, oth
 The group all-gather is filed in the ledger as "param all-gather (backward, hpZ group)". Under
 overlap_comm the prefetches do the same: a forward prefetch keeps the slice when it is waited
 for, a backward prefetch gathers inside the group (stage3.py, qwz.py).
+With offload_param "cpu" the secondary shards stay in host memory, where DeepSpeed puts them
+(_partition_param_sec allocates them on the offload device); "nvme" is refused (not in files here).
 Needs comm_impl="primitives" (the group is a primitives view, not a torch process group).
 """
 from __future__ import annotations

@@ -23,13 +23,14 @@ Communication per optimizer step and rank, ring algorithms (b·P bytes of payloa
 plus one 8-byte all-reduce for the global gradient norm (and, stage 3, the tiny int64
 divergence checks), listed separately.
 ZeRO++ at stage 3 (arXiv 2306.10209; per unit, s = P/N, m nodes × k ranks; rows named by purpose):
-  qwZ  each param all-gather sends (N-1)·w8(s), w8(s) = s + 4⌈s/256⌉ (int8 + fp32 scales):
+  qwZ  each param all-gather sends (N-1)·w8(s), w8(s) = s + 4⌈s/4096⌉ (int8 + fp32 scales):
        ¼ of fp32's (N-1)·4s, ½ of bf16's (qwz.py)
   hpZ  the backward all-gather runs inside a group of k ranks (a node): (k-1)·P/k elements,
        nothing across nodes; with qwZ it moves the int8 bytes, (k-1)·(N/k)·w8(s) (hpz.py)
   qgZ  the reduce-scatter becomes int4 all-to-alls: (k-1)·w4(m·s) inside the node, then
        (m-1)·w4(s) across, w4(x) = ⌈x/2⌉ + 4⌈x/64⌉; one node: (N-1)·w4(s) ≈ 0.14 of fp32's (qgz.py)
-  qwZ + qgZ in fp32: (N-1)·(2·w8(s) + w4(s)) ≈ 0.22 × ZeRO-3's 3·(N-1)·4s per micro-batch.
+  qwZ + qgZ in fp32: (N-1)·(2·w8(s) + w4(s)) ≈ 0.21 × ZeRO-3's 3·(N-1)·4s per micro-batch
+  (bf16: ≈ 0.43 × 3·(N-1)·2s).
 """
 from __future__ import annotations
 

@@ -255,14 +255,12 @@ def make(stage) -> ParamStore | None:
     spec = getattr(stage.e.config, "offload_param", None)
     if spec is None:
         return None
-    if stage.hpz:
-        raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param with zero_hpz_partition_size > 1 is not "
-                         "supported by this engine (hpZ keeps a secondary copy of the parameters in memory); "
-                         "allowed: one of the two")
-    if stage.qwz or stage.qgz:
-        raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param with zero_quantized_weights/"
-                         "zero_quantized_gradients is not supported by this engine (DeepSpeed would quantise the "
-                         "all-gathers of offloaded shards); allowed: one of the two")
+    if stage.hpz and spec["device"] != "cpu":   # DeepSpeed: hpZ's secondary on the offload device (_partition_param_sec)
+        raise ValueError(f"rank {stage.rank}: zero_optimization.offload_param device 'nvme' with "
+                         "zero_hpz_partition_size > 1 is not supported by this engine: hpZ's secondary partition "
+                         "lives in host memory here (as DeepSpeed places it for device 'cpu', _partition_param_sec), "
+                         "not in files; allowed: device 'cpu', or one of the two")
+    # qwZ reads each shard in to quantise it (qwz.py); qgZ reduces gradients, which stay in memory
     # each unit's block is assembled (zero_partition.unit_block: one unit whole at a time, Init's
     # shards read back and dropped) and written to its home at once: no Ψ/N copy in memory
     store = ParamStore(stage.e, spec, stage.dtype, stage.dev, source=stage._unit_block)

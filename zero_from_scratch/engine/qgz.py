@@ -25,12 +25,17 @@ Precision: int4, the paper's choice: the N contributions are rounded independent
 unbiased in sign) and the optimizer sees their mean, while the bytes are 1/8 of fp32's. Block
 B = 64 rather than qwZ's 256, measured: on the MLP of tests/test_zero_pp.py the loss after 30
 steps moved +1.9 % from unquantised with B = 256, +1.0 % with 64, +0.8 % with 32, while the
-scales add 0.016, 0.0625, 0.125 byte per element to int4's 0.5.
+scales add 0.016, 0.0625, 0.125 byte per element to int4's 0.5. DeepSpeed 0.19.8
+(all_to_all_quant_reduce) is int4 in both all-to-alls too, with max(rows, cols, N) groups per
+gradient matrix (≈ min(rows, cols) elements each: 256 on that MLP's hidden layer), its scales in
+a second all-to-all beside the codes (here in the same buffer: same bytes, one call); 1-D
+gradients (biases) go through its plain reduce-scatter.
 Error bound of my block: Σ over the contributions of s_i/2 (plus, with m > 1, half a step of
 the re-quantised node sums).
 Needs comm_impl="primitives" for m > 1 (the node groups are primitives views); with
-comm_impl="torch" it is the one-node form over the whole group. Runs synchronously (no
-overlap_comm for gradients: the quantisation is itself compute on the same cores).
+comm_impl="torch" it is the one-node form over the whole group. Under overlap_comm the first
+all-to-all runs on the engine's comm thread while backward goes on, as the unquantised
+reduce-scatter does; encoding, decoding and (m > 1) the inter-node step stay on the caller.
 """
 from __future__ import annotations
 
@@ -60,33 +65,44 @@ class QgZ:
         self.m, self.k = len(self.grid), len(self.grid[0])
         self.j = self.grid[[c.rank in row for row in self.grid].index(True)].index(c.rank)
 
-    def _a2a(self, purpose: str, group, send: torch.Tensor, u) -> torch.Tensor:
-        """All-to-all of equal rows (row p to group rank p) within group; the ledger files it."""
+    def _a2a(self, purpose: str, group, send: torch.Tensor, u, tag: int, async_op: bool = False):
+        """All-to-all of equal rows (row p to group rank p) within group; the ledger files it.
+        Returns (recv, handle): handle None when it ran synchronously."""
         recv = torch.empty_like(send)
         n, b = send.shape[0], send.numel()
         if group is None:                                  # comm_impl="torch": the world group, flat
             fn = lambda: dist.all_to_all_single(recv, send, group=self.st.comm.group)  # noqa: E731
         else:
             fn = lambda: P.all_to_all_single(recv, send, group=group, algorithm="pairwise",  # noqa: E731
-                                             tag=self.st.tag)
-        self.st.comm.composed(purpose, "all_to_all", b, (n - 1) * b // n, fn, what=u.tag)
-        return recv
+                                             tag=tag)
+        return recv, self.st.comm.composed(purpose, "all_to_all", b, (n - 1) * b // n, fn, what=u.tag,
+                                           async_op=async_op)
 
-    def reduce(self, b: torch.Tensor, u) -> None:
-        """b: this rank's gradient bucket of u (u.padded elements). Afterwards b's block of this
-        rank holds Σ over all ranks of that block (as a reduce-scatter leaves it)."""
-        s, m, k = u.shard, self.m, self.k
+    def reduce(self, b: torch.Tensor, u, async_op: bool = False):
+        """b: this rank's gradient bucket of u (u.padded elements). Once done, b's block of this
+        rank holds Σ over all ranks of that block (as a reduce-scatter leaves it). Returns (handle,
+        finish): handle None when done synchronously; else call finish() after handle.wait().
+        Asynchronous (overlap_comm): the first all-to-all runs on the engine's comm thread while
+        backward goes on; finish() dequantises, sums and (m > 1) runs the inter-node step."""
+        s, m, k, tag = u.shard, self.m, self.k, self.st.tag
         blocks = b.view(-1, s)
         idx = torch.tensor([self.grid[i][jj] for jj in range(k) for i in range(m)], device=b.device)
         pieces = blocks.index_select(0, idx).view(k, m * s)          # piece jj: local rank jj's m blocks
-        got = self._a2a("grad all-to-all (int4, intra-node)" if m > 1 else "grad all-to-all (int4)", self.intra,
-                        encode_rows(pieces, self.spec), u)
-        partial = decode_rows(got, m * s, self.spec).view(k, m, s).sum(0)   # fp32: node sums of my m blocks
-        if m > 1:
-            got = self._a2a("grad all-to-all (int4, inter-node)", self.inter, encode_rows(partial, self.spec), u)
-            partial = decode_rows(got, s, self.spec).sum(0, keepdim=True)
-        lo, hi = u.shard_range(self.st.rank)
-        b[lo:hi].copy_(partial.view(-1))
+        got, h = self._a2a("grad all-to-all (int4, intra-node)" if m > 1 else "grad all-to-all (int4)", self.intra,
+                           encode_rows(pieces, self.spec), u, tag, async_op)
+
+        def finish():
+            partial = decode_rows(got, m * s, self.spec).view(k, m, s).sum(0)   # fp32: node sums of my m blocks
+            if m > 1:
+                g2, _ = self._a2a("grad all-to-all (int4, inter-node)", self.inter, encode_rows(partial, self.spec),
+                                  u, tag)
+                partial = decode_rows(g2, s, self.spec).sum(0, keepdim=True)
+            lo, hi = u.shard_range(self.st.rank)
+            b[lo:hi].copy_(partial.view(-1))
+        if h is None:
+            finish()
+            return None, None
+        return h, finish
 
 
 def make(stage, engine):

@@ -149,9 +149,9 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if self.poff is not None and self.poff.owns(u):
             full, mine = self._read_shard(u)
             self.comm.all_gather_single(full, mine, **self.kw(f"param all-gather ({kind})", u))
-            return full
-        full = super()._fetch(u, kind)
-        if self.hpz:
+        else:
+            full = super()._fetch(u, kind)
+        if self.hpz:                     # with offload_param "cpu" too: in host memory, where DeepSpeed keeps it
             self.hpz.keep(u, full)
         return full
 
@@ -239,8 +239,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def _sum_into_block(self, b: torch.Tensor, u, then=None) -> None:
         if self.qgz is None:
             return super()._sum_into_block(b, u, then)
-        self.qgz.reduce(b, u)                                        # synchronous (qgz.py)
-        self._launch(None, then)
+        h, finish = self.qgz.reduce(b, u, self.overlap)             # overlap_comm: asynchronous (qgz.py)
+        self._launch(h, (lambda: (finish(), then and then())) if h is not None else then)
 
     def after_backward(self, boundary: bool) -> None:
         try:
