@@ -46,8 +46,8 @@ def _cuda_chapters(rank, n):
     for ch in ("02_naive", "03_flat", "04_bucketed"):
         model = importlib.import_module(f"ddp_examples.{ch}").wrap(build_model(cfg).cuda(), cfg)
         inner = model.module
+        res = train(model, cfg, rank, n)     # gradients exist once a backward has run
         devices = {str(p.device) for p in inner.parameters()} | {str(p.grad.device) for p in inner.parameters()}
-        res = train(model, cfg, rank, n)
         out[ch] = (devices, res.params)
     return out
 

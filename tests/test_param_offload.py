@@ -264,7 +264,7 @@ def _cuda(rank, world, path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_param_offload_of_a_cuda_model(spawn, tmp_path):
-    res = spawn(_cuda, 1, args=(str(tmp_path),))[0]
+    res = spawn(_cuda, 1, args=(str(tmp_path),), backend="nccl")[0]   # a GPU user's backend
     assert res["cpu"][1] == (True, True) and res["nvme"][1][1], res   # pinned host shards; bytes moved
     for poff in ("cpu", "nvme"):     # the same kernels on the same values: equal up to GPU reduction order
         assert res[poff][0] == pytest.approx(res[None][0], rel=1e-6, abs=1e-7), (poff, res[poff][0], res[None][0])

@@ -126,7 +126,7 @@ def _cuda(rank, world):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cpu_offload_of_a_cuda_model(spawn):
-    res = spawn(_cuda, 1)[0]
+    res = spawn(_cuda, 1, backend="nccl")[0]   # a GPU user's backend
     dev, state_dev, pinned_state, pinned_master, rep = res["where"]
     assert (dev, state_dev, pinned_state, pinned_master) == ("cuda", "cpu", True, True)
     assert rep["bytes_down_per_step"] > 0 and rep["bytes_down_per_step"] == rep["bytes_up_per_step"]

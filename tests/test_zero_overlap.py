@@ -240,5 +240,5 @@ def _on_cuda(rank, world, stage):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_cuda_model_stays_on_cuda(spawn, stage):
-    for bufs, params, loss in spawn(_on_cuda, 1, args=(stage,)):
+    for bufs, params, loss in spawn(_on_cuda, 1, args=(stage,), backend="nccl"):   # a GPU user's backend
         assert bufs == ["cuda"] and params == ["cuda"] and loss == loss
