@@ -95,8 +95,9 @@ class PipeSchedule:
         self.micro_batches, self.stages, self.stage_id = micro_batches, stages, stage_id
         self.prev_stage, self.next_stage = stage_id - 1, stage_id + 1
 
-    def steps(self):
-        raise NotImplementedError
+    def steps(self):   # abstract, as in DeepSpeed: TrainSchedule / InferenceSchedule define it
+        raise NotImplementedError(f"{type(self).__name__}.steps(): a PipeSchedule subclass defines its steps "
+                                  "(TrainSchedule, InferenceSchedule)")
 
     def num_pipe_buffers(self) -> int:
         return self.micro_batches
