@@ -127,7 +127,7 @@ STRICT_RUNS += [dict(n_layers=6, pp=2, m=4, b=B, steps=1, clip=0.0, schedule="in
 
 def test_nccl_ordering_under_strict_mode(spawn):
     """Strict mode replays nccl's in-order point-to-point streams: the raw 1F1B order would hang
-    there, so the engine runs engine/nccl_order.py's order (train and eval) for every schedule
+    there, so the engine runs engine/simulator.py's order (train and eval) for every schedule
     at pp = 2 — and still equals one process."""
     out = spawn(_strict_runs, 2, args=(STRICT_RUNS,))
     for i, r in enumerate(STRICT_RUNS):

@@ -13,8 +13,7 @@ import torch.nn as nn
 from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel import partition as part
 from pipeline_parallel.engine.module import PartitionError
-from pipeline_parallel.engine.nccl_order import programs
-from pipeline_parallel.engine.simulator import simulate
+from pipeline_parallel.engine.simulator import programs, simulate
 from pipeline_parallel.schedules import SCHEDULES, ScheduleError, build, bubble_formula
 
 

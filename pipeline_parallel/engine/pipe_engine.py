@@ -40,7 +40,7 @@ from pipeline_parallel.engine.checkpoint import load_checkpoint, save_checkpoint
 from pipeline_parallel.engine.config import load
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
-from pipeline_parallel.engine.nccl_order import programs
+from pipeline_parallel.engine.simulator import programs
 from pipeline_parallel.engine.mixed import MixedPrecision, build_scaler
 from pipeline_parallel.engine.optim import engine_optimizer
 from pipeline_parallel.engine.reporting import StepReport
@@ -212,7 +212,7 @@ class PipelineEngine:
     def program(self, train: bool) -> list:
         """This rank's instruction list: the textbook schedule, built each step (microseconds); under
         nccl's ordering (the nccl backend, or strict mode replaying it over gloo) the order
-        engine/nccl_order.py legalises once, so per-peer queues pair up."""
+        engine/simulator.py legalises once, so per-peer queues pair up."""
         if self.comm.backend != "nccl" and not self.comm.strict:
             return build(self.schedule, self.stage, self.pp, self.micro_batches, self.v, train=train)
         if train not in self._nccl_programs:
