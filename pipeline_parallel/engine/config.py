@@ -9,7 +9,7 @@
 As in DeepSpeed's pipeline engine, train_batch_size = micro_batch × gradient_accumulation_steps × dp
 (dp = world / stages) and gradient_accumulation_steps is the number of micro-batches per step.
 Everything but "pipeline" goes through zero_from_scratch.engine.config.load_config (one parser for the
-JSON; its checks and "auto" rules apply); bf16 / fp16 run as engine/mixed.py says; optimizer
+JSON; its checks and "auto" rules apply); bf16 / fp16 run as engine/step.py says; optimizer
 "Lion" is read here (engine/optim.py); ZeRO stage 1 (+ offload_optimizer cpu) is engine/zero1.py.
 Refused, with the reason: ZeRO-2/3 (DeepSpeed refuses them with
 pipelines too: ZeRO-2 reduce-scatters each gradient as soon as it is produced, but a stage
@@ -61,12 +61,12 @@ OVERRIDES = {
     **{f"{s}.{k}": H + "zero_from_scratch/engine/monitor.py: lr, loss_scale (fp16), train_loss, grad_norm, "
        "samples_per_sec per step, on rank 0" for s in ("tensorboard", "csv_monitor") for k in ("enabled", "output_path",
                                                                                               "job_name")},
-    "fp16.enabled": H + "16-bit stages, fp32 masters, loss scaling (engine/mixed.py)",
-    **{f"fp16.{k}": H + "DeepSpeed's FP16_UnfusedOptimizer scale schedule (engine/mixed.py)"
+    "fp16.enabled": H + "16-bit stages, fp32 masters, loss scaling (engine/step.py)",
+    **{f"fp16.{k}": H + "DeepSpeed's FP16_UnfusedOptimizer scale schedule (engine/step.py)"
        for k in ("loss_scale", "initial_scale_power", "loss_scale_window", "min_loss_scale")},
     **{f"fp16.{k}": W + SAME + "ignore it on its unfused fp16 optimizer (torch_adam): no hysteresis on that path"
        for k in ("hysteresis", "consecutive_hysteresis")},
-    "bf16.enabled": H + "bf16 stages, fp32 masters (engine/mixed.py)", "bfloat16.enabled": H + "as bf16.enabled",
+    "bf16.enabled": H + "bf16 stages, fp32 masters (engine/step.py)", "bfloat16.enabled": H + "as bf16.enabled",
     "bf16.immediate_grad_update": W + NOT + "accumulate each micro-batch's gradient into fp32 as it arrives "
                                   "(here gradients accumulate in bf16 over the m micro-batches)",
     "optimizer.type": H + "Adam/AdamW (torch, as torch_adam) or Lion (engine/optim.py)",

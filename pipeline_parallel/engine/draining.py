@@ -123,7 +123,7 @@ class DrainingExecutor(Executor):
             super().fwd(op)
         key = (op.mb, op.chunk)
         if self.train and op.chunk * self.pp + self.stage == self.pp * self.v - 1 and self.e.loss_scale != 1.0:
-            self.y_out[key] = self.y_out[key] * self.e.loss_scale     # fp16: backward from S·loss (engine/mixed.py)
+            self.y_out[key] = self.y_out[key] * self.e.loss_scale     # fp16: backward from S·loss (engine/step.py)
 
     def send_act(self, op):
         c, key = op.chunk, (op.mb, op.chunk)

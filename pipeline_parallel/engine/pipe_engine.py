@@ -41,10 +41,8 @@ from pipeline_parallel.engine.config import load
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.simulator import programs
-from pipeline_parallel.engine.mixed import MixedPrecision, build_scaler
 from pipeline_parallel.engine.optim import engine_optimizer
-from pipeline_parallel.engine.reporting import StepReport
-from pipeline_parallel.engine.step import take_step
+from pipeline_parallel.engine.step import MixedPrecision, StepReport, build_scaler, take_step
 from pipeline_parallel.engine.tied import TiedWeights
 from pipeline_parallel.engine.topology import mesh_sizes
 from pipeline_parallel.engine.zero1 import Zero1
@@ -129,7 +127,7 @@ class PipelineEngine:
         self.tied = TiedWeights(self)
         self.tied.broadcast_initial()
         zero1 = cfg.run.zero.stage == 1
-        self.mixed = (MixedPrecision(self, masters=not zero1)                  # bf16 / fp16 (engine/mixed.py)
+        self.mixed = (MixedPrecision(self, masters=not zero1)                  # bf16 / fp16 (engine/step.py)
                       if model_dtype(cfg.run) != torch.float32 else None)
         self.zero1 = Zero1(self, offload=cfg.run.offload_optimizer is not None) if zero1 else None
         self.clip_norm = cfg.clip_norm

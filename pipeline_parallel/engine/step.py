@@ -1,6 +1,11 @@
-"""The optimizer step of a pipeline rank: gradient norm, status all-reduce, clipping, update.
+"""The end of a pipeline step: gradient norm, status all-reduce, clipping, the update in fp32 or
+through fp32 masters (bf16 / fp16), the loss scale, and what rank 0 reports.
 
     (PipelineEngine.step, run by the executor's `step` op on every rank)
+    "bf16": {"enabled": true}                       or
+    "fp16": {"enabled": true, "initial_scale_power": 16, "loss_scale_window": 1000, "min_loss_scale": 1}
+    "steps_per_print": 10            rank 0: "steps: 10 loss: 2.3456 iter time (s): 0.512 samples/sec: 31.250"
+    "tensorboard": {"enabled": true, "output_path": "runs/", "job_name": "pipe"}
 
 Norm: each parameter once — dp replicas hold equal gradients (only replica 0 counts; under ZeRO-1
 each replica counts the slice it owns, engine/zero1.py), tied copies
@@ -15,17 +20,39 @@ the model-parallel group is the stages of one replica, so rank 0 is stage 0: the
 scales every stage's gradients is stage 0's alone (DeepSpeed's bf16/fp16 optimizers use all stages),
 in its fp32 arithmetic (an fp32 norm per parameter, the coefficient in fp32: _deepspeed_fp32_coef) — its
 AlexNet pipeline example matches to ~1e-6 only with both (clients/pipeline/).
-Mixed precision (engine/mixed.py): the norm is of the scaled gradients ÷ S; a non-finite norm
-skips the step on every rank (skipped_steps += 1, no scheduler step), as DeepSpeed's engine.
-Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's own passes.
+
+Mixed precision, as DeepSpeed's pipeline engine runs it on an unfused optimizer (torch_adam, CPU):
+each stage's parameters, activations and boundary messages are in the 16-bit dtype; gradients
+accumulate in it over the m micro-batches, are reduced over dp in it, then copied to an fp32
+master copy that the optimizer updates and that is copied back (rounded) into the stage
+(2Ψ + 2Ψ + 4Ψ + K·Ψ bytes). fp16: the last stage multiplies each micro-batch's loss by the scale S
+before backward (so every stage's gradients and the boundary gradients carry S); the norm is of the
+scaled gradients ÷ S — one non-finite value anywhere and every stage skips the step
+(skipped_steps += 1; the status all-reduce carries the norm), and the lr scheduler does not advance.
+The scale follows DeepSpeed's FP16_UnfusedOptimizer._update_scale: 2^initial_scale_power at start,
+halved on every overflow (not below min_loss_scale; no hysteresis on this path), doubled after
+loss_scale_window clean steps. bf16: no scale; a non-finite gradient skips the step too.
+
+Reporting (StepReport): DeepSpeed's PipelineEngine.train_batch line every steps_per_print steps, and
+the tensorboard / csv_monitor tags (zero_from_scratch/engine/monitor.py, the ZeRO engine's writer:
+Train/Samples/lr, loss_scale in fp16, train_loss = the step's mean loss, grad_norm,
+samples_per_sec), x = global_samples. Every rank already holds the mean loss and the global norm
+(the status all-reduce), so reporting sends nothing.
+Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's own passes; with
+masters one elementwise pass over Ψ_stage each way (grad → master, master → stage); rank 0's file writes.
 """
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
+from primitives.log import print0
+from zero_from_scratch.engine.comm import Comm
+from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import counts_on
+from zero_from_scratch.engine.precision import model_dtype
 
 
 def take_step(e) -> bool:
@@ -91,3 +118,119 @@ def _deepspeed_fp32_coef(e, clip: float) -> torch.Tensor:
     for _ in range(e.dp - 1):
         total = total + part
     return torch.min(torch.tensor([1.0]), torch.tensor([float(clip)]) / (total + 1e-6))
+
+
+class UnfusedScaler:
+    """DeepSpeed's FP16_UnfusedOptimizer dynamic loss scale (runtime/fp16/unfused_optimizer.py)."""
+
+    def __init__(self, init_scale: float, scale_window: int, min_scale: float, dynamic: bool = True):
+        self.cur_scale, self.scale_window, self.min_scale, self.dynamic = init_scale, scale_window, min_scale, dynamic
+        self.cur_iter, self.last_overflow_iter = 0, -1
+
+    def update(self, overflow: bool) -> None:
+        if self.dynamic:
+            if overflow:
+                self.cur_scale = max(self.cur_scale / 2.0, self.min_scale)
+                self.last_overflow_iter = self.cur_iter
+            else:
+                stable = (self.cur_iter - self.last_overflow_iter) - 1
+                if stable > 0 and stable % self.scale_window == 0:
+                    self.cur_scale *= 2.0
+        self.cur_iter += 1
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("cur_scale", "cur_iter", "last_overflow_iter")}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for k, v in sd.items():
+            setattr(self, k, v)
+
+
+def build_scaler(run):
+    f = run.fp16
+    if not f.enabled:
+        return None
+    if f.loss_scale > 0:
+        return UnfusedScaler(float(f.loss_scale), f.loss_scale_window, f.min_loss_scale, dynamic=False)
+    return UnfusedScaler(2.0 ** f.initial_scale_power, f.loss_scale_window, f.min_loss_scale)
+
+
+class MixedPrecision:
+    """Casts the stage to the 16-bit dtype and keeps the fp32 masters the optimizer steps."""
+
+    def __init__(self, engine, masters: bool = True):
+        self.e, self.dtype = engine, model_dtype(engine.cfg.run)
+        engine.module.to(self.dtype)
+        self.params = engine.params
+        # with ZeRO-1 the fp32 master is the replica's shard (engine/zero1.py): none kept here
+        self.master = [p.detach().float().clone() for p in self.params] if masters else []
+        self.master_of = {id(p): m for p, m in zip(self.params, self.master)}
+
+    def masters_for(self, model_parameters):
+        """The masters of the parameters a client passed (same order), or all of them."""
+        if model_parameters is None:
+            return None
+        return [self.master_of.get(id(p), p) for p in model_parameters]
+
+    def step(self, optimizer, clip: float, norm: float, scale: float) -> bool:
+        """Unscale (and clip) into the masters, step, copy back. False: overflow, the step is skipped."""
+        if not math.isfinite(norm):
+            for p in self.params:
+                p.grad = None
+            return False
+        inv = 1.0 / scale
+        if clip > 0:
+            coef = clip / (norm + 1e-6)
+            if coef < 1:
+                inv *= coef
+        for p, m in zip(self.params, self.master):
+            m.grad = p.grad.float().mul_(inv) if p.grad is not None else None
+            p.grad = None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, m in zip(self.params, self.master):
+                p.copy_(m)
+        return True
+
+
+class _View:
+    """The engine as Monitors.write_step reads it."""
+
+    def __init__(self, engine):
+        self.e = engine
+
+    @property
+    def global_steps(self):
+        return self.e.global_steps
+
+    def get_lr(self):
+        return [g["lr"] for g in self.e.optimizer.param_groups]
+
+    def fp16_enabled(self):
+        return self.e.scaler is not None
+
+    @property
+    def loss_scaler(self):
+        return type("Scale", (), {"loss_scale": self.e.loss_scale})()
+
+    def get_global_grad_norm(self):
+        return self.e.global_grad_norm
+
+
+class StepReport:
+    def __init__(self, engine):
+        self.spp = engine.cfg.run.instruments.get("steps_per_print")
+        mons = engine.cfg.run.monitor
+        on = any(c.enabled for c in mons.values())
+        self.monitors = Monitors(mons, Comm("primitives"), engine.cfg.run.train_batch_size) if on else None
+        self.t0, self.view = time.perf_counter(), _View(engine)
+
+    def after_step(self, engine, loss: float) -> None:
+        now, dt = time.perf_counter(), time.perf_counter() - self.t0
+        self.t0 = now
+        if self.spp and engine.global_steps % self.spp == 0:
+            tput = engine.cfg.run.train_batch_size / dt if dt > 0 else float("inf")
+            print0(f"steps: {engine.global_steps} loss: {loss:0.4f} iter time (s): {dt:0.3f} samples/sec: {tput:0.3f}")
+        if self.monitors is not None:
+            self.monitors.write_step(self.view, loss)
