@@ -25,7 +25,7 @@ topology, data axis fastest), built on first use — the same modules initialize
 With v virtual stages (interleaved schedule) the layers are cut into num_stages·v chunks and
 rank s holds chunks s, s + p, s + 2p, … (Megatron-LM's assignment). Tied layers (TiedLayerSpec
 with the same key) share one module per rank; between ranks the engine keeps them equal by
-summing their gradients (pipeline_parallel/engine/tied.py). Cost: building is local; counting the
+summing their gradients (TiedWeights, pipeline_parallel/engine/layers.py). Cost: building is local; counting the
 parameters for "parameters" builds each LayerSpec once, one at a time, on every rank, as
 DeepSpeed does.
 """
