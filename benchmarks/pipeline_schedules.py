@@ -27,7 +27,7 @@ from rich.table import Table
 from figures.ch09_pipeline import machine
 from pipeline_parallel.engine.model import gpt_layers, lm_loss
 from pipeline_parallel.engine.module import PipelineModule
-from pipeline_parallel.engine.pipe_engine import initialize
+from pipeline_parallel.engine.ds_pipe import initialize
 from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
 from primitives.launch import spawn
 from primitives.log import console

@@ -24,7 +24,7 @@ from rich.table import Table
 from figures.ch09_pipeline import draw, machine
 from figures.common import ROOT
 from pipeline_parallel.engine.module import PipelineModule
-from pipeline_parallel.engine.pipe_engine import initialize
+from pipeline_parallel.engine.ds_pipe import initialize
 from pipeline_parallel.engine.draining import measure_bubbles
 from pipeline_parallel.models import llama_layers, llama_loss, llama_model
 from pipeline_parallel.schedules import bubble_formula

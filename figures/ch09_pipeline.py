@@ -26,7 +26,7 @@ from rich.table import Table
 from figures.common import ROOT, pyplot, save
 from pipeline_parallel.engine.draining import measure_bubbles
 from pipeline_parallel.engine.module import LayerSpec, PipelineModule
-from pipeline_parallel.engine.pipe_engine import initialize
+from pipeline_parallel.engine.ds_pipe import initialize
 from pipeline_parallel.schedules import bubble_formula
 from primitives.launch import spawn
 from primitives.log import console

@@ -29,7 +29,7 @@ from rich.table import Table
 from pipeline_parallel.engine.model import gpt_layers, lm_loss, reference_model
 from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
 from pipeline_parallel.engine.module import PipelineModule
-from pipeline_parallel.engine.pipe_engine import initialize
+from pipeline_parallel.engine.ds_pipe import initialize
 from primitives.launch import spawn
 from primitives.log import console
 

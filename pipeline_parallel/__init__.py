@@ -10,7 +10,7 @@ trainer that uses them: recipes/train_llm.py).
 import importlib
 
 _ENGINE = {"PipelineModule": "pipeline_parallel.engine.module", "LayerSpec": "pipeline_parallel.engine.module",
-           "TiedLayerSpec": "pipeline_parallel.engine.module", "initialize": "pipeline_parallel.engine.pipe_engine",
+           "TiedLayerSpec": "pipeline_parallel.engine.module", "initialize": "pipeline_parallel.engine.ds_pipe",
            "PipelineEngine": "pipeline_parallel.engine.pipe_engine", "PipelineError": "pipeline_parallel.engine.pipe_engine",
            **{n: "pipeline_parallel.engine.topology" for n in ("ProcessTopology", "PipeDataParallelTopology",
                                                              "PipeModelDataParallelTopology")}}

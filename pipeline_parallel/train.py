@@ -35,7 +35,7 @@ from rich.table import Table
 from pipeline_parallel.engine.draining import measure_bubbles
 from pipeline_parallel.engine.model import gpt_layers, lm_loss
 from pipeline_parallel.engine.module import PipelineModule
-from pipeline_parallel.engine.pipe_engine import initialize
+from pipeline_parallel.engine.ds_pipe import initialize
 from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
 from pipeline_parallel.schedules import bubble_formula
 from primitives import all_gather_object

@@ -1,10 +1,11 @@
-"""`deepspeed.pipe` and `deepspeed.initialize` for a PipelineModule, with DeepSpeed's signatures.
+"""initialize() for a PipelineModule (`deepspeed.initialize`'s signature) and `deepspeed.pipe`'s names.
 
     from pipeline_parallel.engine.ds_pipe import PipelineModule, LayerSpec, initialize
     net = PipelineModule(layers=[...], num_stages=2, loss_fn=F.cross_entropy)
     engine, optimizer, loader, sched = initialize(args=args, model=net, training_data=ds,
                                                   model_parameters=[p for p in net.parameters() if p.requires_grad])
     loss = engine.train_batch()          # a 0-dim tensor, the mean loss, on every rank
+    engine, *_ = pipeline_parallel.initialize(model=net, config="ds_config.json", mesh=mesh)   # the same function
 
 The names a client imports from deepspeed.pipe (PipelineModule, LayerSpec, TiedLayerSpec,
 ProcessTopology, PipeDataParallelTopology, PipeModelDataParallelTopology) and initialize()'s
@@ -19,21 +20,27 @@ when they are built already: runtime/pipe/engine.py's __init__), use_reentrant f
 activation_checkpoint_func to non_reentrant_checkpoint (torch's non-reentrant checkpoint, as DeepSpeed's);
 pipe_partitioned / grad_partitioned act only with a model axis (DeepSpeed: is_model_parallel), so
 they are refused there and accepted without one; stages, partition and seed_layers are accepted and
-read by nothing, as in DeepSpeed (PipelineModule's arguments decide those). Cost: none beyond initialize.
+read by nothing, as in DeepSpeed (PipelineModule's arguments decide those).
+The world: the module's topology (pp × dp, or pp × dp × tp), or pp × world/pp, or ringzero's mesh=
+(a primitives.mesh.Mesh built by the caller, dp × pp × tp: pipeline peers are the same (dp, tp)
+coordinate on the neighbouring stage, gradients averaged over mesh.dp_group; the caller's layers
+already hold their tp shards, classification/parallel/pipeline.py); dp=, when given, is checked.
+model_parameters: None (every trainable parameter of this rank's stage) or parameters taken from
+model.parameters() on this rank: the optimizer's. Cost: none beyond building the engine.
 """
 from __future__ import annotations
 
-
-import torch
-
+import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pipeline_parallel.engine.config import read_json
+from pipeline_parallel.engine.config import load, read_json
 from pipeline_parallel.engine.layers import LayerSpec, TiedLayerSpec
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.pipe_engine import PipelineEngine
-from pipeline_parallel.engine.pipe_engine import initialize as _initialize
-from pipeline_parallel.engine.topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
+from pipeline_parallel.engine.topology import (PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology,
+                                               mesh_sizes)
+from primitives.launch import init_from_env
+from primitives.mesh import Mesh, MeshError
 from zero_from_scratch.engine.activation_checkpointing import checkpoint as non_reentrant_checkpoint
 from zero_from_scratch.engine.dataloader import RepeatingLoader   # one home: deepspeed.utils.RepeatingLoader
 from zero_from_scratch.engine.surface import resolve_config        # deepspeed.initialize's config rule, one home
@@ -44,8 +51,9 @@ __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "P
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                distributed_port=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
-               mesh_param=None, config_params=None):
-    """(engine, optimizer, training_dataloader, lr_scheduler) for a PipelineModule, as deepspeed.initialize."""
+               mesh_param=None, config_params=None, dp: int | None = None, mesh: Mesh | None = None):
+    """(engine, optimizer, training_dataloader, lr_scheduler) for a PipelineModule, as deepspeed.initialize;
+    dp (checked against the world) and mesh are ringzero's (see the module docstring)."""
     if not isinstance(model, PipelineModule):
         raise TypeError(f"initialize(model=...) here serves pipeline models: expected a PipelineModule, got "
                         f"{type(model).__name__} (zero_from_scratch.initialize serves plain nn.Modules)")
@@ -59,9 +67,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                       f"pipeline_parallel: {why}")
     config = read_json(resolve_config(args, config, config_params))
     _deepspeed_pipeline_keys(model, config)
-    engine, opt, _, sched = _initialize(model=model, model_parameters=model_parameters, config=config)
-    if not hasattr(engine, "device"):     # DeepSpeed's engine.device: where this stage's parameters live
-        engine.device = next(iter(engine.params), torch.zeros(0)).device
+    if not dist.is_initialized():
+        init_from_env()
+    mesh = _mesh(model, dp, mesh)
+    engine = PipelineEngine(model, load(config, mesh.layout.dp), mesh, model_parameters)
     loader = None
     if training_data is not None:
         sampler = DistributedSampler(training_data, num_replicas=engine.dp, rank=engine.dp_rank, shuffle=False)
@@ -69,7 +78,28 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                             drop_last=bool((engine.cfg.raw or {}).get("dataloader_drop_last", False)))
         engine.training_dataloader = loader
         engine.data_iterator = RepeatingLoader(loader)
-    return engine, opt, loader, sched
+    return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _mesh(model, dp: int | None, mesh: Mesh | None) -> Mesh:
+    """The caller's mesh, else the module topology's, else pp × world/pp; each checked against the
+    model's stages, the world size and dp."""
+    world, rank, pp = dist.get_world_size(), dist.get_rank(), model.num_stages
+    if mesh is None and model._topo is not None:
+        tpp, tdp, ttp = mesh_sizes(model._topo)
+        if tpp * tdp * ttp != world or (dp is not None and dp != tdp):
+            raise MeshError(f"rank {rank}: topology pipe={tpp} × data={tdp} × model={ttp} does not match the world size "
+                            f"{world}" + (f" and dp={dp}" if dp is not None else ""))
+        mesh = Mesh.build(dp=tdp, pp=tpp, tp=ttp)
+    if mesh is not None:
+        if mesh.layout.pp != pp or mesh.layout.world != world or (dp is not None and dp != mesh.layout.dp):
+            raise MeshError(f"rank {rank}: mesh dp={mesh.layout.dp} × pp={mesh.layout.pp} × tp={mesh.layout.tp} does not "
+                            f"match the model's {pp} stages, dp={dp} and world size {world}")
+        return mesh
+    if world % pp or (dp is not None and dp * pp != world):
+        raise MeshError(f"rank {rank}: pp={pp} stages × dp={dp if dp is not None else 'world/pp'} does not divide "
+                        f"the world size {world}; expected world = pp × dp")
+    return Mesh.build(dp=world // pp, pp=pp)
 
 
 _READ_BY_NOTHING = ("stages", "partition", "seed_layers")   # DeepSpeed's engine does not read these either

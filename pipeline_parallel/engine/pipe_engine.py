@@ -1,4 +1,4 @@
-"""initialize(model=PipelineModule, config=...) → (engine, optimizer, None, lr_scheduler), like deepspeed's.
+"""PipelineEngine: one rank's stage trained by train_batch, as DeepSpeed's (initialize builds it: engine/ds_pipe.py).
 
     torchrun --standalone --nproc_per_node 4 pipeline_parallel/train.py --pp 2 --dp 2 --schedule 1f1b
     deepspeed --num_gpus 4 pipeline_parallel/train.py --pp 2 --engine ours
@@ -37,20 +37,17 @@ import torch
 import torch.distributed as dist
 
 from pipeline_parallel.engine.checkpoint import load_checkpoint, save_checkpoint
-from pipeline_parallel.engine.config import load
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.layers import TiedWeights
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.simulator import programs
 from pipeline_parallel.engine.optim import engine_optimizer
 from pipeline_parallel.engine.step import MixedPrecision, StepReport, build_scaler, take_step
-from pipeline_parallel.engine.topology import mesh_sizes
 from pipeline_parallel.engine.zero1 import Zero1
 from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather_object, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
-from primitives.launch import init_from_env
-from primitives.mesh import Mesh, MeshError
+from primitives.mesh import Mesh
 from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.lr_schedules import build_scheduler
 
@@ -67,46 +64,6 @@ def stage_device(module, comm) -> torch.device:
 
 class PipelineError(RuntimeError):
     """Raised on every rank when any rank failed during a step; lists each failing rank's error."""
-
-
-def initialize(model=None, model_parameters=None, config=None, dp: int | None = None, mesh: Mesh | None = None,
-               **_unused):
-    """mesh: a primitives.mesh.Mesh built by the caller (dp × pp × tp, tp ≥ 1): pipeline peers are
-    the same (dp, tp) coordinate on the neighbouring stage (mesh.pp_group), gradients are averaged
-    over mesh.dp_group; the caller's layers already hold their tp shards (classification/parallel/pipeline.py).
-    model_parameters: None (every trainable parameter of this rank's stage) or parameters taken from
-    model.parameters() on this rank (DeepSpeed's example passes the trainable ones): the optimizer's."""
-    if _unused:
-        raise TypeError(f"initialize() got unsupported arguments {sorted(_unused)}")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if not isinstance(model, PipelineModule):
-        raise TypeError(f"rank {rank}: model must be a pipeline_parallel.PipelineModule, got {type(model).__name__}")
-    if not dist.is_initialized():
-        init_from_env()
-    world, rank = dist.get_world_size(), dist.get_rank()
-    pp = model.num_stages
-    if mesh is None and model._topo is not None:
-        tpp, tdp, ttp = mesh_sizes(model._topo)
-        if tpp * tdp * ttp != world or (dp is not None and dp != tdp):
-            raise MeshError(f"rank {rank}: topology pipe={tpp} × data={tdp} × model={ttp} does not match the world size "
-                            f"{world}" + (f" and dp={dp}" if dp is not None else ""))
-        mesh = Mesh.build(dp=tdp, pp=tpp, tp=ttp)
-    if mesh is not None:
-        if mesh.layout.pp != pp or mesh.layout.world != world or (dp is not None and dp != mesh.layout.dp):
-            raise MeshError(f"rank {rank}: mesh dp={mesh.layout.dp} × pp={mesh.layout.pp} × tp={mesh.layout.tp} does not "
-                            f"match the model's {pp} stages, dp={dp} and world size {world}")
-        return _build(model, load(config, mesh.layout.dp), mesh, model_parameters)
-    if world % pp or (dp is not None and dp * pp != world):
-        raise MeshError(f"rank {rank}: pp={pp} stages × dp={dp if dp is not None else 'world/pp'} does not divide "
-                        f"the world size {world}; expected world = pp × dp")
-    dp = world // pp
-    cfg = load(config, dp)
-    return _build(model, cfg, Mesh.build(dp=dp, pp=pp), model_parameters)
-
-
-def _build(model, cfg, mesh, model_parameters=None):
-    engine = PipelineEngine(model, cfg, mesh, model_parameters)
-    return engine, engine.optimizer, None, engine.lr_scheduler
 
 
 class PipelineEngine:
