@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from pipeline_parallel.engine.config import KEY_STATUS, load
 from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
-from pipeline_parallel.engine.optim import build_optimizer
+from pipeline_parallel.engine.config import build_optimizer
 from primitives.log import console
 from zero_from_scratch.engine.client_optim import OptimizerConfig
 

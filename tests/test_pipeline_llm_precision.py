@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline_parallel.engine.ds_pipe import PipelineModule, initialize
-from pipeline_parallel.engine.optim import Lion
+from pipeline_parallel.engine.config import Lion
 from pipeline_parallel.models import llama_layers, llama_loss, llama_model
 
 SEQ, B, M, STEPS = 16, 2, 2, 5

@@ -9,8 +9,16 @@
 As in DeepSpeed's pipeline engine, train_batch_size = micro_batch × gradient_accumulation_steps × dp
 (dp = world / stages) and gradient_accumulation_steps is the number of micro-batches per step.
 Everything but "pipeline" goes through zero_from_scratch.engine.config.load_config (one parser for the
-JSON; its checks and "auto" rules apply); bf16 / fp16 run as engine/step.py says; optimizer
-"Lion" is read here (engine/optim.py); ZeRO stage 1 (+ offload_optimizer cpu) is engine/zero1.py.
+JSON; its checks and "auto" rules apply); bf16 / fp16 run as engine/step.py says; ZeRO stage 1
+(+ offload_optimizer cpu) is engine/zero1.py.
+The optimizer (build_optimizer): torch's Adam/AdamW as DeepSpeed configures them (torch_adam), SGD, or
+Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"), DeepSpeed's "Lion" type
+(its FusedLion / DeepSpeedCPULion, csrc/lion): with c = β1·m + (1 − β1)·g,
+    p ← p·(1 − lr·λ) − lr·sign(c),    m ← β2·m + (1 − β2)·g
+The update has one home, zero_from_scratch/engine/optimizers.py::lion_step_ (the ZeRO engine's,
+DeepSpeed's kernel); Lion here is the torch Optimizer around it that a stage's parameters need.
+DeepSpeed's defaults: betas (0.9, 0.999), weight_decay 0. One state tensor (m) per parameter:
+4Ψ bytes in fp32 where Adam keeps 8Ψ.
 Refused, with the reason: ZeRO-2/3 (DeepSpeed refuses them with
 pipelines too: ZeRO-2 reduce-scatters each gradient as soon as it is produced, but a stage
 produces a parameter's gradient once per micro-batch, m times per step, so it would reduce m
@@ -21,7 +29,7 @@ KEY_STATUS: every key DeepSpeed 0.19.8's parser accepts and what the pipeline en
 the ZeRO engine's table (zero_from_scratch/engine/zero_keys.py: honoured / refused / warned) with
 OVERRIDES where the meaning differs here: a key the ZeRO engine honours with machinery the pipeline
 engine does not run is refused or warned by load() (gate), never accepted in silence.
-Cost: a dict walk at initialize.
+Cost: a dict walk at initialize; per step, a few elementwise passes over Ψ_stage for the optimizer.
 """
 from __future__ import annotations
 
@@ -29,10 +37,12 @@ import json
 import os
 from dataclasses import dataclass
 
-from pipeline_parallel.engine.optim import parse_lion
+import torch
+
 from pipeline_parallel.schedules import ScheduleError, build
 from zero_from_scratch.engine.config import ZeroRunConfig, load_config
 from zero_from_scratch.engine.key_status import NOT, SAME, H, R, W, gate
+from zero_from_scratch.engine.optimizers import lion_step_
 from zero_from_scratch.engine.zero_keys import KEY_STATUS as ZERO_TABLE
 
 __all__ = ["KEY_STATUS", "PipelineRunConfig", "load"]   # KEY_STATUS: tests/test_config_keys.py reads it here
@@ -69,7 +79,7 @@ OVERRIDES = {
     "bf16.enabled": H + "bf16 stages, fp32 masters (engine/step.py)", "bfloat16.enabled": H + "as bf16.enabled",
     "bf16.immediate_grad_update": W + NOT + "accumulate each micro-batch's gradient into fp32 as it arrives "
                                   "(here gradients accumulate in bf16 over the m micro-batches)",
-    "optimizer.type": H + "Adam/AdamW (torch, as torch_adam) or Lion (engine/optim.py)",
+    "optimizer.type": H + "Adam/AdamW (torch, as torch_adam) or Lion (engine/config.py::Lion)",
     "optimizer.params": H + "Adam: lr, betas, eps, weight_decay, adam_w_mode; Lion: lr, betas, weight_decay",
     "dataloader_drop_last": H + "initialize(training_data=…)'s loader drops the last partial micro-batch",
     "pipeline": H + "schedule, virtual_stages, clip_norm (engine/config.py)",
@@ -100,7 +110,7 @@ class PipelineRunConfig:
     virtual_stages: int = 1
     raw: dict | None = None     # the JSON as given (saved in checkpoints as DeepSpeed's ds_config)
     clip_norm: str = "global"   # "stage0": DeepSpeed's fp32 pipeline clipping (engine/step.py)
-    lion: dict | None = None    # Lion's keyword arguments when optimizer.type is "Lion" (engine/optim.py)
+    lion: dict | None = None    # Lion's keyword arguments when optimizer.type is "Lion"
 
     @property
     def micro_batches(self) -> int:
@@ -164,3 +174,82 @@ def load(config, dp: int) -> PipelineRunConfig:
                          f"stage {run.zero.stage}: DeepSpeed offloads only a ZeRO optimizer, and the pipeline engine's "
                          "is stage 1 on the cpu; allowed: stage 1 with {'device': 'cpu'}")
     return PipelineRunConfig(run, schedule, v, given, clip_norm, lion)
+
+LION_KEYS = {"lr", "betas", "weight_decay"}
+
+
+class Lion(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), weight_decay: float = 0.0):
+        if lr < 0 or not all(0 <= b < 1 for b in betas) or weight_decay < 0:
+            raise ValueError(f"Lion: lr={lr}, betas={betas}, weight_decay={weight_decay}: need lr >= 0, betas in "
+                             "[0, 1), weight_decay >= 0")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            lr, (b1, b2), wd = group["lr"], group["betas"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["exp_avg"] = torch.zeros_like(p)
+                lion_step_(p, p.grad, st["exp_avg"], lr, b1, b2, wd)
+        return loss
+
+
+def parse_lion(section: dict) -> dict:
+    """The Lion section's params as Lion's keyword arguments; an unknown key is an error naming it."""
+    params = dict(section.get("params", {}) or {})
+    params.pop("torch_adam", None)
+    bad = set(params) - LION_KEYS
+    if bad:
+        raise ValueError(f"config keys {sorted('optimizer.params.' + k for k in bad)} are not Lion's; "
+                         f"allowed: {sorted(LION_KEYS)}")
+    return {"lr": float(params.get("lr", 1e-3)), "betas": tuple(params.get("betas", (0.9, 0.999))),
+            "weight_decay": float(params.get("weight_decay", 0.0))}
+
+
+def build_optimizer(cfg, stage_params: list, model_parameters, rank: int):
+    """The optimizer over model_parameters (each must be one of this stage's), or over every
+    trainable parameter of the stage when model_parameters is None."""
+    params = stage_params
+    if model_parameters is not None:
+        given = list(model_parameters)
+        if given and isinstance(given[0], dict):
+            raise ValueError(f"rank {rank}: model_parameters as parameter groups (dicts) are not supported by the "
+                             "pipeline engine; pass a list of parameters")
+        ids = {id(p) for p in stage_params}
+        foreign = [tuple(p.shape) for p in given if id(p) not in ids]
+        if foreign:
+            raise ValueError(f"rank {rank}: model_parameters holds {len(foreign)} tensor(s) (shapes {foreign[:3]}) that "
+                             "are not trainable parameters of this rank's stage; pass "
+                             "[p for p in model.parameters() if p.requires_grad] taken on this rank")
+        params = given
+    if getattr(cfg, "lion", None) is not None:
+        return Lion(params, **cfg.lion)
+    o = cfg.run.optimizer
+    if o.type == "SGD":              # DeepSpeed's basic optimizer for it: torch.optim.SGD(params, **config params)
+        return torch.optim.SGD(params, **o.params)
+    if o.type not in ("Adam", "AdamW") or not o.bias_correction:   # the ZeRO engine's config reader accepts more
+        raise ValueError(f"rank {rank}: optimizer {o.type!r}" + ("" if o.bias_correction else " with bias_correction "
+                         "false") + " is not served by the pipeline engine (DeepSpeed's would build it on the stage's "
+                         "parameters); allowed: Adam, AdamW (bias-corrected), Lion or SGD")
+    opt_cls = torch.optim.AdamW if o.adam_w_mode else torch.optim.Adam
+    return opt_cls(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+
+
+def engine_optimizer(e, model_parameters):
+    """The engine's optimizer: ZeRO-1's over this replica's shard, the fp32 masters' (bf16/fp16),
+    or the stage's parameters' (fp32)."""
+    if e.zero1 is not None:
+        given = None if model_parameters is None else {id(p) for p in model_parameters}
+        if given is not None and given != {id(p) for p in e.params}:
+            raise ValueError(f"rank {e.rank}: with zero_optimization.stage 1 model_parameters must be every trainable "
+                             "parameter of the stage (the shard layout covers them all); pass None or all of them")
+        return e.zero1.optimizer
+    if e.mixed is not None:
+        return build_optimizer(e.cfg, e.mixed.master, e.mixed.masters_for(model_parameters), e.rank)
+    return build_optimizer(e.cfg, e.params, model_parameters, e.rank)

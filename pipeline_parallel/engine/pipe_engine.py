@@ -37,11 +37,11 @@ import torch
 import torch.distributed as dist
 
 from pipeline_parallel.engine.checkpoint import load_checkpoint, save_checkpoint
+from pipeline_parallel.engine.config import engine_optimizer
 from pipeline_parallel.engine.draining import DrainingExecutor
 from pipeline_parallel.engine.layers import TiedWeights
 from pipeline_parallel.engine.module import PipelineModule
 from pipeline_parallel.engine.simulator import programs
-from pipeline_parallel.engine.optim import engine_optimizer
 from pipeline_parallel.engine.step import MixedPrecision, StepReport, build_scaler, take_step
 from pipeline_parallel.engine.zero1 import Zero1
 from pipeline_parallel.schedules import build

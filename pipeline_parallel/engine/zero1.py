@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline_parallel.engine.optim import build_optimizer
+from pipeline_parallel.engine.config import build_optimizer
 from zero_from_scratch.engine.mpu import counts_on
 
 
