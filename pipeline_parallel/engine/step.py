@@ -52,7 +52,7 @@ from primitives.log import print0
 from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import counts_on
-from zero_from_scratch.engine.precision import model_dtype
+from zero_from_scratch.engine.precision import DynamicLossScaler, StaticLossScaler, model_dtype
 
 
 def take_step(e) -> bool:
@@ -98,7 +98,7 @@ def take_step(e) -> bool:
         e.optimizer.zero_grad(set_to_none=True)
         applied = True
     if e.scaler is not None:
-        e.scaler.update(overflow=not applied)
+        e.scaler.update_scale(not applied)
     if not applied:
         e.skipped_steps += 1
     elif e.lr_scheduler is not None:
@@ -120,39 +120,16 @@ def _deepspeed_fp32_coef(e, clip: float) -> torch.Tensor:
     return torch.min(torch.tensor([1.0]), torch.tensor([float(clip)]) / (total + 1e-6))
 
 
-class UnfusedScaler:
-    """DeepSpeed's FP16_UnfusedOptimizer dynamic loss scale (runtime/fp16/unfused_optimizer.py)."""
-
-    def __init__(self, init_scale: float, scale_window: int, min_scale: float, dynamic: bool = True):
-        self.cur_scale, self.scale_window, self.min_scale, self.dynamic = init_scale, scale_window, min_scale, dynamic
-        self.cur_iter, self.last_overflow_iter = 0, -1
-
-    def update(self, overflow: bool) -> None:
-        if self.dynamic:
-            if overflow:
-                self.cur_scale = max(self.cur_scale / 2.0, self.min_scale)
-                self.last_overflow_iter = self.cur_iter
-            else:
-                stable = (self.cur_iter - self.last_overflow_iter) - 1
-                if stable > 0 and stable % self.scale_window == 0:
-                    self.cur_scale *= 2.0
-        self.cur_iter += 1
-
-    def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("cur_scale", "cur_iter", "last_overflow_iter")}
-
-    def load_state_dict(self, sd: dict) -> None:
-        for k, v in sd.items():
-            setattr(self, k, v)
-
-
 def build_scaler(run):
+    """fp16's loss scale as DeepSpeed's FP16_UnfusedOptimizer keeps it (runtime/fp16/unfused_optimizer.py:
+    no hysteresis, no error at min_loss_scale); None without fp16."""
     f = run.fp16
     if not f.enabled:
         return None
     if f.loss_scale > 0:
-        return UnfusedScaler(float(f.loss_scale), f.loss_scale_window, f.min_loss_scale, dynamic=False)
-    return UnfusedScaler(2.0 ** f.initial_scale_power, f.loss_scale_window, f.min_loss_scale)
+        return StaticLossScaler(float(f.loss_scale))
+    return DynamicLossScaler(2.0 ** f.initial_scale_power, f.loss_scale_window, f.min_loss_scale, delayed_shift=1,
+                             raise_error_at_min_scale=False)
 
 
 class MixedPrecision:
@@ -211,8 +188,8 @@ class _View:
         return self.e.scaler is not None
 
     @property
-    def loss_scaler(self):
-        return type("Scale", (), {"loss_scale": self.e.loss_scale})()
+    def loss_scaler(self):          # read under fp16 only, where the engine has one
+        return self.e.scaler
 
     def get_global_grad_norm(self):
         return self.e.global_grad_norm

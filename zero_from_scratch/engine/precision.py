@@ -51,8 +51,9 @@ class DynamicLossScaler(StaticLossScaler):
     dynamic = True
 
     def __init__(self, init_scale: float, scale_window: int, min_scale: float, delayed_shift: int = 2,
-                 consecutive_hysteresis: bool = False, scale_factor: float = 2.0):
+                 consecutive_hysteresis: bool = False, scale_factor: float = 2.0, raise_error_at_min_scale: bool = True):
         super().__init__(init_scale)
+        self.raise_error_at_min_scale = raise_error_at_min_scale   # DeepSpeed's flag (its unfused fp16 path: off)
         self.cur_iter = 0
         self.last_overflow_iter = -1
         self.scale_factor = scale_factor
@@ -65,7 +66,7 @@ class DynamicLossScaler(StaticLossScaler):
     def update_scale(self, overflow: bool) -> None:
         if overflow:
             if self.delayed_shift == 1 or self.cur_hysteresis == 1:
-                if self.cur_scale == self.min_scale:
+                if self.cur_scale == self.min_scale and self.raise_error_at_min_scale:
                     raise FloatingPointError(f"fp16 loss scale is already at fp16.min_loss_scale={self.min_scale} "
                                              "and gradients still overflow: the run has diverged")
                 self.cur_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
