@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline_parallel.engine.layers import Tied
-
-VERSION = "0.19.8"         # the DeepSpeed release whose layout this is
+from zero_from_scratch.engine.checkpoint_ds import DS_KEYS, DS_VERSION   # the release whose layout this is, its keys
 
 
 def mp_rank(engine) -> int:
@@ -82,7 +81,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
                      global_steps=engine.global_steps, global_samples=engine.global_samples,
                      skipped_steps=engine.skipped_steps, dp_world_size=engine.dp, mp_world_size=engine.pp * engine.tp,
                      loss_scaler=engine.scaler.state_dict() if engine.scaler is not None else None,
-                     ds_config=engine.cfg.raw, ds_version=VERSION, **(client_state or {}))
+                     ds_config=engine.cfg.raw, ds_version=DS_VERSION, **(client_state or {}))
         torch.save(state, os.path.join(d, f"mp_rank_{mp_rank(engine):02d}_model_states.pt"))
     if engine.zero1:
         engine.zero1.save(os.path.join(d, f"zero_pp_rank_{engine.dp_rank}_mp_rank_{mp_rank(engine):02d}_optim_states.pt"))
@@ -127,6 +126,4 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
             engine.scaler.load_state_dict(state["loss_scaler"])
         engine.global_steps, engine.global_samples = state["global_steps"], state.get("global_samples", 0)
         engine.skipped_steps = state.get("skipped_steps", 0)
-    known = {"module", "optimizer", "lr_scheduler", "global_steps", "global_samples", "skipped_steps", "dp_world_size",
-             "mp_world_size", "loss_scaler", "ds_config", "ds_version"}
-    return path, {k: v for k, v in state.items() if k not in known}
+    return path, {k: v for k, v in state.items() if k not in DS_KEYS and k != "loss_scaler"}

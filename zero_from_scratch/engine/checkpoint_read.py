@@ -20,7 +20,6 @@ import torch
 from zero_from_scratch.engine.mpu import mp_prefix
 
 FORMAT = "ringzero-zero/1"
-KEYS = ("param", "master", "exp_avg", "exp_avg_sq")
 
 
 class DeepSpeedConfigError(ValueError):
@@ -106,7 +105,7 @@ def unshard(man: dict, shards: list[dict]) -> dict:
     full: dict[str, dict] = {}
     for u in lay["units"]:
         g, s, off = u["group"], u["shard"], u["local_offset"]
-        for key in shards[0]["local"][g]:            # KEYS, or the optimizer's own state names
+        for key in shards[0]["local"][g]:            # param, master and the optimizer's own state names
             if shards[0]["local"][g][key] is None:
                 continue
             buf = torch.cat([sh["local"][g][key][off:off + s] for sh in shards])
