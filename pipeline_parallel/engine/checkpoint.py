@@ -24,7 +24,9 @@ import torch
 import torch.distributed as dist
 
 from pipeline_parallel.engine.layers import Tied
+from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_ds import DS_KEYS, DS_VERSION   # the release whose layout this is, its keys
+from zero_from_scratch.engine.checkpoint_read import tag_folder
 
 
 def mp_rank(engine) -> int:
@@ -87,8 +89,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         engine.zero1.save(os.path.join(d, f"zero_pp_rank_{engine.dp_rank}_mp_rank_{mp_rank(engine):02d}_optim_states.pt"))
     dist.barrier()
     if save_latest and dist.get_rank() == 0:
-        with open(os.path.join(save_dir, "latest"), "w") as f:
-            f.write(tag)
+        atomic_write(os.path.join(save_dir, "latest"), lambda f: f.write(tag.encode()))
     dist.barrier()
     return True
 
@@ -96,13 +97,9 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):
     """(path, client_state) like DeepSpeed's; (None, None) when there is no checkpoint to load."""
-    if tag is None:
-        latest = os.path.join(load_dir, "latest")
-        if not os.path.isfile(latest):
-            return None, None          # DeepSpeed warns and returns the same
-        with open(latest) as f:
-            tag = f.read().strip()
-    d = os.path.join(load_dir, str(tag))
+    if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):
+        return None, None              # DeepSpeed warns and returns the same
+    d = tag_folder(load_dir, tag)
     for i, m in saved_layers(engine):
         if not os.path.isfile(layer_path(d, i)):
             raise FileNotFoundError(f"rank {engine.rank}: {layer_path(d, i)} is missing: the checkpoint was saved "
