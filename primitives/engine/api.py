@@ -29,9 +29,6 @@ from primitives.engine.calls import all_reduce as _ar
 from primitives.engine.calls import all_to_all as _a2a
 from primitives.engine.calls import broadcast as _bc
 from primitives.engine.calls import gather as _ga
-from primitives.engine.calls import reduce as _re
-from primitives.engine.calls import reduce_scatter as _rs
-from primitives.engine.calls import scatter as _sc
 from primitives.engine.check import ReduceOp, op_name
 from primitives.engine.cost import SHM_NATIVE
 from primitives.engine.registry import _COMMS, get_comm
@@ -119,7 +116,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     """Like torch.distributed.reduce(tensor, dst, op): the result lands in the root's tensor
     (`dst` a global rank, or `group_dst` a rank of the group)."""
     op = ReduceOp.SUM if op is None else op
-    return _run("reduce", group, async_op, [tensor], lambda comm: _re.reduce(
+    return _run("reduce", group, async_op, [tensor], lambda comm: _bc.reduce(
         comm, real(tensor), dst, op, async_op, group_dst=group_dst, algorithm=algorithm, tag=tag), op, [tensor])
 
 
@@ -138,13 +135,13 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter(output, input_list, op); the blocks of input_list
     may differ in size (block p the size of rank p's output), as on gloo."""
-    return _run("reduce_scatter", group, async_op, [output], lambda comm: _rs.reduce_scatter(
+    return _run("reduce_scatter", group, async_op, [output], lambda comm: _ag.reduce_scatter(
         comm, real(output), reals(input_list), op, async_op, algorithm=algorithm, tag=tag), op, [output, input_list])
 
 
 def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
-    return _run("reduce_scatter_single", group, async_op, [output], lambda comm: _rs.reduce_scatter_single(
+    return _run("reduce_scatter_single", group, async_op, [output], lambda comm: _ag.reduce_scatter_single(
         comm, real(output), real(input), op, async_op, algorithm=algorithm, tag=tag), op, [output, input])
 
 
@@ -153,7 +150,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on the root
     only (`src` a global rank or `group_src` a group rank; neither given: global rank 0)."""
     src = 0 if src is None and group_src is None else src
-    return _run("scatter", group, async_op, [tensor], lambda comm: _sc.scatter(
+    return _run("scatter", group, async_op, [tensor], lambda comm: _ga.scatter(
         comm, real(tensor), reals(scatter_list) or None, src, async_op, group_src=group_src, algorithm=algorithm,
         tag=tag))
 

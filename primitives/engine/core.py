@@ -55,13 +55,24 @@ _lock = threading.Lock()
 _worker = threading.local()   # .key: the communicator whose worker this thread is
 
 
-def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
-        op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
-        plan: Plan, fused: Fused | None = None, replay: Replay | None = None):
+def run(comm, name: str, check: Check, plan: Plan, ok: bool, t, body, async_op: bool, tag: int, nbytes: int, *,
+        op: str | None = None, root: int = -1, fused: Fused | None = None, replay: Replay | None = None,
+        numel: int | None = None, shape: tuple | None = None):
     """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
-    now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
-    the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
-    not needed. `replay`: this call replays a planned signature (its ledger record, once known)."""
+    now or (async_op) on comm's worker thread (_execute). The fingerprint describes tensor t (its
+    numel, dtype and shape, or `numel` / `shape` given; nothing when the arguments are not `ok`);
+    nbytes: S for the ledger. `fused`: how this call's data rides in the check's envelopes
+    (primitives/engine/envelope.py) when the plan says it fits; then body() is not needed.
+    `replay`: this call replays a planned signature (its ledger record, once known)."""
+    algorithm = plan.algo
+    if ok:
+        numel, dtype = t.numel() if numel is None else numel, t.dtype
+        shape = tuple(t.shape) if shape is None else shape
+    else:
+        numel, dtype, shape = -1, None, ()
+    if fused is not None and not (ok and plan.fused and t.numel()):
+        fused = None
+
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
         comm.current_call = CallName(name, algorithm, comm.calls)
@@ -242,10 +253,27 @@ def replayed(comm, *key) -> tuple[Replay | None, tuple | None]:
         return None, None
 
 
-def remember(comm, key, check: Check, pl: Plan, args=None) -> None:
-    """Keep the Replay of a signature whose planning call passed the argument check."""
-    if key is not None and not check.errors:
-        comm.plans[key] = Replay(pl, args)
+def prepare(comm, name: str, algorithm, algos: dict, key: tuple, validate, size):
+    """(replay, plan, check, ok, args, S): what a call runs with. A signature planned before (key:
+    sig() of its tensors, its other arguments) replays its Replay, unchecked; else validate(check)
+    -> (ok, what the check derived: the op's name, the root, ...) checks the arguments, and the
+    first call of the signature builds its plan. size(args) -> S, asked only when ok. algorithm:
+    the one asked for, or a function of args (reduce_scatter's uneven blocks take "direct")."""
+    rp, k = replayed(comm, name, *key)
+    if rp is not None:
+        return rp, rp.plan, PASSED, True, rp.args, size(rp.args)
+    check = Check(comm, name)
+    ok, args = validate(check)
+    ok = bool(ok) and not check.errors
+    nbytes = size(args) if ok else 0
+    pl = plan(name, algorithm(args) if callable(algorithm) else algorithm, algos, comm, nbytes, check)
+    if k is not None and not check.errors:      # only a signature whose arguments passed
+        comm.plans[k] = Replay(pl, args)
+    return None, pl, check, ok, args, nbytes
+
+
+def nbytes(t) -> int:
+    return t.numel() * t.element_size()
 
 
 def check_way(comm, algo: str) -> str | None:
