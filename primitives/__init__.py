@@ -35,8 +35,8 @@ _ENGINE = {   # public name -> the engine module that defines it
     "Work": "primitives.comm", "submit": "primitives.engine.core",
     "ALGORITHMS": "primitives.engine.algos", "get_comm": "primitives.engine.registry",
     "LEDGER": "primitives.engine.ledger", "PeerError": "primitives.engine.errors",
-    "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.core",
-    "handshake_enabled": "primitives.engine.core", "StrictOrderError": "primitives.engine.strict",
+    "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.planned",
+    "handshake_enabled": "primitives.engine.planned", "StrictOrderError": "primitives.engine.strict",
     "set_strict_p2p": "primitives.engine.strict",
 }
 

@@ -75,15 +75,3 @@ def grid(comm) -> list[list[int]]:
     node = [topo.node_of(comm.global_rank(p)) for p in range(comm.size)]
     order = sorted(set(node), key=node.index)
     return [[p for p in range(comm.size) if node[p] == n] for n in order]
-
-
-def prefers_hierarchical(comm) -> bool:
-    """algorithm="auto": use the two-level algorithms when this group spans more than one node
-    (with the same number of ranks on each; otherwise the flat choice stands)."""
-    if comm.size < 2:
-        return False
-    try:
-        m, k = shape(comm)
-    except TopologyError:
-        return False
-    return m > 1

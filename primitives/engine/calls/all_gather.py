@@ -13,9 +13,10 @@ from primitives.all_gather import direct, linear, ring
 from primitives.reduce_scatter import direct as rs_direct, linear as rs_linear, ring as rs_ring
 from primitives.engine import shm_collectives
 from primitives.engine.check import ReduceOp
-from primitives.engine.core import flat_work, nbytes, prepare, run, sig
+from primitives.engine.core import flat_work, run
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import all_gather_2level, reduce_scatter_2level
+from primitives.engine.planned import nbytes, prepare, sig
 from primitives.ops import combine_, finish_avg_
 
 ALGOS = {"linear": linear, "ring": ring, "direct": direct,

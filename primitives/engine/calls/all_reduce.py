@@ -8,9 +8,10 @@ from __future__ import annotations
 from primitives.all_reduce import direct, linear, one_shot, rabenseifner, recursive_doubling, reduce_rows, ring
 from primitives.engine import planned, shm_collectives
 from primitives.engine.check import ReduceOp
-from primitives.engine.core import LazyFlat, _pending, fingerprint, nbytes, prepare, run, sig
+from primitives.engine.core import LazyFlat, _pending, run
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import all_reduce_2level
+from primitives.engine.planned import fingerprint, nbytes, prepare, sig
 from primitives.ops import finish_avg_
 
 ALGOS = {"linear": linear, "ring": ring, "direct": direct, "one_shot": one_shot,

@@ -14,9 +14,10 @@ import torch
 
 from primitives.all_to_all import linear, pairwise
 from primitives.engine.check import Check
-from primitives.engine.core import flat_work, handshake_enabled, plan, run
+from primitives.engine.core import flat_work, run
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
+from primitives.engine.planned import handshake_enabled, plan
 from primitives.ops import wait_all
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from primitives.broadcast import linear, ring, tree
 from primitives.reduce import linear as r_linear, ring as r_ring, tree as r_tree
 from primitives.engine.check import ReduceOp
-from primitives.engine.core import LazyFlat, flat_work, nbytes, prepare, run, sig
+from primitives.engine.core import LazyFlat, flat_work, run
 from primitives.engine.envelope import Fused
+from primitives.engine.planned import nbytes, prepare, sig
 from primitives.ops import finish_avg_
 
 ALGOS = {"linear": linear, "ring": ring, "tree": tree}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from primitives.gather import linear, ring, tree
 from primitives.scatter import linear as s_linear, ring as s_ring, tree as s_tree
-from primitives.engine.core import flat_work, nbytes, prepare, run, sig
+from primitives.engine.core import flat_work, run
+from primitives.engine.planned import nbytes, prepare, sig
 
 ALGOS = {"linear": linear, "ring": ring, "tree": tree}
 SCATTER_ALGOS = {"linear": s_linear, "ring": s_ring, "tree": s_tree}
