@@ -16,7 +16,7 @@ the textbook's algorithm functions (primitives/<collective>.py) unchanged and wr
                              textbook's shared-memory collectives (primitives/shm.py)
     strict.py, faults.py, ledger.py  nccl's ordering rules on CPU, naming the dead rank, byte counts
     rendezvous.py            communicator set-up through the store: a rank that never arrives is named
-    runner.py, reference.py, all_to_all_runner.py   the verify-and-time scripts
+    runner.py, reference.py  the verify-and-time scripts and the backends' own collectives
 Printing and launching ranks, which every package uses, live one level up: primitives/log.py, primitives/launch.py.
 Nothing in the textbook (READING.md) imports this package.
 """
