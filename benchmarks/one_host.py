@@ -87,6 +87,13 @@ def index(results: list[dict]) -> tuple[dict, list]:
     return out, pts
 
 
+def paired(a: dict, b: dict) -> float:
+    """The median over rounds of a's time / b's, each round's two samples taken side by side (the
+    worker's order): what the machine's load does to one round it does to both, where a ratio of
+    medians over different rounds would carry the load's swings between rounds (2× when loaded)."""
+    return statistics.median(x / y for x, y in zip(a["samples"], b["samples"]))
+
+
 def busbw(n, S, t):
     return S / t * 2 * (n - 1) / n / 1e9
 
@@ -100,7 +107,7 @@ def analyse(rows: dict, table: dict, default_tp: str) -> dict:
         get = lambda k: rows.get((n, S, k))  # noqa: E731
         bus = busbw(n, S, r["med"])
         c = dict(bus=bus, algo=r["algo"], gloo=bus / busbw(n, S, get("gloo")["med"]),
-                 memcpy=bus / (S / get("memcpy")["med"] / 1e9), check=r["med"] / get("unchecked")["med"] - 1)
+                 memcpy=bus / (S / get("memcpy")["med"] / 1e9), check=paired(r, get("unchecked")) - 1)
         if get("mpich"):
             c["mpich"] = bus / busbw(n, S, get("mpich")["med"])
         for key, row in (("model", r), ("model_unchecked", get("unchecked"))):      # busbw error: t / t_pred - 1

@@ -13,8 +13,11 @@ Contenders, on one buffer of zeros per size (repeated in-place sums of zeros sta
                    shared memory) and tcp (gloo's TCP): the measurements the cost model is fitted to
 and, with --ops all_reduce,all_gather_single, every all-gather algorithm the same way (an
 all-gather reduces nothing: beside the all-reduces it tells the fit β from γ).
-Each of `reps` rounds times every contender in turn (iterations sized to ~budget seconds, at
-least one); a sample is the slowest rank's mean per call. Cost: ~20 contenders × sizes × reps.
+Each of `reps` rounds times every contender in turn, every other round in reverse order, so
+default and unchecked are always timed side by side and neither always first (iterations sized to
+~budget seconds, at least one); a sample is the slowest rank's mean per call. Switching the check
+keeps each setting's planned calls (primitives/engine/planned.py), so neither side re-plans.
+Cost: ~20 contenders × sizes × reps.
 """
 from __future__ import annotations
 
@@ -109,9 +112,10 @@ def measure(ops, sizes, reps: int, budget: float, MPI, w, tcp) -> list[dict]:
                 if k in ("default", "unchecked"):
                     ran[k] = P.LEDGER.calls[-1].algorithm if P.LEDGER.calls else "?"
             samples = {k: [] for k in fns}
-            for _ in range(reps):
-                for k, (fn, hs) in fns.items():
-                    samples[k].append(timed(fn, hs, iters[k]))
+            order = list(fns)
+            for rep in range(reps):      # every other rep backwards: no contender is always timed first
+                for k in (order if rep % 2 == 0 else order[::-1]):
+                    samples[k].append(timed(*fns[k], iters[k]))
             P.LEDGER.calls.clear()
             for k, ts in samples.items():
                 tp, _, al = k.partition("/")
