@@ -11,7 +11,9 @@ the rest; MPIR_CVAR_ENABLE_HEAVY_YIELD=1, or MPICH busy-polls the shared cores),
 otherwise (no MPICH column). Each size times, in turn, `--reps` times: the default path
 (P.all_reduce: check on, transport auto, algorithm auto), the same unchecked, gloo's and MPICH's
 built-in, a memcpy of the same bytes on every rank, and every all-reduce algorithm unchecked on
-the shm and the tcp transport; the table shows medians (busbw as nccl-tests: S/t·2(N-1)/N).
+the shm and the tcp transport; the table shows medians (busbw as nccl-tests: S/t·2(N-1)/N). The
+check's cost is timed call by call, the default call with the check on and off in turn (a median
+of single calls: the load's descheduled calls drop out of it).
 The cost model's α, β, γ, o are then fitted to those per-algorithm times (cost_fit.py, per family
 and N), its error printed per size, and `auto`'s pick checked against the measured best.
 Buffers are float32 zeros. RINGZERO_TRANSPORT is cleared for the run (the default is measured).
@@ -87,13 +89,6 @@ def index(results: list[dict]) -> tuple[dict, list]:
     return out, pts
 
 
-def paired(a: dict, b: dict) -> float:
-    """The median over rounds of a's time / b's, each round's two samples taken side by side (the
-    worker's order): what the machine's load does to one round it does to both, where a ratio of
-    medians over different rounds would carry the load's swings between rounds (2× when loaded)."""
-    return statistics.median(x / y for x, y in zip(a["samples"], b["samples"]))
-
-
 def busbw(n, S, t):
     return S / t * 2 * (n - 1) / n / 1e9
 
@@ -107,7 +102,8 @@ def analyse(rows: dict, table: dict, default_tp: str) -> dict:
         get = lambda k: rows.get((n, S, k))  # noqa: E731
         bus = busbw(n, S, r["med"])
         c = dict(bus=bus, algo=r["algo"], gloo=bus / busbw(n, S, get("gloo")["med"]),
-                 memcpy=bus / (S / get("memcpy")["med"] / 1e9), check=paired(r, get("unchecked")) - 1)
+                 memcpy=bus / (S / get("memcpy")["med"] / 1e9),
+                 check=get("checked_alt")["med"] / get("unchecked_alt")["med"] - 1 if get("checked_alt") else None)
         if get("mpich"):
             c["mpich"] = bus / busbw(n, S, get("mpich")["med"])
         for key, row in (("model", r), ("model_unchecked", get("unchecked"))):      # busbw error: t / t_pred - 1
@@ -163,7 +159,7 @@ def print_tables(rows, pts, cells, table, info):
             t.add_row(f"{S:,}", f"{c['bus']:.3f} → {c['algo']}", bb("unchecked"), bb("gloo"), bb("mpich"),
                       f"{S / rows[(n, S, 'memcpy')]['med'] / 1e9:.2f}", f"{c['gloo']:.2f}×",
                       f"{c['mpich']:.2f}×" if "mpich" in c else "–", f"{c['memcpy']:.2f}",
-                      f"{c['check'] * 100:+.0f} %", _pct(c["model"]),
+                      _pct(c["check"]), _pct(c["model"]),
                       f"{rows[(n, S, 'unchecked')]['algo']}, {_pct(c['model_unchecked'])}")
         console.print(t)
     t = Table(title="cost model fitted to this run (cost_fit.py: relative least squares, constants ≥ 0)")
