@@ -5,7 +5,7 @@ attachment, unlinking, stale-segment removal and peer liveness. No messaging her
 
 Life of a segment (one per host per communicator):
   1. every rank publishes (hostname + boot id, pid, process start time) through the store
-     (rendezvous.py: one key per rank, a deadline, a rank that never arrives named); ranks with
+     (faults.Rounds: one key per rank, a deadline, a rank that never arrives named); ranks with
      the same key share a host. The boot id changes at
      every reboot and differs between machines even when hostnames collide.
   2. the lowest rank of each host sweeps /dev/shm for ringzero segments of this user whose
