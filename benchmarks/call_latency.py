@@ -19,9 +19,9 @@ the same run, and busbw = S/t·2(N-1)/N (nccl-tests). The goals: ≤ 15 µs at 4
 without the MPICH column. Buffers are float32 zeros. --fifo runs the ranks under SCHED_FIFO
 (`chrt -f 5`, needs root or CAP_SYS_NICE) so other jobs on a shared machine do not preempt them; only
 for N ≤ cores (a busy-polling MPICH rank at real-time priority would never give up its core).
-Where the ranks ran: per size, the moves between cores and the involuntary context switches of all
-ranks while ringzero's calls ran, per 1,000 calls (/proc/self/sched); --pin pins rank r to core
-r mod cores for the run, to tell core placement from the rest when runs disagree.
+Where the ranks ran: per size, how many of ringzero's samples ended with its ranks on fewer cores
+than they may use, min(N, cores) (each rank reads its core from /proc/self/stat as its batch ends); --pin pins rank r to core r mod cores for the run, to tell core placement from the
+rest when runs disagree.
 """
 from __future__ import annotations
 
@@ -50,15 +50,13 @@ from primitives.log import console
 SIZES = (4, 4 << 10, 64 << 10, 1 << 20)
 
 
-def sched_counts() -> list[int]:
-    """[moves between cores, involuntary context switches] of this process so far (/proc/self/sched,
-    which kernels built with CONFIG_SCHED_DEBUG have; zeros elsewhere)."""
+def cpu() -> int:
+    """The core this process is running on now (/proc/self/stat's `processor`; -1 where unreadable)."""
     try:
-        with open("/proc/self/sched") as f:
-            d = {k.strip(): v for k, _, v in (line.partition(":") for line in f)}
-        return [int(float(d["se.nr_migrations"])), int(float(d["nr_involuntary_switches"]))]
-    except (OSError, KeyError, ValueError):
-        return [0, 0]
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def worker(a) -> None:
@@ -85,21 +83,20 @@ def worker(a) -> None:
             t0 = time.perf_counter()
             fn()
             iters[k] = max(5, min(2000, int(a.budget / max(slowest(time.perf_counter() - t0), 1e-7))))
-        samples, sched = {k: [] for k in fns}, torch.zeros(2, dtype=torch.int64)
+        samples, shared = {k: [] for k in fns}, 0
         for _ in range(a.reps):
             for k, fn in fns.items():
                 dist.barrier()
-                before = sched_counts() if k == "ringzero" else None
                 t0 = time.perf_counter()
                 for _ in range(iters[k]):
                     fn()
                 samples[k].append(slowest((time.perf_counter() - t0) / iters[k]))
-                if before is not None:             # where the ranks ran while ringzero's calls did
-                    sched += torch.tensor(sched_counts()) - torch.tensor(before)
-        dist.all_reduce(sched)
+                if k == "ringzero":                # where the ranks ran: two of them on one core?
+                    cpus = [None] * n
+                    dist.all_gather_object(cpus, cpu())
+                    shared += len(set(cpus)) < min(n, len(os.sched_getaffinity(0)))
         rows.append(dict(n=n, size=S, med={k: statistics.median(v) for k, v in samples.items()},
-                         spread={k: (min(v), max(v)) for k, v in samples.items()},
-                         sched=[1000 * int(x) / (a.reps * iters["ringzero"]) for x in sched]))
+                         spread={k: (min(v), max(v)) for k, v in samples.items()}, shared=(shared, a.reps)))
     if dist.get_rank() == 0:
         with open(a.json, "w") as f:
             json.dump(dict(rows=rows, load=os.getloadavg()[0]), f)
@@ -186,14 +183,14 @@ def main(argv=None):
                             f"{med['ringzero'] / med['mpich']:.2f}" if "mpich" in med else "-",
                             f"{med['gloo'] / med['ringzero']:.1f}", f"{bw('ringzero')} | {bw('mpich')}",
                             goal(n, S, med))
-                placed.append(f"N = {n} {_size(S)}: {row['sched'][0]:.1f} | {row['sched'][1]:.1f}")
+                placed.append(f"N = {n} {_size(S)}: {row['shared'][0]} of {row['shared'][1]}")
     console.print(tab)
     console.print(f"load average during the runs: {', '.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} cores "
                   "(numbers measured under that load; ±30 % noise is normal here)"
                   + ("; N ≤ cores ran at real-time priority (--fifo)" if a.fifo else "")
                   + ("; rank r pinned to core r mod cores (--pin)" if a.pin else ""))
-    console.print("where the ranks ran while ringzero's calls did, all ranks, per 1,000 calls (/proc/self/sched): "
-                  "moves between cores | involuntary context switches: " + "; ".join(placed))
+    console.print("ringzero's samples that ended with its ranks on fewer cores than they may use (each rank "
+                  "reads its core as its batch ends): " + "; ".join(placed))
 
 
 if __name__ == "__main__":
