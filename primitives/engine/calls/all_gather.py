@@ -13,7 +13,7 @@ from primitives.all_gather import direct, linear, ring
 from primitives.reduce_scatter import direct as rs_direct, linear as rs_linear, ring as rs_ring
 from primitives.engine import shm_collectives
 from primitives.engine.check import ReduceOp
-from primitives.engine.core import flat_work, run
+from primitives.engine.core import LazyFlat, flat_work, run
 from primitives.engine.envelope import Fused
 from primitives.engine.hierarchical import all_gather_2level, reduce_scatter_2level
 from primitives.engine.planned import nbytes, prepare, sig
@@ -28,27 +28,22 @@ RS_ALGOS = {"linear": rs_linear, "ring": rs_ring, "direct": rs_direct,
 
 
 class _Blocks:
-    """The call's N blocks (blocks(): block p is rank p's) and its own tensor `mine`, as contiguous
-    1-D buffers made when the call executes (async calls run later than they are posted); done()
-    writes back what had to be a copy, then runs post()."""
+    """The call's N blocks (blocks(): block p is rank p's) and its own tensor `mine`, each a
+    core.LazyFlat (made when the call executes); done() writes back the blocks' or mine's copies,
+    then runs post()."""
 
     def __init__(self, blocks, mine, post=None):
-        self.blocks, self.mine, self.post, self.work = blocks, mine, post, None
+        self.blocks, self.mine, self.post, self.lazy = blocks, LazyFlat(mine), post, None
 
     def __call__(self):
-        if self.work is None:
-            self.work = [flat_work(b) for b in self.blocks()]
-            self.flat = [w for w, _ in self.work]
-            self.buf, self.copied = flat_work(self.mine)
-        return self.flat, self.buf
+        if self.lazy is None:
+            self.lazy = [LazyFlat(b) for b in self.blocks()]
+            self.flat = [b() for b in self.lazy]
+        return self.flat, self.mine()
 
     def done(self, into_blocks: bool):
-        if into_blocks:
-            for orig, (w, copied) in zip(self.blocks(), self.work):
-                if copied:
-                    orig.copy_(w.view_as(orig))
-        elif self.copied:
-            self.mine.copy_(self.buf.view_as(self.mine))
+        for b in self.lazy if into_blocks else [self.mine]:
+            b.copy_back()
         if self.post is not None:
             self.post()
 
