@@ -2,7 +2,7 @@
 the textbook's algorithm functions (primitives/<collective>.py) unchanged and wraps them:
 
     checked.py, comms.py     the checked Communicator (ledger, deadlines, strict mode, topology)
-                             and its collective methods; subcomm.py: intra-/inter-node views;
+                             and its collective methods;
                              mpi_comm.py, shm.py: the MPI and shared-memory transports;
                              registry.py: get_comm(group)
     api.py, calls/           the torch.distributed-shaped drop-ins (coalesced calls included;
@@ -14,7 +14,8 @@ the textbook's algorithm functions (primitives/<collective>.py) unchanged and wr
                              (in the data, or a round that also carries small calls' data), the
                              one executor for async calls
     cost.py, traffic.py      the α-β cost model behind "auto", and the exact bytes per algorithm
-    hierarchical.py, topology.py     two-level algorithms for ranks on several nodes
+    subcomm.py, topology.py  ranks on several nodes: intra-/inter-node views, the two-level
+                             algorithms on them, which node each rank is on
     shm_collectives.py, shm_segment.py   the segment, its flags and the check under the
                              textbook's shared-memory collectives (primitives/shm.py)
     strict.py, ledger.py     nccl's ordering rules on CPU, byte counts

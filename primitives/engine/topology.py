@@ -133,7 +133,7 @@ def _world_size(comm) -> int:
 
 
 def prefers_hierarchical(comm) -> bool:
-    """algorithm="auto": use the two-level algorithms (hierarchical.py) when this group spans more
+    """algorithm="auto": use the two-level algorithms (subcomm.py) when this group spans more
     than one node with the same number of ranks on each (otherwise the flat choice stands)."""
     if comm.size < 2:
         return False

@@ -15,12 +15,12 @@ from primitives.engine import shm_collectives
 from primitives.engine.check import ReduceOp
 from primitives.engine.core import LazyFlat, flat_work, run
 from primitives.engine.envelope import Fused
-from primitives.engine.hierarchical import all_gather_2level, reduce_scatter_2level
+from primitives.engine.subcomm import all_gather_2level, reduce_scatter_2level
 from primitives.engine.planned import nbytes, prepare, sig
 from primitives.ops import combine_, finish_avg_
 
 ALGOS = {"linear": linear, "ring": ring, "direct": direct,
-         "hierarchical": all_gather_2level,               # multinode: hierarchical.py
+         "hierarchical": all_gather_2level,               # multinode: subcomm.py
          "shm": shm_collectives.all_gather}               # shm transport only
 RS_ALGOS = {"linear": rs_linear, "ring": rs_ring, "direct": rs_direct,
             "hierarchical": reduce_scatter_2level,

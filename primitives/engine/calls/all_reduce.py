@@ -10,13 +10,13 @@ from primitives.engine import planned, shm_collectives
 from primitives.engine.check import ReduceOp
 from primitives.engine.core import LazyFlat, _pending, run
 from primitives.engine.envelope import Fused
-from primitives.engine.hierarchical import all_reduce_2level
+from primitives.engine.subcomm import all_reduce_2level
 from primitives.engine.planned import fingerprint, nbytes, prepare, sig
 from primitives.ops import finish_avg_
 
 ALGOS = {"linear": linear, "ring": ring, "direct": direct, "one_shot": one_shot,
          "recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner,
-         "hierarchical": all_reduce_2level,               # multinode: hierarchical.py
+         "hierarchical": all_reduce_2level,               # multinode: subcomm.py
          "shm": shm_collectives.all_reduce}               # shm transport only
 
 
