@@ -194,7 +194,7 @@ def listing(token: str | None = None) -> list[str]:
 
 
 def rendezvous(group, rank: int, size: int, nbytes_for, gather) -> tuple:
-    """Steps 1-4 above. `gather(obj)` gives every group rank's obj (rendezvous.Rounds.gather); nbytes_for(n)
+    """Steps 1-4 above. `gather(obj)` gives every group rank's obj (faults.Rounds.gather); nbytes_for(n)
     gives the segment size for n ranks on a host. Returns (mm or None, local group ranks,
     pids+start times of the local ranks, token, why-not text)."""
     me = (host_key(), os.getpid(), start_time(os.getpid()), new_token(), os.path.isdir(SHM_DIR))
