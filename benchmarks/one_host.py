@@ -14,7 +14,8 @@ built-in, a memcpy of the same bytes on every rank, and every all-reduce algorit
 the shm and the tcp transport; the table shows medians (busbw as nccl-tests: S/t·2(N-1)/N). The
 check's cost is timed call by call, the default call with the check on and off in turn (a median
 of single calls: the load's descheduled calls drop out of it). The default path's prediction adds a
-check term κ per N, the median over sizes of that measured cost (checked − unchecked seconds).
+check term κ per N, the median of that measured cost (checked − unchecked seconds) up to 64 KiB,
+where a call's µs are not drowned by its bytes (the check's work does not grow with S).
 The cost model's α, β, γ, o are then fitted to those per-algorithm times (cost_fit.py, per family
 and N), its error printed per size, and `auto`'s pick checked against the measured best.
 Buffers are float32 zeros. RINGZERO_TRANSPORT is cleared for the run (the default is measured).
@@ -97,8 +98,8 @@ def busbw(n, S, t):
 def analyse(rows: dict, table: dict, default_tp: str) -> dict:
     """Per (n, size): the cells every goal reads."""
     cells, kappa = {}, {}
-    for (n, S, name), r in rows.items():   # the check term: one constant per N, the median of its cost
-        if name == "checked_alt":
+    for (n, S, name), r in sorted(rows.items()):  # the check term: one constant per N, the median of its
+        if name == "checked_alt" and (S <= 64 << 10 or n not in kappa):  # cost where µs resolve (≤ 64 KiB)
             kappa.setdefault(n, []).append(r["med"] - rows[(n, S, "unchecked_alt")]["med"])
     kappa = {n: max(0.0, statistics.median(v)) for n, v in kappa.items()}
     for (n, S, name), r in rows.items():
