@@ -84,25 +84,25 @@ def all_gather(comm, tensor_list, tensor, async_op=False, *, algorithm="auto", t
                        lambda: tensor_list, tensor, async_op, algorithm, tag)
 
 
-def _same_dtype(check, a, b, a_name, b_name) -> bool:
-    if a.dtype != b.dtype:
-        check.fail(f"argument {a_name!r} has dtype {a.dtype}, expected {b.dtype} like {b_name!r}")
+def _blocks_of(check, comm, small, big, s: str, b: str) -> bool:
+    """The single forms' check: `big` (argument b) holds N blocks the size of `small` (argument s),
+    of its dtype."""
+    if not (check.tensor(s, small) and check.tensor(b, big)):
         return False
-    return True
+    if big.dtype != small.dtype:
+        check.fail(f"argument {b!r} has dtype {big.dtype}, expected {small.dtype} like {s!r}")
+        return False
+    check.sizes(f"argument {b!r} must hold world_size({comm.size}) × {s}.numel()({small.numel()})",
+                big.numel(), comm.size * small.numel())
+    return not check.errors
 
 
 def all_gather_single(comm, output, input, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.all_gather_single: output (N·numel elements) <- all inputs, rank-major."""
-    def validate(check):
-        ok = (check.tensor("input", input) and check.tensor("output", output)
-              and _same_dtype(check, output, input, "output", "input"))
-        if ok:
-            check.sizes(f"argument 'output' must hold world_size({comm.size}) × input.numel()({input.numel()})",
-                        output.numel(), comm.size * input.numel())
-        return ok, None
     strided = isinstance(output, torch.Tensor) and output.layout == torch.strided
     out = output.contiguous() if strided else output         # the blocks: views of one contiguous buffer
-    return _all_gather("all_gather_single", comm, (sig(output), sig(input), algorithm, tag), validate,
+    return _all_gather("all_gather_single", comm, (sig(output), sig(input), algorithm, tag),
+                       lambda check: (_blocks_of(check, comm, input, output, "input", "output"), None),
                        lambda: list(out.view(-1).tensor_split(comm.size)), input, async_op, algorithm, tag,
                        post=None if out is output else (lambda: output.copy_(out)))
 
@@ -184,12 +184,8 @@ def reduce_scatter(comm, output, input_list, op=ReduceOp.SUM, async_op=False, *,
 def reduce_scatter_single(comm, output, input, op=ReduceOp.SUM, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
     def validate(check):
-        ok = (check.tensor("output", output) and check.tensor("input", input)
-              and _same_dtype(check, input, output, "input", "output"))
-        if ok:
-            check.sizes(f"argument 'input' must hold world_size({comm.size}) × output.numel()({output.numel()})",
-                        input.numel(), comm.size * output.numel())
-        return ok, (check.op(op, output.dtype if ok and not check.errors else None), None)
+        ok = _blocks_of(check, comm, output, input, "output", "input")
+        return ok, (check.op(op, output.dtype if ok else None), None)
     return _reduce_scatter("reduce_scatter_single", comm, (sig(output), sig(input), op, algorithm, tag), validate,
                            lambda: list(flat_work(input)[0].tensor_split(comm.size)), output, async_op,
                            algorithm, tag)
