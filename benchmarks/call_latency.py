@@ -3,6 +3,7 @@
     python -m benchmarks.call_latency                      # N = 2 and 4; 4 B, 4 KiB, 64 KiB, 1 MiB (~1 min)
     python -m benchmarks.call_latency --n 2 --sizes 4,4096 --reps 1 --no-yield     (smoke run, ~5 s)
     python -m benchmarks.call_latency --n 2 --fifo    (ranks at real-time priority: an idle machine's numbers on a shared one)
+    python -m benchmarks.call_latency --pin           (rank r pinned to core r mod cores)
 
 For each N two mpiexec jobs hold MPICH's world and a gloo process group on the same ranks: one with
 MPICH as a user gets it (it busy-polls), one with MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (it yields the core
@@ -18,6 +19,9 @@ the same run, and busbw = S/t·2(N-1)/N (nccl-tests). The goals: ≤ 15 µs at 4
 without the MPICH column. Buffers are float32 zeros. --fifo runs the ranks under SCHED_FIFO
 (`chrt -f 5`, needs root or CAP_SYS_NICE) so other jobs on a shared machine do not preempt them; only
 for N ≤ cores (a busy-polling MPICH rank at real-time priority would never give up its core).
+Where the ranks ran: per size, how many of ringzero's samples ended with its ranks on fewer cores
+than they may use, min(N, cores) (each rank reads its core from /proc/self/stat as its batch ends); --pin pins rank r to core r mod cores for the run, to tell core placement from the
+rest when runs disagree.
 """
 from __future__ import annotations
 
@@ -46,9 +50,21 @@ from primitives.log import console
 SIZES = (4, 4 << 10, 64 << 10, 1 << 20)
 
 
+def cpu() -> int:
+    """The core this process is running on now (/proc/self/stat's `processor`; -1 where unreadable)."""
+    try:
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def worker(a) -> None:
     torch.set_num_threads(1)
     MPI, w = worlds(a.launcher, 120.0)
+    if a.pin:                                      # rank r on core r mod cores, for the whole run
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[dist.get_rank() % len(cores)]})
     comm = P.get_comm()
     seg = shm_collectives.state(comm) if comm.transport == "shm" else None
     n, rows = dist.get_world_size(), []
@@ -67,7 +83,7 @@ def worker(a) -> None:
             t0 = time.perf_counter()
             fn()
             iters[k] = max(5, min(2000, int(a.budget / max(slowest(time.perf_counter() - t0), 1e-7))))
-        samples = {k: [] for k in fns}
+        samples, shared = {k: [] for k in fns}, 0
         for _ in range(a.reps):
             for k, fn in fns.items():
                 dist.barrier()
@@ -75,8 +91,12 @@ def worker(a) -> None:
                 for _ in range(iters[k]):
                     fn()
                 samples[k].append(slowest((time.perf_counter() - t0) / iters[k]))
+                if k == "ringzero":                # where the ranks ran: two of them on one core?
+                    cpus = [None] * n
+                    dist.all_gather_object(cpus, cpu())
+                    shared += len(set(cpus)) < min(n, len(os.sched_getaffinity(0)))
         rows.append(dict(n=n, size=S, med={k: statistics.median(v) for k, v in samples.items()},
-                         spread={k: (min(v), max(v)) for k, v in samples.items()}))
+                         spread={k: (min(v), max(v)) for k, v in samples.items()}, shared=(shared, a.reps)))
     if dist.get_rank() == 0:
         with open(a.json, "w") as f:
             json.dump(dict(rows=rows, load=os.getloadavg()[0]), f)
@@ -99,7 +119,8 @@ def run(n: int, a, heavy_yield: bool = False) -> dict:
     elif a.fifo:
         console.print(f"[yellow]--fifo ignored for N = {n}: more ranks than cores[/]")
     cmd = head + ["-m", "benchmarks.call_latency", "--worker", "--launcher", how, "--json", out, "--reps",
-                  str(a.reps), "--budget", str(a.budget), "--sizes", ",".join(map(str, a.sizes))]
+                  str(a.reps), "--budget", str(a.budget), "--sizes", ",".join(map(str, a.sizes))] + (
+                      ["--pin"] if a.pin else [])
     console.print(f"[dim]{' '.join(cmd)}[/]", soft_wrap=True)
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     with open(out) as f:
@@ -132,6 +153,7 @@ def main(argv=None):
     ap.add_argument("--yield", dest="heavy_yield", action=argparse.BooleanOptionalAction, default=True,
                     help="also time MPICH with MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (a second mpiexec job)")
     ap.add_argument("--fifo", action="store_true", help="ranks at real-time priority (chrt -f 5; N ≤ cores only)")
+    ap.add_argument("--pin", action="store_true", help="rank r pinned to core r mod cores (sched_setaffinity)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--launcher", default="torchrun", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
@@ -144,7 +166,7 @@ def main(argv=None):
               "gloo", "ringzero / MPICH",
               "gloo / ringzero", "busbw GB/s ringzero | MPICH", "goal"):
         tab.add_column(c, justify="right")
-    loads = []
+    loads, placed = [], []
     with tempfile.TemporaryDirectory() as a.tmp:
         for n in (int(x) for x in a.n.split(",")):
             res = run(n, a)
@@ -161,10 +183,14 @@ def main(argv=None):
                             f"{med['ringzero'] / med['mpich']:.2f}" if "mpich" in med else "-",
                             f"{med['gloo'] / med['ringzero']:.1f}", f"{bw('ringzero')} | {bw('mpich')}",
                             goal(n, S, med))
+                placed.append(f"N = {n} {_size(S)}: {row['shared'][0]} of {row['shared'][1]}")
     console.print(tab)
     console.print(f"load average during the runs: {', '.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} cores "
                   "(numbers measured under that load; ±30 % noise is normal here)"
-                  + ("; N ≤ cores ran at real-time priority (--fifo)" if a.fifo else ""))
+                  + ("; N ≤ cores ran at real-time priority (--fifo)" if a.fifo else "")
+                  + ("; rank r pinned to core r mod cores (--pin)" if a.pin else ""))
+    console.print("ringzero's samples that ended with its ranks on fewer cores than they may use (each rank "
+                  "reads its core as its batch ends): " + "; ".join(placed))
 
 
 if __name__ == "__main__":

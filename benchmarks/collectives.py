@@ -32,7 +32,7 @@ import torch
 from rich.progress import Progress
 from rich.table import Table
 
-from primitives.engine import api, core
+from primitives.engine import api, core, planned
 from primitives.engine.cost import Params, choose, family, predict
 from primitives.engine.cost import params as fitted
 from primitives.engine.ledger import LEDGER
@@ -119,8 +119,8 @@ def _chosen(op, comm, S, checked: bool) -> str:
     core.set_handshake(checked)
     try:
         transport = getattr(comm, "transport", None)
-        if transport != "shm" and op in core.FUSED and core.fuses(op, core.FUSED[op][0], comm, S):
-            return core.FUSED[op][0]
+        if transport != "shm" and op in planned.FUSED and planned.fuses(op, planned.FUSED[op][0], comm, S):
+            return planned.FUSED[op][0]
         return choose(op, comm.size, S, comm.backend, transport)
     finally:
         core.set_handshake(True)

@@ -11,7 +11,11 @@ the rest; MPIR_CVAR_ENABLE_HEAVY_YIELD=1, or MPICH busy-polls the shared cores),
 otherwise (no MPICH column). Each size times, in turn, `--reps` times: the default path
 (P.all_reduce: check on, transport auto, algorithm auto), the same unchecked, gloo's and MPICH's
 built-in, a memcpy of the same bytes on every rank, and every all-reduce algorithm unchecked on
-the shm and the tcp transport; the table shows medians (busbw as nccl-tests: S/t·2(N-1)/N).
+the shm and the tcp transport; the table shows medians (busbw as nccl-tests: S/t·2(N-1)/N). The
+check's cost is timed call by call, the default call with the check on and off in turn (a median
+of single calls: the load's descheduled calls drop out of it). The default path's prediction adds a
+check term κ per N, the median of that measured cost (checked − unchecked seconds) up to 64 KiB,
+where a call's µs are not drowned by its bytes (the check's work does not grow with S).
 The cost model's α, β, γ, o are then fitted to those per-algorithm times (cost_fit.py, per family
 and N), its error printed per size, and `auto`'s pick checked against the measured best.
 Buffers are float32 zeros. RINGZERO_TRANSPORT is cleared for the run (the default is measured).
@@ -93,19 +97,24 @@ def busbw(n, S, t):
 
 def analyse(rows: dict, table: dict, default_tp: str) -> dict:
     """Per (n, size): the cells every goal reads."""
-    cells = {}
+    cells, kappa = {}, {}
+    for (n, S, name), r in sorted(rows.items()):  # the check term: one constant per N, the median of its
+        if name == "checked_alt" and (S <= 64 << 10 or n not in kappa):  # cost where µs resolve (≤ 64 KiB)
+            kappa.setdefault(n, []).append(r["med"] - rows[(n, S, "unchecked_alt")]["med"])
+    kappa = {n: max(0.0, statistics.median(v)) for n, v in kappa.items()}
     for (n, S, name), r in rows.items():
         if name != "default":
             continue
         get = lambda k: rows.get((n, S, k))  # noqa: E731
         bus = busbw(n, S, r["med"])
-        c = dict(bus=bus, algo=r["algo"], gloo=bus / busbw(n, S, get("gloo")["med"]),
-                 memcpy=bus / (S / get("memcpy")["med"] / 1e9), check=r["med"] / get("unchecked")["med"] - 1)
+        c = dict(bus=bus, algo=r["algo"], gloo=bus / busbw(n, S, get("gloo")["med"]), kappa=kappa.get(n),
+                 memcpy=bus / (S / get("memcpy")["med"] / 1e9),
+                 check=get("checked_alt")["med"] / get("unchecked_alt")["med"] - 1 if get("checked_alt") else None)
         if get("mpich"):
             c["mpich"] = bus / busbw(n, S, get("mpich")["med"])
-        for key, row in (("model", r), ("model_unchecked", get("unchecked"))):      # busbw error: t / t_pred - 1
-            p = table.get(family(row["algo"], default_tp), {}).get(n)
-            c[key] = row["med"] / predict("all_reduce", row["algo"], n, S, p) - 1 if p else None
+        for key, row, k in (("model", r, kappa.get(n, 0.0)), ("model_unchecked", get("unchecked"), 0.0)):
+            p = table.get(family(row["algo"], default_tp), {}).get(n)     # busbw error: t / t_pred - 1
+            c[key] = row["med"] / (predict("all_reduce", row["algo"], n, S, p) + k) - 1 if p else None
         for tp in ("shm", "tcp"):
             algos = {k.split("/")[1]: v["med"] for (m, s, k), v in rows.items() if m == n and s == S and k.startswith(tp + "/")}
             pick, refit = choose("all_reduce", n, S, "gloo", tp), _refit_choice(table, tp, n, S, algos)
@@ -156,9 +165,12 @@ def print_tables(rows, pts, cells, table, info):
             t.add_row(f"{S:,}", f"{c['bus']:.3f} → {c['algo']}", bb("unchecked"), bb("gloo"), bb("mpich"),
                       f"{S / rows[(n, S, 'memcpy')]['med'] / 1e9:.2f}", f"{c['gloo']:.2f}×",
                       f"{c['mpich']:.2f}×" if "mpich" in c else "–", f"{c['memcpy']:.2f}",
-                      f"{c['check'] * 100:+.0f} %", _pct(c["model"]),
+                      _pct(c["check"]), _pct(c["model"]),
                       f"{rows[(n, S, 'unchecked')]['algo']}, {_pct(c['model_unchecked'])}")
         console.print(t)
+        k = next((c["kappa"] for (m, _), c in cells.items() if m == n and c["kappa"] is not None), None)
+        if k is not None:
+            console.print(f"model err of the default path: the algorithm's prediction + the check term κ = {k * 1e6:.1f} µs")
     t = Table(title="cost model fitted to this run (cost_fit.py: relative least squares, constants ≥ 0)")
     for c in ("family", "N", "α µs", "β ns/B", "γ ns/B", "o µs", "points", "worst error", "median |error|"):
         t.add_column(c, justify="right")

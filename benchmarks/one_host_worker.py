@@ -13,14 +13,19 @@ Contenders, on one buffer of zeros per size (repeated in-place sums of zeros sta
                    shared memory) and tcp (gloo's TCP): the measurements the cost model is fitted to
 and, with --ops all_reduce,all_gather_single, every all-gather algorithm the same way (an
 all-gather reduces nothing: beside the all-reduces it tells the fit β from γ).
-Each of `reps` rounds times every contender in turn (iterations sized to ~budget seconds, at
-least one); a sample is the slowest rank's mean per call. Cost: ~20 contenders × sizes × reps.
+Each of `reps` rounds times every contender in turn, every other round in reverse order, so no
+contender is always timed first (iterations sized to ~budget seconds, at least one); a sample is
+the slowest rank's mean per call. The check's own cost: checked_alt / unchecked_alt, the default
+call with the check on and off in turn, call by call (alternating(): per-call medians); switching
+keeps each setting's planned calls (primitives/engine/planned.py), so neither side re-plans.
+Cost: ~20 contenders × sizes × reps.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import time
 from datetime import timedelta
 
@@ -97,6 +102,24 @@ def timed(fn, handshake: bool, iters: int) -> float:
         P.set_handshake(True)
 
 
+def alternating(fn, iters: int) -> tuple[float, float]:
+    """(checked, unchecked): the median seconds of fn's calls with the check on and off, one call of
+    each in turn, each timed alone (the slowest rank's median). A median of single calls drops the
+    calls a loaded machine descheduled, which a mean over a 30 ms window keeps: it resolves the
+    check's ~1 µs where two windows' means differ by 2× at load 12."""
+    ts = {True: [], False: []}
+    dist.barrier()
+    try:
+        for i in range(2 * iters):
+            P.set_handshake(i % 2 == 0)            # every rank switches at the same call
+            t0 = time.perf_counter()
+            fn()
+            ts[i % 2 == 0].append(time.perf_counter() - t0)
+    finally:
+        P.set_handshake(True)
+    return slowest(statistics.median(ts[True])), slowest(statistics.median(ts[False]))
+
+
 def measure(ops, sizes, reps: int, budget: float, MPI, w, tcp) -> list[dict]:
     n, rows = dist.get_world_size(), []
     for op in ops:
@@ -108,15 +131,19 @@ def measure(ops, sizes, reps: int, budget: float, MPI, w, tcp) -> list[dict]:
                 iters[k] = max(1, min(200, int(budget / max(timed(fn, hs, 1), 1e-7))))
                 if k in ("default", "unchecked"):
                     ran[k] = P.LEDGER.calls[-1].algorithm if P.LEDGER.calls else "?"
-            samples = {k: [] for k in fns}
-            for _ in range(reps):
-                for k, (fn, hs) in fns.items():
-                    samples[k].append(timed(fn, hs, iters[k]))
+            samples = {k: [] for k in [*fns, *(["checked_alt", "unchecked_alt"] if "default" in fns else [])]}
+            order = list(fns)
+            for rep in range(reps):      # every other rep backwards: no contender is always timed first
+                for k in (order if rep % 2 == 0 else order[::-1]):
+                    samples[k].append(timed(*fns[k], iters[k]))
+                if "default" in fns:
+                    for k, t in zip(("checked_alt", "unchecked_alt"), alternating(fns["default"][0], iters["default"])):
+                        samples[k].append(t)
             P.LEDGER.calls.clear()
             for k, ts in samples.items():
                 tp, _, al = k.partition("/")
                 rows.append(dict(op=op, n=n, size=S, name=k, transport=tp if al else "", algo=al or ran.get(k, ""),
-                                 samples=ts, iters=iters[k]))
+                                 samples=ts, iters=iters.get(k, iters.get("default"))))
             del fns
     return rows
 

@@ -28,15 +28,14 @@ _ENGINE = {   # public name -> the engine module that defines it
     **{n: "primitives.engine.api" for n in (
         "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
         "reduce_scatter_single", "scatter", "gather", "all_to_all", "all_to_all_single", "algorithms_for",
-        "all_gather_into_tensor", "reduce_scatter_tensor")},
-    **{n: "primitives.engine.coalesced" for n in ("all_reduce_coalesced", "all_gather_coalesced")},
+        "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce_coalesced", "all_gather_coalesced")},
     **{n: "primitives.engine.objects" for n in (
         "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")},
     "Work": "primitives.comm", "submit": "primitives.engine.core",
     "ALGORITHMS": "primitives.engine.algos", "get_comm": "primitives.engine.registry",
     "LEDGER": "primitives.engine.ledger", "PeerError": "primitives.engine.errors",
-    "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.core",
-    "handshake_enabled": "primitives.engine.core", "StrictOrderError": "primitives.engine.strict",
+    "CollectiveError": "primitives.engine.errors", "set_handshake": "primitives.engine.planned",
+    "handshake_enabled": "primitives.engine.planned", "StrictOrderError": "primitives.engine.strict",
     "set_strict_p2p": "primitives.engine.strict",
 }
 

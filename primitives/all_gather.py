@@ -12,7 +12,7 @@ Cost, S = bytes each rank contributes (the output holds N·S):
           other rank at once (staggered r+1, r+2, … so nobody is everyone's first peer).
           Same bytes as the ring, N-1 messages, but no step waits for another: on an
           oversubscribed host that is what matters.       α + (N-1)·o + (N-1)Sβ
-  hierarchical  across m nodes × k ranks: inter ring, then intra rings (primitives/engine/hierarchical.py);
+  hierarchical  across m nodes × k ranks: inter ring, then intra rings (primitives/engine/subcomm.py);
           (m-1)·S inter-node and m(k-1)·S intra-node bytes per rank.
 The engine's checked call carries direct's blocks (≤ 64 KiB each) inside its check round.
 """

@@ -23,7 +23,7 @@ Cost for S bytes on N ranks; P = largest power of two ≤ N, R = N - P ranks fol
   rabenseifner        recursive halving reduce-scatter, then recursive doubling all-gather,
                       over P chunks: 2·log2 P messages, 2(P-1)/P·S bytes per rank (+ folds).
                                                            2·log2 P·α + 2(P-1)/P·Sβ
-(primitives/engine/hierarchical.py builds the two-level all-reduce of m nodes from
+(primitives/engine/subcomm.py builds the two-level all-reduce of m nodes from
 ring_reduce_scatter and ring_all_gather below.)
 Floating SUM differs from the backend's result only by summation order: each algorithm sums
 in a fixed order, and every rank ends with bitwise-identical values.

@@ -14,7 +14,7 @@ Cost, S = bytes of one block (each input holds N·S):
           once, then reduces the N contributions in rank order 0..N-1. N-1 messages,
           (N-1)·S bytes per rank; (N-1)·S bytes of scratch.  α + (N-1)·o + (N-1)S(β + γ)
   hierarchical  across m nodes × k ranks: intra rings per node, then an inter ring of the partial
-          sums (primitives/engine/hierarchical.py); m(k-1)·S intra-node and (m-1)·S inter-node bytes per rank.
+          sums (primitives/engine/subcomm.py); m(k-1)·S intra-node and (m-1)·S inter-node bytes per rank.
 The engine's checked call carries direct's blocks (≤ 64 KiB each) inside its check round.
 The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
 buffer is never overwritten while its send is in flight).

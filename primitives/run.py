@@ -10,7 +10,7 @@ own scripts: allreduce.py, allgather.py, reducescatter.py.
 """
 import sys
 
-from primitives.engine import all_to_all_runner, runner
+from primitives.engine import runner
 
 NAMES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "scatter", "gather", "all_to_all")
 
@@ -22,6 +22,6 @@ if __name__ == "__main__":
         raise SystemExit(usage)
     name, argv = sys.argv[1], sys.argv[2:]
     if name == "all_to_all":
-        all_to_all_runner.main(argv)
+        runner.main_all_to_all(argv)
     else:
         runner.main(name, argv)

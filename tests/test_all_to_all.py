@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import primitives as P
-from primitives.engine.all_to_all_runner import builtin
+from primitives.engine.reference import ref as builtin
 from primitives.engine.cost import traffic
 from primitives.engine.ledger import LEDGER
 

@@ -1,5 +1,5 @@
 """One rank dies; every survivor's PeerError names exactly that rank, once, with the evidence, and
-no survivor hangs (primitives/engine/faults.py, primitives/engine/rendezvous.py).
+no survivor hangs (primitives/engine/faults.py).
 
     python -m pytest -q tests/test_faults.py                 (a representative subset: 4 runs)
     python -m pytest -q -m slow tests/test_faults.py         (N = 3, 4 × dead rank × moment × transport)
@@ -25,7 +25,7 @@ import torch
 import primitives as P
 from primitives.engine import registry, shm_segment
 from primitives.launch import spawn
-from primitives.engine.rendezvous import Rounds
+from primitives.engine.faults import Rounds
 
 MOMENTS = ("before", "during", "check", "mid", "late")
 

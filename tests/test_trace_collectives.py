@@ -98,7 +98,7 @@ def test_default_collectives_run_the_reading_functions(n):
 
 def _replayed_then_mismatched(rank, n):
     import primitives
-    from primitives.engine.calls import all_reduce as calls
+    from primitives.engine import planned as calls
     comm = primitives.get_comm()
     t = torch.ones(1000)
     primitives.all_reduce(t)
@@ -206,7 +206,7 @@ def _planned(rank, n):
     t = (torch.arange(6.0).reshape(3, 2) + rank).t()       # same dtype and shape, not contiguous: full path
     seen = traced(lambda: primitives.all_reduce(t))
     out["strided"] = (t.tolist(), "run" in seen and "shm_one_shot" in seen)
-    core.set_handshake(False)                              # a switch drops every Planned
+    core.set_handshake(False)                              # the unchecked setting has its own Planned
     out["switched"] = len(comm.planned)
     core.set_handshake(True)
     for _ in range(3):

@@ -2,7 +2,7 @@
 and the cost model (cost.py) both build on it without importing each other.
 
     ALGORITHMS[collective] -> the algorithm names it accepts (besides "auto"): the functions of
-                              primitives/<collective>.py, plus "hierarchical" (hierarchical.py)
+                              primitives/<collective>.py, plus "hierarchical" (subcomm.py)
     group_rank(comm, r)    -> a global rank's index in the communicator's group
 """
 from __future__ import annotations

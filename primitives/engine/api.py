@@ -13,7 +13,7 @@ every 0.5 ms, get_future() completes from the communicator's worker thread); Red
 reduce integer and bool tensors. Complex tensors travel as their real view (torch.view_as_real: a
 trailing dim of 2), like torch.distributed does: every collective moves them; the reducing ones
 accept SUM and AVG, which act on real and imaginary parts separately (torch's supports_complex
-refuses the rest). The *_coalesced and *_object calls: coalesced.py, objects.py.
+refuses the rest). The *_coalesced calls: below; the *_object calls: objects.py.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from primitives.coalesced import all_reduce_coalesced as _textbook_all_reduce_coalesced
 from primitives.comm import Communicator, Work
 from primitives.engine.algos import ALGORITHMS
 from primitives.engine.calls import all_gather as _ag
@@ -29,9 +30,6 @@ from primitives.engine.calls import all_reduce as _ar
 from primitives.engine.calls import all_to_all as _a2a
 from primitives.engine.calls import broadcast as _bc
 from primitives.engine.calls import gather as _ga
-from primitives.engine.calls import reduce as _re
-from primitives.engine.calls import reduce_scatter as _rs
-from primitives.engine.calls import scatter as _sc
 from primitives.engine.check import ReduceOp, op_name
 from primitives.engine.cost import SHM_NATIVE
 from primitives.engine.registry import _COMMS, get_comm
@@ -119,7 +117,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     """Like torch.distributed.reduce(tensor, dst, op): the result lands in the root's tensor
     (`dst` a global rank, or `group_dst` a rank of the group)."""
     op = ReduceOp.SUM if op is None else op
-    return _run("reduce", group, async_op, [tensor], lambda comm: _re.reduce(
+    return _run("reduce", group, async_op, [tensor], lambda comm: _bc.reduce(
         comm, real(tensor), dst, op, async_op, group_dst=group_dst, algorithm=algorithm, tag=tag), op, [tensor])
 
 
@@ -138,13 +136,13 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter(output, input_list, op); the blocks of input_list
     may differ in size (block p the size of rank p's output), as on gloo."""
-    return _run("reduce_scatter", group, async_op, [output], lambda comm: _rs.reduce_scatter(
+    return _run("reduce_scatter", group, async_op, [output], lambda comm: _ag.reduce_scatter(
         comm, real(output), reals(input_list), op, async_op, algorithm=algorithm, tag=tag), op, [output, input_list])
 
 
 def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto", tag=0):
     """Like torch.distributed.reduce_scatter_single: input holds N blocks of output.numel() elements."""
-    return _run("reduce_scatter_single", group, async_op, [output], lambda comm: _rs.reduce_scatter_single(
+    return _run("reduce_scatter_single", group, async_op, [output], lambda comm: _ag.reduce_scatter_single(
         comm, real(output), real(input), op, async_op, algorithm=algorithm, tag=tag), op, [output, input])
 
 
@@ -153,7 +151,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on the root
     only (`src` a global rank or `group_src` a group rank; neither given: global rank 0)."""
     src = 0 if src is None and group_src is None else src
-    return _run("scatter", group, async_op, [tensor], lambda comm: _sc.scatter(
+    return _run("scatter", group, async_op, [tensor], lambda comm: _ga.scatter(
         comm, real(tensor), reals(scatter_list) or None, src, async_op, group_src=group_src, algorithm=algorithm,
         tag=tag))
 
@@ -200,3 +198,58 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 def algorithms_for(name: str, comm) -> list[str]:
     """ALGORITHMS[name], plus "shm" when every rank of comm shares this host's memory (shm.py)."""
     return ALGORITHMS[name] + (["shm"] if getattr(comm, "transport", None) == "shm" and name in SHM_NATIVE else [])
+
+
+# ----------------------------------------------------------------------------- coalesced calls
+# Many tensors, one collective (primitives/coalesced.py explains why that saves latency). Cost: one
+# all-reduce (or one all-gather) of the concatenated tensors, plus two local copies of S bytes. The
+# call runs when it is posted; with async_op=True it returns a finished future (torch returns
+# Work.get_future() here too), so waiting on it never blocks.
+
+def _tensors(name: str, arg: str, lst) -> list:
+    """torch's checks: a list of tensors of one dtype (a complex dtype may mix with its real type)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if not isinstance(lst, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in lst):
+        raise TypeError(f"rank {rank}: {name}: argument {arg!r} must be a list of tensors, got {type(lst).__name__}")
+    kinds = {torch.view_as_real(t).dtype if t.is_complex() else t.dtype for t in lst}
+    if len(kinds) > 1:
+        raise ValueError(f"rank {rank}: {name}: argument {arg!r} mixes dtypes {sorted(map(str, kinds))}; "
+                         f"one flat buffer needs one dtype")
+    return list(lst)
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
+    """Like torch.distributed.all_reduce_coalesced: every tensor all-reduced in place, through
+    one flat buffer and one checked all-reduce (the textbook's primitives/coalesced.py)."""
+    if outside(group, "all_reduce_coalesced"):
+        return None
+    tensors = _tensors("all_reduce_coalesced", "tensors", tensors)
+    complex_op("all_reduce_coalesced", op, tensors, op_name, torch_name="all_reduce")
+    _textbook_all_reduce_coalesced(get_comm(group), reals(tensors), op)
+    return Work(None, None, None, "all_reduce_coalesced", tensors).get_future() if async_op else None
+
+
+def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False):
+    """Like torch.distributed.all_gather_coalesced: output_tensor_lists[p][i] <- rank p's
+    input_tensor_list[i], through one all_gather_single of the concatenated inputs."""
+    if outside(group, "all_gather_coalesced"):
+        return None
+    name = "all_gather_coalesced"
+    ins = reals(_tensors(name, "input_tensor_list", input_tensor_list))
+    if not isinstance(output_tensor_lists, list):
+        raise TypeError(f"rank {dist.get_rank()}: {name}: argument 'output_tensor_lists' should be a list")
+    outs = [reals(_tensors(name, "output_tensor_lists", lst)) for lst in output_tensor_lists]
+    n = get_comm(group).size
+    if len(outs) != n or any(len(o) != len(ins) or [t.numel() for t in o] != [t.numel() for t in ins] for o in outs):
+        raise ValueError(f"rank {dist.get_rank()}: {name}: argument 'output_tensor_lists' must hold {n} lists "
+                         f"shaped like input_tensor_list ({[tuple(t.shape) for t in ins]})")
+    dtype = ins[0].dtype if ins else torch.float32
+    flat = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, dtype=dtype)
+    gathered = torch.empty(n * flat.numel(), dtype=flat.dtype, device=flat.device)
+    all_gather_single(gathered, flat, group)
+    for p, row in enumerate(gathered.view(n, -1) if flat.numel() else [gathered] * n):
+        off = 0
+        for t in outs[p]:
+            t.copy_(row[off:off + t.numel()].view_as(t))
+            off += t.numel()
+    return Work(None, None, None, name, output_tensor_lists).get_future() if async_op else None

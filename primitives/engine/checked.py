@@ -131,7 +131,8 @@ class CheckedComm(textbook.Communicator):
     def set_strict(self, enabled: bool | None) -> None:
         """True/False for this communicator; None follows the process default (set_strict_p2p)."""
         self._strict_flag = enabled
-        self.__dict__.get("planned", {}).clear()   # planned.py: plans depend on it
+        for t in self.__dict__.get("_planned_by", {}).values():   # planned.py: Planned calls skip strict mode
+            t.clear()
 
     def _strict_post(self, ops, grouped):
         if self._strict_sched is None:

@@ -11,39 +11,24 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from primitives import comm as textbook
-from primitives.engine.calls.all_gather import all_gather, all_gather_single
+from primitives.engine.calls.all_gather import all_gather, all_gather_single, reduce_scatter, reduce_scatter_single
 from primitives.engine.calls.all_reduce import all_reduce
 from primitives.engine.calls.all_to_all import all_to_all_single
 from primitives.engine.calls.broadcast import broadcast
-from primitives.engine.calls.reduce_scatter import reduce_scatter, reduce_scatter_single
 from primitives.engine.checked import DEFAULT_TIMEOUT, NOT_INIT_MSG, CheckedComm, check_member
 from primitives.engine.errors import NotInitializedError
 from primitives.engine.subcomm import SubComm, split
 
 
 class Collectives(CheckedComm):
-    """The collective methods, through the checked call; keywords algorithm=, tag=, async_op=."""
-
-    def all_reduce(self, tensor, op="sum", **kw):
-        return all_reduce(self, tensor, op, **kw)
+    """The collective methods, through the checked call; keywords algorithm=, tag=, async_op=.
+    The checked calls (calls/) take the communicator first, so they are the methods as they are."""
+    all_reduce, all_gather, all_gather_single = all_reduce, all_gather, all_gather_single
+    reduce_scatter, reduce_scatter_single, all_to_all_single = reduce_scatter, reduce_scatter_single, all_to_all_single
 
     def broadcast(self, tensor, src, **kw):
+        """src: a rank of this communicator (the checked call takes a global rank, as torch's)."""
         return broadcast(self, tensor, self.global_rank(src), **kw)
-
-    def all_gather(self, tensor_list, tensor, **kw):
-        return all_gather(self, tensor_list, tensor, **kw)
-
-    def all_gather_single(self, output, input, **kw):
-        return all_gather_single(self, output, input, **kw)
-
-    def reduce_scatter(self, output, input_list, op="sum", **kw):
-        return reduce_scatter(self, output, input_list, op, **kw)
-
-    def reduce_scatter_single(self, output, input, op="sum", **kw):
-        return reduce_scatter_single(self, output, input, op, **kw)
-
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, **kw):
-        return all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, **kw)
 
     def intra_node(self) -> SubComm:
         """The ranks of this communicator on this rank's node (topology.py)."""

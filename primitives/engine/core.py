@@ -1,6 +1,7 @@
 """The checked call: what every drop-in collective (primitives/engine/calls/) runs around a
-textbook algorithm. Argument checks (check.py) and the check round (envelope.py), the ledger,
-async execution on one worker thread per communicator, and the choice algorithm="auto" makes.
+textbook algorithm, as its plan says (planned.py: the algorithm "auto" picks, how the check
+travels): the argument errors raised on every rank (check.py), the check, the ledger, and async
+execution on one worker thread per communicator.
 
     python -m pytest -q -x tests/test_primitives_collectives.py
 
@@ -18,8 +19,6 @@ set_handshake(False) or RINGZERO_HANDSHAKE=0.
 """
 from __future__ import annotations
 
-import functools
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -27,25 +26,11 @@ import torch
 
 from primitives.comm import Work
 from primitives.engine import inband, planned, shm_collectives
-from primitives.engine.check import DTYPE_CODES, OP_CODES, CallName, Check, code
-from primitives.engine.cost import choose
-from primitives.engine.envelope import Fused, check_round, fits
+from primitives.engine.check import CallName, Check
+from primitives.engine.envelope import Fused, check_round
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
-from primitives.engine.subcomm import prefers_hierarchical
-
-_HANDSHAKE = os.environ.get("RINGZERO_HANDSHAKE", "1") != "0"
-
-
-def set_handshake(enabled: bool) -> None:
-    global _HANDSHAKE
-    _HANDSHAKE = bool(enabled)
-    planned.forget()
-
-
-def handshake_enabled() -> bool:
-    return _HANDSHAKE
-
+from primitives.engine.planned import Plan, Replay, fingerprint, handshake_enabled, set_handshake  # noqa: F401
 
 # ----------------------------------------------------------------------------- execution
 
@@ -55,17 +40,28 @@ _lock = threading.Lock()
 _worker = threading.local()   # .key: the communicator whose worker this thread is
 
 
-def run(comm, name: str, algorithm: str, check: Check, *, numel: int, dtype,
-        op: str | None, root: int, shape: tuple, nbytes: int, body, async_op: bool = False, tag: int = 0,
-        plan: Plan, fused: Fused | None = None, replay: Replay | None = None):
+def run(comm, name: str, check: Check, plan: Plan, ok: bool, t, body, async_op: bool, tag: int, nbytes: int, *,
+        op: str | None = None, root: int = -1, fused: Fused | None = None, replay: Replay | None = None,
+        numel: int | None = None, shape: tuple | None = None):
     """Validate (locally and, via the check round, across ranks), then run body() under the ledger,
-    now or (async_op) on comm's worker thread (_execute). `fused`: how this call's data rides in
-    the check's envelopes (primitives/engine/envelope.py) when it is small enough; then body() is
-    not needed. `replay`: this call replays a planned signature (its ledger record, once known)."""
+    now or (async_op) on comm's worker thread (_execute). The fingerprint describes tensor t (its
+    numel, dtype and shape, or `numel` / `shape` given; nothing when the arguments are not `ok`);
+    nbytes: S for the ledger. `fused`: how this call's data rides in the check's envelopes
+    (primitives/engine/envelope.py) when the plan says it fits; then body() is not needed.
+    `replay`: this call replays a planned signature (its ledger record, once known)."""
+    algorithm = plan.algo
+    if ok:
+        numel, dtype = t.numel() if numel is None else numel, t.dtype
+        shape = tuple(t.shape) if shape is None else shape
+    else:
+        numel, dtype, shape = -1, None, ()
+    if fused is not None and not (ok and plan.fused and t.numel()):
+        fused = None
+
     def go():
         comm.calls = getattr(comm, "calls", 0) + 1
         comm.current_call = CallName(name, algorithm, comm.calls)
-        if check.errors and (not _HANDSHAKE or comm.size == 1):
+        if check.errors and (not planned.HANDSHAKE or comm.size == 1):
             raise CollectiveError(f"rank {comm.rank}: {name}: " + "; ".join(check.errors))
         way = plan.check                 # decided once per signature (Plan)
         template = replay.record if replay is not None else None
@@ -178,120 +174,3 @@ class LazyFlat:
     def copy_back(self) -> None:
         if self._copied:
             self.tensor.copy_(self._buf.view_as(self.tensor))
-
-
-# what a small call runs when its data rides in the check's envelopes, and the payload per
-# message as a function of S (the full buffer, nccl-tests' convention) and N
-FUSED = {"all_reduce": ("one_shot", lambda S, n: S), "broadcast": ("linear", lambda S, n: S),
-         "all_gather": ("direct", lambda S, n: S // n), "all_gather_single": ("direct", lambda S, n: S // n),
-         "reduce_scatter": ("direct", lambda S, n: S // n), "reduce_scatter_single": ("direct", lambda S, n: S // n)}
-
-
-def fuses(name: str, algo: str, comm, nbytes: int) -> bool:
-    """Will this call's data ride in the check round's envelopes? (Same answer on every rank
-    whose arguments agree; ranks whose arguments differ are stopped by the check itself.)"""
-    f = FUSED.get(name)
-    return (_HANDSHAKE and comm.size > 1 and f is not None and f[0] == algo and not inband.applies(comm, algo)
-            and fits(f[1](nbytes, comm.size)))
-
-
-class Plan:
-    """What the first call of a signature decides, replayed by every later call with it (MPI-4's
-    persistent collectives: MPI_Allreduce_init decides, MPI_Start replays; NCCL keeps plans per
-    communicator). Kept in comm.plans, keyed by (call, algorithm asked for, S, check on, strict):
-      algo   the algorithm that runs: "auto" resolved by the cost model once (~7 predictions)
-      fused  whether the data rides in the check's envelopes (envelope.py)
-      check  how the check travels (check_way): None (off), "shm", "inband" or "round"
-    and, per fingerprint (call, algorithm, op, root, dtype, numel, shape, tag), the 8 ints the
-    check sends (fingerprint(), cached the same way). A signature whose first call had bad
-    arguments gets no plan: it is checked again next time."""
-    __slots__ = ("algo", "fused", "check")
-
-    def __init__(self, algo: str, fused: bool, check: str | None):
-        self.algo, self.fused, self.check = algo, fused, check
-
-
-class Replay:
-    """A planned signature as its later calls replay it, kept in comm.plans by replay_key: the
-    Plan, what the argument check derived (`args`: the op's name, the root, ...), and the ledger
-    record its first replay counted (record), which every later replay adds without counting a
-    message. Only a signature whose planning call passed the argument check gets one."""
-    __slots__ = ("plan", "args", "record")
-
-    def __init__(self, plan: Plan, args):
-        self.plan, self.args, self.record = plan, args, None
-
-
-PASSED = Check(None, "replayed")   # a replayed call's check: its signature passed when it was planned
-
-
-def sig(t):
-    """What a replayed call's tensor (or list of tensors) must share with the planned call's."""
-    if isinstance(t, (list, tuple)):
-        return tuple(map(sig, t))
-    return (t.dtype, t.shape, t.device.type, t.layout) if isinstance(t, torch.Tensor) else type(t)
-
-
-def replayed(comm, *key) -> tuple[Replay | None, tuple | None]:
-    """(the Replay of this signature or None, its key; None when a part is unhashable). key: the
-    call's name, sig() of its tensors, its other arguments; the check switch and strict mode added."""
-    key = (*key, _HANDSHAKE, comm.strict)
-    try:
-        return comm.__dict__.get("plans", {}).get(key), key
-    except TypeError:
-        return None, None
-
-
-def remember(comm, key, check: Check, pl: Plan, args=None) -> None:
-    """Keep the Replay of a signature whose planning call passed the argument check."""
-    if key is not None and not check.errors:
-        comm.plans[key] = Replay(pl, args)
-
-
-def check_way(comm, algo: str) -> str | None:
-    """How a call's check travels: None (switched off, or a world of one); "shm": in the shared-memory
-    workspace header; "inband": in the algorithm's first messages (inband.py); "round": envelopes
-    of their own before the algorithm (envelope.py)."""
-    if not (_HANDSHAKE and comm.size > 1):
-        return None
-    return "shm" if algo == "shm" else "inband" if inband.applies(comm, algo) else "round"
-
-
-@functools.lru_cache(maxsize=4096)
-def fingerprint(name, algorithm, op, root, dtype, numel, shape, tag) -> list[int]:
-    return [code(name), code(algorithm), OP_CODES.get(op, -1), root, DTYPE_CODES.get(dtype, -1), numel,
-            code(str(tuple(shape))), int(tag)]
-
-
-def plan(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> Plan:
-    """comm's plan for this signature, built by its first call (see Plan)."""
-    plans = comm.__dict__.get("plans")
-    if plans is None:
-        plans = comm.plans = {}
-    key = (name, algorithm, nbytes, _HANDSHAKE, getattr(comm, "strict", False))
-    p = plans.get(key)
-    if p is None:
-        errors = len(check.errors)
-        algo = _resolve(name, algorithm, algos, comm, nbytes, check)
-        p = Plan(algo, fuses(name, algo, comm, nbytes), check_way(comm, algo))
-        if len(check.errors) == errors:
-            plans[key] = p
-    return p
-
-
-def _resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: Check) -> str:
-    transport = getattr(comm, "transport", None)           # shm transport: auto may pick "shm"
-    if algorithm == "auto":
-        if "hierarchical" in algos and prefers_hierarchical(comm):
-            return "hierarchical"
-        if FUSED.get(name) and fuses(name, FUSED[name][0], comm, nbytes):
-            return FUSED[name][0]            # the check round carries the data: one round in all
-        return choose(name, comm.size, nbytes, comm.backend, transport)
-    if algorithm == "shm" and "shm" in algos and transport != "shm":   # shm transport
-        check.fail(f"argument 'algorithm' is 'shm', which needs every rank of the group on this host on the "
-                   f"shared-memory transport; this communicator's transport is {transport or comm.backend!r}")
-        return next(iter(algos))
-    if algorithm not in algos:
-        check.fail(f"argument 'algorithm' is {algorithm!r}; {name} accepts {['auto', *algos]}")
-        return next(iter(algos))
-    return algorithm

@@ -19,7 +19,7 @@ The root cause is a rank without a report for which there is evidence of death:
   * connection closed: a report says its socket closed under a transfer (gloo TCP): the process
     exited. Reports are written before a rank exits, so whoever reads a report after seeing the
     closure also sees the closing rank's own report, if it had one;
-  * report missing: it never arrived at communicator set-up before the deadline (rendezvous.py).
+  * report missing: it never arrived at communicator set-up before the deadline (Rounds, below).
 A survivor waits at most GRACE seconds for that evidence; then it names the rank it was waiting
 on as one that stopped answering (alive but absent: it skipped the call or waits elsewhere).
 The store lives in one process (rank 0 of an env:// or tcp:// start; under torchrun its agent):
@@ -28,15 +28,28 @@ survivor could name nobody. So the rank hosting the store, once it named the dea
 until every other rank has reported or is gone (at most LINGER seconds): a failure path only.
 Cost: nothing until a failure; then a few store reads per 50 ms for at most GRACE seconds.
 Without a torch.distributed store (MPI) nothing is recorded and the message names the peer.
+
+Communicator set-up goes through the same store (Rounds, below): the arrival round of every
+transport (TCP, nccl, shared memory), then the shared-memory rendezvous's own rounds
+(shm_segment.rendezvous). A backend all_gather_object would fail with "Connection closed by
+peer" and no rank in it, or wait for a rank that is gone; here each rank writes
+    ringzero/setup/<group name>.<n-th build>/<round>/<global rank> = pickle(obj)
+and, while it waits, checks each missing peer: its process gone (gone()), or a failure report
+from it (it saw another rank die and gave up: the chain leads to the dead one). At the deadline
+(the communicator's timeout) the ranks still missing are named as never arrived.
+Cost per round: 1 store write + (N-1) reads per rank; nothing travels on the data path.
 """
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import time
+from collections import Counter
 
 import torch.distributed as dist
 
+from primitives.engine.errors import PeerError
 from primitives.engine.shm_segment import host_key, start_time
 
 GRACE = 1.0      # seconds a failing rank waits for evidence of a death
@@ -91,28 +104,10 @@ def gone(st, g: int) -> str | None:
     return None if start_time(h["pid"]) == h["start"] else PID_GONE.format(pid=h["pid"])
 
 
-def reports(st, world: int) -> dict:
-    out = {}
-    for r in range(world):
-        k = f"{PREFIX}/report/{r}"
-        if st.check([k]):
-            out[r] = json.loads(st.get(k).decode())
-    return out
-
-
 def report_of(st, g: int) -> dict | None:
     """Global rank g's failure report, or None."""
     k = f"{PREFIX}/report/{g}"
     return json.loads(st.get(k).decode()) if st.check([k]) else None
-
-
-def reported(comm, peer: int) -> bool:
-    """Did group rank `peer` write a failure report (so it was alive when it saw a failure)?"""
-    st, _ = store()
-    try:
-        return st is not None and st.check([f"{PREFIX}/report/{comm.global_rank(peer)}"])
-    except Exception:             # the store itself may live on the dead rank
-        return False
 
 
 def culprits(st, world: int) -> tuple[dict, dict]:
@@ -120,7 +115,7 @@ def culprits(st, world: int) -> tuple[dict, dict]:
     reports). Processes are checked first, reports read after: a rank writes its report before
     it exits, so one seen gone with no report then died without one."""
     ended = {g: ev for g in range(world) if (ev := gone(st, g))}
-    reps = reports(st, world)
+    reps = {g: rep for g in range(world) if (rep := report_of(st, g))}
     dead = {g: ev for g, ev in ended.items() if g not in reps}
     for rep in reps.values():
         s = rep["suspect"]
@@ -189,3 +184,84 @@ def linger(st, world: int, me: int, dead: dict) -> None:
             time.sleep(0.02)
     except Exception:
         pass
+
+
+# ----------------------------------------------------------------------------- set-up rounds
+
+_BUILDS: Counter = Counter()    # group name -> communicators built for it in this process
+
+
+class Rounds:
+    """The set-up rounds of one communicator (every rank of its group builds it in the same order)."""
+
+    def __init__(self, comm, what: str):
+        self.comm, self.what, self.round = comm, what, 0
+        name = getattr(comm.group, "group_name", None) or "world"
+        _BUILDS[name] += 1
+        self.tag = f"ringzero/setup/{name}.{_BUILDS[name]}"
+        self.store, _ = store()
+        self.t0 = time.time() - 1.0                 # reports older than this set-up are another failure's
+
+    def gather(self, obj) -> list:
+        """Every group rank's obj (a list indexed by group rank); PeerError naming the absent rank."""
+        c = self.comm
+        self.round += 1
+        if self.store is None or c.size == 1:
+            return [obj] if c.size == 1 else self._fallback(obj)
+        try:
+            return self._gather(obj)
+        except PeerError:
+            raise
+        except Exception as e:        # DistStoreError, ConnectionResetError: the store itself is gone
+            raise PeerError(f"rank {c.rank}: communicator set-up failed at {self.where()}: the process group's "
+                            f"store is unreachable ({type(e).__name__}: {e}); the process hosting it (rank 0, or "
+                            "the launcher's agent under torchrun) exited or was killed") from e
+
+    def _gather(self, obj) -> list:
+        c = self.comm
+        key = f"{self.tag}/{self.round}/"
+        self.store.set(key + str(c.global_rank(c.rank)), pickle.dumps(obj))
+        pending = [p for p in range(c.size) if p != c.rank]
+        deadline, nap = time.monotonic() + c.timeout, 1e-3
+        while True:
+            pending = [p for p in pending if not self.store.check([key + str(c.global_rank(p))])]
+            if not pending:
+                break
+            for p in pending:
+                ev = gone(self.store, c.global_rank(p))
+                rep = report_of(self.store, c.global_rank(p))
+                # dead, or it gave up on a dead rank while I waited; and (a key is written before its
+                # rank can exit) still absent now, not one that arrived and died just after
+                if (ev or (rep and rep["t"] >= self.t0)) and not self.store.check([key + str(c.global_rank(p))]):
+                    self._absent(p, ev)
+            if time.monotonic() > deadline:
+                self._absent(pending[0], f"never arrived at {self.where()} within {c.timeout:.0f}s "
+                                         f"(ranks still missing: {pending}; it died before it, or never built "
+                                         "this communicator)")
+            time.sleep(nap)
+            nap = min(2 * nap, 0.004)
+        return [pickle.loads(self.store.get(key + str(c.global_rank(p)))) if p != c.rank else obj
+                for p in range(c.size)]
+
+    def where(self) -> str:
+        return f"the {self.what} (set-up round {self.round})"
+
+    def _absent(self, peer: int, evidence: str | None):
+        c = self.comm
+        named, cause = attribute(c, peer, "waiting for", evidence, call=self.where())
+        raise PeerError(f"rank {c.rank}: communicator set-up failed: rank {peer} did not arrive at {self.where()}."
+                        + cause, dead=named, attributed=True)
+
+    def _fallback(self, obj) -> list:
+        """No store to rendezvous through (not expected with torch.distributed): the backend's gather."""
+        out = [None] * self.comm.size
+        dist.all_gather_object(out, obj, group=self.comm.group)
+        return out
+
+
+def arrive(comm, what: str = "communicator set-up") -> Rounds:
+    """The arrival round every communicator's set-up starts with; returns its Rounds for more."""
+    hello()
+    rounds = Rounds(comm, what)
+    rounds.gather(None)
+    return rounds

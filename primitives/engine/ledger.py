@@ -89,21 +89,24 @@ class Ledger:
         cur = self._t.current
         return cur is not None and cur.template is not None and not self._t.control_depth
 
-    def sent(self, nbytes: int, link: str | None = None) -> None:
-        if self._replaying():
-            return
+    def _count(self, nbytes: int, link: str | None, out: bool) -> None:
+        """One message of nbytes, sent (out) or received, on link class `link` (None: not known)."""
         with self._lock:
             for c in self._target() + self._link_targets(link):
-                c.msgs_sent += 1
-                c.bytes_sent += nbytes
+                if out:
+                    c.msgs_sent += 1
+                    c.bytes_sent += nbytes
+                else:
+                    c.msgs_recv += 1
+                    c.bytes_recv += nbytes
+
+    def sent(self, nbytes: int, link: str | None = None) -> None:
+        if not self._replaying():
+            self._count(nbytes, link, True)
 
     def received(self, nbytes: int, link: str | None = None) -> None:
-        if self._replaying():
-            return
-        with self._lock:
-            for c in self._target() + self._link_targets(link):
-                c.msgs_recv += 1
-                c.bytes_recv += nbytes
+        if not self._replaying():
+            self._count(nbytes, link, False)
 
     def data_moved(self, sent: list[int], received: list[int], links: list[str | None] | None = None) -> None:
         """Data that rode in control messages (the fused check's envelopes): one message per
@@ -113,23 +116,17 @@ class Ledger:
         if self._t.control_depth or self._replaying():   # a call the caller marked as control (e.g. a
             return                  # status all-reduce): its envelopes, payload inside, were counted as control
         links = links if links is not None else [None] * max(len(sent), len(received))
-        with self._lock:
-            for entries, out in ((sent, True), (received, False)):
-                for b, link in zip(entries, links):
-                    if not b:
-                        continue
-                    targets = [self.data] + ([self._t.current.counts] if self._t.current else [])
-                    if link is not None:
-                        targets.append(self.links.setdefault(link, Counts()))
-                        if self._t.current is not None:
-                            targets.append(self._t.current.links.setdefault(link, Counts()))
-                    for c in targets:
-                        if out:
-                            c.msgs_sent += 1
-                            c.bytes_sent += b
-                        else:
-                            c.msgs_recv += 1
-                            c.bytes_recv += b
+        for entries, out in ((sent, True), (received, False)):
+            for b, link in zip(entries, links):
+                if b:
+                    self._count(b, link, out)
+
+    def _add(self, rec: CallRecord) -> None:
+        """A replayed call's counts (its template's, shared) added to the totals; lock held."""
+        self.data += rec.counts
+        for k, c in rec.links.items():
+            total = self.links.setdefault(k, Counts())
+            total += c
 
     def open_call(self, name: str, algorithm: str, nbytes: int, template: CallRecord | None = None) -> tuple:
         """Start counting a collective call (close_call ends it; call() is the same as a `with`).
@@ -145,10 +142,7 @@ class Ledger:
             rec.counts, rec.links = t.counts, t.links     # shared: nothing counts into a replayed record
             if t.counts.msgs_sent or t.counts.msgs_recv:
                 with self._lock:
-                    self.data += t.counts
-                    for k, c in t.links.items():
-                        total = self.links.setdefault(k, Counts())
-                        total += c
+                    self._add(rec)
         if self.keep_calls and prev is None:
             with self._lock:
                 self.calls.append(rec)
@@ -156,16 +150,8 @@ class Ledger:
     def add_replayed(self, rec: CallRecord) -> None:
         """A planned call's end (planned.py): its record (shared counts, template set) added to
         the totals, as close_call adds a replayed record, with no call open around it."""
-        c = rec.counts
         with self._lock:
-            d = self.data
-            d.msgs_sent += c.msgs_sent
-            d.bytes_sent += c.bytes_sent
-            d.msgs_recv += c.msgs_recv
-            d.bytes_recv += c.bytes_recv
-            for k, lc in rec.links.items():
-                total = self.links.setdefault(k, Counts())
-                total += lc
+            self._add(rec)
             if self.keep_calls:
                 self.calls.append(rec)
 

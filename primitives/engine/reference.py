@@ -1,7 +1,7 @@
 """The backend's own collectives, called the same way as ours: the reference every check,
 test and benchmark compares against. torch.distributed for gloo/nccl, mpi4py for MPI.
 
-ref(name, comm, args) mirrors primitives.<name>(*args) and returns nothing (in place).
+ref(name, comm, *args) mirrors primitives.<name>(*args) and returns nothing (in place).
 gloo has no AVG reduction: AVG is SUM divided by N here, which is what AVG means.
 """
 from __future__ import annotations
@@ -21,7 +21,9 @@ def _np(t):
     return t.numpy()
 
 
-def ref(name: str, comm, *args, op=None) -> None:
+def ref(name: str, comm, *args, op=None, **kw) -> None:
+    if name in ("all_to_all", "all_to_all_single"):
+        return _ref_all_to_all(name, comm, *args, **kw)     # kw: the single form's split sizes
     opn = op_name(op) if op is not None else "sum"
     if comm.backend == "mpi":
         _ref_mpi(name, comm, args, opn)
@@ -32,8 +34,6 @@ def ref(name: str, comm, *args, op=None) -> None:
                   "reduce_scatter_single": args[0]}[name]
         if name != "reduce" or comm.rank == group_rank(comm, args[1]):
             target.div_(comm.size)
-
-
 
 
 def _ref_torch(name, comm, args, opn):
@@ -103,3 +103,42 @@ def _ref_mpi(name, comm, args, opn):
                 t.copy_(recv[i])
     else:
         raise KeyError(name)
+
+
+def _ref_all_to_all(name, comm, *args, **kw):
+    """torch.distributed's all_to_all(_single), or mpi4py's Alltoallv. torch 2.13's gloo has the even
+    and uneven single forms, but its list form refuses tensors of different sizes: those go
+    through gloo's uneven single form instead."""
+    if comm.backend != "mpi":
+        out, inp = args
+        if name == "all_to_all" and len({tuple(t.shape) for t in [*out, *inp]}) > 1:
+            # gloo's list form needs every tensor the same size ("input and output tensors must
+            # have the same size"); its uneven single form does not, so route through that
+            sc, rc = [t.numel() for t in inp], [t.numel() for t in out]
+            recv = torch.empty(sum(rc), dtype=inp[0].dtype)
+            torch.distributed.all_to_all_single(recv, torch.cat([t.reshape(-1) for t in inp]), rc, sc, group=comm.group)
+            for t, piece in zip(out, recv.split(rc)):
+                t.copy_(piece.view_as(t))
+            return None
+        return getattr(torch.distributed, name)(*args, group=comm.group, **kw)
+    from mpi4py import MPI   # optional dependency: only `--backend mpi` needs it
+    if name == "all_to_all":
+        out, inp = args
+        send = torch.cat([t.reshape(-1) for t in inp])
+        recv = torch.empty(sum(t.numel() for t in out), dtype=send.dtype)
+        sc, rc = [t.numel() for t in inp], [t.numel() for t in out]
+    else:
+        out, inp = args
+        row = inp[0].numel() if inp.shape[0] else 0
+        n = comm.size
+        sc = [s * row for s in (kw.get("input_split_sizes") or [inp.shape[0] // n] * n)]
+        rc = [s * row for s in (kw.get("output_split_sizes") or [out.shape[0] // n] * n)]
+        send, recv = inp.contiguous().reshape(-1), torch.empty(out.numel(), dtype=out.dtype)
+    es = send.element_size()
+    spec = lambda t, c: [t.view(torch.uint8).numpy(), [x * es for x in c], [sum(c[:i]) * es for i in range(len(c))], MPI.BYTE]  # noqa: E731
+    comm.mpi.Alltoallv(spec(send, sc), spec(recv, rc))
+    if name == "all_to_all":
+        for t, piece in zip(out, recv.split(rc)):
+            t.copy_(piece.view_as(t))
+    else:
+        out.copy_(recv.view_as(out))

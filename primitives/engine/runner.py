@@ -1,8 +1,9 @@
 """What `primitives/allreduce.py` (and run.py NAME) does: run each algorithm, check it against the
-backend's built-in, compare the bytes sent with the formula, time it, and print a table.
+backend's built-in (reference.py), compare the bytes sent with the formula, time it, and print a table.
 
     torchrun --nproc_per_node 4 primitives/allreduce.py [--size 1048576] [--iters 5]
     mpiexec -n 4 python primitives/run.py broadcast --backend mpi
+    torchrun --nproc_per_node 4 primitives/run.py all_to_all      (main_all_to_all: even and uneven splits)
 
 Inputs are small integers stored in the chosen dtype, so every summation order gives the same
 exact result and the check against the built-in can be bitwise.
@@ -190,3 +191,50 @@ def main(name: str, argv=None) -> None:
     print0("busbw = algbw × nccl-tests' factor; algbw = S / time, S = the full buffer for gather/scatter-type ops.")
     if failures:
         fail(f"rank {comm.rank}: {failures} check(s) failed", code=1)
+
+
+def main_all_to_all(argv=None) -> None:
+    """Check both all-to-all algorithms (even and uneven splits) against the built-in, the ledger
+    against traffic(), and time them interleaved with the built-in."""
+    ap = argparse.ArgumentParser(description="Run, verify and time every all-to-all algorithm.")
+    add_launch_args(ap)
+    ap.add_argument("--size", type=int, default=1 << 20, help="bytes of each rank's input (default 1 MiB)")
+    ap.add_argument("--iters", type=int, default=5)
+    a = ap.parse_args(argv)
+    comm = init_from_env(a.backend, a.timeout)
+    n, r = comm.size, comm.rank
+    rows = max(n, a.size // 4 // n * n)
+    uneven = [((r + p) % 3) * rows // (2 * n) for p in range(n)]          # rank r sends uneven[p] rows to p
+    uneven[r] += rows - sum(uneven)
+    got = [((p + r) % 3) * rows // (2 * n) if p != r else 0 for p in range(n)]
+    got[r] = uneven[r]
+    x = torch.randint(-9, 9, (rows,), dtype=torch.float32)
+    t = Table(title=f"all_to_all_single: {n} ranks, {rows * 4:,} bytes per rank, backend {comm.backend}")
+    for c in ("algorithm", "splits", "check vs built-in", "bytes sent (rank 0)", "= formula", "median ms (ours)",
+              "median ms (built-in)", "busbw GB/s"):
+        t.add_column(c, justify="left" if c in ("algorithm", "splits", "check vs built-in") else "right")
+    bad = 0
+    for algo in [*ALGORITHMS["all_to_all_single"], "auto"]:
+        for label, ins, outs in (("even", None, None), ("uneven", uneven, got)):
+            y, want = torch.empty(sum(outs) if outs else rows), torch.empty(sum(outs) if outs else rows)
+            sides = {"ours": lambda: api.all_to_all_single(y, x, outs, ins, group=comm, algorithm=algo),
+                     "ref": lambda: ref("all_to_all_single", comm, want, x, output_split_sizes=outs,
+                                        input_split_sizes=ins)}
+            with LEDGER.track() as d:
+                sides["ours"]()
+            sides["ref"]()
+            exp = traffic("all_to_all_single", LEDGER.calls[-1].algorithm, n, r, rows, 4, splits=ins)
+            ok, fok = torch.equal(y, want), (d.msgs_sent, d.bytes_sent) == exp
+            bad += (not ok) + (not fok)
+            times = {side: [] for side in sides}
+            for _ in range(a.iters):                                      # interleaved
+                for side, fn in sides.items():
+                    times[side] += time_call(fn, comm, 1, warmup=0)
+            mo, mr = statistics.median(times["ours"]), statistics.median(times["ref"])
+            t.add_row(algo, label, "[green]pass[/]" if ok else "[red]FAIL[/]", f"{d.bytes_sent:,}",
+                      "[green]yes[/]" if fok else "[red]NO[/]", f"{mo * 1e3:.3f}", f"{mr * 1e3:.3f}",
+                      f"{rows * 4 / mo * (n - 1) / n / 1e9:.3f}" if n > 1 else "-")
+    print0(t)
+    print0("busbw = S / time × (N-1)/N, S = this rank's input. Timings include the handshake (the default).")
+    if bad:
+        raise SystemExit(f"rank {r}: {bad} check(s) failed")

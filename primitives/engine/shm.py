@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 
 from primitives.engine import faults, shm_segment as seg
+from primitives.engine.faults import Rounds, arrive
 from primitives.engine.checked import DEFAULT_TIMEOUT
 from primitives.engine.comms import CheckedTorchComm
 from primitives.engine.errors import PeerError
-from primitives.engine.rendezvous import Rounds, arrive
 from primitives.engine.shm_segment import (LINE, SLEEP_OFF, SLOT_BYTES, SLOTS, SPIN, TRANSPORTS, WS_BYTES,  # noqa: F401
                                           layout, transport_from_env)
 
@@ -84,7 +84,7 @@ class ShmComm(CheckedTorchComm):
                                  f"this group uses {self.backend}")
             arrive(self)                  # set-up through the store: a rank that never arrives is named
             return
-        faults.hello()                    # set-up through the store (rendezvous.py), round 1 = arrival
+        faults.hello()                    # set-up through the store (faults.py), round 1 = arrival
         mm, local, procs, self.token, why = seg.rendezvous(
             group, self.rank, self.size, lambda n: layout(n)["total"], Rounds(self, "shared-memory rendezvous").gather)
         self.why_not = why
@@ -284,7 +284,7 @@ def build(group=None, timeout: float | None = None, transport: str | None = None
     if dist.get_backend(group) != "gloo":
         if transport_from_env(transport) == "shm":
             raise ValueError(f"transport 'shm' needs backend gloo, not {dist.get_backend(group)}")
-        return arrive(CheckedTorchComm(group, timeout)).comm    # set-up through the store (rendezvous.py)
+        return arrive(CheckedTorchComm(group, timeout)).comm    # set-up through the store (faults.py)
     return ShmComm(group, timeout, transport)
 
 

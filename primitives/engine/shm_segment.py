@@ -5,7 +5,7 @@ attachment, unlinking, stale-segment removal and peer liveness. No messaging her
 
 Life of a segment (one per host per communicator):
   1. every rank publishes (hostname + boot id, pid, process start time) through the store
-     (rendezvous.py: one key per rank, a deadline, a rank that never arrives named); ranks with
+     (faults.Rounds: one key per rank, a deadline, a rank that never arrives named); ranks with
      the same key share a host. The boot id changes at
      every reboot and differs between machines even when hostnames collide.
   2. the lowest rank of each host sweeps /dev/shm for ringzero segments of this user whose
@@ -194,7 +194,7 @@ def listing(token: str | None = None) -> list[str]:
 
 
 def rendezvous(group, rank: int, size: int, nbytes_for, gather) -> tuple:
-    """Steps 1-4 above. `gather(obj)` gives every group rank's obj (rendezvous.Rounds.gather); nbytes_for(n)
+    """Steps 1-4 above. `gather(obj)` gives every group rank's obj (faults.Rounds.gather); nbytes_for(n)
     gives the segment size for n ranks on a host. Returns (mm or None, local group ranks,
     pids+start times of the local ranks, token, why-not text)."""
     me = (host_key(), os.getpid(), start_time(os.getpid()), new_token(), os.path.isdir(SHM_DIR))

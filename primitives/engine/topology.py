@@ -19,6 +19,7 @@ The intra-/inter-node views themselves: subcomm.py.
 """
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import warnings
@@ -129,3 +130,13 @@ def _world_size(comm) -> int:
     if getattr(comm, "group", None) is not None and dist.is_initialized():
         return dist.get_world_size()
     return comm.size
+
+
+def prefers_hierarchical(comm) -> bool:
+    """algorithm="auto": use the two-level algorithms (subcomm.py) when this group spans more
+    than one node with the same number of ranks on each (otherwise the flat choice stands)."""
+    if comm.size < 2:
+        return False
+    topo = topology(comm)
+    per_node = collections.Counter(topo.node_of(comm.global_rank(p)) for p in range(comm.size))
+    return len(per_node) > 1 and len(set(per_node.values())) == 1

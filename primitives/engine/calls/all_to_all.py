@@ -14,9 +14,10 @@ import torch
 
 from primitives.all_to_all import linear, pairwise
 from primitives.engine.check import Check
-from primitives.engine.core import flat_work, handshake_enabled, plan, run
+from primitives.engine.core import flat_work, run
 from primitives.engine.errors import CollectiveError
 from primitives.engine.ledger import LEDGER
+from primitives.engine.planned import handshake_enabled, plan
 from primitives.ops import wait_all
 
 
@@ -70,10 +71,11 @@ def _splits(check, arg, sizes, rows, n):
     return sizes
 
 
-def _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, views, elem, dtype, shape):
-    """views() -> (send blocks, recv blocks, finish); run the algorithm under the handshake."""
+def _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, views, like, shape):
+    """views() -> (send blocks, recv blocks, finish); run the algorithm under the handshake. like: a
+    tensor of the call's dtype (for the fingerprint), when the arguments passed."""
     n = comm.size
-    nbytes = sum(send_counts) * elem if not check.errors else 0     # S: this rank's whole input
+    nbytes = sum(send_counts) * like.element_size() if not check.errors else 0     # S: this rank's whole input
     # the model's two predictions differ only in latency (same bytes), so "auto" does not depend on
     # S: uneven splits give ranks different S, and every rank must pick the same algorithm
     pl = plan(name, algorithm, ALGOS, comm, 0, check)
@@ -91,8 +93,8 @@ def _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, v
         if n > 1:
             ALGOS[algo](comm, send, recv)
         finish()
-    return run(comm, name, algo, check, plan=pl, numel=total, dtype=dtype if not check.errors else None, op=None,
-               root=-1, shape=shape, nbytes=nbytes, body=body, async_op=async_op, tag=tag)
+    return run(comm, name, check, pl, not check.errors, like, body, async_op, tag, nbytes, numel=total,
+               shape=shape)
 
 
 def all_to_all_single(comm, output, input, output_split_sizes=None, input_split_sizes=None,
@@ -126,8 +128,7 @@ def all_to_all_single(comm, output, input, output_split_sizes=None, input_split_
         send = list(src.split(send_counts))
         recv = list(dst.split(recv_counts))
         return send, recv, (lambda: output.copy_(dst.view_as(output))) if copied else (lambda: None)
-    return _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, views,
-               input.element_size() if ok else 0, input.dtype if ok else None,
+    return _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, views, input,
                tuple(input.shape[1:]) if ok else ())
 
 
@@ -166,7 +167,7 @@ def all_to_all(comm, output_tensor_list, input_tensor_list, async_op=False, *, a
                     o.copy_(w.view_as(o))
         return send, [w for w, _ in work], finish
     return _go(name, comm, check, algorithm, async_op, tag, send_counts, recv_counts, views,
-               input_tensor_list[0].element_size() if ok else 0, dtype, ())
+               input_tensor_list[0] if ok else None, ())
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
