@@ -1,5 +1,5 @@
 """DeepSpeedEngine's surface that real clients touch, on ZeroEngine: ranks, the device, attribute
-lookups forwarded to the wrapped module, the accumulation boundary set by the client, destroy,
+lookups forwarded to the wrapped module, the accumulation boundary set by the client, no_sync, destroy,
 deepspeed_io, the throughput timer, the 16-bit model save; and initialize's argument handling (args.deepspeed_config,
 starting torch.distributed, the client LR scheduler).
 
@@ -10,6 +10,7 @@ Each follows DeepSpeed 0.19.8's runtime/engine.py (named in the docstrings). Cos
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -96,6 +97,36 @@ class DeepSpeedSurface:
                 return getattr(module, name)
             raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r} (nor has its module "
                                  f"{type(module).__name__ if module is not None else None})") from None
+
+    inside_no_sync_ctxt = False    # DeepSpeed's name: backwards inside engine.no_sync() keep their gradients local
+    _grads_local = False           # stages 0-1: the gradient buffers hold this rank's unreduced gradients
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeedEngine.no_sync: the backwards inside do not reduce; their gradients add up on each
+        rank and the next backward outside (at the boundary) reduces the sum. Stages 0-1 only: stages 2-3
+        reduce-scatter every micro-batch into shards. step() inside is an error. DeepSpeed's assertions
+        and words."""
+        if self.stage_id >= 2:
+            raise AssertionError("no_sync context manager is incompatible with gradient partitioning logic of "
+                                 f"ZeRO stage {self.stage_id}")
+        if self.inside_no_sync_ctxt:
+            raise AssertionError("no_sync context manager reentry is unsupported")
+        self.inside_no_sync_ctxt = True
+        try:
+            yield
+        finally:
+            self.inside_no_sync_ctxt = False
+
+    def backward_boundary(self) -> bool:
+        """Whether this backward reduces: at the accumulation boundary and outside no_sync."""
+        boundary = self.is_gradient_accumulation_boundary() and not self.inside_no_sync_ctxt
+        self._grads_local = not boundary and self.stage_id < 2
+        return boundary
+
+    def check_step(self) -> None:
+        if self.inside_no_sync_ctxt:
+            raise AssertionError("It is illegal to call Engine.step() inside no_sync context manager")
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """DeepSpeed: the client says whether the next backward ends the accumulation; until it

@@ -63,7 +63,6 @@ from primitives.log import print0
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
-
 class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
                  mpu=None, optimizer=None, lr_scheduler=None):
@@ -162,7 +161,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError("engine.backward(loss) needs a scalar loss tensor")
-        boundary = self.is_gradient_accumulation_boundary()
+        boundary = self.backward_boundary()            # False inside no_sync (surface.py)
         scaled = loss.float()
         if self.gradient_accumulation_steps() > 1 and scale_wrt_gas:
             scaled = scaled / self.gradient_accumulation_steps()
@@ -177,6 +176,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         return loss / gas if gas > 1 and scale_wrt_gas else loss
 
     def step(self, lr_kwargs=None) -> None:
+        self.check_step()
         if self.is_gradient_accumulation_boundary():
             self.lr_kwargs = lr_kwargs                # DeepSpeed's: passed to lr_scheduler.step (step.py)
             self._optimizer_step()
