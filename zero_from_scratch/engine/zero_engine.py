@@ -41,7 +41,6 @@ import torch.nn as nn
 
 from zero_from_scratch.engine import checkpoint as ckpt
 from zero_from_scratch.engine import ledger
-from zero_from_scratch.engine import offload, wall_clock
 from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
@@ -50,7 +49,7 @@ from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
-from zero_from_scratch.engine import client_optim, safe_api, surface
+from zero_from_scratch.engine import client_optim, leaf, offload, safe_api, surface, wall_clock
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -116,6 +115,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
+        leaf.install(self)                   # ZeRO-3 leaf modules: each gathered whole (leaf.py)
         # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
         # cpu on the host (offload.HostOptimizerStates: pinned, next to its own fp32 master)
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
