@@ -45,8 +45,9 @@ def _batch(t, rank):
     return torch.randn(4, D, generator=g) * (1 + 2 * rank), torch.randn(4, 4, generator=g)
 
 
-CFG = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {
-       "lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+CFG = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "torch_adam": True}},
+       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
 
 
 def _train(side, init, set_leaf, rank):

@@ -2,7 +2,8 @@
 hooks): a module flagged `_z3_leaf` is gathered whole at its own pre-forward and pre-backward, and
 no hook fires for its children.
 
-    from deepspeed.utils import set_z3_leaf_modules            (under the runner; or from here)
+    python -m pytest -q tests/test_zero_leaf.py      (an MoE block routed differently on each rank, 2 ranks)
+
     set_z3_leaf_modules(model, [MixtralSparseMoeBlock]); engine, *_ = deepspeed.initialize(model=model, ...)
 
 Why: stage 3 all-gathers the units a module uses when it runs, so every rank must run the same
@@ -201,8 +202,8 @@ def _reduce_hooks(st, name: str, leaf, units: list) -> list:
 
     def reduce(module, grad_input, grad_output):
         if all(g is None for g in grad_input):
-            raise RuntimeError(f"ZeRO-3 leaf module {name!r} ({type(leaf).__name__}): none of its inputs requires grad, "
-                               "so torch runs its full backward hook before its backward and its gradients cannot be "
+            raise RuntimeError(f"ZeRO-3 leaf module {name!r} ({type(leaf).__name__}): none of its inputs requires "
+                               "grad, so torch runs its full backward hook before its backward and its gradients cannot be "
                                "reduced there (DeepSpeed fails here too); make an input require grad (e.g. "
                                "model.enable_input_require_grads()) or do not flag this module as a leaf")
         for u in units:

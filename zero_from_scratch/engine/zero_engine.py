@@ -27,8 +27,9 @@ keeps the fp32 master and Adam states on the host (offload.py), "nvme" in files 
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
 DeepSpeed's client-facing surface: client optimizer objects / callables and LR schedulers
 (client_optim.py, optimizers.py), initialize(training_data=, args=) and torch.distributed start-up,
-ranks, module attribute forwarding, the accumulation boundary, destroy, save_16bit_model
-(surface.py), safe_get_*/safe_set_* (safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py).
+ranks, module attribute forwarding, the accumulation boundary, no_sync, destroy, save_16bit_model
+(surface.py), safe_get_*/safe_set_* (safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py),
+ZeRO-3 leaf modules (leaf.py).
 """
 from __future__ import annotations
 
