@@ -203,8 +203,8 @@ def _reduce_hooks(st, name: str, leaf, units: list) -> list:
     def reduce(module, grad_input, grad_output):
         if all(g is None for g in grad_input):
             raise RuntimeError(f"ZeRO-3 leaf module {name!r} ({type(leaf).__name__}): none of its inputs requires "
-                               "grad, so torch runs its full backward hook before its backward and its gradients cannot be "
-                               "reduced there (DeepSpeed fails here too); make an input require grad (e.g. "
+                               "grad, so torch runs its full backward hook before its backward and its gradients "
+                               "cannot be reduced there (DeepSpeed fails here too); make an input require grad (e.g. "
                                "model.enable_input_require_grads()) or do not flag this module as a leaf")
         for u in units:
             held.discard(u.index)
