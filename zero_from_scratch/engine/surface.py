@@ -11,7 +11,9 @@ Each follows DeepSpeed 0.19.8's runtime/engine.py (named in the docstrings). Cos
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import stat
 import time
 import warnings
 
@@ -152,6 +154,15 @@ class DeepSpeedSurface:
         """DeepSpeed's: the path of this rank's optimizer-state file under `tag`, the DeepSpeed-layout file
         every save writes at stages 1-3 (checkpoint_ds.py)."""
         return os.path.join(checkpoints_path, str(tag), f"zero_pp_rank_{self.comm.rank}_mp_rank_00_optim_states.pt")
+
+    def _change_recovery_script_permissions(self, dst) -> None:
+        """DeepSpeed's: make a checkpoint's recovery script executable; where the file system refuses
+        (or the file is missing), say so on DeepSpeed's logger at info level and go on."""
+        try:
+            os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
+        except (FileNotFoundError, PermissionError) as e:
+            logging.getLogger("DeepSpeed").info(f"Warning: Could not change permissions for {dst} due to error: {e}. "
+                                                "Continuing without changing permissions.")
 
     def was_step_applied(self) -> bool:
         return not self.optimizer.overflow
