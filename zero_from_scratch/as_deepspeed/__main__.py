@@ -40,7 +40,9 @@ def print_table() -> None:
         t.add_column(col)
     for name, target in sorted(served.SERVED.items()):
         try:
-            ok = "served" if name.endswith("*") else (finder.resolve(name, target) and "served")
+            if not name.endswith("*"):
+                finder.resolve(name, target)          # an empty list is served too
+            ok = "served"
         except finder.NotServedAttributeError:
             ok = "missing"
         t.add_row(name, target, ok)

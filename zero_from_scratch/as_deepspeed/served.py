@@ -23,7 +23,8 @@ _PIPE = "pipeline_parallel.engine.ds_pipe"
 MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.zero", "deepspeed.utils",
            "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
-           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils", "deepspeed.ops",
+           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils",
+           "deepspeed.runtime.zero.leaf_module_config", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
            "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.swap_tensor",
            "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
@@ -48,6 +49,8 @@ _BUILDERS = ("CPUAdamBuilder", "FusedAdamBuilder", "CPULionBuilder", "FusedLionB
              "FusedLambBuilder")
 _SAFE = tuple(f"safe_{a}_{c}_{b}" for a in ("get", "set") for c in ("full", "local")
               for b in ("fp32_param", "grad", "optimizer_state")) + ("safe_update_full_grad_vectorized",)
+_LEAF = ("set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter",
+         "set_z3_leaf_module", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix")
 _PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
                "PipeModelDataParallelTopology")
 _TOPO = "pipeline_parallel.engine.topology"
@@ -113,6 +116,9 @@ SERVED: dict[str, str] = {
         f"{_R}.utils:split_params_into_different_moe_groups_for_optimizer",
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
     "deepspeed.utils.zero_to_fp32.*": f"{_R}.zero_to_fp32:*",
+    **{f"deepspeed.utils.{n}": f"{_E}.leaf:{n}" for n in _LEAF},
+    **{f"deepspeed.runtime.zero.leaf_module_config.DEFAULT_LEAF_MODULE_{n}": f"{_E}.leaf:DEFAULT_LEAF_MODULE_{n}"
+       for n in ("CLASSES", "NAMES", "NAME_SUFFIXES")},
     "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": f"{_R}.constants:OffloadDeviceEnum",
     "deepspeed.runtime.swap_tensor.MIN_SWAPPABLE_BYTES": f"{_R}.constants:MIN_SWAPPABLE_BYTES",
     **{f"deepspeed.runtime.lr_schedules.{n}": f"{_E}.lr_schedules:{n}" for n in _LR},
@@ -175,9 +181,6 @@ REFUSED: dict[str, tuple[str, str]] = {
         "wrap a module's _parameters in its ZeROOrderedDict (fetch-on-read for ZeRO-3)",
         "stage 3 gathers in module hooks; under the runner a parameter read outside its module is registered "
         "as external (engine/external.py)") for n in ("ZeROOrderedDict", "ensure_zero_ordered_dict")},
-    **{f"deepspeed.utils.{n}": ("mark modules ZeRO-3 gathers whole", "stage-3 module units (engine/stage3.py)")
-       for n in ("set_z3_leaf_modules", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix", "z3_leaf_module",
-                 "unset_z3_leaf_modules", "get_z3_leaf_modules")},
 }
 
 

@@ -79,11 +79,15 @@ class FrozenParams:
             us = sorted({unit_of[id(p)].index for p in m.parameters(recurse=False) if id(p) in unit_of})
             if not us:
                 continue
-            us = [self.units[i - base] for i in us]
-            self.hooks += [m.register_forward_pre_hook(st._pre_forward(name, us)),
-                           m.register_forward_hook(st._post_forward(us)),
-                           m.register_full_backward_pre_hook(st._pre_backward(name, us)),
-                           m.register_full_backward_hook(self._post_backward(us))]
+            self.hook_module(name, m, [self.units[i - base] for i in us])
+
+    def hook_module(self, name: str, m, us: list) -> None:
+        """Gather `us` around m's forward and backward (a ZeRO-3 leaf: its whole subtree's, leaf.py)."""
+        st = self.e.stage
+        self.hooks += [m.register_forward_pre_hook(st._pre_forward(name, us)),
+                       m.register_forward_hook(st._post_forward(us)),
+                       m.register_full_backward_pre_hook(st._pre_backward(name, us)),
+                       m.register_full_backward_hook(self._post_backward(us))]
 
     def _post_backward(self, units):
         def hook(module, grad_input, grad_output):

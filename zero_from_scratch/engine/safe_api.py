@@ -9,7 +9,8 @@ Semantics, as DeepSpeed 0.19.8's:
   get_full_fp32_param   the fp32 master (the parameter itself in fp32 runs), full shape, fp32
   get_full_grad         between backward and step: the reduced gradient, averaged over ranks, still
                         multiplied by the fp16 loss scale (DeepSpeed unscales only inside step);
-                        at stage 1 only on the accumulation boundary (before it nothing is reduced)
+                        at stages 0-1 before the boundary and inside engine.no_sync() (nothing
+                        reduced yet) this rank's own gradient, as DeepSpeed's param.grad there
   get_full_optimizer_state(param, key)   key: the optimizer's state name ("exp_avg", "exp_avg_sq"
                         for Adam, "exp_avg" for Lion, "momentum_buffer" for SGD, "sum" for Adagrad)
   set_full_*            every rank passes the full value; each keeps its own shard of it. A
@@ -78,6 +79,8 @@ def _get(param, what: str, key=None):
         return None
     if what == "master" and name in getattr(engine, "pending_fp32", {}):
         return engine.pending_fp32[name].clone()
+    if what == "grad" and engine._grads_local:   # no_sync or mid-accumulation at stages 0-1: this rank's
+        return engine.stage.gview[name].float() / engine.config.reduction.pre   # own sum, as DeepSpeed's .grad
     ui, slot = engine.layout.where[name]
     u = engine.layout.units[ui]
     with _states_in_memory(engine):

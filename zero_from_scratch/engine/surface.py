@@ -1,5 +1,5 @@
 """DeepSpeedEngine's surface that real clients touch, on ZeroEngine: ranks, the device, attribute
-lookups forwarded to the wrapped module, the accumulation boundary set by the client, destroy,
+lookups forwarded to the wrapped module, the accumulation boundary set by the client, no_sync, destroy,
 deepspeed_io, the throughput timer, the 16-bit model save; and initialize's argument handling (args.deepspeed_config,
 starting torch.distributed, the client LR scheduler).
 
@@ -10,7 +10,10 @@ Each follows DeepSpeed 0.19.8's runtime/engine.py (named in the docstrings). Cos
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import stat
 import time
 import warnings
 
@@ -97,6 +100,36 @@ class DeepSpeedSurface:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r} (nor has its module "
                                  f"{type(module).__name__ if module is not None else None})") from None
 
+    inside_no_sync_ctxt = False    # DeepSpeed's name: backwards inside engine.no_sync() keep their gradients local
+    _grads_local = False           # stages 0-1: the gradient buffers hold this rank's unreduced gradients
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeedEngine.no_sync: the backwards inside do not reduce; their gradients add up on each
+        rank and the next backward outside (at the boundary) reduces the sum. Stages 0-1 only: stages 2-3
+        reduce-scatter every micro-batch into shards. step() inside is an error. DeepSpeed's assertions
+        and words."""
+        if self.stage_id >= 2:
+            raise AssertionError("no_sync context manager is incompatible with gradient partitioning logic of "
+                                 f"ZeRO stage {self.stage_id}")
+        if self.inside_no_sync_ctxt:
+            raise AssertionError("no_sync context manager reentry is unsupported")
+        self.inside_no_sync_ctxt = True
+        try:
+            yield
+        finally:
+            self.inside_no_sync_ctxt = False
+
+    def backward_boundary(self) -> bool:
+        """Whether this backward reduces: at the accumulation boundary and outside no_sync."""
+        boundary = self.is_gradient_accumulation_boundary() and not self.inside_no_sync_ctxt
+        self._grads_local = not boundary and self.stage_id < 2
+        return boundary
+
+    def check_step(self) -> None:
+        if self.inside_no_sync_ctxt:
+            raise AssertionError("It is illegal to call Engine.step() inside no_sync context manager")
+
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """DeepSpeed: the client says whether the next backward ends the accumulation; until it
         calls this, the micro-step counter decides."""
@@ -121,6 +154,15 @@ class DeepSpeedSurface:
         """DeepSpeed's: the path of this rank's optimizer-state file under `tag`, the DeepSpeed-layout file
         every save writes at stages 1-3 (checkpoint_ds.py)."""
         return os.path.join(checkpoints_path, str(tag), f"zero_pp_rank_{self.comm.rank}_mp_rank_00_optim_states.pt")
+
+    def _change_recovery_script_permissions(self, dst) -> None:
+        """DeepSpeed's: make a checkpoint's recovery script executable; where the file system refuses
+        (or the file is missing), say so on DeepSpeed's logger at info level and go on."""
+        try:
+            os.chmod(dst, os.stat(dst).st_mode | stat.S_IEXEC)
+        except (FileNotFoundError, PermissionError) as e:
+            logging.getLogger("DeepSpeed").info(f"Warning: Could not change permissions for {dst} due to error: {e}. "
+                                                "Continuing without changing permissions.")
 
     def was_step_applied(self) -> bool:
         return not self.optimizer.overflow

@@ -27,8 +27,9 @@ keeps the fp32 master and Adam states on the host (offload.py), "nvme" in files 
 Every rank must call forward/backward/step the same number of times (the collectives pair up).
 DeepSpeed's client-facing surface: client optimizer objects / callables and LR schedulers
 (client_optim.py, optimizers.py), initialize(training_data=, args=) and torch.distributed start-up,
-ranks, module attribute forwarding, the accumulation boundary, destroy, save_16bit_model
-(surface.py), safe_get_*/safe_set_* (safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py).
+ranks, module attribute forwarding, the accumulation boundary, no_sync, destroy, save_16bit_model
+(surface.py), safe_get_*/safe_set_* (safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py),
+ZeRO-3 leaf modules (leaf.py).
 """
 from __future__ import annotations
 
@@ -41,7 +42,6 @@ import torch.nn as nn
 
 from zero_from_scratch.engine import checkpoint as ckpt
 from zero_from_scratch.engine import ledger
-from zero_from_scratch.engine import offload, wall_clock
 from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
@@ -50,7 +50,7 @@ from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
-from zero_from_scratch.engine import client_optim, safe_api, surface
+from zero_from_scratch.engine import client_optim, leaf, offload, safe_api, surface, wall_clock
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -61,7 +61,6 @@ from zero_from_scratch.engine.zero_partition import refuse_below_stage3, true_sh
 from primitives.log import print0
 
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
-
 
 
 class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
@@ -117,6 +116,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
+        leaf.install(self)                   # ZeRO-3 leaf modules: each gathered whole (leaf.py)
         # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
         # cpu on the host (offload.HostOptimizerStates: pinned, next to its own fp32 master)
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
@@ -162,7 +162,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError("engine.backward(loss) needs a scalar loss tensor")
-        boundary = self.is_gradient_accumulation_boundary()
+        boundary = self.backward_boundary()            # False inside no_sync (surface.py)
         scaled = loss.float()
         if self.gradient_accumulation_steps() > 1 and scale_wrt_gas:
             scaled = scaled / self.gradient_accumulation_steps()
@@ -177,6 +177,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         return loss / gas if gas > 1 and scale_wrt_gas else loss
 
     def step(self, lr_kwargs=None) -> None:
+        self.check_step()
         if self.is_gradient_accumulation_boundary():
             self.lr_kwargs = lr_kwargs                # DeepSpeed's: passed to lr_scheduler.step (step.py)
             self._optimizer_step()

@@ -152,7 +152,9 @@ ZERO_STATUS = {
     "log_trace_cache_warnings": W + SAME + "log stage-3 trace-cache invalidations",
     "enable_sanity_checks": W + SAME + "check stage-3 parameter states (slow)",
     "save_muon_momentum_buffer_in_memory": W + SAME + "keep Muon's momentum buffer on the device",
-    "leaf_module": W + SAME + "gather these modules' parameters as one unit at stage 3",
+    "leaf_module": H + "classes / names / name_suffixes flag ZeRO-3 leaf modules, each gathered whole (leaf.py)",
+    **{f"leaf_module.{k}": H + f"modules flagged as ZeRO-3 leaves by {what} (leaf.py)"
+       for k, what in (("classes", "class name"), ("names", "name"), ("name_suffixes", "name suffix"))},
     "mics_shard_size": R + NOT + "shard within groups of this many ranks and replicate across them (MiCS)",
     "mics_hierarchical_params_gather": R + NOT + "gather MiCS shards hierarchically",
     "zeropp_loco_param": R + NOT + "compensate quantization error in qgZ (LoCo)",
