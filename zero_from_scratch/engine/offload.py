@@ -234,6 +234,8 @@ class NvmeOptimizerStates:
                     e.stage.param_shard(u)[a:b].copy_(master)
                 for k, t in bufs.items():
                     file_io(True, self.fds[u.group, k], t, off)
+                if b == u.shard and hasattr(e.stage, "done_with"):
+                    e.stage.done_with(u)        # its parameter and gradient shards leave memory (stage3.py)
                 self.bytes_read += 4 * n * len(self.keys)
                 self.bytes_written += 4 * n * len(self.keys)
         except OSError as ex:

@@ -211,6 +211,17 @@ class ParamStore:
         dst.zero_() if u.index in self.zeroed else self._load(u, dst)
         self.gathers += 1
 
+    def release(self, u, changed: bool = True) -> None:
+        """The step is done with u's shard: written back (when changed) and its buffer given to
+        the pool for the next unit, so a streaming reader holds one shard, not buffer_count."""
+        buf = self.resident.get(u.index)
+        if buf is None:
+            return
+        if changed:
+            return self._evict(u.index)
+        del self.resident[u.index]
+        self.pool.give(buf)
+
     def flush(self, keep: bool = False) -> None:
         """Write back every resident shard a writer may have changed, and free all buffers (the
         next ones are needed only by the next writer: the all-gathers read into their own), or

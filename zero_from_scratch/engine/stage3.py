@@ -109,6 +109,14 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         goff = getattr(self, "goff", None)
         return goff.shard(u) if goff else super().grad_shard(u)
 
+    def done_with(self, u, stepped: bool = True) -> None:
+        """The optimizer step (or, stepped=False, the norm, which only reads) has finished unit u:
+        its offloaded shards leave memory now (param_offload.ParamStore.release)."""
+        if self.poff and stepped:
+            self.poff.release(u)
+        if self.goff:                    # the step scales it in place, zero_grad zeroes it after: never written back
+            self.goff.release(u, changed=False)
+
     def zero_grad(self) -> None:
         self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()
 
@@ -248,7 +256,9 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self.pf.drop(self.units_pool.give)                   # a micro-batch that left the trace may leave some in flight
-        self.pool.clear() if allocator.maps() else None      # idle until the next backward (allocator.py)
+        if allocator.maps():                                 # idle until the next forward / backward (allocator.py)
+            self.pool.clear()
+            self.units_pool.clear()
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 
