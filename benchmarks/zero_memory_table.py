@@ -13,8 +13,10 @@ micro-batch 2 × 32 tokens), with glibc's allocator left at its defaults (the en
 process-wide setting, engine/allocator.py, announces itself); each rank runs a tiny T5 once
 (torch's kernels and thread pools are then loaded) and reports VmHWM above its RSS just before
 the model is built: "peak" covers construction + initialize + training, "train" the training
-steps alone (peak reset after initialize). "predicted" is zero_from_scratch.engine.report's
-model states + working set for the row's config (at least 4Ψ for a model built whole). Model-state formulas per rank (fp32, K = 8):
+steps alone (peak reset after initialize). "predicted" is zero_from_scratch.engine.report's:
+working_set (model states + working set) under zero.Init; for a model built whole
+whole_model_peak (the constructor's bytes, counted on the meta device, or initialize's, or
+training's) and, for ZeRO-1, stage1_peak. Model-state formulas per rank (fp32, K = 8):
 ZeRO-1 4Ψ + 4Ψ + 8Ψ/N, ZeRO-3 16Ψ/N; offload_optimizer "nvme" removes 8Ψ/N and, at stage 3,
 the gradient shards (4Ψ/N: they go to files beside the states); offload_param 4Ψ/N more. The
 gathered units stay, bounded by LIVE (stage3_max_live_parameters 4e6, no reuse distance). The
@@ -85,8 +87,12 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     built = _vm("VmHWM:") - base
     act = report.transformer_activations(model.config, 2, 32, 4)   # micro-batch 2 × 32, fp32
-    pred = (report.working_set(engine.config, engine.layout, world, act)["total"] if stage == 3
-            else 8 * engine.layout.numel + 8 * engine.layout.numel / world + act)   # ZeRO-1: states + activations
+    if stage == 3:
+        ws = report.working_set(engine.config, engine.layout, world, act)
+        pred = ws["total"] if init else report.whole_model_peak(ws, report.built_bytes(lambda: _t5(size)),
+                                                                4 * engine.layout.numel)
+    else:
+        pred = report.stage1_peak(engine.config, engine.layout, world, report.built_bytes(lambda: _t5(size)))
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     g, times, losses = torch.Generator().manual_seed(rank), [], []
@@ -100,7 +106,7 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
         losses.append(loss.item())
     train = _vm("VmHWM:") - base
     return {"peak": max(built, train), "built": built, "train": train,
-            "predicted": pred if init else max(pred, 4 * engine.layout.numel),
+            "predicted": pred,
             "step_s": statistics.median(times[1:] or times),
             "losses": losses, "psi": engine.layout.numel}
 

@@ -110,6 +110,46 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
     return out
 
 
+def built_bytes(make) -> int:
+    """Bytes a model's constructor allocates in all: every parameter and buffer it registers, those
+    it drops or replaces later included (a T5 builds two embeddings and an lm_head before tying
+    them to `shared`), counted by building it on the meta device: a model built whole peaks at this."""
+    seen: dict[int, torch.Tensor] = {}                 # holding each tensor: no id is reused
+
+    def hook(module, name, t):
+        if t is not None:
+            seen[id(t)] = t
+    mod = torch.nn.modules.module
+    hooks = [mod.register_module_parameter_registration_hook(hook), mod.register_module_buffer_registration_hook(hook)]
+    try:
+        with torch.device("meta"):
+            make()
+    finally:
+        for h in hooks:
+            h.remove()
+    return sum(t.numel() * t.element_size() for t in seen.values())
+
+
+def whole_model_peak(ws: dict, built: int, model_bytes: int) -> int:
+    """The peak of a ZeRO-3 run whose model is built whole (not under zero.Init): the constructor's
+    (built_bytes), initialize's (the whole model still held while its shards and the states left in
+    memory are made, with the held overheads) or training's (ws["total"]), whichever is larger."""
+    states = ws["parameter shards"] + ws["gradient shards"] + ws["optimizer states"]
+    return max(ws["total"], built, model_bytes + states + ws["shm transport pages"] + ws["process overhead"])
+
+
+def stage1_peak(cfg, layout, n: int, built: int) -> int:
+    """Peak bytes per rank of a ZeRO-1 run whose model is built whole: the constructor's tensors
+    (built_bytes: copied into the flat buffer and freed, they stay resident as heap, the engine
+    setting its allocator at stage 3 only, allocator.py; the activations, autograd's gradients
+    and the step's temporaries then reuse those holes), the flat parameters and gradients (b·P
+    each), the optimizer states (K·P/N), the transport's pages and the process overhead (measured
+    within 5 % on the T5 table, benchmarks/zero_memory_table.py)."""
+    b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
+    p, keys = sum(layout.group_flat), 3 if b != 4 else 2
+    return built + 2 * b * p + 4 * keys * p // n + (BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0) + PROCESS_OVERHEAD
+
+
 def mlp_activations(batch: int, dim: int, layers: int) -> int:
     """fp32 bytes autograd keeps for a residual MLP block x + tanh(Linear(x)): its input, the
     linear's output and tanh's output, per block."""
