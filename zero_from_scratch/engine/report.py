@@ -54,11 +54,13 @@ def live_bound(sizes: list[int], max_live: int) -> int:
     return best
 
 
-# resident bytes of a training process that no buffer below accounts for: interpreter objects
-# (module hooks, the trace, the ledger), code pages of the kernels first run, small heap blocks.
-# Measured on this machine as a ZeRO-3 rank's RSS after its first step minus every part named
-# here (T5 and residual-MLP runs, benchmarks/zero_memory_table.py, infinity_memory.py): 14-18 MiB
-PROCESS_OVERHEAD = 16 * MIB
+# resident bytes of a training process that no buffer below accounts for: code pages of the
+# kernels first run, small heap blocks, and per unit the interpreter's objects (the unit, its
+# hooks and trace entries, autograd's per-module hook state: Python arenas, seen in smaps).
+# Measured on this machine as a ZeRO-3 rank's peak minus every part named here, on the residual
+# MLP with 48 and 256 units (benchmarks/infinity_memory.py): 13 and 24 MiB
+PROCESS_OVERHEAD = 11 * MIB
+UNIT_OVERHEAD = 52 << 10
 # pages of the shared-memory segment a rank touches: its BUFS workspaces and the point-to-point
 # slots the ring algorithms use (primitives/engine/shm_segment.py), measured 8 MiB per rank at N = 2
 SHM_SLOT_PAGES = SLOTS * SLOT_BYTES // 2
@@ -93,7 +95,7 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
            "reduce-scatter scratch": min(b * max(sizes), comm.RS_PIECE_BYTES) if n > 1 else 0,
            # the shared-memory transport (primitives/engine/shm_segment.py), ranks on one host
            "shm transport pages": BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0,
-           "process overhead": PROCESS_OVERHEAD,
+           "process overhead": PROCESS_OVERHEAD + UNIT_OVERHEAD * len(units),
            "gradient buckets": b * big_unit * (2 if z.overlap_comm and n > 1 and not nvme_opt else 1),
            "autograd gradient of a unit": b * big_unit,
            "activations": activations,
@@ -147,7 +149,8 @@ def stage1_peak(cfg, layout, n: int, built: int) -> int:
     within 5 % on the T5 table, benchmarks/zero_memory_table.py)."""
     b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
     p, keys = sum(layout.group_flat), 3 if b != 4 else 2
-    return built + 2 * b * p + 4 * keys * p // n + (BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0) + PROCESS_OVERHEAD
+    return (built + 2 * b * p + 4 * keys * p // n + (BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0)
+            + PROCESS_OVERHEAD + UNIT_OVERHEAD * len(layout.units))
 
 
 def mlp_activations(batch: int, dim: int, layers: int) -> int:
