@@ -58,6 +58,11 @@ def _vm(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 
 
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                                       # VmHWM := VmRSS
+
+
 def _t5(size: dict):
     return transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=size["vocab"], d_model=size["d"], d_ff=4 * size["d"], d_kv=size["d"] // 4, num_heads=4,
@@ -76,9 +81,8 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
     ids = torch.randint(1, 100, (2, 32))
     warm(input_ids=ids, labels=ids).loss.backward()
     del warm
-    base = _vm("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")                                       # VmHWM := VmRSS, before the model exists
+    base, shm = _vm("VmRSS:"), _vm("RssShmem:")
+    _reset_peak()                                          # VmHWM := VmRSS, before the model exists
     torch.manual_seed(0)
     # under zero.Init the config's offload_param "nvme" sends each shard to a file as it is built
     # (init_swap.py); initialize then moves them, unit by unit, to offload_param's own files
@@ -93,19 +97,28 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
                                                                 4 * engine.layout.numel)
     else:
         pred = report.stage1_peak(engine.config, engine.layout, world, report.built_bytes(lambda: _t5(size)))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    g, times, losses = torch.Generator().manual_seed(rank), [], []
-    for _ in range(steps):
+    _reset_peak()
+    g, times, losses, last = torch.Generator().manual_seed(rank), [], [], {}
+    for i in range(steps):
         t = time.perf_counter()
+        mark = (lambda k, key="VmRSS:": last.__setitem__(k, _vm(key) - base)) if i == steps - 1 else (lambda *a: None)
+        mark("earlier steps", "VmHWM:")
+        mark("before forward")
         ids = torch.randint(1, size["vocab"], (2, 32), generator=g)
         loss = engine(input_ids=ids, labels=torch.roll(ids, 1, 1)).loss
+        mark("after forward")
+        _reset_peak() if i == steps - 1 else None
         engine.backward(loss)
+        mark("backward peak", "VmHWM:")
+        _reset_peak() if i == steps - 1 else None
         engine.step()
+        mark("step peak", "VmHWM:")
         times.append(time.perf_counter() - t)
         losses.append(loss.item())
-    train = _vm("VmHWM:") - base
-    return {"peak": max(built, train), "built": built, "train": train,
+    last["shm pages"] = _vm("RssShmem:") - shm            # the transport's segment, touched since
+    last["gathered units at most"] = engine.stage.units_pool.peak if stage == 3 else 0
+    train = max(last["earlier steps"], last["backward peak"], last["step peak"])
+    return {"peak": max(built, train), "built": built, "train": train, "last": last,
             "predicted": pred,
             "step_s": statistics.median(times[1:] or times),
             "losses": losses, "psi": engine.layout.numel}
@@ -149,6 +162,15 @@ def show(data: dict) -> None:
                   *[f"{x['train'] / MIB:,.0f}" for x in r], f"{peak / (4 * psi):.2f}", f"{r[0]['step_s']:.2f}",
                   f"{r[0]['step_s'] / z3:.2f}", f"{states(name, psi) / MIB:,.0f}")
     console.print(t)
+    w = Table(title="where the peak is: rank 0's last step, MiB above the pre-model RSS (backward and step peaks "
+                    "measured from the RSS their phase starts at)")
+    keys = list(next(iter(res.values()))[0]["last"])
+    w.add_column("configuration")
+    for k in keys:
+        w.add_column(k, justify="right")
+    for name, r in res.items():
+        w.add_row(name, *[f"{r[0]['last'][k] / MIB:,.1f}" for k in keys])
+    console.print(w)
     same = all(res[n][0]["losses"] == res["ZeRO-3"][0]["losses"] for n in res if n != "ZeRO-1") if "ZeRO-3" in res else "n/a"
     console.print(f"ZeRO-3 rows' losses bit-identical to ZeRO-3's: {same}; allocator defaults; machine: "
                   f"{data['machine']}, load average {os.getloadavg()[0]:.1f}")
