@@ -82,6 +82,14 @@ def parse(z: dict) -> dict | None:
     return {"device": dev, "nvme_path": s.get("nvme_path")}
 
 
+def done_with(stage, u, stepped: bool = True) -> None:
+    """The step (or, not stepped, the norm) has finished unit u: its offloaded ZeRO-3 shards leave
+    memory; the gradient's unwritten (the step scales it in place, zero_grad zeroes it next)."""
+    poff, goff = getattr(stage, "poff", None), getattr(stage, "goff", None)
+    poff.release(u) if poff and stepped else None
+    goff.release(u, changed=False) if goff else None
+
+
 def stream_chunk(engine, sub_group_size: int) -> int:
     """Elements per staging buffer: min(sub_group_size, largest shard, STREAM_CHUNK), at least 1."""
     return max(1, min(int(sub_group_size), max((u.shard for u in engine.layout.units), default=1), STREAM_CHUNK))
@@ -234,8 +242,8 @@ class NvmeOptimizerStates:
                     e.stage.param_shard(u)[a:b].copy_(master)
                 for k, t in bufs.items():
                     file_io(True, self.fds[u.group, k], t, off)
-                if b == u.shard and hasattr(e.stage, "done_with"):
-                    e.stage.done_with(u)        # its parameter and gradient shards leave memory (stage3.py)
+                if b == u.shard:
+                    done_with(e.stage, u)       # its parameter and gradient shards leave memory
                 self.bytes_read += 4 * n * len(self.keys)
                 self.bytes_written += 4 * n * len(self.keys)
         except OSError as ex:

@@ -212,15 +212,10 @@ class ParamStore:
         self.gathers += 1
 
     def release(self, u, changed: bool = True) -> None:
-        """The step is done with u's shard: written back (when changed) and its buffer given to
-        the pool for the next unit, so a streaming reader holds one shard, not buffer_count."""
-        buf = self.resident.get(u.index)
-        if buf is None:
-            return
-        if changed:
-            return self._evict(u.index)
-        del self.resident[u.index]
-        self.pool.give(buf)
+        """The step is done with u's shard: written back if changed, its buffer to the pool for the
+        next unit (a streaming reader holds one shard, not buffer_count)."""
+        if u.index in self.resident:
+            self._evict(u.index) if changed else self.pool.give(self.resident.pop(u.index))
 
     def flush(self, keep: bool = False) -> None:
         """Write back every resident shard a writer may have changed, and free all buffers (the

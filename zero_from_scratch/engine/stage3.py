@@ -4,19 +4,14 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
-  persistence                 units of ≤ stage3_param_persistence_threshold elements are gathered
-                              once per optimizer step and kept
+  persistence                 units ≤ stage3_param_persistence_threshold: gathered once per step, kept
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
-  qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 all-to-all
-                              gradient reduction (ZeRO++; bytes in ledger.py)
-  saved weights               SavedByReference (saved.py): autograd keeps (unit, view) instead of
-                              the gathered buffer, so releasing after forward frees it
-  divergence                  DivergenceCheck (divergence.py): every collective carries (kind,
-                              unit, call#); ranks that ran different modules raise
-                              ZeroDivergenceError naming them, instead of hanging
-  buffers                     Pool (pools.py): gathered units reused step after step; allocator.py:
-                              the one process-wide setting, announced; report.py: what each key allows
-  gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
+  qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
+  saved weights               SavedByReference (saved.py): autograd keeps (unit, view), so a release frees
+  divergence                  DivergenceCheck (divergence.py): every collective carries (kind, unit,
+                              call#); ranks that ran different modules raise ZeroDivergenceError
+  buffers                     Pool (pools.py): gathered units reused within a step; allocator.py: the
+                              one process-wide setting, announced; report.py: what each key allows
   offload_param               ParamStore (param_offload.py): shards on the host or in files, read
                               into the all-gather's own buffer; nvme optimizer: gradient shards too
 """
@@ -108,14 +103,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def grad_shard(self, u) -> torch.Tensor:
         goff = getattr(self, "goff", None)
         return goff.shard(u) if goff else super().grad_shard(u)
-
-    def done_with(self, u, stepped: bool = True) -> None:
-        """The optimizer step (or, stepped=False, the norm, which only reads) has finished unit u:
-        its offloaded shards leave memory now (param_offload.ParamStore.release)."""
-        if self.poff and stepped:
-            self.poff.release(u)
-        if self.goff:                    # the step scales it in place, zero_grad zeroes it after: never written back
-            self.goff.release(u, changed=False)
 
     def zero_grad(self) -> None:
         self.goff.zero_all() if getattr(self, "goff", None) else super().zero_grad()

@@ -17,6 +17,7 @@ import math
 import torch
 
 from zero_from_scratch.clip import clip_coef, sum_of_squares
+from zero_from_scratch.engine.offload import done_with
 from zero_from_scratch.engine.safe_api import apply_pending
 
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
@@ -26,7 +27,6 @@ def optimizer_step(engine) -> None:
     N, units = engine.comm.size, engine.layout.units
     loss = engine.monitor.local_loss()                 # None unless a monitor is enabled
     sq = torch.zeros(1 if loss is None else 2, dtype=torch.float64, device=engine.device)
-    done = getattr(engine.stage, "done_with", None)    # offloaded shards leave memory unit by unit (stage3.py)
     for i, u in enumerate(units):
         g = engine.stage.grad_shard(u)
         if engine.norm_ranges is None:
@@ -34,8 +34,7 @@ def optimizer_step(engine) -> None:
         else:                                        # model parallel: replicated params once
             for a, b in engine.norm_ranges[i]:
                 sq[0] += sum_of_squares(g[a:b])
-        if done:
-            done(u, stepped=False)
+        done_with(engine.stage, u, stepped=False)    # an offloaded gradient shard leaves memory (offload.py)
     if loss is not None:
         sq[1] = loss
     if engine.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
