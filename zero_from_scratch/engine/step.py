@@ -34,7 +34,7 @@ def optimizer_step(engine) -> None:
         else:                                        # model parallel: replicated params once
             for a, b in engine.norm_ranges[i]:
                 sq[0] += sum_of_squares(g[a:b])
-        done_with(engine.stage, u, stepped=False)    # an offloaded gradient shard leaves memory (offload.py)
+        done_with(engine.stage, u, params=False)    # an offloaded gradient shard leaves memory (offload.py)
     if loss is not None:
         sq[1] = loss
     if engine.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
@@ -74,6 +74,7 @@ def optimizer_step(engine) -> None:
                 first.add(u.group)
                 if engine.mixed:
                     engine.stage.param_shard(u)[a:b].copy_(master[a:b])
+            done_with(engine.stage, u)               # an offloaded parameter shard goes back now (offload.py)
         engine.stage.after_step()
         for opt in (engine.optimizer, engine.client_optimizer):
             if opt is not None:
