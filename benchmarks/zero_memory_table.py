@@ -2,6 +2,7 @@
 
     python benchmarks/zero_memory_table.py              # T5 d_model 384, 6+6 layers, Ψ ≈ 28 M, 2 ranks, ~10 min loaded
     python benchmarks/zero_memory_table.py --quick      # d_model 128, 2+2 layers: proves it runs (~40 s)
+    python benchmarks/zero_memory_table.py --rows 6     # one row: both offloads under zero.Init (~2 min)
 
 Rows: ZeRO-1; ZeRO-3; ZeRO-3 + offload_optimizer; ZeRO-3 + offload_param + offload_optimizer
 (ZeRO-Infinity); the last two again with the model built under zero.Init (with offload_param
@@ -12,8 +13,10 @@ micro-batch 2 × 32 tokens), with glibc's allocator left at its defaults (the en
 process-wide setting, engine/allocator.py, announces itself); each rank runs a tiny T5 once
 (torch's kernels and thread pools are then loaded) and reports VmHWM above its RSS just before
 the model is built: "peak" covers construction + initialize + training, "train" the training
-steps alone (peak reset after initialize). "predicted" is zero_from_scratch.engine.report's
-model states + working set for the row's config (at least 4Ψ for a model built whole). Model-state formulas per rank (fp32, K = 8):
+steps alone (peak reset after initialize). "predicted" is zero_from_scratch.engine.report's:
+working_set (model states + working set) under zero.Init; for a model built whole
+whole_model_peak (the constructor's bytes, counted on the meta device, or initialize's, or
+training's) and, for ZeRO-1, stage1_peak. Model-state formulas per rank (fp32, K = 8):
 ZeRO-1 4Ψ + 4Ψ + 8Ψ/N, ZeRO-3 16Ψ/N; offload_optimizer "nvme" removes 8Ψ/N and, at stage 3,
 the gradient shards (4Ψ/N: they go to files beside the states); offload_param 4Ψ/N more. The
 gathered units stay, bounded by LIVE (stage3_max_live_parameters 4e6, no reuse distance). The
@@ -55,6 +58,11 @@ def _vm(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 
 
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                                       # VmHWM := VmRSS
+
+
 def _t5(size: dict):
     return transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=size["vocab"], d_model=size["d"], d_ff=4 * size["d"], d_kv=size["d"] // 4, num_heads=4,
@@ -73,9 +81,8 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
     ids = torch.randint(1, 100, (2, 32))
     warm(input_ids=ids, labels=ids).loss.backward()
     del warm
-    base = _vm("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")                                       # VmHWM := VmRSS, before the model exists
+    base, shm = _vm("VmRSS:"), _vm("RssShmem:")
+    _reset_peak()                                          # VmHWM := VmRSS, before the model exists
     torch.manual_seed(0)
     # under zero.Init the config's offload_param "nvme" sends each shard to a file as it is built
     # (init_swap.py); initialize then moves them, unit by unit, to offload_param's own files
@@ -84,35 +91,51 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     built = _vm("VmHWM:") - base
     act = report.transformer_activations(model.config, 2, 32, 4)   # micro-batch 2 × 32, fp32
-    pred = (report.working_set(engine.config, engine.layout, world, act)["total"] if stage == 3
-            else 8 * engine.layout.numel + 8 * engine.layout.numel / world + act)   # ZeRO-1: states + activations
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    g, times, losses = torch.Generator().manual_seed(rank), [], []
-    for _ in range(steps):
+    if stage == 3:
+        ws = report.working_set(engine.config, engine.layout, world, act)
+        pred = ws["total"] if init else report.whole_model_peak(ws, report.built_bytes(lambda: _t5(size)),
+                                                                4 * engine.layout.numel)
+    else:
+        pred = report.stage1_peak(engine.config, engine.layout, world, report.built_bytes(lambda: _t5(size)))
+    _reset_peak()
+    g, times, losses, last = torch.Generator().manual_seed(rank), [], [], {}
+    for i in range(steps):
         t = time.perf_counter()
+        mark = (lambda k, key="VmRSS:": last.__setitem__(k, _vm(key) - base)) if i == steps - 1 else (lambda *a: None)
+        mark("earlier steps", "VmHWM:")
+        mark("before forward")
         ids = torch.randint(1, size["vocab"], (2, 32), generator=g)
         loss = engine(input_ids=ids, labels=torch.roll(ids, 1, 1)).loss
+        mark("after forward")
+        _reset_peak() if i == steps - 1 else None
         engine.backward(loss)
+        mark("backward peak", "VmHWM:")
+        _reset_peak() if i == steps - 1 else None
         engine.step()
+        mark("step peak", "VmHWM:")
         times.append(time.perf_counter() - t)
         losses.append(loss.item())
-    train = _vm("VmHWM:") - base
-    return {"peak": max(built, train), "built": built, "train": train,
-            "predicted": pred if init else max(pred, 4 * engine.layout.numel),
+    last["shm pages"] = _vm("RssShmem:") - shm            # the transport's segment, touched since
+    last["gathered units at most"] = engine.stage.units_pool.peak if stage == 3 else 0
+    train = max(last["earlier steps"], last["backward peak"], last["step peak"])
+    return {"peak": max(built, train), "built": built, "train": train, "last": last,
+            "predicted": pred,
             "step_s": statistics.median(times[1:] or times),
             "losses": losses, "psi": engine.layout.numel}
 
 
-def measure(quick: bool, steps: int) -> dict:
-    """Every row in its own fresh pair of ranks: {"size", "psi", "rows": {name: [per-rank dicts]}}."""
+def measure(quick: bool, steps: int, only: list[int] | None = None) -> dict:
+    """Every row (or the rows numbered in `only`) in its own fresh pair of ranks:
+    {"size", "psi", "rows": {name: [per-rank dicts]}}."""
     size = {"vocab": 4000, "d": 128, "layers": 2} if quick else {"vocab": 8000, "d": 384, "layers": 6}
     rows = {}
     with tempfile.TemporaryDirectory(prefix="zero-memory-table-") as d:
         for i, (name, stage, ooff, poff, init) in enumerate(ROWS):
+            if only and i + 1 not in only:
+                continue
             rows[name] = spawn(_run, 2, timeout=1200.0, args=(stage, ooff, poff, init, size,
                                                               os.path.join(d, str(i)), steps))
-    return {"size": size, "psi": rows["ZeRO-1"][0]["psi"], "rows": rows,
+    return {"size": size, "psi": next(iter(rows.values()))[0]["psi"], "rows": rows,
             "machine": f"{platform.machine()}, {os.cpu_count()} shared cores, python {platform.python_version()}, "
                        f"torch {torch.__version__}, transformers {transformers.__version__}"}
 
@@ -129,7 +152,7 @@ def show(data: dict) -> None:
     t = Table(title=f"T5ForConditionalGeneration (d_model {size['d']}, {size['layers']}+{size['layers']} layers, "
                     f"vocab {size['vocab']}), Ψ = {psi:,} (4Ψ = {4 * psi / MIB:,.0f} MiB), N = 2, fp32, "
                     f"micro-batch 2 × 32, ZeRO-3 live ≤ 4e6: peak RSS per rank above the pre-model RSS (MiB)")
-    z3 = res["ZeRO-3"][0]["step_s"]
+    z3 = res["ZeRO-3"][0]["step_s"] if "ZeRO-3" in res else float("nan")
     for c in ("configuration", "predicted", "peak r0", "peak r1", "peak / predicted", "train r0", "train r1",
               "peak / 4Ψ", "step s", "step / ZeRO-3", "model states (MiB)"):
         t.add_column(c, justify="right" if c != "configuration" else "left")
@@ -139,7 +162,16 @@ def show(data: dict) -> None:
                   *[f"{x['train'] / MIB:,.0f}" for x in r], f"{peak / (4 * psi):.2f}", f"{r[0]['step_s']:.2f}",
                   f"{r[0]['step_s'] / z3:.2f}", f"{states(name, psi) / MIB:,.0f}")
     console.print(t)
-    same = all(res[n][0]["losses"] == res["ZeRO-3"][0]["losses"] for n in res if n != "ZeRO-1")
+    w = Table(title="where the peak is: rank 0's last step, MiB above the pre-model RSS (backward and step peaks "
+                    "measured from the RSS their phase starts at)")
+    keys = list(next(iter(res.values()))[0]["last"])
+    w.add_column("configuration")
+    for k in keys:
+        w.add_column(k, justify="right")
+    for name, r in res.items():
+        w.add_row(name, *[f"{r[0]['last'][k] / MIB:,.1f}" for k in keys])
+    console.print(w)
+    same = all(res[n][0]["losses"] == res["ZeRO-3"][0]["losses"] for n in res if n != "ZeRO-1") if "ZeRO-3" in res else "n/a"
     console.print(f"ZeRO-3 rows' losses bit-identical to ZeRO-3's: {same}; allocator defaults; machine: "
                   f"{data['machine']}, load average {os.getloadavg()[0]:.1f}")
 
@@ -148,9 +180,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rows", type=int, nargs="*", default=None, help="only these rows, numbered from 1 (default: all)")
     ap.add_argument("--json", default=None, help="also write the measurements here (figures.ch14_zero_infinity draws it)")
     a = ap.parse_args(argv)
-    data = measure(a.quick, a.steps)
+    data = measure(a.quick, a.steps, a.rows)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(data, f)

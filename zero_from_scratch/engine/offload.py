@@ -7,16 +7,14 @@
 device "nvme"  each rank keeps its optimizer states in files, NVME_PATH/zero_rank{r}/group{g}.{key}:
                fp32 master (mixed precision only: in fp32 the parameter shard is the master),
                Adam's exp_avg and exp_avg_sq. The step streams them through one staging buffer per
-               key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), allocated for
-               the step and freed after it (idle in forward and backward; kept under
-               RINGZERO_MALLOC=default: allocator.py): read a chunk, Adam on it (optim.py, the same function as
-               without offload, so the result is bit-identical), write it back. DeepSpeed sizes its
-               buffer_count swap buffers to a whole sub-group (default 1e9 elements: a whole shard,
-               so at default settings its buffers cost what offload saves); Adam is elementwise, so
-               pieces of 2^20 give the same bits for a bounded cost.
-               Memory saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus ≤ 3 × 4 MiB.
-               Bytes moved per step and rank: K·Ψ/N read + K·Ψ/N written (P/N with padding).
-               At ZeRO-3 the gradient shards go to files too (param_offload.make_grads).
+               key of min(sub_group_size, STREAM_CHUNK = 2^20) elements (4 MiB), for the step only
+               (kept under RINGZERO_MALLOC=default: allocator.py): read a chunk, Adam on it (optim.py,
+               the same function as without offload: bit-identical), write it back. DeepSpeed sizes its
+               buffer_count swap buffers to a whole sub-group (default 1e9 elements: a whole shard, so
+               its buffers cost what offload saves); Adam is elementwise: pieces give the same bits.
+               Saved per rank: K·Ψ/N bytes (K = 12 mixed, 8 fp32) minus ≤ 3 × 4 MiB. Moved per step and
+               rank: K·Ψ/N read + K·Ψ/N written (P/N with padding). At ZeRO-3 the gradient shards go to
+               files too (param_offload.make_grads).
 device "cpu"   HostOptimizerStates: the fp32 master of every owned shard (in fp32 training too) and
                Adam's m, v on the host, pinned with a GPU model (unless "pin_memory": false) so
                the copies are DMA and the upward ones asynchronous. Per unit and chunk: gradient
@@ -80,6 +78,15 @@ def parse(z: dict) -> dict | None:
     if dev == "cpu":   # pinned host buffers unless told otherwise (DeepSpeed 0.19.8's default is true too)
         return {"device": dev, "nvme_path": None, "pin_memory": bool(s.get("pin_memory", True))}
     return {"device": dev, "nvme_path": s.get("nvme_path")}
+
+
+def done_with(stage, u, params: bool = True, grads: bool = True) -> None:
+    """The step, the norm (grads only) or write_master (params only) has finished unit u: its offloaded
+    ZeRO-3 shards leave memory, the parameter's written back, the gradient's not (the step scales it
+    in place, zero_grad zeroes it next)."""
+    poff, goff = getattr(stage, "poff", None), getattr(stage, "goff", None)
+    poff.release(u) if poff and params else None
+    goff.release(u, changed=False) if goff and grads else None
 
 
 def stream_chunk(engine, sub_group_size: int) -> int:
@@ -208,6 +215,7 @@ class NvmeOptimizerStates:
             m = buf[:b - a]
             m.copy_(self.e.stage.param_shard(u)[a:b])
             file_io(True, self.fds[u.group, "master"], m, 4 * (u.local_offset + a))
+            done_with(self.e.stage, u, grads=False) if b == u.shard else None
 
     def step(self, coef: float, scale: float) -> None:
         """Adam over every chunk: read (master,) m, v; step; write back; copy master into the params."""
@@ -234,6 +242,8 @@ class NvmeOptimizerStates:
                     e.stage.param_shard(u)[a:b].copy_(master)
                 for k, t in bufs.items():
                     file_io(True, self.fds[u.group, k], t, off)
+                if b == u.shard:
+                    done_with(e.stage, u)       # its parameter and gradient shards leave memory
                 self.bytes_read += 4 * n * len(self.keys)
                 self.bytes_written += 4 * n * len(self.keys)
         except OSError as ex:

@@ -211,6 +211,12 @@ class ParamStore:
         dst.zero_() if u.index in self.zeroed else self._load(u, dst)
         self.gathers += 1
 
+    def release(self, u, changed: bool = True) -> None:
+        """The step is done with u's shard: written back if changed, its buffer to the pool for the
+        next unit (a streaming reader holds one shard, not buffer_count)."""
+        if u.index in self.resident:
+            self._evict(u.index) if changed else self.pool.give(self.resident.pop(u.index))
+
     def flush(self, keep: bool = False) -> None:
         """Write back every resident shard a writer may have changed, and free all buffers (the
         next ones are needed only by the next writer: the all-gathers read into their own), or

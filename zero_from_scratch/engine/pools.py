@@ -11,7 +11,7 @@ large ones. A pool hands out buffers of exact sizes, and a buffer given back wai
 free list for the next take: after the first step nothing is allocated or freed for these
 purposes, and the pool's bytes are what its purpose needs at its busiest (the stage-3 keys and
 offload_param.buffer_count bound that; report.py predicts it). A pool idle for a whole phase
-(the writer's shards between steps) is cleared: its blocks are mapped (allocator.py) and return.
+(the writer's shards between steps, the gathered units in the step) is cleared: its blocks are mapped (allocator.py) and return.
 Safety: a buffer is reused only when nothing outside the pool still refers to its memory (the
 storage's reference count, one call per give). One that something kept (a user's reference to
 `param.data`, autograd state saved by value) leaves the pool, counted as `escaped`, and a fresh

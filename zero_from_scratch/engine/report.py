@@ -8,14 +8,15 @@ function pads it exactly as a run would, and ledger.py turns the layout into byt
 engine allocates per rank (the formula at the padded count P), the ZeRO paper's formula at Ψ,
 DeepSpeed's estimator, and the ring bytes each rank sends per optimizer step.
 working_set(engine) adds what a ZeRO-3 run holds besides the model states, each bounded by a
-config key (the engine's pools, engine/pools.py, never hold more): the gathered units (≤
-stage3_max_live_parameters, at least the largest unit; the prefetch counts in it), the gradient
-shards of offload_optimizer "nvme" (one per shard size), the transport's reduce-scatter block and
-shared-memory pages, the process's own overhead (measured, named); in backward the gradient
+config key (the engine's pools, engine/pools.py, never hold more): the gradient shards of
+offload_optimizer "nvme" (one per shard size; the norm and the step read them into the same
+buffers), the transport's reduce-scatter block (comm.RS_PIECE_BYTES at most) and shared-memory
+pages, the process's own overhead (measured, named); in forward and backward the gathered units
+(≤ stage3_max_live_parameters, at least the largest unit; the prefetch counts in it), the gradient
 buckets (one, two with overlap_comm), the autograd gradient of one unit before its bucket takes
-it and the activations of a batch (given); in the step the shards offload_param's writer holds
-(buffer_count), the gradient shards it reads (GRAD_BUFFERS) and the optimizer's staging. The
-peak is the held parts plus the larger phase. The engine prints its line at start-up (stage3.py);
+it and the activations of a batch (given); in the step the shard offload_param's writer holds
+(one per shard size: the step streams unit by unit) and the optimizer's staging. The peak is the
+held parts plus the larger phase. The engine prints its line at start-up (stage3.py);
 benchmarks/infinity_memory.py and benchmarks/zero_memory_table.py set it beside the measured peak.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from rich.table import Table
 from primitives.engine.shm_collectives import BUFS
 from primitives.engine.shm_segment import SLOT_BYTES, SLOTS, WS_BYTES
 from primitives.log import console, print0
-from zero_from_scratch.engine import offload, param_offload, step
+from zero_from_scratch.engine import comm, offload, param_offload, step
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.params import module_units
@@ -53,28 +54,26 @@ def live_bound(sizes: list[int], max_live: int) -> int:
     return best
 
 
-# resident bytes of a training process that no buffer below accounts for: interpreter objects
-# (module hooks, the trace, the ledger), code pages of the kernels first run, small heap blocks.
-# Measured on this machine as a ZeRO-3 rank's RSS after its first step minus every part named
-# here (T5 and residual-MLP runs, benchmarks/zero_memory_table.py, infinity_memory.py): 14-18 MiB
-PROCESS_OVERHEAD = 16 * MIB
+# resident bytes of a training process that no buffer below accounts for: code pages of the
+# kernels first run, small heap blocks, and per unit the interpreter's objects (the unit, its
+# hooks and trace entries, autograd's per-module hook state: Python arenas, seen in smaps).
+# Measured on this machine as a ZeRO-3 rank's peak minus every part named here, on the residual
+# MLP with 48 and 256 units (benchmarks/infinity_memory.py): 13 and 24 MiB
+PROCESS_OVERHEAD = 11 * MIB
+UNIT_OVERHEAD = 52 << 10
 # pages of the shared-memory segment a rank touches: its BUFS workspaces and the point-to-point
 # slots the ring algorithms use (primitives/engine/shm_segment.py), measured 8 MiB per rank at N = 2
 SHM_SLOT_PAGES = SLOTS * SLOT_BYTES // 2
-BACKWARD_ONLY = ("gradient buckets", "autograd gradient of a unit", "activations")
-STEP_ONLY = ("offload_param buffers (step)", "gradient shards read by the step", "optimizer staging + temporaries (step)")
-
-
-def largest(sizes: list[int], k: int) -> int:
-    return sum(sorted(sizes, reverse=True)[:k])
+BACKWARD_ONLY = ("gathered units (max_live)", "gradient buckets", "autograd gradient of a unit", "activations")
+STEP_ONLY = ("offload_param buffers (step)", "optimizer staging + temporaries (step)")
 
 
 def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
     """Bytes per rank a ZeRO-3 run of `cfg` (engine.config) on `layout` holds in host memory (a
     CPU model) while training: the model states left in memory and the working set, by part.
-    "total" is the peak: the parts held throughout, plus the larger of the backward's (buckets,
-    autograd's gradient, activations) and the step's (writer buffers, optimizer staging), which
-    the engine frees between phases (allocator.py)."""
+    "total" is the peak: the parts held throughout, plus the larger of the forward and backward's
+    (gathered units, buckets, autograd's gradient, activations) and the step's (writer buffers,
+    optimizer staging), which the engine frees between phases (its allocator setting on: allocator.py)."""
     z, units = cfg.zero, layout.units
     b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
     mixed = b != 4
@@ -91,16 +90,18 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
            "gathered units (max_live)": b * live_bound([u.padded for u in units], z.stage3_max_live_parameters),
            # backward: one idle buffer per shard size (each reduce is written out at once)
            "gradient shard buffers": b * sum(set(sizes)) if nvme_opt else 0,
-           # the ring reduce-scatter's receive block (primitives/comm.py scratch: kept by the transport)
-           "reduce-scatter scratch": b * max(sizes) if n > 1 else 0,
+           # the ring reduce-scatter's receive block (primitives/comm.py scratch, kept by the
+           # communicator): one shard of the largest unit, or comm.py's piece when that is smaller
+           "reduce-scatter scratch": min(b * max(sizes), comm.RS_PIECE_BYTES) if n > 1 else 0,
            # the shared-memory transport (primitives/engine/shm_segment.py), ranks on one host
            "shm transport pages": BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0,
-           "process overhead": PROCESS_OVERHEAD,
+           "process overhead": PROCESS_OVERHEAD + UNIT_OVERHEAD * len(units),
            "gradient buckets": b * big_unit * (2 if z.overlap_comm and n > 1 and not nvme_opt else 1),
            "autograd gradient of a unit": b * big_unit,
            "activations": activations,
-           "offload_param buffers (step)": b * largest(sizes, poff["buffer_count"]) if poff else 0,
-           "gradient shards read by the step": b * largest(sizes, param_offload.GRAD_BUFFERS) if nvme_opt else 0}
+           # the step streams unit by unit (stage3.done_with): one shard buffer per shard size; the
+           # gradient shards reuse the backward's idle buffers above
+           "offload_param buffers (step)": b * sum(set(sizes)) if poff else 0}
     if nvme_opt:
         chunk = offload.stream_chunk(SimpleNamespace(layout=layout), cfg.sub_group_size)
         out["optimizer staging + temporaries (step)"] = 4 * chunk * (keys + 2)
@@ -109,6 +110,47 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
     held = sum(v for k, v in out.items() if k not in BACKWARD_ONLY + STEP_ONLY)
     out["total"] = held + max(sum(out[k] for k in BACKWARD_ONLY), sum(out[k] for k in STEP_ONLY))
     return out
+
+
+def built_bytes(make) -> int:
+    """Bytes a model's constructor allocates in all: every parameter and buffer it registers, those
+    it drops or replaces later included (a T5 builds two embeddings and an lm_head before tying
+    them to `shared`), counted by building it on the meta device: a model built whole peaks at this."""
+    seen: dict[int, torch.Tensor] = {}                 # holding each tensor: no id is reused
+
+    def hook(module, name, t):
+        if t is not None:
+            seen[id(t)] = t
+    mod = torch.nn.modules.module
+    hooks = [mod.register_module_parameter_registration_hook(hook), mod.register_module_buffer_registration_hook(hook)]
+    try:
+        with torch.device("meta"):
+            make()
+    finally:
+        for h in hooks:
+            h.remove()
+    return sum(t.numel() * t.element_size() for t in seen.values())
+
+
+def whole_model_peak(ws: dict, built: int, model_bytes: int) -> int:
+    """The peak of a ZeRO-3 run whose model is built whole (not under zero.Init): the constructor's
+    (built_bytes), initialize's (the whole model still held while its shards and the states left in
+    memory are made, with the held overheads) or training's (ws["total"]), whichever is larger."""
+    states = ws["parameter shards"] + ws["gradient shards"] + ws["optimizer states"]
+    return max(ws["total"], built, model_bytes + states + ws["shm transport pages"] + ws["process overhead"])
+
+
+def stage1_peak(cfg, layout, n: int, built: int) -> int:
+    """Peak bytes per rank of a ZeRO-1 run whose model is built whole: the constructor's tensors
+    (built_bytes: copied into the flat buffer and freed, they stay resident as heap, the engine
+    setting its allocator at stage 3 only, allocator.py; the activations, autograd's gradients
+    and the step's temporaries then reuse those holes), the flat parameters and gradients (b·P
+    each), the optimizer states (K·P/N), the transport's pages and the process overhead (measured
+    within 5 % on the T5 table, benchmarks/zero_memory_table.py)."""
+    b = torch.empty(0, dtype=model_dtype(cfg)).element_size()
+    p, keys = sum(layout.group_flat), 3 if b != 4 else 2
+    return (built + 2 * b * p + 4 * keys * p // n + (BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0)
+            + PROCESS_OVERHEAD + UNIT_OVERHEAD * len(layout.units))
 
 
 def mlp_activations(batch: int, dim: int, layers: int) -> int:

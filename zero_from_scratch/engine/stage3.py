@@ -4,19 +4,14 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
-  persistence                 units of ≤ stage3_param_persistence_threshold elements are gathered
-                              once per optimizer step and kept
+  persistence                 units ≤ stage3_param_persistence_threshold: gathered once per step, kept
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
-  qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 all-to-all
-                              gradient reduction (ZeRO++; bytes in ledger.py)
-  saved weights               SavedByReference (saved.py): autograd keeps (unit, view) instead of
-                              the gathered buffer, so releasing after forward frees it
-  divergence                  DivergenceCheck (divergence.py): every collective carries (kind,
-                              unit, call#); ranks that ran different modules raise
-                              ZeroDivergenceError naming them, instead of hanging
-  buffers                     Pool (pools.py): gathered units reused step after step; allocator.py:
-                              the one process-wide setting, announced; report.py: what each key allows
-  gathered(modifier_rank=)    that rank's edits are broadcast and written into every shard
+  qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
+  saved weights               SavedByReference (saved.py): autograd keeps (unit, view), so a release frees
+  divergence                  DivergenceCheck (divergence.py): every collective carries (kind, unit,
+                              call#); ranks that ran different modules raise ZeroDivergenceError
+  buffers                     Pool (pools.py): gathered units reused within a step; allocator.py: the
+                              one process-wide setting, announced; report.py: what each key allows
   offload_param               ParamStore (param_offload.py): shards on the host or in files, read
                               into the all-gather's own buffer; nvme optimizer: gradient shards too
 """
@@ -248,7 +243,9 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         except CollectiveError as e:
             raise ZeroDivergenceError(f"rank {self.rank}: ZeRO-3 gradient reduce-scatter failed: {e}") from e
         self.pf.drop(self.units_pool.give)                   # a micro-batch that left the trace may leave some in flight
-        self.pool.clear() if allocator.maps() else None      # idle until the next backward (allocator.py)
+        if allocator.maps():                                 # idle until the next forward / backward (allocator.py)
+            self.pool.clear()
+            self.units_pool.clear()
         self.pf.finish_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 

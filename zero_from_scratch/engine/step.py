@@ -17,6 +17,7 @@ import math
 import torch
 
 from zero_from_scratch.clip import clip_coef, sum_of_squares
+from zero_from_scratch.engine.offload import done_with
 from zero_from_scratch.engine.safe_api import apply_pending
 
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
@@ -33,6 +34,7 @@ def optimizer_step(engine) -> None:
         else:                                        # model parallel: replicated params once
             for a, b in engine.norm_ranges[i]:
                 sq[0] += sum_of_squares(g[a:b])
+        done_with(engine.stage, u, params=False)    # an offloaded gradient shard leaves memory (offload.py)
     if loss is not None:
         sq[1] = loss
     if engine.stage_id > 0 and N > 1:                  # the monitor's loss rides along: +8 bytes
@@ -72,6 +74,7 @@ def optimizer_step(engine) -> None:
                 first.add(u.group)
                 if engine.mixed:
                     engine.stage.param_shard(u)[a:b].copy_(master[a:b])
+            done_with(engine.stage, u)               # an offloaded parameter shard goes back now (offload.py)
         engine.stage.after_step()
         for opt in (engine.optimizer, engine.client_optimizer):
             if opt is not None:
