@@ -51,17 +51,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 from dataclasses import replace
 
 from rich.table import Table
 
-from benchmarks.planner_load import Load
 from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
-from benchmarks.planner_ranks import SHAPES, _pp_rank, _rank
+from benchmarks.planner_ranks import SHAPES, _llama_pp_rank, _pp_rank, _rank, llama_planner_model
 from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
+from planner.probe import Probe
 from planner.steptime import Software, cpu_stretch
 from primitives.engine.cost import Params
 from primitives.launch import spawn
@@ -84,6 +87,10 @@ def runs(quick: bool, steps: int, mb: int = 4):
                 (small, mb, steps, 1, False, True)))
     out.append((small, "pp2 1F1B m4 mb2 (engine)", Layout(1, 1, 2, mb=2), 8, _pp_rank, (small, 2, 4, steps)))
     out.append((small, "pp2·dp2 1F1B m4 mb2 (engine)", Layout(2, 1, 2, mb=2), 16, _pp_rank, (small, 2, 4, steps)))
+    for preset in ("tiny", "small"):     # pipeline_parallel/models/llama.py's presets, HF's decoder layer
+        lm = llama_planner_model(preset, 128)
+        out.append((lm, "pp2 1F1B m4 mb2 (engine, HF llama)", Layout(1, 1, 2, mb=2), 8, _llama_pp_rank,
+                    (preset, 128, 2, 4, steps)))
     out.append((small, f"dp2 Z0 (torch) mb{mb} {TUNED}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank,
                 (small, mb, steps, None, True)))
     if not two_nodes_possible():
@@ -97,14 +104,16 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
         if only not in label:
             continue
         nodes = fn is on_two_nodes
-        load = Load()
-        load.start()
+        probe = Probe(2)      # a session shaped like the ranks' (two busy processes)
+        probe.start()
         got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
-        load.stop()
-        load.during([g["span"] for g in got])
-        hw = H.cpu_here(lay.gpus, load.load(lay.gpus))
+        probe.stop()
+        probe.during([g["span"] for g in got])
+        fitted = H.cpu_here(lay.gpus)
+        speed = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
+        hw = H.at_speed(replace(fitted, load=probe.load(lay.gpus)), speed)
         if nodes:     # one rank per node, each node a session of its own: the probe's share is each rank's
-            hw = replace(hw, gpus_per_node=1, load=load.load(1))
+            hw = replace(hw, gpus_per_node=1, load=probe.load(1))
         sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
         pred = predict_layout(m, m.seq, lay, batch, hw, sw)
         idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
@@ -115,13 +124,33 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
                      "step_pred": pred.time["total"], "step_idle": idle.time["total"],
                      "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
                      "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
-                     "time_terms": pred.time, "load": hw.load, "share": load.share(), "stretch": stretch,
+                     "time_terms": pred.time, "load": hw.load, "share": probe.share(), "speed": speed, "stretch": stretch,
                      "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
                      "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]})
     return rows
 
 
+def in_own_session(module: str, argv) -> int | None:
+    """Run `python -m module argv` again as a session of its own (a user's run from its own
+    terminal) unless this process leads one: the scheduler shares the cores between sessions
+    first (planner.probe), so ranks that shared a session with other work would get a share the
+    probe cannot see. Returns the child's exit status, or None when already in its own session."""
+    if os.getsid(0) == os.getpid():
+        return None
+    child = subprocess.Popen([sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)],
+                             start_new_session=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return child.wait()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait()
+
+
 def main(argv=None) -> int:
+    if (rc := in_own_session("benchmarks.planner_local", argv)) is not None:
+        return rc
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
@@ -133,11 +162,11 @@ def main(argv=None) -> int:
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), the run's session got "
                     f"{min(shares):.2f}-{max(shares):.2f} of a core, {os.cpu_count()} cores")
-    for c in ("model", "params", "layout", "load", "step ms predicted", "measured", "error", "CPU ms pred",
+    for c in ("model", "params", "layout", "load", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
-        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['step_pred'] * 1e3:.0f}",
+        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
                   f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")

@@ -17,10 +17,14 @@ import torch
 
 import primitives as P
 import zero_from_scratch
+from planner.layout import Layout
+from planner.memory import stage_params
 from planner.model import Model
 from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel import initialize as pipe_initialize
 from pipeline_parallel.engine.model import Embed, FinalNorm, head, lm_loss
+from pipeline_parallel.models.llama import LlamaBlockPipe, LlamaEmbedPipe, LlamaHeadPipe, LlamaNormPipe, llama_config, llama_loss
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 SHAPES = [Model("gpt-mini", 4, 256, 4, 8192, 128, positions=128), Model("gpt-small", 6, 384, 6, 16384, 128, positions=128)]
 
@@ -143,4 +147,55 @@ def _pp_rank(rank, world, m: Model, mb: int, micro: int, steps: int):
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
         "pipeline": {"schedule": "1f1b"}}, dp=world // 2)
     x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(rank))
+    return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
+
+
+class _LlamaEmbed(LlamaEmbedPipe):
+    def __init__(self, cfg):
+        super().__init__(torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+
+
+class _LlamaBlock(LlamaBlockPipe):
+    def __init__(self, cfg, i: int):
+        super().__init__(LlamaDecoderLayer(cfg, i), cfg)
+
+
+class _LlamaNorm(LlamaNormPipe):
+    def __init__(self, cfg):
+        super().__init__(LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps))
+
+
+class _LlamaHead(LlamaHeadPipe):
+    def __init__(self, cfg):
+        super().__init__(torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+
+
+def llama_planner_model(preset: str, seq: int) -> Model:
+    """The planner's Model of pipeline_parallel.models.llama's preset (untied head, no biases)."""
+    c = llama_config(preset)
+    return Model(f"llama-{preset}", c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, seq,
+                 ffn=c.intermediate_size, kv_heads=c.num_key_value_heads, gated=True, bias=False, tied=False)
+
+
+def _llama_pp_rank(rank, world, preset: str, seq: int, mb: int, micro: int, steps: int):
+    """pp = 2 (× dp = world / 2) of pipeline_parallel.models.llama's preset through the pipeline
+    engine (1F1B, `micro` micro-batches of mb): its embedding, HF LlamaDecoderLayer blocks (SDPA),
+    the final RMSNorm and the untied head, each built by a LayerSpec on its own stage only."""
+    base = _warm()
+    cfg = llama_config(preset)
+    m = llama_planner_model(preset, seq)
+    L = cfg.num_hidden_layers
+    torch.manual_seed(0)
+    layers = ([LayerSpec(_LlamaEmbed, cfg)] + [LayerSpec(_LlamaBlock, cfg, i) for i in range(L)]
+              + [LayerSpec(_LlamaNorm, cfg), LayerSpec(_LlamaHead, cfg)])
+    half = L // 2      # the planner's split: L/p layers per stage, the embedding first, norm and head last
+    pm = PipelineModule(layers, num_stages=2, loss_fn=llama_loss, partition_method=[1 + half, L - half + 2])
+    stage = sum(p.numel() for p in pm.parameters())
+    want = {stage_params(m, Layout(world // 2, 1, 2), k) for k in ("first", "last")}
+    assert stage in want, f"stage parameters {stage} ≠ the planner's {want}"
+    engine, *_ = pipe_initialize(model=pm, config={
+        "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": micro,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "pipeline": {"schedule": "1f1b"}}, dp=world // 2)
+    x = torch.randint(0, cfg.vocab_size, (mb, seq), generator=torch.Generator().manual_seed(rank))
     return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)

@@ -87,15 +87,44 @@ def torch_layer_activation_bytes(model, seq: int, lay, recompute: str | None = N
     s, b, h, a, f, t = seq, lay.mb, model.hidden, model.heads, model.f, lay.tp
     if rc == "full":
         return 4 * s * b * h / (t if lay.sp else 1)
+    if model.gated:
+        return llama_layer_activation_bytes(model, seq, lay)
     return 4 * s * b * (4 * h + 4 + (4 * h + f + a) / t)
+
+
+def llama_layer_activation_bytes(model, seq: int, lay) -> float:
+    """Bytes autograd saves for one Hugging Face LlamaDecoderLayer (SDPA attention, causal, fp32;
+    pipeline_parallel/models/llama.py's block), per micro-batch of b sequences of s tokens,
+    d = h/a, kv key-value heads:
+
+        4·(s·b·(8h + 4f + 2·kv·d + a + 2) + 2·s·d)
+
+    op by op (tests/test_planner.py counts it with saved_tensors_hooks):
+        RMSNorm 1          its input, its normalized input before the weight, the weighted output
+                           the q, k, v projections share as input (3·s·b·h), rstd (s·b)
+        rotary             cos and sin, one s × d table each, shared by the batch (2·s·d)
+        attention          SDPA's flash kernel: q (s·b·h), k and v (2·s·b·kv·d), its output, also
+                           o_proj's input as a view (s·b·h), the log-sum-exp (a·s·b)
+        RMSNorm 2          as RMSNorm 1 on x + attention (3·s·b·h + s·b)
+        SwiGLU             gate's output (SiLU's input), up's output, SiLU's output, and their
+                           product, down's input (4·s·b·f)
+    With tensor parallelism the tensors inside the parallel region (q, k, v, the attention
+    output, the log-sum-exp, the four f-wide ones) divide by t (an extrapolation: the local
+    checks run t = 1)."""
+    s, b, h, a, f, t = seq, lay.mb, model.hidden, model.heads, model.f, lay.tp
+    d = h // a
+    return 4 * (s * b * (6 * h + 2 + (2 * h + 4 * f + 2 * model.kv * d + a) / t) + 2 * s * d)
 
 
 def torch_head_bytes(model, seq: int, lay) -> tuple[float, float]:
     """(saved, transient) bytes of the last stage's top in fp32: the final LayerNorm keeps its input,
     mean, rstd, the logits matmul its input (2·s·b·h + 2·s·b), cross-entropy's log-softmax its
     output (s·b·V) and nll_loss its total weight (one fp32 scalar); in the loss's backward the log-softmax's incoming gradient and its output
-    gradient (2·s·b·V) live beside them: the step's peak for a small model."""
+    gradient (2·s·b·V) live beside them: the step's peak for a small model. A gated (llama) model:
+    RMSNorm's three s·b·h and rstd, and HF's shifted causal loss over b·(s−1) rows."""
     s, b, h, V = seq, lay.mb, model.hidden, model.vocab / lay.tp
+    if model.gated:    # llama: RMSNorm keeps 3·s·b·h + s·b; HF's causal loss shifts by one, b·(s−1) rows
+        return 4 * (3 * s * b * h + s * b + b * (s - 1) * V) + 4, 4 * 2 * s * b * V
     return 4 * s * b * (2 * h + 2 + V) + 4, 4 * 2 * s * b * V
 
 

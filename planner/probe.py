@@ -1,0 +1,113 @@
+"""What this machine gives a run right now: the share of the cores a session of busy processes
+gets, and the rate of a CPU second (matmul FLOPs per CPU second), measured while a run runs or
+just before a plan (the planner's `cpu-now`).
+
+    python -m planner tiny --gpus 2 --hardware cpu-now      # cpu-here, probed for ~3 s first
+    probe = Probe(); probe.start(); ...run the ranks...; probe.stop(); probe.during(spans)
+
+Cost: `procs` (default 2, as many as cores here) more busy processes while it runs; ~3 s before a plan.
+
+Linux groups tasks by session (sched_autogroup, on here) and shares the cores between the
+sessions with runnable tasks, then within each session between its tasks. The probe's processes
+sit in a session of their own and each repeats the transformer-shaped products planner_fit's
+GEMM rate was fitted on (tokens×h by h×4h at h = 64, 128, 256, equal FLOPs each), reporting
+every 0.1 s its CPU seconds per wall second and its FLOPs per CPU second:
+  share  the cores the probe's session got, summed over its processes: a session shaped like a
+         run's (as many busy processes as cores, two here), so beside a run it sees the P cores
+         the run's session gets too (with S sessions busy on C cores, C / S each), and alone
+         (cpu-now) the P a run started now would get. A run's r busy ranks then each get P / r of
+         a core: the planner's cores / (ranks + load) with load = C·r/P − r. The probe is one
+         more busy session beside a run and slows it as one would
+  speed  the FLOPs per CPU second now over the fitted rate (peak · gemm_efficiency): a CPU second
+         buys less work when other processes share the caches, memory and the host's cycles
+         (this is a virtual machine), so every fitted CPU-second rate scales by it
+         (planner.hardware.at_speed)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+PROBE = """import os, sys, time, torch
+torch.set_num_threads(1)
+for _ in range(int(sys.argv[1]) - 1):
+    if os.fork() == 0:
+        break
+mats = [(torch.randn(t, h), torch.randn(h, 4 * h), k) for t, h, k in ((256, 64, 32), (256, 128, 8), (512, 256, 1))]
+per_round = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] * k for a, b, k in mats)
+while True:
+    t0, c0, n = time.perf_counter(), time.thread_time(), 0
+    while time.perf_counter() - t0 < 0.1:
+        for a, b, k in mats:
+            for _ in range(k):
+                a @ b
+        n += 1
+    cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
+    os.write(1, f"{os.getpid()} {time.time()} {cpu / wall} {n * per_round / cpu}\\n".encode())   # one write: atomic
+"""
+
+
+class Probe(threading.Thread):
+    """`procs` busy processes in a session of their own (module docstring): their share of the
+    cores and the FLOPs per CPU second they get."""
+
+    def __init__(self, procs: int = 2):
+        super().__init__(daemon=True)
+        self.procs, self.samples = procs, []
+        self.proc = subprocess.Popen([sys.executable, "-c", PROBE, str(procs)],
+                                     stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def run(self):
+        for line in self.proc.stdout:
+            if len(line.split()) != 4:
+                continue
+            pid, t, share, rate = line.split()
+            self.samples.append((float(t), int(pid), float(share), float(rate)))
+
+    def stop(self):
+        os.killpg(self.proc.pid, signal.SIGTERM)     # the probe's own process group (its forks too)
+        self.proc.wait()
+        self.join()
+
+    def during(self, spans) -> None:
+        """Keep the samples taken while the ranks ran their timed steps (not start-up, not warm-up)."""
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        kept = [x for x in self.samples if lo <= x[0] <= hi]
+        self.samples = kept or self.samples
+
+    def share(self) -> float:
+        """Cores the probe's session got: the sum over its processes of each one's mean share."""
+        if not self.samples:
+            return 1.0
+        pids = {x[1] for x in self.samples}
+        return sum(statistics.mean(x[2] for x in self.samples if x[1] == p) for p in pids)
+
+    def rate(self) -> float:
+        """FLOPs per CPU second of the transformer-shaped products (their total over their CPU seconds)."""
+        return statistics.harmonic_mean([x[3] for x in self.samples]) if self.samples else 0.0
+
+    def load(self, ranks: int) -> float:
+        """Other runnable tasks, as the planner's (ranks + load) / cores counts them: a run's session
+        gets P cores (the probe's share beside it, or its session's share alone), so r ranks
+        each get P / r of a core = cores / (ranks + load)."""
+        return max(0.0, os.cpu_count() * ranks / self.share() - ranks)
+
+
+def probe_now(seconds: float = 2.0) -> Probe:
+    """cpu-now: as many probe processes as cores, alone, for `seconds` after their start-up."""
+    p = Probe(os.cpu_count())
+    p.start()
+    start = time.time()
+    while len({x[1] for x in p.samples}) < p.procs and time.time() - start < 60:
+        time.sleep(0.05)
+    t0 = time.time()
+    time.sleep(seconds)
+    p.stop()
+    p.during([(t0, time.time())])
+    return p
