@@ -23,6 +23,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, replace
 
+from planner.probe import probe_now
 from primitives.engine.cost import Params, params as fitted_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -125,7 +126,6 @@ def cpu_now(ranks_per_node: int = 2, seconds: float = 2.0) -> Hardware:
     their own, measure for `seconds` the cores such a session gets (→ `load`) and the FLOPs a CPU
     second buys (→ at_speed over the fitted rate). A run predicted with it should start in a
     session of its own (a terminal of its own), as the probe did."""
-    from planner.probe import probe_now
     hw = cpu_here(ranks_per_node)
     p = probe_now(seconds)
     speed = p.rate() / (hw.peak_flops * hw.gemm_efficiency)
