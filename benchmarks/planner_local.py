@@ -14,27 +14,32 @@ AdamW. Rows (the label says which engine runs it):
                           the fp32 master and Adam's m, v stay in the rank's memory, counted)
     pp2 / pp2·dp2         pipeline_parallel's engine, 1F1B, 4 micro-batches, L/2 layers per stage
                           (4 ranks on the 2 cores for pp2·dp2)
+    tp2 / dp2·tp2         Hugging Face's DistilBERT (eager attention) with a head tied to its word
+                          embedding, split by tensor_parallel.parallelize (Megatron's layer split, the
+                          vocabulary over the embedding, head and loss), dp's gradients in one flat
+                          all-reduce (4 ranks for dp2·tp2)
+    pp2 (HF llama)        pipeline_parallel/models/llama.py's presets tiny and small (HF's
+                          LlamaDecoderLayer, SDPA) through the pipeline engine, as pp2 above
     ... (malloc 64K)      the DDP row again with glibc's mmap threshold fixed at 64 KiB (mallopt),
                           a tuned allocator beside the default one, labelled
     2 nodes × 1           the DDP row with one rank on each of two nodes of multinode/'s cluster on
                           this machine (network namespaces, a 400 Mbit/s tbf-shaped veth between
                           them; needs root and iproute2, else the row is left out)
-Not run: tp (tensor_parallel.parallelize takes Hugging Face DistilBERT and MLP stacks, not this
-layer, and the planner has no activation formula for DistilBERT's eager layer), hence dp × tp and
-3D; the llama pipeline presets (no formula for Hugging Face's eager LlamaDecoderLayer).
+Not run: 3D (pp × tp × dp), not built into this benchmark yet.
 
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
-benchmarks.one_host fitted (primitives.engine.cost.FITTED). No row's timing feeds any constant.
-A pipeline's pacing share (pipeline_share) and the cost of a mapped block (mmap_s) come from
-the same benchmark's pipeline and tuned DDP step at calibration shapes. The one input taken from
-the run is the machine's load: while a row runs, a probe in a session
-of its own spins and measures the share of the cores a session gets (class Load: the scheduler
-shares the cores between sessions first), from which the ranks' share follows (the probe is one
-more busy session and slows the row as one would); the planner's cpu_stretch turns CPU seconds into
-wall seconds with it ((ranks + load) / cores). Counting runnable tasks would misjudge it: the
-cores are shared between sessions before tasks.
+benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
+the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape.
+No row's timing feeds any constant. Two inputs are measured while each row runs, by
+planner.probe beside the ranks (a session of two busy processes, as many as cores, repeating
+the fit's matmuls): the cores a session gets (→ the load: the planner's cpu_stretch and
+pipeline_stretch turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys
+now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed).
+The benchmark runs itself as a session of its own (as a run from its own terminal would): the
+scheduler shares the cores between sessions first, so ranks sharing a session with other work
+would get a share the probe cannot see.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
 planner counts no allocator slack there and mmap_s per byte each step maps afresh.
@@ -60,7 +65,8 @@ from dataclasses import replace
 from rich.table import Table
 
 from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
-from benchmarks.planner_ranks import SHAPES, _llama_pp_rank, _pp_rank, _rank, llama_planner_model
+from benchmarks.planner_ranks import (SHAPES, _llama_pp_rank, _pp_rank, _rank, _tp_rank, distilbert_planner_model,
+                                     llama_planner_model)
 from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
@@ -87,6 +93,9 @@ def runs(quick: bool, steps: int, mb: int = 4):
                 (small, mb, steps, 1, False, True)))
     out.append((small, "pp2 1F1B m4 mb2 (engine)", Layout(1, 1, 2, mb=2), 8, _pp_rank, (small, 2, 4, steps)))
     out.append((small, "pp2·dp2 1F1B m4 mb2 (engine)", Layout(2, 1, 2, mb=2), 16, _pp_rank, (small, 2, 4, steps)))
+    distil = distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 128)
+    out += [(distil, f"{'dp2·' if dp > 1 else ''}tp2 mb{mb} (parallelize, HF DistilBERT)", Layout(dp, 2, 1, mb=mb), dp * mb,
+             _tp_rank, (distil, 2, mb, steps)) for dp in (1, 2)]
     for preset in ("tiny", "small"):     # pipeline_parallel/models/llama.py's presets, HF's decoder layer
         lm = llama_planner_model(preset, 128)
         out.append((lm, "pp2 1F1B m4 mb2 (engine, HF llama)", Layout(1, 1, 2, mb=2), 8, _llama_pp_rank,

@@ -22,7 +22,9 @@ tp           each collective of Megatron's layer (tensor_parallel.engine.formula
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring); full recomputation repeats
              the forward's half. Overlapped (Megatron-Core --tp-comm-overlap) it hides behind the
-             layer's compute: exposed = max(0, comm − compute)
+             layer's compute: exposed = max(0, comm − compute). Beside the layers: the
+             vocab-parallel embedding's all-reduce and the output layer's input (b·s·h each) and
+             the vocab-parallel cross-entropy's three all-reduces of b·s floats
 pp           each stage sends one activation forward and one gradient back per micro-batch and
              chunk, b·s·h/t bytes (the scatter/gather of Narayanan §4.1); blocking sends add to
              every micro-batch, overlapped ones to the fill and drain and where a micro-batch's
@@ -176,6 +178,9 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         one = group_time(name, t, S, 1, hw)
         tp_mb += count * one * (1.5 if full else 1.0)
     tp_mb *= Ls
+    if t > 1:   # the vocab-parallel embedding's forward all-reduce (first stage), the head's input (f, backward)
+        ends = 2 if p == 1 else 1     # on the pacing (last) stage, and the vocab-parallel loss's 3 of b·s floats
+        tp_mb += ends * group_time("all_reduce", t, S, 1, hw) + 3 * group_time("all_reduce", t, tokens * 4, 1, hw)
     tp_exposed_mb = max(0.0, tp_mb - compute_mb) if sw.overlap_tp else tp_mb
 
     # pipeline p2p: b·s·h/t bytes per send

@@ -121,6 +121,18 @@ def test_llama_activation_formula_is_what_autograd_saves(h, a, kv, f, s, b):
     assert _saved_float_bytes(top, [*norm.parameters(), *head.parameters()]) == torch_head_bytes(m, s, lay)[0]
 
 
+def test_distilbert_activation_formula_is_what_autograd_saves():
+    """DistilBERT's eager block (post-norm, GELU, the s×s softmax kept), 4·s·b·(8h + 2f + 4 + a·s)
+    at t = 1, against the saved tensors autograd keeps (exact)."""
+    from benchmarks.planner_ranks import DistilLM, distilbert_planner_model
+    m = distilbert_planner_model("d", 1, 96, 3, 50, 24)
+    net, lay = DistilLM(m).train(), Layout(1, 1, 1, mb=3)
+    assert sum(p.numel() for p in net.parameters()) == m.params()
+    block = net.db.transformer.layer[0]
+    x = torch.randn(3, 24, 96, requires_grad=True)
+    assert _saved_float_bytes(lambda: block(x, attn_mask=None), block.parameters()) == torch_layer_activation_bytes(m, 24, lay)
+
+
 def test_cpu_here_uses_the_torch_family_and_gpus_megatrons():
     m, lay = PRESETS["tiny"], Layout(1, 1, 1, mb=2)
     assert H.load("cpu-here").activations == "torch-eager-fp32" and H.A100.activations == "megatron-16bit"
