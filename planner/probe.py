@@ -48,7 +48,10 @@ while True:
                 a @ b
         n += 1
     cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
-    os.write(1, f"{os.getpid()} {time.time()} {cpu / wall} {n * per_round / cpu}\\n".encode())   # one write: atomic
+    try:
+        os.write(1, f"{os.getpid()} {time.time()} {cpu / wall} {n * per_round / cpu}\\n".encode())   # one write: atomic
+    except BrokenPipeError:
+        break
 """
 
 
