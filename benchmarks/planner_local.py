@@ -33,13 +33,11 @@ micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-�
 benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
 the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape.
 No row's timing feeds any constant. Two inputs are measured while each row runs, by
-planner.probe beside the ranks (a session of two busy processes, as many as cores, repeating
-the fit's matmuls): the cores a session gets (→ the load: the planner's cpu_stretch and
+planner.probe beside the ranks (two busy processes, as many as cores, repeating the fit's
+matmuls): the share of a core each busy task gets (→ the load: the planner's cpu_stretch and
 pipeline_stretch turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys
 now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed).
-The benchmark runs itself as a session of its own (as a run from its own terminal would): the
-scheduler shares the cores between sessions first, so ranks sharing a session with other work
-would get a share the probe cannot see.
+The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
 planner counts no allocator slack there and mmap_s per byte each step maps afresh.
@@ -141,9 +139,9 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
 
 def in_own_session(module: str, argv) -> int | None:
     """Run `python -m module argv` again as a session of its own (a user's run from its own
-    terminal) unless this process leads one: the scheduler shares the cores between sessions
-    first (planner.probe), so ranks that shared a session with other work would get a share the
-    probe cannot see. Returns the child's exit status, or None when already in its own session."""
+    terminal) unless this process leads one, as planner.probe's processes are: with the
+    scheduler's autogroup on, ranks grouped with other work could get a share the probe cannot
+    see. Returns the child's exit status, or None when already in its own session."""
     if os.getsid(0) == os.getpid():
         return None
     child = subprocess.Popen([sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)],
@@ -170,7 +168,7 @@ def main(argv=None) -> int:
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), the run's session got "
-                    f"{min(shares):.2f}-{max(shares):.2f} of a core, {os.cpu_count()} cores")
+                    f"{min(shares) / 2:.2f}-{max(shares) / 2:.2f} of a core per busy task, {os.cpu_count()} cores")
     for c in ("model", "params", "layout", "load", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")

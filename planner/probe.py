@@ -7,17 +7,19 @@ just before a plan (the planner's `cpu-now`).
 
 Cost: `procs` (default 2, as many as cores here) more busy processes while it runs; ~3 s before a plan.
 
-Linux groups tasks by session (sched_autogroup, on here) and shares the cores between the
-sessions with runnable tasks, then within each session between its tasks. The probe's processes
-sit in a session of their own and each repeats the transformer-shaped products planner_fit's
+The probe's processes sit in a session of their own (as a run from its own terminal) and each
+repeats the transformer-shaped products planner_fit's
 GEMM rate was fitted on (tokens×h by h×4h at h = 64, 128, 256, equal FLOPs each), reporting
 every 0.1 s its CPU seconds per wall second and its FLOPs per CPU second:
-  share  the cores the probe's session got, summed over its processes: a session shaped like a
-         run's (as many busy processes as cores, two here), so beside a run it sees the P cores
-         the run's session gets too (with S sessions busy on C cores, C / S each), and alone
-         (cpu-now) the P a run started now would get. A run's r busy ranks then each get P / r of
-         a core: the planner's cores / (ranks + load) with load = C·r/P − r. The probe is one
-         more busy session beside a run and slows it as one would
+  share  the cores the probe got, summed over its processes; each busy process got q = share /
+         procs. A run's busy ranks each get q too: beside a run, the probe's processes and the
+         ranks are runnable tasks alike; alone (cpu-now), q is what each task of a run started now
+         would get. The planner's cores / (ranks + load) = q, so load = C / q − r. (Linux's
+         autogroup is on here and would share the cores between sessions first, making a
+         4-rank session's share the same as the 2-process probe's; the runs show otherwise —
+         4-rank rows got 2.4-2.6× the probe's session share under load — and each task's share
+         is what predicts both the 2- and the 4-rank rows.) The probe is two more busy tasks
+         beside a run and slows it as two would
   speed  the FLOPs per CPU second now over the fitted rate (peak · gemm_efficiency): a CPU second
          buys less work when other processes share the caches, memory and the host's cycles
          (this is a virtual machine), so every fitted CPU-second rate scales by it
@@ -96,10 +98,10 @@ class Probe(threading.Thread):
         return statistics.harmonic_mean([x[3] for x in self.samples]) if self.samples else 0.0
 
     def load(self, ranks: int) -> float:
-        """Other runnable tasks, as the planner's (ranks + load) / cores counts them: a run's session
-        gets P cores (the probe's share beside it, or its session's share alone), so r ranks
-        each get P / r of a core = cores / (ranks + load)."""
-        return max(0.0, os.cpu_count() * ranks / self.share() - ranks)
+        """Other runnable tasks, as the planner's (ranks + load) / cores counts them: each busy
+        rank gets what each busy probe process gets, q = share / procs, so cores / (ranks + load)
+        = q (module docstring: per task, as the runs here show)."""
+        return max(0.0, os.cpu_count() / (self.share() / self.procs) - ranks)
 
 
 def probe_now(seconds: float = 2.0) -> Probe:
