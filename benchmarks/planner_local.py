@@ -167,8 +167,8 @@ def main(argv=None) -> int:
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
-    t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), the run's session got "
-                    f"{min(shares) / 2:.2f}-{max(shares) / 2:.2f} of a core per busy task, {os.cpu_count()} cores")
+    t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
+                    f"{min(shares) / 2:.2f}-{max(shares) / 2:.2f} of a core, {os.cpu_count()} cores")
     for c in ("model", "params", "layout", "load", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
