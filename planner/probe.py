@@ -100,8 +100,12 @@ class Probe(threading.Thread):
     def load(self, ranks: int) -> float:
         """Other runnable tasks, as the planner's (ranks + load) / cores counts them: each busy
         rank gets what each busy probe process gets, q = share / procs, so cores / (ranks + load)
-        = q (module docstring: per task, as the runs here show)."""
-        return max(0.0, os.cpu_count() / (self.share() / self.procs) - ranks)
+        = q (module docstring: per task, as the runs here show) — but the ranks together get at
+        most the cores the probe left, (C − share) / ranks each: when ranks sleep (a pipeline's,
+        on a near-idle machine) the probe gets more than a busy rank would."""
+        C = os.cpu_count()
+        q = min(self.share() / self.procs, max(C - self.share(), 1e-3) / ranks)
+        return max(0.0, C / q - ranks)
 
 
 def probe_now(seconds: float = 2.0) -> Probe:
