@@ -1,7 +1,7 @@
 """The planner against this machine: small GPT-shaped models on 2-4 CPU ranks, predicted
 (hardware cpu-here) vs measured step time and peak memory per rank, at the allocator's defaults.
 
-    python -m benchmarks.planner_local               # every row below, 4 steps each (~4 min idle)
+    python -m benchmarks.planner_local               # every row below, 4 steps each (~6 min idle)
     python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps
     python -m benchmarks.planner_local --only pp2 --json rows.json      # some rows; the rows as JSON
 

@@ -52,7 +52,8 @@ def draw(rows: list[dict]) -> str:
         ax.set_title(("step time (CPU ranks, fp32)" if key == "step" else "peak RSS above the pre-model baseline, per rank")
                      + f"\nmedian |error| {med:.0%}, {sum(miss)} of {len(miss)} outside ±{band:.0%}", fontsize=9)
     shares = [r["share"] for r in rows]
-    fig.suptitle(f"planner (cpu-here, probed) vs this machine; a session got {min(shares):.2f}–{max(shares):.2f} cores (of 2)",
+    fig.suptitle(f"planner (cpu-here, probed) vs this machine; each busy task got {min(shares) / 2:.2f}–{max(shares) / 2:.2f} "
+                 f"of a core (2 cores)",
                  fontsize=10)
     return save(fig, "15_planner_local", "figures.ch15_planner_local",
                 note="python -m benchmarks.planner_local; time under load, memory load-independent")
