@@ -6,8 +6,10 @@ from a micro-benchmark at calibration shapes that no row of benchmarks.planner_l
 
 Every rate is CPU time (time.thread_time, one thread, fp32), not wall time: the work a step
 costs a core, whatever else shares the cores. How many cores the ranks share, and how many other
-runnable tasks, turn CPU seconds into wall seconds (planner.steptime: ×(ranks + load)/cores),
-so the fit does not depend on the load it ran under. `--ranks` processes (default 2) measure at
+runnable tasks, turn CPU seconds into wall seconds (planner.steptime: ×(ranks + load)/cores);
+what a CPU second buys still moves with the load (caches, memory, the host's cycles), so
+planner.probe measures it when a plan is made and scales these rates by it (at_speed): the
+fit's own load stays in it only through that ratio. `--ranks` processes (default 2) measure at
 once, as training ranks would (they share caches and memory bandwidth); the medians are kept.
 
     peak_flops, gemm_efficiency   square matmuls (the best median rate is the peak) and the
