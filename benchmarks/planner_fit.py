@@ -6,8 +6,10 @@ from a micro-benchmark at calibration shapes that no row of benchmarks.planner_l
 
 Every rate is CPU time (time.thread_time, one thread, fp32), not wall time: the work a step
 costs a core, whatever else shares the cores. How many cores the ranks share, and how many other
-runnable tasks, turn CPU seconds into wall seconds (planner.steptime: ×(ranks + load)/cores),
-so the fit does not depend on the load it ran under. `--ranks` processes (default 2) measure at
+runnable tasks, turn CPU seconds into wall seconds (planner.steptime: ×(ranks + load)/cores);
+what a CPU second buys still moves with the load (caches, memory, the host's cycles), so
+planner.probe measures it when a plan is made and scales these rates by it (at_speed): the
+fit's own load stays in it only through that ratio. `--ranks` processes (default 2) measure at
 once, as training ranks would (they share caches and memory bandwidth); the medians are kept.
 
     peak_flops, gemm_efficiency   square matmuls (the best median rate is the peak) and the
@@ -33,11 +35,6 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   mappings); ZeRO-3's CPU seconds beyond ZeRO-1's and that mapping
                                   (the engine maps at ZeRO-3) per module fetch or release (3 per
                                   module with parameters and step)
-    pipeline_share                benchmarks.planner_local's pipeline (pp 2, 1F1B, 4 micro-batches
-                                  of 2) on CAL_PP (L 4, h 192, V 12288), with the session probe
-                                  (benchmarks.planner_load) beside it, 3 runs: the share of one
-                                  busy session's cores at which the planner's step time equals the
-                                  measured one (planner.steptime.pipeline_stretch), the median
 Links (α-β) come from benchmarks.one_host's fit (primitives.engine.cost.FITTED), read by
 planner.hardware.cpu_here; `cores` from os.cpu_count().
 """
@@ -53,9 +50,8 @@ import time
 import torch
 
 import primitives as P
-from benchmarks.planner_load import Load
 from benchmarks.planner_local import LOCAL_SW
-from benchmarks.planner_ranks import _pp_rank, _rank     # the rows' own measurement, run at another shape
+from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
 from planner.hardware import CPU_HERE, cpu_here
 from planner.layout import Layout
 from planner.memory import memory, torch_head_bytes, torch_layer_activation_bytes
@@ -127,7 +123,6 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
 
 
 CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
-CAL_PP = Model("gpt-cal-pp", 4, 192, 4, 12288, 128, positions=128)
 
 
 def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float, float, float]:
@@ -153,27 +148,6 @@ def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float
                      max(0.0, max(g["peak"] for g in z1) - (pred1["total"] - pred1["reserved"])),
                      mmap_s, max(0.0, (cpu(z3) - cpu(z1) - mapped * mmap_s) / calls)))
     return tuple(statistics.median(f[i] for f in fits) for i in range(4))
-
-
-def pipeline_fit(hw, runs: int = 3, steps: int = 4) -> float:
-    """pipeline_share: on CAL_PP's pp 2 pipeline (1F1B, m 4, mb 2) beside the session probe, the
-    share at which the planner's step time meets the measured one (bisection; the median of runs)."""
-    lay, batch, got = Layout(1, 1, 2, mb=2), 8, []
-    for _ in range(runs):
-        load = Load()
-        load.start()
-        ranks = spawn(_pp_rank, 2, args=(CAL_PP, 2, 4, steps), timeout=900)
-        load.stop()
-        load.during([g["span"] for g in ranks])
-        meas = max(g["step"] for g in ranks)
-        base = dataclasses.replace(hw, load=load.load(2))
-        lo, hi = 0.05, 4.0
-        for _ in range(40):      # step time falls as the share rises
-            mid = (lo + hi) / 2
-            t = predict_layout(CAL_PP, CAL_PP.seq, lay, batch, dataclasses.replace(base, pipeline_share=mid), LOCAL_SW).time["total"]
-            lo, hi = (mid, hi) if t > meas else (lo, mid)
-        got.append((lo + hi) / 2)
-    return statistics.median(got)
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -214,7 +188,6 @@ def main(argv=None) -> int:
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
            "source": "measured here; links from primitives.engine.cost.FITTED (benchmarks.one_host)"}
-    doc["pipeline_share"] = pipeline_fit(cpu_here(2, fitted=doc))
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
@@ -225,8 +198,7 @@ def main(argv=None) -> int:
                   f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB "
                   f"(ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
                   f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a mapped block "
-                  f"{mmap_s * 2**20 * 1e3:.2f} ms CPU per MiB; a pipeline's pacing rank at {doc['pipeline_share']:.2f} "
-                  f"of a session's share; "
+                  f"{mmap_s * 2**20 * 1e3:.2f} ms CPU per MiB; "
                   f"{doc['cores']} cores → {a.out}")
     return 0
 

@@ -1,7 +1,7 @@
 """The planner against this machine: small GPT-shaped models on 2-4 CPU ranks, predicted
 (hardware cpu-here) vs measured step time and peak memory per rank, at the allocator's defaults.
 
-    python -m benchmarks.planner_local               # every row below, 4 steps each (~4 min idle)
+    python -m benchmarks.planner_local               # every row below, 4 steps each (~6 min idle)
     python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps
     python -m benchmarks.planner_local --only pp2 --json rows.json      # some rows; the rows as JSON
 
@@ -14,27 +14,30 @@ AdamW. Rows (the label says which engine runs it):
                           the fp32 master and Adam's m, v stay in the rank's memory, counted)
     pp2 / pp2·dp2         pipeline_parallel's engine, 1F1B, 4 micro-batches, L/2 layers per stage
                           (4 ranks on the 2 cores for pp2·dp2)
+    tp2 / dp2·tp2         Hugging Face's DistilBERT (eager attention) with a head tied to its word
+                          embedding, split by tensor_parallel.parallelize (Megatron's layer split, the
+                          vocabulary over the embedding, head and loss), dp's gradients in one flat
+                          all-reduce (4 ranks for dp2·tp2)
+    pp2 (HF llama)        pipeline_parallel/models/llama.py's presets tiny and small (HF's
+                          LlamaDecoderLayer, SDPA) through the pipeline engine, as pp2 above
     ... (malloc 64K)      the DDP row again with glibc's mmap threshold fixed at 64 KiB (mallopt),
                           a tuned allocator beside the default one, labelled
     2 nodes × 1           the DDP row with one rank on each of two nodes of multinode/'s cluster on
                           this machine (network namespaces, a 400 Mbit/s tbf-shaped veth between
                           them; needs root and iproute2, else the row is left out)
-Not run: tp (tensor_parallel.parallelize takes Hugging Face DistilBERT and MLP stacks, not this
-layer, and the planner has no activation formula for DistilBERT's eager layer), hence dp × tp and
-3D; the llama pipeline presets (no formula for Hugging Face's eager LlamaDecoderLayer).
+Not run: 3D (pp × tp × dp), not built into this benchmark yet.
 
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
-benchmarks.one_host fitted (primitives.engine.cost.FITTED). No row's timing feeds any constant.
-A pipeline's pacing share (pipeline_share) and the cost of a mapped block (mmap_s) come from
-the same benchmark's pipeline and tuned DDP step at calibration shapes. The one input taken from
-the run is the machine's load: while a row runs, a probe in a session
-of its own spins and measures the share of the cores a session gets (class Load: the scheduler
-shares the cores between sessions first), from which the ranks' share follows (the probe is one
-more busy session and slows the row as one would); the planner's cpu_stretch turns CPU seconds into
-wall seconds with it ((ranks + load) / cores). Counting runnable tasks would misjudge it: the
-cores are shared between sessions before tasks.
+benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
+the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape.
+No row's timing feeds any constant. Two inputs are measured while each row runs, by
+planner.probe beside the ranks (two busy processes, as many as cores, repeating the fit's
+matmuls): the share of a core each busy task gets (→ the load: the planner's cpu_stretch and
+pipeline_stretch turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys
+now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed).
+The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
 planner counts no allocator slack there and mmap_s per byte each step maps afresh.
@@ -51,17 +54,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 from dataclasses import replace
 
 from rich.table import Table
 
-from benchmarks.planner_load import Load
 from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
-from benchmarks.planner_ranks import SHAPES, _pp_rank, _rank
+from benchmarks.planner_ranks import (SHAPES, _llama_pp_rank, _pp_rank, _rank, _tp_rank, distilbert_planner_model,
+                                     llama_planner_model)
 from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
+from planner.probe import Probe
 from planner.steptime import Software, cpu_stretch
 from primitives.engine.cost import Params
 from primitives.launch import spawn
@@ -84,6 +91,13 @@ def runs(quick: bool, steps: int, mb: int = 4):
                 (small, mb, steps, 1, False, True)))
     out.append((small, "pp2 1F1B m4 mb2 (engine)", Layout(1, 1, 2, mb=2), 8, _pp_rank, (small, 2, 4, steps)))
     out.append((small, "pp2·dp2 1F1B m4 mb2 (engine)", Layout(2, 1, 2, mb=2), 16, _pp_rank, (small, 2, 4, steps)))
+    distil = distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 128)
+    out += [(distil, f"{'dp2·' if dp > 1 else ''}tp2 mb{mb} (parallelize, HF DistilBERT)", Layout(dp, 2, 1, mb=mb), dp * mb,
+             _tp_rank, (distil, 2, mb, steps)) for dp in (1, 2)]
+    for preset in ("tiny", "small"):     # pipeline_parallel/models/llama.py's presets, HF's decoder layer
+        lm = llama_planner_model(preset, 128)
+        out.append((lm, "pp2 1F1B m4 mb2 (engine, HF llama)", Layout(1, 1, 2, mb=2), 8, _llama_pp_rank,
+                    (preset, 128, 2, 4, steps)))
     out.append((small, f"dp2 Z0 (torch) mb{mb} {TUNED}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank,
                 (small, mb, steps, None, True)))
     if not two_nodes_possible():
@@ -97,14 +111,16 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
         if only not in label:
             continue
         nodes = fn is on_two_nodes
-        load = Load()
-        load.start()
+        probe = Probe(2)      # a session shaped like the ranks' (two busy processes)
+        probe.start()
         got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
-        load.stop()
-        load.during([g["span"] for g in got])
-        hw = H.cpu_here(lay.gpus, load.load(lay.gpus))
+        probe.stop()
+        probe.during([g["span"] for g in got])
+        fitted = H.cpu_here(lay.gpus)
+        speed = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
+        hw = H.at_speed(replace(fitted, load=probe.load(lay.gpus)), speed)
         if nodes:     # one rank per node, each node a session of its own: the probe's share is each rank's
-            hw = replace(hw, gpus_per_node=1, load=load.load(1))
+            hw = replace(hw, gpus_per_node=1, load=probe.load(1))
         sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
         pred = predict_layout(m, m.seq, lay, batch, hw, sw)
         idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
@@ -115,13 +131,33 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
                      "step_pred": pred.time["total"], "step_idle": idle.time["total"],
                      "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
                      "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
-                     "time_terms": pred.time, "load": hw.load, "share": load.share(), "stretch": stretch,
+                     "time_terms": pred.time, "load": hw.load, "share": probe.share(), "speed": speed, "stretch": stretch,
                      "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
                      "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]})
     return rows
 
 
+def in_own_session(module: str, argv) -> int | None:
+    """Run `python -m module argv` again as a session of its own (a user's run from its own
+    terminal) unless this process leads one, as planner.probe's processes are: with the
+    scheduler's autogroup on, ranks grouped with other work could get a share the probe cannot
+    see. Returns the child's exit status, or None when already in its own session."""
+    if os.getsid(0) == os.getpid():
+        return None
+    child = subprocess.Popen([sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)],
+                             start_new_session=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return child.wait()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait()
+
+
 def main(argv=None) -> int:
+    if (rc := in_own_session("benchmarks.planner_local", argv)) is not None:
+        return rc
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
@@ -131,13 +167,13 @@ def main(argv=None) -> int:
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
-    t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), the run's session got "
-                    f"{min(shares):.2f}-{max(shares):.2f} of a core, {os.cpu_count()} cores")
-    for c in ("model", "params", "layout", "load", "step ms predicted", "measured", "error", "CPU ms pred",
+    t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
+                    f"{min(shares) / 2:.2f}-{max(shares) / 2:.2f} of a core, {os.cpu_count()} cores")
+    for c in ("model", "params", "layout", "load", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
-        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['step_pred'] * 1e3:.0f}",
+        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
                   f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")

@@ -17,10 +17,19 @@ import torch
 
 import primitives as P
 import zero_from_scratch
+from planner.layout import Layout
+from planner.memory import stage_params
 from planner.model import Model
 from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel import initialize as pipe_initialize
 from pipeline_parallel.engine.model import Embed, FinalNorm, head, lm_loss
+from pipeline_parallel.models.llama import LlamaBlockPipe, LlamaEmbedPipe, LlamaHeadPipe, LlamaNormPipe, llama_config, llama_loss
+from primitives.mesh import Mesh
+from tensor_parallel.comm import copy_to_tp
+from tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from tensor_parallel.engine.parallelize import parallelize
+from transformers import DistilBertConfig, DistilBertModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 SHAPES = [Model("gpt-mini", 4, 256, 4, 8192, 128, positions=128), Model("gpt-small", 6, 384, 6, 16384, 128, positions=128)]
 
@@ -144,3 +153,106 @@ def _pp_rank(rank, world, m: Model, mb: int, micro: int, steps: int):
         "pipeline": {"schedule": "1f1b"}}, dp=world // 2)
     x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(rank))
     return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
+
+
+class _LlamaEmbed(LlamaEmbedPipe):
+    def __init__(self, cfg):
+        super().__init__(torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+
+
+class _LlamaBlock(LlamaBlockPipe):
+    def __init__(self, cfg, i: int):
+        super().__init__(LlamaDecoderLayer(cfg, i), cfg)
+
+
+class _LlamaNorm(LlamaNormPipe):
+    def __init__(self, cfg):
+        super().__init__(LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps))
+
+
+class _LlamaHead(LlamaHeadPipe):
+    def __init__(self, cfg):
+        super().__init__(torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+
+
+def llama_planner_model(preset: str, seq: int) -> Model:
+    """The planner's Model of pipeline_parallel.models.llama's preset (untied head, no biases)."""
+    c = llama_config(preset)
+    return Model(f"llama-{preset}", c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, seq,
+                 ffn=c.intermediate_size, kv_heads=c.num_key_value_heads, gated=True, bias=False, tied=False)
+
+
+def _llama_pp_rank(rank, world, preset: str, seq: int, mb: int, micro: int, steps: int):
+    """pp = 2 (× dp = world / 2) of pipeline_parallel.models.llama's preset through the pipeline
+    engine (1F1B, `micro` micro-batches of mb): its embedding, HF LlamaDecoderLayer blocks (SDPA),
+    the final RMSNorm and the untied head, each built by a LayerSpec on its own stage only."""
+    base = _warm()
+    cfg = llama_config(preset)
+    m = llama_planner_model(preset, seq)
+    L = cfg.num_hidden_layers
+    torch.manual_seed(0)
+    layers = ([LayerSpec(_LlamaEmbed, cfg)] + [LayerSpec(_LlamaBlock, cfg, i) for i in range(L)]
+              + [LayerSpec(_LlamaNorm, cfg), LayerSpec(_LlamaHead, cfg)])
+    half = L // 2      # the planner's split: L/p layers per stage, the embedding first, norm and head last
+    pm = PipelineModule(layers, num_stages=2, loss_fn=llama_loss, partition_method=[1 + half, L - half + 2])
+    stage = sum(p.numel() for p in pm.parameters())
+    want = {stage_params(m, Layout(world // 2, 1, 2), k) for k in ("first", "last")}
+    assert stage in want, f"stage parameters {stage} ≠ the planner's {want}"
+    engine, *_ = pipe_initialize(model=pm, config={
+        "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": micro,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "pipeline": {"schedule": "1f1b"}}, dp=world // 2)
+    x = torch.randint(0, cfg.vocab_size, (mb, seq), generator=torch.Generator().manual_seed(rank))
+    return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
+
+
+def distilbert_planner_model(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> Model:
+    """The planner's Model of a Hugging Face DistilBERT with a head tied to its word embedding."""
+    return Model(name, layers, hidden, heads, vocab, seq, positions=seq, family="distilbert")
+
+
+class DistilLM(torch.nn.Module):
+    """Hugging Face's DistilBertModel (eager attention, dropout 0) and a head tied to its word
+    embedding, tensor-parallel by tensor_parallel.parallelize: the embedding vocab-parallel, so the
+    head's logits are this rank's vocabulary slice and the loss is vocab-parallel too."""
+
+    def __init__(self, m: Model):
+        super().__init__()
+        cfg = DistilBertConfig(vocab_size=m.vocab, dim=m.hidden, n_heads=m.heads, hidden_dim=m.f, n_layers=m.layers,
+                               dropout=0.0, attention_dropout=0.0, max_position_embeddings=m.positions)
+        cfg._attn_implementation = "eager"
+        self.vocab, self.db = m.vocab, DistilBertModel(cfg)
+
+    def loss(self, x):
+        h = self.db(input_ids=x).last_hidden_state
+        comm = self.db.tp_comm
+        logits = copy_to_tp(h, comm) @ self.db.embeddings.word_embeddings.weight.t()
+        return vocab_parallel_cross_entropy(logits.flatten(0, 1), x.flatten(), self.vocab, comm)
+
+
+def _tp_rank(rank, world, m: Model, tp: int, mb: int, steps: int):
+    """dp = world / tp × tp through tensor_parallel.parallelize (DistilBERT, Megatron's split:
+    heads and the MLP column → row, the vocabulary split over the embedding, the head and the
+    loss), the dp group's gradients in one flat all-reduce after backward, AdamW."""
+    base = _warm()
+    mesh = Mesh.build(dp=world // tp, tp=tp)
+    torch.manual_seed(0)
+    net = DistilLM(m)
+    assert sum(p.numel() for p in net.parameters()) == m.params(), "torch model ≠ planner's count"
+    parallelize(net.db, mesh.tp_group)    # the norms, positions and row-parallel biases stay whole: the planner's Ψ/t is a bit below
+    x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(mesh.coords[1]))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+    def step():
+        net.loss(x).backward()
+        if world > tp:
+            flat = torch.cat([p.grad.flatten() for p in net.parameters()])
+            P.all_reduce(flat, group=mesh.dp_group)
+            off = 0
+            for p in net.parameters():
+                p.grad.copy_(flat[off:off + p.numel()].view_as(p)).div_(world // tp)
+                off += p.numel()
+            del flat
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    return _timed(step, steps, base)

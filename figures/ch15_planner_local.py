@@ -4,8 +4,8 @@ against the measured ones, one point per layout run on 2-4 CPU ranks (benchmarks
     python -m figures.ch15_planner_local                       # measures first (~3 min idle, more under load)
     python -m figures.ch15_planner_local --json local.json     # draw a saved `benchmarks.planner_local --json` run
 
-Left: step time, predicted from cpu_here.json's CPU-time rates and the share of the cores the
-row's session got (a probe); the band is ±25 %. Right: peak resident memory above the
+Left: step time, predicted from cpu_here.json's CPU-time rates, the cores a session got and the
+speed of a CPU second while the row ran (planner.probe); the band is ±25 %. Right: peak resident memory above the
 pre-model baseline at glibc's defaults, predicted vs measured, band ±10 %. Each point is labelled
 with its row and the load it ran under; a point outside its band is red; each panel's title
 gives the median |error|.
@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 
-from benchmarks.planner_local import measure
+from benchmarks.planner_local import in_own_session, measure
 from figures.common import pyplot, save
 
 
 def _short(layout: str) -> str:
-    for long, short in ((" (torch)", ""), (" (engine)", ""), (" 1F1B m4 mb2", ""), (" mb4", ""), ("(malloc 64K)", "malloc 64K")):
+    for long, short in ((" (torch)", ""), (" (engine)", ""), (" 1F1B m4 mb2", ""), (" mb4", ""), ("(malloc 64K)", "malloc 64K"),
+                        (" (parallelize, HF DistilBERT)", ""), (" (engine, HF llama)", "")):
         layout = layout.replace(long, short)
     return layout
 
@@ -50,7 +52,8 @@ def draw(rows: list[dict]) -> str:
         ax.set_title(("step time (CPU ranks, fp32)" if key == "step" else "peak RSS above the pre-model baseline, per rank")
                      + f"\nmedian |error| {med:.0%}, {sum(miss)} of {len(miss)} outside ±{band:.0%}", fontsize=9)
     shares = [r["share"] for r in rows]
-    fig.suptitle(f"planner (cpu-here) vs this machine; the run's session got {min(shares):.2f}–{max(shares):.2f} of a core (2 cores)",
+    fig.suptitle(f"planner (cpu-here, probed) vs this machine; each busy task got {min(shares) / 2:.2f}–{max(shares) / 2:.2f} "
+                 f"of a core (2 cores)",
                  fontsize=10)
     return save(fig, "15_planner_local", "figures.ch15_planner_local",
                 note="python -m benchmarks.planner_local; time under load, memory load-independent")
@@ -64,12 +67,13 @@ def main(argv=None) -> list[str]:
     if a.json:
         with open(a.json) as f:
             rows = json.load(f)
-    else:
+    else:     # in a session of its own, as benchmarks.planner_local runs (planner.probe's docstring)
+        if (rc := in_own_session("figures.ch15_planner_local", argv)) is not None:
+            return [] if rc == 0 else sys.exit(rc)
         rows = measure(False, a.steps)
     return [draw(rows)]
 
 
 if __name__ == "__main__":
-    import sys
     for p in main(sys.argv[1:]):
         print(p)

@@ -1,4 +1,4 @@
-"""python -m planner MODEL --gpus N [--gpus-per-node G] [--hardware h100|a100|a100-40g|cpu-here|FILE]
+"""python -m planner MODEL --gpus N [--gpus-per-node G] [--hardware h100|a100|a100-40g|cpu-here|cpu-now|FILE]
                      [--seq S] [--global-batch B] [--json FILE] [--plot FILE] [--fix tp=8,pp=2]
 
 Predicts, for every layout of MODEL on N accelerators, the peak memory per GPU and the step time,
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         for m in PRESETS.values():
             console.print(f"{m.name:12s} L={m.layers:<4d} h={m.hidden:<6d} a={m.heads:<4d} V={m.vocab:<7d} "
                           f"{m.params() / 1e9:8.2f} B  [dim]{m.source}[/dim]")
-        console.print("hardware: " + ", ".join([*H.BUILTIN, "cpu-here", "FILE.json"]))
+        console.print("hardware: " + ", ".join([*H.BUILTIN, "cpu-here", "cpu-now", "FILE.json"]))
         return 0
     if not a.model or not a.gpus:
         ap.error("MODEL and --gpus are required (or --list)")
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     try:
         model = resolve(a.model, layers=a.layers, hidden=a.hidden, heads=a.heads, vocab=a.vocab, ffn=a.ffn,
                         kv_heads=a.kv_heads, seq=a.seq)
-        hw = H.load(a.hardware)
+        hw = H.load(a.hardware, min(a.gpus, a.gpus_per_node or 8))
     except ValueError as e:
         console.print(f"[red]{e}[/red]")
         return 2

@@ -2,6 +2,7 @@
 
     python -m planner llama-70b --gpus 512 --hardware h100
     python -m planner tiny --gpus 2 --hardware cpu-here          # fitted by benchmarks/planner_fit.py
+    python -m planner tiny --gpus 2 --hardware cpu-now           # the same, probed for the load and speed now (~3 s)
     python -m planner tiny --gpus 2 --hardware my_cluster.json   # a file with the fields of Hardware
 
 Links are primitives.engine.cost.Params (α seconds per message, β seconds per byte as bus
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from planner.probe import probe_now
 from primitives.engine.cost import Params, params as fitted_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,8 +64,6 @@ class Hardware:
     alloc_slack_zero: float = 0.0  # the same for zero_from_scratch's ZeRO-1/2 engine (its flat buffers and chunked
                                    # step free blocks of other sizes); 0: alloc_slack
     mmap_s: float = 0.0          # CPU seconds per byte of a freshly mapped block (mmap, page faults, munmap)
-    pipeline_share: float = 1.0  # a pipeline's pacing rank runs at this fraction of one busy session's share
-                                 # of the cores (its neighbours wait asleep; fitted, planner.steptime.pipeline_stretch)
     calibrated_on: str = ""
     source: str = ""
 
@@ -110,15 +110,41 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
     return _from_dict({**d, "load": load})
 
 
-def load(name: str) -> Hardware:
+def at_speed(hw: Hardware, speed: float) -> Hardware:
+    """hw with every CPU-second rate scaled by `speed`: the FLOPs a CPU second buys now over what
+    the fit measured (planner.probe); work per CPU second (FLOP/s, Adam's parameters/s) × speed,
+    CPU seconds per unit of work ÷ speed. One factor for matmuls and the memory-bound work alike."""
+    if speed == 1.0:
+        return hw
+    return replace(hw, peak_flops=hw.peak_flops * speed, host_adam=hw.host_adam * speed,
+                   **{k: getattr(hw, k) / speed for k in ("op_overhead", "elementwise_s", "logit_s", "call_overhead",
+                                                          "zero3_module_s", "mmap_s")})
+
+
+def cpu_now(ranks_per_node: int = 2, seconds: float = 2.0) -> Hardware:
+    """cpu-here as this machine is now: planner.probe's processes, one per core in a session of
+    their own, measure for `seconds` the cores such a session gets (→ `load`) and the FLOPs a CPU
+    second buys (→ at_speed over the fitted rate). A run predicted with it should start in a
+    session of its own (a terminal of its own), as the probe did."""
+    hw = cpu_here(ranks_per_node)
+    p = probe_now(seconds)
+    speed = p.rate() / (hw.peak_flops * hw.gemm_efficiency)
+    return replace(at_speed(replace(hw, load=p.load(ranks_per_node)), speed), name="cpu-now",
+                   calibrated_on=f"{hw.calibrated_on}; probed now: a session got {p.share():.2f} cores, a CPU "
+                                 f"second {p.rate() / 1e9:.1f} GFLOP of matmul, ×{speed:.2f} the fit's")
+
+
+def load(name: str, ranks_per_node: int = 2) -> Hardware:
     if name in BUILTIN:
         return BUILTIN[name]
     if name == "cpu-here":
         return cpu_here()
+    if name == "cpu-now":
+        return cpu_now(ranks_per_node)
     if os.path.exists(name):
         with open(name) as f:
             return _from_dict(json.load(f))
-    raise ValueError(f"unknown hardware {name!r}: one of {', '.join([*BUILTIN, 'cpu-here'])} or a JSON file")
+    raise ValueError(f"unknown hardware {name!r}: one of {', '.join([*BUILTIN, 'cpu-here', 'cpu-now'])} or a JSON file")
 
 
 def to_dict(hw: Hardware) -> dict:

@@ -87,15 +87,70 @@ def torch_layer_activation_bytes(model, seq: int, lay, recompute: str | None = N
     s, b, h, a, f, t = seq, lay.mb, model.hidden, model.heads, model.f, lay.tp
     if rc == "full":
         return 4 * s * b * h / (t if lay.sp else 1)
+    if model.gated:
+        return llama_layer_activation_bytes(model, seq, lay)
+    if model.family == "distilbert":
+        return distilbert_layer_activation_bytes(model, seq, lay)
     return 4 * s * b * (4 * h + 4 + (4 * h + f + a) / t)
+
+
+def distilbert_layer_activation_bytes(model, seq: int, lay) -> float:
+    """Bytes autograd saves for one Hugging Face DistilBERT TransformerBlock (post-norm, GELU,
+    eager attention, dropout 0, fp32), sharded by tensor_parallel.parallelize over t ranks:
+
+        4·s·b·(4h + 4 + (4h + 2f + a·s)/t)
+
+    Korthikanti et al.'s per-layer terms (arXiv 2205.05198 §4.1) where they apply, in fp32 and
+    without dropout (so none of their masks, and the softmax's output is the one s×s tensor kept
+    for both its own backward and the product with V):
+        outside the parallel region  q/k/v's shared input (s·b·h), out_lin + residual → LayerNorm 1
+                                     input and its mean, rstd (s·b·h + 2·s·b), lin1's input (s·b·h),
+                                     LayerNorm 2's input, mean, rstd (s·b·h + 2·s·b)
+        inside, divided by t         Q and Kᵀ for QKᵀ (2·s·b·h), the softmax output (a·s²·b), V and
+                                     the context, out_lin's input (2·s·b·h), GELU's input and its
+                                     output, lin2's input (2·s·b·f)
+    tests/test_planner.py counts the saved storages at t = 1 and finds exactly this."""
+    s, b, h, a, f, t = seq, lay.mb, model.hidden, model.heads, model.f, lay.tp
+    return 4 * s * b * (4 * h + 4 + (4 * h + 2 * f + a * s) / t)
+
+
+def llama_layer_activation_bytes(model, seq: int, lay) -> float:
+    """Bytes autograd saves for one Hugging Face LlamaDecoderLayer (SDPA attention, causal, fp32;
+    pipeline_parallel/models/llama.py's block), per micro-batch of b sequences of s tokens,
+    d = h/a, kv key-value heads:
+
+        4·(s·b·(8h + 4f + 2·kv·d + a + 2) + 2·s·d)
+
+    op by op (tests/test_planner.py counts it with saved_tensors_hooks):
+        RMSNorm 1          its input, its normalized input before the weight, the weighted output
+                           the q, k, v projections share as input (3·s·b·h), rstd (s·b)
+        rotary             cos and sin, one s × d table each, shared by the batch (2·s·d)
+        attention          SDPA's flash kernel: q (s·b·h), k and v (2·s·b·kv·d), its output, also
+                           o_proj's input as a view (s·b·h), the log-sum-exp (a·s·b)
+        RMSNorm 2          as RMSNorm 1 on x + attention (3·s·b·h + s·b)
+        SwiGLU             gate's output (SiLU's input), up's output, SiLU's output, and their
+                           product, down's input (4·s·b·f)
+    With tensor parallelism the tensors inside the parallel region (q, k, v, the attention
+    output, the log-sum-exp, the four f-wide ones) divide by t (an extrapolation: the local
+    checks run t = 1)."""
+    s, b, h, a, f, t = seq, lay.mb, model.hidden, model.heads, model.f, lay.tp
+    d = h // a
+    return 4 * (s * b * (6 * h + 2 + (2 * h + 4 * f + 2 * model.kv * d + a) / t) + 2 * s * d)
 
 
 def torch_head_bytes(model, seq: int, lay) -> tuple[float, float]:
     """(saved, transient) bytes of the last stage's top in fp32: the final LayerNorm keeps its input,
     mean, rstd, the logits matmul its input (2·s·b·h + 2·s·b), cross-entropy's log-softmax its
-    output (s·b·V) and nll_loss its total weight (one fp32 scalar); in the loss's backward the log-softmax's incoming gradient and its output
-    gradient (2·s·b·V) live beside them: the step's peak for a small model."""
+    output (s·b·V) and nll_loss its total weight (one fp32 scalar) (DistilBERT with
+    tensor_parallel's vocab-parallel loss: the head's input and the local softmax, 4·s·b·(h + V/t));
+    in the loss's backward the log-softmax's incoming gradient and its output
+    gradient (2·s·b·V) live beside them: the step's peak for a small model. A gated (llama) model:
+    RMSNorm's three s·b·h and rstd, and HF's shifted causal loss over b·(s−1) rows."""
     s, b, h, V = seq, lay.mb, model.hidden, model.vocab / lay.tp
+    if model.family == "distilbert":    # the tied head's input and the vocab-parallel softmax (tensor_parallel.cross_entropy)
+        return 4 * s * b * (h + V), 4 * 2 * s * b * V
+    if model.gated:    # llama: RMSNorm keeps 3·s·b·h + s·b; HF's causal loss shifts by one, b·(s−1) rows
+        return 4 * (3 * s * b * h + s * b + b * (s - 1) * V) + 4, 4 * 2 * s * b * V
     return 4 * s * b * (2 * h + 2 + V) + 4, 4 * 2 * s * b * V
 
 
@@ -166,7 +221,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     """memory() for torch's eager fp32 layers (module docstring). Model states from the ZeRO
     ledger (fp32: 4 + 4 + 8 bytes per parameter, sharded by stage). Activations: L/p layers ×
     in-flight micro-batches (1F1B: min(p, m) on the first stage); the embedding keeps only its
-    indices, the last stage its top (torch_head_bytes). Working, what lives beside them at the
+    indices (DistilBERT's also its LayerNorm's input, mean and rstd), the last stage its top
+    (torch_head_bytes). Working, what lives beside them at the
     peak:
       the loss backward's two logit gradients (last stage), or for ZeRO-0 the flat gradient copy
         that is all-reduced after backward when the activations are gone (4Ψ minus the
@@ -195,6 +251,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         per_layer = torch_layer_activation_bytes(model, seq, lay)
         inflight = min(lay.pp, m) if stage == "first" else 1
         acts = model.layers / lay.pp * inflight * per_layer * (1 + (lay.pp - 1) / (lay.pp * lay.v) if lay.v > 1 else 1.0)
+        if model.family == "distilbert" and (stage == "first" or lay.pp == 1):   # the embedding's LayerNorm input, mean, rstd
+            acts += inflight * 4 * seq * lay.mb * (model.hidden + 2)
         transient = 0.0
         if stage == "last" or lay.pp == 1:
             saved, transient = torch_head_bytes(model, seq, lay)

@@ -34,6 +34,9 @@ class Model:
     bias: bool = True              # GPT/BERT biases; llama has none
     tied: bool = True              # output layer shares the input embedding
     positions: int = 0             # learned position embeddings (GPT/BERT); 0 → rotary
+    family: str = ""               # the layer torch runs on a CPU host (planner.memory): "" GPT's pre-norm
+                                   # nn.TransformerEncoderLayer (llama's decoder layer when gated),
+                                   # "distilbert" Hugging Face's post-norm DistilBERT block, eager attention
     source: str = field(default="", compare=False)   # where the shape comes from
 
     def __post_init__(self):

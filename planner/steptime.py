@@ -12,17 +12,19 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              elementwise_s per byte the torch layer saves (planner.memory.torch_layer_activation_bytes),
              and logit_s per logit element; every CPU second is stretched by cpu_stretch when the
              ranks and other runnable tasks outnumber the cores. A pipeline's micro-batches are
-             paced by one rank while its neighbours wait (asleep on a futex, no CPU): that rank
-             runs at pipeline_share of one busy session's share (pipeline_stretch), not at the
-             share of a rank among all busy ranks; the node's cores still bound the ranks' CPU
-             seconds together (the "cores" term). With the engine mapping large blocks (ZeRO-3
+             paced by one rank while its neighbours wait (asleep on a futex, no CPU): the r/p
+             pacing ranks share the session's P cores, each at most one (pipeline_stretch), and
+             all ranks' CPU seconds over P bound the step (the "cores" term), whichever is larger;
+             P = cores·ranks / (ranks + load), the load measured beside the run (planner.probe). With the engine mapping large blocks (ZeRO-3
              here, zero_from_scratch.engine.allocator) every saved activation and its gradient
              is a fresh mapping: mmap_s per byte (the "allocator" term)
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring); full recomputation repeats
              the forward's half. Overlapped (Megatron-Core --tp-comm-overlap) it hides behind the
-             layer's compute: exposed = max(0, comm − compute)
+             layer's compute: exposed = max(0, comm − compute). Beside the layers: the
+             vocab-parallel embedding's all-reduce and the output layer's input (b·s·h each) and
+             the vocab-parallel cross-entropy's three all-reduces of b·s floats
 pp           each stage sends one activation forward and one gradient back per micro-batch and
              chunk, b·s·h/t bytes (the scatter/gather of Narayanan §4.1); blocking sends add to
              every micro-batch, overlapped ones to the fill and drain and where a micro-batch's
@@ -100,6 +102,13 @@ def zero3_reused(psi: float, hw) -> float:
     return min(1.0, ZERO3_MAX_LIVE / psi) if hw.activations == "torch-eager-fp32" and psi else 0.0
 
 
+def session_cores(lay, hw) -> float:
+    """Cores the ranks of a node get on a CPU host: `cores` shared with `load` other runnable
+    tasks, each rank busy at once getting cores / (ranks + load) (what planner.probe measures)."""
+    r = min(lay.gpus, hw.gpus_per_node)
+    return hw.cores * r / (r + hw.load)
+
+
 def cpu_stretch(lay, hw) -> float:
     """Wall seconds per CPU second of a rank's compute: 1 on a GPU; on a CPU host, where the ranks
     of a node and `load` other runnable tasks share `cores`, the scheduler gives each runnable task
@@ -110,17 +119,17 @@ def cpu_stretch(lay, hw) -> float:
 
 
 def pipeline_stretch(lay, hw) -> float:
-    """Wall seconds per CPU second of the rank that paces a pipeline on a CPU host. The ranks'
-    session gets p = cores·r / (r + load) cores (what benchmarks.planner_load's probe measures);
-    all r ranks busy, each runs at p / r (cpu_stretch). A pipeline's pacing rank runs while its
-    neighbours sleep, and is served at hw.pipeline_share·p of a core (fitted by
-    benchmarks.planner_fit on a pipeline of another shape; one per pipeline, however many
-    pipelines run side by side), at most one core."""
+    """Wall seconds per CPU second of the ranks that pace the pipelines on a CPU host. The ranks'
+    session gets P cores (session_cores). A pipeline rank waiting for its neighbour sleeps on a
+    futex and uses no CPU, so the P cores go to the runnable ranks: at least the r/p pacing ranks
+    (one per pipeline on the node), each at most one core: min(1, P·p/r). Other stages running
+    beside them take their share too; that is the `cores` term of step_time (all ranks' CPU
+    seconds over P), which binds instead when it is the larger. Nothing fitted: P from the
+    measured load (planner.probe), r and p from the layout."""
     if not hw.cores or lay.pp == 1:
         return cpu_stretch(lay, hw)
-    r = min(lay.gpus, hw.gpus_per_node)
-    p = hw.cores * r / (r + hw.load)
-    return max(1.0, 1.0 / (hw.pipeline_share * p))
+    pacing = max(1.0, min(lay.gpus, hw.gpus_per_node) / lay.pp)
+    return max(1.0, pacing / session_cores(lay, hw))
 
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
@@ -169,6 +178,9 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         one = group_time(name, t, S, 1, hw)
         tp_mb += count * one * (1.5 if full else 1.0)
     tp_mb *= Ls
+    if t > 1:   # the vocab-parallel embedding's forward all-reduce (first stage), the head's input (f, backward)
+        ends = 2 if p == 1 else 1     # on the pacing (last) stage, and the vocab-parallel loss's 3 of b·s floats
+        tp_mb += ends * group_time("all_reduce", t, S, 1, hw) + 3 * group_time("all_reduce", t, tokens * 4, 1, hw)
     tp_exposed_mb = max(0.0, tp_mb - compute_mb) if sw.overlap_tp else tp_mb
 
     # pipeline p2p: b·s·h/t bytes per send
@@ -231,10 +243,10 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         opt = shard * 36 / hw.mem_bandwidth
     out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc, "tp comm": m * tp_exposed_mb,
            "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt}
-    if hw.cores and p > 1:   # the node's cores bound its ranks' CPU seconds together: r/p pipelines of p stages
+    if hw.cores and p > 1:   # the session's cores bound its ranks' CPU seconds together: r/p pipelines of p stages
         r = min(lay.gpus, hw.gpus_per_node)
         work = r / p * m * (cpu_mb + (p - 1) * other_mb)
-        out["cores"] = max(0.0, work / hw.cores - (m * compute_mb + bubble))
+        out["cores"] = max(0.0, work / session_cores(lay, hw) - (m * compute_mb + bubble))
     out["total"] = sum(out.values())
     out["dp comm (all)"] = dp_t          # before overlap, for the record
     out["tp comm (all)"] = m * tp_mb

@@ -103,6 +103,36 @@ def test_torch_activation_formula_is_what_autograd_saves(h, a, f, s, b):
     assert _saved_float_bytes(head, [*norm.parameters(), *emb.parameters()]) == torch_head_bytes(m, s, lay)[0]
 
 
+@pytest.mark.parametrize("h,a,kv,f,s,b", [(128, 4, 2, 300, 32, 3), (64, 4, 4, 176, 16, 1)])
+def test_llama_activation_formula_is_what_autograd_saves(h, a, kv, f, s, b):
+    """The llama pipeline presets' family, HF's LlamaDecoderLayer at SDPA in fp32,
+    4·(s·b·(8h + 4f + 2·kv·d + a + 2) + 2·s·d) per layer, and its top (RMSNorm, untied head, HF's
+    shifted loss), against the saved tensors autograd keeps (exact)."""
+    from pipeline_parallel.models.llama import llama_layers, llama_loss, llama_model
+    from planner.model import llama
+    net = llama_model("small", hidden_size=h, num_attention_heads=a, num_key_value_heads=kv, intermediate_size=f,
+                      num_hidden_layers=1, vocab_size=50).train()
+    m, lay = llama("t", 1, h, a, f, kv_heads=kv, vocab=50, seq=s), Layout(1, 1, 1, mb=b)
+    _, block, norm, head = llama_layers(net)
+    x = torch.randn(b, s, h, requires_grad=True)
+    assert _saved_float_bytes(lambda: block(x), block.parameters()) == torch_layer_activation_bytes(m, s, lay)
+    tgt = torch.randint(0, 50, (b, s))
+    top = lambda: llama_loss(head(norm(x)), tgt)  # noqa: E731
+    assert _saved_float_bytes(top, [*norm.parameters(), *head.parameters()]) == torch_head_bytes(m, s, lay)[0]
+
+
+def test_distilbert_activation_formula_is_what_autograd_saves():
+    """DistilBERT's eager block (post-norm, GELU, the s×s softmax kept), 4·s·b·(8h + 2f + 4 + a·s)
+    at t = 1, against the saved tensors autograd keeps (exact)."""
+    from benchmarks.planner_ranks import DistilLM, distilbert_planner_model
+    m = distilbert_planner_model("d", 1, 96, 3, 50, 24)
+    net, lay = DistilLM(m).train(), Layout(1, 1, 1, mb=3)
+    assert sum(p.numel() for p in net.parameters()) == m.params()
+    block = net.db.transformer.layer[0]
+    x = torch.randn(3, 24, 96, requires_grad=True)
+    assert _saved_float_bytes(lambda: block(x, attn_mask=None), block.parameters()) == torch_layer_activation_bytes(m, 24, lay)
+
+
 def test_cpu_here_uses_the_torch_family_and_gpus_megatrons():
     m, lay = PRESETS["tiny"], Layout(1, 1, 1, mb=2)
     assert H.load("cpu-here").activations == "torch-eager-fp32" and H.A100.activations == "megatron-16bit"
@@ -274,18 +304,20 @@ def test_zero3_pays_per_module_calls():
     assert zero3_reused(1e6, hw) == 1.0 and zero3_reused(4e9, hw) == 0.25 and zero3_reused(1e6, H.A100) == 0.0
 
 
-def test_a_pipeline_is_paced_by_one_rank_per_pipeline():
-    """cpu-here under load: a pipeline's pacing rank runs at pipeline_share of one session's share
-    (its neighbours wait asleep), so pp 2 is stretched less than two busy data-parallel ranks, and a
-    second pipeline beside it does not slow it; the bubble is the stages without the output layer,
-    and the node's cores still bound all ranks' CPU seconds together."""
+def test_a_pipeline_is_paced_by_its_ranks_on_the_sessions_cores():
+    """cpu-here under load: the ranks' session gets P = cores·r / (r + load) cores; a pipeline's
+    waiting ranks sleep, so its pacing ranks (one per pipeline) share P, each at most one core,
+    and all ranks' CPU seconds over P bound the step (the cores term); the bubble is the stages
+    without the output layer. Nothing fitted enters."""
     from dataclasses import replace
-    from planner.steptime import cpu_stretch, pipeline_stretch
-    hw, m = replace(H.load("cpu-here"), cores=2, pipeline_share=1.0), PRESETS["tiny"]
+    from planner.steptime import cpu_stretch, pipeline_stretch, session_cores
+    hw, m = replace(H.load("cpu-here"), cores=2), PRESETS["tiny"]
     busy = replace(hw, load=6.0)                 # the ranks' session gets 2·2/8 = 0.5 cores
+    assert session_cores(Layout(1, 1, 2), busy) == pytest.approx(0.5)
     assert cpu_stretch(Layout(2, 1, 1), busy) == 4.0
-    assert pipeline_stretch(Layout(1, 1, 2), busy) == pytest.approx(2.0)
-    assert pipeline_stretch(Layout(2, 1, 2), replace(hw, load=12.0)) == pytest.approx(2.0)
+    assert pipeline_stretch(Layout(1, 1, 2), busy) == pytest.approx(2.0)               # one pacing rank on 0.5 cores
+    assert pipeline_stretch(Layout(2, 1, 2), replace(hw, load=12.0)) == pytest.approx(4.0)   # two pipelines on 0.5
+    assert pipeline_stretch(Layout(2, 1, 2), hw) == 1.0           # idle: two pacing ranks, two cores
     assert pipeline_stretch(Layout(1, 1, 2), hw) == 1.0           # never faster than a core
     sw = Software(False, False, False, flash_attention=False, balanced_stages=False)
     t = step_time(m, 32, Layout(1, 1, 2, mb=1), 8, busy, sw)
@@ -294,6 +326,18 @@ def test_a_pipeline_is_paced_by_one_rank_per_pipeline():
     assert even["bubble"] == pytest.approx((even["matmul"] + even["elementwise"] + even["pp comm"]) / 8)   # (p−1)/m of the busy time
     four = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1), sw)
     assert four["cores"] > 0                                      # 4 ranks' CPU seconds on one core
+
+
+def test_probed_speed_scales_every_cpu_second():
+    """cpu-now: a CPU second that buys half the fitted FLOPs doubles every CPU-second term."""
+    from dataclasses import replace
+    hw, m = replace(H.load("cpu-here"), cores=2), PRESETS["tiny"]
+    sw = Software(False, False, False)
+    lay = Layout(2, 1, 1, zero=3, mb=2)
+    a, b = step_time(m, 32, lay, 4, hw, sw), step_time(m, 32, lay, 4, H.at_speed(hw, 0.5), sw)
+    for k in ("matmul", "elementwise", "allocator", "optimizer"):
+        assert b[k] == pytest.approx(2 * a[k]), k
+    assert H.at_speed(hw, 1.0) is hw
 
 
 def test_mapped_blocks_keep_no_slack_and_cost_faults():
