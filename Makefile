@@ -24,7 +24,7 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" deepspeed --num_gpus 2 classification/train.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # the slow parity sweeps and long multi-process runs the default suite leaves out
 test-slow: $(STAMP)

@@ -16,6 +16,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
 
 
+# `make test` runs the suite on two pytest-xdist workers: half of a serial run's wall time is ranks
+# waiting on each other. Tests that build network namespaces share one worker (`--dist loadgroup`).
+SERIAL_FILES = {"test_multinode.py", "test_multinode_collectives.py", "test_multinode_launch.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SERIAL_FILES or "11_multi_node" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("netns"))
+
+
 @pytest.fixture
 def spawn():
     return functools.partial(_spawn, timeout=180.0)

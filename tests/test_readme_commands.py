@@ -84,9 +84,9 @@ def test_first_block_is_make_demo_and_make_test():
 
 
 def test_make_test_runs_the_suite():
-    assert makefile_recipe("test") == ["$(PY) -m pytest -q"]
+    assert makefile_recipe("test") == ["$(PY) -m pytest -q -n 2 --dist loadgroup"]
     with open(README) as f:
-        assert "`make test` runs `python -m pytest -q`" in " ".join(f.read().split())
+        assert "`make test` runs `python -m pytest -q -n 2 --dist loadgroup`" in " ".join(f.read().split())
 
 
 def test_every_make_target_named_exists():
