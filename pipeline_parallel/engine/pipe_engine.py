@@ -232,6 +232,18 @@ class PipelineEngine:
     def loss_scale(self) -> float:
         return self.scaler.cur_scale if self.scaler is not None else 1.0
 
+    # DeepSpeed's engine queries (the step report's monitors read them)
+    loss_scaler = property(lambda self: self.scaler)
+
+    def get_lr(self) -> list:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def fp16_enabled(self) -> bool:
+        return self.scaler is not None
+
+    def get_global_grad_norm(self):
+        return self.global_grad_norm
+
     def step_status(self, norm_sq: float):
         """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's
         outcome; on failure every rank gathers the messages and raises the same PipelineError."""

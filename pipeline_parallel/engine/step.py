@@ -55,6 +55,11 @@ from zero_from_scratch.engine.mpu import counts_on
 from zero_from_scratch.engine.precision import DynamicLossScaler, StaticLossScaler, model_dtype
 
 
+def _coef(clip: float, norm: float) -> float:
+    """clip_grad_norm_'s factor: clip / (norm + 1e-6), capped at 1 (1 without clipping)."""
+    return min(clip / (norm + 1e-6), 1.0) if clip > 0 else 1.0
+
+
 def take_step(e) -> bool:
     """One optimizer step on engine `e`; False when it was skipped (fp16/bf16 overflow)."""
     ok = not e.failed_locally() and (e.clip_norm == "global" or e.stage == 0)
@@ -70,33 +75,23 @@ def take_step(e) -> bool:
         else:
             norm_sq = sum(float(g.double().pow(2).sum()) for g in mine)
     e.step_status(norm_sq)
-    scale = e.scaler.cur_scale if e.scaler is not None else 1.0
+    scale = e.loss_scale
     e.global_grad_norm /= scale
-    clip = e.cfg.run.gradient_clipping
-    if e.zero1 is not None:
-        applied = e.mixed is None or math.isfinite(e.global_grad_norm)
-        coef = clip / (e.global_grad_norm + 1e-6) if clip > 0 and applied else 1.0
-        if applied:
-            e.zero1.step(min(coef, 1.0) / scale)
-        else:
-            e.zero1.skip()
-    elif e.mixed is not None:
-        applied = e.mixed.step(e.optimizer, clip, e.global_grad_norm, scale)
+    clip, norm = e.cfg.run.gradient_clipping, e.global_grad_norm
+    applied = e.mixed is None or math.isfinite(norm)
+    owner = e.zero1 if e.zero1 is not None else e.mixed     # the fp32 copy: ZeRO-1's shard, or the masters
+    if owner is not None and not applied:
+        owner.skip()
+    elif owner is not None:
+        owner.step(_coef(clip, norm), scale)
     else:
-        if clip > 0 and e.clip_norm == "stage0":
-            coef = _deepspeed_fp32_coef(e, clip)
+        coef = _deepspeed_fp32_coef(e, clip) if clip > 0 and e.clip_norm == "stage0" else _coef(clip, norm)
+        if torch.is_tensor(coef) or coef < 1:
             for p in e.params:
                 if p.grad is not None:
                     p.grad.mul_(coef)
-        elif clip > 0:
-            coef = clip / (e.global_grad_norm + 1e-6)
-            if coef < 1:
-                for p in e.params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
         e.optimizer.step()
         e.optimizer.zero_grad(set_to_none=True)
-        applied = True
     if e.scaler is not None:
         e.scaler.update_scale(not applied)
     if not applied:
@@ -149,17 +144,17 @@ class MixedPrecision:
             return None
         return [self.master_of.get(id(p), p) for p in model_parameters]
 
-    def step(self, optimizer, clip: float, norm: float, scale: float) -> bool:
-        """Unscale (and clip) into the masters, step, copy back. False: overflow, the step is skipped."""
-        if not math.isfinite(norm):
-            for p in self.params:
-                p.grad = None
-            return False
+    def skip(self) -> None:
+        """An overflowing step: drop the gradients."""
+        for p in self.params:
+            p.grad = None
+
+    def step(self, coef: float, scale: float) -> None:
+        """Unscale (and clip: coef < 1) into the masters, step, copy back."""
+        optimizer = self.e.optimizer
         inv = 1.0 / scale
-        if clip > 0:
-            coef = clip / (norm + 1e-6)
-            if coef < 1:
-                inv *= coef
+        if coef < 1:
+            inv *= coef
         for p, m in zip(self.params, self.master):
             m.grad = p.grad.float().mul_(inv) if p.grad is not None else None
             p.grad = None
@@ -168,31 +163,6 @@ class MixedPrecision:
         with torch.no_grad():
             for p, m in zip(self.params, self.master):
                 p.copy_(m)
-        return True
-
-
-class _View:
-    """The engine as Monitors.write_step reads it."""
-
-    def __init__(self, engine):
-        self.e = engine
-
-    @property
-    def global_steps(self):
-        return self.e.global_steps
-
-    def get_lr(self):
-        return [g["lr"] for g in self.e.optimizer.param_groups]
-
-    def fp16_enabled(self):
-        return self.e.scaler is not None
-
-    @property
-    def loss_scaler(self):          # read under fp16 only, where the engine has one
-        return self.e.scaler
-
-    def get_global_grad_norm(self):
-        return self.e.global_grad_norm
 
 
 class StepReport:
@@ -201,7 +171,7 @@ class StepReport:
         mons = engine.cfg.run.monitor
         on = any(c.enabled for c in mons.values())
         self.monitors = Monitors(mons, Comm("primitives"), engine.cfg.run.train_batch_size) if on else None
-        self.t0, self.view = time.perf_counter(), _View(engine)
+        self.t0 = time.perf_counter()
 
     def after_step(self, engine, loss: float) -> None:
         now, dt = time.perf_counter(), time.perf_counter() - self.t0
@@ -210,4 +180,4 @@ class StepReport:
             tput = engine.cfg.run.train_batch_size / dt if dt > 0 else float("inf")
             print0(f"steps: {engine.global_steps} loss: {loss:0.4f} iter time (s): {dt:0.3f} samples/sec: {tput:0.3f}")
         if self.monitors is not None:
-            self.monitors.write_step(self.view, loss)
+            self.monitors.write_step(engine, loss)   # reads DeepSpeed's engine queries (pipe_engine.py)

@@ -31,7 +31,7 @@ class Zero1:
     def __init__(self, engine, offload: bool):
         e = self.e = engine
         self.params, self.dp, self.r = engine.params, engine.dp, engine.dp_rank
-        n = sum(p.numel() for p in self.params)
+        self.n = n = sum(p.numel() for p in self.params)
         self.padded = -(-n // self.dp) * self.dp
         self.shard = self.padded // self.dp
         self.lo, self.hi = self.r * self.shard, (self.r + 1) * self.shard
@@ -47,12 +47,8 @@ class Zero1:
         self.counted = self._flat(counted, torch.float64)[self.lo:self.hi]   # 1: enters the norm here
 
     def _flat(self, tensors, dtype) -> torch.Tensor:
-        out = torch.zeros(self.padded, dtype=dtype, device=self.stage_device)
-        o = 0
-        for t in tensors:
-            out[o:o + t.numel()].copy_(t.reshape(-1))
-            o += t.numel()
-        return out
+        pad = torch.zeros(self.padded - self.n, dtype=dtype, device=self.stage_device)
+        return torch.cat([t.reshape(-1).to(device=self.stage_device, dtype=dtype) for t in tensors] + [pad])
 
     def reduce_grads(self) -> None:
         """Reduce-scatter the stage's gradients over dp: keep the averaged owned slice, drop the rest."""
@@ -73,10 +69,10 @@ class Zero1:
             return 0.0
         return float((self.grad.double().pow(2) * self.counted).sum())
 
-    def step(self, inv: float) -> None:
-        """Update this replica's shard from its gradient slice × inv, then all-gather the shards
-        (in the parameters' dtype) into every parameter."""
-        self.master.grad = self.grad.float().to(self.device).mul_(inv)
+    def step(self, coef: float, scale: float) -> None:
+        """Update this replica's shard from its gradient slice × coef / scale, then all-gather the
+        shards (in the parameters' dtype) into every parameter."""
+        self.master.grad = self.grad.float().to(self.device).mul_(coef / scale)
         self.grad = None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -86,11 +82,9 @@ class Zero1:
             self.e.dp_comm.all_gather_single(full, mine)
         else:
             full.copy_(mine)
-        o = 0
         with torch.no_grad():
-            for p in self.params:
-                p.copy_(full[o:o + p.numel()].view_as(p))
-                o += p.numel()
+            for p, part in zip(self.params, full[:self.n].split([p.numel() for p in self.params])):
+                p.copy_(part.view_as(p))
 
     def skip(self) -> None:
         """An overflowing step: drop the gradient slice."""
