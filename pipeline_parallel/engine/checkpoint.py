@@ -26,7 +26,7 @@ import torch.distributed as dist
 from pipeline_parallel.engine.layers import Tied
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_ds import DS_KEYS, DS_VERSION   # the release whose layout this is, its keys
-from zero_from_scratch.engine.checkpoint_read import tag_folder
+from zero_from_scratch.engine.checkpoint_read import no_latest, tag_folder
 
 
 def mp_rank(engine) -> int:
@@ -97,8 +97,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):
     """(path, client_state) like DeepSpeed's; (None, None) when there is no checkpoint to load."""
-    if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):
-        return None, None              # DeepSpeed warns and returns the same
+    if no_latest(load_dir, tag):
+        return None, None
     d = tag_folder(load_dir, tag)
     for i, m in saved_layers(engine):
         if not os.path.isfile(layer_path(d, i)):

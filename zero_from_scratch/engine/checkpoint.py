@@ -50,7 +50,7 @@ import torch
 
 from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
 from zero_from_scratch.engine.checkpoint_read import (FORMAT, CheckpointError, _manifest_file, _shard_file, apply_full,
-                                                      read_manifest, read_shards, unshard)
+                                                      no_latest, read_manifest, read_shards, unshard)
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine import checkpoint_ds
 import random
@@ -257,11 +257,7 @@ def _check_model(engine, man: dict) -> None:
 
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
-    if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):   # DeepSpeed: warn, load nothing
-        warnings.warn(f"Unable to find latest file at {os.path.join(load_dir, 'latest')}, if trying to load latest "
-                      "checkpoint please ensure this file exists or pass an explicit checkpoint tag when loading a "
-                      "checkpoint. Nothing was loaded: load_checkpoint returns (None, None), as DeepSpeed's does",
-                      stacklevel=3)
+    if no_latest(load_dir, tag):
         return None, None
     if checkpoint_ds.is_deepspeed(load_dir, tag):     # DeepSpeed's own layout (checkpoint_ds.py)
         return checkpoint_ds.load(engine, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)

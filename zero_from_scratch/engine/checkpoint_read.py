@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import torch
 
@@ -55,6 +56,18 @@ def tag_folder(load_dir: str, tag=None) -> str:
             raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
         tag = open(latest).read().strip()
     return os.path.join(load_dir, str(tag))
+
+
+def no_latest(load_dir: str, tag) -> bool:
+    """True (and DeepSpeed's warning) when tag is None and load_dir has no `latest`: load_checkpoint then
+    loads nothing and returns (None, None), as DeepSpeed's does."""
+    if tag is not None or os.path.isfile(os.path.join(load_dir, "latest")):
+        return False
+    warnings.warn(f"Unable to find latest file at {os.path.join(load_dir, 'latest')}, if trying to load latest "
+                  "checkpoint please ensure this file exists or pass an explicit checkpoint tag when loading a "
+                  "checkpoint. Nothing was loaded: load_checkpoint returns (None, None), as DeepSpeed's does",
+                  stacklevel=4)
+    return True
 
 
 def read_manifest(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> tuple[str, dict]:
