@@ -2,19 +2,16 @@
 
     (used by pipeline_parallel/engine/module.py; LayerSpec / TiedLayerSpec are DeepSpeed's names)
 
-LayerSpec(typename, *args, **kwargs) describes a layer built only on the stage that owns it;
-TiedLayerSpec(key, …) shares one module between every position with the same key. StageChunk
-holds layers start … stop−1 of one (virtual) stage and runs them, optionally in groups of k
-under activation checkpointing (DeepSpeed's rule: a group is checkpointed when one of its
-layers has parameters, or, given checkpointable_layers, when all its layers' classes are listed).
-TiedWeights keeps the copies of a tied module on different stages equal: at start-up the first
-holder sends its weights to the others (DeepSpeed broadcasts from the first holder too); after every
-backward each holder exchanges the gradient of the tied attributes (tied_weight_attr, default
-"weight") with every other holder and sums them in stage order — the same sum, bit for bit, on every
-holder. Point-to-point on the pipeline group's Communicator, each holder's sends and receives posted
-as one group (exchange): no extra process group, no per-peer order for nccl to deadlock on. For the
-gradient norm, copies after the first holder are skipped (`is_replica`), as DeepSpeed's
-ds_pipe_replicated does.
+LayerSpec(typename, *args, **kwargs): a layer built only on the stage that owns it; TiedLayerSpec(key,
+…): one module shared by every position with that key. StageChunk runs layers start … stop−1 of one
+(virtual) stage, optionally in groups of k under activation checkpointing (DeepSpeed's rule: a group
+is checkpointed when a layer has parameters, or, with checkpointable_layers, when all its classes are
+listed). TiedWeights keeps a tied module's copies on different stages equal: the first holder sends
+its weights at start-up (as DeepSpeed's broadcast); after every backward the holders exchange the
+tied attributes' gradients (tied_weight_attr, default "weight") as one group on the pipeline
+Communicator (exchange: no extra process group, no per-peer order for nccl to deadlock on) and sum
+them in stage order, bit for bit equal on every holder; copies after the first holder are skipped by
+the norm (`is_replica`, DeepSpeed's ds_pipe_replicated).
 Cost: building is local; a checkpointed group keeps only its input and recomputes in backward; per
 step per tied holder (k − 1)·Ψ_tied elements sent, k holders.
 """

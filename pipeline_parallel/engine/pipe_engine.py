@@ -7,24 +7,18 @@
     loss = engine.train_batch(data_iter)      # one optimizer step over m micro-batches, mean loss on every rank
     loss = engine.eval_batch(data_iter)       # forward only
 
-World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTopology), or
-pp × dp × tp with a caller-built mesh (initialize(mesh=...): classification/parallel/train.py --pp). Each data
-replica reads its own iterator; its first and last stage both pull m micro-batches (inputs,
-labels) per step — first uses the inputs, last the labels — as DeepSpeed's engine does.
-Every tensor of a step lives on the stage's device (stage_device: cuda:LOCAL_RANK under nccl, where
-initialize moves the stage as DeepSpeed's does; else where its parameters are): micro-batches,
-boundary buffers, the loss, the status all-reduce, ZeRO-1's buffers (its shard on the host if offloaded).
+World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTopology), or pp × dp × tp
+with a caller-built mesh (classification/parallel/train.py --pp). Each data replica reads its own
+iterator; its first and last stage both pull m micro-batches (inputs, labels) per step, as DeepSpeed's.
+Every tensor of a step lives on the stage's device (stage_device: cuda:LOCAL_RANK under nccl).
 
 One step, per rank (p stages, m micro-batches, Ψ_s = this stage's parameters, A = activation bytes):
-  schedule        the textbook schedule (pipeline_parallel/schedules/) run by the textbook executor
-                  (pipeline_parallel/executor.py) inside engine/draining.py's guards:
-                  2·m·A bytes sent per inner boundary side
+  schedule        the textbook schedule run by the textbook executor inside engine/draining.py's
+                  guards: 2·m·A bytes sent per inner boundary side
   reduce_tied     tied weights: each holder sends its gradient to the other holders (k−1)·Ψ_tied
-  reduce_grads    one coalesced all-reduce of the stage's gradients over dp (primitives/coalesced.py,
-                  ring: 2(dp−1)/dp·Ψ_s elements), then ÷ dp; under ZeRO-1 a reduce-scatter instead,
-                  (dp−1)/dp·Ψ_s, and the step all-gathers the updated shards, (dp−1)/dp·Ψ_s (engine/zero1.py)
-  step            one 24-byte all-reduce over the world (errors, loss, gradient norm²: control
-                  traffic), clip by the global norm, torch AdamW, lr scheduler
+  reduce_grads    one coalesced all-reduce of the stage's gradients over dp (2(dp−1)/dp·Ψ_s), ÷ dp;
+                  under ZeRO-1 a reduce-scatter, and the step all-gathers the shards (engine/zero1.py)
+  step            one 24-byte all-reduce over the world (errors, loss, norm²), clip, optimizer, scheduler
   (tp > 1: the layers' own collectives inside fwd / bwd, over mesh.tp_group)
 After each train_batch, engine.step_bytes = data bytes this rank sent, by axis: {"tp": fwd + bwd,
 "pp": the boundary sends + tied reductions, "dp": reduce_grads} (the ledger, per instruction).

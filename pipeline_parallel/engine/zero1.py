@@ -4,20 +4,15 @@ state of 1/dp of its stage's parameters, optionally in host memory ("offload_opt
     "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}
     python -m pytest -q tests/test_pipeline_zero1.py
 
-The stage's trainable parameters are flattened (in parameters() order) and padded to a multiple of
-dp; replica r owns elements [r·S, (r+1)·S), S = padded / dp (zero_from_scratch/sharding.py's rule,
-one unit). Per step, as DeepSpeed's stage 1 (runtime/zero/stage_1_and_2.py: each gradient slice
-reduced to its owner, then all_gather_dp_groups of the updated 16-bit partitions):
-  reduce_grads  one reduce-scatter of the flat gradients over dp in their own dtype (sum, then ÷ dp):
-                replica r ends with the averaged slice it owns, the full gradients are dropped;
-  step          the global norm from the owned slices (each element counted once over dp, pp, tp),
-                unscale and clip into the fp32 shard, the optimizer's update, and one all-gather
-                over dp of the updated shard cast to the parameters' dtype.
-Traffic per rank and step: (dp−1)/dp·Ψ_pad·(g + w) bytes, g / w = bytes per gradient / parameter
-element (fp32: 8, bf16: 4) — what DDP's all-reduce moves, DeepSpeed's formula. Bytes held:
-optimizer state K·Ψ_s/dp + 4Ψ_s/dp master + a gradient shard Ψ_s/dp. With offload the shard, its
-gradient and the optimizer live on the CPU and every collective buffer on the stage's device;
-the result equals the run without offload (the same arithmetic on the same device type).
+The stage's trainable parameters, flattened and padded to a multiple of dp: replica r owns
+[r·S, (r+1)·S), S = padded / dp (sharding.py's rule, one unit). Per step, as DeepSpeed's stage 1:
+reduce_grads reduce-scatters the flat gradients over dp in their dtype (then ÷ dp); step takes the
+norm from the owned slices (each element counted once over dp, pp, tp), unscales and clips into the
+fp32 shard, steps, and all-gathers the updated shards cast to the parameters' dtype.
+Traffic per rank and step: (dp−1)/dp·Ψ_pad·(g + w) bytes (g / w = bytes per gradient / parameter
+element), what DDP's all-reduce moves. Held: K·Ψ_s/dp optimizer state + 4Ψ_s/dp master + a gradient
+shard. With offload the shard, its gradient and the optimizer live on the CPU, every collective
+buffer on the stage's device; the result equals the run without offload.
 """
 from __future__ import annotations
 
