@@ -13,6 +13,7 @@ different tags. Cost: every shard file is read once (O(Ψ) memory).
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 
@@ -123,10 +124,7 @@ def unshard(man: dict, shards: list[dict]) -> dict:
                 continue
             buf = torch.cat([sh["local"][g][key][off:off + s] for sh in shards])
             for name, shape, o in u["slots"]:
-                n = 1
-                for dim in shape:
-                    n *= dim
-                full.setdefault(name, {})[key] = buf[o:o + n].view(shape)
+                full.setdefault(name, {})[key] = buf[o:o + math.prod(shape)].view(shape)
     return full
 
 
@@ -158,8 +156,7 @@ def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: boo
         for s in u.slots:
             src = full[s.name]
             master = src.get("master")
-            bufs["param"][s.offset:s.offset + s.numel].copy_((src["param"] if master is None or not engine.mixed
-                                                              else src["param"]).reshape(-1))
+            bufs["param"][s.offset:s.offset + s.numel].copy_(src["param"].reshape(-1))
             if engine.mixed:
                 m = master if master is not None else src["param"].float()
                 bufs["master"][s.offset:s.offset + s.numel].copy_(m.reshape(-1))
