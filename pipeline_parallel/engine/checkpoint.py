@@ -48,7 +48,8 @@ def saved_layers(engine):
 
 
 def layer_path(d, i):
-    return os.path.join(d, f"layer_{i:02d}-model_states.pt")
+    """Layer i's file in folder d (i = "*": the glob of every layer file)."""
+    return os.path.join(d, f"layer_{i:02d}-model_states.pt" if isinstance(i, int) else f"layer_{i}-model_states.pt")
 
 
 def optimizer_state(engine) -> dict:
