@@ -4,16 +4,14 @@
     path, client_state = engine.load_checkpoint("ckpt")     # tag from ckpt/latest
 
     ckpt/latest                                   the tag, written by global rank 0 last
-    ckpt/global_stepN/layer_XX-model_states.pt    layer XX's state_dict (global index), written by
-                                                  data replica 0 of the stage that holds it; a tied
-                                                  position is saved where it calls the module itself
-                                                  (no forward_fn), as DeepSpeed's forward_funcs
-    ckpt/global_stepN/mp_rank_SS_model_states.pt  per model-parallel rank (stage·tp + tp rank), replica 0:
-                                                  module None, optimizer, lr_scheduler, global_steps,
-                                                  skipped_steps, global_samples, loss scaler, client state
+    ckpt/global_stepN/layer_XX-model_states.pt    layer XX's state_dict, written by data replica 0 of
+                                                  its stage (a tied layer where it calls the module
+                                                  itself, as DeepSpeed's forward_funcs)
+    ckpt/global_stepN/mp_rank_SS_model_states.pt  per model-parallel rank (stage·tp + tp rank): optimizer,
+                                                  lr_scheduler, counters, loss scaler, client state
 ZeRO-1 adds zero_pp_rank_D_mp_rank_SS_optim_states.pt per replica (engine/zero1.py writes it).
-Loading restores weights, optimizer, scheduler and counters: training resumes bit for bit;
-load_module_only=True also reads a directory of layer files alone (convert.py's hf_to_pp output).
+Loading restores weights, optimizer, scheduler and counters (a bit-exact resume); load_module_only=True
+also reads a folder of layer files alone (convert.py's hf_to_pp output).
 Cost: each stage's parameters + optimizer state written once (by replica 0), read by every replica.
 """
 from __future__ import annotations
