@@ -17,6 +17,8 @@ step per tied holder (k − 1)·Ψ_tied elements sent, k holders.
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
@@ -149,19 +151,10 @@ class TiedWeights:
         for spec in engine.module.layers:
             if isinstance(spec, TiedLayerSpec):
                 attrs.setdefault(spec.key, spec.tied_weight_attr)
-        local = {}
-        for ch in engine.chunks:
-            for k, m in ch.tied.items():
-                local[k] = m
-        # key -> (holders, [parameters of the tied attributes on this rank])
-        self.groups = []
-        for key in sorted(owners, key=str):
-            holders = owners[key]
-            if len(holders) < 2 or engine.stage not in holders:
-                continue
-            mod = local[str(key)]
-            params = [_getattr(mod, a) for a in attrs[key]]
-            self.groups.append((key, holders, params))
+        local = {k: m for ch in engine.chunks for k, m in ch.tied.items()}
+        # (key, holders, [this rank's parameters of the tied attributes, dotted names too])
+        self.groups = [(key, owners[key], [attrgetter(a)(local[str(key)]) for a in attrs[key]])
+                       for key in sorted(owners, key=str) if len(owners[key]) > 1 and engine.stage in owners[key]]
         self._replicas = {id(p) for key, holders, params in self.groups if engine.stage != holders[0]
                           for p in local[str(key)].parameters()}
 
@@ -199,9 +192,3 @@ class TiedWeights:
                 for h in holders[1:]:
                     total += got[h]
                 p.grad = total
-
-
-def _getattr(module, dotted: str):
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
