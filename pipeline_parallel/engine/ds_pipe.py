@@ -116,16 +116,3 @@ def _deepspeed_pipeline_keys(model, config: dict) -> None:
                                       "set it false (ringzero sends them whole)")
     if "pipeline" in config and not pipe:
         del config["pipeline"]
-
-
-def _reentrant_activation_checkpointing(engine) -> bool:
-    """DeepSpeed's engine query (must stage 0's inputs require grad?): only under a client's own checkpoint
-    function; ringzero's layer checkpointing and non_reentrant_checkpoint are torch's non-reentrant one."""
-    func = engine.module.activation_checkpoint_func
-    return engine.module.activation_checkpoint_interval > 0 and func not in (None, non_reentrant_checkpoint)
-
-
-PipelineEngine._reentrant_activation_checkpointing = _reentrant_activation_checkpointing   # DeepSpeed's surface
-PipelineEngine.config = property(lambda engine: engine.cfg.raw,   # DeepSpeed's engine.config: the config given
-                                 doc="the config as given to initialize (DeepSpeed's engine.config)")
-

@@ -182,13 +182,9 @@ class PipelineModule(nn.Module):
                                "so this rank's stage is unknown (DeepSpeed's PipelineModule needs it at construction "
                                "too); call deepspeed.init_distributed() / torch.distributed.init_process_group first")
         rank, world = dist.get_rank(), dist.get_world_size()
-        topo = self._topo
-        if topo is None:
-            if world % self.num_stages:
-                raise RuntimeError(f"rank {rank}: num_stages ({self.num_stages}) must divide distributed world size "
-                                   f"({world})")
-            topo = PipeDataParallelTopology(self.num_stages, world // self.num_stages)
-        return topo.get_coord(rank).pipe
+        if self._topo is None and world % self.num_stages:
+            raise RuntimeError(f"rank {rank}: num_stages ({self.num_stages}) must divide distributed world size ({world})")
+        return self.topology().get_coord(rank).pipe
 
     def _ensure_built(self):
         if self._built is None:

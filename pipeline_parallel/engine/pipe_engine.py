@@ -42,6 +42,7 @@ from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather_object, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
 from primitives.mesh import Mesh
+from zero_from_scratch.engine.activation_checkpointing import checkpoint as non_reentrant_checkpoint
 from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.lr_schedules import build_scheduler
 
@@ -237,6 +238,14 @@ class PipelineEngine:
 
     def get_global_grad_norm(self):
         return self.global_grad_norm
+
+    config = property(lambda self: self.cfg.raw, doc="the config as given to initialize")
+
+    def _reentrant_activation_checkpointing(self) -> bool:
+        """Must stage 0's inputs require grad? Only under a client's own checkpoint function; ringzero's
+        layer checkpointing and non_reentrant_checkpoint are torch's non-reentrant one."""
+        func = self.module.activation_checkpoint_func
+        return self.module.activation_checkpoint_interval > 0 and func not in (None, non_reentrant_checkpoint)
 
     def step_status(self, norm_sq: float):
         """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's

@@ -2,14 +2,12 @@
 
     python -c "from pipeline_parallel.engine.topology import PipeDataParallelTopology as T; print(T(2, 2).get_coord(1))"
 
-ProcessTopology(axes, dims): the last axis varies fastest, so axes=["pipe", "data"] puts the data
-replicas of one stage on adjacent ranks (DeepSpeed's PipeDataParallelTopology);
-PipeModelDataParallelTopology is axes ["pipe", "data", "model"], dims [pp, dp, mp] — the layout of
-primitives.mesh (global rank = (pp·dp + dp)·tp + tp), which the engine builds from it.
-PipelineParallelGrid(topology) is DeepSpeed's process grid over one: this rank's stage and data index
-and one torch.distributed group per axis list (its pipe / data / model groups), built on every rank.
-Same method names and return values as deepspeed.runtime.pipe.topology. Cost: a dict of world entries;
-the grid creates one group per axis list, on every rank (new_group is collective).
+ProcessTopology(axes, dims): the last axis varies fastest, so ["pipe", "data"] puts one stage's data
+replicas on adjacent ranks (PipeDataParallelTopology); PipeModelDataParallelTopology is ["pipe",
+"data", "model"], [pp, dp, mp] — primitives.mesh's layout, which the engine builds from it.
+PipelineParallelGrid: DeepSpeed's process grid over a topology (this rank's coordinates, one group
+per axis list). Same names and values as deepspeed.runtime.pipe.topology. Cost: a dict of world
+entries; the grid creates every group on every rank (new_group is collective).
 """
 from __future__ import annotations
 
