@@ -71,6 +71,7 @@ def load_optimizer_state(engine, sd: dict) -> None:
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True):
+    """DeepSpeed's pipeline layout; every rank calls it (PipelineEngine.save_checkpoint)."""
     tag = str(tag if tag is not None else f"global_step{engine.global_steps}")
     d = os.path.join(save_dir, tag)
     os.makedirs(d, exist_ok=True)

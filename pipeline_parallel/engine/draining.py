@@ -175,7 +175,7 @@ class DrainingExecutor(Executor):
     # ---- once per step: the engine's collectives, after the sends are done
     def reduce_tied(self, op):
         super().reduce_tied(op)
-        self.e.reduce_tied()
+        self.e.tied.reduce_grads()
 
     def reduce_grads(self, op):
         super().reduce_grads(op)

@@ -192,18 +192,9 @@ class PipelineEngine:
             inputs[mb], labels[mb] = (t.to(self.device) if torch.is_tensor(t) else t for t in item)
         return inputs, labels
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
-        """DeepSpeed's pipeline layout (engine/checkpoint.py); every rank calls it."""
-        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
-
-    def load_checkpoint(self, load_dir, tag=None, **kwargs):
-        """(path, client_state); weights, optimizer, scheduler, counters restored (engine/checkpoint.py)."""
-        return load_checkpoint(self, load_dir, tag, **kwargs)
+    save_checkpoint, load_checkpoint = save_checkpoint, load_checkpoint    # DeepSpeed's pipeline layout (engine/checkpoint.py)
 
     # ------------------------------------------------------------------ end-of-step ops (called by the executor)
-    def reduce_tied(self):
-        self.tied.reduce_grads()
-
     def reduce_grads(self):
         """Average the stage's gradients over the data-parallel replicas: one coalesced all-reduce
         (sum; a parameter without a gradient contributes zeros), then ÷ dp."""
