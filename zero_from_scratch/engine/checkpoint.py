@@ -176,11 +176,9 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
     local = [{"param": params[g], "master": engine.master[g] if engine.mixed else None,
               **{k: s[k] for k in engine.optimizer.STATE}} for g, s in enumerate(engine.optimizer.state)]
     sharded = set(engine.params_by_name)
-    aliases = {}
-    for n, p in engine.module.named_parameters(remove_duplicate=False):
-        canon = next((k for k, q in engine.params_by_name.items() if q is p), None)
-        if canon is not None and canon != n:
-            aliases[n] = canon
+    canon = {id(q): k for k, q in engine.params_by_name.items()}      # shared parameters: every other name
+    aliases = {n: canon[id(p)] for n, p in engine.module.named_parameters(remove_duplicate=False)
+               if canon.get(id(p), n) != n}
     extras = {k: v.clone() for k, v in engine.module.state_dict().items() if k not in sharded and k not in aliases}
     blob = {"format": FORMAT, "save_id": sid, "rank": c.rank, "local": local, "rng": engine.rng_state(),
             "extras": extras if c.rank == 0 else None}
