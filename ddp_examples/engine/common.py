@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from rich.table import Table
+from rich.table import Column, Table
 
 import primitives as P
 from primitives.engine.cost import ring_fraction
@@ -166,9 +166,7 @@ def max_diff(a: list, b: list) -> float:
 # ----------------------------------------------------------------------------- the table and main()
 
 def summary_table(title: str, rows: list[tuple[str, str]]):
-    t = Table(title=title)
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
+    t = Table("quantity", Column("value", justify="right"), title=title)
     for k, v in rows:
         t.add_row(k, v)
     return t

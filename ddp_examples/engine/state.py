@@ -1,13 +1,9 @@
 """Same starting point on every rank: broadcast rank 0's parameters and buffers, or check them.
 
-Data parallelism only averages gradients; if the ranks start from different weights they
-stay different forever (each applies the same averaged update to its own weights). torch DDP
-broadcasts rank 0's state at construction; so do our wrappers (init_sync="broadcast"), or
-they raise before training when asked to only check (init_sync="check").
-
-Every buffer made here lives on the module's device (module_device); mixed devices are refused.
-Cost: one broadcast of all parameters and buffers, Ψ·e bytes per dtype group (ring broadcast:
-every rank but the last sends about Ψ·e bytes).
+Data parallelism only averages gradients: ranks that start from different weights stay different.
+torch DDP broadcasts rank 0's state at construction; so do our wrappers (init_sync="broadcast"), or
+they raise before training (init_sync="check"). Every buffer made here lives on the module's one
+device (module_device). Cost: one broadcast of all parameters and buffers, Ψ·e bytes per dtype group.
 """
 from __future__ import annotations
 

@@ -3,15 +3,11 @@ same starting point on every rank, and (bucketed) torch's own all-reduce as an a
 
     torchrun --standalone --nproc_per_node 2 ddp_examples/04_bucketed.py --bucket-cap-mb 0.004
 
-Each class is the textbook class of the same name (ddp_examples/naive.py, flat.py, bucketed.py)
-with these keywords added:
-    group       a torch process group (None: the default one, or MPI's world); its
-                communicator is primitives.get_comm(group)
-    init_sync   "broadcast" rank 0's parameters and buffers at construction (as torch DDP),
-                "check" (raise before training if any differ) or "none" (state.py)
-and for BucketedDataParallel:
-    comm_impl   "primitives" (ringzero's all-reduce, counted by the ledger) or "torch" (the
-                backend's own all_reduce in the same buckets; not on MPI; invisible to the ledger)
+Each class is the textbook class of the same name (naive.py, flat.py, bucketed.py) plus: group (a
+torch process group, None: the default one or MPI's world; its communicator is get_comm(group)),
+init_sync ("broadcast" rank 0's parameters and buffers as torch DDP, "check": raise if any differ,
+"none": state.py) and, for BucketedDataParallel, comm_impl ("primitives": ringzero's all-reduce,
+counted by the ledger; "torch": the backend's own all_reduce in the same buckets, not on MPI).
 A parameter may belong to one live BucketedDataParallel only (a second would send twice).
 Cost added: the construction's broadcast (state.py).
 """

@@ -4,16 +4,14 @@
     path, client_state = engine.load_checkpoint("ckpt")     # tag from ckpt/latest
 
     ckpt/latest                                   the tag, written by global rank 0 last
-    ckpt/global_stepN/layer_XX-model_states.pt    layer XX's state_dict (global index), written by
-                                                  data replica 0 of the stage that holds it; a tied
-                                                  position is saved where it calls the module itself
-                                                  (no forward_fn), as DeepSpeed's forward_funcs
-    ckpt/global_stepN/mp_rank_SS_model_states.pt  per model-parallel rank (stage·tp + tp rank), replica 0:
-                                                  module None, optimizer, lr_scheduler, global_steps,
-                                                  skipped_steps, global_samples, loss scaler, client state
+    ckpt/global_stepN/layer_XX-model_states.pt    layer XX's state_dict, written by data replica 0 of
+                                                  its stage (a tied layer where it calls the module
+                                                  itself, as DeepSpeed's forward_funcs)
+    ckpt/global_stepN/mp_rank_SS_model_states.pt  per model-parallel rank (stage·tp + tp rank): optimizer,
+                                                  lr_scheduler, counters, loss scaler, client state
 ZeRO-1 adds zero_pp_rank_D_mp_rank_SS_optim_states.pt per replica (engine/zero1.py writes it).
-Loading restores weights, optimizer, scheduler and counters: training resumes bit for bit;
-load_module_only=True also reads a directory of layer files alone (convert.py's hf_to_pp output).
+Loading restores weights, optimizer, scheduler and counters (a bit-exact resume); load_module_only=True
+also reads a folder of layer files alone (convert.py's hf_to_pp output).
 Cost: each stage's parameters + optimizer state written once (by replica 0), read by every replica.
 """
 from __future__ import annotations
@@ -26,7 +24,7 @@ import torch.distributed as dist
 from pipeline_parallel.engine.layers import Tied
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_ds import DS_KEYS, DS_VERSION   # the release whose layout this is, its keys
-from zero_from_scratch.engine.checkpoint_read import tag_folder
+from zero_from_scratch.engine.checkpoint_read import no_latest, tag_folder
 
 
 def mp_rank(engine) -> int:
@@ -48,7 +46,8 @@ def saved_layers(engine):
 
 
 def layer_path(d, i):
-    return os.path.join(d, f"layer_{i:02d}-model_states.pt")
+    """Layer i's file in folder d (i = "*": the glob of every layer file)."""
+    return os.path.join(d, f"layer_{i:02d}-model_states.pt" if isinstance(i, int) else f"layer_{i}-model_states.pt")
 
 
 def optimizer_state(engine) -> dict:
@@ -72,6 +71,7 @@ def load_optimizer_state(engine, sd: dict) -> None:
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True):
+    """DeepSpeed's pipeline layout; every rank calls it (PipelineEngine.save_checkpoint)."""
     tag = str(tag if tag is not None else f"global_step{engine.global_steps}")
     d = os.path.join(save_dir, tag)
     os.makedirs(d, exist_ok=True)
@@ -97,8 +97,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):
     """(path, client_state) like DeepSpeed's; (None, None) when there is no checkpoint to load."""
-    if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):
-        return None, None              # DeepSpeed warns and returns the same
+    if no_latest(load_dir, tag):
+        return None, None
     d = tag_folder(load_dir, tag)
     for i, m in saved_layers(engine):
         if not os.path.isfile(layer_path(d, i)):

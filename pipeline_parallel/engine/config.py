@@ -7,28 +7,18 @@
                  "clip_norm": "global" | "stage0"}          (default "global"; "stage0": DeepSpeed's fp32 pipeline)
 
 As in DeepSpeed's pipeline engine, train_batch_size = micro_batch × gradient_accumulation_steps × dp
-(dp = world / stages) and gradient_accumulation_steps is the number of micro-batches per step.
-Everything but "pipeline" goes through zero_from_scratch.engine.config.load_config (one parser for the
-JSON; its checks and "auto" rules apply); bf16 / fp16 run as engine/step.py says; ZeRO stage 1
-(+ offload_optimizer cpu) is engine/zero1.py.
-The optimizer (build_optimizer): torch's Adam/AdamW as DeepSpeed configures them (torch_adam), SGD, or
-Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"), DeepSpeed's "Lion" type
-(its FusedLion / DeepSpeedCPULion, csrc/lion): with c = β1·m + (1 − β1)·g,
-    p ← p·(1 − lr·λ) − lr·sign(c),    m ← β2·m + (1 − β2)·g
-The update has one home, zero_from_scratch/engine/optimizers.py::lion_step_ (the ZeRO engine's,
-DeepSpeed's kernel); Lion here is the torch Optimizer around it that a stage's parameters need.
-DeepSpeed's defaults: betas (0.9, 0.999), weight_decay 0. One state tensor (m) per parameter:
-4Ψ bytes in fp32 where Adam keeps 8Ψ.
-Refused, with the reason: ZeRO-2/3 (DeepSpeed refuses them with
-pipelines too: ZeRO-2 reduce-scatters each gradient as soon as it is produced, but a stage
-produces a parameter's gradient once per micro-batch, m times per step, so it would reduce m
-times or keep full gradients anyway; ZeRO-3 would all-gather every stage's parameters for every
-micro-batch's forward and backward, 2m gathers per step instead of one — the pipeline's point
-is that a stage's weights stay put).
+and gradient_accumulation_steps is the number of micro-batches per step. Everything but "pipeline"
+goes through zero_from_scratch.engine.config.load_config (one parser, its checks and "auto" rules).
+The optimizer (build_optimizer): torch's Adam/AdamW as DeepSpeed's torch_adam, SGD, or Lion (Chen et
+al. 2023; DeepSpeed's "Lion" type, FusedLion): c = β1·m + (1 − β1)·g, p ← p·(1 − lr·λ) − lr·sign(c),
+m ← β2·m + (1 − β2)·g, one state tensor per parameter (4Ψ bytes where Adam keeps 8Ψ); the update's
+one home is zero_from_scratch/engine/optimizers.py::lion_step_, Lion here the torch Optimizer around it.
+Refused, as DeepSpeed refuses them with pipelines: ZeRO-2 (a stage produces each gradient m times
+per step, so it would reduce m times or keep full gradients anyway) and ZeRO-3 (2m gathers of the
+stage's weights per step instead of none: the pipeline's point is that a stage's weights stay put).
 KEY_STATUS: every key DeepSpeed 0.19.8's parser accepts and what the pipeline engine does with it —
-the ZeRO engine's table (zero_from_scratch/engine/zero_keys.py: honoured / refused / warned) with
-OVERRIDES where the meaning differs here: a key the ZeRO engine honours with machinery the pipeline
-engine does not run is refused or warned by load() (gate), never accepted in silence.
+the ZeRO engine's table (zero_keys.py) with OVERRIDES where the meaning differs here; a key the ZeRO
+engine honours with machinery not run here is refused or warned by load() (gate), never silent.
 Cost: a dict walk at initialize; per step, a few elementwise passes over Ψ_stage for the optimizer.
 """
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """The engine's executor: the textbook Executor (pipeline_parallel/executor.py) plus what keeps a
-pipeline of many processes safe and measured.
+pipeline of many processes safe and measured; every override calls the textbook op.
 
     (used by PipelineEngine.train_batch / eval_batch; launch commands in pipeline_parallel/engine/pipe_engine.py)
 
-Added around every op of the textbook executor, none of them changing its arithmetic:
-  * draining — an exception on one rank (a layer raising, a data iterator that runs dry, a stage
-    whose output shape changes) switches that rank to draining: it skips compute, keeps every
-    send and receive of its schedule (zeros of the agreed shape, or a "poisoned" header if no
-    shape was agreed yet, after which both sides skip that boundary), so every rank reaches the
-    end-of-step status all-reduce, where all ranks learn of the error and raise it. Never a hang.
-  * the end-of-step ops delegate to the engine: tied-weight exchange, dp gradient all-reduce,
-    clipping and the optimizer (PipelineEngine.reduce_tied / reduce_grads / step).
-  * timing — every op timed with time.perf_counter (one clock for all local processes), for the
-    bubble measurement (measure_bubbles) and the timeline pictures (figures/ch09_pipeline.py);
-  * the ledger — shape headers count as control traffic; data bytes sent are summed per op kind;
+  * draining — an exception on one rank (a layer raising, a data iterator running dry, an output
+    shape changing) switches it to draining: it skips compute but keeps every send and receive
+    (zeros of the agreed shape, or a "poisoned" header before any shape was agreed, after which both
+    sides skip that boundary), so every rank reaches the status all-reduce and raises. Never a hang.
+  * the end-of-step ops delegate to the engine (reduce_tied / reduce_grads / step);
+  * timing — every op timed with time.perf_counter (measure_bubbles, figures/ch09_pipeline.py);
+  * the ledger — shape headers are control traffic; data bytes are summed per op kind;
   * ActivationMeter — bytes autograd saves for backward, per (micro-batch, chunk);
-  * every buffer it allocates (boundaries, drained zeros, poisoned headers) on the stage's device.
+  * every buffer it allocates on the stage's device.
 """
 from __future__ import annotations
 
@@ -179,7 +175,7 @@ class DrainingExecutor(Executor):
     # ---- once per step: the engine's collectives, after the sends are done
     def reduce_tied(self, op):
         super().reduce_tied(op)
-        self.e.reduce_tied()
+        self.e.tied.reduce_grads()
 
     def reduce_grads(self, op):
         super().reduce_grads(op)

@@ -7,26 +7,17 @@
     loss = engine.train_batch()          # a 0-dim tensor, the mean loss, on every rank
     engine, *_ = pipeline_parallel.initialize(model=net, config="ds_config.json", mesh=mesh)   # the same function
 
-The names a client imports from deepspeed.pipe (PipelineModule, LayerSpec, TiedLayerSpec,
-ProcessTopology, PipeDataParallelTopology, PipeModelDataParallelTopology) and initialize()'s
-argument rules: config, or its older name config_params, or args.deepspeed_config — exactly one;
-training_data → a loader over this data replica's share (DistributedSampler over the data axis,
-no shuffle, micro-batch size, as DeepSpeed's pipeline engine builds it), returned third, and a
-repeating iterator over it that train_batch() reads when called without data_iter.
-A client optimizer / lr_scheduler object or an mpu is refused with the reason.
-DeepSpeed's own "pipeline" config keys (runtime/config.py::get_pipeline_config) are read here, as its
-pipeline engine reads them: activation_checkpoint_interval k > 0 sets the module's interval (its stages too
-when they are built already: runtime/pipe/engine.py's __init__), use_reentrant false sets the module's
-activation_checkpoint_func to non_reentrant_checkpoint (torch's non-reentrant checkpoint, as DeepSpeed's);
-pipe_partitioned / grad_partitioned act only with a model axis (DeepSpeed: is_model_parallel), so
-they are refused there and accepted without one; stages, partition and seed_layers are accepted and
-read by nothing, as in DeepSpeed (PipelineModule's arguments decide those).
+initialize()'s rules: config, config_params or args.deepspeed_config — exactly one; training_data →
+a loader over this data replica's share (DistributedSampler over the data axis, no shuffle), returned
+third, and a repeating iterator that train_batch() reads without data_iter; a client optimizer,
+lr_scheduler or mpu is refused with the reason. DeepSpeed's "pipeline" keys act as in its engine:
+activation_checkpoint_interval k > 0 overrides the module's (built stages too), use_reentrant false
+selects non_reentrant_checkpoint, pipe_partitioned / grad_partitioned are refused with a model axis
+(accepted without), stages / partition / seed_layers are read by nothing, as in DeepSpeed.
 The world: the module's topology (pp × dp, or pp × dp × tp), or pp × world/pp, or ringzero's mesh=
-(a primitives.mesh.Mesh built by the caller, dp × pp × tp: pipeline peers are the same (dp, tp)
-coordinate on the neighbouring stage, gradients averaged over mesh.dp_group; the caller's layers
-already hold their tp shards, classification/parallel/pipeline.py); dp=, when given, is checked.
-model_parameters: None (every trainable parameter of this rank's stage) or parameters taken from
-model.parameters() on this rank: the optimizer's. Cost: none beyond building the engine.
+(a primitives.mesh.Mesh whose layers already hold their tp shards: classification/parallel/pipeline.py);
+dp=, when given, is checked. model_parameters: None (the stage's trainable parameters) or parameters
+of this rank's stage. Cost: none beyond building the engine.
 """
 from __future__ import annotations
 
@@ -111,10 +102,8 @@ def _deepspeed_pipeline_keys(model, config: dict) -> None:
     for key in _READ_BY_NOTHING:
         pipe.pop(key, None)
     k = pipe.pop("activation_checkpoint_interval", 0)
-    if k > 0:     # DeepSpeed's runtime/pipe/engine.py __init__: the config's k > 0 overrides the module's
-        model.activation_checkpoint_interval = k
-        for chunk in model._chunks:     # stages built already (parameters() was called): they checkpoint by k too
-            chunk.interval = k
+    if k > 0:     # DeepSpeed's runtime/pipe/engine.py __init__: the config's k > 0 overrides the module's (built stages too)
+        model.set_checkpoint_interval(k)
     if pipe.pop("use_reentrant", True) is False:     # DeepSpeed's engine: the module's function becomes its
         model.activation_checkpoint_func = non_reentrant_checkpoint     # non_reentrant_checkpoint (ringzero's)
         for chunk in model._chunks:
@@ -127,16 +116,3 @@ def _deepspeed_pipeline_keys(model, config: dict) -> None:
                                       "set it false (ringzero sends them whole)")
     if "pipeline" in config and not pipe:
         del config["pipeline"]
-
-
-def _reentrant_activation_checkpointing(engine) -> bool:
-    """DeepSpeed's engine query (must stage 0's inputs require grad?): only under a client's own checkpoint
-    function; ringzero's layer checkpointing and non_reentrant_checkpoint are torch's non-reentrant one."""
-    func = engine.module.activation_checkpoint_func
-    return engine.module.activation_checkpoint_interval > 0 and func not in (None, non_reentrant_checkpoint)
-
-
-PipelineEngine._reentrant_activation_checkpointing = _reentrant_activation_checkpointing   # DeepSpeed's surface
-PipelineEngine.config = property(lambda engine: engine.cfg.raw,   # DeepSpeed's engine.config: the config given
-                                 doc="the config as given to initialize (DeepSpeed's engine.config)")
-

@@ -2,19 +2,15 @@
 
     python -c "from pipeline_parallel.engine.ds_schedule import TrainSchedule as T; print(list(T(3, 2, 0)))"
 
-DeepSpeed's schedules are generators of steps, each a list of PipeInstruction objects, such that a
-barrier between two steps cannot deadlock. TrainSchedule takes each compute op in the order
-ringzero's 1F1B gives (schedules/one_f_one_b.py) and puts it on DeepSpeed's clock: stage s runs the
-forward of micro-batch b at step 2b + s and its backward at step 2b + 2p − 1 − s, over 2(m + p − 1)
-steps, so forward and backward steps alternate. Around each compute op a step carries what
-DeepSpeed's carries: the receive of its input, the send of the previous step's result (a forward
-step sends the previous backward's gradient first, a backward step receives first), a
-LoadMicroBatch on the first and last stage, and ReduceTiedGrads, ReduceGrads, OptimizerStep in the
-last step. Buffers are reused cyclically (b mod num_pipe_buffers). InferenceSchedule: forward b at
-step b + s over m + p − 1 steps, two buffers alternating by step parity, the send/receive order
-depending on the stage's parity (what keeps neighbours from both receiving first). All as
-runtime/pipe/schedule.py in DeepSpeed 0.19.8 (its tests/unit/runtime/pipe/test_pipe_schedule.py
-runs against this file in tests/ds_bulk). Cost: O(m + p) small objects per batch.
+DeepSpeed's schedules are generators of steps, each a list of PipeInstructions, such that a barrier
+between two steps cannot deadlock. TrainSchedule puts each compute op of ringzero's 1F1B
+(schedules/one_f_one_b.py) on DeepSpeed's clock: stage s runs forward b at step 2b + s and backward
+b at step 2b + 2p − 1 − s, over 2(m + p − 1) steps; around it the receive of its input, the send of
+the previous step's result, LoadMicroBatch on the first and last stage, and the reductions and
+OptimizerStep in the last step; buffers reused cyclically. InferenceSchedule: forward b at step
+b + s, two buffers alternating, send/receive order by the stage's parity. All as DeepSpeed 0.19.8's
+runtime/pipe/schedule.py (its test_pipe_schedule.py runs against this file in tests/ds_bulk).
+Cost: O(m + p) small objects per batch.
 """
 from __future__ import annotations
 

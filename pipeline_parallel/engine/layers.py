@@ -2,23 +2,22 @@
 
     (used by pipeline_parallel/engine/module.py; LayerSpec / TiedLayerSpec are DeepSpeed's names)
 
-LayerSpec(typename, *args, **kwargs) describes a layer built only on the stage that owns it;
-TiedLayerSpec(key, …) shares one module between every position with the same key. StageChunk
-holds layers start … stop−1 of one (virtual) stage and runs them, optionally in groups of k
-under activation checkpointing (DeepSpeed's rule: a group is checkpointed when one of its
-layers has parameters, or, given checkpointable_layers, when all its layers' classes are listed).
-TiedWeights keeps the copies of a tied module on different stages equal: at start-up the first
-holder sends its weights to the others (DeepSpeed broadcasts from the first holder too); after every
-backward each holder exchanges the gradient of the tied attributes (tied_weight_attr, default
-"weight") with every other holder and sums them in stage order — the same sum, bit for bit, on every
-holder. Point-to-point on the pipeline group's Communicator, each holder's sends and receives posted
-as one group (exchange): no extra process group, no per-peer order for nccl to deadlock on. For the
-gradient norm, copies after the first holder are skipped (`is_replica`), as DeepSpeed's
-ds_pipe_replicated does.
+LayerSpec(typename, *args, **kwargs): a layer built only on the stage that owns it; TiedLayerSpec(key,
+…): one module shared by every position with that key. StageChunk runs layers start … stop−1 of one
+(virtual) stage, optionally in groups of k under activation checkpointing (DeepSpeed's rule: a group
+is checkpointed when a layer has parameters, or, with checkpointable_layers, when all its classes are
+listed). TiedWeights keeps a tied module's copies on different stages equal: the first holder sends
+its weights at start-up (as DeepSpeed's broadcast); after every backward the holders exchange the
+tied attributes' gradients (tied_weight_attr, default "weight") as one group on the pipeline
+Communicator (exchange: no extra process group, no per-peer order for nccl to deadlock on) and sum
+them in stage order, bit for bit equal on every holder; copies after the first holder are skipped by
+the norm (`is_replica`, DeepSpeed's ds_pipe_replicated).
 Cost: building is local; a checkpointed group keeps only its input and recomputes in backward; per
 step per tied holder (k − 1)·Ψ_tied elements sent, k holders.
 """
 from __future__ import annotations
+
+from operator import attrgetter
 
 import torch
 import torch.nn as nn
@@ -152,19 +151,10 @@ class TiedWeights:
         for spec in engine.module.layers:
             if isinstance(spec, TiedLayerSpec):
                 attrs.setdefault(spec.key, spec.tied_weight_attr)
-        local = {}
-        for ch in engine.chunks:
-            for k, m in ch.tied.items():
-                local[k] = m
-        # key -> (holders, [parameters of the tied attributes on this rank])
-        self.groups = []
-        for key in sorted(owners, key=str):
-            holders = owners[key]
-            if len(holders) < 2 or engine.stage not in holders:
-                continue
-            mod = local[str(key)]
-            params = [_getattr(mod, a) for a in attrs[key]]
-            self.groups.append((key, holders, params))
+        local = {k: m for ch in engine.chunks for k, m in ch.tied.items()}
+        # (key, holders, [this rank's parameters of the tied attributes, dotted names too])
+        self.groups = [(key, owners[key], [attrgetter(a)(local[str(key)]) for a in attrs[key]])
+                       for key in sorted(owners, key=str) if len(owners[key]) > 1 and engine.stage in owners[key]]
         self._replicas = {id(p) for key, holders, params in self.groups if engine.stage != holders[0]
                           for p in local[str(key)].parameters()}
 
@@ -202,9 +192,3 @@ class TiedWeights:
                 for h in holders[1:]:
                     total += got[h]
                 p.grad = total
-
-
-def _getattr(module, dotted: str):
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module

@@ -4,10 +4,9 @@
 
     [TiedLayerSpec("embed", Embed), Block × n_layers, LayerSpec(FinalNorm), TiedLayerSpec("embed", head)]
 
-The token embedding is tied to the output head (the GPT-2 weight tying), so the first and last
-stage hold the same weight — the case DeepSpeed's TiedLayerSpec exists for. Every layer maps one
-tensor to one tensor, (b, s) token ids → (b, s, h) → … → (b, s, vocab) logits, so any contiguous
-cut is a valid pipeline stage. Dropout is absent: runs are deterministic, for parity tests.
+The token embedding is tied to the output head (GPT-2's weight tying: the case DeepSpeed's
+TiedLayerSpec exists for); every layer maps one tensor to one, so any contiguous cut is a stage;
+no dropout, so runs are deterministic for parity tests.
 Cost per block and token: ≈ 24·h² FLOPs forward (attention projections 8h², MLP 16h²).
 """
 from __future__ import annotations

@@ -4,30 +4,18 @@
                            loss_fn=nn.functional.cross_entropy, partition_method="parameters")
     engine, *_ = pipeline_parallel.initialize(model=model, config="ds_config.json")
 
-Constructor semantics of deepspeed.pipe.PipelineModule:
-  layers             nn.Module instances, or LayerSpec / TiedLayerSpec (built lazily: a rank builds
-                     only the layers of its own stage, so a model too big for one device never
-                     exists whole), or plain callables without parameters (e.g. a lambda).
-  partition_method   "uniform" (equal layer counts), "parameters" (balance trainable parameters),
-                     "type:<regex>" (balance layers whose class name matches, case-insensitive),
-                     or a list: per-stage layer counts [5, 4, …] (gdGPT's `parts`, num_stages long)
-                     or boundaries [0, …, len(layers)] (num_stages + 1 long) — both our extensions.
-  topology           a ProcessTopology (engine/topology.py) instead of num_stages; stage = its "pipe" coord.
-  activation_checkpoint_interval   k > 0: each stage runs its layers in groups of k under
-                     torch.utils.checkpoint (only the group inputs are kept; backward recomputes).
-  loss_fn            loss = loss_fn(outputs, labels) on the last stage.
-  seed_layers        seed_fn (default torch.manual_seed)(base_seed + layer index) before building each
-                     LayerSpec, so the weights do not depend on which rank builds them.
-  activation_checkpoint_func, checkpointable_layers   as DeepSpeed (engine/layers.py); dynamic_shape refused.
+deepspeed.pipe.PipelineModule's constructor: layers are nn.Modules, LayerSpec / TiedLayerSpec
+(built lazily, only on the stage that owns them, seeded base_seed + index with seed_layers) or
+parameter-free callables; partition_method "uniform", "parameters", "type:<regex>", or (our
+extensions) a list of per-stage layer counts (gdGPT's `parts`) or of num_stages + 1 boundaries;
+topology instead of num_stages; activation_checkpoint_interval k: groups of k layers under
+torch.utils.checkpoint; loss_fn(outputs, labels) on the last stage; dynamic_shape refused.
 The module is an nn.Module: parameters() / state_dict() / forward hold this rank's stage (by the
-topology, data axis fastest), built on first use — the same modules initialize() then trains.
-
-With v virtual stages (interleaved schedule) the layers are cut into num_stages·v chunks and
-rank s holds chunks s, s + p, s + 2p, … (Megatron-LM's assignment). Tied layers (TiedLayerSpec
-with the same key) share one module per rank; between ranks the engine keeps them equal by
-summing their gradients (TiedWeights, pipeline_parallel/engine/layers.py). Cost: building is local; counting the
-parameters for "parameters" builds each LayerSpec once, one at a time, on every rank, as
-DeepSpeed does.
+topology), built on first use — the modules initialize() then trains.
+With v virtual stages (interleaved) the layers are cut into num_stages·v chunks and rank s holds
+chunks s, s + p, … (Megatron-LM's assignment). Tied layers share one module per rank; between
+ranks the engine sums their gradients (TiedWeights, engine/layers.py). Cost: building is local;
+"parameters" builds each LayerSpec once, one at a time, on every rank, as DeepSpeed does.
 """
 from __future__ import annotations
 
@@ -194,13 +182,9 @@ class PipelineModule(nn.Module):
                                "so this rank's stage is unknown (DeepSpeed's PipelineModule needs it at construction "
                                "too); call deepspeed.init_distributed() / torch.distributed.init_process_group first")
         rank, world = dist.get_rank(), dist.get_world_size()
-        topo = self._topo
-        if topo is None:
-            if world % self.num_stages:
-                raise RuntimeError(f"rank {rank}: num_stages ({self.num_stages}) must divide distributed world size "
-                                   f"({world})")
-            topo = PipeDataParallelTopology(self.num_stages, world // self.num_stages)
-        return topo.get_coord(rank).pipe
+        if self._topo is None and world % self.num_stages:
+            raise RuntimeError(f"rank {rank}: num_stages ({self.num_stages}) must divide distributed world size ({world})")
+        return self.topology().get_coord(rank).pipe
 
     def _ensure_built(self):
         if self._built is None:

@@ -7,24 +7,18 @@
     loss = engine.train_batch(data_iter)      # one optimizer step over m micro-batches, mean loss on every rank
     loss = engine.eval_batch(data_iter)       # forward only
 
-World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTopology), or
-pp × dp × tp with a caller-built mesh (initialize(mesh=...): classification/parallel/train.py --pp). Each data
-replica reads its own iterator; its first and last stage both pull m micro-batches (inputs,
-labels) per step — first uses the inputs, last the labels — as DeepSpeed's engine does.
-Every tensor of a step lives on the stage's device (stage_device: cuda:LOCAL_RANK under nccl, where
-initialize moves the stage as DeepSpeed's does; else where its parameters are): micro-batches,
-boundary buffers, the loss, the status all-reduce, ZeRO-1's buffers (its shard on the host if offloaded).
+World = pp × dp (primitives.mesh, data fastest: DeepSpeed's PipeDataParallelTopology), or pp × dp × tp
+with a caller-built mesh (classification/parallel/train.py --pp). Each data replica reads its own
+iterator; its first and last stage both pull m micro-batches (inputs, labels) per step, as DeepSpeed's.
+Every tensor of a step lives on the stage's device (stage_device: cuda:LOCAL_RANK under nccl).
 
 One step, per rank (p stages, m micro-batches, Ψ_s = this stage's parameters, A = activation bytes):
-  schedule        the textbook schedule (pipeline_parallel/schedules/) run by the textbook executor
-                  (pipeline_parallel/executor.py) inside engine/draining.py's guards:
-                  2·m·A bytes sent per inner boundary side
+  schedule        the textbook schedule run by the textbook executor inside engine/draining.py's
+                  guards: 2·m·A bytes sent per inner boundary side
   reduce_tied     tied weights: each holder sends its gradient to the other holders (k−1)·Ψ_tied
-  reduce_grads    one coalesced all-reduce of the stage's gradients over dp (primitives/coalesced.py,
-                  ring: 2(dp−1)/dp·Ψ_s elements), then ÷ dp; under ZeRO-1 a reduce-scatter instead,
-                  (dp−1)/dp·Ψ_s, and the step all-gathers the updated shards, (dp−1)/dp·Ψ_s (engine/zero1.py)
-  step            one 24-byte all-reduce over the world (errors, loss, gradient norm²: control
-                  traffic), clip by the global norm, torch AdamW, lr scheduler
+  reduce_grads    one coalesced all-reduce of the stage's gradients over dp (2(dp−1)/dp·Ψ_s), ÷ dp;
+                  under ZeRO-1 a reduce-scatter, and the step all-gathers the shards (engine/zero1.py)
+  step            one 24-byte all-reduce over the world (errors, loss, norm²), clip, optimizer, scheduler
   (tp > 1: the layers' own collectives inside fwd / bwd, over mesh.tp_group)
 After each train_batch, engine.step_bytes = data bytes this rank sent, by axis: {"tp": fwd + bwd,
 "pp": the boundary sends + tied reductions, "dp": reduce_grads} (the ledger, per instruction).
@@ -48,6 +42,7 @@ from pipeline_parallel.schedules import build
 from primitives import LEDGER, all_gather_object, all_reduce, get_comm
 from primitives.coalesced import all_reduce_coalesced
 from primitives.mesh import Mesh
+from zero_from_scratch.engine.activation_checkpointing import checkpoint as non_reentrant_checkpoint
 from zero_from_scratch.engine.precision import model_dtype
 from zero_from_scratch.engine.lr_schedules import build_scheduler
 
@@ -197,18 +192,9 @@ class PipelineEngine:
             inputs[mb], labels[mb] = (t.to(self.device) if torch.is_tensor(t) else t for t in item)
         return inputs, labels
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
-        """DeepSpeed's pipeline layout (engine/checkpoint.py); every rank calls it."""
-        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
-
-    def load_checkpoint(self, load_dir, tag=None, **kwargs):
-        """(path, client_state); weights, optimizer, scheduler, counters restored (engine/checkpoint.py)."""
-        return load_checkpoint(self, load_dir, tag, **kwargs)
+    save_checkpoint, load_checkpoint = save_checkpoint, load_checkpoint    # DeepSpeed's pipeline layout (engine/checkpoint.py)
 
     # ------------------------------------------------------------------ end-of-step ops (called by the executor)
-    def reduce_tied(self):
-        self.tied.reduce_grads()
-
     def reduce_grads(self):
         """Average the stage's gradients over the data-parallel replicas: one coalesced all-reduce
         (sum; a parameter without a gradient contributes zeros), then ÷ dp."""
@@ -231,6 +217,26 @@ class PipelineEngine:
     @property
     def loss_scale(self) -> float:
         return self.scaler.cur_scale if self.scaler is not None else 1.0
+
+    # DeepSpeed's engine queries (the step report's monitors read them)
+    loss_scaler = property(lambda self: self.scaler)
+
+    def get_lr(self) -> list:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def fp16_enabled(self) -> bool:
+        return self.scaler is not None
+
+    def get_global_grad_norm(self):
+        return self.global_grad_norm
+
+    config = property(lambda self: self.cfg.raw, doc="the config as given to initialize")
+
+    def _reentrant_activation_checkpointing(self) -> bool:
+        """Must stage 0's inputs require grad? Only under a client's own checkpoint function; ringzero's
+        layer checkpointing and non_reentrant_checkpoint are torch's non-reentrant one."""
+        func = self.module.activation_checkpoint_func
+        return self.module.activation_checkpoint_interval > 0 and func not in (None, non_reentrant_checkpoint)
 
     def step_status(self, norm_sq: float):
         """One world all-reduce of (failed ranks, loss sum, norm²): every rank learns the step's

@@ -2,23 +2,18 @@
 
     python -m pipeline_parallel.engine.simulator        # every schedule's simulated bubble, p = 4, m = 8
 
-Checks what the textbook schedules (pipeline_parallel/schedules/) promise: every dependency (a
-forward before its activation arrived, a backward before its gradient, a micro-batch run twice),
-that every (micro-batch, chunk) runs forward and backward once, and that the ranks never deadlock.
-Reports per-rank busy time, the bubble and the peak number of stored activations. Compute takes
-t_fwd / t_bwd, messages are free.
-
-Two deadlock models. "buffered": sends never block, receives wait — what the executor does over
-gloo (it posts sends and waits for them at the end of the step). "nccl": torch's nccl process
-group runs ungrouped point-to-point ops towards one peer in posting order on one stream, so the
-k-th op a rank posts towards a peer must pair with the peer's k-th op towards it (a send with the
-matching receive); in 1F1B's steady state stage s posts send→s+1 then recv←s+1 while s+1 posts
-send→s then recv←s, and both sends wait. `legalize_for_nccl` moves one side's receive in front of
-its send until simulate(mode="nccl") passes; the engine runs `programs(..., backend="nccl")` on nccl
-and in strict mode (which replays nccl's rules over gloo). Posting both as one group (the
-Communicator's exchange(), dist.batch_isend_irecv) is the other cure. For naive, GPipe and 1F1B the
-reordered lists keep the formula's bubble; interleaved pays a little (p = 2, m = 4, v = 2: 0.14
-instead of 0.11). Cost: O(total instructions) per run; a few runs per move, once per engine.
+Checks what the textbook schedules promise: every dependency (a forward before its activation
+arrived, a backward before its gradient), every (micro-batch, chunk) forward and backward once, no
+deadlock; reports per-rank busy time, the bubble and the peak stored activations (compute takes
+t_fwd / t_bwd, messages are free). Two deadlock models: "buffered" (sends never block: the executor
+over gloo) and "nccl" (torch's nccl group runs ungrouped point-to-point ops towards one peer in
+posting order, so the k-th op a rank posts towards a peer must pair with the peer's k-th op towards
+it; in 1F1B's steady state stage s posts send→s+1, recv←s+1 while s+1 posts send→s, recv←s, and
+both sends wait). `legalize_for_nccl` moves one side's receive in front of its send until the nccl
+model passes; the engine runs `programs(..., backend="nccl")` on nccl and in strict mode. Posting
+both as one group (Communicator.exchange, dist.batch_isend_irecv) is the other cure. Naive, GPipe
+and 1F1B keep the formula's bubble; interleaved pays a little (p = 2, m = 4, v = 2: 0.14 for 0.11).
+Cost: O(total instructions) per run; a few runs per move, once per engine.
 """
 from __future__ import annotations
 

@@ -2,44 +2,28 @@
 through fp32 masters (bf16 / fp16), the loss scale, and what rank 0 reports.
 
     (PipelineEngine.step, run by the executor's `step` op on every rank)
-    "bf16": {"enabled": true}                       or
-    "fp16": {"enabled": true, "initial_scale_power": 16, "loss_scale_window": 1000, "min_loss_scale": 1}
-    "steps_per_print": 10            rank 0: "steps: 10 loss: 2.3456 iter time (s): 0.512 samples/sec: 31.250"
-    "tensorboard": {"enabled": true, "output_path": "runs/", "job_name": "pipe"}
+    "bf16": {"enabled": true}   or   "fp16": {"enabled": true, "initial_scale_power": 16, "loss_scale_window": 1000}
+    "steps_per_print": 10       rank 0: "steps: 10 loss: 2.3456 iter time (s): 0.512 samples/sec: 31.250"
 
-Norm: each parameter once — dp replicas hold equal gradients (only replica 0 counts; under ZeRO-1
-each replica counts the slice it owns, engine/zero1.py), tied copies
-after the first holder are skipped (DeepSpeed's ds_pipe_replicated); with tp > 1 a sharded
-parameter counts on every tp rank, a replicated one (LayerNorm, row-parallel bias) on tp rank 0
-only (zero_from_scratch.engine.mpu.counts_on). The status all-reduce sums norm² over pp (and tp):
-the global norm of one process, by default.
-"pipeline": {"clip_norm": "stage0"} reproduces DeepSpeed's fp32 pipeline instead: its
-clip_grad_norm_ (deepspeed/runtime/utils.py, `if (mpu.get_model_parallel_rank() == 0) or
-is_model_parallel_parameter(p)`) sums only model-parallel rank 0's norms, and in a pipeline grid
-the model-parallel group is the stages of one replica, so rank 0 is stage 0: the norm that
-scales every stage's gradients is stage 0's alone (DeepSpeed's bf16/fp16 optimizers use all stages),
-in its fp32 arithmetic (an fp32 norm per parameter, the coefficient in fp32: _deepspeed_fp32_coef) — its
+Norm: each parameter once — only dp replica 0 counts (under ZeRO-1 each replica its own slice,
+engine/zero1.py), tied copies after the first holder are skipped (DeepSpeed's ds_pipe_replicated),
+a tp-replicated parameter counts on tp rank 0 only (mpu.counts_on); the status all-reduce sums
+norm² over pp (and tp): the global norm of one process. "pipeline": {"clip_norm": "stage0"} is
+DeepSpeed's fp32 pipeline instead: its clip_grad_norm_ (runtime/utils.py) sums only model-parallel
+rank 0's norms, which in a pipeline grid is stage 0, in fp32 arithmetic (_deepspeed_fp32_coef); its
 AlexNet pipeline example matches to ~1e-6 only with both (clients/pipeline/).
 
-Mixed precision, as DeepSpeed's pipeline engine runs it on an unfused optimizer (torch_adam, CPU):
-each stage's parameters, activations and boundary messages are in the 16-bit dtype; gradients
-accumulate in it over the m micro-batches, are reduced over dp in it, then copied to an fp32
-master copy that the optimizer updates and that is copied back (rounded) into the stage
-(2Ψ + 2Ψ + 4Ψ + K·Ψ bytes). fp16: the last stage multiplies each micro-batch's loss by the scale S
-before backward (so every stage's gradients and the boundary gradients carry S); the norm is of the
-scaled gradients ÷ S — one non-finite value anywhere and every stage skips the step
-(skipped_steps += 1; the status all-reduce carries the norm), and the lr scheduler does not advance.
-The scale follows DeepSpeed's FP16_UnfusedOptimizer._update_scale: 2^initial_scale_power at start,
-halved on every overflow (not below min_loss_scale; no hysteresis on this path), doubled after
-loss_scale_window clean steps. bf16: no scale; a non-finite gradient skips the step too.
-
-Reporting (StepReport): DeepSpeed's PipelineEngine.train_batch line every steps_per_print steps, and
-the tensorboard / csv_monitor tags (zero_from_scratch/engine/monitor.py, the ZeRO engine's writer:
-Train/Samples/lr, loss_scale in fp16, train_loss = the step's mean loss, grad_norm,
-samples_per_sec), x = global_samples. Every rank already holds the mean loss and the global norm
-(the status all-reduce), so reporting sends nothing.
-Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's own passes; with
-masters one elementwise pass over Ψ_stage each way (grad → master, master → stage); rank 0's file writes.
+Mixed precision, as DeepSpeed's pipeline engine on an unfused optimizer (torch_adam): stages,
+activations, boundaries and gradients in the 16-bit dtype, reduced over dp in it, then copied to
+fp32 masters that the optimizer steps and that are copied back (2Ψ + 2Ψ + 4Ψ + K·Ψ bytes). fp16:
+the last stage scales each micro-batch's loss by S; the norm is of the gradients ÷ S; one
+non-finite value anywhere and every stage skips the step (skipped_steps += 1, no lr step). S follows
+DeepSpeed's FP16_UnfusedOptimizer: 2^initial_scale_power, halved on overflow (not below
+min_loss_scale, no hysteresis), doubled after loss_scale_window clean steps. bf16: no scale.
+Reporting (StepReport): DeepSpeed's train_batch line every steps_per_print steps, and the
+tensorboard / csv_monitor tags of the ZeRO engine's writer (monitor.py); it sends nothing.
+Cost: one pass over Ψ_stage for the norm, 24 bytes all-reduced, the optimizer's passes; with
+masters one elementwise pass each way (grad → master, master → stage); rank 0's file writes.
 """
 from __future__ import annotations
 
@@ -53,6 +37,11 @@ from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import counts_on
 from zero_from_scratch.engine.precision import DynamicLossScaler, StaticLossScaler, model_dtype
+
+
+def _coef(clip: float, norm: float) -> float:
+    """clip_grad_norm_'s factor: clip / (norm + 1e-6), capped at 1 (1 without clipping)."""
+    return min(clip / (norm + 1e-6), 1.0) if clip > 0 else 1.0
 
 
 def take_step(e) -> bool:
@@ -70,33 +59,23 @@ def take_step(e) -> bool:
         else:
             norm_sq = sum(float(g.double().pow(2).sum()) for g in mine)
     e.step_status(norm_sq)
-    scale = e.scaler.cur_scale if e.scaler is not None else 1.0
+    scale = e.loss_scale
     e.global_grad_norm /= scale
-    clip = e.cfg.run.gradient_clipping
-    if e.zero1 is not None:
-        applied = e.mixed is None or math.isfinite(e.global_grad_norm)
-        coef = clip / (e.global_grad_norm + 1e-6) if clip > 0 and applied else 1.0
-        if applied:
-            e.zero1.step(min(coef, 1.0) / scale)
-        else:
-            e.zero1.skip()
-    elif e.mixed is not None:
-        applied = e.mixed.step(e.optimizer, clip, e.global_grad_norm, scale)
+    clip, norm = e.cfg.run.gradient_clipping, e.global_grad_norm
+    applied = e.mixed is None or math.isfinite(norm)
+    owner = e.zero1 if e.zero1 is not None else e.mixed     # the fp32 copy: ZeRO-1's shard, or the masters
+    if owner is not None and not applied:
+        owner.skip()
+    elif owner is not None:
+        owner.step(_coef(clip, norm), scale)
     else:
-        if clip > 0 and e.clip_norm == "stage0":
-            coef = _deepspeed_fp32_coef(e, clip)
+        coef = _deepspeed_fp32_coef(e, clip) if clip > 0 and e.clip_norm == "stage0" else _coef(clip, norm)
+        if torch.is_tensor(coef) or coef < 1:
             for p in e.params:
                 if p.grad is not None:
                     p.grad.mul_(coef)
-        elif clip > 0:
-            coef = clip / (e.global_grad_norm + 1e-6)
-            if coef < 1:
-                for p in e.params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
         e.optimizer.step()
         e.optimizer.zero_grad(set_to_none=True)
-        applied = True
     if e.scaler is not None:
         e.scaler.update_scale(not applied)
     if not applied:
@@ -149,17 +128,17 @@ class MixedPrecision:
             return None
         return [self.master_of.get(id(p), p) for p in model_parameters]
 
-    def step(self, optimizer, clip: float, norm: float, scale: float) -> bool:
-        """Unscale (and clip) into the masters, step, copy back. False: overflow, the step is skipped."""
-        if not math.isfinite(norm):
-            for p in self.params:
-                p.grad = None
-            return False
+    def skip(self) -> None:
+        """An overflowing step: drop the gradients."""
+        for p in self.params:
+            p.grad = None
+
+    def step(self, coef: float, scale: float) -> None:
+        """Unscale (and clip: coef < 1) into the masters, step, copy back."""
+        optimizer = self.e.optimizer
         inv = 1.0 / scale
-        if clip > 0:
-            coef = clip / (norm + 1e-6)
-            if coef < 1:
-                inv *= coef
+        if coef < 1:
+            inv *= coef
         for p, m in zip(self.params, self.master):
             m.grad = p.grad.float().mul_(inv) if p.grad is not None else None
             p.grad = None
@@ -168,31 +147,6 @@ class MixedPrecision:
         with torch.no_grad():
             for p, m in zip(self.params, self.master):
                 p.copy_(m)
-        return True
-
-
-class _View:
-    """The engine as Monitors.write_step reads it."""
-
-    def __init__(self, engine):
-        self.e = engine
-
-    @property
-    def global_steps(self):
-        return self.e.global_steps
-
-    def get_lr(self):
-        return [g["lr"] for g in self.e.optimizer.param_groups]
-
-    def fp16_enabled(self):
-        return self.e.scaler is not None
-
-    @property
-    def loss_scaler(self):          # read under fp16 only, where the engine has one
-        return self.e.scaler
-
-    def get_global_grad_norm(self):
-        return self.e.global_grad_norm
 
 
 class StepReport:
@@ -201,7 +155,7 @@ class StepReport:
         mons = engine.cfg.run.monitor
         on = any(c.enabled for c in mons.values())
         self.monitors = Monitors(mons, Comm("primitives"), engine.cfg.run.train_batch_size) if on else None
-        self.t0, self.view = time.perf_counter(), _View(engine)
+        self.t0 = time.perf_counter()
 
     def after_step(self, engine, loss: float) -> None:
         now, dt = time.perf_counter(), time.perf_counter() - self.t0
@@ -210,4 +164,4 @@ class StepReport:
             tput = engine.cfg.run.train_batch_size / dt if dt > 0 else float("inf")
             print0(f"steps: {engine.global_steps} loss: {loss:0.4f} iter time (s): {dt:0.3f} samples/sec: {tput:0.3f}")
         if self.monitors is not None:
-            self.monitors.write_step(self.view, loss)
+            self.monitors.write_step(engine, loss)   # reads DeepSpeed's engine queries (pipe_engine.py)

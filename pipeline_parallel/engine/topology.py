@@ -2,14 +2,12 @@
 
     python -c "from pipeline_parallel.engine.topology import PipeDataParallelTopology as T; print(T(2, 2).get_coord(1))"
 
-ProcessTopology(axes, dims): the last axis varies fastest, so axes=["pipe", "data"] puts the data
-replicas of one stage on adjacent ranks (DeepSpeed's PipeDataParallelTopology);
-PipeModelDataParallelTopology is axes ["pipe", "data", "model"], dims [pp, dp, mp] — the layout of
-primitives.mesh (global rank = (pp·dp + dp)·tp + tp), which the engine builds from it.
-PipelineParallelGrid(topology) is DeepSpeed's process grid over one: this rank's stage and data index
-and one torch.distributed group per axis list (its pipe / data / model groups), built on every rank.
-Same method names and return values as deepspeed.runtime.pipe.topology. Cost: a dict of world entries;
-the grid creates one group per axis list, on every rank (new_group is collective).
+ProcessTopology(axes, dims): the last axis varies fastest, so ["pipe", "data"] puts one stage's data
+replicas on adjacent ranks (PipeDataParallelTopology); PipeModelDataParallelTopology is ["pipe",
+"data", "model"], [pp, dp, mp] — primitives.mesh's layout, which the engine builds from it.
+PipelineParallelGrid: DeepSpeed's process grid over a topology (this rank's coordinates, one group
+per axis list). Same names and values as deepspeed.runtime.pipe.topology. Cost: a dict of world
+entries; the grid creates every group on every rank (new_group is collective).
 """
 from __future__ import annotations
 
@@ -163,47 +161,21 @@ class PipelineParallelGrid:
     def get_data_parallel_id(self) -> int:
         return self._topo.get_coord(rank=self.global_rank).data
 
-    def get_global_rank(self):
-        return self.global_rank
-
-    def get_pipe_parallel_rank(self):
-        return self.stage_id
-
-    def get_pipe_parallel_world_size(self):
-        return self.pipe_parallel_size
-
-    def get_pipe_parallel_group(self):
-        return self.pp_proc_group
-
-    def get_data_parallel_rank(self):
-        return self.data_parallel_id
-
-    def get_data_parallel_world_size(self):
-        return self.data_parallel_size
-
-    def get_data_parallel_group(self):
-        return self.dp_proc_group
-
-    def get_data_parallel_group_ranks(self):
-        return self.dp_group
-
-    def get_model_parallel_rank(self):
-        return self.ds_model_rank
-
-    def get_model_parallel_world_size(self):
-        return self.ds_model_world_size
-
-    def get_model_parallel_group(self):
-        return self.ds_model_proc_group
-
     def get_slice_parallel_rank(self):
         return self.slice_group.index(self.global_rank)
 
-    def get_slice_parallel_world_size(self):
-        return self.slice_parallel_size
 
-    def get_slice_parallel_group(self):
-        return self.slice_proc_group
+# DeepSpeed's getters, each an attribute of the grid (deepspeed.runtime.pipe.topology's names)
+for _name, _attr in {"get_global_rank": "global_rank", "get_pipe_parallel_rank": "stage_id",
+                     "get_pipe_parallel_world_size": "pipe_parallel_size", "get_pipe_parallel_group": "pp_proc_group",
+                     "get_data_parallel_rank": "data_parallel_id", "get_data_parallel_world_size": "data_parallel_size",
+                     "get_data_parallel_group": "dp_proc_group", "get_data_parallel_group_ranks": "dp_group",
+                     "get_model_parallel_rank": "ds_model_rank", "get_model_parallel_world_size": "ds_model_world_size",
+                     "get_model_parallel_group": "ds_model_proc_group",
+                     "get_slice_parallel_world_size": "slice_parallel_size",
+                     "get_slice_parallel_group": "slice_proc_group"}.items():
+    setattr(PipelineParallelGrid, _name, lambda self, _attr=_attr: getattr(self, _attr))
+del _name, _attr
 
 
 def mesh_sizes(topo: ProcessTopology) -> tuple[int, int, int]:

@@ -4,20 +4,15 @@ state of 1/dp of its stage's parameters, optionally in host memory ("offload_opt
     "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}
     python -m pytest -q tests/test_pipeline_zero1.py
 
-The stage's trainable parameters are flattened (in parameters() order) and padded to a multiple of
-dp; replica r owns elements [r·S, (r+1)·S), S = padded / dp (zero_from_scratch/sharding.py's rule,
-one unit). Per step, as DeepSpeed's stage 1 (runtime/zero/stage_1_and_2.py: each gradient slice
-reduced to its owner, then all_gather_dp_groups of the updated 16-bit partitions):
-  reduce_grads  one reduce-scatter of the flat gradients over dp in their own dtype (sum, then ÷ dp):
-                replica r ends with the averaged slice it owns, the full gradients are dropped;
-  step          the global norm from the owned slices (each element counted once over dp, pp, tp),
-                unscale and clip into the fp32 shard, the optimizer's update, and one all-gather
-                over dp of the updated shard cast to the parameters' dtype.
-Traffic per rank and step: (dp−1)/dp·Ψ_pad·(g + w) bytes, g / w = bytes per gradient / parameter
-element (fp32: 8, bf16: 4) — what DDP's all-reduce moves, DeepSpeed's formula. Bytes held:
-optimizer state K·Ψ_s/dp + 4Ψ_s/dp master + a gradient shard Ψ_s/dp. With offload the shard, its
-gradient and the optimizer live on the CPU and every collective buffer on the stage's device;
-the result equals the run without offload (the same arithmetic on the same device type).
+The stage's trainable parameters, flattened and padded to a multiple of dp: replica r owns
+[r·S, (r+1)·S), S = padded / dp (sharding.py's rule, one unit). Per step, as DeepSpeed's stage 1:
+reduce_grads reduce-scatters the flat gradients over dp in their dtype (then ÷ dp); step takes the
+norm from the owned slices (each element counted once over dp, pp, tp), unscales and clips into the
+fp32 shard, steps, and all-gathers the updated shards cast to the parameters' dtype.
+Traffic per rank and step: (dp−1)/dp·Ψ_pad·(g + w) bytes (g / w = bytes per gradient / parameter
+element), what DDP's all-reduce moves. Held: K·Ψ_s/dp optimizer state + 4Ψ_s/dp master + a gradient
+shard. With offload the shard, its gradient and the optimizer live on the CPU, every collective
+buffer on the stage's device; the result equals the run without offload.
 """
 from __future__ import annotations
 
@@ -31,7 +26,7 @@ class Zero1:
     def __init__(self, engine, offload: bool):
         e = self.e = engine
         self.params, self.dp, self.r = engine.params, engine.dp, engine.dp_rank
-        n = sum(p.numel() for p in self.params)
+        self.n = n = sum(p.numel() for p in self.params)
         self.padded = -(-n // self.dp) * self.dp
         self.shard = self.padded // self.dp
         self.lo, self.hi = self.r * self.shard, (self.r + 1) * self.shard
@@ -47,12 +42,8 @@ class Zero1:
         self.counted = self._flat(counted, torch.float64)[self.lo:self.hi]   # 1: enters the norm here
 
     def _flat(self, tensors, dtype) -> torch.Tensor:
-        out = torch.zeros(self.padded, dtype=dtype, device=self.stage_device)
-        o = 0
-        for t in tensors:
-            out[o:o + t.numel()].copy_(t.reshape(-1))
-            o += t.numel()
-        return out
+        pad = torch.zeros(self.padded - self.n, dtype=dtype, device=self.stage_device)
+        return torch.cat([t.reshape(-1).to(device=self.stage_device, dtype=dtype) for t in tensors] + [pad])
 
     def reduce_grads(self) -> None:
         """Reduce-scatter the stage's gradients over dp: keep the averaged owned slice, drop the rest."""
@@ -73,10 +64,10 @@ class Zero1:
             return 0.0
         return float((self.grad.double().pow(2) * self.counted).sum())
 
-    def step(self, inv: float) -> None:
-        """Update this replica's shard from its gradient slice × inv, then all-gather the shards
-        (in the parameters' dtype) into every parameter."""
-        self.master.grad = self.grad.float().to(self.device).mul_(inv)
+    def step(self, coef: float, scale: float) -> None:
+        """Update this replica's shard from its gradient slice × coef / scale, then all-gather the
+        shards (in the parameters' dtype) into every parameter."""
+        self.master.grad = self.grad.float().to(self.device).mul_(coef / scale)
         self.grad = None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -86,11 +77,9 @@ class Zero1:
             self.e.dp_comm.all_gather_single(full, mine)
         else:
             full.copy_(mine)
-        o = 0
         with torch.no_grad():
-            for p in self.params:
-                p.copy_(full[o:o + p.numel()].view_as(p))
-                o += p.numel()
+            for p, part in zip(self.params, full[:self.n].split([p.numel() for p in self.params])):
+                p.copy_(part.view_as(p))
 
     def skip(self) -> None:
         """An overflowing step: drop the gradient slice."""

@@ -5,18 +5,12 @@
     model = llama_model("tiny")                          # offline, random init (seeded), or any LlamaForCausalLM
     net = PipelineModule(layers=llama_layers(model), num_stages=2, loss_fn=llama_loss)
 
-Layers (index: module), n = num_hidden_layers:
-    0        LlamaEmbedPipe   token ids (b, s) → hidden (b, s, h)           (embed_tokens)
-    1 … n    LlamaBlockPipe   hidden → hidden: decoder block i−1, its own rotary tables, causal SDPA
-    n + 1    LlamaNormPipe    the final RMSNorm
-    n + 2    LlamaHeadPipe    hidden → logits (b, s, vocab)                 (lm_head)
-With config.tie_word_embeddings the first and last layers are TiedLayerSpec("embed", …) over the
-same embedding (the head calls it through forward_fn), as DeepSpeed's tied modules expect.
-Each wrapper holds the HF submodule itself (`.embed_tokens`, `.layer`, `.norm`, `.lm_head`), so its
-state_dict keys are HF's names minus the "model.layers.i." prefix (convert.py maps them).
-The blocks run with attention_mask None, which HF's SDPA path also uses for an unpadded causal
-batch: one process gives HF's logits bit for bit (tests/test_pipeline_llm.py).
-llama_loss(logits, labels) is HF's causal-LM loss: labels shifted by one, −100 ignored, mean.
+Layers: 0 LlamaEmbedPipe (ids → hidden), 1 … n LlamaBlockPipe (decoder block i−1 with its rotary
+tables, causal SDPA), n + 1 LlamaNormPipe, n + 2 LlamaHeadPipe (→ logits); with tie_word_embeddings
+the first and last are TiedLayerSpec("embed", …), the head through forward_fn. Each wrapper holds
+the HF submodule itself, so state_dict keys are HF's minus "model.layers.i." (convert.py maps them).
+Blocks run with attention_mask None, as HF's SDPA path for an unpadded causal batch: one process
+gives HF's logits bit for bit (tests/test_pipeline_llm.py). llama_loss: HF's causal-LM loss.
 Cost per block and token: ≈ 2·(4h² + 3·h·ffn) FLOPs forward (grouped-query attention has fewer).
 """
 from __future__ import annotations

@@ -1,27 +1,21 @@
 """parallelize(model, group=None, sequence_parallel=False): shard a model over a tensor-parallel
 group in place, from its unsharded weights, with the textbook layers (tensor_parallel/layers.py)
-over the group's communicator (primitives.get_comm). state_dict.py undoes it.
+over the group's communicator. state_dict.py undoes it.
 
     torchrun --standalone --nproc_per_node 2 classification/parallel/train.py --tp 2
 
-Knows two kinds of model (anything else is a TPError naming its class):
-  * Hugging Face DistilBertForSequenceClassification / DistilBertModel, or one of its
-    TransformerBlocks (a pipeline stage's share: classification/parallel/pipeline.py; no SP there)
-      word embeddings   → VocabParallelEmbedding (rows by vocabulary id, then g)
-      attention         → heads split: q/k/v column-parallel (one f for the three), out_lin
-                          row-parallel (g); heads need not divide tp, each rank needs ≥ 1
-      FFN               → lin1 column-parallel (f), lin2 row-parallel (g)
-      position embeddings, LayerNorms, the classifier head: replicated (they are small)
-  * an nn.Sequential MLP stack: consecutive Linear pairs (with elementwise modules between)
-    become column → row; a last unpaired Linear stays replicated.
-
-Cost per transformer layer and step: 4 all-reduces of b·s·h (plain TP), or with
-sequence_parallel=True (Megatron-SP) 6 all-gathers + 4 reduce-scatters of b·s·h/N per rank, while
-LayerNorm, residual, dropout and the saved inputs of Q/K/V and lin1 hold s/N of the sequence
-(formulas.py derives both). SP params (LayerNorms, row biases) see a sequence slice: a hook
-all-reduces their gradients over the group.
-Forward and backward must run on every rank of the group in the same order (or they hang
-until the communicator's timeout names the missing peer).
+Two kinds of model (anything else is a TPError naming its class):
+  * Hugging Face DistilBERT (ForSequenceClassification, Model, or one TransformerBlock: a pipeline
+    stage's share, no SP there): word embeddings → VocabParallelEmbedding; attention heads split
+    (q/k/v column-parallel with one f for the three, out_lin row-parallel; heads need not divide tp,
+    each rank needs ≥ 1); FFN lin1 column, lin2 row; the rest replicated (small)
+  * an nn.Sequential MLP stack: consecutive Linear pairs (elementwise modules between) become
+    column → row; a last unpaired Linear stays replicated.
+Cost per transformer layer and step: 4 all-reduces of b·s·h, or with sequence_parallel=True
+(Megatron-SP) 6 all-gathers + 4 reduce-scatters of b·s·h/N per rank (formulas.py); SP parameters
+(LayerNorms, row biases) see a sequence slice, so a hook all-reduces their gradients. Forward and
+backward must run on every rank of the group in the same order (or the communicator's timeout
+names the missing peer).
 """
 from __future__ import annotations
 

@@ -2,14 +2,10 @@
 
     python -m pytest -q tests/test_tensor_parallel.py -k mlp
 
-gather_state_dict(model)            every sharded tensor all-gathered (uneven.pad_gather) along
-                                    its `tp_shard` dim: the state dict of the unsharded model, on
-                                    every rank; collective over the model's tp group
-load_full_state_dict(model, sd)     each sharded tensor narrowed to this rank's slice; local
-sharded_numel(model)                (elements this rank holds, elements of the unsharded model)
-
-Cost of gather_state_dict: one all-gather per sharded tensor, (N−1)/N of its padded size sent
-per rank.
+gather_state_dict(model) all-gathers every sharded tensor (uneven.pad_gather) along its `tp_shard`
+dim: the unsharded model's state dict on every rank (collective over the tp group);
+load_full_state_dict(model, sd) narrows each to this rank's slice (local); sharded_numel(model).
+Cost of gather_state_dict: one all-gather per sharded tensor, (N−1)/N of its padded size per rank.
 """
 from __future__ import annotations
 

@@ -4,20 +4,14 @@ attention over a sequence split across ranks, by re-sharding heads ↔ sequence 
     python -m pytest -q tests/test_tensor_parallel.py -k ulysses
 
 Every rank holds s/N positions and the whole (replicated) Q, K, V and output weights:
-
     q, k, v = x_r·W          [b, s/N, H, d]   my positions, every head
     all-to-all  ──────────►  [b, s, H/N, d]   every position, my heads     (one call for q, k, v)
     softmax(q·kᵀ/√d + mask)·v over the full sequence, for my heads
-    all-to-all  ──────────►  [b, s/N, H, d]   back to my positions
-    out = o·W_o
-
-Unlike Megatron-SP, the weights are not sharded: it is data parallelism along the sequence,
-so each weight gradient is a partial sum over this rank's positions, all-reduced over the group
-by a hook (as data parallelism would). Heads must divide by N.
-
-Cost per rank and layer, forward (the backward is the same two all-to-alls, reversed):
-    (N-1)/N · 3·b·(s/N)·h + (N-1)/N · b·(s/N)·h elements
-i.e. O(b·s·h/N), falling with N, where TP's all-reduces send 2(N-1)/N·b·s·h.
+    all-to-all  ──────────►  [b, s/N, H, d]   back to my positions;  out = o·W_o
+Unlike Megatron-SP the weights are not sharded: it is data parallelism along the sequence, so a hook
+all-reduces each weight gradient (a partial sum over this rank's positions). Heads must divide by N.
+Cost per rank and layer, forward (backward: the same two all-to-alls, reversed):
+(N-1)/N · 4·b·(s/N)·h elements, falling with N, where TP's all-reduces send 2(N-1)/N·b·s·h.
 """
 from __future__ import annotations
 

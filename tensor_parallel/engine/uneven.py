@@ -1,16 +1,11 @@
 """Gathering and scattering the last dimension when its slices differ in size (shard_bounds'
-uneven splits): all-gather needs equal blocks, so each slice is padded to the largest, gathered,
-and trimmed.
+uneven splits): all-gather needs equal blocks, so each slice is padded to the largest, gathered, trimmed.
 
     python -m pytest -q tests/test_tensor_parallel.py -k layers
 
-    gather_last_dim(y, full, comm, unit)    a column-parallel output → the whole output, on every rank
-    scatter_last_dim(x, full, comm, unit)   a replicated input → this rank's slice (a row-parallel input)
-    pad_gather(x, full, comm, unit)         the plain all-gather (no autograd), for state dicts
-
-Cost: one all-gather of N·⌈full/N⌉ elements per row of x (at most N−1 padding elements more
-than the unpadded gather); the backward of gather_last_dim is a slice, of scatter_last_dim a
-gather.
+gather_last_dim (a column-parallel output → the whole output), scatter_last_dim (a replicated input →
+this rank's slice), each the other's backward; pad_gather, the plain all-gather for state dicts.
+Cost: one all-gather of N·⌈full/N⌉ elements per row of x (at most N−1 padding elements more).
 """
 from __future__ import annotations
 

@@ -3,11 +3,10 @@
     from zero_from_scratch.engine.atomic import atomic_write, atomic_symlink, fsync_dir
     atomic_write("out.json", lambda f: f.write(b"{}"))    # temp file, fsync, rename, fsync the folder
 
-The one home for "write it so a crash never leaves it half-written" (checkpoints, the
-classification engine's DDP state, benchmark JSON). POSIX rename(2) replaces its target
-atomically; fsync of the file before the rename and of the folder after makes the new name
-durable (without the first fsync a power cut can leave an empty or partial file under the new
-name). Cost: one extra fsync per file and per folder.
+The one home for "a crash never leaves it half-written" (checkpoints, the classification engine's
+DDP state, benchmark JSON): rename(2) replaces its target atomically; fsync of the file before it
+(else a power cut can leave a partial file under the new name) and of the folder after makes the
+new name durable. Cost: one extra fsync per file and per folder.
 """
 from __future__ import annotations
 

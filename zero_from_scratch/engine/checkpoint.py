@@ -5,37 +5,28 @@
     engine.load_checkpoint("ckpt", reshard=True)   # different N or stage: re-partitioned from the manifest
     python -m zero_from_scratch.engine.zero_to_fp32 ckpt out.pt    # one full fp32 state_dict
 
-Each rank writes its local shards (params in the model dtype, the fp32 master in mixed
-precision, Adam's m and v) and its RNG state. Rank 0 writes manifest.json: the layout (every
-unit's parameters with global offsets, shapes, padding, N), step counters, optimizer
-hyper-parameters and step counts, scheduler and loss-scaler state, each shard file's byte size
-and a save id shared by every file of one save.
-
+Each rank writes its local shards (params, the fp32 master in mixed precision, the optimizer's
+state) and its RNG state; rank 0 writes manifest.json: the layout (every unit's parameters with
+offsets, shapes, padding, N), counters, optimizer hyper-parameters, scheduler and loss-scaler
+state, each shard file's byte size and a save id shared by every file of one save.
 A save never destroys the previous good checkpoint, re-saving the same tag included. The phases
 (PHASES; RINGZERO_CKPT_KILL_AT=phase[:rank] SIGKILLs a rank there, for the fault tests):
-  validated  every argument checked on every rank, agreed by one small all-gather: a bad tag or
+  validated  every argument checked on every rank and agreed by one small all-gather: a bad tag or
              a non-JSON client_state on any rank is a CheckpointError on every rank, before any write
   shard      each rank writes its file into a NEW folder <tag>.<save id> (temp name, fsync, rename)
   manifest   rank 0 writes manifest.json there, last: a folder with a manifest is complete
   tag        rank 0 points the symlink <tag> at the new folder (one rename(2): atomic)
   latest     rank 0 rewrites `latest` (the tag, as DeepSpeed writes it) the same way
   cleanup    rank 0 removes the folder <tag> pointed at before, and leftovers of killed saves
-A kill before `tag` leaves the old <tag> and `latest`; after it, the new complete save.
-Loading with tag=None from a folder without `latest` loads nothing and returns (None, None) with a
-warning, as DeepSpeed's load_checkpoint does. Loading checks: a different model (names/shapes), a different layout without reshard=True,
-missing or truncated shard files, and files from different saves each raise CheckpointError.
-
-With an mpu (mpu.py) each model-parallel rank is its own ZeRO world with its own parameter
-shapes, so its files carry its rank like DeepSpeed's mp_rank_XX: mp_rank_01_zero_rank000.pt
-and mp_rank_01_manifest.json (model parallelism of 1 keeps the names above). The save id is
-agreed over the model-parallel group too, every manifest is written before the one publish
-(by global rank 0), and loading reads this rank's manifest; consolidate(mp_rank=) gives one
-model-parallel rank's state dict (tensor_parallel.gather_state_dict joins them in a live model).
-
-Loading always goes through full tensors (unshard, then shard with the current layout); at the
-same N that is pure copying, hence bit-exact, and it is the same code that reshards. Cost: each
-rank reads every shard file once (O(Ψ) memory transiently); a save adds two 24-byte-per-rank
-all-gathers (validation, sizes) and one 8-byte one (the closing barrier).
+Loading checks a different model (names/shapes), a different layout without reshard=True, missing
+or truncated shard files and files from different saves: each a CheckpointError.
+With an mpu each model-parallel rank is its own ZeRO world, its files prefixed like DeepSpeed's
+mp_rank_XX (mp_rank_01_zero_rank000.pt, mp_rank_01_manifest.json); the save id is agreed over the
+model-parallel group too and every manifest is written before the one publish (global rank 0);
+consolidate(mp_rank=) gives one model-parallel rank's state dict.
+Loading goes through full tensors (unshard, then shard with the current layout): at the same N pure
+copying, hence bit-exact, and the same code reshards. Cost: each rank reads every shard file once
+(O(Ψ) memory transiently); a save adds two 24-byte-per-rank all-gathers and one 8-byte barrier.
 """
 from __future__ import annotations
 
@@ -50,7 +41,7 @@ import torch
 
 from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
 from zero_from_scratch.engine.checkpoint_read import (FORMAT, CheckpointError, _manifest_file, _shard_file, apply_full,
-                                                      read_manifest, read_shards, unshard)
+                                                      no_latest, read_manifest, read_shards, unshard)
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine import checkpoint_ds
 import random
@@ -185,11 +176,9 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
     local = [{"param": params[g], "master": engine.master[g] if engine.mixed else None,
               **{k: s[k] for k in engine.optimizer.STATE}} for g, s in enumerate(engine.optimizer.state)]
     sharded = set(engine.params_by_name)
-    aliases = {}
-    for n, p in engine.module.named_parameters(remove_duplicate=False):
-        canon = next((k for k, q in engine.params_by_name.items() if q is p), None)
-        if canon is not None and canon != n:
-            aliases[n] = canon
+    canon = {id(q): k for k, q in engine.params_by_name.items()}      # shared parameters: every other name
+    aliases = {n: canon[id(p)] for n, p in engine.module.named_parameters(remove_duplicate=False)
+               if canon.get(id(p), n) != n}
     extras = {k: v.clone() for k, v in engine.module.state_dict().items() if k not in sharded and k not in aliases}
     blob = {"format": FORMAT, "save_id": sid, "rank": c.rank, "local": local, "rng": engine.rng_state(),
             "extras": extras if c.rank == 0 else None}
@@ -257,11 +246,7 @@ def _check_model(engine, man: dict) -> None:
 
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
-    if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):   # DeepSpeed: warn, load nothing
-        warnings.warn(f"Unable to find latest file at {os.path.join(load_dir, 'latest')}, if trying to load latest "
-                      "checkpoint please ensure this file exists or pass an explicit checkpoint tag when loading a "
-                      "checkpoint. Nothing was loaded: load_checkpoint returns (None, None), as DeepSpeed's does",
-                      stacklevel=3)
+    if no_latest(load_dir, tag):
         return None, None
     if checkpoint_ds.is_deepspeed(load_dir, tag):     # DeepSpeed's own layout (checkpoint_ds.py)
         return checkpoint_ds.load(engine, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)

@@ -6,21 +6,18 @@ DeepSpeed's own zero_to_fp32 reads our checkpoints; load_checkpoint reads a fold
     engine.load_checkpoint("ds_ckpt")         # a DeepSpeed checkpoint: weights, Adam states, scheduler, steps
 
 DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
-  stage 0-2  mp_rank_00_model_states.pt (rank 0): module (the model's state_dict), buffer_names,
-             param_shapes (per group: name → shape), frozen_param_shapes/_fragments, shared_params,
-             lr_scheduler, global_steps, skipped_steps, dp_world_size, ds_version, the client_state keys
-             zero_pp_rank_R_mp_rank_00_optim_states.pt (stages 1-2, each rank): the group's fp32 vector
-             (params in group order, padded to a multiple of 2N) cut into N equal partitions:
-             single_partition_of_fp32_groups, base_optimizer_state (its states over the same partition)
-  stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank: module holds buffers and empty
-             parameters; frozen_param_fragments its partitions) and ..._optim_states.pt: every
-             parameter padded to a multiple of N and cut into N partitions, rank R's concatenated
-             per group: fp32_flat_groups, optimizer_state_dict (states in the same layout)
-zero_stage is written as a plain int (DeepSpeed pickles its ZeroStageEnum, an IntEnum); reading
-maps DeepSpeed's pickled classes (ZeroStageEnum, fragment_address, LossScaler) to plain stand-ins,
-so the installed deepspeed package is never imported. Our layout differs (units of sharding.py),
-so writing re-partitions: one all-gather per unit of the fp32 master and of each optimizer state
-((N-1)/N·Ψ elements per rank per tensor kind, per save); reading loads every rank's files (O(Ψ)).
+  stage 0-2  mp_rank_00_model_states.pt (rank 0): module, buffer_names, param_shapes (per group),
+             frozen_param_shapes/_fragments, shared_params, lr_scheduler, counters, ds_version, client
+             state; zero_pp_rank_R_mp_rank_00_optim_states.pt (stages 1-2, each rank): each group's fp32
+             vector padded to a multiple of 2N, cut into N partitions (single_partition_of_fp32_groups,
+             base_optimizer_state over the same partition)
+  stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank; frozen_param_fragments its
+             partitions) and ..._optim_states.pt: every parameter padded to a multiple of N, cut into
+             N partitions, rank R's concatenated per group (fp32_flat_groups, optimizer_state_dict)
+zero_stage is a plain int (DeepSpeed pickles its IntEnum); reading maps DeepSpeed's pickled classes
+to plain stand-ins, so the deepspeed package is never imported. Our layout differs (sharding.py's
+units), so writing re-partitions: one all-gather per unit of the fp32 master and of each optimizer
+state ((N-1)/N·Ψ elements per rank per tensor kind, per save); reading loads every rank's files (O(Ψ)).
 """
 from __future__ import annotations
 

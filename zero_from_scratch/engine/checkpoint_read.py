@@ -13,7 +13,9 @@ different tags. Cost: every shard file is read once (O(Ψ) memory).
 from __future__ import annotations
 
 import json
+import math
 import os
+import warnings
 
 import torch
 
@@ -55,6 +57,18 @@ def tag_folder(load_dir: str, tag=None) -> str:
             raise CheckpointError(f"no 'latest' file in {load_dir!r}: not a checkpoint directory, or pass tag=")
         tag = open(latest).read().strip()
     return os.path.join(load_dir, str(tag))
+
+
+def no_latest(load_dir: str, tag) -> bool:
+    """True (and DeepSpeed's warning) when tag is None and load_dir has no `latest`: load_checkpoint then
+    loads nothing and returns (None, None), as DeepSpeed's does."""
+    if tag is not None or os.path.isfile(os.path.join(load_dir, "latest")):
+        return False
+    warnings.warn(f"Unable to find latest file at {os.path.join(load_dir, 'latest')}, if trying to load latest "
+                  "checkpoint please ensure this file exists or pass an explicit checkpoint tag when loading a "
+                  "checkpoint. Nothing was loaded: load_checkpoint returns (None, None), as DeepSpeed's does",
+                  stacklevel=4)
+    return True
 
 
 def read_manifest(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> tuple[str, dict]:
@@ -110,10 +124,7 @@ def unshard(man: dict, shards: list[dict]) -> dict:
                 continue
             buf = torch.cat([sh["local"][g][key][off:off + s] for sh in shards])
             for name, shape, o in u["slots"]:
-                n = 1
-                for dim in shape:
-                    n *= dim
-                full.setdefault(name, {})[key] = buf[o:o + n].view(shape)
+                full.setdefault(name, {})[key] = buf[o:o + math.prod(shape)].view(shape)
     return full
 
 
@@ -145,8 +156,7 @@ def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: boo
         for s in u.slots:
             src = full[s.name]
             master = src.get("master")
-            bufs["param"][s.offset:s.offset + s.numel].copy_((src["param"] if master is None or not engine.mixed
-                                                              else src["param"]).reshape(-1))
+            bufs["param"][s.offset:s.offset + s.numel].copy_(src["param"].reshape(-1))
             if engine.mixed:
                 m = master if master is not None else src["param"].float()
                 bufs["master"][s.offset:s.offset + s.numel].copy_(m.reshape(-1))

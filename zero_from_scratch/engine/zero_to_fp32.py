@@ -6,12 +6,10 @@ carry DeepSpeed's files too, checkpoint_ds.py), without the deepspeed package.
     model = load_state_dict_from_zero_checkpoint(model, "ckpt")    # model.cpu() with those weights
     convert_zero_checkpoint_to_fp32_state_dict("ckpt", "out/")     # out/pytorch_model.bin
 
-As DeepSpeed 0.19.8: the fp32 master of every trained parameter, the buffers (floating ones as
-fp32), the frozen parameters unless exclude_frozen_parameters, shared parameters under every name.
-lazy_mode returns ordinary tensors (DeepSpeed's pseudo tensors are read with .contiguous(), which a
-tensor has too). A folder of ours without DeepSpeed's files (model-parallel saves) is read with
-checkpoint_read.consolidate. The script writes that state_dict (atomically) for `load_state_dict`.
-Cost: every rank's files read once (O(Ψ) memory), no processes.
+As DeepSpeed 0.19.8: every trained parameter's fp32 master, the buffers (floating ones as fp32), the
+frozen parameters unless exclude_frozen_parameters, shared parameters under every name; lazy_mode
+returns ordinary tensors. A folder of ours without DeepSpeed's files (model-parallel saves) is read
+with checkpoint_read.consolidate. Cost: every rank's files read once (O(Ψ) memory), no processes.
 """
 from __future__ import annotations
 
