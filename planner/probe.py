@@ -57,14 +57,34 @@ while True:
 """
 
 
+SLEEPER = """import os, sys, time, torch
+torch.set_num_threads(1)
+a, b = torch.randn(256, 128), torch.randn(128, 512)
+burst, nap = float(sys.argv[1]), float(sys.argv[2])
+while True:
+    t0, cpu, awake = time.perf_counter(), 0.0, 0.0
+    while time.perf_counter() - t0 < 0.2:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        while time.thread_time() - c0 < burst:
+            a @ b
+        awake += time.perf_counter() - w0
+        cpu += time.thread_time() - c0
+        time.sleep(nap)
+    try:
+        os.write(1, f"{os.getpid()} {time.time()} {cpu / awake} 0\\n".encode())
+    except BrokenPipeError:
+        break
+"""
+
+
 class Probe(threading.Thread):
     """`procs` busy processes in a session of their own (module docstring): their share of the
     cores and the FLOPs per CPU second they get."""
 
-    def __init__(self, procs: int = 2):
+    def __init__(self, procs: int = 2, script: str = PROBE, args: tuple = ()):
         super().__init__(daemon=True)
         self.procs, self.samples = procs, []
-        self.proc = subprocess.Popen([sys.executable, "-c", PROBE, str(procs)],
+        self.proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args or (procs,))],
                                      stdout=subprocess.PIPE, text=True,
                                      start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -108,15 +128,29 @@ class Probe(threading.Thread):
         return max(0.0, C / q - ranks)
 
 
-def probe_now(seconds: float = 2.0) -> Probe:
-    """cpu-now: as many probe processes as cores, alone, for `seconds` after their start-up."""
-    p = Probe(os.cpu_count())
+class Sleeper(Probe):
+    """One process in a session of its own that works `burst` CPU seconds, sleeps `nap` seconds,
+    and so on, as a pipeline's pacing rank works a micro-batch and waits for its neighbour:
+    share() is the share of a core it gets while it is awake (CPU seconds over the wall seconds
+    of its bursts), the share a woken rank gets (module docstring)."""
+
+    def __init__(self, burst: float = 0.01, nap: float = 0.01):
+        super().__init__(1, SLEEPER, (burst, nap))
+
+
+def probe_now(seconds: float = 2.0) -> tuple[Probe, float]:
+    """cpu-now: as many probe processes as cores and a Sleeper beside them, for `seconds` after
+    their start-up: (the probe, the Sleeper's share while awake)."""
+    p, s = Probe(os.cpu_count()), Sleeper()
     p.start()
+    s.start()
     start = time.time()
-    while len({x[1] for x in p.samples}) < p.procs and time.time() - start < 60:
+    while (len({x[1] for x in p.samples}) < p.procs or not s.samples) and time.time() - start < 60:
         time.sleep(0.05)
     t0 = time.time()
     time.sleep(seconds)
     p.stop()
+    s.stop()
     p.during([(t0, time.time())])
-    return p
+    s.during([(t0, time.time())])
+    return p, s.share()
