@@ -25,7 +25,8 @@ AdamW. Rows (the label says which engine runs it):
     2 nodes × 1           the DDP row with one rank on each of two nodes of multinode/'s cluster on
                           this machine (network namespaces, a 400 Mbit/s tbf-shaped veth between
                           them; needs root and iproute2, else the row is left out)
-Not run: 3D (pp × tp × dp), not built into this benchmark yet.
+    pp2·tp2 / dp2·pp2·tp2 3D: the DistilBERT blocks, parallelize'd, on pipeline_parallel's stages
+                          over one mesh (4 and 8 ranks; the last stage's own output layer: untied)
 
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
@@ -36,7 +37,9 @@ No row's timing feeds any constant. Two inputs are measured while each row runs,
 planner.probe beside the ranks (two busy processes, as many as cores, repeating the fit's
 matmuls): the share of a core each busy task gets (→ the load: the planner's cpu_stretch and
 pipeline_stretch turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys
-now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed).
+now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed);
+beside them planner.probe.Sleeper, one process that works and sleeps in turn, measures the share
+a woken task gets while awake (→ hw.wake_share: the ranks that wait inside a step run at it).
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the

@@ -1,11 +1,12 @@
 """What this machine gives a run right now: the share of the cores a session of busy processes
-gets, and the rate of a CPU second (matmul FLOPs per CPU second), measured while a run runs or
-just before a plan (the planner's `cpu-now`).
+gets, the share a task that sleeps and wakes gets, and the rate of a CPU second (matmul FLOPs per
+CPU second), measured while a run runs or just before a plan (the planner's `cpu-now`).
 
     python -m planner tiny --gpus 2 --hardware cpu-now      # cpu-here, probed for ~3 s first
     probe = Probe(); probe.start(); ...run the ranks...; probe.stop(); probe.during(spans)
 
-Cost: `procs` (default 2, as many as cores here) more busy processes while it runs; ~3 s before a plan.
+Cost: `procs` (default 2, as many as cores here) more busy processes while it runs, a Sleeper one
+more, runnable about half the time; ~3 s before a plan.
 
 The probe's processes sit in a session of their own (as a run from its own terminal) and each
 repeats the transformer-shaped products planner_fit's
@@ -20,6 +21,10 @@ every 0.1 s its CPU seconds per wall second and its FLOPs per CPU second:
          4-rank rows got 2.4-2.6× the probe's session share under load — and each task's share
          is what predicts both the 2- and the 4-rank rows.) The probe is two more busy tasks
          beside a run and slows it as two would
+  woken  (Sleeper, one more process in a session of its own) the share of a core a task that
+         sleeps and wakes gets while awake: the scheduler places a woken task by the service it
+         did not use, so it runs ahead of busy ones — the share of the ranks that wait inside a
+         step (planner.steptime.wake_share)
   speed  the FLOPs per CPU second now over the fitted rate (peak · gemm_efficiency): a CPU second
          buys less work when other processes share the caches, memory and the host's cycles
          (this is a virtual machine), so every fitted CPU-second rate scales by it
