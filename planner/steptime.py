@@ -145,12 +145,15 @@ def pipeline_stretch(lay, hw) -> float:
 
 
 def tp_stretch(lay, hw) -> float:
-    """Wall seconds per CPU second of tensor-parallel ranks on a CPU host: each waits for its
-    peers in every layer's all-reduces, asleep once the ranks outnumber the cores
-    (primitives.engine.shm_segment.yield_s), so each gets a woken task's share (wake_share)."""
-    if not hw.cores or lay.tp == 1:
+    """Wall seconds per CPU second of tensor-parallel ranks on a CPU host. Each waits for its
+    peers in every layer's all-reduces; once the ranks on the node outnumber the cores the
+    shared-memory transport gives the core up at once in a wait and sleeps
+    (primitives.engine.shm_segment.yield_s, max_polls), so each rank gets a woken task's share
+    (wake_share); with a core per rank it polls first and is counted busy (cpu_stretch)."""
+    r = min(lay.gpus, hw.gpus_per_node)
+    if not hw.cores or lay.tp == 1 or r <= hw.cores:
         return cpu_stretch(lay, hw)
-    return 1.0 / wake_share(lay, hw, min(lay.gpus, hw.gpus_per_node))
+    return 1.0 / wake_share(lay, hw, r)
 
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:

@@ -380,10 +380,11 @@ def test_woken_ranks_get_the_sleepers_share():
     from dataclasses import replace
     from planner.steptime import cpu_stretch, pipeline_stretch, tp_stretch
     hw = replace(H.load("cpu-here"), cores=2, load=6.0)          # busy tasks get 0.25 of a core
-    assert tp_stretch(Layout(1, 2, 1), hw) == cpu_stretch(Layout(1, 2, 1), hw) == 4.0   # no Sleeper reading
+    assert tp_stretch(Layout(2, 2, 1), hw) == cpu_stretch(Layout(2, 2, 1), hw)     # no Sleeper reading
     woken = replace(hw, wake_share=0.4)
-    assert tp_stretch(Layout(1, 2, 1), woken) == pytest.approx(2.5)
-    assert tp_stretch(Layout(2, 1, 1), woken) == 4.0               # data parallel ranks do not wait
+    assert tp_stretch(Layout(2, 2, 1), woken) == pytest.approx(2.5)   # 4 ranks on 2 cores: the transport sleeps
+    assert tp_stretch(Layout(1, 2, 1), woken) == 4.0               # a core per rank: it polls, busy
+    assert tp_stretch(Layout(4, 1, 1), woken) == cpu_stretch(Layout(4, 1, 1), woken)   # data parallel ranks do not wait
     assert pipeline_stretch(Layout(1, 1, 2), woken) == 2.0         # the session's 0.5 cores beat 0.4
     assert pipeline_stretch(Layout(1, 1, 2), replace(woken, wake_share=0.8)) == pytest.approx(1.25)
     assert tp_stretch(Layout(2, 2, 1), replace(woken, load=0.0, wake_share=1.0)) == 2.0   # 4 ranks, 2 cores
