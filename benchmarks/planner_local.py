@@ -25,7 +25,8 @@ AdamW. Rows (the label says which engine runs it):
     2 nodes × 1           the DDP row with one rank on each of two nodes of multinode/'s cluster on
                           this machine (network namespaces, a 400 Mbit/s tbf-shaped veth between
                           them; needs root and iproute2, else the row is left out)
-Not run: 3D (pp × tp × dp), not built into this benchmark yet.
+    pp2·tp2 / dp2·pp2·tp2 3D: the DistilBERT blocks, parallelize'd, on pipeline_parallel's stages
+                          over one mesh (4 and 8 ranks; the last stage's own output layer: untied)
 
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
@@ -36,7 +37,9 @@ No row's timing feeds any constant. Two inputs are measured while each row runs,
 planner.probe beside the ranks (two busy processes, as many as cores, repeating the fit's
 matmuls): the share of a core each busy task gets (→ the load: the planner's cpu_stretch and
 pipeline_stretch turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys
-now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed).
+now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed);
+beside them planner.probe.Sleeper, one process that works and sleeps in turn, measures the share
+a woken task gets while awake (→ hw.wake_share: the ranks that wait inside a step run at it).
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
@@ -63,12 +66,12 @@ from dataclasses import replace
 from rich.table import Table
 
 from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
-from benchmarks.planner_ranks import (SHAPES, _llama_pp_rank, _pp_rank, _rank, _tp_rank, distilbert_planner_model,
-                                     llama_planner_model)
+from benchmarks.planner_ranks import SHAPES, _llama_pp_rank, _pp_rank, _rank, llama_planner_model
+from benchmarks.planner_ranks_tp import _tp_pp_rank, _tp_rank, distilbert_planner_model
 from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
-from planner.probe import Probe
+from planner.probe import Probe, Sleeper
 from planner.steptime import Software, cpu_stretch
 from primitives.engine.cost import Params
 from primitives.launch import spawn
@@ -94,6 +97,9 @@ def runs(quick: bool, steps: int, mb: int = 4):
     distil = distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 128)
     out += [(distil, f"{'dp2·' if dp > 1 else ''}tp2 mb{mb} (parallelize, HF DistilBERT)", Layout(dp, 2, 1, mb=mb), dp * mb,
              _tp_rank, (distil, 2, mb, steps)) for dp in (1, 2)]
+    untied = replace(distil, name="distil-mini (untied)", tied=False)   # the last stage's own output layer, as built
+    out += [(untied, f"{'dp2·' if dp > 1 else ''}pp2·tp2 1F1B m4 mb2 (engine + parallelize, HF DistilBERT)",
+             Layout(dp, 2, 2, mb=2), 8 * dp, _tp_pp_rank, (untied, 2, 2, 4, steps)) for dp in (1, 2)]
     for preset in ("tiny", "small"):     # pipeline_parallel/models/llama.py's presets, HF's decoder layer
         lm = llama_planner_model(preset, 128)
         out.append((lm, "pp2 1F1B m4 mb2 (engine, HF llama)", Layout(1, 1, 2, mb=2), 8, _llama_pp_rank,
@@ -111,14 +117,17 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
         if only not in label:
             continue
         nodes = fn is on_two_nodes
-        probe = Probe(2)      # a session shaped like the ranks' (two busy processes)
+        probe, sleeper = Probe(2), Sleeper()    # a session shaped like the ranks' (two busy processes); a woken task
         probe.start()
+        sleeper.start()
         got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
         probe.stop()
+        sleeper.stop()
         probe.during([g["span"] for g in got])
+        sleeper.during([g["span"] for g in got])
         fitted = H.cpu_here(lay.gpus)
         speed = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
-        hw = H.at_speed(replace(fitted, load=probe.load(lay.gpus)), speed)
+        hw = H.at_speed(replace(fitted, load=probe.load(lay.gpus), wake_share=sleeper.share()), speed)
         if nodes:     # one rank per node, each node a session of its own: the probe's share is each rank's
             hw = replace(hw, gpus_per_node=1, load=probe.load(1))
         sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
@@ -131,9 +140,12 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
                      "step_pred": pred.time["total"], "step_idle": idle.time["total"],
                      "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
                      "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
-                     "time_terms": pred.time, "load": hw.load, "share": probe.share(), "speed": speed, "stretch": stretch,
+                     "time_terms": pred.time, "load": hw.load, "share": probe.share(), "wake": sleeper.share(), "speed": speed, "stretch": stretch,
                      "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
                      "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]})
+        r = rows[-1]
+        console.print(f"{r['model']} {label}: load {r['load']:.1f}, woken {r['wake']:.2f}, step {r['step_pred'] / r['step_meas'] - 1:+.0%}, "
+                      f"memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}", highlight=False)
     return rows
 
 
@@ -169,11 +181,11 @@ def main(argv=None) -> int:
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
                     f"{min(shares) / 2:.2f}-{max(shares) / 2:.2f} of a core, {os.cpu_count()} cores")
-    for c in ("model", "params", "layout", "load", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
+    for c in ("model", "params", "layout", "load", "woken", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
-        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
+        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['wake']:.2f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
                   f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")

@@ -24,11 +24,6 @@ from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel import initialize as pipe_initialize
 from pipeline_parallel.engine.model import Embed, FinalNorm, head, lm_loss
 from pipeline_parallel.models.llama import LlamaBlockPipe, LlamaEmbedPipe, LlamaHeadPipe, LlamaNormPipe, llama_config, llama_loss
-from primitives.mesh import Mesh
-from tensor_parallel.comm import copy_to_tp
-from tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from tensor_parallel.engine.parallelize import parallelize
-from transformers import DistilBertConfig, DistilBertModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 SHAPES = [Model("gpt-mini", 4, 256, 4, 8192, 128, positions=128), Model("gpt-small", 6, 384, 6, 16384, 128, positions=128)]
@@ -204,55 +199,3 @@ def _llama_pp_rank(rank, world, preset: str, seq: int, mb: int, micro: int, step
         "pipeline": {"schedule": "1f1b"}}, dp=world // 2)
     x = torch.randint(0, cfg.vocab_size, (mb, seq), generator=torch.Generator().manual_seed(rank))
     return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
-
-
-def distilbert_planner_model(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> Model:
-    """The planner's Model of a Hugging Face DistilBERT with a head tied to its word embedding."""
-    return Model(name, layers, hidden, heads, vocab, seq, positions=seq, family="distilbert")
-
-
-class DistilLM(torch.nn.Module):
-    """Hugging Face's DistilBertModel (eager attention, dropout 0) and a head tied to its word
-    embedding, tensor-parallel by tensor_parallel.parallelize: the embedding vocab-parallel, so the
-    head's logits are this rank's vocabulary slice and the loss is vocab-parallel too."""
-
-    def __init__(self, m: Model):
-        super().__init__()
-        cfg = DistilBertConfig(vocab_size=m.vocab, dim=m.hidden, n_heads=m.heads, hidden_dim=m.f, n_layers=m.layers,
-                               dropout=0.0, attention_dropout=0.0, max_position_embeddings=m.positions)
-        cfg._attn_implementation = "eager"
-        self.vocab, self.db = m.vocab, DistilBertModel(cfg)
-
-    def loss(self, x):
-        h = self.db(input_ids=x).last_hidden_state
-        comm = self.db.tp_comm
-        logits = copy_to_tp(h, comm) @ self.db.embeddings.word_embeddings.weight.t()
-        return vocab_parallel_cross_entropy(logits.flatten(0, 1), x.flatten(), self.vocab, comm)
-
-
-def _tp_rank(rank, world, m: Model, tp: int, mb: int, steps: int):
-    """dp = world / tp × tp through tensor_parallel.parallelize (DistilBERT, Megatron's split:
-    heads and the MLP column → row, the vocabulary split over the embedding, the head and the
-    loss), the dp group's gradients in one flat all-reduce after backward, AdamW."""
-    base = _warm()
-    mesh = Mesh.build(dp=world // tp, tp=tp)
-    torch.manual_seed(0)
-    net = DistilLM(m)
-    assert sum(p.numel() for p in net.parameters()) == m.params(), "torch model ≠ planner's count"
-    parallelize(net.db, mesh.tp_group)    # the norms, positions and row-parallel biases stay whole: the planner's Ψ/t is a bit below
-    x = torch.randint(0, m.vocab, (mb, m.seq), generator=torch.Generator().manual_seed(mesh.coords[1]))
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-
-    def step():
-        net.loss(x).backward()
-        if world > tp:
-            flat = torch.cat([p.grad.flatten() for p in net.parameters()])
-            P.all_reduce(flat, group=mesh.dp_group)
-            off = 0
-            for p in net.parameters():
-                p.grad.copy_(flat[off:off + p.numel()].view_as(p)).div_(world // tp)
-                off += p.numel()
-            del flat
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-    return _timed(step, steps, base)

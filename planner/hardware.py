@@ -54,6 +54,8 @@ class Hardware:
     cores: int = 0               # cores a node's ranks share: compute's CPU seconds stretch by
                                  # (ranks + load) / cores when more tasks than cores are runnable
     load: float = 0.0            # other runnable tasks on the node (the load the ranks compete with)
+    wake_share: float = 0.0      # share of a core a task that sleeps and wakes gets while awake (planner.probe.Sleeper,
+                                 # measured beside a run or by cpu-now); 0: what a busy task gets
     op_overhead: float = 0.0     # CPU seconds per layer and micro-batch of non-matmul work that does
     elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted)
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
@@ -127,11 +129,12 @@ def cpu_now(ranks_per_node: int = 2, seconds: float = 2.0) -> Hardware:
     second buys (→ at_speed over the fitted rate). A run predicted with it should start in a
     session of its own (a terminal of its own), as the probe did."""
     hw = cpu_here(ranks_per_node)
-    p = probe_now(seconds)
+    p, wake = probe_now(seconds)
     speed = p.rate() / (hw.peak_flops * hw.gemm_efficiency)
-    return replace(at_speed(replace(hw, load=p.load(ranks_per_node)), speed), name="cpu-now",
-                   calibrated_on=f"{hw.calibrated_on}; probed now: a session got {p.share():.2f} cores, a CPU "
-                                 f"second {p.rate() / 1e9:.1f} GFLOP of matmul, ×{speed:.2f} the fit's")
+    return replace(at_speed(replace(hw, load=p.load(ranks_per_node), wake_share=wake), speed), name="cpu-now",
+                   calibrated_on=f"{hw.calibrated_on}; probed now: a session got {p.share():.2f} cores, a task "
+                                 f"that sleeps and wakes {wake:.2f} of a core awake, a CPU second "
+                                 f"{p.rate() / 1e9:.1f} GFLOP of matmul, ×{speed:.2f} the fit's")
 
 
 def load(name: str, ranks_per_node: int = 2) -> Hardware:

@@ -25,7 +25,7 @@ reduced (ZeRO-0), whichever is larger (torch_peak_working).
 """
 from __future__ import annotations
 
-from primitives.engine.shm_segment import BUFS, WS_BYTES
+from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
 from tensor_parallel.engine.formulas import megatron_activation_bytes
 from zero_from_scratch.engine.ledger import model_state_bytes
 
@@ -210,6 +210,29 @@ def zero_unit(model, lay, psi: int, bucket: int = 500_000_000) -> int:
     return max(model.vocab * h, 3 * h * h, h * model.f) // lay.tp
 
 
+def shm_bytes(model, seq: int, lay, hw) -> float:
+    """Bytes of the shared-memory transport's segments a rank touches (primitives.engine.shm_segment),
+    resident in each process that maps them: a collective's group of k ranks on the host uses each
+    member's BUFS workspaces of WS_BYTES, up to its message per round (k·BUFS·min(WS_BYTES, S));
+    a pipeline's sends (activations, gradients, the tied weights' gradients, which the pipeline
+    engine sends point to point) go through one channel each way to the neighbour, SLOTS slots of
+    SLOT_BYTES, up to the largest message (2·SLOTS·min(SLOT_BYTES, message)); each tp rank sends
+    its stage's whole b·s·h output (pipeline_parallel does not scatter it over the tp ranks). Ranks on other hosts
+    share no segment. Measured (RssShmem) on the rows of benchmarks.planner_local."""
+    G, t = hw.gpus_per_node, lay.tp
+    S = seq * lay.mb * model.hidden * hw.bytes_per_elem          # one micro-batch's b·s·h
+    out = 0.0
+    k_dp = min(lay.dp, max(1, G // t))                            # a dp group's ranks on this host
+    if k_dp > 1:                                                  # the gradients' reduction: buckets ≥ a workspace
+        out += k_dp * BUFS * WS_BYTES
+    if min(t, G) > 1:                                             # the layers' all-reduces of b·s·h
+        out += min(t, G) * BUFS * min(WS_BYTES, S)
+    if lay.pp > 1 and t * lay.dp * lay.pp <= G:
+        msg = max(S, model.vocab * model.hidden * hw.bytes_per_elem / t if model.tied else 0.0)   # whole b·s·h per tp rank
+        out += 2 * SLOTS * min(SLOT_BYTES, msg)
+    return out
+
+
 def maps_blocks(lay, hw, sw) -> bool:
     """Whether the host allocator maps every large block: asked for (Software.mapped_alloc), or
     ringzero's ZeRO-3 engine on a CPU host, which fixes glibc's mmap threshold at 64 KiB
@@ -227,9 +250,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
       the loss backward's two logit gradients (last stage), or for ZeRO-0 the flat gradient copy
         that is all-reduced after backward when the activations are gone (4Ψ minus the
         activations it outlives), whichever is larger;
-      the shared-memory transport's workspaces of every rank on the host, mapped into each
-        process and touched by a large collective (primitives.engine.shm_segment: BUFS ×
-        WS_BYTES per rank);
+      the shared-memory transport's segments the rank touches (shm_bytes: its collectives'
+        workspaces, its pipeline channels);
       ZeRO ≥ 1 through zero_from_scratch (u = zero_unit, its largest flat unit): the ring
         reduce-scatter's two block-sized scratch buffers, 2·4u/N, kept by comm.scratch
         (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
@@ -261,8 +283,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         work = transient
         if lay.zero == 0 and lay.dp > 1:
             work = max(work, 4 * psi - acts)
-        if lay.gpus > 1:
-            work += min(lay.gpus, hw.gpus_per_node) * BUFS * WS_BYTES
+        work += shm_bytes(model, seq, lay, hw)
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)

@@ -1,11 +1,12 @@
 """What this machine gives a run right now: the share of the cores a session of busy processes
-gets, and the rate of a CPU second (matmul FLOPs per CPU second), measured while a run runs or
-just before a plan (the planner's `cpu-now`).
+gets, the share a task that sleeps and wakes gets, and the rate of a CPU second (matmul FLOPs per
+CPU second), measured while a run runs or just before a plan (the planner's `cpu-now`).
 
     python -m planner tiny --gpus 2 --hardware cpu-now      # cpu-here, probed for ~3 s first
     probe = Probe(); probe.start(); ...run the ranks...; probe.stop(); probe.during(spans)
 
-Cost: `procs` (default 2, as many as cores here) more busy processes while it runs; ~3 s before a plan.
+Cost: `procs` (default 2, as many as cores here) more busy processes while it runs, a Sleeper one
+more, runnable about half the time; ~3 s before a plan.
 
 The probe's processes sit in a session of their own (as a run from its own terminal) and each
 repeats the transformer-shaped products planner_fit's
@@ -20,6 +21,10 @@ every 0.1 s its CPU seconds per wall second and its FLOPs per CPU second:
          4-rank rows got 2.4-2.6× the probe's session share under load — and each task's share
          is what predicts both the 2- and the 4-rank rows.) The probe is two more busy tasks
          beside a run and slows it as two would
+  woken  (Sleeper, one more process in a session of its own) the share of a core a task that
+         sleeps and wakes gets while awake: the scheduler places a woken task by the service it
+         did not use, so it runs ahead of busy ones — the share of the ranks that wait inside a
+         step (planner.steptime.wake_share)
   speed  the FLOPs per CPU second now over the fitted rate (peak · gemm_efficiency): a CPU second
          buys less work when other processes share the caches, memory and the host's cycles
          (this is a virtual machine), so every fitted CPU-second rate scales by it
@@ -57,14 +62,34 @@ while True:
 """
 
 
+SLEEPER = """import os, sys, time, torch
+torch.set_num_threads(1)
+a, b = torch.randn(256, 128), torch.randn(128, 512)
+burst, nap = float(sys.argv[1]), float(sys.argv[2])
+while True:
+    t0, cpu, awake = time.perf_counter(), 0.0, 0.0
+    while time.perf_counter() - t0 < 0.2:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        while time.thread_time() - c0 < burst:
+            a @ b
+        awake += time.perf_counter() - w0
+        cpu += time.thread_time() - c0
+        time.sleep(nap)
+    try:
+        os.write(1, f"{os.getpid()} {time.time()} {cpu / awake} 0\\n".encode())
+    except BrokenPipeError:
+        break
+"""
+
+
 class Probe(threading.Thread):
     """`procs` busy processes in a session of their own (module docstring): their share of the
     cores and the FLOPs per CPU second they get."""
 
-    def __init__(self, procs: int = 2):
+    def __init__(self, procs: int = 2, script: str = PROBE, args: tuple = ()):
         super().__init__(daemon=True)
         self.procs, self.samples = procs, []
-        self.proc = subprocess.Popen([sys.executable, "-c", PROBE, str(procs)],
+        self.proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args or (procs,))],
                                      stdout=subprocess.PIPE, text=True,
                                      start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -108,15 +133,29 @@ class Probe(threading.Thread):
         return max(0.0, C / q - ranks)
 
 
-def probe_now(seconds: float = 2.0) -> Probe:
-    """cpu-now: as many probe processes as cores, alone, for `seconds` after their start-up."""
-    p = Probe(os.cpu_count())
+class Sleeper(Probe):
+    """One process in a session of its own that works `burst` CPU seconds, sleeps `nap` seconds,
+    and so on, as a pipeline's pacing rank works a micro-batch and waits for its neighbour:
+    share() is the share of a core it gets while it is awake (CPU seconds over the wall seconds
+    of its bursts), the share a woken rank gets (module docstring)."""
+
+    def __init__(self, burst: float = 0.01, nap: float = 0.01):
+        super().__init__(1, SLEEPER, (burst, nap))
+
+
+def probe_now(seconds: float = 2.0) -> tuple[Probe, float]:
+    """cpu-now: as many probe processes as cores and a Sleeper beside them, for `seconds` after
+    their start-up: (the probe, the Sleeper's share while awake)."""
+    p, s = Probe(os.cpu_count()), Sleeper()
     p.start()
+    s.start()
     start = time.time()
-    while len({x[1] for x in p.samples}) < p.procs and time.time() - start < 60:
+    while (len({x[1] for x in p.samples}) < p.procs or not s.samples) and time.time() - start < 60:
         time.sleep(0.05)
     t0 = time.time()
     time.sleep(seconds)
     p.stop()
+    s.stop()
     p.during([(t0, time.time())])
-    return p
+    s.during([(t0, time.time())])
+    return p, s.share()

@@ -118,18 +118,42 @@ def cpu_stretch(lay, hw) -> float:
     return max(1.0, (min(lay.gpus, hw.gpus_per_node) + hw.load) / hw.cores)
 
 
+def wake_share(lay, hw, ranks: float) -> float:
+    """Share of a core each of `ranks` ranks that wait inside the step gets while awake: a rank
+    asleep on a futex (its neighbour's activation, its tensor-parallel peers' all-reduce) is
+    served ahead of busy tasks when it wakes (the scheduler places a woken task by the service it
+    did not use), which planner.probe.Sleeper measures (hw.wake_share); never below a busy task's
+    share, never more than a core, and those ranks together never more than the cores."""
+    busy = 1.0 / cpu_stretch(lay, hw)
+    return max(busy, min(1.0, hw.wake_share or busy, hw.cores / max(ranks, 1.0)))
+
+
 def pipeline_stretch(lay, hw) -> float:
     """Wall seconds per CPU second of the ranks that pace the pipelines on a CPU host. The ranks'
     session gets P cores (session_cores). A pipeline rank waiting for its neighbour sleeps on a
     futex and uses no CPU, so the P cores go to the runnable ranks: at least the r/p pacing ranks
     (one per pipeline on the node), each at most one core: min(1, P·p/r). Other stages running
     beside them take their share too; that is the `cores` term of step_time (all ranks' CPU
-    seconds over P), which binds instead when it is the larger. Nothing fitted: P from the
-    measured load (planner.probe), r and p from the layout."""
+    seconds over P), which binds instead when it is the larger. A pacing rank also sleeps (for its
+    neighbour) and wakes, so it gets at least what a woken task gets (wake_share, measured by
+    planner.probe.Sleeper). Nothing fitted: P and the woken share from the probes, r and p from
+    the layout."""
     if not hw.cores or lay.pp == 1:
         return cpu_stretch(lay, hw)
     pacing = max(1.0, min(lay.gpus, hw.gpus_per_node) / lay.pp)
-    return max(1.0, pacing / session_cores(lay, hw))
+    return 1.0 / max(min(1.0, session_cores(lay, hw) / pacing), wake_share(lay, hw, pacing))
+
+
+def tp_stretch(lay, hw) -> float:
+    """Wall seconds per CPU second of tensor-parallel ranks on a CPU host. Each waits for its
+    peers in every layer's all-reduces; once the ranks on the node outnumber the cores the
+    shared-memory transport gives the core up at once in a wait and sleeps
+    (primitives.engine.shm_segment.yield_s, max_polls), so each rank gets a woken task's share
+    (wake_share); with a core per rank it polls first and is counted busy (cpu_stretch)."""
+    r = min(lay.gpus, hw.gpus_per_node)
+    if not hw.cores or lay.tp == 1 or r <= hw.cores:
+        return cpu_stretch(lay, hw)
+    return 1.0 / wake_share(lay, hw, r)
 
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
@@ -166,7 +190,7 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     cpu_mb = flops / rate + elem + alloc             # CPU seconds of one micro-batch on the pacing stage
     other_mb = cpu_mb - (head_flops / rate + head_elem + 2 * tokens * model.vocab * head_share / t * 4 * hw.mmap_s * mapped
                          if not sw.balanced_stages and p > 1 else 0.0)     # a stage without the output layer
-    pace = pipeline_stretch(lay, hw) if p > 1 else stretch
+    pace = pipeline_stretch(lay, hw) if p > 1 else tp_stretch(lay, hw)
     flops_s, elem, alloc = flops / rate * pace, elem * pace, alloc * pace
     compute_mb = flops_s + elem + alloc
 

@@ -124,7 +124,7 @@ def test_llama_activation_formula_is_what_autograd_saves(h, a, kv, f, s, b):
 def test_distilbert_activation_formula_is_what_autograd_saves():
     """DistilBERT's eager block (post-norm, GELU, the s×s softmax kept), 4·s·b·(8h + 2f + 4 + a·s)
     at t = 1, against the saved tensors autograd keeps (exact)."""
-    from benchmarks.planner_ranks import DistilLM, distilbert_planner_model
+    from benchmarks.planner_ranks_tp import DistilLM, distilbert_planner_model
     m = distilbert_planner_model("d", 1, 96, 3, 50, 24)
     net, lay = DistilLM(m).train(), Layout(1, 1, 1, mb=3)
     assert sum(p.numel() for p in net.parameters()) == m.params()
@@ -354,3 +354,37 @@ def test_mapped_blocks_keep_no_slack_and_cost_faults():
     assert memory(m, 32, Layout(2, 1, 1, mb=2), 4, hw, replace(sw, mapped_alloc=True))["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=1, mb=2), 4, hw, sw)["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["allocator"] > 0.0
+
+
+def test_shm_segments_a_rank_touches():
+    """The shared-memory transport's pages a rank maps (RssShmem on the rows of planner_local:
+    DDP 12.0 MiB, DistilBERT tp2 3.1, pp2·dp2 20.1, the llama pipelines 1.1 and 4.1): a group's
+    collectives use each member's BUFS workspaces up to the message, a pipeline one channel each
+    way up to its largest send; ranks on other hosts share no segment."""
+    from dataclasses import replace
+    from planner.memory import shm_bytes
+    from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
+    hw, MiB = H.load("cpu-here"), 2**20
+    gpt = PRESETS["tiny"]
+    llama = resolve(None, layers=4, hidden=64, heads=4, ffn=176, kv_heads=2, vocab=256, seq=128, gated=True, bias=False, tied=False)
+    assert (BUFS, WS_BYTES, SLOTS, SLOT_BYTES) == (3, 2 * MiB, 8, MiB // 2)    # the sizes the measurements were made at
+    assert shm_bytes(gpt, 128, Layout(2, 1, 1, mb=4), hw) == 12 * MiB
+    assert shm_bytes(llama, 128, Layout(1, 1, 2, mb=2), hw) == 1 * MiB          # 64 KiB sends, 8 slots each way
+    assert shm_bytes(gpt, 128, Layout(2, 1, 1, mb=4), replace(hw, gpus_per_node=1)) == 0.0
+
+
+def test_woken_ranks_get_the_sleepers_share():
+    """Ranks that wait inside the step (a pipeline's, tensor parallel's) run at the share a task
+    that sleeps and wakes gets (hw.wake_share, planner.probe.Sleeper), never below a busy task's,
+    never above a core, and together never above the cores."""
+    from dataclasses import replace
+    from planner.steptime import cpu_stretch, pipeline_stretch, tp_stretch
+    hw = replace(H.load("cpu-here"), cores=2, load=6.0)          # busy tasks get 0.25 of a core
+    assert tp_stretch(Layout(2, 2, 1), hw) == cpu_stretch(Layout(2, 2, 1), hw)     # no Sleeper reading
+    woken = replace(hw, wake_share=0.4)
+    assert tp_stretch(Layout(2, 2, 1), woken) == pytest.approx(2.5)   # 4 ranks on 2 cores: the transport sleeps
+    assert tp_stretch(Layout(1, 2, 1), woken) == 4.0               # a core per rank: it polls, busy
+    assert tp_stretch(Layout(4, 1, 1), woken) == cpu_stretch(Layout(4, 1, 1), woken)   # data parallel ranks do not wait
+    assert pipeline_stretch(Layout(1, 1, 2), woken) == 2.0         # the session's 0.5 cores beat 0.4
+    assert pipeline_stretch(Layout(1, 1, 2), replace(woken, wake_share=0.8)) == pytest.approx(1.25)
+    assert tp_stretch(Layout(2, 2, 1), replace(woken, load=0.0, wake_share=1.0)) == 2.0   # 4 ranks, 2 cores

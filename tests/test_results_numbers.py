@@ -17,7 +17,7 @@ from clients.cases import ALL_CASES
 from conftest import ROOT
 
 AREAS = ["Collectives", "Data parallel", "ZeRO", "Pipeline", "Tensor parallel", "Offload and Infinity",
-         "Clients and conformance", "Reliability"]
+         "Clients and conformance", "Reliability", "Planner"]
 HEADER = ["measured", "result", "command", "machine", "date"]
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 COMMAND = re.compile(r"`(?:[A-Z_]+=\S+ )*(?:python|torchrun|mpiexec|deepspeed|make) [^`]+`")
