@@ -26,14 +26,45 @@ import argparse
 import torch
 from rich.table import Table
 
-from pipeline_parallel.engine.model import gpt_layers, lm_loss, reference_model
+from pipeline_parallel.engine.model import gpt_layers, lm_loss
 from pipeline_parallel.engine.deepspeed_engine import deepspeed_engine
-from pipeline_parallel.engine.module import PipelineModule
+from pipeline_parallel.engine.module import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel.engine.ds_pipe import initialize
 from primitives.launch import spawn
 from primitives.log import console
 
 VOCAB, DIM, SEQ = 97, 32, 16
+
+
+def reference_model(layers: list, base_seed: int = 1234) -> nn.Module:
+    """The same layers in one process, built with the same per-layer seeds (seed_layers=True)."""
+    built, tied, fns = [], {}, []
+    for i, spec in enumerate(layers):
+        if isinstance(spec, TiedLayerSpec):
+            if spec.key not in tied:
+                torch.manual_seed(base_seed + i)
+                tied[spec.key] = spec.build()
+            built.append(tied[spec.key])
+            fns.append(spec.forward_fn)
+        elif isinstance(spec, LayerSpec):
+            torch.manual_seed(base_seed + i)
+            built.append(spec.build())
+            fns.append(None)
+        else:
+            built.append(spec)
+            fns.append(None)
+
+    class Sequential(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([m for m in built if isinstance(m, nn.Module)])
+
+        def forward(self, x):
+            for m, fn in zip(built, fns):
+                x = fn(m, x) if fn is not None else m(x)
+            return x
+
+    return Sequential()
 
 
 def make_layers(n_layers: int = 4):

@@ -72,37 +72,6 @@ def lm_loss(logits, labels):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
-def reference_model(layers: list, base_seed: int = 1234) -> nn.Module:
-    """The same layers in one process, built with the same per-layer seeds (seed_layers=True)."""
-    built, tied, fns = [], {}, []
-    for i, spec in enumerate(layers):
-        if isinstance(spec, TiedLayerSpec):
-            if spec.key not in tied:
-                torch.manual_seed(base_seed + i)
-                tied[spec.key] = spec.build()
-            built.append(tied[spec.key])
-            fns.append(spec.forward_fn)
-        elif isinstance(spec, LayerSpec):
-            torch.manual_seed(base_seed + i)
-            built.append(spec.build())
-            fns.append(None)
-        else:
-            built.append(spec)
-            fns.append(None)
-
-    class Sequential(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = nn.ModuleList([m for m in built if isinstance(m, nn.Module)])
-
-        def forward(self, x):
-            for m, fn in zip(built, fns):
-                x = fn(m, x) if fn is not None else m(x)
-            return x
-
-    return Sequential()
-
-
 if __name__ == "__main__":
     pm = PipelineModule(gpt_layers(), num_stages=2, loss_fn=lm_loss)
     for i, (spec, n) in enumerate(zip(pm.layers, pm.param_counts())):
