@@ -50,7 +50,8 @@ ROWS = [("ZeRO-1", 1, False, False, False), ("ZeRO-3", 3, False, False, False),
         ("ZeRO-3 + offload_optimizer", 3, True, False, False),
         ("ZeRO-3 + offload_param + offload_optimizer", 3, True, True, False),
         ("ZeRO-3 + offload_optimizer, zero.Init", 3, True, False, True),
-        ("ZeRO-3 + offload_param + offload_optimizer, zero.Init", 3, True, True, True)]
+        ("ZeRO-3 + offload_param + offload_optimizer, zero.Init", 3, True, True, True),
+        ("the same + activation checkpointing", 3, True, True, True, True)]
 
 
 def _vm(key: str) -> int:
@@ -69,7 +70,7 @@ def _t5(size: dict):
         num_layers=size["layers"], num_decoder_layers=size["layers"], dropout_rate=0.0, decoder_start_token_id=0))
 
 
-def _run(rank, world, stage, ooff, poff, init, size, path, steps):
+def _run(rank, world, stage, ooff, poff, init, size, path, steps, ckpt=False):
     z = {"stage": stage, **(LIVE if stage == 3 else {})}
     if ooff:
         z["offload_optimizer"] = {"device": "nvme", "nvme_path": path}
@@ -88,9 +89,12 @@ def _run(rank, world, stage, ooff, poff, init, size, path, steps):
     # (init_swap.py); initialize then moves them, unit by unit, to offload_param's own files
     with zero_from_scratch.zero.Init(config_dict_or_path=cfg, enabled=init):
         model = _t5(size)
+    if ckpt:                                               # each T5Block's forward again in its backward
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
     built = _vm("VmHWM:") - base
-    act = report.transformer_activations(model.config, 2, 32, 4)   # micro-batch 2 × 32, fp32
+    act = report.transformer_activations(model.config, 2, 32, 4, recompute=ckpt)   # micro-batch 2 × 32, fp32
     if stage == 3:
         ws = report.working_set(engine.config, engine.layout, world, act)
         pred = ws["total"] if init else report.whole_model_peak(ws, report.built_bytes(lambda: _t5(size)),
@@ -130,11 +134,11 @@ def measure(quick: bool, steps: int, only: list[int] | None = None) -> dict:
     size = {"vocab": 4000, "d": 128, "layers": 2} if quick else {"vocab": 8000, "d": 384, "layers": 6}
     rows = {}
     with tempfile.TemporaryDirectory(prefix="zero-memory-table-") as d:
-        for i, (name, stage, ooff, poff, init) in enumerate(ROWS):
+        for i, (name, stage, ooff, poff, init, *ckpt) in enumerate(ROWS):
             if only and i + 1 not in only:
                 continue
             rows[name] = spawn(_run, 2, timeout=1200.0, args=(stage, ooff, poff, init, size,
-                                                              os.path.join(d, str(i)), steps))
+                                                              os.path.join(d, str(i)), steps, bool(ckpt)))
     return {"size": size, "psi": next(iter(rows.values()))[0]["psi"], "rows": rows,
             "machine": f"{platform.machine()}, {os.cpu_count()} shared cores, python {platform.python_version()}, "
                        f"torch {torch.__version__}, transformers {transformers.__version__}"}
