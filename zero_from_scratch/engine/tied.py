@@ -9,7 +9,8 @@ tensor for a moment); only then does the engine's hook copy the sum into the uni
 while a module holding it runs forward with grad enabled, its attribute is an alias made by _Use,
 whose backward adds that use's gradient straight into the unit's bucket and gives autograd
 nothing: the bucket is the parameter's one full-size gradient (on the T5 of
-benchmarks/zero_memory_table.py, −23 MiB at the backward's peak). The parameter's slot counts as
+benchmarks/zero_memory_table.py, the decoder embedding's backward rises 12 MiB instead of 23; the
+row's peak, now the LM head's backward, 89 → 86 MiB). The parameter's slot counts as
 arrived once every use of the forward has. The sums are autograd's, in its order (zeros, then
 each use as backward reaches it). A use that bypasses the modules (F.linear(x, m.weight) in a
 parent's forward) goes through autograd and the ordinary hook, which adds it to the same bucket;
