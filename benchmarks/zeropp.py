@@ -147,7 +147,8 @@ def table(results: dict, title: str) -> Table:
             t.add_row(name if first else "", purpose, f"{row['sent']:,}", f"{row['formula']:,}", "", "", "", "", "", "")
             first = False
         t.add_row("", "data total", f"{r['data_sent']:,}", "", f"{r['data_sent'] / base['data_sent']:.3f}",
-                  f"{r['inter']:,}", f"{r['inter'] / base['inter']:.3f}" if base["inter"] else "", f"{loss:.4f}", f"{100 * (loss - ref) / ref:+.2f} %", f"{r['s_per_step']:.2f}", end_section=True)
+                  f"{r['inter']:,}", f"{r['inter'] / base['inter']:.3f}" if base["inter"] else "", f"{loss:.4f}",
+                  f"{100 * (loss - ref) / ref:+.2f} %", f"{r['s_per_step']:.2f}", end_section=True)
     return t
 
 
