@@ -13,7 +13,8 @@ forward and again in backward (stage3_param_persistence_threshold 0, stage3_max_
 (N-1)·(2·w8(s) + w4(s)), w8(s) = s + 4⌈s/4096⌉, w4(s) = ⌈s/2⌉ + 4⌈s/64⌉, s = P/N: ≈ 0.21×.
 With --dtype bf16 ZeRO-3 moves 2 bytes per element in all three: int8 weights twice and int4
 gradients are ≥ (2 + 0.5)/6 = 0.417× of that on one node, whatever the block sizes; the paper's 4×
-is the cross-node volume with hpZ (--local-size: the inter-node column). The last line counts what
+is the cross-node volume with hpZ (--local-size: the "inter / ZeRO-3" column); a line under the
+table prints that floor for the run's N and node size. The last line counts what
 DeepSpeed 0.19.8's own ZeRO-3 and ZeRO++ send on the same model (deepspeed_bytes: from its code;
 its quantizer kernels need CUDA): on one node it keeps bf16 gradients (qgZ only across nodes),
 ≥ (1 + 1 + 2)/6 = 0.667× its ZeRO-3.
@@ -134,7 +135,8 @@ def compare(task="mlp", steps=30, world=2, micro=8, local_size=0, runs=None, dty
 def table(results: dict, title: str) -> Table:
     base = results["ZeRO-3"]
     t = Table(title=title)
-    for c in ("run", "collective (purpose)", "measured", "formula", "data / ZeRO-3", "inter-node", "loss, last 5",
+    for c in ("run", "collective (purpose)", "measured", "formula", "data / ZeRO-3", "inter-node", "inter / ZeRO-3",
+              "loss, last 5",
               "Δ loss", "s/step"):
         t.add_column(c, justify="right")
     ref = sum(base["losses"][-5:]) / 5
@@ -142,11 +144,23 @@ def table(results: dict, title: str) -> Table:
         loss = sum(r["losses"][-5:]) / 5
         first = True
         for purpose, row in r["rows"].items():
-            t.add_row(name if first else "", purpose, f"{row['sent']:,}", f"{row['formula']:,}", "", "", "", "", "")
+            t.add_row(name if first else "", purpose, f"{row['sent']:,}", f"{row['formula']:,}", "", "", "", "", "", "")
             first = False
         t.add_row("", "data total", f"{r['data_sent']:,}", "", f"{r['data_sent'] / base['data_sent']:.3f}",
-                  f"{r['inter']:,}", f"{loss:.4f}", f"{100 * (loss - ref) / ref:+.2f} %", f"{r['s_per_step']:.2f}", end_section=True)
+                  f"{r['inter']:,}", f"{r['inter'] / base['inter']:.3f}" if base["inter"] else "", f"{loss:.4f}",
+                  f"{100 * (loss - ref) / ref:+.2f} %", f"{r['s_per_step']:.2f}", end_section=True)
     return t
+
+
+def floor(n: int, local: int, b: int) -> float:
+    """ZeRO++'s data bytes ÷ ZeRO-3's at its bit widths with the scales free, per element of the model:
+    int8 forward fetch over all n ranks, int8 backward fetch (over the node's `local` ranks with hpZ,
+    else all n), int4 gradients (intra-node all-to-all, then 1/local of them across nodes); ZeRO-3
+    moves b bytes per element three times over the n ranks."""
+    L = local or n
+    m = n // L
+    zpp = (n - 1) / n + (L - 1) / L + 0.5 * ((L - 1) / L + (m - 1) / m / L)
+    return zpp / (3 * b * (n - 1) / n)
 
 
 def _ds_groups(n: int, target: int = 8000) -> int:
@@ -209,6 +223,10 @@ def main(argv=None) -> dict:
     psi = next(iter(res.values()))["psi"]
     console.print(table(res, f"ZeRO++ bytes sent per optimizer step by rank 0 and loss after {a.steps} steps "
                              f"({a.model}, Ψ={psi:,}, N={a.world}, {a.dtype})"))
+    b = 2 if a.dtype == "bf16" else 4
+    console.print(f"Floor at ZeRO++'s bit widths (int8 weights in both fetches, int4 gradients, scales free), data ÷ "
+                  f"ZeRO-3: qwZ + qgZ {floor(a.world, 0, b):.3f}×"
+                  + (f", + hpZ {floor(a.world, a.local_size, b):.3f}×" if a.local_size else ""), soft_wrap=True)
     ds = deepspeed_bytes(TASKS[a.model](0, a.world, a.micro)[0], a.world, a.local_size, a.dtype == "bf16")
     ours = {k: res[k]["data_sent"] for k in ds if k in res}
     console.print(f"DeepSpeed 0.19.8's own scheme on this model (counted from its code, not run: its quantizer needs "

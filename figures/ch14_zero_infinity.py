@@ -22,7 +22,8 @@ from figures.common import pyplot, save
 SHORT = {"ZeRO-1": "ZeRO-1", "ZeRO-3": "ZeRO-3", "ZeRO-3 + offload_optimizer": "+ offload\noptimizer",
          "ZeRO-3 + offload_param + offload_optimizer": "Infinity\n(param + optim)",
          "ZeRO-3 + offload_optimizer, zero.Init": "Init +\noffload optim",
-         "ZeRO-3 + offload_param + offload_optimizer, zero.Init": "Init +\nInfinity"}
+         "ZeRO-3 + offload_param + offload_optimizer, zero.Init": "Init +\nInfinity",
+         "ZeRO-3 + offload_param + offload_optimizer, zero.Init, activation checkpointing": "Init + Infinity\n+ act. ckpt"}
 
 
 def draw(data: dict, name: str = "14_zero_infinity") -> str:

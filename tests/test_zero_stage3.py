@@ -195,3 +195,57 @@ def test_gathered_units_come_from_a_pool_that_stops_growing(spawn):
         assert allocs[1] - allocs[0] == allocs[2] - allocs[1] == allocs[3] - allocs[2] <= 3, allocs
         assert rep["escaped"] == 0 and rep["takes"] > 4 * rep["allocations"], rep
         assert rep["held_bytes"] <= 2 * 4 * 1056 + 4 * 1056, rep   # two live + one demand beyond the cap
+
+
+class _TiedLM(nn.Module):
+    """An embedding whose weight is also the output layer's (T5's, GPT's tying): two modules, one leaf."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.mid, self.head = nn.Embedding(50, 16), nn.Linear(16, 16), nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mid(self.emb(ids)))).view(-1, 50)
+
+
+def _tied_batch(step, rank):
+    g = torch.Generator().manual_seed(10 * step + rank)
+    return torch.randint(0, 50, (2, 6), generator=g), torch.randint(0, 50, (12,), generator=g)
+
+
+def _tied(rank, world):
+    model = _TiedLM()
+    engine, *_ = zero_from_scratch.initialize(model=model, config=PARTITION_ALL)
+    losses = []
+    for step in range(4):
+        ids, y = _tied_batch(step, rank)
+        loss = nn.functional.cross_entropy(engine(ids), y)
+        engine.backward(loss)
+        kept = [p.grad for p in model.parameters()]
+        engine.step()
+        losses.append(loss.item())
+    return losses, engine.stage.tied is not None, all(g is None for g in kept), model.head.weight is model.emb.weight
+
+
+def test_tied_parameter_gradient_goes_to_the_bucket_use_by_use(spawn):
+    """Each use's gradient is added to the unit's bucket by tied.py's alias (autograd keeps no sum of
+    its own); the training equals one process's on the same batches (fp32 summation order only)."""
+    world = 2
+    res = spawn(_tied, world)
+    model = _TiedLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    ref = {r: [] for r in range(world)}
+    for step in range(4):
+        opt.zero_grad()
+        for r in range(world):
+            ids, y = _tied_batch(step, r)
+            loss = nn.functional.cross_entropy(model(ids), y)
+            (loss / world).backward()
+            ref[r].append(loss.item())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    for r, (losses, tied, no_grads, still_tied) in enumerate(res):
+        assert tied and no_grads and still_tied
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref[r]), rtol=1e-5, atol=1e-5)

@@ -244,16 +244,19 @@ def tables(model_name: str, n: int, mixed: bool) -> tuple[Table, Table, dict]:
     return mem, com, data
 
 
-def transformer_activations(config, batch: int, seq: int, b: int) -> int:
+def transformer_activations(config, batch: int, seq: int, b: int, recompute: bool = False) -> int:
     """Activation bytes of a transformer for a batch (Korthikanti et al. 2022, no recomputation:
     (34·s·h + 5·a·s²)·B per layer at 2-byte activations, scaled to b bytes), plus the logits and
-    their gradient (2·B·s·V·b). config: a transformers config (DistilBERT's or T5's names)."""
+    their gradient (2·B·s·V·b). recompute (activation checkpointing, "full recomputation"): each
+    layer keeps only its input, s·B·h·b, and one layer's activations live again in its backward.
+    config: a transformers config (DistilBERT's or T5's names)."""
     c = config
     h = getattr(c, "dim", None) or getattr(c, "d_model", 0)
     a = getattr(c, "n_heads", None) or getattr(c, "num_heads", 1)
     layers = (getattr(c, "n_layers", None) or getattr(c, "num_layers", 1)) + (getattr(c, "num_decoder_layers", 0) or 0)
     per_layer = batch * (34 * seq * h + 5 * a * seq * seq) * b / 2
-    return int(layers * per_layer + 2 * batch * seq * getattr(c, "vocab_size", 0) * b)
+    kept = layers * seq * batch * h * b + per_layer if recompute else layers * per_layer
+    return int(kept + 2 * batch * seq * getattr(c, "vocab_size", 0) * b)
 
 
 def working_set_table(model_name: str, n: int, mixed: bool, batch: int, seq: int, config: str | None) -> tuple:

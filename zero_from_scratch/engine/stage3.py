@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report
+from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.pools import Pool
 from zero_from_scratch.engine.prefetch import Prefetcher
@@ -57,6 +57,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
         self.poff = param_offload.make(self)              # offload_param (the shards built here), None when off
         self.goff = param_offload.make_grads(self)        # gradient shards in files (nvme optimizer offload)
+        self.tied = tied.make(self, engine.module)        # each use of a shared parameter straight to its bucket
         allocator.release_freed()                         # the model's full tensors are gone (allocator.py)
         report.announce(engine.config, engine.layout)    # what each stage-3 key allows, when a user sets one
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
@@ -247,12 +248,14 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             self.pool.clear()
             self.units_pool.clear()
         self.pf.finish_backward()
+        self.tied and self.tied.after_backward()
         self.check.restart()             # call counts restart every micro-batch (same on all ranks)
 
     def forward_done(self) -> None:
         """Called before each forward: eval / no-grad passes leave no state behind."""
         if self.poff:
             self.poff.flush()            # shards a writer touched since (load, modifier_rank) go back
+        self.tied and self.tied.restore()   # a forward that raised left its aliases
         self.pf.start_forward(torch.is_grad_enabled())
         if not self.pf.in_train:
             self.check.restart()
