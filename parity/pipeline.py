@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.nn as nn
 from rich.table import Table
 
 from pipeline_parallel.engine.model import gpt_layers, lm_loss
