@@ -8,19 +8,29 @@ vs waiting for peers (futex sleeps and wake-ups) vs the rest (Python), on rank 0
     torchrun --standalone --nproc_per_node 4 benchmarks/shm_profile.py --default --size 4 --iters 3000
                                            (4 ranks on 2 cores: the waits are the scheduler's)
 
-cProfile around --iters calls after warm-up (checked: the default), grouped by function.
+    torchrun --standalone --nproc_per_node 4 benchmarks/shm_profile.py --waits --size 4 --iters 300
+                                           (how a rank waits, three ways in turn: where one call's µs go)
+
+cProfile around --iters calls after warm-up (checked: the default), grouped by function. --waits times
+the default call without cProfile under three waiting policies of ShmComm.spin_until, batches in turn
+(--reps each): `adaptive` (the default: yield while yields come back fast, sleep on the futex for a
+second after one that ran another process's slice), `yield` (always yield first: an idle machine's best
+when ranks outnumber cores), `sleep` (futex at once); per call, the slowest rank's time, and on rank 0
+the time spent in spin_until and the sched_yield and futex_wait calls it made.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import statistics
 import time
 
 import torch
 
 import primitives as P
-from primitives.engine import shm_segment
+from primitives.engine import shm_collectives, shm_segment
 from benchmarks.collectives import parse_size
 from primitives.launch import init_from_env
 from primitives.log import print0
@@ -34,10 +44,14 @@ def main(argv=None):
     ap.add_argument("--size", default="64M")
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--default", action="store_true", help="profile primitives.all_reduce(x) with no algorithm passed")
+    ap.add_argument("--waits", action="store_true", help="the default call under three waiting policies, in turn")
+    ap.add_argument("--reps", type=int, default=5, help="--waits: batches per policy")
     args = ap.parse_args(argv)
     comm = init_from_env("gloo")
     P.LEDGER.keep_calls = False
-    x = torch.zeros(parse_size(args.size) // 4)
+    x = torch.zeros(max(1, parse_size(args.size) // 4))
+    if args.waits:
+        return waits(comm, x, args)
     kw = {} if args.default else {"algorithm": "shm"}
     for _ in range(2 if not args.default else 200):
         P.all_reduce(x, **kw)
@@ -67,6 +81,53 @@ def main(argv=None):
     print0("  cumulative per call, the ten outermost primitives/ frames:")
     for ct, fn in engine[:10]:
         print0(f"    {fn:40s} {ct / args.iters * scale:8.1f} {u}")
+
+
+def waits(comm, x, args) -> None:
+    """The default call, batches of --iters in turn under each waiting policy; counters on rank 0."""
+    import torch.distributed as dist
+    from benchmarks.one_host_worker import slowest
+    count = dict(sched_yield=0, futex_wait=0, wait_s=0.0)
+    real_yield, real_futex, real_spin = os.sched_yield, shm_segment.futex_wait, comm.spin_until
+
+    def counted(name, fn):
+        def call(*a):
+            count[name] += 1
+            return fn(*a)
+        return call
+
+    def spin_until(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real_spin(*a, **k)
+        finally:
+            count["wait_s"] += time.perf_counter() - t0
+    os.sched_yield, shm_segment.futex_wait = counted("sched_yield", real_yield), counted("futex_wait", real_futex)
+    comm.spin_until, yield_s, slow = spin_until, comm.yield_s, shm_segment.YIELD_SLOW
+    policies = {"adaptive": (yield_s, slow), "yield": (yield_s, float("inf")), "sleep": (0.0, slow)}
+    rows = {k: [] for k in policies}
+    for _ in range(args.reps):
+        for name, (comm.yield_s, shm_segment.YIELD_SLOW) in policies.items():
+            comm.calm = 0.0
+            shm_collectives.state(comm).polls = shm_collectives.state(comm).max_polls
+            P.all_reduce(x)
+            dist.barrier()
+            count.update(sched_yield=0, futex_wait=0, wait_s=0.0)
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
+                P.all_reduce(x)
+            mine = time.perf_counter() - t0
+            rows[name].append((slowest(mine / args.iters), mine, *count.values()))
+    os.sched_yield, shm_segment.futex_wait, comm.spin_until = real_yield, real_futex, real_spin
+    comm.yield_s, shm_segment.YIELD_SLOW = yield_s, slow
+    print0(f"all_reduce of {x.numel() * 4:,} B, {comm.size} ranks on {len(os.sched_getaffinity(0))} cores, "
+           f"{args.reps} batches of {args.iters} calls per policy, in turn; load {os.getloadavg()[0]:.1f}")
+    print0(f"  {'policy':9s} {'µs/call':>9s} {'rank 0: waiting':>16s} {'the rest':>9s} {'yields':>7s} {'sleeps':>7s}")
+    for name, r in rows.items():
+        med = lambda i: statistics.median(v[i] for v in r)  # noqa: E731
+        per = args.iters / 1e6
+        print0(f"  {name:9s} {med(0) * 1e6:9.1f} {med(4) / per:16.1f} {(med(1) - med(4)) / per:9.1f} "
+               f"{med(2) / args.iters:7.1f} {med(3) / args.iters:7.2f}")
 
 
 if __name__ == "__main__":
