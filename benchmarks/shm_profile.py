@@ -9,14 +9,20 @@ vs waiting for peers (futex sleeps and wake-ups) vs the rest (Python), on rank 0
                                            (4 ranks on 2 cores: the waits are the scheduler's)
 
     torchrun --standalone --nproc_per_node 4 benchmarks/shm_profile.py --waits --size 4 --iters 300
-                                           (how a rank waits, three ways in turn: where one call's µs go)
+                                           (how a rank waits, three ways in turn)
+    chrt -r 5 torchrun --standalone --nproc_per_node 4 benchmarks/shm_profile.py --timeline --size 4 --iters 30
+                                           (each rank's flags timed: its own work per call, the hand-offs)
 
 cProfile around --iters calls after warm-up (checked: the default), grouped by function. --waits times
 the default call without cProfile under three waiting policies of ShmComm.spin_until, batches in turn
 (--reps each): `adaptive` (the default: yield while yields come back fast, sleep on the futex for a
 second after one that ran another process's slice), `yield` (always yield first: an idle machine's best
 when ranks outnumber cores), `sleep` (futex at once); per call, the slowest rank's time, and on rank 0
-the time spent in spin_until and the sched_yield and futex_wait calls it made.
+the time spent in spin_until and the sched_yield and futex_wait calls it made. --timeline stamps
+every rank's calls, flags and waits with the time and the core it ran on (`chrt -r 5`: real-time
+priority keeps other jobs off the cores, as on an idle machine; the ranks still yield to each other):
+per rank, its own work per call (from a wait's end or a call's start to the next wait); per core,
+the hand-offs (a rank starts waiting -> the other rank on that core resumes) and what they cost.
 """
 from __future__ import annotations
 
@@ -46,12 +52,15 @@ def main(argv=None):
     ap.add_argument("--default", action="store_true", help="profile primitives.all_reduce(x) with no algorithm passed")
     ap.add_argument("--waits", action="store_true", help="the default call under three waiting policies, in turn")
     ap.add_argument("--reps", type=int, default=5, help="--waits: batches per policy")
+    ap.add_argument("--timeline", action="store_true", help="each rank's flags and waits timed: work and hand-offs")
     args = ap.parse_args(argv)
     comm = init_from_env("gloo")
     P.LEDGER.keep_calls = False
     x = torch.zeros(max(1, parse_size(args.size) // 4))
     if args.waits:
         return waits(comm, x, args)
+    if args.timeline:
+        return timeline(comm, x, args)
     kw = {} if args.default else {"algorithm": "shm"}
     for _ in range(2 if not args.default else 200):
         P.all_reduce(x, **kw)
@@ -128,6 +137,51 @@ def waits(comm, x, args) -> None:
         per = args.iters / 1e6
         print0(f"  {name:9s} {med(0) * 1e6:9.1f} {med(4) / per:16.1f} {(med(1) - med(4)) / per:9.1f} "
                f"{med(2) / args.iters:7.1f} {med(3) / args.iters:7.2f}")
+
+
+def timeline(comm, x, args) -> None:
+    """(time, event, core) per rank: C a call starts, W a wait starts, w it ended; gathered on rank 0."""
+    import ctypes
+    import torch.distributed as dist
+    core, st, ev = ctypes.CDLL(None).sched_getcpu, shm_collectives.state(comm), []
+    real_wait = st.wait
+
+    def wait(*a):
+        ev.append((time.perf_counter(), "W", core()))
+        real_wait(*a)
+        ev.append((time.perf_counter(), "w", core()))
+    st.wait = wait
+    for _ in range(20):
+        P.all_reduce(x)
+    dist.barrier()
+    ev.clear()
+    for _ in range(args.iters):
+        ev.append((time.perf_counter(), "C", core()))
+        P.all_reduce(x)
+    ev.append((time.perf_counter(), "W", core()))
+    st.wait = real_wait
+    every = [None] * comm.size
+    dist.all_gather_object(every, ev)
+    if comm.rank:
+        return
+    evs = sorted((t, r, k, c) for r, e in enumerate(every) for t, k, c in e)
+    busy, since, hand = [0.0] * comm.size, {}, []
+    for i, (t, r, k, c) in enumerate(evs):
+        if k in "Cw":
+            since.setdefault(r, t)                    # from a wait's end through the next call's start
+        elif r in since:
+            busy[r] += t - since.pop(r)
+            nxt = next((e for e in evs[i + 1:] if e[3] == c and e[2] == "w"), None)   # who resumes on this core
+            if nxt is not None and nxt[1] != r:
+                hand.append(nxt[0] - t)
+    span = (evs[-1][0] - evs[0][0]) / args.iters * 1e6
+    print0(f"all_reduce of {x.numel() * 4:,} B, {comm.size} ranks on {len(os.sched_getaffinity(0))} cores, "
+           f"{args.iters} calls timed flag by flag; load {os.getloadavg()[0]:.1f}")
+    print0(f"  per call {span:.1f} µs; each rank's own work per call: "
+           + ", ".join(f"{b / args.iters * 1e6:.1f}" for b in busy) + " µs")
+    if hand:
+        print0(f"  hand-offs (a rank waits -> its core's other rank resumes): {len(hand) / args.iters:.2f} per call, "
+               f"median {statistics.median(hand) * 1e6:.1f} µs")
 
 
 if __name__ == "__main__":
