@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import os
 import pstats
 import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 import primitives as P
 from primitives.engine import shm_collectives, shm_segment
 from benchmarks.collectives import parse_size
+from benchmarks.one_host_worker import slowest
 from primitives.launch import init_from_env
 from primitives.log import print0
 
@@ -94,8 +97,6 @@ def main(argv=None):
 
 def waits(comm, x, args) -> None:
     """The default call, batches of --iters in turn under each waiting policy; counters on rank 0."""
-    import torch.distributed as dist
-    from benchmarks.one_host_worker import slowest
     count = dict(sched_yield=0, futex_wait=0, wait_s=0.0)
     real_yield, real_futex, real_spin = os.sched_yield, shm_segment.futex_wait, comm.spin_until
 
@@ -141,8 +142,6 @@ def waits(comm, x, args) -> None:
 
 def timeline(comm, x, args) -> None:
     """(time, event, core) per rank: C a call starts, W a wait starts, w it ended; gathered on rank 0."""
-    import ctypes
-    import torch.distributed as dist
     core, st, ev = ctypes.CDLL(None).sched_getcpu, shm_collectives.state(comm), []
     real_wait = st.wait
 
