@@ -12,6 +12,8 @@ vs waiting for peers (futex sleeps and wake-ups) vs the rest (Python), on rank 0
                                            (how a rank waits, three ways in turn)
     chrt -r 5 torchrun --standalone --nproc_per_node 4 benchmarks/shm_profile.py --timeline --size 4 --iters 30
                                            (each rank's flags timed: its own work per call, the hand-offs)
+    torchrun --standalone --nproc_per_node 4 benchmarks/shm_profile.py --items --size 4 --iters 300
+                                           (a few floats replayed item by item vs through torch ops, in turn)
 
 cProfile around --iters calls after warm-up (checked: the default), grouped by function. --waits times
 the default call without cProfile under three waiting policies of ShmComm.spin_until, batches in turn
@@ -23,6 +25,9 @@ every rank's calls, flags and waits with the time and the core it ran on (`chrt 
 priority keeps other jobs off the cores, as on an idle machine; the ranks still yield to each other):
 per rank, its own work per call (from a wait's end or a call's start to the next wait); per core,
 the hand-offs (a rank starts waiting -> the other rank on that core resumes) and what they cost.
+--items times the default call in batches of --iters, in turn (--reps each): its plan replaying a few
+floats item by item over memoryviews (planned.ITEMS, the default) and through torch ops (ITEMS = 0);
+per call, the slowest rank's time, each batch after the plans are rebuilt and warmed up.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 import primitives as P
-from primitives.engine import shm_collectives, shm_segment
+from primitives.engine import planned, shm_collectives, shm_segment
 from benchmarks.collectives import parse_size
 from benchmarks.one_host_worker import slowest
 from primitives.launch import init_from_env
@@ -56,6 +61,7 @@ def main(argv=None):
     ap.add_argument("--waits", action="store_true", help="the default call under three waiting policies, in turn")
     ap.add_argument("--reps", type=int, default=5, help="--waits: batches per policy")
     ap.add_argument("--timeline", action="store_true", help="each rank's flags and waits timed: work and hand-offs")
+    ap.add_argument("--items", action="store_true", help="a few floats item by item vs torch ops, in turn")
     args = ap.parse_args(argv)
     comm = init_from_env("gloo")
     P.LEDGER.keep_calls = False
@@ -64,6 +70,8 @@ def main(argv=None):
         return waits(comm, x, args)
     if args.timeline:
         return timeline(comm, x, args)
+    if args.items:
+        return items(comm, x, args)
     kw = {} if args.default else {"algorithm": "shm"}
     for _ in range(2 if not args.default else 200):
         P.all_reduce(x, **kw)
@@ -138,6 +146,28 @@ def waits(comm, x, args) -> None:
         per = args.iters / 1e6
         print0(f"  {name:9s} {med(0) * 1e6:9.1f} {med(4) / per:16.1f} {(med(1) - med(4)) / per:9.1f} "
                f"{med(2) / args.iters:7.1f} {med(3) / args.iters:7.2f}")
+
+
+def items(comm, x, args) -> None:
+    """The default call, batches of --iters in turn: item by item (planned.ITEMS) and through torch ops."""
+    ways, rows = {"items": planned.ITEMS, "torch ops": 0}, {}
+    for _ in range(args.reps):
+        for name, planned.ITEMS in ways.items():
+            planned.forget()                        # the next call plans again, under this setting
+            for _ in range(20):
+                P.all_reduce(x)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
+                P.all_reduce(x)
+            rows.setdefault(name, []).append(slowest((time.perf_counter() - t0) / args.iters))
+    planned.ITEMS = ways["items"]
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print0(f"all_reduce of {x.numel() * 4:,} B, {comm.size} ranks on {len(os.sched_getaffinity(0))} cores, "
+           f"{args.reps} batches of {args.iters} calls per way, in turn; load {os.getloadavg()[0]:.1f}")
+    for k, v in rows.items():
+        print0(f"  {k:9s} {med[k] * 1e6:8.1f} µs/call (min {min(v) * 1e6:.1f}, max {max(v) * 1e6:.1f})")
+    print0(f"  item by item / torch ops: {med['items'] / med['torch ops']:.2f}")
 
 
 def timeline(comm, x, args) -> None:

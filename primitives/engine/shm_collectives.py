@@ -99,6 +99,14 @@ class _State:
             v = self.views[key] = self.ws[r][b].view(dtype)[i:j]
         return v
 
+    def items(self, r: int, b: int, fmt: str) -> memoryview:
+        """Rank r's workspace b as a memoryview of items (a small call's: primitives/shm.py), cached."""
+        v = self.views.get((r, b, fmt))
+        if v is None:
+            o = self.comm.L["ws"] + (r * BUFS + b) * seg.WS_BYTES
+            v = self.views[(r, b, fmt)] = self.b[o:o + seg.WS_BYTES].cast(fmt)
+        return v
+
     def next_buf(self, k: int = 1) -> int:
         b = self.gen % BUFS
         self.gen += k
