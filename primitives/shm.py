@@ -30,8 +30,6 @@ Cost for S bytes on N ranks; α: one flag, c: seconds per byte copied, γ: per b
                         T ≈ R·α + N·s·c + (N-1)·s·γ   (s = one block).
 Every reduction runs in rank order, ((x0 op x1) op x2) op ..., so every rank gets the same bits.
 """
-import operator
-
 import torch
 
 from primitives.ops import chunk_bounds, combine_
@@ -41,7 +39,7 @@ ONE_SHOT_BYTES = 256 << 10   # all-reduce up to this (and W) in one shot: one fl
 _FIRST = {"sum": torch.add, "avg": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum}
 COMMUTES = ("sum", "avg", "product", "band", "bor", "bxor")   # x1 op x0 has the bits of x0 op x1 (min(-0, 0) not)
 # a float op on items: exact in double, rounded to the item's type when stored: the bits of torch's op
-ITEM_OPS = {"sum": operator.add, "avg": operator.add, "product": operator.mul}
+ITEM_OPS = {"sum": float.__add__, "avg": float.__add__, "product": float.__mul__}
 
 
 def reduce_in_order(acc, srcs, op):
