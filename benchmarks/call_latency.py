@@ -43,7 +43,7 @@ from benchmarks.one_host import _path, launcher
 from benchmarks.one_host_worker import slowest, worlds
 from figures.common import ROOT
 from primitives import shm
-from primitives.engine import shm_collectives
+from primitives.engine import planned, shm_collectives
 from primitives.launch import free_port
 from primitives.log import console
 
@@ -71,9 +71,10 @@ def worker(a) -> None:
     for S in a.sizes:
         t = torch.zeros(max(1, S // 4))
         fns = {"ringzero": lambda: P.all_reduce(t), "gloo": lambda: dist.all_reduce(t)}
-        if comm.transport == "shm":               # the textbook function alone, on the same segment
+        if comm.transport == "shm":               # the textbook function alone, on the same segment, on what
             fn = shm.shm_one_shot if shm_collectives.one_shot(S, n) else shm.shm_reduce_by_slices
-            fns["textbook"] = lambda fn=fn: fn(seg, t, "sum")
+            buf = memoryview(t.numpy()) if fn is shm.shm_one_shot and t.numel() <= planned.ITEMS else t
+            fns["textbook"] = lambda fn=fn, buf=buf: fn(seg, buf, "sum")     # the plan passes it (planned.py)
         if w is not None:
             fns["mpich"] = lambda: w.Allreduce(MPI.IN_PLACE, t.numpy())
         iters = {}

@@ -38,7 +38,8 @@ from primitives.engine.cost import params as fitted
 from primitives.engine.ledger import LEDGER
 from primitives.launch import add_launch_args, init_from_env
 from primitives.log import print0
-from primitives.engine.runner import BUS_FACTOR, Case, barrier, builtin_call
+from primitives.engine.reference import ref
+from primitives.engine.runner import Case, barrier, bus_factor
 
 
 def parse_size(s: str) -> int:
@@ -77,7 +78,7 @@ def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
     for op in ops:
         for size in sizes:
             case = Case(op, comm, per_rank_numel(op, size, n, esz), dtype, 0, fill="zeros")
-            impls = {"built-in": (lambda a=case.args()[0]: builtin_call(op, comm, a))}
+            impls = {"built-in": (lambda a=case.args()[0]: ref(op, comm, *a))}
             for al in algos:
                 if al == "auto" or al in api.algorithms_for(op, comm):
                     a = case.args()[0]
@@ -94,7 +95,7 @@ def sweep(comm, ops, algos, sizes, iters, warmup, reps, dtype):
             ref_bus = None
             for k, ts in samples.items():
                 med = statistics.median(ts)
-                bus = S / med * BUS_FACTOR[op](n) / 1e9 if n > 1 else 0.0
+                bus = S / med * bus_factor(op, n) / 1e9 if n > 1 else 0.0
                 ref_bus = bus if k == "built-in" else ref_bus
                 chosen = _chosen(op, comm, S, checked=not k.endswith("unchecked")) if k.startswith("auto") else ""
                 unchecked = samples.get(k + " unchecked")

@@ -11,11 +11,13 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 import torch
 
 import primitives as P
 from primitives.engine import shm_segment as seg
+from primitives.engine.shm import ShmComm
 
 import collective_checks as C
 from test_primitives_collectives import _assert_allreduce_identical, _assert_clean, _assert_identities
@@ -161,3 +163,25 @@ def test_auto_on_shm_picks_the_shm_collectives_and_the_ledger_formula_follows():
     assert traffic("all_reduce", "shm", 4, 1, small, 8) == (3, 3 * small * 8)   # one-shot: 3 peers read all
     assert traffic("all_reduce", "shm", 4, 1, big, 8) == traffic("all_reduce", "direct", 4, 1, big, 8)
     assert traffic("all_gather", "shm", 4, 2, 100, 4) == (3, 1200)
+
+
+def test_a_wait_stops_yielding_after_a_yield_that_ran_another_jobs_slice(monkeypatch):
+    """ShmComm.spin_until with ranks outnumbering cores: it yields first; a yield that came back only
+    after more than shm_segment.YIELD_SLOW (here: a stub yield that sleeps 3 ms, standing for another
+    job's time slice) turns the yields off for a second, so the next wait sleeps on its futex at once."""
+    calls = []
+    monkeypatch.setattr(os, "sched_yield", lambda: (calls.append("yield"), time.sleep(3e-3)))
+    monkeypatch.setattr(seg, "futex_wait", lambda *a: calls.append("sleep"))
+    comm = ShmComm.__new__(ShmComm)      # the wait loop's state only: no process group, no segment
+    comm.rank, comm.local, comm.L, comm._base, comm.timeout = 0, {0: 0}, {"ctl": 64}, 0, 60.0
+    comm.i32, comm.spin, comm.yield_s, comm.calm = np.zeros(64, dtype=np.int32), 2, 5e-4, 0.0
+    comm._check_peers = lambda *a: None
+
+    def after(k):                         # ready on the k-th poll
+        polls = iter(range(k, 0, -1))
+        return lambda: next(polls) == 1
+    comm.spin_until(after(4), 1, "waiting for")
+    assert calls[0] == "yield" and comm.calm > time.monotonic()     # one slow yield: yields off
+    del calls[:]
+    comm.spin_until(after(5), 1, "waiting for")
+    assert calls and "yield" not in calls and calls[0] == "sleep", calls

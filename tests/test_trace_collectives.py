@@ -231,6 +231,7 @@ def _planned(rank, n):
     seen = traced(lambda: comm.all_reduce(w, "sum"))
     out["method"] = (w.tolist(), "Planned.run" in seen and "run" not in seen)
     from primitives.engine import planned
+    out["items"] = _items(rank, traced)
     planned.ENABLED = False                               # RINGZERO_PLANNED=0: every call takes the full path
     planned.forget()
     for _ in range(4):
@@ -240,13 +241,47 @@ def _planned(rank, n):
     return out
 
 
+def _items(rank, traced):
+    """A few floats replayed item by item (planned.ITEMS) and through torch ops (ITEMS = 0): the bits of
+    each, whether the torch ops' reduction ran, and whether autograd saw the in-place write."""
+    import primitives
+    from primitives.engine import planned
+    g = torch.Generator().manual_seed(rank)
+    special = [0.0, -0.0, float("inf"), 1e-45, 3.4e38, 0.1, float("nan")]
+    got = {}
+    for dtype in (torch.float32, torch.float64):
+        for op in (primitives.ReduceOp.SUM, primitives.ReduceOp.AVG, primitives.ReduceOp.PRODUCT):
+            x = torch.randn(8, generator=g, dtype=torch.float64).mul(torch.randint(-300, 300, (8,), generator=g)
+                                                                     .double().exp2()).to(dtype)
+            x[rank % 8] = special[(rank + len(got)) % len(special)]
+            for way, planned.ITEMS in (("items", 8), ("torch ops", 0)):
+                planned.forget()
+                for _ in range(3):                                   # plan, record, planned from then on
+                    primitives.all_reduce(x.clone(), op)
+                t = x.clone()
+                seen = traced(lambda: primitives.all_reduce(t, op))
+                got.setdefault(f"{dtype} {op}", []).append((t.view(torch.uint8).tolist(), "reduce_in_order" in seen))
+    planned.ITEMS = 8
+    w, x = torch.ones(3, requires_grad=True), torch.ones(3)
+    y = (w * x).sum()                                                # saves x for the backward
+    primitives.all_reduce(x)                                         # a replay of torch.ones(3)'s plan
+    try:
+        y.backward()
+        got["autograd"] = ""
+    except RuntimeError as e:
+        got["autograd"] = str(e)
+    return got
+
+
 def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
     """From a signature's third call, primitives.all_reduce(t) goes to its Planned (planned.py):
     the textbook's shm_one_shot runs without core.run, SUM and AVG give the exact sums, the
     ledger adds the same bytes as the formula (one-shot: (N-1)·S sent); a non-contiguous tensor
     of the same signature takes the full path; set_handshake drops the plans; a peer passing
     another tag still raises on both ranks; a group passed explicitly, and the communicator's
-    own all_reduce method, replay their Planned as well."""
+    own all_reduce method, replay their Planned as well. A few floats (float32, float64; sum, avg,
+    product; random magnitudes, zeros of both signs, inf, nan, a denormal) replayed item by item give
+    the bits of the torch ops' replay, and autograd sees the write as an in-place one."""
     from primitives.launch import spawn
     n = 2
     base = [[sum(3 * i + j + r for r in range(n)) for j in range(3)] for i in range(2)]
@@ -262,3 +297,7 @@ def test_a_planned_call_runs_the_textbook_function_and_keeps_the_check():
         assert out["group"] == ([float(n)] * 4, True), (r, out)
         assert out["method"] == ([float(n ** 4)] * 4, True), (r, out)
         assert out["disabled"] == 0, (r, out)
+        items = out.pop("items")
+        assert "modified by an inplace operation" in items.pop("autograd"), (r, items)
+        for case, [(bits, torch_ran), (ref, ref_ran)] in items.items():
+            assert bits == ref and not torch_ran and ref_ran, (r, case, bits, ref, torch_ran, ref_ran)

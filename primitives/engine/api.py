@@ -28,8 +28,7 @@ from primitives.engine.algos import ALGORITHMS
 from primitives.engine.calls import all_gather as _ag
 from primitives.engine.calls import all_reduce as _ar
 from primitives.engine.calls import all_to_all as _a2a
-from primitives.engine.calls import broadcast as _bc
-from primitives.engine.calls import gather as _ga
+from primitives.engine.calls import rooted as _rooted
 from primitives.engine.check import ReduceOp, op_name
 from primitives.engine.cost import SHM_NATIVE
 from primitives.engine.registry import _COMMS, get_comm
@@ -108,7 +107,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, algorithm="auto", tag=0):
     """Like torch.distributed.broadcast: tensor on every rank becomes the root's tensor; the root
     is `src` (a global rank) or `group_src` (a rank of the group)."""
-    return _run("broadcast", group, async_op, [tensor], lambda comm: _bc.broadcast(
+    return _run("broadcast", group, async_op, [tensor], lambda comm: _rooted.broadcast(
         comm, real(tensor), src, async_op, group_src=group_src, algorithm=algorithm, tag=tag))
 
 
@@ -117,7 +116,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     """Like torch.distributed.reduce(tensor, dst, op): the result lands in the root's tensor
     (`dst` a global rank, or `group_dst` a rank of the group)."""
     op = ReduceOp.SUM if op is None else op
-    return _run("reduce", group, async_op, [tensor], lambda comm: _bc.reduce(
+    return _run("reduce", group, async_op, [tensor], lambda comm: _rooted.reduce(
         comm, real(tensor), dst, op, async_op, group_dst=group_dst, algorithm=algorithm, tag=tag), op, [tensor])
 
 
@@ -151,7 +150,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     """Like torch.distributed.scatter(tensor, scatter_list, src); scatter_list is read on the root
     only (`src` a global rank or `group_src` a group rank; neither given: global rank 0)."""
     src = 0 if src is None and group_src is None else src
-    return _run("scatter", group, async_op, [tensor], lambda comm: _ga.scatter(
+    return _run("scatter", group, async_op, [tensor], lambda comm: _rooted.scatter(
         comm, real(tensor), reals(scatter_list) or None, src, async_op, group_src=group_src, algorithm=algorithm,
         tag=tag))
 
@@ -161,7 +160,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     """Like torch.distributed.gather(tensor, gather_list, dst); gather_list is written on the root
     only (`dst` a global rank or `group_dst` a group rank; neither given: global rank 0)."""
     dst = 0 if dst is None and group_dst is None else dst
-    return _run("gather", group, async_op, gather_list or [], lambda comm: _ga.gather(
+    return _run("gather", group, async_op, gather_list or [], lambda comm: _rooted.gather(
         comm, real(tensor), reals(gather_list) or None, dst, async_op, group_dst=group_dst, algorithm=algorithm,
         tag=tag))
 

@@ -14,7 +14,7 @@ from primitives import comm as textbook
 from primitives.engine.calls.all_gather import all_gather, all_gather_single, reduce_scatter, reduce_scatter_single
 from primitives.engine.calls.all_reduce import all_reduce
 from primitives.engine.calls.all_to_all import all_to_all_single
-from primitives.engine.calls.broadcast import broadcast
+from primitives.engine.calls.rooted import broadcast
 from primitives.engine.checked import DEFAULT_TIMEOUT, NOT_INIT_MSG, CheckedComm, check_member
 from primitives.engine.errors import NotInitializedError
 from primitives.engine.subcomm import SubComm, split

@@ -25,7 +25,10 @@ The cross-rank check, the fault attribution (comm.current_call names the call in
 and strict mode are the full path's; set_strict_p2p / set_strict drop every Planned (forget()),
 set_handshake keeps one table per setting. RINGZERO_PLANNED=0 builds none (every call takes
 the full path: to measure what a Planned saves). Cost per call: 17 Python frames, 35 calls with
-the builtins (the full path: 129), and the textbook's torch ops (copy in, reduce out).
+the builtins (the full path: 129), and the textbook's torch ops (copy in, reduce out): N of them,
+~1-2 µs each. A call of at most ITEMS float32 / float64 (sum, avg, product) runs none: shm_one_shot
+takes the tensor's memoryview (kept from the last call with the same tensor) and copies and reduces
+item by item (~0.1 µs an op; the same bits), autograd told of the write (increment_version).
 """
 from __future__ import annotations
 
@@ -46,6 +49,11 @@ from primitives.engine.topology import prefers_hierarchical
 ENABLED = os.environ.get("RINGZERO_PLANNED", "1") != "0"
 _TABLES: "weakref.WeakSet" = weakref.WeakSet()    # the communicators holding Planned calls
 _STRIDED = torch.strided
+# A replayed all_reduce of at most ITEMS floats runs shm_one_shot on their memoryview, item by item: ~0.1 µs
+# an op where a torch op costs ~1-2 µs (benchmarks/shm_profile.py --items). RINGZERO_SHM_ITEMS=0: never.
+ITEMS = int(os.environ.get("RINGZERO_SHM_ITEMS", 8))
+_ITEM_FORMATS = {torch.float32: "f", torch.float64: "d"}
+_bump = torch._C._increment_version     # what torch.autograd.graph.increment_version calls (~0.2 µs less)
 
 
 HANDSHAKE = os.environ.get("RINGZERO_HANDSHAKE", "1") != "0"     # the check on (core.run)
@@ -201,33 +209,59 @@ def _resolve(name: str, algorithm: str, algos: dict, comm, nbytes: int, check: C
 # ----------------------------------------------------------------------------- planned calls
 
 class Planned:
-    __slots__ = ("comm", "st", "fn", "op", "avg", "stamp", "rec", "name", "algo", "pending", "op_obj")
+    __slots__ = ("comm", "st", "fn", "op", "avg", "stamp", "rec", "name", "algo", "pending", "op_obj", "items",
+                 "t", "ptr", "mv", "cid")
 
-    def __init__(self, comm, st, fn, op: str, stamp, template: CallRecord, pending: dict, op_obj=None):
+    def __init__(self, comm, st, fn, op: str, stamp, template: CallRecord, pending: dict, op_obj=None, items=None):
         self.comm, self.st, self.fn, self.op, self.avg = comm, st, fn, op, op == "avg"
         self.op_obj = op_obj          # the caller's op, kept alive: its id() is part of the key
         self.stamp, self.name, self.algo, self.pending = stamp, template.name, template.algorithm, pending
         self.rec = CallRecord(template.name, template.algorithm, template.nbytes, template.counts, template.links,
                               template)
+        self.items, self.t, self.ptr, self.mv, self.cid = items, None, 0, None, id(comm)
 
     def run(self, t) -> bool:
         """Replay on t; False (nothing done) when the full path must run it."""
         comm, th = self.comm, LEDGER._t
         if (th.current is not None or th.control_depth or not t.is_cpu or t.layout is not _STRIDED
-                or not t.is_contiguous() or self.pending.get(id(comm))):
+                or not t.is_contiguous() or self.pending.get(self.cid)):
             return False
+        buf = None
+        if self.items and not t.requires_grad:       # a few floats: their memoryview (shm_one_shot, item by item)
+            buf = self.mv if t is self.t and t.data_ptr() == self.ptr else self._items(t)
+        if buf is None:
+            buf = t if t.dim() == 1 else t.view(-1)
         comm.calls = k = comm.calls + 1
         comm.current_call = CallName(self.name, self.algo, k)
         st = self.st
         st.fp, st.what = self.stamp, self.name
         try:
-            self.fn(st, t if t.dim() == 1 else t.view(-1), self.op)
+            self.fn(st, buf, self.op)
         finally:
             st.fp = None
-        if self.avg:
+        if buf.__class__ is memoryview:
+            _bump((t,))                               # written behind torch's back: autograd sees it (in place)
+            if self.avg:
+                n = comm.size
+                for i in range(len(buf)):
+                    buf[i] = buf[i] / n               # the bits of t.div_(n) (float32: exact in double, rounded once)
+        elif self.avg:
             t.div_(comm.size)
         LEDGER.add_replayed(self.rec)
         return True
+
+    def _items(self, t):
+        """t's items as a memoryview (None where numpy cannot view t: it takes the tensor path), kept
+        for the next call with t when t's storage is no bigger: holding t then holds nothing more."""
+        if type(t) is not torch.Tensor:
+            return None
+        try:
+            mv = memoryview(t.numpy()).cast("B").cast(self.items)
+        except (RuntimeError, TypeError, ValueError):
+            return None
+        if t.untyped_storage().nbytes() <= 8 * ITEMS:
+            self.t, self.ptr, self.mv = t, t.data_ptr(), mv
+        return mv
 
 
 def table(comm) -> dict:
@@ -255,5 +289,7 @@ def all_reduce(comm, tensor, op, algorithm, tag, opn: str, stamp, template, pend
     st = shm_collectives.state(comm)
     nbytes = tensor.numel() * tensor.element_size()
     fn = shm.shm_one_shot if shm_collectives.one_shot(nbytes, comm.size) else shm.shm_reduce_by_slices
+    items = (_ITEM_FORMATS.get(tensor.dtype) if fn is shm.shm_one_shot and opn in shm.ITEM_OPS
+             and 0 < tensor.numel() <= ITEMS else None)
     table(comm)[(tensor.dtype, tensor.shape, id(op), algorithm, tag)] = Planned(comm, st, fn, opn, stamp, template,
-                                                                              pending, op)
+                                                                              pending, op, items)

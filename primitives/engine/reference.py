@@ -17,10 +17,6 @@ _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min":
               "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.SUM}
 
 
-def _np(t):
-    return t.numpy()
-
-
 def ref(name: str, comm, *args, op=None, **kw) -> None:
     if name in ("all_to_all", "all_to_all_single"):
         return _ref_all_to_all(name, comm, *args, **kw)     # kw: the single form's split sizes
@@ -75,11 +71,11 @@ def _ref_mpi(name, comm, args, opn):
     elif name == "reduce":
         t = args[0]
         out = t.clone()
-        m.Reduce(_np(t), _np(out), op=op, root=args[1])
+        m.Reduce(t.numpy(), out.numpy(), op=op, root=args[1])
         if comm.rank == args[1]:
             t.copy_(out)
     elif name == "all_reduce":
-        m.Allreduce(MPI.IN_PLACE, _np(args[0]), op=op)
+        m.Allreduce(MPI.IN_PLACE, args[0].numpy(), op=op)
     elif name in ("all_gather", "all_gather_single"):
         if name == "all_gather":
             out = torch.empty((len(args[0]),) + tuple(args[1].shape), dtype=args[1].dtype)
@@ -91,7 +87,7 @@ def _ref_mpi(name, comm, args, opn):
                 t.copy_(out[i])
     elif name in ("reduce_scatter", "reduce_scatter_single"):
         inp = torch.cat([t.reshape(-1) for t in args[1]]) if name == "reduce_scatter" else args[1].contiguous()
-        m.Reduce_scatter_block(_np(inp), _np(args[0]), op=op)
+        m.Reduce_scatter_block(inp.numpy(), args[0].numpy(), op=op)
     elif name == "scatter":
         send = torch.stack(list(args[1])).contiguous() if comm.rank == args[2] else None
         m.Scatter(buf(send) if send is not None else None, buf(args[0]), root=args[2])

@@ -29,9 +29,8 @@ from primitives.engine.subcomm import shape
 
 ROOTED = ("broadcast", "reduce", "scatter", "gather")
 # nccl-tests' busbw factors; S is the full buffer for the gather/scatter family
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
-for _k in ("all_gather", "all_gather_single", "reduce_scatter", "reduce_scatter_single", "scatter", "gather"):
-    BUS_FACTOR[_k] = lambda n: (n - 1) / n
+def bus_factor(name: str, n: int) -> float:
+    return 2 * (n - 1) / n if name == "all_reduce" else 1.0 if name in ("broadcast", "reduce") else (n - 1) / n
 
 
 class Case:
@@ -47,10 +46,7 @@ class Case:
             if fill == "zeros":
                 return torch.zeros(k, dtype=dtype, device=dev)
             return torch.randint(-3, 4, (k,), generator=g).to(dtype).to(dev)
-        self.block = numel                        # elements per rank's contribution / result
-        if name in ("broadcast", "reduce", "all_reduce"):
-            self.x = data(numel)
-        elif name in ("all_gather", "all_gather_single", "gather"):
+        if name in ("broadcast", "reduce", "all_reduce", "all_gather", "all_gather_single", "gather"):
             self.x = data(numel)
         elif name in ("reduce_scatter", "reduce_scatter_single"):
             self.x = data(n * numel)
@@ -92,10 +88,6 @@ class Case:
         esz = torch.empty(0, dtype=self.dtype).element_size()
         full = self.numel * (self.comm.size if self.name not in ("broadcast", "reduce", "all_reduce") else 1)
         return full * esz
-
-
-def builtin_call(name, comm, args):
-    ref(name, comm, *args)
 
 
 def barrier(comm):
@@ -166,7 +158,7 @@ def main(name: str, argv=None) -> None:
         with LEDGER.track() as d:
             getattr(api, name)(*a_ours, algorithm=algo)
         used = LEDGER.calls[-1].algorithm
-        builtin_call(name, comm, a_ref)
+        ref(name, comm, *a_ref)
         ok = all_ok(comm, all(torch.equal(o, e) for o, e in zip(outs, refs)))
         expect = traffic(name, used, n, comm.rank, numel, case.x.element_size() if case.x is not None else
                          torch.empty(0, dtype=dtype).element_size(), root,
@@ -178,15 +170,15 @@ def main(name: str, argv=None) -> None:
         times = time_call(lambda: getattr(api, name)(*a_t, algorithm=algo), comm, args.iters)
         core.set_handshake(hs)
         med = statistics.median(times)
-        busbw = case.bus_bytes() / med * BUS_FACTOR[name](n) / 1e9 if n > 1 else 0.0
+        busbw = case.bus_bytes() / med * bus_factor(name, n) / 1e9 if n > 1 else 0.0
         failures += (not ok) + (not formula_ok)
         table.add_row(algo, used, "[green]pass[/]" if ok else "[red]FAIL[/]", f"{d.bytes_sent:,}", f"{expect[1]:,}",
                       "[green]yes[/]" if formula_ok else "[red]NO[/]", str(d.msgs_sent), f"{med * 1e3:.3f}", f"{busbw:.3f}")
     ref_args, _ = case.args()
-    ref_times = time_call(lambda: builtin_call(name, comm, ref_args), comm, args.iters)
+    ref_times = time_call(lambda: ref(name, comm, *ref_args), comm, args.iters)
     med = statistics.median(ref_times)
     table.add_row(f"built-in ({comm.backend})", "-", "-", "-", "-", "-", "-", f"{med * 1e3:.3f}",
-                  f"{case.bus_bytes() / med * BUS_FACTOR[name](n) / 1e9:.3f}" if n > 1 else "0.000")
+                  f"{case.bus_bytes() / med * bus_factor(name, n) / 1e9:.3f}" if n > 1 else "0.000")
     print0(table)
     print0("busbw = algbw × nccl-tests' factor; algbw = S / time, S = the full buffer for gather/scatter-type ops.")
     if failures:

@@ -116,7 +116,7 @@ class ShmComm(CheckedTorchComm):
         self._head = {r: 0 for r in local}                         # chunks I published to r
         self._tail = {r: 0 for r in local}                         # chunks I consumed from r
         self._busy: set[int] = set()
-        self.yield_s = seg.yield_s(n)                               # spin_until's yield phase
+        self.yield_s, self.calm = seg.yield_s(n), 0.0               # spin_until's yield phase; no yield before calm
         self.spin = SPIN if self.yield_s == 0 else 2                # oversubscribed: yield almost at once
 
     # ------------------------------------------------------------------ channel geometry
@@ -227,7 +227,8 @@ class ShmComm(CheckedTorchComm):
     def spin_until(self, ready, peer, kind: str, progress: bool = False) -> bool:
         """Poll ready() (advancing transfers when progress): spin self.spin polls (SPIN, or 2 when
         ranks outnumber cores: my polling delays the peer that shares my core), yield the core for
-        self.yield_s (shm_segment.yield_s), then raise my "asleep" flag (the shm collectives'
+        self.yield_s (shm_segment.yield_s; none for a second after a yield that came back only after
+        another process's time slice), then raise my "asleep" flag (the shm collectives'
         publishers ring only then), poll once more and block on my doorbell (futex, ≤ 5 ms a
         time) until a peer rings it.
         Every 50 ms a dead local peer, and the deadline, become a PeerError naming `peer` (the
@@ -250,8 +251,10 @@ class ShmComm(CheckedTorchComm):
                 now = time.monotonic()
                 if start is None:
                     start, check = now, now + 0.05      # liveness: /proc reads cost ~1 ms under load
-                if now - start < self.yield_s:
+                if now - start < self.yield_s and now >= self.calm:
                     os.sched_yield()
+                    if time.monotonic() - now > seg.YIELD_SLOW:   # another job's slice ran, not my peer:
+                        self.calm = now + 1.0                    # sleep at once for a second
                     continue
                 if not self.i32[sleep]:
                     self.i32[sleep] = 1

@@ -46,11 +46,17 @@ def _cores() -> int:
 def yield_s(n_local: int) -> float:
     """Seconds a wait yields the core (sched_yield) before it sleeps on its futex: 0.5 ms when the
     local ranks outnumber the cores (a yield hands the core to a peer on the same run queue in
-    ~1 µs, a futex sleep and wake-up costs tens; MPICH yields there too), else 0 (the peer runs
-    on a core of its own: sleep). RINGZERO_SHM_YIELD_S fixes it."""
+    ~1 µs, a futex sleep and wake-up costs tens; MPICH's ch3 yields after 1000 polls, never sleeps), else 0
+    (the peer runs on a core of its own: sleep). RINGZERO_SHM_YIELD_S fixes it; see YIELD_SLOW."""
     if YIELD_S is not None:
         return float(YIELD_S)
     return 5e-4 if n_local > _cores() else 0.0
+
+
+# A yield that returns after this long ran another process's time slice (EEVDF's is ~3 ms here), not a peer's
+# few µs of Python or a 2 MiB round's copies: other jobs share the cores, and while they do, a yield costs a
+# slice each time where a futex sleep is woken as soon as the peer publishes (ShmComm.spin_until).
+YIELD_SLOW = 1e-3
 
 
 def max_polls(n_local: int) -> int:
