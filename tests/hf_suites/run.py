@@ -4,8 +4,9 @@
     python -m tests.hf_suites.run --mode ringzero accelerate/tests/deepspeed/test_deepspeed.py -k test_ds_config
 
 One pytest process per (file, mode), rooted at the file's repository copy under upstream/, offline
-(HF_HUB_OFFLINE=1: a test that loads a checkpoint from the Hugging Face hub fails at once, and the
-table counts it under "needs hub"), DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu, gloo), RUN_SLOW=1
+(HF_HUB_OFFLINE=1) with tiny models built from configs under the hub names the tests load
+(hub_standins.py; a test that needs anything else from the hub fails at once, and the table counts it
+under "needs hub"), DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu, gloo), RUN_SLOW=1
 (accelerate's multi-process tests, launched by `accelerate launch --num_processes=2`, are marked slow),
 and `-p tests.hf_suites.cpu_gates` (accelerate's "needs an accelerator" gates opened, cpu_gates.py).
 Mode "ringzero" differs by one thing: tests/ds_bulk/site is first on PYTHONPATH with
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+
+from tests.hf_suites import hub_standins
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -49,7 +52,8 @@ def environment(mode: str) -> dict:
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])   # `accelerate launch`
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", RUN_SLOW="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
-               RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0", RINGZERO_DEEPSPEED_DEFER="1")
+               RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0", RINGZERO_DEEPSPEED_DEFER="1",
+               HF_HUB_CACHE=hub_standins.build())   # tiny models built from configs under the hub names
     return env
 
 
