@@ -64,5 +64,5 @@ def test_every_case_deepspeed_passes_passes_under_ringzero():
     for f in run.test_files():
         res = {m: run.run_file(f, m, 1800) for m in run.MODES}
         rows += table.rows(*res.values())
-    assert sum(r["ds_pass"] for r in rows) >= 14, rows
+    assert sum(r["ds_pass"] for r in rows) >= 19, rows
     assert not [k for r in rows for k, _ in r["failing"]] and not sum((r["refused"] for r in rows), table.Counter())

@@ -53,7 +53,9 @@ def environment(mode: str) -> dict:
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", RUN_SLOW="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0", RINGZERO_DEEPSPEED_DEFER="1",
-               HF_HUB_CACHE=hub_standins.build())   # tiny models built from configs under the hub names
+               HF_HUB_CACHE=hub_standins.build(),   # tiny models built from configs under the hub names
+               # DeepSpeed's CPU Adam (offload_optimizer: cpu) builds its C++ op once, here, not behind another's lock
+               TORCH_EXTENSIONS_DIR=os.path.join(tempfile.gettempdir(), "ringzero_hf_torch_extensions"))
     return env
 
 
