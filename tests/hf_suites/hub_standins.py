@@ -14,8 +14,8 @@ Cost: a few seconds, ~30 MB.
 """
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import tempfile
 
 REVISION = "0" * 40     # the snapshot name refs/main points at
@@ -55,5 +55,12 @@ def build(cache: str = os.path.join(tempfile.gettempdir(), "ringzero_hf_hub_stan
     return cache
 
 
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cache", nargs="?", help="the hub cache folder to write (default: under the temp folder)")
+    a = ap.parse_args(argv)
+    print(build(*([a.cache] if a.cache else [])))
+
+
 if __name__ == "__main__":
-    print(build(*sys.argv[1:2]))
+    main()
