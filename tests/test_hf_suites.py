@@ -1,7 +1,7 @@
 """accelerate's DeepSpeed test files (tests/hf_suites/upstream, unchanged) under the installed DeepSpeed and ringzero.
 
     python -m pytest -q tests/test_hf_suites.py                 (the table's rules and the vendored files: < 1 s)
-    python -m pytest -q -m slow tests/test_hf_suites.py         (every vendored file, both engines: ~10 min on 2 cores)
+    python -m pytest -q -m slow tests/test_hf_suites.py         (every vendored file, both engines: 2 min idle)
     python -m tests.hf_suites.table                             (the table from the last full run)
 
 run.py runs one pytest per (file, engine), offline; ringzero's side has `import deepspeed` served by the
