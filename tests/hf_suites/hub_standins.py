@@ -1,0 +1,66 @@
+"""Offline stand-ins for the hub checkpoints accelerate's DeepSpeed tests load: tiny models built from configs.
+
+    python -m tests.hf_suites.hub_standins [DIR]      (writes the cache, default under /tmp; run.py does it first)
+
+The tests load `sshleifer/tiny-gpt2`, `hf-internal-testing/tiny-random-gpt2` and `gpt2` with
+`from_pretrained`, and read the configs of `apple/mobilevit-xx-small` and
+`peft-internal-testing/tiny-random-qwen-1.5-MoE`. The first two are random tiny GPT-2s on the hub too; here
+each is built from its config (its sizes as published) with seeded random weights and written into a
+Hugging Face cache laid out as the hub client reads it offline (HF_HUB_CACHE, HF_HUB_OFFLINE=1). `gpt2`'s
+stand-in keeps GPT-2's architecture and vocabulary at 2 layers of width 64 (the tests read sizes from
+`model.config`, never a weight's value). Both engines' runs read the same files. A test that needs a
+tokenizer, a data set or a script's own download still fails offline and is counted under "needs hub".
+Cost: a few seconds, ~30 MB.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+REVISION = "0" * 40     # the snapshot name refs/main points at
+
+
+def _configs() -> dict:
+    from transformers import GPT2Config, MobileViTConfig, Qwen2MoeConfig
+    return {
+        "sshleifer/tiny-gpt2": GPT2Config(n_embd=2, n_head=2, n_layer=2, vocab_size=50257, n_positions=1024),
+        "hf-internal-testing/tiny-random-gpt2": GPT2Config(n_embd=32, n_head=4, n_layer=5, vocab_size=1000,
+                                                           n_positions=512),
+        "gpt2": GPT2Config(n_embd=64, n_head=2, n_layer=2, vocab_size=50257, n_positions=1024),
+        "apple/mobilevit-xx-small": MobileViTConfig(hidden_sizes=[64, 80, 96],
+                                                    neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320]),
+        "peft-internal-testing/tiny-random-qwen-1.5-MoE": Qwen2MoeConfig(
+            vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+            shared_expert_intermediate_size=16),
+    }
+
+
+def build(cache: str = os.path.join(tempfile.gettempdir(), "ringzero_hf_hub_standins")) -> str:
+    """Write every stand-in under `cache` (a hub cache folder) unless there already; return it."""
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+    for i, (name, config) in enumerate(_configs().items()):
+        repo = os.path.join(cache, "models--" + name.replace("/", "--"))
+        snap = os.path.join(repo, "snapshots", REVISION)
+        if os.path.exists(os.path.join(snap, "config.json")):
+            continue
+        os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+        torch.manual_seed(i)
+        auto = AutoModel if "mobilevit" in name else AutoModelForCausalLM
+        auto.from_config(config).save_pretrained(snap)
+        with open(os.path.join(repo, "refs", "main"), "w") as f:
+            f.write(REVISION)
+    return cache
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cache", nargs="?", help="the hub cache folder to write (default: under the temp folder)")
+    a = ap.parse_args(argv)
+    print(build(*([a.cache] if a.cache else [])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""accelerate's DeepSpeed test files (tests/hf_suites/upstream, unchanged) under the installed DeepSpeed and ringzero.
+
+    python -m pytest -q tests/test_hf_suites.py                 (the table's rules and the vendored files: < 1 s)
+    python -m pytest -q -m slow tests/test_hf_suites.py         (every vendored file, both engines: 2 min idle)
+    python -m tests.hf_suites.table                             (the table from the last full run)
+
+run.py runs one pytest per (file, engine), offline; ringzero's side has `import deepspeed` served by the
+runner's finder. A case that passes under DeepSpeed must pass under ringzero, or fail with ringzero's
+one-line refusal (table.py).
+"""
+import hashlib
+import os
+import re
+
+import pytest
+
+from tests.hf_suites import run, table
+
+
+def test_the_table_sorts_hub_deepspeed_failures_refusals_and_failures():
+    f = "accelerate/tests/deepspeed/t.py"
+    ds = {f"{f}::C::a": ["passed", "", False], f"{f}::C::b": ["passed", "", False], f"{f}::C::c": ["passed", "", False],
+          f"{f}::C::d": ["failed", "E  OSError: ... offline mode ...", True],
+          f"{f}::C::e": ["failed", "ModuleNotFoundError: No module named 'evaluate'", False],
+          f"{f}::C::g": ["skipped", "needs fp16", False]}
+    rz = {f"{f}::C::a": ["passed", "", False], f"{f}::C::c": ["failed", "E   AssertionError: 1 != 2", False],
+          f"{f}::C::b": ["failed", "E   NotServedError: deepspeed.runtime.pipe.schedule is not served by ringzero (...)",
+                         False]}
+    (r,) = table.rows(ds, rz)
+    assert [table.count(r, k) for k in table.COLS] == [6, 1, 2, 3, 1, 1, 1]
+    assert dict(r["refused"]) == {"not served: deepspeed.runtime.pipe.schedule": 1}
+    assert set(r["ds_other"]) == {"needs a package: evaluate", "skipped: needs fp16"}
+
+
+def test_a_launched_process_failure_reports_its_cause():
+    text = ("E   RuntimeError: 'accelerate launch x' failed with returncode 1\n"
+            "E   ModuleNotFoundError: No module named 'evaluate'\n"
+            "E   torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nE   =====")
+    assert run.last_line(text) == "ModuleNotFoundError: No module named 'evaluate'"
+    assert run.last_line("E   assert 1 == 2\nE   AssertionError: boom") == "E   AssertionError: boom"
+
+
+def _git_blob(path: str) -> str:
+    data = open(path, "rb").read()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def test_the_vendored_files_are_upstreams_unchanged():
+    """Every vendored file is listed in UPSTREAM.md with upstream's git blob hash, and still hashes to it."""
+    listed = dict(re.findall(r"^\| (\S+) \| \S+ \| `([0-9a-f]{40})` \|$",
+                             open(os.path.join(run.HERE, "UPSTREAM.md")).read(), re.M))
+    assert set(run.test_files()) <= set(listed) and len(listed) >= 9
+    changed = [f for f, blob in listed.items() if _git_blob(os.path.join(run.UP, f)) != blob]
+    assert not changed, changed
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+@pytest.mark.timeout(3600)
+def test_every_case_deepspeed_passes_passes_under_ringzero():
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("parameterized")     # accelerate's tests import it
+    rows = []
+    for f in run.test_files():
+        res = {m: run.run_file(f, m, 1800) for m in run.MODES}
+        rows += table.rows(*res.values())
+    assert sum(r["ds_pass"] for r in rows) >= 19, rows
+    assert not [k for r in rows for k, _ in r["failing"]] and not sum((r["refused"] for r in rows), table.Counter())
