@@ -54,7 +54,8 @@ READS_ARGV = re.compile(r"argparse|sys\.argv|parse_args|add_launch_args|import f
 
 # the scripts under tests/ that a README shows a reader
 READER_TOOLS = ("tests/ds_unit/harness.py", "tests/ds_bulk/run.py", "tests/ds_bulk/table.py",
-                "tests/hf_suites/trl_compare.py", "tests/hf_suites/trl_trainers.py", "tests/hf_suites/fused_head.py")
+                "tests/hf_suites/trl_compare.py", "tests/hf_suites/trl_trainers.py", "tests/hf_suites/fused_head.py",
+                "tests/hf_suites/run.py", "tests/hf_suites/table.py", "tests/hf_suites/hub_standins.py")
 
 
 def scripts() -> list[str]:
