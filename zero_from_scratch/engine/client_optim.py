@@ -208,3 +208,58 @@ def plan(module, model_parameters, client, cfg, rank: int, param_groups):
                              "ZeRORuntimeException unless it is DeepSpeedCPUAdam or \"zero_force_ds_cpu_optimizer\": "
                              "false; set that key (the update here is Adam's either way)")
     return names, hypers, kind, wmode, shared
+
+
+# ----------------------------------------------------------------------------- stage 0 in fp32
+def _ds_class(cfg, groups: list[dict], w_mode: bool):
+    """The object DeepSpeed 0.19.8's _configure_basic_optimizer builds from the config section."""
+    o, raw = cfg.optimizer, (cfg.raw.get("optimizer") or {}).get("params") or {}
+    if o.kind == "Adam":
+        if raw.get("torch_adam"):
+            return (torch.optim.AdamW if w_mode else torch.optim.Adam)(groups)
+        return O.FusedAdam(groups, adam_w_mode=w_mode)
+    return O.FusedLion(groups) if o.kind == "Lion" else getattr(torch.optim, o.type)(groups)
+
+
+def serve_basic(engine, client, names: list[list[str]], w_mode: bool):
+    """DeepSpeed at stage 0 in fp32 hands back its basic optimizer (engine.py _configure_optimizer:
+    `self.optimizer = basic_optimizer`): the client's own object, or the class it builds from the
+    config. That object is returned here too, bound to the engine: the same param_groups list as the
+    sharded optimizer (one buffer per group at stage 0, every rank whole), `state[p]` views of its
+    states (so they are the real ones, written in place by every step and by load_checkpoint), and
+    `step()` / `zero_grad()` acting on the engine's gradients, as the object's own do on `p.grad` in
+    DeepSpeed (step: the averaged gradients, no clipping, no scheduler; engine.step() clips first)."""
+    sharded = engine.optimizer
+    if engine.stage_id != 0 or engine.mixed or engine.offload is not None:
+        return sharded                  # DeepSpeed's ZeRO / fp16 / bf16 wrapper: the sharded optimizer
+    if client is None:
+        opt = _ds_class(engine.config, [{**h, "params": [engine.params_by_name[n] for n in ns]}
+                                        for ns, h in zip(names, sharded.param_groups)], w_mode)
+        sharded.param_groups = opt.param_groups
+    else:
+        opt = client
+    engine.basic_steps = [torch.zeros((), dtype=torch.float32) for _ in sharded.state]
+    for u in engine.layout.units:
+        st = sharded.state[u.group]
+        for s in u.slots:
+            lo = u.local_offset + s.offset
+            opt.state[engine.params_by_name[s.name]] = {
+                "step": engine.basic_steps[u.group],
+                **{k: st[k][lo:lo + s.numel].view(s.shape) for k in sharded.STATE}}
+
+    def step(closure=None):
+        loss = closure() if closure is not None else None
+        from zero_from_scratch.engine.step import client_step   # step.py imports this module
+        client_step(engine)
+        return loss
+
+    def zero_grad(set_to_none: bool = True):
+        engine.zero_grad()
+    opt.step, opt.zero_grad = step, zero_grad
+    return opt
+
+
+def sync_steps(engine) -> None:
+    """The client object's per-parameter "step" follows the sharded optimizer's count."""
+    for t, st in zip(getattr(engine, "basic_steps", ()), engine.optimizer.state):
+        t.fill_(st["step"])
