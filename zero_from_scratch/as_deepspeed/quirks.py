@@ -18,7 +18,8 @@ train_what_is_given       model_parameters that leave trainable weights out: Dee
 expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / fp16 wrappers keep the
         torch optimizer there; ringzero's engine.optimizer is that optimizer (over its shards), so a
         view of it is set there (one without a further .optimizer: unwrapping loops end); its
-        state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition.
+        state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition;
+        DeepSpeed's layout names (fp16_groups, the flat fp32 partitions) as views: zero_layout.py.
 tag_validation_warn       checkpoint.tag_validation defaults to WARN (runtime/config.py's default): ranks
         saving under different tags are warned, not refused (checkpoint.py::_rank0_tag says where
         the files go).
@@ -45,6 +46,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from zero_from_scratch.as_deepspeed import zero_layout
 from zero_from_scratch.as_deepspeed.utils import logger
 
 _DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
@@ -150,8 +152,13 @@ def train_what_is_given(model, model_parameters):
 class TorchOptimizerView:
     """engine.optimizer.optimizer: every attribute read and written on the engine's optimizer."""
 
-    def __init__(self, opt):
+    def __init__(self, opt, engine=None):
         object.__setattr__(self, "_opt", opt)
+        object.__setattr__(self, "_engine", engine)
+
+    @property
+    def state(self):     # keyed by each group's fp32 partition, as DeepSpeed's (zero_layout.py)
+        return zero_layout.StateByPartition(self._engine) if self._engine is not None else self._opt.state
 
     def __getattr__(self, attr):
         if attr == "optimizer":
@@ -182,7 +189,9 @@ def expose_torch_optimizer(engine) -> None:
     wrapped = any(getattr(engine, f, lambda: False)() for f in ("fp16_enabled", "bfloat16_enabled")) or \
         getattr(engine, "zero_optimization_stage", lambda: 0)() > 0
     if wrapped:     # DeepSpeed at stage 0 in fp32 hands back the torch optimizer itself: no .optimizer there
-        opt.optimizer = TorchOptimizerView(opt)
+        opt.optimizer = TorchOptimizerView(opt, engine if hasattr(engine, "group_names") else None)
+        if hasattr(engine, "group_names"):   # the ZeRO engine (not the pipeline's): DeepSpeed's layout names
+            zero_layout.install(engine)
 
 
 def register_external_on_use(engine) -> None:

@@ -1,0 +1,96 @@
+"""DeepSpeed's ZeRO-optimizer layout that its tests and some scripts read, as live views of ringzero's buffers.
+
+    python -m zero_from_scratch.as_deepspeed train.py --deepspeed_config ds.json
+    (quirks.expose_torch_optimizer installs it on engine.optimizer after initialize)
+
+In bf16/fp16 at stages 1-3 DeepSpeed's inner torch optimizer steps one flat fp32 partition per group
+(stages 1-2: single_partition_of_fp32_groups, stage_1_and_2.py; stage 3: fp32_partitioned_groups_flat,
+one per sub-group, stage3.py) and writes it into the group: under the runner
+  engine.optimizer.optimizer.param_groups[g]["params"] == [group g's fp32 partition]
+  engine.optimizer.optimizer.state[partition]        the group's {"step", "exp_avg", "exp_avg_sq"}
+  engine.optimizer.fp16_groups[g]                    the model's parameters of group g
+  engine.optimizer.fp32_partitioned_groups_flat[g]   group g's fp32 partition
+ringzero's partition of group g is engine.master[g], this rank's fp32 master, the same numbers; its
+sub-groups are its param groups (sub_group_size only paces DeepSpeed's offload). Every name reads
+the engine when it is read: nothing is copied, nothing goes stale. In fp32 ringzero keeps no fp32
+partition apart from the parameters (each unit's shard is a slice of the parameters' flat buffer),
+and with nvme offload the master lives in files: there the names raise AttributeError saying so.
+Cost: none until read; a lookup over the groups per state[partition].
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+FP32 = ("DeepSpeed's flat fp32 partitions: ringzero keeps none in fp32 (each unit's shard is a slice of "
+        "the parameters' flat buffer); read engine.optimizer.state[g] or safe_get_full_optimizer_state")
+NVME = "DeepSpeed's flat fp32 partitions: with offload_optimizer nvme ringzero's fp32 master lives in files"
+
+
+def partitions(engine) -> list:
+    """Group g's fp32 partition (engine.master[g]), or AttributeError with the reason."""
+    if not engine.mixed:
+        raise AttributeError(FP32)
+    if engine.offload is not None and not hasattr(engine.offload, "adopt"):
+        raise AttributeError(NVME)
+    return engine.master
+
+
+class Live(Sequence):
+    """A read-only sequence computed from the engine at every access."""
+
+    def __init__(self, get):
+        self._get = get
+
+    def __getitem__(self, i):
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return f"Live({list(self._get())!r})"
+
+
+class StateByPartition(Mapping):
+    """The inner optimizer's `state` as DeepSpeed keys it (by each group's fp32 partition); the
+    group index still works. Values are the sharded optimizer's own dicts."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def _keys(self) -> list:
+        try:
+            return list(partitions(self.engine))
+        except AttributeError:
+            return list(range(len(self.engine.optimizer.state)))
+
+    def __getitem__(self, key):
+        st = self.engine.optimizer.state
+        if torch.is_tensor(key):
+            for g, t in enumerate(partitions(self.engine)):
+                if t is key:
+                    return st[g]
+            raise KeyError(f"tensor of shape {tuple(key.shape)} is no group's fp32 partition")
+        return st[key]
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self.engine.optimizer.state)
+
+
+def install(engine) -> None:
+    """fp16_groups / fp32_partitioned_groups_flat on engine.optimizer, each group's "params" the
+    partition (bf16/fp16, stages 1-3, master in memory: else nothing is written)."""
+    opt = engine.optimizer
+    opt.fp16_groups = Live(lambda: [[engine.params_by_name[n] for n in ns] for ns in engine.group_names])
+    opt.fp32_partitioned_groups_flat = Live(lambda: partitions(engine))
+    try:
+        partitions(engine)
+    except AttributeError:
+        return
+    for g, group in enumerate(opt.param_groups):
+        group["params"] = Live(lambda g=g: [partitions(engine)[g]])
