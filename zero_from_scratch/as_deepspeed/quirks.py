@@ -25,7 +25,8 @@ tag_validation_warn       checkpoint.tag_validation defaults to WARN (runtime/co
         the files go).
 register_external_on_use  stage 3: a parameter read in the forward of a module that does not hold it is
         registered to that module and gathered (DeepSpeed's ZeROOrderedDict,
-        runtime/zero/parameter_offload.py), not refused (external.py, auto_register).
+        runtime/zero/parameter_offload.py), not refused (external.py, auto_register); every module's
+        _parameters a ZeROOrderedDict, as DeepSpeed's (engine/zero_ordered_dict.py).
 init_model_below_stage3   a model built under zero.Init, initialized at stage 0-2: DeepSpeed accepts it
         (runtime/engine.py keeps the partitioned parameters, which its stage 0-2 cannot train); the
         runner gathers them whole (every rank) and drops their ZeRO-3 attributes, with one warning,
@@ -198,6 +199,10 @@ def register_external_on_use(engine) -> None:
     ext = getattr(engine, "external", None)
     if ext is not None and hasattr(ext, "auto_register"):
         ext.auto_register = True
+        if engine.zero_optimization_stage() == 3:   # DeepSpeed's _inject_parameters (zero_ordered_dict.py)
+            from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
+            for m in engine.module.modules():
+                ensure_zero_ordered_dict(m)
 
 
 def init_model_below_stage3(model, config) -> None:
