@@ -10,6 +10,7 @@ one per sub-group, stage3.py) and writes it into the group: under the runner
   engine.optimizer.optimizer.state[partition]        the group's {"step", "exp_avg", "exp_avg_sq"}
   engine.optimizer.fp16_groups[g]                    the model's parameters of group g
   engine.optimizer.fp32_partitioned_groups_flat[g]   group g's fp32 partition
+  engine.optimizer.parameter_offload.forward_hooks / backward_hooks   stage 3's module hooks (torch handles)
 ringzero's partition of group g is engine.master[g], this rank's fp32 master, the same numbers; its
 sub-groups are its param groups (sub_group_size only paces DeepSpeed's offload). Every name reads
 the engine when it is read: nothing is copied, nothing goes stale. In fp32 ringzero keeps no fp32
@@ -83,9 +84,11 @@ class StateByPartition(Mapping):
 
 
 def install(engine) -> None:
-    """fp16_groups / fp32_partitioned_groups_flat on engine.optimizer, each group's "params" the
+    """parameter_offload (stage 3), fp16_groups / fp32_partitioned_groups_flat on engine.optimizer, each group's "params" the
     partition (bf16/fp16, stages 1-3, master in memory: else nothing is written)."""
     opt = engine.optimizer
+    if engine.stage_id == 3:
+        opt.parameter_offload = ParameterOffload(engine)
     opt.fp16_groups = Live(lambda: [[engine.params_by_name[n] for n in ns] for ns in engine.group_names])
     opt.fp32_partitioned_groups_flat = Live(lambda: partitions(engine))
     try:
@@ -94,3 +97,63 @@ def install(engine) -> None:
         return
     for g, group in enumerate(opt.param_groups):
         group["params"] = Live(lambda g=g: [partitions(engine)[g]])
+
+
+# ----------------------------------------------------------------------------- ZeRO-3's module hooks
+def _kind_of(engine):
+    """id(hook dict) → "forward" / "backward" for every module of the engine's model."""
+    out = {}
+    for m in engine.module.modules():
+        out[id(m._forward_pre_hooks)] = out[id(m._forward_hooks)] = "forward"
+        out[id(m._backward_pre_hooks)] = out[id(m._backward_hooks)] = "backward"
+    return out
+
+
+class ParameterOffload:
+    """engine.optimizer.parameter_offload at stage 3 (DeepSpeedZeRoOffload's hook lists): the
+    stage's module hooks that are registered now, as torch handles, read from the stage each time.
+    unhook()/_register_deepspeed_module() take them off the modules and put them back in their
+    places (unwrap_model_for_generation does both, as DeepSpeed's)."""
+
+    def __init__(self, engine):
+        self.engine, self.module, self._off = engine, engine.module, []
+
+    def _hooks(self, kind: str) -> list:
+        kinds = _kind_of(self.engine)
+        out = []
+        for h in getattr(self.engine.stage, "hooks", []):
+            d = h.hooks_dict_ref()
+            if d is not None and kinds.get(id(d)) == kind and h.id in d:
+                out.append(h)
+        return out
+
+    @property
+    def forward_hooks(self) -> list:
+        return self._hooks("forward")
+
+    @forward_hooks.setter
+    def forward_hooks(self, value) -> None:   # DeepSpeed's unwrap empties its lists after removing the handles
+        if list(value):
+            raise ValueError("parameter_offload.forward_hooks: only [] may be assigned (the hooks are the stage's)")
+
+    @property
+    def backward_hooks(self) -> list:
+        return self._hooks("backward")
+
+    backward_hooks = backward_hooks.setter(forward_hooks.fset)
+
+    def unhook(self) -> None:
+        """Take every stage hook off its module, remembering each dict's order."""
+        hooks = self.forward_hooks + self.backward_hooks
+        dicts = {id(h.hooks_dict_ref()): h.hooks_dict_ref() for h in hooks}
+        self._off.extend((d, list(d.items())) for d in dicts.values())
+        for h in hooks:
+            del h.hooks_dict_ref()[h.id]
+
+    def _register_deepspeed_module(self, module=None) -> None:
+        """Put the hooks back where they were (hooks added meanwhile stay, after them)."""
+        for d, items in self._off:
+            later = [(k, v) for k, v in d.items() if all(k != j for j, _ in items)]
+            d.clear()
+            d.update(items + later)
+        self._off = []
