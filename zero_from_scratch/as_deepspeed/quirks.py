@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from zero_from_scratch.as_deepspeed import zero_layout
 from zero_from_scratch.as_deepspeed.utils import logger
+from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
 
 _DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
 
@@ -200,7 +201,6 @@ def register_external_on_use(engine) -> None:
     if ext is not None and hasattr(ext, "auto_register"):
         ext.auto_register = True
         if engine.zero_optimization_stage() == 3:   # DeepSpeed's _inject_parameters (zero_ordered_dict.py)
-            from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
             for m in engine.module.modules():
                 ensure_zero_ordered_dict(m)
 

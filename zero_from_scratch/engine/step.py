@@ -17,7 +17,6 @@ import math
 import torch
 
 from zero_from_scratch.clip import clip_coef, sum_of_squares
-from zero_from_scratch.engine.client_optim import sync_steps
 from zero_from_scratch.engine.offload import done_with
 from zero_from_scratch.engine.safe_api import apply_pending
 
@@ -105,3 +104,9 @@ def client_step(engine) -> None:
     update_shards(engine, 1.0 / (engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale), in_place=False)
     engine.stage.after_step()
     sync_steps(engine)
+
+
+def sync_steps(engine) -> None:
+    """The stage-0 client object's per-parameter "step" follows the sharded optimizer's count."""
+    for t, st in zip(getattr(engine, "basic_steps", ()), engine.optimizer.state):
+        t.fill_(st["step"])

@@ -55,7 +55,7 @@ from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
-from zero_from_scratch.engine.step import optimizer_step
+from zero_from_scratch.engine.step import client_step, optimizer_step, sync_steps
 from zero_from_scratch.engine.zero_partition import refuse_below_stage3, true_shapes
 from primitives.log import print0
 
@@ -128,7 +128,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.master = None if not self.mixed else (   # host: checkpoints read/write it where it lives
             self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
         self.refresh_master()
-        self.basic_optimizer = client_optim.serve_basic(self, self.client_optimizer, names, w_mode)   # returned
+        self.basic_optimizer = client_optim.serve_basic(self, self.client_optimizer, names, w_mode, client_step)
         self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else None
         self.lr_scheduler = (build_scheduler(self.config.scheduler, self.optimizer) if lr_scheduler is None
                              else surface.client_scheduler(self, lr_scheduler))   # a client's replaces the config's
@@ -267,7 +267,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         if hasattr(self.offload, "after_load"):
             self.offload.after_load()    # cpu offload in fp32: the host master follows the loaded params
         self.stage.after_load()      # stage 3: drop gathered copies of the old weights
-        client_optim.sync_steps(self)
+        sync_steps(self)
         return out
 
     def rng_state(self) -> dict:
