@@ -11,11 +11,13 @@ one per sub-group, stage3.py) and writes it into the group: under the runner
   engine.optimizer.fp16_groups[g]                    the model's parameters of group g
   engine.optimizer.fp32_partitioned_groups_flat[g]   group g's fp32 partition
   engine.optimizer.parameter_offload.forward_hooks / backward_hooks   stage 3's module hooks (torch handles)
-ringzero's partition of group g is engine.master[g], this rank's fp32 master, the same numbers; its
+ringzero's partition of group g is engine.master[g], this rank's fp32 master, the same numbers (in
+fp32 at stage 3 the rank's flat parameter shard of the group, which its optimizer steps); its
 sub-groups are its param groups (sub_group_size only paces DeepSpeed's offload). Every name reads
-the engine when it is read: nothing is copied, nothing goes stale. In fp32 ringzero keeps no fp32
-partition apart from the parameters (each unit's shard is a slice of the parameters' flat buffer),
-and with nvme offload the master lives in files: there the names raise AttributeError saying so.
+the engine when it is read: nothing is copied, nothing goes stale. In fp32 at stages 1-2 ringzero
+keeps no fp32 partition apart from the parameters (each unit's shard is a slice of the parameters'
+flat buffer), and with nvme offload the master lives in files: there the names raise
+NotServedAttributeError (an AttributeError) saying so.
 Cost: none until read; a lookup over the groups per state[partition].
 """
 from __future__ import annotations
@@ -24,17 +26,23 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-FP32 = ("DeepSpeed's flat fp32 partitions: ringzero keeps none in fp32 (each unit's shard is a slice of "
-        "the parameters' flat buffer); read engine.optimizer.state[g] or safe_get_full_optimizer_state")
-NVME = "DeepSpeed's flat fp32 partitions: with offload_optimizer nvme ringzero's fp32 master lives in files"
+from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, message
+
+NAME = "engine.optimizer's flat fp32 partitions (fp32_partitioned_groups_flat, state keyed by them)"
+FP32 = message(NAME + " in fp32", "step a flat fp32 copy of each group's partition (ringzero steps the parameters' "
+               "own flat buffer at stages 1-2 in fp32, one slice per unit)", "engine.optimizer.state[g], safe_get_full_optimizer_state")
+NVME = message(NAME + " with offload_optimizer nvme", "hold them in memory (ringzero's fp32 master lives in files)",
+               "safe_get_full_fp32_param, safe_get_full_optimizer_state")
 
 
 def partitions(engine) -> list:
-    """Group g's fp32 partition (engine.master[g]), or AttributeError with the reason."""
+    """Group g's fp32 partition (engine.master[g]), or NotServedAttributeError with the reason."""
     if not engine.mixed:
-        raise AttributeError(FP32)
+        if engine.stage_id == 3 and getattr(engine.config, "offload_param", None) is None:
+            return engine.stage.pshard     # ZeRO-3 in fp32: the rank's parameter shards are the partition
+        raise NotServedAttributeError(FP32)
     if engine.offload is not None and not hasattr(engine.offload, "adopt"):
-        raise AttributeError(NVME)
+        raise NotServedAttributeError(NVME)
     return engine.master
 
 
