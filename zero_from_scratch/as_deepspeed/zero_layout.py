@@ -91,10 +91,19 @@ class StateByPartition(Mapping):
         return len(self.engine.optimizer.state)
 
 
+BIT16 = message("engine.optimizer.parallel_partitioned_bit16_groups / nccl_start_alignment_factor",
+                "hand out each rank's partition of a group as one contiguous view, aligned for NCCL",
+                "ringzero shards each bucket (unit) over the ranks, so a rank's partition is one block per unit: "
+                "safe_get_local_fp32_param")
+
+
 def install(engine) -> None:
     """parameter_offload (stage 3), fp16_groups / fp32_partitioned_groups_flat on engine.optimizer, each group's "params" the
     partition (bf16/fp16, stages 1-3, master in memory: else nothing is written)."""
     opt = engine.optimizer
+    if engine.stage_id in (1, 2):
+        opt.refused_names = {n: NotServedAttributeError(BIT16) for n in (
+            "parallel_partitioned_bit16_groups", "parallel_partitioned_fp16_groups", "nccl_start_alignment_factor")}
     if engine.stage_id == 3:
         opt.parameter_offload = ParameterOffload(engine)
     opt.fp16_groups = Live(lambda: [[engine.params_by_name[n] for n in ns] for ns in engine.group_names])
