@@ -11,8 +11,8 @@ pipeline_clip_stage0      a PipelineModule in fp32: gradient clipping by stage 0
         (DeepSpeed's fp32 pipeline: runtime/pipe/engine.py leaves clipping to the torch optimizer
         path, whose norm covers the stage's own parameters, broadcast from the first stage), i.e.
         "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself.
-train_what_is_given       model_parameters that leave trainable weights out: DeepSpeed's optimizer holds
-        only what it is given, so the others never change; the runner sets requires_grad=False on them
+train_what_is_given       model_parameters (or a client optimizer object's groups) that leave trainable
+        weights out: DeepSpeed's optimizer holds only what it is given, so the others never change; the runner sets requires_grad=False on them
         (the engine then keeps them as frozen weights: same losses, no gradient kept for them) and
         says so once on rank 0.
 expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / fp16 wrappers keep the
@@ -135,7 +135,7 @@ def pipeline_clip_stage0(config):
     return c
 
 
-def train_what_is_given(model, model_parameters):
+def train_what_is_given(model, model_parameters, source: str = "model_parameters"):
     items = list(model_parameters)
     given = set()
     for it in items:
@@ -145,7 +145,7 @@ def train_what_is_given(model, model_parameters):
         p.requires_grad_(False)
     if left and _rank0():
         names = [n for n, _ in left]
-        logger.warning(f"{len(names)} trainable parameters are not in model_parameters ({', '.join(names[:5])}"
+        logger.warning(f"{len(names)} trainable parameters are not in {source} ({', '.join(names[:5])}"
                        f"{', …' if len(names) > 5 else ''}): DeepSpeed's optimizer never updates them; "
                        "ringzero keeps them frozen (requires_grad=False)")
     return items
