@@ -79,7 +79,7 @@ def _clients(rank, world):
     import zero_from_scratch
     out = {}
     lam = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))   # noqa: E731
-    for stage in (1, 2, 3):
+    for stage in (0, 1, 2, 3):
         for name, (cls, kw, extra) in CLIENTS.items():
             m = _model()
             opt = cls(m.parameters(), **kw)
@@ -88,11 +88,24 @@ def _clients(rank, world):
             sched = lam if name == "AdamW" else None          # accelerate's form: a callable of the optimizer
             e, eo, _, es = zero_from_scratch.initialize(model=m, optimizer=opt, lr_scheduler=sched, config=cfg)
             assert eo.param_groups is opt.param_groups        # the client's groups drive the shards
+            assert (eo is opt) == (stage == 0)                # stage 0 in fp32: DeepSpeed hands back the client's
             got = _train(e, 3, rank)
             ref = _reference(lambda p: cls(p, **kw), 3, world, sched)
             out[stage, name] = _maxdiff(got, ref)
             if name == "AdamW":
                 out[stage, "lr"] = opt.param_groups[0]["lr"]
+    # stage 0: the script steps the object it got back itself; its state is the engine's
+    m = _model()
+    e, opt, _, _ = zero_from_scratch.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters(), lr=1e-2),
+                                                config={"train_batch_size": BATCH * world})
+    for t in range(3):
+        x, y = _data(t, rank)
+        e.backward(nn.functional.mse_loss(e(x), y))
+        opt.step()
+        opt.zero_grad()
+    out[0, "own step"] = _maxdiff(_full(e), _reference(lambda p: torch.optim.AdamW(p, lr=1e-2), 3, world))
+    w = m[0].weight
+    out[0, "state"] = (float(opt.state[w]["step"]), opt.state[w]["exp_avg"].shape == w.shape)
     return out
 
 
@@ -126,8 +139,9 @@ def _config_optimizers(rank, world):
 
 def test_client_and_config_optimizers_and_safe_api_equal_one_process_torch(spawn):
     (res, msgs, safe), _ = spawn(_config_optimizers, 2)     # one spawn: torch.optim's first import is ~5 s a rank
-    for stage in (1, 2, 3):
+    for stage in (0, 1, 2, 3):
         assert res[stage, "lr"] == pytest.approx(1e-2 / 4)   # LambdaLR stepped once per optimizer step (3)
+    assert res.pop((0, "state")) == (3.0, True)
     for k, d in res.items():
         assert k[1] == "lr" or d < 1e-6, (k, d)
     assert "torch.optim.rmsprop.RMSprop" in msgs[0] and "zero_allow_untested_optimizer" in msgs[1]

@@ -11,20 +11,22 @@ pipeline_clip_stage0      a PipelineModule in fp32: gradient clipping by stage 0
         (DeepSpeed's fp32 pipeline: runtime/pipe/engine.py leaves clipping to the torch optimizer
         path, whose norm covers the stage's own parameters, broadcast from the first stage), i.e.
         "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself.
-train_what_is_given       model_parameters that leave trainable weights out: DeepSpeed's optimizer holds
-        only what it is given, so the others never change; the runner sets requires_grad=False on them
+train_what_is_given       model_parameters (or a client optimizer object's groups) that leave trainable
+        weights out: DeepSpeed's optimizer holds only what it is given, so the others never change; the runner sets requires_grad=False on them
         (the engine then keeps them as frozen weights: same losses, no gradient kept for them) and
         says so once on rank 0.
 expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / fp16 wrappers keep the
         torch optimizer there; ringzero's engine.optimizer is that optimizer (over its shards), so a
         view of it is set there (one without a further .optimizer: unwrapping loops end); its
-        state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition.
+        state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition;
+        DeepSpeed's layout names (fp16_groups, the flat fp32 partitions) as views: zero_layout.py.
 tag_validation_warn       checkpoint.tag_validation defaults to WARN (runtime/config.py's default): ranks
         saving under different tags are warned, not refused (checkpoint.py::_rank0_tag says where
         the files go).
 register_external_on_use  stage 3: a parameter read in the forward of a module that does not hold it is
         registered to that module and gathered (DeepSpeed's ZeROOrderedDict,
-        runtime/zero/parameter_offload.py), not refused (external.py, auto_register).
+        runtime/zero/parameter_offload.py), not refused (external.py, auto_register); every module's
+        _parameters a ZeROOrderedDict, as DeepSpeed's (engine/zero_ordered_dict.py).
 init_model_below_stage3   a model built under zero.Init, initialized at stage 0-2: DeepSpeed accepts it
         (runtime/engine.py keeps the partitioned parameters, which its stage 0-2 cannot train); the
         runner gathers them whole (every rank) and drops their ZeRO-3 attributes, with one warning,
@@ -45,7 +47,9 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from zero_from_scratch.as_deepspeed import zero_layout
 from zero_from_scratch.as_deepspeed.utils import logger
+from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
 
 _DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
 
@@ -131,7 +135,7 @@ def pipeline_clip_stage0(config):
     return c
 
 
-def train_what_is_given(model, model_parameters):
+def train_what_is_given(model, model_parameters, source: str = "model_parameters"):
     items = list(model_parameters)
     given = set()
     for it in items:
@@ -141,7 +145,7 @@ def train_what_is_given(model, model_parameters):
         p.requires_grad_(False)
     if left and _rank0():
         names = [n for n, _ in left]
-        logger.warning(f"{len(names)} trainable parameters are not in model_parameters ({', '.join(names[:5])}"
+        logger.warning(f"{len(names)} trainable parameters are not in {source} ({', '.join(names[:5])}"
                        f"{', …' if len(names) > 5 else ''}): DeepSpeed's optimizer never updates them; "
                        "ringzero keeps them frozen (requires_grad=False)")
     return items
@@ -150,8 +154,13 @@ def train_what_is_given(model, model_parameters):
 class TorchOptimizerView:
     """engine.optimizer.optimizer: every attribute read and written on the engine's optimizer."""
 
-    def __init__(self, opt):
+    def __init__(self, opt, engine=None):
         object.__setattr__(self, "_opt", opt)
+        object.__setattr__(self, "_engine", engine)
+
+    @property
+    def state(self):     # keyed by each group's fp32 partition, as DeepSpeed's (zero_layout.py)
+        return zero_layout.StateByPartition(self._engine) if self._engine is not None else self._opt.state
 
     def __getattr__(self, attr):
         if attr == "optimizer":
@@ -182,13 +191,18 @@ def expose_torch_optimizer(engine) -> None:
     wrapped = any(getattr(engine, f, lambda: False)() for f in ("fp16_enabled", "bfloat16_enabled")) or \
         getattr(engine, "zero_optimization_stage", lambda: 0)() > 0
     if wrapped:     # DeepSpeed at stage 0 in fp32 hands back the torch optimizer itself: no .optimizer there
-        opt.optimizer = TorchOptimizerView(opt)
+        opt.optimizer = TorchOptimizerView(opt, engine if hasattr(engine, "group_names") else None)
+        if hasattr(engine, "group_names"):   # the ZeRO engine (not the pipeline's): DeepSpeed's layout names
+            zero_layout.install(engine)
 
 
 def register_external_on_use(engine) -> None:
     ext = getattr(engine, "external", None)
     if ext is not None and hasattr(ext, "auto_register"):
         ext.auto_register = True
+        if engine.zero_optimization_stage() == 3:   # DeepSpeed's _inject_parameters (zero_ordered_dict.py)
+            for m in engine.module.modules():
+                ensure_zero_ordered_dict(m)
 
 
 def init_model_below_stage3(model, config) -> None:

@@ -24,6 +24,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
            "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils",
+           "deepspeed.runtime.zero.parameter_offload",
            "deepspeed.runtime.zero.leaf_module_config", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
            "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.swap_tensor",
@@ -87,6 +88,8 @@ SERVED: dict[str, str] = {
        for n in ("_orig_torch_arange", "zero_wrapper_for_fp_tensor_constructor")},
     **{f"deepspeed.runtime.zero.utils.{n}": f"{_R}.zero_utils:{n}"
        for n in ("ZeRORuntimeException", "is_zero_param", "is_builtin_type", "isinstance_namedtuple")},
+    **{f"deepspeed.runtime.zero.parameter_offload.{n}": f"{_E}.zero_ordered_dict:{n}"
+       for n in ("ZeROOrderedDict", "ensure_zero_ordered_dict")},
     "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.utils.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward",
@@ -177,10 +180,6 @@ REFUSED: dict[str, tuple[str, str]] = {
                                "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
-    **{f"deepspeed.runtime.zero.parameter_offload.{n}": (
-        "wrap a module's _parameters in its ZeROOrderedDict (fetch-on-read for ZeRO-3)",
-        "stage 3 gathers in module hooks; under the runner a parameter read outside its module is registered "
-        "as external (engine/external.py)") for n in ("ZeROOrderedDict", "ensure_zero_ordered_dict")},
 }
 
 

@@ -27,6 +27,7 @@ import os
 import sys
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from zero_from_scratch.as_deepspeed import quirks, served
@@ -142,6 +143,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         quirks.init_model_below_stage3(model, config)
         if model_parameters is not None:
             kwargs["model_parameters"] = quirks.train_what_is_given(model, model_parameters)
+        if isinstance(optimizer, torch.optim.Optimizer):    # DeepSpeed steps what the client's object holds
+            quirks.train_what_is_given(model, [{"params": g["params"]} for g in optimizer.param_groups],
+                                       "the client optimizer's param_groups")
     if getattr(args, "deepspeed_config", None) is not None:
         # the config goes on as config=: a copy of args without it, so the engine does not see two configs
         args = copy.copy(args)

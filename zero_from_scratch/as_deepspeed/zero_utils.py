@@ -8,9 +8,9 @@ ZeRORuntimeException   the exception class DeepSpeed's ZeRO raises on a checkpoi
 is_zero_param(p)       a tensor with a `ds_id` (a ZeRO-3 partitioned parameter), as DeepSpeed.
 is_builtin_type, isinstance_namedtuple   DeepSpeed's two type tests, verbatim in meaning.
 unwrap_model_for_generation(engine)   a context in which every parameter is whole (ZeRO-3: gathered
-                       once by GatheredParameters, as runtime/zero/stage3.py does for generate());
-                       DeepSpeed also unhooks its ZeRO-3 module hooks there: ringzero's find the
-                       units gathered and leave them, so generation runs without per-module gathers.
+                       once by GatheredParameters, as runtime/zero/stage3.py does for generate()),
+                       with stage 3's module hooks taken off the modules and put back after, as
+                       DeepSpeed's (engine.optimizer.parameter_offload, zero_layout.py).
 Cost: none; unwrap_model_for_generation one all-gather of the model.
 """
 from __future__ import annotations
@@ -38,4 +38,12 @@ def isinstance_namedtuple(obj: object) -> bool:
 def unwrap_model_for_generation(model):
     from zero_from_scratch.engine.zero_init import GatheredParameters   # keeps zero_utils free of the engine
     with GatheredParameters(list(model.parameters())):
-        yield model
+        off = getattr(getattr(model, "optimizer", None), "parameter_offload", None)   # as_deepspeed/zero_layout.py
+        if off is None:
+            yield model
+            return
+        off.unhook()
+        try:
+            yield model
+        finally:
+            off._register_deepspeed_module(off.module)

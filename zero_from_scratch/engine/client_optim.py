@@ -13,10 +13,13 @@ sharded optimizer SHARES the client's `param_groups` list (DeepSpeed steps the c
 itself on its fp32 partitions), so a scheduler built on the client object drives the engine.
 Empty groups are dropped from that list, as DeepSpeed drops them. At ZeRO stages 1-3 an
 optimizer outside DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS (SGD) needs
-"zero_allow_untested_optimizer": true, as DeepSpeed asserts. Cost: a walk over the groups.
+"zero_allow_untested_optimizer": true, as DeepSpeed asserts. At stage 0 in fp32 initialize hands back
+the client's own object (or the class DeepSpeed builds from the config), bound to the engine
+(serve_basic). Cost: a walk over the groups.
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -208,3 +211,53 @@ def plan(module, model_parameters, client, cfg, rank: int, param_groups):
                              "ZeRORuntimeException unless it is DeepSpeedCPUAdam or \"zero_force_ds_cpu_optimizer\": "
                              "false; set that key (the update here is Adam's either way)")
     return names, hypers, kind, wmode, shared
+
+
+# ----------------------------------------------------------------------------- stage 0 in fp32
+def _ds_class(cfg, groups: list[dict], w_mode: bool):
+    """The object DeepSpeed 0.19.8's _configure_basic_optimizer builds from the config section."""
+    o, raw = cfg.optimizer, (cfg.raw.get("optimizer") or {}).get("params") or {}
+    if o.kind == "Adam":
+        if raw.get("torch_adam"):
+            return (torch.optim.AdamW if w_mode else torch.optim.Adam)(groups)
+        return O.FusedAdam(groups, adam_w_mode=w_mode)
+    return O.FusedLion(groups) if o.kind == "Lion" else getattr(torch.optim, o.type)(groups)
+
+
+def serve_basic(engine, client, names: list[list[str]], w_mode: bool, client_step):
+    """DeepSpeed at stage 0 in fp32 hands back its basic optimizer (engine.py _configure_optimizer:
+    `self.optimizer = basic_optimizer`): the client's own object, or the class it builds from the
+    config. That object is returned here too, bound to the engine: the same param_groups list as the
+    sharded optimizer (one buffer per group at stage 0, every rank whole), `state[p]` views of its
+    states (so they are the real ones, written in place by every step and by load_checkpoint), and
+    `step()` / `zero_grad()` acting on the engine's gradients, as the object's own do on `p.grad` in
+    DeepSpeed (step: step.client_step, the averaged gradients, no clipping, no scheduler; engine.step()
+    clips first)."""
+    sharded = engine.optimizer
+    if engine.stage_id != 0 or engine.mixed or engine.offload is not None:
+        return sharded                  # DeepSpeed's ZeRO / fp16 / bf16 wrapper: the sharded optimizer
+    if client is None:
+        opt = _ds_class(engine.config, [{**h, "params": [engine.params_by_name[n] for n in ns]}
+                                        for ns, h in zip(names, sharded.param_groups)], w_mode)
+        sharded.param_groups = opt.param_groups
+    else:
+        opt = client
+    engine.basic_steps = [torch.zeros((), dtype=torch.float32) for _ in sharded.state]
+    for u in engine.layout.units:
+        st = sharded.state[u.group]
+        for s in u.slots:
+            lo = u.local_offset + s.offset
+            opt.state[engine.params_by_name[s.name]] = {
+                "step": engine.basic_steps[u.group],
+                **{k: st[k][lo:lo + s.numel].view(s.shape) for k in sharded.STATE}}
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        client_step(engine)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True):
+        engine.zero_grad()
+    # bound methods: torch's LR schedulers wrap optimizer.step through its __func__
+    opt.step, opt.zero_grad = types.MethodType(step, opt), types.MethodType(zero_grad, opt)
+    return opt

@@ -126,6 +126,9 @@ class ZeroConfig:
             if int(getattr(self, k)) < 1:
                 raise _bad(f"zero_optimization.{k}", getattr(self, k), "a positive number of elements")
             setattr(self, k, int(getattr(self, k)))
+        if self.stage in (1, 2) and self.allgather_bucket_size % 2:   # DeepSpeed's assertion (stage_1_and_2.py)
+            raise AssertionError("allgather_bucket_size must be a multiple of nccl_start_alignment_factor, 2 "
+                                 f"(zero_optimization.allgather_bucket_size = {self.allgather_bucket_size})")
         for k in ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                   "stage3_max_live_parameters", "stage3_max_reuse_distance"):
             v = getattr(self, k)

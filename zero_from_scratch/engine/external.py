@@ -33,6 +33,8 @@ import warnings
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
+from zero_from_scratch.engine.zero_ordered_dict import in_forward
+
 
 _METADATA = {"__get__", "__set__", "dim", "size", "numel", "element_size", "is_floating_point", "data_ptr",
              "untyped_storage", "requires_grad_", "is_complex", "get_device", "__len__", "stride"}
@@ -107,7 +109,15 @@ class ExternalParams:
         """The forward's TorchFunctionMode (stage 3), or a no-op context."""
         if self.e.stage_id != 3:
             return contextlib.nullcontext()
+        if self.auto_register:     # the runner: DeepSpeed's ZeROOrderedDict on every module (zero_ordered_dict.py)
+            return _both(in_forward(self.e.module), _Guard(self))
         return _Guard(self)
+
+
+@contextlib.contextmanager
+def _both(a, b):
+    with a, b:
+        yield
 
 
 class _Guard(TorchFunctionMode):

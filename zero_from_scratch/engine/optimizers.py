@@ -122,6 +122,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self.param_groups)} groups, {self.name} on ZeRO shards)"
 
+    def __getattr__(self, name):   # only for names not found: the runner's refusals say why (zero_layout.py)
+        refused = self.__dict__.get("refused_names", {})
+        if name in refused:
+            raise refused[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def cur_scale(self) -> float:
         return self.loss_scaler.cur_scale

@@ -56,26 +56,12 @@ def optimizer_step(engine) -> None:
         clip = engine.config.gradient_clipping
         coef = clip_coef(norm, clip)                 # eps once, on the global norm (clip.py)
         apply_pending(engine)                        # fp32 weights set by safe_set_full_fp32_param (safe_api.py)
-        first = set()
         if engine.offload is not None:        # the same Adam, through files or on the host (offload*.py)
             engine.offload.step(coef, scale)
-        for u in (units if engine.offload is None else ()):
-            g = engine.stage.grad_shard(u)
-            master = (engine.master[u.group][u.local_offset:u.local_offset + u.shard] if engine.mixed
-                      else engine.stage.param_shard(u))
-            # Adam is elementwise: stepping in chunks gives the same bits, and keeps its
-            # temporaries (the fp32 gradient copy, sqrt(v), the denominator) at STEP_CHUNK
-            # elements instead of a whole shard each (134 MB apiece for DistilBERT at N=2).
-            for a in range(0, max(u.shard, 1), STEP_CHUNK):
-                b = min(a + STEP_CHUNK, u.shard)
-                g32 = g[a:b].mul_(coef / scale) if not engine.mixed else g[a:b].float().mul_(coef / scale)
-                engine.optimizer.step_group(u.group, master[a:b], g32, u.local_offset + a, u.local_offset + b,
-                                          count=u.group not in first)
-                first.add(u.group)
-                if engine.mixed:
-                    engine.stage.param_shard(u)[a:b].copy_(master[a:b])
-            done_with(engine.stage, u)               # an offloaded parameter shard goes back now (offload.py)
+        else:
+            update_shards(engine, coef / scale, in_place=True)
         engine.stage.after_step()
+        sync_steps(engine)
         for opt in (engine.optimizer, engine.client_optimizer):
             if opt is not None:
                 opt._opt_called = True                   # torch's LR schedulers check it: stepped, not skipped
@@ -86,3 +72,41 @@ def optimizer_step(engine) -> None:
     engine.global_steps += 1
     engine.monitor.write_step(engine, None if loss is None else sq[1].item() / N)   # mean over ranks
     engine.comm.reset_step()
+
+
+def update_shards(engine, mult: float, in_place: bool) -> None:
+    """The optimizer's update of every owned shard with gradient × mult (in place: the gradient
+    buffer is zeroed next anyway)."""
+    first = set()
+    for u in engine.layout.units:
+        g = engine.stage.grad_shard(u)
+        master = (engine.master[u.group][u.local_offset:u.local_offset + u.shard] if engine.mixed
+                  else engine.stage.param_shard(u))
+        # Adam is elementwise: stepping in chunks gives the same bits, and keeps its
+        # temporaries (the fp32 gradient copy, sqrt(v), the denominator) at STEP_CHUNK
+        # elements instead of a whole shard each (134 MB apiece for DistilBERT at N=2).
+        for a in range(0, max(u.shard, 1), STEP_CHUNK):
+            b = min(a + STEP_CHUNK, u.shard)
+            g32 = g[a:b].float() if engine.mixed else g[a:b]
+            g32 = g32.mul_(mult) if in_place or engine.mixed else g32.mul(mult)
+            engine.optimizer.step_group(u.group, master[a:b], g32, u.local_offset + a, u.local_offset + b,
+                                        count=u.group not in first)
+            first.add(u.group)
+            if engine.mixed:
+                engine.stage.param_shard(u)[a:b].copy_(master[a:b])
+        done_with(engine.stage, u)               # an offloaded parameter shard goes back now (offload.py)
+
+
+def client_step(engine) -> None:
+    """The stage-0 fp32 client object's own step() (client_optim.serve_basic): DeepSpeed's
+    optimizer.step() on the averaged gradients as they stand: no clipping, no skip, no scheduler;
+    the gradients stay (engine.step() or zero_grad() clears them)."""
+    update_shards(engine, 1.0 / (engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale), in_place=False)
+    engine.stage.after_step()
+    sync_steps(engine)
+
+
+def sync_steps(engine) -> None:
+    """The stage-0 client object's per-parameter "step" follows the sharded optimizer's count."""
+    for t, st in zip(getattr(engine, "basic_steps", ()), engine.optimizer.state):
+        t.fill_(st["step"])

@@ -21,15 +21,14 @@ overlap_comm (zero_keys.ZERO_KEYS lists what every zero_optimization key does he
 reduce-scatters start from the hooks on a communication thread and are waited for at the end of
 backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
 bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
-Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device
-per model, else a ValueError naming the parameters on each), except with offload_optimizer: "cpu"
-keeps the fp32 master and Adam states on the host (offload.py), "nvme" in files (offload.py).
-Every rank must call forward/backward/step the same number of times (the collectives pair up).
-DeepSpeed's client-facing surface: client optimizer objects / callables and LR schedulers
-(client_optim.py, optimizers.py), initialize(training_data=, args=) and torch.distributed start-up,
-ranks, module attribute forwarding, the accumulation boundary, no_sync, destroy, save_16bit_model
-(surface.py), safe_get_*/safe_set_* (safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py),
-ZeRO-3 leaf modules (leaf.py).
+Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device per model,
+else a ValueError naming the parameters on each), except with offload_optimizer: "cpu" keeps the fp32 master
+and Adam states on the host, "nvme" in files (offload.py). Every rank must call forward/backward/step the
+same number of times (the collectives pair up). DeepSpeed's client-facing surface: client optimizer objects /
+callables (at stage 0 in fp32 the object handed back) and LR schedulers (client_optim.py, optimizers.py),
+initialize(training_data=, args=), torch.distributed start-up, ranks, module attribute forwarding, the
+accumulation boundary, no_sync, destroy, save_16bit_model (surface.py), safe_get_*/safe_set_*
+(safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py), ZeRO-3 leaf modules (leaf.py).
 """
 from __future__ import annotations
 
@@ -56,7 +55,7 @@ from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
-from zero_from_scratch.engine.step import optimizer_step
+from zero_from_scratch.engine.step import client_step, optimizer_step, sync_steps
 from zero_from_scratch.engine.zero_partition import refuse_below_stage3, true_shapes
 from primitives.log import print0
 
@@ -129,6 +128,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.master = None if not self.mixed else (   # host: checkpoints read/write it where it lives
             self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
         self.refresh_master()
+        self.basic_optimizer = client_optim.serve_basic(self, self.client_optimizer, names, w_mode, client_step)
         self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else None
         self.lr_scheduler = (build_scheduler(self.config.scheduler, self.optimizer) if lr_scheduler is None
                              else surface.client_scheduler(self, lr_scheduler))   # a client's replaces the config's
@@ -205,7 +205,6 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
 
     def bf16_enabled(self) -> bool:
         return self.config.bf16
-
     bfloat16_enabled = bf16_enabled   # DeepSpeed 0.19.8's name for it
 
     def get_lr(self) -> list[float]:
@@ -268,6 +267,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         if hasattr(self.offload, "after_load"):
             self.offload.after_load()    # cpu offload in fp32: the host master follows the loaded params
         self.stage.after_load()      # stage 3: drop gathered copies of the old weights
+        sync_steps(self)
         return out
 
     def rng_state(self) -> dict:
@@ -297,4 +297,4 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if hasattr(args, "local_rank"):
         args.local_rank = engine.local_rank          # DeepSpeed writes it back too
     loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None
-    return engine, engine.optimizer, loader, engine.lr_scheduler
+    return engine, engine.basic_optimizer, loader, engine.lr_scheduler

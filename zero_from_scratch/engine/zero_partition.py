@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import warnings
 import weakref
 
 import torch
@@ -146,8 +147,33 @@ def true_shapes(units: list, model: torch.nn.Module) -> list:
             for g, tag, ps in units]
 
 
+def release_from_other_engines(model: torch.nn.Module, rank: int) -> None:
+    """Parameters another live ZeRO-3 engine partitioned (a second initialize on the same model)
+    become Init-held again: each one's full value gathered through that engine, one parameter at
+    a time, and this rank's shard kept (partition), so the new engine adopts them as it adopts
+    zero.Init's (DeepSpeed's stage 3 likewise recognises its partitioned parameters by ds_id and
+    gathers them). The old engine is then destroyed (its hooks removed): two engines hooked on one
+    model would both gather its parameters and take its gradients. Cost: (N-1)/N·Ψ gathered + scattered."""
+    olds = {}
+    for p in model.parameters():
+        if engine_of(p) is not None:
+            olds.setdefault(id(engine_of(p)), engine_of(p))
+    for old in olds.values():
+        for p in [q for q in model.parameters() if engine_of(q) is old]:     # every rank, the same order
+            with old.gathered_parameters([p]):
+                full = p.data.clone()
+            p.data, p._zero_engine = full, None
+            partition(p, p.ds_process_group)
+        old.destroy()
+        if rank == 0:
+            warnings.warn("initialize: the model's parameters were partitioned by another ZeRO-3 engine; this engine "
+                          "adopts them and the other one is destroyed (its hooks removed)", stacklevel=4)
+
+
 def refuse_below_stage3(model: torch.nn.Module, stage: int, rank: int) -> None:
-    """A model built under zero.Init has empty parameters: only ZeRO-3 can adopt its shards."""
+    """A model built under zero.Init has empty parameters: only ZeRO-3 can adopt its shards.
+    Parameters another engine partitioned are first released to Init's form (above)."""
+    release_from_other_engines(model, rank)
     held = [n for n, p in model.named_parameters() if held_by_init(p)]
     if held and stage != 3:
         raise ValueError(f"rank {rank}: initialize(model=...) got {len(held)} parameters partitioned by zero.Init "
