@@ -195,7 +195,7 @@ def test_stage3_max_reuse_distance_keeps_forward_gathers_for_backward(stage3):
 
 def test_unknown_effect_keys_warn_at_initialise_with_what_deepspeed_would_do():
     z = {"stage": 2, "sub_group_size": 10, "allgather_partitions": False, "round_robin_gradients": True,
-         "stage3_max_live_parameters": 5, "allgather_bucket_size": 7, "stage3_gather_16bit_weights_on_model_save": True}
+         "stage3_max_live_parameters": 5, "allgather_bucket_size": 8, "stage3_gather_16bit_weights_on_model_save": True}
     notes = load_config({"train_batch_size": 2, "zero_optimization": z}, 1).zero.notes
     for k in ("sub_group_size", "allgather_partitions", "round_robin_gradients", "stage3_max_live_parameters",
               "allgather_bucket_size", "stage3_gather_16bit_weights_on_model_save"):
