@@ -58,6 +58,9 @@ class Live(Sequence):
     def __len__(self) -> int:
         return len(self._get())
 
+    def __iter__(self):
+        return iter(self._get())
+
     def __repr__(self) -> str:
         return f"Live({list(self._get())!r})"
 
@@ -170,7 +173,8 @@ class ParameterOffload:
     def _register_deepspeed_module(self, module=None) -> None:
         """Put the hooks back where they were (hooks added meanwhile stay, after them)."""
         for d, items in self._off:
-            later = [(k, v) for k, v in d.items() if all(k != j for j, _ in items)]
+            keep = {j for j, _ in items}
+            later = [(k, v) for k, v in d.items() if k not in keep]
             d.clear()
             d.update(items + later)
         self._off = []

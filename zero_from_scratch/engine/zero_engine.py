@@ -17,10 +17,9 @@ What one optimizer step does (the stages: stage1/2/3.py, engine/stages.py, engin
              over the model-parallel group, replicated parameters counted once); overflow → skip;
              grads × clip_coef / (N · loss_scale); Adam on the owned shard; stages 1-2 all-gather
              the updated shards.
-overlap_comm (zero_keys.ZERO_KEYS lists what every zero_optimization key does here): the gradient
-reduce-scatters start from the hooks on a communication thread and are waited for at the end of
-backward; stage 3 also prefetches parameters along the traced module order. Same bytes, same
-bits; comm_report() shows when each asynchronous collective ran and how long it was waited for.
+overlap_comm (zero_keys.ZERO_KEYS lists what every zero_optimization key does here): the gradient reduce-scatters
+start from the hooks on a communication thread and are waited for at the end of backward; stage 3 also prefetches
+parameters along the traced module order. Same bytes, same bits; comm_report() times each asynchronous collective.
 Device: every buffer, shard, gradient and Adam state lives on the parameters' device (one device per model,
 else a ValueError naming the parameters on each), except with offload_optimizer: "cpu" keeps the fp32 master
 and Adam states on the host, "nvme" in files (offload.py). Every rank must call forward/backward/step the
@@ -56,7 +55,7 @@ from zero_from_scratch.sharding import bucket_units, shard_layout
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
 from zero_from_scratch.engine.step import client_step, optimizer_step, sync_steps
-from zero_from_scratch.engine.zero_partition import refuse_below_stage3, true_shapes
+from zero_from_scratch.engine.zero_partition import refuse_below_stage3, release_from_other_engines, true_shapes
 from primitives.log import print0
 
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
@@ -105,6 +104,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
             if not p.is_floating_point():
                 raise TypeError(f"parameter {n!r} has dtype {p.dtype}; ZeRO shards floating-point parameters only")
         broadcast_module_state(self.comm, model)
+        release_from_other_engines(model, self.comm.global_rank)   # another engine's shards: to zero.Init's form
         refuse_below_stage3(model, self.stage_id, self.comm.global_rank)   # zero.Init shards: ZeRO-3 only
         if self.stage_id == 3:
             units = true_shapes(module_units(model, names), model)   # zero.Init: ds_shape (zero_partition.py)

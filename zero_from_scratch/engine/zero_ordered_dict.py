@@ -45,12 +45,13 @@ def ensure_zero_ordered_dict(module) -> None:
 @contextlib.contextmanager
 def in_forward(root):
     """DeepSpeed's _forward_prologue / _forward_epilogue at ZeRO-3."""
-    for m in root.modules():
+    mods = list(root.modules())
+    for m in mods:
         ensure_zero_ordered_dict(m)
         m._parameters._in_forward = True
     try:
         yield
     finally:
-        for m in root.modules():
+        for m in mods:
             if isinstance(m._parameters, ZeROOrderedDict):
                 m._parameters._in_forward = False

@@ -171,9 +171,7 @@ def release_from_other_engines(model: torch.nn.Module, rank: int) -> None:
 
 
 def refuse_below_stage3(model: torch.nn.Module, stage: int, rank: int) -> None:
-    """A model built under zero.Init has empty parameters: only ZeRO-3 can adopt its shards.
-    Parameters another engine partitioned are first released to Init's form (above)."""
-    release_from_other_engines(model, rank)
+    """A model built under zero.Init has empty parameters: only ZeRO-3 can adopt its shards."""
     held = [n for n, p in model.named_parameters() if held_by_init(p)]
     if held and stage != 3:
         raise ValueError(f"rank {rank}: initialize(model=...) got {len(held)} parameters partitioned by zero.Init "
