@@ -113,6 +113,8 @@ def pp_to_hf(pp_dir: str, out_dir: str, config_path: str | None = None) -> str:
         raise FileNotFoundError(f"{config_path}: pp_to_hf needs the model's HF config.json (--config-path)")
     with open(config_path) as f:
         config = json.load(f)
+    if not glob.glob(layer_path(pp_dir, "*")) and not os.path.isfile(os.path.join(pp_dir, "latest")):
+        raise FileNotFoundError(f"{pp_dir}: neither layer_XX-model_states.pt files nor a 'latest' tag file")
     d = pp_dir if glob.glob(layer_path(pp_dir, "*")) else tag_folder(pp_dir)   # layer files, or the tag `latest` names
     layers = {}
     for path in glob.glob(layer_path(d, "*")):

@@ -174,7 +174,7 @@ for _name, _attr in {"get_global_rank": "global_rank", "get_pipe_parallel_rank":
                      "get_model_parallel_group": "ds_model_proc_group",
                      "get_slice_parallel_world_size": "slice_parallel_size",
                      "get_slice_parallel_group": "slice_proc_group"}.items():
-    setattr(PipelineParallelGrid, _name, lambda self, _attr=_attr: getattr(self, _attr))
+    setattr(PipelineParallelGrid, _name, (lambda a: lambda self: getattr(self, a))(_attr))   # one argument: self
 del _name, _attr
 
 
