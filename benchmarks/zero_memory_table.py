@@ -140,7 +140,7 @@ def measure(quick: bool, steps: int, only: list[int] | None = None) -> dict:
             if only and i + 1 not in only:
                 continue
             rows[name] = spawn(_run, 2, timeout=1200.0, args=(stage, ooff, poff, init, size,
-                                                              os.path.join(d, str(i)), steps, bool(ckpt)))
+                                                              os.path.join(d, str(i)), steps, bool(ckpt and ckpt[0])))
     return {"size": size, "psi": next(iter(rows.values()))[0]["psi"], "rows": rows,
             "machine": f"{platform.machine()}, {os.cpu_count()} shared cores, python {platform.python_version()}, "
                        f"torch {torch.__version__}, transformers {transformers.__version__}"}

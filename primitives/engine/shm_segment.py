@@ -47,7 +47,8 @@ def yield_s(n_local: int) -> float:
     """Seconds a wait yields the core (sched_yield) before it sleeps on its futex: 0.5 ms when the
     local ranks outnumber the cores (a yield hands the core to a peer on the same run queue in
     ~1 µs, a futex sleep and wake-up costs tens; MPICH's ch3 yields after 1000 polls, never sleeps), else 0
-    (the peer runs on a core of its own: sleep). RINGZERO_SHM_YIELD_S fixes it; see YIELD_SLOW."""
+    (the peer runs on a core of its own: sleep). RINGZERO_SHM_YIELD_S fixes it; a slow yield (YIELD_SLOW)
+    still makes the next second's waits sleep at once."""
     if YIELD_S is not None:
         return float(YIELD_S)
     return 5e-4 if n_local > _cores() else 0.0
