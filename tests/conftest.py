@@ -21,6 +21,13 @@ os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.e
 SERIAL_FILES = {"test_multinode.py", "test_multinode_collectives.py", "test_multinode_launch.py"}
 
 
+def pytest_configure(config):
+    """Other projects' files the suites run are copied, not kept (tests/upstream.py): where a clone
+    of their repository is found, write them before collection, so the tests that need them run."""
+    from tests import upstream
+    upstream.copy(quiet=True)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SERIAL_FILES or "11_multi_node" in item.nodeid:

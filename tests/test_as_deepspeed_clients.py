@@ -14,6 +14,7 @@ import pytest
 from clients.cases import CASES
 from clients.compare import compare
 from primitives.launch import free_port
+from tests import upstream
 from tests.conftest import run_cmd
 from tests.test_as_deepspeed import CONFIG, TINY
 
@@ -22,6 +23,8 @@ from tests.test_as_deepspeed import CONFIG, TINY
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("name", list(CASES))
 def test_client_losses_equal_real_deepspeeds(name):
+    if not upstream.present(CASES[name].script):
+        pytest.skip(upstream.skip_reason(CASES[name].script))
     c = compare(name)
     assert c["same_steps"] and c["steps"] >= 6, c
     assert c["within"], (f"{name}: step {c['worst_step'] + 1}: deepspeed {c['deepspeed']} vs ringzero "

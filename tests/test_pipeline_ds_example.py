@@ -23,9 +23,12 @@ import pytest
 
 from clients.compare import ALL_CASES, client_config, csv_losses, run_side, tolerance
 from primitives.launch import free_port
+from tests import upstream
 from tests.conftest import ROOT, run_cmd
 
 HERE = os.path.join(ROOT, "clients", "pipeline")
+pytestmark = upstream.skip_unless_present("clients/pipeline/train.py", "clients/pipeline/upstream.py",
+                                         "clients/pipeline/ds_config.json")
 STAGE0, DEFAULT, GLOBAL = "pipeline-fp32-pp2-clip-stage0", "pipeline-fp32-pp2", "pipeline-fp32-pp2-clip-global"
 
 

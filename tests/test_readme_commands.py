@@ -36,7 +36,7 @@ SMALL = {
                                 "--output-dir {tmp}/run --tensorboard {tmp}/tb", r"test split, best checkpoint"),
     "seq2seq/train.py": ("--steps 2 --train-size 64 --test-size 16 --output-dir {tmp}/run", r"held-out exact match"),
     "zero_from_scratch.as_deepspeed": ("", r"deepspeed names served by ringzero"),
-    "clients/cifar10/cifar10_deepspeed.py": ("", r"Accuracy of the network on the \d+ test images"),
+    "recipes/hf_trainer.py": ("--steps 2 --output-dir {tmp}/out", r"HELD-OUT ACCURACY \d"),
 }
 
 
