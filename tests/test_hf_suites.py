@@ -1,4 +1,4 @@
-"""accelerate's DeepSpeed test files (tests/hf_suites/upstream, unchanged) under the installed DeepSpeed and ringzero.
+"""The HF DeepSpeed test files (accelerate's vendored, transformers' local copy) under DeepSpeed and ringzero.
 
     python -m pytest -q tests/test_hf_suites.py                 (the table's rules and the vendored files: < 1 s)
     python -m pytest -q -m slow tests/test_hf_suites.py         (every vendored file, both engines: 2 min idle)
@@ -49,9 +49,22 @@ def test_the_vendored_files_are_upstreams_unchanged():
     """Every vendored file is listed in UPSTREAM.md with upstream's git blob hash, and still hashes to it."""
     listed = dict(re.findall(r"^\| (\S+) \| \S+ \| `([0-9a-f]{40})` \|$",
                              open(os.path.join(run.HERE, "UPSTREAM.md")).read(), re.M))
-    assert set(run.test_files()) <= set(listed) and len(listed) >= 9
+    assert set(run.test_files(local=False)) <= set(listed) and len(listed) >= 9
     changed = [f for f, blob in listed.items() if _git_blob(os.path.join(run.UP, f)) != blob]
     assert not changed, changed
+
+
+def test_the_local_transformers_copy_is_the_listed_text():
+    """transformers' files are not in git (UPSTREAM.md): where the local copy is present, each file hashes
+    to the blob listed, so the results in the table came from that text."""
+    listed = dict(re.findall(r"^\| (transformers/\S+) \| `[0-9a-f]{40}` \| \d+ \| `([0-9a-f]{40})` \|$",
+                             open(os.path.join(run.HERE, "UPSTREAM.md")).read(), re.M))
+    assert set(run.LOCAL_FILES) <= set(listed) and len(listed) == 5
+    present = {f: b for f, b in listed.items() if os.path.exists(os.path.join(run.LOCAL, f))}
+    if not present:
+        pytest.skip(f"no local copy of transformers' tests under {run.LOCAL} (UPSTREAM.md)")
+    changed = [f for f, blob in present.items() if _git_blob(os.path.join(run.LOCAL, f)) != blob]
+    assert not changed and len(present) == len(listed), (changed, sorted(set(listed) - set(present)))
 
 
 @pytest.mark.slow

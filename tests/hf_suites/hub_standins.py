@@ -4,7 +4,8 @@
 
 The tests load `sshleifer/tiny-gpt2`, `hf-internal-testing/tiny-random-gpt2` and `gpt2` with
 `from_pretrained`, and read the configs of `apple/mobilevit-xx-small` and
-`peft-internal-testing/tiny-random-qwen-1.5-MoE`. The first two are random tiny GPT-2s on the hub too; here
+`peft-internal-testing/tiny-random-qwen-1.5-MoE`; transformers' load `patrickvonplaten/t5-tiny-random`,
+`hf-internal-testing/tiny-random-gptj` and `sshleifer/tiny-gpt2`. The tiny ones are random on the hub too; here
 each is built from its config (its sizes as published) with seeded random weights and written into a
 Hugging Face cache laid out as the hub client reads it offline (HF_HUB_CACHE, HF_HUB_OFFLINE=1). `gpt2`'s
 stand-in keeps GPT-2's architecture and vocabulary at 2 layers of width 64 (the tests read sizes from
@@ -22,7 +23,7 @@ REVISION = "0" * 40     # the snapshot name refs/main points at
 
 
 def _configs() -> dict:
-    from transformers import GPT2Config, MobileViTConfig, Qwen2MoeConfig
+    from transformers import GPT2Config, GPTJConfig, MobileViTConfig, Qwen2MoeConfig, T5Config
     return {
         "sshleifer/tiny-gpt2": GPT2Config(n_embd=2, n_head=2, n_layer=2, vocab_size=50257, n_positions=1024),
         "hf-internal-testing/tiny-random-gpt2": GPT2Config(n_embd=32, n_head=4, n_layer=5, vocab_size=1000,
@@ -34,13 +35,18 @@ def _configs() -> dict:
             vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
             shared_expert_intermediate_size=16),
+        # transformers' DeepSpeed tests: T5 and GPT-J loaded under ZeRO-3's zero.Init
+        "patrickvonplaten/t5-tiny-random": T5Config(vocab_size=32128, d_model=64, d_kv=8, d_ff=256, num_layers=2,
+                                                    num_heads=4),
+        "hf-internal-testing/tiny-random-gptj": GPTJConfig(vocab_size=1000, n_embd=32, n_head=4, n_layer=5,
+                                                           rotary_dim=4, n_positions=512),
     }
 
 
 def build(cache: str = os.path.join(tempfile.gettempdir(), "ringzero_hf_hub_standins")) -> str:
     """Write every stand-in under `cache` (a hub cache folder) unless there already; return it."""
     import torch
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
     for i, (name, config) in enumerate(_configs().items()):
         repo = os.path.join(cache, "models--" + name.replace("/", "--"))
         snap = os.path.join(repo, "snapshots", REVISION)
@@ -48,7 +54,7 @@ def build(cache: str = os.path.join(tempfile.gettempdir(), "ringzero_hf_hub_stan
             continue
         os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
         torch.manual_seed(i)
-        auto = AutoModel if "mobilevit" in name else AutoModelForCausalLM
+        auto = AutoModel if "mobilevit" in name else AutoModelForSeq2SeqLM if "t5" in name else AutoModelForCausalLM
         auto.from_config(config).save_pretrained(snap)
         with open(os.path.join(repo, "refs", "main"), "w") as f:
             f.write(REVISION)

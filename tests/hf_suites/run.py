@@ -1,14 +1,17 @@
-"""Run accelerate's DeepSpeed test files (tests/hf_suites/upstream, unchanged) under both `deepspeed`s.
+"""Run the Hugging Face DeepSpeed test files, unchanged, under both `deepspeed`s.
 
-    python -m tests.hf_suites.run                      # every vendored test file: installed DeepSpeed, then ringzero
+    python -m tests.hf_suites.run                      # every test file: installed DeepSpeed, then ringzero
     python -m tests.hf_suites.run --mode ringzero accelerate/tests/deepspeed/test_deepspeed.py -k test_ds_config
 
-One pytest process per (file, mode), rooted at the file's repository copy under upstream/, offline
-(HF_HUB_OFFLINE=1) with tiny models built from configs under the hub names the tests load
-(hub_standins.py; a test that needs anything else from the hub fails at once, and the table counts it
-under "needs hub"), DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu, gloo), RUN_SLOW=1
-(accelerate's multi-process tests, launched by `accelerate launch --num_processes=2`, are marked slow),
-and `-p tests.hf_suites.cpu_gates` (accelerate's "needs an accelerator" gates opened, cpu_gates.py).
+The files: accelerate's tests/deepspeed (vendored under upstream/) and transformers'
+test_trainer_distributed_deepspeed.py with its helpers (a local copy, kept out of git: UPSTREAM.md says
+where it comes from and how to rebuild it; absent, it is not run). One pytest process per (file, mode),
+rooted at the file's repository copy, offline (HF_HUB_OFFLINE=1) with tiny models built from configs
+under the hub names the tests load (hub_standins.py; a test that needs anything else from the hub fails
+at once, and the table counts it under "needs hub"), DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu,
+gloo), RUN_SLOW=1 for accelerate (its multi-process tests, launched by `accelerate launch
+--num_processes=2`, are marked slow; transformers' slow tests launch scripts the copy lacks, so they
+stay skipped), and `-p cpu_gates` (the "needs an accelerator" gates opened, cpu_gates.py).
 Mode "ringzero" differs by one thing: tests/ds_bulk/site is first on PYTHONPATH with
 RINGZERO_DEEPSPEED=1, so pytest and every process it launches get `import deepspeed` from ringzero
 (as under `python -m zero_from_scratch.as_deepspeed`); a DeepSpeed name ringzero does not serve fails
@@ -34,6 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 UP = os.path.join(HERE, "upstream")
 SITE = os.path.join(ROOT, "tests", "ds_bulk", "site")     # the bulk run's sitecustomize: the runner's finder
 RESULTS = os.path.join(HERE, "results")
+# transformers' files are not in git: a copy of the stored versions UPSTREAM.md names (and hashes) lives here
+LOCAL = os.environ.get("RINGZERO_HF_LOCAL", os.path.join(HERE, "local"))
+LOCAL_FILES = ("transformers/tests/trainer/distributed/test_trainer_distributed_deepspeed.py",)
 MODES = ("deepspeed", "ringzero")
 # what huggingface_hub / transformers say when a checkpoint must come from the hub and HF_HUB_OFFLINE is set
 HUB = re.compile(r"offline mode|HF_HUB_OFFLINE|LocalEntryNotFound|couldn't connect to|is not a local folder and is "
@@ -41,16 +47,24 @@ HUB = re.compile(r"offline mode|HF_HUB_OFFLINE|LocalEntryNotFound|couldn't conne
                  r"OfflineModeIsEnabled|outgoing traffic has been disabled", re.I)
 
 
-def test_files() -> list[str]:
+def test_files(local: bool = True) -> list[str]:
+    """The vendored test files, then those of the local copy that are present."""
     return sorted(os.path.relpath(p, UP) for p in glob.glob(os.path.join(UP, "*", "tests", "**", "test_*.py"),
-                                                               recursive=True))
+                                                               recursive=True)) + \
+        [f for f in LOCAL_FILES if local and os.path.exists(os.path.join(LOCAL, f))]
 
 
-def environment(mode: str) -> dict:
+def repo_root(repo: str) -> str:
+    return os.path.join(UP, repo) if os.path.isdir(os.path.join(UP, repo)) else os.path.join(LOCAL, repo)
+
+
+def environment(mode: str, repo: str = "accelerate") -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT, HERE])    # HERE: `-p cpu_gates` (transformers has a `tests`)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])   # `accelerate launch`
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", RUN_SLOW="1",
+    # accelerate's 2-process tests are marked slow; transformers' slow ones launch scripts the copy lacks
+    slow = "0" if repo == "transformers" else "1"
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", RUN_SLOW=slow,
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0", RINGZERO_DEEPSPEED_DEFER="1",
                HF_HUB_CACHE=hub_standins.build(),   # tiny models built from configs under the hub names
@@ -97,10 +111,10 @@ def run_file(file: str, mode: str, timeout: int, select: str | None = None) -> d
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "r.xml")
         cmd = [sys.executable, "-m", "pytest", "--rootdir", ".", "-c", os.devnull, "--confcutdir=.", "-p", "no:cacheprovider",
-               "-p", "tests.hf_suites.cpu_gates", "-q", f"--junitxml={xml}", "-o", "junit_logging=all", "--timeout", "600", rel] + \
+               "-p", "cpu_gates", "-q", f"--junitxml={xml}", "-o", "junit_logging=all", "--timeout", "600", rel] + \
               (["-k", select] if select else [])
         try:
-            subprocess.run(cmd, cwd=os.path.join(UP, repo), env=environment(mode), capture_output=True, text=True,
+            subprocess.run(cmd, cwd=repo_root(repo), env=environment(mode, repo), capture_output=True, text=True,
                            timeout=timeout)
         except subprocess.TimeoutExpired:
             return {f"{file}::<file>": ["error", f"the file ran past {timeout}s", False]}

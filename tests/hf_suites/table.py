@@ -1,4 +1,4 @@
-"""The table: accelerate's DeepSpeed test files under the installed DeepSpeed and under ringzero.
+"""The table: the Hugging Face DeepSpeed test files (accelerate's, transformers') under DeepSpeed and ringzero.
 
     python -m tests.hf_suites.table                 (from tests/hf_suites/results/*.json, written by run.py)
     python -m tests.hf_suites.table --markdown      (the same as the markdown table in tests/hf_suites/README.md)
@@ -96,7 +96,7 @@ def main(argv=None) -> None:
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title="accelerate's DeepSpeed tests: installed DeepSpeed 0.19.8 vs ringzero (CPU, gloo, offline)")
+    t = Table(title="HF DeepSpeed tests: installed DeepSpeed 0.19.8 vs ringzero (CPU, gloo, offline)")
     for col in ("file", "collected", "needs hub", "DeepSpeed skips/fails", "pass DeepSpeed", "pass ringzero too",
                 "refused", "failing"):
         t.add_column(col)
