@@ -4,7 +4,8 @@ run like the ported ones: the same code under the installed DeepSpeed and under 
     python -m tests.ds_unit.harness test_deprecated_cpu_offload test_model_parameters_subset
 
 What each records (harness.RECORD via record(), compared within harness.TOLERANCE) besides the losses: facts as
-1.0/0.0 and the values a script reads. Not DeepSpeed's code: written here, in its tests' style.
+1.0/0.0 and the values a script reads. Not DeepSpeed's code: written here, in its tests' style, on a model of
+the shape DeepSpeed's tests use (Linear layers, then cross-entropy against a random class).
 Cost: a few optimizer steps of a small model each.
 """
 import contextlib
@@ -22,10 +23,28 @@ def record(kind: str, value) -> None:
              if m is not None and hasattr(m, "RECORD")}
     for lst in lists.values():
         lst.append((kind, value))
-from tests.ds_unit.simple_model import SimpleModel, random_dataloader
-
 HIDDEN = 10
 F32 = torch.float32
+
+
+class SimpleModel(torch.nn.Module):
+    """`nlayers` Linear(h, h) in a chain, then cross-entropy against the label."""
+
+    def __init__(self, hidden: int, nlayers: int = 1):
+        super().__init__()
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(nlayers))
+
+    def forward(self, x, y):
+        for layer in self.linears:
+            x = layer(x)
+        return torch.nn.functional.cross_entropy(x, y)
+
+
+def random_dataloader(engine, samples: int, hidden: int, device, dtype=F32):
+    """`samples` random rows and labels in micro-batches of the engine's size (seeded by the harness)."""
+    x, y = torch.randn(samples, hidden, dtype=dtype), torch.randint(0, hidden, (samples,))
+    b = engine.train_micro_batch_size_per_gpu()
+    return [(x[i:i + b].to(device), y[i:i + b].to(device)) for i in range(0, samples, b)]
 
 
 def _config(stage: int, **zero) -> dict:
