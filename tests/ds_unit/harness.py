@@ -1,4 +1,4 @@
-"""DeepSpeed's DistributedTest, replaced: run ported unit-test bodies on N ranks under either `deepspeed`.
+"""DeepSpeed's DistributedTest, replaced: run bodies in its test style on N ranks under either `deepspeed`.
 
     python -m tests.ds_unit.harness [--all] [BODY_ID ...]      (both engines, then the comparison table)
 
@@ -136,8 +136,8 @@ def run_rank(rank: int, world: int, engine: str, ids: list[str], tmp: str) -> di
 
 
 def selection() -> list[Body]:
-    from tests.ds_unit.selection import BODIES, REFUSED   # the table of bodies, kept beside the bodies
-    return BODIES + [b for b, _ in REFUSED]
+    from tests.ds_unit.selection import BODIES, GAPS, REFUSED   # the table of bodies, kept beside the bodies
+    return BODIES + [b for b, _ in REFUSED] + GAPS
 
 
 def _close(a, b, rel) -> bool:

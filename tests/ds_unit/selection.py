@@ -21,6 +21,8 @@ BODIES = QUIRKS
 REFUSED = []   # bodies ringzero refuses on purpose: (Body, the refusal's words)
 
 # bodies that fail on ringzero for a reason outside the runner (what is missing), run by neither test
+# (the harness's command line runs them: `python -m tests.ds_unit.harness test_model_parameters_subset`)
+GAPS = [Body("quirk_bodies:test_model_parameters_subset", zero_stage=0)]
 RINGZERO_GAPS = {
     "test_model_parameters_subset[zero_stage=0]": "stage 0, model_parameters = one Linear of two: the left-out "
         "weights stay unchanged on both, but the trained Linear's sums differ after 3 steps (weight 4.1e-4, bias "
