@@ -63,6 +63,7 @@ class ExternalParams:
     def __init__(self, engine):
         self.e = engine
         self.done: set = set()
+        self.hooks: list = []
         self.pins: dict[int, int] = {}
         self.auto_register = False
         if engine.stage_id != 3:
@@ -102,8 +103,17 @@ class ExternalParams:
         def post(mod, args, out):
             self.pins[u.index] -= 1
             st._release(u, "external")
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
+        self.hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+    def remove_hooks(self) -> None:
+        """engine.destroy: this engine's hooks go; the modules' `_external_params` stay (DeepSpeed's
+        do), so a later engine on the model registers the same parameters again."""
+        for h in self.hooks:
+            h.remove()
+        self.hooks, self.done = [], set()
+        for m in self.e.module.modules():
+            if m.__dict__.get("_zero_external") is self:
+                del m.__dict__["_zero_external"]
 
     def guard(self):
         """The forward's TorchFunctionMode (stage 3), or a no-op context."""

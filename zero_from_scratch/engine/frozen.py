@@ -98,6 +98,12 @@ class FrozenParams:
                     self.e.stage._release(u, "backward")
         return hook
 
+    def remove_hooks(self) -> None:
+        """engine.destroy: the module hooks go (a later engine on this model puts its own)."""
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+
     def after_backward(self) -> None:
         for u in self.units:
             self.e.stage._release(u, "backward")
@@ -108,16 +114,16 @@ class FrozenParams:
         With modifier_rank, that rank's values are broadcast and written back into the shards."""
         st = self.e.stage
         wanted = {id(p) for p in params}
-        mine = [u for u in self.units if u.index not in st.full_of
-                and any(id(st.params[s.name]) in wanted for s in u.slots)]
+        units = [u for u in self.units if any(id(st.params[s.name]) in wanted for s in u.slots)]
+        mine = [u for u in units if u.index not in st.full_of]
         for u in mine:
             st._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")
         try:
             yield
         finally:
+            for u in units if modifier_rank is not None else []:   # already-gathered (persistent) ones too
+                st.full_of[u.index].copy_(st.write_back(u, modifier_rank))   # a unit that stays holds the edit
             for u in mine:
-                if modifier_rank is not None:
-                    st.write_back(u, modifier_rank)
                 st._release(u, "frozen gathered")     # persistent frozen units stay
 
     def full(self, write_back: bool = False):
