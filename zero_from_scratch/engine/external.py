@@ -30,6 +30,7 @@ import contextlib
 import sys
 import warnings
 
+import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
@@ -64,6 +65,7 @@ class ExternalParams:
         self.e = engine
         self.done: set = set()
         self.hooks: list = []
+        self.calls: dict = {}
         self.pins: dict[int, int] = {}
         self.auto_register = False
         if engine.stage_id != 3:
@@ -84,6 +86,7 @@ class ExternalParams:
             m.__dict__.setdefault("_external_params", {})     # as DeepSpeed's stage 3 gives every module
             for p in list(getattr(m, "_external_params", {}).values()):
                 self.register(m, p)
+            self.hooks.append(m.register_forward_hook(self._returned, prepend=True))   # before the release
 
     def register(self, module: nn.Module, p: nn.Parameter) -> None:
         if self.e.stage_id != 3 or (id(module), id(p)) in self.done:
@@ -96,21 +99,55 @@ class ExternalParams:
         self.external_units[u.index] = u
         st, label = self.e.stage, f"{type(module).__name__} (external {self.name_of[id(p)]})"
 
+        calls = self.calls.setdefault((id(module), id(p)), [])   # per call: did it pin u (see register_now)
+
         def pre(mod, args):
-            st._gather(u, "forward", f"forward of {label}")
-            self.pins[u.index] = self.pins.get(u.index, 0) + 1
+            calls.append(id(p) in mod.__dict__.get("_external_params", {}))
+            if calls[-1]:
+                self.pin(u, label)
 
         def post(mod, args, out):
-            self.pins[u.index] -= 1
-            st._release(u, "external")
+            if calls and calls.pop():
+                self.pins[u.index] -= 1
+                st._release(u, "external")
         self.hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+    def register_now(self, module: nn.Module, p: nn.Parameter, label: str) -> None:
+        """Register p to `module` in the middle of its forward (its pre hook has run): gathered
+        and pinned now, released by its post hook."""
+        register_external_parameter(module, p)
+        self.calls[(id(module), id(p))].append(True)
+        self.pin(self.unit_of[id(p)], label)
+
+    def pin(self, u, label: str) -> None:
+        self.e.stage._gather(u, "forward", f"forward of {label}")
+        self.pins[u.index] = self.pins.get(u.index, 0) + 1
+
+    def _returned(self, module, args, output) -> None:
+        """Under the runner, DeepSpeed's dangling parameters (parameter_offload.py,
+        `_post_forward_module_hook`): a ZeRO-3 parameter a module returns (or its `ds_param_alias`,
+        z3_outputs.py) becomes an external parameter of the innermost module still in forward,
+        unless one of those holds it already, and leaves `module`'s own registration."""
+        if not self.auto_register:
+            return
+        items = output if isinstance(output, (tuple, list)) else [output] if isinstance(output, torch.Tensor) else \
+            list(output.values()) if isinstance(output, dict) else list(getattr(output, "__dict__", {}).values())
+        for item in items:
+            p = getattr(item, "ds_param_alias", item)
+            if not isinstance(p, nn.Parameter) or id(p) not in self.unit_of:
+                continue
+            stack = _in_forward(self.e.module)
+            if not stack or any(id(p) in m.__dict__.get("_external_params", {}) for m in stack):
+                continue
+            self.register_now(stack[0], p, f"{type(stack[0]).__name__} (returned {self.name_of[id(p)]})")
+            module.__dict__.get("_external_params", {}).pop(id(p), None)
 
     def remove_hooks(self) -> None:
         """engine.destroy: this engine's hooks go; the modules' `_external_params` stay (DeepSpeed's
         do), so a later engine on the model registers the same parameters again."""
         for h in self.hooks:
             h.remove()
-        self.hooks, self.done = [], set()
+        self.hooks, self.done, self.calls = [], set(), {}
         for m in self.e.module.modules():
             if m.__dict__.get("_zero_external") is self:
                 del m.__dict__["_zero_external"]
@@ -152,10 +189,7 @@ class _Guard(TorchFunctionMode):
             n = x.name_of.get(id(a), "?")
             module = _innermost_in_forward(x.e.module) if x.auto_register else None
             if module is not None:
-                register_external_parameter(module, a)
-                u = x.unit_of[id(a)]     # this forward's pre hook has run already: gather and pin now
-                x.e.stage._gather(u, "forward", f"forward of {type(module).__name__} (external {n})")
-                x.pins[u.index] = x.pins.get(u.index, 0) + 1
+                x.register_now(module, a, f"{type(module).__name__} (external {n})")
                 if x.e.comm.rank == 0:
                     warnings.warn(f"ZeRO-3 parameter {n!r} used outside its module's forward: registered as an "
                                   f"external parameter of {type(module).__name__}, as DeepSpeed does", stacklevel=4)
@@ -168,13 +202,20 @@ class _Guard(TorchFunctionMode):
                 "after initialize()")
 
 
-def _innermost_in_forward(root: nn.Module) -> nn.Module | None:
-    """The module of the innermost `forward` frame on the stack that belongs to `root`'s tree."""
-    mods = {id(m) for m in root.modules()}
+def _in_forward(root: nn.Module) -> list:
+    """The modules of `root`'s tree whose `forward` frame is on the stack, innermost first
+    (DeepSpeed's FWD_MODULE_STACK, read from the frames)."""
+    mods, out = {id(m) for m in root.modules()}, []
     f = sys._getframe(1)
     while f is not None:
         me = f.f_locals.get("self") if f.f_code.co_name == "forward" else None
-        if me is not None and id(me) in mods:
-            return me
+        if me is not None and id(me) in mods and (not out or out[-1] is not me):
+            out.append(me)
         f = f.f_back
-    return None
+    return out
+
+
+def _innermost_in_forward(root: nn.Module) -> nn.Module | None:
+    """The module of the innermost `forward` frame on the stack that belongs to `root`'s tree."""
+    stack = _in_forward(root)
+    return stack[0] if stack else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 
 import torch
 import torch.nn as nn
@@ -84,6 +85,8 @@ class FrozenParams:
     def hook_module(self, name: str, m, us: list) -> None:
         """Gather `us` around m's forward and backward (a ZeRO-3 leaf: its whole subtree's, leaf.py)."""
         st = self.e.stage
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                                "respect to module outputs")  # expected: the first module's inputs are token ids
         self.hooks += [m.register_forward_pre_hook(st._pre_forward(name, us)),
                        m.register_forward_hook(st._post_forward(us)),
                        m.register_full_backward_pre_hook(st._pre_backward(name, us)),
