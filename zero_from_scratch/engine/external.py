@@ -64,7 +64,6 @@ class ExternalParams:
     def __init__(self, engine):
         self.e = engine
         self.done: set = set()
-        self.hooks: list = []
         self.calls: dict = {}
         self.pins: dict[int, int] = {}
         self.auto_register = False
@@ -86,7 +85,7 @@ class ExternalParams:
             m.__dict__.setdefault("_external_params", {})     # as DeepSpeed's stage 3 gives every module
             for p in list(getattr(m, "_external_params", {}).values()):
                 self.register(m, p)
-            self.hooks.append(m.register_forward_hook(self._returned, prepend=True))   # before the release
+            st.hooks.append(m.register_forward_hook(self._returned, prepend=True))   # before the release
 
     def register(self, module: nn.Module, p: nn.Parameter) -> None:
         if self.e.stage_id != 3 or (id(module), id(p)) in self.done:
@@ -110,7 +109,8 @@ class ExternalParams:
             if calls and calls.pop():
                 self.pins[u.index] -= 1
                 st._release(u, "external")
-        self.hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        # the stage's hooks: engine.destroy (a second engine on the model) and unwrap take them off too
+        st.hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
 
     def register_now(self, module: nn.Module, p: nn.Parameter, label: str) -> None:
         """Register p to `module` in the middle of its forward (its pre hook has run): gathered
@@ -141,16 +141,6 @@ class ExternalParams:
                 continue
             self.register_now(stack[0], p, f"{type(stack[0]).__name__} (returned {self.name_of[id(p)]})")
             module.__dict__.get("_external_params", {}).pop(id(p), None)
-
-    def remove_hooks(self) -> None:
-        """engine.destroy: this engine's hooks go; the modules' `_external_params` stay (DeepSpeed's
-        do), so a later engine on the model registers the same parameters again."""
-        for h in self.hooks:
-            h.remove()
-        self.hooks, self.done, self.calls = [], set(), {}
-        for m in self.e.module.modules():
-            if m.__dict__.get("_zero_external") is self:
-                del m.__dict__["_zero_external"]
 
     def guard(self):
         """The forward's TorchFunctionMode (stage 3), or a no-op context."""

@@ -87,10 +87,11 @@ class FrozenParams:
         st = self.e.stage
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
                                 "respect to module outputs")  # expected: the first module's inputs are token ids
-        self.hooks += [m.register_forward_pre_hook(st._pre_forward(name, us)),
-                       m.register_forward_hook(st._post_forward(us)),
-                       m.register_full_backward_pre_hook(st._pre_backward(name, us)),
-                       m.register_full_backward_hook(self._post_backward(us))]
+        hs = [m.register_forward_pre_hook(st._pre_forward(name, us)), m.register_forward_hook(st._post_forward(us)),
+              m.register_full_backward_pre_hook(st._pre_backward(name, us)),
+              m.register_full_backward_hook(self._post_backward(us))]
+        self.hooks += hs
+        st.hooks += hs            # the stage's too: engine.destroy and unwrap_model_for_generation take them off
 
     def _post_backward(self, units):
         def hook(module, grad_input, grad_output):
@@ -100,12 +101,6 @@ class FrozenParams:
                 for u in units:
                     self.e.stage._release(u, "backward")
         return hook
-
-    def remove_hooks(self) -> None:
-        """engine.destroy: the module hooks go (a later engine on this model puts its own)."""
-        for h in self.hooks:
-            h.remove()
-        self.hooks = []
 
     def after_backward(self) -> None:
         for u in self.units:

@@ -141,8 +141,6 @@ class DeepSpeedSurface:
         for h in getattr(self.stage, "hooks", []):
             h.remove()
         self.stage.hooks = []
-        for part in (getattr(self, "frozen", None), getattr(self, "external", None)):
-            part is not None and part.remove_hooks()      # frozen.py, external.py: their module hooks too
         if hasattr(self.stage, "release_all"):
             self.stage.release_all()
         self.optimizer.state = type(self.optimizer.state)({} for _ in self.optimizer.state)

@@ -114,8 +114,8 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
-        self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
         leaf.install(self)                   # ZeRO-3 leaf modules: each gathered whole (leaf.py)
+        self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
         # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
         # cpu on the host (offload.HostOptimizerStates: pinned, next to its own fp32 master)
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
