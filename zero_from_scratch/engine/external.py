@@ -23,6 +23,9 @@ runtime/zero/parameter_offload.py, registers a parameter read in forward to the 
 in forward) the parameter is registered to the innermost module whose `forward` frame is on the
 stack, gathered, and the op runs; rank 0 says so once per parameter. Cost: one Python check per
 torch op of the forward (a few µs each); a stack walk on the first unregistered use.
+Also under the runner, DeepSpeed's dangling parameters: a parameter a module *returns* (or its
+`ds_param_alias`, z3_outputs.py) is registered to the innermost module still in forward before the
+module's release, and moves outward as each module returns it. Cost: one output check per module call.
 """
 from __future__ import annotations
 
