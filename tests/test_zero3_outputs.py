@@ -8,13 +8,10 @@ runner (DeepSpeed's dangling parameters) the parameter becomes an external param
 outermost module still using it, and training equals one-process torch AdamW on the averaged
 gradient (fp32: rounding only). 2 ranks.
 """
-import copy
-
 import torch
 import torch.nn as nn
 
 import zero_from_scratch
-from zero_from_scratch.as_deepspeed.quirks import register_external_on_use
 from zero_from_scratch.engine.zero_init import ZeroParamStatus
 
 CFG = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
@@ -51,33 +48,37 @@ class Outer(nn.Module):
 seen: list = []
 
 
+def _xs(step, world):
+    return [torch.randn(6, generator=torch.Generator().manual_seed(10 * step + r)) for r in range(world)]
+
+
 def _train(rank, world):
     torch.manual_seed(0)
     model = Outer()
-    ref = copy.deepcopy(model)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
     engine, *_ = zero_from_scratch.initialize(model=model, config=CFG)
-    register_external_on_use(engine)                     # what the runner does after initialize
+    engine.external.auto_register = True                 # the runner's switch (as_deepspeed/quirks.py)
     for step in range(3):
-        xs = [torch.randn(6, generator=torch.Generator().manual_seed(10 * step + r)) for r in range(world)]
-        loss = engine(xs[rank])
+        loss = engine(_xs(step, world)[rank])
         engine.backward(loss)
         engine.step()
-        opt.zero_grad()
-        ref_loss = sum(ref(x) for x in xs) / world        # the engine averages the ranks' gradients
-        ref_loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        opt.step()
         regs = (len(model._external_params), len(model.middle._external_params),
                 len(model.middle.inner._external_params))
     with engine.gathered_parameters(list(model.parameters())):
         got = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return seen, regs, got, {n: p.detach() for n, p in ref.named_parameters()}
+    return seen, regs, got
 
 
 def test_returned_parameter_is_an_alias_registered_outermost_and_trains_like_torch(spawn):
-    for seen_, regs, got, want in spawn(_train, 2):
+    torch.manual_seed(0)
+    ref = Outer()                                        # here, not in the ranks: AdamW's first use imports dynamo
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    for step in range(3):
+        opt.zero_grad()
+        (sum(ref(x) for x in _xs(step, 2)) / 2).backward()   # the engine averages the ranks' gradients
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+    for seen_, regs, got in spawn(_train, 2):
         assert seen_ == [(True, ZeroParamStatus.AVAILABLE)] * 3
         assert regs == (1, 0, 0)          # Outer adds it: registered there, left by Middle (as DeepSpeed)
-        for n in want:
-            torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-6)   # fp32, different sum order
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)   # fp32, different sum order
