@@ -23,6 +23,9 @@ runtime/zero/parameter_offload.py, registers a parameter read in forward to the 
 in forward) the parameter is registered to the innermost module whose `forward` frame is on the
 stack, gathered, and the op runs; rank 0 says so once per parameter. Cost: one Python check per
 torch op of the forward (a few µs each); a stack walk on the first unregistered use.
+Also under the runner, DeepSpeed's dangling parameters: a parameter a module *returns* (or its
+`ds_param_alias`, z3_outputs.py) is registered to the innermost module still in forward before the
+module's release, and moves outward as each module returns it. Cost: one output check per module call.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import contextlib
 import sys
 import warnings
 
+import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
@@ -63,6 +67,7 @@ class ExternalParams:
     def __init__(self, engine):
         self.e = engine
         self.done: set = set()
+        self.calls: dict = {}
         self.pins: dict[int, int] = {}
         self.auto_register = False
         if engine.stage_id != 3:
@@ -83,6 +88,7 @@ class ExternalParams:
             m.__dict__.setdefault("_external_params", {})     # as DeepSpeed's stage 3 gives every module
             for p in list(getattr(m, "_external_params", {}).values()):
                 self.register(m, p)
+            st.hooks.append(m.register_forward_hook(self._returned, prepend=True))   # before the release
 
     def register(self, module: nn.Module, p: nn.Parameter) -> None:
         if self.e.stage_id != 3 or (id(module), id(p)) in self.done:
@@ -95,15 +101,49 @@ class ExternalParams:
         self.external_units[u.index] = u
         st, label = self.e.stage, f"{type(module).__name__} (external {self.name_of[id(p)]})"
 
+        calls = self.calls.setdefault((id(module), id(p)), [])   # per call: did it pin u (see register_now)
+
         def pre(mod, args):
-            st._gather(u, "forward", f"forward of {label}")
-            self.pins[u.index] = self.pins.get(u.index, 0) + 1
+            calls.append(id(p) in mod.__dict__.get("_external_params", {}))
+            if calls[-1]:
+                self.pin(u, label)
 
         def post(mod, args, out):
-            self.pins[u.index] -= 1
-            st._release(u, "external")
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
+            if calls and calls.pop():
+                self.pins[u.index] -= 1
+                st._release(u, "external")
+        # the stage's hooks: engine.destroy (a second engine on the model) and unwrap take them off too
+        st.hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+    def register_now(self, module: nn.Module, p: nn.Parameter, label: str) -> None:
+        """Register p to `module` in the middle of its forward (its pre hook has run): gathered
+        and pinned now, released by its post hook."""
+        register_external_parameter(module, p)
+        self.calls[(id(module), id(p))].append(True)
+        self.pin(self.unit_of[id(p)], label)
+
+    def pin(self, u, label: str) -> None:
+        self.e.stage._gather(u, "forward", f"forward of {label}")
+        self.pins[u.index] = self.pins.get(u.index, 0) + 1
+
+    def _returned(self, module, args, output) -> None:
+        """Under the runner, DeepSpeed's dangling parameters (parameter_offload.py,
+        `_post_forward_module_hook`): a ZeRO-3 parameter a module returns (or its `ds_param_alias`,
+        z3_outputs.py) becomes an external parameter of the innermost module still in forward,
+        unless one of those holds it already, and leaves `module`'s own registration."""
+        if not self.auto_register:
+            return
+        items = output if isinstance(output, (tuple, list)) else [output] if isinstance(output, torch.Tensor) else \
+            list(output.values()) if isinstance(output, dict) else list(getattr(output, "__dict__", {}).values())
+        for item in items:
+            p = getattr(item, "ds_param_alias", item)
+            if not isinstance(p, nn.Parameter) or id(p) not in self.unit_of:
+                continue
+            stack = _in_forward(self.e.module)
+            if not stack or any(id(p) in m.__dict__.get("_external_params", {}) for m in stack):
+                continue
+            self.register_now(stack[0], p, f"{type(stack[0]).__name__} (returned {self.name_of[id(p)]})")
+            module.__dict__.get("_external_params", {}).pop(id(p), None)
 
     def guard(self):
         """The forward's TorchFunctionMode (stage 3), or a no-op context."""
@@ -142,10 +182,7 @@ class _Guard(TorchFunctionMode):
             n = x.name_of.get(id(a), "?")
             module = _innermost_in_forward(x.e.module) if x.auto_register else None
             if module is not None:
-                register_external_parameter(module, a)
-                u = x.unit_of[id(a)]     # this forward's pre hook has run already: gather and pin now
-                x.e.stage._gather(u, "forward", f"forward of {type(module).__name__} (external {n})")
-                x.pins[u.index] = x.pins.get(u.index, 0) + 1
+                x.register_now(module, a, f"{type(module).__name__} (external {n})")
                 if x.e.comm.rank == 0:
                     warnings.warn(f"ZeRO-3 parameter {n!r} used outside its module's forward: registered as an "
                                   f"external parameter of {type(module).__name__}, as DeepSpeed does", stacklevel=4)
@@ -158,13 +195,20 @@ class _Guard(TorchFunctionMode):
                 "after initialize()")
 
 
-def _innermost_in_forward(root: nn.Module) -> nn.Module | None:
-    """The module of the innermost `forward` frame on the stack that belongs to `root`'s tree."""
-    mods = {id(m) for m in root.modules()}
+def _in_forward(root: nn.Module) -> list:
+    """The modules of `root`'s tree whose `forward` frame is on the stack, innermost first
+    (DeepSpeed's FWD_MODULE_STACK, read from the frames)."""
+    mods, out = {id(m) for m in root.modules()}, []
     f = sys._getframe(1)
     while f is not None:
         me = f.f_locals.get("self") if f.f_code.co_name == "forward" else None
-        if me is not None and id(me) in mods:
-            return me
+        if me is not None and id(me) in mods and (not out or out[-1] is not me):
+            out.append(me)
         f = f.f_back
-    return None
+    return out
+
+
+def _innermost_in_forward(root: nn.Module) -> nn.Module | None:
+    """The module of the innermost `forward` frame on the stack that belongs to `root`'s tree."""
+    stack = _in_forward(root)
+    return stack[0] if stack else None

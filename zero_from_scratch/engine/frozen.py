@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 
 import torch
 import torch.nn as nn
@@ -84,10 +85,13 @@ class FrozenParams:
     def hook_module(self, name: str, m, us: list) -> None:
         """Gather `us` around m's forward and backward (a ZeRO-3 leaf: its whole subtree's, leaf.py)."""
         st = self.e.stage
-        self.hooks += [m.register_forward_pre_hook(st._pre_forward(name, us)),
-                       m.register_forward_hook(st._post_forward(us)),
-                       m.register_full_backward_pre_hook(st._pre_backward(name, us)),
-                       m.register_full_backward_hook(self._post_backward(us))]
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                                "respect to module outputs")  # expected: the first module's inputs are token ids
+        hs = [m.register_forward_pre_hook(st._pre_forward(name, us)), m.register_forward_hook(st._post_forward(us)),
+              m.register_full_backward_pre_hook(st._pre_backward(name, us)),
+              m.register_full_backward_hook(self._post_backward(us))]
+        self.hooks += hs
+        st.hooks += hs            # the stage's too: engine.destroy and unwrap_model_for_generation take them off
 
     def _post_backward(self, units):
         def hook(module, grad_input, grad_output):
@@ -108,16 +112,16 @@ class FrozenParams:
         With modifier_rank, that rank's values are broadcast and written back into the shards."""
         st = self.e.stage
         wanted = {id(p) for p in params}
-        mine = [u for u in self.units if u.index not in st.full_of
-                and any(id(st.params[s.name]) in wanted for s in u.slots)]
+        units = [u for u in self.units if any(id(st.params[s.name]) in wanted for s in u.slots)]
+        mine = [u for u in units if u.index not in st.full_of]
         for u in mine:
             st._gather(u, "gather_ctx", f"gathered_parameters({u.tag!r})")
         try:
             yield
         finally:
+            for u in units if modifier_rank is not None else []:   # already-gathered (persistent) ones too
+                st.full_of[u.index].copy_(st.write_back(u, modifier_rank))   # a unit that stays holds the edit
             for u in mine:
-                if modifier_rank is not None:
-                    st.write_back(u, modifier_rank)
                 st._release(u, "frozen gathered")     # persistent frozen units stay
 
     def full(self, write_back: bool = False):

@@ -7,6 +7,7 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
   persistence                 units ≤ stage3_param_persistence_threshold: gathered once per step, kept
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
   qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
+  backward gather             on the module's outputs, as DeepSpeed places it (z3_outputs.py)
   saved weights               SavedByReference (saved.py): autograd keeps (unit, view), so a release frees
   divergence                  DivergenceCheck (divergence.py): every collective carries (kind, unit,
                               call#); ranks that ran different modules raise ZeroDivergenceError
@@ -19,12 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied
+from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied, z3_outputs
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.pools import Pool
 from zero_from_scratch.engine.prefetch import Prefetcher
@@ -60,8 +60,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.tied = tied.make(self, engine.module)        # each use of a shared parameter straight to its bucket
         allocator.release_freed()                         # the model's full tensors are gone (allocator.py)
         report.announce(engine.config, engine.layout)    # what each stage-3 key allows, when a user sets one
-        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
-                                "respect to module outputs")  # expected: the first module's inputs are token ids
 
     def kw(self, purpose: str, u=None) -> dict:
         return {**super().kw(purpose, u), **labelled(self, purpose, u, self.tag)}
@@ -77,13 +75,10 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def _unit_block(self, u) -> torch.Tensor:
         """The textbook's (rank 0's unit, broadcast), or, for parameters zero.Init partitioned,
         their shards gathered one at a time (zero_partition.py)."""
-        if any(zp.held_by_init(self.params[s.name]) for s in u.slots):
-            return zp.unit_block(self, u)
-        return super()._unit_block(u)
+        held = any(zp.held_by_init(self.params[s.name]) for s in u.slots)
+        return zp.unit_block(self, u) if held else super()._unit_block(u)
 
-    @property
-    def stats(self) -> dict:
-        return self.pf.stats
+    stats = property(lambda self: self.pf.stats)
 
     def unit(self, i: int):
         """A unit by index: the engine's layout, then (frozen.py) the frozen parameters' units,
@@ -202,6 +197,11 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             self._release(self.unit(i), "step")
 
     # ------------------------------------------------------------------ the hooks follow the trace
+    def add_module_hooks(self, name: str, m, units: list) -> None:
+        super().add_module_hooks(name, m, units)          # the textbook's; its full backward pre-hook becomes
+        self.hooks[-1].remove()                           # ours on the outputs, as DeepSpeed's (z3_outputs.py)
+        self.hooks[-1] = m.register_forward_hook(z3_outputs.before_backward(self._pre_backward(name, units)))
+
     def _pre_forward(self, name, units):
         return self._following("forward", units, super()._pre_forward(name, units))
 

@@ -39,7 +39,6 @@ import torch
 import torch.nn as nn
 
 from zero_from_scratch.engine import checkpoint as ckpt
-from zero_from_scratch.engine import ledger
 from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
@@ -48,7 +47,7 @@ from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
-from zero_from_scratch.engine import client_optim, leaf, offload, safe_api, surface, wall_clock
+from zero_from_scratch.engine import client_optim, leaf, ledger, offload, safe_api, surface, wall_clock, z3_grads
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -114,14 +113,15 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
-        self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
         leaf.install(self)                   # ZeRO-3 leaf modules: each gathered whole (leaf.py)
+        self.external = ExternalParams(self)   # stage 3: params used outside their module (external.py)
         # offload_optimizer (offload.py): nvme keeps the states in files (none allocated here),
         # cpu on the host (offload.HostOptimizerStates: pinned, next to its own fp32 master)
         self.offload = offload.build(self, self.config.offload_optimizer, self.config.sub_group_size)
         host = hasattr(self.offload, "adopt")
         in_ram = [0] * len(self.layout.group_local) if self.offload and not host else list(self.layout.group_local)
         self.optimizer = client_optim.build(kind, hypers, in_ram, w_mode, shared)
+        z3_grads.install(self)                       # stage 3: DeepSpeed's averaged_gradients
         for st in self.optimizer.state:              # the states live with the shards they update
             for k in self.optimizer.STATE:
                 st[k] = self.offload.adopt(st[k]) if host else st[k].to(self.device)
@@ -134,11 +134,10 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
                              else surface.client_scheduler(self, lr_scheduler))   # a client's replaces the config's
         self.loss_scaler = build_loss_scaler(self.config)
         self.optimizer.loss_scaler, self.optimizer.engine_backward = self.loss_scaler, self.backward
-        self._boundary_override = None              # set_gradient_accumulation_boundary (surface.py)
+        self._boundary_override = self._global_grad_norm = None   # the former: set_gradient_accumulation_boundary
         self.tput_timer = surface.ThroughputTimer(self.config.train_batch_size)
         safe_api.register(self)                      # safe_get_full_* find the engine from the parameter
         self.micro_steps = self.global_steps = self.skipped_steps = 0
-        self._global_grad_norm = None
         self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
         self.instruments = wall_clock.install(self)   # steps_per_print, wall_clock_breakdown, comms_logger
         self.comm.reset_step()
@@ -155,9 +154,8 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         return self.config.gradient_accumulation_steps
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        if self._boundary_override is not None:
-            return self._boundary_override
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+        o = self._boundary_override                   # set_gradient_accumulation_boundary (surface.py)
+        return o if o is not None else (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -186,6 +184,8 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
 
     def zero_grad(self) -> None:
         self.stage.zero_grad()
+
+    allreduce_gradients = z3_grads.allreduce_gradients   # DeepSpeed's (z3_grads.py)
 
     # DeepSpeed's read-only accessors, so code written against DeepSpeedEngine can report them
     def train_batch_size(self) -> int:

@@ -1,0 +1,84 @@
+"""ZeRO-3 module outputs as DeepSpeed gives them (engine/z3_outputs.py, engine/external.py).
+
+    python -m pytest -q tests/test_zero3_outputs.py
+
+A module that returns one of its Parameters (DeepSpeed's test_zero_context_return.py models):
+the caller gets the parameter's `ds_param_alias`, AVAILABLE while the caller runs; under the
+runner (DeepSpeed's dangling parameters) the parameter becomes an external parameter of the
+outermost module still using it, and training equals one-process torch AdamW on the averaged
+gradient (fp32: rounding only). 2 ranks.
+"""
+import torch
+import torch.nn as nn
+
+import zero_from_scratch
+from zero_from_scratch.engine.zero_init import ZeroParamStatus
+
+CFG = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+       "gradient_clipping": 1.0, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 1}}
+
+
+class Returns(nn.Linear):
+    def forward(self, x):
+        return super().forward(x), self.bias             # a dangling parameter
+
+
+class Middle(nn.Linear):
+    def __init__(self, d):
+        super().__init__(d, d)
+        self.inner = Returns(d, d)
+
+    def forward(self, x):
+        out, bias = self.inner(super().forward(x))
+        if hasattr(getattr(bias, "ds_param_alias", bias), "ds_status"):       # the engine's model, not torch's
+            seen.append((type(bias) is not nn.Parameter, getattr(bias, "ds_param_alias", bias).ds_status))
+        return out, bias
+
+
+class Outer(nn.Module):
+    def __init__(self, d=6):
+        super().__init__()
+        self.first, self.middle = nn.Linear(d, d), Middle(d)
+
+    def forward(self, x):
+        out, bias = self.middle(self.first(x))
+        return (out + bias).pow(2).sum()
+
+
+seen: list = []
+
+
+def _xs(step, world):
+    return [torch.randn(6, generator=torch.Generator().manual_seed(10 * step + r)) for r in range(world)]
+
+
+def _train(rank, world):
+    torch.manual_seed(0)
+    model = Outer()
+    engine, *_ = zero_from_scratch.initialize(model=model, config=CFG)
+    engine.external.auto_register = True                 # the runner's switch (as_deepspeed/quirks.py)
+    for step in range(3):
+        loss = engine(_xs(step, world)[rank])
+        engine.backward(loss)
+        engine.step()
+        regs = (len(model._external_params), len(model.middle._external_params),
+                len(model.middle.inner._external_params))
+    with engine.gathered_parameters(list(model.parameters())):
+        got = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return seen, regs, got
+
+
+def test_returned_parameter_is_an_alias_registered_outermost_and_trains_like_torch(spawn):
+    torch.manual_seed(0)
+    ref = Outer()                                        # here, not in the ranks: AdamW's first use imports dynamo
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    for step in range(3):
+        opt.zero_grad()
+        (sum(ref(x) for x in _xs(step, 2)) / 2).backward()   # the engine averages the ranks' gradients
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+    for seen_, regs, got in spawn(_train, 2):
+        assert seen_ == [(True, ZeroParamStatus.AVAILABLE)] * 3
+        assert regs == (1, 0, 0)          # Outer adds it: registered there, left by Middle (as DeepSpeed)
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)   # fp32, different sum order
