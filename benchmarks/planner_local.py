@@ -71,13 +71,14 @@ from benchmarks.planner_ranks_tp import _tp_pp_rank, _tp_rank, distilbert_planne
 from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
-from planner.probe import Probe, Sleeper
+from planner.probe import Probe, Sleeper, read_for
 from planner.steptime import Software, cpu_stretch
 from primitives.engine.cost import Params
 from primitives.launch import spawn
 from primitives.log import console
 
 TUNED = "(malloc 64K)"
+PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row (the prediction's) and after it
 LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
 
 
@@ -113,40 +114,62 @@ def runs(quick: bool, steps: int, mb: int = 4):
 
 def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     rows = []
-    for m, label, lay, batch, fn, args in runs(quick, steps):
-        if only not in label:
-            continue
-        nodes = fn is on_two_nodes
-        probe, sleeper = Probe(2), Sleeper()    # a session shaped like the ranks' (two busy processes); a woken task
-        probe.start()
-        sleeper.start()
-        got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
+    probe, sleeper = Probe(os.cpu_count()), Sleeper()    # as many busy processes as cores; a woken task
+    probe.start()
+    sleeper.start()
+    probe.ready()
+    sleeper.ready()
+    probe.pause()
+    sleeper.pause()
+    try:
+        for m, label, lay, batch, fn, args in runs(quick, steps):
+            if only in label:
+                rows.append(_row(m, label, lay, batch, fn, args, probe, sleeper))
+    finally:
         probe.stop()
         sleeper.stop()
-        probe.during([g["span"] for g in got])
-        sleeper.during([g["span"] for g in got])
-        fitted = H.cpu_here(lay.gpus)
-        speed = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
-        hw = H.at_speed(replace(fitted, load=probe.load(lay.gpus), wake_share=sleeper.share()), speed)
-        if nodes:     # one rank per node, each node a session of its own: the probe's share is each rank's
-            hw = replace(hw, gpus_per_node=1, load=probe.load(1))
-        sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
-        pred = predict_layout(m, m.seq, lay, batch, hw, sw)
-        idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
-        free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
-        cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
-        stretch = cpu_stretch(lay, hw)
-        rows.append({"model": m.name, "params": m.params(), "layout": label,
-                     "step_pred": pred.time["total"], "step_idle": idle.time["total"],
-                     "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
-                     "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
-                     "time_terms": pred.time, "load": hw.load, "share": probe.share(), "wake": sleeper.share(), "speed": speed, "stretch": stretch,
-                     "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
-                     "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]})
-        r = rows[-1]
-        console.print(f"{r['model']} {label}: load {r['load']:.1f}, woken {r['wake']:.2f}, step {r['step_pred'] / r['step_meas'] - 1:+.0%}, "
-                      f"memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}", highlight=False)
     return rows
+
+
+def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
+    """One row: the probe reads the machine for PROBE_S, paused, the planner predicts from that
+    reading, the ranks run alone; the probe reads again after them (recorded, not used: how far the
+    machine moved while the row ran)."""
+    nodes = fn is on_two_nodes
+    probe.samples, sleeper.samples = [], []
+    before = read_for([probe, sleeper], PROBE_S)
+    probe.within([before])
+    sleeper.within([before])
+    load, share, wake, used, rate = probe.load(sleeper.used()), probe.share(), sleeper.share(), sleeper.used(), probe.rate()
+    fitted = H.cpu_here(lay.gpus)
+    speed = rate / (fitted.peak_flops * fitted.gemm_efficiency)
+    hw = H.at_speed(replace(fitted, load=load, wake_share=wake), speed)
+    if nodes:     # one rank per node, the two nodes on these cores: the other node's rank is one more task
+        hw = replace(hw, gpus_per_node=1, load=load + 1)
+    sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
+    pred = predict_layout(m, m.seq, lay, batch, hw, sw)
+    idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
+    free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
+    cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
+    stretch = cpu_stretch(lay, hw)
+    got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
+    probe.samples, sleeper.samples = [], []
+    after = read_for([probe, sleeper], PROBE_AFTER_S)
+    probe.within([after])
+    sleeper.within([after])
+    r = {"model": m.name, "params": m.params(), "layout": label,
+         "step_pred": pred.time["total"], "step_idle": idle.time["total"],
+         "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
+         "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
+         "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
+         "stretch": stretch, "after": {"load": probe.load(sleeper.used()), "share": probe.share(), "wake": sleeper.share(),
+                                       "speed": probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)},
+         "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
+         "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]}
+    console.print(f"{r['model']} {label}: load {r['load']:.1f} (after {r['after']['load']:.1f}), woken {r['wake']:.2f}, "
+                  f"step {r['step_pred'] / r['step_meas'] - 1:+.0%}, memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}",
+                  highlight=False)
+    return r
 
 
 def in_own_session(module: str, argv) -> int | None:
@@ -180,7 +203,7 @@ def main(argv=None) -> int:
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
-                    f"{min(shares) / 2:.2f}-{max(shares) / 2:.2f} of a core, {os.cpu_count()} cores")
+                    f"{min(shares) / os.cpu_count():.2f}-{max(shares) / os.cpu_count():.2f} of a core, {os.cpu_count()} cores")
     for c in ("model", "params", "layout", "load", "woken", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")

@@ -125,13 +125,13 @@ def at_speed(hw: Hardware, speed: float) -> Hardware:
 
 def cpu_now(ranks_per_node: int = 2, seconds: float = 2.0) -> Hardware:
     """cpu-here as this machine is now: planner.probe's processes, one per core in a session of
-    their own, measure for `seconds` the cores such a session gets (→ `load`) and the FLOPs a CPU
-    second buys (→ at_speed over the fitted rate). A run predicted with it should start in a
+    their own, measure for `seconds` the cores other tasks take (→ `load`), the share a woken
+    task gets and the FLOPs a CPU second buys (→ at_speed over the fitted rate). A run predicted with it should start in a
     session of its own (a terminal of its own), as the probe did."""
     hw = cpu_here(ranks_per_node)
-    p, wake = probe_now(seconds)
+    p, wake, used = probe_now(seconds)
     speed = p.rate() / (hw.peak_flops * hw.gemm_efficiency)
-    return replace(at_speed(replace(hw, load=p.load(ranks_per_node), wake_share=wake), speed), name="cpu-now",
+    return replace(at_speed(replace(hw, load=p.load(used), wake_share=wake), speed), name="cpu-now",
                    calibrated_on=f"{hw.calibrated_on}; probed now: a session got {p.share():.2f} cores, a task "
                                  f"that sleeps and wakes {wake:.2f} of a core awake, a CPU second "
                                  f"{p.rate() / 1e9:.1f} GFLOP of matmul, ×{speed:.2f} the fit's")
