@@ -33,13 +33,17 @@ collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_f
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
 the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape.
-No row's timing feeds any constant. Two inputs are measured while each row runs, by
-planner.probe beside the ranks (two busy processes, as many as cores, repeating the fit's
-matmuls): the share of a core each busy task gets (→ the load: the planner's cpu_stretch and
-pipeline_stretch turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys
-now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed);
-beside them planner.probe.Sleeper, one process that works and sleeps in turn, measures the share
-a woken task gets while awake (→ hw.wake_share: the ranks that wait inside a step run at it).
+No row's timing feeds any constant. Three inputs are read by planner.probe for PROBE_S seconds
+just before each row, and the prediction is made from that reading before the ranks start: as
+many busy processes as cores repeating the fit's matmuls give the share of a core a busy task
+gets and so the other runnable tasks (→ the load: the planner's cpu_stretch and pipeline_stretch
+turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys now (→ every fitted
+CPU-second rate scaled by it over the fit's, planner.hardware.at_speed); beside them
+planner.probe.Sleeper, one process that works and sleeps in turn, measures the share a woken
+task gets while awake (→ hw.wake_share: the ranks that wait inside a step run at it). The probe
+is paused (SIGSTOP) while the ranks run, so they run beside the machine's other work only, as a
+user's run would, and its own processes are not counted as load; it reads again for
+PROBE_AFTER_S after the row (the JSON's "after": how far the machine moved while the row ran).
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
