@@ -208,11 +208,11 @@ def main(argv=None) -> int:
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
                     f"{min(shares) / os.cpu_count():.2f}-{max(shares) / os.cpu_count():.2f} of a core, {os.cpu_count()} cores")
-    for c in ("model", "params", "layout", "load", "woken", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
+    for c in ("model", "params", "layout", "load", "after", "woken", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
-        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['wake']:.2f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
+        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['after']['load']:.1f}", f"{r['wake']:.2f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
                   f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
