@@ -97,9 +97,10 @@ def _from_dict(d: dict) -> Hardware:
 
 def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = None) -> Hardware:
     """This machine: compute from benchmarks/planner_fit.py's CPU-time micro-benchmarks
-    (cpu_here.json), links from the α-β table benchmarks.one_host fitted for that many ranks on
-    the host (primitives.engine.cost.FITTED, "shm" family; across nodes the tbf-shaped veth of
-    multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch).
+    (cpu_here.json), the shared-memory link for that many ranks from the same file (its `links`,
+    the fastest all-reduce of each size: the link unimpeded, stretched by the load in
+    planner.steptime; without them benchmarks.one_host's primitives.engine.cost.FITTED; across
+    nodes the tbf-shaped veth of multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch).
     `fitted`: the fields of cpu_here.json, given instead of read (benchmarks.planner_fit while it fits)."""
     if fitted is None and not os.path.exists(CPU_HERE):
         raise ValueError(f"{CPU_HERE} is missing: run `python -m benchmarks.planner_fit`")
@@ -107,7 +108,10 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
         with open(CPU_HERE) as f:
             fitted = json.load(f)
     d = dict(fitted)
-    d["intra"] = d.get("intra") or asdict(fitted_params("shm", ranks_per_node))
+    links = d.pop("links", None) or {}
+    fits = sorted(int(n) for n in links)
+    n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit
+    d["intra"] = d.get("intra") or (links[str(n)] if n else asdict(fitted_params("shm", ranks_per_node)))
     d["inter"] = d.get("inter") or asdict(Params(alpha=1e-3, beta=8 / 400e6, gamma=0.0))
     return _from_dict({**d, "load": load})
 

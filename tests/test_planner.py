@@ -294,8 +294,12 @@ def test_zero3_pays_per_module_calls():
     """ZeRO-3 gathers and reduce-scatters per module: its dp term carries 2 × modules × α per
     micro-batch (at DeepSpeed's defaults the engine keeps a small model's units gathered from
     forward to backward: no backward gather), more than ZeRO-2's one reduce-scatter and
-    all-gather of the whole shard; a GPU plan gathers again in the backward."""
-    hw, m = H.load("cpu-here"), PRESETS["tiny"]
+    all-gather of the whole shard; a GPU plan gathers again in the backward. A link whose α
+    (3 ms: a scheduler's slice) outweighs the tiny shard's bytes."""
+    from dataclasses import replace
+
+    from primitives.engine.cost import Params
+    hw, m = replace(H.load("cpu-here"), intra=Params(alpha=3e-3, beta=3e-9, gamma=0.0)), PRESETS["tiny"]
     sw = Software(False, False, False)
     z2 = step_time(m, 32, Layout(2, 1, 1, zero=2, mb=2), 4, hw, sw)["dp comm"]
     z3 = step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["dp comm"]
