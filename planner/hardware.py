@@ -55,7 +55,7 @@ class Hardware:
                                  # (ranks + load) / cores when more tasks than cores are runnable
     load: float = 0.0            # other runnable tasks on the node (the load the ranks compete with)
     wake_share: float = 0.0      # share of a core a task that sleeps and wakes gets while awake (planner.probe.Sleeper,
-                                 # measured beside a run or by cpu-now); 0: what a busy task gets
+                                 # read before a run or by cpu-now); 0: what a busy task gets
     op_overhead: float = 0.0     # CPU seconds per layer and micro-batch of non-matmul work that does
     elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted)
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd

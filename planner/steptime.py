@@ -15,7 +15,7 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              paced by one rank while its neighbours wait (asleep on a futex, no CPU): the r/p
              pacing ranks share the session's P cores, each at most one (pipeline_stretch), and
              all ranks' CPU seconds over P bound the step (the "cores" term), whichever is larger;
-             P = cores·ranks / (ranks + load), the load measured beside the run (planner.probe). With the engine mapping large blocks (ZeRO-3
+             P = cores·ranks / (ranks + load), the load read just before the run (planner.probe). With the engine mapping large blocks (ZeRO-3
              here, zero_from_scratch.engine.allocator) every saved activation and its gradient
              is a fresh mapping: mmap_s per byte (the "allocator" term)
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
