@@ -39,11 +39,12 @@ import sys
 import threading
 import time
 
-PROBE = """import os, sys, time, torch
+PROBE = """import ctypes, os, sys, time, torch
 torch.set_num_threads(1)
 for _ in range(int(sys.argv[1]) - 1):
     if os.fork() == 0:
         break
+ctypes.CDLL(None).prctl(1, 9)      # PR_SET_PDEATHSIG, SIGKILL: gone with its parent, paused or not
 mats = [(torch.randn(t, h), torch.randn(h, 4 * h), k) for t, h, k in ((256, 64, 32), (256, 128, 8), (512, 256, 1))]
 per_round = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] * k for a, b, k in mats)
 while True:
@@ -61,8 +62,9 @@ while True:
 """
 
 
-SLEEPER = """import os, sys, time, torch
+SLEEPER = """import ctypes, os, sys, time, torch
 torch.set_num_threads(1)
+ctypes.CDLL(None).prctl(1, 9)      # PR_SET_PDEATHSIG, SIGKILL
 a, b = torch.randn(256, 128), torch.randn(128, 512)
 burst, nap = float(sys.argv[1]), float(sys.argv[2])
 while True:
