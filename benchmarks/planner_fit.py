@@ -35,8 +35,15 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   mappings); ZeRO-3's CPU seconds beyond ZeRO-1's and that mapping
                                   (the engine maps at ZeRO-3) per module fetch or release (3 per
                                   module with parameters and step)
-Links (α-β) come from benchmarks.one_host's fit (primitives.engine.cost.FITTED), read by
-planner.hardware.cpu_here; `cores` from os.cpu_count().
+    links                         the shared-memory link per number of ranks (2, 4): an all-reduce
+                                  through ringzero's default path at 1 KiB-16 MiB, the ranks lined
+                                  up by a tiny all-reduce first, the fastest of `reps` tries (the
+                                  run no other task interrupted: the link itself, what an idle
+                                  machine gives), read as a ring's 2(n-1)α + 2(n-1)/n·S·β: α from
+                                  1 KiB, β the median over ≥ 1 MiB. The planner stretches it by the
+                                  load as it does the ranks' compute (planner.steptime.group_time)
+    python -m benchmarks.planner_fit --links         # only the links, into the existing file (~1 min)
+Across nodes multinode/'s shaped veth (planner.hardware.cpu_here); `cores` from os.cpu_count().
 """
 from __future__ import annotations
 
@@ -150,6 +157,33 @@ def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float
     return tuple(statistics.median(f[i] for f in fits) for i in range(4))
 
 
+LINK_SIZES = (2**10, 2**14, 2**18, 2**20, 2**22, 2**24)
+
+
+def link_rank(rank: int, world: int, reps: int) -> list[float]:
+    """The fastest wall time of an all-reduce of each LINK_SIZES bytes, lined up by a tiny one first."""
+    out = []
+    for nbytes in LINK_SIZES:
+        x, best = torch.ones(nbytes // 4), float("inf")
+        for _ in range(reps):
+            P.all_reduce(torch.zeros(1))
+            t0 = time.perf_counter()
+            P.all_reduce(x)
+            best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    return out
+
+
+def link_fit(n: int, reps: int = 15) -> dict:
+    """The link of n ranks on this host as a ring's α-β (module docstring), the slower rank's times."""
+    got = spawn(link_rank, n, args=(reps,), timeout=900)
+    t = [max(g[i] for g in got) for i in range(len(LINK_SIZES))]
+    alpha = t[0] / (2 * (n - 1))
+    beta = statistics.median((ti - 2 * (n - 1) * alpha) / (2 * (n - 1) / n * S)
+                             for S, ti in zip(LINK_SIZES, t) if S >= 2**20)
+    return {"alpha": alpha, "beta": max(beta, 0.0), "gamma": 0.0, "o": 0.0}
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope), both kept ≥ 0."""
     mx, my = statistics.mean(xs), statistics.mean(ys)
@@ -162,7 +196,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=CPU_HERE)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--ranks", type=int, default=2, help="processes measuring at once (as training ranks)")
+    ap.add_argument("--links", action="store_true", help="fit only the links, into the existing --out file")
     a = ap.parse_args(argv)
+    links = {str(n): link_fit(n) for n in (2, 4)}
+    console.print("links (α µs, GB/s): " + ", ".join(f"{n} ranks {p['alpha'] * 1e6:.0f}, {1e-9 / p['beta']:.2f}"
+                                                       for n, p in links.items()))
+    if a.links:
+        with open(a.out) as f:
+            doc = json.load(f)
+        with open(a.out, "w") as f:
+            json.dump({**doc, "links": links, "calibrated_on": doc["calibrated_on"].split("; links")[0]
+                       + f"; links at load {open('/proc/loadavg').read().split()[0]}"}, f, indent=1)
+        return 0
     got = spawn(sweep, a.ranks, args=(a.quick,), timeout=900)
     med = lambda key: [statistics.median(g[key][i] for g in got) for i in range(len(got[0][key]))]  # noqa: E731
     square, shaped = med("square"), med("shaped")
@@ -184,10 +229,10 @@ def main(argv=None) -> int:
            "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
            "call_overhead": statistics.median(g["call"] for g in got), "alloc_slack": slack, "zero3_module_s": module_s,
-           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero,
+           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero, "links": links,
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
-           "source": "measured here; links from primitives.engine.cost.FITTED (benchmarks.one_host)"}
+           "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit.link_fit)"}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "

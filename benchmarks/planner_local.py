@@ -33,13 +33,17 @@ collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_f
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
 the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape.
-No row's timing feeds any constant. Two inputs are measured while each row runs, by
-planner.probe beside the ranks (two busy processes, as many as cores, repeating the fit's
-matmuls): the share of a core each busy task gets (→ the load: the planner's cpu_stretch and
-pipeline_stretch turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys
-now (→ every fitted CPU-second rate scaled by it over the fit's, planner.hardware.at_speed);
-beside them planner.probe.Sleeper, one process that works and sleeps in turn, measures the share
-a woken task gets while awake (→ hw.wake_share: the ranks that wait inside a step run at it).
+No row's timing feeds any constant. Three inputs are read by planner.probe for PROBE_S seconds
+just before each row, and the prediction is made from that reading before the ranks start: as
+many busy processes as cores repeating the fit's matmuls give the share of a core a busy task
+gets and so the other runnable tasks (→ the load: the planner's cpu_stretch and pipeline_stretch
+turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys now (→ every fitted
+CPU-second rate scaled by it over the fit's, planner.hardware.at_speed); beside them
+planner.probe.Sleeper, one process that works and sleeps in turn, measures the share a woken
+task gets while awake (→ hw.wake_share: the ranks that wait inside a step run at it). The probe
+is paused (SIGSTOP) while the ranks run, so they run beside the machine's other work only, as a
+user's run would, and its own processes are not counted as load; it reads again for
+PROBE_AFTER_S after the row (the JSON's "after": how far the machine moved while the row ran).
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
@@ -71,13 +75,14 @@ from benchmarks.planner_ranks_tp import _tp_pp_rank, _tp_rank, distilbert_planne
 from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
-from planner.probe import Probe, Sleeper
+from planner.probe import Probe, Sleeper, read_for
 from planner.steptime import Software, cpu_stretch
 from primitives.engine.cost import Params
 from primitives.launch import spawn
 from primitives.log import console
 
 TUNED = "(malloc 64K)"
+PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row (the prediction's) and after it
 LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
 
 
@@ -113,40 +118,62 @@ def runs(quick: bool, steps: int, mb: int = 4):
 
 def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     rows = []
-    for m, label, lay, batch, fn, args in runs(quick, steps):
-        if only not in label:
-            continue
-        nodes = fn is on_two_nodes
-        probe, sleeper = Probe(2), Sleeper()    # a session shaped like the ranks' (two busy processes); a woken task
-        probe.start()
-        sleeper.start()
-        got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
+    probe, sleeper = Probe(os.cpu_count()), Sleeper()    # as many busy processes as cores; a woken task
+    probe.start()
+    sleeper.start()
+    probe.ready()
+    sleeper.ready()
+    probe.pause()
+    sleeper.pause()
+    try:
+        for m, label, lay, batch, fn, args in runs(quick, steps):
+            if only in label:
+                rows.append(_row(m, label, lay, batch, fn, args, probe, sleeper))
+    finally:
         probe.stop()
         sleeper.stop()
-        probe.during([g["span"] for g in got])
-        sleeper.during([g["span"] for g in got])
-        fitted = H.cpu_here(lay.gpus)
-        speed = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
-        hw = H.at_speed(replace(fitted, load=probe.load(lay.gpus), wake_share=sleeper.share()), speed)
-        if nodes:     # one rank per node, each node a session of its own: the probe's share is each rank's
-            hw = replace(hw, gpus_per_node=1, load=probe.load(1))
-        sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
-        pred = predict_layout(m, m.seq, lay, batch, hw, sw)
-        idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
-        free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
-        cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
-        stretch = cpu_stretch(lay, hw)
-        rows.append({"model": m.name, "params": m.params(), "layout": label,
-                     "step_pred": pred.time["total"], "step_idle": idle.time["total"],
-                     "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
-                     "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
-                     "time_terms": pred.time, "load": hw.load, "share": probe.share(), "wake": sleeper.share(), "speed": speed, "stretch": stretch,
-                     "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
-                     "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]})
-        r = rows[-1]
-        console.print(f"{r['model']} {label}: load {r['load']:.1f}, woken {r['wake']:.2f}, step {r['step_pred'] / r['step_meas'] - 1:+.0%}, "
-                      f"memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}", highlight=False)
     return rows
+
+
+def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
+    """One row: the probe reads the machine for PROBE_S, paused, the planner predicts from that
+    reading, the ranks run alone; the probe reads again after them (recorded, not used: how far the
+    machine moved while the row ran)."""
+    nodes = fn is on_two_nodes
+    probe.samples, sleeper.samples = [], []
+    before = read_for([probe, sleeper], PROBE_S)
+    probe.within([before])
+    sleeper.within([before])
+    load, share, wake, used, rate = probe.load(sleeper.used()), probe.share(), sleeper.share(), sleeper.used(), probe.rate()
+    fitted = H.cpu_here(lay.gpus)
+    speed = rate / (fitted.peak_flops * fitted.gemm_efficiency)
+    hw = H.at_speed(replace(fitted, load=load, wake_share=wake), speed)
+    if nodes:     # one rank per node, the two nodes on these cores: the other node's rank is one more task
+        hw = replace(hw, gpus_per_node=1, load=load + 1)
+    sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
+    pred = predict_layout(m, m.seq, lay, batch, hw, sw)
+    idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
+    free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
+    cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
+    stretch = cpu_stretch(lay, hw)
+    got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
+    probe.samples, sleeper.samples = [], []
+    after = read_for([probe, sleeper], PROBE_AFTER_S)
+    probe.within([after])
+    sleeper.within([after])
+    r = {"model": m.name, "params": m.params(), "layout": label,
+         "step_pred": pred.time["total"], "step_idle": idle.time["total"],
+         "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
+         "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
+         "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
+         "stretch": stretch, "after": {"load": probe.load(sleeper.used()), "share": probe.share(), "wake": sleeper.share(),
+                                       "speed": probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)},
+         "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
+         "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]}
+    console.print(f"{r['model']} {label}: load {r['load']:.1f} (after {r['after']['load']:.1f}), woken {r['wake']:.2f}, "
+                  f"step {r['step_pred'] / r['step_meas'] - 1:+.0%}, memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}",
+                  highlight=False)
+    return r
 
 
 def in_own_session(module: str, argv) -> int | None:
@@ -180,12 +207,12 @@ def main(argv=None) -> int:
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
-                    f"{min(shares) / 2:.2f}-{max(shares) / 2:.2f} of a core, {os.cpu_count()} cores")
-    for c in ("model", "params", "layout", "load", "woken", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
+                    f"{min(shares) / os.cpu_count():.2f}-{max(shares) / os.cpu_count():.2f} of a core, {os.cpu_count()} cores")
+    for c in ("model", "params", "layout", "load", "after", "woken", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
               "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
-        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['wake']:.2f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
+        t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['after']['load']:.1f}", f"{r['wake']:.2f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
                   f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")

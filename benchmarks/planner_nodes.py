@@ -5,8 +5,8 @@ tests/test_multinode_launch.py starts it the same way).
     python -m benchmarks.planner_local --only "2 nodes"       # the row (needs root and iproute2)
     python -m benchmarks.planner_nodes SHAPE MB STEPS         # one rank, as torchrun starts it in a node
 
-Each node's processes run in a session of their own (multinode.run), so the probe's share is
-each rank's. Cost: the cluster's start and stop (~2 s) and two torchrun start-ups.
+Both nodes are this machine's cores: beside the load the probe reads, each rank has the other
+node's rank as one more task (benchmarks.planner_local). Cost: the cluster's start and stop (~2 s) and two torchrun start-ups.
 """
 from __future__ import annotations
 

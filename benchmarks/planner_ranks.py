@@ -71,18 +71,15 @@ def _warm(tuned: bool = False) -> int:
 
 def _timed(one_step, steps: int, base: int) -> dict:
     """Run `steps` steps, the peak reset before each. Step: the median after the first, wall and CPU."""
-    times, cpus, peaks, window = [], [], [], []
-    for i in range(steps):
+    times, cpus, peaks = [], [], []
+    for _ in range(steps):
         _reset_peak()
-        if i == 1:
-            window.append(time.time())      # the timed steps' span, for the load probe
         t0, c0 = time.perf_counter(), time.thread_time()
         one_step()
         times.append(time.perf_counter() - t0)
         cpus.append(time.thread_time() - c0)
         peaks.append(_vm("VmHWM") - base)
-    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks),
-            "span": (window[0], time.time())}
+    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks)}
 
 
 def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None, tuned: bool = False,

@@ -55,7 +55,7 @@ class Hardware:
                                  # (ranks + load) / cores when more tasks than cores are runnable
     load: float = 0.0            # other runnable tasks on the node (the load the ranks compete with)
     wake_share: float = 0.0      # share of a core a task that sleeps and wakes gets while awake (planner.probe.Sleeper,
-                                 # measured beside a run or by cpu-now); 0: what a busy task gets
+                                 # read before a run or by cpu-now); 0: what a busy task gets
     op_overhead: float = 0.0     # CPU seconds per layer and micro-batch of non-matmul work that does
     elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted)
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
@@ -97,9 +97,10 @@ def _from_dict(d: dict) -> Hardware:
 
 def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = None) -> Hardware:
     """This machine: compute from benchmarks/planner_fit.py's CPU-time micro-benchmarks
-    (cpu_here.json), links from the α-β table benchmarks.one_host fitted for that many ranks on
-    the host (primitives.engine.cost.FITTED, "shm" family; across nodes the tbf-shaped veth of
-    multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch).
+    (cpu_here.json), the shared-memory link for that many ranks from the same file (its `links`,
+    the fastest all-reduce of each size: the link unimpeded, stretched by the load in
+    planner.steptime; without them benchmarks.one_host's primitives.engine.cost.FITTED; across
+    nodes the tbf-shaped veth of multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch).
     `fitted`: the fields of cpu_here.json, given instead of read (benchmarks.planner_fit while it fits)."""
     if fitted is None and not os.path.exists(CPU_HERE):
         raise ValueError(f"{CPU_HERE} is missing: run `python -m benchmarks.planner_fit`")
@@ -107,7 +108,10 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
         with open(CPU_HERE) as f:
             fitted = json.load(f)
     d = dict(fitted)
-    d["intra"] = d.get("intra") or asdict(fitted_params("shm", ranks_per_node))
+    links = d.pop("links", None) or {}
+    fits = sorted(int(n) for n in links)
+    n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit
+    d["intra"] = d.get("intra") or (links[str(n)] if n else asdict(fitted_params("shm", ranks_per_node)))
     d["inter"] = d.get("inter") or asdict(Params(alpha=1e-3, beta=8 / 400e6, gamma=0.0))
     return _from_dict({**d, "load": load})
 
@@ -125,13 +129,13 @@ def at_speed(hw: Hardware, speed: float) -> Hardware:
 
 def cpu_now(ranks_per_node: int = 2, seconds: float = 2.0) -> Hardware:
     """cpu-here as this machine is now: planner.probe's processes, one per core in a session of
-    their own, measure for `seconds` the cores such a session gets (→ `load`) and the FLOPs a CPU
-    second buys (→ at_speed over the fitted rate). A run predicted with it should start in a
+    their own, measure for `seconds` the cores other tasks take (→ `load`), the share a woken
+    task gets and the FLOPs a CPU second buys (→ at_speed over the fitted rate). A run predicted with it should start in a
     session of its own (a terminal of its own), as the probe did."""
     hw = cpu_here(ranks_per_node)
-    p, wake = probe_now(seconds)
+    p, wake, used = probe_now(seconds)
     speed = p.rate() / (hw.peak_flops * hw.gemm_efficiency)
-    return replace(at_speed(replace(hw, load=p.load(ranks_per_node), wake_share=wake), speed), name="cpu-now",
+    return replace(at_speed(replace(hw, load=p.load(used), wake_share=wake), speed), name="cpu-now",
                    calibrated_on=f"{hw.calibrated_on}; probed now: a session got {p.share():.2f} cores, a task "
                                  f"that sleeps and wakes {wake:.2f} of a core awake, a CPU second "
                                  f"{p.rate() / 1e9:.1f} GFLOP of matmul, ×{speed:.2f} the fit's")

@@ -1,30 +1,29 @@
-"""What this machine gives a run right now: the share of the cores a session of busy processes
-gets, the share a task that sleeps and wakes gets, and the rate of a CPU second (matmul FLOPs per
-CPU second), measured while a run runs or just before a plan (the planner's `cpu-now`).
+"""What this machine gives a run right now: the share of a core a busy task gets, the share a task
+that sleeps and wakes gets, and the rate of a CPU second (matmul FLOPs per CPU second), read just
+before and just after a run (paused while it runs) or just before a plan (the planner's `cpu-now`).
 
     python -m planner tiny --gpus 2 --hardware cpu-now      # cpu-here, probed for ~3 s first
-    probe = Probe(); probe.start(); ...run the ranks...; probe.stop(); probe.during(spans)
+    p = Probe(); p.start(); p.ready(); p.pause(); w = [read_for([p], 1.5)]; ...run...; w.append(read_for([p], 1.5)); p.within(w)
 
-Cost: `procs` (default 2, as many as cores here) more busy processes while it runs, a Sleeper one
-more, runnable about half the time; ~3 s before a plan.
+Cost: as many busy processes as cores (and a Sleeper, runnable about half the time) while they
+read; nothing while paused: the ranks run without them. ~3 s per read.
 
 The probe's processes sit in a session of their own (as a run from its own terminal) and each
-repeats the transformer-shaped products planner_fit's
-GEMM rate was fitted on (tokens×h by h×4h at h = 64, 128, 256, equal FLOPs each), reporting
-every 0.1 s its CPU seconds per wall second and its FLOPs per CPU second:
+repeats the transformer-shaped products planner_fit's GEMM rate was fitted on (tokens×h by h×4h
+at h = 64, 128, 256, equal FLOPs each), reporting every 0.1 s its CPU seconds per wall second and
+its FLOPs per CPU second, with the window's start and end (a window that spans a pause is dropped):
   share  the cores the probe got, summed over its processes; each busy process got q = share /
-         procs. A run's busy ranks each get q too: beside a run, the probe's processes and the
-         ranks are runnable tasks alike; alone (cpu-now), q is what each task of a run started now
-         would get. The planner's cores / (ranks + load) = q, so load = C / q − r. (Linux's
-         autogroup is on here and would share the cores between sessions first, making a
-         4-rank session's share the same as the 2-process probe's; the runs show otherwise —
-         4-rank rows got 2.4-2.6× the probe's session share under load — and each task's share
-         is what predicts both the 2- and the 4-rank rows.) The probe is two more busy tasks
-         beside a run and slows it as two would
-  woken  (Sleeper, one more process in a session of its own) the share of a core a task that
-         sleeps and wakes gets while awake: the scheduler places a woken task by the service it
-         did not use, so it runs ahead of busy ones — the share of the ranks that wait inside a
-         step (planner.steptime.wake_share)
+         procs. With as many busy processes as cores the cores are all taken, so what the probe
+         (and the Sleeper beside it) did not get went to other runnable tasks: load = (C − share −
+         Sleeper's cores) / q of them, counted as busy tasks (Probe.load). The probe's own
+         processes are not in it: the ranks run while the probe is paused, r of them beside that
+         load, each at C / (r + load) of a core (planner.steptime.cpu_stretch). (Linux's autogroup
+         is on here and would share the cores between sessions first; the runs show each task's
+         share is what predicts both the 2- and the 4-rank rows.)
+  woken  (Sleeper, one more process in a session of its own, beside the busy probe as a waiting
+         rank is beside busy ranks) the share of a core a task that sleeps and wakes gets while
+         awake: the scheduler places a woken task by the service it did not use, so it runs ahead
+         of busy ones — the share of the ranks that wait inside a step (planner.steptime.wake_share)
   speed  the FLOPs per CPU second now over the fitted rate (peak · gemm_efficiency): a CPU second
          buys less work when other processes share the caches, memory and the host's cycles
          (this is a virtual machine), so every fitted CPU-second rate scales by it
@@ -40,11 +39,12 @@ import sys
 import threading
 import time
 
-PROBE = """import os, sys, time, torch
+PROBE = """import ctypes, os, sys, time, torch
 torch.set_num_threads(1)
 for _ in range(int(sys.argv[1]) - 1):
     if os.fork() == 0:
         break
+ctypes.CDLL(None).prctl(1, 9)      # PR_SET_PDEATHSIG, SIGKILL: gone with its parent, paused or not
 mats = [(torch.randn(t, h), torch.randn(h, 4 * h), k) for t, h, k in ((256, 64, 32), (256, 128, 8), (512, 256, 1))]
 per_round = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] * k for a, b, k in mats)
 while True:
@@ -56,18 +56,19 @@ while True:
         n += 1
     cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
     try:
-        os.write(1, f"{os.getpid()} {time.time()} {cpu / wall} {n * per_round / cpu}\\n".encode())   # one write: atomic
+        os.write(1, f"{os.getpid()} {time.time() - wall} {time.time()} {cpu / wall} {n * per_round / cpu}\\n".encode())   # one write: atomic
     except BrokenPipeError:
         break
 """
 
 
-SLEEPER = """import os, sys, time, torch
+SLEEPER = """import ctypes, os, sys, time, torch
 torch.set_num_threads(1)
+ctypes.CDLL(None).prctl(1, 9)      # PR_SET_PDEATHSIG, SIGKILL
 a, b = torch.randn(256, 128), torch.randn(128, 512)
 burst, nap = float(sys.argv[1]), float(sys.argv[2])
 while True:
-    t0, cpu, awake = time.perf_counter(), 0.0, 0.0
+    t0, cpu, awake, w = time.perf_counter(), 0.0, 0.0, time.time()
     while time.perf_counter() - t0 < 0.2:
         w0, c0 = time.perf_counter(), time.thread_time()
         while time.thread_time() - c0 < burst:
@@ -76,7 +77,7 @@ while True:
         cpu += time.thread_time() - c0
         time.sleep(nap)
     try:
-        os.write(1, f"{os.getpid()} {time.time()} {cpu / awake} 0\\n".encode())
+        os.write(1, f"{os.getpid()} {w} {time.time()} {cpu / awake} {cpu / (time.perf_counter() - t0)}\\n".encode())
     except BrokenPipeError:
         break
 """
@@ -84,7 +85,8 @@ while True:
 
 class Probe(threading.Thread):
     """`procs` busy processes in a session of their own (module docstring): their share of the
-    cores and the FLOPs per CPU second they get."""
+    cores and the FLOPs per CPU second they get. pause() / resume() stop and continue them
+    (SIGSTOP / SIGCONT), so they read the machine before and after a run and not beside it."""
 
     def __init__(self, procs: int = 2, script: str = PROBE, args: tuple = ()):
         super().__init__(daemon=True)
@@ -95,67 +97,93 @@ class Probe(threading.Thread):
 
     def run(self):
         for line in self.proc.stdout:
-            if len(line.split()) != 4:
+            if len(line.split()) != 5:
                 continue
-            pid, t, share, rate = line.split()
-            self.samples.append((float(t), int(pid), float(share), float(rate)))
+            pid, t0, t1, share, rate = line.split()
+            self.samples.append((float(t0), float(t1), int(pid), float(share), float(rate)))
+
+    def ready(self, timeout: float = 60.0) -> None:
+        """Wait until every process has reported once (past torch's import)."""
+        start = time.time()
+        while len({x[2] for x in self.samples}) < self.procs and time.time() - start < timeout:
+            time.sleep(0.05)
+
+    def pause(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
 
     def stop(self):
         os.killpg(self.proc.pid, signal.SIGTERM)     # the probe's own process group (its forks too)
+        os.killpg(self.proc.pid, signal.SIGCONT)     # a paused group acts on it once continued
         self.proc.wait()
         self.join()
 
-    def during(self, spans) -> None:
-        """Keep the samples taken while the ranks ran their timed steps (not start-up, not warm-up)."""
-        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-        kept = [x for x in self.samples if lo <= x[0] <= hi]
+    def within(self, windows) -> None:
+        """Keep the samples taken wholly inside one of `windows` ((start, end) times): a sample that
+        spans a pause reads the stopped time as a share not got."""
+        kept = [x for x in self.samples if any(lo <= x[0] and x[1] <= hi for lo, hi in windows)]
         self.samples = kept or self.samples
 
     def share(self) -> float:
         """Cores the probe's session got: the sum over its processes of each one's mean share."""
         if not self.samples:
             return 1.0
-        pids = {x[1] for x in self.samples}
-        return sum(statistics.mean(x[2] for x in self.samples if x[1] == p) for p in pids)
+        pids = {x[2] for x in self.samples}
+        return sum(statistics.mean(x[3] for x in self.samples if x[2] == p) for p in pids)
 
     def rate(self) -> float:
         """FLOPs per CPU second of the transformer-shaped products (their total over their CPU seconds)."""
-        return statistics.harmonic_mean([x[3] for x in self.samples]) if self.samples else 0.0
+        return statistics.harmonic_mean([x[4] for x in self.samples]) if self.samples else 0.0
 
-    def load(self, ranks: int) -> float:
-        """Other runnable tasks, as the planner's (ranks + load) / cores counts them: each busy
-        rank gets what each busy probe process gets, q = share / procs, so cores / (ranks + load)
-        = q (module docstring: per task, as the runs here show) — but the ranks together get at
-        most the cores the probe left, (C − share) / ranks each: when ranks sleep (a pipeline's,
-        on a near-idle machine) the probe gets more than a busy rank would."""
-        C = os.cpu_count()
-        q = min(self.share() / self.procs, max(C - self.share(), 1e-3) / ranks)
-        return max(0.0, C / q - ranks)
+    def load(self, beside: float = 0.0) -> float:
+        """Other runnable tasks, counted as busy tasks, as the planner's (ranks + load) / cores counts
+        them: the cores neither the probe's processes (share) nor `beside` (the Sleeper's cores,
+        Sleeper.used) got, over what each busy probe process got, q = share / procs. The probe
+        runs alone (before and after a run, or before a plan), as many busy processes as cores, so
+        the cores are all taken and what it did not get went to the other tasks; its own processes
+        are not counted, since the ranks will run without them."""
+        q = self.share() / self.procs
+        return max(0.0, (os.cpu_count() - self.share() - beside) / max(q, 1e-3))
 
 
 class Sleeper(Probe):
     """One process in a session of its own that works `burst` CPU seconds, sleeps `nap` seconds,
     and so on, as a pipeline's pacing rank works a micro-batch and waits for its neighbour:
     share() is the share of a core it gets while it is awake (CPU seconds over the wall seconds
-    of its bursts), the share a woken rank gets (module docstring)."""
+    of its bursts), the share a woken rank gets (module docstring); used() the cores it took."""
 
     def __init__(self, burst: float = 0.01, nap: float = 0.01):
         super().__init__(1, SLEEPER, (burst, nap))
 
+    def used(self) -> float:
+        return statistics.mean(x[4] for x in self.samples) if self.samples else 0.0
 
-def probe_now(seconds: float = 2.0) -> tuple[Probe, float]:
+
+def read_for(probes, seconds: float) -> tuple[float, float]:
+    """Continue the paused `probes`, let them read the machine for `seconds`, pause them: the window."""
+    t0 = time.time()
+    for p in probes:
+        p.resume()
+    time.sleep(seconds)
+    for p in probes:
+        p.pause()
+    return t0, time.time()
+
+
+def probe_now(seconds: float = 2.0) -> tuple[Probe, float, float]:
     """cpu-now: as many probe processes as cores and a Sleeper beside them, for `seconds` after
-    their start-up: (the probe, the Sleeper's share while awake)."""
+    their start-up: (the probe, the Sleeper's share while awake, the cores the Sleeper took)."""
     p, s = Probe(os.cpu_count()), Sleeper()
     p.start()
     s.start()
-    start = time.time()
-    while (len({x[1] for x in p.samples}) < p.procs or not s.samples) and time.time() - start < 60:
-        time.sleep(0.05)
+    p.ready()
+    s.ready()
     t0 = time.time()
     time.sleep(seconds)
     p.stop()
     s.stop()
-    p.during([(t0, time.time())])
-    s.during([(t0, time.time())])
-    return p, s.share()
+    p.within([(t0, time.time())])
+    s.within([(t0, time.time())])
+    return p, s.share(), s.used()

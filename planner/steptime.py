@@ -15,12 +15,13 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              paced by one rank while its neighbours wait (asleep on a futex, no CPU): the r/p
              pacing ranks share the session's P cores, each at most one (pipeline_stretch), and
              all ranks' CPU seconds over P bound the step (the "cores" term), whichever is larger;
-             P = cores·ranks / (ranks + load), the load measured beside the run (planner.probe). With the engine mapping large blocks (ZeRO-3
+             P = cores·ranks / (ranks + load), the load read just before the run (planner.probe). With the engine mapping large blocks (ZeRO-3
              here, zero_from_scratch.engine.allocator) every saved activation and its gradient
              is a fresh mapping: mmap_s per byte (the "allocator" term)
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
-             of the node's link (primitives.engine.cost.predict, ring); full recomputation repeats
+             of the node's link (primitives.engine.cost.predict, ring; on a CPU host the ranks' own
+             copies, stretched as their compute, group_time); full recomputation repeats
              the forward's half. Overlapped (Megatron-Core --tp-comm-overlap) it hides behind the
              layer's compute: exposed = max(0, comm − compute). Beside the layers: the
              vocab-parallel embedding's all-reduce and the output layer's input (b·s·h each) and
@@ -77,14 +78,17 @@ def _scaled(p: Params, share: float) -> Params:
     return Params(p.alpha, p.beta * share, p.gamma, p.o)
 
 
-def group_time(name: str, n: int, nbytes: float, stride: int, hw) -> float:
-    """One collective over n ranks `stride` apart (Megatron placement) on hw's links."""
+def group_time(name: str, n: int, nbytes: float, stride: int, hw, stretch: float = 1.0) -> float:
+    """One collective over n ranks `stride` apart (Megatron placement) on hw's links. Within a
+    CPU host the link is the ranks' own copies and reductions through shared memory, fitted
+    unimpeded (planner.hardware.cpu_here), so it stretches as their compute does (`stretch`, 1
+    on a GPU); a wire between nodes does not."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     G = hw.gpus_per_node
     k = max(1, min(n, G // stride)) if stride < G else 1        # members of the group per node
     if k >= n:
-        return predict(name, "ring", n, int(nbytes), hw.intra)
+        return predict(name, "ring", n, int(nbytes), hw.intra) * stretch
     m = n // k
     inter = _scaled(hw.inter, G / k)                           # G/k such groups share the node's NICs
     return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
@@ -199,12 +203,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     S = tokens * model.hidden * bpe
     tp_mb = 0.0
     for name, count in calls.items():
-        one = group_time(name, t, S, 1, hw)
+        one = group_time(name, t, S, 1, hw, pace)
         tp_mb += count * one * (1.5 if full else 1.0)
     tp_mb *= Ls
     if t > 1:   # the vocab-parallel embedding's forward all-reduce (first stage), the head's input (f, backward)
         ends = 2 if p == 1 else 1     # on the pacing (last) stage, and the vocab-parallel loss's 3 of b·s floats
-        tp_mb += ends * group_time("all_reduce", t, S, 1, hw) + 3 * group_time("all_reduce", t, tokens * 4, 1, hw)
+        tp_mb += ends * group_time("all_reduce", t, S, 1, hw, pace) + 3 * group_time("all_reduce", t, tokens * 4, 1, hw, pace)
     tp_exposed_mb = max(0.0, tp_mb - compute_mb) if sw.overlap_tp else tp_mb
 
     # pipeline p2p: b·s·h/t bytes per send
@@ -212,7 +216,7 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         G = hw.gpus_per_node
         same_node = t * lay.dp * p <= G
         link = hw.intra if same_node else _scaled(hw.inter, G)
-        hop = link.alpha + S / t * link.beta
+        hop = (link.alpha + S / t * link.beta) * (pace if same_node else 1.0)
     else:
         hop = 0.0
     # each micro-batch crosses 2·v chunk boundaries per stage; overlapped sends hide behind its compute
@@ -232,18 +236,18 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     exposed_dp = 0.0
     calls = hw.call_overhead * stretch       # the engine's CPU per collective call
     if lay.dp > 1:
-        ag_p = group_time("all_gather", lay.dp, psi * bpe, stride, hw)
-        rs_g = group_time("reduce_scatter", lay.dp, psi * gb, stride, hw)
+        ag_p = group_time("all_gather", lay.dp, psi * bpe, stride, hw, stretch)
+        rs_g = group_time("reduce_scatter", lay.dp, psi * gb, stride, hw, stretch)
         if lay.zero == 3:     # one gather (forward), one (backward), one reduce-scatter per module with parameters
             units = UNITS_PER_LAYER * Ls + 3
             calls += hw.zero3_module_s * stretch
-            gather = units * group_time("all_gather", lay.dp, psi * bpe / units, stride, hw)
+            gather = units * group_time("all_gather", lay.dp, psi * bpe / units, stride, hw, stretch)
             ag_p = gather + units * calls
-            rs_g = units * (group_time("reduce_scatter", lay.dp, psi * gb / units, stride, hw) + calls)
+            rs_g = units * (group_time("reduce_scatter", lay.dp, psi * gb / units, stride, hw, stretch) + calls)
         else:
             ag_p, rs_g = ag_p + calls, rs_g + calls
         if lay.zero == 0:
-            dp_t = group_time("all_reduce", lay.dp, psi * gb, stride, hw) + calls
+            dp_t = group_time("all_reduce", lay.dp, psi * gb, stride, hw, stretch) + calls
         elif lay.zero == 1:
             dp_t = rs_g + ag_p
         elif lay.zero == 2:

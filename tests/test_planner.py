@@ -294,8 +294,12 @@ def test_zero3_pays_per_module_calls():
     """ZeRO-3 gathers and reduce-scatters per module: its dp term carries 2 × modules × α per
     micro-batch (at DeepSpeed's defaults the engine keeps a small model's units gathered from
     forward to backward: no backward gather), more than ZeRO-2's one reduce-scatter and
-    all-gather of the whole shard; a GPU plan gathers again in the backward."""
-    hw, m = H.load("cpu-here"), PRESETS["tiny"]
+    all-gather of the whole shard; a GPU plan gathers again in the backward. A link whose α
+    (3 ms: a scheduler's slice) outweighs the tiny shard's bytes."""
+    from dataclasses import replace
+
+    from primitives.engine.cost import Params
+    hw, m = replace(H.load("cpu-here"), intra=Params(alpha=3e-3, beta=3e-9, gamma=0.0)), PRESETS["tiny"]
     sw = Software(False, False, False)
     z2 = step_time(m, 32, Layout(2, 1, 1, zero=2, mb=2), 4, hw, sw)["dp comm"]
     z3 = step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["dp comm"]
@@ -388,3 +392,27 @@ def test_woken_ranks_get_the_sleepers_share():
     assert pipeline_stretch(Layout(1, 1, 2), woken) == 2.0         # the session's 0.5 cores beat 0.4
     assert pipeline_stretch(Layout(1, 1, 2), replace(woken, wake_share=0.8)) == pytest.approx(1.25)
     assert tp_stretch(Layout(2, 2, 1), replace(woken, load=0.0, wake_share=1.0)) == 2.0   # 4 ranks, 2 cores
+
+
+def test_probe_counts_other_tasks_not_its_own():
+    """planner.probe read alone (the ranks run while it is paused): as many busy processes as
+    cores, so what neither they nor the Sleeper got went to other tasks, counted as busy tasks;
+    an idle machine reads load 0 whatever the probe's own processes are; a window that spans a
+    pause is dropped."""
+    from planner.probe import Probe
+
+    p = Probe.__new__(Probe)          # the readings only: no processes started
+    cores = __import__("os").cpu_count()
+    p.procs = cores
+
+    def read(q, windows=((0.0, 10.0),)):
+        p.samples = [(1.0, 1.1, pid, q, 1e9) for pid in range(cores)] + [(9.5, 10.5, 0, 0.01, 1e9)]
+        p.within(windows)
+
+    read(1.0)
+    assert p.load() == 0.0                       # each busy process a core: nothing else runnable
+    read(0.25)
+    assert p.load() == pytest.approx(cores * 0.75 / 0.25)    # 3 other tasks per core
+    read(0.75)
+    assert p.load(beside=cores * 0.25) == pytest.approx(0.0)  # the Sleeper took the rest, not another task
+    assert len(p.samples) == cores               # the sample over the window's end was dropped
