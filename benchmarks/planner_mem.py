@@ -45,7 +45,7 @@ def snapshot() -> dict:
     with open("/proc/self/status") as f:
         for ln in f:
             k, _, v = ln.partition(":")
-            if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
                 out[k] = int(v.split()[0]) * 1024
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _Mallinfo2
@@ -99,6 +99,7 @@ def parts(g: dict) -> dict:
     return {"peak": g["peak"] / MiB, "file": file / MiB, "shm": shm / MiB, "anon": (g["peak"] - file - shm) / MiB,
             "heap": (last["arena"] - b["arena"]) / MiB, "heap free": last["fordblks"] / MiB,
             "mapped": (last["hblkhd"] - b["hblkhd"]) / MiB, "threads": last["threads"] - b["threads"],
+            "step peaks": " ".join(f"{(s['VmHWM'] - g['base']['VmRSS']) / MiB:.0f}" for s in g["steps"]),
             "arenas": " ".join(f"{x / MiB:.0f}" for x in g["arenas"])}
 
 
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args(argv)
     t = Table(title=f"the peak per rank above the baseline, its parts (MiB){' (mapped)' if a.mapped else ''}")
-    cols = ("peak", "file", "shm", "anon", "heap", "heap free", "mapped", "threads", "arenas")
+    cols = ("peak", "file", "shm", "anon", "heap", "heap free", "mapped", "threads", "arenas", "step peaks")
     for c in ("row", "rank", *cols, "count w/o slack"):
         t.add_column(c, justify="right")
     for m, label, lay, batch, fn, args in runs(False, a.steps):

@@ -25,11 +25,19 @@ reduced (ZeRO-0), whichever is larger (torch_peak_working).
 """
 from __future__ import annotations
 
+import functools
+import json
+import os
+
+from planner.model import Model
 from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
 from tensor_parallel.engine.formulas import megatron_activation_bytes
 from zero_from_scratch.engine.ledger import model_state_bytes
 
 
+CPU_MEM = os.path.join(os.path.dirname(__file__), "cpu_mem.json")     # written by python -m benchmarks.planner_mem_probe
+MMAP_THRESHOLD_MAX = 32 * 2**20   # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the dynamic threshold rises no further
+SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit's calibration shape (CAL)
 ZERO3_MAX_LIVE = 1e9      # DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance defaults (elements)
 
 
@@ -233,6 +241,66 @@ def shm_bytes(model, seq: int, lay, hw) -> float:
     return out
 
 
+def family(model) -> str:
+    """The layer family a CPU host runs (torch_layer_activation_bytes's dispatch): torch, distilbert, llama."""
+    return "llama" if model.gated else (model.family or "torch")
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_mem() -> dict:
+    if not os.path.exists(CPU_MEM):
+        return {}
+    with open(CPU_MEM) as f:
+        return json.load(f)["runtime"]
+
+
+def runtime_bytes(model) -> float:
+    """Resident bytes a rank's first steps add beyond its tensors, a property of this machine's torch
+    build per layer family (benchmarks.planner_mem_probe, one process at a probe shape): the code
+    pages of the kernels the family touches after the warm-up (RssFile) and the anonymous memory
+    the runtime keeps beside the tensors (small-block heap, the autograd graph, oneDNN/MKL
+    buffers). 0 when not probed."""
+    got = _cpu_mem().get(family(model))
+    return float(got["file"] + got["anon"]) if got else 0.0
+
+
+def largest_freed_block(model, seq: int, lay, psi: int, stage: str) -> float:
+    """Bytes of the largest block a step frees that glibc's dynamic mmap threshold follows (a freed
+    mapped block raises the threshold to its size, up to MMAP_THRESHOLD_MAX; blocks above the
+    maximum stay mapped and do not count): a micro-batch's logits on the last stage
+    (4·s·b·V/t, and their gradients), ZeRO-0's flat gradient copy (4Ψ), zero_from_scratch's flat
+    unit (4u, its reduce-scatter scratch 4u/N), the largest parameter's optimizer temporaries and
+    a pipeline's tied-weight gradient (4·V·h/t, the embedding)."""
+    t = lay.tp
+    blocks = [4 * model.vocab * model.hidden / t]
+    if stage == "last" or lay.pp == 1:
+        blocks.append(4 * seq * lay.mb * model.vocab / t)
+    if lay.dp > 1 and lay.zero == 0:
+        blocks.append(4 * psi)
+    if lay.zero >= 1:
+        u = zero_unit(model, lay, psi)
+        blocks += [4 * u, 4 * u / lay.dp]
+    blocks += [4 * seq * lay.mb * model.f / t, 4 * seq * lay.mb * model.hidden]   # the widest activation
+    return max([b for b in blocks if b < MMAP_THRESHOLD_MAX] or [0.0])
+
+
+def allocator_slack(lay, states: dict, hw) -> float:
+    """Bytes glibc keeps resident beyond the live tensors at its defaults: the holes its heap
+    keeps among the model states a rank's first step creates (gradients, then the optimizer's m, v,
+    placed between transient blocks once the dynamic mmap threshold has risen; the peak stays
+    there even with the threshold fixed and the top of the heap trimmed, so it is not the trim
+    bound). Calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack;
+    alloc_slack_zero on its ZeRO-1 step for zero_from_scratch's ZeRO-1/2 engine) and scaled by
+    this stage's model-state bytes over the calibration step's, never above the calibrated bytes:
+    a stage with 1/40 of the state keeps about 1/40 of the slack, a larger one no more (the holes
+    stop growing once blocks reach glibc's 32 MiB maximum threshold, which keeps them mapped)."""
+    engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
+    slack = hw.alloc_slack_zero if engine else hw.alloc_slack
+    cal = _states(type(lay)(2, 1, 1, zero=1 if engine else 0), SLACK_CAL.params(), False)
+    here = states["params"] + states["grads"] + states["optimizer"]
+    return slack * min(1.0, here / sum(cal.values()))
+
+
 def maps_blocks(lay, hw, sw) -> bool:
     """Whether the host allocator maps every large block: asked for (Software.mapped_alloc), or
     ringzero's ZeRO-3 engine on a CPU host, which fixes glibc's mmap threshold at 64 KiB
@@ -259,10 +327,11 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         gathered units' pool (engine/pools.py): at DeepSpeed's defaults the engine keeps each
         unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
         (engine/prefetch.py), so the pool holds 4·min(Ψ, ZERO3_MAX_LIVE) bytes at the peak.
-    Allocator: what glibc keeps resident beyond the live tensors at its defaults (Hardware.alloc_slack,
-    fitted by benchmarks.planner_fit on a training step of another shape; alloc_slack_zero for
-    zero_from_scratch's ZeRO-1/2 engine, fitted on its step at that shape); nothing when large
-    blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
+    Runtime: what the first steps map beside the tensors, per layer family (runtime_bytes: kernel
+    code pages, the runtime's small blocks), probed once on this machine.
+    Allocator: what glibc keeps resident beyond the live tensors at its defaults (allocator_slack:
+    the calibrated slack scaled by the stage's model states); nothing when large blocks are mapped
+    (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
@@ -287,7 +356,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
-        engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else (hw.alloc_slack_zero if engine else hw.alloc_slack)
+        out["runtime"] = runtime_bytes(model)
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(lay, out, hw)
         best = _heavier(best, out, work, hw, stage)
     return best
