@@ -36,7 +36,6 @@ from zero_from_scratch.engine.ledger import model_state_bytes
 
 
 CPU_MEM = os.path.join(os.path.dirname(__file__), "cpu_mem.json")     # written by python -m benchmarks.planner_mem_probe
-MMAP_THRESHOLD_MAX = 32 * 2**20   # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the dynamic threshold rises no further
 SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit's calibration shape (CAL)
 ZERO3_MAX_LIVE = 1e9      # DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance defaults (elements)
 
@@ -262,26 +261,6 @@ def runtime_bytes(model) -> float:
     buffers). 0 when not probed."""
     got = _cpu_mem().get(family(model))
     return float(got["file"] + got["anon"]) if got else 0.0
-
-
-def largest_freed_block(model, seq: int, lay, psi: int, stage: str) -> float:
-    """Bytes of the largest block a step frees that glibc's dynamic mmap threshold follows (a freed
-    mapped block raises the threshold to its size, up to MMAP_THRESHOLD_MAX; blocks above the
-    maximum stay mapped and do not count): a micro-batch's logits on the last stage
-    (4·s·b·V/t, and their gradients), ZeRO-0's flat gradient copy (4Ψ), zero_from_scratch's flat
-    unit (4u, its reduce-scatter scratch 4u/N), the largest parameter's optimizer temporaries and
-    a pipeline's tied-weight gradient (4·V·h/t, the embedding)."""
-    t = lay.tp
-    blocks = [4 * model.vocab * model.hidden / t]
-    if stage == "last" or lay.pp == 1:
-        blocks.append(4 * seq * lay.mb * model.vocab / t)
-    if lay.dp > 1 and lay.zero == 0:
-        blocks.append(4 * psi)
-    if lay.zero >= 1:
-        u = zero_unit(model, lay, psi)
-        blocks += [4 * u, 4 * u / lay.dp]
-    blocks += [4 * seq * lay.mb * model.f / t, 4 * seq * lay.mb * model.hidden]   # the widest activation
-    return max([b for b in blocks if b < MMAP_THRESHOLD_MAX] or [0.0])
 
 
 def allocator_slack(lay, states: dict, hw) -> float:
