@@ -15,7 +15,7 @@ freed block stays resident; three steps of AdamW; then, above the baseline at th
 file pages (RssFile), and the anonymous rest less the planner's own count of the step
 (planner.memory.memory, one rank). Beside them, the same step at glibc's defaults: the slack
 (defaults less mapped) as a fraction of the gradients and optimizer state, printed, as evidence
-for planner.memory.allocator_slack (not used by it); --engines does the same for each engine of
+for planner.host_memory.allocator_slack (not used by it); --engines does the same for each engine of
 benchmarks.planner_local at the probe shape. Memory only: the load does not enter.
 """
 from __future__ import annotations

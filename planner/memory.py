@@ -25,18 +25,12 @@ reduced (ZeRO-0), whichever is larger (torch_peak_working).
 """
 from __future__ import annotations
 
-import functools
-import json
-import os
-
-from planner.model import Model
+from planner.host_memory import allocator_slack, runtime_bytes
 from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
 from tensor_parallel.engine.formulas import megatron_activation_bytes
 from zero_from_scratch.engine.ledger import model_state_bytes
 
 
-CPU_MEM = os.path.join(os.path.dirname(__file__), "cpu_mem.json")     # written by python -m benchmarks.planner_mem_probe
-SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit's calibration shape (CAL)
 ZERO3_MAX_LIVE = 1e9      # DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance defaults (elements)
 
 
@@ -238,46 +232,6 @@ def shm_bytes(model, seq: int, lay, hw) -> float:
         msg = max(S, model.vocab * model.hidden * hw.bytes_per_elem / t if model.tied else 0.0)   # whole b·s·h per tp rank
         out += 2 * SLOTS * min(SLOT_BYTES, msg)
     return out
-
-
-def family(model) -> str:
-    """The layer family a CPU host runs (torch_layer_activation_bytes's dispatch): torch, distilbert, llama."""
-    return "llama" if model.gated else (model.family or "torch")
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_mem() -> dict:
-    if not os.path.exists(CPU_MEM):
-        return {}
-    with open(CPU_MEM) as f:
-        return json.load(f)["runtime"]
-
-
-def runtime_bytes(model) -> float:
-    """Resident bytes a rank's first steps add beyond its tensors, a property of this machine's torch
-    build per layer family (benchmarks.planner_mem_probe, one process at a probe shape): the code
-    pages of the kernels the family touches after the warm-up (RssFile) and the anonymous memory
-    the runtime keeps beside the tensors (small-block heap, the autograd graph, oneDNN/MKL
-    buffers). 0 when not probed."""
-    got = _cpu_mem().get(family(model))
-    return float(got["file"] + got["anon"]) if got else 0.0
-
-
-def allocator_slack(lay, states: dict, hw) -> float:
-    """Bytes glibc keeps resident beyond the live tensors at its defaults: the holes its heap
-    keeps among the model states a rank's first step creates (gradients, then the optimizer's m, v,
-    placed between transient blocks once the dynamic mmap threshold has risen; the peak stays
-    there even with the threshold fixed and the top of the heap trimmed, so it is not the trim
-    bound). Calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack;
-    alloc_slack_zero on its ZeRO-1 step for zero_from_scratch's ZeRO-1/2 engine) and scaled by
-    this stage's model-state bytes over the calibration step's, never above the calibrated bytes:
-    a stage with 1/40 of the state keeps about 1/40 of the slack, a larger one no more (the holes
-    stop growing once blocks reach glibc's 32 MiB maximum threshold, which keeps them mapped)."""
-    engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
-    slack = hw.alloc_slack_zero if engine else hw.alloc_slack
-    cal = _states(type(lay)(2, 1, 1, zero=1 if engine else 0), SLACK_CAL.params(), False)
-    here = states["params"] + states["grads"] + states["optimizer"]
-    return slack * min(1.0, here / sum(cal.values()))
 
 
 def maps_blocks(lay, hw, sw) -> bool:

@@ -12,6 +12,7 @@ from benchmarks.planner_mem import parts
 from benchmarks.planner_ranks import llama_planner_model
 from benchmarks.planner_ranks_tp import distilbert_planner_model
 from planner import hardware as H
+from planner import host_memory as HM
 from planner import memory as PM
 from planner.layout import Layout
 from planner.model import Model
@@ -28,44 +29,44 @@ def probed(tmp_path, monkeypatch):
     path.write_text(json.dumps({"runtime": {"torch": {"file": 1.0 * MiB, "anon": 2.0 * MiB},
                                             "distilbert": {"file": 8.0 * MiB, "anon": 2.0 * MiB},
                                             "llama": {"file": 3.0 * MiB, "anon": 2.0 * MiB}}}))
-    monkeypatch.setattr(PM, "CPU_MEM", str(path))
-    PM._cpu_mem.cache_clear()
+    monkeypatch.setattr(HM, "CPU_MEM", str(path))
+    HM._cpu_mem.cache_clear()
     yield path
-    PM._cpu_mem.cache_clear()
+    HM._cpu_mem.cache_clear()
 
 
 def test_runtime_term_is_the_probed_family(probed):
     distil = distilbert_planner_model("d", 4, 256, 4, 8192, 128)
-    assert [PM.runtime_bytes(m) / MiB for m in (GPT, distil, llama_planner_model("tiny", 128))] == [3.0, 10.0, 5.0]
+    assert [HM.runtime_bytes(m) / MiB for m in (GPT, distil, llama_planner_model("tiny", 128))] == [3.0, 10.0, 5.0]
     mem = PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, H.cpu_here(2))
     assert mem["runtime"] == 3.0 * MiB and mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k not in ("total", "stage")))
 
 
 def test_runtime_term_is_zero_unprobed(tmp_path, monkeypatch):
-    monkeypatch.setattr(PM, "CPU_MEM", str(tmp_path / "absent.json"))
-    PM._cpu_mem.cache_clear()
+    monkeypatch.setattr(HM, "CPU_MEM", str(tmp_path / "absent.json"))
+    HM._cpu_mem.cache_clear()
     try:
-        assert PM.runtime_bytes(GPT) == 0.0
+        assert HM.runtime_bytes(GPT) == 0.0
     finally:
-        PM._cpu_mem.cache_clear()
+        HM._cpu_mem.cache_clear()
 
 
 def test_slack_calibration_shape_is_planner_fits():
-    assert PM.SLACK_CAL == CAL
+    assert HM.SLACK_CAL == CAL
 
 
 def test_slack_scales_with_the_stages_model_states_up_to_the_calibrated_bytes():
     hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, alloc_slack_zero=0.0)
     cal = PM._states(Layout(2, 1, 1), CAL.params(), False)
-    assert PM.allocator_slack(Layout(2, 1, 1), cal, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
+    assert HM.allocator_slack(Layout(2, 1, 1), cal, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
     half = {k: v / 2 for k, v in cal.items()}
-    assert PM.allocator_slack(Layout(1, 1, 2), half, hw) == pytest.approx(25.0 * MiB)
+    assert HM.allocator_slack(Layout(1, 1, 2), half, hw) == pytest.approx(25.0 * MiB)
     double = {k: v * 2 for k, v in cal.items()}
-    assert PM.allocator_slack(Layout(2, 1, 1), double, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
+    assert HM.allocator_slack(Layout(2, 1, 1), double, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
     # zero_from_scratch's ZeRO-1/2 engine: its own calibration (the ZeRO-1 step's states: the optimizer sharded)
     hz = replace(hw, alloc_slack_zero=40.0 * MiB)
     z1 = PM._states(Layout(2, 1, 1, zero=1), CAL.params(), False)
-    assert PM.allocator_slack(Layout(2, 1, 1, zero=2), z1, hz) == pytest.approx(40.0 * MiB)
+    assert HM.allocator_slack(Layout(2, 1, 1, zero=2), z1, hz) == pytest.approx(40.0 * MiB)
     # a model 1/40 the calibration's keeps 1/40 of its slack (llama tiny against 55 MiB: about 1.4 MiB)
     tiny = llama_planner_model("tiny", 128)
     mem = PM.memory(tiny, 128, Layout(1, 1, 2, mb=2), 8, replace(H.cpu_here(2), alloc_slack=55.0 * MiB))
