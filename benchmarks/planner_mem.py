@@ -4,13 +4,17 @@ kernels touched after the baseline), shared memory, and the threads started afte
 
     python -m benchmarks.planner_mem                    # every row of benchmarks.planner_local (~5 min idle)
     python -m benchmarks.planner_mem --only llama       # rows whose name contains the text
+    python -m benchmarks.planner_mem --mapped           # every large block mapped: no slack
 
 Each row runs as planner_local runs it (the same rank functions, the same baseline and peak),
 with /proc/self/status's RssAnon, RssFile, RssShmem, glibc's mallinfo2 (heap bytes in use
 and free, mapped blocks) and the thread count read at the baseline and after every step. File
 and shared pages are not given back during a run, so their value after the steps bounds the one
 at the peak; the anonymous part at the peak is the peak less those two. Memory only: the load
-does not enter. Cost: one run of 3 steps per row, 2-4 ranks each.
+does not enter. Beside each row: the planner's prediction without glibc's slack
+(planner.memory, its `runtime` term included), and with --mapped the same row with glibc's mmap
+threshold fixed at 64 KiB (no slack): at the defaults less mapped is the slack. Cost: one run of
+3 steps per row, 2-8 ranks each (the 2-node row is left out).
 """
 from __future__ import annotations
 
@@ -111,7 +115,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     t = Table(title=f"the peak per rank above the baseline, its parts (MiB){' (mapped)' if a.mapped else ''}")
     cols = ("peak", "file", "shm", "anon", "heap", "heap free", "mapped", "threads", "arenas", "step peaks")
-    for c in ("row", "rank", *cols, "count w/o slack"):
+    for c in ("row", "rank", *cols, "planner w/o slack"):
         t.add_column(c, justify="right")
     for m, label, lay, batch, fn, args in runs(False, a.steps):
         name = f"{m.name} {label}"
