@@ -25,6 +25,7 @@ reduced (ZeRO-0), whichever is larger (torch_peak_working).
 """
 from __future__ import annotations
 
+from planner.host_memory import allocator_slack, runtime_bytes
 from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
 from tensor_parallel.engine.formulas import megatron_activation_bytes
 from zero_from_scratch.engine.ledger import model_state_bytes
@@ -259,10 +260,11 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         gathered units' pool (engine/pools.py): at DeepSpeed's defaults the engine keeps each
         unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
         (engine/prefetch.py), so the pool holds 4·min(Ψ, ZERO3_MAX_LIVE) bytes at the peak.
-    Allocator: what glibc keeps resident beyond the live tensors at its defaults (Hardware.alloc_slack,
-    fitted by benchmarks.planner_fit on a training step of another shape; alloc_slack_zero for
-    zero_from_scratch's ZeRO-1/2 engine, fitted on its step at that shape); nothing when large
-    blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
+    Runtime: what the first steps map beside the tensors, per layer family (runtime_bytes: kernel
+    code pages, the runtime's small blocks), probed once on this machine.
+    Allocator: what glibc keeps resident beyond the live tensors at its defaults (allocator_slack:
+    the calibrated slack scaled by the stage's model states); nothing when large blocks are mapped
+    (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
@@ -287,7 +289,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
-        engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else (hw.alloc_slack_zero if engine else hw.alloc_slack)
+        out["runtime"] = runtime_bytes(model)
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(lay, out, hw)
         best = _heavier(best, out, work, hw, stage)
     return best

@@ -1,0 +1,153 @@
+"""What a training step's first run maps beyond its tensors on this machine, per layer family:
+the code pages of the kernels it touches for the first time (file-backed) and the anonymous
+memory the runtime keeps beside the tensors (small-block heap, autograd's graph, oneDNN/MKL
+buffers) — a property of this machine's torch build, measured once and written to
+planner/cpu_mem.json for planner.memory (`runtime` term of cpu-here).
+
+    python -m benchmarks.planner_mem_probe              # ~30 s idle: one process per family
+    python -m benchmarks.planner_mem_probe --dry-run    # print, write nothing
+    python -m benchmarks.planner_mem_probe --dry-run --engines    # also each engine's slack, 2-4 ranks (~4 min)
+
+Each family runs one process, as benchmarks.planner_local's ranks run (the same warm-up and
+baseline, planner_ranks._warm), its own layer at a probe shape none of the rows uses
+(L 2, h 128, 4 heads, V 2048, s 64, b 2), with glibc's mmap threshold fixed at 64 KiB so that no
+freed block stays resident; three steps of AdamW; then, above the baseline at the peak: the
+file pages (RssFile), and the anonymous rest less the planner's own count of the step
+(planner.memory.memory, one rank). Beside them, the same step at glibc's defaults: the slack
+(defaults less mapped) as a fraction of the gradients and optimizer state, printed, as evidence
+for planner.host_memory.allocator_slack (not used by it); --engines does the same for each engine of
+benchmarks.planner_local at the probe shape. Memory only: the load does not enter.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+from dataclasses import replace
+
+import torch
+
+import benchmarks.planner_ranks as R
+import benchmarks.planner_ranks_tp as RT
+from benchmarks.planner_local import LOCAL_SW
+from benchmarks.planner_mem import snapshot
+import pipeline_parallel.models.llama as LL
+from pipeline_parallel.models.llama import llama_config, llama_model
+from planner import hardware as H
+from planner.layout import Layout
+from planner.memory import memory
+from planner.model import Model
+from primitives.launch import spawn
+from primitives.log import console
+
+MiB = 2**20
+OUT = os.path.join(os.path.dirname(__file__), "..", "planner", "cpu_mem.json")
+SHAPE = dict(layers=2, hidden=128, heads=4, vocab=2048, seq=64)
+MB, STEPS = 2, 3
+
+
+def probe_model(family: str) -> Model:
+    L, h, a, V, s = SHAPE.values()
+    if family == "llama":
+        c = _llama_cfg()
+        return Model("probe-llama", L, h, a, V, s, ffn=c.intermediate_size, kv_heads=a, gated=True, bias=False, tied=False)
+    return Model(f"probe-{family}", L, h, a, V, s, positions=s, family="" if family == "torch" else family)
+
+
+def _llama_cfg():
+    L, h, a, V, s = SHAPE.values()
+    return llama_config("tiny", hidden_size=h, num_hidden_layers=L, num_attention_heads=a, num_key_value_heads=a,
+                        vocab_size=V, intermediate_size=4 * h)
+
+
+def _llama_rank(rank, world, steps: int):
+    """HF LlamaForCausalLM (SDPA, untied head) at the probe shape, one process, AdamW."""
+    base = R._warm()
+    net = llama_model(_llama_cfg()).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    x = torch.randint(0, SHAPE["vocab"], (MB, SHAPE["seq"]))
+
+    def step():
+        net(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    return R._timed(step, steps, base)
+
+
+def _probe(rank, world, fn, args: tuple, mapped: bool) -> dict:
+    """One rank of a probe step, glibc at its defaults or with every block of ≥ 64 KiB mapped; the
+    file and shared pages it added above the baseline."""
+    if mapped:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD: no freed block stays resident
+    LL.PRESETS["probe"] = dict(hidden_size=SHAPE["hidden"], num_hidden_layers=SHAPE["layers"], vocab_size=SHAPE["vocab"],
+                               num_attention_heads=SHAPE["heads"], num_key_value_heads=SHAPE["heads"],
+                               intermediate_size=4 * SHAPE["hidden"], max_position_embeddings=SHAPE["seq"])
+    snaps = {}
+    warm = R._warm
+
+    def warm_and_read(*a):
+        b = warm(*a)
+        snaps["base"] = snapshot()
+        return b
+    R._warm = RT._warm = warm_and_read
+    out = fn(rank, world, *args)
+    end = snapshot()
+    return {**out, "file": end["RssFile"] - snaps["base"]["RssFile"], "shm": end["RssShmem"] - snaps["base"]["RssShmem"]}
+
+
+def probes():
+    """(key, Model, Layout, global batch, rank function, its args): one process per layer family
+    (the runtime term), then each engine of benchmarks.planner_local at the probe shape (the slack)."""
+    torch_m, distil, llama = (probe_model(f) for f in ("torch", "distilbert", "llama"))
+    untied = replace(distil, tied=False)
+    return [("torch", torch_m, Layout(1, 1, 1, mb=MB), MB, R._rank, (torch_m, MB, STEPS)),
+            ("distilbert", distil, Layout(1, 1, 1, mb=MB), MB, RT._tp_rank, (distil, 1, MB, STEPS)),
+            ("llama", llama, Layout(1, 1, 1, mb=MB), MB, _llama_rank, (STEPS,)),
+            ("ddp-torch", torch_m, Layout(2, 1, 1, mb=MB), 2 * MB, R._rank, (torch_m, MB, STEPS)),
+            ("zero-torch", torch_m, Layout(2, 1, 1, zero=1, mb=MB), 2 * MB, R._rank, (torch_m, MB, STEPS, 1)),
+            ("pipeline-torch", torch_m, Layout(1, 1, 2, mb=MB), 4 * MB, R._pp_rank, (torch_m, MB, 4, STEPS)),
+            ("pipeline-llama", llama, Layout(1, 1, 2, mb=MB), 4 * MB, R._llama_pp_rank, ("probe", SHAPE["seq"], MB, 4, STEPS)),
+            ("tp-distilbert", distil, Layout(1, 2, 1, mb=MB), MB, RT._tp_rank, (distil, 2, MB, STEPS)),
+            ("pipeline-distilbert", untied, Layout(1, 2, 2, mb=MB), 4 * MB, RT._tp_pp_rank, (untied, 2, MB, 4, STEPS))]
+
+
+def measure(engines: bool = False) -> dict:
+    out = {}
+    for key, m, lay, batch, fn, args in probes():
+        if "-" in key and not engines:
+            continue
+        got = {mp: spawn(_probe, lay.gpus, args=(fn, args, mp), timeout=600) for mp in (True, False)}
+        peak = {mp: max(g["peak"] for g in v) for mp, v in got.items()}
+        g = max(got[True], key=lambda g: g["peak"])
+        hw = replace(H.cpu_here(lay.gpus), alloc_slack=0.0)
+        pred = memory(m, m.seq, lay, batch, hw, replace(LOCAL_SW, mapped_alloc=True))
+        count = pred["total"] - pred["reserved"] - pred.get("runtime", 0.0)
+        out[key] = {"file": float(g["file"]), "anon": float(g["peak"] - g["file"] - g["shm"] - count),
+                    "mapped": float(peak[True]), "count": float(count), "default": float(peak[False]),
+                    "lazy": float(pred["grads"] + pred["optimizer"])}
+        out[key]["slack"] = (out[key]["default"] - out[key]["mapped"]) / out[key]["lazy"]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="print only, do not write planner/cpu_mem.json")
+    ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
+    a = ap.parse_args(argv)
+    got = measure(a.engines)
+    for key, v in got.items():
+        console.print(f"{key}: mapped {v['mapped'] / MiB:.1f} MiB, planner's count {v['count'] / MiB:.1f}, "
+                      f"file pages {v['file'] / MiB:.2f}, anonymous beyond the count {v['anon'] / MiB:.2f}; "
+                      f"at glibc's defaults {v['default'] / MiB:.1f}: slack {(v['default'] - v['mapped']) / MiB:.1f} = "
+                      f"{v['slack']:.2f} of grads + optimizer", highlight=False)
+    if not a.dry_run:
+        fam = ("torch", "distilbert", "llama")
+        with open(OUT, "w") as f:
+            json.dump({"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
+                       "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

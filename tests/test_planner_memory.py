@@ -1,0 +1,90 @@
+"""planner.memory's terms for this machine's CPU ranks beyond the live tensors: the runtime's pages
+per layer family (probed once) and glibc's slack scaled from its calibration; the parts
+benchmarks.planner_mem splits a measured peak into. No rank runs here (the measurements are
+`python -m benchmarks.planner_mem` and `python -m benchmarks.planner_mem_probe`)."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.planner_fit import CAL
+from benchmarks.planner_mem import parts
+from benchmarks.planner_ranks import llama_planner_model
+from benchmarks.planner_ranks_tp import distilbert_planner_model
+from planner import hardware as H
+from planner import host_memory as HM
+from planner import memory as PM
+from planner.layout import Layout
+from planner.model import Model
+from planner.steptime import Software
+
+MiB = 2**20
+GPT = Model("gpt-mini", 4, 256, 4, 8192, 128, positions=128)
+
+
+@pytest.fixture
+def probed(tmp_path, monkeypatch):
+    """planner.memory reading a cpu_mem.json of known values."""
+    path = tmp_path / "cpu_mem.json"
+    path.write_text(json.dumps({"runtime": {"torch": {"file": 1.0 * MiB, "anon": 2.0 * MiB},
+                                            "distilbert": {"file": 8.0 * MiB, "anon": 2.0 * MiB},
+                                            "llama": {"file": 3.0 * MiB, "anon": 2.0 * MiB}}}))
+    monkeypatch.setattr(HM, "CPU_MEM", str(path))
+    HM._cpu_mem.cache_clear()
+    yield path
+    HM._cpu_mem.cache_clear()
+
+
+def test_runtime_term_is_the_probed_family(probed):
+    distil = distilbert_planner_model("d", 4, 256, 4, 8192, 128)
+    assert [HM.runtime_bytes(m) / MiB for m in (GPT, distil, llama_planner_model("tiny", 128))] == [3.0, 10.0, 5.0]
+    mem = PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, H.cpu_here(2))
+    assert mem["runtime"] == 3.0 * MiB and mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k not in ("total", "stage")))
+
+
+def test_runtime_term_is_zero_unprobed(tmp_path, monkeypatch):
+    monkeypatch.setattr(HM, "CPU_MEM", str(tmp_path / "absent.json"))
+    HM._cpu_mem.cache_clear()
+    try:
+        assert HM.runtime_bytes(GPT) == 0.0
+    finally:
+        HM._cpu_mem.cache_clear()
+
+
+def test_slack_calibration_shape_is_planner_fits():
+    assert HM.SLACK_CAL == CAL
+
+
+def test_slack_scales_with_the_stages_model_states_up_to_the_calibrated_bytes():
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, alloc_slack_zero=0.0)
+    cal = PM._states(Layout(2, 1, 1), CAL.params(), False)
+    assert HM.allocator_slack(Layout(2, 1, 1), cal, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
+    half = {k: v / 2 for k, v in cal.items()}
+    assert HM.allocator_slack(Layout(1, 1, 2), half, hw) == pytest.approx(25.0 * MiB)
+    double = {k: v * 2 for k, v in cal.items()}
+    assert HM.allocator_slack(Layout(2, 1, 1), double, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
+    # zero_from_scratch's ZeRO-1/2 engine: its own calibration (the ZeRO-1 step's states: the optimizer sharded)
+    hz = replace(hw, alloc_slack_zero=40.0 * MiB)
+    z1 = PM._states(Layout(2, 1, 1, zero=1), CAL.params(), False)
+    assert HM.allocator_slack(Layout(2, 1, 1, zero=2), z1, hz) == pytest.approx(40.0 * MiB)
+    # a model 1/40 the calibration's keeps 1/40 of its slack (llama tiny against 55 MiB: about 1.4 MiB)
+    tiny = llama_planner_model("tiny", 128)
+    mem = PM.memory(tiny, 128, Layout(1, 1, 2, mb=2), 8, replace(H.cpu_here(2), alloc_slack=55.0 * MiB))
+    states = mem["params"] + mem["grads"] + mem["optimizer"]
+    assert mem["allocator"] == pytest.approx(55.0 * MiB * states / sum(cal.values())) and mem["allocator"] < 2 * MiB
+
+
+def test_mapped_blocks_keep_no_slack():
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB)
+    sw = Software(mapped_alloc=True)
+    assert PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, hw, sw)["allocator"] == 0.0
+    assert PM.memory(GPT, 128, Layout(2, 1, 1, zero=3, mb=4), 8, hw)["allocator"] == 0.0
+
+
+def test_parts_of_a_measured_peak():
+    base = {"RssFile": 100 * MiB, "RssShmem": 0, "VmRSS": 500 * MiB, "arena": 10 * MiB, "hblkhd": 0, "threads": 3}
+    step = {"RssFile": 103 * MiB, "RssShmem": 4 * MiB, "VmHWM": 540 * MiB, "arena": 30 * MiB, "fordblks": 5 * MiB,
+            "hblkhd": 2 * MiB, "threads": 9}
+    p = parts({"base": base, "steps": [step], "peak": 40 * MiB, "arenas": [30 * MiB]})
+    assert (p["file"], p["shm"], p["anon"], p["heap"], p["mapped"], p["threads"]) == (3.0, 4.0, 33.0, 20.0, 2.0, 6)
+    assert p["file"] + p["shm"] + p["anon"] == p["peak"] and p["step peaks"] == "40"
