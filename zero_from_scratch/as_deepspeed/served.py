@@ -32,7 +32,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
            "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
-           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
+           "deepspeed.runtime.precision_config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
@@ -106,6 +107,12 @@ SERVED: dict[str, str] = {
        for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
     **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
     "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
+    **{n: f"{_R}.config_objects:{n.rpartition('.')[2]}" for n in (
+        "deepspeed.DeepSpeedConfig", "deepspeed.runtime.config.DeepSpeedConfig", "deepspeed.runtime.precision_config.get_bfloat16_config",
+        "deepspeed.runtime.precision_config.DeepSpeedBF16Config", "deepspeed.runtime.zero.config.get_zero_config",
+        *(f"deepspeed.runtime.zero.config.DeepSpeedZero{c}Config" for c in ("", "OffloadParam", "OffloadOptimizer")),
+        *(f"deepspeed.runtime.zero.offload_config.DeepSpeedZero{c}Config" for c in ("OffloadParam", "OffloadOptimizer")),
+        "deepspeed.runtime.zero.leaf_module_config.DeepSpeedZeroLeafModuleConfig")},
     "deepspeed.utils.logger": f"{_R}.utils:logger",
     "deepspeed.utils.log_dist": f"{_R}.utils:log_dist",
     "deepspeed.utils.logging.logger": f"{_R}.utils:logger",
@@ -144,8 +151,6 @@ _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference
           "call the model itself; tensor_parallel/ shards its layers")
 _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitions laid out its way",
              "engine.optimizer: a torch.optim.Optimizer over ringzero's shards (safe_get_full_* reads any parameter's)")
-_DS_CONFIG = ("build its pydantic config objects (DeepSpeedConfig and its sections)",
-              "zero_from_scratch.load_config(config, world_size) → ringzero's ZeroRunConfig; engine.config reads keys")
 # DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
@@ -155,8 +160,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer": _DS_OPTIM,
     "deepspeed.InferenceEngine": _INFER,
     "deepspeed.tp_model_init": ("shard a model for AutoTP training", "tensor_parallel/engine/parallelize.py"),
-    "deepspeed.DeepSpeedConfig": ("parse a JSON config into a DeepSpeedConfig object",
-                                  "zero_from_scratch.load_config(config, world_size)"),
     "deepspeed.DeepSpeedTransformerLayer": _KERNELS,
     "deepspeed.DeepSpeedTransformerConfig": _KERNELS,
     "deepspeed.replace_transformer_layer": _INFER,
@@ -173,11 +176,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.runtime.utils.PartitionedTensor": ("split a tensor over a model-parallel group for pipeline sends "
                                                   "(pipeline.pipe_partitioned)", "none: ringzero's pipeline sends "
                                                   "activations whole"),
-    **{n: _DS_CONFIG for n in ("deepspeed.runtime.config.DeepSpeedConfig",
-                               "deepspeed.runtime.precision_config.get_bfloat16_config",
-                               "deepspeed.runtime.zero.config.DeepSpeedZeroConfig",
-                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig",
-                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
 }
