@@ -2,6 +2,7 @@
 
     python -m tests.ds_bulk.run                      # every vendored file, installed DeepSpeed then ringzero
     python -m tests.ds_bulk.run --mode ringzero unit/runtime/pipe/test_topology.py
+    python -m tests.ds_bulk.run --mode ringzero --compared-only unit/runtime/pipe/test_topology.py   # DeepSpeed's passes only
 
 One pytest process per (file, mode), rooted at tests/ds_bulk/upstream with DeepSpeed's own
 conftest.py and pytest.ini, so DeepSpeed's DistributedTest spawns the ranks (forkserver, gloo on
@@ -68,12 +69,19 @@ def parse(xml_path: str, file: str) -> dict:
     return out
 
 
-def run_file(file: str, mode: str, timeout: int, select: str | None = None) -> dict:
+def deepspeed_passed(file: str) -> list[str]:
+    """The node ids of `file`'s cases the installed DeepSpeed passed here (the only ones compared)."""
+    path = os.path.join(RESULTS, "deepspeed.json")
+    ds = json.load(open(path)) if os.path.exists(path) else {}
+    return [k for k, v in ds.items() if k.startswith(file + "::") and v[0] == "passed"]
+
+
+def run_file(file: str, mode: str, timeout: int, select: str | None = None, ids: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "r.xml")
         cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--confcutdir=.", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=", "-m", "not sequential and not nightly and not inference", f"--junitxml={xml}",
-               "--timeout", "600", file] + (["-k", select] if select else [])
+               "--timeout", "600", *(ids or [file])] + (["-k", select] if select else [])
         try:
             subprocess.run(cmd, cwd=UP, env=environment(mode), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -91,6 +99,8 @@ def main(argv=None) -> None:
     ap.add_argument("-k", dest="select", help="pytest -k: run only these cases, keep the file's other results")
     ap.add_argument("--subset", action="store_true", help="with -k: the file is compared on this subset only "
                                                           "(recorded in results/subsets.json; the table says so)")
+    ap.add_argument("--compared-only", action="store_true", help="under ringzero run only the cases DeepSpeed passed "
+                                                                 "(results/deepspeed.json): the others are not compared")
     a = ap.parse_args(argv)
     os.makedirs(RESULTS, exist_ok=True)
     if a.subset:
@@ -103,8 +113,11 @@ def main(argv=None) -> None:
         for mode in MODES if a.mode == "both" else (a.mode,):
             path = os.path.join(RESULTS, f"{mode}.json")
             old = json.load(open(path)) if os.path.exists(path) else {}
-            res = run_file(file, mode, a.timeout, a.select)
-            if a.select and not a.subset:     # a rerun of some cases: the file's other results stay
+            ids = deepspeed_passed(file) if a.compared_only and mode == "ringzero" else None
+            if ids == []:
+                continue
+            res = run_file(file, mode, a.timeout, a.select, ids)
+            if (a.select or ids) and not a.subset:     # a rerun of some cases: the file's other results stay
                 old = {k: v for k, v in old.items() if k not in res and k != f"{file}::<file>"}
             else:
                 old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
