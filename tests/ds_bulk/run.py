@@ -17,6 +17,7 @@ table.py reads them. Cost: the tests' own, serial (2 cores); a few seconds of im
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import json
 import os
@@ -91,6 +92,24 @@ def run_file(file: str, mode: str, timeout: int, select: str | None = None, ids:
         return parse(xml, file)
 
 
+def record(path: str, file: str, res: dict, keep_others: bool) -> None:
+    """Merge one run into a results file, read just before writing under a lock (runs may overlap)."""
+    lock = os.open(os.path.dirname(path), os.O_RDONLY)     # the results folder itself: no lock file left behind
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = json.load(open(path)) if os.path.exists(path) else {}
+        if keep_others:     # a rerun of some cases: the file's other results stay
+            old = {k: v for k, v in old.items() if k not in res and k != f"{file}::<file>"}
+        else:
+            old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
+        old.update(res)
+        with open(path + ".tmp", "w") as f:
+            json.dump(dict(sorted(old.items())), f, indent=0)
+        os.replace(path + ".tmp", path)
+    finally:
+        os.close(lock)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="paths under tests/ds_bulk/upstream (default: every vendored test file)")
@@ -111,19 +130,11 @@ def main(argv=None) -> None:
             json.dump(dict(sorted(subsets.items())), f, indent=0)
     for file in a.files or test_files():
         for mode in MODES if a.mode == "both" else (a.mode,):
-            path = os.path.join(RESULTS, f"{mode}.json")
-            old = json.load(open(path)) if os.path.exists(path) else {}
             ids = deepspeed_passed(file) if a.compared_only and mode == "ringzero" else None
             if ids == []:
                 continue
             res = run_file(file, mode, a.timeout, a.select, ids)
-            if (a.select or ids) and not a.subset:     # a rerun of some cases: the file's other results stay
-                old = {k: v for k, v in old.items() if k not in res and k != f"{file}::<file>"}
-            else:
-                old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
-            old.update(res)
-            with open(path, "w") as f:
-                json.dump(dict(sorted(old.items())), f, indent=0)
+            record(os.path.join(RESULTS, f"{mode}.json"), file, res, keep_others=bool(a.select or ids) and not a.subset)
             n = len(res)
             p = sum(v[0] == "passed" for v in res.values())
             print(f"{mode:9s} {file}: {p}/{n} passed", flush=True)
