@@ -214,6 +214,9 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         raise TypeError(f"config must be a path or a dict, got {type(config).__name__}")
     known = gate(raw, KEY_STATUS, {f"zero_optimization.{a}": f"zero_optimization.{k}" for a, k in ZERO_ALIASES.items()})
     unknown = [k for k in unknown_keys(raw) if k not in known]     # the table's own warning named them
+    if raw.get("managed_gradient_accumulation", True) is False:     # key_status.TOP says why
+        raise ValueError("config key 'managed_gradient_accumulation' = False is refused: not implemented here; DeepSpeed "
+                         "would make every step() the accumulation boundary (the caller drives it)")
     raw, rows = resolve_auto(raw, world_size)
     resolved = {path: value for path, was, value, _ in rows if was == "auto"}
     tb, mb, ga = (raw[k] for k in BATCH)
