@@ -97,6 +97,7 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
     **{f"deepspeed.runtime.utils.{n}": f"{_R}.utils:{n}" for n in ("call_to_str", "prefix_sum_inc", "clip_grad_norm_")},
     "deepspeed.runtime.utils.partition_uniform": "pipeline_parallel.partition:uniform",
+    "deepspeed.runtime.utils.PartitionedTensor": f"{_R}.partitioned_tensor:PartitionedTensor",
     "deepspeed.runtime.utils.partition_balanced": "pipeline_parallel.partition:balanced",
     "deepspeed.utils.torch.required_torch_version": f"{_R}.utils:required_torch_version",
     "deepspeed.runtime.pipe.schedule.*": "pipeline_parallel.engine.ds_schedule:*",
@@ -173,9 +174,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
                                        "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
-    "deepspeed.runtime.utils.PartitionedTensor": ("split a tensor over a model-parallel group for pipeline sends "
-                                                  "(pipeline.pipe_partitioned)", "none: ringzero's pipeline sends "
-                                                  "activations whole"),
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
 }
