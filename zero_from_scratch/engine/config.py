@@ -259,6 +259,10 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     if not any(k.startswith("zero_optimization.offload_optimizer") for k in on):
         z_off.pop("offload_optimizer", None)    # absent, null, false, {} or {"device": "none"}: off
     offload = parse_offload(z_off)
+    if z.get("ignore_unused_parameters") is False and offload and z.get("stage", 0) in (1, 2):   # zero_keys says why
+        raise ValueError("config key 'zero_optimization.ignore_unused_parameters' = False is refused at ZeRO stages 1-2 "
+                         "with offload_optimizer: not implemented here; DeepSpeed would assert at the step when a "
+                         "trainable parameter got no gradient")
     sub_group_size = z.get("sub_group_size", 1_000_000_000)
     if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
         raise _bad("zero_optimization.sub_group_size", sub_group_size, "a positive number of elements")

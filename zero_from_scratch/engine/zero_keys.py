@@ -138,7 +138,9 @@ ZERO_STATUS = {
     "stage3_module_granularity_threshold": W + SAME + "gather small sub-modules together as one leaf",
     "stage3_use_all_reduce_for_fetch_params": W + SAME + "fetch parameters with all-reduce instead of all-gather",
     "stage3_allgather_sequential": W + SAME + "all-gather parameters one at a time",
-    "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here)",
+    "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here); "
+                                "false refused at stages 1-2 with offload_optimizer (config.py), where DeepSpeed "
+                                "asserts at the step that every trainable parameter got a gradient",
     "legacy_stage1": W + SAME + "use the old stage-1 implementation",
     "parameter_alignment": W + SAME + "pad each partition to this many elements",
     "zero_quantized_weights": H + "stage 3: ZeRO++ qwZ, weights all-gathered as block-wise int8 (qwz.py); "
