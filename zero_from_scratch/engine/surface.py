@@ -165,7 +165,9 @@ class DeepSpeedSurface:
                                                 "Continuing without changing permissions.")
 
     def was_step_applied(self) -> bool:
-        return not self.optimizer.overflow
+        """DeepSpeed's _step_applied: the latest step() updated the weights (False between accumulation
+        boundaries, after an overflow, and before any step)."""
+        return getattr(self, "applied_at", None) == self.micro_steps - 1
 
     def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
