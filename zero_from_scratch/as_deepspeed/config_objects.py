@@ -20,10 +20,12 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+import torch.distributed as dist
 from pydantic import Field, model_validator
 
 from zero_from_scratch.as_deepspeed.config_model import DeepSpeedConfigModel
 from zero_from_scratch.as_deepspeed.constants import OffloadDeviceEnum
+from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.leaf import (DEFAULT_LEAF_MODULE_CLASSES, DEFAULT_LEAF_MODULE_NAMES,
                                            DEFAULT_LEAF_MODULE_NAME_SUFFIXES)
 
@@ -186,8 +188,6 @@ class DeepSpeedConfig:
     """`deepspeed.runtime.config.DeepSpeedConfig(config, mpu=None)`: the sections above plus the batch sizes."""
 
     def __init__(self, config, mpu=None, mesh_device=None):
-        from zero_from_scratch.engine.config import load_config
-        import torch.distributed as dist
         self._param_dict = read_config(config)
         on = dist.is_available() and dist.is_initialized()
         self.global_rank = dist.get_rank() if on else 0

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
-from zero_from_scratch.engine.zero_keys import KEY_STATUS, offloads, zero_key_notes, zero_overlap_keys
+from zero_from_scratch.engine.zero_keys import KEY_STATUS, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
 from zero_from_scratch.engine.key_status import gate, suggest as _suggest
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
@@ -214,9 +214,6 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
         raise TypeError(f"config must be a path or a dict, got {type(config).__name__}")
     known = gate(raw, KEY_STATUS, {f"zero_optimization.{a}": f"zero_optimization.{k}" for a, k in ZERO_ALIASES.items()})
     unknown = [k for k in unknown_keys(raw) if k not in known]     # the table's own warning named them
-    if raw.get("managed_gradient_accumulation", True) is False:     # key_status.TOP says why
-        raise ValueError("config key 'managed_gradient_accumulation' = False is refused: not implemented here; DeepSpeed "
-                         "would make every step() the accumulation boundary (the caller drives it)")
     raw, rows = resolve_auto(raw, world_size)
     resolved = {path: value for path, was, value, _ in rows if was == "auto"}
     tb, mb, ga = (raw[k] for k in BATCH)
@@ -259,10 +256,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     if not any(k.startswith("zero_optimization.offload_optimizer") for k in on):
         z_off.pop("offload_optimizer", None)    # absent, null, false, {} or {"device": "none"}: off
     offload = parse_offload(z_off)
-    if z.get("ignore_unused_parameters") is False and offload and z.get("stage", 0) in (1, 2):   # zero_keys says why
-        raise ValueError("config key 'zero_optimization.ignore_unused_parameters' = False is refused at ZeRO stages 1-2 "
-                         "with offload_optimizer: not implemented here; DeepSpeed would assert at the step when a "
-                         "trainable parameter got no gradient")
+    refuse_false_modes(raw, z, offload)
     sub_group_size = z.get("sub_group_size", 1_000_000_000)
     if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
         raise _bad("zero_optimization.sub_group_size", sub_group_size, "a positive number of elements")
