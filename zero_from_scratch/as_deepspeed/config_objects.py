@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 
 from zero_from_scratch.as_deepspeed.config_model import DeepSpeedConfigModel
 from zero_from_scratch.as_deepspeed.constants import OffloadDeviceEnum
+from zero_from_scratch.as_deepspeed.utils import logger
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.leaf import (DEFAULT_LEAF_MODULE_CLASSES, DEFAULT_LEAF_MODULE_NAMES,
                                            DEFAULT_LEAF_MODULE_NAME_SUFFIXES)
@@ -139,6 +140,9 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
             raise ValueError("compute_grad_norm=false is supported only with ZeRO Stage 1 or 2")
         if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0:
             assert self.stage == 3, "Partial offloading only supported for ZeRO Stage 3."
+        if self.stage == 3 and self.elastic_checkpoint:
+            logger.warning("ZeRO-3 elastic checkpointing is deprecated and no longer supported. "
+                           "Use Universal Checkpointing instead.")
         return self
 
 

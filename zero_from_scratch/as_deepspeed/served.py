@@ -122,7 +122,8 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.dataloader.RepeatingLoader": f"{_E}.dataloader:RepeatingLoader",
     "deepspeed.runtime.utils.set_random_seed": f"{_R}.utils:set_random_seed",
     "deepspeed.runtime.engine.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
-    "deepspeed.checkpoint.utils.clone_tensors_for_torch_save": f"{_R}.utils:clone_tensors_for_torch_save",
+    **{f"deepspeed.checkpoint.utils.{n}": f"{_R}.utils:{n}" for n in ("clone_tensors_for_torch_save",
+                                                                     "get_model_ckpt_name_for_rank")},
     "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer":
         f"{_R}.utils:split_params_into_different_moe_groups_for_optimizer",
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
