@@ -409,3 +409,45 @@ def test_config_model_base_behaves_as_deepspeeds():
     cases = [{"a": 42}, {"old": "DS"}, {"c": 10}, {"c_alias": 10}, {"a": "DS"}, {"new": "DS"}, {"typo": 0},
              {"new": ["DS"], "old": "DS"}, {"a": "auto"}]
     assert [outcome(section(Ours), k) for k in cases] == [outcome(section(Theirs), k) for k in cases]
+
+
+def test_config_objects_follow_deepspeeds_schema():
+    """DeepSpeedZeroConfig, its offload sections and the bf16 section as served declare DeepSpeed's fields
+    (names, defaults, aliases), and the same inputs give the same values (deprecations, aliases, the
+    stage-dependent overlap_comm) or the same refusals; DeepSpeedConfig's batch triple and allreduce checks."""
+    from pydantic import ValidationError
+    from deepspeed.runtime.config import DeepSpeedConfig as TheirConfig
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (DeepSpeedZeroOffloadOptimizerConfig,
+                                                       DeepSpeedZeroOffloadParamConfig)
+    from zero_from_scratch.as_deepspeed import config_objects as ours
+    for theirs in (DeepSpeedZeroConfig, DeepSpeedZeroOffloadParamConfig, DeepSpeedZeroOffloadOptimizerConfig,
+                   DeepSpeedBF16Config):
+        mine = getattr(ours, theirs.__name__)
+        fields = {k: (f.alias, None if f.default_factory else f.default) for k, f in theirs.model_fields.items()}
+        assert {k: (f.alias, None if f.default_factory else f.default) for k, f in mine.model_fields.items()} == fields
+
+    def outcome(cls, kw):
+        try:
+            return cls(**kw).model_dump(mode="json")
+        except (ValidationError, ValueError, AssertionError) as e:
+            return type(e).__name__
+    cases = [{}, {"stage": 3}, {"cpu_offload": True}, {"cpu_offload_param": True}, {"stage3_prefetch_bucket_size": 7},
+             {"stage3_gather_fp16_weights_on_model_save": True}, {"offload_optimizer": {"pipeline_read": True}},
+             {"leaf_module": {"names": "a"}}, {"stage": 5}, {"typo": 1}, {"reduce_bucket_size": 0},
+             {"compute_grad_norm": False, "stage": 3}, {"offload_optimizer": {"ratio": 0.5}, "stage": 2}]
+    assert [outcome(ours.DeepSpeedZeroConfig, k) for k in cases] == [outcome(DeepSpeedZeroConfig, k) for k in cases]
+    for d in ({"train_batch_size": 8}, {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3},
+              {"train_batch_size": 1, "gradient_allreduce_op": "SUM"}):
+        a, b = ({k: getattr(c, k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                            "gradient_accumulation_steps", "gradient_allreduce_op")}
+                for c in (ours.DeepSpeedConfig(d), TheirConfig(d)))
+        assert a == b
+    for d in ({"train_batch_size": 1, "gradient_allreduce_op": "max"},
+              {"train_batch_size": 1, "gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}}):
+        with pytest.raises(ValueError) as e1:
+            ours.DeepSpeedConfig(d)
+        with pytest.raises(ValueError) as e2:
+            TheirConfig(d)
+        assert str(e1.value).split(".")[0] == str(e2.value).split(".")[0]

@@ -21,12 +21,15 @@ QUICK = "unit/runtime/pipe/test_topology.py"
 
 
 def test_the_table_classifies_passes_refusals_and_failures():
-    ds = {"f.py::a": ["passed", ""], "f.py::b": ["passed", ""], "f.py::c": ["passed", ""], "f.py::d": ["skipped", "x"]}
+    ds = {"f.py::a": ["passed", ""], "f.py::b": ["passed", ""], "f.py::c": ["passed", ""], "f.py::d": ["skipped", "x"],
+          "f.py::e": ["passed", ""]}
     rz = {"f.py::a": ["passed", ""], "f.py::c": ["failed", "E   AssertionError: 1 != 2"],
-          "f.py::b": ["failed", "E   NotServedError: deepspeed.runtime.pipe.schedule is not served by ringzero (...)"]}
+          "f.py::b": ["failed", "E   NotServedError: deepspeed.runtime.pipe.schedule is not served by ringzero (...)"],
+          "f.py::e": ["failed", "E   ValueError: config key 'amp' = {'enabled': True} is refused: not implemented here"]}
     (r,) = table.rows(ds, rz)
-    assert (r["collected"], r["ds_pass"], r["both"], len(r["failing"])) == (4, 3, 1, 1)
-    assert dict(r["refused"]) == {"not served: deepspeed.runtime.pipe.schedule": 1}
+    assert (r["collected"], r["ds_pass"], r["both"], len(r["failing"])) == (5, 4, 1, 1)
+    assert dict(r["refused"]) == {"not served: deepspeed.runtime.pipe.schedule": 1,
+                                  "config key 'amp' is refused: not implemented here": 1}
 
 
 @pytest.mark.deepspeed

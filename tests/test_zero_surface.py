@@ -241,9 +241,11 @@ def _surface(rank, world, cfg_path, save_dir):
     e.set_gradient_accumulation_boundary(is_boundary=True)
     x, y = _data(0, rank)
     before = _full(e)
+    applied = [e.was_step_applied()]                 # DeepSpeed's: False before any step
     e.backward(nn.functional.mse_loss(e(x), y))
     e.step()
     out["stepped"] = e.global_steps == 1 and _maxdiff(before, _full(e)) > 0
+    applied.append(e.was_step_applied())
     opt.param_groups[0]["lr"] = 0.0          # a client's write takes effect at the next step: weights stay
     before = _full(e)
     # scale_wrt_gas=False: the loss is not divided by gradient_accumulation_steps (grad norm doubles)
@@ -255,6 +257,10 @@ def _surface(rank, world, cfg_path, save_dir):
     out["norm_ratio"] = norms[1] / norms[0]
     out["frozen"] = _maxdiff(before, _full(e)) == 0
     out["overflow"], out["cur_scale"] = opt.overflow, opt.cur_scale
+    e.set_gradient_accumulation_boundary(is_boundary=False)     # a micro-step inside the window: no update
+    e.backward(nn.functional.mse_loss(e(x), y))
+    e.step()
+    out["applied"] = applied + [e.was_step_applied()]
     e.destroy()
     # fp16: the optimizer's overflow / cur_scale / loss_scale as accelerate and DeepSpeedExamples read them
     m = nn.Linear(4, 2)
@@ -285,6 +291,7 @@ def test_engine_surface_attributes(spawn, tmp_path):
         assert out["forwarded"] and out["stepped"] and out["frozen"]
         assert out["norm_ratio"] == pytest.approx(2.0, rel=1e-6)
         assert out["overflow"] is False and out["cur_scale"] == 1.0
+        assert out["applied"] == [False, True, False]
         assert out["fp16"] == (2.0 ** 8, True, 2.0 ** 7, False)     # skipped on every rank, scale halved
     # save_16bit_model: stage 2 saves; stage 3 without stage3_gather_16bit_weights_on_model_save saves nothing
     # (False), with it saves rank 0's gathered weights (_save16)

@@ -2,6 +2,7 @@
 
     python -m tests.ds_bulk.run                      # every vendored file, installed DeepSpeed then ringzero
     python -m tests.ds_bulk.run --mode ringzero unit/runtime/pipe/test_topology.py
+    python -m tests.ds_bulk.run --mode ringzero --compared-only unit/runtime/pipe/test_topology.py   # DeepSpeed's passes only
 
 One pytest process per (file, mode), rooted at tests/ds_bulk/upstream with DeepSpeed's own
 conftest.py and pytest.ini, so DeepSpeed's DistributedTest spawns the ranks (forkserver, gloo on
@@ -16,6 +17,7 @@ table.py reads them. Cost: the tests' own, serial (2 cores); a few seconds of im
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import json
 import os
@@ -68,12 +70,19 @@ def parse(xml_path: str, file: str) -> dict:
     return out
 
 
-def run_file(file: str, mode: str, timeout: int, select: str | None = None) -> dict:
+def deepspeed_passed(file: str) -> list[str]:
+    """The node ids of `file`'s cases the installed DeepSpeed passed here (the only ones compared)."""
+    path = os.path.join(RESULTS, "deepspeed.json")
+    ds = json.load(open(path)) if os.path.exists(path) else {}
+    return [k for k, v in ds.items() if k.startswith(file + "::") and v[0] == "passed"]
+
+
+def run_file(file: str, mode: str, timeout: int, select: str | None = None, ids: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "r.xml")
         cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--confcutdir=.", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=", "-m", "not sequential and not nightly and not inference", f"--junitxml={xml}",
-               "--timeout", "600", file] + (["-k", select] if select else [])
+               "--timeout", "600", *(ids or [file])] + (["-k", select] if select else [])
         try:
             subprocess.run(cmd, cwd=UP, env=environment(mode), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -81,6 +90,24 @@ def run_file(file: str, mode: str, timeout: int, select: str | None = None) -> d
         if not os.path.exists(xml):
             return {f"{file}::<file>": ["error", "pytest wrote no report"]}
         return parse(xml, file)
+
+
+def record(path: str, file: str, res: dict, keep_others: bool) -> None:
+    """Merge one run into a results file, read just before writing under a lock (runs may overlap)."""
+    lock = os.open(os.path.dirname(path), os.O_RDONLY)     # the results folder itself: no lock file left behind
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = json.load(open(path)) if os.path.exists(path) else {}
+        if keep_others:     # a rerun of some cases: the file's other results stay
+            old = {k: v for k, v in old.items() if k not in res and k != f"{file}::<file>"}
+        else:
+            old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
+        old.update(res)
+        with open(path + ".tmp", "w") as f:
+            json.dump(dict(sorted(old.items())), f, indent=0)
+        os.replace(path + ".tmp", path)
+    finally:
+        os.close(lock)
 
 
 def main(argv=None) -> None:
@@ -91,6 +118,8 @@ def main(argv=None) -> None:
     ap.add_argument("-k", dest="select", help="pytest -k: run only these cases, keep the file's other results")
     ap.add_argument("--subset", action="store_true", help="with -k: the file is compared on this subset only "
                                                           "(recorded in results/subsets.json; the table says so)")
+    ap.add_argument("--compared-only", action="store_true", help="under ringzero run only the cases DeepSpeed passed "
+                                                                 "(results/deepspeed.json): the others are not compared")
     a = ap.parse_args(argv)
     os.makedirs(RESULTS, exist_ok=True)
     if a.subset:
@@ -101,16 +130,11 @@ def main(argv=None) -> None:
             json.dump(dict(sorted(subsets.items())), f, indent=0)
     for file in a.files or test_files():
         for mode in MODES if a.mode == "both" else (a.mode,):
-            path = os.path.join(RESULTS, f"{mode}.json")
-            old = json.load(open(path)) if os.path.exists(path) else {}
-            res = run_file(file, mode, a.timeout, a.select)
-            if a.select and not a.subset:     # a rerun of some cases: the file's other results stay
-                old = {k: v for k, v in old.items() if k not in res and k != f"{file}::<file>"}
-            else:
-                old = {k: v for k, v in old.items() if not k.startswith(file + "::")}
-            old.update(res)
-            with open(path, "w") as f:
-                json.dump(dict(sorted(old.items())), f, indent=0)
+            ids = deepspeed_passed(file) if a.compared_only and mode == "ringzero" else None
+            if ids == []:
+                continue
+            res = run_file(file, mode, a.timeout, a.select, ids)
+            record(os.path.join(RESULTS, f"{mode}.json"), file, res, keep_others=bool(a.select or ids) and not a.subset)
             n = len(res)
             p = sum(v[0] == "passed" for v in res.values())
             print(f"{mode:9s} {file}: {p}/{n} passed", flush=True)

@@ -19,10 +19,12 @@ from collections import Counter
 from tests.ds_bulk.run import RESULTS
 from zero_from_scratch.as_deepspeed import served
 
-# ringzero's refusals: the runner's NotServed* errors and the engines' "not supported/implemented here" lines
+# ringzero's refusals: the runner's NotServed* errors, the engines' "not supported/implemented here" lines and
+# the config gate's "config key 'K' = V is refused: ..." (key_status.gate, grad_keys)
 NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero(?: \(DeepSpeed [\d.]+ API\): "
                         r"DeepSpeed would ([^;]*))?")
-REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,160})")
+REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,160})|"
+                     r"ValueError: (config key '[\w.]+')(?: = .*?)? (is refused[^:]*: .{0,120})")
 
 
 def load() -> tuple[dict, dict]:
@@ -49,6 +51,8 @@ def refusal(why: str) -> str | None:
         what = served.REFUSED.get(m.group(1), (m.group(2) or "",))[0]
         return "not served: " + m.group(1) + ("" if not what or what.startswith("serve ") else f" (DeepSpeed would {what})")
     m = REFUSAL.search(why or "")
+    if m and m.group(3):     # the config gate's refusal: the key and the reason, not the value
+        return f"{m.group(3)} {m.group(4)}".strip()
     return (m.group(1) or m.group(2)).strip() if m else None
 
 

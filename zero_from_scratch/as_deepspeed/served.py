@@ -32,7 +32,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
            "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
-           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
+           "deepspeed.runtime.precision_config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
@@ -96,6 +97,7 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
     **{f"deepspeed.runtime.utils.{n}": f"{_R}.utils:{n}" for n in ("call_to_str", "prefix_sum_inc", "clip_grad_norm_")},
     "deepspeed.runtime.utils.partition_uniform": "pipeline_parallel.partition:uniform",
+    "deepspeed.runtime.utils.PartitionedTensor": f"{_R}.partitioned_tensor:PartitionedTensor",
     "deepspeed.runtime.utils.partition_balanced": "pipeline_parallel.partition:balanced",
     "deepspeed.utils.torch.required_torch_version": f"{_R}.utils:required_torch_version",
     "deepspeed.runtime.pipe.schedule.*": "pipeline_parallel.engine.ds_schedule:*",
@@ -106,6 +108,12 @@ SERVED: dict[str, str] = {
        for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
     **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
     "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
+    **{n: f"{_R}.config_objects:{n.rpartition('.')[2]}" for n in (
+        "deepspeed.DeepSpeedConfig", "deepspeed.runtime.config.DeepSpeedConfig", "deepspeed.runtime.precision_config.get_bfloat16_config",
+        "deepspeed.runtime.precision_config.DeepSpeedBF16Config", "deepspeed.runtime.zero.config.get_zero_config",
+        *(f"deepspeed.runtime.zero.config.DeepSpeedZero{c}Config" for c in ("", "OffloadParam", "OffloadOptimizer")),
+        *(f"deepspeed.runtime.zero.offload_config.DeepSpeedZero{c}Config" for c in ("OffloadParam", "OffloadOptimizer")),
+        "deepspeed.runtime.zero.leaf_module_config.DeepSpeedZeroLeafModuleConfig")},
     "deepspeed.utils.logger": f"{_R}.utils:logger",
     "deepspeed.utils.log_dist": f"{_R}.utils:log_dist",
     "deepspeed.utils.logging.logger": f"{_R}.utils:logger",
@@ -114,7 +122,8 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.dataloader.RepeatingLoader": f"{_E}.dataloader:RepeatingLoader",
     "deepspeed.runtime.utils.set_random_seed": f"{_R}.utils:set_random_seed",
     "deepspeed.runtime.engine.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
-    "deepspeed.checkpoint.utils.clone_tensors_for_torch_save": f"{_R}.utils:clone_tensors_for_torch_save",
+    **{f"deepspeed.checkpoint.utils.{n}": f"{_R}.utils:{n}" for n in ("clone_tensors_for_torch_save",
+                                                                     "get_model_ckpt_name_for_rank")},
     "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer":
         f"{_R}.utils:split_params_into_different_moe_groups_for_optimizer",
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
@@ -145,8 +154,6 @@ _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference
           "call the model itself; tensor_parallel/ shards its layers")
 _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitions laid out its way",
              "engine.optimizer: a torch.optim.Optimizer over ringzero's shards (safe_get_full_* reads any parameter's)")
-_DS_CONFIG = ("build its pydantic config objects (DeepSpeedConfig and its sections)",
-              "zero_from_scratch.load_config(config, world_size) → ringzero's ZeroRunConfig; engine.config reads keys")
 # DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
@@ -156,8 +163,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer": _DS_OPTIM,
     "deepspeed.InferenceEngine": _INFER,
     "deepspeed.tp_model_init": ("shard a model for AutoTP training", "tensor_parallel/engine/parallelize.py"),
-    "deepspeed.DeepSpeedConfig": ("parse a JSON config into a DeepSpeedConfig object",
-                                  "zero_from_scratch.load_config(config, world_size)"),
     "deepspeed.DeepSpeedTransformerLayer": _KERNELS,
     "deepspeed.DeepSpeedTransformerConfig": _KERNELS,
     "deepspeed.replace_transformer_layer": _INFER,
@@ -169,14 +174,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
                                        "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
-    "deepspeed.runtime.utils.PartitionedTensor": ("split a tensor over a model-parallel group for pipeline sends "
-                                                  "(pipeline.pipe_partitioned)", "none: ringzero's pipeline sends "
-                                                  "activations whole"),
-    **{n: _DS_CONFIG for n in ("deepspeed.runtime.config.DeepSpeedConfig",
-                               "deepspeed.runtime.precision_config.get_bfloat16_config",
-                               "deepspeed.runtime.zero.config.DeepSpeedZeroConfig",
-                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadParamConfig",
-                               "deepspeed.runtime.zero.config.DeepSpeedZeroOffloadOptimizerConfig")},
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
 }

@@ -12,7 +12,7 @@ see_memory_usage(message, force=False)   with force, on rank 0: gc, then DeepSpe
              memory), and the peak counter reset: runtime/utils.py::see_memory_usage.
 set_random_seed   random, numpy (seed mod 2^32) and torch (seed mod 2^63): runtime/utils.py.
 clone_tensors_for_torch_save   detached clones on `device`, nested lists/tuples/dicts kept
-             (deepspeed/checkpoint/utils.py).
+             (deepspeed/checkpoint/utils.py); get_model_ckpt_name_for_rank, its model-states file name.
 split_params_into_different_moe_groups_for_optimizer   deepspeed/moe/utils.py for a dense model: the
              groups as a list (a dict becomes [dict], a tuple a list), each left as it is; a group
              holding an expert parameter (allreduce=False) is refused: ringzero has no MoE.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import random
 import sys
 
@@ -109,6 +110,10 @@ def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
     if isinstance(item, dict):
         return type(item)({k: clone_tensors_for_torch_save(v, device) for k, v in item.items()})
     return item
+
+
+def get_model_ckpt_name_for_rank(base_folder: str, mp_rank_str: str) -> str:
+    return os.path.join(base_folder, f"mp_rank_{mp_rank_str}_model_states.pt")
 
 
 def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group_size=178956971):

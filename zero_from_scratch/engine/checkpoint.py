@@ -154,7 +154,7 @@ def _agree_mp(engine, sid: int, tag, refused: CheckpointError | None) -> int:
     return rows[0][1]
 
 
-def save(engine, save_dir: str, tag, client_state: dict) -> str:
+def save(engine, save_dir: str, tag, client_state: dict, exclude_frozen: bool = False) -> str:
     c = engine.comm
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     mp_rank, mp_size = engine_mp(engine)
@@ -185,7 +185,7 @@ def save(engine, save_dir: str, tag, client_state: dict) -> str:
     size = atomic_write(os.path.join(d, _shard_file(c.rank, mp_rank, mp_size)), lambda f: torch.save(blob, f))
     _phase("shard", c.rank)
     if mp_size == 1:                             # DeepSpeed's files too: its zero_to_fp32 reads this folder
-        checkpoint_ds.write(engine, d, client_state, aliases)
+        checkpoint_ds.write(engine, d, client_state, aliases, exclude_frozen)
     sizes = c.gather_ints([size], "checkpoint") if c.size > 1 else [[size]]
     if c.rank == 0:
         man = {"format": FORMAT, "save_id": sid, "tag": tag, "world_size": c.size, "stage": engine.stage_id,

@@ -62,8 +62,9 @@ def _full_values(engine) -> dict:
     return out
 
 
-def write(engine, d: str, client_state: dict, aliases: dict) -> None:
-    """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers)."""
+def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: bool = False) -> None:
+    """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers); exclude_frozen:
+    the module's frozen parameters left out of "module", as DeepSpeed's save_checkpoint(exclude_frozen_parameters)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
     full = _full_values(engine)
     # DeepSpeed drops param groups without parameters (runtime/engine.py::_configure_optimizer), and its
@@ -74,6 +75,9 @@ def write(engine, d: str, client_state: dict, aliases: dict) -> None:
     frozen = {k: p.detach().float().cpu() for k, p in engine.module.named_parameters()
               if k not in trained and k not in aliases}
     sd = engine.module.state_dict()
+    for k, p in (engine.module.named_parameters() if exclude_frozen else ()):
+        if not p.requires_grad:
+            sd.pop(k, None)
     model = {"module": sd, "buffer_names": [k for k, _ in engine.module.named_buffers()], "optimizer": None,
              "param_shapes": [OrderedDict((k, engine.params_by_name[k].shape if stage != 3 else full[k]["master"].shape)
                                           for k in g) for g in names],

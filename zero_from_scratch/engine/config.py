@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
-from zero_from_scratch.engine.zero_keys import KEY_STATUS, offloads, zero_key_notes, zero_overlap_keys
+from zero_from_scratch.engine.zero_keys import KEY_STATUS, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
 from zero_from_scratch.engine.key_status import gate, suggest as _suggest
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
@@ -256,6 +256,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     if not any(k.startswith("zero_optimization.offload_optimizer") for k in on):
         z_off.pop("offload_optimizer", None)    # absent, null, false, {} or {"device": "none"}: off
     offload = parse_offload(z_off)
+    refuse_false_modes(raw, z, offload)
     sub_group_size = z.get("sub_group_size", 1_000_000_000)
     if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
         raise _bad("zero_optimization.sub_group_size", sub_group_size, "a positive number of elements")

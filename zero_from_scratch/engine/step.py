@@ -48,6 +48,7 @@ def optimizer_step(engine) -> None:
     norm = math.sqrt(sq[0].item()) / scale
     overflow = not math.isfinite(norm)
     engine.optimizer.overflow = overflow             # DeepSpeed's ZeRO optimizer attribute (accelerate reads it)
+    engine.applied_at = None if overflow else engine.micro_steps     # surface.was_step_applied
     if overflow:
         engine._global_grad_norm = float("inf")
         engine.skipped_steps += 1

@@ -164,8 +164,8 @@ class DeepSpeedSurface:
             logging.getLogger("DeepSpeed").info(f"Warning: Could not change permissions for {dst} due to error: {e}. "
                                                 "Continuing without changing permissions.")
 
-    def was_step_applied(self) -> bool:
-        return not self.optimizer.overflow
+    def was_step_applied(self) -> bool:    # DeepSpeed's _step_applied: the latest step() updated the weights
+        return getattr(self, "applied_at", None) == self.micro_steps - 1
 
     def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):

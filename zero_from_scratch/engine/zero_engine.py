@@ -250,10 +250,10 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
     def comm_report(self, print_table: bool = True) -> dict:
         return ledger.comm_report(self, print_table)
 
-    def save_checkpoint(self, save_dir: str, tag=None, client_state=None) -> str:
+    def save_checkpoint(self, save_dir: str, tag=None, client_state=None, exclude_frozen_parameters: bool = False) -> str:
         with self.frozen.full(), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
                                   else contextlib.nullcontext()):
-            return ckpt.save(self, save_dir, tag, client_state or {})
+            return ckpt.save(self, save_dir, tag, client_state or {}, exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir: str, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None,

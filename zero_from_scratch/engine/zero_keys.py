@@ -138,7 +138,9 @@ ZERO_STATUS = {
     "stage3_module_granularity_threshold": W + SAME + "gather small sub-modules together as one leaf",
     "stage3_use_all_reduce_for_fetch_params": W + SAME + "fetch parameters with all-reduce instead of all-gather",
     "stage3_allgather_sequential": W + SAME + "all-gather parameters one at a time",
-    "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here)",
+    "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here); "
+                                "false refused at stages 1-2 with offload_optimizer (refuse_false_modes), where DeepSpeed "
+                                "asserts at the step that every trainable parameter got a gradient",
     "legacy_stage1": W + SAME + "use the old stage-1 implementation",
     "parameter_alignment": W + SAME + "pad each partition to this many elements",
     "zero_quantized_weights": H + "stage 3: ZeRO++ qwZ, weights all-gathered as block-wise int8 (qwz.py); "
@@ -193,3 +195,14 @@ INITIALIZE_ARGS = {
     "mesh_param": R + NOT + "build a data × sequence parallel device mesh (use mpu=)",
     "config_params": H + "the same as config (accelerate passes this name)",
 }
+
+
+def refuse_false_modes(raw: dict, z: dict, offload) -> None:
+    """The two keys whose false value asks for a DeepSpeed mode this engine does not have (the table says why)."""
+    if raw.get("managed_gradient_accumulation", True) is False:
+        raise ValueError("config key 'managed_gradient_accumulation' = False is refused: not implemented here; DeepSpeed "
+                         "would make every step() the accumulation boundary (the caller drives it)")
+    if z.get("ignore_unused_parameters") is False and offload and z.get("stage", 0) in (1, 2):
+        raise ValueError("config key 'zero_optimization.ignore_unused_parameters' = False is refused at ZeRO stages 1-2 "
+                         "with offload_optimizer: not implemented here; DeepSpeed would assert at the step when a "
+                         "trainable parameter got no gradient")
