@@ -1,7 +1,7 @@
 """DeepSpeed's own unit-test files (tests/ds_bulk/upstream, unchanged) under the installed DeepSpeed and ringzero.
 
     python -m pytest -q tests/test_ds_bulk.py                  (the quick subset: topology's own cases, ~40 s)
-    python -m pytest -q -m slow tests/test_ds_bulk.py          (every vendored file, both engines: hours on 2 cores)
+    python -m pytest -q -m slow tests/test_ds_bulk.py          (every copied file, both engines: hours on 2 cores)
     python -m tests.ds_bulk.table                              (the table from the last full run)
 
 run.py runs one pytest per (file, engine) with DeepSpeed's conftest.py, so its DistributedTest starts
@@ -48,7 +48,7 @@ def test_topology_file_passes_under_both(tmp_path, monkeypatch):
 @pytest.mark.timeout(6 * 3600)
 @upstream.skip_unless_present("tests/ds_bulk/upstream/" + QUICK)
 def test_every_file_at_least_as_recorded(tmp_path, monkeypatch):
-    """Rerun every vendored file on both engines: no fewer cases pass under both than README.md records."""
+    """Rerun every copied file on both engines: no fewer cases pass under both than README.md records."""
     pytest.importorskip("deepspeed")
     recorded = json.load(open(os.path.join(run.HERE, "results", "ringzero.json")))
     before = sum(r["both"] for r in table.rows(*table.load()))

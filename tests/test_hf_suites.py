@@ -1,7 +1,7 @@
 """The HF DeepSpeed test files (accelerate's and transformers', copied, not kept) under DeepSpeed and ringzero.
 
     python -m pytest -q tests/test_hf_suites.py                 (the table's rules and the copies' hashes: < 1 s)
-    python -m pytest -q -m slow tests/test_hf_suites.py         (every vendored file, both engines: 2 min idle)
+    python -m pytest -q -m slow tests/test_hf_suites.py         (every copied file, both engines: 2 min idle)
     python -m tests.hf_suites.table                             (the table from the last full run)
 
 run.py runs one pytest per (file, engine), offline; ringzero's side has `import deepspeed` served by the

@@ -1,6 +1,6 @@
 """Run DeepSpeed's own unit-test files (tests/ds_bulk/upstream, unchanged) under both `deepspeed`s.
 
-    python -m tests.ds_bulk.run                      # every vendored file, installed DeepSpeed then ringzero
+    python -m tests.ds_bulk.run                      # every copied file, installed DeepSpeed then ringzero
     python -m tests.ds_bulk.run --mode ringzero unit/runtime/pipe/test_topology.py
     python -m tests.ds_bulk.run --mode ringzero --compared-only unit/runtime/pipe/test_topology.py   # DeepSpeed's passes only
 
@@ -112,7 +112,7 @@ def record(path: str, file: str, res: dict, keep_others: bool) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="*", help="paths under tests/ds_bulk/upstream (default: every vendored test file)")
+    ap.add_argument("files", nargs="*", help="paths under tests/ds_bulk/upstream (default: every copied test file)")
     ap.add_argument("--mode", choices=(*MODES, "both"), default="both")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per test file (default 3600; 600 per test)")
     ap.add_argument("-k", dest="select", help="pytest -k: run only these cases, keep the file's other results")
@@ -121,6 +121,11 @@ def main(argv=None) -> None:
     ap.add_argument("--compared-only", action="store_true", help="under ringzero run only the cases DeepSpeed passed "
                                                                  "(results/deepspeed.json): the others are not compared")
     a = ap.parse_args(argv)
+    from tests import upstream
+    if not upstream.present("tests/ds_bulk/upstream/unit/common.py"):
+        upstream.copy()
+        if not upstream.present("tests/ds_bulk/upstream/unit/common.py"):
+            raise SystemExit(upstream.skip_reason("tests/ds_bulk/upstream/unit/common.py") + "; no clone was found")
     os.makedirs(RESULTS, exist_ok=True)
     if a.subset:
         path = os.path.join(RESULTS, "subsets.json")

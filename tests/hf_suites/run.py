@@ -3,7 +3,7 @@
     python -m tests.hf_suites.run                      # every test file: installed DeepSpeed, then ringzero
     python -m tests.hf_suites.run --mode ringzero accelerate/tests/deepspeed/test_deepspeed.py -k test_ds_config
 
-The files: accelerate's tests/deepspeed (vendored under upstream/) and transformers'
+The files: accelerate's tests/deepspeed (copied under upstream/ by `python -m tests.upstream`) and transformers'
 test_trainer_distributed_deepspeed.py with its helpers (a local copy, kept out of git: UPSTREAM.md says
 where it comes from and how to rebuild it; absent, it is not run). One pytest process per (file, mode),
 rooted at the file's repository copy, offline (HF_HUB_OFFLINE=1) with tiny models built from configs
@@ -48,7 +48,7 @@ HUB = re.compile(r"offline mode|HF_HUB_OFFLINE|LocalEntryNotFound|couldn't conne
 
 
 def test_files(local: bool = True) -> list[str]:
-    """The vendored test files, then those of the local copy that are present."""
+    """The copied test files, then those of the local copy that are present."""
     return sorted(os.path.relpath(p, UP) for p in glob.glob(os.path.join(UP, "*", "tests", "**", "test_*.py"),
                                                                recursive=True)) + \
         [f for f in LOCAL_FILES if local and os.path.exists(os.path.join(LOCAL, f))]
@@ -125,11 +125,16 @@ def run_file(file: str, mode: str, timeout: int, select: str | None = None) -> d
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="*", help="paths under tests/hf_suites/upstream (default: every vendored test file)")
+    ap.add_argument("files", nargs="*", help="paths under tests/hf_suites/upstream (default: every copied test file)")
     ap.add_argument("--mode", choices=(*MODES, "both"), default="both")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per test file (default 3600; 600 per test)")
     ap.add_argument("-k", dest="select", help="pytest -k: rerun only these cases, keep the file's other results")
     a = ap.parse_args(argv)
+    from tests import upstream
+    if not upstream.present("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py"):
+        upstream.copy()
+        if not upstream.present("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py"):
+            raise SystemExit(upstream.skip_reason("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py") + "; no clone was found")
     os.makedirs(RESULTS, exist_ok=True)
     for file in a.files or test_files():
         for mode in MODES if a.mode == "both" else (a.mode,):
