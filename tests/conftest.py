@@ -25,7 +25,10 @@ def pytest_configure(config):
     """Other projects' files the suites run are copied, not kept (tests/upstream.py): where a clone
     of their repository is found, write them before collection, so the tests that need them run."""
     from tests import upstream
-    upstream.copy(quiet=True)
+    try:
+        upstream.copy(quiet=True)
+    except Exception as e:      # a broken clone must not stop the suite: the tests needing copies skip
+        print(f"tests/upstream.py: copies not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -108,17 +108,24 @@ def copy(base: str | None = None, quiet: bool = False) -> list[str]:
         if clone is None:
             missing.append(f["repo"])
             continue
-        data = subprocess.run(["git", "--git-dir", clone, "cat-file", "blob", f["blob"]],
-                              capture_output=True, check=True).stdout
-        _write(dest, data)
+        r = subprocess.run(["git", "--git-dir", clone, "cat-file", "blob", f["blob"]], capture_output=True)
+        if r.returncode != 0:      # a clone without that blob (older, shallow, another fork): as if absent
+            missing.append(f["repo"])
+            continue
+        _write(dest, r.stdout)
     for p in m["patched"]:
         src, dest = os.path.join(ROOT, p["from"]), os.path.join(ROOT, p["path"])
         if not os.path.exists(src) or (os.path.exists(dest) and git_blob(open(dest, "rb").read()) == p["blob"]):
             continue
         with open(src, newline="") as a, open(os.path.join(ROOT, p["diff"]), newline="") as d:
-            data = apply_unified_diff(a.read(), d.read()).encode()
-        if git_blob(data) != p["blob"]:
-            raise SystemExit(f"{p['diff']} applied to {p['from']} does not give {p['path']} (blob {p['blob']})")
+            try:
+                data = apply_unified_diff(a.read(), d.read()).encode()
+            except (ValueError, IndexError, StopIteration) as e:
+                data, why = None, str(e)
+        if data is None or git_blob(data) != p["blob"]:
+            print(f"{p['diff']} applied to {p['from']} does not give {p['path']} (blob {p['blob']})"
+                  + (f": {why}" if data is None else "") + "; not written", file=sys.stderr)
+            continue
         _write(dest, data)
     missing = sorted(set(missing))
     if missing and not quiet:

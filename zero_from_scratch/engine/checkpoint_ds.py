@@ -64,7 +64,8 @@ def _full_values(engine) -> dict:
 
 def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: bool = False) -> None:
     """Every rank: DeepSpeed's files for this rank into folder d (a collective: all-gathers); exclude_frozen:
-    the module's frozen parameters left out of "module", as DeepSpeed's save_checkpoint(exclude_frozen_parameters)."""
+    the module's frozen parameters left out of "module" and no frozen shapes or fragments written, as
+    DeepSpeed's save_checkpoint(exclude_frozen_parameters) (runtime/engine.py: save_frozen_param)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
     full = _full_values(engine)
     # DeepSpeed drops param groups without parameters (runtime/engine.py::_configure_optimizer), and its
@@ -81,9 +82,10 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     model = {"module": sd, "buffer_names": [k for k, _ in engine.module.named_buffers()], "optimizer": None,
              "param_shapes": [OrderedDict((k, engine.params_by_name[k].shape if stage != 3 else full[k]["master"].shape)
                                           for k in g) for g in names],
-             "frozen_param_shapes": OrderedDict((k, v.shape) for k, v in frozen.items()),
+             "frozen_param_shapes": None if exclude_frozen else OrderedDict((k, v.shape) for k, v in frozen.items()),
              "shared_params": dict(aliases),
-             "frozen_param_fragments": {k: (ds_partition(v, n, r) if stage == 3 else v) for k, v in frozen.items()},
+             "frozen_param_fragments": None if exclude_frozen else {k: (ds_partition(v, n, r) if stage == 3 else v)
+                                                                    for k, v in frozen.items()},
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
              "data_sampler": None, "random_ltd": None, "skipped_steps": engine.skipped_steps,
              "global_steps": engine.global_steps, "global_samples": engine.global_steps * engine.config.train_batch_size,
