@@ -4,7 +4,7 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
-  persistence                 units ≤ stage3_param_persistence_threshold: gathered once per step, kept
+  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered, gathered again after each step
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
   qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
   backward gather             on the module's outputs, as DeepSpeed places it (z3_outputs.py)
@@ -73,16 +73,14 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
                                           for _ in self.layout.group_local]
 
     def _unit_block(self, u) -> torch.Tensor:
-        """The textbook's (rank 0's unit, broadcast), or, for parameters zero.Init partitioned,
-        their shards gathered one at a time (zero_partition.py)."""
+        """The textbook's (rank 0's unit, broadcast), or zero.Init's shards gathered one at a time (zero_partition.py)."""
         held = any(zp.held_by_init(self.params[s.name]) for s in u.slots)
         return zp.unit_block(self, u) if held else super()._unit_block(u)
 
     stats = property(lambda self: self.pf.stats)
 
     def unit(self, i: int):
-        """A unit by index: the engine's layout, then (frozen.py) the frozen parameters' units,
-        numbered after it; both can be gathered, traced, kept and released."""
+        """A unit by index: the layout's, then the frozen parameters' (frozen.py), numbered after it."""
         n = len(self.layout.units)
         return super().unit(i) if i < n else self.e.frozen.units[i - n]
 
@@ -267,7 +265,9 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             self.hpz.clear()             # secondary shards are stale once the weights move
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
-        self.release_all()               # the shards changed: persistent copies are stale
+        self.release_all()               # the shards changed: persistent copies are stale, and are gathered
+        for i in sorted(self.persistent):  # again at once, as DeepSpeed's stage3.py::_post_step and its load
+            self._gather(self.unit(i), "forward", "persistent parameters after the step")
         allocator.release_freed()        # this step's activations and gradients, freed into the heap
 
     after_load = after_step
