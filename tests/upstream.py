@@ -139,6 +139,14 @@ def skip_reason(path: str) -> str:
             f"`python -m tests.upstream` copies it from a clone (tests/upstream.json)")
 
 
+def require(path: str) -> None:
+    """For a command line: copy the files if `path` is absent, else exit saying why it cannot run."""
+    if not present(path):
+        copy()
+        if not present(path):
+            raise SystemExit(skip_reason(path) + "; no clone was found")
+
+
 def skip_unless_present(*paths: str):
     """A pytest mark: skip the test where one of `paths` (another project's file) is not here."""
     import pytest

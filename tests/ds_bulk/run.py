@@ -122,10 +122,7 @@ def main(argv=None) -> None:
                                                                  "(results/deepspeed.json): the others are not compared")
     a = ap.parse_args(argv)
     from tests import upstream
-    if not upstream.present("tests/ds_bulk/upstream/unit/common.py"):
-        upstream.copy()
-        if not upstream.present("tests/ds_bulk/upstream/unit/common.py"):
-            raise SystemExit(upstream.skip_reason("tests/ds_bulk/upstream/unit/common.py") + "; no clone was found")
+    upstream.require("tests/ds_bulk/upstream/unit/common.py")
     os.makedirs(RESULTS, exist_ok=True)
     if a.subset:
         path = os.path.join(RESULTS, "subsets.json")

@@ -131,10 +131,7 @@ def main(argv=None) -> None:
     ap.add_argument("-k", dest="select", help="pytest -k: rerun only these cases, keep the file's other results")
     a = ap.parse_args(argv)
     from tests import upstream
-    if not upstream.present("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py"):
-        upstream.copy()
-        if not upstream.present("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py"):
-            raise SystemExit(upstream.skip_reason("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py") + "; no clone was found")
+    upstream.require("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py")
     os.makedirs(RESULTS, exist_ok=True)
     for file in a.files or test_files():
         for mode in MODES if a.mode == "both" else (a.mode,):
