@@ -126,6 +126,8 @@ def load(config, dp: int) -> PipelineRunConfig:
     raw = read_json(config)
     given = json.loads(json.dumps(raw))
     gate(raw, GATE_TABLE, where="pipeline_parallel")
+    assert raw.get("managed_gradient_accumulation", True), \
+        "managed_gradient_accumulation=False is not supported with pipeline parallelism"   # DeepSpeed's check and words
     if raw.get("gradient_allreduce_op", "mean") != "mean":
         raise ValueError(f"config key 'gradient_allreduce_op' = {raw['gradient_allreduce_op']!r} is refused: the pipeline "
                          "engine averages gradients over the data-parallel replicas (DeepSpeed would sum); allowed: 'mean'")

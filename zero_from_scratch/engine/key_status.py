@@ -21,9 +21,8 @@ SAME = "same result here; DeepSpeed would "
 TOP = {
     "train_batch_size": H + "train_batch_size = micro × gradient_accumulation × N, as DeepSpeed checks",
     "train_micro_batch_size_per_gpu": H + "as train_batch_size", "gradient_accumulation_steps": H + "as train_batch_size",
-    "managed_gradient_accumulation": "honoured when true (DeepSpeed's default: the engine counts micro-steps to the "
-                                     "boundary); refused when false (zero_keys.refuse_false_modes): DeepSpeed would make every step() "
-                                     "the boundary, whatever gradient_accumulation_steps says",
+    "managed_gradient_accumulation": H + "true (DeepSpeed's default): the engine counts micro-steps to the boundary; false: "
+                                     "every step() is the boundary, backward() only accumulates (z_ua_boundary.py)",
     "steps_per_print": H + "when set (wall_clock.py): rank 0 prints DeepSpeed's 'step=…, skipped=…, lr=…, mom=…' line every this many "
                        "optimizer steps (DeepSpeed also prints every 10 when absent; here only when set)",
     "dump_state": H + "rank 0 prints every engine attribute at initialise, as print_configuration (wall_clock.py)",

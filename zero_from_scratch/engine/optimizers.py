@@ -138,6 +138,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def dynamic_loss_scale(self) -> bool:
         return self.loss_scaler.dynamic
 
+    def needs_scaler(self) -> bool:      # DeepSpeed's: a plain loss.backward() needs engine.scale(loss) first
+        return self.loss_scaler.dynamic
+
     @property
     def defaults(self) -> dict:
         return {k: v for k, v in self.param_groups[0].items() if k != "params"} if self.param_groups else {}

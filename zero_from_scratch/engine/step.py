@@ -71,6 +71,7 @@ def optimizer_step(engine) -> None:
     engine.loss_scaler.update_scale(overflow)
     engine.stage.zero_grad()
     engine.global_steps += 1
+    engine.global_samples += engine.samples_this_step()   # DeepSpeed's count (z_ua_boundary.py)
     engine.monitor.write_step(engine, None if loss is None else sq[1].item() / N)   # mean over ranks
     engine.comm.reset_step()
 

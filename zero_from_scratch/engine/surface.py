@@ -1,10 +1,10 @@
 """DeepSpeedEngine's surface that real clients touch, on ZeroEngine: ranks, the device, attribute
-lookups forwarded to the wrapped module, the accumulation boundary set by the client, no_sync, destroy,
+lookups forwarded to the wrapped module, no_sync, destroy,
 deepspeed_io, the throughput timer, the 16-bit model save; and initialize's argument handling (args.deepspeed_config,
 starting torch.distributed, the client LR scheduler).
 
     engine, optimizer, loader, sched = zero_from_scratch.initialize(args=args, model=m, training_data=ds)
-    engine.set_gradient_accumulation_boundary(is_boundary=False); engine.backward(loss); ...
+    with engine.no_sync(): engine.backward(loss)                  # stages 0-1: kept on the rank
 
 Each follows DeepSpeed 0.19.8's runtime/engine.py (named in the docstrings). Cost: none per step.
 """
@@ -119,21 +119,6 @@ class DeepSpeedSurface:
             yield
         finally:
             self.inside_no_sync_ctxt = False
-
-    def backward_boundary(self) -> bool:
-        """Whether this backward reduces: at the accumulation boundary and outside no_sync."""
-        boundary = self.is_gradient_accumulation_boundary() and not self.inside_no_sync_ctxt
-        self._grads_local = not boundary and self.stage_id < 2
-        return boundary
-
-    def check_step(self) -> None:
-        if self.inside_no_sync_ctxt:
-            raise AssertionError("It is illegal to call Engine.step() inside no_sync context manager")
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        """DeepSpeed: the client says whether the next backward ends the accumulation; until it
-        calls this, the micro-step counter decides."""
-        self._boundary_override = bool(is_boundary)
 
     def destroy(self) -> None:
         """DeepSpeedEngine.destroy: drop the optimizer's and stages' references so memory can be

@@ -25,9 +25,9 @@ else a ValueError naming the parameters on each), except with offload_optimizer:
 and Adam states on the host, "nvme" in files (offload.py). Every rank must call forward/backward/step the
 same number of times (the collectives pair up). DeepSpeed's client-facing surface: client optimizer objects /
 callables (at stage 0 in fp32 the object handed back) and LR schedulers (client_optim.py, optimizers.py),
-initialize(training_data=, args=), torch.distributed start-up, ranks, module attribute forwarding, the
-accumulation boundary, no_sync, destroy, save_16bit_model (surface.py), safe_get_*/safe_set_*
-(safe_api.py), DeepSpeed's checkpoint files (checkpoint_ds.py), ZeRO-3 leaf modules (leaf.py).
+initialize(training_data=, args=), torch.distributed start-up, ranks, module forwarding, no_sync, destroy,
+save_16bit_model (surface.py), the boundary (managed or the caller's step()), scale() and a plain
+loss.backward() (z_ua_boundary.py), safe_get_*/safe_set_* (safe_api.py), checkpoints (checkpoint_ds.py), leaf.py.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
 from zero_from_scratch.engine import client_optim, leaf, ledger, offload, safe_api, surface, wall_clock, z3_grads
+from zero_from_scratch.engine.z_ua_boundary import AccumulationBoundary, check_config
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units, shard_layout
@@ -60,7 +61,7 @@ from primitives.log import print0
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
-class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
+class ZeroEngine(AccumulationBoundary, surface.DeepSpeedSurface, nn.Module):
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
                  mpu=None, optimizer=None, lr_scheduler=None):
         super().__init__()
@@ -79,6 +80,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
             self.mp = Comm(comm_impl, self.parallel.mp_group)
             self.mp.device = self.device
         self.config = load_config(config, self.comm.size)
+        check_config(self.config)                    # managed_gradient_accumulation=False's checks (z_ua_boundary.py)
         if self.mp is not None and self.config.zero.zero_hpz_partition_size > 1:
             raise ValueError(f"rank {self.comm.global_rank}: zero_optimization.zero_hpz_partition_size > 1 with an "
                              "mpu: hpZ builds its groups from the world; use 1 with model parallelism")
@@ -137,25 +139,18 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         self._boundary_override = self._global_grad_norm = None   # the former: set_gradient_accumulation_boundary
         self.tput_timer = surface.ThroughputTimer(self.config.train_batch_size)
         safe_api.register(self)                      # safe_get_full_* find the engine from the parameter
-        self.micro_steps = self.global_steps = self.skipped_steps = 0
+        self.micro_steps = self.global_steps = self.skipped_steps = self.global_samples = 0
         self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
         self.instruments = wall_clock.install(self)   # steps_per_print, wall_clock_breakdown, comms_logger
         self.comm.reset_step()
 
     # ------------------------------------------------------------------ DeepSpeed's API
     def forward(self, *args, **kwargs):
-        if self.stage_id == 3:
-            self.stage.forward_done()
-            with self.stage.saved.active(), self.external.guard():
-                return self.module(*args, **kwargs)
-        return self.module(*args, **kwargs)
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        o = self._boundary_override                   # set_gradient_accumulation_boundary (surface.py)
-        return o if o is not None else (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+        if self.stage_id != 3:
+            return self.watch_outputs(self.module(*args, **kwargs))   # a plain backward (z_ua_boundary.py)
+        self.stage.forward_done()
+        with self.stage.saved.active(), self.external.guard():
+            return self.watch_outputs(self.module(*args, **kwargs))
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -167,7 +162,8 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
         if self.loss_scaler.loss_scale * self.config.reduction.pre != 1.0:   # pre: grad_keys.py
             scaled = scaled * (self.loss_scaler.loss_scale * self.config.reduction.pre)
         self.stage.before_backward(boundary)
-        scaled.backward(retain_graph=retain_graph)
+        with self.engine_backward():                  # counted when unmanaged (z_ua_boundary.py)
+            scaled.backward(retain_graph=retain_graph)
         self.stage.after_backward(boundary)
         self.frozen.after_backward()
         self.monitor.record_loss(loss)
@@ -176,10 +172,11 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
 
     def step(self, lr_kwargs=None) -> None:
         self.check_step()
-        if self.is_gradient_accumulation_boundary():
-            self.lr_kwargs = lr_kwargs                # DeepSpeed's: passed to lr_scheduler.step (step.py)
-            self._optimizer_step()
-        self.tput_timer.stop(global_step=self.is_gradient_accumulation_boundary())
+        with self.boundary_step():                    # unmanaged: this call is the boundary (z_ua_boundary.py)
+            if self.is_gradient_accumulation_boundary():
+                self.lr_kwargs = lr_kwargs            # DeepSpeed's: passed to lr_scheduler.step (step.py)
+                self._optimizer_step()
+            self.tput_timer.stop(global_step=self.is_gradient_accumulation_boundary())
         self.micro_steps += 1
 
     def zero_grad(self) -> None:
@@ -268,6 +265,7 @@ class ZeroEngine(surface.DeepSpeedSurface, nn.Module):
             self.offload.after_load()    # cpu offload in fp32: the host master follows the loaded params
         self.stage.after_load()      # stage 3: drop gathered copies of the old weights
         sync_steps(self)
+        self.global_samples = self.global_steps * self.config.train_batch_size   # as checkpoint_ds writes it
         return out
 
     def rng_state(self) -> dict:

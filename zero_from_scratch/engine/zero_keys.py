@@ -198,10 +198,7 @@ INITIALIZE_ARGS = {
 
 
 def refuse_false_modes(raw: dict, z: dict, offload) -> None:
-    """The two keys whose false value asks for a DeepSpeed mode this engine does not have (the table says why)."""
-    if raw.get("managed_gradient_accumulation", True) is False:
-        raise ValueError("config key 'managed_gradient_accumulation' = False is refused: not implemented here; DeepSpeed "
-                         "would make every step() the accumulation boundary (the caller drives it)")
+    """The key whose false value asks for a DeepSpeed mode this engine does not have (the table says why)."""
     if z.get("ignore_unused_parameters") is False and offload and z.get("stage", 0) in (1, 2):
         raise ValueError("config key 'zero_optimization.ignore_unused_parameters' = False is refused at ZeRO stages 1-2 "
                          "with offload_optimizer: not implemented here; DeepSpeed would assert at the step when a "
