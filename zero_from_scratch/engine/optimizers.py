@@ -142,6 +142,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return self.loss_scaler.dynamic
 
     @property
+    def leaf_parameters(self) -> dict:
+        """DeepSpeed's ZeRO-3 optimizer attribute: each leaf module (leaf.py) → its trained parameters."""
+        engine = getattr(self.engine_backward, "__self__", None)
+        if engine is None or engine.stage_id != 3:
+            raise AttributeError("leaf_parameters: DeepSpeed's ZeRO-3 optimizer has it, not this stage's")
+        out = {}
+        for p in engine.params_by_name.values():
+            if hasattr(p, "ds_z3_leaf_module"):
+                out.setdefault(p.ds_z3_leaf_module, []).append(p)
+        return out
+
+    @property
     def defaults(self) -> dict:
         return {k: v for k, v in self.param_groups[0].items() if k != "params"} if self.param_groups else {}
 

@@ -23,8 +23,10 @@ A plain backward (DeepSpeed's torch-style backward): forward puts a hook on each
 backward engine.backward did not start, the first hook to fire runs the stage's before_backward and
 queues its after_backward (the reductions) at the end of autograd's graph task, and each hook
 multiplies its output's gradient by grad_keys' `pre` / gradient_accumulation_steps, as DeepSpeed's
-_backward_prologue_per_tensor divides by the latter. scale(loss) multiplies by the loss scale; with
-fp16's dynamic scaler a plain backward without it raises DeepSpeed's RuntimeError.
+_backward_prologue_per_tensor divides by the latter (DeepSpeed's quirk, kept: an output computed from
+another, a model's loss from its logits, is divided on both hooks when gradient_accumulation_steps > 1).
+scale(loss) multiplies by the loss scale; with fp16's dynamic scaler a plain backward without it
+raises DeepSpeed's RuntimeError.
 """
 from __future__ import annotations
 
