@@ -10,7 +10,9 @@ deprecated_offload_keys   zero_optimization.cpu_offload: true → offload_optimi
 pipeline_clip_stage0      a PipelineModule in fp32: gradient clipping by stage 0's norm on every stage
         (DeepSpeed's fp32 pipeline: runtime/pipe/engine.py leaves clipping to the torch optimizer
         path, whose norm covers the stage's own parameters, broadcast from the first stage), i.e.
-        "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself.
+        "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself; and
+        pipeline.use_reentrant true unless the config says otherwise (DeepSpeed's default: reentrant
+        activation checkpointing, stage 0's floating inputs require grad; engine/activation_checkpointing.py).
 train_what_is_given       model_parameters (or a client optimizer object's groups) that leave trainable
         weights out: DeepSpeed's optimizer holds only what it is given, so the others never change; the runner sets requires_grad=False on them
         (the engine then keeps them as frozen weights: same losses, no gradient kept for them) and
@@ -128,10 +130,10 @@ def pipeline_clip_stage0(config):
     if not isinstance(c, dict):
         return config
     low = any((c.get(k) or {}).get("enabled") is True for k in ("fp16", "bf16", "bfloat16"))
-    pipe = c.get("pipeline") or {}
-    if low or "clip_norm" in pipe:
-        return config     # DeepSpeed's bf16/fp16 optimizers clip by every stage's norm: ringzero's default
-    c["pipeline"] = {**pipe, "clip_norm": "stage0"}
+    pipe = {"use_reentrant": True, **(c.get("pipeline") or {})}
+    if not (low or "clip_norm" in pipe):   # DeepSpeed's bf16/fp16 optimizers clip by every stage's norm: ringzero's
+        pipe["clip_norm"] = "stage0"
+    c["pipeline"] = pipe
     return c
 
 
