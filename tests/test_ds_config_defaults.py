@@ -91,3 +91,32 @@ def test_grad_accum_dtype_equal_to_the_models_runs_and_another_is_refused_or_war
     assert any("ZeRO-3 ignores it" in n for n in cfg.zero.notes)
     _, said = _load(_cfg("amp", {"enabled": False}))
     assert "raises DeepSpeedConfigError" in said                 # off, so it runs; DeepSpeed would refuse it
+
+
+def _world_sizes(rank, world):
+    import torch.distributed as dist
+    from zero_from_scratch.as_deepspeed.config_objects import DeepSpeedConfig
+    groups = [dist.new_group([r]) for r in range(world)]
+
+    class Mesh:                       # torch's DeviceMesh API: the data-parallel group of this rank
+        def get_group(self, mesh_dim):
+            assert mesh_dim == "data_parallel"
+            return groups[rank]
+
+    class SequenceMpu:                # an mpu with only a sequence-parallel size (DeepSpeed's Ulysses case)
+        def get_sequence_parallel_world_size(self):
+            return world
+
+    base = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
+    return [DeepSpeedConfig(base).train_batch_size, DeepSpeedConfig({**base, "sequence_parallel_size": world}).world_size,
+            DeepSpeedConfig(base, mesh_device=Mesh()).train_batch_size, DeepSpeedConfig(base, mpu=SequenceMpu()).world_size]
+
+
+def test_deepspeed_config_takes_its_world_size_as_deepspeed_does(spawn):
+    """mesh_device and sequence_parallel_size divide the data-parallel size (runtime/config.py's
+    order), so the batch sizes follow; the engine refuses sequence_parallel_size > 1 without an mpu."""
+    for got in spawn(_world_sizes, 2):
+        assert got == [4, 1, 2, 1]
+    _load(_cfg("sequence_parallel_size", 1))
+    with pytest.raises(ValueError, match="Ulysses"):
+        _load(_cfg("sequence_parallel_size", 2))

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
-from zero_from_scratch.engine.zero_keys import KEY_STATUS, data_types_note, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
+from zero_from_scratch.engine.zero_keys import KEY_STATUS, value_notes, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
 from zero_from_scratch.engine.key_status import gate, suggest as _suggest
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
@@ -293,7 +293,7 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"
     cfg.reduction = parse_reduction(raw, zero.stage, zero.reduce_scatter, dt, world_size)
     zero.notes += tuple(n for n in [predivide_ignored(raw, zero.stage, zero.reduce_scatter),
-                                    data_types_note(raw, dt, zero.stage)] if n)
+                                    value_notes(raw, dt, zero.stage)] if n)
     if unknown:
         warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
                       stacklevel=2)

@@ -63,9 +63,11 @@ TOP = {
     "data_efficiency": R + NOT + "sample/route data by curriculum (data efficiency library)",
     "curriculum_learning": R + GONE + " (its home is data_efficiency.data_sampling now)",
     "checkpoint": H + "see its keys",
+    "sequence_parallel_size": "honoured when 1; refused when larger (zero_keys.value_notes): DeepSpeed would divide "
+                              "the data-parallel size by it (Ulysses); the engine takes sequence parallelism from an mpu",
     "data_types": H + "see its keys",
     "data_types.grad_accum_dtype": "honoured when null or the model's dtype (gradients accumulate in it here); refused "
-                                   "when another dtype at stages 0-2 (zero_keys.data_types_note): DeepSpeed would "
+                                   "when another dtype at stages 0-2 (zero_keys.value_notes): DeepSpeed would "
                                    "accumulate in it (stage 0: DeepSpeed raises); warned at stage 3, which ignores it",
     "dataloader_drop_last": W + NOT + "drop the last partial batch of deepspeed_io's loader",
     "aio": W + SAME + "tune asynchronous NVMe I/O (queue depth, block size, threads)",

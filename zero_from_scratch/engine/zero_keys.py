@@ -209,8 +209,14 @@ def refuse_false_modes(raw: dict, z: dict, offload) -> None:
                          "trainable parameter got no gradient")
 
 
-def data_types_note(raw: dict, dtype: str, stage: int) -> str | None:
-    """data_types.grad_accum_dtype against what the engine does: gradients accumulate in the model's dtype."""
+def value_notes(raw: dict, dtype: str, stage: int) -> str | None:
+    """sequence_parallel_size, and data_types.grad_accum_dtype against what the engine does: gradients
+    accumulate in the model's dtype. A refusal raises; a value DeepSpeed ignores returns the note."""
+    sp = raw.get("sequence_parallel_size", 1)
+    if sp != 1:
+        raise ValueError(f"config key 'sequence_parallel_size' = {sp!r} is refused: not implemented here without an mpu; "
+                         "DeepSpeed would divide the data-parallel size by it (Ulysses sequence parallelism); pass "
+                         "initialize(mpu=...) with the sequence-parallel groups (mpu.py)")
     want = (raw.get("data_types") or {}).get("grad_accum_dtype")
     names = {"fp32": ("torch.float32", "fp32", "float32", "float"), "fp16": ("torch.float16", "fp16", "float16", "half"),
              "bf16": ("torch.bfloat16", "bf16", "bfloat16")}
