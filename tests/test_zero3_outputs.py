@@ -82,3 +82,43 @@ def test_returned_parameter_is_an_alias_registered_outermost_and_trains_like_tor
         assert regs == (1, 0, 0)          # Outer adds it: registered there, left by Middle (as DeepSpeed)
         for n, p in ref.named_parameters():
             torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)   # fp32, different sum order
+
+
+class Caller(nn.Module):
+    def __init__(self, middle):
+        super().__init__()
+        self.middle = middle
+
+    def forward(self, x):
+        return self.middle(x)
+
+
+class Shared(nn.Module):
+    """Middle called by two parents: the returned bias is registered to each in turn (DeepSpeed's rule)."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        middle = Middle(d)
+        self.a, self.b = Caller(middle), Caller(middle)
+
+    def forward(self, x):
+        out, bias = self.a(x)
+        out2, bias2 = self.b(out)
+        return (out2 + bias + bias2).pow(2).sum()
+
+
+def _shared(rank, world):
+    torch.manual_seed(0)
+    engine, *_ = zero_from_scratch.initialize(model=Shared(), config=CFG)
+    engine.external.auto_register = True
+    left = []
+    for step in range(2):
+        engine.backward(engine(_xs(step, world)[rank]))
+        engine.step()
+        left.append(sorted(len(c) for c in engine.external.calls.values()))
+    return left, dict(engine.external.pins)
+
+
+def test_every_call_releases_what_it_pinned_and_leaves_no_entry(spawn):
+    for left, pins in spawn(_shared, 2):
+        assert all(n == 0 for step in left for n in step) and all(v == 0 for v in pins.values())
