@@ -79,3 +79,23 @@ def test_a_save_gathers_persistent_parameters_again(spawn, tmp_path):
     for released, held, want in spawn(_save, 2, args=(str(tmp_path),)):
         assert released == (0, 0)
         assert all(torch.equal(h, w) and h.numel() == 1 for h, w in zip(held, want))
+
+
+def _destroy(rank, world, threshold):
+    torch.manual_seed(0)
+    model = Affine()
+    engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(threshold))
+    x = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    engine.backward(engine(x, 2 * x + 1))
+    engine.step()
+    with GatheredParameters([model.a]):
+        want = model.a.detach().clone()
+    engine.destroy()
+    return model.a.numel(), model.a.detach().clone(), want
+
+
+def test_destroy_leaves_persistent_parameters_gathered_as_deepspeed(spawn):
+    for n, got, want in spawn(_destroy, 2, args=(100_000,)):
+        assert n == 1 and torch.equal(got, want)
+    for n, _, _ in spawn(_destroy, 2, args=(0,)):
+        assert n == 0                                # the others stay partitioned

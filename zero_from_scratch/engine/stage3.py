@@ -186,10 +186,10 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             super()._release(u, kind)
             self.units_pool.give(full)           # reused by the next gather unless something kept it
 
-    def release_all(self) -> None:
-        """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
+    def release_all(self, keep_persistent: bool = False) -> None:
+        """Drop every gathered copy (the shards changed); keep_persistent: engine.destroy, as DeepSpeed's."""
         self.pf.drop(self.units_pool.give)
-        for i in list(self.full_of):
+        for i in [i for i in self.full_of if not (keep_persistent and i in self.persistent)]:
             self._release(self.unit(i), "step")
 
     # ------------------------------------------------------------------ the hooks follow the trace
