@@ -53,7 +53,7 @@ def environment(mode: str) -> dict:
 def last_line(text: str) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     errs = [ln for ln in lines if ln.startswith("E ")]
-    return (errs[-1] if errs else lines[-1] if lines else "")[:300]
+    return (errs[-1] if errs else lines[-1] if lines else "")[:500]
 
 
 def parse(xml_path: str, file: str) -> dict:

@@ -23,7 +23,7 @@ from zero_from_scratch.as_deepspeed import served
 # the config gate's "config key 'K' = V is refused: ..." (key_status.gate, grad_keys)
 NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero(?: \(DeepSpeed [\d.]+ API\): "
                         r"DeepSpeed would ([^;]*))?")
-REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,160})|"
+REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,420})|"
                      r"ValueError: (config key '[\w.]+')(?: = .*?)? (is refused[^:]*: .{0,120})")
 
 
