@@ -82,3 +82,90 @@ def test_returned_parameter_is_an_alias_registered_outermost_and_trains_like_tor
         assert regs == (1, 0, 0)          # Outer adds it: registered there, left by Middle (as DeepSpeed)
         for n, p in ref.named_parameters():
             torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)   # fp32, different sum order
+
+
+class Caller(nn.Module):
+    def __init__(self, middle):
+        super().__init__()
+        self.middle = middle
+
+    def forward(self, x):
+        return self.middle(x)
+
+
+class Shared(nn.Module):
+    """Middle called by two parents: the returned bias is registered to each in turn (DeepSpeed's rule)."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        middle = Middle(d)
+        self.a, self.b = Caller(middle), Caller(middle)
+
+    def forward(self, x):
+        out, bias = self.a(x)
+        out2, bias2 = self.b(out)
+        return (out2 + bias + bias2).pow(2).sum()
+
+
+def _shared(rank, world):
+    torch.manual_seed(0)
+    engine, *_ = zero_from_scratch.initialize(model=Shared(), config=CFG)
+    engine.external.auto_register = True
+    left = []
+    for step in range(2):
+        engine.backward(engine(_xs(step, world)[rank]))
+        engine.step()
+        left.append(sorted(len(c) for c in engine.external.calls.values()))
+    return left, dict(engine.external.pins)
+
+
+def test_every_call_releases_what_it_pinned_and_leaves_no_entry(spawn):
+    for left, pins in spawn(_shared, 2):
+        assert all(n == 0 for step in left for n in step) and all(v == 0 for v in pins.values())
+
+
+class ReturnsDict(nn.Linear):
+    def forward(self, x):
+        return {"out": super().forward(x), "extra": [self.bias]}     # DeepSpeed walks dicts and lists too
+
+
+class DictOuter(nn.Module):
+    def __init__(self, d=6):
+        super().__init__()
+        self.first, self.inner = nn.Linear(d, d), ReturnsDict(d, d)
+
+    def forward(self, x):
+        d = self.inner(self.first(x))
+        bias = d["extra"][0]
+        if hasattr(getattr(bias, "ds_param_alias", bias), "ds_status"):
+            seen.append((type(bias) is not nn.Parameter, getattr(bias, "ds_param_alias", None) is self.inner.bias))
+        return (d["out"] * bias).pow(2).sum()
+
+
+def _dict_train(rank, world):
+    seen.clear()
+    torch.manual_seed(0)
+    model = DictOuter()
+    engine, *_ = zero_from_scratch.initialize(model=model, config=CFG)
+    engine.external.auto_register = True
+    for step in range(2):
+        engine.backward(engine(_xs(step, world)[rank]))
+        engine.step()
+    with engine.gathered_parameters(list(model.parameters())):
+        got = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return list(seen), got
+
+
+def test_dict_and_list_outputs_are_wrapped_as_deepspeed_wraps_them(spawn):
+    torch.manual_seed(0)
+    ref = DictOuter()
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    for step in range(2):
+        opt.zero_grad()
+        (sum(ref(x) for x in _xs(step, 2)) / 2).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+    for seen_, got in spawn(_dict_train, 2):
+        assert seen_ == [(True, True)] * 2            # the alias, naming the parameter, inside a dict's list
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)

@@ -12,7 +12,8 @@ a loader over this data replica's share (DistributedSampler over the data axis, 
 third, and a repeating iterator that train_batch() reads without data_iter; a client optimizer,
 lr_scheduler or mpu is refused with the reason. DeepSpeed's "pipeline" keys act as in its engine:
 activation_checkpoint_interval k > 0 overrides the module's (built stages too), use_reentrant false
-selects non_reentrant_checkpoint, pipe_partitioned / grad_partitioned are refused with a model axis
+selects non_reentrant_checkpoint, true DeepSpeed's reentrant one (absent: torch's non-reentrant; the runner
+sets it true), pipe_partitioned / grad_partitioned are refused with a model axis
 (accepted without), stages / partition / seed_layers are read by nothing, as in DeepSpeed.
 The world: the module's topology (pp × dp, or pp × dp × tp), or pp × world/pp, or ringzero's mesh=
 (a primitives.mesh.Mesh whose layers already hold their tp shards: classification/parallel/pipeline.py);
@@ -32,7 +33,7 @@ from pipeline_parallel.engine.topology import (PipeDataParallelTopology, PipeMod
                                                mesh_sizes)
 from primitives.launch import init_from_env
 from primitives.mesh import Mesh, MeshError
-from zero_from_scratch.engine.activation_checkpointing import checkpoint as non_reentrant_checkpoint
+from zero_from_scratch.engine.activation_checkpointing import checkpoint as non_reentrant_checkpoint, reentrant_checkpoint
 from zero_from_scratch.engine.dataloader import RepeatingLoader   # one home: deepspeed.utils.RepeatingLoader
 from zero_from_scratch.engine.surface import resolve_config        # deepspeed.initialize's config rule, one home
 
@@ -104,10 +105,11 @@ def _deepspeed_pipeline_keys(model, config: dict) -> None:
     k = pipe.pop("activation_checkpoint_interval", 0)
     if k > 0:     # DeepSpeed's runtime/pipe/engine.py __init__: the config's k > 0 overrides the module's (built stages too)
         model.set_checkpoint_interval(k)
-    if pipe.pop("use_reentrant", True) is False:     # DeepSpeed's engine: the module's function becomes its
-        model.activation_checkpoint_func = non_reentrant_checkpoint     # non_reentrant_checkpoint (ringzero's)
-        for chunk in model._chunks:
-            chunk.checkpoint_func = non_reentrant_checkpoint
+    reentrant = pipe.pop("use_reentrant", None)
+    if reentrant is False:     # DeepSpeed's engine: the module's function becomes its non_reentrant_checkpoint
+        model.set_checkpoint_func(non_reentrant_checkpoint)
+    elif reentrant and model.activation_checkpoint_func is None:   # said (the runner says it): DeepSpeed's default
+        model.set_checkpoint_func(reentrant_checkpoint)
     model_axis = model._topo is not None and model._topo.get_dim("model") > 1
     for key in ("pipe_partitioned", "grad_partitioned"):
         if pipe.pop(key, True) and model_axis:

@@ -227,6 +227,12 @@ class PipelineModule(nn.Module):
         if self._chunks or hasattr(self, "is_checkpointable_results"):     # the cache, rebuilt for the new interval
             self._precompute_checkpointable_values()
 
+    def set_checkpoint_func(self, func) -> None:
+        """The function checkpointed groups run under (None: torch's non-reentrant), built stages too."""
+        self.activation_checkpoint_func = func
+        for chunk in self._chunks:
+            chunk.checkpoint_func = func
+
     def _precompute_checkpointable_values(self) -> None:
         """DeepSpeed's is_checkpointable_results: per block of `interval` layers of this rank's stage
         (stage 0, built for this, before the stage is), whether forward checkpoints it (StageChunk._checkpointed)."""

@@ -190,6 +190,8 @@ class PipelineEngine:
                 break
             # DeepSpeed's _exec_load_micro_batch: tensors moved to the device, a label of another type kept
             inputs[mb], labels[mb] = (t.to(self.device) if torch.is_tensor(t) else t for t in item)
+            if self._reentrant_activation_checkpointing() and inputs[mb].is_floating_point():
+                inputs[mb] = inputs[mb].detach().requires_grad_()     # else the first group is cut off from autograd
         return inputs, labels
 
     save_checkpoint, load_checkpoint = save_checkpoint, load_checkpoint    # DeepSpeed's pipeline layout (engine/checkpoint.py)
@@ -233,8 +235,8 @@ class PipelineEngine:
     config = property(lambda self: self.cfg.raw, doc="the config as given to initialize")
 
     def _reentrant_activation_checkpointing(self) -> bool:
-        """Must stage 0's inputs require grad? Only under a client's own checkpoint function; ringzero's
-        layer checkpointing and non_reentrant_checkpoint are torch's non-reentrant one."""
+        """Must stage 0's inputs require grad? Under a reentrant function (DeepSpeed's default, or a
+        client's own); ringzero's default (None) and non_reentrant_checkpoint are torch's non-reentrant one."""
         func = self.module.activation_checkpoint_func
         return self.module.activation_checkpoint_interval > 0 and func not in (None, non_reentrant_checkpoint)
 

@@ -12,7 +12,9 @@ so `import deepspeed` is ringzero's, as under `python -m zero_from_scratch.as_de
 a name ringzero does not serve fails where a test uses it, not at the file's imports
 (RINGZERO_DEEPSPEED_DEFER, finder.py): each test is judged by what it uses.
 Each test's outcome (and a failure's last line) goes to tests/ds_bulk/results/<mode>.json;
-table.py reads them. Cost: the tests' own, serial (2 cores); a few seconds of imports per file.
+table.py reads them. A file that binds a fixed MASTER_PORT in pytest's own process runs in a network
+namespace of its own (own_network), so other runs on the machine cannot hold its port.
+Cost: the tests' own, serial (2 cores); a few seconds of imports per file.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import fcntl
 import glob
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,7 +53,7 @@ def environment(mode: str) -> dict:
 def last_line(text: str) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     errs = [ln for ln in lines if ln.startswith("E ")]
-    return (errs[-1] if errs else lines[-1] if lines else "")[:300]
+    return (errs[-1] if errs else lines[-1] if lines else "")[:500]
 
 
 def parse(xml_path: str, file: str) -> dict:
@@ -77,14 +81,29 @@ def deepspeed_passed(file: str) -> list[str]:
     return [k for k, v in ds.items() if k.startswith(file + "::") and v[0] == "passed"]
 
 
+def own_network(file: str) -> bool:
+    """A file that starts torch.distributed in pytest's own process on a fixed MASTER_PORT (DeepSpeed's
+    test_zero_grad_clip.py: 29500) meets any other run on this machine holding that port; it runs in a
+    fresh network namespace of its own (loopback only: `unshare -n`, as root), the file unchanged."""
+    src = open(os.path.join(UP, file)).read()
+    return re.search(r"""environ\[['"]MASTER_PORT['"]\]\s*=""", src) is not None
+
+
 def run_file(file: str, mode: str, timeout: int, select: str | None = None, ids: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "r.xml")
         cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--confcutdir=.", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=", "-m", "not sequential and not nightly and not inference", f"--junitxml={xml}",
                "--timeout", "600", *(ids or [file])] + (["-k", select] if select else [])
+        env = environment(mode)
+        if own_network(file):
+            if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")):
+                return {f"{file}::<file>": ["error", "needs a network namespace of its own (unshare -n as root): "
+                                                     "it binds a fixed MASTER_PORT in pytest's process"]}
+            cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+            env["GLOO_SOCKET_IFNAME"] = "lo"     # the namespace's only interface
         try:
-            subprocess.run(cmd, cwd=UP, env=environment(mode), capture_output=True, text=True, timeout=timeout)
+            subprocess.run(cmd, cwd=UP, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {f"{file}::<file>": ["error", f"the file ran past {timeout}s"]}
         if not os.path.exists(xml):

@@ -23,7 +23,7 @@ from zero_from_scratch.as_deepspeed import served
 # the config gate's "config key 'K' = V is refused: ..." (key_status.gate, grad_keys)
 NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero(?: \(DeepSpeed [\d.]+ API\): "
                         r"DeepSpeed would ([^;]*))?")
-REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,160})|"
+REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,480})|"
                      r"ValueError: (config key '[\w.]+')(?: = .*?)? (is refused[^:]*: .{0,120})")
 
 
@@ -113,6 +113,7 @@ def main(argv=None) -> None:
         print("\n".join(f"- {why}: {n}" for why, n in reasons(rs)))
         return
     from rich.console import Console
+    from rich.markup import escape      # a reason may hold "[p]": text, not markup
     from rich.table import Table
     t = Table(title="DeepSpeed's tests/unit files: installed DeepSpeed 0.19.8 vs ringzero (CPU, gloo)")
     for col in ("file", "collected", "pass DeepSpeed", "pass ringzero too", "refused", "failing", "DeepSpeed itself"):
@@ -123,11 +124,11 @@ def main(argv=None) -> None:
     con = Console(width=200)
     con.print(t)
     for why, n in reasons(rs):
-        con.print(f"refused ×{n}: {why}")
+        con.print(f"refused ×{n}: {escape(why)}")
     if a.failing:
         for r in rs:
             for k, why in r["failing"]:
-                con.print(f"[red]failing[/] {k}: {why[:220]}")
+                con.print(f"[red]failing[/] {escape(k)}: {escape(why[:220])}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
     deepspeed.checkpointing.configure(None, partition_activations=True)   (under the runner)
     y = deepspeed.checkpointing.checkpoint(block, x)
 
-checkpoint / non_reentrant_checkpoint   torch's non-reentrant checkpoint (engine/activation_checkpointing.py):
-             the same numbers as DeepSpeed's reentrant default; one extra forward of the block in backward.
+checkpoint   DeepSpeed's default, reentrant (engine/activation_checkpointing.py::reentrant_checkpoint): a
+             block none of whose inputs requires grad runs non-reentrant, warned once (DeepSpeed's would
+             leave its parameters without gradients); one extra forward of the block in backward.
+non_reentrant_checkpoint   torch's non-reentrant checkpoint: the same numbers.
 configure(mpu_, deepspeed_config=None, ...)   records the settings; partition_activations,
              contiguous_checkpointing, checkpoint_in_cpu, synchronize, profile set true are warned once
              (they split activations over model-parallel ranks or tune CUDA memory: nothing to do here),
@@ -14,9 +16,8 @@ is_configured(), reset()   as DeepSpeed's. Cost: none beyond torch's checkpoint.
 from __future__ import annotations
 
 from zero_from_scratch.as_deepspeed.utils import logger
-from zero_from_scratch.engine.activation_checkpointing import checkpoint
-
-non_reentrant_checkpoint = checkpoint
+from zero_from_scratch.engine.activation_checkpointing import checkpoint as non_reentrant_checkpoint
+from zero_from_scratch.engine.activation_checkpointing import reentrant_checkpoint as checkpoint
 _SETTINGS: dict = {}
 _NO_EFFECT = ("partition_activations", "contiguous_checkpointing", "checkpoint_in_cpu", "synchronize", "profile")
 

@@ -7,8 +7,9 @@ Served as `deepspeed.runtime.config.DeepSpeedConfig`, `deepspeed.runtime.zero.co
 DeepSpeed 0.19.8's schemas (runtime/zero/config.py, offload_config.py, leaf_module_config.py,
 precision_config.py: field names, defaults, aliases, deprecations, bounds) declared on ringzero's
 DeepSpeedConfigModel (config_model.py), so a typo is a ValidationError as there. DeepSpeedConfig reads
-the file as DeepSpeed does (hjson, duplicate keys refused), applies DeepSpeed's gradient_allreduce_op
-checks, and resolves the batch sizes with ringzero's own parser (engine/config.py load_config), whose
+the file as DeepSpeed does (hjson, duplicate keys refused), takes DeepSpeed's data-parallel world size
+(an mpu's, mesh_device's "data_parallel" group, or the world ÷ the config's sequence_parallel_size:
+data_parallel_size), applies DeepSpeed's gradient_allreduce_op checks, and resolves the batch sizes with ringzero's own parser (engine/config.py load_config), whose
 object it keeps as `.ringzero`. Cost: one pydantic validation per object.
 """
 from __future__ import annotations
@@ -188,6 +189,28 @@ def read_config(config) -> dict:
         return hjson.load(f, object_pairs_hook=_no_duplicates)
 
 
+def data_parallel_size(d: dict, mpu=None, mesh_device=None) -> int:
+    """DeepSpeedConfig's world size, in its order: the mpu's data-parallel size (an mpu with only a
+    sequence-parallel size: world ÷ that); mesh_device's "data_parallel" group; else world ÷ the
+    config's sequence_parallel_size (HF's zero.init path, Ulysses), else the world."""
+    world = dist.get_world_size()
+    if mpu is not None:
+        sp = None if hasattr(mpu, "get_data_parallel_world_size") else mpu.get_sequence_parallel_world_size()
+        return mpu.get_data_parallel_world_size() if sp is None else _whole(world, sp, "the mpu's sequence-parallel size")
+    if mesh_device is not None:
+        return dist.get_world_size(mesh_device.get_group(mesh_dim="data_parallel"))
+    if "sequence_parallel_size" in d:
+        return _whole(world, d["sequence_parallel_size"], "config key 'sequence_parallel_size'")
+    return world
+
+
+def _whole(world: int, sp, what: str) -> int:
+    if not isinstance(sp, int) or sp < 1 or world % sp:
+        raise ValueError(f"{what} = {sp!r} does not divide the world size {world}: DeepSpeed would take a data-parallel "
+                         f"size of {world}/{sp}, not a whole number of ranks")
+    return world // sp
+
+
 class DeepSpeedConfig:
     """`deepspeed.runtime.config.DeepSpeedConfig(config, mpu=None)`: the sections above plus the batch sizes."""
 
@@ -195,9 +218,8 @@ class DeepSpeedConfig:
         self._param_dict = read_config(config)
         on = dist.is_available() and dist.is_initialized()
         self.global_rank = dist.get_rank() if on else 0
-        self.world_size = (mpu.get_data_parallel_world_size() if mpu is not None
-                           else dist.get_world_size() if on else 1)
-        d = self._param_dict
+        self.world_size = data_parallel_size(self._param_dict, mpu, mesh_device) if on else 1
+        d = {k: v for k, v in self._param_dict.items() if k != "sequence_parallel_size"}   # applied just above
         op = d.get("gradient_allreduce_op", "mean")
         self.gradient_allreduce_op = op.lower() if isinstance(op, str) else op
         if self.gradient_allreduce_op not in ("mean", "sum"):

@@ -10,7 +10,9 @@ deprecated_offload_keys   zero_optimization.cpu_offload: true → offload_optimi
 pipeline_clip_stage0      a PipelineModule in fp32: gradient clipping by stage 0's norm on every stage
         (DeepSpeed's fp32 pipeline: runtime/pipe/engine.py leaves clipping to the torch optimizer
         path, whose norm covers the stage's own parameters, broadcast from the first stage), i.e.
-        "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself.
+        "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself; and
+        pipeline.use_reentrant true unless the config says otherwise (DeepSpeed's default: reentrant
+        activation checkpointing, stage 0's floating inputs require grad; engine/activation_checkpointing.py).
 train_what_is_given       model_parameters (or a client optimizer object's groups) that leave trainable
         weights out: DeepSpeed's optimizer holds only what it is given, so the others never change; the runner sets requires_grad=False on them
         (the engine then keeps them as frozen weights: same losses, no gradient kept for them) and
@@ -19,7 +21,8 @@ expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / 
         torch optimizer there; ringzero's engine.optimizer is that optimizer (over its shards), so a
         view of it is set there (one without a further .optimizer: unwrapping loops end); its
         state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition;
-        DeepSpeed's layout names (fp16_groups, the flat fp32 partitions) as views: zero_layout.py.
+        DeepSpeed's layout names (fp16_groups, the flat fp32 partitions) as views: zero_layout.py; at
+        stage 3 DeepSpeedZeroOptimizer_Stage3's isinstance and norm names: zero3_optimizer.py.
 tag_validation_warn       checkpoint.tag_validation defaults to WARN (runtime/config.py's default): ranks
         saving under different tags are warned, not refused (checkpoint.py::_rank0_tag says where
         the files go).
@@ -47,7 +50,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import zero_layout
+from zero_from_scratch.as_deepspeed import zero3_optimizer, zero_layout
 from zero_from_scratch.as_deepspeed.utils import logger
 from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
 
@@ -128,10 +131,10 @@ def pipeline_clip_stage0(config):
     if not isinstance(c, dict):
         return config
     low = any((c.get(k) or {}).get("enabled") is True for k in ("fp16", "bf16", "bfloat16"))
-    pipe = c.get("pipeline") or {}
-    if low or "clip_norm" in pipe:
-        return config     # DeepSpeed's bf16/fp16 optimizers clip by every stage's norm: ringzero's default
-    c["pipeline"] = {**pipe, "clip_norm": "stage0"}
+    pipe = {"use_reentrant": True, **(c.get("pipeline") or {})}
+    if not (low or "clip_norm" in pipe):   # DeepSpeed's bf16/fp16 optimizers clip by every stage's norm: ringzero's
+        pipe["clip_norm"] = "stage0"
+    c["pipeline"] = pipe
     return c
 
 
@@ -194,6 +197,7 @@ def expose_torch_optimizer(engine) -> None:
         opt.optimizer = TorchOptimizerView(opt, engine if hasattr(engine, "group_names") else None)
         if hasattr(engine, "group_names"):   # the ZeRO engine (not the pipeline's): DeepSpeed's layout names
             zero_layout.install(engine)
+            zero3_optimizer.install(engine)
 
 
 def register_external_on_use(engine) -> None:

@@ -94,6 +94,7 @@ SERVED: dict[str, str] = {
        for n in ("ZeROOrderedDict", "ensure_zero_ordered_dict")},
     "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
+    "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": f"{_R}.zero3_optimizer:DeepSpeedZeroOptimizer_Stage3",
     "deepspeed.runtime.utils.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward",
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
     **{f"deepspeed.runtime.utils.{n}": f"{_R}.utils:{n}" for n in ("call_to_str", "prefix_sum_inc", "clip_grad_norm_")},
@@ -159,7 +160,6 @@ _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitio
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
     "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer": _DS_OPTIM,
-    "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": _DS_OPTIM,
     "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer": _DS_OPTIM,
     "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer": _DS_OPTIM,
     "deepspeed.InferenceEngine": _INFER,

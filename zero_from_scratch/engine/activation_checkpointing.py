@@ -56,8 +56,26 @@ def parse(raw: dict) -> dict | None:
 
 
 def checkpoint(function, *args, **kwargs):
-    """deepspeed.checkpointing.checkpoint(function, *args): torch's non-reentrant checkpoint."""
+    """Torch's non-reentrant checkpoint (DeepSpeed's non_reentrant_checkpoint; ringzero's own default)."""
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
+_WARNED: set = set()
+
+
+def reentrant_checkpoint(function, *args):
+    """DeepSpeed's default deepspeed.checkpointing.checkpoint: torch's reentrant checkpoint, whose
+    gradients reach the block's parameters only through an input that requires grad. With none (a
+    first block fed token ids) DeepSpeed's would leave those parameters without gradients (it avoids
+    that only for classes named GPTModelPipe); here that block runs non-reentrant, warned once."""
+    if torch.is_grad_enabled() and not any(torch.is_tensor(a) and a.requires_grad for a in args):
+        if "no input" not in _WARNED:
+            _WARNED.add("no input")
+            warnings.warn("zero_from_scratch: reentrant activation checkpointing of a block none of whose inputs "
+                          "requires grad would leave its parameters without gradients; that block runs "
+                          "non-reentrant (pipeline.use_reentrant: false does so everywhere)", stacklevel=2)
+        return checkpoint(function, *args)
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=True)
 
 
 def apply(model: nn.Module, section: dict | None, rank: int = 0) -> str:

@@ -210,6 +210,8 @@ def save(engine, save_dir: str, tag, client_state: dict, exclude_frozen: bool = 
     if c.size > 1:
         c.gather_ints([0], "checkpoint")         # barrier: nobody loads before the manifest exists
     c.usage.pop("checkpoint", None)
+    if hasattr(engine.stage, "gather_persistent"):
+        engine.stage.gather_persistent()
     return os.path.join(save_dir, tag)
 
 

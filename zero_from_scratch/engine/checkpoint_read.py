@@ -185,7 +185,9 @@ def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: boo
     if load_lr_scheduler_states and engine.lr_scheduler is not None and man["scheduler"] is not None:
         engine.lr_scheduler.load_state_dict(man["scheduler"])
     engine.loss_scaler.load_state_dict(man["loss_scaler"])
+    applied = engine.was_step_applied() if hasattr(engine, "was_step_applied") else False
     engine.global_steps, engine.micro_steps = man["global_steps"], man["micro_steps"]
+    engine.applied_at = engine.micro_steps - 1 if applied else None   # DeepSpeed's _step_applied: a load leaves it
     engine.skipped_steps = man["skipped_steps"]
     if extras:
         engine.module.load_state_dict(extras, strict=False)

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
-from zero_from_scratch.engine.zero_keys import KEY_STATUS, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
+from zero_from_scratch.engine.zero_keys import KEY_STATUS, value_notes, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
 from zero_from_scratch.engine.key_status import gate, suggest as _suggest
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
@@ -39,8 +39,7 @@ KNOWN_TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
              "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "gradient_allreduce_op",
              "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "seed",
              "dump_state", "tensorboard", "comms_logger", "flops_profiler", "checkpoint",
-             "bfloat16",                                   # DeepSpeed's older name for "bf16"
-             "csv_monitor", "activation_checkpointing"}   # honoured: monitor.py, activation_checkpointing.py
+             "bfloat16", "csv_monitor", "activation_checkpointing"}   # bfloat16: DeepSpeed's older name for "bf16"
 KNOWN_ZERO = {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
               "contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
@@ -255,6 +254,8 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     z_off = {k: v for k, v in z.items() if k not in ("offload_param", "cpu_offload", "cpu_offload_param")}
     if not any(k.startswith("zero_optimization.offload_optimizer") for k in on):
         z_off.pop("offload_optimizer", None)    # absent, null, false, {} or {"device": "none"}: off
+    else:    # the gate judged super_offload (refused when set), cpuadam_cores_perc (warned)
+        z_off["offload_optimizer"] = {k: v for k, v in z_off["offload_optimizer"].items() if k not in ("super_offload", "cpuadam_cores_perc")}
     offload = parse_offload(z_off)
     refuse_false_modes(raw, z, offload)
     sub_group_size = z.get("sub_group_size", 1_000_000_000)
@@ -291,7 +292,8 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     cfg.surface = surface_keys(raw)
     dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"
     cfg.reduction = parse_reduction(raw, zero.stage, zero.reduce_scatter, dt, world_size)
-    zero.notes += tuple(n for n in [predivide_ignored(raw, zero.stage, zero.reduce_scatter)] if n)
+    zero.notes += tuple(n for n in [predivide_ignored(raw, zero.stage, zero.reduce_scatter),
+                                    value_notes(raw, dt, zero.stage)] if n)
     if unknown:
         warnings.warn("zero_from_scratch: unknown config keys ignored: " + ", ".join(k + suggest(k) for k in unknown),
                       stacklevel=2)

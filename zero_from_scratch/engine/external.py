@@ -119,7 +119,11 @@ class ExternalParams:
         """Register p to `module` in the middle of its forward (its pre hook has run): gathered
         and pinned now, released by its post hook."""
         register_external_parameter(module, p)
-        self.calls[(id(module), id(p))].append(True)
+        calls = self.calls[(id(module), id(p))]
+        if calls:
+            calls[-1] = True      # this call's own entry (its pre hook ran, unregistered): its post releases
+        else:
+            calls.append(True)    # the hooks are new: this call had no pre hook
         self.pin(self.unit_of[id(p)], label)
 
     def pin(self, u, label: str) -> None:

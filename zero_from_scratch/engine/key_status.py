@@ -6,7 +6,9 @@ KEY_STATUS: dotted key → "honoured: …" (it acts, with DeepSpeed's meaning), 
 at start-up when the key is set) or "warned: …" (a warning at start-up when set), the text saying what
 DeepSpeed would have done. "refused when …"/"warned when …" entries are checked where the value is read
 (grad_keys.py, zero_keys.zero_key_notes, offload.py). A section refused or warned as a whole covers
-its sub-keys. "Set" means present and not null/false/{}/{"enabled": false}. gate() applies the table.
+its sub-keys. "Set" means present and asking for something: not null/false/{}/{"enabled": false}, not
+DeepSpeed's own default or "off" for that key (SWITCH, OFF: a config that spells a default out runs).
+gate() applies the table.
 tests/test_config_keys.py walks DeepSpeed's own schema and fails on a key missing here. Cost: a dict walk.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import warnings
 H, R, W = "honoured: ", "refused: ", "warned: "
 NOT = "not implemented here; DeepSpeed would "
 SAME = "same result here; DeepSpeed would "
+GONE = "removed from DeepSpeed; 0.19.8 raises DeepSpeedConfigError on it"
 
 TOP = {
     "train_batch_size": H + "train_batch_size = micro × gradient_accumulation × N, as DeepSpeed checks",
@@ -39,7 +42,7 @@ TOP = {
                                  "with reduce_scatter, as DeepSpeed asserts",
     "gradient_allreduce_op": H + "mean (÷ N) or sum (grad_keys.py); sum refused at stage 3 as DeepSpeed does",
     "zero_optimization": H + "see its keys", "gradient_clipping": H + "global-norm clipping (clip.py), default 1.0",
-    "amp": R + NOT + "train with NVIDIA apex AMP",
+    "amp": R + GONE,
     "fp16": H + "see its keys", "bf16": H + "see its keys", "bfloat16": H + "DeepSpeed's older name for bf16",
     "torch_autocast": R + NOT + "run forward under torch.autocast in the given dtype",
     "optimizer": H + "see its keys", "scheduler": H + "see its keys",
@@ -54,19 +57,24 @@ TOP = {
     "wall_clock_breakdown": H + "fwd/bwd/bwd_inner/bwd_allreduce/step ms per optimizer step on rank 0 (wall_clock.py)",
     "memory_breakdown": W + NOT + "print memory use at points of each step; call engine.memory_report()",
     "autotuning": R + NOT + "search ZeRO stage and micro-batch size by running experiments",
-    "elasticity": R + NOT + "choose batch sizes compatible with a changing GPU count",
+    "elasticity": R + GONE,
     "pipeline": W + "read by the pipeline engine (pipeline_parallel), not by ZeRO",
     "data_efficiency": R + NOT + "sample/route data by curriculum (data efficiency library)",
-    "curriculum_learning": R + NOT + "schedule sequence length by curriculum",
+    "curriculum_learning": R + GONE + " (its home is data_efficiency.data_sampling now)",
     "checkpoint": H + "see its keys",
-    "data_types": R + NOT + "keep gradient accumulation / parameters / buffers in these dtypes",
+    "sequence_parallel_size": "honoured when 1; refused when larger (zero_keys.value_notes): DeepSpeed would divide "
+                              "the data-parallel size by it (Ulysses); the engine takes sequence parallelism from an mpu",
+    "data_types": H + "see its keys",
+    "data_types.grad_accum_dtype": "honoured when null or the model's dtype (gradients accumulate in it here); refused "
+                                   "when another dtype at stages 0-2 (zero_keys.value_notes): DeepSpeed would "
+                                   "accumulate in it (stage 0: DeepSpeed raises); warned at stage 3, which ignores it",
     "dataloader_drop_last": W + NOT + "drop the last partial batch of deepspeed_io's loader",
     "aio": W + SAME + "tune asynchronous NVMe I/O (queue depth, block size, threads)",
     "log_level": W + NOT + "set DeepSpeed's logger level",
     "datastates_ckpt": R + NOT + "write checkpoints asynchronously with DataStates",
     "compile": R + NOT + "compile the engine with DeepCompile",
-    "compression_training": R + NOT + "quantize/prune weights and activations during training",
-    "eigenvalue": R + NOT + "estimate Hessian eigenvalues per layer",
+    "compression_training": R + GONE,
+    "eigenvalue": R + GONE,
     "expert_parallel": R + NOT + "shard mixture-of-experts layers over an expert-parallel group",
     "use_data_before_expert_parallelism": W + NOT + "order the data/expert parallel groups this way",
     "hybrid_engine": R + NOT + "switch between training and inference kernels (RLHF)",
@@ -74,9 +82,8 @@ TOP = {
     "timers": W + NOT + "time throughput with synchronised timers",
     "vocabulary_size": W + NOT + "pad the vocabulary for tensor-core shapes",
     "weight_quantization": R + NOT + "quantize weights after loading (inference)",
-    **{k: R + "removed from DeepSpeed; 0.19.8 raises DeepSpeedConfigError" for k in
-       ("graph_harvesting", "nebula", "progressive_layer_drop", "quantize_training", "sparse_attention",
-        "sparse_gradients")},
+    **{k: R + GONE for k in ("graph_harvesting", "nebula", "progressive_layer_drop", "quantize_training",
+                             "sparse_attention", "sparse_gradients")},
 }
 SUB = {
     "fp16.enabled": H + "fp16 parameters, fp32 master, loss scaling (precision.py)",
@@ -131,8 +138,28 @@ def status(table: dict, key: str) -> str | None:
     return None
 
 
-def is_set(v) -> bool:
-    return not (v is None or v is False or v == {} or (isinstance(v, dict) and v.get("enabled") is False))
+# A section DeepSpeed switches on by one key: off (its default) it asks for nothing, whatever else it holds
+SWITCH = {**{k: ("enabled", (None, False)) for k in (
+    "amp", "torch_autocast", "wandb", "comet", "autotuning", "elasticity", "data_efficiency", "curriculum_learning",
+    "datastates_ckpt", "eigenvalue", "expert_parallel", "hybrid_engine", "nebula", "progressive_layer_drop",
+    "quantize_training")},
+    "tensor_parallel": ("autotp_size", (None, 0, 1)),       # DeepSpeed's engine: AutoTP when autotp_size > 1
+    "compile": ("deepcompile", (None, False))}
+# A refused key at the value DeepSpeed means as "off" (its default) asks for nothing either
+OFF = {"zero_optimization.mics_shard_size": (-1,)}
+
+
+def is_set(v, key: str = "") -> bool:
+    """Present and asking for something: not null/false/{}/{"enabled": false}, not DeepSpeed's "off"
+    for the key (OFF, SWITCH), and for a section, some key inside it set."""
+    if key in SWITCH and isinstance(v, dict):
+        k, off = SWITCH[key]
+        return v.get(k) not in off
+    if v is None or v is False or v == {} or any(v is o or (type(v) is type(o) and v == o) for o in OFF.get(key, ())):
+        return False
+    if isinstance(v, dict):
+        return v.get("enabled") is not False and any(is_set(x, f"{key}.{k}" if key else k) for k, x in v.items())
+    return True
 
 
 def gate(raw: dict, table: dict, aliases: dict | None = None, where: str = "zero_from_scratch") -> set[str]:
@@ -147,10 +174,12 @@ def gate(raw: dict, table: dict, aliases: dict | None = None, where: str = "zero
             if st is None:
                 continue
             known.add(k)
-            if k in table and _cov(st) and is_set(v):
+            if k in table and _cov(st) and is_set(v, k):
                 if st.startswith(R):
                     raise ValueError(f"config key {k!r} = {v!r} is refused: {st[len(R):]}")
                 warned.append(f"{k} = {v!r}: {st[len(W):]}")
+            elif k in table and GONE in st:      # off, so nothing to refuse; DeepSpeed refuses it even so
+                warned.append(f"{k} = {v!r}: off here; {GONE}")
             elif isinstance(v, dict) and not _cov(st):
                 walk(v, k + ".")
     walk(raw, "")

@@ -5,7 +5,8 @@
     safe_get_local_fp32_param(p)   # its values (safe_api.py)
 
 DeepSpeed's ZeRO-3 keeps each parameter's rank-r partition (ceil(numel/N) elements) in ds_tensor;
-the engine here shards whole module units instead (stage3.py), so no tensor holds that partition.
+the engine here shards each module's parameters as one flat buffer instead (the textbook's layout,
+stage3.py), so no tensor holds that partition.
 Scripts and DeepSpeed's tests read ds_tensor's shape, numel and dtype (and ds_tensor.ds_numel):
 those answer as DeepSpeed's would. Anything reading or writing values raises, naming
 safe_get/set_local_* (a silent meta tensor would drop writes). Cost: none (a meta tensor).
@@ -44,8 +45,11 @@ class PartitionShape(torch.Tensor):
         if name in ("__get__", "__set__"):
             name = getattr(getattr(func, "__self__", None), "__name__", name)
         if name not in _METADATA:
-            raise NotImplementedError(f"ds_tensor.{name}: the ZeRO engine shards whole modules, so DeepSpeed's "
-                                      "per-parameter partition has its shape here, not its values; read/write them "
-                                      "with deepspeed.utils.safe_get_local_fp32_param / safe_set_local_fp32_param")
+            raise NotImplementedError(
+                f"ds_tensor.{name}: ringzero's ZeRO-3 shards each module's parameters as one flat buffer (the textbook's "
+                "layout) where DeepSpeed pads and splits each parameter, so a parameter's partition has DeepSpeed's shape "
+                "here but no storage of its own; read or write the parameter inside deepspeed.zero.GatheredParameters("
+                "[p], modifier_rank=0), or its fp32 partition with deepspeed.utils.safe_get_local_fp32_param / "
+                "safe_set_local_fp32_param")
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))

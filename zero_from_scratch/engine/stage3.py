@@ -4,7 +4,7 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
-  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered, gathered again after each step
+  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered, gathered again after each step, load, save
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
   qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
   backward gather             on the module's outputs, as DeepSpeed places it (z3_outputs.py)
@@ -118,8 +118,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             self.tag = 0
 
     def _fetch(self, u, kind: str) -> torch.Tensor:
-        """The prefetched buffer once its all-gather is done; else qwZ (int8 on the wire, hpZ inside),
-        hpZ (backward stays in the node) or the textbook's all-gather, from the offloaded shard."""
+        """The prefetched buffer once done; else qwZ, hpZ (backward inside the node) or the textbook's all-gather."""
         if u.index in self.pf.prefetched:
             wait, full = self.pf.prefetched.pop(u.index)
             try:
@@ -172,8 +171,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.saved.add(u.index, full)
 
     def _release(self, u, kind: str) -> None:
-        """After forward a unit the trace uses again soon is kept (evictable); persistent and pinned
-        units stay until a forced release ("gather_ctx", "evict", "step")."""
+        """A unit the trace reuses soon is kept after forward (evictable); persistent, pinned ones until FORCED."""
         if u.index not in self.full_of or (kind == "gather_ctx" and self.saved.grad_due(u)):
             return                             # the latter: released by its reduce (saved.py)
         if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
@@ -188,10 +186,10 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             super()._release(u, kind)
             self.units_pool.give(full)           # reused by the next gather unless something kept it
 
-    def release_all(self) -> None:
-        """Drop every gathered copy (after the step or a checkpoint load the shards changed)."""
+    def release_all(self, keep_persistent: bool = False) -> None:
+        """Drop every gathered copy (the shards changed); keep_persistent: engine.destroy, as DeepSpeed's."""
         self.pf.drop(self.units_pool.give)
-        for i in list(self.full_of):
+        for i in [i for i in self.full_of if not (keep_persistent and i in self.persistent)]:
             self._release(self.unit(i), "step")
 
     # ------------------------------------------------------------------ the hooks follow the trace
@@ -266,16 +264,18 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
         self.release_all()               # the shards changed: persistent copies are stale, and are gathered
-        for i in sorted(self.persistent):  # again at once, as DeepSpeed's stage3.py::_post_step and its load
-            self._gather(self.unit(i), "forward", "persistent parameters after the step")
+        self.gather_persistent("step")   # again at once, as DeepSpeed's stage3.py::_post_step and its load
         allocator.release_freed()        # this step's activations and gradients, freed into the heap
 
     after_load = after_step
 
+    def gather_persistent(self, after: str = "save") -> None:   # after a save: checkpoint_event_epilogue
+        for i in sorted(self.persistent - set(self.full_of)):
+            self._gather(self.unit(i), "forward", f"persistent parameters after the {after}")
+
     @contextlib.contextmanager
     def gathered(self, params, modifier_rank=None):
-        """Full parameters for `params` inside the block (all ranks must enter it). With
-        modifier_rank, that rank's edits are broadcast and written back into every shard."""
+        """Full `params` inside the block (all ranks enter it); modifier_rank's edits go back to every shard."""
         wanted = {id(p) for p in params}
         units = [u for u in self.layout.units if any(id(self.params[s.name]) in wanted for s in u.slots)]
         with super().gathered(units), self.saved.suspended():   # saved as DeepSpeed saves (saved.py)

@@ -127,7 +127,7 @@ class DeepSpeedSurface:
             h.remove()
         self.stage.hooks = []
         if hasattr(self.stage, "release_all"):
-            self.stage.release_all()
+            self.stage.release_all(keep_persistent=True)    # DeepSpeed's destroy leaves them gathered
         self.optimizer.state = type(self.optimizer.state)({} for _ in self.optimizer.state)
 
     def empty_partition_cache(self) -> None:

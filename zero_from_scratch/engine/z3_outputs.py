@@ -11,11 +11,13 @@ outputs through its own function in a forward hook, and an output that was a ZeR
 keeps the parameter as `ds_param_alias` (runtime/zero/utils.py, `apply_to_tensors_only`), so the
 caller's module can register it as an external parameter (external.py) and read its status.
 
-Here: one function node per module call over the same tensors torch wraps (a tensor, or the
-tensors directly in a tuple or list, that require grad), whose backward calls the stage's
-backward hook with the outputs' gradients: the same units gathered at the same moment (when
-every wrapped output's gradient is in), so the numbers and the traffic are the textbook's.
-The inputs are left alone (torch wraps them too). Cost: one detach per output tensor.
+Here: one function node per module call over every output tensor that requires grad, found as
+DeepSpeed's `apply_to_tensors_only` finds them (inside tuples, lists and dicts, nested; a dict
+such as transformers' ModelOutput is updated in place), whose backward calls the stage's
+backward hook with the outputs' gradients: the units are gathered when every wrapped output's
+gradient is in, before the module's own backward. torch's full backward pre-hook sees only a
+tensor or the tensors directly in a tuple; for those the numbers and the traffic are the
+textbook's. The inputs are left alone (torch wraps them too). Cost: one detach per output tensor.
 """
 from __future__ import annotations
 
@@ -45,20 +47,41 @@ def _wrap(hook, module, tensors: list) -> list:
     return outs
 
 
+def _collect(value, found: list) -> None:
+    """The tensors that require grad anywhere in tuples, lists and dicts (apply_to_tensors_only's walk)."""
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _collect(v, found)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect(v, found)
+
+
+def _rebuild(value, wrapped):
+    """value with each collected tensor replaced, in _collect's order; a dict is changed in place, as
+    DeepSpeed's (a ModelOutput stays the same object), a tuple or list rebuilt (namedtuples too)."""
+    if isinstance(value, torch.Tensor):
+        return next(wrapped) if value.requires_grad else value
+    if isinstance(value, (tuple, list)):
+        items = [_rebuild(v, wrapped) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        for k in list(value.keys()):
+            value[k] = _rebuild(value[k], wrapped)
+    return value
+
+
 def before_backward(hook):
     """A forward hook that routes the module's outputs through `hook` (a backward pre-hook)."""
     def fwd_hook(module, args, output):
         if not torch.is_grad_enabled():
             return None
-        if isinstance(output, torch.Tensor):
-            return _wrap(hook, module, [output])[0] if output.requires_grad else None
-        if not isinstance(output, (tuple, list)):
-            return None                                # a dict or object: torch does not wrap it either
-        idx = [i for i, o in enumerate(output) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if not idx:
+        found: list = []
+        _collect(output, found)
+        if not found:
             return None
-        items = list(output)
-        for i, o in zip(idx, _wrap(hook, module, [output[i] for i in idx])):
-            items[i] = o
-        return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)
+        return _rebuild(output, iter(_wrap(hook, module, found)))
     return fwd_hook

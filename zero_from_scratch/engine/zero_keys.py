@@ -5,7 +5,7 @@ the warnings for keys accepted only for DeepSpeed compatibility.
 """
 from __future__ import annotations
 
-from zero_from_scratch.engine.key_status import NOT, SAME, SUB, TOP, H, R, W   # the table's vocabulary
+from zero_from_scratch.engine.key_status import GONE, NOT, SAME, SUB, TOP, H, R, W   # the table's vocabulary
 
 
 def offloads(z: dict) -> list[str]:
@@ -120,7 +120,8 @@ ZERO_STATUS = {
     **{f"offload_optimizer.{k}": "warned when set: tunes CUDA/AIO transfers (offload.py)"
        for k in ("buffer_count", "fast_init", "ratio", "pipeline_read", "pipeline_write")},
     "offload_optimizer.super_offload": R + NOT + "run the CPU optimizer step overlapped (SuperOffload)",
-    "offload_optimizer.cpuadam_cores_perc": R + NOT + "pin CPU Adam to this share of cores",
+    "offload_optimizer.cpuadam_cores_perc": W + "DeepSpeed reads it only with super_offload (refused here) to pin "
+                                            "CPU Adam to this share of cores",
     "offload_param": H + "stage 3: parameter shards on the host or in files (param_offload.py); refused at stages 0-2",
     **{f"offload_param.{k}": H + "param_offload.py" for k in ("device", "nvme_path", "pin_memory")},
     "offload_param.buffer_count": H + "shards held in buffers at once (param_offload.py)",
@@ -157,9 +158,9 @@ ZERO_STATUS = {
     "leaf_module": H + "classes / names / name_suffixes flag ZeRO-3 leaf modules, each gathered whole (leaf.py)",
     **{f"leaf_module.{k}": H + f"modules flagged as ZeRO-3 leaves by {what} (leaf.py)"
        for k, what in (("classes", "class name"), ("names", "name"), ("name_suffixes", "name suffix"))},
-    "mics_shard_size": R + NOT + "shard within groups of this many ranks and replicate across them (MiCS)",
-    "mics_hierarchical_params_gather": R + NOT + "gather MiCS shards hierarchically",
-    "zeropp_loco_param": R + NOT + "compensate quantization error in qgZ (LoCo)",
+    "mics_shard_size": R + GONE + " (MiCS: shard within groups of this many ranks; -1, its old default, is off)",
+    "mics_hierarchical_params_gather": R + GONE + " (MiCS)",
+    "zeropp_loco_param": R + GONE + " (LoCo error feedback for qgZ)",
 }
 # The keys initialize's client-object paths read (client_optim.py, dataloader.py), and the sections' new types
 SURFACE_STATUS = {
@@ -203,3 +204,26 @@ def refuse_false_modes(raw: dict, z: dict, offload) -> None:
         raise ValueError("config key 'zero_optimization.ignore_unused_parameters' = False is refused at ZeRO stages 1-2 "
                          "with offload_optimizer: not implemented here; DeepSpeed would assert at the step when a "
                          "trainable parameter got no gradient")
+
+
+def value_notes(raw: dict, dtype: str, stage: int) -> str | None:
+    """sequence_parallel_size, and data_types.grad_accum_dtype against what the engine does: gradients
+    accumulate in the model's dtype. A refusal raises; a value DeepSpeed ignores returns the note."""
+    sp = raw.get("sequence_parallel_size", 1)
+    if sp != 1:
+        raise ValueError(f"config key 'sequence_parallel_size' = {sp!r} is refused: not implemented here without an mpu; "
+                         "DeepSpeed would divide the data-parallel size by it (Ulysses sequence parallelism); pass "
+                         "initialize(mpu=...) with the sequence-parallel groups (mpu.py)")
+    want = (raw.get("data_types") or {}).get("grad_accum_dtype")
+    names = {"fp32": ("torch.float32", "fp32", "float32", "float"), "fp16": ("torch.float16", "fp16", "float16", "half"),
+             "bf16": ("torch.bfloat16", "bf16", "bfloat16")}
+    if want is None or want in names[dtype]:
+        return None
+    if stage == 3:
+        return (f"data_types.grad_accum_dtype = {want!r}: DeepSpeed's ZeRO-3 ignores it (gradients accumulate in the "
+                f"model's {dtype}), as here")
+    raise ValueError(f"config key 'data_types.grad_accum_dtype' = {want!r} is refused with {dtype} at ZeRO stage {stage}: "
+                     "not implemented here (gradients accumulate in the model's dtype); DeepSpeed would "
+                     + ("raise NotImplementedError (stage 0 accumulates in the model's dtype only)" if stage == 0 else
+                        "accumulate gradients in that dtype (bf16 with fp32 accumulation: its BF16_Optimizer at stage 1)")
+                     + "; drop the key or set it null")
