@@ -20,11 +20,11 @@ from tests.hf_suites import fused_head
 from zero_from_scratch.engine.saved import SavedByReference
 
 
-def _rank(rank, world, engine, kernel):
+def _rank(rank, world, engine, kernel, persist=0):
     from tests.ds_unit.harness import import_deepspeed
     ds = import_deepspeed(engine)
     ds.init_distributed(dist_backend="gloo")
-    return fused_head.train(ds, kernel=kernel)
+    return fused_head.train(ds, kernel=kernel, persist=persist)
 
 
 def _close(a, b, rel):
@@ -58,8 +58,12 @@ def test_suspended_hooks_save_the_parameter_object_itself():
         assert (_Saves.seen is p) is expect
 
 
-def test_fused_head_under_ringzero_equals_one_process():
-    ours = spawn(_rank, 2, args=("ringzero", "ours"), timeout=300.0, comm_timeout=120.0)
+@pytest.mark.parametrize("persist", [0, 100_000])
+def test_fused_head_under_ringzero_equals_one_process(persist):
+    """persist 0: the kernel gathers the head in forward and again in backward; DeepSpeed's default 1e5:
+    the head stays gathered after the first step, so the kernel saves the Parameter outside any gather
+    and must get it back (with ds_status) in backward."""
+    ours = spawn(_rank, 2, args=("ringzero", "ours", persist), timeout=300.0, comm_timeout=120.0)
     ref = fused_head.reference()
     for r in range(2):
         assert _close(ours[r], ref[r], 1e-6), (r, ours[r], ref[r])
@@ -68,11 +72,12 @@ def test_fused_head_under_ringzero_equals_one_process():
 @pytest.mark.slow
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("kernel", ["ours", "trl"])
-def test_fused_head_under_ringzero_equals_real_deepspeed(kernel):
+@pytest.mark.parametrize("persist", [0, 100_000])
+def test_fused_head_under_ringzero_equals_real_deepspeed(kernel, persist):
     """kernel "trl": TRL's own add_fused_lm_head on a tiny Llama (TRL's gather reads HfDeepSpeedConfig)."""
     if kernel == "trl":
         pytest.importorskip("trl")
-    ds = spawn(_rank, 2, args=("deepspeed", kernel), timeout=600.0, comm_timeout=300.0)
-    ours = spawn(_rank, 2, args=("ringzero", kernel), timeout=300.0, comm_timeout=120.0)
+    ds = spawn(_rank, 2, args=("deepspeed", kernel, persist), timeout=600.0, comm_timeout=300.0)
+    ours = spawn(_rank, 2, args=("ringzero", kernel, persist), timeout=300.0, comm_timeout=120.0)
     for r in range(2):
         assert len(ds[r]) == 4 and _close(ours[r], ds[r], 1e-5), (r, ours[r], ds[r])

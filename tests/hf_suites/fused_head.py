@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node 2 tests/hf_suites/fused_head.py deepspeed      (the installed DeepSpeed)
     torchrun --nproc_per_node 2 tests/hf_suites/fused_head.py ringzero       (served by ringzero's runner)
+    torchrun --nproc_per_node 2 tests/hf_suites/fused_head.py ringzero trl 100000   (TRL's kernel, DeepSpeed's persistence)
 
 TRL's SFT, DPO, KTO, GRPO and RLOO trainers replace the model's forward (trl/trainer/utils.py,
 `add_fused_lm_head`): the backbone runs, then `ChunkedLogProbFunction` (trl/kernels/chunked_logprob.py)
@@ -26,19 +27,26 @@ import torch.nn as nn
 VOCAB, HIDDEN, SEQ, BATCH, CHUNK = 64, 16, 8, 2, 24     # CHUNK: three vocabulary tiles, the last one short
 
 
-def config(stage: int = 3) -> dict:
-    """fp32, torch's Adam on both engines; persistence 0 so that every weight is partitioned (DeepSpeed keeps
-    parameters under 1e5 elements gathered by default, which would never exercise the re-gather)."""
+def config(stage: int = 3, persist: int = 0) -> dict:
+    """fp32, torch's Adam on both engines; persistence 0 (the default here) so that every weight is partitioned
+    and the kernel's gathers run; DeepSpeed's default 1e5 keeps the head gathered from the first step on, so the
+    kernel saves and reads it outside any gather (what TRL meets on a tiny model)."""
     return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "steps_per_print": 1000,
             "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.0, "torch_adam": True}},
-            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": persist}}
+
+
+ZERO3 = []     # non-empty while an engine trains (TRL asks transformers' is_deepspeed_zero3_enabled())
 
 
 def maybe_gathered(*params):
-    """trl.trainer.utils.maybe_gather_lm_head_ctx: gather what ZeRO-3 partitioned and nothing already gathered."""
+    """trl.trainer.utils.maybe_gather_lm_head_ctx: gather what ZeRO-3 partitioned and nothing already gathered
+    (reading `ds_status` of every parameter given, as TRL does)."""
+    if not ZERO3:
+        return contextlib.nullcontext()
     import deepspeed
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-    todo = {id(p): p for p in params if p is not None and hasattr(p, "ds_id") and p.ds_status != ZeroParamStatus.AVAILABLE}
+    todo = {id(p): p for p in params if p is not None and p.ds_status != ZeroParamStatus.AVAILABLE}
     return deepspeed.zero.GatheredParameters(list(todo.values())) if todo else contextlib.nullcontext()
 
 
@@ -113,10 +121,10 @@ def trl_model():
     return model
 
 
-def train(ds, steps: int = 4, stage: int = 3, kernel: str = "ours") -> list[float]:
+def train(ds, steps: int = 4, stage: int = 3, kernel: str = "ours", persist: int = 0) -> list[float]:
     """`steps` optimizer steps on this rank; returns the losses (each rank's own micro-batch)."""
     torch.manual_seed(0)
-    cfg = config(stage)
+    cfg = config(stage, persist)
     keep = None
     if kernel == "trl":
         from transformers.integrations import HfDeepSpeedConfig
@@ -125,6 +133,7 @@ def train(ds, steps: int = 4, stage: int = 3, kernel: str = "ours") -> list[floa
     else:
         model = TinyLM()
     engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    ZERO3[:] = [stage == 3]
     losses = []
     for ids in batches(ds.comm.get_rank(), steps):
         if kernel == "trl":
@@ -157,13 +166,15 @@ def reference(steps: int = 4, world: int = 2) -> list[list[float]]:
 
 
 if __name__ == "__main__":
-    usage = f"usage: torchrun --nproc_per_node 2 {sys.argv[0]} {{deepspeed,ringzero}} [ours|trl]"
+    usage = f"usage: torchrun --nproc_per_node 2 {sys.argv[0]} {{deepspeed,ringzero}} [ours|trl] [PERSISTENCE]"
     if sys.argv[1:2] in (["-h"], ["--help"]):
         raise SystemExit(print(f"{usage}\n\n{__doc__.strip()}"))
-    if len(sys.argv) < 2 or sys.argv[1] not in ("deepspeed", "ringzero") or sys.argv[2:] not in ([], ["ours"], ["trl"]):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("deepspeed", "ringzero") or sys.argv[2:3] not in ([], ["ours"], ["trl"]) \
+            or not all(a.isdigit() for a in sys.argv[3:4]) or len(sys.argv) > 4:
         raise SystemExit(usage)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from tests.ds_unit.harness import import_deepspeed
     ds = import_deepspeed(sys.argv[1])
     ds.init_distributed(dist_backend="gloo")
-    print(f"LOSSES rank {ds.comm.get_rank()}", train(ds, kernel=(sys.argv[2:] or ["ours"])[0]), flush=True)
+    print(f"LOSSES rank {ds.comm.get_rank()}", train(ds, kernel=(sys.argv[2:3] or ["ours"])[0],
+                                                      persist=int((sys.argv[3:4] or ["0"])[0])), flush=True)

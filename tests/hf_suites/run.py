@@ -133,6 +133,9 @@ def main(argv=None) -> None:
     from tests import upstream
     upstream.require("tests/hf_suites/upstream/accelerate/tests/deepspeed/test_deepspeed.py")
     os.makedirs(RESULTS, exist_ok=True)
+    for f in LOCAL_FILES if not a.files else ():
+        if not os.path.exists(os.path.join(LOCAL, f)):
+            print(f"not run: {f} (no local copy under {LOCAL}, the folder holding transformers/: UPSTREAM.md)")
     for file in a.files or test_files():
         for mode in MODES if a.mode == "both" else (a.mode,):
             path = os.path.join(RESULTS, f"{mode}.json")

@@ -3,7 +3,8 @@
     python -m zero_from_scratch.as_deepspeed train.py --deepspeed_config ds.json
     engine, optimizer, loader, scheduler = deepspeed.initialize(args=args, model=model, model_parameters=...)
 
-initialize follows deepspeed/__init__.py::initialize (0.19.8): start torch.distributed if it is not
+initialize follows deepspeed/__init__.py::initialize (0.19.8): log its "DeepSpeed info: version=..." line
+(INFO; rank 0, or "[Rank -1]" on every rank before the first init_distributed), start torch.distributed if it is not
 (init_distributed below), take `config`, else `config_params`, else args.deepspeed_config (or the
 deprecated args.deepscale_config), with DeepSpeed's checks; then a PipelineModule goes to the
 pipeline engine (pipeline_parallel.engine.ds_pipe.initialize, resolved from served.py's table) and
@@ -33,11 +34,12 @@ import torch.distributed as dist
 from zero_from_scratch.as_deepspeed import quirks, served
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message, resolve
-from zero_from_scratch.as_deepspeed.utils import logger
+from zero_from_scratch.as_deepspeed.utils import log_dist, logger
 
 DEFAULT_PORT = 29500   # deepspeed.constants.TORCH_DISTRIBUTED_DEFAULT_PORT
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+_COMM_STARTED = []   # non-empty once init_distributed ran here (DeepSpeed's deepspeed.comm.cdb is set)
 
 
 def _default_timeout() -> timedelta:
@@ -49,6 +51,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     if config is not None:
         raise NotServedError(message("deepspeed.init_distributed(config=...)", "configure its comms logger",
                                      "primitives.LEDGER and engine.comm_report()"))
+    _COMM_STARTED[:] = [True]
     up = dist.is_available() and dist.is_initialized()
     if up:
         return
@@ -121,6 +124,13 @@ def _is_pipeline_module(model) -> bool:
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                distributed_port=DEFAULT_PORT, mpu=None, dist_init_required=None, collate_fn=None, config=None,
                mesh_param=None, config_params=None):
+    # DeepSpeed's first line, on its logger at INFO (shown once a script or the Trainer lowers the level); its
+    # rank test asks deepspeed.comm, which knows of torch.distributed only once deepspeed.init_distributed ran
+    info = f"DeepSpeed info: version={served.VERSION}, git-hash=unknown, git-branch=unknown"
+    if _COMM_STARTED:
+        log_dist(info, ranks=[0])
+    else:
+        logger.info(f"[Rank -1] {info}")
     assert model is not None, "deepspeed.initialize requires a model"
     init_distributed(dist_backend=get_accelerator().communication_backend_name(), distributed_port=distributed_port,
                      dist_init_required=dist_init_required)

@@ -14,6 +14,8 @@ DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
   stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank; frozen_param_fragments its
              partitions) and ..._optim_states.pt: every parameter padded to a multiple of N, cut into
              N partitions, rank R's concatenated per group (fp32_flat_groups, optimizer_state_dict)
+  bf16       optimizer states in bf16_zero_pp_rank_R_mp_rank_00_optim_states.pt, DeepSpeed's name when bf16 is on
+             (the only one its bf16 engine's load_checkpoint opens); read_full below globs either name
 zero_stage is a plain int (DeepSpeed pickles its IntEnum); reading maps DeepSpeed's pickled classes
 to plain stand-ins, so the deepspeed package is never imported. Our layout differs (sharding.py's
 units), so writing re-partitions: one all-gather per unit of the fp32 master and of each optimizer
@@ -128,7 +130,8 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
         osd.update(base_optimizer_state=base, single_partition_of_fp32_groups=flat["master"], group_paddings=pads,
                    param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping)
     blob = {"optimizer_state_dict": osd, "ds_version": DS_VERSION}
-    atomic_write(os.path.join(d, f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"),
+    bf16 = "bf16_" if engine.bfloat16_enabled() else ""   # runtime/engine.py _get_zero_ckpt_prefix (see above)
+    atomic_write(os.path.join(d, f"{bf16}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"),
                  lambda f: torch.save(blob, f, pickle_module=_DS_PICKLE))
 
 

@@ -122,7 +122,7 @@ class FrozenParams:
             for u in units if modifier_rank is not None else []:   # already-gathered (persistent) ones too
                 st.full_of[u.index].copy_(st.write_back(u, modifier_rank))   # a unit that stays holds the edit
             for u in mine:
-                st._release(u, "frozen gathered")     # persistent frozen units stay
+                st._release(u, "gather_ctx")          # persistent ones too, as DeepSpeed's block (saved.py)
 
     def full(self, write_back: bool = False):
         """Every frozen tensor full inside the block: checkpoint save reads them, load writes them

@@ -40,6 +40,7 @@ class SavedByReference:
         self.stage = stage
         self.unit_of_storage: dict[int, int] = {}         # gathered buffer's storage pointer -> unit
         self.regather: dict = {}
+        self.late: set[int] = set()                       # units kept past a script's block for their gradient
 
     def add(self, index: int, full: torch.Tensor) -> None:
         """Unit `index` is gathered into `full` (its parameters' ds_status follows, as DeepSpeed's does)."""
@@ -62,7 +63,21 @@ class SavedByReference:
         GatheredParameters in its backward) keeps u until the reduce, as DeepSpeed keeps it until the
         module's backward ends; autograd accumulates the gradient into the parameter after the block,
         which needs the full shape."""
-        return torch._C._current_graph_task_id() != -1 and self.stage.pending.get(u.index, -1) > 0
+        due = torch._C._current_graph_task_id() != -1 and self.stage.pending.get(u.index, -1) > 0
+        if due:
+            self.late.add(u.index)
+        return due
+
+    def released_late(self, u) -> bool:
+        """u was kept past a script's block (grad_due): its reduce releases it, persistent or not, as
+        DeepSpeed's block releases what it gathered. A persistent unit only a script's blocks read (a
+        fused head) is then not gathered when the step comes, so the stage does not gather it again
+        after the step, and the script's next block saves the Parameter itself: through saved-tensor
+        hooks torch hands back a new tensor (no ds_status) even when pack returns the Parameter."""
+        if u.index not in self.late:
+            return False
+        self.late.discard(u.index)
+        return True
 
     @contextlib.contextmanager
     def active(self):

@@ -4,7 +4,7 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
-  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered, gathered again after each step, load, save
+  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered; those live gathered again after a step, load, save
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
   qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
   backward gather             on the module's outputs, as DeepSpeed places it (z3_outputs.py)
@@ -24,12 +24,11 @@ import functools
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied, z3_outputs
+from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied, z3_outputs, zero_partition as zp
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.pools import Pool
 from zero_from_scratch.engine.prefetch import Prefetcher
 from zero_from_scratch.engine.saved import SavedByReference
-from zero_from_scratch.engine import zero_partition as zp
 from zero_from_scratch.engine.stages import BucketPool, Pooled, TimedWait, engine_inputs, labelled
 from zero_from_scratch.stage3 import Stage3
 
@@ -177,7 +176,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
             self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
             return
-        if kind in FORCED or (u.index not in self.persistent and not self.pinned.get(u.index)):
+        if kind in FORCED or self.saved.released_late(u) or (u.index not in self.persistent and not self.pinned.get(u.index)):
             if u.index in self.pf.kept:
                 self.pf.kept.remove(u.index)
             self.pf.live -= u.padded
@@ -263,8 +262,10 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             self.hpz.clear()             # secondary shards are stale once the weights move
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
-        self.release_all()               # the shards changed: persistent copies are stale, and are gathered
-        self.gather_persistent("step")   # again at once, as DeepSpeed's stage3.py::_post_step and its load
+        live = [i for i in sorted(self.persistent) if i in self.full_of]   # not one only a script's GatheredParameters
+        self.release_all()               # reads (a fused head: saved.py); the rest are stale, and gathered again at
+        for i in live:                   # once, as DeepSpeed's stage3.py::_post_step and its load
+            self._gather(self.unit(i), "forward", "persistent parameters after the step")
         allocator.release_freed()        # this step's activations and gradients, freed into the heap
 
     after_load = after_step
