@@ -61,6 +61,9 @@ class Hardware:
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
     call_overhead: float = 0.0   # CPU seconds of one collective call through the engine
     zero3_module_s: float = 0.0  # CPU seconds of the ZeRO-3 engine's work per module fetch or release
+    wait_s: float = 0.0          # wall seconds a blocking collective waits for a descheduled peer per unit of
+                                 # oversubscription, (ranks + load − cores)/cores (planner.steptime.wait_time;
+                                 # fitted by benchmarks.planner_fit --waits)
     alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
     alloc_slack_zero: float = 0.0  # the same for zero_from_scratch's ZeRO-1/2 engine (its flat buffers and chunked
@@ -107,7 +110,7 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
     if fitted is None:
         with open(CPU_HERE) as f:
             fitted = json.load(f)
-    d = dict(fitted)
+    d = {k: v for k, v in fitted.items() if k not in ("wait_fit", "engine_fit")}    # records of how a term was fitted
     links = d.pop("links", None) or {}
     fits = sorted(int(n) for n in links)
     n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit

@@ -37,11 +37,17 @@ bubble       1F1B / interleaved: (p−1)/(v·m+p−1) of the pipeline's time
 dp           ZeRO-0 one all-reduce of the stage's gradients; ZeRO-1 reduce-scatter + all-gather of
              the parameters; ZeRO-2 the reduce-scatter per micro-batch; ZeRO-3 all-gather forward,
              all-gather backward and reduce-scatter per micro-batch (zero_from_scratch.engine.ledger).
-             ZeRO-3 per module with parameters (UNITS_PER_LAYER per layer, + embeddings and the final
+             ZeRO-3 per module with parameters (zero3_units per layer, + embeddings and the final
              norm), so each pays its α; each call also costs the engine's call_overhead of CPU
              (and, at ZeRO-3, zero3_module_s for the engine's per-module hooks).
              Across nodes the two-level hierarchical cost (cost.predict_2level). Overlapped, ZeRO-0..2
              hide behind the last micro-batch's backward, ZeRO-3 behind each micro-batch's compute
+wait         on a CPU host whose ranks outnumber its cores (r > C), every blocking collective
+             between ranks (each tp all-reduce, each pipeline receive, each dp call; at ZeRO-3
+             each module's gathers and reduce-scatter) waits for a peer the scheduler has
+             descheduled in favour of its siblings (wait_time), about a scheduler slice
+             (hw.wait_s, fitted once by a ping-pong of 2-8 busy processes: benchmarks.planner_fit
+             --waits) per unit of the ranks' oversubscription, stretched by the load
 optimizer    Adam on the rank's shard, memory-bound (~36 bytes read+written per parameter); offloaded:
              the host's Adam rate plus gradients down and parameters up the host link; on cpu-here
              the host's Adam rate (torch's eager Adam on a CPU is bound by its sqrt, not memory)
@@ -94,7 +100,19 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw, stretch: float
     return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
 
 
-UNITS_PER_LAYER = 6     # modules with parameters in a layer (fused qkv, proj, fc1, fc2, 2 norms): ZeRO-3's fetch units
+def zero3_units(model, hw) -> int:
+    """Modules a layer's ZeRO-3 fetches gather one by one (each a blocking all-gather): Megatron's
+    layer 6 (fused qkv, proj, fc1, fc2, 2 norms); a llama layer 9 (q, k, v, o, gate, up, down, 2
+    norms); DistilBERT's 8 (q, k, v, out, lin1, lin2, 2 norms); torch's encoder layer on a CPU
+    host 5 (self_attn with its out_proj, which it reads without calling: one unit; linear1,
+    linear2, 2 norms)."""
+    if model.gated:
+        return 9
+    if model.family == "distilbert":
+        return 8
+    return 5 if hw.activations == "torch-eager-fp32" else 6
+
+
 
 
 def zero3_reused(psi: float, hw) -> float:
@@ -160,6 +178,20 @@ def tp_stretch(lay, hw) -> float:
     return 1.0 / wake_share(lay, hw, r)
 
 
+def wait_time(lay, hw) -> float:
+    """Seconds one blocking collective waits for a descheduled peer on a CPU host. The node's r
+    ranks time-slice C cores once r > C: the last rank to arrive waits behind (r − C)/C of its
+    siblings' slices, each stretched by the other sessions' tasks sharing the cores, (C + load)/C:
+    hw.wait_s·(r − C)/C·(C + load)/C, wait_s (about a scheduler slice) fitted once by
+    benchmarks.planner_fit --waits with 2, 3, 4 and 8 busy ranks. None with a core per rank (2
+    ranks beside a load of 2-8 waited 0.1-0.5 ms there: a session's ranks are descheduled
+    together) or on a GPU."""
+    r = min(lay.gpus, hw.gpus_per_node)
+    if not hw.cores or r <= hw.cores:
+        return 0.0
+    return hw.wait_s * (r - hw.cores) / hw.cores * (hw.cores + hw.load) / hw.cores
+
+
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
     """{term: seconds} for one optimizer step; 'total' their sum."""
     bpe, t, p, v = hw.bytes_per_elem, lay.tp, lay.pp, lay.v
@@ -206,9 +238,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         one = group_time(name, t, S, 1, hw, pace)
         tp_mb += count * one * (1.5 if full else 1.0)
     tp_mb *= Ls
+    blocking_mb = Ls * sum(calls.values()) * (1.5 if full else 1.0) if t > 1 else 0.0   # collectives a micro-batch waits on
     if t > 1:   # the vocab-parallel embedding's forward all-reduce (first stage), the head's input (f, backward)
         ends = 2 if p == 1 else 1     # on the pacing (last) stage, and the vocab-parallel loss's 3 of b·s floats
         tp_mb += ends * group_time("all_reduce", t, S, 1, hw, pace) + 3 * group_time("all_reduce", t, tokens * 4, 1, hw, pace)
+        blocking_mb += ends + 3
+    blocking_mb += 2 * v if p > 1 else 0          # the pacing stage's receives: an activation, a gradient per chunk
     tp_exposed_mb = max(0.0, tp_mb - compute_mb) if sw.overlap_tp else tp_mb
 
     # pipeline p2p: b·s·h/t bytes per send
@@ -234,12 +269,13 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     stride = t
     dp_t = 0.0
     exposed_dp = 0.0
+    dp_calls = 0.0                           # blocking dp collectives per step
     calls = hw.call_overhead * stretch       # the engine's CPU per collective call
     if lay.dp > 1:
         ag_p = group_time("all_gather", lay.dp, psi * bpe, stride, hw, stretch)
         rs_g = group_time("reduce_scatter", lay.dp, psi * gb, stride, hw, stretch)
         if lay.zero == 3:     # one gather (forward), one (backward), one reduce-scatter per module with parameters
-            units = UNITS_PER_LAYER * Ls + 3
+            units = zero3_units(model, hw) * Ls + 3
             calls += hw.zero3_module_s * stretch
             gather = units * group_time("all_gather", lay.dp, psi * bpe / units, stride, hw, stretch)
             ag_p = gather + units * calls
@@ -248,13 +284,17 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
             ag_p, rs_g = ag_p + calls, rs_g + calls
         if lay.zero == 0:
             dp_t = group_time("all_reduce", lay.dp, psi * gb, stride, hw, stretch) + calls
+            dp_calls = 1
         elif lay.zero == 1:
             dp_t = rs_g + ag_p
+            dp_calls = 2
         elif lay.zero == 2:
             dp_t = m * rs_g + ag_p
+            dp_calls = m + 1
         else:     # the backward's gathers, less the units the engine kept since their forward
             z3_mb = 2 * ag_p + rs_g - zero3_reused(psi, hw) * gather
             dp_t = m * z3_mb
+            dp_calls = m * units * (3 - zero3_reused(psi, hw))
         if not sw.overlap_dp:
             exposed_dp = dp_t
         elif lay.zero == 3:
@@ -270,7 +310,8 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     else:
         opt = shard * 36 / hw.mem_bandwidth
     out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc, "tp comm": m * tp_exposed_mb,
-           "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt}
+           "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt,
+           "wait": (m * blocking_mb + dp_calls) * wait_time(lay, hw)}
     if hw.cores and p > 1:   # the session's cores bound its ranks' CPU seconds together: r/p pipelines of p stages
         r = min(lay.gpus, hw.gpus_per_node)
         work = r / p * m * (cpu_mb + (p - 1) * other_mb)

@@ -260,6 +260,9 @@ def test_published_gdgpt_direction():
     for r in rows.values():
         print(r)
     assert rows[(256, "pipeline")]["predicted"] > rows[(256, "zero3")]["predicted"]
+    if pub.host_hooks():       # ZeRO-3's per-module host work slows only the ZeRO-3 rows
+        assert rows[(256, "zero3")]["with_host"] < rows[(256, "zero3")]["predicted"]
+        assert rows[(256, "pipeline")]["with_host"] == rows[(256, "pipeline")]["predicted"]
 
 
 def test_planner_best_is_no_worse_than_the_papers_layout(nar):
@@ -284,6 +287,24 @@ def test_ranks_beyond_the_cores_stretch_compute():
     assert b["matmul"] == pytest.approx(3 * a["matmul"]) and b["optimizer"] == pytest.approx(3 * a["optimizer"])
 
 
+def test_blocking_collectives_wait_once_ranks_outnumber_cores():
+    """cpu-here: a blocking collective waits for a descheduled peer only once the node's ranks
+    outnumber its cores, wait_s per unit of (ranks − cores)/cores, stretched by the load; the
+    step's wait term counts each tp all-reduce, pipeline receive and dp call; none on a GPU."""
+    from dataclasses import replace
+    from planner.steptime import wait_time
+    hw, m = replace(H.load("cpu-here"), cores=2, wait_s=3e-3, load=0.0), PRESETS["tiny"]
+    assert wait_time(Layout(2, 1, 1), hw) == 0.0 and wait_time(Layout(1, 2, 1), replace(hw, load=6.0)) == 0.0
+    assert wait_time(Layout(2, 2, 1), hw) == pytest.approx(3e-3)
+    assert wait_time(Layout(2, 2, 2), hw) == pytest.approx(9e-3)
+    assert wait_time(Layout(2, 2, 1), replace(hw, load=2.0)) == pytest.approx(6e-3)
+    assert wait_time(Layout(8, 8, 1), replace(H.A100, wait_s=1.0)) == 0.0
+    sw = Software(False, False, False)
+    dp, tp = (step_time(m, 32, lay, 8, hw, sw)["wait"] for lay in (Layout(4, 1, 1, mb=2), Layout(2, 2, 1, mb=2)))
+    assert dp == pytest.approx(3e-3)                          # one all-reduce of the gradients
+    assert tp == pytest.approx((2 * (4 * m.layers + 2 + 3) + 1) * 3e-3)   # 2 micro-batches: 4 per layer, the ends, the loss's 3; the dp all-reduce
+
+
 def test_planner_fit_line():
     from benchmarks.planner_fit import fit_line
     assert fit_line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0]) == pytest.approx((1.0, 2.0))
@@ -303,8 +324,9 @@ def test_zero3_pays_per_module_calls():
     sw = Software(False, False, False)
     z2 = step_time(m, 32, Layout(2, 1, 1, zero=2, mb=2), 4, hw, sw)["dp comm"]
     z3 = step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["dp comm"]
-    assert z3 > 2 * hw.intra.alpha * (6 * m.layers + 3) > z2
-    from planner.steptime import zero3_reused
+    from planner.steptime import zero3_reused, zero3_units
+    assert zero3_units(m, hw) == 5 and zero3_units(m, H.A100) == 6 and zero3_units(PRESETS["llama-7b"], H.A100) == 9
+    assert z3 > 2 * hw.intra.alpha * (5 * m.layers + 3) > z2
     assert zero3_reused(1e6, hw) == 1.0 and zero3_reused(4e9, hw) == 0.25 and zero3_reused(1e6, H.A100) == 0.0
 
 
