@@ -47,7 +47,9 @@ wait         on a CPU host whose ranks outnumber its cores (r > C), every blocki
              each module's gathers and reduce-scatter) waits for a peer the scheduler has
              descheduled in favour of its siblings (wait_time), about a scheduler slice
              (hw.wait_s, fitted once by a ping-pong of 2-8 busy processes: benchmarks.planner_fit
-             --waits) per unit of the ranks' oversubscription, stretched by the load
+             --waits) per unit of the ranks' oversubscription, stretched by the load, for the
+             group's k − 1 other members of the r − 1. A pipeline's waits are its siblings'
+             turns on the cores: its step is the longer of its path with them and the cores term
 optimizer    Adam on the rank's shard, memory-bound (~36 bytes read+written per parameter); offloaded:
              the host's Adam rate plus gradients down and parameters up the host link; on cpu-here
              the host's Adam rate (torch's eager Adam on a CPU is bound by its sqrt, not memory)
@@ -178,18 +180,19 @@ def tp_stretch(lay, hw) -> float:
     return 1.0 / wake_share(lay, hw, r)
 
 
-def wait_time(lay, hw) -> float:
-    """Seconds one blocking collective waits for a descheduled peer on a CPU host. The node's r
-    ranks time-slice C cores once r > C: the last rank to arrive waits behind (r − C)/C of its
-    siblings' slices, each stretched by the other sessions' tasks sharing the cores, (C + load)/C:
-    hw.wait_s·(r − C)/C·(C + load)/C, wait_s (about a scheduler slice) fitted once by
-    benchmarks.planner_fit --waits with 2, 3, 4 and 8 busy ranks. None with a core per rank (2
-    ranks beside a load of 2-8 waited 0.1-0.5 ms there: a session's ranks are descheduled
-    together) or on a GPU."""
+def wait_time(lay, hw, k: int) -> float:
+    """Seconds one blocking collective of k ranks waits for a descheduled member on a CPU host.
+    The node's r ranks time-slice C cores once r > C: a collective of all r waits behind
+    (r − C)/C of their slices, each stretched by the other sessions' tasks sharing the cores,
+    (C + load)/C — hw.wait_s·(r − C)/C·(C + load)/C, wait_s (about a scheduler slice) fitted once
+    by benchmarks.planner_fit --waits, where all 2, 3, 4 or 8 busy ranks meet in each call. A
+    group of k of them waits only for its own k − 1 others: (k − 1)/(r − 1) of that. None with a
+    core per rank (2 ranks beside a load of 2-8 waited 0.1-0.5 ms there: a session's ranks are
+    descheduled together) or on a GPU."""
     r = min(lay.gpus, hw.gpus_per_node)
-    if not hw.cores or r <= hw.cores:
+    if not hw.cores or r <= hw.cores or k <= 1:
         return 0.0
-    return hw.wait_s * (r - hw.cores) / hw.cores * (hw.cores + hw.load) / hw.cores
+    return hw.wait_s * (r - hw.cores) / hw.cores * (hw.cores + hw.load) / hw.cores * (min(k, r) - 1) / (r - 1)
 
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
@@ -238,12 +241,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         one = group_time(name, t, S, 1, hw, pace)
         tp_mb += count * one * (1.5 if full else 1.0)
     tp_mb *= Ls
-    blocking_mb = Ls * sum(calls.values()) * (1.5 if full else 1.0) if t > 1 else 0.0   # collectives a micro-batch waits on
+    blocking_mb = Ls * sum(calls.values()) * (1.5 if full else 1.0) if t > 1 else 0.0   # tp collectives a micro-batch waits on
     if t > 1:   # the vocab-parallel embedding's forward all-reduce (first stage), the head's input (f, backward)
         ends = 2 if p == 1 else 1     # on the pacing (last) stage, and the vocab-parallel loss's 3 of b·s floats
         tp_mb += ends * group_time("all_reduce", t, S, 1, hw, pace) + 3 * group_time("all_reduce", t, tokens * 4, 1, hw, pace)
         blocking_mb += ends + 3
-    blocking_mb += 2 * v if p > 1 else 0          # the pacing stage's receives: an activation, a gradient per chunk
+    recvs_mb = 2 * v if p > 1 else 0          # the pacing stage's receives: an activation, a gradient per chunk
     tp_exposed_mb = max(0.0, tp_mb - compute_mb) if sw.overlap_tp else tp_mb
 
     # pipeline p2p: b·s·h/t bytes per send
@@ -311,11 +314,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         opt = shard * 36 / hw.mem_bandwidth
     out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc, "tp comm": m * tp_exposed_mb,
            "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt,
-           "wait": (m * blocking_mb + dp_calls) * wait_time(lay, hw)}
+           "wait": m * (blocking_mb * wait_time(lay, hw, t) + recvs_mb * wait_time(lay, hw, 2)) + dp_calls * wait_time(lay, hw, lay.dp)}
     if hw.cores and p > 1:   # the session's cores bound its ranks' CPU seconds together: r/p pipelines of p stages
         r = min(lay.gpus, hw.gpus_per_node)
         work = r / p * m * (cpu_mb + (p - 1) * other_mb)
-        out["cores"] = max(0.0, work / session_cores(lay, hw) - (m * compute_mb + bubble))
+        out["cores"] = max(0.0, work / session_cores(lay, hw) - (m * compute_mb + bubble + out["wait"]))   # a rank's
+        # waits are its siblings' turns on the cores: the step is the longer of its path with them and all ranks' work
     out["total"] = sum(out.values())
     out["dp comm (all)"] = dp_t          # before overlap, for the record
     out["tp comm (all)"] = m * tp_mb

@@ -288,21 +288,24 @@ def test_ranks_beyond_the_cores_stretch_compute():
 
 
 def test_blocking_collectives_wait_once_ranks_outnumber_cores():
-    """cpu-here: a blocking collective waits for a descheduled peer only once the node's ranks
-    outnumber its cores, wait_s per unit of (ranks − cores)/cores, stretched by the load; the
-    step's wait term counts each tp all-reduce, pipeline receive and dp call; none on a GPU."""
+    """cpu-here: a blocking collective waits for a descheduled member only once the node's ranks
+    outnumber its cores, wait_s per unit of (ranks − cores)/cores, stretched by the load, for its
+    k − 1 other members of the r − 1; the step's wait term counts each tp all-reduce, pipeline
+    receive and dp call; none on a GPU."""
     from dataclasses import replace
     from planner.steptime import wait_time
     hw, m = replace(H.load("cpu-here"), cores=2, wait_s=3e-3, load=0.0), PRESETS["tiny"]
-    assert wait_time(Layout(2, 1, 1), hw) == 0.0 and wait_time(Layout(1, 2, 1), replace(hw, load=6.0)) == 0.0
-    assert wait_time(Layout(2, 2, 1), hw) == pytest.approx(3e-3)
-    assert wait_time(Layout(2, 2, 2), hw) == pytest.approx(9e-3)
-    assert wait_time(Layout(2, 2, 1), replace(hw, load=2.0)) == pytest.approx(6e-3)
-    assert wait_time(Layout(8, 8, 1), replace(H.A100, wait_s=1.0)) == 0.0
+    assert wait_time(Layout(2, 1, 1), hw, 2) == 0.0 and wait_time(Layout(1, 2, 1), replace(hw, load=6.0), 2) == 0.0
+    assert wait_time(Layout(4, 1, 1), hw, 4) == pytest.approx(3e-3)
+    assert wait_time(Layout(2, 2, 2), hw, 8) == pytest.approx(9e-3)
+    assert wait_time(Layout(2, 2, 2), hw, 2) == pytest.approx(9e-3 / 7)          # a pair of the 8 waits for one other
+    assert wait_time(Layout(4, 1, 1), replace(hw, load=2.0), 4) == pytest.approx(6e-3)
+    assert wait_time(Layout(8, 8, 1), replace(H.A100, wait_s=1.0), 8) == 0.0
     sw = Software(False, False, False)
     dp, tp = (step_time(m, 32, lay, 8, hw, sw)["wait"] for lay in (Layout(4, 1, 1, mb=2), Layout(2, 2, 1, mb=2)))
     assert dp == pytest.approx(3e-3)                          # one all-reduce of the gradients
-    assert tp == pytest.approx((2 * (4 * m.layers + 2 + 3) + 1) * 3e-3)   # 2 micro-batches: 4 per layer, the ends, the loss's 3; the dp all-reduce
+    # 2 micro-batches: 4 per layer, the ends, the loss's 3; the dp all-reduce; pairs of the 4 ranks
+    assert tp == pytest.approx((2 * (4 * m.layers + 2 + 3) + 1) * 1e-3)
 
 
 def test_planner_fit_line():
