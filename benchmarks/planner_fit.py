@@ -44,14 +44,14 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   load as it does the ranks' compute (planner.steptime.group_time)
     python -m benchmarks.planner_fit --links         # only the links, into the existing file (~1 min)
     wait_s                        the wait a blocking collective pays for a descheduled peer once
-                                  runnable tasks outnumber the cores (planner.steptime.wait_time):
+                                  runnable tasks outnumber the cores (planner.cpu_host.wait_time):
                                   N = 2, 3, 4, 8 ranks each burn WAIT_WORK of CPU (the probe's
                                   matmuls) then all-reduce 4 bytes, WAIT_ITERS times, the load read
                                   by planner.probe just before (paused while the ranks run); per
                                   iteration, the slower rank's wall time less its CPU seconds
                                   stretched by (N + load)/cores is the wait; wait_s is the
                                   least-squares slope of it over (N − cores)/cores · (cores +
-                                  load)/cores, through 0 (planner.steptime.wait_time: the ranks'
+                                  load)/cores, through 0 (planner.cpu_host.wait_time: the ranks'
                                   own oversubscription, each slice stretched by the other
                                   sessions' load). Three runs here gave 2.5, 2.9 and 1.7 ms (at
                                   loads 1.3-1.9, 6.9-8.3, 3.2-4.4; 2 ranks waited −1.6-0.5 ms
@@ -72,6 +72,7 @@ import time
 import torch
 
 import primitives as P
+from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_local import LOCAL_SW
 from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
 from planner.hardware import CPU_HERE, cpu_here
@@ -79,7 +80,6 @@ from planner.layout import Layout
 from planner.memory import memory, torch_head_bytes, torch_layer_activation_bytes
 from planner.model import Model
 from planner.plan import predict_layout
-from planner.probe import Probe, Sleeper, read_for
 from planner.steptime import zero3_units
 from primitives.launch import spawn
 from primitives.log import console
@@ -173,83 +173,6 @@ def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float
     return tuple(statistics.median(f[i] for f in fits) for i in range(4))
 
 
-LINK_SIZES = (2**10, 2**14, 2**18, 2**20, 2**22, 2**24)
-
-
-def link_rank(rank: int, world: int, reps: int, stat=min) -> list[float]:
-    """The fastest (stat) wall time of an all-reduce of each LINK_SIZES bytes, lined up by a tiny one first."""
-    out = []
-    for nbytes in LINK_SIZES:
-        x, times = torch.ones(nbytes // 4), []
-        for _ in range(reps):
-            P.all_reduce(torch.zeros(1))
-            t0 = time.perf_counter()
-            P.all_reduce(x)
-            times.append(time.perf_counter() - t0)
-        out.append(stat(times))
-    return out
-
-
-def link_fit(n: int, reps: int = 15, stat=min) -> dict:
-    """The link of n ranks on this host as a ring's α-β (module docstring), the slower rank's times.
-    stat=statistics.median reads the typical try instead of the unimpeded one: on 4 ranks and 2
-    cores it carries the waits for descheduled peers, which the planner counts apart
-    (planner.steptime.wait_time), so the file keeps the fastest."""
-    got = spawn(link_rank, n, args=(reps, stat), timeout=900)
-    t = [max(g[i] for g in got) for i in range(len(LINK_SIZES))]
-    alpha = t[0] / (2 * (n - 1))
-    beta = statistics.median((ti - 2 * (n - 1) * alpha) / (2 * (n - 1) / n * S)
-                             for S, ti in zip(LINK_SIZES, t) if S >= 2**20)
-    return {"alpha": alpha, "beta": max(beta, 0.0), "gamma": 0.0, "o": 0.0}
-
-
-WAIT_RANKS, WAIT_WORK, WAIT_ITERS = (2, 3, 4, 8), 4e-3, 60
-
-
-def wait_rank(rank: int, world: int, work: float, iters: int) -> tuple[float, float]:
-    """(wall, CPU) seconds per iteration of `work` CPU seconds of matmuls then a 4-byte all-reduce."""
-    torch.set_num_threads(1)
-    a, b, x = torch.randn(64, 64), torch.randn(64, 64), torch.zeros(1)
-    P.all_reduce(x)
-    t0, c0 = time.perf_counter(), time.thread_time()
-    for _ in range(iters):
-        end = time.thread_time() + work
-        while time.thread_time() < end:
-            a @ b
-        P.all_reduce(x)
-    return (time.perf_counter() - t0) / iters, (time.thread_time() - c0) / iters
-
-
-def wait_fit(ranks=WAIT_RANKS, work: float = WAIT_WORK, iters: int = WAIT_ITERS) -> tuple[float, list]:
-    """(wait_s, rows): the wait per blocking collective per unit of the ranks' oversubscription
-    (module docstring), and per N its (N, load, oversubscription, wait seconds)."""
-    cores = os.cpu_count()
-    probe, sleeper = Probe(cores), Sleeper()
-    rows = []
-    try:
-        for p in (probe, sleeper):
-            p.start()
-        for p in (probe, sleeper):
-            p.ready()
-            p.pause()
-        for n in ranks:
-            probe.samples, sleeper.samples = [], []
-            w = read_for([probe, sleeper], 2.0)
-            probe.within([w])
-            sleeper.within([w])
-            load = probe.load(sleeper.used())
-            got = spawn(wait_rank, n, args=(work, iters), timeout=900)
-            wall, cpu_s = max(g[0] for g in got), statistics.mean(g[1] for g in got)
-            over = max(0.0, n - cores) / cores * (cores + load) / cores     # planner.steptime.wait_time
-            rows.append((n, load, over, wall - cpu_s * max(1.0, (n + load) / cores)))
-    finally:
-        probe.stop()
-        sleeper.stop()
-    xs, ys = [r[2] for r in rows], [r[3] for r in rows]
-    wait_s = max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)) if any(xs) else 0.0
-    return wait_s, rows
-
-
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope), both kept ≥ 0."""
     mx, my = statistics.mean(xs), statistics.mean(ys)
@@ -319,7 +242,7 @@ def main(argv=None) -> int:
            "mmap_s": mmap_s, "alloc_slack_zero": slack_zero, "links": links, "wait_s": wait_fit()[0],
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
-           "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit.link_fit)"}
+           "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "

@@ -78,7 +78,8 @@ from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
 from planner.probe import Probe, Sleeper, read_for
-from planner.steptime import Software, cpu_stretch
+from planner.cpu_host import cpu_stretch
+from planner.steptime import Software
 from primitives.engine.cost import Params
 from primitives.launch import spawn
 from primitives.log import console

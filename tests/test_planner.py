@@ -274,7 +274,7 @@ def test_ranks_beyond_the_cores_stretch_compute():
     """cpu-here: with more runnable tasks than cores each rank's CPU seconds take longer in wall
     time, (ranks + load) / cores; a GPU (cores = 0) never stretches."""
     from dataclasses import replace
-    from planner.steptime import cpu_stretch
+    from planner.cpu_host import cpu_stretch
     hw, m = H.load("cpu-here"), PRESETS["tiny"]
     assert hw.cores >= 1
     two = replace(hw, cores=2)
@@ -293,7 +293,7 @@ def test_blocking_collectives_wait_once_ranks_outnumber_cores():
     k − 1 other members of the r − 1; the step's wait term counts each tp all-reduce, pipeline
     receive and dp call; none on a GPU."""
     from dataclasses import replace
-    from planner.steptime import wait_time
+    from planner.cpu_host import wait_time
     hw, m = replace(H.load("cpu-here"), cores=2, wait_s=3e-3, load=0.0), PRESETS["tiny"]
     assert wait_time(Layout(2, 1, 1), hw, 2) == 0.0 and wait_time(Layout(1, 2, 1), replace(hw, load=6.0), 2) == 0.0
     assert wait_time(Layout(4, 1, 1), hw, 4) == pytest.approx(3e-3)
@@ -339,7 +339,7 @@ def test_a_pipeline_is_paced_by_its_ranks_on_the_sessions_cores():
     and all ranks' CPU seconds over P bound the step (the cores term); the bubble is the stages
     without the output layer. Nothing fitted enters."""
     from dataclasses import replace
-    from planner.steptime import cpu_stretch, pipeline_stretch, session_cores
+    from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores
     hw, m = replace(H.load("cpu-here"), cores=2), PRESETS["tiny"]
     busy = replace(hw, load=6.0)                 # the ranks' session gets 2·2/8 = 0.5 cores
     assert session_cores(Layout(1, 1, 2), busy) == pytest.approx(0.5)
@@ -353,8 +353,11 @@ def test_a_pipeline_is_paced_by_its_ranks_on_the_sessions_cores():
     even = step_time(m, 32, Layout(1, 1, 2, mb=1), 8, busy, replace(sw, balanced_stages=True))
     assert t["bubble"] < t["matmul"] + t["elementwise"]           # the first stage has no output layer
     assert even["bubble"] == pytest.approx((even["matmul"] + even["elementwise"] + even["pp comm"]) / 8)   # (p−1)/m of the busy time
-    four = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1), sw)
+    four = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1, wait_s=0.0), sw)
     assert four["cores"] > 0                                      # 4 ranks' CPU seconds on one core
+    waits = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1, wait_s=1e-3), sw)
+    assert waits["wait"] > 0             # a pacing rank's waits are its siblings' turns: the longer of the two
+    assert waits["total"] == pytest.approx(max(four["total"], four["total"] - four["cores"] + waits["wait"]))
 
 
 def test_probed_speed_scales_every_cpu_second():
@@ -407,7 +410,7 @@ def test_woken_ranks_get_the_sleepers_share():
     that sleeps and wakes gets (hw.wake_share, planner.probe.Sleeper), never below a busy task's,
     never above a core, and together never above the cores."""
     from dataclasses import replace
-    from planner.steptime import cpu_stretch, pipeline_stretch, tp_stretch
+    from planner.cpu_host import cpu_stretch, pipeline_stretch, tp_stretch
     hw = replace(H.load("cpu-here"), cores=2, load=6.0)          # busy tasks get 0.25 of a core
     assert tp_stretch(Layout(2, 2, 1), hw) == cpu_stretch(Layout(2, 2, 1), hw)     # no Sleeper reading
     woken = replace(hw, wake_share=0.4)
