@@ -53,10 +53,11 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   least-squares slope of it over (N − cores)/cores · (cores +
                                   load)/cores, through 0 (planner.cpu_host.wait_time: the ranks'
                                   own oversubscription, each slice stretched by the other
-                                  sessions' load). Three runs here gave 2.5, 2.9 and 1.7 ms (at
-                                  loads 1.3-1.9, 6.9-8.3, 3.2-4.4; 2 ranks waited −1.6-0.5 ms
-                                  in all three); the file keeps the last run's, with its rows
+                                  sessions' load). Two runs here gave 1.7 and 2.2 ms (at
+                                  loads 3.2-4.4, 5.6-8.4; 2 ranks waited −1.6 and 6.3 ms); the
+                                  file keeps the first run's, with its rows
     python -m benchmarks.planner_fit --waits         # only wait_s, into the existing file (~1 min)
+    python -m benchmarks.planner_fit --links-median  # the 4-rank link on its fastest and its median try, printed
     python -m benchmarks.planner_fit --engine        # only the allocator slack, mmap_s, zero3_module_s (~3 min)
 Across nodes multinode/'s shaped veth (planner.hardware.cpu_here); `cores` from os.cpu_count().
 """
@@ -187,9 +188,17 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=2, help="processes measuring at once (as training ranks)")
     ap.add_argument("--links", action="store_true", help="fit only the links, into the existing --out file")
     ap.add_argument("--waits", action="store_true", help="fit only wait_s, into the existing --out file")
+    ap.add_argument("--links-median", action="store_true", help="print the 4-rank link fitted on the fastest and on the "
+                                                                  "median try, write nothing")
     ap.add_argument("--engine", action="store_true", help="fit only the engine steps' terms (slack, mmap_s, zero3_module_s)")
     a = ap.parse_args(argv)
     load_now = open('/proc/loadavg').read().split()[0]
+    if a.links_median:
+        for name, stat in (("fastest", min), ("median", statistics.median)):
+            p = link_fit(4, stat=stat)
+            console.print(f"4 ranks, the {name} try: α {p['alpha'] * 1e6:.0f} µs, {1e-9 / max(p['beta'], 1e-30):.2f} GB/s "
+                          f"(load {load_now})")
+        return 0
     if a.waits or a.engine:
         with open(a.out) as f:
             doc = json.load(f)

@@ -40,9 +40,9 @@ def link_rank(rank: int, world: int, reps: int, stat=min) -> list[float]:
 
 def link_fit(n: int, reps: int = 15, stat=min) -> dict:
     """The link of n ranks on this host as a ring's α-β (module docstring), the slower rank's times.
-    stat=statistics.median reads the typical try instead of the unimpeded one: on 4 ranks and 2
-    cores it carries the waits for descheduled peers, which the planner counts apart
-    (planner.cpu_host.wait_time), so the file keeps the fastest."""
+    stat=statistics.median reads the typical try instead of the unimpeded one; the tries run back
+    to back, lined up, so neither sees the wait of ranks that compute between calls (wait_fit;
+    planner.cpu_host.wait_time counts it apart): the file keeps the fastest."""
     got = spawn(link_rank, n, args=(reps, stat), timeout=900)
     t = [max(g[i] for g in got) for i in range(len(LINK_SIZES))]
     alpha = t[0] / (2 * (n - 1))
