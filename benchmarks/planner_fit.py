@@ -240,6 +240,7 @@ def main(argv=None) -> int:
     op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
     logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
     slack, slack_zero, mmap_s, module_s = engine_fit()
+    wait_s, wait_rows = wait_fit()
     bw = statistics.median(g["bw"] for g in got)
     with open("/proc/meminfo") as f:
         total = int(f.readline().split()[1]) * 1024
@@ -248,7 +249,9 @@ def main(argv=None) -> int:
            "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
            "call_overhead": statistics.median(g["call"] for g in got), "alloc_slack": slack, "zero3_module_s": module_s,
-           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero, "links": links, "wait_s": wait_fit()[0],
+           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero, "links": links, "wait_s": wait_s,
+           "wait_fit": {"command": "python -m benchmarks.planner_fit --waits",
+                        "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
            "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}

@@ -116,8 +116,6 @@ def zero3_units(model, hw) -> int:
     return 5 if hw.activations == "torch-eager-fp32" else 6
 
 
-
-
 def zero3_reused(psi: float, hw) -> float:
     """Fraction of a stage's units ZeRO-3 keeps gathered from their forward to their backward, so
     the backward does not gather them again: ringzero's engine (the host's, cpu-here) at
