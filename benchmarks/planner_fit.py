@@ -53,9 +53,9 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   least-squares slope of it over (N − cores)/cores · (cores +
                                   load)/cores, through 0 (planner.cpu_host.wait_time: the ranks'
                                   own oversubscription, each slice stretched by the other
-                                  sessions' load). Two runs here gave 1.7 and 2.2 ms (at
-                                  loads 3.2-4.4, 5.6-8.4; 2 ranks waited −1.6 and 6.3 ms); the
-                                  file keeps the first run's, with its rows
+                                  sessions' load). Three runs here gave 1.7, 2.2 and 2.9 ms
+                                  (at loads 3.2-4.4, 5.6-8.4, 5-11); the file keeps the first
+                                  run's, with its rows
     python -m benchmarks.planner_fit --waits         # only wait_s, into the existing file (~1 min)
     python -m benchmarks.planner_fit --links-median  # the 4-rank link on its fastest and its median try, printed
     python -m benchmarks.planner_fit --engine        # only the allocator slack, mmap_s, zero3_module_s (~3 min)
@@ -264,7 +264,8 @@ def main(argv=None) -> int:
                   f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element; "
                   f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB "
                   f"(ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
-                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a mapped block "
+                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a blocking collective's wait "
+                  f"{wait_s * 1e3:.2f} ms per unit of oversubscription; a mapped block "
                   f"{mmap_s * 2**20 * 1e3:.2f} ms CPU per MiB; "
                   f"{doc['cores']} cores → {a.out}")
     return 0
