@@ -43,6 +43,22 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   1 KiB, β the median over ≥ 1 MiB. The planner stretches it by the
                                   load as it does the ranks' compute (planner.steptime.group_time)
     python -m benchmarks.planner_fit --links         # only the links, into the existing file (~1 min)
+    wait_s                        the wait a blocking collective pays for a descheduled peer once
+                                  runnable tasks outnumber the cores (planner.cpu_host.wait_time):
+                                  N = 2, 3, 4, 8 ranks each burn WAIT_WORK of CPU (the probe's
+                                  matmuls) then all-reduce 4 bytes, WAIT_ITERS times, the load read
+                                  by planner.probe just before (paused while the ranks run); per
+                                  iteration, the slower rank's wall time less its CPU seconds
+                                  stretched by (N + load)/cores is the wait; wait_s is the
+                                  least-squares slope of it over (N − cores)/cores · (cores +
+                                  load)/cores, through 0 (planner.cpu_host.wait_time: the ranks'
+                                  own oversubscription, each slice stretched by the other
+                                  sessions' load). Three runs here gave 1.7, 2.2 and 2.9 ms
+                                  (at loads 3.2-4.4, 5.6-8.4, 5-11); the file keeps the first
+                                  run's, with its rows
+    python -m benchmarks.planner_fit --waits         # only wait_s, into the existing file (~1 min)
+    python -m benchmarks.planner_fit --links-median  # the 4-rank link on its fastest and its median try, printed
+    python -m benchmarks.planner_fit --engine        # only the allocator slack, mmap_s, zero3_module_s (~3 min)
 Across nodes multinode/'s shaped veth (planner.hardware.cpu_here); `cores` from os.cpu_count().
 """
 from __future__ import annotations
@@ -57,6 +73,7 @@ import time
 import torch
 
 import primitives as P
+from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_local import LOCAL_SW
 from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
 from planner.hardware import CPU_HERE, cpu_here
@@ -64,7 +81,7 @@ from planner.layout import Layout
 from planner.memory import memory, torch_head_bytes, torch_layer_activation_bytes
 from planner.model import Model
 from planner.plan import predict_layout
-from planner.steptime import UNITS_PER_LAYER
+from planner.steptime import zero3_units
 from primitives.launch import spawn
 from primitives.log import console
 
@@ -145,7 +162,7 @@ def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float
     pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, bare) for z in (0, 1))
     cpu = lambda got: statistics.median(g["cpu"] for g in got)  # noqa: E731
     mapped = 2 * (CAL.layers * torch_layer_activation_bytes(CAL, CAL.seq, lay) + 4 * mb * CAL.seq * CAL.vocab)
-    calls = 3 * (UNITS_PER_LAYER * CAL.layers + 3)
+    calls = 3 * (zero3_units(CAL, bare) * CAL.layers + 3)
     fits = []
     for _ in range(runs):
         z0, tuned, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z, t), timeout=900)
@@ -155,33 +172,6 @@ def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float
                      max(0.0, max(g["peak"] for g in z1) - (pred1["total"] - pred1["reserved"])),
                      mmap_s, max(0.0, (cpu(z3) - cpu(z1) - mapped * mmap_s) / calls)))
     return tuple(statistics.median(f[i] for f in fits) for i in range(4))
-
-
-LINK_SIZES = (2**10, 2**14, 2**18, 2**20, 2**22, 2**24)
-
-
-def link_rank(rank: int, world: int, reps: int) -> list[float]:
-    """The fastest wall time of an all-reduce of each LINK_SIZES bytes, lined up by a tiny one first."""
-    out = []
-    for nbytes in LINK_SIZES:
-        x, best = torch.ones(nbytes // 4), float("inf")
-        for _ in range(reps):
-            P.all_reduce(torch.zeros(1))
-            t0 = time.perf_counter()
-            P.all_reduce(x)
-            best = min(best, time.perf_counter() - t0)
-        out.append(best)
-    return out
-
-
-def link_fit(n: int, reps: int = 15) -> dict:
-    """The link of n ranks on this host as a ring's α-β (module docstring), the slower rank's times."""
-    got = spawn(link_rank, n, args=(reps,), timeout=900)
-    t = [max(g[i] for g in got) for i in range(len(LINK_SIZES))]
-    alpha = t[0] / (2 * (n - 1))
-    beta = statistics.median((ti - 2 * (n - 1) * alpha) / (2 * (n - 1) / n * S)
-                             for S, ti in zip(LINK_SIZES, t) if S >= 2**20)
-    return {"alpha": alpha, "beta": max(beta, 0.0), "gamma": 0.0, "o": 0.0}
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -197,7 +187,36 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--ranks", type=int, default=2, help="processes measuring at once (as training ranks)")
     ap.add_argument("--links", action="store_true", help="fit only the links, into the existing --out file")
+    ap.add_argument("--waits", action="store_true", help="fit only wait_s, into the existing --out file")
+    ap.add_argument("--links-median", action="store_true", help="print the 4-rank link fitted on the fastest and on the "
+                                                                  "median try, write nothing")
+    ap.add_argument("--engine", action="store_true", help="fit only the engine steps' terms (slack, mmap_s, zero3_module_s)")
     a = ap.parse_args(argv)
+    load_now = open('/proc/loadavg').read().split()[0]
+    if a.links_median:
+        for name, stat in (("fastest", min), ("median", statistics.median)):
+            p = link_fit(4, stat=stat)
+            console.print(f"4 ranks, the {name} try: α {p['alpha'] * 1e6:.0f} µs, {1e-9 / max(p['beta'], 1e-30):.2f} GB/s "
+                          f"(load {load_now})")
+        return 0
+    if a.waits or a.engine:
+        with open(a.out) as f:
+            doc = json.load(f)
+        if a.waits:
+            wait_s, rows = wait_fit()
+            console.print(f"wait per blocking collective per unit of oversubscription: {wait_s * 1e3:.2f} ms; "
+                          + ", ".join(f"{n} ranks at load {ld:.1f}: {w * 1e3:.2f} ms" for n, ld, _, w in rows))
+            doc.update(wait_s=wait_s, wait_fit={"command": "python -m benchmarks.planner_fit --waits",
+                                                "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in rows]})
+        if a.engine:
+            slack, slack_zero, mmap_s, module_s = engine_fit()
+            console.print(f"allocator slack {slack / 2**20:.1f} MiB (ZeRO-1/2 engine {slack_zero / 2**20:.1f}), "
+                          f"mmap {mmap_s * 2**20 * 1e3:.2f} ms per MiB, ZeRO-3 {module_s * 1e3:.2f} ms per module call")
+            doc.update(alloc_slack=slack, alloc_slack_zero=slack_zero, mmap_s=mmap_s, zero3_module_s=module_s,
+                       engine_fit=f"python -m benchmarks.planner_fit --engine, load {load_now}")
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        return 0
     links = {str(n): link_fit(n) for n in (2, 4)}
     console.print("links (α µs, GB/s): " + ", ".join(f"{n} ranks {p['alpha'] * 1e6:.0f}, {1e-9 / p['beta']:.2f}"
                                                        for n, p in links.items()))
@@ -221,6 +240,7 @@ def main(argv=None) -> int:
     op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
     logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
     slack, slack_zero, mmap_s, module_s = engine_fit()
+    wait_s, wait_rows = wait_fit()
     bw = statistics.median(g["bw"] for g in got)
     with open("/proc/meminfo") as f:
         total = int(f.readline().split()[1]) * 1024
@@ -229,10 +249,12 @@ def main(argv=None) -> int:
            "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
            "call_overhead": statistics.median(g["call"] for g in got), "alloc_slack": slack, "zero3_module_s": module_s,
-           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero, "links": links,
+           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero, "links": links, "wait_s": wait_s,
+           "wait_fit": {"command": "python -m benchmarks.planner_fit --waits",
+                        "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
-           "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit.link_fit)"}
+           "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
@@ -242,7 +264,8 @@ def main(argv=None) -> int:
                   f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element; "
                   f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB "
                   f"(ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
-                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a mapped block "
+                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a blocking collective's wait "
+                  f"{wait_s * 1e3:.2f} ms per unit of oversubscription; a mapped block "
                   f"{mmap_s * 2**20 * 1e3:.2f} ms CPU per MiB; "
                   f"{doc['cores']} cores → {a.out}")
     return 0

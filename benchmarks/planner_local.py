@@ -32,7 +32,9 @@ What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul wo
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
-the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape.
+the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape;
+the wait a blocking collective pays for a descheduled peer once ranks outnumber the cores
+(wait_s) from a ping-pong of 2-8 busy processes (`python -m benchmarks.planner_fit --waits`).
 No row's timing feeds any constant. Three inputs are read by planner.probe for PROBE_S seconds
 just before each row, and the prediction is made from that reading before the ranks start: as
 many busy processes as cores repeating the fit's matmuls give the share of a core a busy task
@@ -76,7 +78,8 @@ from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
 from planner.probe import Probe, Sleeper, read_for
-from planner.steptime import Software, cpu_stretch
+from planner.cpu_host import cpu_stretch
+from planner.steptime import Software
 from primitives.engine.cost import Params
 from primitives.launch import spawn
 from primitives.log import console
@@ -208,12 +211,12 @@ def main(argv=None) -> int:
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
                     f"{min(shares) / os.cpu_count():.2f}-{max(shares) / os.cpu_count():.2f} of a core, {os.cpu_count()} cores")
-    for c in ("model", "params", "layout", "load", "after", "woken", "speed", "step ms predicted", "measured", "error", "CPU ms pred",
-              "CPU meas", "MiB predicted", "measured ", "error "):
+    for c in ("model", "params", "layout", "load", "after", "woken", "speed", "step ms predicted", "of it waits", "measured", "error",
+              "CPU ms pred", "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
         t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['after']['load']:.1f}", f"{r['wake']:.2f}", f"{r['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
-                  f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
+                  f"{r['time_terms'].get('wait', 0.0) * 1e3:.0f}", f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
     console.print(t)

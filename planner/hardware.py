@@ -61,6 +61,9 @@ class Hardware:
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
     call_overhead: float = 0.0   # CPU seconds of one collective call through the engine
     zero3_module_s: float = 0.0  # CPU seconds of the ZeRO-3 engine's work per module fetch or release
+    wait_s: float = 0.0          # wall seconds a blocking collective waits for a descheduled peer per unit of
+                                 # oversubscription, (ranks − cores)/cores · (cores + load)/cores (planner.cpu_host.wait_time;
+                                 # fitted by benchmarks.planner_fit --waits)
     alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
     alloc_slack_zero: float = 0.0  # the same for zero_from_scratch's ZeRO-1/2 engine (its flat buffers and chunked
@@ -100,14 +103,14 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
     (cpu_here.json), the shared-memory link for that many ranks from the same file (its `links`,
     the fastest all-reduce of each size: the link unimpeded, stretched by the load in
     planner.steptime; without them benchmarks.one_host's primitives.engine.cost.FITTED; across
-    nodes the tbf-shaped veth of multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.steptime.cpu_stretch).
+    nodes the tbf-shaped veth of multinode/, 400 Mbit/s); `load` other runnable tasks share its cores (planner.cpu_host.cpu_stretch).
     `fitted`: the fields of cpu_here.json, given instead of read (benchmarks.planner_fit while it fits)."""
     if fitted is None and not os.path.exists(CPU_HERE):
         raise ValueError(f"{CPU_HERE} is missing: run `python -m benchmarks.planner_fit`")
     if fitted is None:
         with open(CPU_HERE) as f:
             fitted = json.load(f)
-    d = dict(fitted)
+    d = {k: v for k, v in fitted.items() if k not in ("wait_fit", "engine_fit")}    # records of how a term was fitted
     links = d.pop("links", None) or {}
     fits = sorted(int(n) for n in links)
     n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit

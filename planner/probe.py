@@ -17,13 +17,13 @@ its FLOPs per CPU second, with the window's start and end (a window that spans a
          (and the Sleeper beside it) did not get went to other runnable tasks: load = (C − share −
          Sleeper's cores) / q of them, counted as busy tasks (Probe.load). The probe's own
          processes are not in it: the ranks run while the probe is paused, r of them beside that
-         load, each at C / (r + load) of a core (planner.steptime.cpu_stretch). (Linux's autogroup
+         load, each at C / (r + load) of a core (planner.cpu_host.cpu_stretch). (Linux's autogroup
          is on here and would share the cores between sessions first; the runs show each task's
          share is what predicts both the 2- and the 4-rank rows.)
   woken  (Sleeper, one more process in a session of its own, beside the busy probe as a waiting
          rank is beside busy ranks) the share of a core a task that sleeps and wakes gets while
          awake: the scheduler places a woken task by the service it did not use, so it runs ahead
-         of busy ones — the share of the ranks that wait inside a step (planner.steptime.wake_share)
+         of busy ones — the share of the ranks that wait inside a step (planner.cpu_host.wake_share)
   speed  the FLOPs per CPU second now over the fitted rate (peak · gemm_efficiency): a CPU second
          buys less work when other processes share the caches, memory and the host's cycles
          (this is a virtual machine), so every fitted CPU-second rate scales by it

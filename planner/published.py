@@ -110,8 +110,26 @@ def megatron_strong_rows(hw=None):
     return out
 
 
+def host_hooks() -> float:
+    """Host seconds a ZeRO-3 engine spends per module fetch or release in its Python hooks:
+    cpu-here's zero3_module_s (benchmarks.planner_fit, ringzero's engine on this machine's CPU).
+    The part of a ZeRO-3 step that does not depend on the accelerator: the same hooks run per
+    module whatever computes the layer (assumed: DeepSpeed's hooks cost what ringzero's do, on a
+    host core as fast as this one). 0 when cpu_here.json is absent."""
+    try:
+        return H.cpu_here().zero3_module_s
+    except ValueError:
+        return 0.0
+
+
 def gdgpt_rows(hw=None):
+    """Each gdGPT row predicted on the device alone ("predicted") and with the host-side work a
+    step runs in Python beside it ("with host"): ZeRO-3's per-module hooks (host_hooks), which hide
+    behind a micro-batch's compute only as far as it lasts (planner.steptime's ZeRO-3 overlap).
+    The pipeline's host work per micro-batch and stage (DeepSpeed's PipelineEngine interpreting
+    its instructions) has no measured counterpart here, so its rows are the device's alone."""
     hw = hw or H.A100_40G
+    hooks = replace(hw, zero3_module_s=host_hooks())
     m = PRESETS[GDGPT["model"]]
     out = []
     for (seq, kind), rep in GDGPT["samples_per_s"].items():
@@ -119,9 +137,11 @@ def gdgpt_rows(hw=None):
                  else {"tp": 1, "pp": 1, "zero": 3, "offload": False, "mb": 1, "recompute": "none"})
         preds = plan(m, 8, hw, seq, GDGPT["batch"], Software(), fixed=fixed, keep_all=True)
         p = preds[0] if preds else None
+        host = plan(m, 8, hooks, seq, GDGPT["batch"], Software(), fixed=fixed, keep_all=True)[0] if kind == "zero3" else p
         out.append({"seq": seq, "layout": kind, "reported": rep, "fits": p.fits if p else False,
                     "gib": p.memory["total"] / 2**30 if p else float("nan"),
-                    "predicted": GDGPT["batch"] / p.time["total"] if p else float("nan")})
+                    "predicted": GDGPT["batch"] / p.time["total"] if p else float("nan"),
+                    "with_host": GDGPT["batch"] / host.time["total"] if host else float("nan")})
     return out
 
 

@@ -37,11 +37,19 @@ bubble       1F1B / interleaved: (p−1)/(v·m+p−1) of the pipeline's time
 dp           ZeRO-0 one all-reduce of the stage's gradients; ZeRO-1 reduce-scatter + all-gather of
              the parameters; ZeRO-2 the reduce-scatter per micro-batch; ZeRO-3 all-gather forward,
              all-gather backward and reduce-scatter per micro-batch (zero_from_scratch.engine.ledger).
-             ZeRO-3 per module with parameters (UNITS_PER_LAYER per layer, + embeddings and the final
+             ZeRO-3 per module with parameters (zero3_units per layer, + embeddings and the final
              norm), so each pays its α; each call also costs the engine's call_overhead of CPU
              (and, at ZeRO-3, zero3_module_s for the engine's per-module hooks).
              Across nodes the two-level hierarchical cost (cost.predict_2level). Overlapped, ZeRO-0..2
              hide behind the last micro-batch's backward, ZeRO-3 behind each micro-batch's compute
+wait         on a CPU host whose ranks outnumber its cores (r > C), every blocking collective
+             between ranks (each tp all-reduce, each pipeline receive, each dp call; at ZeRO-3
+             each module's gathers and reduce-scatter) waits for a peer the scheduler has
+             descheduled in favour of its siblings (wait_time), about a scheduler slice
+             (hw.wait_s, fitted once by a ping-pong of 2-8 busy processes: benchmarks.planner_fit
+             --waits) per unit of the ranks' oversubscription, stretched by the load, for the
+             group's k − 1 other members of the r − 1. A pipeline's waits are its siblings'
+             turns on the cores: its step is the longer of its path with them and the cores term
 optimizer    Adam on the rank's shard, memory-bound (~36 bytes read+written per parameter); offloaded:
              the host's Adam rate plus gradients down and parameters up the host link; on cpu-here
              the host's Adam rate (torch's eager Adam on a CPU is bound by its sqrt, not memory)
@@ -54,6 +62,7 @@ from pipeline_parallel.schedules.instructions import bubble_formula
 from primitives.engine.cost import Links, Params, predict, predict_2level
 from tensor_parallel.engine.formulas import layer_traffic
 
+from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores, tp_stretch, wait_time
 from planner.memory import ZERO3_MAX_LIVE, layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
 
 
@@ -94,7 +103,17 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw, stretch: float
     return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
 
 
-UNITS_PER_LAYER = 6     # modules with parameters in a layer (fused qkv, proj, fc1, fc2, 2 norms): ZeRO-3's fetch units
+def zero3_units(model, hw) -> int:
+    """Modules a layer's ZeRO-3 fetches gather one by one (each a blocking all-gather): Megatron's
+    layer 6 (fused qkv, proj, fc1, fc2, 2 norms); a llama layer 9 (q, k, v, o, gate, up, down, 2
+    norms); DistilBERT's 8 (q, k, v, out, lin1, lin2, 2 norms); torch's encoder layer on a CPU
+    host 5 (self_attn with its out_proj, which it reads without calling: one unit; linear1,
+    linear2, 2 norms)."""
+    if model.gated:
+        return 9
+    if model.family == "distilbert":
+        return 8
+    return 5 if hw.activations == "torch-eager-fp32" else 6
 
 
 def zero3_reused(psi: float, hw) -> float:
@@ -104,60 +123,6 @@ def zero3_reused(psi: float, hw) -> float:
     (zero_from_scratch/engine/prefetch.py), keeps up to that many; the GPU plans assume an engine
     that frees each layer after use and gathers it again (0)."""
     return min(1.0, ZERO3_MAX_LIVE / psi) if hw.activations == "torch-eager-fp32" and psi else 0.0
-
-
-def session_cores(lay, hw) -> float:
-    """Cores the ranks of a node get on a CPU host: `cores` shared with `load` other runnable
-    tasks, each rank busy at once getting cores / (ranks + load) (what planner.probe measures)."""
-    r = min(lay.gpus, hw.gpus_per_node)
-    return hw.cores * r / (r + hw.load)
-
-
-def cpu_stretch(lay, hw) -> float:
-    """Wall seconds per CPU second of a rank's compute: 1 on a GPU; on a CPU host, where the ranks
-    of a node and `load` other runnable tasks share `cores`, the scheduler gives each runnable task
-    cores / (ranks + load) of a core once they outnumber the cores."""
-    if not hw.cores:
-        return 1.0
-    return max(1.0, (min(lay.gpus, hw.gpus_per_node) + hw.load) / hw.cores)
-
-
-def wake_share(lay, hw, ranks: float) -> float:
-    """Share of a core each of `ranks` ranks that wait inside the step gets while awake: a rank
-    asleep on a futex (its neighbour's activation, its tensor-parallel peers' all-reduce) is
-    served ahead of busy tasks when it wakes (the scheduler places a woken task by the service it
-    did not use), which planner.probe.Sleeper measures (hw.wake_share); never below a busy task's
-    share, never more than a core, and those ranks together never more than the cores."""
-    busy = 1.0 / cpu_stretch(lay, hw)
-    return max(busy, min(1.0, hw.wake_share or busy, hw.cores / max(ranks, 1.0)))
-
-
-def pipeline_stretch(lay, hw) -> float:
-    """Wall seconds per CPU second of the ranks that pace the pipelines on a CPU host. The ranks'
-    session gets P cores (session_cores). A pipeline rank waiting for its neighbour sleeps on a
-    futex and uses no CPU, so the P cores go to the runnable ranks: at least the r/p pacing ranks
-    (one per pipeline on the node), each at most one core: min(1, P·p/r). Other stages running
-    beside them take their share too; that is the `cores` term of step_time (all ranks' CPU
-    seconds over P), which binds instead when it is the larger. A pacing rank also sleeps (for its
-    neighbour) and wakes, so it gets at least what a woken task gets (wake_share, measured by
-    planner.probe.Sleeper). Nothing fitted: P and the woken share from the probes, r and p from
-    the layout."""
-    if not hw.cores or lay.pp == 1:
-        return cpu_stretch(lay, hw)
-    pacing = max(1.0, min(lay.gpus, hw.gpus_per_node) / lay.pp)
-    return 1.0 / max(min(1.0, session_cores(lay, hw) / pacing), wake_share(lay, hw, pacing))
-
-
-def tp_stretch(lay, hw) -> float:
-    """Wall seconds per CPU second of tensor-parallel ranks on a CPU host. Each waits for its
-    peers in every layer's all-reduces; once the ranks on the node outnumber the cores the
-    shared-memory transport gives the core up at once in a wait and sleeps
-    (primitives.engine.shm_segment.yield_s, max_polls), so each rank gets a woken task's share
-    (wake_share); with a core per rank it polls first and is counted busy (cpu_stretch)."""
-    r = min(lay.gpus, hw.gpus_per_node)
-    if not hw.cores or lay.tp == 1 or r <= hw.cores:
-        return cpu_stretch(lay, hw)
-    return 1.0 / wake_share(lay, hw, r)
 
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
@@ -206,9 +171,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         one = group_time(name, t, S, 1, hw, pace)
         tp_mb += count * one * (1.5 if full else 1.0)
     tp_mb *= Ls
+    blocking_mb = Ls * sum(calls.values()) * (1.5 if full else 1.0) if t > 1 else 0.0   # tp collectives a micro-batch waits on
     if t > 1:   # the vocab-parallel embedding's forward all-reduce (first stage), the head's input (f, backward)
         ends = 2 if p == 1 else 1     # on the pacing (last) stage, and the vocab-parallel loss's 3 of b·s floats
         tp_mb += ends * group_time("all_reduce", t, S, 1, hw, pace) + 3 * group_time("all_reduce", t, tokens * 4, 1, hw, pace)
+        blocking_mb += ends + 3
+    recvs_mb = 2 * v if p > 1 else 0          # the pacing stage's receives: an activation, a gradient per chunk
     tp_exposed_mb = max(0.0, tp_mb - compute_mb) if sw.overlap_tp else tp_mb
 
     # pipeline p2p: b·s·h/t bytes per send
@@ -234,12 +202,13 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     stride = t
     dp_t = 0.0
     exposed_dp = 0.0
+    dp_calls = 0.0                           # blocking dp collectives per step
     calls = hw.call_overhead * stretch       # the engine's CPU per collective call
     if lay.dp > 1:
         ag_p = group_time("all_gather", lay.dp, psi * bpe, stride, hw, stretch)
         rs_g = group_time("reduce_scatter", lay.dp, psi * gb, stride, hw, stretch)
         if lay.zero == 3:     # one gather (forward), one (backward), one reduce-scatter per module with parameters
-            units = UNITS_PER_LAYER * Ls + 3
+            units = zero3_units(model, hw) * Ls + 3
             calls += hw.zero3_module_s * stretch
             gather = units * group_time("all_gather", lay.dp, psi * bpe / units, stride, hw, stretch)
             ag_p = gather + units * calls
@@ -248,13 +217,17 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
             ag_p, rs_g = ag_p + calls, rs_g + calls
         if lay.zero == 0:
             dp_t = group_time("all_reduce", lay.dp, psi * gb, stride, hw, stretch) + calls
+            dp_calls = 1
         elif lay.zero == 1:
             dp_t = rs_g + ag_p
+            dp_calls = 2
         elif lay.zero == 2:
             dp_t = m * rs_g + ag_p
+            dp_calls = m + 1
         else:     # the backward's gathers, less the units the engine kept since their forward
             z3_mb = 2 * ag_p + rs_g - zero3_reused(psi, hw) * gather
             dp_t = m * z3_mb
+            dp_calls = m * units * (3 - zero3_reused(psi, hw))
         if not sw.overlap_dp:
             exposed_dp = dp_t
         elif lay.zero == 3:
@@ -270,11 +243,13 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     else:
         opt = shard * 36 / hw.mem_bandwidth
     out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc, "tp comm": m * tp_exposed_mb,
-           "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt}
+           "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt,
+           "wait": m * (blocking_mb * wait_time(lay, hw, t) + recvs_mb * wait_time(lay, hw, 2)) + dp_calls * wait_time(lay, hw, lay.dp)}
     if hw.cores and p > 1:   # the session's cores bound its ranks' CPU seconds together: r/p pipelines of p stages
         r = min(lay.gpus, hw.gpus_per_node)
         work = r / p * m * (cpu_mb + (p - 1) * other_mb)
-        out["cores"] = max(0.0, work / session_cores(lay, hw) - (m * compute_mb + bubble))
+        out["cores"] = max(0.0, work / session_cores(lay, hw) - (m * compute_mb + bubble + out["wait"]))   # a rank's
+        # waits are its siblings' turns on the cores: the step is the longer of its path with them and all ranks' work
     out["total"] = sum(out.values())
     out["dp comm (all)"] = dp_t          # before overlap, for the record
     out["tp comm (all)"] = m * tp_mb

@@ -260,6 +260,9 @@ def test_published_gdgpt_direction():
     for r in rows.values():
         print(r)
     assert rows[(256, "pipeline")]["predicted"] > rows[(256, "zero3")]["predicted"]
+    if pub.host_hooks():       # ZeRO-3's per-module host work slows only the ZeRO-3 rows
+        assert rows[(256, "zero3")]["with_host"] < rows[(256, "zero3")]["predicted"]
+        assert rows[(256, "pipeline")]["with_host"] == rows[(256, "pipeline")]["predicted"]
 
 
 def test_planner_best_is_no_worse_than_the_papers_layout(nar):
@@ -271,7 +274,7 @@ def test_ranks_beyond_the_cores_stretch_compute():
     """cpu-here: with more runnable tasks than cores each rank's CPU seconds take longer in wall
     time, (ranks + load) / cores; a GPU (cores = 0) never stretches."""
     from dataclasses import replace
-    from planner.steptime import cpu_stretch
+    from planner.cpu_host import cpu_stretch
     hw, m = H.load("cpu-here"), PRESETS["tiny"]
     assert hw.cores >= 1
     two = replace(hw, cores=2)
@@ -282,6 +285,27 @@ def test_ranks_beyond_the_cores_stretch_compute():
     a = step_time(m, 32, Layout(2, 1, 1, mb=2), 4, two, Software(False, False, False))
     b = step_time(m, 32, Layout(2, 1, 1, mb=2), 4, replace(two, load=4.0), Software(False, False, False))
     assert b["matmul"] == pytest.approx(3 * a["matmul"]) and b["optimizer"] == pytest.approx(3 * a["optimizer"])
+
+
+def test_blocking_collectives_wait_once_ranks_outnumber_cores():
+    """cpu-here: a blocking collective waits for a descheduled member only once the node's ranks
+    outnumber its cores, wait_s per unit of (ranks − cores)/cores, stretched by the load, for its
+    k − 1 other members of the r − 1; the step's wait term counts each tp all-reduce, pipeline
+    receive and dp call; none on a GPU."""
+    from dataclasses import replace
+    from planner.cpu_host import wait_time
+    hw, m = replace(H.load("cpu-here"), cores=2, wait_s=3e-3, load=0.0), PRESETS["tiny"]
+    assert wait_time(Layout(2, 1, 1), hw, 2) == 0.0 and wait_time(Layout(1, 2, 1), replace(hw, load=6.0), 2) == 0.0
+    assert wait_time(Layout(4, 1, 1), hw, 4) == pytest.approx(3e-3)
+    assert wait_time(Layout(2, 2, 2), hw, 8) == pytest.approx(9e-3)
+    assert wait_time(Layout(2, 2, 2), hw, 2) == pytest.approx(9e-3 / 7)          # a pair of the 8 waits for one other
+    assert wait_time(Layout(4, 1, 1), replace(hw, load=2.0), 4) == pytest.approx(6e-3)
+    assert wait_time(Layout(8, 8, 1), replace(H.A100, wait_s=1.0), 8) == 0.0
+    sw = Software(False, False, False)
+    dp, tp = (step_time(m, 32, lay, 8, hw, sw)["wait"] for lay in (Layout(4, 1, 1, mb=2), Layout(2, 2, 1, mb=2)))
+    assert dp == pytest.approx(3e-3)                          # one all-reduce of the gradients
+    # 2 micro-batches: 4 per layer, the ends, the loss's 3; the dp all-reduce; pairs of the 4 ranks
+    assert tp == pytest.approx((2 * (4 * m.layers + 2 + 3) + 1) * 1e-3)
 
 
 def test_planner_fit_line():
@@ -303,8 +327,9 @@ def test_zero3_pays_per_module_calls():
     sw = Software(False, False, False)
     z2 = step_time(m, 32, Layout(2, 1, 1, zero=2, mb=2), 4, hw, sw)["dp comm"]
     z3 = step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["dp comm"]
-    assert z3 > 2 * hw.intra.alpha * (6 * m.layers + 3) > z2
-    from planner.steptime import zero3_reused
+    from planner.steptime import zero3_reused, zero3_units
+    assert zero3_units(m, hw) == 5 and zero3_units(m, H.A100) == 6 and zero3_units(PRESETS["llama-7b"], H.A100) == 9
+    assert z3 > 2 * hw.intra.alpha * (5 * m.layers + 3) > z2
     assert zero3_reused(1e6, hw) == 1.0 and zero3_reused(4e9, hw) == 0.25 and zero3_reused(1e6, H.A100) == 0.0
 
 
@@ -314,7 +339,7 @@ def test_a_pipeline_is_paced_by_its_ranks_on_the_sessions_cores():
     and all ranks' CPU seconds over P bound the step (the cores term); the bubble is the stages
     without the output layer. Nothing fitted enters."""
     from dataclasses import replace
-    from planner.steptime import cpu_stretch, pipeline_stretch, session_cores
+    from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores
     hw, m = replace(H.load("cpu-here"), cores=2), PRESETS["tiny"]
     busy = replace(hw, load=6.0)                 # the ranks' session gets 2·2/8 = 0.5 cores
     assert session_cores(Layout(1, 1, 2), busy) == pytest.approx(0.5)
@@ -328,8 +353,11 @@ def test_a_pipeline_is_paced_by_its_ranks_on_the_sessions_cores():
     even = step_time(m, 32, Layout(1, 1, 2, mb=1), 8, busy, replace(sw, balanced_stages=True))
     assert t["bubble"] < t["matmul"] + t["elementwise"]           # the first stage has no output layer
     assert even["bubble"] == pytest.approx((even["matmul"] + even["elementwise"] + even["pp comm"]) / 8)   # (p−1)/m of the busy time
-    four = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1), sw)
+    four = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1, wait_s=0.0), sw)
     assert four["cores"] > 0                                      # 4 ranks' CPU seconds on one core
+    waits = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1, wait_s=1e-3), sw)
+    assert waits["wait"] > 0             # a pacing rank's waits are its siblings' turns: the longer of the two
+    assert waits["total"] == pytest.approx(max(four["total"], four["total"] - four["cores"] + waits["wait"]))
 
 
 def test_probed_speed_scales_every_cpu_second():
@@ -382,7 +410,7 @@ def test_woken_ranks_get_the_sleepers_share():
     that sleeps and wakes gets (hw.wake_share, planner.probe.Sleeper), never below a busy task's,
     never above a core, and together never above the cores."""
     from dataclasses import replace
-    from planner.steptime import cpu_stretch, pipeline_stretch, tp_stretch
+    from planner.cpu_host import cpu_stretch, pipeline_stretch, tp_stretch
     hw = replace(H.load("cpu-here"), cores=2, load=6.0)          # busy tasks get 0.25 of a core
     assert tp_stretch(Layout(2, 2, 1), hw) == cpu_stretch(Layout(2, 2, 1), hw)     # no Sleeper reading
     woken = replace(hw, wake_share=0.4)
