@@ -41,6 +41,7 @@ class SavedByReference:
         self.unit_of_storage: dict[int, int] = {}         # gathered buffer's storage pointer -> unit
         self.regather: dict = {}
         self.late: set[int] = set()                       # units kept past a script's block for their gradient
+        self.script_read: set[int] = set()                # persistent units a script's blocks gather (a fused head)
 
     def add(self, index: int, full: torch.Tensor) -> None:
         """Unit `index` is gathered into `full` (its parameters' ds_status follows, as DeepSpeed's does)."""
@@ -77,6 +78,7 @@ class SavedByReference:
         if u.index not in self.late:
             return False
         self.late.discard(u.index)
+        self.script_read.add(u.index)                     # nor a step or a save (stage3.gather_persistent)
         return True
 
     @contextlib.contextmanager

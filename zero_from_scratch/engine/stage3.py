@@ -4,7 +4,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
-  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered; those live gathered again after a step, load, save
+  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered, gathered again after a step, load, save
+                              (not those only a script's GatheredParameters reads: saved.py)
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
   qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
   backward gather             on the module's outputs, as DeepSpeed places it (z3_outputs.py)
@@ -262,16 +263,14 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
             self.hpz.clear()             # secondary shards are stale once the weights move
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
-        live = [i for i in sorted(self.persistent) if i in self.full_of]   # not one only a script's GatheredParameters
-        self.release_all()               # reads (a fused head: saved.py); the rest are stale, and gathered again at
-        for i in live:                   # once, as DeepSpeed's stage3.py::_post_step and its load
-            self._gather(self.unit(i), "forward", "persistent parameters after the step")
+        self.release_all()               # the shards changed: persistent copies are stale, and are gathered again
+        self.gather_persistent("step")   # at once, as DeepSpeed's stage3.py::_post_step and its load
         allocator.release_freed()        # this step's activations and gradients, freed into the heap
 
     after_load = after_step
 
     def gather_persistent(self, after: str = "save") -> None:   # after a save: checkpoint_event_epilogue
-        for i in sorted(self.persistent - set(self.full_of)):
+        for i in sorted(self.persistent - set(self.full_of) - self.saved.script_read):   # see saved.released_late
             self._gather(self.unit(i), "forward", f"persistent parameters after the {after}")
 
     @contextlib.contextmanager
