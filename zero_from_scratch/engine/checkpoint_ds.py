@@ -7,13 +7,14 @@ DeepSpeed's own zero_to_fp32 reads our checkpoints; load_checkpoint reads a fold
 
 DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
   stage 0-2  mp_rank_00_model_states.pt (rank 0): module, buffer_names, param_shapes (per group),
-             frozen_param_shapes/_fragments, shared_params, lr_scheduler, counters, ds_version, client
-             state; zero_pp_rank_R_mp_rank_00_optim_states.pt (stages 1-2, each rank): each group's fp32
-             vector padded to a multiple of 2N, cut into N partitions (single_partition_of_fp32_groups,
+             frozen_param_shapes/_fragments, shared_params, lr_scheduler, counters, ds_config, ds_version,
+             client state; zero_pp_rank_R_mp_rank_00_optim_states.pt (stages 1-2, each rank): each group's
+             fp32 vector padded to a multiple of 2N, cut into N partitions (single_partition_of_fp32_groups,
              base_optimizer_state over the same partition)
-  stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank; frozen_param_fragments its
-             partitions) and ..._optim_states.pt: every parameter padded to a multiple of N, cut into
-             N partitions, rank R's concatenated per group (fp32_flat_groups, optimizer_state_dict)
+  stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank; module's parameters size-0, as
+             DeepSpeed's partitioned ones; frozen_param_fragments its partitions) and ..._optim_states.pt:
+             every parameter padded to a multiple of N, cut into N partitions, rank R's concatenated per
+             group (fp32_flat_groups, optimizer_state_dict)
   bf16       optimizer states in bf16_zero_pp_rank_R_mp_rank_00_optim_states.pt, DeepSpeed's name when bf16 is on
              (the only one its bf16 engine's load_checkpoint opens); read_full below globs either name
 zero_stage is a plain int (DeepSpeed pickles its IntEnum); reading maps DeepSpeed's pickled classes
@@ -81,6 +82,9 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     for k, p in (engine.module.named_parameters() if exclude_frozen else ()):
         if not p.requires_grad:
             sd.pop(k, None)
+    if stage == 3:   # DeepSpeed partitions every parameter, persistent too, before it saves (stage3.py
+        # checkpoint_event_prologue): its "module" holds size-0 placeholders, as its load_state_dict expects
+        sd.update((k, sd[k].new_empty(0)) for k, _ in engine.module.named_parameters(remove_duplicate=False) if k in sd)
     model = {"module": sd, "buffer_names": [k for k, _ in engine.module.named_buffers()], "optimizer": None,
              "param_shapes": [OrderedDict((k, engine.params_by_name[k].shape if stage != 3 else full[k]["master"].shape)
                                           for k in g) for g in names],
@@ -91,7 +95,8 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
              "data_sampler": None, "random_ltd": None, "skipped_steps": engine.skipped_steps,
              "global_steps": engine.global_steps, "global_samples": engine.global_steps * engine.config.train_batch_size,
-             "dp_world_size": n, "mp_world_size": 1, "ds_version": DS_VERSION, **client_state}
+             "dp_world_size": n, "mp_world_size": 1, "ds_config": engine.config.raw, "ds_version": DS_VERSION,
+             "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, **client_state}
     if stage == 3 or r == 0:
         fname = f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
         atomic_write(os.path.join(d, fname), lambda f: torch.save(model, f))
@@ -99,7 +104,7 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
         return
     opt = engine.optimizer
     scaler = ({"cur_scale": engine.loss_scaler.cur_scale, "dynamic": True} if engine.loss_scaler.dynamic
-              else _static_scaler(engine.loss_scaler.cur_scale))
+              else _DeepSpeedLossScaler(engine.loss_scaler.cur_scale))
     # torch's format for DeepSpeed's base optimizer: one "parameter" per group (its flat fp32 partition)
     hyper = [{**{k: v for k, v in opt.param_groups[g].items() if k != "params"}, "params": [i]}
              for i, g in enumerate(keep)]
@@ -140,11 +145,8 @@ class _DeepSpeedLossScaler:
     its engine's load_checkpoint takes the object as its loss scaler (cur_scale, dynamic=False)."""
     _deepspeed_name = ("deepspeed.runtime.fp16.loss_scaler", "LossScaler")
 
-
-def _static_scaler(scale: float) -> _DeepSpeedLossScaler:
-    s = _DeepSpeedLossScaler()
-    s.cur_scale, s.dynamic = float(scale), False
-    return s
+    def __init__(self, scale: float):
+        self.cur_scale, self.dynamic = float(scale), False
 
 
 class _Pickler(pickle._Pickler):
