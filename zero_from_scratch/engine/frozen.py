@@ -107,9 +107,11 @@ class FrozenParams:
             self.e.stage._release(u, "backward")
 
     @contextlib.contextmanager
-    def gathered(self, params, modifier_rank=None):
+    def gathered(self, params, modifier_rank=None, release: str = "gather_ctx"):
         """Full frozen tensors among `params` inside the block (stage 3; all ranks enter it).
-        With modifier_rank, that rank's values are broadcast and written back into the shards."""
+        With modifier_rank, that rank's values are broadcast and written back into the shards.
+        A script's block releases what it gathered, persistent or not, as DeepSpeed's (saved.py); the
+        engine's own (a checkpoint's, release="frozen gathered") leaves persistent units gathered."""
         st = self.e.stage
         wanted = {id(p) for p in params}
         units = [u for u in self.units if any(id(st.params[s.name]) in wanted for s in u.slots)]
@@ -122,14 +124,16 @@ class FrozenParams:
             for u in units if modifier_rank is not None else []:   # already-gathered (persistent) ones too
                 st.full_of[u.index].copy_(st.write_back(u, modifier_rank))   # a unit that stays holds the edit
             for u in mine:
-                st._release(u, "gather_ctx")          # persistent ones too, as DeepSpeed's block (saved.py)
+                st._release(u, release)
+            if release == "gather_ctx":                       # a step or save leaves them to the script too
+                st.saved.script_read.update(u.index for u in mine if u.index in st.persistent)
 
     def full(self, write_back: bool = False):
         """Every frozen tensor full inside the block: checkpoint save reads them, load writes them
         (write_back: every rank loaded the same values, so each copies its own shard back)."""
         if not self.units:
             return contextlib.nullcontext()
-        return self.gathered([p for _, p in self.named], 0 if write_back else None)
+        return self.gathered([p for _, p in self.named], 0 if write_back else None, release="frozen gathered")
 
     # ------------------------------------------------------------------ memory
     def bytes_per_rank(self) -> int:
