@@ -98,6 +98,9 @@ BIT16 = message("engine.optimizer.parallel_partitioned_bit16_groups / nccl_start
                 "hand out each rank's partition of a group as one contiguous view, aligned for NCCL",
                 "ringzero shards each bucket (unit) over the ranks, so a rank's partition is one block per unit: "
                 "safe_get_local_fp32_param")
+ACCUM = message("engine.optimizer.accumulated_grads_in_cpu", "keep a CPU buffer per parameter of stage 2's gradients "
+                "accumulated over micro-batches (offload_optimizer, gradient_accumulation_steps > 1)",
+                "each rank accumulates into its gradient shard: safe_get_local_grad")
 
 
 def install(engine) -> None:
@@ -107,6 +110,9 @@ def install(engine) -> None:
     if engine.stage_id in (1, 2):
         opt.refused_names = {n: NotServedAttributeError(BIT16) for n in (
             "parallel_partitioned_bit16_groups", "parallel_partitioned_fp16_groups", "nccl_start_alignment_factor")}
+        opt.refused_names["accumulated_grads_in_cpu"] = NotServedAttributeError(ACCUM)
+        from zero_from_scratch.as_deepspeed import more_layout   # here: it imports Live from this module
+        more_layout.install(engine)
     if engine.stage_id == 3:
         opt.parameter_offload = ParameterOffload(engine)
     opt.fp16_groups = Live(lambda: [[engine.params_by_name[n] for n in ns] for ns in engine.group_names])
