@@ -13,10 +13,9 @@ Cost: none until read.
 """
 from __future__ import annotations
 
-from zero_from_scratch.as_deepspeed.zero_layout import Live
 
-
-def install(engine) -> None:
-    """engine.optimizer.bit16_groups_flat at stages 1-2 (nothing at other stages, as DeepSpeed)."""
+def install(engine, live) -> None:
+    """engine.optimizer.bit16_groups_flat at stages 1-2 (nothing at other stages, as DeepSpeed); `live`
+    wraps a getter as a read-only sequence (zero_layout.Live)."""
     if engine.stage_id in (1, 2) and hasattr(engine.stage, "flat"):
-        engine.optimizer.bit16_groups_flat = Live(lambda: engine.stage.flat)
+        engine.optimizer.bit16_groups_flat = live(lambda: engine.stage.flat)

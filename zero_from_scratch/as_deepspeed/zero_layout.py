@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from zero_from_scratch.as_deepspeed import more_layout
 from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, message
 
 NAME = "engine.optimizer's flat fp32 partitions (fp32_partitioned_groups_flat, state keyed by them)"
@@ -111,8 +112,7 @@ def install(engine) -> None:
         opt.refused_names = {n: NotServedAttributeError(BIT16) for n in (
             "parallel_partitioned_bit16_groups", "parallel_partitioned_fp16_groups", "nccl_start_alignment_factor")}
         opt.refused_names["accumulated_grads_in_cpu"] = NotServedAttributeError(ACCUM)
-        from zero_from_scratch.as_deepspeed import more_layout   # here: it imports Live from this module
-        more_layout.install(engine)
+        more_layout.install(engine, Live)
     if engine.stage_id == 3:
         opt.parameter_offload = ParameterOffload(engine)
     opt.fp16_groups = Live(lambda: [[engine.params_by_name[n] for n in ns] for ns in engine.group_names])
