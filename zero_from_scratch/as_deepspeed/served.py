@@ -62,6 +62,7 @@ _TOPO_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataPara
 # DeepSpeed name → "ringzero module:attribute"
 SERVED: dict[str, str] = {
     "deepspeed.initialize": f"{_R}.top:initialize",
+    **{n: f"{_R}.more_on_device:OnDevice" for n in ("deepspeed.OnDevice", "deepspeed.utils.OnDevice")},
     "deepspeed.init_distributed": f"{_R}.top:init_distributed",
     "deepspeed.add_config_arguments": f"{_R}.top:add_config_arguments",
     "deepspeed.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
