@@ -101,7 +101,7 @@ BIT16 = message("engine.optimizer.parallel_partitioned_bit16_groups / nccl_start
                 "safe_get_local_fp32_param")
 ACCUM = message("engine.optimizer.accumulated_grads_in_cpu", "keep a CPU buffer per parameter of stage 2's gradients "
                 "accumulated over micro-batches (offload_optimizer, gradient_accumulation_steps > 1)",
-                "each rank accumulates into its gradient shard: safe_get_local_grad")
+                "each rank accumulates into its gradient shard; safe_get_full_grad(param) reads the sum so far")
 
 
 def install(engine) -> None:
