@@ -99,8 +99,8 @@ BIT16 = message("engine.optimizer.parallel_partitioned_bit16_groups / nccl_start
                 "hand out each rank's partition of a group as one contiguous view, aligned for NCCL",
                 "ringzero shards each bucket (unit) over the ranks, so a rank's partition is one block per unit: "
                 "safe_get_local_fp32_param")
-ACCUM = message("engine.optimizer.accumulated_grads_in_cpu", "keep a CPU buffer per parameter of stage 2's gradients "
-                "accumulated over micro-batches (offload_optimizer, gradient_accumulation_steps > 1)",
+ACCUM = message("engine.optimizer.accumulated_grads_in_cpu", "keep a CPU buffer per parameter of its gradient "
+                "accumulated over micro-batches (ZeRO-1/2 with offload_optimizer)",
                 "each rank accumulates into its gradient shard; safe_get_full_grad(param) reads the sum so far")
 
 
