@@ -101,7 +101,7 @@ BIT16 = message("engine.optimizer.parallel_partitioned_bit16_groups / nccl_start
                 "safe_get_local_fp32_param")
 ACCUM = message("engine.optimizer.accumulated_grads_in_cpu", "keep a CPU buffer per parameter of its gradient "
                 "accumulated over micro-batches (ZeRO-1/2 with offload_optimizer)",
-                "each rank accumulates into its gradient shard; safe_get_full_grad(param) reads the sum so far")
+                "the stage accumulates into its own gradient buffers; safe_get_full_grad(param) reads the sum so far")
 
 
 def install(engine) -> None:
