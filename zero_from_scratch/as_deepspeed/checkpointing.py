@@ -27,6 +27,12 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None, contiguou
     given = dict(partition_activations=partition_activations, contiguous_checkpointing=contiguous_checkpointing,
                  num_checkpoints=num_checkpoints, checkpoint_in_cpu=checkpoint_in_cpu, synchronize=synchronize,
                  profile=profile)
+    if contiguous_checkpointing:    # DeepSpeed's two checks, in its words (a setting not given keeps the last call's)
+        def now(k):
+            return given[k] if given[k] is not None else _SETTINGS.get(k)
+        assert now("partition_activations"), ("Contiguous Checkpointing is only available with partitioned "
+                                              "activations. Set partitioned activations to true in deepspeed config")
+        assert now("num_checkpoints") is not None, "Must specify the number of layers with contiguous memory checkpointing"
     _SETTINGS.clear()
     _SETTINGS.update({k: v for k, v in given.items() if v is not None}, mpu=mpu_)
     on = [k for k in _NO_EFFECT if given[k]]

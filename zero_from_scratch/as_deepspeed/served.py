@@ -33,7 +33,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
            "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
            "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
-           "deepspeed.runtime.precision_config", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
+           "deepspeed.runtime.precision_config", "deepspeed.runtime.constants", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
 
@@ -62,6 +62,7 @@ _TOPO_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataPara
 # DeepSpeed name → "ringzero module:attribute"
 SERVED: dict[str, str] = {
     "deepspeed.initialize": f"{_R}.top:initialize",
+    **{n: f"{_R}.more_on_device:OnDevice" for n in ("deepspeed.OnDevice", "deepspeed.utils.OnDevice")},
     "deepspeed.init_distributed": f"{_R}.top:init_distributed",
     "deepspeed.add_config_arguments": f"{_R}.top:add_config_arguments",
     "deepspeed.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
@@ -110,6 +111,8 @@ SERVED: dict[str, str] = {
        for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
     **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
     "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
+    "deepspeed.runtime.config.get_gradient_clipping": f"{_R}.more_config:get_gradient_clipping",
+    "deepspeed.runtime.constants.GRADIENT_CLIPPING_DEFAULT": f"{_R}.more_config:GRADIENT_CLIPPING_DEFAULT",
     **{n: f"{_R}.config_objects:{n.rpartition('.')[2]}" for n in (
         "deepspeed.DeepSpeedConfig", "deepspeed.runtime.config.DeepSpeedConfig", "deepspeed.runtime.precision_config.get_bfloat16_config",
         "deepspeed.runtime.precision_config.DeepSpeedBF16Config", "deepspeed.runtime.zero.config.get_zero_config",

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from zero_from_scratch.as_deepspeed import more_layout
 from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, message
 
 NAME = "engine.optimizer's flat fp32 partitions (fp32_partitioned_groups_flat, state keyed by them)"
@@ -98,6 +99,9 @@ BIT16 = message("engine.optimizer.parallel_partitioned_bit16_groups / nccl_start
                 "hand out each rank's partition of a group as one contiguous view, aligned for NCCL",
                 "ringzero shards each bucket (unit) over the ranks, so a rank's partition is one block per unit: "
                 "safe_get_local_fp32_param")
+ACCUM = message("engine.optimizer.accumulated_grads_in_cpu", "keep a CPU buffer per parameter of its gradient "
+                "accumulated over micro-batches (ZeRO-1/2 with offload_optimizer)",
+                "the stage accumulates into its own gradient buffers; safe_get_full_grad(param) reads the sum so far")
 
 
 def install(engine) -> None:
@@ -107,6 +111,8 @@ def install(engine) -> None:
     if engine.stage_id in (1, 2):
         opt.refused_names = {n: NotServedAttributeError(BIT16) for n in (
             "parallel_partitioned_bit16_groups", "parallel_partitioned_fp16_groups", "nccl_start_alignment_factor")}
+        opt.refused_names["accumulated_grads_in_cpu"] = NotServedAttributeError(ACCUM)
+        more_layout.install(engine, Live)
     if engine.stage_id == 3:
         opt.parameter_offload = ParameterOffload(engine)
     opt.fp16_groups = Live(lambda: [[engine.params_by_name[n] for n in ns] for ns in engine.group_names])

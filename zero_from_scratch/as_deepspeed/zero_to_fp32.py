@@ -10,6 +10,9 @@ from zero_from_scratch.engine.zero_to_fp32 import (convert_zero_checkpoint_to_fp
                                                    convert_zero_checkpoint_to_state_dict,
                                                    get_fp32_state_dict_from_zero_checkpoint,
                                                    load_state_dict_from_zero_checkpoint)
+from zero_from_scratch.as_deepspeed.more_zero_files import (get_checkpoint_files, get_model_state_files,  # noqa: F401
+                                                            get_optim_files)
 
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "convert_zero_checkpoint_to_fp32_state_dict",
-           "convert_zero_checkpoint_to_state_dict", "load_state_dict_from_zero_checkpoint"]
+           "convert_zero_checkpoint_to_state_dict", "load_state_dict_from_zero_checkpoint", "get_checkpoint_files",
+           "get_optim_files", "get_model_state_files"]

@@ -125,7 +125,7 @@ class FrozenParams:
                 st.full_of[u.index].copy_(st.write_back(u, modifier_rank))   # a unit that stays holds the edit
             for u in mine:
                 st._release(u, release)
-            if release == "gather_ctx":                       # a step or save leaves them to the script too
+            if mine and release == "gather_ctx":              # a step or save leaves them to the script too
                 st.saved.script_read.update(u.index for u in mine if u.index in st.persistent)
 
     def full(self, write_back: bool = False):

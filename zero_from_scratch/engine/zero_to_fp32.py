@@ -64,8 +64,15 @@ def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype=torc
     dtype = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}.get(dtype, dtype) if isinstance(dtype, str) else dtype
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
-    # own storage per tensor: views of one flat master would all land in one shard (the splitter groups by storage)
-    sd = {k: (v.to(dtype, copy=True) if v.is_floating_point() else v.clone()) for k, v in sd.items()}
+    # own storage per tensor: views of one flat master would all land in one shard (the splitter groups by storage);
+    # a shared parameter's names keep one tensor in .bin files, as DeepSpeed's (safetensors refuses shared memory)
+    copies: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, v in sd.items():
+        if id(v) not in copies or safe_serialization:
+            copies[id(v)] = v.to(dtype, copy=True) if v.is_floating_point() else v.clone()
+        out[k] = copies[id(v)]
+    sd = out
     weights = "model.safetensors" if safe_serialization else "pytorch_model.bin"
     files, split = {weights: list(sd)}, None
     if max_shard_size is not None:
