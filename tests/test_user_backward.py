@@ -67,7 +67,7 @@ def _full(engine, model):
         return [p.detach().clone() for p in model.parameters()]
 
 
-def _unmanaged(rank, world):
+def _unmanaged(rank, world, path):
     out = {}
     for stage in range(4):
         model = _model()
@@ -81,19 +81,22 @@ def _unmanaged(rank, world):
                 i += 1
             engine.step()
             seen.append(engine.was_step_applied())
-        out[stage] = (seen, engine.global_samples, engine.global_steps, _full(engine, model))
-        engine.destroy()
+        engine.save_checkpoint(path, tag=f"z{stage}")         # DeepSpeed's count survives a resume
+        again, *_ = zero_from_scratch.initialize(model=_model(), config=_cfg(stage, GAS, False))
+        again.load_checkpoint(path, tag=f"z{stage}")
+        out[stage] = (seen, (engine.global_samples, again.global_samples), engine.global_steps, _full(engine, model))
+        engine.destroy(), again.destroy()
     return out
 
 
-def test_unmanaged_step_is_the_boundary(spawn):
+def test_unmanaged_step_is_the_boundary(spawn, tmp_path):
     starts = [sum(COUNTS[:k]) for k in range(len(COUNTS))]
     want = _reference(2, [range(s, s + n) for s, n in zip(starts, COUNTS)], GAS)
     expect_seen = sum(([False] * n + [True] for n in COUNTS), [])
-    for out in spawn(_unmanaged, 2):
+    for out in spawn(_unmanaged, 2, args=(str(tmp_path),)):
         for stage, (seen, samples, steps, params) in out.items():
             assert seen == expect_seen, stage
-            assert (samples, steps) == (MICRO * 2 * sum(COUNTS), len(COUNTS)), stage
+            assert (samples, steps) == ((MICRO * 2 * sum(COUNTS),) * 2, len(COUNTS)), stage
             for got, ref in zip(params, want):
                 torch.testing.assert_close(got, ref, rtol=0, atol=TOL, msg=f"stage {stage}")
 

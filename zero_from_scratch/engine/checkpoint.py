@@ -191,6 +191,7 @@ def save(engine, save_dir: str, tag, client_state: dict, exclude_frozen: bool = 
         man = {"format": FORMAT, "save_id": sid, "tag": tag, "world_size": c.size, "stage": engine.stage_id,
                "dtype": str(engine.dtype), "layout": engine.layout.to_manifest(), "params": _model_spec(engine),
                "aliases": aliases, "global_steps": engine.global_steps, "micro_steps": engine.micro_steps,
+               "global_samples": engine.global_samples,
                "skipped_steps": engine.skipped_steps,
                "optimizer": {"hyper": engine.optimizer.hyper_state(), "steps": [s["step"] for s in engine.optimizer.state]},
                "scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,

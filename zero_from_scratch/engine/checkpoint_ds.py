@@ -94,7 +94,7 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
                                                                     for k, v in frozen.items()},
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
              "data_sampler": None, "random_ltd": None, "skipped_steps": engine.skipped_steps,
-             "global_steps": engine.global_steps, "global_samples": engine.global_steps * engine.config.train_batch_size,
+             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
              "dp_world_size": n, "mp_world_size": 1, "ds_config": engine.config.raw, "ds_version": DS_VERSION,
              "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, **client_state}
     if stage == 3 or r == 0:
@@ -291,7 +291,7 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     man = {"optimizer": {"hyper": hyper, "steps": [steps[min(g, len(steps) - 1)] for g in range(len(hyper))]},
            "scheduler": model.get("lr_scheduler"), "global_steps": model["global_steps"],
            "micro_steps": model["global_steps"] * engine.config.gradient_accumulation_steps,
-           "skipped_steps": model.get("skipped_steps", 0),
+           "skipped_steps": model.get("skipped_steps", 0), "global_samples": model.get("global_samples"),
            "loss_scaler": {"cur_scale": cur}}
     extras = {k: v for k, v in model["module"].items() if k in set(model.get("buffer_names", []))}
     extras.update(frozen_params(d, model, optim))

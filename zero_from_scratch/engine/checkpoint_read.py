@@ -187,6 +187,8 @@ def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: boo
     engine.loss_scaler.load_state_dict(man["loss_scaler"])
     applied = engine.was_step_applied() if hasattr(engine, "was_step_applied") else False
     engine.global_steps, engine.micro_steps = man["global_steps"], man["micro_steps"]
+    samples = man.get("global_samples")              # DeepSpeed's count; a folder without it: steps × batch
+    engine.global_samples = engine.global_steps * engine.config.train_batch_size if samples is None else samples
     engine.applied_at = engine.micro_steps - 1 if applied else None   # DeepSpeed's _step_applied: a load leaves it
     engine.skipped_steps = man["skipped_steps"]
     if extras:

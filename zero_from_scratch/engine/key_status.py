@@ -147,11 +147,24 @@ SWITCH = {**{k: ("enabled", (None, False)) for k in (
     "compile": ("deepcompile", (None, False))}
 # A refused key at the value DeepSpeed means as "off" (its default) asks for nothing either
 OFF = {"zero_optimization.mics_shard_size": (-1,)}
+# Sections DeepSpeed switches on by any of several keys, or by being present at all (zenflow/engine.py)
+ANY_OF = {"data_efficiency": (("enabled",), ("data_routing", "random_ltd", "enabled"), ("data_sampling", "enabled"))}
+PRESENT = ("zero_optimization.zenflow",)
+
+
+def _dig(d, path):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return bool(d)
 
 
 def is_set(v, key: str = "") -> bool:
     """Present and asking for something: not null/false/{}/{"enabled": false}, not DeepSpeed's "off"
     for the key (OFF, SWITCH), and for a section, some key inside it set."""
+    if key in PRESENT:
+        return v is not None
+    if key in ANY_OF and isinstance(v, dict):
+        return any(_dig(v, path) for path in ANY_OF[key])
     if key in SWITCH and isinstance(v, dict):
         k, off = SWITCH[key]
         return v.get(k) not in off
@@ -174,12 +187,12 @@ def gate(raw: dict, table: dict, aliases: dict | None = None, where: str = "zero
             if st is None:
                 continue
             known.add(k)
+            if k in table and GONE in st:        # DeepSpeed raises on the key itself, whatever its value
+                raise ValueError(f"config key {k!r} = {v!r} is refused: {st[len(R):]}")
             if k in table and _cov(st) and is_set(v, k):
                 if st.startswith(R):
                     raise ValueError(f"config key {k!r} = {v!r} is refused: {st[len(R):]}")
                 warned.append(f"{k} = {v!r}: {st[len(W):]}")
-            elif k in table and GONE in st:      # off, so nothing to refuse; DeepSpeed refuses it even so
-                warned.append(f"{k} = {v!r}: off here; {GONE}")
             elif isinstance(v, dict) and not _cov(st):
                 walk(v, k + ".")
     walk(raw, "")

@@ -265,7 +265,6 @@ class ZeroEngine(AccumulationBoundary, surface.DeepSpeedSurface, nn.Module):
             self.offload.after_load()    # cpu offload in fp32: the host master follows the loaded params
         self.stage.after_load()      # stage 3: drop gathered copies of the old weights
         sync_steps(self)
-        self.global_samples = self.global_steps * self.config.train_batch_size   # as checkpoint_ds writes it
         return out
 
     def rng_state(self) -> dict:
