@@ -81,6 +81,11 @@ class SavedByReference:
         self.script_read.add(u.index)                     # nor a step or a save (stage3.gather_persistent)
         return True
 
+    def read_by(self, u, kind: str) -> None:
+        """A unit the model's own forward gathers is the stage's again: a step or save gathers it."""
+        if kind == "forward":
+            self.script_read.discard(u.index)
+
     @contextlib.contextmanager
     def active(self):
         with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):

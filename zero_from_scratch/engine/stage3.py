@@ -4,8 +4,8 @@ stage3_* keys, ZeRO++ hpZ and a safe failure add, each an object of its own.
     torchrun --standalone --nproc_per_node 2 -m zero_from_scratch.engine.demo --stage 3 --zero overlap_comm=true
 
   prefetch, reuse, live cap   Prefetcher (prefetch.py): the traced module order
-  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered, gathered again after a step, load, save
-                              (not those only a script's GatheredParameters reads: saved.py)
+  persistence                 units ≤ stage3_param_persistence_threshold: kept gathered, again after a step, load, save;
+                              not one only a script's GatheredParameters reads (DeepSpeed: all of them; saved.py)
   hpZ                         HpZ (hpz.py): the backward all-gather stays inside a node
   qwZ, qgZ                    QwZ (qwz.py): int8 weight all-gathers; QgZ (qgz.py): int4 gradient all-to-alls
   backward gather             on the module's outputs, as DeepSpeed places it (z3_outputs.py)
@@ -105,6 +105,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def _gather(self, u, kind: str, label: str) -> None:
         if u.index in self.pf.kept:
             self.pf.kept.remove(u.index)                  # in use again: not evictable
+        self.saved.read_by(u, kind)                       # the model's forward: persistent as DeepSpeed's again
         if u.index in self.full_of or u.index in self.pf.prefetched:
             return super()._gather(u, kind, label)
         self.pf.make_room(u.padded, lambda v: self._release(v, "evict"))
@@ -266,7 +267,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.release_all()               # the shards changed: persistent copies are stale, and are gathered again
         self.gather_persistent("step")   # at once, as DeepSpeed's stage3.py::_post_step and its load
         allocator.release_freed()        # this step's activations and gradients, freed into the heap
-
     after_load = after_step
 
     def gather_persistent(self, after: str = "save") -> None:   # after a save: checkpoint_event_epilogue
