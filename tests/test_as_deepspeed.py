@@ -373,9 +373,9 @@ def test_quirks_the_runner_applies_as_deepspeed_does(tmp_path, caplog):
         {"zero_optimization": {"stage": 3}}
     with pytest.raises(AssertionError, match="Cannot provide deprecated parameter 'cpu_offload'"):
         quirks.deprecated_offload_keys({"zero_optimization": {"cpu_offload": False, "offload_optimizer": {}}})
-    assert quirks.pipeline_clip_stage0({"train_batch_size": 4})["pipeline"] == {"clip_norm": "stage0", "use_reentrant": True}
+    assert quirks.pipeline_defaults({"train_batch_size": 4})["pipeline"] == {"clip_norm": "stage0", "use_reentrant": True}
     for kept in ({"bf16": {"enabled": True}}, {"pipeline": {"clip_norm": "global"}}):
-        assert quirks.pipeline_clip_stage0(kept) == {**kept, "pipeline": {**kept.get("pipeline", {}), "use_reentrant": True}}
+        assert quirks.pipeline_defaults(kept) == {**kept, "pipeline": {**kept.get("pipeline", {}), "use_reentrant": True}}
     p = tmp_path / "ds.json"
     p.write_text("{\n  # a comment\n  train_batch_size: 8,\n}\n")
     assert quirks.read_config(str(p)) == {"train_batch_size": 8}

@@ -46,9 +46,9 @@ def test_reentrant_checkpoint_matches_the_plain_block(needs_grad):
 
 
 def test_the_runner_spells_out_use_reentrant_and_the_pipeline_honours_it():
-    c = quirks.pipeline_clip_stage0({"train_batch_size": 2, "pipeline": {"activation_checkpoint_interval": 1}})
+    c = quirks.pipeline_defaults({"train_batch_size": 2, "pipeline": {"activation_checkpoint_interval": 1}})
     assert c["pipeline"]["use_reentrant"] is True
-    assert quirks.pipeline_clip_stage0({"pipeline": {"use_reentrant": False}})["pipeline"]["use_reentrant"] is False
+    assert quirks.pipeline_defaults({"pipeline": {"use_reentrant": False}})["pipeline"]["use_reentrant"] is False
     for cfg, want in (({"pipeline": {"use_reentrant": True}}, ds_checkpointing.checkpoint), ({}, None),
                       ({"pipeline": {"use_reentrant": False}}, ds_checkpointing.non_reentrant_checkpoint)):
         model = PipelineModule([nn.Linear(2, 2), nn.Linear(2, 2)], num_stages=1)

@@ -80,14 +80,14 @@ def _steps(engine, rank, steps):
 
 
 def _rename_to_unprefixed(d):
-    """A folder as ringzero wrote it before it followed DeepSpeed's bf16 names: zero_pp_rank_* optimizer files."""
+    """A folder whose optimizer files lack the bf16_ prefix (zero_pp_rank_*): one a fp32-named writer made."""
     for f in glob.glob(os.path.join(d, "bf16_zero_pp_rank_*_optim_states.pt")):
         os.rename(f, os.path.join(os.path.dirname(f), os.path.basename(f)[len("bf16_"):]))
 
 
 def _ringzero_reads_both_names(rank, world, d, stage):
     """Save at bf16, then load three folders into fresh engines: as written (ringzero's manifest), with the
-    optimizer files renamed to the unprefixed names of older folders, and that one without ringzero's
+    optimizer files renamed without the bf16_ prefix, and that one without ringzero's
     manifest (read as a DeepSpeed folder: checkpoint_ds.read_full). Each loaded engine takes the same 2 steps."""
     e, *_ = zero_from_scratch.initialize(model=_model(), config=_cfg(stage))
     _steps(e, rank, range(2))
@@ -114,7 +114,7 @@ def _ringzero_reads_both_names(rank, world, d, stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_bf16_optimizer_files_are_named_as_deepspeeds_and_older_folders_still_load(spawn, tmp_path, stage):
+def test_bf16_optimizer_files_are_named_as_deepspeeds_and_unprefixed_folders_load(spawn, tmp_path, stage):
     names, want, got = spawn(_ringzero_reads_both_names, 2, args=(str(tmp_path), stage), timeout=300.0)[0]
     assert names == [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
     assert got["written"] == want and got["unprefixed"] == want      # ringzero's own manifest: bit for bit
@@ -142,8 +142,7 @@ def _deepspeed_resumes_from_ringzero_bf16(rank, world, d, stage):
 
 @pytest.mark.slow
 def test_deepspeed_resumes_from_ringzero_bf16_folder(spawn, tmp_path):
-    """ZeRO-2 (DeepSpeed's engine loading a ringzero ZeRO-3 folder fails on the module's shapes at fp32 too:
-    tests/test_zero_surface_ds.py::test_deepspeed_resumes_from_our_checkpoint[3])."""
+    """ZeRO-2 (ZeRO-3 at bf16: tests/test_zero_surface_ds.py::test_deepspeed_resumes_from_our_checkpoint)."""
     want, got, steps = spawn(_deepspeed_resumes_from_ringzero_bf16, 2, args=(str(tmp_path), 2), timeout=600.0)[0]
     assert steps == 4
     for a, b in zip(want, got):      # the same fp32 master and Adam states; bf16 rounding of the loss (2^-8)

@@ -48,4 +48,4 @@ def test_zero3_optimizer_names(spawn):
     for is3, is1, before, after, want, kept, norm in spawn(_run, 2):
         assert is3 and not is1
         assert abs(before - want) <= 1e-6 * want and abs(after - want / 2) <= 1e-6 * want   # fp32 rounding
-        assert kept == norm and abs(norm - want / 2) <= 1e-6 * want
+        assert abs(kept - want / 2) <= 1e-6 * want and abs(norm - want / 2) <= 1e-6 * want

@@ -7,7 +7,7 @@ deprecated_offload_keys   zero_optimization.cpu_offload: true → offload_optimi
         cpu_offload_param: true → offload_param {"device": "cpu"}, false → the key dropped,
         cpu_offload_use_pin_memory dropped; each with DeepSpeed's warning, and its assertion when the
         new key is given too (runtime/config_utils.py::_process_deprecated_field, zero/config.py).
-pipeline_clip_stage0      a PipelineModule in fp32: gradient clipping by stage 0's norm on every stage
+pipeline_defaults         a PipelineModule in fp32: gradient clipping by stage 0's norm on every stage
         (DeepSpeed's fp32 pipeline: runtime/pipe/engine.py leaves clipping to the torch optimizer
         path, whose norm covers the stage's own parameters, broadcast from the first stage), i.e.
         "pipeline": {"clip_norm": "stage0"}, unless the config names a clip_norm itself; and
@@ -126,7 +126,7 @@ def offload_param_below_stage3(config):
     return c
 
 
-def pipeline_clip_stage0(config):
+def pipeline_defaults(config):
     c = _as_dict(config)
     if not isinstance(c, dict):
         return config

@@ -147,7 +147,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if pipeline:
         assert mpu is None, "mpu must be None with pipeline parallelism"
         build = resolve("deepspeed.initialize(model=PipelineModule)", served.PIPELINE_INITIALIZE)
-        config = quirks.pipeline_clip_stage0(config)
+        config = quirks.pipeline_defaults(config)
     else:
         build = resolve("deepspeed.initialize", "zero_from_scratch:initialize")
         quirks.init_model_below_stage3(model, config)
