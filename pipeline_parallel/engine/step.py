@@ -34,6 +34,7 @@ import torch
 
 from primitives.log import print0
 from zero_from_scratch.engine.comm import Comm
+from zero_from_scratch.engine.mixed_cast import cast_model
 from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import counts_on
 from zero_from_scratch.engine.precision import DynamicLossScaler, StaticLossScaler, model_dtype
@@ -116,7 +117,7 @@ class MixedPrecision:
 
     def __init__(self, engine, masters: bool = True):
         self.e, self.dtype = engine, model_dtype(engine.cfg.run)
-        engine.module.to(self.dtype)
+        cast_model(engine.module, engine.cfg.raw, self.dtype)   # parameters only, buffers as loaded (DeepSpeed's)
         self.params = engine.params
         # with ZeRO-1 the fp32 master is the replica's shard (engine/zero1.py): none kept here
         self.master = [p.detach().float().clone() for p in self.params] if masters else []

@@ -29,7 +29,8 @@ tag_validation_warn       checkpoint.tag_validation defaults to WARN (runtime/co
 register_external_on_use  stage 3: a parameter read in the forward of a module that does not hold it is
         registered to that module and gathered (DeepSpeed's ZeROOrderedDict,
         runtime/zero/parameter_offload.py), not refused (external.py, auto_register); every module's
-        _parameters a ZeROOrderedDict, as DeepSpeed's (engine/zero_ordered_dict.py).
+        _parameters a ZeROOrderedDict, as DeepSpeed's (engine/zero_ordered_dict.py). At stage 0 a plain
+        loss.backward() raises DeepSpeed's RuntimeError (its torch-style backward needs a ZeROOptimizer).
 init_model_below_stage3   a model built under zero.Init, initialized at stage 0-2: DeepSpeed accepts it
         (runtime/engine.py keeps the partitioned parameters, which its stage 0-2 cannot train); the
         runner gathers them whole (every rank) and drops their ZeRO-3 attributes, with one warning,
@@ -201,6 +202,8 @@ def expose_torch_optimizer(engine) -> None:
 
 
 def register_external_on_use(engine) -> None:
+    if hasattr(engine, "_support_torch_style_backward"):   # DeepSpeed's ZeRO-0 optimizer is no ZeROOptimizer
+        engine._support_torch_style_backward = engine.zero_optimization_stage() > 0
     ext = getattr(engine, "external", None)
     if ext is not None and hasattr(ext, "auto_register"):
         ext.auto_register = True

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
 from zero_from_scratch.engine.zero_keys import KEY_STATUS, value_notes, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
 from zero_from_scratch.engine.key_status import gate, suggest as _suggest
+from zero_from_scratch.engine.mixed_cast import DataTypes
 from zero_from_scratch.engine.monitor import parse as parse_monitors
 from zero_from_scratch.engine.activation_checkpointing import parse as parse_ac
 from zero_from_scratch.engine.wall_clock import parse as parse_instruments
@@ -283,13 +284,12 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     if not isinstance(clip, (int, float)):
         raise _bad("gradient_clipping", clip, "a number >= 0 (0 = off)")
     cfg = ZeroRunConfig(tb, mb, ga, opt, sched, float(clip), bf16, fp16, zero, resolved, unknown_keys=unknown, raw=raw)
-    cfg.monitor = parse_monitors(raw)
-    cfg.tag_validation = tag_validation_mode(raw)
+    cfg.monitor, cfg.tag_validation = parse_monitors(raw), tag_validation_mode(raw)
+    vars(cfg).update(vars(DataTypes(raw)))        # param_dtype, buffer_dtype, keep_in_fp32_modules (mixed_cast.py)
     cfg.offload_optimizer, cfg.sub_group_size, cfg.zeropp = offload, int(sub_group_size), zeropp
     cfg.offload_param = parse_offload_param(z, zero.stage)      # param_offload.py (stage 3)
     cfg.activation_checkpointing = parse_ac(raw)
-    cfg.instruments = parse_instruments(raw)
-    cfg.surface = surface_keys(raw)
+    cfg.instruments, cfg.surface = parse_instruments(raw), surface_keys(raw)
     dt = "bf16" if bf16 else "fp16" if fp16.enabled else "fp32"
     cfg.reduction = parse_reduction(raw, zero.stage, zero.reduce_scatter, dt, world_size)
     zero.notes += tuple(n for n in [predivide_ignored(raw, zero.stage, zero.reduce_scatter),

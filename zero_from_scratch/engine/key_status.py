@@ -65,6 +65,10 @@ TOP = {
     "sequence_parallel_size": "honoured when 1; refused when larger (zero_keys.value_notes): DeepSpeed would divide "
                               "the data-parallel size by it (Ulysses); the engine takes sequence parallelism from an mpu",
     "data_types": H + "see its keys",
+    "data_types.param_dtype": H + "checked: must be the bf16/fp16 training dtype, as DeepSpeed asserts (mixed_cast.py)",
+    "data_types.buffer_dtype": H + "buffers cast to it under bf16/fp16 (default: kept as loaded); fp32 ignores it, as "
+                               "DeepSpeed does (mixed_cast.py)",
+    "data_types.keep_in_fp32_modules": H + "buffers it names stay fp32 under bf16/fp16 (mixed_cast.py)",
     "data_types.grad_accum_dtype": "honoured when null or the model's dtype (gradients accumulate in it here); refused "
                                    "when another dtype at stages 0-2 (zero_keys.value_notes): DeepSpeed would "
                                    "accumulate in it (stage 0: DeepSpeed raises); warned at stage 3, which ignores it",

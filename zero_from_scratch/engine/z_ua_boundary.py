@@ -26,7 +26,9 @@ multiplies its output's gradient by grad_keys' `pre` / gradient_accumulation_ste
 _backward_prologue_per_tensor divides by the latter (DeepSpeed's quirk, kept: an output computed from
 another, a model's loss from its logits, is divided on both hooks when gradient_accumulation_steps > 1).
 scale(loss) multiplies by the loss scale; with fp16's dynamic scaler a plain backward without it
-raises DeepSpeed's RuntimeError.
+raises DeepSpeed's RuntimeError. Under torch.func (grad, vmap, jacrev) the hooks leave the gradient
+alone, as DeepSpeed's do. The runner, as DeepSpeed at ZeRO-0 (its optimizer is no ZeROOptimizer),
+refuses a plain backward at stage 0 with DeepSpeed's RuntimeError (_support_torch_style_backward).
 """
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ import contextlib
 
 import torch
 
+TORCH_STYLE = ("Direct calls to tensor.backward() are not supported in this configuration. This occurs when either: "
+               "(1) your PyTorch version lacks required internal APIs, or (2) using ZeRO stage 0. "
+               "Please use engine.backward(loss) instead.")
 LOSS_SCALING = ("Loss scaling is required for this configuration, but backward() was called directly without scaling "
                 "the loss. Please use one of the following: 1. engine.backward(loss) 2. engine.scale(loss).backward()")
 
@@ -74,6 +79,7 @@ class AccumulationBoundary:
     _engine_backward = False          # engine.backward is running: it scaled the loss and drives the stage itself
     _plain = None                     # the boundary of the plain backward in flight
     _manual_backward_expected = False  # DeepSpeed's name: scale() was called since the last plain backward
+    _support_torch_style_backward = True  # DeepSpeed's name; the runner: False at stage 0 (not a ZeROOptimizer)
     global_samples = 0
 
     def gradient_accumulation_steps(self) -> int:
@@ -118,6 +124,11 @@ class AccumulationBoundary:
                                   "every backward's gradients local inside the block and reduce them once on exit. "
                                   "Use engine.no_sync() (stages 0-1) or gradient_accumulation_steps")
         yield   # noqa: unreachable: a context manager's shape
+
+    def _flush_coalesced_reduction_zero3(self, optimizer):   # DeepSpeed's flush at the block's exit: refused with it
+        with self.coalesce_grad_reduction():
+            pass
+    _flush_coalesced_reduction_zero12 = _flush_coalesced_reduction_zero3
 
     # ------------------------------------------------------------------ engine.backward / step wrap these
     @contextlib.contextmanager
@@ -169,8 +180,10 @@ class AccumulationBoundary:
         return out
 
     def _output_grad(self, grad: torch.Tensor) -> torch.Tensor:
-        if self._engine_backward:
-            return grad
+        if self._engine_backward or torch._C._functorch.peek_interpreter_stack() is not None:
+            return grad                                # torch.func.grad & co: no prologue, as DeepSpeed's
+        if not self._support_torch_style_backward:
+            raise RuntimeError(TORCH_STYLE)            # the runner at stage 0, as DeepSpeed's _backward_prologue
         if self._plain is None:                       # the first output of this backward: the prologue
             self._plain = self.backward_boundary()
             self.stage.before_backward(self._plain)

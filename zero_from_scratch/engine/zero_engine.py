@@ -43,6 +43,7 @@ from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
 from zero_from_scratch.engine.frozen import FrozenParams
+from zero_from_scratch.engine.mixed_cast import MixedPrecisionCast
 from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
@@ -61,7 +62,7 @@ from primitives.log import print0
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
-class ZeroEngine(AccumulationBoundary, surface.DeepSpeedSurface, nn.Module):
+class ZeroEngine(AccumulationBoundary, MixedPrecisionCast, surface.DeepSpeedSurface, nn.Module):
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
                  mpu=None, optimizer=None, lr_scheduler=None):
         super().__init__()
@@ -94,7 +95,8 @@ class ZeroEngine(AccumulationBoundary, surface.DeepSpeedSurface, nn.Module):
         self.activation_checkpointing = ac.apply(model, self.config.activation_checkpointing, self.comm.rank)
         self.dtype = model_dtype(self.config)
         self.mixed = self.dtype != torch.float32
-        self.module = model.to(self.dtype) if self.mixed else model
+        self.module = model
+        self.cast_for_training()   # parameters to the 16-bit dtype, buffers as loaded (mixed_cast.py)
         self.stage_id = self.config.zero.stage
         self.client_optimizer = client_optim.resolve_client(optimizer, model_parameters, model)   # client_optim.py
         names, hypers, kind, w_mode, shared = client_optim.plan(model, model_parameters, self.client_optimizer,
@@ -195,7 +197,7 @@ class ZeroEngine(AccumulationBoundary, surface.DeepSpeedSurface, nn.Module):
         return self.stage_id
 
     def gradient_clipping(self) -> float:
-        return self.config.gradient_clipping
+        return self._config.gradient_clipping
 
     def fp16_enabled(self) -> bool:
         return self.config.fp16.enabled
