@@ -47,11 +47,21 @@ def _wrap(hook, module, tensors: list) -> list:
     return outs
 
 
+def _alias(p: torch.Tensor) -> torch.Tensor:
+    """A frozen ZeRO-3 parameter returned: DeepSpeed's function detaches it too and keeps which one."""
+    o = p.detach()
+    o.ds_param_alias = p
+    return o
+
+
 def _collect(value, found: list) -> None:
-    """The tensors that require grad anywhere in tuples, lists and dicts (apply_to_tensors_only's walk)."""
+    """The tensors that require grad anywhere in tuples, lists and dicts (apply_to_tensors_only's walk),
+    and None for each frozen ZeRO-3 parameter (aliased, not wrapped)."""
     if isinstance(value, torch.Tensor):
         if value.requires_grad:
             found.append(value)
+        elif hasattr(value, "ds_id"):
+            found.append(None)
     elif isinstance(value, (tuple, list)):
         for v in value:
             _collect(v, found)
@@ -64,7 +74,7 @@ def _rebuild(value, wrapped):
     """value with each collected tensor replaced, in _collect's order; a dict is changed in place, as
     DeepSpeed's (a ModelOutput stays the same object), a tuple or list rebuilt (namedtuples too)."""
     if isinstance(value, torch.Tensor):
-        return next(wrapped) if value.requires_grad else value
+        return next(wrapped) if value.requires_grad else _alias(value) if hasattr(value, "ds_id") else value
     if isinstance(value, (tuple, list)):
         items = [_rebuild(v, wrapped) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
@@ -83,5 +93,6 @@ def before_backward(hook):
         _collect(output, found)
         if not found:
             return None
-        return _rebuild(output, iter(_wrap(hook, module, found)))
+        grads = [t for t in found if t is not None]
+        return _rebuild(output, iter(_wrap(hook, module, grads) if grads else ()))
     return fwd_hook

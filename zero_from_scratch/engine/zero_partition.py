@@ -93,6 +93,7 @@ def partition(p: torch.nn.Parameter, group=None, src: int = 0, dtype=None, swap=
         p.ds_process_group = group
         p.ds_persist = False
         p.ds_active_sub_modules = set()
+        p.is_external_param = False          # DeepSpeed's: True once registered as a dangling parameter
     p.ds_shape, p.ds_numel = full.shape, numel
     out = torch.empty(shard, dtype=full.dtype, device=full.device)
     if n == 1:
@@ -220,6 +221,7 @@ def adopt(engine, units, params: dict) -> None:
             p = params[s.name]
             if not is_zero_param(p):
                 p.ds_id, p.ds_persist, p.ds_active_sub_modules = next(_IDS), False, set()
+                p.is_external_param = False
             p.ds_shape, p.ds_numel = torch.Size(s.shape), s.numel
             p.ds_status = ZeroParamStatus.NOT_AVAILABLE
             p.ds_process_group = getattr(engine.comm, "group", None)
