@@ -96,3 +96,37 @@ def before_backward(hook):
         grads = [t for t in found if t is not None]
         return _rebuild(output, iter(_wrap(hook, module, grads) if grads else ()))
     return fwd_hook
+
+
+class _AfterBackward(torch.autograd.Function):
+    """Identity on a module's inputs; its backward (the module's has run) calls `hook(module, grads)`."""
+
+    @staticmethod
+    def forward(ctx, hook, module, *tensors):
+        ctx.hook, ctx.module = hook, module
+        ctx.set_materialize_grads(False)
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.hook(ctx.module, grads)
+        return (None, None, *grads)
+
+
+def after_backward(hook):
+    """A forward pre-hook that routes the module's positional input tensors that require grad through
+    `hook` (DeepSpeed's PostBackwardFunctionModule on the inputs; torch's full backward hook would
+    also re-wrap the outputs and drop their `ds_param_alias`). No such input: the hook never fires."""
+    def pre_hook(module, args):
+        if not torch.is_grad_enabled():
+            return None
+        idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        if not idx:
+            return None
+        outs = _AfterBackward.apply(hook, module, *(args[i] for i in idx))
+        new = list(args)
+        for i, o in zip(idx, outs):
+            new[i] = o
+        return tuple(new)
+    return pre_hook
+
