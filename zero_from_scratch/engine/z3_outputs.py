@@ -17,7 +17,9 @@ such as transformers' ModelOutput is updated in place), whose backward calls the
 backward hook with the outputs' gradients: the units are gathered when every wrapped output's
 gradient is in, before the module's own backward. torch's full backward pre-hook sees only a
 tensor or the tensors directly in a tuple; for those the numbers and the traffic are the
-textbook's. The inputs are left alone (torch wraps them too). Cost: one detach per output tensor.
+textbook's. The frozen units (frozen.py) release after their module's backward through the same
+kind of node over the module's inputs (`after_backward`), not torch's full backward hook, which
+would wrap the outputs again and drop `ds_param_alias`. Cost: one detach per output (and input) tensor.
 """
 from __future__ import annotations
 
