@@ -149,6 +149,20 @@ def test_not_served_fails_at_first_use_with_one_line(served_ds):
         served_ds.accelerator.get_accelerator().create_graph()
 
 
+def test_a_refusal_swallowed_or_reported_by_type_still_names_itself(served_ds, monkeypatch):
+    """pytest's monkeypatch reads getattr(obj, name, default), which swallows the refusal; a refused
+    constant used as an attribute name is reported by its type: both messages name the refusal."""
+    moe = served_ds.moe.layer.MoE
+    with pytest.raises(AttributeError, match=r"deepspeed.moe.layer.MoE is not served by ringzero .*DeepSpeed would"):
+        monkeypatch.setattr(moe, "some_attribute", 1)
+    with pytest.raises(TypeError, match="not 'deepspeed.moe.layer.MoE is not served by ringzero'"):
+        setattr(torch.nn.Linear(1, 1), moe, 1)
+    Init = served_ds.runtime.zero.partition_parameters.Init
+    with pytest.raises(finder.NotServedAttributeError, match="Init._partition_param_sec is not served.*hpZ"):
+        Init._partition_param_sec
+    assert not hasattr(Init, "no_such_name")
+
+
 def test_moe_split_serves_dense_groups_and_refuses_experts(served_ds):
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer as split
     w, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))

@@ -169,3 +169,58 @@ def test_dict_and_list_outputs_are_wrapped_as_deepspeed_wraps_them(spawn):
         assert seen_ == [(True, True)] * 2            # the alias, naming the parameter, inside a dict's list
         for n, p in ref.named_parameters():
             torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+class FrozenBiasReturns(nn.Linear):
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight, self.bias), self.bias
+
+
+class CheckpointedFrozen(nn.Module):
+    """A frozen bias returned inside a non-reentrant checkpoint (DeepSpeed's activation-checkpoint
+    lifecycle test's model): the consumer sees the alias AVAILABLE, in forward and in the recompute."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        self.producer, self.head = FrozenBiasReturns(d, d), nn.Linear(d, 1)
+        self.producer.bias.requires_grad_(False)
+        self.statuses = []
+
+    def _block(self, x):
+        out, bias = self.producer(x)
+        if hasattr(bias, "ds_param_alias"):
+            self.statuses.append(bias.ds_param_alias.ds_status)
+        return torch.tanh(out + bias)
+
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self._block, x, use_reentrant=False)).sum()
+
+
+def _frozen_returned(rank, world):
+    torch.manual_seed(0)
+    model = CheckpointedFrozen()
+    cfg = {**CFG, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "gradient_clipping": 0.0,
+           "zero_allow_untested_optimizer": True}
+    engine, *_ = zero_from_scratch.initialize(model=model, config=cfg,
+                                              model_parameters=[p for p in model.parameters() if p.requires_grad])
+    engine.external.auto_register = True
+    for step in range(2):
+        engine.backward(engine(_xs(step, world)[rank].view(1, 6)))
+        engine.step()
+    with engine.gathered_parameters(list(model.parameters())):
+        got = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return model.statuses, model.producer.bias.is_external_param, got
+
+
+def test_frozen_parameter_returned_in_a_checkpoint_keeps_its_alias_and_trains_like_torch(spawn):
+    torch.manual_seed(0)
+    ref = CheckpointedFrozen()
+    opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        (sum(ref(x.view(1, 6)) for x in _xs(step, 2)) / 2).backward()
+        opt.step()
+    for statuses, external, got in spawn(_frozen_returned, 2):
+        assert statuses == [ZeroParamStatus.AVAILABLE] * 4 and external      # 2 forwards, 2 recomputes
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-6)   # fp32, different sum order

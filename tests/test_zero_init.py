@@ -566,3 +566,19 @@ def test_init_with_nvme_writes_each_shard_to_a_file_as_it_is_built(tmp_path):
     assert torch.equal(_full(m)["a.weight"], 2 * ref.a.weight)
     zero_from_scratch.initialize(model=m, config=cfg)
     assert not f.exists()
+
+
+def _coalesced(rank, world):
+    torch.manual_seed(0)
+    ref = [torch.randn(n) for n in (5, 7, 4)]                      # 5 and 7 leave padding at 2 ranks
+    with Init(dtype=torch.float32):
+        m = nn.ParameterList([nn.Parameter(t.clone()) for t in ref])
+    before = [p.ds_status for p in m]
+    m[0].all_gather_coalesced(list(m)).wait()                      # DeepSpeed's per-parameter call
+    return before, [p.ds_status for p in m], [torch.equal(p.data, t) for p, t in zip(m, ref)]
+
+
+def test_all_gather_coalesced_installs_each_full_value(spawn):
+    for before, after, equal in spawn(_coalesced, 2):
+        assert before == [ZeroParamStatus.NOT_AVAILABLE] * 3 and after == [ZeroParamStatus.AVAILABLE] * 3
+        assert all(equal)

@@ -52,7 +52,9 @@ class NotServedImportError(ModuleNotFoundError):
 
 
 class _Refused(type):
-    """Metaclass of the placeholders: calling one, or reading an attribute, raises the one-line error."""
+    """Metaclass of the placeholders: calling one, or reading an attribute, raises the one-line error;
+    its repr is that line, so a caller that swallows the error (getattr with a default, as pytest's
+    monkeypatch) still names the refusal in its own message."""
 
     def __call__(cls, *args, **kwargs):
         raise NotServedError(cls._message)
@@ -62,12 +64,18 @@ class _Refused(type):
             raise AttributeError(attr)
         raise NotServedAttributeError(cls._message)
 
+    def __repr__(cls):
+        return f"<{cls._message}>"
+
 
 def refused(name: str) -> type:
-    """A class standing for `name`: importable, isinstance() of it is False, any use raises."""
+    """A class standing for `name`: importable, isinstance() of it is False, any use raises. Its
+    metaclass is named by the refusal too: a use that reports the placeholder's type (a constant
+    used as an attribute name: "must be string, not '...'") names what is not served."""
     what, nearest = served.REFUSED.get(name, (f"serve {name}", "none (not in the table of served names)"))
-    return _Refused(name.rpartition(".")[2], (), {"_message": message(name, what, nearest),
-                                                  "__module__": name.rpartition(".")[0]})
+    meta = type(_Refused)(f"{name} is not served by ringzero", (_Refused,), {})
+    return meta(name.rpartition(".")[2], (), {"_message": message(name, what, nearest),
+                                              "__module__": name.rpartition(".")[0]})
 
 
 def resolve(name: str, target: str, star: bool = False):

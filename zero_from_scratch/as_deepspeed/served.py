@@ -178,6 +178,13 @@ REFUSED: dict[str, tuple[str, str]] = {
     **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
                                        "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
+    **{f"deepspeed.runtime.zero.linear.{n}": (
+        "put its own Linear autograd function in place of torch.nn.functional.linear during zero.Init and ZeRO-3",
+        "torch's F.linear; the gathered weight is saved for backward by reference (engine/saved.py)")
+       for n in ("zero3_linear_wrap", "LinearFunctionForZeroStage3")},
+    "deepspeed.runtime.zero.partition_parameters.Init._partition_param_sec": (
+        "partition one parameter's hpZ secondary copy (its per-parameter ds_secondary_tensor)",
+        "zero_hpz_partition_size: ringzero keeps hpZ's secondary shard per module unit (engine/hpz.py)"),
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
 }

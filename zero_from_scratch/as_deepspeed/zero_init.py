@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from zero_from_scratch.as_deepspeed import finder, served
 from zero_from_scratch.as_deepspeed.top import init_distributed
 from zero_from_scratch.engine import zero_init
 
 
-class Init(zero_init.Init):
+class _Refusing(type):
+    """DeepSpeed's Init internals ringzero refuses (served.REFUSED) raise the one-line error when read."""
+
+    def __getattr__(cls, attr):
+        name = f"deepspeed.runtime.zero.partition_parameters.Init.{attr}"
+        if name in served.REFUSED:
+            raise finder.NotServedAttributeError(finder.message(name, *served.REFUSED[name]))
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {attr!r}")
+
+
+class Init(zero_init.Init, metaclass=_Refusing):
     def __init__(self, *args, **kwargs):
         if not dist.is_initialized():
             init_distributed()

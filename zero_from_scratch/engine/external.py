@@ -146,6 +146,9 @@ class ExternalParams:
             stack = _in_forward(self.e.module)
             if not stack or any(id(p) in m.__dict__.get("_external_params", {}) for m in stack):
                 continue
+            # DeepSpeed's coordinator then releases it at no module's hook, only at the step's reset
+            p.is_external_param = True
+            self.e.stage.dangling.add(self.unit_of[id(p)].index)
             self.register_now(stack[0], p, f"{type(stack[0]).__name__} (returned {self.name_of[id(p)]})")
             module.__dict__.get("_external_params", {}).pop(id(p), None)
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 
 import torch
 import torch.nn as nn
 
-from zero_from_scratch.engine import zero_partition as zp
+from zero_from_scratch.engine import z3_outputs, zero_partition as zp
 from zero_from_scratch.sharding import shard_layout
 
 
@@ -85,18 +84,17 @@ class FrozenParams:
     def hook_module(self, name: str, m, us: list) -> None:
         """Gather `us` around m's forward and backward (a ZeRO-3 leaf: its whole subtree's, leaf.py)."""
         st = self.e.stage
-        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
-                                "respect to module outputs")  # expected: the first module's inputs are token ids
+        # backward hooks on the outputs and inputs, as the trainable units' (z3_outputs.py): torch's full
+        # backward hooks would re-wrap the outputs, and a frozen parameter returned would lose its alias
         hs = [m.register_forward_pre_hook(st._pre_forward(name, us)), m.register_forward_hook(st._post_forward(us)),
-              m.register_full_backward_pre_hook(st._pre_backward(name, us)),
-              m.register_full_backward_hook(self._post_backward(us))]
+              m.register_forward_hook(z3_outputs.before_backward(st._pre_backward(name, us))),
+              m.register_forward_pre_hook(z3_outputs.after_backward(self._post_backward(us)))]
         self.hooks += hs
         st.hooks += hs            # the stage's too: engine.destroy and unwrap_model_for_generation take them off
 
     def _post_backward(self, units):
-        def hook(module, grad_input, grad_output):
-            # No input needed a gradient: torch fires this hook before the module's backward
-            # ran, so the weights may still be needed; after_backward releases them instead.
+        def hook(module, grad_input):
+            # No input needed a gradient: the hook never fires; after_backward releases them instead.
             if any(g is not None for g in grad_input):
                 for u in units:
                     self.e.stage._release(u, "backward")

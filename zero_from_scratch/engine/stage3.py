@@ -51,7 +51,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         self.tag_of = {u.index: u.tag for u in engine.layout.units}
         self.check = DivergenceCheck(c, self.tag_of)
         self.saved = SavedByReference(self)
-        self.pinned: dict[int, int] = {}                  # unit -> external users mid-forward (external.py)
+        self.pinned, self.dangling = {}, set()   # external.py: unit -> users mid-forward; returned params' units (to the step)
         super().__init__(*engine_inputs(engine), engine.module)
         self.hpz = hpz.make(engine)                       # ZeRO++ hpZ, None when off
         self.qwz, self.qgz = qwz.make(self, engine), qgz.make(self, engine)   # ZeRO++ qwZ, qgZ, None when off
@@ -178,7 +178,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
             self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
             return
-        if kind in FORCED or self.saved.released_late(u) or (u.index not in self.persistent and not self.pinned.get(u.index)):
+        if kind in FORCED or self.saved.released_late(u) or not (u.index in self.persistent or self.pinned.get(u.index) or u.index in self.dangling):
             if u.index in self.pf.kept:
                 self.pf.kept.remove(u.index)
             self.pf.live -= u.padded

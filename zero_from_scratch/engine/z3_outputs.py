@@ -17,7 +17,9 @@ such as transformers' ModelOutput is updated in place), whose backward calls the
 backward hook with the outputs' gradients: the units are gathered when every wrapped output's
 gradient is in, before the module's own backward. torch's full backward pre-hook sees only a
 tensor or the tensors directly in a tuple; for those the numbers and the traffic are the
-textbook's. The inputs are left alone (torch wraps them too). Cost: one detach per output tensor.
+textbook's. The frozen units (frozen.py) release after their module's backward through the same
+kind of node over the module's inputs (`after_backward`), not torch's full backward hook, which
+would wrap the outputs again and drop `ds_param_alias`. Cost: one detach per output (and input) tensor.
 """
 from __future__ import annotations
 
@@ -47,11 +49,21 @@ def _wrap(hook, module, tensors: list) -> list:
     return outs
 
 
+def _alias(p: torch.Tensor) -> torch.Tensor:
+    """A frozen ZeRO-3 parameter returned: DeepSpeed's function detaches it too and keeps which one."""
+    o = p.detach()
+    o.ds_param_alias = p
+    return o
+
+
 def _collect(value, found: list) -> None:
-    """The tensors that require grad anywhere in tuples, lists and dicts (apply_to_tensors_only's walk)."""
+    """The tensors that require grad anywhere in tuples, lists and dicts (apply_to_tensors_only's walk),
+    and None for each frozen ZeRO-3 parameter (aliased, not wrapped)."""
     if isinstance(value, torch.Tensor):
         if value.requires_grad:
             found.append(value)
+        elif hasattr(value, "ds_id"):
+            found.append(None)
     elif isinstance(value, (tuple, list)):
         for v in value:
             _collect(v, found)
@@ -64,7 +76,7 @@ def _rebuild(value, wrapped):
     """value with each collected tensor replaced, in _collect's order; a dict is changed in place, as
     DeepSpeed's (a ModelOutput stays the same object), a tuple or list rebuilt (namedtuples too)."""
     if isinstance(value, torch.Tensor):
-        return next(wrapped) if value.requires_grad else value
+        return next(wrapped) if value.requires_grad else _alias(value) if hasattr(value, "ds_id") else value
     if isinstance(value, (tuple, list)):
         items = [_rebuild(v, wrapped) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
@@ -83,5 +95,40 @@ def before_backward(hook):
         _collect(output, found)
         if not found:
             return None
-        return _rebuild(output, iter(_wrap(hook, module, found)))
+        grads = [t for t in found if t is not None]
+        return _rebuild(output, iter(_wrap(hook, module, grads) if grads else ()))
     return fwd_hook
+
+
+class _AfterBackward(torch.autograd.Function):
+    """Identity on a module's inputs; its backward (the module's has run) calls `hook(module, grads)`."""
+
+    @staticmethod
+    def forward(ctx, hook, module, *tensors):
+        ctx.hook, ctx.module = hook, module
+        ctx.set_materialize_grads(False)
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.hook(ctx.module, grads)
+        return (None, None, *grads)
+
+
+def after_backward(hook):
+    """A forward pre-hook that routes the module's positional input tensors that require grad through
+    `hook` (DeepSpeed's PostBackwardFunctionModule on the inputs; torch's full backward hook would
+    also re-wrap the outputs and drop their `ds_param_alias`). No such input: the hook never fires."""
+    def pre_hook(module, args):
+        if not torch.is_grad_enabled():
+            return None
+        idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        if not idx:
+            return None
+        outs = _AfterBackward.apply(hook, module, *(args[i] for i in idx))
+        new = list(args)
+        for i, o in zip(idx, outs):
+            new[i] = o
+        return tuple(new)
+    return pre_hook
+

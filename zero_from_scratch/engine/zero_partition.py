@@ -93,6 +93,8 @@ def partition(p: torch.nn.Parameter, group=None, src: int = 0, dtype=None, swap=
         p.ds_process_group = group
         p.ds_persist = False
         p.ds_active_sub_modules = set()
+        p.is_external_param = False          # DeepSpeed's: True once registered as a dangling parameter
+        p.all_gather_coalesced = all_gather_coalesced
     p.ds_shape, p.ds_numel = full.shape, numel
     out = torch.empty(shard, dtype=full.dtype, device=full.device)
     if n == 1:
@@ -132,6 +134,29 @@ def fetch(p: torch.nn.Parameter) -> None:
     p.ds_status = ZeroParamStatus.INFLIGHT
     p.data = gather(p)
     p.ds_status = ZeroParamStatus.AVAILABLE
+
+
+class _Done:
+    """DeepSpeed's all-gather handle, the gather already complete."""
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        return None
+
+
+def all_gather_coalesced(params, safe_mode: bool = False, quantize: bool = False) -> _Done:
+    """DeepSpeed's `param.all_gather_coalesced(params)` on Init-held parameters: each one's full value
+    in .data (AVAILABLE) until released; one all-gather per parameter, done before it returns."""
+    if quantize:
+        raise NotImplementedError("all_gather_coalesced(quantize=True) is not supported here: "
+                                  "DeepSpeed would gather ZeRO++ quantized weights")
+    for p in params:
+        if engine_of(p) is not None:
+            raise NotImplementedError("all_gather_coalesced on a parameter the ZeRO-3 engine holds is not "
+                                      "supported here: DeepSpeed would gather its own partition; "
+                                      "use deepspeed.zero.GatheredParameters")
+        if p.ds_status != ZeroParamStatus.AVAILABLE:
+            fetch(p)
+    return _Done()
 
 
 def release(p: torch.nn.Parameter) -> None:
@@ -220,6 +245,7 @@ def adopt(engine, units, params: dict) -> None:
             p = params[s.name]
             if not is_zero_param(p):
                 p.ds_id, p.ds_persist, p.ds_active_sub_modules = next(_IDS), False, set()
+                p.is_external_param, p.all_gather_coalesced = False, all_gather_coalesced
             p.ds_shape, p.ds_numel = torch.Size(s.shape), s.numel
             p.ds_status = ZeroParamStatus.NOT_AVAILABLE
             p.ds_process_group = getattr(engine.comm, "group", None)
