@@ -34,12 +34,11 @@ import torch.distributed as dist
 from zero_from_scratch.as_deepspeed import more_refusals, quirks, served
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message, resolve
-from zero_from_scratch.as_deepspeed.utils import log_dist, logger
+from zero_from_scratch.as_deepspeed.utils import COMM_STARTED, log_dist, logger
 
 DEFAULT_PORT = 29500   # deepspeed.constants.TORCH_DISTRIBUTED_DEFAULT_PORT
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-_COMM_STARTED = []   # non-empty once init_distributed ran here (DeepSpeed's deepspeed.comm.cdb is set)
 
 
 def _default_timeout() -> timedelta:
@@ -51,7 +50,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     if config is not None:
         raise NotServedError(message("deepspeed.init_distributed(config=...)", "configure its comms logger",
                                      "primitives.LEDGER and engine.comm_report()"))
-    _COMM_STARTED[:] = [True]
+    COMM_STARTED[:] = [True]
     up = dist.is_available() and dist.is_initialized()
     if up:
         return
@@ -124,13 +123,9 @@ def _is_pipeline_module(model) -> bool:
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                distributed_port=DEFAULT_PORT, mpu=None, dist_init_required=None, collate_fn=None, config=None,
                mesh_param=None, config_params=None):
-    # DeepSpeed's first line, on its logger at INFO (shown once a script or the Trainer lowers the level); its
-    # rank test asks deepspeed.comm, which knows of torch.distributed only once deepspeed.init_distributed ran
+    # DeepSpeed's first line, on its logger at INFO (shown once a script or the Trainer lowers the level)
     info = f"DeepSpeed info: version={served.VERSION}, git-hash=unknown, git-branch=unknown"
-    if _COMM_STARTED:
-        log_dist(info, ranks=[0])
-    else:
-        logger.info(f"[Rank -1] {info}")
+    log_dist(info, ranks=[0])
     assert model is not None, "deepspeed.initialize requires a model"
     init_distributed(dist_backend=get_accelerator().communication_backend_name(), distributed_port=distributed_port,
                      dist_init_required=dist_init_required)

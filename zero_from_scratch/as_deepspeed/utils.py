@@ -58,8 +58,13 @@ def _make_logger() -> logging.Logger:
 logger = _make_logger()
 
 
+COMM_STARTED: list = []   # non-empty once deepspeed.init_distributed ran here (DeepSpeed's deepspeed.comm.cdb is set)
+
+
 def _dist_msg(message: str, ranks=None) -> str | None:
-    on = dist.is_available() and dist.is_initialized()
+    """DeepSpeed's get_dist_msg: its rank test asks deepspeed.comm, which knows of torch.distributed only
+    once deepspeed.init_distributed ran; before that every process logs as rank -1."""
+    on = bool(COMM_STARTED) and dist.is_available() and dist.is_initialized()
     me = dist.get_rank() if on else -1
     ranks = ranks or []
     if on and not (ranks and (ranks[0] == -1 or me in set(ranks))):
