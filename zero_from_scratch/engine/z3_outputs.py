@@ -56,20 +56,25 @@ def _alias(p: torch.Tensor) -> torch.Tensor:
     return o
 
 
-def _collect(value, found: list) -> None:
-    """The tensors that require grad anywhere in tuples, lists and dicts (apply_to_tensors_only's walk),
-    and None for each frozen ZeRO-3 parameter (aliased, not wrapped)."""
+def tensors(value):
+    """Every tensor anywhere in tuples, lists and dicts, in order (DeepSpeed's apply_to_tensors_only walk)."""
     if isinstance(value, torch.Tensor):
-        if value.requires_grad:
-            found.append(value)
-        elif hasattr(value, "ds_id"):
-            found.append(None)
+        yield value
     elif isinstance(value, (tuple, list)):
         for v in value:
-            _collect(v, found)
+            yield from tensors(v)
     elif isinstance(value, dict):
         for v in value.values():
-            _collect(v, found)
+            yield from tensors(v)
+
+
+def _collect(value, found: list) -> None:
+    """The tensors that require grad, and None for each frozen ZeRO-3 parameter (aliased, not wrapped)."""
+    for t in tensors(value):
+        if t.requires_grad:
+            found.append(t)
+        elif hasattr(t, "ds_id"):
+            found.append(None)
 
 
 def _rebuild(value, wrapped):

@@ -36,6 +36,8 @@ import contextlib
 
 import torch
 
+from zero_from_scratch.engine import z3_outputs
+
 TORCH_STYLE = ("Direct calls to tensor.backward() are not supported in this configuration. This occurs when either: "
                "(1) your PyTorch version lacks required internal APIs, or (2) using ZeRO stage 0. "
                "Please use engine.backward(loss) instead.")
@@ -59,17 +61,6 @@ class _ZeroKind(type):
 class ZeROOptimizer(metaclass=_ZeroKind):
     """deepspeed.runtime.base_optimizer.ZeROOptimizer under the runner: isinstance holds for the engine's
     optimizer where DeepSpeed's is one (stages 1-3; stage 0 in bf16, its BF16_Optimizer)."""
-
-
-def _tensors(out):
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, (list, tuple)):
-        for o in out:
-            yield from _tensors(o)
-    elif isinstance(out, dict):
-        for o in out.values():
-            yield from _tensors(o)
 
 
 class AccumulationBoundary:
@@ -174,7 +165,7 @@ class AccumulationBoundary:
     def watch_outputs(self, out):
         """forward's outputs, each tensor autograd will differentiate hooked (DeepSpeed's output hooks)."""
         if torch.is_grad_enabled():
-            for t in _tensors(out):
+            for t in z3_outputs.tensors(out):
                 if t.grad_fn is not None:
                     t.register_hook(self._output_grad)
         return out
