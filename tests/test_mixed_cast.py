@@ -60,3 +60,14 @@ def test_param_dtype_must_be_the_training_dtype_and_keep_list_is_checked():
     assert m.lin.weight.dtype == torch.bfloat16 and m.inv_freq.dtype == torch.float32
     with pytest.raises(ValueError, match="keep_in_fp32_modules must be \"auto\" or a list"):
         load_config({**BASE, "data_types": {"keep_in_fp32_modules": "inv_freq"}}, world_size=1)
+
+
+def test_fp32_warns_that_buffer_dtype_is_ignored_and_the_default_says_nothing():
+    import warnings
+    from zero_from_scratch.engine.mixed_cast import cast_model
+    with pytest.warns(UserWarning, match="ignored in fp32"):
+        cast_model(m := Rotary(), {"data_types": {"buffer_dtype": "bf16"}}, torch.float32)
+    assert m.inv_freq.dtype == torch.float32                  # DeepSpeed casts nothing in fp32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cast_model(Rotary(), {}, torch.float32)

@@ -15,6 +15,7 @@ methods served below), runtime/keep_in_fp32.py. Cost: one pass over parameters a
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
@@ -89,6 +90,10 @@ class MixedPrecisionCast:
             param_dtype, buffer_dtype = self._mixed_precision_dtypes()
             keep = keep_in_fp32_pattern(self.module, self._config.keep_in_fp32_modules, param_dtype)
             self._cast_module_mixed_precision(param_dtype, buffer_dtype, False, keep)
+        elif self._config.buffer_dtype is not None or self._config.keep_in_fp32_modules not in ("auto", None, []):
+            warnings.warn("data_types.buffer_dtype / keep_in_fp32_modules: ignored in fp32 training, as DeepSpeed "
+                          "casts nothing without fp16/bf16 (runtime/engine.py::_configure_distributed_model)",
+                          stacklevel=3)
 
 
 def keep_in_fp32_pattern(module, setting, dtype):
