@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
+from tests.test_zero_surface_ds import _steps   # the same loss loop, bf16 input from the model's dtype
 
 pytest.importorskip("deepspeed")
 
@@ -63,20 +64,6 @@ def test_initialize_logs_deepspeeds_info_line(spawn):
     for rank, out in enumerate(spawn(_info_lines, 2, timeout=300.0)):
         assert out["ringzero"] == out["deepspeed"], out
         assert out["deepspeed"] == [f"[Rank -1] {line}"] + ([f"[Rank 0] {line}"] if rank == 0 else []), out
-
-
-def _steps(engine, rank, steps):
-    out = []
-    for t in steps:
-        g = torch.Generator().manual_seed(1000 * t + rank)
-        x, y = torch.randn(MB, 8, generator=g), torch.randn(MB, 4, generator=g)
-        loss = nn.functional.mse_loss(engine(x.to(torch.bfloat16)).float(), y)
-        engine.backward(loss)
-        engine.step()
-        t_ = torch.tensor([loss.item()], dtype=torch.float64)
-        torch.distributed.all_reduce(t_)
-        out.append(t_.item() / 2)
-    return out
 
 
 def _rename_to_unprefixed(d):
