@@ -167,7 +167,11 @@ class Accelerator:
         return [torch.float, torch.bfloat16] + ([torch.float16] if self.is_fp16_supported() else [])
 
     def pin_memory(self, tensor, align_bytes=1):
-        return tensor if self._name == "cpu" else tensor.pin_memory()
+        if self._name == "cpu":      # torch cannot pin for a CPU device: DeepSpeed's no-op, nothing tracked
+            return tensor
+        from zero_from_scratch.as_deepspeed.utils import track_pinned_memory   # utils imports this module
+        track_pinned_memory(tensor.nbytes)
+        return tensor.pin_memory()
 
     def is_pinned(self, tensor) -> bool:
         return tensor.is_pinned()
