@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.test_as_deepspeed_names import served_ds  # noqa: F401  (the fixture)
-from zero_from_scratch.as_deepspeed import constants, finder, more_layout, utils
+from zero_from_scratch.as_deepspeed import accelerator, constants, finder, more_layout, utils
 from zero_from_scratch.engine.mpu import checkpoint_parallel_metadata
 
 pytest.importorskip("deepspeed")
@@ -40,7 +40,7 @@ def test_pure_helpers_equal_deepspeeds():
     assert [_outcome(utils._get_expert_parallel_ranks, *a) for a in grid] == \
         [_outcome(_get_expert_parallel_ranks, *a) for a in grid]
     sizes = [0, 1, 1023, 1024, 2047, 2**20 - 1, 2**20, 3 * 2**20 + 5, 2**30 - 1, 2**30, 7 * 2**30 + 3]
-    assert [utils._fmt_bytes(b) for b in sizes] == [_fmt_bytes(b) for b in sizes]
+    assert [accelerator._fmt_bytes(b) for b in sizes] == [_fmt_bytes(b) for b in sizes]
     levels = ["debug", "INFO", "Warning", "error", "critical", "verbose"]
     assert [_outcome(utils.get_log_level_from_string, s) for s in levels] == \
         [_outcome(get_log_level_from_string, s) for s in levels]

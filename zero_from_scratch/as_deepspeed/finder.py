@@ -32,7 +32,7 @@ DEFER = os.environ.get("RINGZERO_DEEPSPEED_DEFER") == "1"   # see the module doc
 FILES = {"deepspeed": "top.py", "deepspeed.comm": "comm.py", "deepspeed.accelerator": "accelerator.py",
          "deepspeed.utils": "utils.py", "deepspeed.utils.logging": "utils.py", "deepspeed.runtime.utils": "utils.py",
          "deepspeed.utils.zero_to_fp32": "zero_to_fp32.py", "deepspeed.runtime.zero.utils": "zero_utils.py",
-         "deepspeed.utils.pin_memory_tracker": "utils.py", "deepspeed.utils.groups": "utils.py",
+         "deepspeed.utils.pin_memory_tracker": "accelerator.py", "deepspeed.utils.groups": "utils.py",
          "deepspeed.checkpoint.constants": "constants.py"}
 
 

@@ -141,7 +141,7 @@ SERVED: dict[str, str] = {
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
     **{f"deepspeed.utils.{m}{n}": f"{_R}.utils:{n}" for m in ("", "logging.")
        for n in ("set_log_level_from_string", "get_log_level_from_string")},
-    **{f"deepspeed.utils.pin_memory_tracker.{n}": f"{_R}.utils:{n}"
+    **{f"deepspeed.utils.pin_memory_tracker.{n}": f"{_R}.accelerator:{n}"
        for n in ("_fmt_bytes", "_tracker", "track_pinned_memory", "pinned_memory_summary")},
     "deepspeed.utils.groups._get_expert_parallel_ranks": f"{_R}.utils:_get_expert_parallel_ranks",
     **{f"deepspeed.checkpoint.constants.{n}": f"{_R}.constants:{n}" for n in _CKPT_KEYS},

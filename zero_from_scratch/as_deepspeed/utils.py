@@ -6,9 +6,6 @@
 logger       logging.getLogger("DeepSpeed") at WARNING, one stdout handler, no propagation, and
              DeepSpeed's format (deepspeed/utils/logging.py::LoggerFactory.create_logger).
 set_log_level_from_string(level, custom_logger=None)   the logger's level and its handlers' (deepspeed/utils/logging.py).
-pin_memory_tracker   track_pinned_memory / pinned_memory_summary / _fmt_bytes / _tracker: the running total
-             of host memory pinned through the accelerator (utils/pin_memory_tracker.py), an INFO line
-             each time it crosses 32 GB, 64 GB, ...; on CPU nothing is pinned and nothing is tracked, as DeepSpeed.
 _get_expert_parallel_ranks   utils/groups.py's rank lists of expert-parallel and expert-data-parallel groups
              (a pure function: ringzero builds no expert groups from them).
 log_dist     logs "[Rank r] message" on the listed ranks (every rank before torch.distributed
@@ -78,53 +75,6 @@ def set_log_level_from_string(log_level_str: str, custom_logger=None) -> None:
     log.setLevel(get_log_level_from_string(log_level_str))
     for h in log.handlers:
         h.setLevel(log.level)
-
-
-# ----------------------------------------------------------------------------- deepspeed.utils.pin_memory_tracker
-_GB, _CHECKPOINT_BASE_GB = 1024**3, 32
-
-
-def _fmt_bytes(num_bytes: int) -> str:
-    for unit, size, fmt in (("GB", _GB, ".3f"), ("MB", 1024**2, ".2f"), ("KB", 1024, ".1f")):
-        if num_bytes >= size:
-            return f"{num_bytes / size:{fmt}} {unit}"
-    return f"{num_bytes} B"
-
-
-class _PinnedMemoryTracker:
-    """The process's total of pinned host memory; an INFO line at each power-of-two multiple of 32 GB
-    (logarithmically many lines), as DeepSpeed's."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self._bytes, self._calls, self._next_checkpoint = 0, 0, _CHECKPOINT_BASE_GB * _GB
-
-    def track(self, num_bytes: int) -> None:
-        self._bytes += num_bytes
-        self._calls += 1
-        logger.debug(f"pin_memory: +{_fmt_bytes(num_bytes)} (call #{self._calls}, running total: "
-                     f"{_fmt_bytes(self._bytes)})")
-        while self._bytes >= self._next_checkpoint:
-            logger.info(f"[pinned-memory checkpoint] crossed {_fmt_bytes(self._next_checkpoint)}: "
-                        f"{_fmt_bytes(self._bytes)} pinned across {self._calls} allocations")
-            self._next_checkpoint *= 2
-
-    def log_summary(self, tag: str = "") -> None:
-        prefix = f"[pinned-memory {tag}] " if tag else "[pinned-memory] "
-        logger.info(f"{prefix}{_fmt_bytes(self._bytes)} pinned across {self._calls} allocations")
-
-
-_tracker = _PinnedMemoryTracker()
-
-
-def track_pinned_memory(num_bytes: int) -> None:
-    _tracker.track(num_bytes)
-
-
-def pinned_memory_summary(tag: str = "") -> None:
-    _tracker.log_summary(tag)
 
 
 COMM_STARTED: list = []   # non-empty once deepspeed.init_distributed ran here (DeepSpeed's deepspeed.comm.cdb is set)
