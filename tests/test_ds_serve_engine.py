@@ -73,8 +73,6 @@ def test_engine_surface_and_tied_weights_in_zero_to_fp32(spawn, tmp_path):
     optim = load_file(f"{d}/t/zero_pp_rank_0_mp_rank_00_optim_states.pt")
     assert optim["ds_config"] == model["ds_config"] and _cfg(2, False).items() <= model["ds_config"].items()
     assert model["checkpoint_parallel_dimensions"] == {"pp_degree": 1, "tp_degree": 1} and model["mp_world_size"] == 1
-    from zero_from_scratch.engine.real_deepspeed import prepare_deepspeed
-    prepare_deepspeed()
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict as theirs
     from zero_from_scratch.engine.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict as ours
     for side, f in (("theirs", theirs), ("ours", ours)):
