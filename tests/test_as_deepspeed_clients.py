@@ -16,7 +16,7 @@ from clients.compare import compare
 from primitives.launch import free_port
 from tests import upstream
 from tests.conftest import run_cmd
-from tests.test_as_deepspeed import CONFIG, TINY
+from tests.test_as_deepspeed_run import CONFIG, TINY
 
 
 @pytest.mark.slow

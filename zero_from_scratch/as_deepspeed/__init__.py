@@ -12,7 +12,9 @@ package is never imported. The API followed is DeepSpeed 0.19.8's; what is not s
 first use with one line: the API, what DeepSpeed would have done, the nearest ringzero way.
 Files: served.py (the table), finder.py (the import machinery and the not-served errors),
 top.py (initialize, init_distributed, add_config_arguments), comm.py (deepspeed.comm over
-primitives), accelerator.py (get_accelerator), constants.py (DeepSpeed's enums and constants), utils.py (logger, log_dist, set_random_seed), zero_to_fp32.py
+primitives), accelerator.py (get_accelerator, the pin-memory tracker), constants.py (DeepSpeed's enums
+and constants, the checkpoint keys), utils.py (logger, log levels, log_dist, set_random_seed, the runtime
+helpers), more_layout.py (ZeRO-1/2's flat buffers, IPGBucket), zero_to_fp32.py
 (deepspeed.utils.zero_to_fp32 over ringzero's checkpoints),
 __main__.py (the command line). Cost: the import of each served name on first use.
 """

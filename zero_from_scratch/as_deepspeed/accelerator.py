@@ -8,11 +8,15 @@ torch sees a GPU, else cpu. The methods are those of deepspeed/accelerator/cpu_a
 cuda_accelerator.py that real clients call (device names, set_device, seeds, synchronize,
 memory, dtypes, the communication backend); on cpu memory is the process's resident set, as
 DeepSpeed's psutil reading. Any other method raises NotServedAttributeError naming it.
+deepspeed.utils.pin_memory_tracker (track_pinned_memory, pinned_memory_summary, _fmt_bytes, _tracker) is
+here too: the running total of host memory pin_memory pinned, an INFO line on DeepSpeed's logger each
+time it crosses 32 GB, 64 GB, ...; on cpu nothing is pinned and nothing is counted, as DeepSpeed's.
 Cost: nothing; memory queries read /proc/self/statm.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 import torch
@@ -20,6 +24,7 @@ import torch
 from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, message
 
 KINDS = ("cpu", "cuda")
+logger = logging.getLogger("DeepSpeed")    # utils.py gives it DeepSpeed's handler and format
 
 
 def _rss() -> int:
@@ -167,7 +172,10 @@ class Accelerator:
         return [torch.float, torch.bfloat16] + ([torch.float16] if self.is_fp16_supported() else [])
 
     def pin_memory(self, tensor, align_bytes=1):
-        return tensor if self._name == "cpu" else tensor.pin_memory()
+        if self._name == "cpu":      # torch cannot pin for a CPU device: DeepSpeed's no-op, nothing tracked
+            return tensor
+        track_pinned_memory(tensor.nbytes)
+        return tensor.pin_memory()
 
     def is_pinned(self, tensor) -> bool:
         return tensor.is_pinned()
@@ -193,3 +201,50 @@ def get_accelerator() -> Accelerator:
         kind = os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
         _ACCELERATOR = Accelerator(kind)
     return _ACCELERATOR
+
+
+# ----------------------------------------------------------------------------- deepspeed.utils.pin_memory_tracker
+_GB, _CHECKPOINT_BASE_GB = 1024**3, 32
+
+
+def _fmt_bytes(num_bytes: int) -> str:
+    for unit, size, fmt in (("GB", _GB, ".3f"), ("MB", 1024**2, ".2f"), ("KB", 1024, ".1f")):
+        if num_bytes >= size:
+            return f"{num_bytes / size:{fmt}} {unit}"
+    return f"{num_bytes} B"
+
+
+class _PinnedMemoryTracker:
+    """The process's total of pinned host memory; an INFO line at each power-of-two multiple of 32 GB
+    (logarithmically many lines), as DeepSpeed's."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self._bytes, self._calls, self._next_checkpoint = 0, 0, _CHECKPOINT_BASE_GB * _GB
+
+    def track(self, num_bytes: int) -> None:
+        self._bytes += num_bytes
+        self._calls += 1
+        logger.debug(f"pin_memory: +{_fmt_bytes(num_bytes)} (call #{self._calls}, running total: "
+                     f"{_fmt_bytes(self._bytes)})")
+        while self._bytes >= self._next_checkpoint:
+            logger.info(f"[pinned-memory checkpoint] crossed {_fmt_bytes(self._next_checkpoint)}: "
+                        f"{_fmt_bytes(self._bytes)} pinned across {self._calls} allocations")
+            self._next_checkpoint *= 2
+
+    def log_summary(self, tag: str = "") -> None:
+        prefix = f"[pinned-memory {tag}] " if tag else "[pinned-memory] "
+        logger.info(f"{prefix}{_fmt_bytes(self._bytes)} pinned across {self._calls} allocations")
+
+
+_tracker = _PinnedMemoryTracker()
+
+
+def track_pinned_memory(num_bytes: int) -> None:
+    _tracker.track(num_bytes)
+
+
+def pinned_memory_summary(tag: str = "") -> None:
+    _tracker.log_summary(tag)

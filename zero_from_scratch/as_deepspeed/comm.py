@@ -4,7 +4,7 @@
     dist.init_distributed(); dist.all_reduce(t); dist.barrier(); dist.get_rank()
 
 The collectives (all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
-reduce_scatter_tensor, gather, scatter, all_to_all_single, all_to_all, barrier) run ringzero's
+reduce_scatter_tensor, reduce_scatter_fn, gather, scatter, all_to_all_single, all_to_all, barrier) run ringzero's
 algorithms built from send/recv (primitives/engine/api.py), in torch's in-place semantics and
 with DeepSpeed's signatures (deepspeed/comm/comm.py). Point-to-point (send, recv, isend, irecv,
 batch_isend_irecv), the object collectives and the group bookkeeping are torch.distributed's own:
@@ -33,7 +33,7 @@ destroy_process_group = dist.destroy_process_group
 __all__ = ["ReduceOp", "P2POp", "init_distributed", "is_initialized", "is_available", "destroy_process_group",
            "new_group", "inference_all_reduce", "get_rank", "get_world_size", "get_local_rank", "get_global_rank", "get_world_group",
            "get_all_ranks_from_group", "barrier", "all_reduce", "broadcast", "reduce", "all_gather",
-           "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter",
+           "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn", "gather", "scatter",
            "all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv", "batch_isend_irecv",
            "broadcast_object_list", "all_gather_object", "has_all_gather_into_tensor", "has_reduce_scatter_tensor",
            "log_summary"]
@@ -134,6 +134,12 @@ def reduce_scatter_tensor(output_tensor, input_tensor, op=ReduceOp.SUM, group=No
                           log_name="reduce_scatter_tensor", debug=None):
     _no_prof(prof, "reduce_scatter_tensor")
     return primitives.reduce_scatter_single(output_tensor, input_tensor, op, group, async_op)
+
+
+def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, debug=None):
+    """DeepSpeed's: reduce_scatter_tensor (the flat input cut into world-size blocks), its only path here."""
+    _started("reduce_scatter_fn")
+    return reduce_scatter_tensor(output_tensor, tensor, op, group, async_op, prof)
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, prof=False, log_name="gather", debug=None):

@@ -9,6 +9,8 @@ MIN_SWAPPABLE_BYTES runtime/swap_tensor/utils.py: the smallest tensor (bytes) De
 torch_info, version, git_hash, git_branch   deepspeed/git_version_info.py, as the installed build has them.
 ADAM_OPTIMIZER ... DEEPSPEED_OPTIMIZERS, ADAM_W_MODE(_DEFAULT), TORCH_ADAM_PARAM   runtime/config.py's
                     optimizer names (the config's "optimizer.type" values, lower case) and keys.
+CHECKPOINT_KEYS     checkpoint/constants.py's names of the checkpoint files' keys and name parts (the
+                    ones engine/checkpoint_ds.py writes) and UNIVERSAL_CHECKPOINT_INFO, DeepSpeed's values.
 Cost: none.
 """
 from __future__ import annotations
@@ -84,3 +86,18 @@ MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIM
 DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, MUADAM_OPTIMIZER,
                         MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER]
 TORCH_ADAM_PARAM, ADAM_W_MODE, ADAM_W_MODE_DEFAULT = "torch_adam", "adam_w_mode", True
+
+
+# deepspeed/checkpoint/constants.py (the keys and file-name parts of engine/checkpoint_ds.py's files)
+CHECKPOINT_KEYS = {
+    "OPTIMIZER_STATE_DICT": "optimizer_state_dict", "FP32_FLAT_GROUPS": "fp32_flat_groups",
+    "BASE_OPTIMIZER_STATE": "base_optimizer_state", "SINGLE_PARTITION_OF_FP32_GROUPS": "single_partition_of_fp32_groups",
+    "PARAM_GROUPS": "param_groups", "GROUP_PADDINGS": "group_paddings", "PARAM_ALIGNMENT_PADDINGS": "param_alignment_paddings",
+    "PARTITION_COUNT": "partition_count", "ZERO_STAGE": "zero_stage", "CLIP_GRAD": "clip_grad", "LOSS_SCALER": "loss_scaler",
+    "PARAM_SHAPES": "param_shapes", "BUFFER_NAMES": "buffer_names", "FROZEN_PARAM_SHAPES": "frozen_param_shapes",
+    "FROZEN_PARAM_FRAGMENTS": "frozen_param_fragments", "MODEL_FILE_PREFIX": "mp_rank_", "ZERO_FILE_PREFIX": "zero_pp_rank_",
+    "OPTIM_FILE_SUFFIX": "_optim_states.pt", "MODEL_FILE_SUFFIX": "_model_states.pt",
+    "BF16_ZERO_FILE_PREFIX": "bf16_zero_pp_rank_", "FP16_ZERO_FILE_PREFIX": "fp16_zero_pp_rank_",
+    "CHECKPOINT_PARALLEL_DIMS": "checkpoint_parallel_dimensions", "CHECKPOINT_PP_DEGREE": "pp_degree",
+    "CHECKPOINT_TP_DEGREE": "tp_degree", "DS_VERSION": "ds_version", "UNIVERSAL_CHECKPOINT_INFO": "universal_checkpoint_info"}
+globals().update(CHECKPOINT_KEYS)

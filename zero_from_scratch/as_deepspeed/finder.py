@@ -31,7 +31,9 @@ DEFER = os.environ.get("RINGZERO_DEEPSPEED_DEFER") == "1"   # see the module doc
 # the file that serves each module (its __file__: tests and users can see whose code answers)
 FILES = {"deepspeed": "top.py", "deepspeed.comm": "comm.py", "deepspeed.accelerator": "accelerator.py",
          "deepspeed.utils": "utils.py", "deepspeed.utils.logging": "utils.py", "deepspeed.runtime.utils": "utils.py",
-         "deepspeed.utils.zero_to_fp32": "zero_to_fp32.py", "deepspeed.runtime.zero.utils": "zero_utils.py"}
+         "deepspeed.utils.zero_to_fp32": "zero_to_fp32.py", "deepspeed.runtime.zero.utils": "zero_utils.py",
+         "deepspeed.utils.pin_memory_tracker": "accelerator.py", "deepspeed.utils.groups": "utils.py",
+         "deepspeed.checkpoint.constants": "constants.py"}
 
 
 def message(name: str, what: str, nearest: str) -> str:
@@ -69,13 +71,22 @@ class _Refused(type):
 
 
 def refused(name: str) -> type:
-    """A class standing for `name`: importable, isinstance() of it is False, any use raises. Its
+    """A class standing for `name`: importable, isinstance() of it is False, any use raises (on an instance
+    made through __new__ too, any attribute it was not given). Its
     metaclass is named by the refusal too: a use that reports the placeholder's type (a constant
     used as an attribute name: "must be string, not '...'") names what is not served."""
     what, nearest = served.REFUSED.get(name, (f"serve {name}", "none (not in the table of served names)"))
     meta = type(_Refused)(f"{name} is not served by ringzero", (_Refused,), {})
     return meta(name.rpartition(".")[2], (), {"_message": message(name, what, nearest),
-                                              "__module__": name.rpartition(".")[0]})
+                                              "__module__": name.rpartition(".")[0], "__getattr__": _refused_attr})
+
+
+def _refused_attr(self, attr):
+    """An instance made without calling the placeholder (Cls.__new__(Cls), object.__new__(Cls)): what
+    it was given reads back, anything else is the refusal."""
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    raise NotServedAttributeError(type(self)._message)
 
 
 def resolve(name: str, target: str, star: bool = False):

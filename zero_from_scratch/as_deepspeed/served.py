@@ -35,7 +35,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
            "deepspeed.runtime.precision_config", "deepspeed.runtime.constants", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
-           "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info")
+           "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info",
+           "deepspeed.utils.pin_memory_tracker", "deepspeed.utils.groups", "deepspeed.checkpoint.constants")
 
 _LR = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", "VALID_LR_SCHEDULES")
 _LR_KEYS = ("LR_SCHEDULE", "LR_RANGE_TEST", "ONE_CYCLE", "WARMUP_LR", "WARMUP_DECAY_LR", "WARMUP_COSINE_LR", "EDGE_VALUE",
@@ -55,6 +56,12 @@ _LEAF = ("set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", 
          "set_z3_leaf_module", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix")
 _PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
                "PipeModelDataParallelTopology")
+_CKPT_KEYS = ("OPTIMIZER_STATE_DICT", "FP32_FLAT_GROUPS", "BASE_OPTIMIZER_STATE", "SINGLE_PARTITION_OF_FP32_GROUPS",
+              "PARAM_GROUPS", "GROUP_PADDINGS", "PARAM_ALIGNMENT_PADDINGS", "PARTITION_COUNT", "ZERO_STAGE", "CLIP_GRAD",
+              "LOSS_SCALER", "PARAM_SHAPES", "BUFFER_NAMES", "FROZEN_PARAM_SHAPES", "FROZEN_PARAM_FRAGMENTS",
+              "MODEL_FILE_PREFIX", "ZERO_FILE_PREFIX", "OPTIM_FILE_SUFFIX", "MODEL_FILE_SUFFIX", "BF16_ZERO_FILE_PREFIX",
+              "FP16_ZERO_FILE_PREFIX", "CHECKPOINT_PARALLEL_DIMS", "CHECKPOINT_PP_DEGREE", "CHECKPOINT_TP_DEGREE",
+              "DS_VERSION", "UNIVERSAL_CHECKPOINT_INFO")
 _TOPO = "pipeline_parallel.engine.topology"
 _TOPO_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid",
                "_prime_factors")
@@ -132,6 +139,15 @@ SERVED: dict[str, str] = {
     "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer":
         f"{_R}.utils:split_params_into_different_moe_groups_for_optimizer",
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
+    **{f"deepspeed.utils.{m}{n}": f"{_R}.utils:{n}" for m in ("", "logging.")
+       for n in ("set_log_level_from_string", "get_log_level_from_string")},
+    **{f"deepspeed.utils.pin_memory_tracker.{n}": f"{_R}.accelerator:{n}"
+       for n in ("_fmt_bytes", "_tracker", "track_pinned_memory", "pinned_memory_summary")},
+    "deepspeed.utils.groups._get_expert_parallel_ranks": f"{_R}.utils:_get_expert_parallel_ranks",
+    **{f"deepspeed.checkpoint.constants.{n}": f"{_R}.constants:{n}" for n in _CKPT_KEYS},
+    "deepspeed.runtime.engine._checkpoint_parallel_metadata": f"{_E}.mpu:checkpoint_parallel_metadata",
+    "deepspeed.runtime.zero.stage_1_and_2.dist": "deepspeed:comm",    # DeepSpeed's module-level `dist`: deepspeed.comm
+    "deepspeed.runtime.zero.stage_1_and_2.IPGBucket": f"{_R}.more_layout:IPGBucket",
     "deepspeed.utils.zero_to_fp32.*": f"{_R}.zero_to_fp32:*",
     **{f"deepspeed.utils.{n}": f"{_E}.leaf:{n}" for n in _LEAF},
     **{f"deepspeed.runtime.zero.leaf_module_config.DEFAULT_LEAF_MODULE_{n}": f"{_E}.leaf:DEFAULT_LEAF_MODULE_{n}"
@@ -176,7 +192,7 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
     **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
-                                       "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel", "_get_expert_parallel_ranks",
+                                       "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
     **{f"deepspeed.runtime.zero.linear.{n}": (
         "put its own Linear autograd function in place of torch.nn.functional.linear during zero.Init and ZeRO-3",

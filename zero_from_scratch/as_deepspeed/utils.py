@@ -5,6 +5,9 @@
 
 logger       logging.getLogger("DeepSpeed") at WARNING, one stdout handler, no propagation, and
              DeepSpeed's format (deepspeed/utils/logging.py::LoggerFactory.create_logger).
+set_log_level_from_string(level, custom_logger=None)   the logger's level and its handlers' (deepspeed/utils/logging.py).
+_get_expert_parallel_ranks   utils/groups.py's rank lists of expert-parallel and expert-data-parallel groups
+             (a pure function: ringzero builds no expert groups from them).
 log_dist     logs "[Rank r] message" on the listed ranks (every rank before torch.distributed
              starts; ranks=[-1] means all), as deepspeed/utils/logging.py::log_dist.
 see_memory_usage(message, force=False)   with force, on rank 0: gc, then DeepSpeed's three prints
@@ -56,6 +59,22 @@ def _make_logger() -> logging.Logger:
 
 
 logger = _make_logger()
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+           "critical": logging.CRITICAL}
+
+
+def get_log_level_from_string(log_level_str: str) -> int:
+    if log_level_str.lower() not in _LEVELS:
+        raise ValueError(f"{log_level_str.lower()} is not one of the valid logging levels. Valid log levels are "
+                         f"{_LEVELS.keys()}.")    # DeepSpeed's words
+    return _LEVELS[log_level_str.lower()]
+
+
+def set_log_level_from_string(log_level_str: str, custom_logger=None) -> None:
+    log = logger if custom_logger is None else custom_logger
+    log.setLevel(get_log_level_from_string(log_level_str))
+    for h in log.handlers:
+        h.setLevel(log.level)
 
 
 COMM_STARTED: list = []   # non-empty once deepspeed.init_distributed ran here (DeepSpeed's deepspeed.comm.cdb is set)
@@ -194,3 +213,30 @@ def count_used_parameters_in_backward(parameters) -> int:
             if node is not None:
                 nodes.add(node)
     return int(sum(map(torch._C._will_engine_execute_node, nodes)))
+
+
+def _get_expert_parallel_ranks(world_size, tensor_parallel_size_, expert_parallel_size_, pipeline_parallel_size_=1,
+                               use_data_before_expert_parallel_=False):
+    """DeepSpeed's (utils/groups.py): (expert-parallel groups, expert-data-parallel groups) as rank lists,
+    each pipeline stage's data-parallel groups cut into runs of expert_parallel_size_ (E + D), or
+    strided first (D + E with use_data_before_expert_parallel_)."""
+    tp, pp, ep = tensor_parallel_size_, pipeline_parallel_size_, expert_parallel_size_
+    assert world_size % (tp * pp) == 0, f"{world_size} is not divisible by {tp * pp}"
+    dp_world_size = world_size // (tp * pp)
+    assert dp_world_size % ep == 0, f"{dp_world_size} is not divisible by {ep}"
+    pp_stride = world_size // pp
+    dp_groups = []
+    for start in range(0, world_size, pp_stride):
+        for i in range(tp):
+            if use_data_before_expert_parallel_:
+                dp_stride = world_size // ep // tp // pp
+                dp_groups.append([r for ds in range(dp_stride)
+                                  for r in range(start + i + ds * tp, start + pp_stride, dp_stride * tp)])
+            else:
+                dp_groups.append(list(range(start + i, start + pp_stride, tp)))
+    ep_groups, edp_groups = [], []
+    for ranks in dp_groups:
+        part = [ranks[i:i + ep] for i in range(0, dp_world_size, ep)]
+        ep_groups.extend(part)
+        edp_groups.extend(list(r) for r in zip(*part))
+    return ep_groups, edp_groups

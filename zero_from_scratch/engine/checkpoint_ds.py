@@ -70,6 +70,7 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     the module's frozen parameters left out of "module" and no frozen shapes or fragments written, as
     DeepSpeed's save_checkpoint(exclude_frozen_parameters) (runtime/engine.py: save_frozen_param)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
+    tp = engine.mp.size if getattr(engine, "mp", None) is not None else 1    # mpu.engine_mp; no pipeline here
     full = _full_values(engine)
     # DeepSpeed drops param groups without parameters (runtime/engine.py::_configure_optimizer), and its
     # zero_to_fp32 cannot read an empty one: the files hold the non-empty groups only, renumbered
@@ -95,8 +96,8 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
              "data_sampler": None, "random_ltd": None, "skipped_steps": engine.skipped_steps,
              "global_steps": engine.global_steps, "global_samples": engine.global_samples,
-             "dp_world_size": n, "mp_world_size": 1, "ds_config": engine.config.raw, "ds_version": DS_VERSION,
-             "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, **client_state}
+             "dp_world_size": n, "mp_world_size": tp, "ds_config": engine.config.raw, "ds_version": DS_VERSION,
+             "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": tp}, **client_state}
     if stage == 3 or r == 0:
         fname = f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
         atomic_write(os.path.join(d, fname), lambda f: torch.save(model, f))
@@ -134,7 +135,7 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     else:
         osd.update(base_optimizer_state=base, single_partition_of_fp32_groups=flat["master"], group_paddings=pads,
                    param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping)
-    blob = {"optimizer_state_dict": osd, "ds_version": DS_VERSION}
+    blob = {"optimizer_state_dict": osd, "ds_config": engine.config.raw, "ds_version": DS_VERSION}
     bf16 = "bf16_" if engine.bfloat16_enabled() else ""   # runtime/engine.py _get_zero_ckpt_prefix (see above)
     atomic_write(os.path.join(d, f"{bf16}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"),
                  lambda f: torch.save(blob, f, pickle_module=_DS_PICKLE))
@@ -150,8 +151,7 @@ class _DeepSpeedLossScaler:
 
 
 class _Pickler(pickle._Pickler):
-    """torch.save's pickler, naming _DeepSpeedLossScaler's class by DeepSpeed's module path (pickle would
-    import that module to check the name; here it is written as is)."""
+    """torch.save's pickler, naming _DeepSpeedLossScaler's class by DeepSpeed's path (written as is, not imported)."""
 
     def save_global(self, obj, name=None):
         target = getattr(obj, "__dict__", {}).get("_deepspeed_name")

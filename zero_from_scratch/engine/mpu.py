@@ -13,6 +13,8 @@ the data-parallel group: each model-parallel rank is its own ZeRO world of its o
   * the global gradient norm: Σ over dp of the local shard norms², then Σ over mp, with
     replicated parameters (not tensor-parallel) counted on mp rank 0 only (`counts_on`);
   * checkpoints: files carry mp_rank_XX, one manifest per mp rank, one publish for the save.
+checkpoint_parallel_metadata(mpu) is DeepSpeed's record of the degrees in a checkpoint (the runner's
+deepspeed.runtime.engine._checkpoint_parallel_metadata).
 Cost at start-up: one all-gather of 6 int64 per rank over the world (`check`), so an mpu whose
 groups do not factor the world is the same clear error on every rank. Per step: one extra
 8-byte all-reduce over the mp group (the norm).
@@ -63,6 +65,19 @@ def mp_prefix(mp_rank: int, mp_size: int) -> str:
     """What a per-rank file name starts with, so model-parallel ranks never share one (DeepSpeed's
     mp_rank_XX); empty without model parallelism, so those names stay as they were."""
     return f"mp_rank_{mp_rank:02d}_" if mp_size > 1 else ""
+
+
+def checkpoint_parallel_metadata(mpu) -> dict:
+    """DeepSpeed's `_checkpoint_parallel_metadata(mpu)` (runtime/engine.py; utils/bwc.py's queries, in its
+    order): the pipeline and tensor-parallel degrees a checkpoint records; 1 and 1 without an mpu."""
+    pp = tp = 1
+    if mpu is not None:
+        pp = next((getattr(mpu, m)() for m in ("get_pipeline_model_parallel_world_size", "get_pipe_parallel_world_size")
+                   if hasattr(mpu, m)), 1)
+        tp = next((getattr(mpu, m)() for m in ("get_tensor_model_parallel_world_size", "get_slice_parallel_world_size")
+                   if hasattr(mpu, m)), None)
+        tp = mpu.get_model_parallel_world_size() if tp is None else tp
+    return {"checkpoint_parallel_dimensions": {"pp_degree": pp, "tp_degree": tp}}
 
 
 def engine_mp(engine) -> tuple[int, int]:

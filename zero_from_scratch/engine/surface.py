@@ -135,10 +135,11 @@ class DeepSpeedSurface:
         if hasattr(self.stage, "release_all"):
             self.stage.release_all()
 
-    def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank=None) -> str:
-        """DeepSpeed's: the path of this rank's optimizer-state file under `tag`, the DeepSpeed-layout file
-        every save writes at stages 1-3 (checkpoint_ds.py)."""
-        return os.path.join(checkpoints_path, str(tag), f"zero_pp_rank_{self.comm.rank}_mp_rank_00_optim_states.pt")
+    def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank) -> str:
+        """DeepSpeed's: the name of expert-parallel rank `expp_rank`'s optimizer file (its MoE layout; ringzero,
+        without MoE, writes none: the ZeRO files are zero_pp_rank_*, checkpoint_ds.py)."""
+        mp = self.mp.rank if getattr(self, "mp", None) is not None else 0
+        return os.path.join(checkpoints_path, str(tag), f"expp_rank_{expp_rank}_mp_rank_{mp:02d}_optim_states.pt")
 
     def _change_recovery_script_permissions(self, dst) -> None:
         """DeepSpeed's: make a checkpoint's recovery script executable; where the file system refuses

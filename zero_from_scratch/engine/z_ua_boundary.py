@@ -55,12 +55,13 @@ def check_config(config) -> None:
 class _ZeroKind(type):
     def __instancecheck__(cls, obj) -> bool:
         engine = getattr(getattr(obj, "engine_backward", None), "__self__", None)
-        return engine is not None and (engine.stage_id > 0 or engine.config.bf16)
+        return engine is not None and engine.stage_id > 0
 
 
 class ZeROOptimizer(metaclass=_ZeroKind):
     """deepspeed.runtime.base_optimizer.ZeROOptimizer under the runner: isinstance holds for the engine's
-    optimizer where DeepSpeed's is one (stages 1-3; stage 0 in bf16, its BF16_Optimizer)."""
+    optimizer where DeepSpeed's is one: stages 1-3 (at stage 0 its FP16_Optimizer / FP16_UnfusedOptimizer, in
+    bf16 too, is none; only its pipeline engine's BF16_Optimizer is, and that engine is not this one)."""
 
 
 class AccumulationBoundary:

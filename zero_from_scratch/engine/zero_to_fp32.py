@@ -65,11 +65,12 @@ def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype=torc
              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}.get(dtype, dtype) if isinstance(dtype, str) else dtype
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
     # own storage per tensor: views of one flat master would all land in one shard (the splitter groups by storage);
-    # a shared parameter's names keep one tensor in .bin files, as DeepSpeed's (safetensors refuses shared memory)
+    # a shared parameter's names keep one tensor, as DeepSpeed's: tied in .bin files; with safe_serialization
+    # safetensors' save_file refuses it ("Some tensors share memory"), DeepSpeed 0.19.8's outcome too
     copies: dict[int, torch.Tensor] = {}
     out = {}
     for k, v in sd.items():
-        if id(v) not in copies or safe_serialization:
+        if id(v) not in copies:
             copies[id(v)] = v.to(dtype, copy=True) if v.is_floating_point() else v.clone()
         out[k] = copies[id(v)]
     sd = out
