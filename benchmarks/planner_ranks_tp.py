@@ -101,9 +101,10 @@ class _DistilBlock(torch.nn.Module):
 def head_table(cfg, std: float | None = None) -> torch.nn.Embedding:
     """The last stage's own word-embedding table, initialised as Hugging Face initialises DistilBERT's
     (normal, std cfg.initializer_range), as the tied rows' table is. torch's default, N(0, 1), gives
-    logits of std ~17: 4 % of the loss's exp inputs fall below ln(FLT_MIN) ≈ −87.3, where exp takes
-    its underflow path at ~10× the time per element, for every vector of 16 that holds one (half of
-    them): the loss's exp 2-4× slower (python -m benchmarks.planner_logits)."""
+    logits of std ~17: 4 % of the loss's exp inputs fall below ln(FLT_MIN) ≈ −87.3, where float32
+    exp underflows and takes its slow path (python -m benchmarks.planner_logits); in the pp2·tp2
+    row that table made the last stage's loss forward 34-61 ms of CPU a step instead of 15-18
+    (python -m benchmarks.planner_phases --head-std 1), work the planner does not model."""
     table = torch.nn.Embedding(cfg.vocab_size, cfg.dim)
     torch.nn.init.normal_(table.weight, std=cfg.initializer_range if std is None else std)
     return table

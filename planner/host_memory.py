@@ -53,7 +53,10 @@ def allocator_slack(lay, states: dict, hw) -> float:
     Measured (benchmarks.planner_mem, defaults less mapped): llama tiny's stage, 1/35 of the
     calibration's state, kept 1.2 MiB (1/40 of its slack); gpt-small, 4.6× the state, kept 90 MiB
     (1.6×); the slack is neither constant nor proportional, and this rule is the nearest of the
-    two to both, chosen after seeing the rows of benchmarks.planner_local.
+    two to both, chosen after seeing the rows of benchmarks.planner_local. Not the height the
+    dynamic mmap threshold reaches: fixed at its 32 MiB ceiling (benchmarks.planner_slack --risen)
+    llama-small kept the same 18.7 MiB; gpt-small kept 92, and 41 or 90 at the defaults from run to
+    run and between ranks doing the same work, so no one number per layout holds it.
     """
     engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
     slack = hw.alloc_slack_zero if engine else hw.alloc_slack
