@@ -103,7 +103,7 @@ def head_table(cfg, std: float | None = None) -> torch.nn.Embedding:
     (normal, std cfg.initializer_range), as the tied rows' table is. torch's default, N(0, 1), gives
     logits of std ~17: 4 % of the loss's exp inputs fall below ln(FLT_MIN) ≈ −87.3, where float32
     exp underflows and takes its slow path (python -m benchmarks.planner_logits); in the pp2·tp2
-    row that table made the last stage's loss forward 34-61 ms of CPU a step instead of 15-18
+    row that table made the last stage's loss forward 24-45 ms of CPU a step instead of 15-18
     (python -m benchmarks.planner_phases --head-std 1), work the planner does not model."""
     table = torch.nn.Embedding(cfg.vocab_size, cfg.dim)
     torch.nn.init.normal_(table.weight, std=cfg.initializer_range if std is None else std)
