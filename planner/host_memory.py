@@ -56,7 +56,12 @@ def allocator_slack(lay, states: dict, hw) -> float:
     two to both, chosen after seeing the rows of benchmarks.planner_local. Not the height the
     dynamic mmap threshold reaches: fixed at its 32 MiB ceiling (benchmarks.planner_slack --risen)
     llama-small kept the same 18.7 MiB; gpt-small kept 92, and 41 or 90 at the defaults from run to
-    run and between ranks doing the same work, so no one number per layout holds it.
+    run and between ranks doing the same work, so no one number per layout holds it. The 90 is one
+    step's: step by step gpt-small's peak is 468-482 MiB, and in some runs one step (the 3rd of 4,
+    the 6th of 8) reaches 516-530 on one rank or both; with malloc in one arena (MALLOC_ARENA_MAX=1)
+    too, so it is not which thread's arena a block came from (benchmarks.planner_slack --steps,
+    --arenas). Nor the activations: over 6 steps llama-small (40 MiB of them) kept 18.7 MiB where
+    gpt-mini dp2 (41) kept 58 and gpt-mini pp2 (15) kept 66.
     """
     engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
     slack = hw.alloc_slack_zero if engine else hw.alloc_slack
