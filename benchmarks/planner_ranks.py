@@ -79,7 +79,7 @@ def _timed(one_step, steps: int, base: int) -> dict:
         times.append(time.perf_counter() - t0)
         cpus.append(time.thread_time() - c0)
         peaks.append(_vm("VmHWM") - base)
-    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks)}
+    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks), "peaks": peaks}
 
 
 def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None, tuned: bool = False,

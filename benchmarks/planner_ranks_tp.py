@@ -98,6 +98,18 @@ class _DistilBlock(torch.nn.Module):
         return self.block(x)
 
 
+def head_table(cfg, std: float | None = None) -> torch.nn.Embedding:
+    """The last stage's own word-embedding table, initialised as Hugging Face initialises DistilBERT's
+    (normal, std cfg.initializer_range), as the tied rows' table is. torch's default, N(0, 1), gives
+    logits of std ~17: 4 % of the loss's exp inputs fall below ln(FLT_MIN) ≈ −87.3, where float32
+    exp underflows and takes its slow path (python -m benchmarks.planner_logits); in the pp2·tp2
+    row that table made the last stage's loss forward 24-45 ms of CPU a step instead of 15-18
+    (python -m benchmarks.planner_phases --head-std 1), work the planner does not model."""
+    table = torch.nn.Embedding(cfg.vocab_size, cfg.dim)
+    torch.nn.init.normal_(table.weight, std=cfg.initializer_range if std is None else std)
+    return table
+
+
 class _DistilHead(torch.nn.Module):
     """The last stage's output layer: its own vocab-parallel copy of a word-embedding table (the
     planner counts a tied embedding's copy on the last stage), logits = xEᵀ on this rank's slice."""
@@ -105,7 +117,7 @@ class _DistilHead(torch.nn.Module):
     def __init__(self, cfg, group):
         super().__init__()
         self.comm = tp_comm(group, "head")
-        self.table = VocabParallelEmbedding(torch.nn.Embedding(cfg.vocab_size, cfg.dim), self.comm)
+        self.table = VocabParallelEmbedding(head_table(cfg), self.comm)
 
     def forward(self, x):
         return copy_to_tp(x, self.comm) @ self.table.weight.t()

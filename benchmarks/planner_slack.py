@@ -5,17 +5,28 @@ without slack.
 
     python -m benchmarks.planner_slack                       # the rows below (~5 min idle)
     python -m benchmarks.planner_slack --only llama          # rows whose name contains the text
+    python -m benchmarks.planner_slack --only small --risen  # also with the threshold fixed at glibc's ceiling
+    python -m benchmarks.planner_slack --mb 8 --steps 4      # every row at micro-batch 8, 4 steps per run
+    python -m benchmarks.planner_slack --only small --steps 4 --arenas 1   # the ranks' malloc in one arena
 
-Per row, the larger rank: the peak resident set above the pre-model baseline (as planner_local
-reads it) at the defaults and mapped, their difference (the slack glibc keeps), the planner's
-count without the slack, and the shared-memory pages the rank touched (RssShmem after the steps:
-planner.memory.shm_bytes's count beside it). Memory only: the load does not enter.
-Cost: two runs of 2 steps per row, 2-4 ranks each.
+Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
+each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
+planner's count without the slack, the shared-memory pages the rank touched (RssShmem after the
+steps: planner.memory.shm_bytes's count beside it), and the larger rank's peak step by step at the
+defaults (a run's peak is its largest step's). --arenas sets MALLOC_ARENA_MAX for the ranks: if the
+slack moved with which thread's arena a block came from (gloo's and torch's threads), one arena
+would make it the same from run to run and rank to rank. With --risen a third run fixes the mmap threshold at
+32 MiB and the trim threshold at 64 MiB, where glibc's dynamic rise stops (DEFAULT_MMAP_THRESHOLD_MAX,
+the trim threshold twice it): if the slack came from how far a row's largest freed block raises the
+threshold, this run would give every row the slack of the highest rise. Memory only: the load does
+not enter.
+Cost: two runs of --steps steps (2) per row, 2-4 ranks each.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 from dataclasses import replace
 
 from rich.table import Table
@@ -31,47 +42,67 @@ from primitives.launch import spawn
 from primitives.log import console
 
 MiB = 2**20
+RISEN = 32 * MiB          # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 
 
-def _row(rank, world, mapped: bool, module: str, fn: str, args: tuple) -> dict:
-    """One rank of a planner_local row; with `mapped`, glibc's mmap threshold fixed first."""
-    if mapped:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD
+def _row(rank, world, mapped, module: str, fn: str, args: tuple) -> dict:
+    """One rank of a planner_local row; with `mapped` True, glibc's mmap threshold fixed first at
+    64 KiB; with "risen", at RISEN (and the trim threshold at twice it, as the dynamic rise sets it)."""
+    libc = ctypes.CDLL("libc.so.6")
+    if mapped == "risen":
+        libc.mallopt(-3, RISEN)                              # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 2 * RISEN)                          # M_TRIM_THRESHOLD
+    elif mapped:
+        libc.mallopt(-3, 64 * 1024)
     out = getattr(R if module == "R" else RT, fn)(rank, world, *args)
     return {**out, "shm": R._vm("RssShmem:")}
 
 
-def rows(steps: int = 2):
-    """(name, model, Layout, global batch, module, rank function, its args)."""
-    small, _ = R.SHAPES
+def rows(steps: int = 2, mb: int | None = None):
+    """(name, model, Layout, global batch, module, rank function, its args); `mb` sets every
+    row's micro-batch (the dp rows' one micro-batch, the pipelines' four, the tp row's one)."""
+    small, mid = R.SHAPES
     distil = RT.distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 128)
     tiny, lsmall = R.llama_planner_model("tiny", 128), R.llama_planner_model("small", 128)
-    return [("gpt-cal dp2", CAL, Layout(2, 1, 1, mb=4), 8, "R", "_rank", (CAL, 4, steps, None)),
-            ("gpt-mini dp2", small, Layout(2, 1, 1, mb=4), 8, "R", "_rank", (small, 4, steps, None)),
-            ("gpt-mini pp2", small, Layout(1, 1, 2, mb=2), 8, "R", "_pp_rank", (small, 2, 4, steps)),
-            ("distil-mini tp2", distil, Layout(1, 2, 1, mb=4), 4, "RT", "_tp_rank", (distil, 2, 4, steps)),
-            ("llama-tiny pp2", tiny, Layout(1, 1, 2, mb=2), 8, "R", "_llama_pp_rank", ("tiny", 128, 2, 4, steps)),
-            ("llama-small pp2", lsmall, Layout(1, 1, 2, mb=2), 8, "R", "_llama_pp_rank", ("small", 128, 2, 4, steps))]
+    d, p, t = mb or 4, mb or 2, mb or 4
+    return [("gpt-cal dp2", CAL, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (CAL, d, steps, None)),
+            ("gpt-mini dp2", small, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (small, d, steps, None)),
+            ("gpt-small dp2", mid, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (mid, d, steps, None)),
+            ("gpt-mini pp2", small, Layout(1, 1, 2, mb=p), 4 * p, "R", "_pp_rank", (small, p, 4, steps)),
+            ("distil-mini tp2", distil, Layout(1, 2, 1, mb=t), t, "RT", "_tp_rank", (distil, 2, t, steps)),
+            ("llama-tiny pp2", tiny, Layout(1, 1, 2, mb=p), 4 * p, "R", "_llama_pp_rank", ("tiny", 128, p, 4, steps)),
+            ("llama-small pp2", lsmall, Layout(1, 1, 2, mb=p), 4 * p, "R", "_llama_pp_rank", ("small", 128, p, 4, steps))]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="rows whose name contains this text")
+    ap.add_argument("--risen", action="store_true", help="a third run per row, the mmap threshold fixed at 32 MiB")
+    ap.add_argument("--mb", type=int, default=None, help="every row's micro-batch (default: dp and tp 4, pipelines 2)")
+    ap.add_argument("--steps", type=int, default=2, help="steps per run (the peak is the largest step's)")
+    ap.add_argument("--arenas", type=int, default=0, help="glibc's arena count for the ranks (MALLOC_ARENA_MAX; 0: its default)")
     a = ap.parse_args(argv)
-    t = Table(title="glibc's slack and the shared-memory pages per rank (MiB, the larger rank)")
-    for c in ("row", "defaults", "mapped", "slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes"):
+    if a.arenas:      # read when a process starts: the fork server, started by the first spawn, passes it to the ranks
+        os.environ["MALLOC_ARENA_MAX"] = str(a.arenas)
+    t = Table(title="glibc's slack and the shared-memory pages per rank (MiB, the larger rank)"
+                    + (f", MALLOC_ARENA_MAX={a.arenas}" if a.arenas else ""))
+    for c in ("row", "defaults (each rank)", "mapped", "slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes") \
+            + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step",):
         t.add_column(c, justify="right")
-    for name, m, lay, batch, module, fn, args in rows():
+    for name, m, lay, batch, module, fn, args in rows(a.steps, a.mb):
         if a.only not in name:
             continue
-        got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args), timeout=900) for mapped in (False, True)}
+        got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args), timeout=900)
+               for mapped in (False, True) + (("risen",) if a.risen else ())}
         peak = {k: max(g["peak"] for g in v) / MiB for k, v in got.items()}
         hw = replace(H.cpu_here(lay.gpus), alloc_slack=0.0)
         pred = memory(m, m.seq, lay, batch, hw, LOCAL_SW)
         count = (pred["total"] - pred["reserved"]) / MiB
-        t.add_row(name, f"{peak[False]:.1f}", f"{peak[True]:.1f}", f"{peak[False] - peak[True]:.1f}", f"{count:.1f}",
+        t.add_row(name, " / ".join(f"{g['peak'] / MiB:.1f}" for g in got[False]), f"{peak[True]:.1f}", f"{peak[False] - peak[True]:.1f}", f"{count:.1f}",
                   f"{count / peak[True] - 1:+.0%}", f"{max(g['shm'] for g in got[False]) / MiB:.1f}",
-                  f"{shm_bytes(m, m.seq, lay, hw) / MiB:.1f}")
+                  f"{shm_bytes(m, m.seq, lay, hw) / MiB:.1f}",
+                  *((f"{peak['risen']:.1f}", f"{peak['risen'] - peak[True]:.1f}") if a.risen else ()),
+                  " ".join(f"{p / MiB:.0f}" for p in max(got[False], key=lambda g: g["peak"])["peaks"]))
     console.print(t)
     return 0
 

@@ -65,7 +65,7 @@ def torch_layer_activation_bytes(model, seq: int, lay, recompute: str | None = N
 
         4·s·b·(8h + f + a + 4)
 
-    derived from what each op saves for its backward (tests/test_planner.py counts the saved
+    derived from what each op saves for its backward (tests/test_planner_formulas.py counts the saved
     storages with torch.autograd.graph.saved_tensors_hooks and finds this exactly):
         LayerNorm 1        its input x (s·b·h) and mean, rstd (2·s·b)
         in_proj            its input, LayerNorm 1's output (s·b·h); its weight is a parameter
@@ -110,7 +110,7 @@ def distilbert_layer_activation_bytes(model, seq: int, lay) -> float:
         inside, divided by t         Q and Kᵀ for QKᵀ (2·s·b·h), the softmax output (a·s²·b), V and
                                      the context, out_lin's input (2·s·b·h), GELU's input and its
                                      output, lin2's input (2·s·b·f)
-    tests/test_planner.py counts the saved storages at t = 1 and finds exactly this."""
+    tests/test_planner_formulas.py counts the saved storages at t = 1 and finds exactly this."""
     s, b, h, a, f, t = seq, lay.mb, model.hidden, model.heads, model.f, lay.tp
     return 4 * s * b * (4 * h + 4 + (4 * h + 2 * f + a * s) / t)
 
@@ -122,7 +122,7 @@ def llama_layer_activation_bytes(model, seq: int, lay) -> float:
 
         4·(s·b·(8h + 4f + 2·kv·d + a + 2) + 2·s·d)
 
-    op by op (tests/test_planner.py counts it with saved_tensors_hooks):
+    op by op (tests/test_planner_formulas.py counts it with saved_tensors_hooks):
         RMSNorm 1          its input, its normalized input before the weight, the weighted output
                            the q, k, v projections share as input (3·s·b·h), rstd (s·b)
         rotary             cos and sin, one s × d table each, shared by the batch (2·s·d)

@@ -2,7 +2,7 @@
 comparison: the run's own layout predicted, and the planner's best layout for the same model.
 
     python -m benchmarks.planner_published           # both tables, errors, misses
-    python -m pytest -q tests/test_planner.py -k published
+    python -m pytest -q tests/test_planner_published.py
 
 NARAYANAN: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
   Megatron-LM", SC21, arXiv 2104.04473, Table 1; rows read from the same table as Megatron-LM's

@@ -88,3 +88,16 @@ def test_parts_of_a_measured_peak():
     p = parts({"base": base, "steps": [step], "peak": 40 * MiB, "arenas": [30 * MiB]})
     assert (p["file"], p["shm"], p["anon"], p["heap"], p["mapped"], p["threads"]) == (3.0, 4.0, 33.0, 20.0, 2.0, 6)
     assert p["file"] + p["shm"] + p["anon"] == p["peak"] and p["step peaks"] == "40"
+
+
+@pytest.mark.parametrize("mb", [None, 8])
+def test_slack_rows_run_the_layout_the_planner_is_given(mb):
+    """benchmarks.planner_slack --mb: each row's ranks run the micro-batch and micro-batch count
+    of the Layout and global batch its planner count is made for."""
+    from benchmarks.planner_slack import rows
+    where = {"_rank": (1, None), "_pp_rank": (1, 2), "_tp_rank": (2, None), "_llama_pp_rank": (2, 3)}
+    for name, m, lay, batch, module, fn, args in rows(3, mb):
+        at, micro = where[fn]
+        assert args[at] == lay.mb == (mb or lay.mb), name
+        assert lay.micro_batches(batch) == (args[micro] if micro else 1), name
+        assert args[-1] == 3 or args[-2] == 3, name      # the steps

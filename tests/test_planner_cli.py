@@ -1,0 +1,65 @@
+"""The planner's command line: models from a Hugging Face config, the JSON and the picture, --fix and
+--all, the 70 B / 512 H100 run's time (printed), cpu-here's hardware file."""
+import json
+import time
+
+import pytest
+
+from conftest import run_cmd
+from planner import hardware as H
+from planner.model import PRESETS, Model, from_hf_config, resolve
+from planner.plan import plan
+
+
+def test_hf_config(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096,
+           "tie_word_embeddings": False, "hidden_act": "silu", "rope_theta": 10000.0}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert from_hf_config(str(p)).params() == PRESETS["llama-7b"].params()
+    assert resolve(str(tmp_path)).layers == 32
+    with pytest.raises(ValueError):
+        resolve("custom", layers=2)
+
+
+def test_cli_json_and_plot(tmp_path):
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    r = run_cmd(f"python -m planner llama-7b --gpus 16 --hardware a100 --global-batch 64 --top 3 --json {out} --plot {png}")
+    assert "llama-7b" in r.stdout and "step s" in r.stdout
+    doc = json.loads(out.read_text())
+    lay = doc["layouts"][0]
+    assert set(lay["time_s"]) >= {"matmul", "tp comm", "dp comm", "bubble", "total"}
+    assert sum(v for k, v in lay["memory_bytes"].items() if k != "total" and not isinstance(v, str)) == \
+        pytest.approx(lay["memory_bytes"]["total"])
+    assert png.exists() and png.stat().st_size > 10_000
+    assert run_cmd("python -m planner --help").returncode == 0
+    bad = run_cmd("python -m planner nosuchmodel --gpus 8", check=False)
+    assert bad.returncode == 2 and "unknown model" in bad.stdout
+
+
+def test_cli_custom_fix_and_all(tmp_path):
+    out = tmp_path / "all.json"
+    run_cmd(f"python -m planner custom --layers 4 --hidden 256 --heads 4 --vocab 1000 --seq 64 --gpus 4 "
+            f"--hardware a100 --global-batch 8 --fix tp=2,recompute=full --all --json {out}")
+    doc = json.loads(out.read_text())
+    assert doc["params"] == Model("c", 4, 256, 4, 1000, 64).params()
+    assert doc["layouts"] and all(x["layout"]["tp"] == 2 and x["layout"]["recompute"] == "full" for x in doc["layouts"])
+    tight = tmp_path / "tight.json"
+    r = run_cmd(f"python -m planner llama-70b --gpus 8 --hardware a100 --global-batch 8 --fix offload=false --all "
+                f"--json {tight}", check=False)
+    assert r.returncode == 1 and "no layout" in r.stdout          # 70 B × 16 bytes > 8 × 80 GB without offload
+    assert not any(x["fits"] for x in json.loads(tight.read_text())["layouts"])
+
+
+def test_70b_on_512_h100s_finishes():
+    t0 = time.perf_counter()
+    r = run_cmd("python -m planner llama-70b --gpus 512 --hardware h100 --global-batch 1024 --top 5")
+    print(f"llama-70b on 512 H100s: {time.perf_counter() - t0:.1f} s wall (with interpreter start)")
+    assert "layouts predicted" in r.stdout
+
+
+def test_cpu_here_loads():
+    hw = H.load("cpu-here")
+    assert hw.bytes_per_elem == 4 and hw.peak_flops > 1e9
+    assert plan(PRESETS["tiny"], 2, hw, 32, 8)

@@ -1,0 +1,195 @@
+"""The planner on a CPU host (cpu-here): ranks beyond the cores stretch compute, blocking collectives
+wait, pipelines are paced by the session's cores, the probed speed scales every CPU second, mapped
+blocks keep no slack, the probe reads the load. No rank runs here."""
+import pytest
+
+from planner import hardware as H
+from planner.layout import Layout
+from planner.model import PRESETS, resolve
+from planner.steptime import Software, step_time
+
+
+def test_ranks_beyond_the_cores_stretch_compute():
+    """cpu-here: with more runnable tasks than cores each rank's CPU seconds take longer in wall
+    time, (ranks + load) / cores; a GPU (cores = 0) never stretches."""
+    from dataclasses import replace
+    from planner.cpu_host import cpu_stretch
+    hw, m = H.load("cpu-here"), PRESETS["tiny"]
+    assert hw.cores >= 1
+    two = replace(hw, cores=2)
+    assert cpu_stretch(Layout(2, 1, 1), two) == 1.0
+    assert cpu_stretch(Layout(2, 1, 2), two) == 2.0
+    assert cpu_stretch(Layout(2, 1, 1), replace(two, load=2.0)) == 2.0
+    assert cpu_stretch(Layout(64, 1, 1), H.A100) == 1.0
+    a = step_time(m, 32, Layout(2, 1, 1, mb=2), 4, two, Software(False, False, False))
+    b = step_time(m, 32, Layout(2, 1, 1, mb=2), 4, replace(two, load=4.0), Software(False, False, False))
+    assert b["matmul"] == pytest.approx(3 * a["matmul"]) and b["optimizer"] == pytest.approx(3 * a["optimizer"])
+
+
+def test_blocking_collectives_wait_once_ranks_outnumber_cores():
+    """cpu-here: a blocking collective waits for a descheduled member only once the node's ranks
+    outnumber its cores, wait_s per unit of (ranks − cores)/cores, stretched by the load, for its
+    k − 1 other members of the r − 1; the step's wait term counts each tp all-reduce, pipeline
+    receive and dp call; none on a GPU."""
+    from dataclasses import replace
+    from planner.cpu_host import wait_time
+    hw, m = replace(H.load("cpu-here"), cores=2, wait_s=3e-3, load=0.0), PRESETS["tiny"]
+    assert wait_time(Layout(2, 1, 1), hw, 2) == 0.0 and wait_time(Layout(1, 2, 1), replace(hw, load=6.0), 2) == 0.0
+    assert wait_time(Layout(4, 1, 1), hw, 4) == pytest.approx(3e-3)
+    assert wait_time(Layout(2, 2, 2), hw, 8) == pytest.approx(9e-3)
+    assert wait_time(Layout(2, 2, 2), hw, 2) == pytest.approx(9e-3 / 7)          # a pair of the 8 waits for one other
+    assert wait_time(Layout(4, 1, 1), replace(hw, load=2.0), 4) == pytest.approx(6e-3)
+    assert wait_time(Layout(8, 8, 1), replace(H.A100, wait_s=1.0), 8) == 0.0
+    sw = Software(False, False, False)
+    dp, tp = (step_time(m, 32, lay, 8, hw, sw)["wait"] for lay in (Layout(4, 1, 1, mb=2), Layout(2, 2, 1, mb=2)))
+    assert dp == pytest.approx(3e-3)                          # one all-reduce of the gradients
+    # 2 micro-batches: 4 per layer, the ends, the loss's 3; the dp all-reduce; pairs of the 4 ranks
+    assert tp == pytest.approx((2 * (4 * m.layers + 2 + 3) + 1) * 1e-3)
+
+
+def test_planner_fit_line():
+    from benchmarks.planner_fit import fit_line
+    assert fit_line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0]) == pytest.approx((1.0, 2.0))
+    assert fit_line([1.0, 2.0], [2.0, 1.0])[1] == 0.0          # a negative slope is clamped: work never shrinks
+
+
+def test_zero3_pays_per_module_calls():
+    """ZeRO-3 gathers and reduce-scatters per module: its dp term carries 2 × modules × α per
+    micro-batch (at DeepSpeed's defaults the engine keeps a small model's units gathered from
+    forward to backward: no backward gather), more than ZeRO-2's one reduce-scatter and
+    all-gather of the whole shard; a GPU plan gathers again in the backward. A link whose α
+    (3 ms: a scheduler's slice) outweighs the tiny shard's bytes."""
+    from dataclasses import replace
+
+    from primitives.engine.cost import Params
+    hw, m = replace(H.load("cpu-here"), intra=Params(alpha=3e-3, beta=3e-9, gamma=0.0)), PRESETS["tiny"]
+    sw = Software(False, False, False)
+    z2 = step_time(m, 32, Layout(2, 1, 1, zero=2, mb=2), 4, hw, sw)["dp comm"]
+    z3 = step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["dp comm"]
+    from planner.steptime import zero3_reused, zero3_units
+    assert zero3_units(m, hw) == 5 and zero3_units(m, H.A100) == 6 and zero3_units(PRESETS["llama-7b"], H.A100) == 9
+    assert z3 > 2 * hw.intra.alpha * (5 * m.layers + 3) > z2
+    assert zero3_reused(1e6, hw) == 1.0 and zero3_reused(4e9, hw) == 0.25 and zero3_reused(1e6, H.A100) == 0.0
+
+
+def test_a_pipeline_is_paced_by_its_ranks_on_the_sessions_cores():
+    """cpu-here under load: the ranks' session gets P = cores·r / (r + load) cores; a pipeline's
+    waiting ranks sleep, so its pacing ranks (one per pipeline) share P, each at most one core,
+    and all ranks' CPU seconds over P bound the step (the cores term); the bubble is the stages
+    without the output layer. Nothing fitted enters."""
+    from dataclasses import replace
+    from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores
+    hw, m = replace(H.load("cpu-here"), cores=2), PRESETS["tiny"]
+    busy = replace(hw, load=6.0)                 # the ranks' session gets 2·2/8 = 0.5 cores
+    assert session_cores(Layout(1, 1, 2), busy) == pytest.approx(0.5)
+    assert cpu_stretch(Layout(2, 1, 1), busy) == 4.0
+    assert pipeline_stretch(Layout(1, 1, 2), busy) == pytest.approx(2.0)               # one pacing rank on 0.5 cores
+    assert pipeline_stretch(Layout(2, 1, 2), replace(hw, load=12.0)) == pytest.approx(4.0)   # two pipelines on 0.5
+    assert pipeline_stretch(Layout(2, 1, 2), hw) == 1.0           # idle: two pacing ranks, two cores
+    assert pipeline_stretch(Layout(1, 1, 2), hw) == 1.0           # never faster than a core
+    sw = Software(False, False, False, flash_attention=False, balanced_stages=False)
+    t = step_time(m, 32, Layout(1, 1, 2, mb=1), 8, busy, sw)
+    even = step_time(m, 32, Layout(1, 1, 2, mb=1), 8, busy, replace(sw, balanced_stages=True))
+    assert t["bubble"] < t["matmul"] + t["elementwise"]           # the first stage has no output layer
+    assert even["bubble"] == pytest.approx((even["matmul"] + even["elementwise"] + even["pp comm"]) / 8)   # (p−1)/m of the busy time
+    four = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1, wait_s=0.0), sw)
+    assert four["cores"] > 0                                      # 4 ranks' CPU seconds on one core
+    waits = step_time(m, 32, Layout(2, 1, 2, mb=1), 16, replace(hw, cores=1, wait_s=1e-3), sw)
+    assert waits["wait"] > 0             # a pacing rank's waits are its siblings' turns: the longer of the two
+    assert waits["total"] == pytest.approx(max(four["total"], four["total"] - four["cores"] + waits["wait"]))
+
+
+def test_probed_speed_scales_every_cpu_second():
+    """cpu-now: a CPU second that buys half the fitted FLOPs doubles every CPU-second term."""
+    from dataclasses import replace
+    hw, m = replace(H.load("cpu-here"), cores=2), PRESETS["tiny"]
+    sw = Software(False, False, False)
+    lay = Layout(2, 1, 1, zero=3, mb=2)
+    a, b = step_time(m, 32, lay, 4, hw, sw), step_time(m, 32, lay, 4, H.at_speed(hw, 0.5), sw)
+    for k in ("matmul", "elementwise", "allocator", "optimizer"):
+        assert b[k] == pytest.approx(2 * a[k]), k
+    assert H.at_speed(hw, 1.0) is hw
+
+
+def test_mapped_blocks_keep_no_slack_and_cost_faults():
+    """With large blocks mapped (ZeRO-3 on this host, or Software.mapped_alloc) the allocator keeps
+    nothing beyond live tensors, and each step's fresh mappings cost mmap_s per byte."""
+    from dataclasses import replace
+    from planner.memory import memory
+    hw, m = replace(H.load("cpu-here"), alloc_slack=1e6, mmap_s=1e-9), PRESETS["distilbert"]   # more state than the slack's calibration
+    sw = Software(False, False, False)
+    z1, z3 = (memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, hw, sw)["allocator"] for z in (1, 3))
+    assert (z1, z3) == (1e6, 0.0)
+    engine = replace(hw, alloc_slack_zero=3e6)      # zero_from_scratch's ZeRO-1/2 step keeps its own slack
+    assert [memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, engine, sw)["allocator"] for z in (0, 1, 2, 3)] == [1e6, 3e6, 3e6, 0.0]
+    assert memory(m, 32, Layout(2, 1, 1, mb=2), 4, hw, replace(sw, mapped_alloc=True))["allocator"] == 0.0
+    assert step_time(m, 32, Layout(2, 1, 1, zero=1, mb=2), 4, hw, sw)["allocator"] == 0.0
+    assert step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["allocator"] > 0.0
+
+
+def test_shm_segments_a_rank_touches():
+    """The shared-memory transport's pages a rank maps (RssShmem on the rows of planner_local:
+    DDP 12.0 MiB, DistilBERT tp2 3.1, pp2·dp2 20.1, the llama pipelines 1.1 and 4.1): a group's
+    collectives use each member's BUFS workspaces up to the message, a pipeline one channel each
+    way up to its largest send; ranks on other hosts share no segment."""
+    from dataclasses import replace
+    from planner.memory import shm_bytes
+    from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
+    hw, MiB = H.load("cpu-here"), 2**20
+    gpt = PRESETS["tiny"]
+    llama = resolve(None, layers=4, hidden=64, heads=4, ffn=176, kv_heads=2, vocab=256, seq=128, gated=True, bias=False, tied=False)
+    assert (BUFS, WS_BYTES, SLOTS, SLOT_BYTES) == (3, 2 * MiB, 8, MiB // 2)    # the sizes the measurements were made at
+    assert shm_bytes(gpt, 128, Layout(2, 1, 1, mb=4), hw) == 12 * MiB
+    assert shm_bytes(llama, 128, Layout(1, 1, 2, mb=2), hw) == 1 * MiB          # 64 KiB sends, 8 slots each way
+    assert shm_bytes(gpt, 128, Layout(2, 1, 1, mb=4), replace(hw, gpus_per_node=1)) == 0.0
+
+
+def test_woken_ranks_get_the_sleepers_share():
+    """Ranks that wait inside the step (a pipeline's, tensor parallel's) run at the share a task
+    that sleeps and wakes gets (hw.wake_share, planner.probe.Sleeper), never below a busy task's,
+    never above a core, and together never above the cores."""
+    from dataclasses import replace
+    from planner.cpu_host import cpu_stretch, pipeline_stretch, tp_stretch
+    hw = replace(H.load("cpu-here"), cores=2, load=6.0)          # busy tasks get 0.25 of a core
+    assert tp_stretch(Layout(2, 2, 1), hw) == cpu_stretch(Layout(2, 2, 1), hw)     # no Sleeper reading
+    woken = replace(hw, wake_share=0.4)
+    assert tp_stretch(Layout(2, 2, 1), woken) == pytest.approx(2.5)   # 4 ranks on 2 cores: the transport sleeps
+    assert tp_stretch(Layout(1, 2, 1), woken) == 4.0               # a core per rank: it polls, busy
+    assert tp_stretch(Layout(4, 1, 1), woken) == cpu_stretch(Layout(4, 1, 1), woken)   # data parallel ranks do not wait
+    assert pipeline_stretch(Layout(1, 1, 2), woken) == 2.0         # the session's 0.5 cores beat 0.4
+    assert pipeline_stretch(Layout(1, 1, 2), replace(woken, wake_share=0.8)) == pytest.approx(1.25)
+    assert tp_stretch(Layout(2, 2, 1), replace(woken, load=0.0, wake_share=1.0)) == 2.0   # 4 ranks, 2 cores
+
+
+def test_probe_counts_other_tasks_not_its_own():
+    """planner.probe read alone (the ranks run while it is paused): as many busy processes as
+    cores, so what neither they nor the Sleeper got went to other tasks, counted as busy tasks;
+    an idle machine reads load 0 whatever the probe's own processes are; a window that spans a
+    pause is dropped."""
+    from planner.probe import Probe
+
+    p = Probe.__new__(Probe)          # the readings only: no processes started
+    cores = __import__("os").cpu_count()
+    p.procs = cores
+
+    def read(q, windows=((0.0, 10.0),)):
+        p.samples = [(1.0, 1.1, pid, q, 1e9) for pid in range(cores)] + [(9.5, 10.5, 0, 0.01, 1e9)]
+        p.within(windows)
+
+    read(1.0)
+    assert p.load() == 0.0                       # each busy process a core: nothing else runnable
+    read(0.25)
+    assert p.load() == pytest.approx(cores * 0.75 / 0.25)    # 3 other tasks per core
+    read(0.75)
+    assert p.load(beside=cores * 0.25) == pytest.approx(0.0)  # the Sleeper took the rest, not another task
+    assert len(p.samples) == cores               # the sample over the window's end was dropped
+
+
+def test_the_3d_rows_head_keeps_the_loss_exp_above_underflow():
+    """benchmarks.planner_local's 3D rows build their last stage's head table as Hugging Face
+    initialises DistilBERT's (std 0.02): the loss's exp(z − max z) then never sees an input below
+    ln(FLT_MIN), where float32 exp takes its slow path (benchmarks.planner_logits); torch's
+    default N(0, 1) table would put some there."""
+    from benchmarks.planner_logits import UNDERFLOW, loss_inputs
+    assert loss_inputs(None).min() > UNDERFLOW / 10
+    assert (loss_inputs(1.0) < UNDERFLOW).any()
