@@ -6,7 +6,8 @@ Two ranks, ZeRO stages 1-3 in one spawn, fp32, against one-process torch (SGD, w
 in the gradient, so a lost, doubled or undivided micro-batch shows): two optimizer steps, each a block
 of 3 engine.backward calls (gradient_accumulation_steps 3, DeepSpeed's pattern: the boundary set on
 the last backward), then step(). Inside the block no gradient collective runs (the ledger's count is
-0), on exit one per unit; the boundary flag the block found is restored. Tolerance 2e-6: fp32 sums over
+0), on exit one per unit; safe_get_full_grad inside reads the rank's own sum (DeepSpeed: its local
+param.grad), checked against torch on that rank's micro-batches; the boundary flag found is restored. Tolerance 2e-6: fp32 sums over
 ranks and micro-batches in another order than the one-process reference, through 2 SGD steps of lr 0.1.
 DeepSpeed's refusals, with its words: stage 0, nesting in no_sync, step() inside the block.
 """
@@ -15,6 +16,7 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
+from zero_from_scratch.engine.safe_api import safe_get_full_grad
 
 N, GAS, MICRO, LR, TOL = 3, 3, 2, 0.1, 2e-6
 
@@ -48,6 +50,15 @@ def _reference(world):
     return [p.detach() for p in model.parameters()]
 
 
+def _local_grad(rank):
+    """The first layer's weight gradient of this rank's first block, one-process torch."""
+    model = _model()
+    for i in range(N):
+        x, y = _batch(rank, i)
+        (((model(x) - y) ** 2).mean() / GAS).backward()
+    return model[0].weight.grad
+
+
 def _grad_calls(engine) -> int:
     return sum(u.calls for k, u in engine.comm.usage.items() if k.startswith("grad "))
 
@@ -66,12 +77,14 @@ def _run(rank, world):
                     engine.set_gradient_accumulation_boundary(i % N == N - 1)
                     engine.backward(((engine(x) - y) ** 2).mean())
                 calls.append(_grad_calls(engine))
+                local = safe_get_full_grad(model[0].weight) if step == 0 else local
             calls.append(_grad_calls(engine))
             restored = engine._is_gradient_accumulation_boundary
             engine.set_gradient_accumulation_boundary(True)
             engine.step()
         with engine.gathered_parameters(list(model.parameters())):
             params = [p.detach().clone() for p in model.parameters()]
+        torch.testing.assert_close(local, _local_grad(rank), rtol=0, atol=TOL, msg=f"stage {stage}")
         out[stage] = (calls, restored, len(engine.layout.units), params)
         engine.destroy()
     errors = []

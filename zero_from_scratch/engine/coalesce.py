@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 
 class Deferred:
     """Mixed into stages 2-3: while `coalescing`, completed units wait with their buckets."""
@@ -82,6 +84,16 @@ class CoalesceGradReduction:
         self._grads_local = False
         self._count_micro_step(True)
     _flush_coalesced_reduction_zero3 = _flush_coalesced_reduction_zero12
+
+    def local_grad(self, name: str):
+        """This rank's unreduced gradient sum of parameter `name` while _grads_local (stages 0-1 between
+        boundaries, stages 2-3 inside a block: its unit's bucket), as DeepSpeed's param.grad there."""
+        if self.stage_id < 2:
+            return self.stage.gview[name].float() / self.config.reduction.pre
+        ui, slot = self.layout.where[name]
+        b = self.stage.bucket.get(ui)
+        g = torch.zeros(slot.shape, device=self.device) if b is None else b[slot.offset:slot.offset + slot.numel].view(slot.shape)
+        return g.float() / self.config.reduction.pre
 
     def _count_micro_step(self, reduced: bool) -> None:
         """DeepSpeed's optimizer.micro_step_id: the backwards whose gradients reached the partitions since

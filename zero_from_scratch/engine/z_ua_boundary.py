@@ -97,7 +97,7 @@ class AccumulationBoundary:
     def backward_boundary(self) -> bool:
         """Whether this backward reduces: at the accumulation boundary and outside no_sync."""
         boundary = self.is_gradient_accumulation_boundary() and not self.inside_no_sync_ctxt
-        self._grads_local = not boundary and self.stage_id < 2
+        self._grads_local = not boundary and (self.stage_id < 2 or self.stage.coalescing)
         return boundary
 
     def check_step(self) -> None:
