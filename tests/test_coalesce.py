@@ -2,7 +2,7 @@
 
     python -m pytest -q tests/test_coalesce.py
 
-Two ranks, ZeRO stages 1-3 in one spawn, fp32, against one-process torch (SGD, whose step is linear
+Two ranks, ZeRO stages 1-3 (and 3 with every Linear a leaf module) in one spawn, fp32, against one-process torch (SGD, whose step is linear
 in the gradient, so a lost, doubled or undivided micro-batch shows): two optimizer steps, each a block
 of 3 engine.backward calls (gradient_accumulation_steps 3, DeepSpeed's pattern: the boundary set on
 the last backward), then step(). Inside the block no gradient collective runs (the ledger's count is
@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 import zero_from_scratch
+from zero_from_scratch.engine.leaf import set_z3_leaf_modules
 from zero_from_scratch.engine.safe_api import safe_get_full_grad
 
 N, GAS, MICRO, LR, TOL = 3, 3, 2, 0.1, 2e-6
@@ -65,9 +66,11 @@ def _grad_calls(engine) -> int:
 
 def _run(rank, world):
     out = {}
-    for stage in (1, 2, 3):
+    for stage in (1, 2, 3, "3 leaf"):
         model = _model()
-        engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(stage))
+        if stage == "3 leaf":            # ZeRO-3 leaf modules whose input needs no grad: their hook waits too
+            set_z3_leaf_modules(model, [nn.Linear])
+        engine, *_ = zero_from_scratch.initialize(model=model, config=_cfg(3 if stage == "3 leaf" else stage))
         calls = []
         for step in range(2):
             engine.set_gradient_accumulation_boundary(False)
