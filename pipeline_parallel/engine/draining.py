@@ -3,6 +3,8 @@ pipeline of many processes safe and measured; every override calls the textbook 
 
     (used by PipelineEngine.train_batch / eval_batch; launch commands in pipeline_parallel/engine/pipe_engine.py)
 
+  * dynamic_shape (PipelineModule's) — a shape header before every activation, as DeepSpeed re-sends
+    its meta every micro-batch; a gradient is received in the shape its micro-batch sent;
   * draining — an exception on one rank (a layer raising, a data iterator running dry, an output
     shape changing) switches it to draining: it skips compute but keeps every send and receive
     (zeros of the agreed shape, or a "poisoned" header before any shape was agreed, after which both
@@ -71,6 +73,7 @@ class DrainingExecutor(Executor):
         super().__init__(engine.comm, engine.stage, engine.pp, engine.chunks, engine.loss_fn, engine.micro_batches,
                          engine.v, device=engine.device)
         self.e = engine
+        self.dynamic = getattr(engine.module, "dynamic_shape", False)
 
     def run(self, program, inputs, labels, train: bool = True):
         self.poisoned, self.events, self.sent = set(), [], {}   # sent: op kind -> data bytes (the per-axis ledger)
@@ -106,6 +109,8 @@ class DrainingExecutor(Executor):
     def recv_act(self, op):
         if op.chunk in self.poisoned:
             return
+        if self.dynamic:                       # DeepSpeed's dynamic_shape: a header before every activation
+            self.meta.pop(("in", op.chunk), None)
         try:
             super().recv_act(op)
         except Poisoned:
@@ -126,6 +131,8 @@ class DrainingExecutor(Executor):
         if c in self.poisoned:
             return
         y = None if self.e.failed_locally() else self.y_out[key]
+        if self.dynamic and y is not None:
+            self.meta.pop(("out", c), None)    # this micro-batch's shape goes first
         agreed = self.meta.get(("out", c))
         if agreed is None and y is None:       # failed before any shape crossed: poison the boundary
             h = torch.zeros(10, dtype=torch.int64, device=self.device)
@@ -144,6 +151,9 @@ class DrainingExecutor(Executor):
         super().send_act(op)
 
     def recv_grad(self, op):
+        key = (op.mb, op.chunk)
+        if self.dynamic and self.y_out.get(key) is not None:    # the shape this micro-batch sent
+            self.meta[("out", op.chunk)] = (tuple(self.y_out[key].shape), self.y_out[key].dtype)
         if op.chunk not in self.poisoned:
             super().recv_grad(op)
 

@@ -9,7 +9,7 @@ deepspeed.pipe.PipelineModule's constructor: layers are nn.Modules, LayerSpec / 
 parameter-free callables; partition_method "uniform", "parameters", "type:<regex>", or (our
 extensions) a list of per-stage layer counts (gdGPT's `parts`) or of num_stages + 1 boundaries;
 topology instead of num_stages; activation_checkpoint_interval k: groups of k layers under
-torch.utils.checkpoint; loss_fn(outputs, labels) on the last stage; dynamic_shape refused.
+torch.utils.checkpoint; loss_fn(outputs, labels) on the last stage; dynamic_shape: shapes sent every micro-batch.
 The module is an nn.Module: parameters() / state_dict() / forward hold this rank's stage (by the
 topology), built on first use — the modules initialize() then trains.
 With v virtual stages (interleaved) the layers are cut into num_stages·v chunks and rank s holds
@@ -48,10 +48,7 @@ class PipelineModule(nn.Module):
             if num_stages is not None and num_stages != topology.get_dim("pipe"):
                 raise PartitionError(f"num_stages={num_stages} but the topology has {topology.get_dim('pipe')} pipe ranks")
             num_stages = topology.get_dim("pipe")
-        if dynamic_shape:
-            raise NotImplementedError("PipelineModule(dynamic_shape=True): DeepSpeed would re-send each boundary's shape "
-                                      "every micro-batch; here a boundary's shape is agreed once per engine (pad inputs "
-                                      "to one length)")
+        self.dynamic_shape = dynamic_shape     # each boundary's shape sent every micro-batch (engine/draining.py)
         self.layers = list(layers)
         if not isinstance(num_stages, int) or num_stages < 1:
             raise PartitionError(f"num_stages must be a positive int, got {num_stages!r}")

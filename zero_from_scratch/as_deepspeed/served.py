@@ -176,6 +176,7 @@ _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference
 _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitions laid out its way",
              "engine.optimizer: a torch.optim.Optimizer over ringzero's shards (safe_get_full_* reads any parameter's)")
 # DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
+_UC = "zero_to_fp32 for the fp32 weights (DeepSpeed's own reads ringzero's folders too)"
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
     "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer": _DS_OPTIM,
@@ -203,6 +204,24 @@ REFUSED: dict[str, tuple[str, str]] = {
         "zero_hpz_partition_size: ringzero keeps hpZ's secondary shard per module unit (engine/hpz.py)"),
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
         "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
+    # the universal checkpoint and its AutoTP conversion: ringzero writes its own and DeepSpeed's ZeRO folders only
+    **{f"deepspeed.checkpoint.ds_to_universal.{n}": (
+        "convert a ZeRO / tensor-parallel checkpoint into its universal format (per-parameter fp32 and optimizer files)",
+        _UC) for n in ("main", "merge_tp_slices", "_merge_zero_shards", "_group_per_tp_shapes",
+                       "_validate_autotp_conversion_support")},
+    **{f"deepspeed.checkpoint.universal_checkpoint.{n}": (
+        "load a universal checkpoint's per-parameter states into this rank's tensor-parallel / ZeRO partition", _UC)
+       for n in ("_resolve_autotp_partition", "_get_param_uc_restore_meta", "load_hp_checkpoint_state")},
+    "deepspeed.checkpoint.constants.UNIVERSAL_CHECKPOINT_INFO": (
+        "tag parameters and optimizer states with their universal-checkpoint layout", _UC),
+    **{n: ("move chosen states (optimizer states, fp32 master, 16-bit parameters, gradients, the contiguous "
+           "gradient buffer) to the host between steps and back (engine.offload_states / reload_states)",
+           "zero_optimization.offload_optimizer / offload_param: cpu, for the whole run (offload.py)")
+       for n in ("deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
+                 "deepspeed.runtime.zero.offload_states.get_state_devices")},
+    "deepspeed.comm.reduce_scatter_fn": ("reduce-scatter through its own helper (ZeRO's gradient path, countable by "
+                                         "patching)", "torch.distributed.reduce_scatter_tensor; ringzero's engine "
+                                         "reduces through its own Comm (engine/comm.py)"),
 }
 
 

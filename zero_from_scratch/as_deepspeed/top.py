@@ -31,7 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import more_refusals, quirks, served
+from zero_from_scratch.as_deepspeed import quirks, served
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message, resolve
 from zero_from_scratch.as_deepspeed.utils import COMM_STARTED, log_dist, logger
@@ -158,5 +158,4 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     out = build(args=args, model=model, config=config, **kwargs)
     quirks.expose_torch_optimizer(out[0])
     quirks.register_external_on_use(out[0])
-    more_refusals.install(out[0])
     return out

@@ -98,7 +98,7 @@ SUB = {
     "fp16.fp16_master_weights_and_grads": R + NOT + "keep master weights and gradients in fp16",
     "bf16.enabled": H + "bf16 parameters, fp32 master (precision.py)", "bfloat16.enabled": H + "as bf16.enabled",
     "bf16.immediate_grad_update": W + SAME + "accumulate into fp32 gradients as each arrives",
-    "bf16.check_grad_overflow": W + "non-finite gradients always skip the step here; DeepSpeed checks only when true",
+    "bf16.check_grad_overflow": H + "false at stages 1-2: a non-finite norm steps, as DeepSpeed (step.py); 0, 3 skip",
     "bf16.bf16_master_weights_and_grads": R + NOT + "keep master weights and gradients in bf16",
     "bf16.bf16_optimizer_states": R + NOT + "keep Adam's m and v in bf16",
     "comms_logger.enabled": H + "comms_logger.py", "comms_logger.prof_all": H + "false + prof_ops: only those",

@@ -79,8 +79,8 @@ def _get(param, what: str, key=None):
         return None
     if what == "master" and name in getattr(engine, "pending_fp32", {}):
         return engine.pending_fp32[name].clone()
-    if what == "grad" and engine._grads_local:   # no_sync or mid-accumulation at stages 0-1: this rank's
-        return engine.stage.gview[name].float() / engine.config.reduction.pre   # own sum, as DeepSpeed's .grad
+    if what == "grad" and engine._grads_local:   # no_sync, mid-accumulation at stages 0-1, a coalesce block:
+        return engine.local_grad(name)           # this rank's own sum, as DeepSpeed's .grad (coalesce.py)
     ui, slot = engine.layout.where[name]
     u = engine.layout.units[ui]
     with _states_in_memory(engine):

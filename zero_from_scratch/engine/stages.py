@@ -21,6 +21,7 @@ import contextlib
 
 import torch
 
+from zero_from_scratch.engine.coalesce import Deferred
 from zero_from_scratch.stage1 import Stage0, Stage1
 from zero_from_scratch.stage2 import Stage2
 
@@ -136,8 +137,9 @@ class BucketPool:
         self.free = {}
 
 
-class Pooled:
-    """Stages 2 and 3: gradient buckets from the stage's BucketPool (`self.pool`)."""
+class Pooled(Deferred):
+    """Stages 2 and 3: gradient buckets from the stage's BucketPool (`self.pool`); kept across the
+    backwards of engine.coalesce_grad_reduction() (coalesce.py)."""
 
     def _new_bucket(self, u) -> torch.Tensor:
         b = self.pool.take(u)

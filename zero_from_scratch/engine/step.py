@@ -8,7 +8,8 @@ Gradients hold the SUM over ranks of loss-scaled gradients (× grad_keys' `pre`)
 more 8-byte all-reduce over the model-parallel group, replicated parameters counted once) is
 divided by N · loss_scale, and each gradient chunk is scaled by clip_coef / (N · loss_scale) (with
 gradient_allreduce_op / prescale_gradients / gradient_predivide_factor: grad_keys.Reduction.post_divisor).
-A non-finite norm skips the step (the loss scaler halves its scale).
+A non-finite norm skips the step (the loss scaler halves its scale), except at ZeRO stages 1-2 in bf16 with
+bf16.check_grad_overflow false: DeepSpeed's ZeRO optimizer steps anyway (stage_1_and_2.py `step`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ from zero_from_scratch.engine.offload import done_with
 from zero_from_scratch.engine.safe_api import apply_pending
 
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
+
+
+def checks_overflow(engine) -> bool:
+    """Does a non-finite gradient norm skip the step? DeepSpeed: always, but at stages 1-2 in bf16 only
+    when bf16.check_grad_overflow (default true; engine.py _configure_zero_optimizer)."""
+    bf16 = engine.config.raw.get("bf16", engine.config.raw.get("bfloat16")) or {}
+    return not (engine.config.bf16 and engine.stage_id in (1, 2) and bf16.get("check_grad_overflow", True) is False)
 
 
 def optimizer_step(engine) -> None:
@@ -46,7 +54,7 @@ def optimizer_step(engine) -> None:
     # grads hold the SUM over ranks of loss_scale · pre · g: ÷ N·pre averaging, ÷ pre summing (grad_keys.py)
     scale = engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale
     norm = math.sqrt(sq[0].item()) / scale
-    overflow = not math.isfinite(norm)
+    overflow = not math.isfinite(norm) and checks_overflow(engine)
     engine.optimizer.overflow = overflow             # DeepSpeed's ZeRO optimizer attribute (accelerate reads it)
     engine.applied_at = None if overflow else engine.micro_steps     # surface.was_step_applied
     if overflow:

@@ -16,7 +16,7 @@ reduce-scatter every micro-batch into the gradient shards, as always; step() red
 kept and updates. is_gradient_accumulation_boundary() is True only while step() runs, and
 global_samples grows by micro-batch × the engine.backward calls since the last step. DeepSpeed's checks, with
 its words: overlap_comm only at stages 2-3, no pipeline (pipeline_parallel/engine/config.py), and
-set_gradient_accumulation_boundary / coalesce_grad_reduction are assertion errors.
+set_gradient_accumulation_boundary / coalesce_grad_reduction (coalesce.py) are assertion errors.
 Cost: none beyond the managed boundary (the same one reduction per step).
 
 A plain backward (DeepSpeed's torch-style backward): forward puts a hook on each output tensor. In a
@@ -98,29 +98,12 @@ class AccumulationBoundary:
     def backward_boundary(self) -> bool:
         """Whether this backward reduces: at the accumulation boundary and outside no_sync."""
         boundary = self.is_gradient_accumulation_boundary() and not self.inside_no_sync_ctxt
-        self._grads_local = not boundary and self.stage_id < 2
+        self._grads_local = not boundary and (self.stage_id < 2 or self.stage.coalescing)
         return boundary
 
     def check_step(self) -> None:
         if self.inside_no_sync_ctxt:
             raise AssertionError("It is illegal to call Engine.step() inside no_sync context manager")
-
-    @contextlib.contextmanager
-    def coalesce_grad_reduction(self):
-        """DeepSpeed's: backwards inside keep their gradients local, one reduction on exit. Refused
-        here in managed mode (stages 2-3 reduce-scatter every micro-batch); DeepSpeed's assertion first."""
-        assert self.managed_gradient_accumulation(), \
-            "coalesce_grad_reduction is not supported with managed_gradient_accumulation=False; " \
-            "the caller already owns the accumulation boundary via step()"
-        raise NotImplementedError("engine.coalesce_grad_reduction() is not implemented here; DeepSpeed would keep "
-                                  "every backward's gradients local inside the block and reduce them once on exit. "
-                                  "Use engine.no_sync() (stages 0-1) or gradient_accumulation_steps")
-        yield   # noqa: unreachable: a context manager's shape
-
-    def _flush_coalesced_reduction_zero3(self, optimizer):   # DeepSpeed's flush at the block's exit: refused with it
-        with self.coalesce_grad_reduction():
-            pass
-    _flush_coalesced_reduction_zero12 = _flush_coalesced_reduction_zero3
 
     # ------------------------------------------------------------------ engine.backward / step wrap these
     @contextlib.contextmanager
@@ -191,4 +174,5 @@ class AccumulationBoundary:
             raise RuntimeError(LOSS_SCALING)
         self._manual_backward_expected = False
         self.stage.after_backward(boundary)
+        self._count_micro_step(boundary or self.stage_id >= 2 and not self.stage.coalescing)   # coalesce.py
         self.frozen.after_backward()

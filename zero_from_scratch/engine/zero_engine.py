@@ -26,8 +26,8 @@ and Adam states on the host, "nvme" in files (offload.py). Every rank must call 
 same number of times (the collectives pair up). DeepSpeed's client-facing surface: client optimizer objects /
 callables (at stage 0 in fp32 the object handed back) and LR schedulers (client_optim.py, optimizers.py),
 initialize(training_data=, args=), torch.distributed start-up, ranks, module forwarding, no_sync, destroy,
-save_16bit_model (surface.py), the boundary (managed or the caller's step()), scale() and a plain
-loss.backward() (z_ua_boundary.py), safe_get_*/safe_set_* (safe_api.py), checkpoints (checkpoint_ds.py), leaf.py.
+save_16bit_model (surface.py), the boundary (managed or the caller's step()), scale() and a plain loss.backward()
+(z_ua_boundary.py), coalesce_grad_reduction (coalesce.py), safe_get_*/safe_set_* (safe_api.py), checkpoints, leaf.py.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 
 from zero_from_scratch.engine import checkpoint as ckpt
+from zero_from_scratch.engine.coalesce import CoalesceGradReduction
 from zero_from_scratch.engine.comm import Comm
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
@@ -62,7 +63,7 @@ from primitives.log import print0
 _STAGES = {0: ZeroStage0, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
-class ZeroEngine(AccumulationBoundary, MixedPrecisionCast, surface.DeepSpeedSurface, nn.Module):
+class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast, surface.DeepSpeedSurface, nn.Module):
     def __init__(self, model: nn.Module, model_parameters=None, config=None, comm_impl: str = "primitives",
                  mpu=None, optimizer=None, lr_scheduler=None):
         super().__init__()
@@ -167,6 +168,7 @@ class ZeroEngine(AccumulationBoundary, MixedPrecisionCast, surface.DeepSpeedSurf
         with self.engine_backward():                  # counted when unmanaged (z_ua_boundary.py)
             scaled.backward(retain_graph=retain_graph)
         self.stage.after_backward(boundary)
+        self._count_micro_step(boundary or self.stage_id >= 2 and not self.stage.coalescing)   # coalesce.py
         self.frozen.after_backward()
         self.monitor.record_loss(loss)
         gas = self.gradient_accumulation_steps()     # DeepSpeed returns the loss divided as its gradients are
@@ -178,6 +180,7 @@ class ZeroEngine(AccumulationBoundary, MixedPrecisionCast, surface.DeepSpeedSurf
             if self.is_gradient_accumulation_boundary():
                 self.lr_kwargs = lr_kwargs            # DeepSpeed's: passed to lr_scheduler.step (step.py)
                 self._optimizer_step()
+                self.optimizer.micro_step_id = 0      # DeepSpeed's counter (coalesce.py)
             self.tput_timer.stop(global_step=self.is_gradient_accumulation_boundary())
         self.micro_steps += 1
 
@@ -237,9 +240,7 @@ class ZeroEngine(AccumulationBoundary, MixedPrecisionCast, surface.DeepSpeedSurf
             for u in self.layout.units:
                 self.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(self.stage.param_shard(u))
 
-    def _optimizer_step(self) -> None:
-        optimizer_step(self)
-
+    _optimizer_step = optimizer_step
     _zero_init_paused = True   # built inside zero.Init: its tensor work is not construction (zero_init.py)
 
     # ------------------------------------------------------------------ reports and checkpoints
