@@ -127,3 +127,13 @@ class SavedByReference:
                                "backward but they are not gathered (was the module's output used after its "
                                "backward hook could run?)")
         return full.as_strided(shape, stride, offset)
+
+
+@contextlib.contextmanager
+def plain_saves():
+    """Inside: the engine's hooks, when they are the innermost, step aside (SavedByReference.suspended);
+    for a function that saves the Parameter object itself, as DeepSpeed's ZeRO-3 Linear does."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    owner = getattr(top[0], "__self__", None) if top is not None else None
+    with owner.suspended() if isinstance(owner, SavedByReference) else contextlib.nullcontext():
+        yield
