@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
-from zero_from_scratch.engine import saved as saved_mod
+from zero_from_scratch.engine import external, saved as saved_mod
 from zero_from_scratch.engine.zero_init import GatheredParameters
 from zero_from_scratch.engine.zero_partition import ZeroParamStatus, is_zero_param
 
@@ -92,6 +92,7 @@ def _grads(ctx, grad_output, input, weight, bias):
 
 def zero3_linear_wrap(input, weight, bias=None):
     """DeepSpeed's F.linear under ZeRO-3; ringzero's saved-by-reference hooks step aside (see the docstring)."""
+    external.discover(weight, bias)     # a weight read outside its module: gathered before apply records its shape
     with saved_mod.plain_saves():
         return LinearFunctionForZeroStage3.apply(input, weight, bias)
 
