@@ -69,6 +69,14 @@ class SavedByReference:
             self.late.add(u.index)
         return due
 
+    @staticmethod
+    def recomputed(kind: str) -> bool:
+        """A forward inside backward (activation checkpointing's recompute): the unit stays gathered until
+        its reduce or the end of backward, as DeepSpeed keeps its ds_recompute_parameters. What the
+        recompute saves may be the Parameter object itself (DeepSpeed's ZeRO-3 Linear), whose shape torch's
+        checkpoint compares with the forward's and whose data the block's backward, next, reads."""
+        return kind == "forward" and torch._C._current_graph_task_id() != -1
+
     def released_late(self, u) -> bool:
         """u was kept past a script's block (grad_due): its reduce releases it, persistent or not, as
         DeepSpeed's block releases what it gathered. A persistent unit only a script's blocks read (a
