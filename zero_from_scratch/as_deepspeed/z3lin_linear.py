@@ -18,10 +18,14 @@ gathered buffer. The parameter's data is released after the module's forward (it
 dropped: torch.Size([0])) and gathered again before its backward, so what autograd keeps from forward
 to backward is the input alone, as with torch's F.linear under ringzero's saved-by-reference hooks
 (engine/saved.py); those hooks step aside inside this function so it saves what DeepSpeed's saves
-(a script's own saved-tensor hooks then see the Parameter, as under DeepSpeed). In backward a weight
-not gathered (`ds_status` NOT_AVAILABLE: a parameter used outside the module holding it) is gathered
-for the products and released after (DeepSpeed: `weight.all_gather()` … `weight.partition()`; here
-GatheredParameters, which keeps the unit until its gradient is reduced). The products are
+(a script's own saved-tensor hooks then see the Parameter, as under DeepSpeed). A weight passed as a
+slice or other view of a gathered Parameter is saved as that tensor, so it keeps its unit's buffer
+until backward, as DeepSpeed's function does. A weight read outside the module holding it is gathered
+before the function records its inputs' shapes (engine/external.py, discover); in backward a weight
+not gathered (`ds_status` NOT_AVAILABLE) is gathered for the products and released after (DeepSpeed:
+`weight.all_gather()` … `weight.partition()`; here GatheredParameters, which keeps the unit until its
+gradient is reduced); a recompute in backward keeps its units gathered until their backward is done
+(engine/saved.py, recomputed), as torch's checkpoint compares the Parameter's shape then. The products are
 DeepSpeed's: addmm(bias, x, Wᵀ) for a 2-D input with a bias, else x·Wᵀ (+ b); backward g·W, gᵀ·x,
 Σg. Cost: none in bytes or messages beyond torch's F.linear; the Parameter references only.
 """
