@@ -44,7 +44,7 @@ class Init(zero_init.Init, metaclass=_Refusing):
         cfg = zero_init._load(a["config_dict_or_path"] if a["config_dict_or_path"] is not None else a["config"])
         if ((cfg or {}).get("weight_quantization") or {}).get("quantized_initialization"):
             raise finder.NotServedError(finder.message(
-                "zero.Init with weight_quantization.quantized_initialization",
+                "deepspeed.zero.Init(weight_quantization.quantized_initialization)",
                 "quantize every weight to int8 as Init builds it and wrap F.linear / F.embedding to dequantize",
                 "none: ringzero's Init keeps the model's dtype (qwZ quantizes the all-gathers: zero_quantized_weights)"))
         if not dist.is_initialized():
