@@ -24,7 +24,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
            "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils",
-           "deepspeed.runtime.zero.parameter_offload",
+           "deepspeed.runtime.zero.parameter_offload", "deepspeed.runtime.zero.linear",
            "deepspeed.runtime.zero.leaf_module_config", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
            "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.swap_tensor",
@@ -93,6 +93,9 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters.partitioned_param_data_shape": f"{_R}.constants:partitioned_param_data_shape",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_R}.zero_init:Init",
+    **{f"deepspeed.runtime.zero.{m}.{n}": f"{_R}.z3lin_linear:{n}" for m, n in (  # DeepSpeed's ZeRO-3 Linear
+        ("linear", "LinearFunctionForZeroStage3"), ("linear", "zero3_linear_wrap"),
+        ("partition_parameters", "zero3_linear_wrap"), ("partition_parameters", "InsertPostInitMethodToModuleSubClasses"))},
     # transformers swaps torch.arange with these two around Init (integrations/deepspeed.py)
     **{f"deepspeed.runtime.zero.partition_parameters.{n}": f"{_E}.zero_init:{n}"
        for n in ("_orig_torch_arange", "zero_wrapper_for_fp_tensor_constructor")},
@@ -195,10 +198,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
                                        "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
-    **{f"deepspeed.runtime.zero.linear.{n}": (
-        "put its own Linear autograd function in place of torch.nn.functional.linear during zero.Init and ZeRO-3",
-        "torch's F.linear; the gathered weight is saved for backward by reference (engine/saved.py)")
-       for n in ("zero3_linear_wrap", "LinearFunctionForZeroStage3")},
     "deepspeed.runtime.zero.partition_parameters.Init._partition_param_sec": (
         "partition one parameter's hpZ secondary copy (its per-parameter ds_secondary_tensor)",
         "zero_hpz_partition_size: ringzero keeps hpZ's secondary shard per module unit (engine/hpz.py)"),

@@ -31,7 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import quirks, served
+from zero_from_scratch.as_deepspeed import quirks, served, z3lin_initialize
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message, resolve
 from zero_from_scratch.as_deepspeed.utils import COMM_STARTED, log_dist, logger
@@ -146,6 +146,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     else:
         build = resolve("deepspeed.initialize", "zero_from_scratch:initialize")
         quirks.init_model_below_stage3(model, config)
+        z3lin_initialize.before(model, config)     # DeepSpeed's ZeRO-3 Linear and leaves (z3lin_initialize.py)
         if model_parameters is not None:
             kwargs["model_parameters"] = quirks.train_what_is_given(model, model_parameters)
         if isinstance(optimizer, torch.optim.Optimizer):    # DeepSpeed steps what the client's object holds

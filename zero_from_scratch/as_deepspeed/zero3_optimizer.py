@@ -10,6 +10,7 @@
                                   rank (fp16: before unscaling, as DeepSpeed's), read when called, so after
                                   safe_set_local_grad too; every rank calls it (it gathers)
   engine.optimizer._global_grad_norm    the norm the last step measured (engine.get_global_grad_norm())
+  the stage's gathered units          a new buffer per gather, as DeepSpeed's (engine/z3_per_gather.py)
 Cost: _get_norm_groups gathers each parameter's full gradient (safe_get_full_grad): an inspection call,
 not a training one; the rest nothing.
 """
@@ -20,6 +21,7 @@ import weakref
 import torch
 
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message
+from zero_from_scratch.engine import z3_per_gather
 from zero_from_scratch.engine.safe_api import safe_get_full_grad
 
 
@@ -64,6 +66,7 @@ def _with_norm(cls):
 def install(engine) -> None:
     if engine.stage_id != 3:
         return
+    z3_per_gather.allocate_per_gather(engine.stage)     # DeepSpeed's buffers: one per gather
     opt, ref = engine.optimizer, weakref.ref(engine)
     opt._ringzero_zero3, opt._ringzero_engine = True, ref
     opt._get_norm_groups = lambda: norm_groups(ref())

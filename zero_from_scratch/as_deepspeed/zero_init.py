@@ -6,15 +6,24 @@
 DeepSpeed's Init starts torch.distributed itself when nobody has (runtime/zero/partition_parameters.py,
 Init.__init__: `if not dist.is_initialized(): init_distributed()`), so a script may enter Init
 before deepspeed.initialize; here the runner's init_distributed does the same (launcher variables,
-or rank 0 of 1), then ringzero's Init partitions. Cost: one check.
+or rank 0 of 1), then ringzero's Init partitions. As DeepSpeed's, the outermost context entered and
+`Init(module=...)` put DeepSpeed's ZeRO-3 Linear in place of torch.nn.functional.linear unless
+`zero_optimization.memory_efficient_linear` (or mem_efficient_linear=) is false (z3lin_linear.py);
+`weight_quantization.quantized_initialization` (int8 weights made at Init) is refused by name. Cost: one check.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import finder, served
+from zero_from_scratch.as_deepspeed import finder, served, z3lin_linear
 from zero_from_scratch.as_deepspeed.top import init_distributed
 from zero_from_scratch.engine import zero_init
+from zero_from_scratch.engine.zero_partition import STATE
+
+
+_SIGNATURE = inspect.signature(zero_init.Init.__init__)
 
 
 class _Refusing(type):
@@ -29,7 +38,24 @@ class _Refusing(type):
 
 class Init(zero_init.Init, metaclass=_Refusing):
     def __init__(self, *args, **kwargs):
+        a = _SIGNATURE.bind(self, *args, **kwargs)
+        a.apply_defaults()
+        a = a.arguments
+        cfg = zero_init._load(a["config_dict_or_path"] if a["config_dict_or_path"] is not None else a["config"])
+        if ((cfg or {}).get("weight_quantization") or {}).get("quantized_initialization"):
+            raise finder.NotServedError(finder.message(
+                "deepspeed.zero.Init(weight_quantization.quantized_initialization)",
+                "quantize every weight to int8 as Init builds it and wrap F.linear / F.embedding to dequantize",
+                "none: ringzero's Init keeps the model's dtype (qwZ quantizes the all-gathers: zero_quantized_weights)"))
         if not dist.is_initialized():
             init_distributed()
             assert dist.is_initialized(), "Parameters cannot be scattered without initializing deepspeed.comm"
         super().__init__(*args, **kwargs)
+        self.mem_efficient_linear = z3lin_linear.wanted(cfg, a["mem_efficient_linear"])
+        if a["module"] is not None and self.enabled and self.mem_efficient_linear:
+            z3lin_linear.enable()
+
+    def __enter__(self):
+        if self.enabled and STATE.depth == 0 and self.mem_efficient_linear:   # DeepSpeed's patch_init_and_builtins
+            z3lin_linear.enable()
+        return super().__enter__()

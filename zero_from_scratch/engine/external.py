@@ -161,6 +161,16 @@ class ExternalParams:
         return _Guard(self)
 
 
+def discover(*tensors) -> None:
+    """The guard's check on `tensors` now, for a custom autograd Function about to receive them: it
+    records its inputs' shapes before its forward runs an op the guard sees (DeepSpeed's ZeROOrderedDict
+    gathers at the read, before any call)."""
+    for mode in torch.overrides._get_current_function_mode_stack():
+        if isinstance(mode, _Guard):
+            for t in tensors:
+                mode._check(t, discover)
+
+
 @contextlib.contextmanager
 def _both(a, b):
     with a, b:

@@ -126,6 +126,42 @@ def apply_config(model, section, rank: int) -> list:
     return found
 
 
+def set_by_granularity(model, threshold: int, max_leaf: float = 1e9) -> list:
+    """stage3_module_granularity_threshold (DeepSpeed's _set_z3_leaf_modules_by_threshold): a module's
+    granularity is its subtree's elements ÷ its non-container modules with parameters (torch leaves
+    and containers: none); top-down, the first module at or under the threshold is flagged a leaf."""
+    gran: dict = {}
+
+    def walk(m) -> tuple[int, int]:
+        gran[m] = float("inf")
+        if not any(True for _ in m.parameters()):
+            return 0, 0
+        n = sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters(recurse=False))
+        if not any(True for _ in m.children()):
+            return 1, n
+        layers = 0
+        for c in m.children():
+            cl, cn = walk(c)
+            layers, n = layers + cl, n + cn
+        if type(m).__name__ in torch.nn.modules.container.__all__:
+            return layers, n                 # a ModuleList's children keep their hooks
+        gran[m] = n // (layers + 1) if n <= max_leaf else float("inf")
+        return layers + 1, n
+
+    def flag(m, found: list) -> list:
+        if any(True for _ in m.parameters()):
+            if gran[m] <= threshold:
+                set_z3_leaf_module(m, True)
+                found.append(m)
+            else:
+                for c in m.children():
+                    flag(c, found)
+        return found
+
+    walk(model)
+    return flag(model, []) if min(gran.values()) <= threshold else []
+
+
 # ------------------------------------------------------------------ the engine: hooks on the leaf only
 def outermost_leaves(model) -> list:
     """(name, module) of each flagged module with no flagged ancestor (DeepSpeed stops at the first)."""

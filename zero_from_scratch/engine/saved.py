@@ -69,6 +69,14 @@ class SavedByReference:
             self.late.add(u.index)
         return due
 
+    @staticmethod
+    def recomputed(kind: str) -> bool:
+        """A forward inside backward (activation checkpointing's recompute): the unit stays gathered until
+        its reduce or the end of backward, as DeepSpeed keeps its ds_recompute_parameters. What the
+        recompute saves may be the Parameter object itself (DeepSpeed's ZeRO-3 Linear), whose shape torch's
+        checkpoint compares with the forward's and whose data the block's backward, next, reads."""
+        return kind == "forward" and torch._C._current_graph_task_id() != -1
+
     def released_late(self, u) -> bool:
         """u was kept past a script's block (grad_due): its reduce releases it, persistent or not, as
         DeepSpeed's block releases what it gathered. A persistent unit only a script's blocks read (a
@@ -127,3 +135,13 @@ class SavedByReference:
                                "backward but they are not gathered (was the module's output used after its "
                                "backward hook could run?)")
         return full.as_strided(shape, stride, offset)
+
+
+@contextlib.contextmanager
+def plain_saves():
+    """Inside: the engine's hooks, when they are the innermost, step aside (SavedByReference.suspended);
+    for a function that saves the Parameter object itself, as DeepSpeed's ZeRO-3 Linear does."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    owner = getattr(top[0], "__self__", None) if top is not None else None
+    with owner.suspended() if isinstance(owner, SavedByReference) else contextlib.nullcontext():
+        yield

@@ -173,8 +173,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
 
     def _release(self, u, kind: str) -> None:
         """A unit the trace reuses soon is kept after forward (evictable); persistent, pinned ones until FORCED."""
-        if u.index not in self.full_of or (kind == "gather_ctx" and self.saved.grad_due(u)):
-            return                             # the latter: released by its reduce (saved.py)
+        if u.index not in self.full_of or (kind == "gather_ctx" and self.saved.grad_due(u)) or self.saved.recomputed(kind):
+            return                             # the latter two: released by its reduce or backward's end (saved.py)
         if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
             self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
             return

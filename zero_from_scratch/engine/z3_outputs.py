@@ -41,8 +41,38 @@ class _BeforeBackward(torch.autograd.Function):
         return (None, None, *grads)
 
 
+class _CountedBeforeBackward(_BeforeBackward):
+    """DeepSpeed's PreBackwardFunctionForModule (per_module_functions): each call counted in the module's
+    applied_pre_backward_ref_cnt, and the backward hook run while the count is positive."""
+
+    @staticmethod
+    def forward(ctx, hook, module, *tensors):
+        module.__dict__["applied_pre_backward_ref_cnt"] = module.__dict__.get("applied_pre_backward_ref_cnt", 0) + 1
+        return _BeforeBackward.forward(ctx, hook, module, *tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if ctx.module.__dict__.get("applied_pre_backward_ref_cnt", 0) > 0:
+            ctx.hook(ctx.module, grads)
+            ctx.module.__dict__["applied_pre_backward_ref_cnt"] -= 1
+        return (None, None, *grads)
+
+
+def per_module_functions(model: torch.nn.Module) -> None:
+    """DeepSpeed's per-module hook state (runtime/zero/parameter_offload.py): every module its own
+    `pre_bwd_fn` / `post_bwd_fn` classes in its own __dict__ (a wrapper that forwards attribute reads to
+    the module it wraps still gets its own) and its own `applied_pre_backward_ref_cnt`. The runner's
+    choice: such classes, local to each module, make the model unpicklable, as DeepSpeed's do."""
+    for m in model.modules():
+        if "pre_bwd_fn" not in m.__dict__:
+            m.__dict__["pre_bwd_fn"] = type("PreBackwardFunctionForModule", (_CountedBeforeBackward,), {})
+        if "post_bwd_fn" not in m.__dict__:
+            m.__dict__["post_bwd_fn"] = type("PostBackwardFunctionModule", (_AfterBackward,), {})
+        m.__dict__.setdefault("applied_pre_backward_ref_cnt", 0)
+
+
 def _wrap(hook, module, tensors: list) -> list:
-    outs = list(_BeforeBackward.apply(hook, module, *tensors))
+    outs = list(module.__dict__.get("pre_bwd_fn", _BeforeBackward).apply(hook, module, *tensors))
     for t, o in zip(tensors, outs):
         if hasattr(t, "ds_id"):                        # a ZeRO-3 parameter returned: keep which one
             o.ds_param_alias = t
@@ -130,7 +160,7 @@ def after_backward(hook):
         idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
         if not idx:
             return None
-        outs = _AfterBackward.apply(hook, module, *(args[i] for i in idx))
+        outs = module.__dict__.get("post_bwd_fn", _AfterBackward).apply(hook, module, *(args[i] for i in idx))
         new = list(args)
         for i, o in zip(idx, outs):
             new[i] = o
