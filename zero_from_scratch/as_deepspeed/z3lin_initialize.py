@@ -3,20 +3,18 @@
     python -m zero_from_scratch.as_deepspeed train.py --deepspeed_config ds.json      (stage 3)
 
 runtime/zero/parameter_offload.py (DeepSpeedZeRoOffload.__init__), in this order:
-  stage3_module_granularity_threshold > 0   modules flagged ZeRO-3 leaves by their granularity
-        (elements per layer of their subtree, engine/leaf.py set_by_granularity); the engine then
-        gathers each one whole, as DeepSpeed's fast sharding for leaf modules does
   every module                              its own pre_bwd_fn / post_bwd_fn autograd classes and
         applied_pre_backward_ref_cnt (engine/z3_outputs.py per_module_functions)
   parameters not yet partitioned            Init(module=model, config): DeepSpeed's ZeRO-3 Linear
         in place of torch.nn.functional.linear unless memory_efficient_linear is false (z3lin_linear.py)
-ringzero's own initialize does none of these (the key is warned about there; torch's F.linear stays).
+ringzero's own initialize does neither (torch's F.linear stays). stage3_module_granularity_threshold's leaves
+are flagged by the engine itself on both paths (engine/leaf.py install).
 Cost: one walk over the modules.
 """
 from __future__ import annotations
 
 from zero_from_scratch.as_deepspeed import z3lin_linear
-from zero_from_scratch.engine import leaf, z3_outputs
+from zero_from_scratch.engine import z3_outputs
 from zero_from_scratch.engine.zero_partition import is_zero_param
 
 
@@ -24,9 +22,6 @@ def before(model, config) -> None:
     z = (config.get("zero_optimization") or {}) if isinstance(config, dict) else {}
     if str(z.get("stage", 0)) != "3":
         return
-    threshold = z.get("stage3_module_granularity_threshold", 0)
-    if isinstance(threshold, (int, float)) and threshold > 0:
-        leaf.set_by_granularity(model, threshold)
     z3_outputs.per_module_functions(model)
     if z3lin_linear.wanted(config) and any(not is_zero_param(p) for p in model.parameters()):
         z3lin_linear.enable()

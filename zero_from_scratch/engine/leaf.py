@@ -195,10 +195,14 @@ def _drop_hooks(handles: list, modules) -> list:
 
 
 def install(engine) -> list:
-    """At initialize: flag the config's leaves; at stage 3, move every hook the stage (and the frozen
+    """At initialize: flag the config's leaves (leaf_module; at stage 3 also
+    stage3_module_granularity_threshold's); at stage 3, move every hook the stage (and the frozen
     parameters, frozen.py) put on a leaf's subtree onto the leaf, with all the subtree's units."""
-    apply_config(engine.module, engine.config.raw.get("zero_optimization", {}).get("leaf_module"),
-                 engine.comm.global_rank)
+    z = engine.config.raw.get("zero_optimization", {})
+    apply_config(engine.module, z.get("leaf_module"), engine.comm.global_rank)
+    threshold = z.get("stage3_module_granularity_threshold", 0)
+    if engine.stage_id == 3 and isinstance(threshold, (int, float)) and threshold > 0:
+        set_by_granularity(engine.module, threshold)
     leaves = outermost_leaves(engine.module)
     if engine.stage_id != 3 or not leaves:
         return leaves

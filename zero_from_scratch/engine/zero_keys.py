@@ -136,7 +136,8 @@ ZERO_STATUS = {
     "elastic_checkpoint": W + SAME + "save optimizer state re-partitionable to another N",
     "zenflow": R + NOT + "update only the top-k gradient columns on GPU and the rest on CPU (ZenFlow)",
     "stage3_model_persistence_threshold": W + NOT + "cap the total elements kept persistent at stage 3",
-    "stage3_module_granularity_threshold": W + SAME + "gather small sub-modules together as one leaf",
+    "stage3_module_granularity_threshold": H + "stage 3: the first module top-down whose elements per layer are at "
+                                           "or under it is a ZeRO-3 leaf, gathered whole (leaf.py set_by_granularity)",
     "stage3_use_all_reduce_for_fetch_params": W + SAME + "fetch parameters with all-reduce instead of all-gather",
     "stage3_allgather_sequential": W + SAME + "all-gather parameters one at a time",
     "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here); "
@@ -149,7 +150,9 @@ ZERO_STATUS = {
     "zero_quantized_nontrainable_weights": R + NOT + "keep frozen weights int8-quantized",
     "zero_quantized_gradients": H + "stage 3: ZeRO++ qgZ, gradients reduced by int4 all-to-alls, intra- then "
                                 "inter-node (qgz.py); warned at other stages (zeropp.py)",
-    "memory_efficient_linear": W + SAME + "use a linear layer that saves less for backward under zero.Init",
+    "memory_efficient_linear": H + "under the runner, true (DeepSpeed's default) puts DeepSpeed's ZeRO-3 Linear "
+                               "function in place of F.linear and false keeps torch's (as_deepspeed/z3lin_linear.py); "
+                               "ringzero's own engine saves a gathered weight by reference either way (saved.py)",
     "pipeline_loading_checkpoint": W + SAME + "load checkpoints for the pipeline engine at stage 3",
     "override_module_apply": W + SAME + "gather parameters around module.apply",
     "log_trace_cache_warnings": W + SAME + "log stage-3 trace-cache invalidations",
