@@ -172,7 +172,7 @@ SERVED: dict[str, str] = {
 PIPELINE_INITIALIZE = f"{_PIPE}:initialize"
 PIPELINE_MODULE = f"{_PIPE}:PipelineModule"
 
-_NO_MOE = ("mixture-of-experts layers with expert parallelism", "none: ringzero has no MoE; use a dense layer")
+_NO_MOE = ("build mixture-of-experts layers with expert parallelism", "none: ringzero has no MoE; use a dense layer")
 _KERNELS = ("fused CUDA transformer kernels", "the model's own torch layers (transformers, tensor_parallel/)")
 _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference)",
           "call the model itself; tensor_parallel/ shards its layers")
