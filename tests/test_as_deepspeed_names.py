@@ -57,6 +57,11 @@ def test_every_served_name_is_its_target_or_says_which_target_is_missing(served_
     assert resolved >= 15   # the runner's own names at least: initialize, comm, accelerator, utils
 
 
+def test_no_name_is_both_served_by_its_own_entry_and_refused():
+    from zero_from_scratch.as_deepspeed.served import REFUSED, SERVED
+    assert not set(SERVED) & set(REFUSED)
+
+
 def test_comm_serves_its_all_and_nothing_else(served_ds):
     from zero_from_scratch.as_deepspeed import comm
     import deepspeed.comm as ds_comm

@@ -65,6 +65,7 @@ def test_log_level_and_pin_tracker_under_the_runner(served_ds):
     from deepspeed.utils import logger, set_log_level_from_string
     from deepspeed.utils.pin_memory_tracker import _tracker, pinned_memory_summary, track_pinned_memory
     levels = (logger.level, [h.level for h in logger.handlers])
+    h = None
     try:
         set_log_level_from_string("info")
         assert logger.level == logging.INFO and all(h.level == logging.INFO for h in logger.handlers)
@@ -82,15 +83,16 @@ def test_log_level_and_pin_tracker_under_the_runner(served_ds):
         track_pinned_memory(33 * 2**30)                   # crosses 32 GB: one INFO line
         track_pinned_memory(2**30)
         pinned_memory_summary("t")
-        logger.removeHandler(h)
         assert seen == ["[pinned-memory checkpoint] crossed 32.000 GB: 33.000 GB pinned across 1 allocations",
                         "[pinned-memory t] 34.000 GB pinned across 2 allocations"]
         assert _tracker._next_checkpoint == 64 * 2**30
     finally:
+        if h is not None:
+            logger.removeHandler(h)
         _tracker.reset()
         logger.setLevel(levels[0])
-        for h, lvl in zip(logger.handlers, levels[1]):
-            h.setLevel(lvl)
+        for handler, lvl in zip(logger.handlers, levels[1]):
+            handler.setLevel(lvl)
 
 
 def test_stage_1_and_2_module_and_a_refused_instance(served_ds):

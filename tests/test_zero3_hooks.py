@@ -8,6 +8,7 @@
 - stage3_module_granularity_threshold: DeepSpeed's granularity (elements ÷ non-container layers of
   the subtree), flagged top-down (engine/leaf.py set_by_granularity), checked by hand on a small tree.
 """
+import pytest
 import torch
 import torch.nn as nn
 
@@ -83,4 +84,5 @@ def test_granularity_threshold_flags_leaves_top_down():
     m = Root()
     assert leaf.set_by_granularity(m, 20) == [m.block, m.stack[0]]  # under it, the blocks (13); no Linear
     assert not leaf.z3_leaf_module(m) and not leaf.z3_leaf_module(m.head)
-    assert leaf.set_by_granularity(Root(), 12) == []                # below every granularity: none
+    with pytest.warns(UserWarning, match=r"smallest module granularity is \[Block:13\].*>= 13"):
+        assert leaf.set_by_granularity(Root(), 12) == []            # below every granularity: none, warned

@@ -137,7 +137,9 @@ def reduce_scatter_tensor(output_tensor, input_tensor, op=ReduceOp.SUM, group=No
 
 
 def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, debug=None):
-    """DeepSpeed's: reduce_scatter_tensor (the flat input cut into world-size blocks), its only path here."""
+    """DeepSpeed's: reduce_scatter_tensor (the flat input cut into world-size blocks), its only path here.
+    ringzero's ZeRO engine reduces through its own Comm (engine/comm.py), not through this function,
+    so patching it counts a script's own calls only (DeepSpeed's stage 1-2 calls it per bucket)."""
     _started("reduce_scatter_fn")
     return reduce_scatter_tensor(output_tensor, tensor, op, group, async_op, prof)
 

@@ -211,16 +211,11 @@ REFUSED: dict[str, tuple[str, str]] = {
     **{f"deepspeed.checkpoint.universal_checkpoint.{n}": (
         "load a universal checkpoint's per-parameter states into this rank's tensor-parallel / ZeRO partition", _UC)
        for n in ("_resolve_autotp_partition", "_get_param_uc_restore_meta", "load_hp_checkpoint_state")},
-    "deepspeed.checkpoint.constants.UNIVERSAL_CHECKPOINT_INFO": (
-        "tag parameters and optimizer states with their universal-checkpoint layout", _UC),
     **{n: ("move chosen states (optimizer states, fp32 master, 16-bit parameters, gradients, the contiguous "
            "gradient buffer) to the host between steps and back (engine.offload_states / reload_states)",
            "zero_optimization.offload_optimizer / offload_param: cpu, for the whole run (offload.py)")
        for n in ("deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
                  "deepspeed.runtime.zero.offload_states.get_state_devices")},
-    "deepspeed.comm.reduce_scatter_fn": ("reduce-scatter through its own helper (ZeRO's gradient path, countable by "
-                                         "patching)", "torch.distributed.reduce_scatter_tensor; ringzero's engine "
-                                         "reduces through its own Comm (engine/comm.py)"),
 }
 
 

@@ -102,7 +102,20 @@ def zero3_linear_wrap(input, weight, bias=None):
 
 
 class InsertPostInitMethodToModuleSubClasses:
-    """DeepSpeed's base of zero.Init; here only the class-wide `linear_bk` (torch's F.linear, once swapped)."""
+    """DeepSpeed's base of zero.Init; here only the class-wide `linear_bk` (torch's F.linear, once swapped).
+    Building or subclassing it is refused: DeepSpeed's patches every module class's __init__."""
+    _WHAT = ("patch every torch.nn.Module subclass's __init__ to run a hook after it",
+             "deepspeed.zero.Init (zero_init.py)")
+
+    def __init__(self, *args, **kwargs):
+        from zero_from_scratch.as_deepspeed.finder import NotServedError, message
+        raise NotServedError(message("deepspeed.runtime.zero.partition_parameters."
+                                     "InsertPostInitMethodToModuleSubClasses()", *self._WHAT))
+
+    def __init_subclass__(cls, **kwargs):
+        from zero_from_scratch.as_deepspeed.finder import NotServedError, message
+        raise NotServedError(message("a subclass of deepspeed.runtime.zero.partition_parameters."
+                                     "InsertPostInitMethodToModuleSubClasses", *cls._WHAT))
 
 
 def enable() -> None:

@@ -159,7 +159,13 @@ def set_by_granularity(model, threshold: int, max_leaf: float = 1e9) -> list:
         return found
 
     walk(model)
-    return flag(model, []) if min(gran.values()) <= threshold else []
+    smallest = min(gran, key=gran.get)
+    if gran[smallest] > threshold:        # DeepSpeed's warning, in its words
+        warnings.warn(f"The smallest module granularity is [{type(smallest).__name__}:{gran[smallest]}]. To make "
+                      f"stage3_module_granularity_threshold effective, you need to set "
+                      f"stage3_module_granularity_threshold >= {gran[smallest]}. Current Value:{threshold}", stacklevel=3)
+        return []
+    return flag(model, [])
 
 
 # ------------------------------------------------------------------ the engine: hooks on the leaf only
