@@ -69,3 +69,35 @@ def test_dynamic_shape_equals_one_process(spawn):
     assert set(out[0][1]) | set(out[1][1]) == set(ref)
     for msg in refused:
         assert "needs one shape for every micro-batch" in msg
+
+
+class _RaisesAt(nn.Module):
+    """Raises in forward on the micro-batch whose sequence length is n (a stage failing mid-step)."""
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        if x.shape[1] == self.n:
+            raise RuntimeError(f"layer fails at length {self.n}")
+        return x
+
+
+def _failing(rank, world, where, n):
+    layers = _layers()
+    layers.insert(where, _RaisesAt(n))
+    net = ds_pipe.PipelineModule(layers=layers, loss_fn=nn.functional.mse_loss, num_stages=2,
+                                 partition_method=[3, 3], dynamic_shape=True)
+    engine, *_ = ds_pipe.initialize(model=net, model_parameters=[p for p in net.parameters()], config=_cfg())
+    try:
+        engine.train_batch(iter(_micro_batches(0)))
+    except Exception as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("where", [1, 4])       # stage 0 (its activation fails), stage 1 (its gradient)
+def test_a_stage_failing_mid_step_is_named_on_every_rank(spawn, where):
+    """The second micro-batch (length 5) fails after the first crossed: no hang, no shape read from data."""
+    for msg in spawn(_failing, 2, args=(where, 5), timeout=120.0):
+        assert msg is not None and "layer fails at length 5" in msg, msg

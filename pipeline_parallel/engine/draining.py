@@ -77,6 +77,7 @@ class DrainingExecutor(Executor):
 
     def run(self, program, inputs, labels, train: bool = True):
         self.poisoned, self.events, self.sent = set(), [], {}   # sent: op kind -> data bytes (the per-axis ledger)
+        self.in_shapes = {}                    # dynamic_shape: (mb, chunk) -> the shape that micro-batch received
         self.meter = ActivationMeter(self.e.params)
         return super().run(program, inputs, labels, train)
 
@@ -116,6 +117,9 @@ class DrainingExecutor(Executor):
         except Poisoned:
             self.poisoned.add(op.chunk)
             self.e.fail(None)                  # upstream failed; its message arrives at the status check
+            return
+        if self.dynamic and ("in", op.chunk) in self.meta:
+            self.in_shapes[(op.mb, op.chunk)] = self.meta[("in", op.chunk)]
 
     def fwd(self, op):
         if self.e.failed_locally():
@@ -135,11 +139,7 @@ class DrainingExecutor(Executor):
             self.meta.pop(("out", c), None)    # this micro-batch's shape goes first
         agreed = self.meta.get(("out", c))
         if agreed is None and y is None:       # failed before any shape crossed: poison the boundary
-            h = torch.zeros(10, dtype=torch.int64, device=self.device)
-            h[0] = POISON
-            with LEDGER.control_traffic():
-                self.pending.append(self.comm.isend(h, peer(op, self.stage, self.pp)))
-            self.poisoned.add(c)
+            self._poison(op)
             return
         if y is not None and agreed is not None and (tuple(y.shape), y.dtype) != agreed:
             self.e.fail(f"{op}: stage {self.stage} output changed from shape {agreed[0]} {agreed[1]} (first "
@@ -148,6 +148,8 @@ class DrainingExecutor(Executor):
             y = None
         if y is None:
             self.y_out[key] = torch.zeros(agreed[0], dtype=agreed[1], device=self.device)
+            if self.dynamic:                   # the peer reads a header before every activation
+                self.meta.pop(("out", c), None)
         super().send_act(op)
 
     def recv_grad(self, op):
@@ -170,17 +172,29 @@ class DrainingExecutor(Executor):
         c, key = op.chunk, (op.mb, op.chunk)
         if c in self.poisoned:
             return
-        if self.e.failed_locally() or key not in self.x_in:
-            shape, dtype = self.meta[("in", c)]
+        if self.e.failed_locally() or key not in self.x_in:   # zeros in the shape this micro-batch came in
+            shape, dtype = self.in_shapes.get(key) or self.meta[("in", c)]
             self.x_in[key] = torch.zeros(shape, dtype=dtype, device=self.device)    # no .grad: zeros are sent
         super().send_grad(op)
+        self.in_shapes.pop(key, None)
 
     def _drain_send(self, op):
         """A send that raised: keep the peer unblocked where the shape is known."""
+        if op.chunk in self.poisoned:
+            return
         key = ("out", op.chunk) if op.kind == "send_act" else ("in", op.chunk)
-        if key in self.meta and op.chunk not in self.poisoned:
-            shape, dtype = self.meta[key]
+        shape_in = self.in_shapes.pop((op.mb, op.chunk), None) if op.kind != "send_act" else None
+        if shape_in or key in self.meta:
+            shape, dtype = shape_in or self.meta[key]
             self.pending.append(self.comm.isend(torch.zeros(shape, dtype=dtype, device=self.device), peer(op, self.stage, self.pp)))
+
+    def _poison(self, op):
+        """Tell the next stage this boundary carries nothing more this step (it raises Poisoned there)."""
+        h = torch.zeros(10, dtype=torch.int64, device=self.device)
+        h[0] = POISON
+        with LEDGER.control_traffic():
+            self.pending.append(self.comm.isend(h, peer(op, self.stage, self.pp)))
+        self.poisoned.add(op.chunk)
 
     # ---- once per step: the engine's collectives, after the sends are done
     def reduce_tied(self, op):

@@ -72,7 +72,8 @@ class SavedByReference:
     @staticmethod
     def recomputed(kind: str) -> bool:
         """A forward inside backward (activation checkpointing's recompute): the unit stays gathered until
-        its reduce or the end of backward, as DeepSpeed keeps its ds_recompute_parameters. What the
+        its reduce or the end of backward (DeepSpeed keeps only frozen ones, its ds_recompute_parameters,
+        and gathers a trainable unit again for the block's backward: one all-gather more, the same numbers). What the
         recompute saves may be the Parameter object itself (DeepSpeed's ZeRO-3 Linear), whose shape torch's
         checkpoint compares with the forward's and whose data the block's backward, next, reads."""
         return kind == "forward" and torch._C._current_graph_task_id() != -1
