@@ -50,19 +50,10 @@ def allocator_slack(lay, states: dict, hw) -> float:
     bound). Calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack;
     alloc_slack_zero on its ZeRO-1 step for zero_from_scratch's ZeRO-1/2 engine) and scaled by
     this stage's model-state bytes over the calibration step's, never above the calibrated bytes.
-    Measured (benchmarks.planner_mem, defaults less mapped): llama tiny's stage, 1/35 of the
-    calibration's state, kept 1.2 MiB (1/40 of its slack); gpt-small, 4.6× the state, kept 90 MiB
-    (1.6×); the slack is neither constant nor proportional, and this rule is the nearest of the
-    two to both, chosen after seeing the rows of benchmarks.planner_local. Not the height the
-    dynamic mmap threshold reaches: fixed at its 32 MiB ceiling (benchmarks.planner_slack --risen)
-    llama-small kept the same 18.7 MiB; gpt-small kept 92, and 41 or 90 at the defaults from run to
-    run and between ranks doing the same work, so no one number per layout holds it. The 90 is one
-    step's: step by step gpt-small's peak is 468-482 MiB, and in some runs one step (the 3rd of 4,
-    the 6th of 8) reaches 516-530 on one rank or both; with malloc in one arena (MALLOC_ARENA_MAX=1)
-    too, so it is not which thread's arena a block came from (benchmarks.planner_slack --steps,
-    --arenas). Nor the activations: over 6 steps llama-small (40 MiB of them) kept 18.7 MiB where
-    gpt-mini dp2 (41) kept 58 and gpt-mini pp2 (15) kept 66; from micro-batch 2 to 8 DistilBERT
-    tp2's grew 23.5 -> 69.8 MiB, gpt-mini dp2's 59.4 -> 81.2, gpt-mini pp2's fell 55.7 -> 44.8.
+    The slack is neither constant nor proportional to the states, nor set by glibc's mmap threshold,
+    its arenas or the activations: this rule is the nearest of the two simple ones to the rows, chosen
+    after seeing benchmarks.planner_local's; the probes (benchmarks.planner_mem, planner_slack) and
+    their numbers, with the load, are in tutorials/15_planner.md ("Memory") and RESULTS.md.
     """
     engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
     slack = hw.alloc_slack_zero if engine else hw.alloc_slack

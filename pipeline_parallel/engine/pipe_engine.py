@@ -25,6 +25,8 @@ After each train_batch, engine.step_bytes = data bytes this rank sent, by axis: 
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 
 import torch
@@ -216,13 +218,16 @@ class PipelineEngine:
         """Norm, clipping, optimizer and loss-scale update (engine/step.py)."""
         take_step(self)
 
+    @contextlib.contextmanager
     def coalesce_grad_reduction(self):
-        """DeepSpeed's PipelineEngine inherits the block and refuses it (runtime/engine.py): its stage check
-        first, then the pipeline's, both NotImplementedError."""
+        """DeepSpeed's PipelineEngine inherits the block and refuses it on entering the `with`
+        (runtime/engine.py): its stage check first, then the pipeline's, both NotImplementedError
+        (managed_gradient_accumulation false is refused at start-up, config.py, as DeepSpeed's)."""
         stage = self.cfg.run.zero.stage
         if stage not in (1, 2, 3):
             raise NotImplementedError(f"coalesce_grad_reduction requires ZeRO stage 1/2/3, got stage {stage}")
         raise NotImplementedError("coalesce_grad_reduction is not supported under pipeline parallelism")
+        yield                                  # a generator, so the call itself returns the block (DeepSpeed's)
 
     @property
     def loss_scale(self) -> float:

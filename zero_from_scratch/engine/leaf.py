@@ -247,8 +247,8 @@ def _reduce_hooks(st, name: str, leaf, units: list) -> list:
                 held.add(u.index)
 
     def reduce(module, grad_input, grad_output):
-        if st.coalescing:              # inside engine.coalesce_grad_reduction() the block's exit reduces (coalesce.py)
-            return
+        if st.coalescing:              # inside engine.coalesce_grad_reduction() the block's exit reduces (coalesce.py),
+            return                     # after every backward: the hook-order problem below cannot arise there
         if all(g is None for g in grad_input):
             raise RuntimeError(f"ZeRO-3 leaf module {name!r} ({type(leaf).__name__}): none of its inputs requires "
                                "grad, so torch runs its full backward hook before its backward and its gradients "

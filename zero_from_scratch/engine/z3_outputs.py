@@ -62,7 +62,9 @@ def per_module_functions(model: torch.nn.Module) -> None:
     """DeepSpeed's per-module hook state (runtime/zero/parameter_offload.py): every module its own
     `pre_bwd_fn` / `post_bwd_fn` classes in its own __dict__ (a wrapper that forwards attribute reads to
     the module it wraps still gets its own) and its own `applied_pre_backward_ref_cnt`. The runner's
-    choice: such classes, local to each module, make the model unpicklable, as DeepSpeed's do."""
+    choice: such classes, local to each module, make the model unpicklable, as DeepSpeed's do. The
+    count here is one per forward that needs a backward (all of a call's outputs go through one
+    function); DeepSpeed's applies its function per output tensor and counts in eval too."""
     for m in model.modules():
         if "pre_bwd_fn" not in m.__dict__:
             m.__dict__["pre_bwd_fn"] = type("PreBackwardFunctionForModule", (_CountedBeforeBackward,), {})

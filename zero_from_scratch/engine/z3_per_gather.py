@@ -27,5 +27,11 @@ class PerGather(Pool):
 
 
 def allocate_per_gather(stage) -> None:
-    """stage (engine/stage3.py's ZeroStage3) allocates each unit's buffer when it gathers it."""
-    stage.units_pool = PerGather("gathered units (per gather)", stage.dtype, stage.dev)
+    """stage (engine/stage3.py's ZeroStage3) allocates each unit's buffer when it gathers it. The
+    buffers out of the stage's pool (units gathered at initialize: persistent ones) stay counted."""
+    old = stage.units_pool
+    old.clear()                                   # its idle buffers go; those in use move over
+    new = PerGather("gathered units (per gather)", stage.dtype, stage.dev)
+    new.own, new.held, new.in_use, new.peak = dict(old.own), old.held, old.in_use, old.peak
+    new.allocs, new.takes, new.escaped = old.allocs, old.takes, old.escaped
+    stage.units_pool = new
