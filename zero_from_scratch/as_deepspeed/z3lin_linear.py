@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
+from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 from zero_from_scratch.engine import external, saved as saved_mod
 from zero_from_scratch.engine.zero_init import GatheredParameters
 from zero_from_scratch.engine.zero_partition import ZeroParamStatus, is_zero_param
@@ -108,12 +109,10 @@ class InsertPostInitMethodToModuleSubClasses:
              "deepspeed.zero.Init (zero_init.py)")
 
     def __init__(self, *args, **kwargs):
-        from zero_from_scratch.as_deepspeed.finder import NotServedError, message
         raise NotServedError(message("deepspeed.runtime.zero.partition_parameters."
                                      "InsertPostInitMethodToModuleSubClasses()", *self._WHAT))
 
     def __init_subclass__(cls, **kwargs):
-        from zero_from_scratch.as_deepspeed.finder import NotServedError, message
         raise NotServedError(message("a subclass of deepspeed.runtime.zero.partition_parameters."
                                      "InsertPostInitMethodToModuleSubClasses", *cls._WHAT))
 
