@@ -15,8 +15,10 @@ states; on this engine they are these tensors (one list per parameter group):
 Moving a state copies each of its storages into a host buffer (pinned when pin_memory and a CUDA
 device exist) and shrinks the storage on the engine's device to 0 bytes; reload grows it back and
 copies the bytes in. The tensor objects and every view of them (the parameters, the optimizer's
-slices) stay the engine's own, so no reference needs relinking, and a read of an offloaded state
-fails loudly instead of returning stale numbers. DeepSpeed's checks and words are kept: offloaded
+slices, the gradient hooks' views) stay the engine's own, so no reference needs relinking. A
+tensor over a 0-byte storage must not be read (torch does not check: it would read freed memory),
+so until reload_states the engine's forward, backward, step and checkpoint calls raise (GUARDED);
+reading a parameter directly in between is the caller's error. DeepSpeed's checks and words are kept: offloaded
 parameters (offload_param) and stage 3 without an optimizer refuse, nvme raises, device none
 warns, and with offload_optimizer the states already on the host (optim_states, hp_params; at
 stage 3 lp_grads too) are left out.
@@ -30,6 +32,7 @@ from enum import Enum
 import torch
 
 log = logging.getLogger(__name__)
+GUARDED = ("forward", "backward", "step", "save_checkpoint", "load_checkpoint")
 
 
 class OffloadStateTypeEnum(str, Enum):
@@ -68,11 +71,14 @@ def refine_include(engine, include):
 
 
 def _check(engine) -> None:
-    """DeepSpeed's assertions (engine.py), and stage 0 has no ZeRO optimizer to ask."""
-    assert engine.config.offload_param is None, "Moving states across devices is not supported for offloaded parameters."
+    """DeepSpeed's assertion (engine.py): ZeRO-3 with no optimizer has no states to move."""
     assert not (engine.stage_id == 3 and engine.client_optimizer is None
-                  and not engine.config.raw.get("optimizer")), \
+                and not engine.config.raw.get("optimizer")), \
         "Moving states across devices is not supported without an optimizer."
+
+
+def _zero_optimizer(engine) -> None:
+    """Stage 0: DeepSpeed's optimizer there (torch's, or its fp16/bf16 wrapper) has no offload_states."""
     if engine.stage_id == 0:
         raise AttributeError(f"'{type(engine.optimizer).__name__}' object has no attribute 'offload_states' "
                              "(DeepSpeed moves states of its ZeRO optimizers only: stages 1-3)")
@@ -88,6 +94,7 @@ def offload_states(engine, include=None, device="cpu", pin_memory: bool = True,
                    non_blocking: bool = False) -> None:
     """Copy each chosen state to `device` and free it on the engine's device (see the module docstring)."""
     include = refine_include(engine, include)
+    assert engine.config.offload_param is None, "Moving states across devices is not supported for offloaded parameters."
     _check(engine)
     device = getattr(device, "value", device)    # OffloadDeviceEnum (a str Enum) or its string
     if device == "none":
@@ -95,6 +102,7 @@ def offload_states(engine, include=None, device="cpu", pin_memory: bool = True,
         return
     if device == "nvme":
         raise ValueError("NVMe offload is not supported for offloading states.")
+    _zero_optimizer(engine)
     held = engine.__dict__.setdefault("offloaded_states", {})    # state → [(storage, host copy, nbytes)]
     todo = [s for s in include if s not in held]
     if engine.stage_id == 3 and {OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.hp_params} & set(todo):
@@ -117,11 +125,24 @@ def offload_states(engine, include=None, device="cpu", pin_memory: bool = True,
             moves.append(moved.setdefault(id(s), (s, host, s.nbytes())))
             s.resize_(0)
         held[state] = moves
+    if moved:                                                    # instance attributes shadow the methods
+        for name in GUARDED:
+            engine.__dict__[name] = _refuse(name, [s.value for s, m in held.items() if m])
+
+
+def _refuse(name, states):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"engine.{name}() while its states {states} are offloaded "
+                           "(engine.offload_states): call engine.reload_states() first")
+    return refuse
 
 
 def reload_states(engine, non_blocking: bool = False) -> None:
     """Bring every offloaded state back into the engine's own tensors."""
     _check(engine)
+    _zero_optimizer(engine)
+    for name in GUARDED:
+        engine.__dict__.pop(name, None)
     moves = engine.__dict__.pop("offloaded_states", {}).values()
     for s, host, nbytes in {id(m[0]): m for ms in moves for m in ms}.values():   # a shared storage once
         s.resize_(nbytes)
