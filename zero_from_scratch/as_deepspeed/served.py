@@ -27,7 +27,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.zero.parameter_offload", "deepspeed.runtime.zero.linear",
            "deepspeed.runtime.zero.leaf_module_config", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
-           "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.swap_tensor",
+           "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.zero.offload_states", "deepspeed.runtime.swap_tensor",
            "deepspeed.runtime.base_optimizer", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
@@ -156,6 +156,8 @@ SERVED: dict[str, str] = {
     **{f"deepspeed.runtime.zero.leaf_module_config.DEFAULT_LEAF_MODULE_{n}": f"{_E}.leaf:DEFAULT_LEAF_MODULE_{n}"
        for n in ("CLASSES", "NAMES", "NAME_SUFFIXES")},
     "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": f"{_R}.constants:OffloadDeviceEnum",
+    **{f"deepspeed.runtime.zero.{n}": f"{_E}.offload_states:{n.rpartition('.')[2]}"
+       for n in ("offload_config.OffloadStateTypeEnum", "offload_states.get_state_devices")},
     "deepspeed.runtime.swap_tensor.MIN_SWAPPABLE_BYTES": f"{_R}.constants:MIN_SWAPPABLE_BYTES",
     **{f"deepspeed.runtime.lr_schedules.{n}": f"{_E}.lr_schedules:{n}" for n in _LR},
     **{f"deepspeed.runtime.lr_schedules.{n}": f"{_R}.constants:{n}" for n in _LR_KEYS},
@@ -211,11 +213,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     **{f"deepspeed.checkpoint.universal_checkpoint.{n}": (
         "load a universal checkpoint's per-parameter states into this rank's tensor-parallel / ZeRO partition", _UC)
        for n in ("_resolve_autotp_partition", "_get_param_uc_restore_meta", "load_hp_checkpoint_state")},
-    **{n: ("move chosen states (optimizer states, fp32 master, 16-bit parameters, gradients, the contiguous "
-           "gradient buffer) to the host between steps and back (engine.offload_states / reload_states)",
-           "zero_optimization.offload_optimizer / offload_param: cpu, for the whole run (offload.py)")
-       for n in ("deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
-                 "deepspeed.runtime.zero.offload_states.get_state_devices")},
 }
 
 

@@ -10,6 +10,7 @@ one per sub-group, stage3.py) and writes it into the group: under the runner
   engine.optimizer.optimizer.state[partition]        the group's {"step", "exp_avg", "exp_avg_sq"}
   engine.optimizer.fp16_groups[g]                    the model's parameters of group g
   engine.optimizer.fp32_partitioned_groups_flat[g]   group g's fp32 partition
+  engine.optimizer.single_partition_of_fp32_groups[g]   the same, by its stage 1-2 name
   engine.optimizer.parameter_offload.forward_hooks / backward_hooks   stage 3's module hooks (torch handles)
 ringzero's partition of group g is engine.master[g], this rank's fp32 master, the same numbers (in
 fp32 at stage 3 the rank's flat parameter shard of the group, which its optimizer steps); its
@@ -103,6 +104,10 @@ ACCUM = message("engine.optimizer.accumulated_grads_in_cpu", "keep a CPU buffer 
                 "accumulated over micro-batches (ZeRO-1/2 with offload_optimizer)",
                 "the stage accumulates into its own gradient buffers; safe_get_full_grad(param) reads the sum so far")
 
+AVERAGED = message("engine.optimizer.averaged_gradients at ZeRO-1/2 without offload_optimizer",
+                   "list, per group, the gradient partition of each parameter in this rank's partition",
+                   "ringzero reduces into one shard per unit (stage.gshard); safe_get_full_grad(param) reads any parameter's")
+
 
 def install(engine) -> None:
     """parameter_offload (stage 3), fp16_groups / fp32_partitioned_groups_flat on engine.optimizer, each group's "params" the
@@ -112,7 +117,12 @@ def install(engine) -> None:
         opt.refused_names = {n: NotServedAttributeError(BIT16) for n in (
             "parallel_partitioned_bit16_groups", "parallel_partitioned_fp16_groups", "nccl_start_alignment_factor")}
         opt.refused_names["accumulated_grads_in_cpu"] = NotServedAttributeError(ACCUM)
+        if engine.config.offload_optimizer is not None:
+            opt.averaged_gradients = {}    # stage_1_and_2.py with offload: gradients go to the fp32 partitions
+        else:
+            opt.refused_names["averaged_gradients"] = NotServedAttributeError(AVERAGED)
         more_layout.install(engine, Live)
+        opt.single_partition_of_fp32_groups = Live(lambda: partitions(engine))   # stage_1_and_2.py's name
     if engine.stage_id == 3:
         opt.parameter_offload = ParameterOffload(engine)
     opt.fp16_groups = Live(lambda: [[engine.params_by_name[n] for n in ns] for ns in engine.group_names])

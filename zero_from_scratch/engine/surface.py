@@ -25,6 +25,7 @@ from primitives.launch import init_from_env
 from primitives.log import print0
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader
+from zero_from_scratch.engine import offload_states
 
 
 class ThroughputTimer:
@@ -134,6 +135,15 @@ class DeepSpeedSurface:
         """DeepSpeedEngine.empty_partition_cache: release ZeRO-3's gathered parameters (a no-op below stage 3)."""
         if hasattr(self.stage, "release_all"):
             self.stage.release_all()
+
+    def offload_states(self, include=None, device="cpu", pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """DeepSpeedEngine.offload_states: the chosen states to the host until reload_states (offload_states.py)."""
+        offload_states.offload_states(self, include, device, pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """DeepSpeedEngine.reload_states: every offloaded state back where it was (offload_states.py)."""
+        offload_states.reload_states(self, non_blocking)
 
     def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank) -> str:
         """DeepSpeed's: the name of expert-parallel rank `expp_rank`'s optimizer file (its MoE layout; ringzero,
