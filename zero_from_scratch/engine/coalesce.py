@@ -61,6 +61,9 @@ class CoalesceGradReduction:
         if self.pipeline_parallelism:
             raise NotImplementedError("coalesce_grad_reduction is not supported under pipeline parallelism")
         assert not self.inside_no_sync_ctxt, "coalesce_grad_reduction cannot be nested inside another no_sync context"
+        if self.stage_id == 1 and self.stage.grad_dtype != self.dtype and self.offload is None:
+            raise NotImplementedError("coalesce_grad_reduction does not yet support optimizer wrapper BF16_Optimizer "
+                                      "(DeepSpeed's, for bf16 with fp32 grad_accum_dtype at stage 1; engine.py)")
         saved = self._boundary_override
         self.inside_no_sync_ctxt = True       # backward_boundary() is False inside: stage 1 keeps its sums local
         self.stage.coalescing = True

@@ -69,9 +69,10 @@ TOP = {
     "data_types.buffer_dtype": H + "buffers cast to it under bf16/fp16 (default: kept as loaded); fp32 ignores it, as "
                                "DeepSpeed does (mixed_cast.py)",
     "data_types.keep_in_fp32_modules": H + "buffers it names stay fp32 under bf16/fp16 (mixed_cast.py)",
-    "data_types.grad_accum_dtype": "honoured when null or the model's dtype (gradients accumulate in it here); refused "
-                                   "when another dtype at stages 0-2 (zero_keys.value_notes): DeepSpeed would "
-                                   "accumulate in it (stage 0: DeepSpeed raises); warned at stage 3, which ignores it",
+    "data_types.grad_accum_dtype": "honoured when null or the model's dtype, and fp32 under bf16 at stages 1-2 (fp32 "
+                                   "gradient buffers, precision.grad_dtype); refused otherwise at stages "
+                                   "0-2 (zero_keys.value_notes; stage 0: DeepSpeed raises); warned at stage 3, which "
+                                   "ignores it",
     "dataloader_drop_last": W + NOT + "drop the last partial batch of deepspeed_io's loader",
     "aio": W + SAME + "tune asynchronous NVMe I/O (queue depth, block size, threads)",
     "log_level": W + NOT + "set DeepSpeed's logger level",

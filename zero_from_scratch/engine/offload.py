@@ -103,7 +103,7 @@ class HostOptimizerStates:
         self.pin = pin_memory and e.device.type == "cuda"   # pinning needs (and only helps) CUDA
         self.chunk = stream_chunk(e, sub_group_size)
         self.master = [self._host(n, torch.float32) for n in e.layout.group_local]
-        self.gbuf = self._host(self.chunk, e.dtype)       # the gradient chunk's staging, kept
+        self.gbuf = self._host(self.chunk, getattr(e.stage, "grad_dtype", e.dtype))   # the gradient chunk's staging
         self.bytes_down = self.bytes_up = 0       # running totals; per step: see report()
         self.steps = 0
 

@@ -27,6 +27,17 @@ def model_dtype(cfg) -> torch.dtype:
     return torch.float32
 
 
+def grad_dtype(cfg, stage: int) -> torch.dtype:
+    """The dtype gradients accumulate in: the model's, or fp32 for bf16 with data_types.grad_accum_dtype
+    fp32 at stages 1-2 (DeepSpeed's BF16_Optimizer at stage 1, its ZeRO optimizer at stage 2 and under
+    offload keep fp32 gradient buffers; zero_keys.value_notes refuses the other combinations). 2 bytes/element more on
+    stage 1's full gradient buffer, on stage 2's Ψ/N shard."""
+    want = (cfg.raw.get("data_types") or {}).get("grad_accum_dtype") if cfg.raw else None
+    if cfg.bf16 and stage in (1, 2) and want in ("torch.float32", "fp32", "float32", "float"):
+        return torch.float32
+    return model_dtype(cfg)
+
+
 class StaticLossScaler:
     dynamic = False
 

@@ -22,6 +22,7 @@ import contextlib
 import torch
 
 from zero_from_scratch.engine.coalesce import Deferred
+from zero_from_scratch.engine.precision import grad_dtype
 from zero_from_scratch.stage1 import Stage0, Stage1
 from zero_from_scratch.stage2 import Stage2
 
@@ -81,11 +82,37 @@ class Overlapped(Labelled):
         return super()._reduce_in_backward() or (self.overlap and self.boundary)
 
 
-class ZeroStage1(Overlapped, Stage1):
+class Fp32Accumulated:
+    """data_types.grad_accum_dtype fp32 under bf16 (precision.grad_dtype): the gradient buffers (stage 1's
+    full one, stage 2's shard) are fp32, so each micro-batch's bf16 gradient is added in fp32; buckets
+    and the reduction stay bf16, as DeepSpeed's communication_data_type (engine.py allreduce_bucket;
+    stage_1_and_2.py average_tensor)."""
+
+    def _make_grad_storage(self) -> None:
+        model, self.dtype = self.dtype, self.grad_dtype    # the textbook allocates in self.dtype
+        try:
+            super()._make_grad_storage()
+        finally:
+            self.dtype = model
+
+
+class ZeroStage1(Fp32Accumulated, Overlapped, Stage1):
     def __init__(self, engine):
         self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
+        self.grad_dtype = grad_dtype(engine.config, engine.stage_id)
         super().__init__(*engine_inputs(engine))
         self.reduce_scatter = engine.config.zero.reduce_scatter
+
+    def _reduce(self, u) -> None:
+        """fp32 sums: reduced as a bf16 copy, the result copied back (DeepSpeed's BF16_Optimizer
+        gradients through engine.allreduce_bucket, cast to communication_data_type)."""
+        if self.grad_dtype == self.dtype:
+            return super()._reduce(u)
+        acc = self._unit_grad(u)
+        b = acc.to(self.dtype)
+        lo, hi = u.shard_range(self.rank) if self.reduce_scatter else (0, u.padded)
+        self._sum_into_block(b, u, lambda: acc[lo:hi].copy_(b[lo:hi]))
+        self.pending[u.index] = -1
 
 
 class ZeroStage0(Overlapped, Stage0):
@@ -150,9 +177,10 @@ class Pooled(Deferred):
         self.pool.give_back(u)
 
 
-class ZeroStage2(Pooled, Labelled, Stage2):
+class ZeroStage2(Fp32Accumulated, Pooled, Labelled, Stage2):
     def __init__(self, engine):
         self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
+        self.grad_dtype = grad_dtype(engine.config, engine.stage_id)
         self.pool = BucketPool(self, engine)
         super().__init__(*engine_inputs(engine))
         self.reduce_scatter = engine.config.zero.reduce_scatter

@@ -211,7 +211,8 @@ def refuse_false_modes(raw: dict, z: dict, offload) -> None:
 
 def value_notes(raw: dict, dtype: str, stage: int) -> str | None:
     """sequence_parallel_size, and data_types.grad_accum_dtype against what the engine does: gradients
-    accumulate in the model's dtype. A refusal raises; a value DeepSpeed ignores returns the note."""
+    accumulate in the model's dtype, or in fp32 under bf16 at stages 1-2. A refusal
+    raises; a value DeepSpeed ignores returns the note."""
     sp = raw.get("sequence_parallel_size", 1)
     if sp != 1:
         raise ValueError(f"config key 'sequence_parallel_size' = {sp!r} is refused: not implemented here without an mpu; "
@@ -222,11 +223,13 @@ def value_notes(raw: dict, dtype: str, stage: int) -> str | None:
              "bf16": ("torch.bfloat16", "bf16", "bfloat16")}
     if want is None or want in names[dtype]:
         return None
+    if dtype == "bf16" and want in names["fp32"] and stage in (1, 2):
+        return None                    # fp32 gradient buffers, as DeepSpeed's (precision.grad_dtype)
     if stage == 3:
         return (f"data_types.grad_accum_dtype = {want!r}: DeepSpeed's ZeRO-3 ignores it (gradients accumulate in the "
                 f"model's {dtype}), as here")
     raise ValueError(f"config key 'data_types.grad_accum_dtype' = {want!r} is refused with {dtype} at ZeRO stage {stage}: "
                      "not implemented here (gradients accumulate in the model's dtype); DeepSpeed would "
                      + ("raise NotImplementedError (stage 0 accumulates in the model's dtype only)" if stage == 0 else
-                        "accumulate gradients in that dtype (bf16 with fp32 accumulation: its BF16_Optimizer at stage 1)")
+                        "accumulate gradients in that dtype (served here only for bf16 with fp32 at stages 1-2)")
                      + "; drop the key or set it null")
