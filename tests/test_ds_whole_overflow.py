@@ -41,3 +41,26 @@ def test_check_grad_overflow_false_steps_at_stages_1_2(spawn):
     (out,) = spawn(_run, 1)
     assert out == {(1, False): (0, False), (2, False): (0, False), (3, False): (1, True),
                    (1, None): (1, True), (2, True): (1, True)}
+
+
+def _one_nan(rank, world):
+    """Only the bias's gradient NaN, clipping on: DeepSpeed's invalid norm reads inf, so the clip zeroes the
+    weight's finite gradient (Adam's first step from a zero gradient moves nothing) and the norm is inf."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+           "bf16": {"enabled": True, "check_grad_overflow": False}, "zero_optimization": {"stage": 1},
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-1, "torch_adam": True}}}
+    engine, *_ = zero_from_scratch.initialize(model=model, config=cfg)
+    before = model.weight.detach().clone()
+    engine.backward(engine(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum())
+    safe_set_full_grad(model.bias, torch.full_like(model.bias, float("nan")))
+    engine.step()
+    out = (engine.skipped_steps, torch.equal(model.weight.detach(), before), engine._global_grad_norm)
+    engine.destroy()
+    return out
+
+
+def test_an_unchecked_nan_norm_clips_as_infinity(spawn):
+    (out,) = spawn(_one_nan, 1)
+    assert out == (0, True, float("inf"))

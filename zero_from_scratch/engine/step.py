@@ -61,6 +61,8 @@ def optimizer_step(engine) -> None:
         engine._global_grad_norm = float("inf")
         engine.skipped_steps += 1
     else:
+        if not math.isfinite(norm):        # unchecked (bf16.check_grad_overflow false): DeepSpeed reads inf,
+            norm = float("inf")            # so clipping zeroes the finite gradients
         engine._global_grad_norm = norm
         clip = engine.config.gradient_clipping
         coef = clip_coef(norm, clip)                 # eps once, on the global norm (clip.py)
