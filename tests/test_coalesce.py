@@ -18,18 +18,9 @@ import torch.nn as nn
 import zero_from_scratch
 from zero_from_scratch.engine.leaf import set_z3_leaf_modules
 from zero_from_scratch.engine.safe_api import safe_get_full_grad
+from tests.test_user_backward import _batch, _model   # the same model and micro-batches (MICRO = 2 there too)
 
 N, GAS, MICRO, LR, TOL = 3, 3, 2, 0.1, 2e-6
-
-
-def _model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-
-def _batch(rank, i):
-    g = torch.Generator().manual_seed(100 * rank + i)
-    return torch.randn(MICRO, 4, generator=g), torch.randn(MICRO, 1, generator=g)
 
 
 def _cfg(stage):

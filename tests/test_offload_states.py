@@ -11,18 +11,9 @@ refusals keep its words (stage 0: its optimizer has no offload_states)."""
 import pytest
 import torch
 import torch.nn as nn
+from tests.test_zero_no_sync import _data, _model   # the same model and batches
 
 CASES = ((1, "bf16"), (2, "bf16"), (3, "bf16"), (3, "fp32"))
-
-
-def _model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-
-
-def _data(i, rank):
-    g = torch.Generator().manual_seed(10 * i + rank)
-    return torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
 
 
 def _cfg(stage, prec, world, **zero):
