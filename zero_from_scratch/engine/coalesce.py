@@ -98,7 +98,10 @@ class CoalesceGradReduction:
         g = torch.zeros(slot.shape, device=self.device) if b is None else b[slot.offset:slot.offset + slot.numel].view(slot.shape)
         return g.float() / self.config.reduction.pre
 
-    def _count_micro_step(self, reduced: bool) -> None:
-        """DeepSpeed's optimizer.micro_step_id: the backwards whose gradients reached the partitions since
-        the last step (0 at a block's flush: none did inside it)."""
+    def _count_micro_step(self, boundary: bool) -> None:
+        """DeepSpeed's optimizer.micro_step_id, as far as ringzero serves it: the backwards whose gradients
+        reached the partitions since the last step (every one at stages 2-3 outside a coalesce block, the
+        boundary's at stage 1), so 0 at a block's flush. DeepSpeed's starts at -1 at stages 1-2 and counts
+        at the next forward at stage 3; only the flush's 0 is DeepSpeed's here."""
+        reduced = boundary or self.stage_id >= 2 and not self.stage.coalescing
         self.optimizer.micro_step_id = getattr(self.optimizer, "micro_step_id", 0) + int(reduced)

@@ -174,5 +174,5 @@ class AccumulationBoundary:
             raise RuntimeError(LOSS_SCALING)
         self._manual_backward_expected = False
         self.stage.after_backward(boundary)
-        self._count_micro_step(boundary or self.stage_id >= 2 and not self.stage.coalescing)   # coalesce.py
+        self._count_micro_step(boundary)   # coalesce.py
         self.frozen.after_backward()

@@ -168,7 +168,7 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
         with self.engine_backward():                  # counted when unmanaged (z_ua_boundary.py)
             scaled.backward(retain_graph=retain_graph)
         self.stage.after_backward(boundary)
-        self._count_micro_step(boundary or self.stage_id >= 2 and not self.stage.coalescing)   # coalesce.py
+        self._count_micro_step(boundary)   # coalesce.py
         self.frozen.after_backward()
         self.monitor.record_loss(loss)
         gas = self.gradient_accumulation_steps()     # DeepSpeed returns the loss divided as its gradients are
