@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from zero_from_scratch.engine.mixed_cast import NAMES     # DeepSpeed's DtypeEnum spellings
+
 
 def model_dtype(cfg) -> torch.dtype:
     if cfg.bf16:
@@ -33,7 +35,7 @@ def grad_dtype(cfg, stage: int) -> torch.dtype:
     offload keep fp32 gradient buffers; zero_keys.value_notes refuses the other combinations). 2 bytes/element more on
     stage 1's full gradient buffer, on stage 2's Ψ/N shard."""
     want = (cfg.raw.get("data_types") or {}).get("grad_accum_dtype") if cfg.raw else None
-    if cfg.bf16 and stage in (1, 2) and want in ("torch.float32", "fp32", "float32", "float"):
+    if cfg.bf16 and stage in (1, 2) and want in NAMES[torch.float32]:
         return torch.float32
     return model_dtype(cfg)
 

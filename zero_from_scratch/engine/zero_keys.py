@@ -5,7 +5,10 @@ the warnings for keys accepted only for DeepSpeed compatibility.
 """
 from __future__ import annotations
 
+import torch
+
 from zero_from_scratch.engine.key_status import GONE, NOT, SAME, SUB, TOP, H, R, W   # the table's vocabulary
+from zero_from_scratch.engine.mixed_cast import NAMES     # DeepSpeed's DtypeEnum spellings
 
 
 def offloads(z: dict) -> list[str]:
@@ -219,8 +222,7 @@ def value_notes(raw: dict, dtype: str, stage: int) -> str | None:
                          "DeepSpeed would divide the data-parallel size by it (Ulysses sequence parallelism); pass "
                          "initialize(mpu=...) with the sequence-parallel groups (mpu.py)")
     want = (raw.get("data_types") or {}).get("grad_accum_dtype")
-    names = {"fp32": ("torch.float32", "fp32", "float32", "float"), "fp16": ("torch.float16", "fp16", "float16", "half"),
-             "bf16": ("torch.bfloat16", "bf16", "bfloat16")}
+    names = {"fp32": NAMES[torch.float32], "fp16": NAMES[torch.float16], "bf16": NAMES[torch.bfloat16]}
     if want is None or want in names[dtype]:
         return None
     if dtype == "bf16" and want in names["fp32"] and stage in (1, 2):
