@@ -17,7 +17,8 @@ os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.e
 
 
 # `make test` runs the suite on two pytest-xdist workers: half of a serial run's wall time is ranks
-# waiting on each other. Tests that build network namespaces share one worker (`--dist loadgroup`).
+# waiting on each other. Tests that build network namespaces share one worker (`--dist loadgroup`), and
+# so do the `--help` checks, whose module fixture runs every script's --help once (~40 s) per worker.
 SERIAL_FILES = {"test_multinode.py", "test_multinode_collectives.py", "test_multinode_launch.py"}
 
 
@@ -31,10 +32,22 @@ def pytest_configure(config):
         print(f"tests/upstream.py: copies not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SERIAL_FILES or "11_multi_node" in item.nodeid:
             item.add_marker(pytest.mark.xdist_group("netns"))
+        elif item.path.name == "test_script_usage.py" and item.name.startswith("test_help["):
+            item.add_marker(pytest.mark.xdist_group("help"))
+    yield       # pytest-xdist 3.8 puts a test in its group by renaming it: `item._nodeid = "...@group"`
+    try:        # pytest 9 reads a test's name from `item._id`, where xdist's renaming would be lost
+        from _pytest.nodeid import NodeId
+    except ImportError:         # an older pytest reads _nodeid itself
+        return
+    for item in items:
+        renamed = item.__dict__.get("_nodeid")
+        if renamed and renamed != item.nodeid:
+            item._id = NodeId.parse(renamed)
 
 
 @pytest.fixture
