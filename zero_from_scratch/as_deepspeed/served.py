@@ -23,7 +23,7 @@ _PIPE = "pipeline_parallel.engine.ds_pipe"
 MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.zero", "deepspeed.utils",
            "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
-           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils",
+           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils", "deepspeed.runtime.zero.tiling",
            "deepspeed.runtime.zero.parameter_offload", "deepspeed.runtime.zero.linear",
            "deepspeed.runtime.zero.leaf_module_config", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
@@ -93,6 +93,9 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters.partitioned_param_data_shape": f"{_R}.constants:partitioned_param_data_shape",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_R}.zero_init:Init",
+    "deepspeed.runtime.zero.partition_parameters._contradicting_single_rank_pg_error":
+        f"{_E}.zs_group_check:contradicting_single_rank_pg_error",
+    "deepspeed.runtime.zero.tiling.*": f"{_R}.tiled:*",
     **{f"deepspeed.runtime.zero.{m}.{n}": f"{_R}.z3lin_linear:{n}" for m, n in (  # DeepSpeed's ZeRO-3 Linear
         ("linear", "LinearFunctionForZeroStage3"), ("linear", "zero3_linear_wrap"),
         ("partition_parameters", "zero3_linear_wrap"), ("partition_parameters", "InsertPostInitMethodToModuleSubClasses"))},
