@@ -96,6 +96,7 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters._contradicting_single_rank_pg_error":
         f"{_E}.zs_group_check:contradicting_single_rank_pg_error",
     "deepspeed.runtime.zero.tiling.*": f"{_R}.tiled:*",
+    "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": f"{_E}.zero_partition:MultipleAllGatherHandles",
     **{f"deepspeed.runtime.zero.{m}.{n}": f"{_R}.z3lin_linear:{n}" for m, n in (  # DeepSpeed's ZeRO-3 Linear
         ("linear", "LinearFunctionForZeroStage3"), ("linear", "zero3_linear_wrap"),
         ("partition_parameters", "zero3_linear_wrap"), ("partition_parameters", "InsertPostInitMethodToModuleSubClasses"))},
@@ -206,8 +207,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.runtime.zero.partition_parameters.Init._partition_param_sec": (
         "partition one parameter's hpZ secondary copy (its per-parameter ds_secondary_tensor)",
         "zero_hpz_partition_size: ringzero keeps hpZ's secondary shard per module unit (engine/hpz.py)"),
-    "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
-        "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
     # the universal checkpoint and its AutoTP conversion: ringzero writes its own and DeepSpeed's ZeRO folders only
     **{f"deepspeed.checkpoint.ds_to_universal.{n}": (
         "convert a ZeRO / tensor-parallel checkpoint into its universal format (per-parameter fp32 and optimizer files)",
