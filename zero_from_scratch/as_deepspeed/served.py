@@ -96,6 +96,7 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters._contradicting_single_rank_pg_error":
         f"{_E}.zs_group_check:contradicting_single_rank_pg_error",
     "deepspeed.runtime.zero.tiling.*": f"{_R}.tiled:*",
+    "deepspeed.runtime.zero.partition_parameters.CUDAQuantizer": f"{_R}.zs_quantizer:CUDAQuantizer",
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": f"{_E}.zero_partition:MultipleAllGatherHandles",
     **{f"deepspeed.runtime.zero.{m}.{n}": f"{_R}.z3lin_linear:{n}" for m, n in (  # DeepSpeed's ZeRO-3 Linear
         ("linear", "LinearFunctionForZeroStage3"), ("linear", "zero3_linear_wrap"),
@@ -205,8 +206,10 @@ REFUSED: dict[str, tuple[str, str]] = {
                                        "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
     "deepspeed.runtime.zero.partition_parameters.Init._partition_param_sec": (
-        "partition one parameter's hpZ secondary copy (its per-parameter ds_secondary_tensor)",
-        "zero_hpz_partition_size: ringzero keeps hpZ's secondary shard per module unit (engine/hpz.py)"),
+        "copy this rank's slice of one gathered parameter into that parameter's own hpZ secondary tensor "
+        "(param.ds_secondary_tensor, zero-padded)", "zero_hpz_partition_size in the config: ringzero's hpZ keeps "
+        "one secondary shard per module unit, cut from the unit's forward all-gather (engine/hpz.py), so no "
+        "parameter has a secondary tensor of its own to fill"),
     # the universal checkpoint and its AutoTP conversion: ringzero writes its own and DeepSpeed's ZeRO folders only
     **{f"deepspeed.checkpoint.ds_to_universal.{n}": (
         "convert a ZeRO / tensor-parallel checkpoint into its universal format (per-parameter fp32 and optimizer files)",
