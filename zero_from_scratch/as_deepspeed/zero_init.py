@@ -66,5 +66,7 @@ class Init(zero_init.Init, metaclass=_Refusing):
         w = module._parameters.get("weight") if type(module) in zs_quantized_init.WEIGHT_QUANTIZATION_LAYERS else None
         if (self.quantized_initialization and STATE.top is self and w is not None and not is_zero_param(w)
                 and not w.is_meta):
+            if self.dtype is not None and w.is_floating_point():   # DeepSpeed builds it in Init's dtype already
+                w.data = w.data.to(self.dtype)
             zs_quantized_init._quantize_param(w, self.quantized_initialization)
         super()._post_init(module)
