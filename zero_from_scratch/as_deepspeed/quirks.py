@@ -34,8 +34,8 @@ register_external_on_use  stage 3: a parameter read in the forward of a module t
 init_model_below_stage3   a model built under zero.Init, initialized at stage 0-2: DeepSpeed accepts it
         (runtime/engine.py keeps the partitioned parameters, which its stage 0-2 cannot train); the
         runner gathers them whole (every rank) and drops their ZeRO-3 attributes, with one warning,
-        where ringzero's own initialize refuses (zero_partition.refuse_below_stage3); initialize inside
-        the still-open Init context is refused (the context would partition them again at its end).
+        where ringzero's own initialize refuses (zero_partition.refuse_below_stage3); inside the
+        still-open Init context too (the context then leaves that model whole: zero_partition.make_whole).
 offload_param_below_stage3   zero_optimization.offload_param at stage 0-2: DeepSpeed reads it only at
         stage 3 (runtime/zero/config.py; stages 0-2 never look), so the runner drops it with a warning
         where ringzero's own config refuses it.
@@ -213,20 +213,13 @@ def register_external_on_use(engine) -> None:
 
 
 def init_model_below_stage3(model, config) -> None:
-    from zero_from_scratch.engine.zero_partition import STATE, gather, held_by_init   # only when a script needs it
+    from zero_from_scratch.engine.zero_partition import held_by_init, make_whole   # only when a script needs it
     c = _as_dict(config)
     stage = ((c.get("zero_optimization") or {}).get("stage", 0) if isinstance(c, dict) else 0)
     held = [(n, p) for n, p in model.named_parameters() if held_by_init(p)]
     if stage == 3 or not held:
         return
-    if STATE.depth > 0:      # the open context would partition them again when it closes
-        raise NotImplementedError(f"deepspeed.initialize inside zero.Init at zero_optimization.stage={stage}: "
-                                  "DeepSpeed keeps the parameters partitioned, which its stages 0-2 cannot train; "
-                                  "the runner gathers them whole only after the `with` block (initialize there)")
-    for _, p in held:
-        p.data = gather(p)
-        for a in [k for k in vars(p) if k.startswith("ds_")]:
-            delattr(p, a)
+    make_whole(model, [p for _, p in held])
     if _rank0():
         logger.warning(f"{len(held)} parameters (e.g. {held[0][0]!r}) were partitioned by zero.Init but "
                        f"zero_optimization.stage is {stage}: DeepSpeed keeps them partitioned; ringzero gathers "

@@ -23,7 +23,7 @@ _PIPE = "pipeline_parallel.engine.ds_pipe"
 MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.zero", "deepspeed.utils",
            "deepspeed.utils.logging", "deepspeed.utils.zero_to_fp32", "deepspeed.runtime", "deepspeed.runtime.utils",
            "deepspeed.runtime.lr_schedules", "deepspeed.runtime.engine", "deepspeed.runtime.dataloader",
-           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils",
+           "deepspeed.runtime.zero", "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.utils", "deepspeed.runtime.zero.tiling",
            "deepspeed.runtime.zero.parameter_offload", "deepspeed.runtime.zero.linear",
            "deepspeed.runtime.zero.leaf_module_config", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
@@ -93,6 +93,11 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters.partitioned_param_data_shape": f"{_R}.constants:partitioned_param_data_shape",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_R}.zero_init:Init",
+    "deepspeed.runtime.zero.partition_parameters._contradicting_single_rank_pg_error":
+        f"{_E}.zs_group_check:contradicting_single_rank_pg_error",
+    "deepspeed.runtime.zero.tiling.*": f"{_R}.tiled:*",
+    "deepspeed.runtime.zero.partition_parameters.CUDAQuantizer": f"{_R}.zs_quantizer:CUDAQuantizer",
+    "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": f"{_E}.zero_partition:MultipleAllGatherHandles",
     **{f"deepspeed.runtime.zero.{m}.{n}": f"{_R}.z3lin_linear:{n}" for m, n in (  # DeepSpeed's ZeRO-3 Linear
         ("linear", "LinearFunctionForZeroStage3"), ("linear", "zero3_linear_wrap"),
         ("partition_parameters", "zero3_linear_wrap"), ("partition_parameters", "InsertPostInitMethodToModuleSubClasses"))},
@@ -201,10 +206,10 @@ REFUSED: dict[str, tuple[str, str]] = {
                                        "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel",
                                                         "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
     "deepspeed.runtime.zero.partition_parameters.Init._partition_param_sec": (
-        "partition one parameter's hpZ secondary copy (its per-parameter ds_secondary_tensor)",
-        "zero_hpz_partition_size: ringzero keeps hpZ's secondary shard per module unit (engine/hpz.py)"),
-    "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": (
-        "hand back its asynchronous all-gather handle objects", "GatheredParameters / ringzero's prefetch (stage3.py)"),
+        "copy this rank's slice of one gathered parameter into that parameter's own hpZ secondary tensor "
+        "(param.ds_secondary_tensor, zero-padded)", "zero_hpz_partition_size in the config: ringzero's hpZ keeps "
+        "one secondary shard per module unit, cut from the unit's forward all-gather (engine/hpz.py), so no "
+        "parameter has a secondary tensor of its own to fill"),
     # the universal checkpoint and its AutoTP conversion: ringzero writes its own and DeepSpeed's ZeRO folders only
     **{f"deepspeed.checkpoint.ds_to_universal.{n}": (
         "convert a ZeRO / tensor-parallel checkpoint into its universal format (per-parameter fp32 and optimizer files)",

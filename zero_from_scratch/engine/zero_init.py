@@ -26,10 +26,10 @@ keep theirs until initialize casts the model. remote_device None/"cpu": shards s
 parameters' device; "nvme", or the config's offload_param.device "nvme" (which wins, as in DeepSpeed):
 each shard is written to a file under offload_param.nvme_path as it is made (init_swap.py), so a
 rank holds one module, never Ψ/N; without a config naming nvme_path it is refused (DeepSpeed asserts).
-module=: partition an already built model. mpu: DeepSpeed hands it to its config object
-only (batch arithmetic); accepted, unused. mem_efficient_linear: the
-engine saves Linear weights by reference during training (saved.py) whatever its value.
-data_parallel_group: the torch.distributed group to partition over (default: the world).
+module=: partition an already built model. mpu: DeepSpeed hands it to its config object only (batch
+arithmetic); accepted, unused. mem_efficient_linear: the engine saves Linear weights by reference (saved.py).
+data_parallel_group: the torch.distributed group to partition over (default: the world; refused, as
+DeepSpeed refuses it, when that world is one rank but the launcher's WORLD_SIZE > 1: zs_group_check.py).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from zero_from_scratch.engine.external import register_external_parameter
 from zero_from_scratch.engine.init_swap import InitSwap
 from zero_from_scratch.engine.zero_gathered import GatheredParameters
 from zero_from_scratch.engine.zero_partition import STATE, ZeroParamStatus, is_zero_param
+from zero_from_scratch.engine.zs_group_check import refuse_single_rank_group
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus"]
 
@@ -86,8 +87,7 @@ def _dtype_from(cfg: dict | None) -> torch.dtype | None:
 
 
 def _swap_from(cfg: dict | None, remote_device, enabled: bool):
-    """An InitSwap when the shards go to files (the config's offload_param.device wins over
-    remote_device, as in DeepSpeed), else None."""
+    """An InitSwap when the shards go to files (offload_param.device wins over remote_device, as in DeepSpeed)."""
     off = ((cfg or {}).get("zero_optimization") or {}).get("offload_param") or {}
     device = off.get("device", remote_device) if off else remote_device
     if device != "nvme" or not enabled:
@@ -108,10 +108,9 @@ class Init:
                  zero_param_parallel_group=None, zero_quantized_weights=False,
                  zero_quantized_nontrainable_weights=False, sequence_data_parallel_group=None,
                  param_swapper=None, tensor_overrides=None):
-        refused = {"zero_param_parallel_group": zero_param_parallel_group,
-                   "zero_quantized_weights": zero_quantized_weights or None,
-                   "zero_quantized_nontrainable_weights": zero_quantized_nontrainable_weights or None,
-                   "param_swapper": param_swapper, "tensor_overrides": tensor_overrides}
+        refused = {"zero_param_parallel_group": zero_param_parallel_group, "param_swapper": param_swapper,
+                   "zero_quantized_weights": zero_quantized_weights or None, "tensor_overrides": tensor_overrides,
+                   "zero_quantized_nontrainable_weights": zero_quantized_nontrainable_weights or None}
         for k, v in refused.items():
             if v is not None:
                 raise NotImplementedError(f"Init({k}=...) is not supported: DeepSpeed uses it for hpZ/ZeRO++ groups, "
@@ -130,6 +129,8 @@ class Init:
             raise ValueError("Init: both 'data_parallel_group' and 'sequence_data_parallel_group' were specified")
         self.enabled = enabled
         self.group = data_parallel_group if data_parallel_group is not None else sequence_data_parallel_group
+        if enabled:
+            refuse_single_rank_group(self.group)
         self.dtype = dtype if dtype is not None else _dtype_from(cfg)
         if self.dtype is None and enabled:
             warnings.warn("zero.Init without dtype or config: parameters keep the constructor's dtype (DeepSpeed "

@@ -143,6 +143,18 @@ class _Done:
         return None
 
 
+class MultipleAllGatherHandles:
+    """DeepSpeed's handle over several all-gathers (partition_parameters.py): wait() waits on each,
+    handing handle_dependency on by keyword (a handle's wait may take it keyword-only or as **kwargs)."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        for handle in self.handles:
+            handle.wait(handle_dependency=handle_dependency)
+
+
 def all_gather_coalesced(params, safe_mode: bool = False, quantize: bool = False) -> _Done:
     """DeepSpeed's `param.all_gather_coalesced(params)` on Init-held parameters: each one's full value
     in .data (AVAILABLE) until released; one all-gather per parameter, done before it returns."""
@@ -202,6 +214,24 @@ def refuse_below_stage3(model: torch.nn.Module, stage: int, rank: int) -> None:
         raise ValueError(f"rank {rank}: initialize(model=...) got {len(held)} parameters partitioned by zero.Init "
                          f"(e.g. {held[0]!r}) with zero_optimization.stage={stage}; DeepSpeed builds under Init "
                          "for ZeRO-3 only: use stage 3, or build the model without Init")
+
+
+def make_whole(model: torch.nn.Module, params: list) -> None:
+    """Init-held `params` of `model` gathered whole on every rank and no longer ZeRO parameters (the
+    runner's initialize below stage 3); an open zero.Init context leaves the model's modules as they
+    are when it closes. Collective: (N-1)/N·b·numel per parameter."""
+    STATE.busy += 1                              # our own gathers: Init's mode lets them through
+    try:
+        for p in params:
+            p.data = gather(p)
+            for a in [k for k in vars(p) if k.startswith("ds_")]:
+                delattr(p, a)
+    finally:
+        STATE.busy -= 1
+    top, ids = STATE.top, {id(m) for m in model.modules()}
+    if top is not None:
+        top.built = [r for r in top.built if id(r()) not in ids]
+        top.full = [p for p in top.full if getattr(p, "_zero_owner", None) not in ids]
 
 
 def value_of(p: torch.nn.Parameter) -> tuple[torch.Tensor, bool]:
