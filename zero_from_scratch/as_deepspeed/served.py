@@ -32,7 +32,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
            "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
-           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
+           "deepspeed.runtime.activation_checkpointing.checkpointing",
+           "deepspeed.runtime.activation_checkpointing.offload_activations", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
            "deepspeed.runtime.precision_config", "deepspeed.runtime.constants", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info",
@@ -119,6 +120,9 @@ SERVED: dict[str, str] = {
     **{f"{m}.{n}": f"{_R}.checkpointing:{n}" for m in ("deepspeed.checkpointing",
                                                        "deepspeed.runtime.activation_checkpointing.checkpointing")
        for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
+    **{f"deepspeed.runtime.activation_checkpointing.offload_activations.{n}": f"{_R}.zo_offload_activations:{n}"
+       for n in ("CheckpointHiddenStatesOffload", "get_checkpoint_hidden_states_offloading_ctx_manager",
+                 "CheckpointActivationOffloadStats", "patch_gradient_checkpointing_layer_marker")},
     **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
     "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
     "deepspeed.runtime.config.get_gradient_clipping": f"{_R}.more_config:get_gradient_clipping",
