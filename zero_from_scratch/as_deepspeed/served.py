@@ -151,6 +151,13 @@ SERVED: dict[str, str] = {
     **{f"deepspeed.utils.pin_memory_tracker.{n}": f"{_R}.accelerator:{n}"
        for n in ("_fmt_bytes", "_tracker", "track_pinned_memory", "pinned_memory_summary")},
     "deepspeed.utils.groups._get_expert_parallel_ranks": f"{_R}.utils:_get_expert_parallel_ranks",
+    # expert-parallel groups (no MoE layer) and the overflow / norm checks that reduce over them
+    **{f"deepspeed.utils.groups.{n}": f"{_R}.zo_expert_groups:{n}" for n in (
+        "_create_expert_and_data_parallel", "_get_expert_parallel_group", "_get_expert_data_parallel_group",
+        "_get_max_expert_parallel_group", "_get_max_expert_size", "_get_max_expert_size_name")},
+    **{f"deepspeed.runtime.utils.{n}": f"{_R}.zo_expert_groups:{n}"
+       for n in ("CheckOverflow", "get_weight_norm", "is_invalid_grad_norm")},
+    "deepspeed.moe.utils.is_moe_param": f"{_R}.zo_expert_groups:is_moe_param",
     **{f"deepspeed.checkpoint.constants.{n}": f"{_R}.constants:{n}" for n in _CKPT_KEYS},
     "deepspeed.runtime.engine._checkpoint_parallel_metadata": f"{_E}.mpu:checkpoint_parallel_metadata",
     "deepspeed.runtime.zero.stage_1_and_2.dist": "deepspeed:comm",    # DeepSpeed's module-level `dist`: deepspeed.comm
@@ -201,9 +208,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad": ("run its C++ CPU Adagrad", "torch.optim.Adagrad"),
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
-    **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
-                                       "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel",
-                                                        "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
     "deepspeed.runtime.zero.partition_parameters.Init._partition_param_sec": (
         "partition one parameter's hpZ secondary copy (its per-parameter ds_secondary_tensor)",
         "zero_hpz_partition_size: ringzero keeps hpZ's secondary shard per module unit (engine/hpz.py)"),
