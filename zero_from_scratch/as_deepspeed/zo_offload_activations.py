@@ -9,7 +9,8 @@ A saved-tensors hook (torch.autograd.graph.saved_tensors_hooks) that moves the t
 marked — a checkpointed layer's input, its hidden states — to host memory when autograd saves them
 and back when backward unpacks them; every other saved tensor passes through. While a manager is
 active, transformers' GradientCheckpointingLayer.__call__ is wrapped so that a checkpointing layer
-in training marks its first positional argument. As DeepSpeed's:
+in training marks its first positional argument (when transformers is imported: no such layer exists
+before; DeepSpeed imports it on entering, seconds, when installed). As DeepSpeed's:
   skipped (counted, left in place): a tensor not on the accelerator, any tensor when the accelerator
       is a synchronized device (the CPU: hidden states are host memory already), fewer than
       min_offload_bytes, a Parameter or Buffer, an overlapping (stride-0) view;
@@ -21,15 +22,14 @@ in training marks its first positional argument. As DeepSpeed's:
       exits (backward(retain_graph=True) unpacks twice).
 use_streams: DeepSpeed overlaps the copies with compute on a side stream; here they run on the
 compute stream (DeepSpeed's use_streams=False path, its only one on the CPU, which has no streams):
-the same values, no overlap; asked on a stream device, warned once. The config key
-`activation_checkpointing.cpu_checkpointing` drives DeepSpeed's same engine inside
-deepspeed.checkpointing.checkpoint, on stream devices only: on the CPU it moves nothing either.
-Cost: per offloaded tensor one device→host copy in forward and one host→device copy in backward;
-it frees those bytes of device memory between forward and backward.
+the same values, no overlap; asked on a stream device, warned once. (DeepSpeed's config key
+activation_checkpointing.cpu_checkpointing drives the same engine inside its checkpoint(), on stream
+devices only: on the CPU that moves nothing either.)
+Cost: per offloaded tensor a device→host copy in forward, host→device in backward; frees its bytes between.
 """
 from __future__ import annotations
 
-import importlib.util
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -272,7 +272,7 @@ class CheckpointHiddenStatesOffload(_ActivationOffloadEngine, saved_tensors_hook
             raise RuntimeError("CheckpointHiddenStatesOffload is not re-entrant; use a separate instance for a "
                                "nested context")
         with _PATCH_LOCK:
-            if _PATCH["wrapper"] is None and importlib.util.find_spec("transformers") is not None:
+            if _PATCH["wrapper"] is None and "transformers" in sys.modules:
                 patch_gradient_checkpointing_layer_marker()
                 _PATCH["by_context"] = True
             if _PATCH["wrapper"] is not None:
