@@ -16,8 +16,10 @@ Here ringzero's own shards already hold that sum (the offloaded optimizer reads 
 the view copies out of them when read: key → a CPU tensor of the parameter's numel and dtype, this
 rank's part of the parameter the reduced sum ÷ the ranks (× the fp16 loss scale, as DeepSpeed's), the
 rest 0 (DeepSpeed's holds this rank's unreduced values there: no rank's gradient). The keys appear as
-DeepSpeed's would, counted by engine.backward. Read after the step, the values are 0 where DeepSpeed's
-still hold the last step's sums; at stage 1 between boundaries they are this rank's own unreduced sum.
+DeepSpeed's would, counted by engine.backward (a plain loss.backward() is not counted), every parameter
+of the partition at once (DeepSpeed lists one when its gradient first arrives). Read after the step,
+the values are 0 where DeepSpeed's still hold the last step's sums; at stage 1 between boundaries they
+are this rank's own unreduced sum.
 Cost: nothing until read; a read copies this rank's part of each listed parameter to the host.
 """
 from __future__ import annotations
