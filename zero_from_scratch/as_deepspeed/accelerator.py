@@ -171,7 +171,11 @@ class Accelerator:
     def supported_dtypes(self) -> list:
         return [torch.float, torch.bfloat16] + ([torch.float16] if self.is_fp16_supported() else [])
 
-    def pin_memory(self, tensor, align_bytes=1):
+    @property
+    def Stream(self):
+        return None if self._name == "cpu" else torch.cuda.Stream
+
+    def pin_memory(self, tensor, align_bytes=1, make_copy=True, match_shape=True):
         if self._name == "cpu":      # torch cannot pin for a CPU device: DeepSpeed's no-op, nothing tracked
             return tensor
         track_pinned_memory(tensor.nbytes)

@@ -32,7 +32,8 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
            "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
-           "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
+           "deepspeed.runtime.activation_checkpointing.checkpointing",
+           "deepspeed.runtime.activation_checkpointing.offload_activations", "deepspeed.runtime.config_utils", "deepspeed.runtime.config", "deepspeed.runtime.zero.config",
            "deepspeed.runtime.precision_config", "deepspeed.runtime.constants", "deepspeed.utils.torch", "deepspeed.moe", "deepspeed.moe.utils",
            "deepspeed.moe.layer", "deepspeed.checkpoint", "deepspeed.checkpoint.utils", "deepspeed.compression",
            "deepspeed.compression.compress", "deepspeed.module_inject", "deepspeed.inference", "deepspeed.git_version_info",
@@ -124,6 +125,9 @@ SERVED: dict[str, str] = {
     **{f"{m}.{n}": f"{_R}.checkpointing:{n}" for m in ("deepspeed.checkpointing",
                                                        "deepspeed.runtime.activation_checkpointing.checkpointing")
        for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
+    **{f"deepspeed.runtime.activation_checkpointing.offload_activations.{n}": f"{_R}.zo_offload_activations:{n}"
+       for n in ("CheckpointHiddenStatesOffload", "get_checkpoint_hidden_states_offloading_ctx_manager",
+                 "CheckpointActivationOffloadStats", "patch_gradient_checkpointing_layer_marker")},
     **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
     "deepspeed.runtime.config.DeepSpeedConfigError": f"{_E}.checkpoint_read:DeepSpeedConfigError",
     "deepspeed.runtime.config.get_gradient_clipping": f"{_R}.more_config:get_gradient_clipping",
@@ -152,6 +156,13 @@ SERVED: dict[str, str] = {
     **{f"deepspeed.utils.pin_memory_tracker.{n}": f"{_R}.accelerator:{n}"
        for n in ("_fmt_bytes", "_tracker", "track_pinned_memory", "pinned_memory_summary")},
     "deepspeed.utils.groups._get_expert_parallel_ranks": f"{_R}.utils:_get_expert_parallel_ranks",
+    # expert-parallel groups (no MoE layer) and the overflow / norm checks that reduce over them
+    **{f"deepspeed.utils.groups.{n}": f"{_R}.zo_expert_groups:{n}" for n in (
+        "_create_expert_and_data_parallel", "_get_expert_parallel_group", "_get_expert_data_parallel_group",
+        "_get_max_expert_parallel_group", "_get_max_expert_size", "_get_max_expert_size_name")},
+    **{f"deepspeed.runtime.utils.{n}": f"{_R}.zo_expert_groups:{n}"
+       for n in ("CheckOverflow", "get_weight_norm", "is_invalid_grad_norm")},
+    "deepspeed.moe.utils.is_moe_param": f"{_R}.zo_expert_groups:is_moe_param",
     **{f"deepspeed.checkpoint.constants.{n}": f"{_R}.constants:{n}" for n in _CKPT_KEYS},
     "deepspeed.runtime.engine._checkpoint_parallel_metadata": f"{_E}.mpu:checkpoint_parallel_metadata",
     "deepspeed.runtime.zero.stage_1_and_2.dist": "deepspeed:comm",    # DeepSpeed's module-level `dist`: deepspeed.comm
@@ -202,9 +213,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad": ("run its C++ CPU Adagrad", "torch.optim.Adagrad"),
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
-    **{f"deepspeed.utils.groups.{n}": ("create expert-parallel process groups (mixture of experts)",
-                                       "none: ringzero has no MoE") for n in ("_create_expert_and_data_parallel",
-                                                        "_get_expert_parallel_group", "_get_expert_data_parallel_group")},
     "deepspeed.runtime.zero.partition_parameters.Init._partition_param_sec": (
         "copy this rank's slice of one gathered parameter into that parameter's own hpZ secondary tensor "
         "(param.ds_secondary_tensor, zero-padded)", "zero_hpz_partition_size in the config: ringzero's hpZ keeps "

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zero_from_scratch.engine.auto import BATCH, DEFAULTS, resolve_auto, weight_decay_default
-from zero_from_scratch.engine.zero_keys import KEY_STATUS, value_notes, offloads, refuse_false_modes, zero_key_notes, zero_overlap_keys
+from zero_from_scratch.engine.zero_keys import KEY_STATUS, value_notes, offloads, zero_key_notes, zero_overlap_keys
 from zero_from_scratch.engine.key_status import gate, suggest as _suggest
 from zero_from_scratch.engine.mixed_cast import DataTypes
 from zero_from_scratch.engine.monitor import parse as parse_monitors
@@ -258,7 +258,6 @@ def load_config(config, world_size: int) -> ZeroRunConfig:
     else:    # the gate judged super_offload (refused when set), cpuadam_cores_perc (warned)
         z_off["offload_optimizer"] = {k: v for k, v in z_off["offload_optimizer"].items() if k not in ("super_offload", "cpuadam_cores_perc")}
     offload = parse_offload(z_off)
-    refuse_false_modes(raw, z, offload)
     sub_group_size = z.get("sub_group_size", 1_000_000_000)
     if not isinstance(sub_group_size, (int, float)) or sub_group_size < 1:
         raise _bad("zero_optimization.sub_group_size", sub_group_size, "a positive number of elements")

@@ -143,9 +143,9 @@ ZERO_STATUS = {
                                            "or under it is a ZeRO-3 leaf, gathered whole (leaf.py set_by_granularity)",
     "stage3_use_all_reduce_for_fetch_params": W + SAME + "fetch parameters with all-reduce instead of all-gather",
     "stage3_allgather_sequential": W + SAME + "all-gather parameters one at a time",
-    "ignore_unused_parameters": W + SAME + "tolerate parameters without gradients (stage 2-3; they are zero here); "
-                                "false refused at stages 1-2 with offload_optimizer (refuse_false_modes), where DeepSpeed "
-                                "asserts at the step that every trainable parameter got a gradient",
+    "ignore_unused_parameters": H + "false at stages 1-2 with offload_optimizer: the step asserts, as DeepSpeed's, that "
+                                "every trainable parameter of this rank's shards had a gradient (zo_unused_params.py); "
+                                "elsewhere DeepSpeed checks nothing either (an unused parameter's gradient is 0)",
     "legacy_stage1": W + SAME + "use the old stage-1 implementation",
     "parameter_alignment": W + SAME + "pad each partition to this many elements",
     "zero_quantized_weights": H + "stage 3: ZeRO++ qwZ, weights all-gathered as block-wise int8 (qwz.py); "
@@ -202,14 +202,6 @@ INITIALIZE_ARGS = {
     "mesh_param": R + NOT + "build a data × sequence parallel device mesh (use mpu=)",
     "config_params": H + "the same as config (accelerate passes this name)",
 }
-
-
-def refuse_false_modes(raw: dict, z: dict, offload) -> None:
-    """The key whose false value asks for a DeepSpeed mode this engine does not have (the table says why)."""
-    if z.get("ignore_unused_parameters") is False and offload and z.get("stage", 0) in (1, 2):
-        raise ValueError("config key 'zero_optimization.ignore_unused_parameters' = False is refused at ZeRO stages 1-2 "
-                         "with offload_optimizer: not implemented here; DeepSpeed would assert at the step when a "
-                         "trainable parameter got no gradient")
 
 
 def value_notes(raw: dict, dtype: str, stage: int) -> str | None:
