@@ -15,8 +15,9 @@ and at the accumulation boundary engine.allreduce_gradients ALL-REDUCES them (th
 reduce-scatter on that path), so every rank holds the whole averaged gradient before step() updates its own
 partition. ringzero's stage 1 accumulates in fp32 there already (precision.grad_dtype); under the runner it
 all-reduces too (the engine's `reduce_scatter: false` path), and
-  engine.optimizer.fp32_groups_gradients_flat   per group, the fp32 gradient: this rank's sum between
-                                                boundaries, the average after the boundary's reduction.
+  engine.optimizer.fp32_groups_gradients_flat   per group, the fp32 gradient (DeepSpeed's order and padding):
+                                                this rank's sum between boundaries, the average after the
+                                                boundary's reduction.
                                                 Read when read (a new tensor each time: writing into it
                                                 changes nothing here, where DeepSpeed's is the buffer).
 Cost: in that configuration the boundary moves 2(N-1)/N·Ψ gradient elements per rank instead of
@@ -77,12 +78,18 @@ def bf16_chosen(engine) -> bool:
 
 
 def fp32_gradients(engine) -> list[torch.Tensor]:
-    """DeepSpeed's fp32_groups_gradients_flat: ringzero stores sums of gradients × `pre`; the reduced ones the
-    step divides by post_divisor × the loss scale (grad_keys.py)."""
-    r = engine.config.reduction
-    local = engine._grads_local or engine.comm.size == 1
+    """DeepSpeed's fp32_groups_gradients_flat: per group its parameters' gradients in the group's order, zeros
+    to a multiple of 2·N elements (its nccl_start_alignment_factor 2 × the ranks). ringzero's buffer lays the
+    units out in backward order and holds sums of gradients × `pre`; the reduced ones the step divides by
+    post_divisor × the loss scale (grad_keys.py)."""
+    r, st, n = engine.config.reduction, engine.stage, engine.comm.size
+    local = engine._grads_local or n == 1
     div = (r.pre if local else r.post_divisor) * engine.loss_scaler.loss_scale
-    return [g.float() / div for g in engine.stage.gflat]
+    out = []
+    for names in engine.group_names:
+        flat = torch.cat([st.gview[x].reshape(-1) for x in names]).float() / div
+        out.append(torch.nn.functional.pad(flat, (0, -flat.numel() % (2 * n))))
+    return out
 
 
 _WITH_GRADS: dict = {}
