@@ -9,8 +9,8 @@ algorithms built from send/recv (primitives/engine/api.py), in torch's in-place 
 with DeepSpeed's signatures (deepspeed/comm/comm.py), plus two keywords of primitives' (algorithm, tag).
 Under the runner the ZeRO engine's own collectives call these names (engine/comm.py call_through), so a
 script that patches dist.all_reduce / reduce_scatter_fn / all_gather_into_tensor sees them, as with DeepSpeed.
-Point-to-point (send, recv, isend, irecv, batch_isend_irecv), the object collectives and the group bookkeeping are torch.distributed's own:
-primitives is built on them. DeepSpeed's comms profiling (prof=True, log_summary) is not served:
+Point-to-point (send, recv, isend, irecv, batch_isend_irecv), the object collectives and the group
+bookkeeping are torch.distributed's own: primitives is built on them. DeepSpeed's comms profiling (prof=True, log_summary) is not served:
 ringzero's ledger is primitives.LEDGER. Cost: each collective's, see primitives/engine/api.py;
 barrier is a one-element all-reduce.
 """

@@ -106,7 +106,8 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": f"{_R}.zero3_optimizer:DeepSpeedZeroOptimizer_Stage3",
-    "deepspeed.runtime.utils.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward",
+    **{f"deepspeed.runtime.{m}.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward"
+       for m in ("utils", "zero.stage_1_and_2", "zero.stage3")},    # the stages' import of it: the same function
     **{f"deepspeed.runtime.{m}.{c}": f"{_R}.zf_optimizer_classes:{c}"
        for m, c in (("bf16_optimizer", "BF16_Optimizer"), ("zero.stage_1_and_2", "DeepSpeedZeroOptimizer"))},
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
