@@ -8,7 +8,8 @@ ACC backwards (set_gradient_accumulation_boundary on the last, gradient_accumula
 - ZeRO-2: every backward reduce-scatters each unit through reduce_scatter_fn (units × backwards calls,
   each input the unit's padded bucket); inside engine.coalesce_grad_reduction() the block's one flush
   does (units calls). ZeRO-3: the same for its gradient units, and its parameter gathers go through
-  all_gather_into_tensor.
+  all_gather_into_tensor. A unit over comm.RS_PIECE_BYTES per rank goes as its pieces, each a
+  list-form reduce_scatter, and sums right.
 - the calls are the real ones: the weights after the step equal, bit for bit, ringzero's own entry point
   (zero_from_scratch.initialize, which never calls these names) and, within fp32 rounding, SGD in one
   process on the mean of both ranks' gradients (the independent reference; tolerance 1e-6 absolute on
@@ -18,7 +19,7 @@ import torch
 import torch.nn as nn
 
 MB, ACC, LR = 4, 2, 0.5
-NAMES = ("reduce_scatter_fn", "all_reduce", "all_gather_into_tensor")
+NAMES = ("reduce_scatter_fn", "all_reduce", "all_gather_into_tensor", "reduce_scatter")
 
 
 def _model():
@@ -90,7 +91,18 @@ def _ranks(rank, world):
             units, weights = _train(deepspeed.initialize, stage, rank, coalesce, counts)
             counts.pop("on")
             out[stage, coalesce] = dict(counts), list(seen), units, weights
-    return own, out
+    # a unit over RS_PIECE_BYTES per rank reduces in pieces: each a list-form reduce_scatter
+    from zero_from_scratch.engine import comm as engine_comm
+    engine_comm.RS_PIECE_BYTES = 64                  # 16 fp32 per piece: 100 elements per rank -> 7 pieces
+    c = engine_comm.Comm()
+    c.call_through(dist)
+    inp = torch.arange(200, dtype=torch.float32) * (rank + 1)
+    block = torch.empty(100)
+    counts.clear()
+    counts["on"] = True
+    c.reduce_scatter_single(block, inp)
+    counts.pop("on")
+    return own, out, (dict(counts), block)
 
 
 def _reference():
@@ -110,7 +122,9 @@ def _reference():
 
 def test_engine_collectives_go_through_served_names(spawn):
     ref = _reference()
-    for own, out in spawn(_ranks, 2):
+    for rank, (own, out, (pieces, block)) in enumerate(spawn(_ranks, 2)):
+        assert pieces == {"reduce_scatter": 7}, pieces
+        assert torch.equal(block, torch.arange(100.0 * rank, 100.0 * (rank + 1)) * 3)    # rank 0's + rank 1's
         for (stage, coalesce), (counts, seen, units, weights) in out.items():
             backwards = 1 if coalesce else ACC
             rs = [n for name, n in seen if name == "reduce_scatter_fn"]
