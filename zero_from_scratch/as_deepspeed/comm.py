@@ -3,16 +3,16 @@
     import deepspeed.comm as dist          (under python -m zero_from_scratch.as_deepspeed SCRIPT)
     dist.init_distributed(); dist.all_reduce(t); dist.barrier(); dist.get_rank()
 
-The collectives (all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
+The collectives (all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, allgather_fn, reduce_scatter,
 reduce_scatter_tensor, reduce_scatter_fn, gather, scatter, all_to_all_single, all_to_all, barrier) run ringzero's
 algorithms built from send/recv (primitives/engine/api.py), in torch's in-place semantics and
 with DeepSpeed's signatures (deepspeed/comm/comm.py), plus two keywords of primitives' (algorithm, tag).
 Under the runner the ZeRO engine's own collectives call these names (engine/comm.py call_through), so a
 script that patches dist.all_reduce / reduce_scatter_fn / all_gather_into_tensor sees them, as with DeepSpeed.
 Point-to-point (send, recv, isend, irecv, batch_isend_irecv), the object collectives and the group
-bookkeeping are torch.distributed's own: primitives is built on them. DeepSpeed's comms profiling (prof=True, log_summary) is not served:
-ringzero's ledger is primitives.LEDGER. Cost: each collective's, see primitives/engine/api.py;
-barrier is a one-element all-reduce.
+bookkeeping are torch.distributed's own: primitives is built on them. DeepSpeed's comms profiling
+(prof=True, log_summary) is not served: ringzero's ledger is primitives.LEDGER.
+Cost: each collective's, see primitives/engine/api.py; barrier is a one-element all-reduce.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ destroy_process_group = dist.destroy_process_group
 __all__ = ["ReduceOp", "P2POp", "init_distributed", "is_initialized", "is_available", "destroy_process_group",
            "new_group", "inference_all_reduce", "get_rank", "get_world_size", "get_local_rank", "get_global_rank", "get_world_group",
            "get_all_ranks_from_group", "barrier", "all_reduce", "broadcast", "reduce", "all_gather",
-           "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn", "gather", "scatter",
+           "all_gather_into_tensor", "allgather_fn", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
+           "gather", "scatter",
            "all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv", "batch_isend_irecv",
            "broadcast_object_list", "all_gather_object", "has_all_gather_into_tensor", "has_reduce_scatter_tensor",
            "log_summary"]
@@ -126,6 +127,12 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
                            log_name="all_gather_into_tensor", debug=None, *, algorithm="auto", tag=0):
     _no_prof(prof, "all_gather_into_tensor")
     return primitives.all_gather_single(output_tensor, input_tensor, group, async_op, algorithm=algorithm, tag=tag)
+
+
+def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, debug=None):
+    """DeepSpeed's (comm.py): all_gather_into_tensor, the call its ZeRO-3 parameter gathers make."""
+    _started("allgather_fn")
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
