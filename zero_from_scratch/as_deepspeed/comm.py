@@ -3,14 +3,16 @@
     import deepspeed.comm as dist          (under python -m zero_from_scratch.as_deepspeed SCRIPT)
     dist.init_distributed(); dist.all_reduce(t); dist.barrier(); dist.get_rank()
 
-The collectives (all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter,
+The collectives (all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, allgather_fn, reduce_scatter,
 reduce_scatter_tensor, reduce_scatter_fn, gather, scatter, all_to_all_single, all_to_all, barrier) run ringzero's
 algorithms built from send/recv (primitives/engine/api.py), in torch's in-place semantics and
-with DeepSpeed's signatures (deepspeed/comm/comm.py). Point-to-point (send, recv, isend, irecv,
-batch_isend_irecv), the object collectives and the group bookkeeping are torch.distributed's own:
-primitives is built on them. DeepSpeed's comms profiling (prof=True, log_summary) is not served:
-ringzero's ledger is primitives.LEDGER. Cost: each collective's, see primitives/engine/api.py;
-barrier is a one-element all-reduce.
+with DeepSpeed's signatures (deepspeed/comm/comm.py), plus two keywords of primitives' (algorithm, tag).
+Under the runner the ZeRO engine's own collectives call these names (engine/comm.py call_through), so a
+script that patches dist.all_reduce / reduce_scatter_fn / all_gather_into_tensor sees them, as with DeepSpeed.
+Point-to-point (send, recv, isend, irecv, batch_isend_irecv), the object collectives and the group
+bookkeeping are torch.distributed's own: primitives is built on them. DeepSpeed's comms profiling
+(prof=True, log_summary) is not served: ringzero's ledger is primitives.LEDGER.
+Cost: each collective's, see primitives/engine/api.py; barrier is a one-element all-reduce.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ destroy_process_group = dist.destroy_process_group
 __all__ = ["ReduceOp", "P2POp", "init_distributed", "is_initialized", "is_available", "destroy_process_group",
            "new_group", "inference_all_reduce", "get_rank", "get_world_size", "get_local_rank", "get_global_rank", "get_world_group",
            "get_all_ranks_from_group", "barrier", "all_reduce", "broadcast", "reduce", "all_gather",
-           "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn", "gather", "scatter",
+           "all_gather_into_tensor", "allgather_fn", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
+           "gather", "scatter",
            "all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv", "batch_isend_irecv",
            "broadcast_object_list", "all_gather_object", "has_all_gather_into_tensor", "has_reduce_scatter_tensor",
            "log_summary"]
@@ -90,9 +93,10 @@ def barrier(group=None, async_op=False, device_ids=None, prof=False, log_name="b
     return primitives.all_reduce(flag, ReduceOp.SUM, group, async_op)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce", debug=None):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce", debug=None,
+               *, algorithm="auto", tag=0):
     _no_prof(prof, "all_reduce")
-    return primitives.all_reduce(tensor, op, group, async_op)
+    return primitives.all_reduce(tensor, op, group, async_op, algorithm=algorithm, tag=tag)
 
 
 def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce",
@@ -103,9 +107,10 @@ def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, pr
     return primitives.all_reduce(tensor, op, group)
 
 
-def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast", debug=None):
+def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast", debug=None, *,
+              algorithm="auto", tag=0):
     _no_prof(prof, "broadcast")
-    return primitives.broadcast(tensor, src, group, async_op)
+    return primitives.broadcast(tensor, src, group, async_op, algorithm=algorithm, tag=tag)
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="reduce", debug=None):
@@ -119,29 +124,37 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, prof=False, log_
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, prof=False,
-                           log_name="all_gather_into_tensor", debug=None):
+                           log_name="all_gather_into_tensor", debug=None, *, algorithm="auto", tag=0):
     _no_prof(prof, "all_gather_into_tensor")
-    return primitives.all_gather_single(output_tensor, input_tensor, group, async_op)
+    return primitives.all_gather_single(output_tensor, input_tensor, group, async_op, algorithm=algorithm, tag=tag)
+
+
+def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, debug=None):
+    """DeepSpeed's (comm.py): all_gather_into_tensor, the call its ZeRO-3 parameter gathers make."""
+    _started("allgather_fn")
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
-                   log_name="reduce_scatter", debug=None):
+                   log_name="reduce_scatter", debug=None, *, algorithm="auto", tag=0):
     _no_prof(prof, "reduce_scatter")
-    return primitives.reduce_scatter(output, input_list, op, group, async_op)
+    return primitives.reduce_scatter(output, input_list, op, group, async_op, algorithm=algorithm, tag=tag)
 
 
 def reduce_scatter_tensor(output_tensor, input_tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
-                          log_name="reduce_scatter_tensor", debug=None):
+                          log_name="reduce_scatter_tensor", debug=None, *, algorithm="auto", tag=0):
     _no_prof(prof, "reduce_scatter_tensor")
-    return primitives.reduce_scatter_single(output_tensor, input_tensor, op, group, async_op)
+    return primitives.reduce_scatter_single(output_tensor, input_tensor, op, group, async_op, algorithm=algorithm,
+                                            tag=tag)
 
 
-def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, debug=None):
+def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, debug=None, *,
+                      algorithm="auto", tag=0):
     """DeepSpeed's: reduce_scatter_tensor (the flat input cut into world-size blocks), its only path here.
-    ringzero's ZeRO engine reduces through its own Comm (engine/comm.py), not through this function,
-    so patching it counts a script's own calls only (DeepSpeed's stage 1-2 calls it per bucket)."""
+    DeepSpeed's ZeRO-3 reduces each gradient bucket through it; under the runner so does ringzero's engine
+    at every stage (its gradient reduce-scatter per unit; engine/comm.py call_through)."""
     _started("reduce_scatter_fn")
-    return reduce_scatter_tensor(output_tensor, tensor, op, group, async_op, prof)
+    return reduce_scatter_tensor(output_tensor, tensor, op, group, async_op, prof, algorithm=algorithm, tag=tag)
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, prof=False, log_name="gather", debug=None):

@@ -28,7 +28,7 @@ MODULES = ("deepspeed", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.ze
            "deepspeed.runtime.zero.leaf_module_config", "deepspeed.ops",
            "deepspeed.ops.adam", "deepspeed.ops.lion", "deepspeed.ops.adagrad", "deepspeed.ops.op_builder", "deepspeed.ops.aio",
            "deepspeed.runtime.zero.offload_config", "deepspeed.runtime.zero.offload_states", "deepspeed.runtime.swap_tensor",
-           "deepspeed.runtime.base_optimizer", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
+           "deepspeed.runtime.base_optimizer", "deepspeed.runtime.bf16_optimizer", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.fp16",
            "deepspeed.runtime.fp16.fused_optimizer", "deepspeed.runtime.fp16.unfused_optimizer",
            "deepspeed.ops.sparse_attention", "deepspeed.pipe", "deepspeed.runtime.pipe", "deepspeed.runtime.pipe.topology",
            "deepspeed.runtime.pipe.module", "deepspeed.runtime.pipe.schedule", "deepspeed.runtime.comm", "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.checkpointing", "deepspeed.runtime.activation_checkpointing",
@@ -112,7 +112,10 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": f"{_R}.zero3_optimizer:DeepSpeedZeroOptimizer_Stage3",
-    "deepspeed.runtime.utils.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward",
+    **{f"deepspeed.runtime.{m}.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward"
+       for m in ("utils", "zero.stage_1_and_2", "zero.stage3")},    # the stages' import of it: the same function
+    **{f"deepspeed.runtime.{m}.{c}": f"{_R}.zf_optimizer_classes:{c}"
+       for m, c in (("bf16_optimizer", "BF16_Optimizer"), ("zero.stage_1_and_2", "DeepSpeedZeroOptimizer"))},
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
     **{f"deepspeed.runtime.utils.{n}": f"{_R}.utils:{n}" for n in ("call_to_str", "prefix_sum_inc", "clip_grad_norm_")},
     "deepspeed.runtime.utils.partition_uniform": "pipeline_parallel.partition:uniform",
@@ -200,7 +203,6 @@ _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitio
 _UC = "zero_to_fp32 for the fp32 weights (DeepSpeed's own reads ringzero's folders too)"
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
-    "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer": _DS_OPTIM,
     "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer": _DS_OPTIM,
     "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer": _DS_OPTIM,
     "deepspeed.InferenceEngine": _INFER,
