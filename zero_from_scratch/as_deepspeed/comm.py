@@ -6,7 +6,7 @@
 The collectives (all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, allgather_fn, reduce_scatter,
 reduce_scatter_tensor, reduce_scatter_fn, gather, scatter, all_to_all_single, all_to_all, barrier) run ringzero's
 algorithms built from send/recv (primitives/engine/api.py), in torch's in-place semantics and
-with DeepSpeed's signatures (deepspeed/comm/comm.py), plus two keywords of primitives' (algorithm, tag).
+with DeepSpeed's signatures (deepspeed/comm/comm.py).
 Under the runner the ZeRO engine's own collectives call these names (engine/comm.py call_through), so a
 script that patches dist.all_reduce / reduce_scatter_fn / all_gather_into_tensor sees them, as with DeepSpeed.
 Point-to-point (send, recv, isend, irecv, batch_isend_irecv), the object collectives and the group
@@ -24,6 +24,7 @@ import torch.distributed as dist
 import primitives
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 from zero_from_scratch.as_deepspeed.top import init_distributed
+from zero_from_scratch.as_deepspeed.zf_comm_names import ENGINE_CALL   # the engine's algorithm and tag, if its call
 
 ReduceOp = dist.ReduceOp
 P2POp = dist.P2POp
@@ -93,10 +94,9 @@ def barrier(group=None, async_op=False, device_ids=None, prof=False, log_name="b
     return primitives.all_reduce(flag, ReduceOp.SUM, group, async_op)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce", debug=None,
-               *, algorithm="auto", tag=0):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce", debug=None):
     _no_prof(prof, "all_reduce")
-    return primitives.all_reduce(tensor, op, group, async_op, algorithm=algorithm, tag=tag)
+    return primitives.all_reduce(tensor, op, group, async_op, **ENGINE_CALL.get())
 
 
 def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="all_reduce",
@@ -107,10 +107,9 @@ def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, pr
     return primitives.all_reduce(tensor, op, group)
 
 
-def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast", debug=None, *,
-              algorithm="auto", tag=0):
+def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast", debug=None):
     _no_prof(prof, "broadcast")
-    return primitives.broadcast(tensor, src, group, async_op, algorithm=algorithm, tag=tag)
+    return primitives.broadcast(tensor, src, group, async_op, **ENGINE_CALL.get())
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, prof=False, log_name="reduce", debug=None):
@@ -124,9 +123,9 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, prof=False, log_
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, prof=False,
-                           log_name="all_gather_into_tensor", debug=None, *, algorithm="auto", tag=0):
+                           log_name="all_gather_into_tensor", debug=None):
     _no_prof(prof, "all_gather_into_tensor")
-    return primitives.all_gather_single(output_tensor, input_tensor, group, async_op, algorithm=algorithm, tag=tag)
+    return primitives.all_gather_single(output_tensor, input_tensor, group, async_op, **ENGINE_CALL.get())
 
 
 def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, debug=None):
@@ -136,25 +135,23 @@ def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, debug=
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
-                   log_name="reduce_scatter", debug=None, *, algorithm="auto", tag=0):
+                   log_name="reduce_scatter", debug=None):
     _no_prof(prof, "reduce_scatter")
-    return primitives.reduce_scatter(output, input_list, op, group, async_op, algorithm=algorithm, tag=tag)
+    return primitives.reduce_scatter(output, input_list, op, group, async_op, **ENGINE_CALL.get())
 
 
 def reduce_scatter_tensor(output_tensor, input_tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
-                          log_name="reduce_scatter_tensor", debug=None, *, algorithm="auto", tag=0):
+                          log_name="reduce_scatter_tensor", debug=None):
     _no_prof(prof, "reduce_scatter_tensor")
-    return primitives.reduce_scatter_single(output_tensor, input_tensor, op, group, async_op, algorithm=algorithm,
-                                            tag=tag)
+    return primitives.reduce_scatter_single(output_tensor, input_tensor, op, group, async_op, **ENGINE_CALL.get())
 
 
-def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, debug=None, *,
-                      algorithm="auto", tag=0):
+def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False, debug=None):
     """DeepSpeed's: reduce_scatter_tensor (the flat input cut into world-size blocks), its only path here.
     DeepSpeed's ZeRO-3 reduces each gradient bucket through it; under the runner so does ringzero's engine
     at every stage (its gradient reduce-scatter per unit; engine/comm.py call_through)."""
     _started("reduce_scatter_fn")
-    return reduce_scatter_tensor(output_tensor, tensor, op, group, async_op, prof, algorithm=algorithm, tag=tag)
+    return reduce_scatter_tensor(output_tensor, tensor, op, group, async_op, prof)
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, prof=False, log_name="gather", debug=None):

@@ -194,18 +194,18 @@ class Comm:
         for a in range(0, k, step):          # out may alias this rank's block: piece a only reads piece a
             self._rs_list(out[a:a + step], list(blocks[:, a:a + step]), tag=tag)
 
-    def call_through(self, names) -> None:
-        """Each collective from now on is a call of its DeepSpeed name on `names` (the served deepspeed.comm,
-        as_deepspeed/zf_comm_names.py), looked up at every call, so a script's patch of those names sees the
-        engine's own calls, as it sees DeepSpeed's stages'. The same primitives call runs (same algorithm,
-        group and tag: the served functions take them as keywords). Cost: one Python call (~1 us)."""
+    def call_through(self, call) -> None:
+        """Each collective from now on is `call(name, *args, **keywords)`, `name` its DeepSpeed name (the runner's
+        served deepspeed.comm, as_deepspeed/zf_comm_names.py), so a script's patch of those names sees the engine's
+        own calls, as it sees DeepSpeed's stages'. The keywords keep this Comm's group, algorithm and tag: the same
+        primitives call runs. Cost: one Python call and a context variable (~1 us)."""
         if self.impl != "primitives":
             return
         for attr in ("_all_reduce", "_rs", "_ag", "_bcast", "_rs_list"):
             fn = getattr(self, attr)
             name = DEEPSPEED_NAMES.get(getattr(fn, "func", None))
             if name is not None:
-                setattr(self, attr, functools.partial(_named, names, name, **fn.keywords))
+                setattr(self, attr, functools.partial(call, name, **fn.keywords))
 
     @property
     def checks_tags(self) -> bool:
@@ -248,10 +248,6 @@ class Comm:
 DEEPSPEED_NAMES = {P.all_reduce: "all_reduce", P.reduce_scatter_single: "reduce_scatter_fn",
                    P.reduce_scatter: "reduce_scatter", P.all_gather_single: "all_gather_into_tensor",
                    P.broadcast: "broadcast"}
-
-
-def _named(names, name: str, *args, **kwargs):
-    return getattr(names, name)(*args, **kwargs)
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
