@@ -100,3 +100,19 @@ def test_slack_rows_run_the_layout_the_planner_is_given(mb):
         assert args[at] == lay.mb == (mb or lay.mb), name
         assert lay.micro_batches(batch) == (args[micro] if micro else 1), name
         assert args[-1] == 3 or args[-2] == 3, name      # the steps
+
+
+def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
+    """benchmarks.planner_local --repredict: a row predicted again from the probe's reading it
+    recorded gives the recorded prediction when nothing changed, against the recorded measurement."""
+    from benchmarks.planner_local import predicted, repredict, runs
+    m, label, lay, batch, fn, _ = runs(True, 3)[0]
+    p = predicted(m, label, lay, batch, False, 1.0, 0.5, 0.9)[2]
+    mem = p.memory["total"] - p.memory["reserved"]
+    row = {"model": m.name, "layout": label, "load": 1.0, "wake": 0.5, "speed": 0.9, "step_pred": p.time["total"],
+           "step_meas": p.time["total"] / 1.2, "mem_pred": mem, "mem_meas": mem / 0.95}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([row]))
+    repredict(str(path))
+    out = capsys.readouterr().out
+    assert "+20% → +20%" in out and "-5% → -5%" in out
