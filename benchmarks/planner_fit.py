@@ -76,7 +76,6 @@ import dataclasses
 import json
 import os
 import statistics
-import time
 
 import torch
 
