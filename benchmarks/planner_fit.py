@@ -24,12 +24,19 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   bytes, planner.memory.torch_layer_activation_bytes) by least squares
     logit_s                       the top (LayerNorm, logits, cross-entropy) forward + backward at
                                   two vocabularies: the rest after the matmuls, per logit element
+    vp_loss_s                     tensor_parallel's vocab-parallel cross-entropy over a one-rank
+                                  group (its collectives the identity), forward + backward, at the
+                                  same T × V: its CPU seconds beyond torch's fused loss's, per
+                                  logit element (it writes z − max, exp and the softmax, and its
+                                  backward a copy and a product, each a fresh T × V block)
     call_overhead                 CPU seconds of one small all-reduce through ringzero's default
                                   path (its check, plan, and the transport's waits)
-    alloc_slack(_zero), mmap_s,   benchmarks.planner_local's own measurement (2 ranks, median of 3) on a
+    alloc_slack, mmap_s,          benchmarks.planner_local's own measurement (2 ranks, median of 3) on a
     zero3_module_s                calibration shape, CAL (L 3, h 192, V 12288, mb 4): the DDP
                                   step's peak RSS at glibc's defaults minus the planner's count
-                                  without slack, and the ZeRO-1 engine step's likewise; the DDP step's CPU seconds with large blocks mapped
+                                  without slack (the ZeRO-1 engine step's likewise, recorded in
+                                  engine_fit, not used: planner.host_memory.allocator_slack gives
+                                  that engine the same slack); the DDP step's CPU seconds with large blocks mapped
                                   (mmap threshold 64 KiB) beyond the default's, per byte of saved
                                   activations and logits, twice (each and its gradient are fresh
                                   mappings); ZeRO-3's CPU seconds beyond ZeRO-1's and that mapping
@@ -59,6 +66,7 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
     python -m benchmarks.planner_fit --waits         # only wait_s, into the existing file (~1 min)
     python -m benchmarks.planner_fit --links-median  # the 4-rank link on its fastest and its median try, printed
     python -m benchmarks.planner_fit --engine        # only the allocator slack, mmap_s, zero3_module_s (~3 min)
+    python -m benchmarks.planner_fit --loss          # only vp_loss_s, into the existing file (~10 s)
 Across nodes multinode/'s shaped veth (planner.hardware.cpu_here); `cores` from os.cpu_count().
 """
 from __future__ import annotations
@@ -68,12 +76,12 @@ import dataclasses
 import json
 import os
 import statistics
-import time
 
 import torch
 
 import primitives as P
 from benchmarks.planner_fit_links import link_fit, wait_fit
+from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
 from benchmarks.planner_local import LOCAL_SW
 from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
 from planner.hardware import CPU_HERE, cpu_here
@@ -86,18 +94,6 @@ from primitives.launch import spawn
 from primitives.log import console
 
 LAYERS = ((64, 4, 256, 32, 2), (128, 4, 512, 64, 4), (192, 4, 768, 64, 4))    # h, heads, f, s, b
-HEADS = ((256, 128, 2048), (256, 64, 4096))                                    # tokens, h, V
-
-
-def cpu(op, reps: int) -> float:
-    """Median CPU seconds of op() after one warm-up call."""
-    op()
-    times = []
-    for _ in range(reps):
-        t0 = time.thread_time()
-        op()
-        times.append(time.thread_time() - t0)
-    return statistics.median(times)
 
 
 def rate(m: int, k: int, n: int, reps: int) -> float:
@@ -143,6 +139,7 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
             "shaped": [rate(t, h, 4 * h, reps) for t, h in ((256, 64), (256, 128)) + (() if quick else ((512, 256),))],
             "bw": mem_rate(64 * 2**20, reps), "adam": adam_rate(2**22, reps),
             "layers": [layer_cpu(*shape, reps) for shape in LAYERS], "heads": [head_cpu(*shape, reps) for shape in HEADS],
+            **loss_sweep(rank, world, reps),
             "call": call_cpu(20 if quick else 100)}
 
 
@@ -150,7 +147,7 @@ CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
 
 
 def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float, float, float]:
-    """(alloc_slack, alloc_slack_zero, mmap_s, zero3_module_s) from benchmarks.planner_local's own
+    """(alloc_slack, the ZeRO-1 slack, mmap_s, zero3_module_s) from benchmarks.planner_local's own
     measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
     slack moves by tens of MiB from one run to the next): the DDP step's peak minus the planner's
     live bytes for it (what glibc keeps beyond them at its defaults), the same for the ZeRO-1
@@ -158,7 +155,7 @@ def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float
     byte mapped (each saved activation and logit, and its gradient); the CPU seconds ZeRO-3's step
     spends beyond ZeRO-1's and that mapping, per module fetch or release (its hooks, gathers, frees)."""
     lay = Layout(2, 1, 1, mb=mb)
-    bare = dataclasses.replace(cpu_here(2), alloc_slack=0.0, alloc_slack_zero=0.0)
+    bare = dataclasses.replace(cpu_here(2), alloc_slack=0.0)
     pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, bare) for z in (0, 1))
     cpu = lambda got: statistics.median(g["cpu"] for g in got)  # noqa: E731
     mapped = 2 * (CAL.layers * torch_layer_activation_bytes(CAL, CAL.seq, lay) + 4 * mb * CAL.seq * CAL.vocab)
@@ -172,6 +169,12 @@ def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float
                      max(0.0, max(g["peak"] for g in z1) - (pred1["total"] - pred1["reserved"])),
                      mmap_s, max(0.0, (cpu(z3) - cpu(z1) - mapped * mmap_s) / calls)))
     return tuple(statistics.median(f[i] for f in fits) for i in range(4))
+
+
+def zero_note(slack_zero: float) -> str:
+    """The ZeRO-1 engine step's slack, recorded beside the fit: the planner gives that engine the DDP
+    step's (planner.host_memory.allocator_slack says why)."""
+    return f"the ZeRO-1 engine step's slack {slack_zero / 2**20:.1f} MiB (recorded; the planner uses alloc_slack)"
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -191,6 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--links-median", action="store_true", help="print the 4-rank link fitted on the fastest and on the "
                                                                   "median try, write nothing")
     ap.add_argument("--engine", action="store_true", help="fit only the engine steps' terms (slack, mmap_s, zero3_module_s)")
+    ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     a = ap.parse_args(argv)
     load_now = open('/proc/loadavg').read().split()[0]
     if a.links_median:
@@ -199,9 +203,14 @@ def main(argv=None) -> int:
             console.print(f"4 ranks, the {name} try: α {p['alpha'] * 1e6:.0f} µs, {1e-9 / max(p['beta'], 1e-30):.2f} GB/s "
                           f"(load {load_now})")
         return 0
-    if a.waits or a.engine:
+    if a.waits or a.engine or a.loss:
         with open(a.out) as f:
             doc = json.load(f)
+        if a.loss:
+            vp = vp_loss_fit(spawn(loss_sweep, a.ranks, args=(3 if a.quick else 7,), timeout=900))
+            console.print(f"the vocab-parallel loss: {vp * 1e9:.2f} ns per logit element beyond torch's (load {load_now})")
+            doc.update(vp_loss_s=vp, calibrated_on=doc["calibrated_on"].split("; vp_loss_s")[0]
+                       + f"; vp_loss_s by python -m benchmarks.planner_fit --loss ({a.ranks} ranks at once, load {load_now})")
         if a.waits:
             wait_s, rows = wait_fit()
             console.print(f"wait per blocking collective per unit of oversubscription: {wait_s * 1e3:.2f} ms; "
@@ -212,8 +221,8 @@ def main(argv=None) -> int:
             slack, slack_zero, mmap_s, module_s = engine_fit()
             console.print(f"allocator slack {slack / 2**20:.1f} MiB (ZeRO-1/2 engine {slack_zero / 2**20:.1f}), "
                           f"mmap {mmap_s * 2**20 * 1e3:.2f} ms per MiB, ZeRO-3 {module_s * 1e3:.2f} ms per module call")
-            doc.update(alloc_slack=slack, alloc_slack_zero=slack_zero, mmap_s=mmap_s, zero3_module_s=module_s,
-                       engine_fit=f"python -m benchmarks.planner_fit --engine, load {load_now}")
+            doc.update(alloc_slack=slack, mmap_s=mmap_s, zero3_module_s=module_s,
+                       engine_fit=f"python -m benchmarks.planner_fit --engine, load {load_now}; {zero_note(slack_zero)}")
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
         return 0
@@ -239,6 +248,7 @@ def main(argv=None) -> int:
                      - 3 * 4 * s * s * h * b / gemm))
     op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
     logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
+    vp_loss_s = vp_loss_fit(got)
     slack, slack_zero, mmap_s, module_s = engine_fit()
     wait_s, wait_rows = wait_fit()
     bw = statistics.median(g["bw"] for g in got)
@@ -248,8 +258,9 @@ def main(argv=None) -> int:
            "intra": None, "inter": None, "host_link": bw, "host_adam": statistics.median(g["adam"] for g in got),
            "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
+           "vp_loss_s": vp_loss_s,
            "call_overhead": statistics.median(g["call"] for g in got), "alloc_slack": slack, "zero3_module_s": module_s,
-           "mmap_s": mmap_s, "alloc_slack_zero": slack_zero, "links": links, "wait_s": wait_s,
+           "mmap_s": mmap_s, "engine_fit": zero_note(slack_zero), "links": links, "wait_s": wait_s,
            "wait_fit": {"command": "python -m benchmarks.planner_fit --waits",
                         "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
@@ -261,7 +272,8 @@ def main(argv=None) -> int:
                   f"transformer-shaped {[round(r / 1e9, 1) for r in shaped]}), memory {bw / 1e9:.1f} GB/s, "
                   f"Adam {doc['host_adam'] / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f}\n"
                   f"a layer's non-matmul work: {op_overhead * 1e3:.2f} ms + {elem_s * 1e9:.2f} ns per saved activation byte "
-                  f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element; "
+                  f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element "
+                  f"(+{vp_loss_s * 1e9:.1f} vocab-parallel); "
                   f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB "
                   f"(ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
                   f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a blocking collective's wait "

@@ -4,6 +4,7 @@
     python -m benchmarks.planner_local               # every row below, 4 steps each (~6 min idle)
     python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps
     python -m benchmarks.planner_local --only pp2 --json rows.json      # some rows; the rows as JSON
+    python -m benchmarks.planner_local --repredict rows.json            # those rows predicted again, nothing run
 
 Each shape is planner.model.Model built in torch (token + position embeddings, pre-norm
 nn.TransformerEncoderLayer × L, a tied output layer: the planner's parameter count exactly), fp32,
@@ -28,7 +29,7 @@ AdamW. Rows (the label says which engine runs it):
     pp2·tp2 / dp2·pp2·tp2 3D: the DistilBERT blocks, parallelize'd, on pipeline_parallel's stages
                           over one mesh (4 and 8 ranks; the last stage's own output layer: untied)
 
-What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, Adam, one
+What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, the vocab-parallel loss's, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
@@ -138,6 +139,36 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     return rows
 
 
+def predicted(m, label, lay, batch, nodes: bool, load: float, wake: float, speed: float):
+    """(hw, sw, prediction) of one row from the probe's reading: the load (other runnable tasks),
+    the woken share, the speed of a CPU second over the fit's."""
+    hw = H.at_speed(replace(H.cpu_here(lay.gpus), load=load, wake_share=wake), speed)
+    hw = replace(hw, gpus_per_node=1) if nodes else hw
+    sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
+    return hw, sw, predict_layout(m, m.seq, lay, batch, hw, sw)
+
+
+def repredict(path: str) -> None:
+    """Each row of a --json file predicted again by this checkout's planner and cpu_here.json from
+    the probe's reading the run recorded, beside the run's own error; the measurements are the run's."""
+    spec = {f"{m.name} {label}": (m, label, lay, batch, fn) for m, label, lay, batch, fn, _ in runs(False, 4)}
+    t = Table(title=f"{path}: error then → now, %")
+    for c in ("row", "load", "step", "memory"):
+        t.add_column(c, justify="right")
+    with open(path) as f:
+        rows = json.load(f)
+    now = []
+    for r in rows:
+        m, label, lay, batch, fn = spec[f"{r['model']} {r['layout']}"]
+        p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], r["speed"])[2]
+        now.append((p.time["total"] / r["step_meas"] - 1, (p.memory["total"] - p.memory["reserved"]) / r["mem_meas"] - 1))
+        t.add_row(f"{r['model']} {label}", f"{r['load']:.1f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%} → {now[-1][0]:+.0%}",
+                  f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%} → {now[-1][1]:+.0%}")
+    console.print(t)
+    console.print(f"median |error| now: step time {statistics.median(abs(x) for x, _ in now):.0%}, "
+                  f"memory {statistics.median(abs(y) for _, y in now):.0%}")
+
+
 def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     """One row: the probe reads the machine for PROBE_S, paused, the planner predicts from that
     reading, the ranks run alone; the probe reads again after them (recorded, not used: how far the
@@ -150,11 +181,8 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     load, share, wake, used, rate = probe.load(sleeper.used()), probe.share(), sleeper.share(), sleeper.used(), probe.rate()
     fitted = H.cpu_here(lay.gpus)
     speed = rate / (fitted.peak_flops * fitted.gemm_efficiency)
-    hw = H.at_speed(replace(fitted, load=load, wake_share=wake), speed)
-    if nodes:     # one rank per node, the two nodes on these cores: the other node's rank is one more task
-        hw = replace(hw, gpus_per_node=1, load=load + 1)
-    sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
-    pred = predict_layout(m, m.seq, lay, batch, hw, sw)
+    # one rank per node, the two nodes on these cores: the other node's rank is one more task
+    hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, speed)
     idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
     free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
     cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
@@ -205,7 +233,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--json", help="write the rows (predicted terms, measured) to this file")
     ap.add_argument("--only", default="", help="rows whose layout label contains this text (e.g. pp2, Z3)")
+    ap.add_argument("--repredict", metavar="JSON", help="run nothing: predict a --json file's rows again (this planner)")
     a = ap.parse_args(argv)
+    if a.repredict:
+        repredict(a.repredict)
+        return 0
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]

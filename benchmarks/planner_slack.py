@@ -8,6 +8,7 @@ without slack.
     python -m benchmarks.planner_slack --only small --risen  # also with the threshold fixed at glibc's ceiling
     python -m benchmarks.planner_slack --mb 8 --steps 4      # every row at micro-batch 8, 4 steps per run
     python -m benchmarks.planner_slack --only small --steps 4 --arenas 1   # the ranks' malloc in one arena
+    python -m benchmarks.planner_slack --only gpt-cal --steps 4 --mb 2      # DDP, ZeRO-1, ZeRO-2 at the fit's shape
 
 Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
 each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
@@ -66,6 +67,7 @@ def rows(steps: int = 2, mb: int | None = None):
     tiny, lsmall = R.llama_planner_model("tiny", 128), R.llama_planner_model("small", 128)
     d, p, t = mb or 4, mb or 2, mb or 4
     return [("gpt-cal dp2", CAL, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (CAL, d, steps, None)),
+            *((f"gpt-cal dp2 Z{z}", CAL, Layout(2, 1, 1, zero=z, mb=d), 2 * d, "R", "_rank", (CAL, d, steps, z)) for z in (1, 2)),
             ("gpt-mini dp2", small, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (small, d, steps, None)),
             ("gpt-small dp2", mid, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (mid, d, steps, None)),
             ("gpt-mini pp2", small, Layout(1, 1, 2, mb=p), 4 * p, "R", "_pp_rank", (small, p, 4, steps)),

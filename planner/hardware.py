@@ -59,6 +59,8 @@ class Hardware:
     op_overhead: float = 0.0     # CPU seconds per layer and micro-batch of non-matmul work that does
     elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted)
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
+    vp_loss_s: float = 0.0       # beyond logit_s, per local logit element of tensor_parallel's vocab-parallel
+                                 # cross-entropy (t > 1): its z − max, exp, softmax and backward are separate passes
     call_overhead: float = 0.0   # CPU seconds of one collective call through the engine
     zero3_module_s: float = 0.0  # CPU seconds of the ZeRO-3 engine's work per module fetch or release
     wait_s: float = 0.0          # wall seconds a blocking collective waits for a descheduled peer per unit of
@@ -66,8 +68,6 @@ class Hardware:
                                  # fitted by benchmarks.planner_fit --waits)
     alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
-    alloc_slack_zero: float = 0.0  # the same for zero_from_scratch's ZeRO-1/2 engine (its flat buffers and chunked
-                                   # step free blocks of other sizes); 0: alloc_slack
     mmap_s: float = 0.0          # CPU seconds per byte of a freshly mapped block (mmap, page faults, munmap)
     calibrated_on: str = ""
     source: str = ""
@@ -126,8 +126,8 @@ def at_speed(hw: Hardware, speed: float) -> Hardware:
     if speed == 1.0:
         return hw
     return replace(hw, peak_flops=hw.peak_flops * speed, host_adam=hw.host_adam * speed,
-                   **{k: getattr(hw, k) / speed for k in ("op_overhead", "elementwise_s", "logit_s", "call_overhead",
-                                                          "zero3_module_s", "mmap_s")})
+                   **{k: getattr(hw, k) / speed for k in ("op_overhead", "elementwise_s", "logit_s", "vp_loss_s",
+                                                          "call_overhead", "zero3_module_s", "mmap_s")})
 
 
 def cpu_now(ranks_per_node: int = 2, seconds: float = 2.0) -> Hardware:

@@ -47,16 +47,18 @@ def allocator_slack(lay, states: dict, hw) -> float:
     keeps among the model states a rank's first step creates (gradients, then the optimizer's m, v,
     placed between transient blocks once the dynamic mmap threshold has risen; the peak stays
     there even with the threshold fixed and the top of the heap trimmed, so it is not the trim
-    bound). Calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack;
-    alloc_slack_zero on its ZeRO-1 step for zero_from_scratch's ZeRO-1/2 engine) and scaled by
-    this stage's model-state bytes over the calibration step's, never above the calibrated bytes.
+    bound). Calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack) and
+    scaled by this stage's model-state bytes over the calibration step's, never above the
+    calibrated bytes. The same slack serves zero_from_scratch's ZeRO-1/2 engine: on SLACK_CAL at
+    micro-batch 2, 4 and 8 its ZeRO-1 and ZeRO-2 steps kept 41-78 MiB where the DDP step kept
+    31-81, one run each (benchmarks.planner_slack --only gpt-cal --mb N): no difference beyond
+    the slack's own spread from shape to shape and run to run (the fit's ZeRO-1 reading is
+    recorded beside, engine_fit).
     The slack is neither constant nor proportional to the states, nor set by glibc's mmap threshold,
     its arenas or the activations: this rule is the nearest of the two simple ones to the rows, chosen
     after seeing benchmarks.planner_local's; the probes (benchmarks.planner_mem, planner_slack) and
     their numbers, with the load, are in tutorials/15_planner.md ("Memory") and RESULTS.md.
     """
-    engine = lay.zero in (1, 2) and hw.alloc_slack_zero     # zero_from_scratch's engine, not torch's DDP step
-    slack = hw.alloc_slack_zero if engine else hw.alloc_slack
-    cal = model_state_bytes(1 if engine else 0, SLACK_CAL.params(), 2, False)     # its 2 ranks, fp32
+    cal = model_state_bytes(0, SLACK_CAL.params(), 2, False)     # its 2 ranks, fp32
     here = states["params"] + states["grads"] + states["optimizer"]
-    return slack * min(1.0, here / sum(cal.values()))
+    return hw.alloc_slack * min(1.0, here / sum(cal.values()))

@@ -10,8 +10,11 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              forward again) at the HBM rate. On a CPU host (cpu-here) the non-matmul work is
              fitted instead (benchmarks.planner_fit): per layer a fixed op_overhead plus
              elementwise_s per byte the torch layer saves (planner.memory.torch_layer_activation_bytes),
-             and logit_s per logit element; every CPU second is stretched by cpu_stretch when the
-             ranks and other runnable tasks outnumber the cores. A pipeline's micro-batches are
+             and logit_s per logit element (with tp, vp_loss_s more per local logit element:
+             tensor_parallel's vocab-parallel cross-entropy makes z − max, exp, the softmax and
+             its gradient separate passes where torch's log-softmax fuses them); every CPU
+             second is stretched by cpu_stretch when the ranks and other runnable tasks
+             outnumber the cores. A pipeline's micro-batches are
              paced by one rank while its neighbours wait (asleep on a futex, no CPU): the r/p
              pacing ranks share the session's P cores, each at most one (pipeline_stretch), and
              all ranks' CPU seconds over P bound the step (the "cores" term), whichever is larger;
@@ -147,13 +150,14 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         act = torch_layer_activation_bytes(model, seq, lay, "none")
     else:
         act = layer_activation_bytes(model, seq, lay, bpe, "selective" if sw.flash_attention else "none")
+    logit_s = hw.logit_s + (hw.vp_loss_s if t > 1 else 0.0)     # t > 1: the vocab-parallel loss's own passes
     if hw.elementwise_s:    # fitted per layer: a fixed cost of its ops, and one per saved byte
         elem = Ls * (hw.op_overhead + act * hw.elementwise_s) * (4 / 3 if full else 1) \
-            + tokens * model.vocab * head_share / t * hw.logit_s
+            + tokens * model.vocab * head_share / t * logit_s
     else:
         elem = Ls * act * (6 if full else 4) / hw.mem_bandwidth
     head_flops = tokens * 6 * model.hidden * model.vocab * head_share / t
-    head_elem = tokens * model.vocab * head_share / t * hw.logit_s if hw.elementwise_s else 0.0
+    head_elem = tokens * model.vocab * head_share / t * logit_s if hw.elementwise_s else 0.0
     mapped = maps_blocks(lay, hw, sw)
     alloc = 2 * (Ls * act + tokens * model.vocab * head_share / t * 4) * hw.mmap_s if mapped else 0.0
     cpu_mb = flops / rate + elem + alloc             # CPU seconds of one micro-batch on the pacing stage

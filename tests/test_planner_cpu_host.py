@@ -99,6 +99,21 @@ def test_a_pipeline_is_paced_by_its_ranks_on_the_sessions_cores():
     assert waits["total"] == pytest.approx(max(four["total"], four["total"] - four["cores"] + waits["wait"]))
 
 
+def test_the_vocab_parallel_loss_costs_its_own_rate_per_local_logit():
+    """With tp the loss is tensor_parallel's vocab-parallel cross-entropy: vp_loss_s more per local
+    logit element (b·s·V/t per micro-batch) on the stage holding the output layer; tp = 1 runs
+    torch's fused loss and pays logit_s alone."""
+    from dataclasses import replace
+    hw, m = replace(H.load("cpu-here"), cores=2, vp_loss_s=0.0), PRESETS["tiny"]
+    sw = Software(False, False, False, balanced_stages=False)
+    for lay, m_count in ((Layout(1, 2, 1, mb=2), 2), (Layout(1, 2, 2, mb=2), 4)):
+        a = step_time(m, 32, lay, 8 if lay.pp > 1 else 4, hw, sw)
+        b = step_time(m, 32, lay, 8 if lay.pp > 1 else 4, replace(hw, vp_loss_s=1e-9), sw)
+        assert b["elementwise"] - a["elementwise"] == pytest.approx(m_count * 2 * 32 * m.vocab / 2 * 1e-9)
+    one = Layout(2, 1, 1, mb=2)
+    assert step_time(m, 32, one, 4, replace(hw, vp_loss_s=1e-9), sw) == step_time(m, 32, one, 4, hw, sw)
+
+
 def test_probed_speed_scales_every_cpu_second():
     """cpu-now: a CPU second that buys half the fitted FLOPs doubles every CPU-second term."""
     from dataclasses import replace
@@ -120,8 +135,7 @@ def test_mapped_blocks_keep_no_slack_and_cost_faults():
     sw = Software(False, False, False)
     z1, z3 = (memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, hw, sw)["allocator"] for z in (1, 3))
     assert (z1, z3) == (1e6, 0.0)
-    engine = replace(hw, alloc_slack_zero=3e6)      # zero_from_scratch's ZeRO-1/2 step keeps its own slack
-    assert [memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, engine, sw)["allocator"] for z in (0, 1, 2, 3)] == [1e6, 3e6, 3e6, 0.0]
+    assert [memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, hw, sw)["allocator"] for z in (0, 1, 2, 3)] == [1e6, 1e6, 1e6, 0.0]
     assert memory(m, 32, Layout(2, 1, 1, mb=2), 4, hw, replace(sw, mapped_alloc=True))["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=1, mb=2), 4, hw, sw)["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["allocator"] > 0.0
