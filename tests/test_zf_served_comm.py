@@ -3,12 +3,12 @@
     python -m pytest -q tests/test_zf_served_comm.py
 
 2 ranks (gloo), `import deepspeed` served by ringzero, the script patches deepspeed.comm's
-reduce_scatter_fn / all_reduce / all_gather_into_tensor to count, as DeepSpeed's own tests do. Checked:
+reduce_scatter_fn / all_reduce / all_gather_into_tensor / allgather_fn to count, as DeepSpeed's own tests do. Checked:
 ACC backwards (set_gradient_accumulation_boundary on the last, gradient_accumulation_steps 1), one step.
 - ZeRO-2: every backward reduce-scatters each unit through reduce_scatter_fn (units × backwards calls,
   each input the unit's padded bucket); inside engine.coalesce_grad_reduction() the block's one flush
   does (units calls). ZeRO-3: the same for its gradient units, and its parameter gathers go through
-  all_gather_into_tensor. A unit over comm.RS_PIECE_BYTES per rank goes as its pieces, each a
+  allgather_fn, never all_gather_into_tensor (DeepSpeed's partition_parameters.py calls the first). A unit over comm.RS_PIECE_BYTES per rank goes as its pieces, each a
   list-form reduce_scatter, and sums right.
 - the calls are the real ones: the weights after the step equal, bit for bit, ringzero's own entry point
   (zero_from_scratch.initialize, which never calls these names) and, within fp32 rounding, SGD in one
@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 MB, ACC, LR = 4, 2, 0.5
-NAMES = ("reduce_scatter_fn", "all_reduce", "all_gather_into_tensor", "reduce_scatter")
+NAMES = ("reduce_scatter_fn", "all_reduce", "all_gather_into_tensor", "allgather_fn", "reduce_scatter")
 
 
 def _model():
@@ -141,7 +141,8 @@ def test_engine_collectives_go_through_served_names(spawn):
             assert rs == units * backwards if stage == 2 else sorted(rs) == sorted(units * backwards), \
                 (stage, coalesce, rs, units)
             if stage == 3:
-                assert counts.get("all_gather_into_tensor", 0) >= len(units), counts   # parameter gathers
+                assert counts.get("allgather_fn", 0) >= len(units), counts   # parameter gathers
+                assert "all_gather_into_tensor" not in counts, counts
             for a, b, r in zip(weights, own[stage, coalesce], ref):
                 assert torch.equal(a, b), (stage, coalesce)            # the same calls as ringzero's own
                 assert (a - r).abs().max() <= 1e-6, (stage, coalesce, (a - r).abs().max())

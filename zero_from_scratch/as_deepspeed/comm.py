@@ -129,9 +129,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 
 
 def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, debug=None):
-    """DeepSpeed's (comm.py): all_gather_into_tensor, the call its ZeRO-3 parameter gathers make."""
+    """DeepSpeed's (comm.py): the call its ZeRO-3 parameter gathers make, an all_gather_into_tensor that a
+    patch of `deepspeed.comm.all_gather_into_tensor` does not see (DeepSpeed's calls its own module's)."""
     _started("allgather_fn")
-    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+    return primitives.all_gather_single(output_tensor, input_tensor, group, async_op, **ENGINE_CALL.get())
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, prof=False,

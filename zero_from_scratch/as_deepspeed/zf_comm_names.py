@@ -10,7 +10,7 @@ dist.allgather_fn, which calls all_gather_into_tensor), so a script that patches
 issues, looked up at each call, with DeepSpeed's signature (the engine's algorithm and divergence tag travel
 beside it, in ENGINE_CALL): a unit's gradient reduce-scatter is `reduce_scatter_fn` (its pieces, for a
 unit over comm.RS_PIECE_BYTES per rank, `reduce_scatter`), an all-reduce `all_reduce`, a parameter gather
-`all_gather_into_tensor`, a broadcast `broadcast`. Which collective runs is ringzero's own (its stage 2
+`allgather_fn` at ZeRO-3 and `all_gather_into_tensor` at stages 1-2 (as DeepSpeed's), a broadcast `broadcast`. Which collective runs is ringzero's own (its stage 2
 reduce-scatters where DeepSpeed's all-reduces or reduces a bucket), with the engine's algorithm and
 divergence tag. ringzero's own entry points are unchanged (they never call this).
 Cost: one Python call per collective (~1 us); the same bytes and bits.
@@ -34,7 +34,10 @@ def install(engine) -> None:
     comm = getattr(engine, "comm", None)
     if comm is None or not hasattr(comm, "call_through") or not isinstance(sys.modules.get("deepspeed"), ServedModule):
         return      # the pipeline engine, or initialize called without the runner's `deepspeed`
-    comm.call_through(functools.partial(_call, importlib.import_module("deepspeed.comm")))
+    # DeepSpeed's ZeRO-3 gathers call dist.allgather_fn (partition_parameters.py), its stages 1-2 the
+    # post-step dist.all_gather_into_tensor (runtime/utils.py all_gather_dp_groups)
+    gather = "allgather_fn" if engine.zero_optimization_stage() == 3 else "all_gather_into_tensor"
+    comm.call_through(functools.partial(_call, importlib.import_module("deepspeed.comm")), gather=gather)
 
 
 def _call(names, name: str, *args, algorithm: str = "auto", tag: int = 0, **kwargs):

@@ -194,16 +194,17 @@ class Comm:
         for a in range(0, k, step):          # out may alias this rank's block: piece a only reads piece a
             self._rs_list(out[a:a + step], list(blocks[:, a:a + step]), tag=tag)
 
-    def call_through(self, call) -> None:
+    def call_through(self, call, gather: str = "all_gather_into_tensor") -> None:
         """Each collective from now on is `call(name, *args, **keywords)`, `name` its DeepSpeed name (the runner's
         served deepspeed.comm, as_deepspeed/zf_comm_names.py), so a script's patch of those names sees the engine's
-        own calls, as it sees DeepSpeed's stages'. The keywords keep this Comm's group, algorithm and tag: the same
+        own calls, as it sees DeepSpeed's stages' (`gather`: the name a parameter gather goes by). The keywords keep this Comm's group, algorithm and tag: the same
         primitives call runs. Cost: one Python call and a context variable (~1 us)."""
         if self.impl != "primitives":
             return
         for attr in ("_all_reduce", "_rs", "_ag", "_bcast", "_rs_list"):
             fn = getattr(self, attr)
             name = DEEPSPEED_NAMES.get(getattr(fn, "func", None))
+            name = gather if name == "all_gather_into_tensor" else name
             if name is not None:
                 setattr(self, attr, functools.partial(call, name, **fn.keywords))
 
