@@ -110,7 +110,8 @@ def test_stage_1_and_2_module_and_a_refused_instance(served_ds):
 def test_pin_memory_equals_deepspeeds_accelerator():
     """pin_memory(tensor, make_copy, match_shape), positional too, against DeepSpeed's abstract accelerator
     (cuda's) with the two torch pinning primitives replaced by unpinned equivalents on both sides (no GPU
-    here): the same shape, dtype, copy or fresh buffer, and bytes tracked. On cpu: the tensor itself."""
+    here): the same shape, dtype, copy or fresh buffer, and bytes tracked. On cpu: the tensor itself.
+    FloatTensor / ByteTensor: the same constructors as DeepSpeed's cpu and cuda accelerators'."""
     import inspect
 
     from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
@@ -146,3 +147,8 @@ def test_pin_memory_equals_deepspeeds_accelerator():
         assert cpu.pin_memory(t, *args, **kw) is t
     accelerator._tracker.reset()
     their_tracker._tracker.reset()
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator    # the tensor constructors, as theirs
+    for name in ("FloatTensor", "ByteTensor"):
+        assert getattr(cpu, name) is getattr(CPU_Accelerator, name).fget(None)
+        mine, cuda = getattr(ours, name), getattr(CUDA_Accelerator, name).fget(None)
+        assert (mine.func, mine.args, mine.keywords) == (cuda.func, cuda.args, cuda.keywords)

@@ -16,6 +16,7 @@ Cost: nothing; memory queries read /proc/self/statm.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 
@@ -170,6 +171,16 @@ class Accelerator:
 
     def supported_dtypes(self) -> list:
         return [torch.float, torch.bfloat16] + ([torch.float16] if self.is_fp16_supported() else [])
+
+    @property
+    def FloatTensor(self):     # DeepSpeed's: a tensor constructor on the accelerator (cuda: the current device)
+        return torch.FloatTensor if self._name == "cpu" else functools.partial(torch.tensor, dtype=torch.float,
+                                                                                device="cuda")
+
+    @property
+    def ByteTensor(self):
+        return torch.ByteTensor if self._name == "cpu" else functools.partial(torch.tensor, dtype=torch.uint8,
+                                                                               device="cuda")
 
     @property
     def Stream(self):
