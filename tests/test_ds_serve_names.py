@@ -105,3 +105,50 @@ def test_stage_1_and_2_module_and_a_refused_instance(served_ds):
     with pytest.raises(finder.NotServedAttributeError, match="DeepSpeedZeroOptimizer.allreduce_and_copy is not served"):
         opt.allreduce_and_copy
     assert not hasattr(opt, "__wrapped__")
+
+
+def test_pin_memory_equals_deepspeeds_accelerator():
+    """pin_memory(tensor, make_copy, match_shape), positional too, against DeepSpeed's abstract accelerator
+    (cuda's) with the two torch pinning primitives replaced by unpinned equivalents on both sides (no GPU
+    here): the same shape, dtype, copy or fresh buffer, and bytes tracked. On cpu: the tensor itself.
+    FloatTensor / ByteTensor: the same constructors as DeepSpeed's cpu and cuda accelerators'."""
+    import inspect
+
+    from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+    from deepspeed.utils import pin_memory_tracker as their_tracker
+    assert inspect.signature(accelerator.Accelerator.pin_memory) == inspect.signature(DeepSpeedAccelerator.pin_memory)
+    assert inspect.signature(accelerator.Accelerator.pin_memory) == inspect.signature(CPU_Accelerator.pin_memory)
+
+    def unpinned(cls):
+        cls._torch_pin_memory = lambda self, t: t.clone()
+        cls._torch_empty_pinned = lambda self, t, shape: t.new_empty(shape)
+        return cls
+
+    class Theirs(DeepSpeedAccelerator):
+        def __init__(self):
+            pass
+    Theirs.__abstractmethods__ = frozenset()
+    theirs = unpinned(Theirs)()
+    ours = object.__new__(unpinned(type("Ours", (accelerator.Accelerator,), {})))
+    ours._name = "cuda"
+    cpu = object.__new__(accelerator.Accelerator)
+    cpu._name = "cpu"
+    t = torch.arange(12.0).reshape(3, 4)
+    for args, kw in [((), {}), ((False,), {}), ((), {"make_copy": False, "match_shape": False}),
+                     ((True, False), {}), ((False, True), {})]:
+        got = []
+        for acc, tracker in ((ours, accelerator._tracker), (theirs, their_tracker._tracker)):
+            tracker.reset()
+            out = acc.pin_memory(t, *args, **kw)
+            got.append((out.shape, out.dtype, out is t, out.data_ptr() == t.data_ptr(),
+                        torch.equal(out, t) if out.shape == t.shape else None, tracker._bytes))
+        assert got[0] == got[1], (args, kw, got)
+        assert cpu.pin_memory(t, *args, **kw) is t
+    accelerator._tracker.reset()
+    their_tracker._tracker.reset()
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator    # the tensor constructors, as theirs
+    for name in ("FloatTensor", "ByteTensor"):
+        assert getattr(cpu, name) is getattr(CPU_Accelerator, name).fget(None)
+        mine, cuda = getattr(ours, name), getattr(CUDA_Accelerator, name).fget(None)
+        assert (mine.func, mine.args, mine.keywords) == (cuda.func, cuda.args, cuda.keywords)

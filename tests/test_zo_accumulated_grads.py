@@ -7,7 +7,8 @@ backward, the ranks' views are summed (each element is in exactly one rank's par
 an independent reference: one process, a copy of the model, each rank's micro-batch gradient of
 loss/3, averaged over the ranks, summed over the micro-batches so far. fp32; tolerance 1e-6 relative
 (the same sums in another order). Which backwards fill the buffers is DeepSpeed's rule: ZeRO-2 from
-the first backward, ZeRO-1 at the boundary, a step of one backward never.
+the first backward, ZeRO-1 at the boundary, a step of one backward never, and with bf16 and
+data_types.grad_accum_dtype fp32 never at all (DeepSpeed's compact fp32 partition: the dict stays empty).
 """
 import copy
 
@@ -30,8 +31,8 @@ def _loss(model, rank, i):
     return ((model(x) - y) ** 2).mean()
 
 
-def _engine(deepspeed, model, stage, ga):
-    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": ga,
+def _engine(deepspeed, model, stage, ga, **more):
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": ga, **more,
            "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu"}},
            "zero_force_ds_cpu_optimizer": False,
            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}}
@@ -62,7 +63,15 @@ def _run(rank, world):
         one = _engine(deepspeed, copy.deepcopy(start), stage, 1)     # a step of one backward
         one.backward(_loss(one, rank, 0))
         one.step()
-        out[stage] = (seen, len(one.optimizer.accumulated_grads_in_cpu), start)
+        compact = _engine(deepspeed, copy.deepcopy(start).bfloat16(), stage, 2, bf16={"enabled": True},
+                          data_types={"grad_accum_dtype": "fp32"})
+        lens = []
+        for i in range(2):
+            x, y = _batch(rank, i)
+            compact.backward(((compact(x.bfloat16()) - y.bfloat16()) ** 2).mean())
+            lens.append(dict(compact.optimizer.accumulated_grads_in_cpu))
+            compact.step()
+        out[stage] = (seen, len(one.optimizer.accumulated_grads_in_cpu), start, lens)
     return out
 
 
@@ -83,9 +92,10 @@ def _reference(start):
 def test_accumulated_grads_in_cpu_hold_the_reduced_sum_as_deepspeeds_do(spawn):
     outs = spawn(_run, WORLD)
     for stage in (1, 2):
-        seen, single, start = outs[0][stage]
+        seen, single, start, compact = outs[0][stage]
         ref = _reference(start)
         assert single == 0                                 # one backward per step: nothing allocated
+        assert all(o[stage][3] == [{}, {}] for o in outs)  # bf16 + fp32 accumulation: never filled
         assert all(o[stage][0][-1][0] > 0 for o in outs)     # every rank holds a part of some parameter
         for i, (n, vec) in enumerate(seen):
             filled = stage == 2 or i == GA - 1

@@ -16,6 +16,7 @@ Cost: nothing; memory queries read /proc/self/statm.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 
@@ -172,14 +173,37 @@ class Accelerator:
         return [torch.float, torch.bfloat16] + ([torch.float16] if self.is_fp16_supported() else [])
 
     @property
+    def FloatTensor(self):     # DeepSpeed's: a tensor constructor on the accelerator (cuda: the current device)
+        return torch.FloatTensor if self._name == "cpu" else functools.partial(torch.tensor, dtype=torch.float,
+                                                                                device="cuda")
+
+    @property
+    def ByteTensor(self):
+        return torch.ByteTensor if self._name == "cpu" else functools.partial(torch.tensor, dtype=torch.uint8,
+                                                                               device="cuda")
+
+    @property
     def Stream(self):
         return None if self._name == "cpu" else torch.cuda.Stream
 
-    def pin_memory(self, tensor, align_bytes=1, make_copy=True, match_shape=True):
-        if self._name == "cpu":      # torch cannot pin for a CPU device: DeepSpeed's no-op, nothing tracked
+    def pin_memory(self, tensor, make_copy=True, match_shape=True):
+        """DeepSpeed's (abstract_accelerator.py): a pinned copy of tensor, or with make_copy=False a fresh
+        pinned buffer of its dtype (tensor is only a template), its shape or flat (numel,) with
+        match_shape=False. On cpu torch cannot pin: tensor itself, nothing tracked, as DeepSpeed's."""
+        if self._name == "cpu":
             return tensor
-        track_pinned_memory(tensor.nbytes)
+        if make_copy:
+            track_pinned_memory(tensor.nbytes)
+            return self._torch_pin_memory(tensor)
+        shape = tensor.shape if match_shape else (tensor.numel(),)
+        track_pinned_memory(tensor.numel() * tensor.element_size())
+        return self._torch_empty_pinned(tensor, shape)
+
+    def _torch_pin_memory(self, tensor):
         return tensor.pin_memory()
+
+    def _torch_empty_pinned(self, tensor, shape):
+        return tensor.new_empty(shape, pin_memory=True)
 
     def is_pinned(self, tensor) -> bool:
         return tensor.is_pinned()

@@ -10,7 +10,9 @@ backwards since the last step. It fills it (async_accumulate_grad_in_cpu_via_gpu
 has more than one backward: at stage 2 from the first backward that is not the step's lone boundary
 one (its gradients are reduced at every backward), at stage 1 at the boundary backward when it is not
 the step's first (they are reduced only there); a step of one backward allocates nothing. Its entries
-stay after the step.
+stay after the step. With bf16 and data_types.grad_accum_dtype fp32 (its compact fp32 gradient
+partition, _use_compact_grad_partition_buffer) copy_grads_in_partition returns before any of this: the
+dict exists and stays empty, and so does the one here.
 
 Here ringzero's own shards already hold that sum (the offloaded optimizer reads them at the step), so
 the view copies out of them when read: key → a CPU tensor of the parameter's numel and dtype, this
@@ -27,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+
+from zero_from_scratch.engine.precision import grad_dtype, model_dtype
 
 
 class AccumulatedGradsInCpu(Mapping):
@@ -86,8 +90,11 @@ def install(engine) -> None:
     telling it each backward (DeepSpeed's buffers are filled inside its backward)."""
     if engine.stage_id not in (1, 2) or engine.config.offload_optimizer is None:
         return
-    view = AccumulatedGradsInCpu(engine)
     engine.optimizer.__dict__.get("refused_names", {}).pop("accumulated_grads_in_cpu", None)
+    if grad_dtype(engine.config, engine.stage_id) == torch.float32 != model_dtype(engine.config):
+        engine.optimizer.accumulated_grads_in_cpu = {}       # DeepSpeed's compact partition: never filled
+        return
+    view = AccumulatedGradsInCpu(engine)
     engine.optimizer.accumulated_grads_in_cpu = view
     backward = engine.backward
 

@@ -17,16 +17,22 @@ MAX-reduced over the largest expert-parallel group when a parameter is an expert
 world (zero_reduce_scatter) or the model-parallel group (mpu); check_using_norm(norms) — a norm that is
 inf/NaN/negative, reduced the same way, then over the world unless reduce_overflow=False.
 get_weight_norm(parameters, norm_type, mpu): the p-norm of the tensors' values (summed over the model-
-parallel group with an mpu), -1 when not finite.
+parallel group with an mpu; tensor-parallel replicas counted on tensor-parallel rank 0 only), -1 when
+not finite. As DeepSpeed's, the flags and norms are built with get_accelerator().FloatTensor /
+ByteTensor (on the GPU under cuda, where the backend is nccl) and reduced with the served deepspeed.comm
+names (so a script's patch of dist.all_reduce sees them).
 Cost: creating groups: one new_group per group (every rank); a check: one 1-element all-reduce per group named.
 """
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
-import torch.distributed as dist
 
+from zero_from_scratch.as_deepspeed import comm as _own_comm
+from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
+from zero_from_scratch.as_deepspeed.finder import ServedModule
 from zero_from_scratch.as_deepspeed.utils import log_dist
 
 _EXPERT_PARALLEL_GROUP: dict = {}
@@ -35,8 +41,16 @@ _EXPERT_DATA_PARALLEL_GROUP: dict = {}
 _EXPERT_DATA_PARALLEL_GROUP_RANKS: dict = {}
 
 
+def _dist():
+    """The runner's served deepspeed.comm (its own module object: a script's patch of its names sees
+    these calls, as DeepSpeed's runtime/utils.py calls it), else as_deepspeed/comm.py itself."""
+    served = isinstance(sys.modules.get("deepspeed"), ServedModule)
+    return sys.modules.get("deepspeed.comm", _own_comm) if served else _own_comm
+
+
 def _create_expert_and_data_parallel(expert_parallel_size_, mp_size=None, pp_size=None, mp_mode="tp",
                                      use_data_before_expert_parallel_=False, folding_spec=None) -> None:
+    dist = _dist()
     assert dist.is_initialized()
     if (mp_size or 1) > 1:
         raise NotImplementedError(
@@ -113,7 +127,8 @@ class CheckOverflow:
         self.has_moe_params = any(is_moe_param(p) for p in self.params or ())
 
     def check_using_norm(self, norm_group, reduce_overflow=True) -> bool:
-        flag = torch.tensor([float(any(is_invalid_grad_norm(n) for n in norm_group))])
+        dist = _dist()
+        flag = get_accelerator().FloatTensor([float(any(is_invalid_grad_norm(n) for n in norm_group))])
         if self.has_moe_params:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_get_max_expert_parallel_group())
         if self.mpu is not None:
@@ -133,42 +148,57 @@ class CheckOverflow:
         return any(p.grad is not None and not bool(torch.isfinite(p.grad.data).all()) for p in params)
 
     def has_overflow(self, params, has_moe_params=None) -> bool:
+        dist = _dist()
         has_moe_params = self.has_moe_params if has_moe_params is None else has_moe_params
-        flag = torch.tensor([int(self.has_overflow_serial(params))], dtype=torch.uint8)
+        flag = get_accelerator().ByteTensor([int(self.has_overflow_serial(params))])
         if has_moe_params:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_get_max_expert_parallel_group())
         if self.zero_reduce_scatter:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=dist.get_world_group())
         elif self.mpu is not None:
             ds = self.deepspeed
-            if ds is not None and getattr(ds, "pipeline_enable_backward_allreduce",
-                                          getattr(ds, "enable_backward_allreduce", True)) is False:
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mpu.get_data_parallel_group())
+            if ds is not None:
+                pipe = hasattr(ds, "pipeline_enable_backward_allreduce")
+                if (pipe and ds.pipeline_enable_backward_allreduce is False) or \
+                        (not pipe and ds.enable_backward_allreduce is False):
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mpu.get_data_parallel_group())
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mpu.get_model_parallel_group())
         elif self.deepspeed is not None and self.deepspeed.enable_backward_allreduce is False:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=dist.get_world_group())
         return bool(flag[0].item())
 
 
 def get_weight_norm(parameters, norm_type=2, mpu=None):
+    dist = _dist()
     parameters = [parameters] if torch.is_tensor(parameters) else list(parameters)
     norm_type = float(norm_type)
     if norm_type == math.inf:
-        total = torch.tensor([float(max(p.data.abs().max() for p in parameters))])
+        total = get_accelerator().FloatTensor([float(max(p.data.abs().max() for p in parameters))])
         if mpu is not None:
             dist.all_reduce(total, op=dist.ReduceOp.MAX, group=mpu.get_model_parallel_group())
         total = total[0].item()
     else:
-        mp_rank = mpu.get_model_parallel_rank() if mpu is not None else 0
+        mp_rank = bwc_tensor_model_parallel_rank(mpu)
         total = 0.0
         for p in parameters:
             if getattr(p, "ds_pipe_replicated", False):      # pipeline-replicated: counted once
                 continue
             if mp_rank > 0 and not (getattr(p, "model_parallel", False) or getattr(p, "tensor_model_parallel", False)):
-                continue                                   # tensor-parallel replicas: counted on mp rank 0
-            total += float(p.data.float().norm(norm_type)) ** norm_type
-        t = torch.tensor([total])
+                continue                                   # tensor-parallel replicas: counted on tp rank 0
+            total += p.data.float().norm(norm_type) ** norm_type     # fp32, as DeepSpeed's sum
+        t = get_accelerator().FloatTensor([float(total)])
         if mpu is not None:
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=mpu.get_model_parallel_group())
         total = t[0].item() ** (1.0 / norm_type)
     return -1 if not math.isfinite(total) else total
+
+
+def bwc_tensor_model_parallel_rank(mpu=None) -> int:
+    """deepspeed.utils.bwc's: the tensor-parallel rank, by whichever name the mpu answers."""
+    if mpu is None:
+        return 0
+    if hasattr(mpu, "get_tensor_model_parallel_rank"):
+        return mpu.get_tensor_model_parallel_rank()
+    if hasattr(mpu, "get_slice_parallel_rank"):
+        return mpu.get_slice_parallel_rank()
+    return mpu.get_model_parallel_rank()
