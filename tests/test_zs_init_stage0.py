@@ -5,7 +5,7 @@
 DeepSpeed 0.19.8 builds the engine there (runtime/engine.py keeps the partitioned parameters; its
 stages 0-2 cannot train them, DeepSpeed's own test only calls a method of the model through the
 engine). The runner gathers them whole, and the open context leaves that model whole when it closes
-(zero_partition.keep_whole); a module built later in the same context is still partitioned.
+(zero_partition.make_whole); a module built later in the same context is still partitioned.
 Two ranks against the same script without zero.Init under the same seed (the reference): the
 weights after the block and the losses of three steps are equal, exactly (same values, same
 collectives, same order).
