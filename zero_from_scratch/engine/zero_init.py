@@ -44,7 +44,7 @@ from zero_from_scratch.engine import allocator, zero_partition as zp
 from zero_from_scratch.engine.external import register_external_parameter
 from zero_from_scratch.engine.zero_gathered import GatheredParameters
 from zero_from_scratch.engine.zero_partition import STATE, ZeroParamStatus, is_zero_param
-from zero_from_scratch.engine.zero_init_config import _dtype_from, _load, _swap_from  # noqa: F401 (_load: the runner's)
+from zero_from_scratch.engine.zero_init_config import _dtype_from, _load, _swap_from
 from zero_from_scratch.engine.zs_group_check import refuse_single_rank_group
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus"]
