@@ -6,9 +6,11 @@ Reference: a single nn.Linear with the same weights, in one process. One process
 grid (uneven splits included, bias on or off, the (output, bias)-returning variant) gives the
 Linear's output and, cut into tiles, its gradients; tiles are copies of the Linear's blocks.
 Two ranks at ZeRO-3: the TiledLinear is built inside zero.Init (each tile partitioned on its
-own; copy_params_from writes through GatheredParameters), trained by the ZeRO-3 engine with SGD;
-each rank's output equals the reference on its batch, the averaged gradient of every tile equals
-the reference's gradient of both ranks' batches, cut to the tile, and so do the weights after a step.
+own; copy_params_from writes through GatheredParameters with modifier_rank=0: rank 1 passes a
+perturbed Linear and gets rank 0's values), trained by the ZeRO-3 engine with SGD; each rank's
+output equals the reference (rank 0's Linear) on its batch, the averaged gradient of every tile's
+weight and of each row's bias equals the reference's gradient of both ranks' batches, cut to the
+tile, and so do the weights and biases after a step.
 Tolerances: a row of tiles sums the same products as the Linear, in another order, so the two differ
 by rounding only: 1e-12 in float64; at ZeRO-3 in fp32, 1e-5 (dot products of ≤ 23 terms of O(1),
 eps 6e-8, and the reference's loss averaged over ranks in another order than the engine's reduction).
@@ -88,16 +90,22 @@ CFG = {"train_micro_batch_size_per_gpu": 3, "optimizer": {"type": "SGD", "params
 def _zero3(rank, world):
     torch.manual_seed(0)
     base = nn.Linear(23, 29)                                  # the same on every rank (same seed)
+    mine = copy.deepcopy(base)
+    if rank != 0:                                             # copy_params_from broadcasts rank 0's values
+        with torch.no_grad():
+            mine.weight.add_(1.0), mine.bias.add_(1.0)
     with Init(dtype=torch.float32):
-        tiled = TiledLinear(23, 29, in_splits=2, out_splits=3, init_linear=copy.deepcopy(base))
+        tiled = TiledLinear(23, 29, in_splits=2, out_splits=3, init_linear=mine)
     sharded = [t.weight.ds_tensor.numel() for row in tiled.linears for t in row]
     engine, *_ = zero_from_scratch.initialize(model=tiled, config=CFG)
     xs = torch.randn(world, 3, 23, generator=torch.Generator().manual_seed(5))
     out = engine(xs[rank])
     engine.backward(out.pow(2).mean())
     grads = [safe_get_full_grad(t.weight) for row in tiled.linears for t in row]
+    grads += [safe_get_full_grad(row[-1].bias) for row in tiled.linears]
     engine.step()
     weights = [safe_get_full_fp32_param(t.weight) for row in tiled.linears for t in row]
+    weights += [safe_get_full_fp32_param(row[-1].bias) for row in tiled.linears]
     return sharded, out.detach(), grads, weights, xs, base.state_dict()
 
 
@@ -111,9 +119,12 @@ def test_zero3_two_ranks_equal_one_linear(spawn):
         torch.testing.assert_close(out, base(xs[rank]).detach(), **TOL)
         loss = sum(base(x).pow(2).mean() for x in xs) / len(xs)   # the engine averages over ranks
         loss.backward()
-        ref_grads = [g for _, g in _blocks(tiled, base.weight.grad)]
+        rows = [slice(tiled.out_parts[o], tiled.out_parts[o + 1]) for o in range(3)]
+        ref_grads = [g for _, g in _blocks(tiled, base.weight.grad)] + [base.bias.grad[r] for r in rows]
+        assert len(grads) == len(ref_grads) == 9
         for g, r in zip(grads, ref_grads):
             torch.testing.assert_close(g, r, **TOL)
-        stepped = base.weight.detach() - 0.1 * base.weight.grad
-        for w, r in zip(weights, [b for _, b in _blocks(tiled, stepped)]):
+        stepped = [b for _, b in _blocks(tiled, base.weight.detach() - 0.1 * base.weight.grad)]
+        stepped += [(base.bias.detach() - 0.1 * base.bias.grad)[r] for r in rows]
+        for w, r in zip(weights, stepped):
             torch.testing.assert_close(w, r, **TOL)

@@ -9,8 +9,13 @@ rank's fp32 sum of its bf16 gradients (exact: the same adds); after the boundary
 average, reduced as DeepSpeed's (its fp32 sums cast to bf16, summed in bf16, averaged in fp32: at 2 ranks one
 bf16 add, so the reference does exactly that and the match is exact; tolerance 0). ringzero's own entry point
 reduce-scatters instead (the other rank's block stays unreduced there: the runner's all-reduce is real), and
-both update the weights bit for bit alike. isinstance: BF16_Optimizer there, DeepSpeedZeroOptimizer at stage 2.
+both update the weights bit for bit alike. isinstance: BF16_Optimizer there and with nvme optimizer offload,
+DeepSpeedZeroOptimizer at stage 2 and with CPU offload (DeepSpeed's zero_cpu_offload()); the nvme one
+trains (Adam, one step) bit for bit as without offload; compute_grad_norm
+false in BF16_Optimizer's configuration: DeepSpeed's ValueError.
 """
+import tempfile
+
 import torch
 import torch.nn as nn
 
@@ -31,11 +36,11 @@ def _loss(m, x, y):
     return nn.functional.mse_loss(m(x).float(), y)
 
 
-def _config(stage):
+def _config(stage, opt="SGD", **zero):
     return {"train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": ACC, "gradient_clipping": 0.0,
             "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
-            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
-            "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+            "zero_optimization": {"stage": stage, **zero}, "zero_allow_untested_optimizer": True,
+            "optimizer": {"type": opt, "params": {"lr": 0.1}}}
 
 
 def _train(init, rank, grads=None):
@@ -65,8 +70,27 @@ def _ranks(rank, world):
     e2, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=_config(2))
     m = _model()
     e1, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=_config(1))
-    kinds = {"stage1": (isinstance(e1.optimizer, BF16_Optimizer), isinstance(e1.optimizer, DeepSpeedZeroOptimizer)),
-             "stage2": (isinstance(e2.optimizer, BF16_Optimizer), isinstance(e2.optimizer, DeepSpeedZeroOptimizer))}
+    engines = {"stage1": e1, "stage2": e2}
+    for name, dev in (("cpu", "cpu"), ("nvme", "nvme")):
+        m = _model()
+        engines[name], *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=_config(
+            1, "Adam", offload_optimizer={"device": dev, "nvme_path": tempfile.mkdtemp()}))
+    kinds = {k: (isinstance(e.optimizer, BF16_Optimizer), isinstance(e.optimizer, DeepSpeedZeroOptimizer))
+             for k, e in engines.items()}
+    m = _model()
+    adam, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=_config(1, "Adam"))
+    for e in (engines["nvme"], adam):                     # nvme under BF16_Optimizer trains as without offload
+        for k in range(ACC):
+            e.backward(_loss(e, *_batch(k, rank)))
+            e.step()
+    kinds["nvme_equal"] = all(torch.equal(a, b) for a, b in zip(engines["nvme"].module.parameters(), m.parameters())) \
+        and not torch.equal(next(m.parameters()), next(_model().parameters()))       # and it did step
+    m = _model()
+    try:
+        deepspeed.initialize(model=m, model_parameters=m.parameters(), config=_config(1, compute_grad_norm=False))
+        kinds["no_norm"] = "built"
+    except ValueError as e:
+        kinds["no_norm"] = str(e)
     return own, served, grads, kinds
 
 
@@ -88,7 +112,9 @@ def test_bf16_optimizer_gradients_as_deepspeed(spawn):
     n = mean.numel()
     results = spawn(_ranks, 2)
     for rank, (own, served, grads, kinds) in enumerate(results):
-        assert kinds == {"stage1": (True, False), "stage2": (False, True)}, kinds
+        assert kinds == {"stage1": (True, False), "stage2": (False, True), "cpu": (False, True), "nvme": (True, False), "nvme_equal": True,
+                         "no_norm": "zero_optimization.compute_grad_norm=false does not support ZeRO Stage 1 with "
+                                    "BF16 parameters and FP32 gradient accumulation"}, kinds
         assert torch.equal(grads[0][:n], per_rank[rank][0])         # between boundaries: this rank's sum
         assert torch.equal(grads[1][:n], mean), (grads[1][:n] - mean).abs().max()
         assert not torch.equal(own[0][:n], served[0][:n])           # ringzero's own: the other block unreduced

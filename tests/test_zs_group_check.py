@@ -2,10 +2,11 @@
 
     python -m pytest -q tests/test_zs_group_check.py
 
-DeepSpeed 0.19.8 raises this in Init.__init__ (a size-1 group started before init_distributed would
-leave every rank holding the whole model). One process, no torch.distributed (a world of one):
-with WORLD_SIZE=2 in the environment Init raises DeepSpeed's message; with WORLD_SIZE 1, unset or
-unreadable it builds. Two ranks: the default group (the world) partitions each parameter in halves,
+DeepSpeed 0.19.8 raises this in Init.__init__, enabled or not (a size-1 group started before
+init_distributed would leave every rank holding the whole model). One process, no torch.distributed
+(a world of one): with WORLD_SIZE=2 in the environment Init, enabled or not, raises ringzero's message
+(naming init_from_env and the uninitialised case; the runner's Init, DeepSpeed's words); with
+WORLD_SIZE 1, unset or unreadable it builds. Two ranks: the default group (the world) partitions each parameter in halves,
 and a group of one rank passed explicitly is taken as intended: no error, every parameter whole on
 its rank, both equal to the plain constructor under the same seed (the independent reference; exact;
 -m slow: the spawn costs seconds, and the world-group half is test_zero_init.py's too).
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from zero_from_scratch.engine.zero_init import GatheredParameters, Init
-from zero_from_scratch.engine.zs_group_check import contradicting_single_rank_pg_error
+from zero_from_scratch.engine.zs_group_check import contradicting_single_rank_pg_error, refuse_as_deepspeed
 
 
 def _build(**kw):
@@ -28,8 +29,11 @@ def _build(**kw):
 @pytest.mark.skipif(dist.is_initialized(), reason="needs a process without torch.distributed")
 def test_one_rank_world_under_a_multirank_launcher_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match=r"world_size=1.*WORLD_SIZE=2.*init_distributed"):
-        _build()
+    for enabled in (True, False):
+        with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2.*not initialized.*primitives.launch.init_from_env"):
+            _build(enabled=enabled)
+    with pytest.raises(RuntimeError, match=r"world_size=1.*WORLD_SIZE=2.*deepspeed.init_distributed"):
+        refuse_as_deepspeed(None)
     assert not hasattr(nn.Linear(2, 2).weight, "ds_id")          # nothing left patched by the refused Init
     for value in ("1", "", "x"):
         monkeypatch.setenv("WORLD_SIZE", value)

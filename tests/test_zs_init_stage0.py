@@ -5,11 +5,14 @@
 DeepSpeed 0.19.8 builds the engine there (runtime/engine.py keeps the partitioned parameters; its
 stages 0-2 cannot train them, DeepSpeed's own test only calls a method of the model through the
 engine). The runner gathers them whole, and the open context leaves that model whole when it closes
-(zero_partition.keep_whole); a module built later in the same context is still partitioned.
+(zero_partition.make_whole); a module built later in the same context is still partitioned.
 Two ranks against the same script without zero.Init under the same seed (the reference): the
 weights after the block and the losses of three steps are equal, exactly (same values, same
-collectives, same order).
+collectives, same order). -m slow: a stage-0 engine builds a torch.optim optimizer, whose first
+construction in a process imports torch._dynamo (~5 s a rank); the bulk run's
+test_zero_context.py::TestSerialContext::test_throughput_calculation builds this case too.
 """
+import pytest
 import torch
 import torch.nn as nn
 
@@ -56,6 +59,7 @@ def _both(rank, world):
     return _run(rank, world, False), _run(rank, world, True)
 
 
+@pytest.mark.slow
 def test_initialize_at_stage0_inside_init_trains_like_without_init(spawn):
     for (ref_start, ref_losses, _, _), (start, losses, kept, later_partitioned) in spawn(_both, 2):
         assert start.keys() == ref_start.keys()

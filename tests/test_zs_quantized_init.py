@@ -5,10 +5,13 @@
 Two ranks. The model (a Linear and an Embedding) is built inside the runner's zero.Init with int8
 (groups of 4 along dim 1) and int4 (groups of 2 along dim 0) configs; its gathered Linear and
 Embedding outputs are compared with an independent reference: the plain model under the same seed,
-each weight group quantised here by DeepSpeed's formula (s = (max - min)/(2^b - 1), codes round((x -
-min)/s), x^ = min + code·s), and torch's F.linear / F.embedding on x^ (tolerance 1e-6: the same fp32
-operations, in another order). A state dict of full weights loaded into the quantised Linear (rank
-0 writing, GatheredParameters) is quantised on the way in: the output then follows the new weights.
+each weight group quantised here by DeepSpeed's formula (1/s = (2^b - 1)/(max - min), codes
+round(clamp((x - min)·(1/s))), x^ = code/(1/s) + min), and torch's F.linear / F.embedding on x^
+(tolerance 1e-6: the same fp32 operations, the matmul in another order). A state dict of full
+weights loaded into the quantised Linear (rank 0 writing, GatheredParameters) is quantised on the
+way in: the output then follows the new weights. One process, fp16 and bf16: the arithmetic runs in
+the weight's dtype, so the dequantised weight equals the reference in that dtype exactly, and
+deconcat gives the codes in the weight's shape and 1/s, min in group shapes (DeepSpeed's).
 """
 import pytest
 import torch
@@ -33,9 +36,24 @@ def reference(w: torch.Tensor, q: dict) -> torch.Tensor:
     gd, gs, top = q["group_dim"], q["group_size"], 2 ** q["num_bits"] - 1
     g = w.movedim(gd, -1).reshape(-1, gs)
     lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
-    s = (hi - lo) / top
-    back = lo + torch.round((g - lo) / s).clamp(0, top) * s
+    inv = top / (hi - lo)
+    back = torch.round(((g - lo) * inv).clamp(0, top)) / inv + lo
     return back.reshape(w.movedim(gd, -1).shape).movedim(-1, gd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sixteen_bit_weights_quantise_in_their_dtype(dtype):
+    from zero_from_scratch.as_deepspeed.zs_quantized_init import _quantize_param
+    for q, groups in zip(CONFIGS, ((6, 2, 1), (3, 1, 8))):
+        w = nn.Parameter(torch.randn(6, 8, generator=torch.Generator().manual_seed(2)).to(dtype))
+        ref = reference(w.detach(), q)
+        _quantize_param(w, q)
+        codes, inv, lo = w.deconcat(w)
+        codes = codes.view(torch.uint8)
+        assert codes.shape == ((6, 8) if q["num_bits"] == 8 else (6, 4))
+        assert inv.shape == lo.shape == groups and inv.dtype == lo.dtype == dtype
+        out = w.dequantizer.dequantize(codes, inv, lo)
+        assert out.dtype == dtype and torch.equal(out, ref)
 
 
 def _run(rank, world):

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from zero_from_scratch.as_deepspeed import finder, served, z3lin_linear, zs_quantized_init
 from zero_from_scratch.as_deepspeed.top import init_distributed
-from zero_from_scratch.engine import zero_init
+from zero_from_scratch.engine import zero_init, zs_group_check
 from zero_from_scratch.engine.zero_partition import STATE, is_zero_param
 
 
@@ -39,6 +39,8 @@ class _Refusing(type):
 
 
 class Init(zero_init.Init, metaclass=_Refusing):
+    refuse_group = staticmethod(zs_group_check.refuse_as_deepspeed)    # DeepSpeed's words (deepspeed.init_distributed)
+
     def __init__(self, *args, **kwargs):
         a = _SIGNATURE.bind(self, *args, **kwargs)
         a.apply_defaults()

@@ -6,7 +6,8 @@ BF16_Optimizer's gradient buffers, on ringzero's engine.optimizer.
 
 DeepSpeed 0.19.8 (runtime/engine.py, the optimizer wrapper choice) wraps the client optimizer at stages 1-2
 in stage_1_and_2.DeepSpeedZeroOptimizer, except for bf16 + data_types.grad_accum_dtype fp32 at stage 1
-without offload: there in bf16_optimizer.BF16_Optimizer. isinstance(engine.optimizer, either) holds here
+without CPU optimizer offload (nvme offload included): there in bf16_optimizer.BF16_Optimizer, and
+compute_grad_norm false there raises ValueError, as DeepSpeed's _do_optimizer_sanity_check. isinstance(engine.optimizer, either) holds here
 where DeepSpeed's would. Building one, or using an internal method of one made with __new__, is refused with
 what DeepSpeed's would do (ringzero's optimizer steps its own shards; it has neither class's layout).
 
@@ -71,9 +72,10 @@ class DeepSpeedZeroOptimizer(_Wrapper):
 
 
 def bf16_chosen(engine) -> bool:
-    """DeepSpeed's choice of BF16_Optimizer: bf16, fp32 gradient accumulation, stage 1, no offload."""
-    st = engine.stage
-    return engine.stage_id == 1 and getattr(engine, "offload", None) is None \
+    """DeepSpeed's choice of BF16_Optimizer: bf16, fp32 gradient accumulation, stage 1, no CPU offload
+    (engine.zero_cpu_offload(): offload_optimizer.device "cpu" only; with "nvme" DeepSpeed builds it too)."""
+    st, off = engine.stage, engine.config.offload_optimizer
+    return engine.stage_id == 1 and (off or {}).get("device") != "cpu" \
         and getattr(st, "grad_dtype", None) == torch.float32 and st.dtype == torch.bfloat16
 
 
@@ -102,6 +104,9 @@ def install(engine) -> None:
     if not bf16_chosen(engine):
         opt._ringzero_is = DeepSpeedZeroOptimizer.__name__
         return
+    if not (engine.config.get("zero_optimization") or {}).get("compute_grad_norm", True):
+        raise ValueError("zero_optimization.compute_grad_norm=false does not support ZeRO Stage 1 with "
+                         "BF16 parameters and FP32 gradient accumulation")      # DeepSpeed's sanity check
     opt._ringzero_is = BF16_Optimizer.__name__
     engine.stage.reduce_scatter = False          # DeepSpeed's allreduce_gradients: the whole mean on every rank
     cls = type(opt)

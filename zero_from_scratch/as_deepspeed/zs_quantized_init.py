@@ -11,15 +11,20 @@ As DeepSpeed 0.19.8 (inference/quantization/utils.py, called from runtime/zero/p
 when a torch.nn.Linear or Embedding (those exact classes) is built inside Init, its `weight` is
 quantised before it is partitioned: asymmetric (DeepSpeed asserts symmetric is false), groups of
 group_size consecutive elements along group_dim, per group s = (max - min)/(2^b - 1), z = min,
-code = round((x - z)/s), x^ = z + code·s (|x - x^| <= s/2); int4 packs two codes per byte. The
-parameter's data becomes one flat tensor of its dtype holding the codes', scales' and minima's bytes
+code = round((x - z)/s), x^ = z + code·s (|x - x^| <= s/2, plus the dtype's rounding); int4 packs two
+codes per byte along the last dim. The parameter's data becomes one flat tensor of its dtype holding
+the codes', scales' and minima's bytes
 (`deconcat` splits it), and the parameter gets `weight_quantized`, `quantizer`, `dequantizer`. On
 entering the outermost Init (with memory_efficient_linear on, as DeepSpeed) F.linear and F.embedding
 are wrapped to dequantise such a weight before the call, and Linear / Embedding's
 _load_from_state_dict to quantise an incoming full weight; nothing restores them (DeepSpeed neither).
-The arithmetic is ringzero's block quantiser (engine/quantize.py), the one its qwZ uses; the bytes'
-layout is this file's (DeepSpeed stores 1/s, not s). Memory: a weight of n elements of b bytes takes
-n·bits/8 bytes of codes + 8 bytes per group. Cost: one pass to quantise; one to dequantise per use.
+The arithmetic is DeepSpeed's, in the parameter's dtype (fp16/bf16 rounding included): it stores
+1/s = (2^b - 1)/(max - min) and z, codes = round(clamp((x - z)·(1/s), 0, 2^b - 1)), x^ = code/(1/s) + z;
+deconcat gives the codes in the weight's shape and 1/s, z in group shapes (group_dim split into
+groups × 1), as DeepSpeed's. DeepSpeed's fused CUDA dequantise kernel (fp16, group_dim last, on an
+accelerator) is not used: the torch formula runs everywhere. Memory: a weight of n elements of b
+bytes takes n·bits/8 bytes of codes + 2b bytes per group. Cost: one pass to quantise; one to
+dequantise per use.
 """
 from __future__ import annotations
 
@@ -27,8 +32,6 @@ import functools
 
 import torch
 import torch.nn as nn
-
-from zero_from_scratch.engine.quantize import Spec, dequantize_rows, quantize_rows
 
 WEIGHT_QUANTIZATION_LAYERS = (nn.Linear, nn.Embedding)
 
@@ -39,50 +42,53 @@ def _check(config: dict) -> dict:
     return config
 
 
+def _grouped(tensor: torch.Tensor, config: dict) -> torch.Tensor:
+    """A view with group_dim split into (groups, group_size): the statistics run along group_dim + 1."""
+    gd, gs, shape = config["group_dim"], config["group_size"], tensor.shape
+    return tensor.view(shape[:gd] + (shape[gd] // gs, gs) + shape[gd + 1:])
+
+
 class Quantizer:
-    """tensor → (uint8 codes, fp32 scales s, fp32 minima z), groups of group_size along group_dim."""
+    """tensor → (uint8 codes in its shape, 1/s and min per group in group shapes, both in the tensor's dtype)."""
 
     def __init__(self, config: dict) -> None:
         self.config = _check(config)
 
     def quantize(self, tensor: torch.Tensor):
-        gd, gs = self.config["group_dim"], self.config["group_size"]
-        assert tensor.shape[gd] % gs == 0, f"Tensor shape: {tensor.shape} quantization config {self.config}"
-        rows = tensor.detach().movedim(gd, -1).reshape(-1, tensor.shape[gd])
-        codes, s, z = quantize_rows(rows, Spec(bits=self.config["num_bits"], block=gs, symmetric=False))
-        codes = codes.to(torch.uint8).reshape(-1)
-        if self.config["num_bits"] == 4:                   # two codes a byte, the even one high (DeepSpeed's)
-            codes = codes[0::2] << 4 | codes[1::2]
-        return codes, s, z
+        gd, top = self.config["group_dim"], 2 ** self.config["num_bits"] - 1
+        assert tensor.shape[gd] % self.config["group_size"] == 0, \
+            f"Tensor shape: {tensor.shape} quantization config {self.config}"
+        g = _grouped(tensor.detach().clone(), self.config)
+        lo, hi = g.amin(dim=gd + 1, keepdim=True), g.amax(dim=gd + 1, keepdim=True)
+        scale = top / (hi - lo)                              # DeepSpeed keeps 1/s, in the tensor's dtype
+        codes = g.sub_(lo).mul_(scale).clamp_(0, top).round_().to(torch.uint8).view(tensor.shape)
+        if self.config["num_bits"] == 4:                     # two codes a byte along the last dim, the even one high
+            codes = codes[..., 0::2] << 4 | codes[..., 1::2]
+        return codes, scale, lo
 
 
 class DeQuantizer:
-    """The inverse for one parameter: its shape and dtype kept from quantisation."""
+    """The inverse: codes (in the weight's shape) / scale + min, in the parameter's dtype."""
 
-    def __init__(self, config: dict, dtype: torch.dtype, shape: torch.Size) -> None:
-        self.config, self.dtype, self.shape = _check(config), dtype, torch.Size(shape)
+    def __init__(self, config: dict, dtype: torch.dtype) -> None:
+        self.config, self.dtype = _check(config), dtype
 
     def dequantize(self, tensor: torch.Tensor, quant_scale: torch.Tensor, quant_min: torch.Tensor) -> torch.Tensor:
-        gd, gs = self.config["group_dim"], self.config["group_size"]
-        codes = tensor.reshape(-1)
         if self.config["num_bits"] == 4:
-            codes = torch.stack([codes >> 4, codes & 15], dim=1).reshape(-1)
-        moved = self.shape[:gd] + self.shape[gd + 1:] + self.shape[gd:gd + 1]
-        rows = codes.to(torch.int16).reshape(-1, self.shape[gd])
-        s = quant_scale.contiguous().view(torch.float32).reshape(rows.shape[0], -1)
-        z = quant_min.contiguous().view(torch.float32).reshape(rows.shape[0], -1)
-        y = dequantize_rows(rows, s, z, Spec(bits=self.config["num_bits"], block=gs, symmetric=False))
-        return y.reshape(moved).movedim(-1, gd).to(self.dtype)
+            tensor = torch.stack([tensor >> 4, tensor & 15], dim=-1).reshape(*tensor.shape[:-1], -1)
+        data = _grouped(tensor.to(self.dtype), self.config)
+        return (data / quant_scale + quant_min).view(tensor.shape)
 
 
 def concat_to_compat_param(codes, scale, minimum, dtype) -> torch.Tensor:
-    """One flat tensor of `dtype` holding the three byte strings; `.deconcat(t)` gives them back as dtype views."""
-    parts = [p.contiguous().view(torch.uint8).reshape(-1).view(dtype) for p in (codes, scale, minimum)]
-    sizes = [p.numel() for p in parts]
-    compat = torch.cat(parts)
+    """One flat tensor of `dtype` holding the three (codes viewed as dtype along their last dim, as DeepSpeed);
+    `.deconcat(t)` gives them back in their shapes."""
+    parts = [p.view(dtype) for p in (codes, scale, minimum)]
+    shapes = [p.shape for p in parts]
+    compat = torch.cat([p.reshape(-1) for p in parts])
 
     def deconcat(t):
-        return tuple(torch.split(t.reshape(-1), sizes))
+        return tuple(p.view(sh) for p, sh in zip(torch.split(t, [sh.numel() for sh in shapes]), shapes))
     compat.deconcat = deconcat
     return compat
 
@@ -90,7 +96,7 @@ def concat_to_compat_param(codes, scale, minimum, dtype) -> torch.Tensor:
 def _quantize_param(param: nn.Parameter, quant_config: dict) -> None:
     assert not hasattr(param, "weight_quantized"), "Parameter has already been quantized."
     param.quantizer = Quantizer(quant_config)
-    param.dequantizer = DeQuantizer(quant_config, param.dtype, param.shape)
+    param.dequantizer = DeQuantizer(quant_config, param.dtype)
     compat = concat_to_compat_param(*param.quantizer.quantize(param.data), dtype=param.dtype)
     param.data = compat
     param.deconcat = compat.deconcat

@@ -1,18 +1,20 @@
-"""`deepspeed.runtime.zero.partition_parameters.CUDAQuantizer`: int8 weights in groups (the kernel: ringzero's).
+"""`deepspeed.runtime.zero.partition_parameters.CUDAQuantizer`: int8 weights in groups (the kernel's formula in torch).
 
     q = CUDAQuantizer()
-    codes, scale = q.quantize(param)                 # int8 codes (param's shape), one fp32 scale per group
+    codes, scale = q.quantize(param)                 # int8 codes (param's shape), fp32 scales (groups, 1)
     back = q.dequantize(codes, scale, dtype=param.dtype)
 
-As DeepSpeed 0.19.8's class (what qwZ's zero.Init calls for each all-gather): quantize picks the
+As DeepSpeed 0.19.8's class (what DeepSpeed's qwZ calls for each all-gather): quantize picks the
 number of groups by DeepSpeed's rule (the fewest with numel/groups <= 8000 and numel divisible by
 8·groups, doubled while that stays true and the groups exceed 8000; cached per numel), hands the
 kernel fp16 (DeepSpeed's kernel reads __half*) and dequantize returns the kernel's fp16 in the
 caller's dtype. The kernel (class attribute `quantizer_cuda_module`, which a caller may replace, as
-DeepSpeed's tests do) is DeepSpeed's QuantizerBuilder op there, CUDA only; here it is ringzero's
-block quantiser (engine/quantize.py: symmetric int8, one scale max|x|/127 per group, round to
-nearest, |error| <= scale/2), the arithmetic ringzero's qwZ uses (engine/qwz.py). Cost: a few
-elementwise passes over the parameter; nothing is communicated.
+DeepSpeed's tests do) is DeepSpeed's QuantizerBuilder op there, CUDA only; here TorchQuantizerModule
+computes its symmetric int8 formula (ops/csrc/includes/quantization_utils.h, Params<Symmetric>):
+per group, in fp32, s = 2^8/(2·max|x|) (1 when max is 0), code = clamp(round(x·s), -128, 127),
+stored scale 1/s (= max|x|/128), x^ = code·(1/s) in fp16. This is not ringzero's own qwZ convention
+(engine/quantize.py: max|x|/127, codes within ±127), which ringzero's engine uses and this class
+does not. Cost: a few elementwise passes over the parameter; nothing is communicated.
 """
 from __future__ import annotations
 
@@ -20,29 +22,29 @@ import math
 
 import torch
 
-from zero_from_scratch.engine.quantize import Spec, dequantize_rows, quantize_rows
-
 
 class TorchQuantizerModule:
-    """The QuantizerBuilder op's two calls, on ringzero's quantiser (symmetric int8 only, as qwZ's)."""
+    """The QuantizerBuilder op's two calls, DeepSpeed's symmetric int8 kernel in torch (int4 / asymmetric refused)."""
     Symmetric = 0
     Asymmetric = 1
 
     @staticmethod
-    def _spec(numel: int, groups: int, num_bits: int, quant_type) -> Spec:
+    def _check(num_bits: int, quant_type) -> None:
         if num_bits != 8 or quant_type != TorchQuantizerModule.Symmetric:
             raise NotImplementedError(f"quantize(num_bits={num_bits}, quant_type={quant_type}): ringzero's kernel here "
                                       "is symmetric int8 only (DeepSpeed's CUDA op also has int4 / asymmetric)")
-        return Spec(bits=8, block=math.ceil(numel / groups), symmetric=True)
 
     def quantize(self, param, groups, num_bits, quant_type):
-        spec = self._spec(param.numel(), groups, num_bits, quant_type)
-        codes, s, _ = quantize_rows(param.reshape(1, -1), spec)
-        return codes.to(torch.int8).view(param.shape), s.reshape(-1)
+        self._check(num_bits, quant_type)
+        x = param.reshape(groups, -1).float()
+        top = x.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(top == 0, torch.ones_like(top), 2 ** num_bits / (2 * top))
+        codes = torch.round(x * scale).clamp_(-(2 ** (num_bits - 1)), 2 ** (num_bits - 1) - 1)
+        return codes.to(torch.int8).view(param.shape), 1 / scale
 
     def dequantize(self, quantized_param, scale, num_groups, num_bits, quant_type):
-        spec = self._spec(quantized_param.numel(), num_groups, num_bits, quant_type)
-        y = dequantize_rows(quantized_param.reshape(1, -1).to(torch.int16), scale.reshape(1, -1), None, spec)
+        self._check(num_bits, quant_type)
+        y = quantized_param.reshape(num_groups, -1).float() * scale.reshape(num_groups, 1)
         return y.view(quantized_param.shape).to(torch.half)            # DeepSpeed's kernel writes fp16
 
 

@@ -28,23 +28,23 @@ each shard is written to a file under offload_param.nvme_path as it is made (ini
 rank holds one module, never Ψ/N; without a config naming nvme_path it is refused (DeepSpeed asserts).
 module=: partition an already built model. mpu: DeepSpeed hands it to its config object only (batch
 arithmetic); accepted, unused. mem_efficient_linear: the engine saves Linear weights by reference (saved.py).
-data_parallel_group: the torch.distributed group to partition over (default: the world; refused, as
-DeepSpeed refuses it, when that world is one rank but the launcher's WORLD_SIZE > 1: zs_group_check.py).
+data_parallel_group: the torch.distributed group to partition over (default: the world; refused, enabled
+or not, as DeepSpeed refuses it, when that world is one rank, or torch.distributed is not started, but the
+launcher's WORLD_SIZE > 1: zs_group_check.py). config reading: zero_init_config.py.
 """
 from __future__ import annotations
 
-import json, warnings, weakref
+import warnings, weakref
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from zero_from_scratch.engine import allocator, zero_partition as zp
 from zero_from_scratch.engine.external import register_external_parameter
-from zero_from_scratch.engine.init_swap import InitSwap
 from zero_from_scratch.engine.zero_gathered import GatheredParameters
 from zero_from_scratch.engine.zero_partition import STATE, ZeroParamStatus, is_zero_param
+from zero_from_scratch.engine.zero_init_config import _dtype_from, _load, _swap_from
 from zero_from_scratch.engine.zs_group_check import refuse_single_rank_group
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus"]
@@ -63,45 +63,9 @@ _SAFE = {"dtype", "device", "requires_grad", "grad", "is_leaf", "grad_fn", "_gra
          "is_complex", "element_size", "get_device", "_base", "__class__", "__dict__", "_version"}
 
 
-def _load(cfg):
-    if isinstance(cfg, str):
-        with open(cfg) as f:
-            cfg = json.load(f)
-    cfg = getattr(cfg, "config", cfg)            # HfDeepSpeedConfig / objects holding the dict
-    if cfg is not None and not isinstance(cfg, dict):
-        raise TypeError(f"Init(config_dict_or_path=...) must be a dict or a JSON path, got {type(cfg).__name__}")
-    return cfg
-
-
-def _dtype_from(cfg: dict | None) -> torch.dtype | None:
-    if cfg is None:
-        return None
-    on = {k: (cfg.get(k) or {}).get("enabled", False) for k in ("bf16", "bfloat16", "fp16")}
-    bad = [k for k, v in on.items() if v not in (True, False)]
-    if bad:
-        raise ValueError(f"Init: {bad[0]}.enabled={on[bad[0]]!r} is unresolved; resolve \"auto\" before Init "
-                         "(transformers' HfDeepSpeedConfig does)")
-    if (on["bf16"] or on["bfloat16"]) and on["fp16"]:
-        raise ValueError("Init: bf16 and fp16 cannot be enabled at once (DeepSpeed raises the same)")
-    return torch.bfloat16 if (on["bf16"] or on["bfloat16"]) else torch.float16 if on["fp16"] else torch.float32
-
-
-def _swap_from(cfg: dict | None, remote_device, enabled: bool):
-    """An InitSwap when the shards go to files (offload_param.device wins over remote_device, as in DeepSpeed)."""
-    off = ((cfg or {}).get("zero_optimization") or {}).get("offload_param") or {}
-    device = off.get("device", remote_device) if off else remote_device
-    if device != "nvme" or not enabled:
-        return None
-    if not off.get("nvme_path"):
-        raise ValueError("zero.Init with nvme (remote_device or offload_param.device) needs config_dict_or_path with "
-                         "zero_optimization.offload_param.nvme_path (DeepSpeed asserts the same); or build with "
-                         "remote_device None/'cpu' and let initialize's offload_param move the shards")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    return InitSwap(off["nvme_path"], rank)
-
-
 class Init:
     """Context: modules constructed inside have their parameters partitioned as they are built."""
+    refuse_group = staticmethod(refuse_single_rank_group)     # the runner's Init words it as DeepSpeed does
 
     def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
                  pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
@@ -129,8 +93,7 @@ class Init:
             raise ValueError("Init: both 'data_parallel_group' and 'sequence_data_parallel_group' were specified")
         self.enabled = enabled
         self.group = data_parallel_group if data_parallel_group is not None else sequence_data_parallel_group
-        if enabled:
-            refuse_single_rank_group(self.group)
+        self.refuse_group(self.group)           # enabled or not, as DeepSpeed's Init
         self.dtype = dtype if dtype is not None else _dtype_from(cfg)
         if self.dtype is None and enabled:
             warnings.warn("zero.Init without dtype or config: parameters keep the constructor's dtype (DeepSpeed "
