@@ -31,6 +31,7 @@ import weakref
 import torch
 
 from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, NotServedError, message
+from zero_from_scratch.engine.precision import deepspeed_bf16_optimizer
 
 WRAP = ("wrap the client optimizer in its own class, stepping fp32 partitions of its flat bit16 groups",
         "deepspeed.initialize: engine.optimizer steps ringzero's shards (safe_get_full_* reads any parameter's)")
@@ -72,11 +73,8 @@ class DeepSpeedZeroOptimizer(_Wrapper):
 
 
 def bf16_chosen(engine) -> bool:
-    """DeepSpeed's choice of BF16_Optimizer: bf16, fp32 gradient accumulation, stage 1, no CPU offload
-    (engine.zero_cpu_offload(): offload_optimizer.device "cpu" only; with "nvme" DeepSpeed builds it too)."""
-    st, off = engine.stage, engine.config.offload_optimizer
-    return engine.stage_id == 1 and (off or {}).get("device") != "cpu" \
-        and getattr(st, "grad_dtype", None) == torch.float32 and st.dtype == torch.bfloat16
+    """DeepSpeed's choice of BF16_Optimizer (engine/precision.py deepspeed_bf16_optimizer)."""
+    return deepspeed_bf16_optimizer(engine.config, engine.stage_id)
 
 
 def fp32_gradients(engine) -> list[torch.Tensor]:

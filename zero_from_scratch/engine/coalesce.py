@@ -22,6 +22,8 @@ import contextlib
 
 import torch
 
+from zero_from_scratch.engine.precision import deepspeed_bf16_optimizer
+
 
 class Deferred:
     """Mixed into stages 2-3: while `coalescing`, completed units wait with their buckets."""
@@ -61,7 +63,7 @@ class CoalesceGradReduction:
         if self.pipeline_parallelism:
             raise NotImplementedError("coalesce_grad_reduction is not supported under pipeline parallelism")
         assert not self.inside_no_sync_ctxt, "coalesce_grad_reduction cannot be nested inside another no_sync context"
-        if self.stage_id == 1 and self.stage.grad_dtype != self.dtype and self.offload is None:
+        if deepspeed_bf16_optimizer(self.config, self.stage_id):
             raise NotImplementedError("coalesce_grad_reduction does not yet support optimizer wrapper BF16_Optimizer "
                                       "(DeepSpeed's, for bf16 with fp32 grad_accum_dtype at stage 1; engine.py)")
         saved = self._boundary_override

@@ -40,6 +40,15 @@ def grad_dtype(cfg, stage: int) -> torch.dtype:
     return model_dtype(cfg)
 
 
+def deepspeed_bf16_optimizer(cfg, stage: int) -> bool:
+    """Whether DeepSpeed would wrap the optimizer in its BF16_Optimizer: bf16 with fp32 gradient accumulation
+    at stage 1 unless the optimizer is offloaded to the CPU (engine.py _configure_optimizer, zero_cpu_offload():
+    nvme offload builds it too). Its coalesce_grad_reduction refuses there; the runner's classes follow it."""
+    device = (cfg.offload_optimizer or {}).get("device")
+    return stage == 1 and grad_dtype(cfg, stage) == torch.float32 and model_dtype(cfg) == torch.bfloat16 \
+        and device != "cpu"
+
+
 class StaticLossScaler:
     dynamic = False
 
