@@ -5,6 +5,8 @@ replayed through glibc in a fresh process, at its defaults, three ways.
 
     python -m benchmarks.planner_slack_replay --only llama-small   # one row (~1 min idle)
     python -m benchmarks.planner_slack_replay                      # the seven rows of planner_slack
+    python -m benchmarks.planner_slack_replay --only llama-small --early   # logged from before the warm-up
+    python -m benchmarks.planner_slack_replay --only small --early --risen  # the replays' threshold raised first
 
 The three replays of the same calls, peak resident set above the replay's start per step:
 `as logged` (aligned requests stay aligned: torch asks for every tensor with posix_memalign,
@@ -15,7 +17,10 @@ every block mapped). If `as logged` lands near the run and `unaligned` near the 
 slack is what glibc's memalign does to a heap of freed tensor-sized chunks: it asks its bins for
 size + alignment + MINSIZE and splits the chunk it gets, so a freed block never serves the next
 request of its own size unless a free neighbour is merged with it, and the runtime's small
-blocks, carved from the fragments between, keep such neighbours apart.
+blocks, carved from the fragments between, keep such neighbours apart. With --early the log
+starts before the warm-up step, so the replay starts from a heap nearer the run's; with --risen
+the replays start with glibc's mmap threshold already at the largest logged size, so blocks the
+run mapped until the threshold rose come from the heap from the first call.
 Memory only: the load does not enter. The logging buffer's pages (32 bytes a call, about
 3 MiB a step) add to the logged run's peak. Cost: one run of --steps steps per row plus three
 replays of its larger rank.
@@ -84,16 +89,20 @@ def build(tmp: str) -> str:
     return so
 
 
-def _logged_row(rank, world, so: str, out: str, module: str, fn: str, args: tuple) -> dict:
+def _logged_row(rank, world, so: str, out: str, module: str, fn: str, args: tuple, early: bool = False) -> dict:
     """One rank of a planner_slack row, its malloc calls written to out/rank{rank}_{n}.bin: n = 0
-    from the model's construction to the first step's end, then one file per step."""
+    from the model's construction (with `early`, from before the warm-up) to the first step's end,
+    then one file per step."""
     log = ctypes.CDLL(so)      # the preloaded object: dlopen returns the same one
     log.slack_log_stop.restype = ctypes.c_long
     warm, timed = R._warm, R._timed
+    if early:
+        log.slack_log_start()
 
     def warm_then_log(*a):
         base = warm(*a)
-        log.slack_log_start()
+        if not early:
+            log.slack_log_start()
         return base
 
     def timed_logged(one_step, steps, base):
@@ -110,10 +119,12 @@ def _logged_row(rank, world, so: str, out: str, module: str, fn: str, args: tupl
     return getattr(R if module == "R" else RT, fn)(rank, world, *args)
 
 
-def replay(files: list[str], mode: str) -> list[tuple[float, float]]:
+def replay(files: list[str], mode: str, risen: bool = False) -> list[tuple[float, float]]:
     """Replay the logged calls in this process (meant to be a fresh one): mode `logged`,
     `unaligned` or `nosmall`. Per file: (peak resident set above the start, live bytes of the
-    replayed blocks at their peak), bytes. Blocks of 4 KiB and more are written, as a tensor is."""
+    replayed blocks at their peak), bytes. Blocks of 4 KiB and more are written, as a tensor is.
+    With `risen`, glibc's mmap threshold is first raised to its ceiling for the logged sizes (one
+    block of the largest size under 32 MiB mapped and freed) instead of rising as the run's did."""
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = libc.realloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
@@ -124,12 +135,18 @@ def replay(files: list[str], mode: str) -> list[tuple[float, float]]:
     def vm(key):
         with open("/proc/self/status") as f:
             return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(key))
+    logs = [np.fromfile(path, dtype=np.uint64).reshape(-1, 4).tolist() for path in files]
+    if risen:
+        big = max(size for log in logs for op, size, p, q in log if op in (1, 3, 4) and size < 32 * MiB)
+        a = libc.malloc(big + 8192)
+        libc.memset(a, 1, big)
+        libc.free(a)
     held, cur, out, base = {}, 0, [], vm("VmRSS")
-    for path in files:
+    for log in logs:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         peak = cur
-        for op, size, p, q in np.fromfile(path, dtype=np.uint64).reshape(-1, 4).tolist():
+        for op, size, p, q in log:
             if op == 3:                        # realloc: the old block goes, a new one comes
                 if q in held:
                     a, n = held.pop(q)
@@ -162,10 +179,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="rows whose name contains this text")
     ap.add_argument("--steps", type=int, default=3, help="steps per run")
+    ap.add_argument("--early", action="store_true", help="log from before the warm-up step, not from the model's construction")
+    ap.add_argument("--risen", action="store_true", help="the replays start with glibc's mmap threshold raised (see replay)")
     ap.add_argument("--replay", nargs="+", help=argparse.SUPPRESS)     # MODE FILE...: the fresh replaying process
     a = ap.parse_args(argv)
     if a.replay:
-        print(json.dumps(replay(a.replay[1:], a.replay[0])))
+        print(json.dumps(replay(a.replay[2:], a.replay[0], a.replay[1] == "risen")))
         return 0
     t = Table(title="glibc's slack replayed: the larger rank's peak per step above its start (MiB)")
     for c in ("row", "rank", "logged run", "replay as logged", "unaligned", "no small blocks", "live at the peak"):
@@ -178,11 +197,11 @@ def main(argv=None) -> int:
                 continue
             out = os.path.join(tmp, name.replace(" ", "_"))
             os.makedirs(out)
-            got = spawn(_logged_row, lay.gpus, args=(so, out, module, fn, args), timeout=900)
+            got = spawn(_logged_row, lay.gpus, args=(so, out, module, fn, args, a.early), timeout=900)
             r = max(range(len(got)), key=lambda i: got[i]["peak"])
             files = [os.path.join(out, f"rank{r}_{n}.bin") for n in range(a.steps)]
             env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-            res = {mode: json.loads(subprocess.run([sys.executable, "-m", "benchmarks.planner_slack_replay", "--replay", mode, *files],
+            res = {mode: json.loads(subprocess.run([sys.executable, "-m", "benchmarks.planner_slack_replay", "--replay", mode, "risen" if a.risen else "-", *files],
                                              env=env, check=True, capture_output=True, text=True).stdout)
                    for mode in ("logged", "unaligned", "nosmall")}
             steps = lambda xs: " ".join(f"{x / MiB:.0f}" for x in xs)

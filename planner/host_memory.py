@@ -52,9 +52,10 @@ def allocator_slack(lay, states: dict, hw) -> float:
     trimmed after every step (planner_slack --trim) llama-small pp2 keeps its slack, each step makes
     it anew, and gpt-small dp2 keeps a fifth of it: there the rest is earlier steps' free pages.
     Replaying a rank's logged calls through glibc reproduces its peak; the same calls unaligned keep
-    8-43 % of the slack, without the small blocks 23-62 %, and a replay whose log starts earlier
-    (before the warm-up) moves them: which chunks stay split depends on the order of a step's calls
-    and the heap it starts from, not on a row's tensor sizes alone. The rule here is
+    8-43 % of the slack, without the small blocks 23-62 %; with glibc's mmap threshold raised before
+    the first call rather than rising as the run's did, llama-small's unaligned replay keeps none:
+    which chunks stay split depends on the order of a step's calls and on the heap and threshold it
+    starts from, not on a row's tensor sizes alone. The rule here is
     calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack)
     and scaled by this stage's model-state bytes over the calibration step's, never above the
     calibrated bytes; the nearest of the two simple rules to benchmarks.planner_local's rows. The

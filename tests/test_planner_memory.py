@@ -132,3 +132,4 @@ def test_slack_replay_counts_the_logged_blocks(tmp_path):
     assert replay([path], "unaligned")[0][1] == 5 * MiB
     assert replay([path], "nosmall")[0][1] == 5 * MiB     # the 1000-byte block is left out, not the peak
     assert replay([path, path], "logged")[1][1] == 5 * MiB
+    assert replay([path], "logged", risen=True)[0][1] == 5 * MiB     # the threshold raised first: the same blocks
