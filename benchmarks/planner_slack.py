@@ -9,6 +9,7 @@ without slack.
     python -m benchmarks.planner_slack --mb 8 --steps 4      # every row at micro-batch 8, 4 steps per run
     python -m benchmarks.planner_slack --only small --steps 4 --arenas 1   # the ranks' malloc in one arena
     python -m benchmarks.planner_slack --only gpt-cal --steps 4 --mb 2      # DDP, ZeRO-1, ZeRO-2 at the fit's shape
+    python -m benchmarks.planner_slack --only small --steps 4 --trim        # the heap trimmed after every step
 
 Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
 each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
@@ -16,7 +17,9 @@ planner's count without the slack, the shared-memory pages the rank touched (Rss
 steps: planner.memory.shm_bytes's count beside it), and the larger rank's peak step by step at the
 defaults (a run's peak is its largest step's). --arenas sets MALLOC_ARENA_MAX for the ranks: if the
 slack moved with which thread's arena a block came from (gloo's and torch's threads), one arena
-would make it the same from run to run and rank to rank. With --risen a third run fixes the mmap threshold at
+would make it the same from run to run and rank to rank. --trim gives the heap's free pages back
+after every step (malloc_trim): if the slack were holes an earlier step left resident, the trimmed
+steps would peak at the mapped run's. With --risen a third run fixes the mmap threshold at
 32 MiB and the trim threshold at 64 MiB, where glibc's dynamic rise stops (DEFAULT_MMAP_THRESHOLD_MAX,
 the trim threshold twice it): if the slack came from how far a row's largest freed block raises the
 threshold, this run would give every row the slack of the highest rise. Memory only: the load does
@@ -46,10 +49,17 @@ MiB = 2**20
 RISEN = 32 * MiB          # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 
 
-def _row(rank, world, mapped, module: str, fn: str, args: tuple) -> dict:
+def _row(rank, world, mapped, module: str, fn: str, args: tuple, trim: bool = False) -> dict:
     """One rank of a planner_local row; with `mapped` True, glibc's mmap threshold fixed first at
-    64 KiB; with "risen", at RISEN (and the trim threshold at twice it, as the dynamic rise sets it)."""
+    64 KiB; with "risen", at RISEN (and the trim threshold at twice it, as the dynamic rise sets it);
+    with `trim`, malloc_trim(0) after every step (each step starts with its heap's free pages given back)."""
     libc = ctypes.CDLL("libc.so.6")
+    if trim:
+        timed = R._timed
+
+        def timed_trimmed(one_step, steps, base):
+            return timed(lambda: (one_step(), libc.malloc_trim(0)), steps, base)
+        R._timed = RT._timed = timed_trimmed
     if mapped == "risen":
         libc.mallopt(-3, RISEN)                              # M_MMAP_THRESHOLD
         libc.mallopt(-1, 2 * RISEN)                          # M_TRIM_THRESHOLD
@@ -82,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--risen", action="store_true", help="a third run per row, the mmap threshold fixed at 32 MiB")
     ap.add_argument("--mb", type=int, default=None, help="every row's micro-batch (default: dp and tp 4, pipelines 2)")
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the peak is the largest step's)")
+    ap.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step, in both runs")
     ap.add_argument("--arenas", type=int, default=0, help="glibc's arena count for the ranks (MALLOC_ARENA_MAX; 0: its default)")
     a = ap.parse_args(argv)
     if a.arenas:      # read when a process starts: the fork server, started by the first spawn, passes it to the ranks
@@ -94,7 +105,7 @@ def main(argv=None) -> int:
     for name, m, lay, batch, module, fn, args in rows(a.steps, a.mb):
         if a.only not in name:
             continue
-        got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args), timeout=900)
+        got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args, a.trim), timeout=900)
                for mapped in (False, True) + (("risen",) if a.risen else ())}
         peak = {k: max(g["peak"] for g in v) / MiB for k, v in got.items()}
         hw = replace(H.cpu_here(lay.gpus), alloc_slack=0.0)

@@ -43,21 +43,27 @@ def runtime_bytes(model) -> float:
 
 
 def allocator_slack(lay, states: dict, hw) -> float:
-    """Bytes glibc keeps resident beyond the live tensors at its defaults: the holes its heap
-    keeps among the model states a rank's first step creates (gradients, then the optimizer's m, v,
-    placed between transient blocks once the dynamic mmap threshold has risen; the peak stays
-    there even with the threshold fixed and the top of the heap trimmed, so it is not the trim
-    bound). Calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack) and
-    scaled by this stage's model-state bytes over the calibration step's, never above the
-    calibrated bytes. The same slack serves zero_from_scratch's ZeRO-1/2 engine: on SLACK_CAL at
-    micro-batch 2, 4 and 8 its ZeRO-1 and ZeRO-2 steps kept 41-78 MiB where the DDP step kept
-    31-81, one run each (benchmarks.planner_slack --only gpt-cal --mb N): no difference beyond
-    the slack's own spread from shape to shape and run to run (the fit's ZeRO-1 reading is
-    recorded beside, engine_fit).
-    The slack is neither constant nor proportional to the states, nor set by glibc's mmap threshold,
-    its arenas or the activations: this rule is the nearest of the two simple ones to the rows, chosen
-    after seeing benchmarks.planner_local's; the probes (benchmarks.planner_mem, planner_slack) and
-    their numbers, with the load, are in tutorials/15_planner.md ("Memory") and RESULTS.md.
+    """Bytes glibc keeps resident beyond the live tensors at its defaults: free chunks below the
+    heap's highest point in a step (benchmarks.planner_slack_replay). Torch asks for every tensor
+    with posix_memalign (64 bytes); glibc's memalign takes size + alignment + MINSIZE from its bins
+    and splits the chunk it gets, so a freed tensor's chunk serves the next request of its own size
+    only once merged with a free neighbour, and the runtime's small blocks, carved from the
+    fragments, keep neighbours apart: the step's heap top rises above its live peak. With the heap
+    trimmed after every step (planner_slack --trim) llama-small pp2 keeps its slack, each step makes
+    it anew, and gpt-small dp2 keeps a fifth of it: there the rest is earlier steps' free pages.
+    Replaying a rank's logged calls through glibc reproduces its peak; the same calls unaligned keep
+    8-43 % of the slack, without the small blocks 23-62 %; with glibc's mmap threshold raised before
+    the first call rather than rising as the run's did, llama-small's unaligned replay keeps none:
+    which chunks stay split depends on the order of a step's calls and on the heap and threshold it
+    starts from, not on a row's tensor sizes alone. The rule here is
+    calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack)
+    and scaled by this stage's model-state bytes over the calibration step's, never above the
+    calibrated bytes; the nearest of the two simple rules to benchmarks.planner_local's rows. The
+    same slack serves zero_from_scratch's ZeRO-1/2 engine: on SLACK_CAL at micro-batch 2, 4 and 8
+    its ZeRO-1 and ZeRO-2 steps kept 41-78 MiB where the DDP step kept 31-81, one run each
+    (benchmarks.planner_slack --only gpt-cal --mb N; the fit's ZeRO-1 reading is recorded beside,
+    engine_fit). The probes and their numbers, with the load, are in tutorials/15_planner.md
+    ("Memory") and RESULTS.md.
     """
     cal = model_state_bytes(0, SLACK_CAL.params(), 2, False)     # its 2 ranks, fp32
     here = states["params"] + states["grads"] + states["optimizer"]

@@ -116,3 +116,20 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
     repredict(str(path))
     out = capsys.readouterr().out
     assert "+20% → +20%" in out and "-5% → -5%" in out
+
+
+def test_slack_replay_counts_the_logged_blocks(tmp_path):
+    """benchmarks.planner_slack_replay.replay: a logged malloc, a 64-byte memalign, a realloc and
+    frees, replayed each way; the live bytes at the peak are the logged sizes'."""
+    import numpy as np
+    from benchmarks.planner_slack_replay import replay
+    MiB = 2**20
+    log = np.array([[1, MiB, 0x1000, 0], [4, 2 * MiB, 0x2000, 64], [3, 3 * MiB, 0x3000, 0x1000],
+                    [2, 0, 0x2000, 0], [1, 1000, 0x4000, 0], [2, 0, 0x3000, 0], [2, 0, 0x4000, 0]], dtype=np.uint64)
+    path = str(tmp_path / "log.bin")
+    log.tofile(path)
+    assert replay([path], "logged")[0][1] == 5 * MiB      # the realloc's 3 MiB with the memalign's 2
+    assert replay([path], "unaligned")[0][1] == 5 * MiB
+    assert replay([path], "nosmall")[0][1] == 5 * MiB     # the 1000-byte block is left out, not the peak
+    assert replay([path, path], "logged")[1][1] == 5 * MiB
+    assert replay([path], "logged", risen=True)[0][1] == 5 * MiB     # the threshold raised first: the same blocks
