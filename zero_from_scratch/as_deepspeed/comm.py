@@ -24,7 +24,7 @@ import torch.distributed as dist
 import primitives
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 from zero_from_scratch.as_deepspeed.top import init_distributed
-from zero_from_scratch.as_deepspeed.zf_comm_names import ENGINE_CALL   # the engine's algorithm and tag, if its call
+from zero_from_scratch.as_deepspeed.comm_names import ENGINE_CALL   # the engine's algorithm and tag, if its call
 
 ReduceOp = dist.ReduceOp
 P2POp = dist.P2POp

@@ -23,7 +23,7 @@ expose_torch_optimizer    engine.optimizer.optimizer: DeepSpeed's ZeRO / bf16 / 
         state_dict() is torch's format over this rank's shard, as DeepSpeed's holds its partition;
         DeepSpeed's layout names (fp16_groups, the flat fp32 partitions) as views: zero_layout.py; at
         stage 3 DeepSpeedZeroOptimizer_Stage3's isinstance and norm names: zero3_optimizer.py; at stages
-        1-2 with offload_optimizer accumulated_grads_in_cpu: zo_accumulated_grads.py.
+        1-2 with offload_optimizer accumulated_grads_in_cpu: accumulated_grads.py.
 tag_validation_warn       checkpoint.tag_validation defaults to WARN (runtime/config.py's default): ranks
         saving under different tags are warned, not refused (checkpoint.py::_rank0_tag says where
         the files go).
@@ -52,7 +52,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import zero3_optimizer, zero_layout, zo_accumulated_grads
+from zero_from_scratch.as_deepspeed import zero3_optimizer, zero_layout, accumulated_grads
 from zero_from_scratch.as_deepspeed.utils import logger
 from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
 
@@ -200,7 +200,7 @@ def expose_torch_optimizer(engine) -> None:
         if hasattr(engine, "group_names"):   # the ZeRO engine (not the pipeline's): DeepSpeed's layout names
             zero_layout.install(engine)
             zero3_optimizer.install(engine)
-            zo_accumulated_grads.install(engine)
+            accumulated_grads.install(engine)
 
 
 def register_external_on_use(engine) -> None:

@@ -95,9 +95,9 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters": f"{_E}.zero_init:GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init": f"{_R}.zero_init:Init",
     "deepspeed.runtime.zero.partition_parameters._contradicting_single_rank_pg_error":
-        f"{_E}.zs_group_check:contradicting_single_rank_pg_error",
+        f"{_E}.group_check:contradicting_single_rank_pg_error",
     "deepspeed.runtime.zero.tiling.*": f"{_R}.tiled:*",
-    "deepspeed.runtime.zero.partition_parameters.CUDAQuantizer": f"{_R}.zs_quantizer:CUDAQuantizer",
+    "deepspeed.runtime.zero.partition_parameters.CUDAQuantizer": f"{_R}.cuda_quantizer:CUDAQuantizer",
     "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles": f"{_E}.zero_partition:MultipleAllGatherHandles",
     **{f"deepspeed.runtime.zero.{m}.{n}": f"{_R}.z3lin_linear:{n}" for m, n in (  # DeepSpeed's ZeRO-3 Linear
         ("linear", "LinearFunctionForZeroStage3"), ("linear", "zero3_linear_wrap"),
@@ -114,7 +114,7 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": f"{_R}.zero3_optimizer:DeepSpeedZeroOptimizer_Stage3",
     **{f"deepspeed.runtime.{m}.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward"
        for m in ("utils", "zero.stage_1_and_2", "zero.stage3")},    # the stages' import of it: the same function
-    **{f"deepspeed.runtime.{m}.{c}": f"{_R}.zf_optimizer_classes:{c}"
+    **{f"deepspeed.runtime.{m}.{c}": f"{_R}.optimizer_classes:{c}"
        for m, c in (("bf16_optimizer", "BF16_Optimizer"), ("zero.stage_1_and_2", "DeepSpeedZeroOptimizer"))},
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
     **{f"deepspeed.runtime.utils.{n}": f"{_R}.utils:{n}" for n in ("call_to_str", "prefix_sum_inc", "clip_grad_norm_")},
@@ -128,7 +128,7 @@ SERVED: dict[str, str] = {
     **{f"{m}.{n}": f"{_R}.checkpointing:{n}" for m in ("deepspeed.checkpointing",
                                                        "deepspeed.runtime.activation_checkpointing.checkpointing")
        for n in ("checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset")},
-    **{f"deepspeed.runtime.activation_checkpointing.offload_activations.{n}": f"{_R}.zo_offload_activations:{n}"
+    **{f"deepspeed.runtime.activation_checkpointing.offload_activations.{n}": f"{_R}.offload_activations:{n}"
        for n in ("CheckpointHiddenStatesOffload", "get_checkpoint_hidden_states_offloading_ctx_manager",
                  "CheckpointActivationOffloadStats", "patch_gradient_checkpointing_layer_marker")},
     **{f"deepspeed.runtime.config.{n}": f"{_R}.constants:{n}" for n in _CONFIG_NAMES},
@@ -160,12 +160,12 @@ SERVED: dict[str, str] = {
        for n in ("_fmt_bytes", "_tracker", "track_pinned_memory", "pinned_memory_summary")},
     "deepspeed.utils.groups._get_expert_parallel_ranks": f"{_R}.utils:_get_expert_parallel_ranks",
     # expert-parallel groups (no MoE layer) and the overflow / norm checks that reduce over them
-    **{f"deepspeed.utils.groups.{n}": f"{_R}.zo_expert_groups:{n}" for n in (
+    **{f"deepspeed.utils.groups.{n}": f"{_R}.expert_groups:{n}" for n in (
         "_create_expert_and_data_parallel", "_get_expert_parallel_group", "_get_expert_data_parallel_group",
         "_get_max_expert_parallel_group", "_get_max_expert_size", "_get_max_expert_size_name")},
-    **{f"deepspeed.runtime.utils.{n}": f"{_R}.zo_expert_groups:{n}"
+    **{f"deepspeed.runtime.utils.{n}": f"{_R}.expert_groups:{n}"
        for n in ("CheckOverflow", "get_weight_norm", "is_invalid_grad_norm")},
-    "deepspeed.moe.utils.is_moe_param": f"{_R}.zo_expert_groups:is_moe_param",
+    "deepspeed.moe.utils.is_moe_param": f"{_R}.expert_groups:is_moe_param",
     **{f"deepspeed.checkpoint.constants.{n}": f"{_R}.constants:{n}" for n in _CKPT_KEYS},
     "deepspeed.runtime.engine._checkpoint_parallel_metadata": f"{_E}.mpu:checkpoint_parallel_metadata",
     "deepspeed.runtime.zero.stage_1_and_2.dist": "deepspeed:comm",    # DeepSpeed's module-level `dist`: deepspeed.comm

@@ -31,7 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import quirks, served, z3lin_initialize, zf_comm_names, zf_optimizer_classes
+from zero_from_scratch.as_deepspeed import quirks, served, z3lin_initialize, comm_names, optimizer_classes
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message, resolve
 from zero_from_scratch.as_deepspeed.utils import COMM_STARTED, log_dist, logger
@@ -159,6 +159,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     out = build(args=args, model=model, config=config, **kwargs)
     quirks.expose_torch_optimizer(out[0])
     quirks.register_external_on_use(out[0])
-    zf_comm_names.install(out[0])        # the engine's collectives by deepspeed.comm's names
-    zf_optimizer_classes.install(out[0])  # DeepSpeed's ZeRO-1/2 optimizer classes where it would build them
+    comm_names.install(out[0])        # the engine's collectives by deepspeed.comm's names
+    optimizer_classes.install(out[0])  # DeepSpeed's ZeRO-1/2 optimizer classes where it would build them
     return out

@@ -10,7 +10,7 @@ or rank 0 of 1), then ringzero's Init partitions. As DeepSpeed's, the outermost 
 `Init(module=...)` put DeepSpeed's ZeRO-3 Linear in place of torch.nn.functional.linear unless
 `zero_optimization.memory_efficient_linear` (or mem_efficient_linear=) is false (z3lin_linear.py);
 with `weight_quantization.quantized_initialization` each Linear / Embedding weight built inside is
-quantised before it is partitioned, and F.linear / F.embedding dequantise it (zs_quantized_init.py).
+quantised before it is partitioned, and F.linear / F.embedding dequantise it (quantized_init.py).
 Cost: one check (and the quantisation, when asked for).
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ import inspect
 
 import torch.distributed as dist
 
-from zero_from_scratch.as_deepspeed import finder, served, z3lin_linear, zs_quantized_init
+from zero_from_scratch.as_deepspeed import finder, served, z3lin_linear, quantized_init
 from zero_from_scratch.as_deepspeed.top import init_distributed
-from zero_from_scratch.engine import zero_init, zs_group_check
+from zero_from_scratch.engine import zero_init, group_check
 from zero_from_scratch.engine.zero_partition import STATE, is_zero_param
 
 
@@ -39,7 +39,7 @@ class _Refusing(type):
 
 
 class Init(zero_init.Init, metaclass=_Refusing):
-    refuse_group = staticmethod(zs_group_check.refuse_as_deepspeed)    # DeepSpeed's words (deepspeed.init_distributed)
+    refuse_group = staticmethod(group_check.refuse_as_deepspeed)    # DeepSpeed's words (deepspeed.init_distributed)
 
     def __init__(self, *args, **kwargs):
         a = _SIGNATURE.bind(self, *args, **kwargs)
@@ -47,7 +47,7 @@ class Init(zero_init.Init, metaclass=_Refusing):
         a = a.arguments
         cfg = zero_init._load(a["config_dict_or_path"] if a["config_dict_or_path"] is not None else a["config"])
         quant = ((cfg or {}).get("weight_quantization") or {}).get("quantized_initialization") or None
-        self.quantized_initialization = zs_quantized_init._check(quant) if quant else None
+        self.quantized_initialization = quantized_init._check(quant) if quant else None
         if not dist.is_initialized():
             init_distributed()
             assert dist.is_initialized(), "Parameters cannot be scattered without initializing deepspeed.comm"
@@ -60,15 +60,15 @@ class Init(zero_init.Init, metaclass=_Refusing):
         if self.enabled and STATE.depth == 0 and self.mem_efficient_linear:   # DeepSpeed's patch_init_and_builtins
             z3lin_linear.enable()
             if self.quantized_initialization:
-                zs_quantized_init.patch_functionals()
+                quantized_init.patch_functionals()
         return super().__enter__()
 
     def _post_init(self, module):
         """Built inside this context: a Linear / Embedding weight is quantised first (DeepSpeed's _post_init_method)."""
-        w = module._parameters.get("weight") if type(module) in zs_quantized_init.WEIGHT_QUANTIZATION_LAYERS else None
+        w = module._parameters.get("weight") if type(module) in quantized_init.WEIGHT_QUANTIZATION_LAYERS else None
         if (self.quantized_initialization and STATE.top is self and w is not None and not is_zero_param(w)
                 and not w.is_meta):
             if self.dtype is not None and w.is_floating_point():   # DeepSpeed builds it in Init's dtype already
                 w.data = w.data.to(self.dtype)
-            zs_quantized_init._quantize_param(w, self.quantized_initialization)
+            quantized_init._quantize_param(w, self.quantized_initialization)
         super()._post_init(module)

@@ -196,7 +196,7 @@ class Comm:
 
     def call_through(self, call, gather: str = "all_gather_into_tensor") -> None:
         """Each collective from now on is `call(name, *args, **keywords)`, `name` its DeepSpeed name (the runner's
-        served deepspeed.comm, as_deepspeed/zf_comm_names.py), so a script's patch of those names sees the engine's
+        served deepspeed.comm, as_deepspeed/comm_names.py), so a script's patch of those names sees the engine's
         own calls, as it sees DeepSpeed's stages' (`gather`: the name a parameter gather goes by). The keywords keep this Comm's group, algorithm and tag: the same
         primitives call runs. Cost: one Python call and a context variable (~1 us)."""
         if self.impl != "primitives":

@@ -39,7 +39,7 @@ import warnings
 
 import torch
 
-from zero_from_scratch.engine import allocator, zo_unused_params
+from zero_from_scratch.engine import allocator, unused_params
 from zero_from_scratch.engine.mpu import engine_mp, mp_prefix
 from zero_from_scratch.engine.param_offload import failed_ranks, file_io
 
@@ -289,12 +289,12 @@ def build(engine, spec: dict | None, sub_group_size: int):
     """The engine's offload: NvmeOptimizerStates, HostOptimizerStates, or None."""
     if spec is None:
         return None
-    if spec["device"] == "cpu":     # ignore_unused_parameters false: DeepSpeed's check at the step (zo_unused_params.py)
-        return zo_unused_params.wrap(engine, HostOptimizerStates(engine, sub_group_size, spec.get("pin_memory", True)))
+    if spec["device"] == "cpu":     # ignore_unused_parameters false: DeepSpeed's check at the step (unused_params.py)
+        return unused_params.wrap(engine, HostOptimizerStates(engine, sub_group_size, spec.get("pin_memory", True)))
     if engine.device.type != "cpu":
         # the file streaming reads into host buffers and steps there: a GPU model would need the
         # cpu offload's copies in between, not built for nvme
         raise ValueError(f"rank {engine.comm.rank}: zero_optimization.offload_optimizer {{'device': 'nvme'}} with a "
                          f"model on {engine.device} is not supported by this engine; allowed: a CPU model, or "
                          "{'device': 'cpu'} for a GPU model")
-    return zo_unused_params.wrap(engine, NvmeOptimizerStates(engine, spec["nvme_path"], sub_group_size))
+    return unused_params.wrap(engine, NvmeOptimizerStates(engine, spec["nvme_path"], sub_group_size))

@@ -30,7 +30,7 @@ module=: partition an already built model. mpu: DeepSpeed hands it to its config
 arithmetic); accepted, unused. mem_efficient_linear: the engine saves Linear weights by reference (saved.py).
 data_parallel_group: the torch.distributed group to partition over (default: the world; refused, enabled
 or not, as DeepSpeed refuses it, when that world is one rank, or torch.distributed is not started, but the
-launcher's WORLD_SIZE > 1: zs_group_check.py). config reading: zero_init_config.py.
+launcher's WORLD_SIZE > 1: group_check.py). config reading: zero_init_config.py.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from zero_from_scratch.engine.external import register_external_parameter
 from zero_from_scratch.engine.zero_gathered import GatheredParameters
 from zero_from_scratch.engine.zero_partition import STATE, ZeroParamStatus, is_zero_param
 from zero_from_scratch.engine.zero_init_config import _dtype_from, _load, _swap_from
-from zero_from_scratch.engine.zs_group_check import refuse_single_rank_group
+from zero_from_scratch.engine.group_check import refuse_single_rank_group
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus"]
 

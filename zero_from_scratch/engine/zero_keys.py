@@ -145,7 +145,7 @@ ZERO_STATUS = {
     "stage3_allgather_sequential": W + SAME + "all-gather parameters one at a time",
     "ignore_unused_parameters": H + "false at stages 1-2 with offload_optimizer: the step asserts, as DeepSpeed's, that "
                                 "every trainable parameter of this rank's shards had a gradient this step "
-                                "(zo_unused_params.py); "
+                                "(unused_params.py); "
                                 "elsewhere DeepSpeed checks nothing either (an unused parameter's gradient is 0)",
     "legacy_stage1": W + SAME + "use the old stage-1 implementation",
     "parameter_alignment": W + SAME + "pad each partition to this many elements",

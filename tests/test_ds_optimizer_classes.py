@@ -1,6 +1,6 @@
-"""DeepSpeed's ZeRO-1/2 optimizer classes under the runner (as_deepspeed/zf_optimizer_classes.py).
+"""DeepSpeed's ZeRO-1/2 optimizer classes under the runner (as_deepspeed/optimizer_classes.py).
 
-    python -m pytest -q tests/test_zf_optimizer_classes.py
+    python -m pytest -q tests/test_ds_optimizer_classes.py
 
 2 ranks (gloo), `import deepspeed` served by ringzero. bf16 + grad_accum_dtype fp32 at stage 1 (DeepSpeed's
 BF16_Optimizer), ACC micro-batches, one step. Checked against one process that computes each rank's

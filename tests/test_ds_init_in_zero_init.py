@@ -1,6 +1,6 @@
 """Under the runner, deepspeed.initialize at ZeRO stage 0 inside an open zero.Init (as_deepspeed/quirks.py).
 
-    python -m pytest -q tests/test_zs_init_stage0.py
+    python -m pytest -q tests/test_ds_init_in_zero_init.py
 
 DeepSpeed 0.19.8 builds the engine there (runtime/engine.py keeps the partitioned parameters; its
 stages 0-2 cannot train them, DeepSpeed's own test only calls a method of the model through the

@@ -1,7 +1,7 @@
 """Under the runner, the ZeRO engine's collectives are calls of deepspeed.comm's names, as DeepSpeed's are.
 
     python -m zero_from_scratch.as_deepspeed train.py      (deepspeed.initialize calls install(engine))
-    python -m pytest tests/test_zf_served_comm.py         (2 ranks: counted calls, and the same bits)
+    python -m pytest tests/test_ds_served_comm.py         (2 ranks: counted calls, and the same bits)
 
 DeepSpeed's ZeRO stages reduce and gather through `deepspeed.comm` (stage_1_and_2.py's dist.all_reduce,
 stage3.py's dist.reduce_scatter_fn by way of reduce_scatter_coalesced, partition_parameters.py's

@@ -1,6 +1,6 @@
-"""Under the runner the ZeRO engine's collectives are calls of deepspeed.comm's names (as_deepspeed/zf_comm_names.py).
+"""Under the runner the ZeRO engine's collectives are calls of deepspeed.comm's names (as_deepspeed/comm_names.py).
 
-    python -m pytest -q tests/test_zf_served_comm.py
+    python -m pytest -q tests/test_ds_served_comm.py
 
 2 ranks (gloo), `import deepspeed` served by ringzero, the script patches deepspeed.comm's
 reduce_scatter_fn / all_reduce / all_gather_into_tensor / allgather_fn to count, as DeepSpeed's own tests do. Checked:
@@ -103,8 +103,8 @@ def _ranks(rank, world):
     from zero_from_scratch.engine import comm as engine_comm
     engine_comm.RS_PIECE_BYTES = 64                  # 16 fp32 per piece: 100 elements per rank -> 7 pieces
     c = engine_comm.Comm()
-    from zero_from_scratch.as_deepspeed import zf_comm_names
-    c.call_through(functools.partial(zf_comm_names._call, dist))
+    from zero_from_scratch.as_deepspeed import comm_names
+    c.call_through(functools.partial(comm_names._call, dist))
     inp = torch.arange(200, dtype=torch.float32) * (rank + 1)
     block = torch.empty(100)
     counts.clear()

@@ -1,6 +1,6 @@
-"""CUDAQuantizer served with DeepSpeed's kernel formula (zero_from_scratch/as_deepspeed/zs_quantizer.py).
+"""CUDAQuantizer served with DeepSpeed's kernel formula (zero_from_scratch/as_deepspeed/cuda_quantizer.py).
 
-    python -m pytest -q tests/test_zs_quantizer.py
+    python -m pytest -q tests/test_ds_cuda_quantizer.py
 
 No processes (local arithmetic). The group counts are DeepSpeed 0.19.8's rule worked by hand; the
 reference for the values is computed here independently from DeepSpeed's symmetric kernel
@@ -14,7 +14,7 @@ fp16 output (2^-11 relative) and of the caller's dtype (half its eps). The calle
 import pytest
 import torch
 
-from zero_from_scratch.as_deepspeed.zs_quantizer import CUDAQuantizer
+from zero_from_scratch.as_deepspeed.cuda_quantizer import CUDAQuantizer
 
 
 @pytest.mark.parametrize("numel,groups", [(4096, 1), (65536, 16), (1 << 20, 256), (128064, 23)])

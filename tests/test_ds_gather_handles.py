@@ -1,6 +1,6 @@
 """MultipleAllGatherHandles (engine/zero_partition.py), DeepSpeed's handle over several all-gathers.
 
-    python -m pytest -q tests/test_zs_handles.py
+    python -m pytest -q tests/test_ds_gather_handles.py
 
 DeepSpeed 0.19.8 (runtime/zero/partition_parameters.py): wait() waits on every handle it holds and
 hands handle_dependency on by keyword. One process, no torch.distributed (a world of one): the

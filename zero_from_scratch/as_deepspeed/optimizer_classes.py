@@ -2,7 +2,7 @@
 BF16_Optimizer's gradient buffers, on ringzero's engine.optimizer.
 
     python -m zero_from_scratch.as_deepspeed train.py      (deepspeed.initialize calls install(engine))
-    python -m pytest tests/test_zf_optimizer_classes.py   (2 ranks, against one-process torch)
+    python -m pytest tests/test_ds_optimizer_classes.py   (2 ranks, against one-process torch)
 
 DeepSpeed 0.19.8 (runtime/engine.py, the optimizer wrapper choice) wraps the client optimizer at stages 1-2
 in stage_1_and_2.DeepSpeedZeroOptimizer, except for bf16 + data_types.grad_accum_dtype fp32 at stage 1

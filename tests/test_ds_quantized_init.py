@@ -1,6 +1,6 @@
-"""zero.Init with weight_quantization.quantized_initialization (as_deepspeed/zs_quantized_init.py, under the runner's Init).
+"""zero.Init with weight_quantization.quantized_initialization (as_deepspeed/quantized_init.py, under the runner's Init).
 
-    python -m pytest -q tests/test_zs_quantized_init.py
+    python -m pytest -q tests/test_ds_quantized_init.py
 
 Two ranks. The model (a Linear and an Embedding) is built inside the runner's zero.Init with int8
 (groups of 4 along dim 1) and int4 (groups of 2 along dim 0) configs; its gathered Linear and
@@ -43,7 +43,7 @@ def reference(w: torch.Tensor, q: dict) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_sixteen_bit_weights_quantise_in_their_dtype(dtype):
-    from zero_from_scratch.as_deepspeed.zs_quantized_init import _quantize_param
+    from zero_from_scratch.as_deepspeed.quantized_init import _quantize_param
     for q, groups in zip(CONFIGS, ((6, 2, 1), (3, 1, 8))):
         w = nn.Parameter(torch.randn(6, 8, generator=torch.Generator().manual_seed(2)).to(dtype))
         ref = reference(w.detach(), q)

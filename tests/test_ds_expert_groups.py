@@ -1,6 +1,6 @@
-"""Expert-parallel groups and the checks that reduce over them (zero_from_scratch/as_deepspeed/zo_expert_groups.py).
+"""Expert-parallel groups and the checks that reduce over them (zero_from_scratch/as_deepspeed/expert_groups.py).
 
-    python -m pytest -q tests/test_zo_expert_groups.py
+    python -m pytest -q tests/test_ds_expert_groups.py
 
 4 ranks, expert_parallel_size 2. The groups are checked against DeepSpeed's own docstring layout
 (E + D: expert-parallel [0,1] [2,3], expert-data-parallel [0,2] [1,3]) by summing each rank's number

@@ -1,6 +1,6 @@
-"""CheckpointHiddenStatesOffload (zero_from_scratch/as_deepspeed/zo_offload_activations.py), served as DeepSpeed's.
+"""CheckpointHiddenStatesOffload (zero_from_scratch/as_deepspeed/offload_activations.py), served as DeepSpeed's.
 
-    python -m pytest -q tests/test_zo_offload_activations.py
+    python -m pytest -q tests/test_ds_offload_activations.py
 
 One process: the hook moves saved tensors and sends nothing between ranks. The reference is the
 same model run without the hook (gradients must be bit-identical: a copy to the host and back
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from zero_from_scratch.as_deepspeed.zo_offload_activations import CheckpointHiddenStatesOffload
+from zero_from_scratch.as_deepspeed.offload_activations import CheckpointHiddenStatesOffload
 
 
 class HostHop(CheckpointHiddenStatesOffload):

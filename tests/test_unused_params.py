@@ -1,6 +1,6 @@
-"""zero_optimization.ignore_unused_parameters = false at ZeRO-1/2 with offload_optimizer (engine/zo_unused_params.py).
+"""zero_optimization.ignore_unused_parameters = false at ZeRO-1/2 with offload_optimizer (engine/unused_params.py).
 
-    python -m pytest -q tests/test_zo_unused_params.py
+    python -m pytest -q tests/test_unused_params.py
 
 2 ranks, ringzero's own initialize, stages 1 and 2, offload_optimizer cpu, 2 micro-batches per step.
 A model with a layer that never takes part in the loss: false fails the first optimizer step on

@@ -1,6 +1,6 @@
-"""zero.Init refuses a process group of one rank under a launcher's WORLD_SIZE > 1 (engine/zs_group_check.py).
+"""zero.Init refuses a process group of one rank under a launcher's WORLD_SIZE > 1 (engine/group_check.py).
 
-    python -m pytest -q tests/test_zs_group_check.py
+    python -m pytest -q tests/test_zero_init_group_check.py
 
 DeepSpeed 0.19.8 raises this in Init.__init__, enabled or not (a size-1 group started before
 init_distributed would leave every rank holding the whole model). One process, no torch.distributed
@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from zero_from_scratch.engine.zero_init import GatheredParameters, Init
-from zero_from_scratch.engine.zs_group_check import contradicting_single_rank_pg_error, refuse_as_deepspeed
+from zero_from_scratch.engine.group_check import contradicting_single_rank_pg_error, refuse_as_deepspeed
 
 
 def _build(**kw):

@@ -1,6 +1,6 @@
-"""engine.optimizer.accumulated_grads_in_cpu under the runner (zero_from_scratch/as_deepspeed/zo_accumulated_grads.py).
+"""engine.optimizer.accumulated_grads_in_cpu under the runner (zero_from_scratch/as_deepspeed/accumulated_grads.py).
 
-    python -m pytest -q tests/test_zo_accumulated_grads.py
+    python -m pytest -q tests/test_ds_accumulated_grads.py
 
 2 ranks, ZeRO-1 and ZeRO-2 with offload_optimizer cpu, 3 micro-batches per step. After every
 backward, the ranks' views are summed (each element is in exactly one rank's part) and compared with
