@@ -17,10 +17,9 @@ DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
              group (fp32_flat_groups, optimizer_state_dict)
   bf16       optimizer states in bf16_zero_pp_rank_R_mp_rank_00_optim_states.pt, DeepSpeed's name when bf16 is on
              (the only one its bf16 engine's load_checkpoint opens); read_full below globs either name
-zero_stage is a plain int (DeepSpeed pickles its IntEnum); reading maps DeepSpeed's pickled classes
-to plain stand-ins, so the deepspeed package is never imported. Our layout differs (sharding.py's
-units), so writing re-partitions: one all-gather per unit of the fp32 master and of each optimizer
-state ((N-1)/N·Ψ elements per rank per tensor kind, per save); reading loads every rank's files (O(Ψ)).
+zero_stage is a plain int (DeepSpeed pickles its IntEnum); DeepSpeed's pickled classes read as plain stand-ins, so
+the deepspeed package is never imported. Our layout differs (sharding.py's units): a save re-partitions, one all-gather
+per unit of the fp32 master and of each optimizer state ((N-1)/N·Ψ per rank per kind); a load reads all files, O(Ψ).
 """
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, tag_folder
+from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine.safe_api import ds_partition
 
 DS_VERSION = "0.19.8"
@@ -70,7 +70,7 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     the module's frozen parameters left out of "module" and no frozen shapes or fragments written, as
     DeepSpeed's save_checkpoint(exclude_frozen_parameters) (runtime/engine.py: save_frozen_param)."""
     c, n, r, stage = engine.comm, engine.comm.size, engine.comm.rank, engine.stage_id
-    tp = engine.mp.size if getattr(engine, "mp", None) is not None else 1    # mpu.engine_mp; no pipeline here
+    _, tp = engine_mp(engine)                    # no pipeline here
     full = _full_values(engine)
     # DeepSpeed drops param groups without parameters (runtime/engine.py::_configure_optimizer), and its
     # zero_to_fp32 cannot read an empty one: the files hold the non-empty groups only, renumbered

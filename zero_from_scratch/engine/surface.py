@@ -26,6 +26,7 @@ from primitives.log import print0
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.dataloader import DeepSpeedDataLoader
 from zero_from_scratch.engine import offload_states
+from zero_from_scratch.engine.mpu import engine_mp
 
 
 class ThroughputTimer:
@@ -148,7 +149,7 @@ class DeepSpeedSurface:
     def _get_optimizer_ckpt_name(self, checkpoints_path, tag, expp_rank) -> str:
         """DeepSpeed's: the name of expert-parallel rank `expp_rank`'s optimizer file (its MoE layout; ringzero,
         without MoE, writes none: the ZeRO files are zero_pp_rank_*, checkpoint_ds.py)."""
-        mp = self.mp.rank if getattr(self, "mp", None) is not None else 0
+        mp, _ = engine_mp(self)
         return os.path.join(checkpoints_path, str(tag), f"expp_rank_{expp_rank}_mp_rank_{mp:02d}_optim_states.pt")
 
     def _change_recovery_script_permissions(self, dst) -> None:
