@@ -14,6 +14,8 @@ have done, the nearest ringzero way). Any other name fails on lookup. Cost: a di
 """
 from __future__ import annotations
 
+from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
+
 VERSION = "0.19.8"   # the DeepSpeed release whose API (and quirks) the runner follows
 _R = "zero_from_scratch.as_deepspeed"
 _E = "zero_from_scratch.engine"
@@ -57,12 +59,7 @@ _LEAF = ("set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", 
          "set_z3_leaf_module", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix")
 _PIPE_NAMES = ("PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology", "PipeDataParallelTopology",
                "PipeModelDataParallelTopology")
-_CKPT_KEYS = ("OPTIMIZER_STATE_DICT", "FP32_FLAT_GROUPS", "BASE_OPTIMIZER_STATE", "SINGLE_PARTITION_OF_FP32_GROUPS",
-              "PARAM_GROUPS", "GROUP_PADDINGS", "PARAM_ALIGNMENT_PADDINGS", "PARTITION_COUNT", "ZERO_STAGE", "CLIP_GRAD",
-              "LOSS_SCALER", "PARAM_SHAPES", "BUFFER_NAMES", "FROZEN_PARAM_SHAPES", "FROZEN_PARAM_FRAGMENTS",
-              "MODEL_FILE_PREFIX", "ZERO_FILE_PREFIX", "OPTIM_FILE_SUFFIX", "MODEL_FILE_SUFFIX", "BF16_ZERO_FILE_PREFIX",
-              "FP16_ZERO_FILE_PREFIX", "CHECKPOINT_PARALLEL_DIMS", "CHECKPOINT_PP_DEGREE", "CHECKPOINT_TP_DEGREE",
-              "DS_VERSION", "UNIVERSAL_CHECKPOINT_INFO")
+_CKPT_KEYS = tuple(CHECKPOINT_KEYS)
 _TOPO = "pipeline_parallel.engine.topology"
 _TOPO_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid",
                "_prime_factors")
