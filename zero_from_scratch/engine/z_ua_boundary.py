@@ -173,6 +173,10 @@ class AccumulationBoundary:
         if self.loss_scaler.dynamic and not self._manual_backward_expected:
             raise RuntimeError(LOSS_SCALING)
         self._manual_backward_expected = False
+        self._after_backward(boundary)
+
+    def _after_backward(self, boundary: bool) -> None:
+        """The end of every backward, engine.backward's and a plain loss.backward()'s alike."""
         self.stage.after_backward(boundary)
         self._count_micro_step(boundary)   # coalesce.py
         self.frozen.after_backward()

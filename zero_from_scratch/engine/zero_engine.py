@@ -167,9 +167,7 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
         self.stage.before_backward(boundary)
         with self.engine_backward():                  # counted when unmanaged (z_ua_boundary.py)
             scaled.backward(retain_graph=retain_graph)
-        self.stage.after_backward(boundary)
-        self._count_micro_step(boundary)   # coalesce.py
-        self.frozen.after_backward()
+        self._after_backward(boundary)
         self.monitor.record_loss(loss)
         gas = self.gradient_accumulation_steps()     # DeepSpeed returns the loss divided as its gradients are
         return loss / gas if gas > 1 and scale_wrt_gas else loss
