@@ -32,6 +32,5 @@ def allocate_per_gather(stage) -> None:
     old = stage.units_pool
     old.clear()                                   # its idle buffers go; those in use move over
     new = PerGather("gathered units (per gather)", stage.dtype, stage.dev)
-    new.own, new.held, new.in_use, new.peak = dict(old.own), old.held, old.in_use, old.peak
-    new.allocs, new.takes, new.escaped = old.allocs, old.takes, old.escaped
+    vars(new).update({k: v for k, v in vars(old).items() if k != "name"})     # every count and held buffer
     stage.units_pool = new
