@@ -34,10 +34,13 @@ def grad_dtype(cfg, stage: int) -> torch.dtype:
     fp32 at stages 1-2 (DeepSpeed's BF16_Optimizer at stage 1, its ZeRO optimizer at stage 2 and under
     offload keep fp32 gradient buffers; zero_keys.value_notes refuses the other combinations). 2 bytes/element more on
     stage 1's full gradient buffer, on stage 2's Ψ/N shard."""
-    want = (cfg.raw.get("data_types") or {}).get("grad_accum_dtype") if cfg.raw else None
-    if cfg.bf16 and stage in (1, 2) and want in NAMES[torch.float32]:
-        return torch.float32
-    return model_dtype(cfg)
+    return torch.float32 if fp32_accum(cfg.raw, cfg.bf16, stage) else model_dtype(cfg)
+
+
+def fp32_accum(raw: dict | None, bf16: bool, stage: int) -> bool:
+    """bf16 with data_types.grad_accum_dtype fp32 at stages 1-2: the one case served in another dtype."""
+    want = ((raw or {}).get("data_types") or {}).get("grad_accum_dtype")
+    return bf16 and stage in (1, 2) and want in NAMES[torch.float32]
 
 
 def deepspeed_bf16_optimizer(cfg, stage: int) -> bool:

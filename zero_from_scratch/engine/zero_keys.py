@@ -9,6 +9,7 @@ import torch
 
 from zero_from_scratch.engine.key_status import GONE, NOT, SAME, SUB, TOP, H, R, W   # the table's vocabulary
 from zero_from_scratch.engine.mixed_cast import NAMES     # DeepSpeed's DtypeEnum spellings
+from zero_from_scratch.engine.precision import fp32_accum
 
 
 def offloads(z: dict) -> list[str]:
@@ -218,7 +219,7 @@ def value_notes(raw: dict, dtype: str, stage: int) -> str | None:
     names = {"fp32": NAMES[torch.float32], "fp16": NAMES[torch.float16], "bf16": NAMES[torch.bfloat16]}
     if want is None or want in names[dtype]:
         return None
-    if dtype == "bf16" and want in names["fp32"] and stage in (1, 2):
+    if fp32_accum(raw, dtype == "bf16", stage):
         return None                    # fp32 gradient buffers, as DeepSpeed's (precision.grad_dtype)
     if stage == 3:
         return (f"data_types.grad_accum_dtype = {want!r}: DeepSpeed's ZeRO-3 ignores it (gradients accumulate in the "
