@@ -10,6 +10,7 @@ without slack.
     python -m benchmarks.planner_slack --only small --steps 4 --arenas 1   # the ranks' malloc in one arena
     python -m benchmarks.planner_slack --only gpt-cal --steps 4 --mb 2      # DDP, ZeRO-1, ZeRO-2 at the fit's shape
     python -m benchmarks.planner_slack --only small --steps 4 --trim        # the heap trimmed after every step
+    python -m benchmarks.planner_slack --steps 4 --eager    # torch's Adam states made before the first step
 
 Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
 each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
@@ -22,7 +23,11 @@ after every step (malloc_trim): if the slack were holes an earlier step left res
 steps would peak at the mapped run's. With --risen a third run fixes the mmap threshold at
 32 MiB and the trim threshold at 64 MiB, where glibc's dynamic rise stops (DEFAULT_MMAP_THRESHOLD_MAX,
 the trim threshold twice it): if the slack came from how far a row's largest freed block raises the
-threshold, this run would give every row the slack of the highest rise. Memory only: the load does
+threshold, this run would give every row the slack of the highest rise. With --eager every torch
+Adam/AdamW (the DDP rows', the tp rows', the pipeline engine's) makes its step, m and v when built,
+as zero_from_scratch's ZeRO engine does and torch's first step() otherwise would (the same zeros,
+so the same updates): if m and v took the room the first step's activations left, the slack would
+shrink. Memory only: the load does
 not enter.
 Cost: two runs of --steps steps (2) per row, 2-4 ranks each.
 """
@@ -33,6 +38,7 @@ import ctypes
 import os
 from dataclasses import replace
 
+import torch
 from rich.table import Table
 
 import benchmarks.planner_ranks as R
@@ -49,11 +55,30 @@ MiB = 2**20
 RISEN = 32 * MiB          # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 
 
-def _row(rank, world, mapped, module: str, fn: str, args: tuple, trim: bool = False) -> dict:
+def _eager_adam() -> None:
+    """Every torch.optim.Adam (AdamW subclasses it) built from here on makes its state at once:
+    the tensors torch's _init_group makes at the first step (CPU, neither fused nor capturable)."""
+    init = torch.optim.Adam.__init__
+
+    def eager_init(self, params, *a, **k):
+        init(self, params, *a, **k)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not self.state[p]:
+                    self.state[p].update(step=torch.tensor(0.0, dtype=torch.get_default_dtype()),
+                                         exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                                         exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+    torch.optim.Adam.__init__ = eager_init
+
+
+def _row(rank, world, mapped, module: str, fn: str, args: tuple, trim: bool = False, eager: bool = False) -> dict:
     """One rank of a planner_local row; with `mapped` True, glibc's mmap threshold fixed first at
     64 KiB; with "risen", at RISEN (and the trim threshold at twice it, as the dynamic rise sets it);
-    with `trim`, malloc_trim(0) after every step (each step starts with its heap's free pages given back)."""
+    with `trim`, malloc_trim(0) after every step (each step starts with its heap's free pages given back);
+    with `eager`, torch's Adam states made when the optimizer is built."""
     libc = ctypes.CDLL("libc.so.6")
+    if eager:
+        _eager_adam()
     if trim:
         timed = R._timed
 
@@ -93,19 +118,20 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=None, help="every row's micro-batch (default: dp and tp 4, pipelines 2)")
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the peak is the largest step's)")
     ap.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step, in both runs")
+    ap.add_argument("--eager", action="store_true", help="torch's Adam/AdamW make m and v when built, not at the first step")
     ap.add_argument("--arenas", type=int, default=0, help="glibc's arena count for the ranks (MALLOC_ARENA_MAX; 0: its default)")
     a = ap.parse_args(argv)
     if a.arenas:      # read when a process starts: the fork server, started by the first spawn, passes it to the ranks
         os.environ["MALLOC_ARENA_MAX"] = str(a.arenas)
     t = Table(title="glibc's slack and the shared-memory pages per rank (MiB, the larger rank)"
-                    + (f", MALLOC_ARENA_MAX={a.arenas}" if a.arenas else ""))
+                    + (f", MALLOC_ARENA_MAX={a.arenas}" if a.arenas else "") + (", Adam's states made when built" if a.eager else ""))
     for c in ("row", "defaults (each rank)", "mapped", "slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes") \
             + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step",):
         t.add_column(c, justify="right")
     for name, m, lay, batch, module, fn, args in rows(a.steps, a.mb):
         if a.only not in name:
             continue
-        got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args, a.trim), timeout=900)
+        got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args, a.trim, a.eager), timeout=900)
                for mapped in (False, True) + (("risen",) if a.risen else ())}
         peak = {k: max(g["peak"] for g in v) / MiB for k, v in got.items()}
         hw = replace(H.cpu_here(lay.gpus), alloc_slack=0.0)

@@ -7,6 +7,7 @@ replayed through glibc in a fresh process, at its defaults, three ways.
     python -m benchmarks.planner_slack_replay                      # the seven rows of planner_slack
     python -m benchmarks.planner_slack_replay --only llama-small --early   # logged from before the warm-up
     python -m benchmarks.planner_slack_replay --only small --early --risen  # the replays' threshold raised first
+    python -m benchmarks.planner_slack_replay --steps 4 --holes              # the heap's free chunks at the live peak
 
 The three replays of the same calls, peak resident set above the replay's start per step:
 `as logged` (aligned requests stay aligned: torch asks for every tensor with posix_memalign,
@@ -20,7 +21,10 @@ request of its own size unless a free neighbour is merged with it, and the runti
 blocks, carved from the fragments between, keep such neighbours apart. With --early the log
 starts before the warm-up step, so the replay starts from a heap nearer the run's; with --risen
 the replays start with glibc's mmap threshold already at the largest logged size, so blocks the
-run mapped until the threshold rose come from the heap from the first call.
+run mapped until the threshold rose come from the heap from the first call. With --holes the calls
+are replayed as logged once more, up to the call at which the last step's live bytes peak, and
+glibc's malloc_info there gives the heap's free chunks by size (its bins: count × mean size): what
+the slack is made of at the moment the live bytes peak.
 Memory only: the load does not enter. The logging buffer's pages (32 bytes a call, about
 3 MiB a step) add to the logged run's peak. Cost: one run of --steps steps per row plus three
 replays of its larger rank.
@@ -31,6 +35,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -119,10 +124,43 @@ def _logged_row(rank, world, so: str, out: str, module: str, fn: str, args: tupl
     return getattr(R if module == "R" else RT, fn)(rank, world, *args)
 
 
-def replay(files: list[str], mode: str, risen: bool = False) -> list[tuple[float, float]]:
+def live_peak(files: list[str]) -> int:
+    """The number of calls replayed (all files, as logged) up to the last file's highest live bytes."""
+    held, cur, k, best = {}, 0, 0, (-1, 0)
+    for i, path in enumerate(files):
+        for op, size, p, q in np.fromfile(path, dtype=np.uint64).reshape(-1, 4).tolist():
+            k += 1
+            if op == 3 and q in held:
+                cur -= held.pop(q)
+            if op in (1, 3, 4) and p:
+                held[p] = size
+                cur += size
+                if i == len(files) - 1 and cur > best[0]:
+                    best = (cur, k)
+            elif op == 2 and p in held:
+                cur -= held.pop(p)
+    return best[1]
+
+
+def free_chunks(libc) -> list[tuple[int, int, int]]:
+    """(smallest size, count, bytes) per bin of the main heap's free chunks, from malloc_info's XML."""
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(suffix=".xml") as tmp:
+        f = libc.fopen(tmp.name.encode(), b"w")
+        libc.malloc_info(0, f)
+        libc.fclose(f)
+        xml = open(tmp.name).read().split('<heap nr="1">')[0]
+    return [(int(lo), int(c), int(t)) for lo, t, c in re.findall(r'<(?:size|unsorted) from="(\d+)" to="\d+" total="(\d+)" count="(\d+)"', xml)]
+
+
+def replay(files: list[str], mode: str, risen: bool = False, stop: int = 0):
     """Replay the logged calls in this process (meant to be a fresh one): mode `logged`,
     `unaligned` or `nosmall`. Per file: (peak resident set above the start, live bytes of the
     replayed blocks at their peak), bytes. Blocks of 4 KiB and more are written, as a tensor is.
+    With `stop`, the replay ends after that many calls and returns free_chunks() there.
     With `risen`, glibc's mmap threshold is first raised to its ceiling for the logged sizes (one
     block of the largest size under 32 MiB mapped and freed) instead of rising as the run's did."""
     libc = ctypes.CDLL("libc.so.6")
@@ -141,12 +179,15 @@ def replay(files: list[str], mode: str, risen: bool = False) -> list[tuple[float
         a = libc.malloc(big + 8192)
         libc.memset(a, 1, big)
         libc.free(a)
-    held, cur, out, base = {}, 0, [], vm("VmRSS")
+    held, cur, out, base, k = {}, 0, [], vm("VmRSS"), 0
     for log in logs:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         peak = cur
         for op, size, p, q in log:
+            if k == stop > 0:
+                return free_chunks(libc)
+            k += 1
             if op == 3:                        # realloc: the old block goes, a new one comes
                 if q in held:
                     a, n = held.pop(q)
@@ -172,7 +213,7 @@ def replay(files: list[str], mode: str, risen: bool = False) -> list[tuple[float
                 libc.free(a)
                 cur -= n
         out.append((vm("VmHWM") - base, peak))
-    return out
+    return free_chunks(libc) if stop else out
 
 
 def main(argv=None) -> int:
@@ -181,13 +222,15 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="steps per run")
     ap.add_argument("--early", action="store_true", help="log from before the warm-up step, not from the model's construction")
     ap.add_argument("--risen", action="store_true", help="the replays start with glibc's mmap threshold raised (see replay)")
-    ap.add_argument("--replay", nargs="+", help=argparse.SUPPRESS)     # MODE FILE...: the fresh replaying process
+    ap.add_argument("--holes", action="store_true", help="the heap's free chunks at the last step's live peak (malloc_info)")
+    ap.add_argument("--replay", nargs="+", help=argparse.SUPPRESS)     # MODE RISEN STOP FILE...: the fresh replaying process
     a = ap.parse_args(argv)
     if a.replay:
-        print(json.dumps(replay(a.replay[2:], a.replay[0], a.replay[1] == "risen")))
+        print(json.dumps(replay(a.replay[3:], a.replay[0], a.replay[1] == "risen", int(a.replay[2]))))
         return 0
     t = Table(title="glibc's slack replayed: the larger rank's peak per step above its start (MiB)")
-    for c in ("row", "rank", "logged run", "replay as logged", "unaligned", "no small blocks", "live at the peak"):
+    for c in ("row", "rank", "logged run", "replay as logged", "unaligned", "no small blocks", "live at the peak") \
+            + (("free at the live peak", "its chunks ≥ 64 KiB (count × mean KiB)") if a.holes else ()):
         t.add_column(c, justify="right")
     with tempfile.TemporaryDirectory(prefix="ringzero-slack-") as tmp:
         so = build(tmp)
@@ -201,12 +244,16 @@ def main(argv=None) -> int:
             r = max(range(len(got)), key=lambda i: got[i]["peak"])
             files = [os.path.join(out, f"rank{r}_{n}.bin") for n in range(a.steps)]
             env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-            res = {mode: json.loads(subprocess.run([sys.executable, "-m", "benchmarks.planner_slack_replay", "--replay", mode, "risen" if a.risen else "-", *files],
-                                             env=env, check=True, capture_output=True, text=True).stdout)
-                   for mode in ("logged", "unaligned", "nosmall")}
+            run = lambda mode, stop=0: json.loads(subprocess.run(
+                [sys.executable, "-m", "benchmarks.planner_slack_replay", "--replay", mode, "risen" if a.risen else "-", str(stop), *files],
+                env=env, check=True, capture_output=True, text=True).stdout)
+            res = {mode: run(mode) for mode in ("logged", "unaligned", "nosmall")}
+            holes = run("logged", live_peak(files)) if a.holes else []
+            big = sorted(((c, t) for lo, c, t in holes if lo >= 65536 and c), key=lambda ct: -ct[1])
             steps = lambda xs: " ".join(f"{x / MiB:.0f}" for x in xs)
             t.add_row(name, str(r), steps(got[r]["peaks"]), *(steps(h for h, _ in res[k]) for k in ("logged", "unaligned", "nosmall")),
-                      steps(p for _, p in res["logged"]))
+                      steps(p for _, p in res["logged"]),
+                      *((f"{sum(t for _, _, t in holes) / MiB:.1f}", ", ".join(f"{c}×{t / c / 1024:.0f}" for c, t in big[:4])) if a.holes else ()))
         os.environ.pop("LD_PRELOAD")
     console.print(t)
     return 0

@@ -55,7 +55,10 @@ def allocator_slack(lay, states: dict, hw) -> float:
     8-43 % of the slack, without the small blocks 23-62 %; with glibc's mmap threshold raised before
     the first call rather than rising as the run's did, llama-small's unaligned replay keeps none:
     which chunks stay split depends on the order of a step's calls and on the heap and threshold it
-    starts from, not on a row's tensor sizes alone. The rule here is
+    starts from, not on a row's tensor sizes alone. At the live peak the free chunks are holes of
+    the row's own tensor sizes, tens activation-sized and, in the GPT and DistilBERT rows, 2-41
+    of the large blocks (planner_slack_replay --holes); Adam's m and v made before the first step
+    (planner_slack --eager) move only llama-small's, by 2-5 MiB. The rule here is
     calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack)
     and scaled by this stage's model-state bytes over the calibration step's, never above the
     calibrated bytes; the nearest of the two simple rules to benchmarks.planner_local's rows. The

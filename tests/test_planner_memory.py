@@ -133,3 +133,48 @@ def test_slack_replay_counts_the_logged_blocks(tmp_path):
     assert replay([path], "nosmall")[0][1] == 5 * MiB     # the 1000-byte block is left out, not the peak
     assert replay([path, path], "logged")[1][1] == 5 * MiB
     assert replay([path], "logged", risen=True)[0][1] == 5 * MiB     # the threshold raised first: the same blocks
+
+
+def test_slack_replay_stops_at_the_live_peak(tmp_path):
+    """benchmarks.planner_slack_replay --holes: live_peak counts the calls up to the last file's
+    highest live bytes, and a replay stopped there reads the heap's free chunks: a 96 KiB block
+    freed between two live ones (below glibc's 128 KiB initial mmap threshold: from the heap)."""
+    import numpy as np
+    from benchmarks.planner_slack_replay import live_peak, replay
+    K = 96 * 1024
+    log = np.array([[1, K, 0x1000, 0], [1, K, 0x2000, 0], [1, K, 0x3000, 0], [2, 0, 0x2000, 0],
+                    [2, 0, 0x1000, 0], [2, 0, 0x3000, 0]], dtype=np.uint64)
+    path = str(tmp_path / "log.bin")
+    log.tofile(path)
+    assert live_peak([path]) == 3 and live_peak([path, path]) == 6 + 3
+    chunks = replay([path], "logged", stop=4)          # after the middle block's free
+    assert all(len(c) == 3 for c in chunks)
+    assert any(lo >= 64 * 1024 and n >= 1 and total >= K for lo, n, total in chunks), chunks
+
+
+def test_eager_adam_makes_the_same_updates():
+    """benchmarks.planner_slack --eager: torch's Adam/AdamW with its state made when built steps
+    bit for bit as the lazily made one (the same zeros, the same step counter)."""
+    import copy
+    import torch
+    from benchmarks import planner_slack
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(net)
+    lazy = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    init = torch.optim.Adam.__init__
+    try:
+        planner_slack._eager_adam()
+        eager = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    finally:
+        torch.optim.Adam.__init__ = init
+    assert len(eager.state) == 4 and not lazy.state
+    x = torch.randn(5, 8)
+    for _ in range(3):
+        for n, o in ((net, lazy), (twin, eager)):
+            n(x).pow(2).sum().backward()
+            o.step()
+            o.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), twin.parameters()))
+    assert all(torch.equal(lazy.state[a]["exp_avg_sq"], eager.state[b]["exp_avg_sq"])
+               for a, b in zip(net.parameters(), twin.parameters()))
