@@ -15,8 +15,10 @@ without slack.
 Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
 each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
 planner's count without the slack, the shared-memory pages the rank touched (RssShmem after the
-steps: planner.memory.shm_bytes's count beside it), and the larger rank's peak step by step at the
-defaults (a run's peak is its largest step's). --arenas sets MALLOC_ARENA_MAX for the ranks: if the
+steps: planner.memory.shm_bytes's count beside it), the larger rank's peak step by step at the
+defaults (a run's peak is its largest step's) and the slower rank's step (median after the first,
+as planner_local times it) at the defaults and mapped: what mapping every large block costs a step
+(timed beside whatever else runs: say the load). --arenas sets MALLOC_ARENA_MAX for the ranks: if the
 slack moved with which thread's arena a block came from (gloo's and torch's threads), one arena
 would make it the same from run to run and rank to rank. --trim gives the heap's free pages back
 after every step (malloc_trim): if the slack were holes an earlier step left resident, the trimmed
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
     t = Table(title="glibc's slack and the shared-memory pages per rank (MiB, the larger rank)"
                     + (f", MALLOC_ARENA_MAX={a.arenas}" if a.arenas else "") + (", Adam's states made when built" if a.eager else ""))
     for c in ("row", "defaults (each rank)", "mapped", "slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes") \
-            + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step",):
+            + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step", "step ms defaults / mapped"):
         t.add_column(c, justify="right")
     for name, m, lay, batch, module, fn, args in rows(a.steps, a.mb):
         if a.only not in name:
@@ -141,7 +143,8 @@ def main(argv=None) -> int:
                   f"{count / peak[True] - 1:+.0%}", f"{max(g['shm'] for g in got[False]) / MiB:.1f}",
                   f"{shm_bytes(m, m.seq, lay, hw) / MiB:.1f}",
                   *((f"{peak['risen']:.1f}", f"{peak['risen'] - peak[True]:.1f}") if a.risen else ()),
-                  " ".join(f"{p / MiB:.0f}" for p in max(got[False], key=lambda g: g["peak"])["peaks"]))
+                  " ".join(f"{p / MiB:.0f}" for p in max(got[False], key=lambda g: g["peak"])["peaks"]),
+                  " / ".join(f"{max(g['step'] for g in got[k]) * 1e3:.0f}" for k in (False, True)))
     console.print(t)
     return 0
 
