@@ -11,6 +11,9 @@ The files are DeepSpeed's, not kept in git: `python -m tests.upstream` copies th
 """
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -30,6 +33,61 @@ def test_the_table_classifies_passes_refusals_and_failures():
     assert (r["collected"], r["ds_pass"], r["both"], len(r["failing"])) == (5, 4, 1, 1)
     assert dict(r["refused"]) == {"not served: deepspeed.runtime.pipe.schedule": 1,
                                   "config key 'amp' is refused: not implemented here": 1}
+
+
+# DeepSpeed's DistributedFixture in miniature (tests/unit/common.py, conftest.py): a class whose base says
+# `is_dist_fixture`, run by a tryfirst pytest_fixture_setup hook that returns nothing
+DIST_FIXTURE_FILES = {
+    "conftest.py": """
+        import pytest
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_fixture_setup(fixturedef, request):
+            if getattr(fixturedef.func, "is_dist_fixture", False):
+                fixturedef.func()(request)
+    """,
+    "test_x.py": """
+        import pytest
+
+        class DistributedFixture:
+            is_dist_fixture = True
+
+            def __call__(self, request):
+                self.run(request.getfixturevalue("tmp_path"), request.getfixturevalue("param"))
+
+        @pytest.fixture(params=[1, 2, 3, 4])
+        def param(request):
+            return request.param
+
+        class writes_file(DistributedFixture):
+            def run(self, tmp_path, param):
+                if param == 2:
+                    raise RuntimeError("a rank failed")
+                if param == 3:
+                    pytest.skip("a rank skipped")
+                (tmp_path / "ran").write_text(str(param))
+
+        def test_uses(writes_file, tmp_path, param):
+            assert (tmp_path / "ran").read_text() == str(param)
+    """}
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["with_plugin", "without"])
+def test_distributed_fixture_classes_are_fixtures_with_the_plugin(tmp_path, plugin):
+    """dist_fixtures.py: each case gets its own outcome (a failing or skipping fixture does not poison the
+    next case); without the plugin pytest >= 8.4 does not find the fixture at all."""
+    for name, text in DIST_FIXTURE_FILES.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
+           f"--junitxml={tmp_path}/r.xml", "test_x.py"] + (["-p", "tests.ds_bulk.dist_fixtures"] if plugin else [])
+    subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": run.ROOT}, capture_output=True, timeout=120)
+    res = {k.rpartition("[")[2].rstrip("]"): v for k, v in run.parse(f"{tmp_path}/r.xml", "test_x.py").items()}
+    if plugin:
+        assert [res[p][0] for p in "1234"] == ["passed", "error", "skipped", "passed"], res
+        assert "a rank failed" in res["2"][1] and "a rank skipped" in res["3"][1]
+    else:
+        assert all(v[0] == "error" and "fixture 'writes_file' not found" in v[1] for v in res.values()), res
 
 
 @pytest.mark.deepspeed

@@ -227,6 +227,29 @@ REFUSED: dict[str, tuple[str, str]] = {
        for n in ("_resolve_autotp_partition", "_get_param_uc_restore_meta", "load_hp_checkpoint_state")},
 }
 
+# --- DeepSpeed's checkpoint descriptors and 3D reshape (as_deepspeed/checkpoint_3d*.py): one block ---
+_C3, _C3Z, _C3R = f"{_R}.checkpoint_3d", f"{_R}.checkpoint_3d_zero", f"{_R}.checkpoint_3d_reader"
+_C3_NAMES = {   # DeepSpeed module → the names it holds that ringzero serves, and from where
+    "reshape_3d_utils": (_C3, ("model_3d_desc", "get_model_3d_descriptor", "get_model_3d_descriptor_from_metadata",
+                               "flatten_dp_dimension", "unflatten_dp_dimension")),
+    "reshape_meg_2d": (_C3, ("meg_2d_parallel_map", "reshape_meg_2d_parallel")),
+    "reshape_utils": (_C3, ("basic_folder_validation", "get_files", "get_files_with_prefix", "sort_zero_files",
+                            "get_zero_files", "partition_data")),
+    "zero_checkpoint": (_C3Z, ("ZeROCheckpoint",)),
+    "deepspeed_checkpoint": (_C3R, ("DeepSpeedCheckpoint",)),
+}
+MODULES += tuple(f"deepspeed.checkpoint.{m}" for m in _C3_NAMES)
+SERVED.update({f"deepspeed.checkpoint.{m}.{n}": f"{src}:{n}" for m, (src, names) in _C3_NAMES.items() for n in names})
+SERVED.update({
+    **{f"deepspeed.checkpoint.{n}": f"{_C3}:{n}" for n in ("model_3d_desc", "get_model_3d_descriptor",
+                                                           "reshape_meg_2d_parallel")},
+    **{f"deepspeed.checkpoint.{m}merge_state": f"{_C3Z}:merge_state" for m in ("", "reshape_utils.")},
+    "deepspeed.checkpoint.ZeROCheckpoint": f"{_C3Z}:ZeROCheckpoint",
+    "deepspeed.checkpoint.DeepSpeedCheckpoint": f"{_C3R}:DeepSpeedCheckpoint",
+    **{f"deepspeed.checkpoint.constants.{n}": f"{_C3}:{n}" for n in ("LAYER_FILE_PREFIX", "AUTOEP_LAYERS_KEY",
+                                                                     "AUTOEP_LAYERS_KEY_LEGACY")},
+})
+
 
 def target_of(name: str) -> str | None:
     """The "module:attribute" serving `name`, else None (a "module:*" entry serves its module's __all__)."""
