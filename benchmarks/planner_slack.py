@@ -29,8 +29,7 @@ threshold, this run would give every row the slack of the highest rise. With --e
 Adam/AdamW (the DDP rows', the tp rows', the pipeline engine's) makes its step, m and v when built,
 as zero_from_scratch's ZeRO engine does and torch's first step() otherwise would (the same zeros,
 so the same updates): if m and v took the room the first step's activations left, the slack would
-shrink. Memory only: the load does
-not enter.
+shrink. Memory does not depend on the load; the step column does.
 Cost: two runs of --steps steps (2) per row, 2-4 ranks each.
 """
 from __future__ import annotations
@@ -70,6 +69,8 @@ def _eager_adam() -> None:
                     self.state[p].update(step=torch.tensor(0.0, dtype=torch.get_default_dtype()),
                                          exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
                                          exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+                    if group["amsgrad"]:
+                        self.state[p]["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     torch.optim.Adam.__init__ = eager_init
 
 
