@@ -3,6 +3,7 @@
     engine.save_checkpoint("ckpt")                 # ckpt/global_step10 -> global_step10.<id>/{zero_rank000.pt, …, manifest.json}
     engine.load_checkpoint("ckpt")                 # same N: bit-exact resume
     engine.load_checkpoint("ckpt", reshard=True)   # different N or stage: re-partitioned from the manifest
+    "checkpoint": {"load_universal": true}         # load_checkpoint reads DeepSpeed's universal folder instead
     python -m zero_from_scratch.engine.zero_to_fp32 ckpt out.pt    # one full fp32 state_dict
 
 Each rank writes its local shards (params, the fp32 master in mixed precision, the optimizer's
@@ -43,7 +44,7 @@ from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
 from zero_from_scratch.engine.checkpoint_read import (FORMAT, CheckpointError, _manifest_file, _shard_file, apply_full,
                                                       no_latest, read_manifest, read_shards, unshard)
 from zero_from_scratch.engine.mpu import engine_mp
-from zero_from_scratch.engine import checkpoint_ds
+from zero_from_scratch.engine import checkpoint_ds, checkpoint_universal
 import random
 
 PHASES = ("validated", "shard", "manifest", "tag", "latest", "cleanup")
@@ -249,6 +250,8 @@ def _check_model(engine, man: dict) -> None:
 
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
+    if checkpoint_universal.wanted(engine):           # "checkpoint": {"load_universal": true}, DeepSpeed's folder
+        return checkpoint_universal.load(engine, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
     if no_latest(load_dir, tag):
         return None, None
     if checkpoint_ds.is_deepspeed(load_dir, tag):     # DeepSpeed's own layout (checkpoint_ds.py)
