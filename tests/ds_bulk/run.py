@@ -12,7 +12,8 @@ so `import deepspeed` is ringzero's, as under `python -m zero_from_scratch.as_de
 a name ringzero does not serve fails where a test uses it, not at the file's imports
 (RINGZERO_DEEPSPEED_DEFER, finder.py): each test is judged by what it uses.
 Each test's outcome (and a failure's last line) goes to tests/ds_bulk/results/<mode>.json;
-table.py reads them. A file that binds a fixed MASTER_PORT in pytest's own process runs in a network
+table.py reads them. dist_fixtures.py (a pytest plugin, both modes) registers DeepSpeed's
+DistributedFixture classes as fixtures, which pytest >= 8.4 no longer finds by itself. A file that binds a fixed MASTER_PORT in pytest's own process runs in a network
 namespace of its own (own_network), so other runs on the machine cannot hold its port.
 Cost: the tests' own, serial (2 cores); a few seconds of imports per file.
 """
@@ -93,6 +94,7 @@ def run_file(file: str, mode: str, timeout: int, select: str | None = None, ids:
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "r.xml")
         cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--confcutdir=.", "-p", "no:cacheprovider", "-q",
+               "-p", "tests.ds_bulk.dist_fixtures",   # DeepSpeed's DistributedFixture classes as fixtures (pytest >= 8.4)
                "-o", "addopts=", "-m", "not sequential and not nightly and not inference", f"--junitxml={xml}",
                "--timeout", "600", *(ids or [file])] + (["-k", select] if select else [])
         env = environment(mode)
