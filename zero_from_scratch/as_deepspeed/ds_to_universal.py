@@ -33,7 +33,7 @@ from zero_from_scratch.engine.checkpoint_ds import _DS_PICKLE, read_full
 from zero_from_scratch.engine.checkpoint_universal_layout import (CAT_DIM, LATEST, PARAM, STATES, UC_INFO, param_file,
                                                                   read_keeping)
 
-__all__ = ["main", "parse_arguments", "dp_index_to_str"]
+__all__ = ["main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata"]
 
 # uc-info keys that tell DeepSpeed's merge how to join tensor-parallel slices (checkpoint/constants.py)
 _TP_PATTERNS = ("tp_replicated_parameter_patterns", "parameter_to_average_patterns", "vocabulary_parameter_patterns",
@@ -67,6 +67,41 @@ def parse_arguments(argv=None):
 def dp_index_to_str(dp_index: int) -> str:
     """DeepSpeed's two-digit rank suffix (its engine imports this name for offload folders)."""
     return f"{dp_index:0>2d}"
+
+
+def _aggregate_autoep_zero12_metadata(model_state_metadata):
+    """DeepSpeed's check of DeepSpeedCheckpoint.model_state_metadata ([(model file, {param_shapes: {name: shape},
+    ds_autoep_layers, ds_config}), ...]) before a ZeRO-1/2 conversion: (per-file param shapes, the AutoEP layer
+    entries merged by expert_key_prefix or None, use_data_before_expert_parallelism), DeepSpeed's RuntimeError
+    for a malformed entry. ringzero writes no AutoEP layers (it refuses MoE), so its folders give None."""
+    shapes, by_prefix, source, ordering = [], {}, {}, {}
+    for path, meta in model_state_metadata:
+        if not isinstance(meta["param_shapes"], dict):
+            raise RuntimeError(f"DeepSpeed checkpoint param_shapes must contain dictionaries in {path}.")
+        shapes.append(meta["param_shapes"])
+        layers = meta["ds_autoep_layers"]
+        if layers is not None and not isinstance(layers, list):
+            raise RuntimeError(f"AutoEP metadata must be a list in {path}.")
+        for layer in layers or ():
+            if not isinstance(layer, dict):
+                raise RuntimeError(f"AutoEP layer metadata must contain dictionaries in {path}.")
+            prefix = layer.get("expert_key_prefix")
+            if not isinstance(prefix, str) or not prefix:
+                raise RuntimeError(f"AutoEP expert_key_prefix must be a non-empty string in {path}.")
+            if by_prefix.setdefault(prefix, layer) != layer:
+                raise RuntimeError(f"Conflicting AutoEP metadata for expert_key_prefix {prefix!r} in "
+                                   f"{source[prefix]} and {path}.")
+            source.setdefault(prefix, path)
+        cfg = meta["ds_config"]
+        if not isinstance(cfg, dict):
+            raise RuntimeError(f"DeepSpeed checkpoint ds_config must be a dictionary in {path}.")
+        ordering[path] = cfg.get("use_data_before_expert_parallelism", False)
+        if not isinstance(ordering[path], bool):
+            raise RuntimeError(f"DeepSpeed checkpoint use_data_before_expert_parallelism must be a boolean in {path}.")
+    if len(set(ordering.values())) != 1:
+        raise RuntimeError("DeepSpeed checkpoint use_data_before_expert_parallelism disagrees across model-state "
+                           f"files: {ordering}")
+    return shapes, list(by_prefix.values()) or None, next(iter(ordering.values()))
 
 
 def _refuse_unserved(folder: str) -> None:

@@ -224,7 +224,7 @@ REFUSED: dict[str, tuple[str, str]] = {
 # AutoTP slices are refused: ringzero refuses AutoTP training (the tensor_parallel key), so it writes none.
 MODULES += ("deepspeed.checkpoint.ds_to_universal", "deepspeed.checkpoint.universal_checkpoint")
 SERVED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": f"{_R}.ds_to_universal:{n}"
-               for n in ("main", "parse_arguments", "dp_index_to_str")})
+               for n in ("main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata")})
 _AUTOTP = ("none: ringzero refuses AutoTP training (the tensor_parallel key) and so never writes tensor-parallel "
            "slices; a data-parallel ZeRO folder converts with deepspeed.checkpoint.ds_to_universal.main")
 REFUSED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": (

@@ -22,6 +22,9 @@ load_checkpoint / _load_checkpoint / _load_zero_checkpoint and the optimizers' _
   * the lr scheduler (if load_lr_scheduler_states), global_steps, global_samples, skipped_steps from the model
     file; buffers, frozen parameters and the RNG are NOT restored (DeepSpeed skips the module state dict
     in universal mode); client state: the model file's other keys, as DeepSpeed returns them
+Not copied: DeepSpeed's ZeRO-3 load hands every sub-group the SAME step tensor (state[0]["step"]), which
+torch's Adam then advances once per group per step; ringzero keeps one step per group (the two agree with
+one param group, as in DeepSpeed's own tests; tests/test_checkpoint_universal.py shows both).
 Refused, one line each: ZeRO stage 0 (DeepSpeed reads a universal folder only through a ZeRO optimizer; its
 stage-0 engine would call the torch optimizer's load_state_dict on the model file's None) and model
 parallelism (an mpu: DeepSpeed would cut each tensor-parallel slice with AutoTP metadata ringzero lacks).
