@@ -225,6 +225,7 @@ REFUSED: dict[str, tuple[str, str]] = {
 MODULES += ("deepspeed.checkpoint.ds_to_universal", "deepspeed.checkpoint.universal_checkpoint")
 SERVED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": f"{_R}.ds_to_universal:{n}"
                for n in ("main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata")})
+SERVED["deepspeed.checkpoint.UNIVERSAL_CHECKPOINT_INFO"] = f"{_R}.constants:UNIVERSAL_CHECKPOINT_INFO"  # re-exported there
 _AUTOTP = ("none: ringzero refuses AutoTP training (the tensor_parallel key) and so never writes tensor-parallel "
            "slices; a data-parallel ZeRO folder converts with deepspeed.checkpoint.ds_to_universal.main")
 REFUSED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": (
