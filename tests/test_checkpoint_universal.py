@@ -23,18 +23,12 @@ import pytest
 import torch
 
 from conftest import run_cmd
+from parity.zero.universal_compare import GLOBAL_BATCH as GB, _train   # its batches: seeded per step, cut per rank
 from zero_from_scratch.engine.checkpoint_universal_layout import _Kept, read_keeping
 
 pytest.importorskip("deepspeed")
-GB, SAVE_AT, TAG = 12, 3, "global_step3"
+SAVE_AT, TAG = 3, "global_step3"
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _batch(step, rank, world):
-    g = torch.Generator().manual_seed(1000 + step)
-    x, y = torch.randn(GB, 13, generator=g), torch.randint(0, 3, (GB,), generator=g)
-    per = GB // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
 
 
 def _engine(side, stage, world, bf16, groups, universal):
@@ -50,20 +44,6 @@ def _engine(side, stage, world, bf16, groups, universal):
         cfg["checkpoint"] = {"load_universal": True}
     pg = param_groups(model, 0.1) if groups == 2 else [{"params": list(model.parameters())}]
     return make_engine(side, model, pg, cfg, "primitives")
-
-
-def _train(engine, steps, rank, world):
-    import torch.distributed as dist
-    out = []
-    for s in steps:
-        x, y = _batch(s, rank, world)
-        loss = engine(x, y).loss
-        engine.backward(loss)
-        engine.step()
-        t = loss.detach().float().clone()
-        dist.all_reduce(t)
-        out.append(t.item() / world)
-    return out
 
 
 def _save(rank, world, root, jobs):

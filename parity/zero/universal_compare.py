@@ -37,6 +37,7 @@ from primitives.launch import spawn
 from primitives.log import console
 from parity.zero.sides import make_engine
 from parity.zero.ds_parity import make_config
+from zero_from_scratch.as_deepspeed.ds_to_universal import main as ds_to_universal
 from zero_from_scratch.engine.models import TinyMLP, param_groups
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 12, 3, 6
@@ -102,7 +103,6 @@ def _phase_resume(rank, world, side, ckpt):
 
 def convert_ours(ckpt: str) -> None:
     """The runner's converter, in this process (its argparse flags as a namespace, as DeepSpeed's tests call it)."""
-    from zero_from_scratch.as_deepspeed.ds_to_universal import main as ds_to_universal
     with contextlib.redirect_stdout(io.StringIO()):
         ds_to_universal(argparse.Namespace(input_folder=os.path.join(ckpt, f"global_step{SAVE_AT}"),
                                            output_folder=os.path.join(ckpt, f"global_step{SAVE_AT}_universal"),
