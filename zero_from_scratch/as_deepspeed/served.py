@@ -219,6 +219,15 @@ REFUSED: dict[str, tuple[str, str]] = {
 }
 
 
+def target_of(name: str) -> str | None:
+    """The "module:attribute" serving `name`, else None (a "module:*" entry serves its module's __all__)."""
+    if name in SERVED:
+        return SERVED[name]
+    parent, _, attr = name.rpartition(".")
+    star = SERVED.get(f"{parent}.*")
+    return f"{star[:-1]}{attr}" if star else None
+
+
 # -- the universal checkpoint: ds_to_universal (as_deepspeed/ds_to_universal.py) converts a data-parallel ZeRO
 # folder; "checkpoint": {"load_universal": true} loads it (engine/checkpoint_universal.py). Tensor-parallel /
 # AutoTP slices are refused: ringzero refuses AutoTP training (the tensor_parallel key), so it writes none.
@@ -240,12 +249,3 @@ REFUSED.update({f"deepspeed.checkpoint.universal_checkpoint.{n}": (
     "fragment", _AUTOTP + "; load it with \"checkpoint\": {\"load_universal\": true} (engine/checkpoint_universal.py)")
     for n in ("_resolve_autotp_partition", "_get_param_uc_restore_meta", "load_hp_checkpoint_state", "SubparamShape")})
 # -- end of the universal checkpoint block
-
-
-def target_of(name: str) -> str | None:
-    """The "module:attribute" serving `name`, else None (a "module:*" entry serves its module's __all__)."""
-    if name in SERVED:
-        return SERVED[name]
-    parent, _, attr = name.rpartition(".")
-    star = SERVED.get(f"{parent}.*")
-    return f"{star[:-1]}{attr}" if star else None
