@@ -30,15 +30,12 @@ import shutil
 import torch
 
 from zero_from_scratch.engine.checkpoint_ds import _DS_PICKLE, read_full
-from zero_from_scratch.engine.checkpoint_universal_layout import (CAT_DIM, LATEST, PARAM, STATES, UC_INFO, param_file,
-                                                                  read_keeping)
+from zero_from_scratch.engine.checkpoint_universal_layout import (CAT_DIM, LATEST, PARAM, STATES, TP_PATTERNS, UC_INFO,
+                                                                  UC_KEYS, param_file, read_keeping)
 
-__all__ = ["main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata"]
+__all__ = ["main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata",
+           "_validate_autotp_conversion_support"]
 
-# uc-info keys that tell DeepSpeed's merge how to join tensor-parallel slices (checkpoint/constants.py)
-_TP_PATTERNS = ("tp_replicated_parameter_patterns", "parameter_to_average_patterns", "vocabulary_parameter_patterns",
-                "parameter_with_row_parallelism_patterns", "parameter_with_2_sub_params_cat_dim_0",
-                "parameter_with_sub_params", "affine_map")
 _SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
 _NOT_SERVED = ("ringzero serves ds_to_universal for data-parallel ZeRO folders only; ringzero refuses AutoTP, "
                "pipeline and MoE training, so it never writes")
@@ -115,19 +112,24 @@ def _refuse_unserved(folder: str) -> None:
                                   f"them per stage / expert; {_NOT_SERVED} such a folder")
 
 
+def _validate_autotp_conversion_support(info: dict) -> None:
+    """DeepSpeed's ValueError for parameters its AutoTP marked unconvertible (a checkpoint's own record)."""
+    bad = info.get(UC_KEYS["AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS"], {})
+    if bad:
+        details = ", ".join(f"{p}: {why}" for p, why in sorted(bad.items()))
+        raise ValueError(f"AutoTP universal checkpoint conversion is not supported for {details}.")
+
+
 def _check_uc_info(model: dict, args) -> None:
     """ZeRO-1/2: DeepSpeed's _check_for_required_state (after --inject_missing_state), its AutoTP check, and
     pattern lists, which only a tensor-parallel merge reads."""
     info = model.get(UC_INFO)
     if info is None and getattr(args, "inject_missing_state", False):
-        info = {"universal_checkpoint_version": 0.2}     # DeepSpeed's injected UNIVERSAL_CHECKPOINT_VERSION_VALUE
+        info = {UC_KEYS["UNIVERSAL_CHECKPOINT_VERSION_KEY"]: UC_KEYS["UNIVERSAL_CHECKPOINT_VERSION_VALUE"]}
     assert info is not None, (f"Required {UC_INFO} state is missing in checkpoint. Verify that client creates this "
                               "state.")
-    bad = info.get("autotp_unsupported_parameter_patterns", {})
-    if bad:
-        details = ", ".join(f"{p}: {why}" for p, why in sorted(bad.items()))
-        raise ValueError(f"AutoTP universal checkpoint conversion is not supported for {details}.")
-    used = [k for k in _TP_PATTERNS if info.get(k)]
+    _validate_autotp_conversion_support(info)
+    used = [k for k in TP_PATTERNS if info.get(k)]
     if used:
         raise NotImplementedError(f"{UC_INFO} sets {used}: DeepSpeed would join tensor-parallel slices by these "
                                   f"patterns (merge_tp_slices); {_NOT_SERVED} tensor-parallel checkpoints")

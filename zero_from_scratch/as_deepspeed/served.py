@@ -233,13 +233,21 @@ def target_of(name: str) -> str | None:
 # AutoTP slices are refused: ringzero refuses AutoTP training (the tensor_parallel key), so it writes none.
 MODULES += ("deepspeed.checkpoint.ds_to_universal", "deepspeed.checkpoint.universal_checkpoint")
 SERVED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": f"{_R}.ds_to_universal:{n}"
-               for n in ("main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata")})
+               for n in ("main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata",
+                         "_validate_autotp_conversion_support")})
 SERVED["deepspeed.checkpoint.UNIVERSAL_CHECKPOINT_INFO"] = f"{_R}.constants:UNIVERSAL_CHECKPOINT_INFO"  # re-exported there
+SERVED.update({f"{m}.{n}": f"{_E}.checkpoint_universal_layout:{n}" for m in ("deepspeed.checkpoint", "deepspeed.checkpoint.constants")
+               for n in ("PARAM", "CAT_DIM", "PARAM_SLICE_MAPPINGS", "UNIVERSAL_CHECKPOINT_VERSION_KEY",
+                         "UNIVERSAL_CHECKPOINT_VERSION_VALUE", "AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS",
+                         "VOCABULARY_PARAMETER_PATTERNS", "PIPELINE_REPLICATED_PARAMETER_PATTERNS",
+                         "PARAMETER_TO_AVERAGE_PATTERNS", "PARAMETER_WITH_ROW_PARALLELISM_PATTERNS",
+                         "TP_REPLICATED_PARAMETER_PATTERNS", "PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0",
+                         "PARAMETER_WITH_SUB_PARAMS", "AFFINE_MAP")})
 _AUTOTP = ("none: ringzero refuses AutoTP training (the tensor_parallel key) and so never writes tensor-parallel "
            "slices; a data-parallel ZeRO folder converts with deepspeed.checkpoint.ds_to_universal.main")
 REFUSED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": (
     "merge or check AutoTP tensor-parallel slices of a parameter for the universal checkpoint", _AUTOTP)
-    for n in ("merge_tp_slices", "_group_per_tp_shapes", "_validate_autotp_conversion_support")})
+    for n in ("merge_tp_slices", "_group_per_tp_shapes")})
 REFUSED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": (
     "write or merge one parameter's per-rank fragment files in its temp folder", "deepspeed.checkpoint."
     "ds_to_universal.main: ringzero converts from full tensors (checkpoint_ds.read_full), without fragment files")

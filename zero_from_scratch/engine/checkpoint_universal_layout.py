@@ -27,9 +27,25 @@ from collections import OrderedDict
 import torch
 
 STATES = ("fp32", "exp_avg", "exp_avg_sq")        # the per-parameter tensors, DeepSpeed's names
-PARAM, CAT_DIM = "param", "cat_dim"                # checkpoint/constants.py's keys inside a ZeRO-1/2 file
 LATEST = "latest_universal"
 UC_INFO = "universal_checkpoint_info"
+# deepspeed/checkpoint/constants.py's universal-checkpoint names (the runner serves them from here)
+UC_KEYS = {"PARAM": "param", "CAT_DIM": "cat_dim", "PARAM_SLICE_MAPPINGS": "param_slice_mappings",
+           "UNIVERSAL_CHECKPOINT_VERSION_KEY": "universal_checkpoint_version", "UNIVERSAL_CHECKPOINT_VERSION_VALUE": 0.4,
+           "AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS": "autotp_unsupported_parameter_patterns",
+           "VOCABULARY_PARAMETER_PATTERNS": "vocabulary_parameter_patterns",
+           "PIPELINE_REPLICATED_PARAMETER_PATTERNS": "pipeline_replicated_parameter_patterns",
+           "PARAMETER_TO_AVERAGE_PATTERNS": "parameter_to_average_patterns",
+           "PARAMETER_WITH_ROW_PARALLELISM_PATTERNS": "parameter_with_row_parallelism_patterns",
+           "TP_REPLICATED_PARAMETER_PATTERNS": "tp_replicated_parameter_patterns",
+           "PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0": "parameter_with_2_sub_params_cat_dim_0",
+           "PARAMETER_WITH_SUB_PARAMS": "parameter_with_sub_params", "AFFINE_MAP": "affine_map"}
+globals().update(UC_KEYS)
+PARAM, CAT_DIM = UC_KEYS["PARAM"], UC_KEYS["CAT_DIM"]     # the keys inside a ZeRO-1/2 source's files
+# the uc-info keys that tell DeepSpeed's merge how to join tensor-parallel slices (the pipeline one only skips
+# stages > 0 and the AutoTP one only refuses: neither joins anything)
+TP_PATTERNS = tuple(v for k, v in UC_KEYS.items() if k.endswith(("_PATTERNS", "_PARAMS", "_DIM_0", "AFFINE_MAP"))
+                    and k not in ("AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS", "PIPELINE_REPLICATED_PARAMETER_PATTERNS"))
 
 
 def param_file(folder: str, name: str, state: str) -> str:
