@@ -9,8 +9,8 @@ DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
   stage 0-2  mp_rank_00_model_states.pt (rank 0): module, buffer_names, param_shapes (per group),
              frozen_param_shapes/_fragments, shared_params, lr_scheduler, counters, ds_config, ds_version,
              client state; zero_pp_rank_R_mp_rank_00_optim_states.pt (stages 1-2, each rank): each group's
-             fp32 vector padded to a multiple of 2N, cut into N partitions (single_partition_of_fp32_groups,
-             base_optimizer_state over the same partition; param_slice_mappings, per-rank group_paddings)
+             fp32 vector padded to a multiple of 2N, cut into N partitions (single_partition_of_fp32_groups less
+             its padding, base_optimizer_state with it; param_slice_mappings, per-rank group_paddings)
   stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank; module's parameters size-0, as
              DeepSpeed's partitioned ones; frozen_param_fragments its partitions) and ..._optim_states.pt:
              every parameter padded to a multiple of N, cut into N partitions, rank R's concatenated per
@@ -120,10 +120,10 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
             else:
                 v = torch.cat([full[x][k].reshape(-1) for x in g]) if g else torch.zeros(0)
                 size = math.ceil(max(v.numel(), 1) / (2 * n)) * 2 * n
-                if k == "master":     # DeepSpeed's per-rank padding and fragments: ds_to_universal reads them
+                if k == "master":     # per-rank padding, fragments (ds_to_universal), fp32 unpadded: DeepSpeed's
                     maps.append(slice_mappings(g, [full[x][k].numel() for x in g], n, r, size))
                 v = torch.cat([v, v.new_zeros(size - v.numel())])
-                flat[k].append(v.view(n, -1)[r].clone())      # rank r's partition of N equal ones
+                flat[k].append(v.view(n, -1)[r][:size // n - (maps[-1][1] if k == "master" else 0)].clone())
     states = {i: {"step": torch.tensor(float(opt.state[g]["step"])), **{k: flat[k][i] for k in opt.STATE}}
               for i, g in enumerate(keep)}
     base = {"state": states, "param_groups": hyper}
