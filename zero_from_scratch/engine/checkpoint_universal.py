@@ -94,7 +94,8 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     if stage == 0:
         raise NotImplementedError(f"rank {rank}: checkpoint.load_universal at ZeRO stage 0 is not served: DeepSpeed "
                                   "reads a universal folder only through its ZeRO optimizers (stages 1-3); its stage-0 "
-                                  "engine loads no weights from it. Use stage 1-3, or load_checkpoint(reshard=True)")
+                                  "engine loads no weights and fails on the model file's optimizer (None). Use stage "
+                                  "1-3, or load_checkpoint(reshard=True) on ringzero's own folder")
     if engine_mp(engine)[1] > 1:
         raise NotImplementedError(f"rank {rank}: checkpoint.load_universal with model parallelism is not served: "
                                   "DeepSpeed would cut each tensor-parallel slice by its AutoTP metadata; ringzero "
