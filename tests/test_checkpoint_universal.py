@@ -1,7 +1,7 @@
 """DeepSpeed's universal checkpoint under the runner, against real DeepSpeed 0.19.8 as the reference.
 
     python -m pytest -q tests/test_checkpoint_universal.py              # ~1 min on 2 cores
-    python -m pytest -q -m slow tests/test_checkpoint_universal.py      # ZeRO-2/3, bf16, 2 → 1 too
+    python -m pytest -q -m slow tests/test_checkpoint_universal.py      # ZeRO-2/3, bf16, 2 → 1, frozen: ~2 min
 
 ringzero trains a 13-37-3 MLP at N = 2 and saves (its folders hold DeepSpeed's files, checkpoint_ds.py).
 (a) real DeepSpeed's ds_to_universal and the runner's (`from deepspeed.checkpoint.ds_to_universal import
@@ -42,7 +42,10 @@ def _engine(side, stage, world, bf16, groups, universal):
         cfg["zero_optimization"].pop("stage3_param_persistence_threshold")
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
-    pg = param_groups(model, 0.1) if groups == 2 else [{"params": list(model.parameters())}]
+    if groups == 0:                                    # a frozen parameter and a buffer: no optimizer state
+        model.fc1.bias.requires_grad_(False)
+        model.register_buffer("scale", torch.arange(4.0))
+    pg = param_groups(model, 0.1) if groups == 2 else [{"params": [p for p in model.parameters() if p.requires_grad]}]
     return make_engine(side, model, pg, cfg, "primitives")
 
 
@@ -251,3 +254,15 @@ def test_loader_refusals(folders):
     stage0, no_latest = spawn(_refusals, 1, args=(folders["z1"][0],), timeout=120)[0]
     assert stage0.startswith("NotImplementedError") and "load_universal at ZeRO stage 0 is not served" in stage0
     assert no_latest.startswith("ValueError: Invalid for universal checkpoint") and "latest_universal does not exist" in no_latest
+
+
+@pytest.mark.slow
+def test_converter_frozen_parameter_and_buffer(tmp_path):
+    """A frozen parameter and a buffer have no optimizer state: at ZeRO-1/2 both converters write their module
+    value as fp32.pt, at ZeRO-3 neither writes them (DeepSpeed's stage-3 path reads optimizer files only)."""
+    from primitives.launch import spawn
+    spawn(_save, 2, args=(str(tmp_path), [("f1", 1, False, 0), ("f3", 3, False, 0)]), timeout=300)
+    out = _convert_both({n: str(tmp_path / n) for n in ("f1", "f3")})
+    for name, (ds_dir, rz_dir) in out.items():
+        _assert_same_folder(ds_dir, rz_dir)
+        assert os.path.isfile(os.path.join(rz_dir, "zero", "scale", "fp32.pt")) == (name == "f1")
