@@ -40,6 +40,12 @@ init_model_below_stage3   a model built under zero.Init, initialized at stage 0-
 offload_param_below_stage3   zero_optimization.offload_param at stage 0-2: DeepSpeed reads it only at
         stage 3 (runtime/zero/config.py; stages 0-2 never look), so the runner drops it with a warning
         where ringzero's own config refuses it.
+dp_change_load            a ZeRO checkpoint saved at another data-parallel size (same stage):
+        DeepSpeed's engine refuses it with ZeRORuntimeException when load_optimizer_states, else loads
+        the weights and its fp32 master re-partitioned (runtime/engine.py::_load_zero_checkpoint,
+        stage_1_and_2.py::_restore_from_elastic_fp32_weights; not its rigid path, which pads this
+        rank's old partition into one of another size); ringzero's own load asks for reshard=True
+        (engine/checkpoint.py reads engine.ds_dp_change).
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
@@ -201,6 +207,11 @@ def expose_torch_optimizer(engine) -> None:
             zero_layout.install(engine)
             zero3_optimizer.install(engine)
             accumulated_grads.install(engine)
+
+
+def dp_change_load(engine) -> None:
+    if hasattr(engine, "group_names"):      # the ZeRO engine (the pipeline's checkpoints are its own)
+        engine.ds_dp_change = True
 
 
 def register_external_on_use(engine) -> None:
