@@ -46,6 +46,10 @@ dp_change_load            a ZeRO checkpoint saved at another data-parallel size 
         stage_1_and_2.py::_restore_from_elastic_fp32_weights; not its rigid path, which pads this
         rank's old partition into one of another size); ringzero's own load asks for reshard=True
         (engine/checkpoint.py reads engine.ds_dp_change).
+lr_on_load                the engine's WarmupLR / WarmupDecayLR: load_checkpoint sets only the scheduler's
+        step, as DeepSpeed's load_state_dict (runtime/lr_schedules.py): get_last_lr() keeps its construction
+        value until the next step; the lr the resumed step uses is the loaded optimizer's (its construction
+        lr with load_optimizer_states=False), as DeepSpeed's; ringzero's own sets the loaded step's lr.
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
@@ -60,6 +64,7 @@ import torch.distributed as dist
 
 from zero_from_scratch.as_deepspeed import zero3_optimizer, zero_layout, accumulated_grads
 from zero_from_scratch.as_deepspeed.utils import logger
+from zero_from_scratch.engine.lr_schedules import WarmupLR
 from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
 
 _DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
@@ -212,6 +217,11 @@ def expose_torch_optimizer(engine) -> None:
 def dp_change_load(engine) -> None:
     if hasattr(engine, "group_names"):      # the ZeRO engine (the pipeline's checkpoints are its own)
         engine.ds_dp_change = True
+
+
+def lr_on_load(engine) -> None:
+    if isinstance(getattr(engine, "lr_scheduler", None), WarmupLR):
+        engine.lr_scheduler.apply_on_load = False
 
 
 def register_external_on_use(engine) -> None:
