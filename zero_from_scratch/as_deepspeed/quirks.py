@@ -191,8 +191,11 @@ class TorchOptimizerView:
 
     def state_dict(self) -> dict:
         """torch's format over this rank's shard, as DeepSpeed's inner optimizer holds its fp32 partition:
-        one "parameter" per group (the group's shard), its step and states."""
+        one "parameter" per group (the group's shard), its step and states; at stage 3 between
+        _set/_clear_fp32_optimizer_param_groups, DeepSpeed's partition layout (zero3_optimizer.py)."""
         opt = self._opt
+        if getattr(opt, "_ringzero_fp32_groups", False):
+            return zero3_optimizer.fp32_state_dict(self._engine)
         state = {g: {k: (torch.tensor(float(v)) if k == "step" else v.detach().clone()) for k, v in st.items()}
                  for g, st in enumerate(opt.state)}
         groups = [{**{k: v for k, v in grp.items() if k != "params"}, "params": [g]}
