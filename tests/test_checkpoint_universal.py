@@ -158,6 +158,20 @@ def test_served_converter_writes_deepspeeds_files(folders, name):
     assert open(os.path.join(root, "latest_universal")).read() == os.path.basename(rz_dir)   # the last to run
 
 
+def test_runner_dash_m_runs_deepspeeds_converter_command(folders, tmp_path):
+    """python -m zero_from_scratch.as_deepspeed -m deepspeed.checkpoint.ds_to_universal ..., as DeepSpeed users run
+    it with python -m: the files real DeepSpeed's converter wrote; a module with no served command line refused."""
+    root, ds_dir, _ = folders["z1"]
+    out = str(tmp_path / "dash_m")
+    r = run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed -m deepspeed.checkpoint.ds_to_universal "
+                f"--input_folder {root}/{TAG} --output_folder {out}")
+    assert "*** Done!" in r.stdout and "ringzero" in r.stderr, r.stderr[-2000:]
+    _assert_same_folder(ds_dir, out)
+    r = run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed -m deepspeed.launcher.runner", check=False)
+    assert r.returncode != 0 and "ringzero serves no command line for it" in r.stderr
+    assert "-m MODULE" in run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed --help").stdout
+
+
 def _check_resume(res, bf16=False, all_losses=True):
     for rank_res in res:                      # every rank: its gathered view of the loaded state
         ds, rz = rank_res["deepspeed"], rank_res["ours"]
