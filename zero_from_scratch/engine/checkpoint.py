@@ -21,7 +21,7 @@ A save never destroys the previous good checkpoint, re-saving the same tag inclu
   cleanup    rank 0 removes the folder <tag> pointed at before, and leftovers of killed saves
 Loading checks a different model (names/shapes), a different layout without reshard=True, missing
 or truncated shard files and files from different saves: each a CheckpointError. Under the runner
-(engine.ds_dp_change) a save at another N and the same stage loads as DeepSpeed's engine loads it
+(engine.ds_dp_change) a save at another N and the same ZeRO stage (1-3) loads as DeepSpeed's engine loads it
 (runtime/engine.py::_load_zero_checkpoint): with optimizer states its ZeRORuntimeException, without
 them the weights and fp32 master re-partitioned (its load_from_fp32_weights default).
 With an mpu each model-parallel rank is its own ZeRO world, its files prefixed like DeepSpeed's
@@ -263,7 +263,7 @@ def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_st
     c = engine.comm
     d, man = read_manifest(load_dir, tag, *engine_mp(engine))
     _check_model(engine, man)
-    if getattr(engine, "ds_dp_change", False) and man["stage"] == engine.stage_id and man["world_size"] != c.size:
+    if getattr(engine, "ds_dp_change", False) and man["stage"] == engine.stage_id > 0 and man["world_size"] != c.size:
         if load_optimizer_states:                     # DeepSpeed's words
             raise ZeRORuntimeException(
                 f"The checkpoint being loaded used a DP world size of {man['world_size']} but the current world size "
