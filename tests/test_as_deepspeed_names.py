@@ -145,6 +145,7 @@ def test_split_argv_hands_the_launchers_local_rank_to_the_script():
     assert split_argv(["--local_rank=1", "s.py", "--x", "2"]) == ("s.py", ["--local_rank=1", "--x", "2"])
     assert split_argv(["--local_rank", "0", "s.py"]) == ("s.py", ["--local_rank", "0"])
     assert split_argv(["s.py", "--local_rank=3"]) == ("s.py", ["--local_rank=3"])
+    assert split_argv(["--local_rank=1", "-m", "a.b", "-m", "x"]) == ("-m a.b", ["--local_rank=1", "-m", "x"])
     with pytest.raises(SystemExit, match="usage"):
         split_argv(["--x"])
 

@@ -26,6 +26,8 @@ BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
     ({"zero_optimization": {"stage": 2}}, "ZeRO-2/3 do not combine with pipeline parallelism"),
     ({"bf16": {"enabled": True}, "pipeline": {"clip_norm": "stage0"}}, "'pipeline.clip_norm' = 'stage0' with bf16"),
     ({"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "eps": 1e-8}}}, "optimizer.params.eps.*not Lion's"),
+    ({"checkpoint": {"load_universal": True}}, "'checkpoint.load_universal' = True is refused: not done by the "
+     "pipeline engine; DeepSpeed's pipeline engine would load_checkpoint from ds_to_universal's folder"),
 ])
 def test_refused(extra, match):
     with pytest.raises(ValueError, match=match):
@@ -53,6 +55,7 @@ def test_honoured_sections_load_quietly_and_the_table_says_why():
     for k in ("tensorboard.enabled", "csv_monitor.output_path", "steps_per_print", "fp16.initial_scale_power"):
         assert KEY_STATUS[k].startswith("honoured"), k
     assert KEY_STATUS["zero_optimization.offload_optimizer"].startswith("refused when not stage 1")
+    load({**BASE, "checkpoint": {"load_universal": False}}, dp=1)    # DeepSpeed's default: nothing asked for
 
 
 def _monitored(rank, world, out):

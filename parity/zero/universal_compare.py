@@ -9,16 +9,21 @@ saving a checkpoint after step 3. Then, at N = 3 with the same global batch:
     that Megatron-DeepSpeed adds), and a fresh engine with `"checkpoint": {"load_universal": true}`
     loads it;
   * ours: a fresh engine calls `load_checkpoint(dir, reshard=True)`, which re-cuts every shard
-    (parameters, fp32 master, Adam moments) with the N = 3 layout from the manifest's offsets.
+    (parameters, fp32 master, Adam moments) with the N = 3 layout from the manifest's offsets;
+  * ours, DeepSpeed's way: the runner's served converter (zero_from_scratch/as_deepspeed/ds_to_universal.py,
+    what `deepspeed.checkpoint.ds_to_universal.main` is under the runner) converts our step-3 folder, and a
+    fresh engine with `"checkpoint": {"load_universal": true}` loads it (engine/checkpoint_universal.py).
 Each resumed run then trains steps 4-6; a control row resumes our checkpoint without its optimizer
 state, to show the loss column would see a lost Adam state. The table compares the parameters right after loading
 with the ones that were saved, and the resumed losses with the uninterrupted N = 2 run's: if
 both engines restore optimizer state exactly, the losses agree to fp32 summation-order rounding.
-Cost: two 2-rank and one 3-rank spawn of a 13-37-3 MLP, one ds_to_universal conversion.
+Cost: two 2-rank and three 3-rank spawns of a 13-37-3 MLP, two ds_to_universal conversions (~1-2 min).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -32,6 +37,7 @@ from primitives.launch import spawn
 from primitives.log import console
 from parity.zero.sides import make_engine
 from parity.zero.ds_parity import make_config
+from zero_from_scratch.as_deepspeed.ds_to_universal import main as ds_to_universal
 from zero_from_scratch.engine.models import TinyMLP, param_groups
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 12, 3, 6
@@ -85,14 +91,22 @@ def _phase_resume(rank, world, side, ckpt):
         engine = _engine("ours", world)
         engine.load_checkpoint(ckpt, tag=f"global_step{SAVE_AT}", load_optimizer_states=False,
                                load_lr_scheduler_states=False, reshard=True)
-    elif side == "deepspeed":
-        engine = _engine(side, world, universal=True)
+    elif side in ("deepspeed", "ours-universal"):
+        engine = _engine(side.split("-")[0], world, universal=True)
         engine.load_checkpoint(ckpt)                      # reads latest_universal
     else:
         engine = _engine(side, world)
         engine.load_checkpoint(ckpt, tag=f"global_step{SAVE_AT}", reshard=True)
     loaded = _params(engine)
     return _train(engine, range(SAVE_AT + 1, STEPS + 1), rank, world), loaded
+
+
+def convert_ours(ckpt: str) -> None:
+    """The runner's converter, in this process (its argparse flags as a namespace, as DeepSpeed's tests call it)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        ds_to_universal(argparse.Namespace(input_folder=os.path.join(ckpt, f"global_step{SAVE_AT}"),
+                                           output_folder=os.path.join(ckpt, f"global_step{SAVE_AT}_universal"),
+                                           inject_missing_state=True))
 
 
 def convert(ckpt: str) -> None:
@@ -111,9 +125,8 @@ def run(new_world: int = 3) -> dict:
         for side in ("ours", "deepspeed"):
             ckpt = os.path.join(tmp, side)
             (ref_losses, saved), _ = spawn(_phase_save, 2, args=(side, ckpt), timeout=300)
-            if side == "deepspeed":
-                convert(ckpt)
-            sides = (side, "weights-only") if side == "ours" else (side,)
+            (convert if side == "deepspeed" else convert_ours)(ckpt)
+            sides = (side, "ours-universal", "weights-only") if side == "ours" else (side,)
             for s in sides:
                 (losses, loaded), *_ = spawn(_phase_resume, new_world, args=(s, ckpt), timeout=300)
                 out[s] = dict(
@@ -138,6 +151,8 @@ def main(argv=None) -> int:
     t.add_row("ringzero", "load_checkpoint(reshard=True)", f"{res['ours']['param_diff']:.2e}", f"{res['ours']['loss_diff']:.2e}")
     t.add_row("DeepSpeed", "ds_to_universal + load_universal", f"{res['deepspeed']['param_diff']:.2e}",
               f"{res['deepspeed']['loss_diff']:.2e}")
+    t.add_row("ringzero, the runner's way", "served ds_to_universal + load_universal",
+              f"{res['ours-universal']['param_diff']:.2e}", f"{res['ours-universal']['loss_diff']:.2e}")
     t.add_row("ringzero, control", "weights only (fresh Adam moments, LR restarts)",
               f"{res['weights-only']['param_diff']:.2e}", f"{res['weights-only']['loss_diff']:.2e}")
     console.print(t)

@@ -73,6 +73,8 @@ OVERRIDES = {
     "optimizer.params": H + "Adam: lr, betas, eps, weight_decay, adam_w_mode; Lion: lr, betas, weight_decay",
     "dataloader_drop_last": H + "initialize(training_data=…)'s loader drops the last partial micro-batch",
     "pipeline": H + "schedule, virtual_stages, clip_norm (engine/config.py)",
+    "checkpoint.load_universal": R + PNOT + "load_checkpoint from ds_to_universal's folder, re-cut for this run's "
+                                 "stages and data ranks (the pipeline engine reads only its own checkpoints)",
     "zero_optimization": H + "see its keys",
     "zero_optimization.stage": H + "0, or 1: optimizer state sharded over the data axis (engine/zero1.py); 2/3 "
                                "refused as DeepSpeed refuses them with pipeline parallelism",

@@ -37,7 +37,8 @@ WRAP = ("wrap the client optimizer in its own class, stepping fp32 partitions of
         "deepspeed.initialize: engine.optimizer steps ringzero's shards (safe_get_full_* reads any parameter's)")
 # an internal a test or script calls on an instance made with __new__ -> (what DeepSpeed's does, nearest here)
 _UC = ("cache its parameters' autoTP universal-checkpoint info (UNIVERSAL_CHECKPOINT_INFO) for ds_to_universal",
-       "ringzero writes no universal checkpoints; zero_to_fp32 reads its folders")
+       "ds_to_universal converts ringzero's ZeRO folders without it (as_deepspeed/ds_to_universal.py): the info "
+       "describes AutoTP slices, and ringzero refuses AutoTP")
 _SMALL = ("all-reduce a bucket of small gradients flattened together and copy each result back, recording "
           "the reduction stream on every tensor (CUDA streams under overlap_comm)",
           "ringzero's stages reduce each unit's bucket with one collective (engine/stages.py)")

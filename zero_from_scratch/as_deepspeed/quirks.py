@@ -40,6 +40,16 @@ init_model_below_stage3   a model built under zero.Init, initialized at stage 0-
 offload_param_below_stage3   zero_optimization.offload_param at stage 0-2: DeepSpeed reads it only at
         stage 3 (runtime/zero/config.py; stages 0-2 never look), so the runner drops it with a warning
         where ringzero's own config refuses it.
+dp_change_load            a ZeRO checkpoint saved at another data-parallel size (same stage):
+        DeepSpeed's engine refuses it with ZeRORuntimeException when load_optimizer_states, else loads
+        the weights and its fp32 master re-partitioned (runtime/engine.py::_load_zero_checkpoint,
+        stage_1_and_2.py::_restore_from_elastic_fp32_weights; not its rigid path, which pads this
+        rank's old partition into one of another size); ringzero's own load asks for reshard=True
+        (engine/checkpoint.py reads engine.ds_dp_change).
+lr_on_load                the engine's WarmupLR / WarmupDecayLR: load_checkpoint sets only the scheduler's
+        step, as DeepSpeed's load_state_dict (runtime/lr_schedules.py): get_last_lr() keeps its construction
+        value until the next step; the lr the resumed step uses is the loaded optimizer's (its construction
+        lr with load_optimizer_states=False), as DeepSpeed's; ringzero's own sets the loaded step's lr.
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
@@ -54,6 +64,7 @@ import torch.distributed as dist
 
 from zero_from_scratch.as_deepspeed import zero3_optimizer, zero_layout, accumulated_grads
 from zero_from_scratch.as_deepspeed.utils import logger
+from zero_from_scratch.engine.lr_schedules import WarmupLR
 from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
 
 _DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
@@ -180,8 +191,11 @@ class TorchOptimizerView:
 
     def state_dict(self) -> dict:
         """torch's format over this rank's shard, as DeepSpeed's inner optimizer holds its fp32 partition:
-        one "parameter" per group (the group's shard), its step and states."""
+        one "parameter" per group (the group's shard), its step and states; at stage 3 between
+        _set/_clear_fp32_optimizer_param_groups, DeepSpeed's partition layout (zero3_optimizer.py)."""
         opt = self._opt
+        if getattr(opt, "_ringzero_fp32_groups", False):
+            return zero3_optimizer.fp32_state_dict(self._engine)
         state = {g: {k: (torch.tensor(float(v)) if k == "step" else v.detach().clone()) for k, v in st.items()}
                  for g, st in enumerate(opt.state)}
         groups = [{**{k: v for k, v in grp.items() if k != "params"}, "params": [g]}
@@ -201,6 +215,16 @@ def expose_torch_optimizer(engine) -> None:
             zero_layout.install(engine)
             zero3_optimizer.install(engine)
             accumulated_grads.install(engine)
+
+
+def dp_change_load(engine) -> None:
+    if hasattr(engine, "group_names"):      # the ZeRO engine (the pipeline's checkpoints are its own)
+        engine.ds_dp_change = True
+
+
+def lr_on_load(engine) -> None:
+    if isinstance(getattr(engine, "lr_scheduler", None), WarmupLR):
+        engine.lr_scheduler.apply_on_load = False
 
 
 def register_external_on_use(engine) -> None:

@@ -197,7 +197,6 @@ _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference
 _DS_OPTIM = ("wrap the client optimizer in its own class, stepping fp32 partitions laid out its way",
              "engine.optimizer: a torch.optim.Optimizer over ringzero's shards (safe_get_full_* reads any parameter's)")
 # DeepSpeed name → (what DeepSpeed would have done, the nearest ringzero way)
-_UC = "zero_to_fp32 for the fp32 weights (DeepSpeed's own reads ringzero's folders too)"
 REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.init_inference": _INFER,
     "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer": _DS_OPTIM,
@@ -217,14 +216,6 @@ REFUSED: dict[str, tuple[str, str]] = {
         "(param.ds_secondary_tensor, zero-padded)", "zero_hpz_partition_size in the config: ringzero's hpZ keeps "
         "one secondary shard per module unit, cut from the unit's forward all-gather (engine/hpz.py), so no "
         "parameter has a secondary tensor of its own to fill"),
-    # the universal checkpoint and its AutoTP conversion: ringzero writes its own and DeepSpeed's ZeRO folders only
-    **{f"deepspeed.checkpoint.ds_to_universal.{n}": (
-        "convert a ZeRO / tensor-parallel checkpoint into its universal format (per-parameter fp32 and optimizer files)",
-        _UC) for n in ("main", "merge_tp_slices", "_merge_zero_shards", "_group_per_tp_shapes",
-                       "_validate_autotp_conversion_support")},
-    **{f"deepspeed.checkpoint.universal_checkpoint.{n}": (
-        "load a universal checkpoint's per-parameter states into this rank's tensor-parallel / ZeRO partition", _UC)
-       for n in ("_resolve_autotp_partition", "_get_param_uc_restore_meta", "load_hp_checkpoint_state")},
 }
 
 # --- DeepSpeed's checkpoint descriptors and 3D reshape (as_deepspeed/checkpoint_3d*.py): one block ---
@@ -258,3 +249,34 @@ def target_of(name: str) -> str | None:
     parent, _, attr = name.rpartition(".")
     star = SERVED.get(f"{parent}.*")
     return f"{star[:-1]}{attr}" if star else None
+
+
+# -- the universal checkpoint: ds_to_universal (as_deepspeed/ds_to_universal.py) converts a data-parallel ZeRO
+# folder; "checkpoint": {"load_universal": true} loads it (engine/checkpoint_universal.py). Tensor-parallel /
+# AutoTP slices are refused: ringzero refuses AutoTP training (the tensor_parallel key), so it writes none.
+MODULES += ("deepspeed.checkpoint.ds_to_universal", "deepspeed.checkpoint.universal_checkpoint")
+SERVED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": f"{_R}.ds_to_universal:{n}"
+               for n in ("main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata",
+                         "_validate_autotp_conversion_support")})
+SERVED["deepspeed.checkpoint.UNIVERSAL_CHECKPOINT_INFO"] = f"{_R}.constants:UNIVERSAL_CHECKPOINT_INFO"  # re-exported there
+SERVED.update({f"{m}.{n}": f"{_E}.checkpoint_universal_layout:{n}" for m in ("deepspeed.checkpoint", "deepspeed.checkpoint.constants")
+               for n in ("PARAM", "CAT_DIM", "PARAM_SLICE_MAPPINGS", "UNIVERSAL_CHECKPOINT_VERSION_KEY",
+                         "UNIVERSAL_CHECKPOINT_VERSION_VALUE", "AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS",
+                         "VOCABULARY_PARAMETER_PATTERNS", "PIPELINE_REPLICATED_PARAMETER_PATTERNS",
+                         "PARAMETER_TO_AVERAGE_PATTERNS", "PARAMETER_WITH_ROW_PARALLELISM_PATTERNS",
+                         "TP_REPLICATED_PARAMETER_PATTERNS", "PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0",
+                         "PARAMETER_WITH_SUB_PARAMS", "AFFINE_MAP")})
+_AUTOTP = ("none: ringzero refuses AutoTP training (the tensor_parallel key) and so never writes tensor-parallel "
+           "slices; a data-parallel ZeRO folder converts with deepspeed.checkpoint.ds_to_universal.main")
+REFUSED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": (
+    "merge or check AutoTP tensor-parallel slices of a parameter for the universal checkpoint", _AUTOTP)
+    for n in ("merge_tp_slices", "_group_per_tp_shapes")})
+REFUSED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": (
+    "write or merge one parameter's per-rank fragment files in its temp folder", "deepspeed.checkpoint."
+    "ds_to_universal.main: ringzero converts from full tensors (checkpoint_ds.read_full), without fragment files")
+    for n in ("_merge_zero_shards", "extract_zero_shards", "extract_zero_shards_stage3", "merge_zero3_slices")})
+REFUSED.update({f"deepspeed.checkpoint.universal_checkpoint.{n}": (
+    "cut a universal checkpoint's full tensor into this rank's AutoTP tensor-parallel slice / its optimizer's "
+    "fragment", _AUTOTP + "; load it with \"checkpoint\": {\"load_universal\": true} (engine/checkpoint_universal.py)")
+    for n in ("_resolve_autotp_partition", "_get_param_uc_restore_meta", "load_hp_checkpoint_state", "SubparamShape")})
+# -- end of the universal checkpoint block

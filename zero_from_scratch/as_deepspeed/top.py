@@ -159,6 +159,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     out = build(args=args, model=model, config=config, **kwargs)
     quirks.expose_torch_optimizer(out[0])
     quirks.register_external_on_use(out[0])
+    quirks.dp_change_load(out[0])
+    quirks.lr_on_load(out[0])
     comm_names.install(out[0])        # the engine's collectives by deepspeed.comm's names
     optimizer_classes.install(out[0])  # DeepSpeed's ZeRO-1/2 optimizer classes where it would build them
     return out

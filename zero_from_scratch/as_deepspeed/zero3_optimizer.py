@@ -11,18 +11,28 @@
                                   safe_set_local_grad too; every rank calls it (it gathers)
   engine.optimizer._global_grad_norm    the norm the last step measured (engine.get_global_grad_norm())
   the stage's gathered units          a new buffer per gather, as DeepSpeed's (engine/z3_per_gather.py)
-Cost: _get_norm_groups gathers each parameter's full gradient (safe_get_full_grad): an inspection call,
-not a training one; the rest nothing.
+  engine.optimizer._set_fp32_optimizer_param_groups() / _clear_fp32_optimizer_param_groups()
+                                  between the two, engine.optimizer.optimizer.state_dict() is DeepSpeed's
+                                  (stage3.py: the flat fp32 partitions put into the torch optimizer's
+                                  groups): per sub-group g, state[g] holds this rank's partition, each
+                                  parameter's ceil(numel/N) piece (zero-padded) in the group's order
+                                  (safe_api.ds_partition); ringzero's sub-groups are its param groups
+                                  (zero_layout.py), so fp16_groups and this agree
+  engine._get_zero_param_shapes()     per sub-group {name: full shape}, in the same order (runtime/engine.py)
+Cost: _get_norm_groups gathers each parameter's full gradient (safe_get_full_grad), the fp32 state_dict
+each parameter's full optimizer states: inspection calls (collectives, every rank calls them), not
+training ones; the rest nothing.
 """
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 
 import torch
 
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 from zero_from_scratch.engine import z3_per_gather
-from zero_from_scratch.engine.safe_api import safe_get_full_grad
+from zero_from_scratch.engine.safe_api import ds_partition, safe_get_full_grad, safe_get_full_optimizer_state
 
 
 class _Stage3Check(type):
@@ -51,6 +61,25 @@ def norm_groups(engine) -> list[torch.Tensor]:
     return out
 
 
+def zero_param_shapes(engine) -> list:
+    layout = engine.layout
+    return [OrderedDict((n, torch.Size(layout.where[n][1].shape))
+                        for n in names) for names in engine.group_names]
+
+
+def fp32_state_dict(engine) -> dict:
+    """DeepSpeed's inner state_dict() while the flat fp32 partitions sit in its groups (stage3.py)."""
+    opt, n, r = engine.optimizer, engine.comm.size, engine.comm.rank
+    state, groups = {}, []
+    for g, names in enumerate(engine.group_names):
+        st = opt.state[g]
+        state[g] = {k: (torch.tensor(float(v)) if k == "step" else torch.cat(
+            [ds_partition(safe_get_full_optimizer_state(engine.params_by_name[m], k), n, r) for m in names]))
+            for k, v in st.items()}
+        groups.append({**{k: v for k, v in opt.param_groups[g].items() if k != "params"}, "params": [g]})
+    return {"state": state, "param_groups": groups}
+
+
 _WITH_NORM: dict = {}
 
 
@@ -70,4 +99,8 @@ def install(engine) -> None:
     opt, ref = engine.optimizer, weakref.ref(engine)
     opt._ringzero_zero3, opt._ringzero_engine = True, ref
     opt._get_norm_groups = lambda: norm_groups(ref())
+    opt._ringzero_fp32_groups = False
+    opt._set_fp32_optimizer_param_groups = lambda: setattr(opt, "_ringzero_fp32_groups", True)
+    opt._clear_fp32_optimizer_param_groups = lambda: setattr(opt, "_ringzero_fp32_groups", False)
+    engine._get_zero_param_shapes = lambda: zero_param_shapes(ref())
     opt.__class__ = _with_norm(type(opt))

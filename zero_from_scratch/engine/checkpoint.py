@@ -3,6 +3,7 @@
     engine.save_checkpoint("ckpt")                 # ckpt/global_step10 -> global_step10.<id>/{zero_rank000.pt, …, manifest.json}
     engine.load_checkpoint("ckpt")                 # same N: bit-exact resume
     engine.load_checkpoint("ckpt", reshard=True)   # different N or stage: re-partitioned from the manifest
+    "checkpoint": {"load_universal": true}         # load_checkpoint reads DeepSpeed's universal folder instead
     python -m zero_from_scratch.engine.zero_to_fp32 ckpt out.pt    # one full fp32 state_dict
 
 Each rank writes its local shards (params, the fp32 master in mixed precision, the optimizer's
@@ -19,7 +20,10 @@ A save never destroys the previous good checkpoint, re-saving the same tag inclu
   latest     rank 0 rewrites `latest` (the tag, as DeepSpeed writes it) the same way
   cleanup    rank 0 removes the folder <tag> pointed at before, and leftovers of killed saves
 Loading checks a different model (names/shapes), a different layout without reshard=True, missing
-or truncated shard files and files from different saves: each a CheckpointError.
+or truncated shard files and files from different saves: each a CheckpointError. Under the runner
+(engine.ds_dp_change) a save at another N and the same ZeRO stage (1-3) loads as DeepSpeed's engine loads it
+(runtime/engine.py::_load_zero_checkpoint): with optimizer states its ZeRORuntimeException, without
+them the weights and fp32 master re-partitioned (its load_from_fp32_weights default).
 With an mpu each model-parallel rank is its own ZeRO world, its files prefixed like DeepSpeed's
 mp_rank_XX (mp_rank_01_zero_rank000.pt, mp_rank_01_manifest.json); the save id is agreed over the
 model-parallel group too and every manifest is written before the one publish (global rank 0);
@@ -42,8 +46,9 @@ import torch
 from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
 from zero_from_scratch.engine.checkpoint_read import (FORMAT, CheckpointError, _manifest_file, _shard_file, apply_full,
                                                       no_latest, read_manifest, read_shards, unshard)
+from zero_from_scratch.engine.client_optim import ZeRORuntimeException
 from zero_from_scratch.engine.mpu import engine_mp
-from zero_from_scratch.engine import checkpoint_ds
+from zero_from_scratch.engine import checkpoint_ds, checkpoint_universal
 import random
 
 PHASES = ("validated", "shard", "manifest", "tag", "latest", "cleanup")
@@ -249,6 +254,8 @@ def _check_model(engine, man: dict) -> None:
 
 
 def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_states=True, reshard=False):
+    if checkpoint_universal.wanted(engine):           # "checkpoint": {"load_universal": true}, DeepSpeed's folder
+        return checkpoint_universal.load(engine, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
     if no_latest(load_dir, tag):
         return None, None
     if checkpoint_ds.is_deepspeed(load_dir, tag):     # DeepSpeed's own layout (checkpoint_ds.py)
@@ -256,6 +263,13 @@ def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_st
     c = engine.comm
     d, man = read_manifest(load_dir, tag, *engine_mp(engine))
     _check_model(engine, man)
+    if getattr(engine, "ds_dp_change", False) and man["stage"] == engine.stage_id > 0 and man["world_size"] != c.size:
+        if load_optimizer_states:                     # DeepSpeed's words
+            raise ZeRORuntimeException(
+                f"The checkpoint being loaded used a DP world size of {man['world_size']} but the current world size "
+                f"is {c.size}. Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is "
+                "not currently supported.")
+        reshard = True
     if man["layout"] != engine.layout.to_manifest() and not reshard:
         raise CheckpointError(
             f"rank {c.rank}: checkpoint {d} was saved with N={man['world_size']} ranks at ZeRO stage {man['stage']}; "

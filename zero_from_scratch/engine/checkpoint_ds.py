@@ -9,8 +9,8 @@ DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
   stage 0-2  mp_rank_00_model_states.pt (rank 0): module, buffer_names, param_shapes (per group),
              frozen_param_shapes/_fragments, shared_params, lr_scheduler, counters, ds_config, ds_version,
              client state; zero_pp_rank_R_mp_rank_00_optim_states.pt (stages 1-2, each rank): each group's
-             fp32 vector padded to a multiple of 2N, cut into N partitions (single_partition_of_fp32_groups,
-             base_optimizer_state over the same partition)
+             fp32 vector padded to a multiple of 2N, cut into N partitions (single_partition_of_fp32_groups less
+             its padding, base_optimizer_state with it; param_slice_mappings, per-rank group_paddings)
   stage 3    zero_pp_rank_R_mp_rank_00_model_states.pt (each rank; module's parameters size-0, as
              DeepSpeed's partitioned ones; frozen_param_fragments its partitions) and ..._optim_states.pt:
              every parameter padded to a multiple of N, cut into N partitions, rank R's concatenated per
@@ -34,6 +34,7 @@ import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, tag_folder
+from zero_from_scratch.engine.checkpoint_universal_layout import slice_mappings
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine.safe_api import ds_partition
 
@@ -110,7 +111,7 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     hyper = [{**{k: v for k, v in opt.param_groups[g].items() if k != "params"}, "params": [i]}
              for i, g in enumerate(keep)]
     flat = {k: [] for k in ("master", *opt.STATE)}
-    pads = []
+    maps = []                                  # (param_slice_mappings, group_paddings) per group
     for g in names:
         for k in flat:
             if stage == 3:
@@ -119,11 +120,10 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
             else:
                 v = torch.cat([full[x][k].reshape(-1) for x in g]) if g else torch.zeros(0)
                 size = math.ceil(max(v.numel(), 1) / (2 * n)) * 2 * n
-                if k == "master":
-                    pads.append(size - v.numel())
+                if k == "master":     # per-rank padding, fragments (ds_to_universal), fp32 unpadded: DeepSpeed's
+                    maps.append(slice_mappings(g, [full[x][k].numel() for x in g], n, r, size))
                 v = torch.cat([v, v.new_zeros(size - v.numel())])
-                p = size // n
-                flat[k].append(v[r * p:(r + 1) * p].clone())
+                flat[k].append(v.view(n, -1)[r][:size // n - (maps[-1][1] if k == "master" else 0)].clone())
     states = {i: {"step": torch.tensor(float(opt.state[g]["step"])), **{k: flat[k][i] for k in opt.STATE}}
               for i, g in enumerate(keep)}
     base = {"state": states, "param_groups": hyper}
@@ -133,8 +133,9 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     if stage == 3:
         osd.update(optimizer_state_dict=base, fp32_flat_groups=flat["master"])
     else:
-        osd.update(base_optimizer_state=base, single_partition_of_fp32_groups=flat["master"], group_paddings=pads,
-                   param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping)
+        osd.update(base_optimizer_state=base, single_partition_of_fp32_groups=flat["master"], group_paddings=[p for _, p in maps],
+                   param_alignment_paddings=[[0] * len(g) for g in names], clip_grad=engine.config.gradient_clipping,
+                   param_slice_mappings=[m for m, _ in maps])
     blob = {"optimizer_state_dict": osd, "ds_config": engine.config.raw, "ds_version": DS_VERSION}
     bf16 = "bf16_" if engine.bfloat16_enabled() else ""   # runtime/engine.py _get_zero_ckpt_prefix (see above)
     atomic_write(os.path.join(d, f"{bf16}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"),
@@ -179,7 +180,6 @@ class _Stand:
 
 class _Tuple(tuple):
     """Stand-in for a pickled namedtuple (tensor_fragment.fragment_address)."""
-
     def __new__(cls, *args, **kwargs):
         return tuple.__new__(cls, args)
 
@@ -246,7 +246,7 @@ def read_full(d: str) -> tuple[dict, dict, list]:
             st = o["optimizer_state_dict"]["state"]
             for k in (st[0] if st else {}):
                 if k != "step":
-                    pr[k] = torch.cat([st[i][k] for i in sorted(st)])
+                    pr[k] = torch.cat([st[i][k] for i in range(len(st))])   # a dict 0..G-1 or a list
         off = 0
         for name, shape in shapes.items():
             k_, p = math.prod(shape), math.ceil(math.prod(shape) / n)

@@ -114,8 +114,8 @@ SUB = {
     "optimizer.legacy_fusion": W + NOT + "use the legacy fused fp16 optimizer",
     "scheduler.type": H + "WarmupLR, WarmupDecayLR (lr_schedules.py)", "scheduler.params": H + "lr_schedules.py",
     "checkpoint.tag_validation": H + "WARN/IGNORE/FAIL when ranks pass different tags (checkpoint.py::_rank0_tag)",
-    "checkpoint.load_universal": R + NOT + "load a universal (topology-free) checkpoint; load_checkpoint(reshard=True) "
-                                 "reads ours at another N",
+    "checkpoint.load_universal": H + "load_checkpoint reads DeepSpeed's universal folder (ds_to_universal's) at any N, "
+                                 "stages 1-3 (checkpoint_universal.py; stage 0 and model parallelism refused there)",
     "checkpoint.use_node_local_storage": W + SAME + "let each node's rank 0 write to local storage",
     "checkpoint.parallel_write": W + SAME + "write checkpoint files from several ranks in a pipeline",
     "checkpoint.checkpoint_serialization": W + SAME + "choose torch.save's serialisation",

@@ -45,7 +45,11 @@ def warmup_gamma(t: int, warmup_num_steps: int, warmup_type: str = "log", total_
 
 
 class WarmupLR:
-    """lr = min + (max - min)·γ(t), γ = log(t+1)/log(W) or t/W during warm-up, then 1."""
+    """lr = min + (max - min)·γ(t), γ = log(t+1)/log(W) or t/W during warm-up, then 1.
+    apply_on_load: load_state_dict sets the loaded step's lr at once (ringzero's own); False is DeepSpeed's
+    (lr_schedules.py::WarmupLR.load_state_dict sets only last_batch_iteration: get_last_lr() keeps the
+    construction value, and the groups keep theirs, until the next step), the runner's (quirks.lr_on_load)."""
+    apply_on_load = True
 
     def __init__(self, optimizer: ShardedAdam, warmup_min_lr=0.0, warmup_max_lr=None, warmup_num_steps=1000,
                  warmup_type="log", last_batch_iteration=-1):
@@ -85,7 +89,8 @@ class WarmupLR:
 
     def load_state_dict(self, sd: dict) -> None:
         self.last_batch_iteration = sd["last_batch_iteration"]
-        self._apply()
+        if self.apply_on_load:
+            self._apply()
 
 
 class WarmupDecayLR(WarmupLR):

@@ -1,0 +1,282 @@
+"""DeepSpeed's universal checkpoint under the runner, against real DeepSpeed 0.19.8 as the reference.
+
+    python -m pytest -q tests/test_checkpoint_universal.py              # ~1 min on 2 cores
+    python -m pytest -q -m slow tests/test_checkpoint_universal.py      # ZeRO-2/3, bf16, 2 → 1, frozen: ~2 min
+
+ringzero trains a 13-37-3 MLP at N = 2 and saves (its folders hold DeepSpeed's files, checkpoint_ds.py).
+(a) real DeepSpeed's ds_to_universal and the runner's (`from deepspeed.checkpoint.ds_to_universal import
+main` under `python -m zero_from_scratch.as_deepspeed`) convert the same folder: every file the same, every
+tensor equal (dtype, shape, value) — both are copies of the saved fp32 values, so nothing may round.
+(b) at N = 3 (or 1) a fresh DeepSpeed engine and a fresh ringzero engine, both with
+"checkpoint": {"load_universal": true}, load the folder DeepSpeed's converter wrote: the loaded weights and
+Adam moments are copies (equal exactly), and the next 3 losses agree to fp32 summation rounding (1e-6
+relative: the losses themselves have measured equal; a different reduction order may move the last bits),
+bf16 to 2e-3 relative (one bf16 ulp of a weight after a step, 2^-8 relative, moves the loss that much).
+The files DeepSpeed classes pickled (its loss scaler) are read with checkpoint_universal_layout.read_keeping,
+so this process never imports DeepSpeed (the runner's finder refuses once it is imported).
+"""
+import os
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import run_cmd
+from parity.zero.universal_compare import GLOBAL_BATCH as GB, _train   # its batches: seeded per step, cut per rank
+from zero_from_scratch.engine.checkpoint_universal_layout import _Kept, read_keeping
+
+pytest.importorskip("deepspeed")
+SAVE_AT, TAG = 3, "global_step3"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _engine(side, stage, world, bf16, groups, universal):
+    from parity.zero.ds_parity import make_config
+    from parity.zero.sides import make_engine
+    from zero_from_scratch.engine.models import TinyMLP, param_groups
+    torch.manual_seed(0 if not universal else 1)       # the resumed weights must come from the folder
+    model = TinyMLP()
+    cfg = make_config(stage, micro_bs=GB // world, gas=1, bf16=bf16)
+    if stage < 3:                                      # a ZeRO-3 key: ringzero warns on it below stage 3
+        cfg["zero_optimization"].pop("stage3_param_persistence_threshold")
+    if universal:
+        cfg["checkpoint"] = {"load_universal": True}
+    if groups == 0:                                    # a frozen parameter and a buffer: no optimizer state
+        model.fc1.bias.requires_grad_(False)
+        model.register_buffer("scale", torch.arange(4.0))
+    pg = param_groups(model, 0.1) if groups == 2 else [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    return make_engine(side, model, pg, cfg, "primitives")
+
+
+def _save(rank, world, root, jobs):
+    for name, stage, bf16, groups in jobs:
+        e = _engine("ours", stage, world, bf16, groups, False)
+        _train(e, range(1, SAVE_AT + 1), rank, world)
+        e.save_checkpoint(os.path.join(root, name), tag=TAG, client_state={"universal_checkpoint_info": {}})
+
+
+def _resume(rank, world, folder, stage, bf16, groups, uc_tag):
+    from parity.zero.sides import full_params
+    out = {}
+    for side in ("deepspeed", "ours"):
+        e = _engine(side, stage, world, bf16, groups, True)
+        path, client = e.load_checkpoint(folder, tag=uc_tag)
+        if side == "deepspeed":
+            from deepspeed.utils import safe_get_full_optimizer_state as get
+        else:
+            from zero_from_scratch.engine.safe_api import safe_get_full_optimizer_state as get
+        moments = {n: [get(p, k).float().clone() for k in ("exp_avg", "exp_avg_sq")]
+                   for n, p in e.module.named_parameters()}
+        opt = e.optimizer.optimizer if side == "deepspeed" else e.optimizer     # DeepSpeed's wraps torch's
+        out[side] = dict(params=full_params(side, e, stage), moments=moments, client=sorted(client),
+                         path=os.path.basename(path), global_steps=e.global_steps,
+                         hyper=[(g["lr"], g["weight_decay"], tuple(g["betas"])) for g in opt.param_groups],
+                         losses=_train(e, [SAVE_AT + 1], rank, world))
+        st = opt.state.values() if side == "deepspeed" else e.optimizer.state       # each group's Adam step
+        out[side]["steps_after_one"] = [int(v["step"]) for v in st]
+        out[side]["losses"] += _train(e, range(SAVE_AT + 2, SAVE_AT + 4), rank, world)
+        out[side]["lr"] = e.lr_scheduler.get_last_lr()
+    return out
+
+
+def _convert_both(ckpts: dict) -> dict:
+    """Real DeepSpeed's converter (one subprocess) and the runner's (one subprocess each) on every folder;
+    returns {name: (DeepSpeed's output folder, ringzero's)}."""
+    out, calls = {}, []
+    for name, root in ckpts.items():
+        src = os.path.join(root, TAG)
+        out[name] = (os.path.join(root, f"{TAG}_ds"), os.path.join(root, f"{TAG}_rz"))
+        calls.append(f"main(SimpleNamespace(input_folder={src!r}, output_folder={out[name][0]!r}, "
+                     "num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, "
+                     "inject_missing_state=False))")
+    code = "from types import SimpleNamespace\nfrom deepspeed.checkpoint.ds_to_universal import main\n" + "\n".join(calls)
+    run_cmd(f"{sys.executable} -c {_q(code)}")
+    script = os.path.join(os.path.dirname(next(iter(ckpts.values()))), "convert.py")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent("""\
+            from deepspeed.checkpoint.ds_to_universal import main, parse_arguments
+            main(parse_arguments())
+            """))
+    for name, root in ckpts.items():
+        r = run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed {script} --input_folder {root}/{TAG} "
+                    f"--output_folder {out[name][1]}")
+        assert "ringzero" in r.stderr and "*** Done!" in r.stdout, r.stderr[-2000:]
+    return out
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def _files(d):
+    return sorted(os.path.relpath(os.path.join(p, f), d) for p, _, fs in os.walk(d) for f in fs)
+
+
+def _same(a, b, where=""):
+    """Every tensor equal in dtype, shape and value; DeepSpeed's pickled objects by class name and attributes."""
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), f"{where}: max |Δ| {(a.double() - b.double()).abs().max()}"
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} vs {list(b)}"
+        for k in a:
+            _same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, _Kept):
+        assert type(a)._deepspeed_name == type(b)._deepspeed_name, where
+        _same(vars(a), vars(b), f"{where}.{type(a).__name__}")
+    else:
+        assert a == b and getattr(type(a), "_deepspeed_name", None) == getattr(type(b), "_deepspeed_name", None), \
+            f"{where}: {a!r} vs {b!r}"
+
+
+def _assert_same_folder(ds_dir, rz_dir):
+    assert _files(ds_dir) == _files(rz_dir)
+    for f in _files(ds_dir):
+        _same(read_keeping(os.path.join(ds_dir, f)), read_keeping(os.path.join(rz_dir, f)), f)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """ringzero's N=2 checkpoints (ZeRO-1 two param groups, ZeRO-3 one group), each converted twice."""
+    from primitives.launch import spawn
+    root = str(tmp_path_factory.mktemp("uc"))
+    jobs = [("z1", 1, False, 2), ("z3", 3, False, 1)]
+    spawn(_save, 2, args=(root, jobs), timeout=300)
+    return {name: (os.path.join(root, name), *conv)
+            for name, conv in _convert_both({n: os.path.join(root, n) for n, *_ in jobs}).items()}
+
+
+@pytest.mark.parametrize("name", ["z1", "z3"])
+def test_served_converter_writes_deepspeeds_files(folders, name):
+    root, ds_dir, rz_dir = folders[name]
+    _assert_same_folder(ds_dir, rz_dir)
+    assert open(os.path.join(root, "latest_universal")).read() == os.path.basename(rz_dir)   # the last to run
+
+
+def test_runner_dash_m_runs_deepspeeds_converter_command(folders, tmp_path):
+    """python -m zero_from_scratch.as_deepspeed -m deepspeed.checkpoint.ds_to_universal ..., as DeepSpeed users run
+    it with python -m: the files real DeepSpeed's converter wrote; a module with no served command line refused."""
+    root, ds_dir, _ = folders["z1"]
+    out = str(tmp_path / "dash_m")
+    r = run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed -m deepspeed.checkpoint.ds_to_universal "
+                f"--input_folder {root}/{TAG} --output_folder {out}")
+    assert "*** Done!" in r.stdout and "ringzero" in r.stderr, r.stderr[-2000:]
+    _assert_same_folder(ds_dir, out)
+    r = run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed -m deepspeed.launcher.runner", check=False)
+    assert r.returncode != 0 and "ringzero serves no command line for it" in r.stderr
+    assert "-m MODULE" in run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed --help").stdout
+
+
+def _check_resume(res, bf16=False, all_losses=True):
+    for rank_res in res:                      # every rank: its gathered view of the loaded state
+        ds, rz = rank_res["deepspeed"], rank_res["ours"]
+        for n in ds["params"]:
+            assert torch.equal(ds["params"][n], rz["params"][n]), n
+            for a, b in zip(ds["moments"][n], rz["moments"][n]):
+                assert torch.equal(a, b), n
+        for k in ("client", "path", "global_steps", "hyper", "lr"):
+            assert ds[k] == rz[k], k
+        tol = 2e-3 if bf16 else 1e-6
+        assert ds["losses"][0] == pytest.approx(rz["losses"][0], rel=tol)      # same weights: same first loss
+        if all_losses:
+            assert ds["steps_after_one"] == rz["steps_after_one"] == [SAVE_AT + 1] * len(ds["steps_after_one"])
+            assert rz["losses"] == pytest.approx(ds["losses"], rel=tol)
+
+
+def test_load_universal_zero1_2_to_3_equals_deepspeed(folders):
+    from primitives.launch import spawn
+    root = folders["z1"][0]
+    _check_resume(spawn(_resume, 3, args=(root, 1, False, 2, f"{TAG}_ds"), timeout=300))
+
+
+@pytest.mark.slow
+def test_load_universal_zero3_2_to_3_equals_deepspeed(folders):
+    from primitives.launch import spawn
+    _check_resume(spawn(_resume, 3, args=(folders["z3"][0], 3, False, 1, f"{TAG}_ds"), timeout=300))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,bf16,world", [(2, False, 1), (2, True, 3), (3, True, 3)])
+def test_convert_and_load_more_stages(tmp_path, stage, bf16, world):
+    from primitives.launch import spawn
+    name = f"z{stage}{'b' if bf16 else ''}"
+    spawn(_save, 2, args=(str(tmp_path), [(name, stage, bf16, 2 if stage < 3 else 1)]), timeout=300)
+    root = str(tmp_path / name)
+    ds_dir, rz_dir = _convert_both({name: root})[name]
+    _assert_same_folder(ds_dir, rz_dir)
+    _check_resume(spawn(_resume, world, args=(root, stage, bf16, 2 if stage < 3 else 1, f"{TAG}_rz"), timeout=300),
+                  bf16)
+
+
+@pytest.mark.slow
+def test_zero3_two_groups_deepspeed_counts_one_shared_step(tmp_path):
+    """DeepSpeed's ZeRO-3 universal load gives every sub-group state[0]'s step tensor itself; torch's Adam
+    advances it once per group, so one step after the load both groups read SAVE_AT + 2. ringzero keeps one
+    step per group (SAVE_AT + 1): the loaded state and the first loss agree, the later losses may not."""
+    from primitives.launch import spawn
+    spawn(_save, 2, args=(str(tmp_path), [("z3g2", 3, False, 2)]), timeout=300)
+    root = str(tmp_path / "z3g2")
+    _convert_both({"z3g2": root})
+    res = spawn(_resume, 2, args=(root, 3, False, 2, f"{TAG}_ds"), timeout=300)
+    _check_resume(res, all_losses=False)
+    for r in res:
+        assert r["deepspeed"]["steps_after_one"] == [SAVE_AT + 2] * 2
+        assert r["ours"]["steps_after_one"] == [SAVE_AT + 1] * 2
+
+
+def test_converter_refusals_and_deepspeeds_errors(folders, tmp_path):
+    """DeepSpeed's own errors (its texts, ds_to_universal.py) and ringzero's one-line refusals."""
+    import shutil
+    from zero_from_scratch.as_deepspeed.ds_to_universal import main, parse_arguments
+    src = os.path.join(folders["z1"][0], TAG)
+    bare = tmp_path / "bare"
+    shutil.copytree(src, bare)
+    model_file = bare / "mp_rank_00_model_states.pt"
+    sd = torch.load(model_file, weights_only=False)
+    del sd["universal_checkpoint_info"]
+    torch.save(sd, model_file)
+    args = parse_arguments(["--input_folder", str(bare), "--output_folder", str(tmp_path / "out")])
+    with pytest.raises(AssertionError, match="Required universal_checkpoint_info state is missing"):
+        main(args)
+    main(parse_arguments(["--input_folder", str(bare), "--output_folder", str(tmp_path / "out"),
+                          "--inject_missing_state"]))      # DeepSpeed's way around it
+    shutil.copy(model_file, bare / "mp_rank_01_model_states.pt")
+    with pytest.raises(NotImplementedError, match="tensor-parallel slices .*merge_tp_slices"):
+        main(args)
+    with pytest.raises(FileNotFoundError, match="can't find \\*_optim_states.pt files"):
+        main(parse_arguments(["--input_folder", str(tmp_path), "--output_folder", str(tmp_path / "o2")]))
+
+
+def _refusals(rank, world, folder):
+    out = []
+    for stage, tag in ((0, f"{TAG}_ds"), (1, None)):
+        e = _engine("ours", stage, world, False, 2, True)
+        try:
+            e.load_checkpoint(folder if tag else os.path.dirname(folder), tag=tag)
+        except (NotImplementedError, ValueError) as err:
+            out.append(f"{type(err).__name__}: {err}")
+    return out
+
+
+def test_loader_refusals(folders):
+    from primitives.launch import spawn
+    stage0, no_latest = spawn(_refusals, 1, args=(folders["z1"][0],), timeout=120)[0]
+    assert stage0.startswith("NotImplementedError") and "load_universal at ZeRO stage 0 is not served" in stage0
+    assert no_latest.startswith("ValueError: Invalid for universal checkpoint") and "latest_universal does not exist" in no_latest
+
+
+@pytest.mark.slow
+def test_converter_frozen_parameter_and_buffer(tmp_path):
+    """A frozen parameter and a buffer have no optimizer state: at ZeRO-1/2 both converters write their module
+    value as fp32.pt, at ZeRO-3 neither writes them (DeepSpeed's stage-3 path reads optimizer files only)."""
+    from primitives.launch import spawn
+    spawn(_save, 2, args=(str(tmp_path), [("f1", 1, False, 0), ("f3", 3, False, 0)]), timeout=300)
+    out = _convert_both({n: str(tmp_path / n) for n in ("f1", "f3")})
+    for name, (ds_dir, rz_dir) in out.items():
+        _assert_same_folder(ds_dir, rz_dir)
+        assert os.path.isfile(os.path.join(rz_dir, "zero", "scale", "fp32.pt")) == (name == "f1")
