@@ -41,10 +41,11 @@ offload_param_below_stage3   zero_optimization.offload_param at stage 0-2: DeepS
         stage 3 (runtime/zero/config.py; stages 0-2 never look), so the runner drops it with a warning
         where ringzero's own config refuses it.
 dp_change_load            a ZeRO checkpoint saved at another data-parallel size (same stage):
-        DeepSpeed's engine refuses it with ZeRORuntimeException when load_optimizer_states, else loads
-        the weights and its fp32 master re-partitioned (runtime/engine.py::_load_zero_checkpoint,
-        stage_1_and_2.py::_restore_from_elastic_fp32_weights; not its rigid path, which pads this
-        rank's old partition into one of another size); ringzero's own load asks for reshard=True
+        DeepSpeed's engine refuses it with ZeRORuntimeException when load_optimizer_states
+        (runtime/engine.py::_load_zero_checkpoint); without them it reads no ZeRO file at any N and
+        sets the fp32 master from the loaded 16-bit weights (load_checkpoint →
+        optimizer._restore_from_bit16_weights), and so does the runner (checkpoint_read.bit16_master);
+        ringzero's own load asks for reshard=True at another N and keeps the saved master
         (engine/checkpoint.py reads engine.ds_dp_change).
 lr_on_load                the engine's WarmupLR / WarmupDecayLR: load_checkpoint sets only the scheduler's
         step, as DeepSpeed's load_state_dict (runtime/lr_schedules.py): get_last_lr() keeps its construction

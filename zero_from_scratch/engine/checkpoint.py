@@ -23,7 +23,7 @@ Loading checks a different model (names/shapes), a different layout without resh
 or truncated shard files and files from different saves: each a CheckpointError. Under the runner
 (engine.ds_dp_change) a save at another N and the same ZeRO stage (1-3) loads as DeepSpeed's engine loads it
 (runtime/engine.py::_load_zero_checkpoint): with optimizer states its ZeRORuntimeException, without
-them the weights and fp32 master re-partitioned (its load_from_fp32_weights default).
+them the weights, the fp32 master set from them (bit16_master: DeepSpeed's engine reads no ZeRO file then).
 With an mpu each model-parallel rank is its own ZeRO world, its files prefixed like DeepSpeed's
 mp_rank_XX (mp_rank_01_zero_rank000.pt, mp_rank_01_manifest.json); the save id is agreed over the
 model-parallel group too and every manifest is written before the one publish (global rank 0);
@@ -45,7 +45,7 @@ import torch
 
 from zero_from_scratch.engine.atomic import atomic_symlink, atomic_write
 from zero_from_scratch.engine.checkpoint_read import (FORMAT, CheckpointError, _manifest_file, _shard_file, apply_full,
-                                                      no_latest, read_manifest, read_shards, unshard)
+                                                      bit16_master, no_latest, read_manifest, read_shards, unshard)
 from zero_from_scratch.engine.client_optim import ZeRORuntimeException
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine import checkpoint_ds, checkpoint_universal
@@ -277,7 +277,7 @@ def load(engine, load_dir, tag, load_optimizer_states=True, load_lr_scheduler_st
             "load_checkpoint(..., reshard=True) to re-partition from the manifest (optimizer state included)")
     shards = read_shards(d, man)
     apply_full(engine, unshard(man, shards), man, shards[0].get("extras"), load_optimizer_states,
-               load_lr_scheduler_states)
+               load_lr_scheduler_states, master_from_param=bit16_master(engine, load_optimizer_states))
     if man["world_size"] == c.size:                   # same ranks: same random streams
         own = shards[c.rank] if c.rank < len(shards) else torch.load(
             os.path.join(d, man["shard_files"][str(c.rank)]["file"]), map_location="cpu", weights_only=False)

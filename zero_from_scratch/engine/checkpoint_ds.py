@@ -33,7 +33,7 @@ from collections import OrderedDict
 import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
-from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, tag_folder
+from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, bit16_master, tag_folder
 from zero_from_scratch.engine.checkpoint_universal_layout import slice_mappings
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine.safe_api import ds_partition
@@ -295,6 +295,6 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
            "loss_scaler": {"cur_scale": cur}}
     extras = {k: v for k, v in model["module"].items() if k in set(model.get("buffer_names", []))}
     extras.update(frozen_params(d, model, optim))
-    apply_full(engine, full, man, extras, load_optimizer_states, load_lr_scheduler_states)
+    apply_full(engine, full, man, extras, load_optimizer_states, load_lr_scheduler_states, bit16_master(engine, load_optimizer_states))
     engine.stage.zero_grad()
     return d, {k: v for k, v in model.items() if k not in DS_KEYS}

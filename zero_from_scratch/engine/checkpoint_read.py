@@ -145,10 +145,20 @@ def consolidate(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> 
     return sd
 
 
+def bit16_master(engine, load_optimizer_states: bool) -> bool:
+    """Under the runner (engine.ds_dp_change), a load without optimizer states sets a mixed-precision
+    run's fp32 master from the loaded 16-bit weights, as DeepSpeed's engine does (it skips its ZeRO
+    files then: runtime/engine.py load_checkpoint → optimizer._restore_from_bit16_weights)."""
+    return getattr(engine, "ds_dp_change", False) and not load_optimizer_states
+
+
 @torch.no_grad()     # the shards are written, not differentiated (a loaded tensor may require grad)
-def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: bool, load_lr_scheduler_states: bool):
+def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: bool, load_lr_scheduler_states: bool,
+               master_from_param: bool = False):
     """Full tensors {name: {"param", "master", state keys}} → this rank's shards with the current
-    layout; then the optimizer's hyper-parameters and steps, the scheduler, loss scaler, counters."""
+    layout; then the optimizer's hyper-parameters and steps, the scheduler, loss scaler, counters.
+    master_from_param: a mixed-precision run's fp32 master is the loaded 16-bit weights upcast, not
+    the saved master (DeepSpeed's engine without optimizer states: _restore_from_bit16_weights)."""
     lay, st, keys = engine.layout, engine.stage, ("param", "master", *engine.optimizer.STATE)
     for u in lay.units:
         lo, hi = u.shard_range(st.owner())
@@ -158,7 +168,7 @@ def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: boo
             master = src.get("master")
             bufs["param"][s.offset:s.offset + s.numel].copy_(src["param"].reshape(-1))
             if engine.mixed:
-                m = master if master is not None else src["param"].float()
+                m = master if master is not None and not master_from_param else src["param"].float()
                 bufs["master"][s.offset:s.offset + s.numel].copy_(m.reshape(-1))
             elif master is not None:                  # mixed checkpoint into an fp32 run: take the master
                 bufs["param"][s.offset:s.offset + s.numel].copy_(master.reshape(-1))
