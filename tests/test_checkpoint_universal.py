@@ -16,6 +16,7 @@ The files DeepSpeed classes pickled (its loss scaler) are read with checkpoint_u
 so this process never imports DeepSpeed (the runner's finder refuses once it is imported).
 """
 import os
+import warnings
 import sys
 import textwrap
 
@@ -61,7 +62,9 @@ def _resume(rank, world, folder, stage, bf16, groups, uc_tag):
     out = {}
     for side in ("deepspeed", "ours"):
         e = _engine(side, stage, world, bf16, groups, True)
-        path, client = e.load_checkpoint(folder, tag=uc_tag)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            path, client = e.load_checkpoint(folder, tag=uc_tag)
         if side == "deepspeed":
             from deepspeed.utils import safe_get_full_optimizer_state as get
         else:
@@ -70,6 +73,7 @@ def _resume(rank, world, folder, stage, bf16, groups, uc_tag):
                    for n, p in e.module.named_parameters()}
         opt = e.optimizer.optimizer if side == "deepspeed" else e.optimizer     # DeepSpeed's wraps torch's
         out[side] = dict(params=full_params(side, e, stage), moments=moments, client=sorted(client),
+                         shared_step_warned=any("one shared step tensor" in str(w.message) for w in caught),
                          path=os.path.basename(path), global_steps=e.global_steps,
                          hyper=[(g["lr"], g["weight_decay"], tuple(g["betas"])) for g in opt.param_groups],
                          losses=_train(e, [SAVE_AT + 1], rank, world))
@@ -227,6 +231,7 @@ def test_zero3_two_groups_deepspeed_counts_one_shared_step(tmp_path):
     for r in res:
         assert r["deepspeed"]["steps_after_one"] == [SAVE_AT + 2] * 2
         assert r["ours"]["steps_after_one"] == [SAVE_AT + 1] * 2
+    assert res[0]["ours"]["shared_step_warned"] and not res[1]["ours"]["shared_step_warned"]   # rank 0 says so
 
 
 def test_converter_refusals_and_deepspeeds_errors(folders, tmp_path):

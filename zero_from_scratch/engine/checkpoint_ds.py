@@ -33,7 +33,7 @@ from collections import OrderedDict
 import torch
 
 from zero_from_scratch.engine.atomic import atomic_write
-from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, bit16_master, tag_folder
+from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, bit16_master, loaded_hyper, tag_folder
 from zero_from_scratch.engine.checkpoint_universal_layout import slice_mappings
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine.safe_api import ds_partition
@@ -277,8 +277,7 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
         raise CheckpointError(f"rank {engine.comm.global_rank}: DeepSpeed checkpoint {d} lacks parameters {missing[:4]}")
     st0 = optim[0].get("base_optimizer_state", optim[0].get("optimizer_state_dict", {}))
     steps = [int(s["step"]) for _, s in sorted(st0.get("state", {}).items())] or [0]
-    hyper = [{k: v for k, v in h.items() if k in ("lr", "betas", "eps", "weight_decay")}
-             for h in st0.get("param_groups", [])]
+    hyper = [loaded_hyper(engine, h) for h in st0.get("param_groups", [])]
     keep = nonempty_groups(engine)
     if len(hyper) == len(keep) != len(engine.optimizer.param_groups):   # written without our empty groups
         at = {g: i for i, g in enumerate(keep)}

@@ -145,6 +145,18 @@ def consolidate(load_dir: str, tag=None, mp_rank: int = 0, mp_size: int = 1) -> 
     return sd
 
 
+def loaded_hyper(engine, h: dict) -> dict:
+    """A saved param group's settings as DeepSpeed's loaders copy them: every key but the params
+    (torch's load_state_dict; base_optimizer.py / stage3.py for a universal folder), so initial_lr
+    and the like come back. ringzero's Adam reads lr, betas, eps, weight_decay; a setting that would
+    change torch's update and that it has no form of is refused, naming it."""
+    for k in ("amsgrad", "maximize"):
+        if h.get(k):
+            raise CheckpointError(f"rank {engine.comm.global_rank}: the checkpoint's param group has {k}=True, which "
+                                  f"DeepSpeed's torch Adam would then follow; ringzero's Adam has no {k}")
+    return {k: v for k, v in h.items() if k != "params"}
+
+
 def bit16_master(engine, load_optimizer_states: bool) -> bool:
     """Under the runner (engine.ds_dp_change), a load without optimizer states sets a mixed-precision
     run's fp32 master from the loaded 16-bit weights, as DeepSpeed's engine does (it skips its ZeRO

@@ -12,8 +12,8 @@ master; the bf16 weights are its rounding). What is restored follows DeepSpeed 0
 load_checkpoint / _load_checkpoint / _load_zero_checkpoint and the optimizers' _load_universal_checkpoint):
   * tag=None reads `latest_universal` (absent: DeepSpeed's ValueError); the model-states file is the one
     DeepSpeed's glob finds for this engine's stage (ZeRO-3: zero_pp_rank_0_mp_rank_*, else mp_rank_*)
-  * ZeRO-1/2: weights, moments, each group's step (its step.pt) and hyper-parameters (lr, betas, eps,
-    weight_decay; groups zipped in order, empty ones skipped as DeepSpeed drops them), loss scale and
+  * ZeRO-1/2: weights, moments, each group's step (its step.pt) and hyper-parameters (every saved key but the
+    params, checkpoint_read.loaded_hyper; groups zipped in order, empty ones skipped as DeepSpeed drops them), loss scale and
     gradient_clipping from zero/optimizer_state.pt — even with load_optimizer_states=False, as DeepSpeed's
     stage_1_and_2._load_universal_checkpoint ignores that flag
   * ZeRO-3: load_optimizer_states=True as above except the step and hyper-parameters of the checkpoint's
@@ -22,9 +22,10 @@ load_checkpoint / _load_checkpoint / _load_zero_checkpoint and the optimizers' _
   * the lr scheduler (if load_lr_scheduler_states), global_steps, global_samples, skipped_steps from the model
     file; buffers, frozen parameters and the RNG are NOT restored (DeepSpeed skips the module state dict
     in universal mode); client state: the model file's other keys, as DeepSpeed returns them
-Not copied: DeepSpeed's ZeRO-3 load hands every sub-group the SAME step tensor (state[0]["step"]), which
-torch's Adam then advances once per group per step; ringzero keeps one step per group (the two agree with
-one param group, as in DeepSpeed's own tests; tests/test_checkpoint_universal.py shows both).
+Not copied: DeepSpeed's ZeRO-3 load hands every sub-group (a param group cut every sub_group_size elements)
+the SAME step tensor (state[0]["step"]), which torch's Adam then advances once per sub-group per step; ringzero
+keeps one step per group and warns at the load where DeepSpeed would have more than one sub-group (with one,
+the two agree; tests/test_checkpoint_universal.py shows both).
 Refused, one line each: ZeRO stage 0 (DeepSpeed reads a universal folder only through a ZeRO optimizer; its
 stage-0 engine would call the torch optimizer's load_state_dict on the model file's None) and model
 parallelism (an mpu: DeepSpeed would cut each tensor-parallel slice with AutoTP metadata ringzero lacks).
@@ -34,15 +35,15 @@ from __future__ import annotations
 
 import glob
 import os
+import warnings
 
 import torch
 
 from zero_from_scratch.engine.checkpoint_ds import load_file, nonempty_groups
-from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full
+from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, loaded_hyper
 from zero_from_scratch.engine.checkpoint_universal_layout import LATEST, PARAM, param_file, read_keeping
 from zero_from_scratch.engine.mpu import engine_mp
 
-HYPER = ("lr", "betas", "eps", "weight_decay")
 # what DeepSpeed's _load_checkpoint leaves out of the client state it returns (runtime/engine.py)
 DS_STATES = ("module", "skipped_steps", "global_steps", "dp_world_size", "mp_world_size", "data_sampler", "random_ltd")
 
@@ -124,14 +125,14 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     saved = osd.get("param_groups") or []
     if states and stage <= 2:
         for g, h in zip(nonempty_groups(engine), saved):
-            hyper[g] = {k: v for k, v in h.items() if k in HYPER}
+            hyper[g] = loaded_hyper(engine, h)
             found = [_step(d, n) for n in engine.group_names[g]]
             found = [s for s in found if s is not None]
             assert all(s == found[0] for s in found), f"Steps {found} are not equal"
             steps[g] = found[0] if found else steps[g]
     elif states and saved:
         first = osd["optimizer_state_dict"]["state"][0].get("step")
-        hyper = [{k: v for k, v in saved[0].items() if k in HYPER} for _ in groups]
+        hyper = [loaded_hyper(engine, saved[0]) for _ in groups]
         steps = [int(first) if first is not None else s for s in steps]
     scale = osd.get("loss_scaler")
     cur = scale.get("cur_scale") if isinstance(scale, dict) else getattr(scale, "cur_scale", None)
@@ -141,6 +142,10 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
            "micro_steps": model["global_steps"] * engine.config.gradient_accumulation_steps,
            "global_samples": model.get("global_samples"),
            "loss_scaler": {"cur_scale": cur if states and cur is not None else engine.loss_scaler.cur_scale}}
+    if stage == 3 and states and engine.comm.global_rank == 0 and _ds_sub_groups(engine, numels) > 1:
+        warnings.warn(f"universal load at ZeRO-3: DeepSpeed would give its {_ds_sub_groups(engine, numels)} sub-groups one "
+                      "shared step tensor, which its Adam then advances once per sub-group each step; ringzero keeps "
+                      "one step per group, so the resumed losses differ from DeepSpeed's", stacklevel=3)
     apply_full(engine, full, man, None, states, load_lr_scheduler_states)
     if stage <= 2 and osd.get("clip_grad") is not None:     # stage_1_and_2._load_global_state takes it
         engine.config.gradient_clipping = float(osd["clip_grad"])
@@ -148,6 +153,13 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     drop = set(DS_STATES) | ({"lr_scheduler"} if load_lr_scheduler_states else set()) | (
         {"optimizer"} if load_optimizer_states else set())
     return model_path, {k: v for k, v in model.items() if k not in drop}
+
+
+def _ds_sub_groups(engine, numels: dict) -> int:
+    """How many sub-groups DeepSpeed's ZeRO-3 optimizer cuts the trainable groups into (stage3.py:
+    each group split every sub_group_size elements)."""
+    size = engine.config.sub_group_size
+    return sum(-(-sum(numels[n] for n in names) // size) for names in engine.group_names if names)
 
 
 def _step(d: str, name: str):
