@@ -17,6 +17,8 @@ When DeepSpeed's hook raises (a rank failed or skipped), pytest's own setup neve
 records the failure; pytest >= 8.4 then refuses the fixture's next use ("assert not self._finalizers")
 and every later case of the file errors with a bare AssertionError. The wrapper below records the
 exception on the fixture as pytest's own setup does for any fixture, so each case gets its own outcome.
+Needs pytest >= 9.1 (`pytest.register_fixture`, public from 9.1); an older pytest stops at the plugin's
+import with a message saying so.
 Cost: one pass over each test module's names at collection.
 """
 from __future__ import annotations
@@ -25,6 +27,10 @@ import inspect
 
 import pytest
 from _pytest.outcomes import TEST_OUTCOME   # what pytest's own fixture setup records: Exception, skip, fail
+
+if not hasattr(pytest, "register_fixture"):
+    raise ImportError(f"tests/ds_bulk/dist_fixtures.py needs pytest >= 9.1 (pytest.register_fixture), "
+                      f"this is pytest {pytest.__version__}")
 
 
 
