@@ -33,15 +33,15 @@ import re
 
 import torch
 
+from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
+
 PP_DIM, TP_DIM, DP_DIM = "PP", "TP", "DP"
-# checkpoint/constants.py's names for what this module reads (DeepSpeed's values)
-MODEL_FILE_PREFIX = "mp_rank_"
-ZERO_FILE_PREFIX = "zero_pp_rank_"
-FP16_ZERO_FILE_PREFIX = "fp16_" + ZERO_FILE_PREFIX
-BF16_ZERO_FILE_PREFIX = "bf16_" + ZERO_FILE_PREFIX
-LAYER_FILE_PREFIX = "layer_"
-CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE = "checkpoint_parallel_dimensions", "pp_degree", "tp_degree"
-AUTOEP_LAYERS_KEY, AUTOEP_LAYERS_KEY_LEGACY = "ds_autoep_layers", "autoep_layers"
+# checkpoint/constants.py's names for what this module reads, from their one home (as_deepspeed/constants.py)
+MODEL_FILE_PREFIX, ZERO_FILE_PREFIX, LAYER_FILE_PREFIX = (CHECKPOINT_KEYS[k] for k in (
+    "MODEL_FILE_PREFIX", "ZERO_FILE_PREFIX", "LAYER_FILE_PREFIX"))
+FP16_ZERO_FILE_PREFIX, BF16_ZERO_FILE_PREFIX = CHECKPOINT_KEYS["FP16_ZERO_FILE_PREFIX"], CHECKPOINT_KEYS["BF16_ZERO_FILE_PREFIX"]
+CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE = (CHECKPOINT_KEYS[k] for k in (
+    "CHECKPOINT_PARALLEL_DIMS", "CHECKPOINT_PP_DEGREE", "CHECKPOINT_TP_DEGREE"))
 
 
 def partition_data(data_list: list, num_partitions: int) -> list[list]:

@@ -24,10 +24,7 @@ import re
 
 import torch
 
-from zero_from_scratch.as_deepspeed.checkpoint_3d import (AUTOEP_LAYERS_KEY, AUTOEP_LAYERS_KEY_LEGACY,
-                                                          CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE,
-                                                          CHECKPOINT_TP_DEGREE, LAYER_FILE_PREFIX, MODEL_FILE_PREFIX,
-                                                          basic_folder_validation, get_files, get_files_with_prefix,
+from zero_from_scratch.as_deepspeed.checkpoint_3d import (basic_folder_validation, get_files, get_files_with_prefix,
                                                           get_model_3d_descriptor_from_metadata,
                                                           get_zero_files, meg_2d_parallel_map, model_3d_desc,
                                                           partition_data, reshape_meg_2d_parallel)
@@ -35,6 +32,10 @@ from zero_from_scratch.as_deepspeed.checkpoint_3d_zero import ZeROCheckpoint, _l
 from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
 
 PARAM_SHAPES, UNIVERSAL_CHECKPOINT_INFO = CHECKPOINT_KEYS["PARAM_SHAPES"], CHECKPOINT_KEYS["UNIVERSAL_CHECKPOINT_INFO"]
+AUTOEP_LAYERS_KEY, AUTOEP_LAYERS_KEY_LEGACY = CHECKPOINT_KEYS["AUTOEP_LAYERS_KEY"], CHECKPOINT_KEYS["AUTOEP_LAYERS_KEY_LEGACY"]
+LAYER_FILE_PREFIX, MODEL_FILE_PREFIX = CHECKPOINT_KEYS["LAYER_FILE_PREFIX"], CHECKPOINT_KEYS["MODEL_FILE_PREFIX"]
+CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE = (CHECKPOINT_KEYS[k] for k in (
+    "CHECKPOINT_PARALLEL_DIMS", "CHECKPOINT_PP_DEGREE", "CHECKPOINT_TP_DEGREE"))
 ARGS_KEY, CHECKPOINT_INFO_KEY, ITERATION_KEY = "args", "checkpoint_info", "iteration"
 LAYER_FILE_PREFIX_PATTERN = r"layer_(\d+)-model_.*"
 EMBEDDING_LAYER_INDEX, FINAL_LAYER_NORM_INDEX = 0, -1

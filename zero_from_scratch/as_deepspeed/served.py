@@ -246,8 +246,6 @@ SERVED.update({
     **{f"deepspeed.checkpoint.{m}merge_state": f"{_C3Z}:merge_state" for m in ("", "reshape_utils.")},
     "deepspeed.checkpoint.ZeROCheckpoint": f"{_C3Z}:ZeROCheckpoint",
     "deepspeed.checkpoint.DeepSpeedCheckpoint": f"{_C3R}:DeepSpeedCheckpoint",
-    **{f"deepspeed.checkpoint.constants.{n}": f"{_C3}:{n}" for n in ("LAYER_FILE_PREFIX", "AUTOEP_LAYERS_KEY",
-                                                                     "AUTOEP_LAYERS_KEY_LEGACY")},
 })
 
 
