@@ -44,6 +44,18 @@ CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE = (CHECKPOI
     "CHECKPOINT_PARALLEL_DIMS", "CHECKPOINT_PP_DEGREE", "CHECKPOINT_TP_DEGREE"))
 
 
+
+def get_zero_ckpt_name_for_rank(base_folder: str, dp_rank: int, mp_rank: int) -> str:
+    """`base_folder/zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt` (DeepSpeed's fp32 ZeRO file name)."""
+    name = f"{ZERO_FILE_PREFIX}{dp_rank}_{MODEL_FILE_PREFIX}{mp_rank:02d}{CHECKPOINT_KEYS['OPTIM_FILE_SUFFIX']}"
+    return os.path.join(base_folder, name)
+
+
+def get_layer_ckpt_name_for_rank(base_folder: str, layer_id: str, tp_rank: int) -> str:
+    """`base_folder/{layer_id}-model_{tp:02d}_model_states.pt`; layer_id carries its own "layer_" prefix."""
+    return os.path.join(base_folder, f"{layer_id}-model_{tp_rank:02d}{CHECKPOINT_KEYS['MODEL_FILE_SUFFIX']}")
+
+
 def partition_data(data_list: list, num_partitions: int) -> list[list]:
     """`data_list` cut into `num_partitions` equal contiguous runs (DeepSpeed asserts the cut is even)."""
     assert len(data_list) % num_partitions == 0

@@ -28,7 +28,7 @@ from zero_from_scratch.as_deepspeed.checkpoint_3d import (basic_folder_validatio
                                                           get_model_3d_descriptor_from_metadata,
                                                           get_zero_files, meg_2d_parallel_map, model_3d_desc,
                                                           partition_data, reshape_meg_2d_parallel)
-from zero_from_scratch.as_deepspeed.checkpoint_3d_zero import ZeROCheckpoint, _load, merge_state
+from zero_from_scratch.as_deepspeed.checkpoint_3d_zero import ZeROCheckpoint, _load, merge_state, missing_attribute
 from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
 
 PARAM_SHAPES, UNIVERSAL_CHECKPOINT_INFO = CHECKPOINT_KEYS["PARAM_SHAPES"], CHECKPOINT_KEYS["UNIVERSAL_CHECKPOINT_INFO"]
@@ -197,6 +197,13 @@ class DeepSpeedCheckpoint:
     def get_transformer_state(self, tp_index: int, pp_index: int) -> list:
         assert tp_index < self.tp_degree and pp_index < self.pp_degree
         return [self._merge_state_dicts([_load(f) for f in files]) for files in self.transformer_file_map[(tp_index, pp_index)]]
+
+    def __getattr__(self, attr):
+        raise missing_attribute("DeepSpeedCheckpoint", attr, (
+            "_build_pp_transformer_map", "_build_transformer_file_map", "_discover_model_state_metadata",
+            "_lightweight_autoep_metadata", "_lightweight_ds_config", "_lightweight_param_shapes",
+            "_lightweight_parallel_dimensions", "_sanity_check"),
+            "what __init__ built: pp_to_transformer_map, transformer_file_map, model_state_metadata")
 
     def show_2d_mapping(self):
         print("reshaped 2d map ---- begin")
