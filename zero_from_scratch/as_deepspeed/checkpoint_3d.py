@@ -24,6 +24,9 @@ concatenated (merge_state: dim 0), is whole slices' flat buffers one after anoth
 its neighbours. It follows that the files are divided, not the parameters: with dp' > 1 a target dp rank
 holds whole source slices (222 → 122: dp 0 reads files [0, 4] = stage 0's slice, dp 1 reads [2, 6] = stage
 1's), which is DeepSpeed's answer too; re-partitioning by parameter is the universal checkpoint's job.
+Names, signatures, checks and error messages are DeepSpeed's on purpose: scripts and DeepSpeed's own
+tests (unit/checkpoint/test_reshape_checkpoint.py, run by tests/ds_bulk) match on them, and
+tests/test_checkpoint_3d.py compares them with the installed DeepSpeed's; the code is ringzero's.
 Cost: integer lists; get_model_3d_descriptor loads each model-state file once (torch.load).
 """
 from __future__ import annotations

@@ -15,6 +15,7 @@ records, iteration, args, checkpoint_info, universal_checkpoint_info) in `model_
 Pipeline layer files (`layer_XX-model_*`: XX = 00 the embedding, the last the final norm, the rest
 transformer layers cut evenly over the stages) are merged per tp index with Megatron-GPT's rules
 (DeepSpeed's: a few names replicated, two row-parallel weights joined on dim 1, the rest on dim 0).
+Its names and error messages are DeepSpeed's on purpose (checkpoint_3d.py's docstring says why).
 Cost: one torch.load per model-state file at construction; every state getter loads its files.
 """
 from __future__ import annotations

@@ -10,6 +10,7 @@ Which files each rank reads is checkpoint_3d.py's rule (its docstring). A rank's
 0.19.8 (checkpoint/zero_checkpoint.py, reshape_utils.py): its files merged in order (merge_state: dicts by
 key, lists item by item, tensors concatenated on dim 0), each optimizer-state tensor first cut to its
 group's unpadded length (group_paddings, then zeroed), partition_count set to the target dp degree.
+Its names and error messages are DeepSpeed's on purpose (checkpoint_3d.py's docstring says why).
 Cost: one torch.load per file a rank reads; the constructor loads the model-state files only when no
 source layout is given (get_model_3d_descriptor).
 """
