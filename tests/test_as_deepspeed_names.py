@@ -7,7 +7,9 @@ modules, if an earlier test imported them, are set aside and put back); the othe
 (test_as_deepspeed_config.py, test_ds_serve_names.py) use the same fixture from here.
 """
 import importlib
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -156,11 +158,10 @@ def test_list_prints_the_table(served_ds, capsys):
     assert "deepspeed.initialize" in out and "served" in out and "refused" in out and "0.19.8" in out
 
 
-def test_every_name_deepspeed_checkpoint_exports_is_served_or_refused(served_ds, tmp_path):
+def test_every_name_deepspeed_checkpoint_exports_is_served_or_refused(served_ds):
     """deepspeed/checkpoint/__init__.py's names (its own and constants.py's `import *`), and the methods of
     its two checkpoint classes: each is DeepSpeed's value / a ringzero object, or a refusal at first use;
     none is a bare ImportError or AttributeError."""
-    import subprocess
     probe = ("import json, deepspeed.checkpoint as c, types\n"
              "names = {n: getattr(c, n) for n in dir(c) if not n.startswith('_')}\n"
              "print(json.dumps({'values': {n: v for n, v in names.items() if isinstance(v, (str, int, list))},\n"
@@ -171,11 +172,11 @@ def test_every_name_deepspeed_checkpoint_exports_is_served_or_refused(served_ds,
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     if out.returncode:
         pytest.skip(f"the installed DeepSpeed's names: {out.stderr.strip().splitlines()[-1:]}")
-    ds = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    ds = json.loads(out.stdout.strip().splitlines()[-1])
     import deepspeed.checkpoint as ours
     refused = served = 0
     for name in [*ds["values"], *ds["others"]]:
-        got = getattr(importlib.import_module("deepspeed.checkpoint"), name)   # what `from ... import name` reads
+        got = getattr(ours, name)     # what `from deepspeed.checkpoint import name` reads
         if isinstance(got, finder._Refused):
             with pytest.raises(finder.NotServedError, match=f"deepspeed[.]checkpoint[.]{name} is not served"):
                 got()
