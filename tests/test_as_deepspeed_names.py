@@ -7,7 +7,9 @@ modules, if an earlier test imported them, are set aside and put back); the othe
 (test_as_deepspeed_config.py, test_ds_serve_names.py) use the same fixture from here.
 """
 import importlib
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -155,3 +157,39 @@ def test_list_prints_the_table(served_ds, capsys):
     main(["--list"])
     out = capsys.readouterr().out
     assert "deepspeed.initialize" in out and "served" in out and "refused" in out and "0.19.8" in out
+
+
+def test_every_name_deepspeed_checkpoint_exports_is_served_or_refused(served_ds):
+    """deepspeed/checkpoint/__init__.py's names (its own and constants.py's `import *`), and the methods of
+    its two checkpoint classes: each is DeepSpeed's value / a ringzero object, or a refusal at first use;
+    none is a bare ImportError or AttributeError."""
+    probe = ("import json, deepspeed.checkpoint as c, types\n"
+             "names = {n: getattr(c, n) for n in dir(c) if not n.startswith('_')}\n"
+             "print(json.dumps({'values': {n: v for n, v in names.items() if isinstance(v, (str, int, list))},\n"
+             "  'others': [n for n, v in names.items() if not isinstance(v, (str, int, list, types.ModuleType))],\n"
+             "  'methods': {k: [n for n in vars(getattr(c, k)) if not n.startswith('__')]\n"
+             "              for k in ('ZeROCheckpoint', 'DeepSpeedCheckpoint')}}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("RINGZERO_DEEPSPEED", "RINGZERO_DEEPSPEED_DEFER")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    if out.returncode:
+        pytest.skip(f"the installed DeepSpeed's names: {out.stderr.strip().splitlines()[-1:]}")
+    ds = json.loads(out.stdout.strip().splitlines()[-1])
+    import deepspeed.checkpoint as ours
+    refused = served = 0
+    for name in [*ds["values"], *ds["others"]]:
+        got = getattr(ours, name)     # what `from deepspeed.checkpoint import name` reads
+        if isinstance(got, finder._Refused):
+            with pytest.raises(finder.NotServedError, match=f"deepspeed[.]checkpoint[.]{name} is not served"):
+                got()
+            refused += 1
+        else:
+            assert name not in ds["values"] or got == ds["values"][name], name
+            served += 1
+    assert served >= 35 and refused >= 60, (served, refused)
+    for cls, methods in ds["methods"].items():
+        obj = object.__new__(getattr(ours, cls))
+        for m in methods:
+            try:
+                getattr(obj, m)
+            except finder.NotServedAttributeError as e:
+                assert str(e).startswith(f"deepspeed.checkpoint.{cls}.{m} is not served") and "\n" not in str(e)

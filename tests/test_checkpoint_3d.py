@@ -197,3 +197,43 @@ def test_deepspeedcheckpoint_reads_ringzeros_2rank_folder_as_deepspeeds(theirs, 
             assert _equal(a, b), (name, degrees, i, a, b)
         if not degrees:     # each dp rank's own state read (merging two ranks' 0-dim `step`s fails on both sides)
             assert ours[-2][0] == "ok", (name, ours[-2])
+
+
+def _write_merge_folder(d):
+    """A dp=2 fp32 ZeRO-2 folder whose files carry what a merge touches: per-param optimizer tensors padded
+    differently on each rank, a python-int `step`, group_paddings, partition_count, nested lists and a tuple."""
+    os.makedirs(d)
+    torch.save({"param_shapes": [{"w": torch.Size([9])}], "iteration": 3, "ds_config": {}},
+               os.path.join(d, "mp_rank_00_model_states.pt"))
+    for dp, pad in ((0, 1), (1, 2)):
+        g = torch.Generator().manual_seed(dp)
+        vec = lambda n: torch.randn(n, generator=g)      # noqa: E731
+        state = {0: {"exp_avg": vec(5 + pad), "exp_avg_sq": vec(5 + pad), "step": 4},
+                 1: {"exp_avg": vec(3 + pad), "exp_avg_sq": vec(3 + pad), "step": 4}}
+        osd = {"base_optimizer_state": {"state": state, "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
+               "single_partition_of_fp32_groups": [vec(8 + pad)], "group_paddings": [pad, pad],
+               "partition_count": [2, 2], "zero_stage": 2, "nested": [[vec(2), 7], (vec(1), "x")]}
+        torch.save({"optimizer_state_dict": osd, "ds_config": {}, "ds_version": "0.19.8"},
+                   os.path.join(d, f"zero_pp_rank_{dp}_mp_rank_00_optim_states.pt"))
+
+
+def test_a_successful_merge_from_dp2_to_dp1_equals_deepspeeds(theirs, tmp_path):
+    """Both ranks' ZeRO files read as one dp rank: padding stripped per file, dicts / lists / tuples / 1-D
+    tensors merged, partition_count rewritten to the target degree, group_paddings cleared."""
+    d = str(tmp_path / "merge")
+    _write_merge_folder(d)
+    ours_ns = ours_3d_namespace()
+    for strip in (True, False):
+        got = []
+        for ck, desc in ((ours_ns, ours_3d.model_3d_desc), (theirs, theirs.model_3d_desc)):
+            z = ck.ZeROCheckpoint(d)
+            z.reshape(desc(1, 1, 1))
+            via_reader = ck.DeepSpeedCheckpoint(d, dp_degree=1).get_zero_checkpoint_state(0, 0, 0, strip)
+            got.append((z.get_state_for_rank(0, 0, 0, keys_to_ignore=["ds_version"], strip_tensor_paddings=strip),
+                        via_reader))
+        assert _equal(got[0], got[1]), (strip, got)
+        osd = got[0][0]["optimizer_state_dict"]
+        assert "ds_version" not in got[0][0] and osd["partition_count"] == [1, 1]
+        assert osd["group_paddings"] == ([0, 0] if strip else [1, 1])      # unstripped: rank 0's kept
+        assert osd["base_optimizer_state"]["state"][0]["exp_avg"].numel() == (10 if strip else 13)
+        assert osd["base_optimizer_state"]["state"][0]["step"] == 4 and len(osd["nested"][0][0]) == 4

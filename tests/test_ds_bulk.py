@@ -69,20 +69,33 @@ DIST_FIXTURE_FILES = {
 
         def test_uses(writes_file, tmp_path, param):
             assert (tmp_path / "ran").read_text() == str(param)
+    """,
+    # DeepSpeed's test_fp16.py and others skip at module level on a CPU: pytest reports the file as skipped
+    "test_skipmod.py": """
+        import pytest
+
+        pytest.skip("no accelerator", allow_module_level=True)
+
+        def test_never():
+            pass
     """}
 
 
 @pytest.mark.parametrize("plugin", [True, False], ids=["with_plugin", "without"])
 def test_distributed_fixture_classes_are_fixtures_with_the_plugin(tmp_path, plugin):
     """dist_fixtures.py: each case gets its own outcome (a failing or skipping fixture does not poison the
-    next case); without the plugin pytest >= 8.4 does not find the fixture at all."""
+    next case), and a module that skips at import is reported skipped beside them (not a session abort);
+    without the plugin pytest >= 8.4 does not find the fixture at all."""
     for name, text in DIST_FIXTURE_FILES.items():
         (tmp_path / name).write_text(textwrap.dedent(text))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
-           f"--junitxml={tmp_path}/r.xml", "test_x.py"] + (["-p", "tests.ds_bulk.dist_fixtures"] if plugin else [])
+           f"--junitxml={tmp_path}/r.xml", "test_x.py", "test_skipmod.py"] + (["-p", "tests.ds_bulk.dist_fixtures"] if plugin else [])
     subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": run.ROOT}, capture_output=True, timeout=120)
-    res = {k.rpartition("[")[2].rstrip("]"): v for k, v in run.parse(f"{tmp_path}/r.xml", "test_x.py").items()}
+    parsed = run.parse(f"{tmp_path}/r.xml", "test_x.py")
+    skipmod = parsed.pop("test_x.py::test_skipmod")     # a collection skip: junit names the case after the file
+    assert skipmod == ["skipped", "collection skipped"], skipmod
+    res = {k.rpartition("[")[2].rstrip("]"): v for k, v in parsed.items()}
     if plugin:
         assert [res[p][0] for p in "1234"] == ["passed", "error", "skipped", "passed"], res
         assert "a rank failed" in res["2"][1] and "a rank skipped" in res["3"][1]

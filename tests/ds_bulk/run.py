@@ -2,7 +2,8 @@
 
     python -m tests.ds_bulk.run                      # every copied file, installed DeepSpeed then ringzero
     python -m tests.ds_bulk.run --mode ringzero unit/runtime/pipe/test_topology.py
-    python -m tests.ds_bulk.run --mode ringzero --compared-only unit/runtime/pipe/test_topology.py   # DeepSpeed's passes only
+    python -m tests.ds_bulk.run --mode ringzero --compared-only unit/runtime/pipe/test_topology.py
+    # --compared-only: only the cases DeepSpeed passed (results/deepspeed.json)
 
 One pytest process per (file, mode), rooted at tests/ds_bulk/upstream with DeepSpeed's own
 conftest.py and pytest.ini, so DeepSpeed's DistributedTest spawns the ranks (forkserver, gloo on
@@ -13,7 +14,8 @@ a name ringzero does not serve fails where a test uses it, not at the file's imp
 (RINGZERO_DEEPSPEED_DEFER, finder.py): each test is judged by what it uses.
 Each test's outcome (and a failure's last line) goes to tests/ds_bulk/results/<mode>.json;
 table.py reads them. dist_fixtures.py (a pytest plugin, both modes) registers DeepSpeed's
-DistributedFixture classes as fixtures, which pytest >= 8.4 no longer finds by itself. A file that binds a fixed MASTER_PORT in pytest's own process runs in a network
+DistributedFixture classes as fixtures, which pytest >= 8.4 no longer finds by itself (the plugin
+needs pytest >= 9.1). A file that binds a fixed MASTER_PORT in pytest's own process runs in a network
 namespace of its own (own_network), so other runs on the machine cannot hold its port.
 Cost: the tests' own, serial (2 cores); a few seconds of imports per file.
 """
@@ -39,7 +41,8 @@ MODES = ("deepspeed", "ringzero")
 
 
 def test_files() -> list[str]:
-    return sorted(os.path.relpath(p, UP) for p in glob.glob(os.path.join(UP, "unit", "**", "test_*.py"), recursive=True))
+    found = glob.glob(os.path.join(UP, "unit", "**", "test_*.py"), recursive=True)
+    return sorted(os.path.relpath(p, UP) for p in found)
 
 
 def environment(mode: str) -> dict:
@@ -94,7 +97,7 @@ def run_file(file: str, mode: str, timeout: int, select: str | None = None, ids:
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "r.xml")
         cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--confcutdir=.", "-p", "no:cacheprovider", "-q",
-               "-p", "tests.ds_bulk.dist_fixtures",   # DeepSpeed's DistributedFixture classes as fixtures (pytest >= 8.4)
+               "-p", "tests.ds_bulk.dist_fixtures",   # DistributedFixture classes as fixtures (pytest >= 9.1)
                "-o", "addopts=", "-m", "not sequential and not nightly and not inference", f"--junitxml={xml}",
                "--timeout", "600", *(ids or [file])] + (["-k", select] if select else [])
         env = environment(mode)
@@ -139,8 +142,9 @@ def main(argv=None) -> None:
     ap.add_argument("-k", dest="select", help="pytest -k: run only these cases, keep the file's other results")
     ap.add_argument("--subset", action="store_true", help="with -k: the file is compared on this subset only "
                                                           "(recorded in results/subsets.json; the table says so)")
-    ap.add_argument("--compared-only", action="store_true", help="under ringzero run only the cases DeepSpeed passed "
-                                                                 "(results/deepspeed.json): the others are not compared")
+    ap.add_argument("--compared-only", action="store_true",
+                    help="under ringzero run only the cases DeepSpeed passed (results/deepspeed.json): "
+                         "the others are not compared")
     a = ap.parse_args(argv)
     from tests import upstream
     upstream.require("tests/ds_bulk/upstream/unit/common.py")

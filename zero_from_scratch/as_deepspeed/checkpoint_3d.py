@@ -24,6 +24,9 @@ concatenated (merge_state: dim 0), is whole slices' flat buffers one after anoth
 its neighbours. It follows that the files are divided, not the parameters: with dp' > 1 a target dp rank
 holds whole source slices (222 → 122: dp 0 reads files [0, 4] = stage 0's slice, dp 1 reads [2, 6] = stage
 1's), which is DeepSpeed's answer too; re-partitioning by parameter is the universal checkpoint's job.
+Names, signatures, checks and error messages are DeepSpeed's on purpose: scripts and DeepSpeed's own
+tests (unit/checkpoint/test_reshape_checkpoint.py, run by tests/ds_bulk) match on them, and
+tests/test_checkpoint_3d.py compares them with the installed DeepSpeed's; the code is ringzero's.
 Cost: integer lists; get_model_3d_descriptor loads each model-state file once (torch.load).
 """
 from __future__ import annotations
@@ -33,15 +36,27 @@ import re
 
 import torch
 
+from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
+
 PP_DIM, TP_DIM, DP_DIM = "PP", "TP", "DP"
-# checkpoint/constants.py's names for what this module reads (DeepSpeed's values)
-MODEL_FILE_PREFIX = "mp_rank_"
-ZERO_FILE_PREFIX = "zero_pp_rank_"
-FP16_ZERO_FILE_PREFIX = "fp16_" + ZERO_FILE_PREFIX
-BF16_ZERO_FILE_PREFIX = "bf16_" + ZERO_FILE_PREFIX
-LAYER_FILE_PREFIX = "layer_"
-CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE = "checkpoint_parallel_dimensions", "pp_degree", "tp_degree"
-AUTOEP_LAYERS_KEY, AUTOEP_LAYERS_KEY_LEGACY = "ds_autoep_layers", "autoep_layers"
+# checkpoint/constants.py's names for what this module reads, from their one home (as_deepspeed/constants.py)
+MODEL_FILE_PREFIX, ZERO_FILE_PREFIX, LAYER_FILE_PREFIX = (CHECKPOINT_KEYS[k] for k in (
+    "MODEL_FILE_PREFIX", "ZERO_FILE_PREFIX", "LAYER_FILE_PREFIX"))
+FP16_ZERO_FILE_PREFIX, BF16_ZERO_FILE_PREFIX = CHECKPOINT_KEYS["FP16_ZERO_FILE_PREFIX"], CHECKPOINT_KEYS["BF16_ZERO_FILE_PREFIX"]
+CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE = (CHECKPOINT_KEYS[k] for k in (
+    "CHECKPOINT_PARALLEL_DIMS", "CHECKPOINT_PP_DEGREE", "CHECKPOINT_TP_DEGREE"))
+
+
+
+def get_zero_ckpt_name_for_rank(base_folder: str, dp_rank: int, mp_rank: int) -> str:
+    """`base_folder/zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt` (DeepSpeed's fp32 ZeRO file name)."""
+    name = f"{ZERO_FILE_PREFIX}{dp_rank}_{MODEL_FILE_PREFIX}{mp_rank:02d}{CHECKPOINT_KEYS['OPTIM_FILE_SUFFIX']}"
+    return os.path.join(base_folder, name)
+
+
+def get_layer_ckpt_name_for_rank(base_folder: str, layer_id: str, tp_rank: int) -> str:
+    """`base_folder/{layer_id}-model_{tp:02d}_model_states.pt`; layer_id carries its own "layer_" prefix."""
+    return os.path.join(base_folder, f"{layer_id}-model_{tp_rank:02d}{CHECKPOINT_KEYS['MODEL_FILE_SUFFIX']}")
 
 
 def partition_data(data_list: list, num_partitions: int) -> list[list]:

@@ -15,6 +15,7 @@ records, iteration, args, checkpoint_info, universal_checkpoint_info) in `model_
 Pipeline layer files (`layer_XX-model_*`: XX = 00 the embedding, the last the final norm, the rest
 transformer layers cut evenly over the stages) are merged per tp index with Megatron-GPT's rules
 (DeepSpeed's: a few names replicated, two row-parallel weights joined on dim 1, the rest on dim 0).
+Its names and error messages are DeepSpeed's on purpose (checkpoint_3d.py's docstring says why).
 Cost: one torch.load per model-state file at construction; every state getter loads its files.
 """
 from __future__ import annotations
@@ -24,17 +25,18 @@ import re
 
 import torch
 
-from zero_from_scratch.as_deepspeed.checkpoint_3d import (AUTOEP_LAYERS_KEY, AUTOEP_LAYERS_KEY_LEGACY,
-                                                          CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE,
-                                                          CHECKPOINT_TP_DEGREE, LAYER_FILE_PREFIX, MODEL_FILE_PREFIX,
-                                                          basic_folder_validation, get_files, get_files_with_prefix,
+from zero_from_scratch.as_deepspeed.checkpoint_3d import (basic_folder_validation, get_files, get_files_with_prefix,
                                                           get_model_3d_descriptor_from_metadata,
                                                           get_zero_files, meg_2d_parallel_map, model_3d_desc,
                                                           partition_data, reshape_meg_2d_parallel)
-from zero_from_scratch.as_deepspeed.checkpoint_3d_zero import ZeROCheckpoint, _load, merge_state
+from zero_from_scratch.as_deepspeed.checkpoint_3d_zero import ZeROCheckpoint, _load, merge_state, missing_attribute
 from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
 
 PARAM_SHAPES, UNIVERSAL_CHECKPOINT_INFO = CHECKPOINT_KEYS["PARAM_SHAPES"], CHECKPOINT_KEYS["UNIVERSAL_CHECKPOINT_INFO"]
+AUTOEP_LAYERS_KEY, AUTOEP_LAYERS_KEY_LEGACY = CHECKPOINT_KEYS["AUTOEP_LAYERS_KEY"], CHECKPOINT_KEYS["AUTOEP_LAYERS_KEY_LEGACY"]
+LAYER_FILE_PREFIX, MODEL_FILE_PREFIX = CHECKPOINT_KEYS["LAYER_FILE_PREFIX"], CHECKPOINT_KEYS["MODEL_FILE_PREFIX"]
+CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE = (CHECKPOINT_KEYS[k] for k in (
+    "CHECKPOINT_PARALLEL_DIMS", "CHECKPOINT_PP_DEGREE", "CHECKPOINT_TP_DEGREE"))
 ARGS_KEY, CHECKPOINT_INFO_KEY, ITERATION_KEY = "args", "checkpoint_info", "iteration"
 LAYER_FILE_PREFIX_PATTERN = r"layer_(\d+)-model_.*"
 EMBEDDING_LAYER_INDEX, FINAL_LAYER_NORM_INDEX = 0, -1
@@ -196,6 +198,13 @@ class DeepSpeedCheckpoint:
     def get_transformer_state(self, tp_index: int, pp_index: int) -> list:
         assert tp_index < self.tp_degree and pp_index < self.pp_degree
         return [self._merge_state_dicts([_load(f) for f in files]) for files in self.transformer_file_map[(tp_index, pp_index)]]
+
+    def __getattr__(self, attr):
+        raise missing_attribute("DeepSpeedCheckpoint", attr, (
+            "_build_pp_transformer_map", "_build_transformer_file_map", "_discover_model_state_metadata",
+            "_lightweight_autoep_metadata", "_lightweight_ds_config", "_lightweight_param_shapes",
+            "_lightweight_parallel_dimensions", "_sanity_check"),
+            "what __init__ built: pp_to_transformer_map, transformer_file_map, model_state_metadata")
 
     def show_2d_mapping(self):
         print("reshaped 2d map ---- begin")

@@ -10,6 +10,7 @@ Which files each rank reads is checkpoint_3d.py's rule (its docstring). A rank's
 0.19.8 (checkpoint/zero_checkpoint.py, reshape_utils.py): its files merged in order (merge_state: dicts by
 key, lists item by item, tensors concatenated on dim 0), each optimizer-state tensor first cut to its
 group's unpadded length (group_paddings, then zeroed), partition_count set to the target dp degree.
+Its names and error messages are DeepSpeed's on purpose (checkpoint_3d.py's docstring says why).
 Cost: one torch.load per file a rank reads; the constructor loads the model-state files only when no
 source layout is given (get_model_3d_descriptor).
 """
@@ -22,6 +23,7 @@ import torch
 from zero_from_scratch.as_deepspeed.checkpoint_3d import (basic_folder_validation, get_model_3d_descriptor,
                                                           get_zero_files, model_3d_desc)
 from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
+from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, message
 
 OPTIMIZER_STATE_DICT, BASE_OPTIMIZER_STATE = CHECKPOINT_KEYS["OPTIMIZER_STATE_DICT"], CHECKPOINT_KEYS["BASE_OPTIMIZER_STATE"]
 GROUP_PADDINGS, PARTITION_COUNT = CHECKPOINT_KEYS["GROUP_PADDINGS"], CHECKPOINT_KEYS["PARTITION_COUNT"]
@@ -44,6 +46,15 @@ def merge_state(state_a, state_b, key_list=()):
 
 def _load(path):
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def missing_attribute(owner: str, attr: str, private: tuple[str, ...], nearest: str) -> AttributeError:
+    """What reading a missing attribute of a served checkpoint class raises: DeepSpeed's private helpers
+    (`private`, which ringzero's class does not split out) name the refusal; anything else is a plain miss."""
+    if attr in private:
+        return NotServedAttributeError(message(f"deepspeed.checkpoint.{owner}.{attr}",
+                                               "run its private helper of that name", nearest))
+    return AttributeError(f"{owner!r} object has no attribute {attr!r}")
 
 
 class ZeROCheckpoint:
@@ -96,6 +107,16 @@ class ZeROCheckpoint:
             if strip_tensor_paddings and osd.get(GROUP_PADDINGS):
                 osd[GROUP_PADDINGS] = [0] * len(osd[GROUP_PADDINGS])
         return merged
+
+    def __getattr__(self, attr):
+        # DeepSpeed 0.19.8's print_3d_file_map loops over the int pp_degree: any call raises TypeError there
+        if attr == "print_3d_file_map":
+            raise NotServedAttributeError(message(
+                f"deepspeed.checkpoint.ZeROCheckpoint.{attr}", "raise TypeError ('int' object is not iterable)",
+                "print_3d_index_map, then get_files_for_rank(pp_index, tp_index, dp_index)"))
+        raise missing_attribute("ZeROCheckpoint", attr, ("_clear_group_paddings", "_get_optimizer_state",
+                                                         "_get_param_group_states", "_update_partition_count"),
+                                "get_state_for_rank, which does these steps inline")
 
     def print_3d_index_map(self, tag=None):
         if tag:

@@ -99,5 +99,6 @@ CHECKPOINT_KEYS = {
     "OPTIM_FILE_SUFFIX": "_optim_states.pt", "MODEL_FILE_SUFFIX": "_model_states.pt",
     "BF16_ZERO_FILE_PREFIX": "bf16_zero_pp_rank_", "FP16_ZERO_FILE_PREFIX": "fp16_zero_pp_rank_",
     "CHECKPOINT_PARALLEL_DIMS": "checkpoint_parallel_dimensions", "CHECKPOINT_PP_DEGREE": "pp_degree",
-    "CHECKPOINT_TP_DEGREE": "tp_degree", "DS_VERSION": "ds_version", "UNIVERSAL_CHECKPOINT_INFO": "universal_checkpoint_info"}
+    "CHECKPOINT_TP_DEGREE": "tp_degree", "DS_VERSION": "ds_version", "UNIVERSAL_CHECKPOINT_INFO": "universal_checkpoint_info",
+    "LAYER_FILE_PREFIX": "layer_", "AUTOEP_LAYERS_KEY": "ds_autoep_layers", "AUTOEP_LAYERS_KEY_LEGACY": "autoep_layers"}
 globals().update(CHECKPOINT_KEYS)

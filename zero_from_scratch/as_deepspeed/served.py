@@ -237,9 +237,45 @@ SERVED.update({
     **{f"deepspeed.checkpoint.{m}merge_state": f"{_C3Z}:merge_state" for m in ("", "reshape_utils.")},
     "deepspeed.checkpoint.ZeROCheckpoint": f"{_C3Z}:ZeROCheckpoint",
     "deepspeed.checkpoint.DeepSpeedCheckpoint": f"{_C3R}:DeepSpeedCheckpoint",
-    **{f"deepspeed.checkpoint.constants.{n}": f"{_C3}:{n}" for n in ("LAYER_FILE_PREFIX", "AUTOEP_LAYERS_KEY",
-                                                                     "AUTOEP_LAYERS_KEY_LEGACY")},
+    **{f"deepspeed.checkpoint.{n}": f"{_R}.constants:{n}" for n in _CKPT_KEYS},   # its `from .constants import *`
+    "deepspeed.checkpoint.get_model_ckpt_name_for_rank": f"{_R}.utils:get_model_ckpt_name_for_rank",
+    **{f"deepspeed.checkpoint.{m}{n}": f"{_C3}:{n}" for m in ("", "utils.")
+       for n in ("get_zero_ckpt_name_for_rank", "get_layer_ckpt_name_for_rank")},
 })
+# the rest of what deepspeed/checkpoint/__init__.py exports: keys of file formats ringzero does not write
+_NO_KEY = "none: ringzero's checkpoint files carry only deepspeed.checkpoint.constants' served keys (CHECKPOINT_KEYS)"
+_DS_ONLY_KEYS = {   # DeepSpeed's checkpoint/constants.py names → what DeepSpeed reads or writes under them
+    "the universal checkpoint's per-parameter metadata and tensor-parallel patterns": (
+        "AFFINE_MAP", "AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS", "CAT_DIM", "PARAM", "PARAMETER_TO_AVERAGE_PATTERNS",
+        "PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0", "PARAMETER_WITH_ROW_PARALLELISM_PATTERNS", "PARAMETER_WITH_SUB_PARAMS",
+        "PARAM_SLICE_MAPPINGS", "PIPELINE_REPLICATED_PARAMETER_PATTERNS", "TP_REPLICATED_PARAMETER_PATTERNS",
+        "UNIVERSAL_CHECKPOINT_VERSION_KEY", "UNIVERSAL_CHECKPOINT_VERSION_VALUE", "VOCABULARY_PARAMETER_PATTERNS"),
+    "the universal checkpoint's sub-parameter, vocabulary and fp32 entries": (
+        "AFFINE_MAP_PARAMS", "AFFINE_MAP_VERSION", "BASE_OPTIMIZER_STATE_STEP", "DS_AUTOTP_UC_META", "FP32_GROUPS",
+        "FP32_WEIGHT_KEY", "ORIGINAL_VOCAB_SIZE", "PADDED_VOCAB_SIZE", "PARAM_N_SUB_PARAMS", "SUB_PARAMS_SHAPE",
+        "SUB_PARAM_SHAPE", "SUB_PARAM_SHARD_WIDTHS", "VOCAB_TENSOR"),
+    "AutoEP expert-parallel (MoE) records and placements": (
+        "AUTOEP_AFFINE_MAPS", "AUTOEP_EP_SIZE", "AUTOEP_EXPERT_KEY_PREFIX", "AUTOEP_EXPERT_PLACEMENT",
+        "AUTOEP_NUM_EXPERTS", "AUTOEP_NUM_LOCAL_EXPERTS", "AUTOEP_PARAM_EP_RANK", "AUTOEP_PARAM_LOCAL_EXPERTS",
+        "AUTOEP_PARAM_LOGICAL_SHAPE", "AUTOEP_PLACEMENT_EP_SIZE", "AUTOEP_PLACEMENT_EXPERTS",
+        "AUTOEP_PLACEMENT_NUM_EXPERTS", "AUTOEP_PLACEMENT_RANK", "AUTOEP_PLACEMENT_RANKS", "AUTOEP_PLACEMENT_VERSION",
+        "AUTOEP_PLACEMENT_VERSION_KEY", "AUTOEP_ZERO12_REQUIRED_FIELDS", "AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY",
+        "AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION", "AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY",
+        "AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT", "DS_AUTOEP_UC_META", "EP_IS_EXPERT_PARAM", "EP_NUM_EXPERTS",
+        "EXPERT_PARAMETER_PATTERNS"),
+    "the folding (expert / tensor / ZeRO partition) metadata of MoE checkpoints": (
+        "FOLDING_DISPATCH_STRATEGY", "FOLDING_EP_RANK", "FOLDING_EP_SIZE", "FOLDING_ETP_RANK", "FOLDING_ETP_SIZE",
+        "FOLDING_FAMILY", "FOLDING_METADATA_KEY", "FOLDING_METADATA_VERSION", "FOLDING_PARAM_FAMILIES",
+        "FOLDING_SHARED_EXPERT_PLACEMENT", "FOLDING_TP_RANK", "FOLDING_TP_SIZE", "FOLDING_ZERO_PARTITION_COUNT",
+        "FOLDING_ZERO_PARTITION_GROUP", "FOLDING_ZERO_PARTITION_RANK"),
+}
+REFUSED.update({f"deepspeed.checkpoint.{m}{n}": (f"name a key of {what}", _NO_KEY)
+                for what, names in _DS_ONLY_KEYS.items() for n in names for m in ("", "constants.")})
+REFUSED.update({f"deepspeed.checkpoint.{n}": (what, "load_checkpoint of ringzero's or DeepSpeed's ZeRO folders")
+                for n, what in (("enable_universal_checkpoint", "mark each parameter of a model for loading a "
+                                 "universal checkpoint (ds_universal_checkpoint_info)"),
+                                ("SubparamShape", "describe a fused parameter's sub-parameter shapes for the "
+                                 "universal checkpoint"))})
 
 
 def target_of(name: str) -> str | None:
