@@ -185,7 +185,7 @@ def test_every_name_deepspeed_checkpoint_exports_is_served_or_refused(served_ds)
         else:
             assert name not in ds["values"] or got == ds["values"][name], name
             served += 1
-    assert served >= 35 and refused >= 60, (served, refused)
+    assert served >= 50 and refused >= 50, (served, refused)
     for cls, methods in ds["methods"].items():
         obj = object.__new__(getattr(ours, cls))
         for m in methods:
