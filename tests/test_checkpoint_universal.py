@@ -13,7 +13,8 @@ Adam moments are copies (equal exactly), and the next 3 losses agree to fp32 sum
 relative: the losses themselves have measured equal; a different reduction order may move the last bits),
 bf16 to 2e-3 relative (one bf16 ulp of a weight after a step, 2^-8 relative, moves the loss that much).
 The files DeepSpeed classes pickled (its loss scaler) are read with checkpoint_universal_layout.read_keeping,
-so this process never imports DeepSpeed (the runner's finder refuses once it is imported).
+so the ranks that run the served converter never import DeepSpeed (the runner's finder refuses once it is
+imported); the pytest process imports it only to skip where it is absent.
 """
 import os
 import warnings

@@ -131,8 +131,11 @@ def _check_uc_info(model: dict, args) -> None:
     _validate_autotp_conversion_support(info)
     used = [k for k in TP_PATTERNS if info.get(k)]
     if used:
-        raise NotImplementedError(f"{UC_INFO} sets {used}: DeepSpeed would join tensor-parallel slices by these "
-                                  f"patterns (merge_tp_slices); {_NOT_SERVED} tensor-parallel checkpoints")
+        raise NotImplementedError(f"{UC_INFO} sets {used}: DeepSpeed's merge_tp_slices would apply them to each "
+                                  "parameter (even at tp 1: a vocabulary parameter cut to its original size, a "
+                                  "row-parallel one written with cat_dim 1); ringzero's converter does not read "
+                                  f"them: remove them from {UC_INFO} (ringzero writes none), {_NOT_SERVED} "
+                                  "tensor-parallel checkpoints")
 
 
 def _save(path: str, obj) -> None:

@@ -60,7 +60,8 @@ def _tag(load_dir: str, tag) -> str:
     path = os.path.join(load_dir, LATEST)
     if not os.path.isfile(path):
         raise ValueError(f"Invalid for universal checkpoint: {path} does not exist")
-    return open(path).read().strip()
+    with open(path) as f:
+        return f.read().strip()
 
 
 def _model_file(engine, d: str) -> str:
