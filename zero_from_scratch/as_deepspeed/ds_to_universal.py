@@ -105,11 +105,11 @@ def _refuse_unserved(folder: str) -> None:
     names = [os.path.basename(f) for f in glob.glob(os.path.join(folder, "*_model_states.pt"))]
     tp = [n for n in names if re.search(r"mp_rank_(\d+)", n) and int(re.search(r"mp_rank_(\d+)", n).group(1)) > 0]
     if tp:
-        raise NotImplementedError(f"{folder} holds tensor-parallel slices ({tp[0]}): DeepSpeed's ds_to_universal would "
-                                  f"merge them (merge_tp_slices); {_NOT_SERVED} tensor-parallel checkpoints")
+        raise NotImplementedError(f"ds_to_universal of tensor-parallel slices: DeepSpeed would merge them "
+                                  f"(merge_tp_slices); {_NOT_SERVED} tensor-parallel checkpoints ({tp[0]} in {folder})")
     if any(n.startswith("layer_") for n in names) or glob.glob(os.path.join(folder, "layer_*")):
-        raise NotImplementedError(f"{folder} holds pipeline or expert layer files (layer_*): DeepSpeed would merge "
-                                  f"them per stage / expert; {_NOT_SERVED} such a folder")
+        raise NotImplementedError(f"ds_to_universal of pipeline or expert layer files (layer_*): DeepSpeed would merge "
+                                  f"them per stage / expert; {_NOT_SERVED} such a folder ({folder})")
 
 
 def _validate_autotp_conversion_support(info: dict) -> None:
