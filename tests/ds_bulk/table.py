@@ -53,7 +53,8 @@ def refusal(why: str) -> str | None:
     m = REFUSAL.search(why or "")
     if m and m.group(3):     # the config gate's refusal: the key and the reason, not the value
         return f"{m.group(3)} {m.group(4)}".strip()
-    return (m.group(1) or m.group(2)).strip() if m else None
+    # a temporary path in the message (a test's tmpdir) names no reason: one line per reason, not per folder
+    return re.sub(r"/tmp/[^\s)]+", "<tmp>", (m.group(1) or m.group(2)).strip()) if m else None
 
 
 def rows(ds: dict, rz: dict) -> list[dict]:

@@ -69,6 +69,9 @@ class _Refused(type):
     def __repr__(cls):
         return f"<{cls._message}>"
 
+    def __format__(cls, spec):     # a refused constant in an f-string (a file name, a key) is a use
+        raise NotServedError(cls._message)
+
 
 def refused(name: str) -> type:
     """A class standing for `name`: importable, isinstance() of it is False, any use raises (on an instance
