@@ -128,3 +128,21 @@ def test_every_file_at_least_as_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(table, "RESULTS", str(tmp_path))
     after = sum(r["both"] for r in table.rows(*table.load()))
     assert recorded and after >= before
+
+
+TABLE_BLOCK = r"<!-- (?:\w+ )?table: python -m ([\w.]+) --markdown[^\n]*-->\n(.*?)<!-- /(?:\w+ )?table -->"
+
+
+@pytest.mark.parametrize("readme", ["tests/ds_bulk/README.md", "tests/ds_unit/README.md", "tests/hf_suites/README.md"])
+def test_tables_in_the_readmes_are_what_their_command_prints(readme):
+    """Each table a README keeps between `<!-- table: python -m MODULE --markdown -->` and its closing marker is
+    that command's output from the recorded results (results/*.json), not an older copy."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, readme)) as f:
+        blocks = re.findall(TABLE_BLOCK, f.read(), re.S)
+    assert blocks, f"{readme} keeps no table between markers"
+    for module, kept in blocks:
+        printed = subprocess.run([sys.executable, "-m", module, "--markdown"], capture_output=True, text=True,
+                                 cwd=root, env={**os.environ, "PYTHONPATH": root}, check=True).stdout
+        assert kept.strip() == printed.strip(), f"{readme}: the table is not `python -m {module} --markdown`'s output"
