@@ -156,6 +156,8 @@ class MoE(nn.Module):
             groups._create_expert_and_data_parallel(self.ep_size,
                                                     use_data_before_expert_parallel_=use_data_before_expert_parallel_)
         self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.expert_group_name))
+        # the engine reduces the experts' gradients over it (engine/moe_params.py; DeepSpeed reads its groups module)
+        self.expert_data_parallel_group = groups._get_expert_data_parallel_group(self.expert_group_name)
 
     def forward(self, hidden_states, used_token=None):
         output = self.deepspeed_moe(hidden_states, used_token)

@@ -16,10 +16,13 @@ expert-data-parallel group and divides by the whole data-parallel world (engine.
 _reduce_expert_gradients "to maintain the gradients value unaffected by ep_size"; stage_1_and_2.py
 average_tensor divides every bucket by the dp world size): with ep_size 1 that group is the world, so
 the engine's one reduction and its ÷N at the step are DeepSpeed's, bit for bit.
+With ep_size > 1 the expert groups are reduced over their expert-data-parallel group (moe_grads.py):
+plan() gives the engine one Comm per such group (engine.expert_comms) and the experts' values before
+the engine's world broadcast (engine.expert_init); each expert parameter must then sit in an "moe"
+group of its own group_name.
 Refused, each with what DeepSpeed would have done: ZeRO-3 (DeepSpeed refuses native MoE there too),
-an mpu (tensor-parallel token drop/gather around the experts), ep_size > 1 (expert parameters that
-differ across ranks, reduced and partitioned over the expert-data-parallel group), checkpoints
-(per-expert files layer_*_expert_*_mp_rank_*_model_states.pt, expp_rank_* optimizer files).
+an mpu (tensor-parallel token drop/gather around the experts), checkpoints (per-expert files
+layer_*_expert_*_mp_rank_*_model_states.pt, expp_rank_* optimizer files).
 Cost: one pass over the modules and parameters; the groups: moe layer's new_group calls (every rank).
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections import defaultdict
 import torch
 
 from zero_from_scratch.engine import client_optim
+from zero_from_scratch.engine.comm import Comm
 
 
 def is_moe_param(param) -> bool:
@@ -134,10 +138,7 @@ def prepare(engine, model, model_parameters):
                                  "Use AutoEP or choose ZeRO stage 1/2.")
         if engine.parallel is not None:
             _refuse("MoE with an mpu", "drop and gather the experts' tokens over the tensor-parallel group")
-        big = sorted({m.ep_size for m in layers if m.ep_size > 1})
-        if big:
-            _refuse(f"MoE ep_size={big[0]} (> 1) in training", "reduce and partition each expert's parameters over "
-                    "its expert-data-parallel group; use ep_size=1 (every rank holds every expert)")
+        engine.expert_init = {n: p.detach().clone() for n, p in model.named_parameters() if is_moe_param(p)}
     before = engine.config.raw.get("use_data_before_expert_parallelism", False)
     for m in model.modules():                      # DeepSpeed calls it on any module that has it
         if hasattr(m, "set_deepspeed_parallelism"):
@@ -153,6 +154,19 @@ def plan(engine, model, model_parameters, param_groups):
     out = client_optim.plan(model, prepare(engine, model, model_parameters), engine.client_optimizer, engine.config,
                             engine.comm.global_rank, param_groups)
     check_groups(engine, out[1], out[0])
+    edp = {m.expert_group_name: m.expert_data_parallel_group for m in moe_layers(model) if m.ep_size > 1}
+    by_name = dict(model.named_parameters())
+    engine.expert_comms = {}
+    for i, (ns, h) in enumerate(zip(out[0], out[1])):
+        experts = {by_name[n].group_name for n in ns if is_moe_param(by_name[n])}
+        if experts & set(edp) and not (is_moe_param_group(h) and len(experts) == 1
+                                       and all(is_moe_param(by_name[n]) for n in ns)):
+            _refuse(f"param group {i} mixing {sorted(experts)} expert parameters with others (ep_size > 1)",
+                    "reduce each expert parameter over its own expert-data-parallel group; put each group_name's "
+                    "expert parameters in an 'moe' group of their own (deepspeed.moe.utils."
+                    "split_params_into_different_moe_groups_for_optimizer)")
+        if experts & set(edp):
+            engine.expert_comms[i] = Comm(engine.comm.impl, edp[experts.pop()])
     return out
 
 
