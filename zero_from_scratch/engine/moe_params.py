@@ -1,7 +1,7 @@
 """Mixture-of-experts parameters in the ZeRO engine, as DeepSpeed 0.19.8 treats them (runtime/engine.py,
 runtime/zero/stage_1_and_2.py, moe/utils.py).
 
-    python -m pytest -q tests/test_moe.py                 (2 ranks: the runner against real DeepSpeed)
+    python -m pytest -q -m slow tests/test_moe.py         (2 and 4 ranks: the runner against real DeepSpeed)
     names, hypers, kind, w_mode, shared = moe_params.plan(engine, model, model_parameters, param_groups)   # __init__
 
 An expert parameter is one marked `allreduce = False` with a `group_name` "ep_size_E" (the MoE layer's
