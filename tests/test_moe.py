@@ -57,14 +57,18 @@ class Net(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits, y) + 0.01 * (l1 + l2), (l1, l2), (c1, c2)
 
 
-def run(ep, stage, bf16):
+def run(ep, stage, bf16, client=False):
     torch.manual_seed(42)
     model = Net(ep)
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
            "zero_optimization": {"stage": stage, "contiguous_gradients": True},
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
            "zero_force_ds_cpu_optimizer": False, "bf16": {"enabled": bf16}}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    if client:    # DeepSpeed's ZeRO-0 reduces each expert parameter over its group, whatever its optimizer group
+        opt = dict(optimizer=torch.optim.Adam(model.parameters(), lr=1e-2))
+    else:
+        opt = dict(model_parameters=model.parameters())
+    engine, *_ = deepspeed.initialize(model=model, config=cfg, **opt)
     torch.manual_seed(1000 + rank)                      # the gates' draws: the same stream on both sides
     g = torch.Generator().manual_seed(rank)
     dt = torch.bfloat16 if bf16 else torch.float32
@@ -88,6 +92,7 @@ def run(ep, stage, bf16):
 
 cases = [(0, False), (1, False), (2, False)] + [(2, True)] * with_bf16
 res = {f"ep{e}_z{s}{'_bf16' if b else ''}": run(e, s, b) for e in eps for s, b in cases}
+res.update({f"ep{e}_z0_client": run(e, 0, False, client=True) for e in eps})
 torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 '''
 
@@ -111,7 +116,7 @@ def _compare(got, tol, param_tol):
         assert rz.keys() == ds.keys()
         for case, want in ds.items():
             have = rz[case]
-            assert have["groups"] == want["groups"] == [2], case             # dense-params + one "moe" group
+            assert have["groups"] == want["groups"] == [1 if "client" in case else 2], case   # dense + one "moe"
             assert have["counts"] == want["counts"] and have["eval"][2] == want["eval"][2], (case, rank)   # routing
             assert have["loss"] == pytest.approx(want["loss"], rel=0, abs=tol), (case, rank)
             flat = [x for step in have["l_aux"] for x in step]
@@ -230,10 +235,16 @@ def _refusals(rank, world, folder):
         m = build(ep)
         opt = dict(optimizer=torch.optim.Adam(m.parameters())) if client else dict(model_parameters=m.parameters())
         return deepspeed.initialize(model=m, config=c, **opt)[0]
+    def mixed():                 # an "moe" group, and other experts of the same group_name in the dense group
+        m = build(2)
+        ex = [p for p in m.parameters() if getattr(p, "allreduce", True) is False]
+        rest = [p for p in m.parameters() if all(p is not q for q in ex[:1])]
+        groups = [{"params": rest}, {"params": ex[:1], "moe": True, "name": "ep_size_2"}]
+        return deepspeed.initialize(model=m, config=cfg(1), optimizer=torch.optim.Adam(groups))
     out = {"z3": err(lambda: init(cfg(3))),
            "z2": err(lambda: init(cfg(2, contiguous_gradients=False))),
            "client": err(lambda: init(cfg(1), client=True)),
-           "mixed": err(lambda: init(cfg(0), ep=2, client=True)),
+           "mixed": err(mixed),
            "tutel": err(lambda: top1gating(torch.randn(8, 2), 1.0, 1, use_tutel=True))}
     m = build()
     e = deepspeed.initialize(model=m, config=cfg(1), model_parameters=m.parameters())[0]
@@ -257,5 +268,6 @@ def test_refusals_say_what_deepspeed_would_do(spawn, tmp_path):
         for verb in ("save", "load"):
             assert out[verb].startswith(f"NotImplementedError: {verb}_checkpoint of a model with MoE layers is "
                                         "refused by ringzero: DeepSpeed would write/read per-expert files")
-        assert "mixing ['ep_size_2'] expert parameters with others (ep_size > 1) is refused" in out["mixed"]
+        assert "ZeRO-1 with param group 0 mixing ['ep_size_2'] expert parameters with others (ep_size > 1) is " \
+               "refused by ringzero: DeepSpeed would partition" in out["mixed"]
     assert not os.listdir(tmp_path)

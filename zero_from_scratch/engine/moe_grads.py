@@ -9,10 +9,11 @@ same tensors as those of the other members of its expert-data-parallel group (M 
 from that group's first rank, sums their gradients over that group only and divides by the whole
 world N, as dense gradients: the experts saw tokens from every rank of their expert-parallel group
 through the all-to-all, so the sum over M ranks holds the contributions of all N ranks' losses.
-Here, per "moe" param group (engine.expert_comms: group index → an engine Comm over that group):
+Here, per expert group (engine.expert_comms: unit index → an engine Comm over that group; the
+units are cut where the expert group changes, so a unit is all dense or all one group's experts):
   init       the values set before the engine's world broadcast are put back and broadcast from
              the group's first rank over the group (ExpertUnits._make_param_storage);
-  reduce     every unit of the group is all-reduced over the group (ExpertUnits._sum_into_block);
+  reduce     each expert unit is all-reduced over its group (ExpertUnits._sum_into_block);
              the step's ÷N then applies to it as to every gradient;
   partition  ZeRO-1/2: the group's units are whole on every member (`WholeUnit`: each member steps the
              whole unit with the same summed gradient, so the members stay equal with no all-gather).
@@ -31,6 +32,7 @@ import dataclasses
 
 import torch
 
+from zero_from_scratch.engine.moe_params import is_moe_param
 from zero_from_scratch.sharding import Layout, Unit, shard_layout
 
 
@@ -41,15 +43,37 @@ class WholeUnit(Unit):
         return 0, self.padded
 
 
+def _split(engine, units: list) -> tuple[list, list]:
+    """Each unit's run of parameters cut where the expert group changes: (units, comm of each unit or None)."""
+    comm_of = getattr(engine, "expert_comm_of", {})
+    key = {n: p.group_name if is_moe_param(p) else None for n, p in engine.params_by_name.items()}
+    out, comms = [], []
+    for g, tag, params in units:
+        runs: list = []
+        for name, shape in params:
+            k = key[name] if key[name] in comm_of else None
+            if not runs or runs[-1][0] != k:
+                runs.append((k, []))
+            runs[-1][1].append((name, shape))
+        for k, ps in runs:
+            out.append((g, tag if len(runs) == 1 else f"{tag}.{k or 'dense'}", ps))
+            comms.append(comm_of.get(k))
+    return out, comms
+
+
 def layout(engine, units: list, world_size: int) -> Layout:
-    """shard_layout, with the expert groups' units whole when they are reduced over a subgroup."""
+    """shard_layout; with expert groups over a subgroup, their parameters in units of their own (engine.expert_comms:
+    unit index → Comm), whole on every rank."""
+    if not getattr(engine, "expert_comm_of", {}):
+        return shard_layout(units, world_size)
+    units, comms = _split(engine, units)
+    engine.expert_comms = {i: c for i, c in enumerate(comms) if c is not None}
     lay = shard_layout(units, world_size)
-    comms = getattr(engine, "expert_comms", {})
-    if world_size == 1 or not comms:
+    if world_size == 1:
         return lay
     local, out = [0] * len(lay.group_local), []
     for u in lay.units:
-        if u.group in comms:
+        if u.index in engine.expert_comms:
             u = WholeUnit(**{**{f.name: getattr(u, f.name) for f in dataclasses.fields(u)}, "shard": u.padded})
         u = dataclasses.replace(u, local_offset=local[u.group])
         local[u.group] += u.shard
@@ -64,7 +88,7 @@ def norm_ranges(engine):
         return None
     out = []
     for u in engine.layout.units:
-        c = comms.get(u.group)
+        c = comms.get(u.index)
         n = u.padded // c.size if c is not None else u.shard
         out.append([(c.rank * n, (c.rank + 1) * n)] if c is not None else [(0, n)])
     return out
@@ -80,22 +104,20 @@ def stage0_norm(engine, norm: float) -> float:
 
 
 class ExpertUnits:
-    """ZeroStage0/1/2's expert groups (see the module docstring); a dense unit goes to the textbook's code."""
-
-    def _expert_comm(self, u):
-        return getattr(self.e, "expert_comms", {}).get(u.group)
+    """ZeroStage0/1/2's expert units (see the module docstring); a dense unit goes to the textbook's code."""
 
     def _make_param_storage(self) -> None:
         comms, init = getattr(self.e, "expert_comms", {}), getattr(self.e, "expert_init", {})
         super()._make_param_storage()
-        for g, c in comms.items():
-            for u in self.layout.units_of_group(g):
+        for u in self.layout.units:
+            if u.index in comms:
                 for s in u.slots:
                     self.params[s.name].data.copy_(init[s.name])
-            c.broadcast(self.flat[g], 0, **self.kw("init broadcast (expert data parallel)"))
+                unit = self.flat[u.group][u.flat_offset:u.flat_offset + u.padded]
+                comms[u.index].broadcast(unit, 0, **self.kw("init broadcast (expert data parallel)"))
 
     def _sum_into_block(self, b, u, then=None) -> None:
-        c = self._expert_comm(u)
+        c = getattr(self.e, "expert_comms", {}).get(u.index)
         if c is None:
             return super()._sum_into_block(b, u, then)
         self._launch(c.all_reduce(b, **self.kw("grad all-reduce (expert data parallel)", u)), then)
@@ -103,7 +125,7 @@ class ExpertUnits:
     def after_step(self) -> None:
         """The all-gather of the dense units only (the whole expert units are equal on every member)."""
         comms, whole = getattr(self.e, "expert_comms", {}), self.layout
-        self.layout = dataclasses.replace(whole, units=tuple(u for u in whole.units if u.group not in comms))
+        self.layout = dataclasses.replace(whole, units=tuple(u for u in whole.units if u.index not in comms))
         try:
             super().after_step()
         finally:

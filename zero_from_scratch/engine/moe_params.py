@@ -17,9 +17,10 @@ _reduce_expert_gradients "to maintain the gradients value unaffected by ep_size"
 average_tensor divides every bucket by the dp world size): with ep_size 1 that group is the world, so
 the engine's one reduction and its ÷N at the step are DeepSpeed's, bit for bit.
 With ep_size > 1 the expert groups are reduced over their expert-data-parallel group (moe_grads.py):
-plan() gives the engine one Comm per such group (engine.expert_comms) and the experts' values before
-the engine's world broadcast (engine.expert_init); each expert parameter must then sit in an "moe"
-group of its own group_name.
+plan() gives the engine one Comm per such group (engine.expert_comm_of[group_name]) and the experts'
+values before the engine's world broadcast (engine.expert_init); at ZeRO-1/2 each expert parameter
+must then sit in an "moe" group of its own group_name (at ZeRO-0 DeepSpeed reduces per parameter, so
+any group may hold them).
 Refused, each with what DeepSpeed would have done: ZeRO-3 (DeepSpeed refuses native MoE there too),
 an mpu (tensor-parallel token drop/gather around the experts), checkpoints (per-expert files
 layer_*_expert_*_mp_rank_*_model_states.pt, expp_rank_* optimizer files).
@@ -155,18 +156,15 @@ def plan(engine, model, model_parameters, param_groups):
                             engine.comm.global_rank, param_groups)
     check_groups(engine, out[1], out[0])
     edp = {m.expert_group_name: m.expert_data_parallel_group for m in moe_layers(model) if m.ep_size > 1}
+    engine.expert_comm_of = {name: Comm(engine.comm.impl, g) for name, g in edp.items()}   # moe_grads.layout's
     by_name = dict(model.named_parameters())
-    engine.expert_comms = {}
     for i, (ns, h) in enumerate(zip(out[0], out[1])):
-        experts = {by_name[n].group_name for n in ns if is_moe_param(by_name[n])}
-        if experts & set(edp) and not (is_moe_param_group(h) and len(experts) == 1
-                                       and all(is_moe_param(by_name[n]) for n in ns)):
-            _refuse(f"param group {i} mixing {sorted(experts)} expert parameters with others (ep_size > 1)",
-                    "reduce each expert parameter over its own expert-data-parallel group; put each group_name's "
-                    "expert parameters in an 'moe' group of their own (deepspeed.moe.utils."
-                    "split_params_into_different_moe_groups_for_optimizer)")
-        if experts & set(edp):
-            engine.expert_comms[i] = Comm(engine.comm.impl, edp[experts.pop()])
+        experts = {by_name[n].group_name for n in ns if is_moe_param(by_name[n])} & set(edp)
+        if experts and engine.stage_id > 0 and not (is_moe_param_group(h) and len(experts) == 1):
+            _refuse(f"ZeRO-{engine.stage_id} with param group {i} mixing {sorted(experts)} expert parameters with "
+                    "others (ep_size > 1)", "partition that group over the data-parallel group and reduce its "
+                    "expert slices over their expert-data-parallel group; put each group_name's expert parameters "
+                    "in an 'moe' group of their own (split_params_into_different_moe_groups_for_optimizer)")
     return out
 
 
