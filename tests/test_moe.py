@@ -1,6 +1,6 @@
 """DeepSpeed's MoE layer under the runner, against the real DeepSpeed 0.19.8 (CPU, gloo).
 
-    python -m pytest -q tests/test_moe.py                 (the refusals, 2 ranks: seconds)
+    python -m pytest -q tests/test_moe.py                 (refusals; ep_size 2 = ep_size 1; 2 ranks: seconds)
     python -m pytest -q -m slow tests/test_moe.py         (+ the script under torchrun twice, 2 and 4 ranks; the gates)
 
 The same script (SCRIPT) runs under `torchrun` with the installed DeepSpeed and under `torchrun -m
@@ -276,3 +276,50 @@ def test_refusals_say_what_deepspeed_would_do(spawn, tmp_path):
         assert "ZeRO-1 with param group 0 mixing ['ep_size_2'] expert parameters with others (ep_size > 1) is " \
                "refused by ringzero: DeepSpeed would partition" in out["mixed"]
     assert not os.listdir(tmp_path)
+
+
+# ----------------------------------------------------------------------------- ep_size 2 = ep_size 1 (2 ranks, ringzero only)
+def _ep_runs(rank, world):
+    finder.install()
+    import deepspeed
+    from deepspeed.moe.layer import MoE
+    out = {}
+    for ep in (1, 2):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=ep,
+                                                                  k=1, min_capacity=2))
+        cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+               "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+        engine = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+        torch.manual_seed(10 + rank)
+        g, losses = torch.Generator().manual_seed(rank), []
+        for _ in range(3):
+            h, l_aux, _ = engine(torch.randn(2, 6, 8, generator=g))
+            loss = h.square().mean() + l_aux
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        out[ep] = losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out
+
+
+def test_expert_parallel_equals_every_rank_holding_every_expert(spawn):
+    """ep_size 2 on 2 ranks (each rank 2 of the 4 experts, tokens through the all-to-all, expert gradients not
+    reduced: each expert's group is its one rank) trains as ep_size 1 (every rank all 4, gradients all-reduced):
+    the same losses and, expert for expert, the same weights. The experts start as copies of one module, so
+    both runs start equal; an expert's gradient is one matmul over both ranks' tokens in one run, two summed
+    in the other: equal to rounding (1e-6)."""
+    res = spawn(_ep_runs, 2)
+    for rank, out in enumerate(res):
+        (l1, w1), (l2, w2) = out[1], out[2]
+        assert l2 == pytest.approx(l1, rel=1e-6), rank
+        for n, w in w2.items():
+            if ".deepspeed_experts." in n:          # local expert i of rank r is global expert 2r + i
+                head, tail = n.split(".deepspeed_experts.")
+                i, rest = tail.split(".", 1)
+                n1 = f"{head}.deepspeed_experts.{2 * rank + int(i)}.{rest}"
+            else:
+                n1 = n
+            assert torch.allclose(w, w1[n1], atol=1e-6, rtol=0), (rank, n)
+    assert not torch.equal(res[0][2][1]["1.deepspeed_moe.experts.deepspeed_experts.0.weight"],
+                           res[1][2][1]["1.deepspeed_moe.experts.deepspeed_experts.0.weight"])   # experts 0 and 2 differ
