@@ -9,7 +9,7 @@ tokens to k of E experts, at most C per expert; the dispatched tokens, an [E, C,
 through the experts and come back weighted by their gate values. Experts holds E/ep_size deep copies
 of `expert` (this rank's local experts), their parameters marked `allreduce = False` and
 `group_name = "ep_size_E"`: the engine reduces their gradients over the expert-data-parallel group
-(engine/moe_params.py). With ep_size > 1 the [E, C, M] buffer is exchanged by an all-to-all over the
+(engine/moe_params.py, moe_grads.py). With ep_size > 1 the [E, C, M] buffer is exchanged by an all-to-all over the
 expert-parallel group (the textbook's, primitives/all_to_all.py, through deepspeed.comm's
 all_to_all_single, as DeepSpeed calls it): rank r receives, from each of the ep_size ranks, the
 tokens routed to its own experts; a second all-to-all returns the outputs (backward: the same two,

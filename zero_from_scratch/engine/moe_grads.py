@@ -1,6 +1,6 @@
 """Expert parameters at ZeRO-0/1/2 with ep_size > 1: reduced over their expert-data-parallel group, as DeepSpeed 0.19.8.
 
-    python -m pytest -q -m slow tests/test_moe.py -k ep2       (4 ranks, ep_size 2: the runner against DeepSpeed)
+    python -m pytest -q -m slow tests/test_moe.py -k training  (2 and 4 ranks, ep_size 1 and 2: against DeepSpeed)
 
 With ep_size E > 1 each rank holds num_experts/E of the experts: rank r's expert parameters are the
 same tensors as those of the other members of its expert-data-parallel group (M = N/E ranks, the
@@ -24,7 +24,8 @@ units are cut where the expert group changes, so a unit is all dense or all one 
 ZeRO-0: each rank's norm is local (every rank holds every gradient, no all-reduce); with expert
 groups the ranks' norms differ, and DeepSpeed's fp32 clip (runtime/utils.py clip_grad_norm_) uses
 their mean over the world, in fp32 (stage0_norm: one 4-byte all-reduce per step).
-Cost: reduce 2(M-1)/M·Ψ_e per rank and step instead of the world's; M·(8Ψ_e/M) more Adam state.
+Cost (Ψ_e: this rank's expert elements): their reduce sends 2(M-1)/M·Ψ_e per rank and step (an
+all-reduce over M ranks), and no all-gather; their fp32 Adam state is 8Ψ_e bytes per rank, not 8Ψ_e/M.
 """
 from __future__ import annotations
 
