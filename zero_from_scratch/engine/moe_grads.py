@@ -30,6 +30,7 @@ all-reduce over M ranks), and no all-gather; their fp32 Adam state is 8Ψ_e byte
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -72,6 +73,11 @@ def layout(engine, units: list, world_size: int) -> Layout:
     lay = shard_layout(units, world_size)
     if world_size == 1:
         return lay
+    sizes = sorted({c.size for c in engine.expert_comms.values()} - {1})    # a group of one partitions nothing
+    if sizes and engine.comm.global_rank == 0:                  # ZeRO-1/2 here: a memory difference, said once
+        warnings.warn(f"ZeRO-{engine.stage_id} with expert parallelism: each expert parameter is held whole, with its "
+                      f"optimizer state, on every rank of its expert-data-parallel group (size {sizes}); DeepSpeed "
+                      "would partition it over that group. Updates are the same; its memory is not", stacklevel=3)
     local, out = [0] * len(lay.group_local), []
     for u in lay.units:
         if u.index in engine.expert_comms:
