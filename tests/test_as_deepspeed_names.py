@@ -97,9 +97,9 @@ def test_not_served_fails_at_first_use_with_one_line(served_ds):
     assert "\n" not in msg
     assert msg.startswith("deepspeed.compression.compress.init_compression is not served")
     assert "DeepSpeed would" in msg and "nearest ringzero way:" in msg and "0.19.8" in msg
-    assert not isinstance(torch.nn.Linear(1, 1), served_ds.moe.layer.MoE)
+    assert not isinstance(torch.nn.Linear(1, 1), served_ds.DeepSpeedTransformerLayer)
     with pytest.raises(finder.NotServedAttributeError, match="nearest ringzero way"):
-        served_ds.moe.layer.MoE.some_attribute
+        served_ds.DeepSpeedTransformerLayer.some_attribute
     # an unknown name: an AttributeError, so hasattr() probing says False
     assert not hasattr(served_ds, "no_such_api")
     with pytest.raises(AttributeError, match="deepspeed.no_such_api is not served by ringzero"):
@@ -114,25 +114,25 @@ def test_not_served_fails_at_first_use_with_one_line(served_ds):
 def test_a_refusal_swallowed_or_reported_by_type_still_names_itself(served_ds, monkeypatch):
     """pytest's monkeypatch reads getattr(obj, name, default), which swallows the refusal; a refused
     constant used as an attribute name is reported by its type: both messages name the refusal."""
-    moe = served_ds.moe.layer.MoE
-    with pytest.raises(AttributeError, match=r"deepspeed.moe.layer.MoE is not served by ringzero .*DeepSpeed would"):
-        monkeypatch.setattr(moe, "some_attribute", 1)
-    with pytest.raises(TypeError, match="not 'deepspeed.moe.layer.MoE is not served by ringzero'"):
-        setattr(torch.nn.Linear(1, 1), moe, 1)
+    layer = served_ds.DeepSpeedTransformerLayer
+    with pytest.raises(AttributeError, match=r"deepspeed.DeepSpeedTransformerLayer is not served by ringzero .*DeepSpeed would"):
+        monkeypatch.setattr(layer, "some_attribute", 1)
+    with pytest.raises(TypeError, match="not 'deepspeed.DeepSpeedTransformerLayer is not served by ringzero'"):
+        setattr(torch.nn.Linear(1, 1), layer, 1)
     Init = served_ds.runtime.zero.partition_parameters.Init
     with pytest.raises(finder.NotServedAttributeError, match="Init._partition_param_sec is not served.*hpZ"):
         Init._partition_param_sec
     assert not hasattr(Init, "no_such_name")
 
 
-def test_moe_split_serves_dense_groups_and_refuses_experts(served_ds):
+def test_moe_split_moves_expert_parameters_into_their_own_groups(served_ds):
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer as split
     w, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
-    group = {"params": [w, b], "name": "parameters"}
+    group = {"params": [w, b], "name": "parameters", "lr": 0.1}
     assert split(group) == [group] and split((group,)) == [group]      # DeepSpeed's, without expert parameters
-    w.allreduce = False                                                   # what DeepSpeed's MoE layer marks
-    with pytest.raises(finder.NotServedError, match="1 expert parameters.*ringzero has no MoE"):
-        split(group)
+    w.allreduce, w.group_name = False, "ep_size_2"                         # what DeepSpeed's MoE layer marks
+    assert split(group) == [{"params": [b], "name": "parameters", "lr": 0.1},
+                            {"params": [w], "name": "ep_size_2", "lr": 0.1, "moe": True}]
 
 
 def test_installing_after_the_real_deepspeed_refuses(monkeypatch):

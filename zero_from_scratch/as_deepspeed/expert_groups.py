@@ -9,9 +9,11 @@ Groups: the legacy layout DeepSpeed builds without model parallelism (mp_size No
 pipeline stage of pp_stride = world/pp ranks: expert-parallel groups of expert_parallel_size_
 consecutive ranks (strided by pp_stride/E with use_data_before_expert_parallel_), expert-data-
 parallel groups strided by E (consecutive runs with use_data_before_expert_parallel_), each named
-"ep_size_E", created once. ringzero has no MoE layer (deepspeed.moe.layer.MoE stays refused): these are
-the groups and the checks a script or a test uses around parameters it marks as expert ones
-(`param.allreduce = False`). With mp_size > 1 (AutoEP's tensor-parallel orderings) refused.
+"ep_size_E", created once: the groups the MoE layer (moe.py) routes its tokens over and the engine
+reduces expert gradients over (engine/moe_params.py), and the checks a script uses around expert
+parameters (`param.allreduce = False`). The _get_expert_* accessors: a group's dict, world size,
+rank, broadcast source (its first global rank); the expert tensor-parallel size is 1 (ringzero
+creates no expert tensor-parallel groups). With mp_size > 1 (AutoEP's tensor-parallel orderings) refused.
 CheckOverflow(param_groups, mpu, zero_reduce_scatter, deepspeed): check() — a NaN/inf in any gradient,
 MAX-reduced over the largest expert-parallel group when a parameter is an expert one, then over the
 world (zero_reduce_scatter) or the model-parallel group (mpu); check_using_norm(norms) — a norm that is
@@ -34,6 +36,7 @@ from zero_from_scratch.as_deepspeed import comm as _own_comm
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import ServedModule
 from zero_from_scratch.as_deepspeed.utils import log_dist
+from zero_from_scratch.engine.moe_params import is_moe_param
 
 _EXPERT_PARALLEL_GROUP: dict = {}
 _EXPERT_PARALLEL_GROUP_RANKS: dict = {}
@@ -108,8 +111,36 @@ def _get_expert_data_parallel_group(group_name):
     return _EXPERT_DATA_PARALLEL_GROUP[group_name]
 
 
-def is_moe_param(param) -> bool:
-    return hasattr(param, "allreduce") and not param.allreduce
+def _get_expert_parallel_group_dict() -> dict:
+    return _EXPERT_PARALLEL_GROUP
+
+
+def _get_expert_data_parallel_group_dict() -> dict:
+    return _EXPERT_DATA_PARALLEL_GROUP
+
+
+def _get_expert_broadcast_src_rank(group_name) -> int:
+    return int(_EXPERT_DATA_PARALLEL_GROUP_RANKS[group_name][0])
+
+
+def _get_expert_parallel_world_size(group_name) -> int:
+    return _dist().get_world_size(group=_get_expert_parallel_group(group_name))
+
+
+def _get_expert_data_parallel_world_size(group_name) -> int:
+    return _dist().get_world_size(group=_get_expert_data_parallel_group(group_name))
+
+
+def _get_expert_parallel_rank(group_name) -> int:
+    return _dist().get_rank(group=_get_expert_parallel_group(group_name))
+
+
+def _get_expert_data_parallel_rank(group_name) -> int:
+    return _dist().get_rank(group=_get_expert_data_parallel_group(group_name))
+
+
+def _get_expert_model_parallel_world_size() -> int:
+    return 1
 
 
 def is_invalid_grad_norm(norm) -> bool:

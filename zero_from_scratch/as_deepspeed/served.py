@@ -149,21 +149,18 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.engine.DeepSpeedEngine": "zero_from_scratch:ZeroEngine",
     **{f"deepspeed.checkpoint.utils.{n}": f"{_R}.utils:{n}" for n in ("clone_tensors_for_torch_save",
                                                                      "get_model_ckpt_name_for_rank")},
-    "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer":
-        f"{_R}.utils:split_params_into_different_moe_groups_for_optimizer",
     **{f"deepspeed.utils.{n}": f"{_E}.safe_api:{n}" for n in _SAFE},
     **{f"deepspeed.utils.{m}{n}": f"{_R}.utils:{n}" for m in ("", "logging.")
        for n in ("set_log_level_from_string", "get_log_level_from_string")},
     **{f"deepspeed.utils.pin_memory_tracker.{n}": f"{_R}.accelerator:{n}"
        for n in ("_fmt_bytes", "_tracker", "track_pinned_memory", "pinned_memory_summary")},
     "deepspeed.utils.groups._get_expert_parallel_ranks": f"{_R}.utils:_get_expert_parallel_ranks",
-    # expert-parallel groups (no MoE layer) and the overflow / norm checks that reduce over them
+    # expert-parallel groups and the overflow / norm checks that reduce over them
     **{f"deepspeed.utils.groups.{n}": f"{_R}.expert_groups:{n}" for n in (
         "_create_expert_and_data_parallel", "_get_expert_parallel_group", "_get_expert_data_parallel_group",
         "_get_max_expert_parallel_group", "_get_max_expert_size", "_get_max_expert_size_name")},
     **{f"deepspeed.runtime.utils.{n}": f"{_R}.expert_groups:{n}"
        for n in ("CheckOverflow", "get_weight_norm", "is_invalid_grad_norm")},
-    "deepspeed.moe.utils.is_moe_param": f"{_R}.expert_groups:is_moe_param",
     **{f"deepspeed.checkpoint.constants.{n}": f"{_R}.constants:{n}" for n in _CKPT_KEYS},
     "deepspeed.runtime.engine._checkpoint_parallel_metadata": f"{_E}.mpu:checkpoint_parallel_metadata",
     "deepspeed.runtime.zero.stage_1_and_2.dist": "deepspeed:comm",    # DeepSpeed's module-level `dist`: deepspeed.comm
@@ -191,7 +188,6 @@ SERVED: dict[str, str] = {
 PIPELINE_INITIALIZE = f"{_PIPE}:initialize"
 PIPELINE_MODULE = f"{_PIPE}:PipelineModule"
 
-_NO_MOE = ("build mixture-of-experts layers with expert parallelism", "none: ringzero has no MoE; use a dense layer")
 _KERNELS = ("fused CUDA transformer kernels", "the model's own torch layers (transformers, tensor_parallel/)")
 _INFER = ("build an InferenceEngine (kernel injection, tensor-parallel inference)",
           "call the model itself; tensor_parallel/ shards its layers")
@@ -208,7 +204,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "deepspeed.DeepSpeedTransformerConfig": _KERNELS,
     "deepspeed.replace_transformer_layer": _INFER,
     "deepspeed.comm.TorchBackend": ("give the torch.distributed backend object", "deepspeed.comm's functions"),
-    "deepspeed.moe.layer.MoE": _NO_MOE,
     "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad": ("run its C++ CPU Adagrad", "torch.optim.Adagrad"),
     "deepspeed.compression.compress.init_compression": ("apply compression-aware training", "none in ringzero"),
     "deepspeed.compression.compress.redundancy_clean": ("remove compressed redundancy", "none in ringzero"),
@@ -218,6 +213,24 @@ REFUSED: dict[str, tuple[str, str]] = {
         "one secondary shard per module unit, cut from the unit's forward all-gather (engine/hpz.py), so no "
         "parameter has a secondary tensor of its own to fill"),
 }
+
+# deepspeed.moe: the MoE layer, its gates and experts (as_deepspeed/moe*.py), its parameter groups (engine/moe_params.py)
+MODULES += ("deepspeed.moe.sharded_moe", "deepspeed.moe.experts")
+SERVED.update({
+    **{f"deepspeed.moe.layer.{n}": f"{_R}.moe:{n}" for n in ("MoE", "Experts", "MOELayer", "TopKGate")},
+    **{f"deepspeed.moe.sharded_moe.{n}": f"{_R}.moe:{n}" for n in ("MOELayer", "_AllToAll")},
+    **{f"deepspeed.moe.sharded_moe.{n}": f"{_R}.moe_gating:{n}" for n in (
+        "TopKGate", "top1gating", "top2gating", "topkgating", "multiplicative_jitter", "gumbel_rsample", "_capacity")},
+    "deepspeed.moe.experts.Experts": f"{_R}.moe:Experts",
+    **{f"deepspeed.moe.utils.{n}": f"{_E}.moe_params:{n}" for n in (
+        "has_moe_layers", "is_moe_param", "is_moe_param_group", "split_params_into_shared_and_expert_params",
+        "split_params_grads_into_shared_and_expert_params", "split_params_into_different_moe_groups_for_optimizer",
+        "configure_moe_param_groups")},
+    **{f"deepspeed.utils.groups.{n}": f"{_R}.expert_groups:{n}" for n in (
+        "_get_expert_parallel_group_dict", "_get_expert_data_parallel_group_dict", "_get_expert_broadcast_src_rank",
+        "_get_expert_parallel_world_size", "_get_expert_data_parallel_world_size", "_get_expert_parallel_rank",
+        "_get_expert_data_parallel_rank", "_get_expert_model_parallel_world_size")},
+})
 
 # the deepspeed.checkpoint package: its descriptors, reshape, universal checkpoint and the keys it does not serve
 MODULES += served_checkpoint.MODULES

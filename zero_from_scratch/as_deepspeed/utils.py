@@ -16,9 +16,6 @@ see_memory_usage(message, force=False)   with force, on rank 0: gc, then DeepSpe
 set_random_seed   random, numpy (seed mod 2^32) and torch (seed mod 2^63): runtime/utils.py.
 clone_tensors_for_torch_save   detached clones on `device`, nested lists/tuples/dicts kept
              (deepspeed/checkpoint/utils.py); get_model_ckpt_name_for_rank, its model-states file name.
-split_params_into_different_moe_groups_for_optimizer   deepspeed/moe/utils.py for a dense model: the
-             groups as a list (a dict becomes [dict], a tuple a list), each left as it is; a group
-             holding an expert parameter (allreduce=False) is refused: ringzero has no MoE.
 call_to_str, prefix_sum_inc, required_torch_version, count_used_parameters_in_backward   runtime/utils.py's
              and utils/torch.py's helpers (the last: inside a backward hook, how many of `parameters`
              this backward will reach, by torch's engine query).
@@ -41,7 +38,6 @@ import torch
 import torch.distributed as dist
 
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
-from zero_from_scratch.as_deepspeed.finder import NotServedError, message
 
 
 def _make_logger() -> logging.Logger:
@@ -138,21 +134,6 @@ def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
 
 def get_model_ckpt_name_for_rank(base_folder: str, mp_rank_str: str) -> str:
     return os.path.join(base_folder, f"mp_rank_{mp_rank_str}_model_states.pt")
-
-
-def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group_size=178956971):
-    if isinstance(param_groups, tuple):
-        param_groups = list(param_groups)
-    elif isinstance(param_groups, dict):
-        param_groups = [param_groups]
-    elif not isinstance(param_groups, list):
-        raise ValueError(f"Unknown param group type of {type(param_groups)}")
-    experts = [p for g in param_groups for p in g["params"] if hasattr(p, "allreduce") and not p.allreduce]
-    if experts:
-        raise NotServedError(message("deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer "
-                                     f"with {len(experts)} expert parameters", "put each expert group in its own "
-                                     "optimizer group", "none: ringzero has no MoE; use a dense layer"))
-    return param_groups
 
 
 def call_to_str(base, *args, **kwargs) -> str:

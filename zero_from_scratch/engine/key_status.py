@@ -80,8 +80,10 @@ TOP = {
     "compile": R + NOT + "compile the engine with DeepCompile",
     "compression_training": R + GONE,
     "eigenvalue": R + GONE,
-    "expert_parallel": R + NOT + "shard mixture-of-experts layers over an expert-parallel group",
-    "use_data_before_expert_parallelism": W + NOT + "order the data/expert parallel groups this way",
+    "expert_parallel": R + NOT + "swap a model's MoE blocks for AutoEP layers sharded over an expert-parallel group "
+                       "(deepspeed.moe.layer.MoE is served: moe_params.py)",
+    "use_data_before_expert_parallelism": H + "the MoE layers' expert / expert-data-parallel groups take consecutive "
+                                          "ranks for data first (moe_params.prepare → expert_groups.py)",
     "hybrid_engine": R + NOT + "switch between training and inference kernels (RLHF)",
     "tensor_parallel": R + NOT + "shard linear layers by AutoTP (use tensor_parallel/ with an mpu)",
     "timers": W + NOT + "time throughput with synchronised timers",

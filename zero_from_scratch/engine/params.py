@@ -29,7 +29,7 @@ def param_groups(module: nn.Module, model_parameters, opt_cfg) -> tuple[list[lis
     for gi, g in enumerate(items):
         if not isinstance(g, dict) or "params" not in g:
             raise TypeError(f"model_parameters group {gi} must be a dict with 'params' (like torch optimizers)")
-        extra = set(g) - {"params", "name", *base}   # name: DeepSpeed's group label (moe/utils.py), kept as torch keeps it
+        extra = set(g) - {"params", "name", "moe", *base}   # name, moe: DeepSpeed's group labels (moe/utils.py), kept
         if extra:
             raise ValueError(f"model_parameters group {gi} has unsupported keys {sorted(extra)}; allowed: {list(base)}")
         ns = []

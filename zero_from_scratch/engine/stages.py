@@ -22,6 +22,7 @@ import contextlib
 import torch
 
 from zero_from_scratch.engine.coalesce import Deferred
+from zero_from_scratch.engine.moe_grads import ExpertUnits
 from zero_from_scratch.engine.precision import grad_dtype
 from zero_from_scratch.stage1 import Stage0, Stage1
 from zero_from_scratch.stage2 import Stage2
@@ -96,7 +97,7 @@ class Fp32Accumulated:
             self.dtype = model
 
 
-class ZeroStage1(Fp32Accumulated, Overlapped, Stage1):
+class ZeroStage1(ExpertUnits, Fp32Accumulated, Overlapped, Stage1):
     def __init__(self, engine):
         self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
         self.grad_dtype = grad_dtype(engine.config, engine.stage_id)
@@ -115,7 +116,7 @@ class ZeroStage1(Fp32Accumulated, Overlapped, Stage1):
         self.pending[u.index] = -1
 
 
-class ZeroStage0(Overlapped, Stage0):
+class ZeroStage0(ExpertUnits, Overlapped, Stage0):
     def __init__(self, engine):
         self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
         super().__init__(*engine_inputs(engine))
@@ -177,7 +178,7 @@ class Pooled(Deferred):
         self.pool.give_back(u)
 
 
-class ZeroStage2(Fp32Accumulated, Pooled, Labelled, Stage2):
+class ZeroStage2(ExpertUnits, Fp32Accumulated, Pooled, Labelled, Stage2):
     def __init__(self, engine):
         self.e, self.overlap = engine, engine.config.zero.overlap_comm and engine.comm.size > 1
         self.grad_dtype = grad_dtype(engine.config, engine.stage_id)

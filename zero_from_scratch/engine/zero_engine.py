@@ -49,11 +49,11 @@ from zero_from_scratch.engine.monitor import Monitors
 from zero_from_scratch.engine.mpu import check as mpu_check
 from zero_from_scratch.engine.mpu import counted_ranges
 from zero_from_scratch.engine.lr_schedules import build_scheduler
-from zero_from_scratch.engine import client_optim, leaf, ledger, offload, safe_api, surface, wall_clock, z3_grads
+from zero_from_scratch.engine import client_optim, leaf, ledger, moe_grads, moe_params, offload, safe_api, surface, wall_clock, z3_grads
 from zero_from_scratch.engine.z_ua_boundary import AccumulationBoundary, check_config
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
 from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
-from zero_from_scratch.sharding import bucket_units, shard_layout
+from zero_from_scratch.sharding import bucket_units
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
 from zero_from_scratch.engine.step import client_step, optimizer_step, sync_steps
@@ -100,8 +100,8 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
         self.cast_for_training()   # parameters to the 16-bit dtype, buffers as loaded (mixed_cast.py)
         self.stage_id = self.config.zero.stage
         self.client_optimizer = client_optim.resolve_client(optimizer, model_parameters, model)   # client_optim.py
-        names, hypers, kind, w_mode, shared = client_optim.plan(model, model_parameters, self.client_optimizer,
-                                                                self.config, self.comm.global_rank, param_groups)
+        # client_optim.plan, after DeepSpeed's MoE set-up (its layers' groups, its param groups: moe_params.py)
+        names, hypers, kind, w_mode, shared = moe_params.plan(self, model, model_parameters, param_groups)
         self.group_names = names
         self.params_by_name = dict((n, p) for n, p in model.named_parameters() if any(n in g for g in names))
         for n, p in self.params_by_name.items():
@@ -115,7 +115,7 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
         else:
             shapes = [[(n, tuple(self.params_by_name[n].shape)) for n in g] for g in names]
             units = bucket_units(shapes, self.config.zero.reduce_bucket_size)
-        self.layout = shard_layout(units, 1 if self.stage_id == 0 else self.comm.size)
+        self.layout = moe_grads.layout(self, units, 1 if self.stage_id == 0 else self.comm.size)   # shard_layout
         self.stage = _STAGES[self.stage_id](self)
         self.frozen = FrozenParams(self)   # requires_grad=False: never in the optimizer; sharded at stage 3
         leaf.install(self)                   # ZeRO-3 leaf modules: each gathered whole (leaf.py)
@@ -134,7 +134,7 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
             self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
         self.refresh_master()
         self.basic_optimizer = client_optim.serve_basic(self, self.client_optimizer, names, w_mode, client_step)
-        self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else None
+        self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else moe_grads.norm_ranges(self)
         self.lr_scheduler = (build_scheduler(self.config.scheduler, self.optimizer) if lr_scheduler is None
                              else surface.client_scheduler(self, lr_scheduler))   # a client's replaces the config's
         self.loss_scaler = build_loss_scaler(self.config)
@@ -249,6 +249,7 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
         return ledger.comm_report(self, print_table)
 
     def save_checkpoint(self, save_dir: str, tag=None, client_state=None, exclude_frozen_parameters: bool = False) -> str:
+        moe_params.refuse_checkpoint(self, "save")
         with self.frozen.full(), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
                                   else contextlib.nullcontext()):
             return ckpt.save(self, save_dir, tag, client_state or {}, exclude_frozen_parameters)
@@ -257,6 +258,7 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None,
                         reshard: bool = False):
         """DeepSpeed's signature and order; load_module_strict/_only and custom_load_fn: surface.load_args."""
+        moe_params.refuse_checkpoint(self, "load")
         load_optimizer_states, load_lr_scheduler_states = surface.load_args(
             self, load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only, custom_load_fn)
         with self.frozen.full(write_back=True), (self.offload.in_memory() if hasattr(self.offload, "in_memory")
