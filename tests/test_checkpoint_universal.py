@@ -58,11 +58,15 @@ def _save(rank, world, root, jobs):
         e.save_checkpoint(os.path.join(root, name), tag=TAG, client_state={"universal_checkpoint_info": {}})
 
 
-def _resume(rank, world, folder, stage, bf16, groups, uc_tag):
+def _resume(rank, world, folder, stage, bf16, groups, uc_tag, runner=False):
+    """runner: ringzero's engine takes the runner's DeepSpeed quirk for this load (quirks.shared_step_load)."""
     from parity.zero.sides import full_params
+    from zero_from_scratch.as_deepspeed import quirks
     out = {}
     for side in ("deepspeed", "ours"):
         e = _engine(side, stage, world, bf16, groups, True)
+        if side == "ours" and runner:
+            quirks.shared_step_load(e)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             path, client = e.load_checkpoint(folder, tag=uc_tag)
@@ -177,7 +181,7 @@ def test_runner_dash_m_runs_deepspeeds_converter_command(folders, tmp_path):
     assert "-m MODULE" in run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed --help").stdout
 
 
-def _check_resume(res, bf16=False, all_losses=True):
+def _check_resume(res, bf16=False, all_losses=True, steps=SAVE_AT + 1):
     for rank_res in res:                      # every rank: its gathered view of the loaded state
         ds, rz = rank_res["deepspeed"], rank_res["ours"]
         for n in ds["params"]:
@@ -189,7 +193,7 @@ def _check_resume(res, bf16=False, all_losses=True):
         tol = 2e-3 if bf16 else 1e-6
         assert ds["losses"][0] == pytest.approx(rz["losses"][0], rel=tol)      # same weights: same first loss
         if all_losses:
-            assert ds["steps_after_one"] == rz["steps_after_one"] == [SAVE_AT + 1] * len(ds["steps_after_one"])
+            assert ds["steps_after_one"] == rz["steps_after_one"] == [steps] * len(ds["steps_after_one"])
             assert rz["losses"] == pytest.approx(ds["losses"], rel=tol)
 
 
@@ -219,19 +223,25 @@ def test_convert_and_load_more_stages(tmp_path, stage, bf16, world):
 
 
 @pytest.mark.slow
-def test_zero3_two_groups_deepspeed_counts_one_shared_step(tmp_path):
+def test_zero3_two_groups_shared_step_under_runner_own_steps_outside(tmp_path):
     """DeepSpeed's ZeRO-3 universal load gives every sub-group state[0]'s step tensor itself; torch's Adam
-    advances it once per group, so one step after the load both groups read SAVE_AT + 2. ringzero keeps one
-    step per group (SAVE_AT + 1): the loaded state and the first loss agree, the later losses may not."""
+    advances it once per group, so one step after the load both groups read SAVE_AT + 2 (a decay and a no-decay
+    group, as the HF Trainer builds them). Under the runner ringzero steps the same way: the same steps and the
+    same losses (1e-6 relative, fp32). Its own entry point keeps one step per group (SAVE_AT + 1), and rank 0
+    warns that DeepSpeed's later losses differ."""
     from primitives.launch import spawn
     spawn(_save, 2, args=(str(tmp_path), [("z3g2", 3, False, 2)]), timeout=300)
     root = str(tmp_path / "z3g2")
     _convert_both({"z3g2": root})
-    res = spawn(_resume, 2, args=(root, 3, False, 2, f"{TAG}_ds"), timeout=300)
+    res = spawn(_resume, 2, args=(root, 3, False, 2, f"{TAG}_ds", True), timeout=300)
+    _check_resume(res, steps=SAVE_AT + 2)
+    assert not any(r["ours"]["shared_step_warned"] for r in res)
+    res = spawn(_resume, 2, args=(root, 3, False, 2, f"{TAG}_ds", False), timeout=300)
     _check_resume(res, all_losses=False)
     for r in res:
         assert r["deepspeed"]["steps_after_one"] == [SAVE_AT + 2] * 2
         assert r["ours"]["steps_after_one"] == [SAVE_AT + 1] * 2
+        assert r["ours"]["losses"][1:] != pytest.approx(r["deepspeed"]["losses"][1:], rel=1e-6)
     assert res[0]["ours"]["shared_step_warned"] and not res[1]["ours"]["shared_step_warned"]   # rank 0 says so
 
 

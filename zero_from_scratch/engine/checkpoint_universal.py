@@ -22,10 +22,12 @@ load_checkpoint / _load_checkpoint / _load_zero_checkpoint and the optimizers' _
   * the lr scheduler (if load_lr_scheduler_states), global_steps, global_samples, skipped_steps from the model
     file; buffers, frozen parameters and the RNG are NOT restored (DeepSpeed skips the module state dict
     in universal mode); client state: the model file's other keys, as DeepSpeed returns them
-Not copied: DeepSpeed's ZeRO-3 load hands every sub-group (a param group cut every sub_group_size elements)
-the SAME step tensor (state[0]["step"]), which torch's Adam then advances once per sub-group per step; ringzero
-keeps one step per group and warns at the load where DeepSpeed would have more than one sub-group (with one,
-the two agree; tests/test_checkpoint_universal.py shows both).
+DeepSpeed's ZeRO-3 load hands every sub-group (a param group cut every sub_group_size elements) the SAME step
+tensor (state[0]["step"]), which torch's Adam then advances once per sub-group per step: sub-group i of G steps
+with base + i + 1 and all read base + G after it. Under the runner (engine.ds_shared_step, quirks.py) ringzero
+does the same where each group is one sub-group (engine/step.py: shared_step_turns); a group cut into several
+sub-groups (each a different step count) is refused. ringzero's own entry point keeps one step per group and
+warns where DeepSpeed's would differ (tests/test_checkpoint_universal.py shows both).
 Refused, one line each: ZeRO stage 0 (DeepSpeed reads a universal folder only through a ZeRO optimizer; its
 stage-0 engine would call the torch optimizer's load_state_dict on the model file's None) and model
 parallelism (an mpu: DeepSpeed would cut each tensor-parallel slice with AutoTP metadata ringzero lacks).
@@ -143,17 +145,37 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
            "micro_steps": model["global_steps"] * engine.config.gradient_accumulation_steps,
            "global_samples": model.get("global_samples"),
            "loss_scaler": {"cur_scale": cur if states and cur is not None else engine.loss_scaler.cur_scale}}
-    if stage == 3 and states and engine.comm.global_rank == 0 and _ds_sub_groups(engine, numels) > 1:
-        warnings.warn(f"universal load at ZeRO-3: DeepSpeed would give its {_ds_sub_groups(engine, numels)} sub-groups one "
-                      "shared step tensor, which its Adam then advances once per sub-group each step; ringzero keeps "
-                      "one step per group, so the resumed losses differ from DeepSpeed's", stacklevel=3)
+    shared = _shared_step_order(engine, numels) if stage == 3 and states else None
     apply_full(engine, full, man, None, states, load_lr_scheduler_states)
+    if shared is not None:
+        engine.optimizer.shared_step = shared
     if stage <= 2 and osd.get("clip_grad") is not None:     # stage_1_and_2._load_global_state takes it
         engine.config.gradient_clipping = float(osd["clip_grad"])
     engine.stage.zero_grad()
     drop = set(DS_STATES) | ({"lr_scheduler"} if load_lr_scheduler_states else set()) | (
         {"optimizer"} if load_optimizer_states else set())
     return model_path, {k: v for k, v in model.items() if k not in drop}
+
+
+def _shared_step_order(engine, numels: dict):
+    """The groups that share DeepSpeed's one step tensor, in its stepping order (None: nothing shared), at a ZeRO-3
+    load of optimizer states; see the module docstring. Refuses what one step per group cannot follow."""
+    order, subs = nonempty_groups(engine), _ds_sub_groups(engine, numels)
+    if subs <= 1:
+        return None
+    if not getattr(engine, "ds_shared_step", False):
+        if engine.comm.global_rank == 0:
+            warnings.warn(f"universal load at ZeRO-3: DeepSpeed would give its {subs} sub-groups one shared step "
+                          "tensor, which its Adam then advances once per sub-group each step; ringzero keeps one step "
+                          "per group, so the resumed losses differ from DeepSpeed's", stacklevel=4)
+        return None
+    if subs != len(order):
+        raise NotImplementedError(f"rank {engine.comm.global_rank}: universal load at ZeRO-3 with a param group larger "
+                                  f"than zero_optimization.sub_group_size ({engine.config.sub_group_size}): DeepSpeed "
+                                  f"would step its {subs} sub-groups with one shared step tensor, each piece of a group "
+                                  "at a different count; ringzero keeps one step per group: raise sub_group_size above "
+                                  "the largest group's numel")
+    return order
 
 
 def _ds_sub_groups(engine, numels: dict) -> int:
