@@ -52,8 +52,8 @@ def _engine(side, stage, world, bf16, groups, universal):
 
 
 def _save(rank, world, root, jobs):
-    for name, stage, bf16, groups in jobs:
-        e = _engine("ours", stage, world, bf16, groups, False)
+    for name, stage, bf16, groups, *side in jobs:      # side: "ours" unless named
+        e = _engine((side or ["ours"])[0], stage, world, bf16, groups, False)
         _train(e, range(1, SAVE_AT + 1), rank, world)
         e.save_checkpoint(os.path.join(root, name), tag=TAG, client_state={"universal_checkpoint_info": {}})
 
@@ -165,6 +165,18 @@ def test_served_converter_writes_deepspeeds_files(folders, name):
     root, ds_dir, rz_dir = folders[name]
     _assert_same_folder(ds_dir, rz_dir)
     assert open(os.path.join(root, "latest_universal")).read() == os.path.basename(rz_dir)   # the last to run
+
+
+@pytest.mark.slow
+def test_served_converter_reads_folders_real_deepspeed_wrote(tmp_path):
+    """Real DeepSpeed trains and saves at N = 2 (fp32, two param groups; ZeRO-1 and ZeRO-3): the runner's converter
+    reads its files and writes the folder DeepSpeed's own converter writes, every tensor equal."""
+    from primitives.launch import spawn
+    jobs = [("d1", 1, False, 2, "deepspeed"), ("d3", 3, False, 2, "deepspeed")]
+    spawn(_save, 2, args=(str(tmp_path), jobs), timeout=300)
+    for name, (ds_dir, rz_dir) in _convert_both({n: str(tmp_path / n) for n, *_ in jobs}).items():
+        assert any(f.endswith("exp_avg.pt") for f in _files(rz_dir)), name
+        _assert_same_folder(ds_dir, rz_dir)
 
 
 def test_runner_dash_m_runs_deepspeeds_converter_command(folders, tmp_path):
