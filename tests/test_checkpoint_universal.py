@@ -12,7 +12,7 @@ tensor equal (dtype, shape, value) — both are copies of the saved fp32 values,
 Adam moments are copies (equal exactly), and the next 3 losses agree to fp32 summation rounding (1e-6
 relative: the losses themselves have measured equal; a different reduction order may move the last bits),
 bf16 to 2e-3 relative (one bf16 ulp of a weight after a step, 2^-8 relative, moves the loss that much).
-The files DeepSpeed classes pickled (its loss scaler) are read with checkpoint_universal_layout.read_keeping,
+The files DeepSpeed classes pickled (its loss scaler) are read with ds_pickle.load_file,
 so the ranks that run the served converter never import DeepSpeed (the runner's finder refuses once it is
 imported); the pytest process imports it only to skip where it is absent.
 """
@@ -26,7 +26,7 @@ import torch
 
 from conftest import run_cmd
 from parity.zero.universal_compare import GLOBAL_BATCH as GB, _train   # its batches: seeded per step, cut per rank
-from zero_from_scratch.engine.checkpoint_universal_layout import _Kept, read_keeping
+from zero_from_scratch.engine.ds_pickle import _Kept, load_file
 
 pytest.importorskip("deepspeed")
 SAVE_AT, TAG = 3, "global_step3"
@@ -146,7 +146,7 @@ def _same(a, b, where=""):
 def _assert_same_folder(ds_dir, rz_dir):
     assert _files(ds_dir) == _files(rz_dir)
     for f in _files(ds_dir):
-        _same(read_keeping(os.path.join(ds_dir, f)), read_keeping(os.path.join(rz_dir, f)), f)
+        _same(load_file(os.path.join(ds_dir, f)), load_file(os.path.join(rz_dir, f)), f)
 
 
 @pytest.fixture(scope="module")

@@ -35,9 +35,10 @@ import torch
 from zero_from_scratch.as_deepspeed.checkpoint_3d_reader import DeepSpeedCheckpoint
 from zero_from_scratch.as_deepspeed.ds_to_universal_checks import _validate_autotp_conversion_support
 from zero_from_scratch.as_deepspeed.finder import ServedModule
-from zero_from_scratch.engine.checkpoint_ds import _DS_PICKLE, read_full
+from zero_from_scratch.engine.checkpoint_ds import read_full
 from zero_from_scratch.engine.checkpoint_universal_layout import (CAT_DIM, LATEST, PARAM, STATES, TP_PATTERNS, UC_INFO,
-                                                                  UC_KEYS, param_file, read_keeping)
+                                                                  UC_KEYS, param_file)
+from zero_from_scratch.engine.ds_pickle import DS_PICKLE, load_file
 
 __all__ = ["main", "parse_arguments", "dp_index_to_str", "atoi", "natural_keys", "DeepSpeedCheckpoint",
            "_get_checkpoint_files", "_get_optim_files", "_filter_zero3_optim_files", "_get_model_state_files",
@@ -134,7 +135,7 @@ def _get_zero3_model_state_files(checkpoint_dir):
 
 
 def _get_zero_stage(optim_files):
-    return read_keeping(optim_files[0])["optimizer_state_dict"].get("zero_stage", 1)
+    return load_file(optim_files[0])["optimizer_state_dict"].get("zero_stage", 1)
 
 
 def _inject_missing_state(ds_checkpoint):
@@ -164,7 +165,7 @@ def _refuse_tp_merge(info: dict) -> None:
 
 def _save(path: str, obj) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(obj, path, pickle_module=_DS_PICKLE)       # DeepSpeed's pickled classes keep their names
+    torch.save(obj, path, pickle_module=DS_PICKLE)       # DeepSpeed's pickled classes keep their names
 
 
 def _common_optimizer_state(osd: dict, stage: int) -> dict:
@@ -182,12 +183,12 @@ def _common_optimizer_state(osd: dict, stage: int) -> dict:
 
 def _save_optimizer_state(args, ds_checkpoint):
     """ZeRO-1/2: dp rank 0's file, read keeping DeepSpeed's pickled classes (its loss scaler) by name."""
-    osd = read_keeping(ds_checkpoint.get_zero_files(pp_index=0, tp_index=0, dp_index=0)[0])["optimizer_state_dict"]
+    osd = load_file(ds_checkpoint.get_zero_files(pp_index=0, tp_index=0, dp_index=0)[0])["optimizer_state_dict"]
     _save(os.path.join(args.output_folder, "zero", "optimizer_state.pt"), _common_optimizer_state(osd, 2))
 
 
 def _save_optimizer_state_stage3(args, optim_files):   # ZeRO-3: rank 0's file, whole
-    osd = read_keeping(optim_files[0])["optimizer_state_dict"]
+    osd = load_file(optim_files[0])["optimizer_state_dict"]
     _save(os.path.join(args.output_folder, "zero", "optimizer_state.pt"), _common_optimizer_state(osd, 3))
 
 
@@ -214,7 +215,7 @@ def _write_full_states(args, zero_stage: int) -> None:
 def _write_model_values(args, ds_checkpoint) -> None:
     """ZeRO-1/2: parameters without optimizer state (frozen) and buffers get their module value, in fp32."""
     for model_file in ds_checkpoint.mp_rank_files:
-        for name, t in (read_keeping(model_file).get("module") or {}).items():
+        for name, t in (load_file(model_file).get("module") or {}).items():
             if not os.path.isfile(param_file(args.output_folder, name, "fp32")):
                 _save(param_file(args.output_folder, name, "fp32"), {PARAM: t.float()})
 

@@ -41,9 +41,10 @@ import warnings
 
 import torch
 
-from zero_from_scratch.engine.checkpoint_ds import load_file, nonempty_groups
+from zero_from_scratch.engine.checkpoint_ds import nonempty_groups
 from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, loaded_hyper
-from zero_from_scratch.engine.checkpoint_universal_layout import LATEST, PARAM, param_file, read_keeping
+from zero_from_scratch.engine.checkpoint_universal_layout import LATEST, PARAM, param_file
+from zero_from_scratch.engine.ds_pickle import load_file
 from zero_from_scratch.engine.mpu import engine_mp
 
 # what DeepSpeed's _load_checkpoint leaves out of the client state it returns (runtime/engine.py)
@@ -110,7 +111,7 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     opt_path = os.path.join(d, "zero", "optimizer_state.pt")
     if not os.path.isfile(opt_path):     # DeepSpeed's assertion text (runtime/base_optimizer.py)
         raise AssertionError(f"{opt_path} containing optimizer global state is missing! Cannot proceed.")
-    osd = read_keeping(opt_path)
+    osd = load_file(opt_path)
     states = stage <= 2 or load_optimizer_states            # see the module docstring: DeepSpeed's rule
     full, numels = {}, _numels(engine)
     for name in engine.params_by_name:
