@@ -84,7 +84,8 @@ lin.weight.register_hook(lambda g: counts.append(u.count_used_parameters_in_back
 lin(torch.ones(1, 3)).sum().backward()
 print("count", counts)
 try:
-    with patch("deepspeed.runtime.zero.stage3.count_used_parameters_in_backward", wraps=u.count_used_parameters_in_backward):
+    with patch("deepspeed.runtime.zero.stage3.count_used_parameters_in_backward",
+               wraps=u.count_used_parameters_in_backward):
         print("patched")
 except NotImplementedError as e:
     print("refused", e)

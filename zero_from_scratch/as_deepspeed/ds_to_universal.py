@@ -14,10 +14,10 @@ What differs from DeepSpeed: its converter cuts every rank's partition into per-
 <output>/tmp in worker processes, then merges them; here the full tensors come from checkpoint_ds.read_full in
 this one process (the reader ringzero's load_checkpoint uses), so --num_extract_workers / --num_merge_workers
 and --keep_temp_folder have nothing to act on and say so. main takes DeepSpeed's steps in its order and by its
-module-level names (_get_optim_files, _get_zero_stage, DeepSpeedCheckpoint, _inject_missing_state, ...), looked up
-where a script would replace one: the served module under the runner (_ds). Refused, one line each: tensor-parallel (AutoTP /
-Megatron) slices, pipeline layer files, expert (MoE / AutoEP) files — DeepSpeed would merge them by the
-checkpoint's pattern lists; ringzero refuses AutoTP and MoE training, so it writes no such folder.
+module-level names (_get_optim_files, _get_zero_stage, DeepSpeedCheckpoint, _inject_missing_state, ...), looked
+up where a script would replace one: the served module under the runner (_ds). Refused, one line each:
+tensor-parallel (AutoTP / Megatron) slices, pipeline layer files, expert (MoE / AutoEP) files — DeepSpeed would
+merge them by the checkpoint's pattern lists; ringzero refuses AutoTP and MoE training, so it writes no such folder.
 Cost: every optimizer file is read once (O(Ψ) memory, the whole model's fp32 state), 3 files per parameter
 written (4 at ZeRO-1/2).
 """

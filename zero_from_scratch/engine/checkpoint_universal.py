@@ -180,10 +180,21 @@ def _shared_step_order(engine, numels: dict):
 
 
 def _ds_sub_groups(engine, numels: dict) -> int:
-    """How many sub-groups DeepSpeed's ZeRO-3 optimizer cuts the trainable groups into (stage3.py:
-    each group split every sub_group_size elements)."""
-    size = engine.config.sub_group_size
-    return sum(-(-sum(numels[n] for n in names) // size) for names in engine.group_names if names)
+    """How many sub-groups DeepSpeed's ZeRO-3 optimizer cuts the trainable groups into (stage3.py
+    _create_fp16_sub_groups: whole parameters, by each one's partition numel, a sub-group closed once it
+    reaches sub_group_size; a group within sub_group_size is one)."""
+    size, n, count = engine.config.sub_group_size, engine.comm.size, 0
+    for names in filter(None, engine.group_names):
+        parts = [-(-numels[name] // n) for name in names]
+        if size is None or size >= sum(parts):
+            count += 1
+            continue
+        run = 0
+        for i, k in enumerate(parts):
+            run += k
+            if run >= size or i == len(parts) - 1:
+                count, run = count + 1, 0
+    return count
 
 
 def _step(d: str, name: str):
