@@ -55,7 +55,8 @@ shared_step_load          a ZeRO-3 universal-checkpoint load of optimizer states
         one shared Adam step tensor (runtime/zero/stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3:
         `self.optimizer.state[fp32_param]['step'] = state_step`, the tensor of state[0]), which each sub-group's
         torch Adam step advances in turn; the runner steps the groups the same way (engine.ds_shared_step:
-        checkpoint_universal.py, step.py shared_step_turns) until a load of optimizer states gives them their own.
+        checkpoint_universal.py, step.py shared_step_turns) until a load of optimizer states gives them their own;
+        where a group exceeds sub_group_size (DeepSpeed steps it in pieces) ringzero warns and keeps one step per group.
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """

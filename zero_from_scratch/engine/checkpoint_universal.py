@@ -25,9 +25,9 @@ load_checkpoint / _load_checkpoint / _load_zero_checkpoint and the optimizers' _
 DeepSpeed's ZeRO-3 load hands every sub-group (a param group cut every sub_group_size elements) the SAME step
 tensor (state[0]["step"]), which torch's Adam then advances once per sub-group per step: sub-group i of G steps
 with base + i + 1 and all read base + G after it. Under the runner (engine.ds_shared_step, quirks.py) ringzero
-does the same where each group is one sub-group (engine/step.py: shared_step_turns); a group cut into several
-sub-groups (each a different step count) is refused. ringzero's own entry point keeps one step per group and
-warns where DeepSpeed's would differ (tests/test_checkpoint_universal.py shows both).
+does the same where each group is one sub-group (engine/step.py: shared_step_turns). Where a group is cut into
+several sub-groups (each piece at its own count), and at ringzero's own entry point, it keeps one step per group
+and warns on rank 0 that DeepSpeed's later losses differ (tests/test_checkpoint_universal.py shows both).
 Refused, one line each: ZeRO stage 0 (DeepSpeed reads a universal folder only through a ZeRO optimizer; its
 stage-0 engine would call the torch optimizer's load_state_dict on the model file's None) and model
 parallelism (an mpu: DeepSpeed would cut each tensor-parallel slice with AutoTP metadata ringzero lacks).
@@ -160,23 +160,21 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
 
 def _shared_step_order(engine, numels: dict):
     """The groups that share DeepSpeed's one step tensor, in its stepping order (None: nothing shared), at a ZeRO-3
-    load of optimizer states; see the module docstring. Refuses what one step per group cannot follow."""
+    load of optimizer states; see the module docstring. Where one step per group cannot follow DeepSpeed (outside
+    the runner, or a group DeepSpeed cuts into several sub-groups, each piece at its own count) rank 0 warns."""
     order, subs = nonempty_groups(engine), _ds_sub_groups(engine, numels)
     if subs <= 1:
         return None
-    if not getattr(engine, "ds_shared_step", False):
-        if engine.comm.global_rank == 0:
-            warnings.warn(f"universal load at ZeRO-3: DeepSpeed would give its {subs} sub-groups one shared step "
-                          "tensor, which its Adam then advances once per sub-group each step; ringzero keeps one step "
-                          "per group, so the resumed losses differ from DeepSpeed's", stacklevel=4)
-        return None
-    if subs != len(order):
-        raise NotImplementedError(f"rank {engine.comm.global_rank}: universal load at ZeRO-3 with a param group larger "
-                                  f"than zero_optimization.sub_group_size ({engine.config.sub_group_size}): DeepSpeed "
-                                  f"would step its {subs} sub-groups with one shared step tensor, each piece of a group "
-                                  "at a different count; ringzero keeps one step per group: raise sub_group_size above "
-                                  "the largest group's numel")
-    return order
+    runner = getattr(engine, "ds_shared_step", False)
+    if runner and subs == len(order):
+        return order
+    if engine.comm.global_rank == 0:
+        why = (f"a group larger than zero_optimization.sub_group_size ({engine.config.sub_group_size}) steps in "
+               "pieces, each at its own count of it, which " if runner else "")
+        warnings.warn(f"universal load at ZeRO-3: DeepSpeed would give its {subs} sub-groups one shared step tensor, "
+                      f"which its Adam then advances once per sub-group each step; {why}ringzero keeps one step per "
+                      "group, so the resumed losses differ from DeepSpeed's", stacklevel=4)
+    return None
 
 
 def _ds_sub_groups(engine, numels: dict) -> int:
