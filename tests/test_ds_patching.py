@@ -1,6 +1,6 @@
 """A script that patches DeepSpeed's module-level names, under the runner and under real DeepSpeed 0.19.8.
 
-    python -m pytest -q tests/test_ds_patching.py        # ~40 s on 2 cores (4 interpreters, 2 importing DeepSpeed)
+    python -m pytest -q tests/test_ds_patching.py        # 11-40 s on 2 cores by load (4 interpreters, 2 import DeepSpeed)
 
 Scripts (and DeepSpeed's own tests) replace a module's function to steer or watch it: a patch must either act
 as it does on DeepSpeed or fail saying why it cannot. (a) ds_to_universal's main calls its steps by DeepSpeed's
