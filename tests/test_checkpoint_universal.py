@@ -12,7 +12,7 @@ tensor equal (dtype, shape, value) — both are copies of the saved fp32 values,
 Adam moments are copies (equal exactly), and the next 3 losses agree to fp32 summation rounding (1e-6
 relative: the losses themselves have measured equal; a different reduction order may move the last bits),
 bf16 to 2e-3 relative (one bf16 ulp of a weight after a step, 2^-8 relative, moves the loss that much).
-The files DeepSpeed classes pickled (its loss scaler) are read with checkpoint_universal_layout.read_keeping,
+The files DeepSpeed classes pickled (its loss scaler) are read with ds_pickle.load_file,
 so the ranks that run the served converter never import DeepSpeed (the runner's finder refuses once it is
 imported); the pytest process imports it only to skip where it is absent.
 """
@@ -26,7 +26,7 @@ import torch
 
 from conftest import run_cmd
 from parity.zero.universal_compare import GLOBAL_BATCH as GB, _train   # its batches: seeded per step, cut per rank
-from zero_from_scratch.engine.checkpoint_universal_layout import _Kept, read_keeping
+from zero_from_scratch.engine.ds_pickle import _Kept, load_file
 
 pytest.importorskip("deepspeed")
 SAVE_AT, TAG = 3, "global_step3"
@@ -52,17 +52,21 @@ def _engine(side, stage, world, bf16, groups, universal):
 
 
 def _save(rank, world, root, jobs):
-    for name, stage, bf16, groups in jobs:
-        e = _engine("ours", stage, world, bf16, groups, False)
+    for name, stage, bf16, groups, *side in jobs:      # side: "ours" unless named
+        e = _engine((side or ["ours"])[0], stage, world, bf16, groups, False)
         _train(e, range(1, SAVE_AT + 1), rank, world)
         e.save_checkpoint(os.path.join(root, name), tag=TAG, client_state={"universal_checkpoint_info": {}})
 
 
-def _resume(rank, world, folder, stage, bf16, groups, uc_tag):
+def _resume(rank, world, folder, stage, bf16, groups, uc_tag, runner=False):
+    """runner: ringzero's engine takes the runner's DeepSpeed quirk for this load (quirks.shared_step_load)."""
     from parity.zero.sides import full_params
+    from zero_from_scratch.as_deepspeed import quirks
     out = {}
     for side in ("deepspeed", "ours"):
         e = _engine(side, stage, world, bf16, groups, True)
+        if side == "ours" and runner:
+            quirks.shared_step_load(e)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             path, client = e.load_checkpoint(folder, tag=uc_tag)
@@ -142,7 +146,7 @@ def _same(a, b, where=""):
 def _assert_same_folder(ds_dir, rz_dir):
     assert _files(ds_dir) == _files(rz_dir)
     for f in _files(ds_dir):
-        _same(read_keeping(os.path.join(ds_dir, f)), read_keeping(os.path.join(rz_dir, f)), f)
+        _same(load_file(os.path.join(ds_dir, f)), load_file(os.path.join(rz_dir, f)), f)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +167,18 @@ def test_served_converter_writes_deepspeeds_files(folders, name):
     assert open(os.path.join(root, "latest_universal")).read() == os.path.basename(rz_dir)   # the last to run
 
 
+@pytest.mark.slow
+def test_served_converter_reads_folders_real_deepspeed_wrote(tmp_path):
+    """Real DeepSpeed trains and saves at N = 2 (fp32, two param groups; ZeRO-1 and ZeRO-3): the runner's converter
+    reads its files and writes the folder DeepSpeed's own converter writes, every tensor equal."""
+    from primitives.launch import spawn
+    jobs = [("d1", 1, False, 2, "deepspeed"), ("d3", 3, False, 2, "deepspeed")]
+    spawn(_save, 2, args=(str(tmp_path), jobs), timeout=300)
+    for name, (ds_dir, rz_dir) in _convert_both({n: str(tmp_path / n) for n, *_ in jobs}).items():
+        assert any(f.endswith("exp_avg.pt") for f in _files(rz_dir)), name
+        _assert_same_folder(ds_dir, rz_dir)
+
+
 def test_runner_dash_m_runs_deepspeeds_converter_command(folders, tmp_path):
     """python -m zero_from_scratch.as_deepspeed -m deepspeed.checkpoint.ds_to_universal ..., as DeepSpeed users run
     it with python -m: the files real DeepSpeed's converter wrote; a module with no served command line refused."""
@@ -177,7 +193,7 @@ def test_runner_dash_m_runs_deepspeeds_converter_command(folders, tmp_path):
     assert "-m MODULE" in run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed --help").stdout
 
 
-def _check_resume(res, bf16=False, all_losses=True):
+def _check_resume(res, bf16=False, all_losses=True, steps=SAVE_AT + 1):
     for rank_res in res:                      # every rank: its gathered view of the loaded state
         ds, rz = rank_res["deepspeed"], rank_res["ours"]
         for n in ds["params"]:
@@ -189,7 +205,7 @@ def _check_resume(res, bf16=False, all_losses=True):
         tol = 2e-3 if bf16 else 1e-6
         assert ds["losses"][0] == pytest.approx(rz["losses"][0], rel=tol)      # same weights: same first loss
         if all_losses:
-            assert ds["steps_after_one"] == rz["steps_after_one"] == [SAVE_AT + 1] * len(ds["steps_after_one"])
+            assert ds["steps_after_one"] == rz["steps_after_one"] == [steps] * len(ds["steps_after_one"])
             assert rz["losses"] == pytest.approx(ds["losses"], rel=tol)
 
 
@@ -219,19 +235,29 @@ def test_convert_and_load_more_stages(tmp_path, stage, bf16, world):
 
 
 @pytest.mark.slow
-def test_zero3_two_groups_deepspeed_counts_one_shared_step(tmp_path):
+def test_zero3_two_groups_shared_step_under_runner_own_steps_outside(tmp_path):
     """DeepSpeed's ZeRO-3 universal load gives every sub-group state[0]'s step tensor itself; torch's Adam
-    advances it once per group, so one step after the load both groups read SAVE_AT + 2. ringzero keeps one
-    step per group (SAVE_AT + 1): the loaded state and the first loss agree, the later losses may not."""
+    advances it once per group, so one step after the load both groups read SAVE_AT + 2 (a decay and a no-decay
+    group, as the HF Trainer builds them). Under the runner ringzero steps the same way: the same steps and the
+    same losses (1e-6 relative, fp32). Its own entry point keeps one step per group (SAVE_AT + 1), and rank 0
+    warns that DeepSpeed's later losses differ."""
     from primitives.launch import spawn
     spawn(_save, 2, args=(str(tmp_path), [("z3g2", 3, False, 2)]), timeout=300)
     root = str(tmp_path / "z3g2")
     _convert_both({"z3g2": root})
-    res = spawn(_resume, 2, args=(root, 3, False, 2, f"{TAG}_ds"), timeout=300)
+    res = spawn(_resume, 2, args=(root, 3, False, 2, f"{TAG}_ds", True), timeout=300)
+    _check_resume(res, steps=SAVE_AT + 2)
+    print("runner, max relative Δloss vs DeepSpeed over ranks and steps:", max(   # pytest -s shows it
+        abs(a - b) / abs(a) for r in res for a, b in zip(r["deepspeed"]["losses"], r["ours"]["losses"])))
+    assert not any(r["ours"]["shared_step_warned"] for r in res)
+    res = spawn(_resume, 2, args=(root, 3, False, 2, f"{TAG}_ds", False), timeout=300)
     _check_resume(res, all_losses=False)
     for r in res:
         assert r["deepspeed"]["steps_after_one"] == [SAVE_AT + 2] * 2
         assert r["ours"]["steps_after_one"] == [SAVE_AT + 1] * 2
+        assert r["ours"]["losses"][1:] != pytest.approx(r["deepspeed"]["losses"][1:], rel=1e-6)
+    print("own entry, max relative Δloss vs DeepSpeed:", max(
+        abs(a - b) / abs(a) for r in res for a, b in zip(r["deepspeed"]["losses"], r["ours"]["losses"])))
     assert res[0]["ours"]["shared_step_warned"] and not res[1]["ours"]["shared_step_warned"]   # rank 0 says so
 
 
@@ -286,3 +312,22 @@ def test_converter_frozen_parameter_and_buffer(tmp_path):
     for name, (ds_dir, rz_dir) in out.items():
         _assert_same_folder(ds_dir, rz_dir)
         assert os.path.isfile(os.path.join(rz_dir, "zero", "scale", "fp32.pt")) == (name == "f1")
+
+
+def test_zero3_shared_step_only_where_each_group_is_one_deepspeed_sub_group():
+    """DeepSpeed's stage3.py _create_fp16_sub_groups cuts a group whose partition numel exceeds sub_group_size
+    after each whole parameter that reaches it; each piece would step at its own count of the shared step, which
+    one step per group cannot follow: there (and at ringzero's own entry point) rank 0 warns and steps stay per
+    group."""
+    from types import SimpleNamespace as NS
+    from zero_from_scratch.engine.checkpoint_universal import _shared_step_order
+    numels = {"a": 16, "b": 16, "c": 4, "d": 6}         # partitions at N = 2: 8, 8, 2, 3
+    e = NS(group_names=[["a", "b"], [], ["c", "d"]], config=NS(sub_group_size=16), comm=NS(size=2, global_rank=0),
+           ds_shared_step=True)
+    assert _shared_step_order(e, numels) == [0, 2]     # 16 ≥ 8 + 8: two groups, two sub-groups
+    e.config.sub_group_size = 8                          # group 0 → [a], [b]
+    with pytest.warns(UserWarning, match="its 3 sub-groups one shared step tensor.*sub_group_size .8. steps in pieces"):
+        assert _shared_step_order(e, numels) is None
+    e.config.sub_group_size, e.ds_shared_step = 16, False
+    with pytest.warns(UserWarning, match="DeepSpeed would give its 2 sub-groups one shared step tensor"):
+        assert _shared_step_order(e, numels) is None

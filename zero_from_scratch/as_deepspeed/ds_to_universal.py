@@ -13,9 +13,11 @@ world size with "checkpoint": {"load_universal": true} (engine/checkpoint_univer
 What differs from DeepSpeed: its converter cuts every rank's partition into per-parameter fragment files under
 <output>/tmp in worker processes, then merges them; here the full tensors come from checkpoint_ds.read_full in
 this one process (the reader ringzero's load_checkpoint uses), so --num_extract_workers / --num_merge_workers
-and --keep_temp_folder have nothing to act on and say so. Refused, one line each: tensor-parallel (AutoTP /
-Megatron) slices, pipeline layer files, expert (MoE / AutoEP) files — DeepSpeed would merge them by the
-checkpoint's pattern lists; ringzero refuses AutoTP and MoE training, so it writes no such folder.
+and --keep_temp_folder have nothing to act on and say so. main takes DeepSpeed's steps in its order and by its
+module-level names (_get_optim_files, _get_zero_stage, DeepSpeedCheckpoint, _inject_missing_state, ...), looked
+up where a script would replace one: the served module under the runner (_ds). Refused, one line each:
+tensor-parallel (AutoTP / Megatron) slices, pipeline layer files, expert (MoE / AutoEP) files — DeepSpeed would
+merge them by the checkpoint's pattern lists; ringzero refuses AutoTP and MoE training, so it writes no such folder.
 Cost: every optimizer file is read once (O(Ψ) memory, the whole model's fp32 state), 3 files per parameter
 written (4 at ZeRO-1/2).
 """
@@ -26,15 +28,22 @@ import glob
 import os
 import re
 import shutil
+import sys
 
 import torch
 
-from zero_from_scratch.engine.checkpoint_ds import _DS_PICKLE, read_full
+from zero_from_scratch.as_deepspeed.checkpoint_3d_reader import DeepSpeedCheckpoint
+from zero_from_scratch.as_deepspeed.ds_to_universal_checks import _validate_autotp_conversion_support
+from zero_from_scratch.as_deepspeed.finder import ServedModule
+from zero_from_scratch.engine.checkpoint_ds import read_full
 from zero_from_scratch.engine.checkpoint_universal_layout import (CAT_DIM, LATEST, PARAM, STATES, TP_PATTERNS, UC_INFO,
-                                                                  UC_KEYS, param_file, read_keeping)
+                                                                  UC_KEYS, param_file)
+from zero_from_scratch.engine.ds_pickle import DS_PICKLE, load_file
 
-__all__ = ["main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata",
-           "_validate_autotp_conversion_support"]
+__all__ = ["main", "parse_arguments", "dp_index_to_str", "atoi", "natural_keys", "DeepSpeedCheckpoint",
+           "_get_checkpoint_files", "_get_optim_files", "_filter_zero3_optim_files", "_get_model_state_files",
+           "_is_expert_model_state_file", "_get_zero3_model_state_files", "_get_zero_stage", "_inject_missing_state",
+           "_check_for_required_state", "_save_optimizer_state", "_save_optimizer_state_stage3"]
 
 _SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
 _NOT_SERVED = ("ringzero serves ds_to_universal for data-parallel ZeRO folders only; ringzero refuses AutoTP, "
@@ -66,41 +75,6 @@ def dp_index_to_str(dp_index: int) -> str:
     return f"{dp_index:0>2d}"
 
 
-def _aggregate_autoep_zero12_metadata(model_state_metadata):
-    """DeepSpeed's check of DeepSpeedCheckpoint.model_state_metadata ([(model file, {param_shapes: {name: shape},
-    ds_autoep_layers, ds_config}), ...]) before a ZeRO-1/2 conversion: (per-file param shapes, the AutoEP layer
-    entries merged by expert_key_prefix or None, use_data_before_expert_parallelism), DeepSpeed's RuntimeError
-    for a malformed entry. ringzero writes no AutoEP layers (it refuses MoE), so its folders give None."""
-    shapes, by_prefix, source, ordering = [], {}, {}, {}
-    for path, meta in model_state_metadata:
-        if not isinstance(meta["param_shapes"], dict):
-            raise RuntimeError(f"DeepSpeed checkpoint param_shapes must contain dictionaries in {path}.")
-        shapes.append(meta["param_shapes"])
-        layers = meta["ds_autoep_layers"]
-        if layers is not None and not isinstance(layers, list):
-            raise RuntimeError(f"AutoEP metadata must be a list in {path}.")
-        for layer in layers or ():
-            if not isinstance(layer, dict):
-                raise RuntimeError(f"AutoEP layer metadata must contain dictionaries in {path}.")
-            prefix = layer.get("expert_key_prefix")
-            if not isinstance(prefix, str) or not prefix:
-                raise RuntimeError(f"AutoEP expert_key_prefix must be a non-empty string in {path}.")
-            if by_prefix.setdefault(prefix, layer) != layer:
-                raise RuntimeError(f"Conflicting AutoEP metadata for expert_key_prefix {prefix!r} in "
-                                   f"{source[prefix]} and {path}.")
-            source.setdefault(prefix, path)
-        cfg = meta["ds_config"]
-        if not isinstance(cfg, dict):
-            raise RuntimeError(f"DeepSpeed checkpoint ds_config must be a dictionary in {path}.")
-        ordering[path] = cfg.get("use_data_before_expert_parallelism", False)
-        if not isinstance(ordering[path], bool):
-            raise RuntimeError(f"DeepSpeed checkpoint use_data_before_expert_parallelism must be a boolean in {path}.")
-    if len(set(ordering.values())) != 1:
-        raise RuntimeError("DeepSpeed checkpoint use_data_before_expert_parallelism disagrees across model-state "
-                           f"files: {ordering}")
-    return shapes, list(by_prefix.values()) or None, next(iter(ordering.values()))
-
-
 def _refuse_unserved(folder: str) -> None:
     names = [os.path.basename(f) for f in glob.glob(os.path.join(folder, "*_model_states.pt"))]
     tp = [n for n in names if re.search(r"mp_rank_(\d+)", n) and int(re.search(r"mp_rank_(\d+)", n).group(1)) > 0]
@@ -112,23 +86,74 @@ def _refuse_unserved(folder: str) -> None:
                                   f"them per stage / expert; {_NOT_SERVED} such a folder ({folder})")
 
 
-def _validate_autotp_conversion_support(info: dict) -> None:
-    """DeepSpeed's ValueError for parameters its AutoTP marked unconvertible (a checkpoint's own record)."""
-    bad = info.get(UC_KEYS["AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS"], {})
-    if bad:
-        details = ", ".join(f"{p}: {why}" for p, why in sorted(bad.items()))
-        raise ValueError(f"AutoTP universal checkpoint conversion is not supported for {details}.")
+def _ds():
+    """Where main looks up each step: under the runner the served deepspeed.checkpoint.ds_to_universal, whose names
+    resolve to this module's functions unless a script replaced one there (as DeepSpeed's own tests monkeypatch
+    _get_optim_files, DeepSpeedCheckpoint, ...); run directly, this module."""
+    served = sys.modules.get("deepspeed.checkpoint.ds_to_universal")
+    return served if isinstance(served, ServedModule) else sys.modules[__name__]
 
 
-def _check_uc_info(model: dict, args) -> None:
-    """ZeRO-1/2: DeepSpeed's _check_for_required_state (after --inject_missing_state), its AutoTP check, and
-    pattern lists, which only a tensor-parallel merge reads."""
-    info = model.get(UC_INFO)
-    if info is None and getattr(args, "inject_missing_state", False):
-        info = {UC_KEYS["UNIVERSAL_CHECKPOINT_VERSION_KEY"]: UC_KEYS["UNIVERSAL_CHECKPOINT_VERSION_VALUE"]}
+def atoi(text):
+    return int(text) if text.isdigit() else text
+
+
+def natural_keys(text):      # DeepSpeed's file order: zero_pp_rank_2 before zero_pp_rank_10
+    return [atoi(c) for c in re.split(r"(\d+)", text)]
+
+
+def _get_checkpoint_files(checkpoint_dir, glob_pattern):
+    files = sorted(glob.glob(os.path.join(checkpoint_dir, glob_pattern)), key=natural_keys)
+    if not files:
+        raise FileNotFoundError(f"can't find {glob_pattern} files in directory '{checkpoint_dir}'")
+    return files
+
+
+def _get_optim_files(checkpoint_dir):
+    return _ds()._get_checkpoint_files(checkpoint_dir, "*_optim_states.pt")
+
+
+def _filter_zero3_optim_files(optim_files):
+    """The files a ZeRO-3 save names by rank (bf16_ or not), which the stage is read from first."""
+    return [f for f in optim_files if re.match(r"(?:bf16_)?zero_pp_rank_", os.path.basename(f))]
+
+
+def _get_model_state_files(checkpoint_dir):
+    return _ds()._get_checkpoint_files(checkpoint_dir, "*_model_states.pt")
+
+
+def _is_expert_model_state_file(checkpoint_file):
+    name = os.path.basename(checkpoint_file)
+    return name.startswith("layer_") and "_expert_" in name
+
+
+def _get_zero3_model_state_files(checkpoint_dir):
+    files = [f for f in _ds()._get_model_state_files(checkpoint_dir) if not _is_expert_model_state_file(f)]
+    if not files:
+        raise FileNotFoundError(f"can't find ZeRO Stage 3 model state files in directory '{checkpoint_dir}'")
+    return files
+
+
+def _get_zero_stage(optim_files):
+    return load_file(optim_files[0])["optimizer_state_dict"].get("zero_stage", 1)
+
+
+def _inject_missing_state(ds_checkpoint):
+    """--inject_missing_state: a folder saved without universal_checkpoint_info gets DeepSpeed's minimal one."""
+    if ds_checkpoint.get_checkpoint_info(UC_INFO) is None:
+        ds_checkpoint.global_state[UC_INFO] = {UC_KEYS["UNIVERSAL_CHECKPOINT_VERSION_KEY"]:
+                                               UC_KEYS["UNIVERSAL_CHECKPOINT_VERSION_VALUE"]}
+
+
+def _check_for_required_state(ds_checkpoint):
+    info = ds_checkpoint.get_checkpoint_info(UC_INFO)
     assert info is not None, (f"Required {UC_INFO} state is missing in checkpoint. Verify that client creates this "
                               "state.")
-    _validate_autotp_conversion_support(info)
+    _ds()._validate_autotp_conversion_support(info)
+
+
+def _refuse_tp_merge(info: dict) -> None:
+    """Pattern lists in universal_checkpoint_info are read only by DeepSpeed's tensor-parallel merge."""
     used = [k for k in TP_PATTERNS if info.get(k)]
     if used:
         raise NotImplementedError(f"{UC_INFO} sets {used}: DeepSpeed's merge_tp_slices would apply them to each "
@@ -140,13 +165,12 @@ def _check_uc_info(model: dict, args) -> None:
 
 def _save(path: str, obj) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(obj, path, pickle_module=_DS_PICKLE)       # DeepSpeed's pickled classes keep their names
+    torch.save(obj, path, pickle_module=DS_PICKLE)       # DeepSpeed's pickled classes keep their names
 
 
-def _optimizer_state(optim_file: str, stage: int) -> dict:
+def _common_optimizer_state(osd: dict, stage: int) -> dict:
     """zero/optimizer_state.pt: rank 0's optimizer dict less its per-rank tensors, plus param_groups. ZeRO-1/2
     as DeepSpeedCheckpoint hands it over (group_paddings zeroed, partition_count the same N); ZeRO-3 whole."""
-    osd = read_keeping(optim_file)["optimizer_state_dict"]
     if stage == 3:
         return {**osd, "param_groups": osd["optimizer_state_dict"]["param_groups"]}
     out = {k: v for k, v in osd.items() if k not in _SHARDED}
@@ -157,47 +181,82 @@ def _optimizer_state(optim_file: str, stage: int) -> dict:
     return {**out, "param_groups": osd["base_optimizer_state"]["param_groups"]}
 
 
-def main(args) -> None:
-    src, dst = args.input_folder, args.output_folder
-    print("Convert DeepSpeed Checkpoint to Universal Checkpoint")
-    print(f"Converting DeepSpeed checkpoint in {src} to Universal checkpoint in {dst}")
-    optim_files = sorted(glob.glob(os.path.join(src, "*_optim_states.pt")))
-    if not optim_files:
-        raise FileNotFoundError(f"can't find *_optim_states.pt files in directory '{src}'")
-    _refuse_unserved(src)
-    for flag, dflt in (("num_extract_workers", 4), ("num_merge_workers", 2), ("keep_temp_folder", False)):
-        if getattr(args, flag, dflt) not in (dflt, 1, False):
-            print(f"note: --{flag}: DeepSpeed parallelises / keeps its fragment files; ringzero converts in this "
-                  "process with no temp files (the same output)")
-    full, model, optim = read_full(src)
-    stage = int(optim[0].get("zero_stage", 1))
-    if stage <= 2:
-        _check_uc_info(model, args)
-    print("*** 1-2. Reading every rank's partitions and writing each parameter's full states")
+def _save_optimizer_state(args, ds_checkpoint):
+    """ZeRO-1/2: dp rank 0's file, read keeping DeepSpeed's pickled classes (its loss scaler) by name."""
+    osd = load_file(ds_checkpoint.get_zero_files(pp_index=0, tp_index=0, dp_index=0)[0])["optimizer_state_dict"]
+    _save(os.path.join(args.output_folder, "zero", "optimizer_state.pt"), _common_optimizer_state(osd, 2))
+
+
+def _save_optimizer_state_stage3(args, optim_files):   # ZeRO-3: rank 0's file, whole
+    osd = load_file(optim_files[0])["optimizer_state_dict"]
+    _save(os.path.join(args.output_folder, "zero", "optimizer_state.pt"), _common_optimizer_state(osd, 3))
+
+
+def _write_full_states(args, zero_stage: int) -> None:
+    """DeepSpeed's steps 1-2 (extract every rank's fragments, merge them per parameter), from full tensors."""
+    full, model, optim = read_full(args.input_folder)
     steps = {}
-    if stage <= 2:
+    if zero_stage <= 2:
         groups = optim[0]["base_optimizer_state"]["state"]
         steps = {name: groups[g]["step"] for g, shapes in enumerate(model["param_shapes"]) for name in shapes
                  if "step" in groups.get(g, {})}
+    dst = args.output_folder
     for name, states in full.items():
         for state in STATES:
             t = states["master" if state == "fp32" else state]
-            if stage == 3:
+            if zero_stage == 3:
                 _save(param_file(dst, name, state), t.reshape(-1).clone())     # DeepSpeed's DP-only merge: flat
             else:
                 _save(param_file(dst, name, state), {CAT_DIM: 0, PARAM: t.clone()})
         if name in steps:
             _save(param_file(dst, name, "step"), steps[name])
-    if stage <= 2:   # parameters without optimizer state (frozen) and buffers: their module value, in fp32
-        for name, t in model["module"].items():
-            if not os.path.isfile(param_file(dst, name, "fp32")):
-                _save(param_file(dst, name, "fp32"), {PARAM: t.float()})
-    print("*** 3. Saving common optimizer states")
-    _save(os.path.join(dst, "zero", "optimizer_state.pt"), _optimizer_state(optim_files[0], stage))
-    pattern = "mp_rank_*_model_states.pt" if stage <= 2 else "*model_states.pt"
-    for f in sorted(glob.glob(os.path.join(src, pattern))):
-        shutil.copy2(f, dst)
-    root, step_folder = os.path.split(dst)
+
+
+def _write_model_values(args, ds_checkpoint) -> None:
+    """ZeRO-1/2: parameters without optimizer state (frozen) and buffers get their module value, in fp32."""
+    for model_file in ds_checkpoint.mp_rank_files:
+        for name, t in (load_file(model_file).get("module") or {}).items():
+            if not os.path.isfile(param_file(args.output_folder, name, "fp32")):
+                _save(param_file(args.output_folder, name, "fp32"), {PARAM: t.float()})
+
+
+def main(args) -> None:
+    """DeepSpeed's main, step for step and by the same module-level names (a script may replace any of them)."""
+    ds = _ds()
+    print("Convert DeepSpeed Checkpoint to Universal Checkpoint")
+    print(f"Converting DeepSpeed checkpoint in {args.input_folder} to Universal checkpoint in {args.output_folder}")
+    optim_files = ds._get_optim_files(args.input_folder)
+    zero3_optim_files = ds._filter_zero3_optim_files(optim_files)
+    zero_stage = ds._get_zero_stage(zero3_optim_files or optim_files)
+    if zero_stage > 2 and zero3_optim_files:
+        optim_files = zero3_optim_files
+    _refuse_unserved(args.input_folder)
+    for flag, dflt in (("num_extract_workers", 4), ("num_merge_workers", 2), ("keep_temp_folder", False)):
+        if getattr(args, flag, dflt) not in (dflt, 1, False):
+            print(f"note: --{flag}: DeepSpeed parallelises / keeps its fragment files; ringzero converts in this "
+                  "process with no temp files (the same output)")
+    if zero_stage <= 2:
+        ds_checkpoint = ds.DeepSpeedCheckpoint(args.input_folder)
+        if args.inject_missing_state:
+            ds._inject_missing_state(ds_checkpoint)
+        ds._check_for_required_state(ds_checkpoint)
+        _refuse_tp_merge(ds_checkpoint.get_checkpoint_info(UC_INFO) or {})
+        print("*** 1-2. Reading every rank's partitions and writing each parameter's full states")
+        _write_full_states(args, zero_stage)
+        _write_model_values(args, ds_checkpoint)
+        print("*** 3. Saving common optimizer states")
+        ds._save_optimizer_state(args, ds_checkpoint)
+        for f in ds_checkpoint.mp_rank_files:
+            shutil.copy2(f, args.output_folder)
+    else:
+        model_files = ds._get_zero3_model_state_files(args.input_folder)
+        print("*** 1-2. Reading every rank's partitions and writing each parameter's full states")
+        _write_full_states(args, zero_stage)
+        print("*** 3. Saving common optimizer states")
+        ds._save_optimizer_state_stage3(args, optim_files)
+        for f in model_files:
+            shutil.copy2(f, args.output_folder)
+    root, step_folder = os.path.split(args.output_folder)
     with open(os.path.join(root, LATEST), "w") as f:
         f.write(step_folder)
     print("*** Done!")

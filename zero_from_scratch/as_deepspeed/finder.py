@@ -130,6 +130,14 @@ class ServedModule(types.ModuleType):
         setattr(self, attr, value)
         return value
 
+    def __setattr__(self, attr: str, value) -> None:
+        """A refused name replaced (unittest.mock.patch, monkeypatch.setattr) would change nothing ringzero runs:
+        that fails with the name's one line; its own placeholder (the cache above, a patch's undo) binds."""
+        name = f"{self.__name__}.{attr}"
+        if name in served.REFUSED and not isinstance(value, _Refused):
+            raise NotServedError(refused(name)._message)
+        super().__setattr__(attr, value)
+
     def __dir__(self):
         mine = [n for n in (*served.SERVED, *served.REFUSED, *served.MODULES) if n.rpartition(".")[0] == self.__name__]
         return sorted(set(super().__dir__()) | {n.rpartition(".")[2] for n in mine if not n.endswith("*")})

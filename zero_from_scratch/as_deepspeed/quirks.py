@@ -51,6 +51,12 @@ lr_on_load                the engine's WarmupLR / WarmupDecayLR: load_checkpoint
         step, as DeepSpeed's load_state_dict (runtime/lr_schedules.py): get_last_lr() keeps its construction
         value until the next step; the lr the resumed step uses is the loaded optimizer's (its construction
         lr with load_optimizer_states=False), as DeepSpeed's; ringzero's own sets the loaded step's lr.
+shared_step_load          a ZeRO-3 universal-checkpoint load of optimizer states: every optimizer sub-group gets
+        one shared Adam step tensor (runtime/zero/stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3:
+        `self.optimizer.state[fp32_param]['step'] = state_step`, the tensor of state[0]), which each sub-group's
+        torch Adam step advances in turn; the runner steps the groups the same way (engine.ds_shared_step:
+        checkpoint_universal.py, step.py shared_step_turns) until a load of optimizer states gives them their own;
+        where a group exceeds sub_group_size (DeepSpeed steps it in pieces) ringzero warns and keeps one step per group.
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
@@ -221,6 +227,11 @@ def expose_torch_optimizer(engine) -> None:
 def dp_change_load(engine) -> None:
     if hasattr(engine, "group_names"):      # the ZeRO engine (the pipeline's checkpoints are its own)
         engine.ds_dp_change = True
+
+
+def shared_step_load(engine) -> None:
+    if hasattr(engine, "group_names"):      # the ZeRO engine (the pipeline's has no universal load)
+        engine.ds_shared_step = True
 
 
 def lr_on_load(engine) -> None:

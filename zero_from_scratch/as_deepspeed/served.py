@@ -110,8 +110,6 @@ SERVED: dict[str, str] = {
     "deepspeed.runtime.zero.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.unwrap_model_for_generation": f"{_R}.zero_utils:unwrap_model_for_generation",
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": f"{_R}.zero3_optimizer:DeepSpeedZeroOptimizer_Stage3",
-    **{f"deepspeed.runtime.{m}.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward"
-       for m in ("utils", "zero.stage_1_and_2", "zero.stage3")},    # the stages' import of it: the same function
     **{f"deepspeed.runtime.{m}.{c}": f"{_R}.optimizer_classes:{c}"
        for m, c in (("bf16_optimizer", "BF16_Optimizer"), ("zero.stage_1_and_2", "DeepSpeedZeroOptimizer"))},
     "deepspeed.runtime.utils.see_memory_usage": f"{_R}.utils:see_memory_usage",
@@ -231,6 +229,18 @@ SERVED.update({
         "_get_expert_parallel_world_size", "_get_expert_data_parallel_world_size", "_get_expert_parallel_rank",
         "_get_expert_data_parallel_rank", "_get_expert_model_parallel_world_size")},
 })
+
+# --- count_used_parameters_in_backward: the runtime.utils function is served (it counts the parameters the running
+# backward will reach); the ZeRO stage modules' own import of it is refused by name: a script patching it there
+# expects the stage's gradient hooks to call it, and ringzero's never do
+SERVED["deepspeed.runtime.utils.count_used_parameters_in_backward"] = f"{_R}.utils:count_used_parameters_in_backward"
+REFUSED.update({f"deepspeed.runtime.zero.{m}.count_used_parameters_in_backward": (
+    "call it once per backward from its gradient hooks, to know when the last expected gradient of the backward "
+    "has arrived and the bucketed reduction can be flushed",
+    "none needed: ringzero's ZeRO engine ends a backward (flushes its last bucket) when autograd returns, "
+    "so it never counts parameters; deepspeed.runtime.utils.count_used_parameters_in_backward is the same count, served")
+    for m in ("stage_1_and_2", "stage3")})
+# --- end of the count_used_parameters_in_backward block
 
 # the deepspeed.checkpoint package: its descriptors, reshape, universal checkpoint and the keys it does not serve
 MODULES += served_checkpoint.MODULES

@@ -76,9 +76,14 @@ REFUSED.update({f"deepspeed.checkpoint.{n}": (what, "load_checkpoint of ringzero
 # folder; "checkpoint": {"load_universal": true} loads it (engine/checkpoint_universal.py). Tensor-parallel /
 # AutoTP slices are refused: ringzero refuses AutoTP training (the tensor_parallel key), so it writes none.
 MODULES += ("deepspeed.checkpoint.ds_to_universal", "deepspeed.checkpoint.universal_checkpoint")
-SERVED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": f"{_R}.ds_to_universal:{n}"
-               for n in ("main", "parse_arguments", "dp_index_to_str", "_aggregate_autoep_zero12_metadata",
-                         "_validate_autotp_conversion_support")})
+SERVED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": f"{_R}.ds_to_universal:{n}"   # main's steps, by name
+               for n in ("main", "parse_arguments", "dp_index_to_str", "atoi", "natural_keys", "DeepSpeedCheckpoint",
+                         "_get_checkpoint_files", "_get_optim_files", "_filter_zero3_optim_files",
+                         "_get_model_state_files", "_is_expert_model_state_file", "_get_zero3_model_state_files",
+                         "_get_zero_stage", "_inject_missing_state", "_check_for_required_state",
+                         "_save_optimizer_state", "_save_optimizer_state_stage3")})
+SERVED.update({f"deepspeed.checkpoint.ds_to_universal.{n}": f"{_R}.ds_to_universal_checks:{n}"
+               for n in ("_aggregate_autoep_zero12_metadata", "_validate_autotp_conversion_support")})
 SERVED.update({f"{m}.{n}": f"{_E}.checkpoint_universal_layout:{n}" for m in ("deepspeed.checkpoint", "deepspeed.checkpoint.constants")
                for n in ("PARAM", "CAT_DIM", "PARAM_SLICE_MAPPINGS", "UNIVERSAL_CHECKPOINT_VERSION_KEY",
                          "UNIVERSAL_CHECKPOINT_VERSION_VALUE", "AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS",

@@ -17,7 +17,7 @@ DeepSpeed's files in <tag>/ (checkpoint/constants.py names):
              group (fp32_flat_groups, optimizer_state_dict)
   bf16       optimizer states in bf16_zero_pp_rank_R_mp_rank_00_optim_states.pt, DeepSpeed's name when bf16 is on
              (the only one its bf16 engine's load_checkpoint opens); read_full below globs either name
-zero_stage is a plain int (DeepSpeed pickles its IntEnum); DeepSpeed's pickled classes read as plain stand-ins, so
+DeepSpeed's pickled classes (its loss scaler, its ZeroStageEnum) read and write by name through ds_pickle.py, so
 the deepspeed package is never imported. Our layout differs (sharding.py's units): a save re-partitions, one all-gather
 per unit of the fp32 master and of each optimizer state ((N-1)/N·Ψ per rank per kind); a load reads all files, O(Ψ).
 """
@@ -26,8 +26,6 @@ from __future__ import annotations
 import glob
 import math
 import os
-import pickle
-import types
 from collections import OrderedDict
 
 import torch
@@ -35,6 +33,7 @@ import torch
 from zero_from_scratch.engine.atomic import atomic_write
 from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, bit16_master, loaded_hyper, tag_folder
 from zero_from_scratch.engine.checkpoint_universal_layout import slice_mappings
+from zero_from_scratch.engine.ds_pickle import DS_PICKLE, load_file
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine.safe_api import ds_partition
 
@@ -139,7 +138,7 @@ def write(engine, d: str, client_state: dict, aliases: dict, exclude_frozen: boo
     blob = {"optimizer_state_dict": osd, "ds_config": engine.config.raw, "ds_version": DS_VERSION}
     bf16 = "bf16_" if engine.bfloat16_enabled() else ""   # runtime/engine.py _get_zero_ckpt_prefix (see above)
     atomic_write(os.path.join(d, f"{bf16}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"),
-                 lambda f: torch.save(blob, f, pickle_module=_DS_PICKLE))
+                 lambda f: torch.save(blob, f, pickle_module=DS_PICKLE))
 
 
 class _DeepSpeedLossScaler:
@@ -151,57 +150,12 @@ class _DeepSpeedLossScaler:
         self.cur_scale, self.dynamic = float(scale), False
 
 
-class _Pickler(pickle._Pickler):
-    """torch.save's pickler, naming _DeepSpeedLossScaler's class by DeepSpeed's path (written as is, not imported)."""
-
-    def save_global(self, obj, name=None):
-        target = getattr(obj, "__dict__", {}).get("_deepspeed_name")
-        if target is None:
-            return super().save_global(obj, name)
-        self.write(pickle.GLOBAL + f"{target[0]}\n{target[1]}\n".encode())
-        self.memoize(obj)
-
-
-_DS_PICKLE = types.SimpleNamespace(Pickler=_Pickler, __name__="pickle")
-
-
 def nonempty_groups(engine) -> list[int]:
     """The indices of the optimizer's param groups that hold a parameter (DeepSpeed keeps only these)."""
     return [g for g, ns in enumerate(engine.group_names) if ns]
 
 
 # ----------------------------------------------------------------------------- reading
-class _Stand:
-    """Stand-in for a pickled DeepSpeed object (e.g. its LossScaler): the attributes, nothing else."""
-
-    def __init__(self, *args, **kwargs):
-        self.args = args
-
-
-class _Tuple(tuple):
-    """Stand-in for a pickled namedtuple (tensor_fragment.fragment_address)."""
-    def __new__(cls, *args, **kwargs):
-        return tuple.__new__(cls, args)
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if module.split(".")[0] == "deepspeed":
-            if name == "ZeroStageEnum":
-                return int
-            if name == "fragment_address":
-                return _Tuple
-            return _Stand
-        return super().find_class(module, name)
-
-
-_PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=pickle.load, __name__="pickle")
-
-
-def load_file(path: str):
-    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE)
-
-
 def is_deepspeed(load_dir: str, tag) -> bool:
     """A folder with DeepSpeed's files and no manifest of ours (ours also holds DeepSpeed's files)."""
     try:

@@ -201,6 +201,7 @@ def apply_full(engine, full: dict, man: dict, extras, load_optimizer_states: boo
             for k in engine.optimizer.STATE:
                 engine.optimizer.state[u.group][k][sl].copy_(bufs[k][lo:hi])
     if load_optimizer_states:
+        engine.optimizer.shared_step = None      # loaded steps are the groups' own (checkpoint_universal.py)
         for g, (h, step) in enumerate(zip(man["optimizer"]["hyper"], man["optimizer"]["steps"])):
             engine.optimizer.param_groups[g].update({k: (tuple(v) if k == "betas" else v) for k, v in h.items()})
             engine.optimizer.state[g]["step"] = step

@@ -22,10 +22,12 @@ load_checkpoint / _load_checkpoint / _load_zero_checkpoint and the optimizers' _
   * the lr scheduler (if load_lr_scheduler_states), global_steps, global_samples, skipped_steps from the model
     file; buffers, frozen parameters and the RNG are NOT restored (DeepSpeed skips the module state dict
     in universal mode); client state: the model file's other keys, as DeepSpeed returns them
-Not copied: DeepSpeed's ZeRO-3 load hands every sub-group (a param group cut every sub_group_size elements)
-the SAME step tensor (state[0]["step"]), which torch's Adam then advances once per sub-group per step; ringzero
-keeps one step per group and warns at the load where DeepSpeed would have more than one sub-group (with one,
-the two agree; tests/test_checkpoint_universal.py shows both).
+DeepSpeed's ZeRO-3 load hands every sub-group (a param group cut every sub_group_size elements) the SAME step
+tensor (state[0]["step"]), which torch's Adam then advances once per sub-group per step: sub-group i of G steps
+with base + i + 1 and all read base + G after it. Under the runner (engine.ds_shared_step, quirks.py) ringzero
+does the same where each group is one sub-group (engine/step.py: shared_step_turns). Where a group is cut into
+several sub-groups (each piece at its own count), and at ringzero's own entry point, it keeps one step per group
+and warns on rank 0 that DeepSpeed's later losses differ (tests/test_checkpoint_universal.py shows both).
 Refused, one line each: ZeRO stage 0 (DeepSpeed reads a universal folder only through a ZeRO optimizer; its
 stage-0 engine would call the torch optimizer's load_state_dict on the model file's None) and model
 parallelism (an mpu: DeepSpeed would cut each tensor-parallel slice with AutoTP metadata ringzero lacks).
@@ -39,9 +41,10 @@ import warnings
 
 import torch
 
-from zero_from_scratch.engine.checkpoint_ds import load_file, nonempty_groups
+from zero_from_scratch.engine.checkpoint_ds import nonempty_groups
 from zero_from_scratch.engine.checkpoint_read import CheckpointError, apply_full, loaded_hyper
-from zero_from_scratch.engine.checkpoint_universal_layout import LATEST, PARAM, param_file, read_keeping
+from zero_from_scratch.engine.checkpoint_universal_layout import LATEST, PARAM, param_file
+from zero_from_scratch.engine.ds_pickle import load_file
 from zero_from_scratch.engine.mpu import engine_mp
 
 # what DeepSpeed's _load_checkpoint leaves out of the client state it returns (runtime/engine.py)
@@ -108,7 +111,7 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     opt_path = os.path.join(d, "zero", "optimizer_state.pt")
     if not os.path.isfile(opt_path):     # DeepSpeed's assertion text (runtime/base_optimizer.py)
         raise AssertionError(f"{opt_path} containing optimizer global state is missing! Cannot proceed.")
-    osd = read_keeping(opt_path)
+    osd = load_file(opt_path)
     states = stage <= 2 or load_optimizer_states            # see the module docstring: DeepSpeed's rule
     full, numels = {}, _numels(engine)
     for name in engine.params_by_name:
@@ -143,11 +146,10 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
            "micro_steps": model["global_steps"] * engine.config.gradient_accumulation_steps,
            "global_samples": model.get("global_samples"),
            "loss_scaler": {"cur_scale": cur if states and cur is not None else engine.loss_scaler.cur_scale}}
-    if stage == 3 and states and engine.comm.global_rank == 0 and _ds_sub_groups(engine, numels) > 1:
-        warnings.warn(f"universal load at ZeRO-3: DeepSpeed would give its {_ds_sub_groups(engine, numels)} sub-groups one "
-                      "shared step tensor, which its Adam then advances once per sub-group each step; ringzero keeps "
-                      "one step per group, so the resumed losses differ from DeepSpeed's", stacklevel=3)
+    shared = _shared_step_order(engine, numels) if stage == 3 and states else None
     apply_full(engine, full, man, None, states, load_lr_scheduler_states)
+    if shared is not None:
+        engine.optimizer.shared_step = shared
     if stage <= 2 and osd.get("clip_grad") is not None:     # stage_1_and_2._load_global_state takes it
         engine.config.gradient_clipping = float(osd["clip_grad"])
     engine.stage.zero_grad()
@@ -156,11 +158,41 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     return model_path, {k: v for k, v in model.items() if k not in drop}
 
 
+def _shared_step_order(engine, numels: dict):
+    """The groups that share DeepSpeed's one step tensor, in its stepping order (None: nothing shared), at a ZeRO-3
+    load of optimizer states; see the module docstring. Where one step per group cannot follow DeepSpeed (outside
+    the runner, or a group DeepSpeed cuts into several sub-groups, each piece at its own count) rank 0 warns."""
+    order, subs = nonempty_groups(engine), _ds_sub_groups(engine, numels)
+    if subs <= 1:
+        return None
+    runner = getattr(engine, "ds_shared_step", False)
+    if runner and subs == len(order):
+        return order
+    if engine.comm.global_rank == 0:
+        why = (f"a group larger than zero_optimization.sub_group_size ({engine.config.sub_group_size}) steps in "
+               "pieces, each at its own count of it, which " if runner else "")
+        warnings.warn(f"universal load at ZeRO-3: DeepSpeed would give its {subs} sub-groups one shared step tensor, "
+                      f"which its Adam then advances once per sub-group each step; {why}ringzero keeps one step per "
+                      "group, so the resumed losses differ from DeepSpeed's", stacklevel=4)
+    return None
+
+
 def _ds_sub_groups(engine, numels: dict) -> int:
-    """How many sub-groups DeepSpeed's ZeRO-3 optimizer cuts the trainable groups into (stage3.py:
-    each group split every sub_group_size elements)."""
-    size = engine.config.sub_group_size
-    return sum(-(-sum(numels[n] for n in names) // size) for names in engine.group_names if names)
+    """How many sub-groups DeepSpeed's ZeRO-3 optimizer cuts the trainable groups into (stage3.py
+    _create_fp16_sub_groups: whole parameters, by each one's partition numel, a sub-group closed once it
+    reaches sub_group_size; a group within sub_group_size is one)."""
+    size, n, count = engine.config.sub_group_size, engine.comm.size, 0
+    for names in filter(None, engine.group_names):
+        parts = [-(-numels[name] // n) for name in names]
+        if size is None or size >= sum(parts):
+            count += 1
+            continue
+        run = 0
+        for i, k in enumerate(parts):
+            run += k
+            if run >= size or i == len(parts) - 1:
+                count, run = count + 1, 0
+    return count
 
 
 def _step(d: str, name: str):

@@ -14,17 +14,13 @@ source folder's *_model_states.pt files, one folder per parameter under zero/:
 and `latest_universal` beside the folder names it. The source ZeRO-1/2 optimizer files must carry
 param_slice_mappings (each parameter's fragment of the rank's flat fp32 partition, DeepSpeed's
 fragment_address) and per-rank group_paddings: checkpoint_ds.write uses slice_mappings below.
-Pickled DeepSpeed objects (its loss scaler, fragment addresses) are read as stand-ins that keep their
-class name, so a file re-written here still names DeepSpeed's class (read_keeping). Cost: none (names).
+Pickled DeepSpeed objects (its loss scaler, fragment addresses) read as stand-ins that keep their class name,
+so a file re-written still names DeepSpeed's class (ds_pickle.py). Cost: none (names).
 """
 from __future__ import annotations
 
 import os
-import pickle
-import types
 from collections import OrderedDict
-
-import torch
 
 STATES = ("fp32", "exp_avg", "exp_avg_sq")        # the per-parameter tensors, DeepSpeed's names
 LATEST = "latest_universal"
@@ -77,37 +73,3 @@ def slice_mappings(names: list, numels: list, n: int, r: int, size: int) -> tupl
             out[name] = FragmentAddress(hi - lo, lo - lo_r)
         off += k
     return out, max(0, min(p, lo_r + p - off))
-
-
-class _Kept:
-    """A pickled DeepSpeed object read without DeepSpeed: its attributes, and its class's dotted name kept in
-    _deepspeed_name so that checkpoint_ds's pickler writes the same class back."""
-
-    def __init__(self, *args, **kwargs):
-        self.args = args
-
-
-_KEPT: dict = {}
-
-
-def _kept_class(module: str, name: str) -> type:
-    """ZeroStageEnum (an IntEnum) stays an int, pickled back as DeepSpeed's enum; any other class a _Kept."""
-    key = (module, name)
-    if key not in _KEPT:
-        _KEPT[key] = type(name, (int,) if name == "ZeroStageEnum" else (_Kept,), {"_deepspeed_name": key})
-    return _KEPT[key]
-
-
-class _KeepingUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if module.split(".")[0] == "deepspeed":
-            return _kept_class(module, name)
-        return super().find_class(module, name)
-
-
-_KEEP = types.SimpleNamespace(Unpickler=_KeepingUnpickler, load=pickle.load, __name__="pickle")
-
-
-def read_keeping(path: str):
-    """torch.load of a DeepSpeed file whose DeepSpeed objects come back as _Kept stand-ins (class names kept)."""
-    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_KEEP)

@@ -68,10 +68,12 @@ def optimizer_step(engine) -> None:
         clip = engine.config.gradient_clipping
         coef = clip_coef(norm, clip)                 # eps once, on the global norm (clip.py)
         apply_pending(engine)                        # fp32 weights set by safe_set_full_fp32_param (safe_api.py)
+        shared = shared_step_turns(engine.optimizer)
         if engine.offload is not None:        # the same Adam, through files or on the host (offload*.py)
             engine.offload.step(coef, scale)
         else:
             update_shards(engine, coef / scale, in_place=True)
+        shared_step_end(engine.optimizer, shared)
         engine.stage.after_step()
         sync_steps(engine)
         for opt in (engine.optimizer, engine.client_optimizer):
@@ -85,6 +87,26 @@ def optimizer_step(engine) -> None:
     engine.global_samples += engine.samples_this_step()   # DeepSpeed's count (z_ua_boundary.py)
     engine.monitor.write_step(engine, None if loss is None else sq[1].item() / N)   # mean over ranks
     engine.comm.reset_step()
+
+
+def shared_step_turns(opt):
+    """Under the runner, after a ZeRO-3 universal load (checkpoint_universal.py, quirks.py): DeepSpeed's groups
+    share one Adam step tensor that each group's step advances in turn, so group i of G counts base + i + 1.
+    Sets each group's step to the shared count as its turn sees it (its step_group adds the 1); returns the base."""
+    order = getattr(opt, "shared_step", None)
+    if not order:
+        return None
+    base = opt.state[order[0]]["step"]
+    for i, g in enumerate(order):
+        opt.state[g]["step"] = base + i
+    return base
+
+
+def shared_step_end(opt, base) -> None:
+    """Every group then reads the shared count, base + G, as DeepSpeed's state["step"] does."""
+    if base is not None:
+        for g in opt.shared_step:
+            opt.state[g]["step"] = base + len(opt.shared_step)
 
 
 def update_shards(engine, mult: float, in_place: bool) -> None:
