@@ -17,7 +17,8 @@ and --keep_temp_folder have nothing to act on and say so. main takes DeepSpeed's
 module-level names (_get_optim_files, _get_zero_stage, DeepSpeedCheckpoint, _inject_missing_state, ...), looked
 up where a script would replace one: the served module under the runner (_ds). Refused, one line each:
 tensor-parallel (AutoTP / Megatron) slices, pipeline layer files, expert (MoE / AutoEP) files — DeepSpeed would
-merge them by the checkpoint's pattern lists; ringzero refuses AutoTP and MoE training, so it writes no such folder.
+merge them by the checkpoint's pattern lists. ringzero writes no tensor-parallel or expert files (it refuses AutoTP
+training and MoE checkpoints); its pipeline engine's layer files are refused here as DeepSpeed's are.
 Cost: every optimizer file is read once (O(Ψ) memory, the whole model's fp32 state), 3 files per parameter
 written (4 at ZeRO-1/2).
 """
@@ -46,8 +47,8 @@ __all__ = ["main", "parse_arguments", "dp_index_to_str", "atoi", "natural_keys",
            "_check_for_required_state", "_save_optimizer_state", "_save_optimizer_state_stage3"]
 
 _SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
-_NOT_SERVED = ("ringzero serves ds_to_universal for data-parallel ZeRO folders only; ringzero refuses AutoTP, "
-               "pipeline and MoE training, so it never writes")
+_NOT_SERVED = ("ringzero serves ds_to_universal for data-parallel ZeRO folders only; ringzero refuses AutoTP "
+               "training and MoE checkpoints, so it never writes")
 
 
 def parse_arguments(argv=None):

@@ -5,8 +5,9 @@
 
 Both follow DeepSpeed 0.19.8 (checkpoint/ds_to_universal.py), its error texts included: the AutoTP record of
 parameters it marked unconvertible, and the AutoEP layer records of a ZeRO-1/2 folder's model-state files.
-ringzero's own folders carry neither (it refuses AutoTP and MoE training), so both pass on them; they are served
-because scripts and DeepSpeed's tests call them on records they build. Cost: one pass over the records.
+ringzero's own folders carry neither (it refuses AutoTP training and MoE checkpoints), so both pass on them;
+they are served because scripts and DeepSpeed's tests call them on records they build. Cost: one pass over the
+records.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _aggregate_autoep_zero12_metadata(model_state_metadata):
     """DeepSpeed's check of DeepSpeedCheckpoint.model_state_metadata ([(model file, {param_shapes: {name: shape},
     ds_autoep_layers, ds_config}), ...]) before a ZeRO-1/2 conversion: (per-file param shapes, the AutoEP layer
     entries merged by expert_key_prefix or None, use_data_before_expert_parallelism), DeepSpeed's RuntimeError
-    for a malformed entry. ringzero writes no AutoEP layers (it refuses MoE), so its folders give None."""
+    for a malformed entry. ringzero writes no AutoEP layers (it refuses MoE checkpoints), so its folders give None."""
     shapes, by_prefix, source, ordering = [], {}, {}, {}
     for path, meta in model_state_metadata:
         if not isinstance(meta["param_shapes"], dict):
