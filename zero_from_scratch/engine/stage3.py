@@ -25,7 +25,7 @@ import functools
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied, z3_outputs, zero_partition as zp
+from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied, z3_ds_tensor, z3_outputs, zero_partition as zp
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.pools import Pool
 from zero_from_scratch.engine.prefetch import Prefetcher
@@ -67,7 +67,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def _make_param_storage(self) -> None:
         if getattr(self.e.config, "offload_param", None) is None:
             super()._make_param_storage()
-            zp.adopt(self.e, self.layout.units, self.params)
+            zp.adopt(self.e, self.layout.units, self.params, stage=self)   # ds_tensor: views of these shards
         else:   # param_offload.make writes each unit's block (_unit_block) straight into its store: no Ψ/N here
             self.flat, self.pshard = [], [torch.empty(0, dtype=self.dtype, device=self.dev)
                                           for _ in self.layout.group_local]
@@ -260,8 +260,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     # ------------------------------------------------------------------ optimizer, checkpoints, users
     def after_step(self) -> None:
         super().after_step()
-        if self.hpz:
-            self.hpz.clear()             # secondary shards are stale once the weights move
+        z3_ds_tensor.drop_kept(self)     # after a load too: the shards are the fp32 masters again
+        self.hpz and self.hpz.clear()    # secondary shards are stale once the weights move
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
         self.release_all()               # the shards changed: persistent copies are stale, and are gathered again
