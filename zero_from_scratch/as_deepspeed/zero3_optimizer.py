@@ -19,6 +19,13 @@
                                   (safe_api.ds_partition); ringzero's sub-groups are its param groups
                                   (zero_layout.py), so fp16_groups and this agree
   engine._get_zero_param_shapes()     per sub-group {name: full shape}, in the same order (runtime/engine.py)
+  engine.optimizer.step()             DeepSpeed's ZeRO-3 optimizer step (stage3.py `step`): the engine's step (norm,
+                                  overflow, clipping, update, persistent gather) without what its engine.step adds
+                                  (the LR scheduler step, the global step and sample counts)
+  engine.optimizer.zero_grad()        the accumulated gradient partitions are discarded (DeepSpeed: micro_step_id ← 0,
+                                  so the next backward overwrites them); this rank's shards are zeroed at once
+  engine.optimizer.get_fp32_grad_partitions()   {group: {index in group: averaged_gradients[group][index].float()}}
+                                  (stage3.py); with offload_optimizer refused: DeepSpeed reads its fp32 host partitions
 Cost: _get_norm_groups gathers each parameter's full gradient (safe_get_full_grad), the fp32 state_dict
 each parameter's full optimizer states: inspection calls (collectives, every rank calls them), not
 training ones; the rest nothing.
@@ -80,6 +87,30 @@ def fp32_state_dict(engine) -> dict:
     return {"state": state, "param_groups": groups}
 
 
+def optimizer_step(engine) -> None:
+    sched, counts = engine.lr_scheduler, (engine.global_steps, engine.global_samples)
+    engine.lr_scheduler = None               # DeepSpeed's engine.step steps it, its optimizer's step does not
+    try:
+        engine._optimizer_step()
+    finally:
+        engine.lr_scheduler, (engine.global_steps, engine.global_samples) = sched, counts
+
+
+def zero_grad(engine) -> None:
+    engine.allreduce_gradients()             # reductions still in flight (overlap_comm) land before the zeroing
+    engine.stage.zero_grad()
+
+
+def fp32_grad_partitions(engine) -> dict:
+    """DeepSpeed's get_fp32_grad_partitions without optimizer offload: the averaged gradients (z3_grads.py), in fp32."""
+    if engine.offload is not None:
+        raise NotImplementedError("engine.optimizer.get_fp32_grad_partitions() with offload_optimizer is not served: "
+                                  "DeepSpeed would read the gradients of its fp32 partitions on the host; "
+                                  "use deepspeed.utils.safe_get_local_grad(p)")
+    avg = engine.optimizer.averaged_gradients
+    return {g: {i: grad.float() for i, grad in enumerate(avg[g])} for g in avg}
+
+
 _WITH_NORM: dict = {}
 
 
@@ -99,6 +130,9 @@ def install(engine) -> None:
     opt, ref = engine.optimizer, weakref.ref(engine)
     opt._ringzero_zero3, opt._ringzero_engine = True, ref
     opt._get_norm_groups = lambda: norm_groups(ref())
+    opt.get_fp32_grad_partitions = lambda: fp32_grad_partitions(ref())
+    opt.step = lambda closure=None: optimizer_step(ref())
+    opt.zero_grad = lambda set_to_none=True: zero_grad(ref())
     opt._ringzero_fp32_groups = False
     opt._set_fp32_optimizer_param_groups = lambda: setattr(opt, "_ringzero_fp32_groups", True)
     opt._clear_fp32_optimizer_param_groups = lambda: setattr(opt, "_ringzero_fp32_groups", False)
