@@ -67,30 +67,31 @@ class PartitionView(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in ("__get__", "__set__"):
-            name = (name, getattr(getattr(func, "__self__", None), "__name__", name))
-        if name in _METADATA:
+        raw = getattr(func, "__name__", "")
+        name = getattr(getattr(func, "__self__", None), "__name__", raw) if raw in ("__get__", "__set__") else raw
+        if name in _METADATA and raw != "__set__":
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
         for a in [*args, *(kwargs or {}).values()]:      # any use may alias the storage: keep the master first
             if isinstance(a, PartitionView):
                 a._touched()
-        if name == ("__set__", "data"):
+        if (raw, name) == ("__set__", "data"):
             return args[0]._assign(args[1])
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
     def _assign(self, value) -> None:
         """`ds_tensor.data = value`: into the partition the gathers read (DeepSpeed's rebinding, by value)."""
-        if not isinstance(value, torch.Tensor) or (value.shape, value.dtype, value.device) != (self.shape, self.dtype, self.device):
-            got = (tuple(value.shape), value.dtype, str(value.device)) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise NotImplementedError(
-                f"ds_tensor.data = {got}: ringzero's ds_tensor is a view of the engine's shard, which its all-gather "
-                f"reads, so only a tensor of the partition's shape, dtype and device {(tuple(self.shape), self.dtype, str(self.device))} "
-                "can be written into it; DeepSpeed would gather the new tensor as it is")
-        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
-            self.copy_(value)
+        with torch._C.DisableTorchFunctionSubclass():
+            want = (tuple(self.shape), self.dtype, str(self.device))
+            got = (tuple(value.shape), value.dtype, str(value.device)) if isinstance(value, torch.Tensor) else value
+            if got != want:
+                raise NotImplementedError(
+                    f"ds_tensor.data = {got}: ringzero's ds_tensor is a view of the engine's shard, which its "
+                    f"all-gather reads, so only a tensor of the partition's shape, dtype and device {want} can be "
+                    "written into it; DeepSpeed would gather the new tensor as it is")
+            with torch.no_grad():
+                self.copy_(value)
 
 
 class KeptMasters:
@@ -136,8 +137,10 @@ def partitions(engine, units, params: dict, stage=None) -> dict:
     world = engine.comm.size
     alone = [u for u in units if len(u.slots) == 1]
     out, names = {}, [u.slots[0].name for u in alone]
-    with_storage = (f"{len(names)} parameter(s) alone in their module (per param group) have ds_tensor with storage, "
-                    f"e.g. {names[:3]}" if stage is not None and names else "no parameter here has ds_tensor with storage")
+    with_storage = (f"{len(names)} parameter(s) alone in their module (per param group) have ds_tensor with "
+                    f"storage, e.g. {names[:3]}" if stage is not None and names
+                    else "a trained parameter alone in its module (per param group) has ds_tensor with storage, "
+                    "without offload_param")
     for u in units:
         for s in u.slots:
             dtype = params[s.name].dtype
@@ -145,8 +148,9 @@ def partitions(engine, units, params: dict, stage=None) -> dict:
                 out[s.name] = PartitionView.over(stage.param_shard(u), stage, u)
                 continue
             if stage is None:
-                why = ("the engine keeps this rank's shard of {!r} off the parameter store's tensors (offload_param "
-                       "moves it per gather; a frozen parameter's lives with the frozen units)").format(s.name)
+                why = (f"offload_param keeps this rank's shard of {s.name!r} on the host or in a file, read into "
+                       "each all-gather's buffer" if getattr(engine.config, "offload_param", None) is not None else
+                       f"{s.name!r} is frozen (requires_grad=False): its shard lives with the frozen units (frozen.py)")
             else:
                 others = [o.name for o in u.slots if o.name != s.name]
                 why = (f"{s.name!r} shares its unit (module {u.tag!r}) with {len(others)} other parameter(s) "
