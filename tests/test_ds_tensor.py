@@ -7,7 +7,8 @@ A model whose modules hold one parameter each (numel 15 and 12 over N = 2: rank 
 first ends in padding). Every rank writes its ds_tensor partitions (`.data =` for two, an in-place
 `mul_` for the third, with rank-dependent values), then trains two steps with engine.backward /
 engine.step, one more with engine.optimizer.zero_grad / step. Recorded on every rank: each output,
-get_fp32_grad_partitions(), each ds_tensor after each step, each full parameter (GatheredParameters).
+get_fp32_grad_partitions(), safe_get_local_fp32_param after the writes, each ds_tensor after each
+step, each full parameter (GatheredParameters).
 DeepSpeed's run and ringzero's agree within 1e-6 of each tensor's largest element (fp32: the first
 forward and backward bit for bit; after that the gradient reductions round in another order, ringzero
 summing and dividing at the step, a few ulp that Adam carries: measured ≤ 5e-7): a write reaches
@@ -61,6 +62,7 @@ def _record(rank, world, engine_name):
     ws[0].ds_tensor.data = torch.full_like(ws[0].ds_tensor.data, 2.0 + rank)
     ws[1].ds_tensor.data = torch.arange(ws[1].ds_tensor.numel(), dtype=torch.float32) * (rank + 1)
     ws[2].ds_tensor.mul_(-3.0)
+    out["hp"] = [ds.utils.safe_get_local_fp32_param(w).clone() for w in ws]   # fp32 partitions: not written
     x = X
     for it in range(3):
         y = engine(x)
@@ -123,6 +125,9 @@ def test_writes_reach_the_gather_and_not_the_master(spawn):
     y, grads, stepped = _reference(X)
     for r, got in enumerate(spawn(_record, 2, args=("ringzero",))):
         assert torch.equal(got["y0"], y)
+        for hp, w in zip(got["hp"], Net().parameters()):       # as initialized (Net's weights do not use the seed)
+            s = hp.numel()
+            assert torch.equal(hp, torch.nn.functional.pad(w.detach().reshape(-1), (0, 2 * s - w.numel()))[r * s:(r + 1) * s])
         for g, part, w, full in zip(grads, got["g0"], stepped, got["full0"]):
             s = part.numel()
             mine = torch.nn.functional.pad(g.reshape(-1), (0, 2 * s - g.numel()))[r * s:(r + 1) * s]
