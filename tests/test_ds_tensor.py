@@ -13,7 +13,8 @@ DeepSpeed's run and ringzero's agree within 1e-6 of each tensor's largest elemen
 forward and backward bit for bit; after that the gradient reductions round in another order, ringzero
 summing and dividing at the step, a few ulp that Adam carries: measured ≤ 5e-7): a write reaches
 forward and backward but not the fp32 master, from which the step recomputes the partition. A module holding two parameters (a Linear with bias)
-gets the refusal on every rank under ringzero, naming why and which parameters have storage.
+gets the refusal on every rank under ringzero, naming why and which parameters have storage; a
+ds_tensor used while offload_states holds the parameters on the host is refused (its storage is freed).
 """
 import importlib.util
 
@@ -92,7 +93,14 @@ def _shared(rank, world):
         with pytest.raises(NotImplementedError) as e:
             p.ds_tensor.data
         got.append(str(e.value))
-    model[1].weight.ds_tensor.fill_(3.0)                   # alone in its module: storage, no refusal
+    w = model[1].weight
+    w.ds_tensor.fill_(3.0)                                 # alone in its module: storage, no refusal
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+    engine.offload_states(include=[OffloadStateTypeEnum.lp_params])   # the shard's storage leaves: refused, not read
+    with pytest.raises(NotImplementedError, match="reload_states"):
+        w.ds_tensor.clone()
+    engine.reload_states()
+    assert torch.equal(w.ds_tensor, torch.full((2,), 3.0))
     return got, p.ds_tensor.numel()
 
 
@@ -152,7 +160,7 @@ def test_ds_tensor_writes_train_as_deepspeeds(spawn):
     assert not torch.allclose(ours[0]["y0"], plain)
 
 
-def test_a_parameter_sharing_its_module_is_refused_on_every_rank(spawn):
+def test_shared_module_and_offloaded_states_are_refused_on_every_rank(spawn):
     for got, numel in spawn(_shared, 2):
         assert numel == 2
         for msg in got:

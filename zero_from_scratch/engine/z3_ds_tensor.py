@@ -50,6 +50,12 @@ class PartitionView(torch.Tensor):
         return t
 
     def _touched(self) -> None:
+        with torch._C.DisableTorchFunctionSubclass():   # offload_states frees the storage: torch would read freed memory
+            gone = self.untyped_storage().nbytes() < (self.storage_offset() + self.numel()) * self.element_size()
+        if gone:
+            raise NotImplementedError("ds_tensor used while engine.offload_states() holds the parameters (lp_params) on "
+                                      "the host: DeepSpeed's ds_tensor would be that host copy; call "
+                                      "engine.reload_states() first")
         stage, u = self._ds_owner[0](), self._ds_owner[1]
         if stage is not None:
             kept_masters(stage).keep(u)
