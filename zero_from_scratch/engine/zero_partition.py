@@ -18,9 +18,10 @@ by gathering its parameters one at a time, keeping this rank's block and droppin
 Peak: the largest unit plus its largest parameter, never the model; cost (N-1)/N·Ψ once, and no
 broadcast (Init already made every rank agree). After adoption Init's shards are freed, the
 parameter's `ds_tensor` is the engine's (z3_ds_tensor.py: a view of its unit shard where the
-parameter is alone in its unit) and GatheredParameters goes through the engine. With offload_param the engine allocates no Ψ/N storage: each unit's
-block (`unit_block`) goes straight to the parameter store (param_offload.py), and shards Init kept
-in a file (init_swap.py) are read back one parameter at a time.
+parameter is alone in its unit) and GatheredParameters goes through the engine. With
+offload_param the engine allocates no Ψ/N storage: each unit's block (`unit_block`) goes straight
+to the parameter store (param_offload.py), and shards Init kept in a file (init_swap.py) are read
+back one parameter at a time.
 """
 from __future__ import annotations
 
