@@ -36,6 +36,7 @@ training ones; the rest nothing.
 """
 from __future__ import annotations
 
+import types
 import weakref
 from collections import OrderedDict
 
@@ -151,7 +152,11 @@ def install(engine) -> None:
     opt._ringzero_zero3, opt._ringzero_engine = True, ref
     opt._get_norm_groups = lambda: norm_groups(ref())
     opt.get_fp32_grad_partitions = lambda: fp32_grad_partitions(ref())
-    opt.step = lambda closure=None: optimizer_step(ref())
+    if getattr(opt.step, "_wrapped_by_lr_sched", False):   # a torch LR scheduler built at initialize wrapped it
+        opt.step = lambda closure=None: optimizer_step(ref())
+        opt.step._wrapped_by_lr_sched = True            # it counts the call through step.py's _opt_called
+    else:                                               # a method: a scheduler built later wraps its __func__
+        opt.step = types.MethodType(lambda self, closure=None: optimizer_step(self._ringzero_engine()), opt)
     opt.__dict__.setdefault("refused_names", {})["grad_partitions_flat_buffer"] = NotServedAttributeError(FLAT_GRADS)
     opt.zero_grad = lambda set_to_none=True: zero_grad(ref())
     opt._ringzero_fp32_groups = False
