@@ -15,6 +15,8 @@ summing and dividing at the step, a few ulp that Adam carries: measured ≤ 5e-7
 forward and backward but not the fp32 master, from which the step recomputes the partition. A module holding two parameters (a Linear with bias)
 gets the refusal on every rank under ringzero, naming why and which parameters have storage; a
 ds_tensor used while offload_states holds the parameters on the host is refused (its storage is freed).
+A checkpoint saved between a write and the step holds the unwritten fp32 master in ringzero's files
+and DeepSpeed's (read back by load_checkpoint and by zero_to_fp32), as DeepSpeed saves its fp32 partition.
 """
 import importlib.util
 
@@ -104,6 +106,28 @@ def _shared(rank, world):
     return got, p.ds_tensor.numel()
 
 
+def _saved(rank, world, engine_name, d):
+    """Write ds_tensors, save (ringzero's files and DeepSpeed's), load into a fresh engine: the fp32 masters."""
+    from tests.ds_unit.harness import import_deepspeed
+    ds = import_deepspeed(engine_name)
+    model = Net()
+    engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=CFG)
+    model.a.weight.ds_tensor.data = torch.full_like(model.a.weight.ds_tensor.data, 7.0)
+    model.c.weight.ds_tensor.mul_(-3.0)
+    engine.save_checkpoint(d, tag="t")
+    fresh = Net()
+    with torch.no_grad():
+        for w in fresh.parameters():
+            w.fill_(9.0)                           # nothing of the saved values survives a load that drops them
+    engine2, *_ = ds.initialize(model=fresh, model_parameters=fresh.parameters(), config=CFG)
+    engine2.load_checkpoint(d, tag="t")
+    out = {"hp": [ds.utils.safe_get_local_fp32_param(w).clone() for w in fresh.parameters()]}
+    if rank == 0:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        out["ds_files"] = {k: v.clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(d, tag="t").items()}
+    return out
+
+
 def _flat(v):
     return [t for x in (v if isinstance(v, list) else [v]) for t in [x.reshape(-1)]]
 
@@ -158,6 +182,18 @@ def test_ds_tensor_writes_train_as_deepspeeds(spawn):
                 assert (a - b).abs().max() <= 1e-6 * b.abs().max(), (r, k, (a - b).abs().max())
     plain = Net()(X)     # the writes changed the first forward
     assert not torch.allclose(ours[0]["y0"], plain)
+
+
+def test_checkpoint_between_a_write_and_the_step_saves_the_unwritten_master(spawn, tmp_path):
+    init = dict(Net().named_parameters())       # the fp32 masters as DeepSpeed keeps them: a write does not reach them
+    got = spawn(_saved, 2, args=("ringzero", str(tmp_path)))
+    for r in range(2):                          # ringzero's own files, loaded into a fresh engine
+        for hp, w in zip(got[r]["hp"], init.values()):
+            s = hp.numel()
+            assert torch.equal(hp, torch.nn.functional.pad(w.detach().reshape(-1), (0, 2 * s - w.numel()))[r * s:(r + 1) * s])
+    assert sorted(got[0]["ds_files"]) == sorted(init)      # DeepSpeed's files, read by zero_to_fp32
+    for k, w in init.items():
+        assert torch.equal(got[0]["ds_files"][k], w.detach()), k
 
 
 def test_shared_module_and_offloaded_states_are_refused_on_every_rank(spawn):

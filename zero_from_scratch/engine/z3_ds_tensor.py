@@ -22,8 +22,8 @@ with offload_optimizer "cpu", whose host master is apart) the working shard is n
 nothing more is needed. In fp32 without optimizer offload the engine's shard IS the master
 (precision.py): the first use of a parameter's ds_tensor values keeps a copy of its master shard
 aside, and the step puts it back before the update (`restore_masters`), so the write reaches
-forward and backward but not the optimizer, as in DeepSpeed; safe_get_*_fp32_param read the kept
-copy (`master_of`), as DeepSpeed's read its fp32 partition. A load drops the kept copies.
+forward and backward but not the optimizer, as in DeepSpeed; safe_get_*_fp32_param and checkpoint saves
+read the kept copy (`master_of`), as DeepSpeed's read and save its fp32 partition. A load drops the kept copies.
 `p.ds_tensor.data = t` copies t into the partition (DeepSpeed rebinds ds_tensor to t, then to its
 flat buffer at the step: the same values reach the gathers); a t of another shape, dtype or device
 would need storage the engine does not gather from, so it is refused rather than dropped.
@@ -132,7 +132,8 @@ def restore_masters(engine) -> None:
 
 
 def master_of(engine, u) -> torch.Tensor:
-    """fp32 without optimizer offload: u's master shard, the kept copy while a ds_tensor use holds one (safe_api.py)."""
+    """fp32 without optimizer offload: u's master shard, the kept copy while a ds_tensor use holds one (safe_api.py,
+    checkpoint.py, checkpoint_ds.py)."""
     kept = getattr(engine.stage, "ds_kept", None)
     return kept.kept[u.index] if kept is not None and u.index in kept.kept else engine.stage.param_shard(u)
 
