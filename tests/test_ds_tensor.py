@@ -128,6 +128,21 @@ def _saved(rank, world, engine_name, d):
     return out
 
 
+def _edited(rank, world, bf16):
+    """A ds_tensor write on a, then GatheredParameters(b, modifier_rank=0) edits b: the fp32 masters."""
+    from tests.ds_unit.harness import import_deepspeed
+    ds = import_deepspeed("ringzero")
+    model = Net()
+    cfg = {**CFG, "bf16": {"enabled": True}} if bf16 else CFG
+    engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    model.a.weight.ds_tensor.fill_(7.0)
+    with ds.zero.GatheredParameters([model.b.weight], modifier_rank=0):
+        if rank == 0:
+            model.b.weight.data.fill_(5.0)
+    hp = [ds.utils.safe_get_local_fp32_param(w).clone() for w in (model.a.weight, model.b.weight)]
+    return hp, model.a.weight.ds_tensor.float().clone()
+
+
 def _flat(v):
     return [t for x in (v if isinstance(v, list) else [v]) for t in [x.reshape(-1)]]
 
@@ -194,6 +209,18 @@ def test_checkpoint_between_a_write_and_the_step_saves_the_unwritten_master(spaw
     assert sorted(got[0]["ds_files"]) == sorted(init)      # DeepSpeed's files, read by zero_to_fp32
     for k, w in init.items():
         assert torch.equal(got[0]["ds_files"][k], w.detach()), k
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_gathered_parameters_refresh_only_the_edited_units_master(spawn, bf16):
+    """DeepSpeed keeps a ds_tensor write out of its fp32 master; a modifier_rank edit of another module
+    must not carry it in (ringzero refreshes the edited unit's master only: z3_ds_tensor.refresh_units)."""
+    a = Net().a.weight.detach().reshape(-1)
+    for r, (hp, part) in enumerate(spawn(_edited, 2, args=(bf16,))):
+        s = hp[0].numel()
+        assert torch.equal(part, torch.full((s,), 7.0))                       # the write reaches the gathers
+        assert torch.equal(hp[0], torch.nn.functional.pad(a, (0, 2 * s - a.numel()))[r * s:(r + 1) * s])
+        assert torch.equal(hp[1][:15 - r * s], torch.full((min(s, 15 - r * s),), 5.0))   # the edit: ringzero's
 
 
 def test_shared_module_and_offloaded_states_are_refused_on_every_rank(spawn):

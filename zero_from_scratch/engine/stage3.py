@@ -286,7 +286,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
                     for u in units:          # already-gathered (persistent, kept) units are written back too
                         full = self.write_back(u, modifier_rank)
                         self.full_of[u.index].copy_(full)    # a unit that stays gathered holds the edit too
-                    self.e.refresh_master()
+                    z3_ds_tensor.refresh_units(self.e, units)   # these units' masters only, as the docstring says
 
     def write_back(self, u, modifier_rank: int) -> torch.Tensor:
         """modifier_rank's (possibly edited) full unit → every rank's shard; returns the full unit."""

@@ -145,6 +145,25 @@ def drop_kept(stage) -> None:
         kept.kept.clear()
 
 
+def refresh_units(engine, units) -> None:
+    """GatheredParameters(modifier_rank=...) exit: the edited `units`' masters follow their shards, and
+    only theirs, so a ds_tensor write elsewhere stays out of the master. DeepSpeed 0.19.8's exit
+    re-partitions into the 16-bit ds_tensor only (partition_parameters.py, has_been_updated=True) and
+    its step overwrites that from the untouched fp32 partition (DeepSpeed issue #2424); ringzero keeps
+    the edit through the step, the one difference, limited to the gathered units. fp32: the
+    shard is the master, so a kept copy of an edited unit is dropped rather than restored at the
+    step. With offload the host master is rewritten whole (offload.py write_master)."""
+    if engine.offload is not None:
+        return engine.refresh_master()
+    if engine.mixed:
+        for u in units:
+            engine.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(engine.stage.param_shard(u))
+        return
+    kept = getattr(engine.stage, "ds_kept", None)
+    for u in units if kept is not None else ():
+        kept.kept.pop(u.index, None)
+
+
 def partitions(engine, units, params: dict, stage=None) -> dict:
     """{name: ds_tensor} for `units`' parameters: a PartitionView where the parameter is alone in its unit
     and `stage` (the ZeRO-3 stage holding the shards in memory) is given, else a PartitionShape saying why."""
