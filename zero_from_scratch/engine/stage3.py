@@ -175,8 +175,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         """A unit the trace reuses soon is kept after forward (evictable); persistent, pinned ones until FORCED."""
         if u.index not in self.full_of or (kind == "gather_ctx" and self.saved.grad_due(u)) or self.saved.recomputed(kind):
             return                             # the latter two: released by its reduce or backward's end (saved.py)
-        if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
-            self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
+        if kind == "forward" and u.index not in self.persistent and (self.pf.reused_soon(u) or self.pf.passed_later_use(u)):
+            self.pf.kept.append(u.index)       # its backward comes soon (or a prefetch passed it): keep, evictable
             return
         if kind in FORCED or self.saved.released_late(u) or not (u.index in self.persistent or self.pinned.get(u.index) or u.index in self.dangling):
             if u.index in self.pf.kept:
@@ -253,7 +253,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if self.poff:
             self.poff.flush()            # shards a writer touched since (load, modifier_rank) go back
         self.tied and self.tied.restore()   # a forward that raised left its aliases
-        self.pf.start_forward(torch.is_grad_enabled())
+        self.pf.start_forward(torch.is_grad_enabled(), self.full_of, self._start_prefetch)
         if not self.pf.in_train:
             self.check.restart()
 
