@@ -15,7 +15,9 @@ summing and dividing at the step, a few ulp that Adam carries: measured ≤ 5e-7
 forward and backward but not the fp32 master, from which the step recomputes the partition. A module holding two parameters (a Linear with bias)
 gets the refusal on every rank under ringzero, naming why and which parameters have storage; a
 ds_tensor used while offload_states holds the parameters on the host is refused (its storage is freed).
-A checkpoint saved between a write and the step holds the unwritten fp32 master in ringzero's files
+A frozen parameter's ds_tensor write (fp32) reaches every forward and lasts through steps (no master
+recomputes it), against one-process torch. GatheredParameters(modifier_rank) of another module keeps an
+earlier write out of the master (bf16 and fp32). A checkpoint saved between a write and the step holds the unwritten fp32 master in ringzero's files
 and DeepSpeed's (read back by load_checkpoint and by zero_to_fp32), as DeepSpeed saves its fp32 partition.
 """
 import importlib.util
@@ -143,6 +145,26 @@ def _edited(rank, world, bf16):
     return hp, model.a.weight.ds_tensor.float().clone()
 
 
+def _frozen(rank, world):
+    """Net with a frozen: a ds_tensor write there reaches every forward, across steps (fp32: not restored)."""
+    from tests.ds_unit.harness import import_deepspeed
+    ds = import_deepspeed("ringzero")
+    model = Net()
+    model.b.weight.requires_grad_(False)
+    engine, *_ = ds.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                               config=CFG)
+    model.b.weight.ds_tensor.data = torch.full_like(model.b.weight.ds_tensor.data, 2.0 + rank)
+    ys = []
+    for _ in range(2):
+        y = engine(X)
+        ys.append(y.detach().clone())
+        engine.backward((y * y).sum())
+        engine.step()
+    with ds.zero.GatheredParameters([model.b.weight]):
+        full = model.b.weight.detach().clone()
+    return ys, full, model.b.weight.ds_tensor.clone()
+
+
 def _flat(v):
     return [t for x in (v if isinstance(v, list) else [v]) for t in [x.reshape(-1)]]
 
@@ -221,6 +243,19 @@ def test_gathered_parameters_refresh_only_the_edited_units_master(spawn, bf16):
         assert torch.equal(part, torch.full((s,), 7.0))                       # the write reaches the gathers
         assert torch.equal(hp[0], torch.nn.functional.pad(a, (0, 2 * s - a.numel()))[r * s:(r + 1) * s])
         assert torch.equal(hp[1][:15 - r * s], torch.full((min(s, 15 - r * s),), 5.0))   # the edit: ringzero's
+
+
+def test_frozen_parameter_ds_tensor_writes_last(spawn):
+    b = torch.tensor([2.0] * 8 + [3.0] * 7).view(3, 5)     # rank 0's partition, then rank 1's
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad():
+        net.b.weight.copy_(b)
+    y0 = net(X)                                  # the first forward: the initial a, c and the written b
+    for r, (ys, full, part) in enumerate(spawn(_frozen, 2)):
+        assert torch.equal(ys[0], y0)
+        assert torch.equal(full, b) and torch.equal(part, torch.full((8,), 2.0 + r))   # after two steps
+        assert not torch.equal(ys[1], y0)        # a and c trained, b's write still in
 
 
 def test_shared_module_and_offloaded_states_are_refused_on_every_rank(spawn):

@@ -10,10 +10,11 @@ a multiple of N as one flat buffer and split the same way (sharding.py): for a p
 its unit (offset 0, unit padding = the parameter's padding) this rank's shard of the unit IS that
 partition, element for element. There `ds_tensor` is a view of the engine's working shard
 (`stage.param_shard(u)`, the model dtype, what every all-gather reads): reading it reads the
-partition, and a write changes what the next gather brings, as DeepSpeed's does. Elsewhere (a
-parameter sharing its unit, offload_param's moved shards, frozen parameters) it keeps DeepSpeed's
-shape without storage (partition_shape.py), and any use of its values raises saying why and which
-parameters do have storage.
+partition, and a write changes what the next gather brings, as DeepSpeed's does. A frozen
+parameter alone in its module has the same view of its frozen unit's shard (frozen.py), which no
+optimizer step recomputes, so a write there lasts, as in DeepSpeed. Elsewhere (a parameter sharing
+its unit, offload_param's moved shards) it keeps DeepSpeed's shape without storage
+(partition_shape.py), and any use of its values raises saying why and which parameters do have storage.
 
 What a write changes, DeepSpeed 0.19.8's way (partition_parameters.py, stage3.py): the 16-bit
 partition the gathers read, not the fp32 master the optimizer holds; the step recomputes the
@@ -109,7 +110,8 @@ class KeptMasters:
 
     def keep(self, u) -> None:
         e = self.stage.e
-        if getattr(e, "master", 0) is None and u.index not in self.kept:   # the shard is the master (precision.py)
+        if getattr(e, "master", 0) is None and u.index not in self.kept and u.index < len(e.layout.units):
+            # the shard is the master (precision.py); a frozen unit (numbered after the layout's) has none
             self.kept[u.index] = self.stage.param_shard(u).clone()
 
     def restore(self) -> None:
