@@ -43,8 +43,9 @@ def _data(rank):
 
 def _config(linear=True):
     return {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0, "optimizer": {"type": "Adam", "params": {"lr": LR}},
-            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                  "stage3_max_reuse_distance": 0, "memory_efficient_linear": linear}}
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0,
+                                  "stage3_max_reuse_distance": 0, "memory_efficient_linear": linear}}   # no prefetch: it
+    # would keep the weights gathered past their forward (DeepSpeed's coordinator, prefetch.py ds_order)
 
 
 class _KeepsData(torch.autograd.Function):

@@ -58,6 +58,10 @@ shared_step_load          a ZeRO-3 universal-checkpoint load of optimizer states
         checkpoint_universal.py, step.py shared_step_turns) until a load of optimizer states gives them their own;
         where a group exceeds sub_group_size (DeepSpeed steps it in pieces) ringzero warns and keeps one step per group.
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
+prefetch_as_deepspeed     stage 3 with prefetch: DeepSpeed's coordinator order (prefetch.py ds_order):
+        prefetch from the forward's start, a unit whose later use a prefetch passed stays gathered
+        after its forward (in flight: ds_status INFLIGHT), and prefetch runs without overlap_comm
+        too; ringzero's own releases the unit, and prefetches only with overlap_comm.
 Cost: a read of the config (JSON) and a walk over named_parameters(), once.
 """
 from __future__ import annotations
@@ -73,6 +77,7 @@ from zero_from_scratch.as_deepspeed import zero3_optimizer, zero_layout, accumul
 from zero_from_scratch.as_deepspeed.utils import logger
 from zero_from_scratch.engine.lr_schedules import WarmupLR
 from zero_from_scratch.engine.zero_ordered_dict import ensure_zero_ordered_dict
+from zero_from_scratch.engine.zero_partition import ZeroParamStatus
 
 _DEPRECATED = (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"))
 
@@ -248,6 +253,16 @@ def register_external_on_use(engine) -> None:
         if engine.zero_optimization_stage() == 3:   # DeepSpeed's _inject_parameters (zero_ordered_dict.py)
             for m in engine.module.modules():
                 ensure_zero_ordered_dict(m)
+
+
+def prefetch_as_deepspeed(engine) -> None:
+    stage = getattr(engine, "stage", None)
+    pf = getattr(stage, "pf", None)
+    if pf is not None:
+        pf.ds_order = True
+        pf.status = lambda i, name: stage.saved._status(i, getattr(ZeroParamStatus, name))
+        if engine.comm.size > 1:    # DeepSpeed prefetches whatever overlap_comm says (ringzero's own: with it)
+            pf.budget = engine.config.zero.stage3_prefetch_bucket_size
 
 
 def init_model_below_stage3(model, config) -> None:

@@ -162,6 +162,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     quirks.dp_change_load(out[0])
     quirks.lr_on_load(out[0])
     quirks.shared_step_load(out[0])
+    quirks.prefetch_as_deepspeed(out[0])
     comm_names.install(out[0])        # the engine's collectives by deepspeed.comm's names
     optimizer_classes.install(out[0])  # DeepSpeed's ZeRO-1/2 optimizer classes where it would build them
     return out

@@ -19,18 +19,30 @@
                                   (safe_api.ds_partition); ringzero's sub-groups are its param groups
                                   (zero_layout.py), so fp16_groups and this agree
   engine._get_zero_param_shapes()     per sub-group {name: full shape}, in the same order (runtime/engine.py)
+  engine.optimizer.step()             DeepSpeed's ZeRO-3 optimizer step (stage3.py `step`): the engine's step (norm,
+                                  overflow, clipping, update, persistent gather) without what its engine.step adds
+                                  (the LR scheduler step, the global step and sample counts)
+  engine.optimizer.zero_grad()        DeepSpeed's (micro_step_id ← 0): the accumulated gradient partitions stay (a
+                                  step before the next backward still uses them) and each one's next reduction
+                                  overwrites it instead of adding: its shard is zeroed just before that reduction
+  engine.optimizer.get_fp32_grad_partitions()   {group: {index in group: averaged_gradients[group][index].float()}}
+                                  (stage3.py); with offload_optimizer refused: DeepSpeed reads its fp32 host partitions
+  engine.optimizer.grad_partitions_flat_buffer   refused: DeepSpeed's one buffer of every parameter's gradient
+                                  partition, which after a step still holds that step's gradients; ringzero's shards
+                                  are per param group and cleared by the step
 Cost: _get_norm_groups gathers each parameter's full gradient (safe_get_full_grad), the fp32 state_dict
 each parameter's full optimizer states: inspection calls (collectives, every rank calls them), not
 training ones; the rest nothing.
 """
 from __future__ import annotations
 
+import types
 import weakref
 from collections import OrderedDict
 
 import torch
 
-from zero_from_scratch.as_deepspeed.finder import NotServedError, message
+from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, NotServedError, message
 from zero_from_scratch.engine import z3_per_gather
 from zero_from_scratch.engine.safe_api import ds_partition, safe_get_full_grad, safe_get_full_optimizer_state
 
@@ -80,6 +92,46 @@ def fp32_state_dict(engine) -> dict:
     return {"state": state, "param_groups": groups}
 
 
+FLAT_GRADS = message("engine.optimizer.grad_partitions_flat_buffer at ZeRO-3",
+                    "keep every parameter's gradient partition in one flat buffer, still holding the last step's "
+                    "gradients after the step", "ringzero's gradient shards are per param group and cleared by the "
+                    "step: engine.optimizer.averaged_gradients, or deepspeed.utils.safe_get_local_grad(p)")
+
+
+def optimizer_step(engine) -> None:
+    sched, counts = engine.lr_scheduler, (engine.global_steps, engine.global_samples)
+    engine.lr_scheduler = None               # DeepSpeed's engine.step steps it, its optimizer's step does not
+    try:
+        engine._optimizer_step()
+    finally:
+        engine.lr_scheduler, (engine.global_steps, engine.global_samples) = sched, counts
+
+
+def zero_grad(engine) -> None:
+    st = engine.stage
+    if "_reduce" not in vars(st):            # once: each unit's first reduction after zero_grad starts from zero
+        reduce, st.overwrite_next = st._reduce, set()
+
+        def _reduce(u):
+            if u.index in st.overwrite_next:
+                st.overwrite_next.discard(u.index)
+                st.grad_shard(u).zero_()
+            reduce(u)
+        st._reduce = _reduce
+    engine.allreduce_gradients()             # reductions still in flight (overlap_comm) land first
+    st.overwrite_next.update(u.index for u in engine.layout.units)
+
+
+def fp32_grad_partitions(engine) -> dict:
+    """DeepSpeed's get_fp32_grad_partitions without optimizer offload: the averaged gradients (z3_grads.py), in fp32."""
+    if engine.offload is not None:
+        raise NotImplementedError("engine.optimizer.get_fp32_grad_partitions() with offload_optimizer is not served: "
+                                  "DeepSpeed would read the gradients of its fp32 partitions on the host; "
+                                  "use deepspeed.utils.safe_get_local_grad(p)")
+    avg = engine.optimizer.averaged_gradients
+    return {g: {i: grad.float() for i, grad in enumerate(avg[g])} for g in avg}
+
+
 _WITH_NORM: dict = {}
 
 
@@ -99,6 +151,14 @@ def install(engine) -> None:
     opt, ref = engine.optimizer, weakref.ref(engine)
     opt._ringzero_zero3, opt._ringzero_engine = True, ref
     opt._get_norm_groups = lambda: norm_groups(ref())
+    opt.get_fp32_grad_partitions = lambda: fp32_grad_partitions(ref())
+    if getattr(opt.step, "_wrapped_by_lr_sched", False):   # a torch LR scheduler built at initialize wrapped it
+        opt.step = lambda closure=None: optimizer_step(ref())
+        opt.step._wrapped_by_lr_sched = True            # it counts the call through step.py's _opt_called
+    else:                                               # a method: a scheduler built later wraps its __func__
+        opt.step = types.MethodType(lambda self, closure=None: optimizer_step(self._ringzero_engine()), opt)
+    opt.__dict__.setdefault("refused_names", {})["grad_partitions_flat_buffer"] = NotServedAttributeError(FLAT_GRADS)
+    opt.zero_grad = lambda set_to_none=True: zero_grad(ref())
     opt._ringzero_fp32_groups = False
     opt._set_fp32_optimizer_param_groups = lambda: setattr(opt, "_ringzero_fp32_groups", True)
     opt._clear_fp32_optimizer_param_groups = lambda: setattr(opt, "_ringzero_fp32_groups", False)

@@ -48,7 +48,7 @@ from zero_from_scratch.engine.checkpoint_read import (FORMAT, CheckpointError, _
                                                       bit16_master, no_latest, read_manifest, read_shards, unshard)
 from zero_from_scratch.engine.client_optim import ZeRORuntimeException
 from zero_from_scratch.engine.mpu import engine_mp
-from zero_from_scratch.engine import checkpoint_ds, checkpoint_universal
+from zero_from_scratch.engine import checkpoint_ds, checkpoint_universal, z3_ds_tensor
 import random
 
 PHASES = ("validated", "shard", "manifest", "tag", "latest", "cleanup")
@@ -68,7 +68,7 @@ def _phase(name: str, rank: int) -> None:
 def _local_params(engine) -> list[torch.Tensor]:
     out = []
     for g in range(len(engine.layout.group_local)):
-        parts = [engine.stage.param_shard(u) for u in engine.layout.units_of_group(g)]
+        parts = [z3_ds_tensor.master_of(engine, u) for u in engine.layout.units_of_group(g)]   # fp32: not a ds_tensor write
         out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=engine.dtype))
     return out
 

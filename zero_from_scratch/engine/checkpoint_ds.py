@@ -36,6 +36,7 @@ from zero_from_scratch.engine.checkpoint_universal_layout import slice_mappings
 from zero_from_scratch.engine.ds_pickle import DS_PICKLE, load_file
 from zero_from_scratch.engine.mpu import engine_mp
 from zero_from_scratch.engine.safe_api import ds_partition
+from zero_from_scratch.engine import z3_ds_tensor
 
 DS_VERSION = "0.19.8"
 DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
@@ -52,7 +53,7 @@ def _full_values(engine) -> dict:
     for u in engine.layout.units:
         sl = slice(u.local_offset, u.local_offset + u.shard)
         for k in keys:
-            shard = (engine.master[u.group][sl] if engine.mixed else engine.stage.param_shard(u)) if k == "master" \
+            shard = (engine.master[u.group][sl] if engine.mixed else z3_ds_tensor.master_of(engine, u)) if k == "master" \
                 else engine.optimizer.state[u.group][k][sl]
             shard = shard.float().contiguous()
             if engine.stage_id == 0 or engine.comm.size == 1:

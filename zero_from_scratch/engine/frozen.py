@@ -71,7 +71,7 @@ class FrozenParams:
         for u in self.units:                             # the stage's blocks: rank 0's values, or zero.Init's shards
             st.param_shard(u).copy_(st._unit_block(u))
             st.tag_of[u.index] = u.tag
-        zp.adopt(e, self.units, st.params)
+        zp.adopt(e, self.units, st.params, stage=st if getattr(st, "poff", None) is None else None)   # z3_ds_tensor.py
         # DeepSpeed keeps every small parameter gathered, frozen ones too (mark_persistent_parameters)
         st.persistent |= {u.index for u in self.units if u.numel <= e.config.zero.stage3_param_persistence_threshold}
         unit_of = {id(dict(self.named)[s.name]): u for u in self.units for s in u.slots}

@@ -15,6 +15,12 @@ the same module order on its first step). Later micro-batches walk it:
   room       a demand that would pass the cap first releases units kept for reuse, oldest first.
 Every rank walks the same trace, so the prefetches pair up; a micro-batch that leaves the trace
 stops prefetching and keeping (demand gathers only) and stays correct.
+  ds_order   (the runner's, quirks.prefetch_as_deepspeed) DeepSpeed 0.19.8's coordinator
+             (partitioned_param_coordinator.py): the forward's start prefetches too (its root
+             module's fetch), and a unit whose later use a prefetch scan has passed (a unit
+             already gathered or in flight is skipped there, __most_recent_step_id_param_fetched_for)
+             stays gathered after its forward, evictable like a reused one, so its gathered
+             copy serves that use. Cost: memory, up to the cap; no extra bytes.
 """
 from __future__ import annotations
 
@@ -35,11 +41,18 @@ class Prefetcher:
         self.kept: list[int] = []                         # gathered past forward for reuse, oldest first
         self.live = 0                                     # gathered + in-flight elements
         self.stats = {"demand": 0, "prefetch": 0, "prefetch_used": 0, "max_live": 0, "evicted": 0}
+        self.ds_order = False                             # the runner's: DeepSpeed's release rule (docstring)
+        self.pos: dict[int, int] = {}                     # unit -> its latest trace position this micro-batch
+        self.scanned: dict[int, int] = {}                 # unit -> furthest trace position a prefetch scan passed
+        self.status = lambda i, name: None                # ds_order: ds_status of unit i's parameters ← name
 
-    def start_forward(self, training: bool) -> None:
+    def start_forward(self, training: bool, gathered=(), start=None) -> None:
         """Before each forward: eval / no-grad passes neither follow nor record the trace."""
         self.in_train = training
         self.tpos, self.trace_ok, self.fwd_pos = 0, training and self.trace is not None, {}
+        self.pos, self.scanned = {}, {}
+        if self.ds_order and start is not None:        # DeepSpeed's root-module fetch prefetches the first units
+            self.prefetch(gathered, start)
 
     def finish_backward(self) -> None:
         if self.in_train and self.trace is None:
@@ -65,6 +78,7 @@ class Prefetcher:
         elif self.trace_ok and self.tpos < len(self.trace) and self.trace[self.tpos] == (kind, u.index):
             if kind == "forward":
                 self.fwd_pos[u.index] = self.tpos
+            self.pos[u.index] = self.tpos
             self.tpos += 1
         else:
             self.trace_ok = False        # same on every rank when ranks run the same modules
@@ -75,7 +89,9 @@ class Prefetcher:
         if not (self.budget and self.trace_ok and self.trace is not None):
             return
         ahead, seen = 0, set()
-        for kind, i in self.trace[self.tpos:]:
+        for at, (kind, i) in enumerate(self.trace[self.tpos:], self.tpos):
+            if self.ds_order:
+                self.scanned[i] = max(at, self.scanned.get(i, -1))
             if i in seen or i in gathered:
                 continue
             seen.add(i)
@@ -88,6 +104,7 @@ class Prefetcher:
             self.count_live(u.padded)
             self.stats["prefetch"] += 1
             self.prefetched[i] = start(u, kind)
+            self.status(i, "INFLIGHT")                    # installed: AVAILABLE (saved.py)
             ahead += u.padded
 
     def reused_soon(self, u) -> bool:
@@ -104,11 +121,17 @@ class Prefetcher:
             traversed += self.unit(i).numel
         return False
 
+    def passed_later_use(self, u) -> bool:
+        """ds_order: has a prefetch scan passed a use of u after its current one?"""
+        later = self.scanned.get(u.index, -1) > self.pos.get(u.index, 1 << 62)
+        return self.ds_order and self.trace_ok and self.in_train and later
+
     def drop(self, give=None) -> None:
         """Wait for and forget every prefetch in flight (give(buffer) hands each buffer back)."""
         for i, (wait, buf) in list(self.prefetched.items()):
             wait()
             self.live -= self.unit(i).padded
+            self.status(i, "NOT_AVAILABLE")               # never installed
             if give is not None:
                 give(buf)
         self.prefetched.clear()

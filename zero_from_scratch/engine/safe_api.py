@@ -35,6 +35,8 @@ import weakref
 
 import torch
 
+from zero_from_scratch.engine import z3_ds_tensor
+
 ATTR = "_ringzero_engine"        # on each trained parameter: (weakref to its engine, its name)
 
 
@@ -65,7 +67,7 @@ def _local(engine, u, what: str, key=None) -> torch.Tensor:
     if what == "grad":           # the SUM over ranks (× loss scale × pre); _get divides to the mean
         return engine.stage.grad_shard(u)
     if what == "master":
-        return engine.master[u.group][sl] if engine.mixed else engine.stage.param_shard(u)
+        return engine.master[u.group][sl] if engine.mixed else z3_ds_tensor.master_of(engine, u)   # fp32: the shard
     st = engine.optimizer.state[u.group]
     if key not in engine.optimizer.STATE:
         raise KeyError(f"optimizer state {key!r} does not exist for {engine.optimizer.name}; it keeps "

@@ -25,7 +25,7 @@ import functools
 import torch
 
 from primitives import CollectiveError
-from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied, z3_outputs, zero_partition as zp
+from zero_from_scratch.engine import allocator, hpz, param_offload, qgz, qwz, report, tied, z3_ds_tensor, z3_outputs, zero_partition as zp
 from zero_from_scratch.engine.divergence import DivergenceCheck, ZeroDivergenceError
 from zero_from_scratch.engine.pools import Pool
 from zero_from_scratch.engine.prefetch import Prefetcher
@@ -67,7 +67,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
     def _make_param_storage(self) -> None:
         if getattr(self.e.config, "offload_param", None) is None:
             super()._make_param_storage()
-            zp.adopt(self.e, self.layout.units, self.params)
+            zp.adopt(self.e, self.layout.units, self.params, stage=self)   # ds_tensor: views of these shards
         else:   # param_offload.make writes each unit's block (_unit_block) straight into its store: no Ψ/N here
             self.flat, self.pshard = [], [torch.empty(0, dtype=self.dtype, device=self.dev)
                                           for _ in self.layout.group_local]
@@ -175,8 +175,8 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         """A unit the trace reuses soon is kept after forward (evictable); persistent, pinned ones until FORCED."""
         if u.index not in self.full_of or (kind == "gather_ctx" and self.saved.grad_due(u)) or self.saved.recomputed(kind):
             return                             # the latter two: released by its reduce or backward's end (saved.py)
-        if kind == "forward" and u.index not in self.persistent and self.pf.reused_soon(u):
-            self.pf.kept.append(u.index)       # its backward comes soon: keep, evictable
+        if kind == "forward" and u.index not in self.persistent and (self.pf.reused_soon(u) or self.pf.passed_later_use(u)):
+            self.pf.kept.append(u.index)       # its backward comes soon (or a prefetch passed it): keep, evictable
             return
         if kind in FORCED or self.saved.released_late(u) or not (u.index in self.persistent or self.pinned.get(u.index) or u.index in self.dangling):
             if u.index in self.pf.kept:
@@ -253,15 +253,15 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         if self.poff:
             self.poff.flush()            # shards a writer touched since (load, modifier_rank) go back
         self.tied and self.tied.restore()   # a forward that raised left its aliases
-        self.pf.start_forward(torch.is_grad_enabled())
+        self.pf.start_forward(torch.is_grad_enabled(), self.full_of, self._start_prefetch)
         if not self.pf.in_train:
             self.check.restart()
 
     # ------------------------------------------------------------------ optimizer, checkpoints, users
     def after_step(self) -> None:
         super().after_step()
-        if self.hpz:
-            self.hpz.clear()             # secondary shards are stale once the weights move
+        z3_ds_tensor.drop_kept(self)     # after a load too: the shards are the fp32 masters again
+        self.hpz and self.hpz.clear()    # secondary shards are stale once the weights move
         if self.poff:
             self.poff.flush()            # the stepped shards go back to the host / files
         self.release_all()               # the shards changed: persistent copies are stale, and are gathered again
@@ -286,7 +286,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
                     for u in units:          # already-gathered (persistent, kept) units are written back too
                         full = self.write_back(u, modifier_rank)
                         self.full_of[u.index].copy_(full)    # a unit that stays gathered holds the edit too
-                    self.e.refresh_master()
+                    z3_ds_tensor.refresh_units(self.e, units)   # these units' masters only, as the docstring says
 
     def write_back(self, u, modifier_rank: int) -> torch.Tensor:
         """modifier_rank's (possibly edited) full unit → every rank's shard; returns the full unit."""

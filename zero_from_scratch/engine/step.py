@@ -21,6 +21,7 @@ from zero_from_scratch.clip import clip_coef, sum_of_squares
 from zero_from_scratch.engine import moe_grads
 from zero_from_scratch.engine.offload import done_with
 from zero_from_scratch.engine.safe_api import apply_pending
+from zero_from_scratch.engine.z3_ds_tensor import restore_masters
 
 STEP_CHUNK = 1 << 22   # elements per optimizer-step chunk (16 MiB of fp32 temporaries)
 
@@ -67,6 +68,7 @@ def optimizer_step(engine) -> None:
         engine._global_grad_norm = norm
         clip = engine.config.gradient_clipping
         coef = clip_coef(norm, clip)                 # eps once, on the global norm (clip.py)
+        restore_masters(engine)                      # ZeRO-3 fp32: a ds_tensor write leaves the master (z3_ds_tensor.py)
         apply_pending(engine)                        # fp32 weights set by safe_set_full_fp32_param (safe_api.py)
         shared = shared_step_turns(engine.optimizer)
         if engine.offload is not None:        # the same Adam, through files or on the host (offload*.py)

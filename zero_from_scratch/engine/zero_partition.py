@@ -17,10 +17,11 @@ modules, Init's shards are per parameter, so the two layouts do not line up; eac
 by gathering its parameters one at a time, keeping this rank's block and dropping the rest.
 Peak: the largest unit plus its largest parameter, never the model; cost (N-1)/N·Ψ once, and no
 broadcast (Init already made every rank agree). After adoption Init's shards are freed, the
-parameter has no `ds_tensor` (its elements live in the engine's unit shard) and GatheredParameters
-goes through the engine. With offload_param the engine allocates no Ψ/N storage: each unit's
-block (`unit_block`) goes straight to the parameter store (param_offload.py), and shards Init kept
-in a file (init_swap.py) are read back one parameter at a time.
+parameter's `ds_tensor` is the engine's (z3_ds_tensor.py: a view of its unit shard where the
+parameter is alone in its unit) and GatheredParameters goes through the engine. With
+offload_param the engine allocates no Ψ/N storage: each unit's block (`unit_block`) goes straight
+to the parameter store (param_offload.py), and shards Init kept in a file (init_swap.py) are read
+back one parameter at a time.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from zero_from_scratch.engine.partition_shape import PartitionShape
+from zero_from_scratch.engine import z3_ds_tensor
 
 _IDS = itertools.count()        # ds_id: every rank creates parameters in the same order
 
@@ -265,11 +266,12 @@ def unit_block(st, u) -> torch.Tensor:
     return full[lo:hi]
 
 
-def adopt(engine, units, params: dict) -> None:
+def adopt(engine, units, params: dict, stage=None) -> None:
     """Mark `params` as the engine's: DeepSpeed's ds_id / ds_shape / ds_numel / ds_status on every
-    one (peft and the HF Trainer read ds_shape / ds_numel), Init's shard dropped. ds_tensor holds no
-    values: the shard is a block of the engine's module-wide unit (stage.param_shard), which offload
-    may move; it has the shape of DeepSpeed's partition (partition_shape.py)."""
+    one (peft and the HF Trainer read ds_shape / ds_numel), Init's shard dropped. ds_tensor: with
+    `stage` (its shards in memory), a view of this rank's shard for a parameter alone in its unit,
+    which is DeepSpeed's partition; else DeepSpeed's shape without values (z3_ds_tensor.py)."""
+    ds_tensors = z3_ds_tensor.partitions(engine, units, params, stage)
     for u in units:
         for s in u.slots:
             p = params[s.name]
@@ -279,5 +281,5 @@ def adopt(engine, units, params: dict) -> None:
             p.ds_shape, p.ds_numel = torch.Size(s.shape), s.numel
             p.ds_status = ZeroParamStatus.NOT_AVAILABLE
             p.ds_process_group = getattr(engine.comm, "group", None)
-            p.ds_tensor = PartitionShape.of(s.numel, engine.comm.size, p.dtype)   # DeepSpeed's partition: its shape only
+            p.ds_tensor = ds_tensors[s.name]
             p._zero_engine = weakref.ref(engine)
