@@ -318,16 +318,25 @@ def test_zero3_shared_step_only_where_each_group_is_one_deepspeed_sub_group():
     """DeepSpeed's stage3.py _create_fp16_sub_groups cuts a group whose partition numel exceeds sub_group_size
     after each whole parameter that reaches it; each piece would step at its own count of the shared step, which
     one step per group cannot follow: there (and at ringzero's own entry point) rank 0 warns and steps stay per
-    group."""
+    group. An int step (FusedAdam's, DeepSpeedCPUAdam's) is not shared: each sub-group's `+= 1` rebinds its own
+    entry, so one step per group is DeepSpeed's behaviour, with no warning."""
     from types import SimpleNamespace as NS
     from zero_from_scratch.engine.checkpoint_universal import _shared_step_order
     numels = {"a": 16, "b": 16, "c": 4, "d": 6}         # partitions at N = 2: 8, 8, 2, 3
     e = NS(group_names=[["a", "b"], [], ["c", "d"]], config=NS(sub_group_size=16), comm=NS(size=2, global_rank=0),
            ds_shared_step=True)
-    assert _shared_step_order(e, numels) == [0, 2]     # 16 ≥ 8 + 8: two groups, two sub-groups
-    e.config.sub_group_size = 8                          # group 0 → [a], [b]
+    tensor_step = torch.tensor(3.0)                      # torch's Adam saves its step as a tensor
+    assert _shared_step_order(e, numels, tensor_step) == [0, 2]     # 16 ≥ 8 + 8: two groups, two sub-groups
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _shared_step_order(e, numels, 3) is None     # int: DeepSpeed's groups count separately
+        e.config.sub_group_size = 8
+        assert _shared_step_order(e, numels, 3) is None
     with pytest.warns(UserWarning, match="its 3 sub-groups one shared step tensor.*sub_group_size .8. steps in pieces"):
-        assert _shared_step_order(e, numels) is None
+        assert _shared_step_order(e, numels, tensor_step) is None   # group 0 → [a], [b]
     e.config.sub_group_size, e.ds_shared_step = 16, False
     with pytest.warns(UserWarning, match="DeepSpeed would give its 2 sub-groups one shared step tensor"):
-        assert _shared_step_order(e, numels) is None
+        assert _shared_step_order(e, numels, tensor_step) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _shared_step_order(e, numels, 3) is None
