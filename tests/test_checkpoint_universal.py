@@ -284,6 +284,31 @@ def test_converter_refusals_and_deepspeeds_errors(folders, tmp_path):
         main(parse_arguments(["--input_folder", str(tmp_path), "--output_folder", str(tmp_path / "o2")]))
 
 
+SUBSET = """
+from types import SimpleNamespace
+import deepspeed.checkpoint.ds_to_universal as m
+orig = m._get_optim_files
+m._get_optim_files = lambda d: orig(d)[:1]             # rank 0's file only
+try:
+    m.main(SimpleNamespace(input_folder={src!r}, output_folder={out!r}, num_extract_workers=1, num_merge_workers=1,
+                           keep_temp_folder=False, strict=True, inject_missing_state=False))
+except RuntimeError as e:
+    print("RuntimeError", e)
+"""
+
+
+def test_converter_reads_the_optimizer_files_main_listed(folders, tmp_path):
+    """ZeRO-3: both converters read the optimizer files _get_optim_files listed, so a script's replacement
+    returning a subset is seen: DeepSpeed's degree check against the model files fails, in its words."""
+    src = os.path.join(folders["z3"][0], TAG)
+    ds = run_cmd(f"{sys.executable} -c {_q(SUBSET.format(src=src, out=str(tmp_path / 'ds')))}").stdout
+    script = tmp_path / "subset.py"
+    script.write_text(SUBSET.format(src=src, out=str(tmp_path / "rz")))
+    rz = run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed {script}").stdout
+    want = "RuntimeError ZeRO-3 model/optimizer tp_degree or dp_degree mismatch: model=(1,2), optim=(1,1)"
+    assert want in ds and want in rz, (ds, rz)
+
+
 def _refusals(rank, world, folder):
     out = []
     for stage, tag in ((0, f"{TAG}_ds"), (1, None)):
