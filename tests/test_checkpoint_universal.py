@@ -284,6 +284,31 @@ def test_converter_refusals_and_deepspeeds_errors(folders, tmp_path):
         main(parse_arguments(["--input_folder", str(tmp_path), "--output_folder", str(tmp_path / "o2")]))
 
 
+SUBSET = """
+from types import SimpleNamespace
+import deepspeed.checkpoint.ds_to_universal as m
+orig = m._get_optim_files
+m._get_optim_files = lambda d: orig(d)[:1]             # rank 0's file only
+try:
+    m.main(SimpleNamespace(input_folder={src!r}, output_folder={out!r}, num_extract_workers=1, num_merge_workers=1,
+                           keep_temp_folder=False, strict=True, inject_missing_state=False))
+except RuntimeError as e:
+    print("RuntimeError", e)
+"""
+
+
+def test_converter_reads_the_optimizer_files_main_listed(folders, tmp_path):
+    """ZeRO-3: both converters read the optimizer files _get_optim_files listed, so a script's replacement
+    returning a subset is seen: DeepSpeed's degree check against the model files fails, in its words."""
+    src = os.path.join(folders["z3"][0], TAG)
+    ds = run_cmd(f"{sys.executable} -c {_q(SUBSET.format(src=src, out=str(tmp_path / 'ds')))}").stdout
+    script = tmp_path / "subset.py"
+    script.write_text(SUBSET.format(src=src, out=str(tmp_path / "rz")))
+    rz = run_cmd(f"{sys.executable} -m zero_from_scratch.as_deepspeed {script}").stdout
+    want = "RuntimeError ZeRO-3 model/optimizer tp_degree or dp_degree mismatch: model=(1,2), optim=(1,1)"
+    assert want in ds and want in rz, (ds, rz)
+
+
 def _refusals(rank, world, folder):
     out = []
     for stage, tag in ((0, f"{TAG}_ds"), (1, None)):
@@ -318,16 +343,25 @@ def test_zero3_shared_step_only_where_each_group_is_one_deepspeed_sub_group():
     """DeepSpeed's stage3.py _create_fp16_sub_groups cuts a group whose partition numel exceeds sub_group_size
     after each whole parameter that reaches it; each piece would step at its own count of the shared step, which
     one step per group cannot follow: there (and at ringzero's own entry point) rank 0 warns and steps stay per
-    group."""
+    group. An int step (FusedAdam's, DeepSpeedCPUAdam's) is not shared: each sub-group's `+= 1` rebinds its own
+    entry, so one step per group is DeepSpeed's behaviour, with no warning."""
     from types import SimpleNamespace as NS
     from zero_from_scratch.engine.checkpoint_universal import _shared_step_order
     numels = {"a": 16, "b": 16, "c": 4, "d": 6}         # partitions at N = 2: 8, 8, 2, 3
     e = NS(group_names=[["a", "b"], [], ["c", "d"]], config=NS(sub_group_size=16), comm=NS(size=2, global_rank=0),
            ds_shared_step=True)
-    assert _shared_step_order(e, numels) == [0, 2]     # 16 ≥ 8 + 8: two groups, two sub-groups
-    e.config.sub_group_size = 8                          # group 0 → [a], [b]
+    tensor_step = torch.tensor(3.0)                      # torch's Adam saves its step as a tensor
+    assert _shared_step_order(e, numels, tensor_step) == [0, 2]     # 16 ≥ 8 + 8: two groups, two sub-groups
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _shared_step_order(e, numels, 3) is None     # int: DeepSpeed's groups count separately
+        e.config.sub_group_size = 8
+        assert _shared_step_order(e, numels, 3) is None
     with pytest.warns(UserWarning, match="its 3 sub-groups one shared step tensor.*sub_group_size .8. steps in pieces"):
-        assert _shared_step_order(e, numels) is None
+        assert _shared_step_order(e, numels, tensor_step) is None   # group 0 → [a], [b]
     e.config.sub_group_size, e.ds_shared_step = 16, False
     with pytest.warns(UserWarning, match="DeepSpeed would give its 2 sub-groups one shared step tensor"):
-        assert _shared_step_order(e, numels) is None
+        assert _shared_step_order(e, numels, tensor_step) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _shared_step_order(e, numels, 3) is None

@@ -5,9 +5,9 @@
 Scripts (and DeepSpeed's own tests) replace a module's function to steer or watch it: a patch must either act
 as it does on DeepSpeed or fail saying why it cannot. (a) ds_to_universal's main calls its steps by DeepSpeed's
 names, so a patched step is seen: the same script prints the same outcome under both `deepspeed`s.
-(b) the ZeRO stage modules' count_used_parameters_in_backward is refused by name (ringzero's hooks never call
-it): patching it there raises the runner's one-line NotServedError, while the runtime.utils function it
-aliases is served and, called from a gradient hook, counts what real DeepSpeed's counts.
+(b) the ZeRO stage modules' count_used_parameters_in_backward is served (the runtime.utils function it aliases):
+imported from a stage module and called from a gradient hook, it counts what real DeepSpeed's counts; REPLACING
+it there (ringzero's hooks never call it) raises the runner's one-line NotServedError.
 """
 import sys
 import textwrap
@@ -76,11 +76,12 @@ HOOK_COUNT = """
 import torch
 from unittest.mock import patch
 import deepspeed.runtime.utils as u
-import deepspeed.runtime.zero.stage3 as s3
+from deepspeed.runtime.zero.stage3 import count_used_parameters_in_backward as count3
+from deepspeed.runtime.zero.stage_1_and_2 import count_used_parameters_in_backward as count12
 lin, unused = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
 counts = []
-lin.weight.register_hook(lambda g: counts.append(u.count_used_parameters_in_backward(
-    [lin.weight, lin.bias, unused.weight])))
+lin.weight.register_hook(lambda g: counts.extend(f([lin.weight, lin.bias, unused.weight])
+                                                 for f in (u.count_used_parameters_in_backward, count3, count12)))
 lin(torch.ones(1, 3)).sum().backward()
 print("count", counts)
 try:
@@ -88,13 +89,15 @@ try:
                wraps=u.count_used_parameters_in_backward):
         print("patched")
 except NotImplementedError as e:
-    print("refused", e)
+    print("refused", type(e).__name__, e)
+import deepspeed.runtime.zero.stage3 as s3
+print("after", s3.count_used_parameters_in_backward is count3)
 """
 
 
-def test_stage_alias_of_count_used_parameters_refused_runtime_utils_served():
+def test_stage_alias_of_count_used_parameters_served_replacing_it_refused():
     ds, rz = _both(HOOK_COUNT)
-    assert "count [2]" in ds and "count [2]" in rz            # the two parameters this backward reaches
-    assert "patched" in ds
-    assert ("refused deepspeed.runtime.zero.stage3.count_used_parameters_in_backward is not served by ringzero"
-            in rz and "ringzero's ZeRO engine ends a backward" in rz), rz
+    assert "count [2, 2, 2]" in ds and "count [2, 2, 2]" in rz      # the two parameters this backward reaches
+    assert "patched" in ds and "after True" in ds and "after True" in rz
+    assert ("refused NotServedError replacing deepspeed.runtime.zero.stage3.count_used_parameters_in_backward is not "
+            "served by ringzero" in rz and "ringzero's ZeRO engine ends a backward" in rz), rz

@@ -13,7 +13,9 @@ world size with "checkpoint": {"load_universal": true} (engine/checkpoint_univer
 What differs from DeepSpeed: its converter cuts every rank's partition into per-parameter fragment files under
 <output>/tmp in worker processes, then merges them; here the full tensors come from checkpoint_ds.read_full in
 this one process (the reader ringzero's load_checkpoint uses), so --num_extract_workers / --num_merge_workers
-and --keep_temp_folder have nothing to act on and say so. main takes DeepSpeed's steps in its order and by its
+and --keep_temp_folder have nothing to act on and say so. It reads the optimizer files DeepSpeed extracts:
+ZeRO-3 the list main got from _get_optim_files / _filter_zero3_optim_files (its tp/dp degrees checked against
+the model files', DeepSpeed's RuntimeError), ZeRO-1/2 DeepSpeedCheckpoint's zero files. main takes DeepSpeed's steps in its order and by its
 module-level names (_get_optim_files, _get_zero_stage, DeepSpeedCheckpoint, _inject_missing_state, ...), looked
 up where a script would replace one: the served module under the runner (_ds). Refused, one line each:
 tensor-parallel (AutoTP / Megatron) slices, pipeline layer files, expert (MoE / AutoEP) files — DeepSpeed would
@@ -193,9 +195,10 @@ def _save_optimizer_state_stage3(args, optim_files):   # ZeRO-3: rank 0's file, 
     _save(os.path.join(args.output_folder, "zero", "optimizer_state.pt"), _common_optimizer_state(osd, 3))
 
 
-def _write_full_states(args, zero_stage: int) -> None:
-    """DeepSpeed's steps 1-2 (extract every rank's fragments, merge them per parameter), from full tensors."""
-    full, model, optim = read_full(args.input_folder)
+def _write_full_states(args, zero_stage: int, optim_files: list) -> None:
+    """DeepSpeed's steps 1-2 (extract every rank's fragments, merge them per parameter), from full tensors
+    read from `optim_files`, the list DeepSpeed's steps handed main."""
+    full, model, optim = read_full(args.input_folder, optim_files)
     steps = {}
     if zero_stage <= 2:
         groups = optim[0]["base_optimizer_state"]["state"]
@@ -211,6 +214,18 @@ def _write_full_states(args, zero_stage: int) -> None:
                 _save(param_file(dst, name, state), {CAT_DIM: 0, PARAM: t.clone()})
         if name in steps:
             _save(param_file(dst, name, "step"), steps[name])
+
+
+def _zero3_degrees(files: list) -> tuple[int, int]:
+    """(tp, dp) degrees of ZeRO-3 files from their names, every (tp, dp) file present (DeepSpeed's
+    _build_zero3_rank_grid, its error text)."""
+    grid = {tuple(map(int, re.search(r"zero_pp_rank_(\d+)_mp_rank_(\d+)", os.path.basename(f)).groups()[::-1]))
+            for f in files}
+    tp, dp = max(t for t, _ in grid) + 1, max(d for _, d in grid) + 1
+    missing = [(t, d) for t in range(tp) for d in range(dp) if (t, d) not in grid]
+    if missing:
+        raise RuntimeError(f"Missing ZeRO-3 checkpoint file for tp_rank={missing[0][0]}, dp_rank={missing[0][1]}")
+    return tp, dp
 
 
 def _write_model_values(args, ds_checkpoint) -> None:
@@ -243,7 +258,8 @@ def main(args) -> None:
         ds._check_for_required_state(ds_checkpoint)
         _refuse_tp_merge(ds_checkpoint.get_checkpoint_info(UC_INFO) or {})
         print("*** 1-2. Reading every rank's partitions and writing each parameter's full states")
-        _write_full_states(args, zero_stage)
+        _write_full_states(args, zero_stage, [ds_checkpoint.get_zero_files(pp_index=0, tp_index=0, dp_index=i)[0]
+                                              for i in range(ds_checkpoint.dp_degree)])
         _write_model_values(args, ds_checkpoint)
         print("*** 3. Saving common optimizer states")
         ds._save_optimizer_state(args, ds_checkpoint)
@@ -251,8 +267,12 @@ def main(args) -> None:
             shutil.copy2(f, args.output_folder)
     else:
         model_files = ds._get_zero3_model_state_files(args.input_folder)
+        (tp, dp), (tp_o, dp_o) = _zero3_degrees(model_files), _zero3_degrees(optim_files)
+        if (tp, dp) != (tp_o, dp_o):
+            raise RuntimeError("ZeRO-3 model/optimizer tp_degree or dp_degree mismatch: "
+                               f"model=({tp},{dp}), optim=({tp_o},{dp_o})")
         print("*** 1-2. Reading every rank's partitions and writing each parameter's full states")
-        _write_full_states(args, zero_stage)
+        _write_full_states(args, zero_stage, optim_files)
         print("*** 3. Saving common optimizer states")
         ds._save_optimizer_state_stage3(args, optim_files)
         for f in model_files:

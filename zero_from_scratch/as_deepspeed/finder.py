@@ -131,11 +131,14 @@ class ServedModule(types.ModuleType):
         return value
 
     def __setattr__(self, attr: str, value) -> None:
-        """A refused name replaced (unittest.mock.patch, monkeypatch.setattr) would change nothing ringzero runs:
-        that fails with the name's one line; its own placeholder (the cache above, a patch's undo) binds."""
+        """A refused name, or a PATCH_REFUSED one, replaced (unittest.mock.patch, monkeypatch.setattr) would
+        change nothing ringzero runs: that fails with the name's one line; its own placeholder or served object
+        (the cache above, a patch's undo) binds."""
         name = f"{self.__name__}.{attr}"
         if name in served.REFUSED and not isinstance(value, _Refused):
             raise NotServedError(refused(name)._message)
+        if name in served.PATCH_REFUSED and value is not resolve(name, served.SERVED[name]):
+            raise NotServedError(message(f"replacing {name}", *served.PATCH_REFUSED[name]))
         super().__setattr__(attr, value)
 
     def __dir__(self):

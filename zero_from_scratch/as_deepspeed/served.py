@@ -230,16 +230,18 @@ SERVED.update({
         "_get_expert_data_parallel_rank", "_get_expert_model_parallel_world_size")},
 })
 
-# --- count_used_parameters_in_backward: the runtime.utils function is served (it counts the parameters the running
-# backward will reach); the ZeRO stage modules' own import of it is refused by name: a script patching it there
-# expects the stage's gradient hooks to call it, and ringzero's never do
-SERVED["deepspeed.runtime.utils.count_used_parameters_in_backward"] = f"{_R}.utils:count_used_parameters_in_backward"
-REFUSED.update({f"deepspeed.runtime.zero.{m}.count_used_parameters_in_backward": (
+# --- count_used_parameters_in_backward: served in runtime.utils and in the ZeRO stage modules that import it (it
+# counts the parameters the running backward will reach); replacing the stage modules' copy is refused: a script
+# patching it there expects the stage's gradient hooks to call it, and ringzero's never do. PATCH_REFUSED: served
+# names whose REPLACEMENT (mock.patch, monkeypatch.setattr) fails with its one line (finder.ServedModule.__setattr__)
+SERVED.update({f"deepspeed.{m}.count_used_parameters_in_backward": f"{_R}.utils:count_used_parameters_in_backward"
+               for m in ("runtime.utils", "runtime.zero.stage_1_and_2", "runtime.zero.stage3")})
+PATCH_REFUSED: dict[str, tuple[str, str]] = {f"deepspeed.runtime.zero.{m}.count_used_parameters_in_backward": (
     "call it once per backward from its gradient hooks, to know when the last expected gradient of the backward "
     "has arrived and the bucketed reduction can be flushed",
     "none needed: ringzero's ZeRO engine ends a backward (flushes its last bucket) when autograd returns, "
-    "so it never counts parameters; deepspeed.runtime.utils.count_used_parameters_in_backward is the same count, served")
-    for m in ("stage_1_and_2", "stage3")})
+    "so it never counts parameters; calling the function (here or in deepspeed.runtime.utils) is served")
+    for m in ("stage_1_and_2", "stage3")}
 # --- end of the count_used_parameters_in_backward block
 
 # the deepspeed.checkpoint package: its descriptors, reshape, universal checkpoint and the keys it does not serve

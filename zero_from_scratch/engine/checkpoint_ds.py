@@ -171,10 +171,11 @@ def rank_of(path: str) -> int:
     return int(os.path.basename(path).split("zero_pp_rank_")[1].split("_")[0])
 
 
-def read_full(d: str) -> tuple[dict, dict, list]:
-    """({name: {"param", "master", state keys}}, rank 0's model-states dict, the optimizer files)."""
-    optim = [load_file(f)["optimizer_state_dict"] for f in sorted(glob.glob(os.path.join(d, "*_optim_states.pt")),
-                                                                key=rank_of)]
+def read_full(d: str, files: list | None = None) -> tuple[dict, dict, list]:
+    """({name: {"param", "master", state keys}}, rank 0's model-states dict, the optimizer files); `files`: the
+    optimizer files to read (default: every *_optim_states.pt in d)."""
+    files = glob.glob(os.path.join(d, "*_optim_states.pt")) if files is None else files
+    optim = [load_file(f)["optimizer_state_dict"] for f in sorted(files, key=rank_of)]
     models = sorted(glob.glob(os.path.join(d, "*_model_states.pt")))
     model = load_file(models[0])
     if not optim:

@@ -23,8 +23,10 @@ load_checkpoint / _load_checkpoint / _load_zero_checkpoint and the optimizers' _
     file; buffers, frozen parameters and the RNG are NOT restored (DeepSpeed skips the module state dict
     in universal mode); client state: the model file's other keys, as DeepSpeed returns them
 DeepSpeed's ZeRO-3 load hands every sub-group (a param group cut every sub_group_size elements) the SAME step
-tensor (state[0]["step"]), which torch's Adam then advances once per sub-group per step: sub-group i of G steps
-with base + i + 1 and all read base + G after it. Under the runner (engine.ds_shared_step, quirks.py) ringzero
+object (state[0]["step"]). Where it is a tensor (torch's Adam saved it) each sub-group's `+= 1` is in place, so
+the count advances once per sub-group per step: sub-group i of G steps with base + i + 1 and all read base + G
+after it. Where it is an int (FusedAdam, DeepSpeedCPUAdam) `+= 1` rebinds each sub-group's own entry: one step
+per group, as ringzero keeps anyway. Under the runner (engine.ds_shared_step, quirks.py) ringzero
 does the same where each group is one sub-group (engine/step.py: shared_step_turns). Where a group is cut into
 several sub-groups (each piece at its own count), and at ringzero's own entry point, it keeps one step per group
 and warns on rank 0 that DeepSpeed's later losses differ (tests/test_checkpoint_universal.py shows both).
@@ -125,7 +127,7 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
             if t is not None:
                 full[name][k] = t
     groups = engine.optimizer.param_groups
-    hyper, steps = [{} for _ in groups], [s["step"] for s in engine.optimizer.state]
+    hyper, steps, first = [{} for _ in groups], [s["step"] for s in engine.optimizer.state], None
     saved = osd.get("param_groups") or []
     if states and stage <= 2:
         for g, h in zip(nonempty_groups(engine), saved):
@@ -146,7 +148,7 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
            "micro_steps": model["global_steps"] * engine.config.gradient_accumulation_steps,
            "global_samples": model.get("global_samples"),
            "loss_scaler": {"cur_scale": cur if states and cur is not None else engine.loss_scaler.cur_scale}}
-    shared = _shared_step_order(engine, numels) if stage == 3 and states else None
+    shared = _shared_step_order(engine, numels, first) if stage == 3 and states else None
     apply_full(engine, full, man, None, states, load_lr_scheduler_states)
     if shared is not None:
         engine.optimizer.shared_step = shared
@@ -158,10 +160,13 @@ def load(engine, load_dir: str, tag, load_optimizer_states: bool, load_lr_schedu
     return model_path, {k: v for k, v in model.items() if k not in drop}
 
 
-def _shared_step_order(engine, numels: dict):
+def _shared_step_order(engine, numels: dict, step):
     """The groups that share DeepSpeed's one step tensor, in its stepping order (None: nothing shared), at a ZeRO-3
-    load of optimizer states; see the module docstring. Where one step per group cannot follow DeepSpeed (outside
+    load of optimizer states whose first saved step is `step`; see the module docstring. Only a tensor step is
+    shared (an int's `+= 1` rebinds per sub-group). Where one step per group cannot follow DeepSpeed (outside
     the runner, or a group DeepSpeed cuts into several sub-groups, each piece at its own count) rank 0 warns."""
+    if not torch.is_tensor(step):
+        return None
     order, subs = nonempty_groups(engine), _ds_sub_groups(engine, numels)
     if subs <= 1:
         return None
