@@ -21,7 +21,8 @@ partition the gathers read, not the fp32 master the optimizer holds; the step re
 partition from the master, so the write lasts until the next optimizer step. In bf16/fp16 (and
 with offload_optimizer "cpu", whose host master is apart) the working shard is not the master, so
 nothing more is needed. In fp32 without optimizer offload the engine's shard IS the master
-(precision.py): the first use of a parameter's ds_tensor values keeps a copy of its master shard
+(precision.py): the first use of a parameter's ds_tensor values (any argument of a torch call,
+nested ones included, and `ds_tensor.data`, itself such a view) keeps a copy of its master shard
 aside, and the step puts it back before the update (`restore_masters`), so the write reaches
 forward and backward but not the optimizer, as in DeepSpeed; safe_get_*_fp32_param and checkpoint saves
 read the kept copy (`master_of`), as DeepSpeed's read and save its fp32 partition. A load drops the kept copies.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.utils._pytree
 
 from zero_from_scratch.engine.partition_shape import _METADATA, PartitionShape
 
@@ -80,13 +82,18 @@ class PartitionView(torch.Tensor):
         if name in _METADATA and raw != "__set__":
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
-        for a in [*args, *(kwargs or {}).values()]:      # any use may alias the storage: keep the master first
+        # any use may alias the storage: keep the master first; nested too (torch._foreach_mul_([ds_tensor], 2))
+        for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]:
             if isinstance(a, PartitionView):
                 a._touched()
         if (raw, name) == ("__set__", "data"):
             return args[0]._assign(args[1])
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+        if (raw, name) == ("__get__", "data"):      # a handle kept past a step: its writes are tracked too
+            out = torch.Tensor._make_subclass(PartitionView, out)
+            out.ds_numel, out._ds_owner = args[0].ds_numel, args[0]._ds_owner
+        return out
 
     def _assign(self, value) -> None:
         """`ds_tensor.data = value`: into the partition the gathers read (DeepSpeed's rebinding, by value)."""
