@@ -18,24 +18,31 @@ its unit, offload_param's moved shards) it keeps DeepSpeed's shape without stora
 
 What a write changes, DeepSpeed 0.19.8's way (partition_parameters.py, stage3.py): the 16-bit
 partition the gathers read, not the fp32 master the optimizer holds; the step recomputes the
-partition from the master, so the write lasts until the next optimizer step. In bf16/fp16 (and
-with offload_optimizer "cpu", whose host master is apart) the working shard is not the master, so
-nothing more is needed. In fp32 without optimizer offload the engine's shard IS the master
-(precision.py): the first use of a parameter's ds_tensor values keeps a copy of its master shard
-aside, and the step puts it back before the update (`restore_masters`), so the write reaches
-forward and backward but not the optimizer, as in DeepSpeed; safe_get_*_fp32_param and checkpoint saves
-read the kept copy (`master_of`), as DeepSpeed's read and save its fp32 partition. A load drops the kept copies.
+partition from the master, so the write lasts until the next optimizer step. In bf16/fp16 the
+working shard is not the master, so nothing more is needed. In fp32 the engine keeps no separate
+master (precision.py; with offload_optimizer "nvme" the shard is still the master): the first use
+of a parameter's ds_tensor values (any argument of a torch call, nested ones included, and
+`ds_tensor.data`, itself such a view) keeps a copy of its shard aside, and the step puts it back
+before the update (`restore_masters`), so the write reaches forward and backward but not the
+optimizer, as in DeepSpeed; safe_get_*_fp32_param and checkpoint saves read the kept copy
+(`master_of`), as DeepSpeed's read and save its fp32 partition. A load drops the kept copies. With
+offload_optimizer "cpu" the host master is apart and the step rewrites the shard from it, so the
+copy, kept and put back all the same, changes nothing.
 `p.ds_tensor.data = t` copies t into the partition (DeepSpeed rebinds ds_tensor to t, then to its
 flat buffer at the step: the same values reach the gathers); a t of another shape, dtype or device
 would need storage the engine does not gather from, so it is refused rather than dropped.
-Cost: none for a view; in fp32 without offload, one shard copy (⌈numel/N⌉ elements) per parameter
-whose ds_tensor is used, held until the next step.
+Rebinding the attribute itself, `p.ds_tensor = t`, is not seen: the gathers keep reading the
+engine's shard, where DeepSpeed would gather t (a plain attribute of the Parameter, which the
+engine and zero.Init assign themselves; write through `.data =` or in place instead).
+Cost: none for a view; in fp32, one shard copy (⌈numel/N⌉ elements) per parameter whose ds_tensor
+is used, held until the next step.
 """
 from __future__ import annotations
 
 import weakref
 
 import torch
+import torch.utils._pytree
 
 from zero_from_scratch.engine.partition_shape import _METADATA, PartitionShape
 
@@ -80,13 +87,18 @@ class PartitionView(torch.Tensor):
         if name in _METADATA and raw != "__set__":
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
-        for a in [*args, *(kwargs or {}).values()]:      # any use may alias the storage: keep the master first
+        # any use may alias the storage: keep the master first; nested too (torch._foreach_mul_([ds_tensor], 2))
+        for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]:
             if isinstance(a, PartitionView):
                 a._touched()
         if (raw, name) == ("__set__", "data"):
             return args[0]._assign(args[1])
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+        if (raw, name) == ("__get__", "data"):      # a handle kept past a step: its writes are tracked too
+            out = torch.Tensor._make_subclass(PartitionView, out)
+            out.ds_numel, out._ds_owner = args[0].ds_numel, args[0]._ds_owner
+        return out
 
     def _assign(self, value) -> None:
         """`ds_tensor.data = value`: into the partition the gathers read (DeepSpeed's rebinding, by value)."""
@@ -154,16 +166,17 @@ def refresh_units(engine, units) -> None:
     its step overwrites that from the untouched fp32 partition (DeepSpeed issue #2424); ringzero keeps
     the edit through the step, the one difference, limited to the gathered units. fp32: the
     shard is the master, so a kept copy of an edited unit is dropped rather than restored at the
-    step. With offload the host master is rewritten whole (offload.py write_master)."""
-    if engine.offload is not None:
-        return engine.refresh_master()
-    if engine.mixed:
-        for u in units:
-            engine.master[u.group][u.local_offset:u.local_offset + u.shard].copy_(engine.stage.param_shard(u))
-        return
+    step; in every branch, since fp32 with nvme optimizer offload also keeps copies (its shard is the
+    master). offload_optimizer "cpu": the edited units' host masters follow. "nvme": the master file
+    is rewritten whole (offload.py write_master; bf16/fp16 only, fp32's shard is its master)."""
     kept = getattr(engine.stage, "ds_kept", None)
     for u in units if kept is not None else ():
         kept.kept.pop(u.index, None)
+    if engine.offload is not None and not hasattr(engine.offload, "adopt"):   # nvme
+        return engine.refresh_master()
+    masters = engine.offload.master if engine.offload is not None else engine.master if engine.mixed else None
+    for u in units if masters is not None else ():
+        masters[u.group][u.local_offset:u.local_offset + u.shard].copy_(engine.stage.param_shard(u))
 
 
 def partitions(engine, units, params: dict, stage=None) -> dict:
