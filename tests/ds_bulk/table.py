@@ -21,7 +21,8 @@ from zero_from_scratch.as_deepspeed import served
 
 # ringzero's refusals: the runner's NotServed* errors, the engines' "not supported/implemented here" lines and
 # the config gate's "config key 'K' = V is refused: ..." (key_status.gate, grad_keys)
-NOT_SERVED = re.compile(r"(deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero(?: \(DeepSpeed [\d.]+ API\): "
+NOT_SERVED = re.compile(r"((?:replacing )?deepspeed[\w.]*(?:\([^)]*\))?) is not served by ringzero"
+                        r"(?: \(DeepSpeed [\d.]+ API\): "
                         r"DeepSpeed would ([^;]*))?")
 REFUSAL = re.compile(r"NotServed\w*Error: (.{0,120})|NotImplementedError: (.{0,480})|"
                      r"ValueError: (config key '[\w.]+')(?: = .*?)? (is refused[^:]*: .{0,120})")
@@ -48,7 +49,8 @@ def label(file: str) -> str:
 def refusal(why: str) -> str | None:
     m = NOT_SERVED.search(why or "")
     if m:     # the reason: the runner's table (served.REFUSED) as it is now, else the message's
-        what = served.REFUSED.get(m.group(1), (m.group(2) or "",))[0]
+        name = m.group(1).removeprefix("replacing ")      # a refused patch of a served name (served.PATCH_REFUSED)
+        what = {**served.REFUSED, **served.PATCH_REFUSED}.get(name, (m.group(2) or "",))[0]
         return "not served: " + m.group(1) + ("" if not what or what.startswith("serve ") else f" (DeepSpeed would {what})")
     m = REFUSAL.search(why or "")
     if m and m.group(3):     # the config gate's refusal: the key and the reason, not the value
