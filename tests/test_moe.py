@@ -323,3 +323,45 @@ def test_expert_parallel_equals_every_rank_holding_every_expert(spawn):
             assert torch.allclose(w, w1[n1], atol=1e-6, rtol=0), (rank, n)
     assert not torch.equal(res[0][2][1]["1.deepspeed_moe.experts.deepspeed_experts.0.weight"],
                            res[1][2][1]["1.deepspeed_moe.experts.deepspeed_experts.0.weight"])   # experts 0 and 2 differ
+
+
+# ----------------------------------------------------------------------------- GatheredParameters with ep_size 2
+def _gathered_edit(rank, world):
+    finder.install()
+    import deepspeed
+    from deepspeed.moe.layer import MoE
+    from deepspeed.utils import safe_get_full_fp32_param
+    out = {}
+    for stage in (0, 1, 2):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=2))
+        cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage},
+               "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+        engine = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+        expert = model[1].deepspeed_moe.experts.deepspeed_experts[0].weight
+        with torch.no_grad():
+            expert.add_(rank)                      # each rank's local expert 0 is another global expert
+        before = expert.detach().clone()
+        for ctx in (deepspeed.zero.GatheredParameters, engine.gathered_parameters):
+            with ctx(list(model.parameters()), modifier_rank=0):
+                if rank == 0:
+                    with torch.no_grad():
+                        model[0].weight.fill_(1.0)
+                        expert.fill_(7.0)
+            fp32 = safe_get_full_fp32_param(expert) if stage > 0 else expert.detach()
+            out[stage, ctx is engine.gathered_parameters] = (before, expert.detach().clone(), fp32.clone(),
+                                                             model[0].weight.detach().clone())
+        engine.destroy()
+    return out
+
+
+def test_gathered_parameters_leaves_other_ranks_experts(spawn):
+    """ep_size 2 on 2 ranks, ZeRO 0/1/2, rank 0 edits inside modifier_rank=0 (deepspeed.zero.GatheredParameters,
+    then the engine's gathered_parameters): rank 0's dense edit is broadcast, rank 1's experts (other experts
+    at the same offsets) stay as they were, in the module and the fp32 master, as DeepSpeed leaves them."""
+    res = spawn(_gathered_edit, 2)
+    for rank, out in enumerate(res):
+        for (stage, engine_api), (before, after, fp32, dense) in out.items():
+            assert torch.equal(dense, torch.ones_like(dense)), (rank, stage, engine_api)
+            want = torch.full_like(before, 7.0) if rank == 0 else before
+            assert torch.equal(after, want) and torch.equal(fp32.to(after.dtype), want), (rank, stage, engine_api)
