@@ -54,7 +54,7 @@ def optimizer_step(engine) -> None:
         engine.mp.all_reduce(sq[:1], purpose="grad-norm all-reduce (model parallel)")
     # grads hold the SUM over ranks of loss_scale · pre · g: ÷ N·pre averaging, ÷ pre summing (grad_keys.py)
     scale = engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale
-    norm = moe_grads.stage0_norm(engine, math.sqrt(sq[0].item()) / scale)   # ZeRO-0, ep_size > 1: DeepSpeed's mean
+    norm = moe_grads.stage0_norm(engine, math.sqrt(sq[0].item()) / scale, scale)   # ZeRO-0 with MoE: DeepSpeed's
     overflow = not math.isfinite(norm) and checks_overflow(engine)
     engine.optimizer.overflow = overflow             # DeepSpeed's ZeRO optimizer attribute (accelerate reads it)
     engine.applied_at = None if overflow else engine.micro_steps     # surface.was_step_applied
