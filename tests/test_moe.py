@@ -270,6 +270,9 @@ def _refusals(rank, world, folder):
         return deepspeed.initialize(model=m, config=cfg(1), optimizer=torch.optim.Adam(groups))
     out = {"z3": err(lambda: init(cfg(3))),
            "z2": err(lambda: init(cfg(2, contiguous_gradients=False))),
+           "z1_rs": err(lambda: init({**cfg(1, reduce_scatter=False), "bf16": {"enabled": True}})),
+           "z1_bf16_opt": err(lambda: init({**cfg(1, reduce_scatter=False, contiguous_gradients=False),
+                                            "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}})),
            "client": err(lambda: init(cfg(1), client=True)),
            "mixed": err(mixed),
            "tutel": err(lambda: top1gating(torch.randn(8, 2), 1.0, 1, use_tutel=True))}
@@ -277,6 +280,11 @@ def _refusals(rank, world, folder):
     e = deepspeed.initialize(model=m, config=cfg(1), model_parameters=m.parameters())[0]
     out["again"] = err(lambda: deepspeed.initialize(model=m, config=cfg(1), model_parameters=m.parameters()))
     out["groups"] = [g["name"] for g in e.optimizer.param_groups]
+    m = build(2)                                   # wall_clock_breakdown reaches the layer and its gate
+    deepspeed.initialize(model=m, config={**cfg(0), "wall_clock_breakdown": True}, model_parameters=m.parameters())
+    m(torch.randn(2, 4, 4))
+    layer = m[1].deepspeed_moe
+    out["timed"] = [layer.time_moe, layer.time_falltoall, layer.time_salltoall, layer.gate.gate_time]
     out["save"] = err(lambda: e.save_checkpoint(folder))
     out["load"] = err(lambda: e.load_checkpoint(folder))
     return out
@@ -288,8 +296,11 @@ def test_refusals_say_what_deepspeed_would_do(spawn, tmp_path):
     for out in spawn(_refusals, 2, args=(str(tmp_path),)):
         assert out["z3"].startswith("AssertionError: Native DeepSpeed MoE is not supported with ZeRO Stage 3")
         assert out["z2"].startswith("AssertionError: Contiguous Gradients in ZeRO Stage 2 must be set to True for MoE")
+        assert out["z1_rs"].startswith("AssertionError: Reduce Scatter in ZeRO Stage 2 must be set to True for MoE")
+        assert out["z1_bf16_opt"] == "no error"        # DeepSpeed's BF16_Optimizer asserts only the "moe" group
         assert out["client"].startswith("AssertionError: The model has moe layers, but None of the param groups")
         assert "use_tutel=True is refused by ringzero: DeepSpeed would call Tutel" in out["tutel"]
+        assert all(t > 0 for t in out["timed"]) and out["timed"][0] > out["timed"][3], out["timed"]   # ms
         assert out["groups"] == ["dense-params", "ep_size_1"]            # configure_moe_param_groups
         assert out["again"] == "AssertionError: Attempting to override an existing ep_group"   # DeepSpeed's too
         for verb in ("save", "load"):
