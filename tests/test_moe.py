@@ -325,14 +325,15 @@ def _ep_runs(rank, world):
                "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
         engine = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
         torch.manual_seed(10 + rank)
-        g, losses = torch.Generator().manual_seed(rank), []
+        g, losses, reports = torch.Generator().manual_seed(rank), [], []
         for _ in range(3):
             h, l_aux, _ = engine(torch.randn(2, 6, 8, generator=g))
             loss = h.square().mean() + l_aux
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
-        out[ep] = losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+            reports.append({r["purpose"]: r["calls"] for r in engine.comm_report(print_table=False)["rows"]})
+        out[ep] = losses, {n: p.detach().clone() for n, p in model.named_parameters()}, reports
     return out
 
 
@@ -341,10 +342,12 @@ def test_expert_parallel_equals_every_rank_holding_every_expert(spawn):
     reduced: each expert's group is its one rank) trains as ep_size 1 (every rank all 4, gradients all-reduced):
     the same losses and, expert for expert, the same weights. The experts start as copies of one module, so
     both runs start equal; an expert's gradient is one matmul over both ranks' tokens in one run, two summed
-    in the other: equal to rounding (1e-6)."""
+    in the other: equal to rounding (1e-6). The experts' all-reduce is in each step's comm_report, reset per step."""
     res = spawn(_ep_runs, 2)
     for rank, out in enumerate(res):
-        (l1, w1), (l2, w2) = out[1], out[2]
+        (l1, w1, _), (l2, w2, reports) = out[1], out[2]
+        expert_row = "grad all-reduce (expert data parallel) [ep_size_2, 1 ranks]"   # in the step's report, reset
+        assert [r.get(expert_row) for r in reports] == [reports[0][expert_row]] * 3 and reports[0][expert_row] > 0
         assert l2 == pytest.approx(l1, rel=1e-6), rank
         for n, w in w2.items():
             if ".deepspeed_experts." in n:          # local expert i of rank r is global expert 2r + i

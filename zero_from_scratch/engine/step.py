@@ -19,6 +19,7 @@ import torch
 
 from zero_from_scratch.clip import clip_coef, sum_of_squares
 from zero_from_scratch.engine import moe_grads
+from zero_from_scratch.engine.comm import reset_all
 from zero_from_scratch.engine.offload import done_with
 from zero_from_scratch.engine.safe_api import apply_pending
 
@@ -84,7 +85,7 @@ def optimizer_step(engine) -> None:
     engine.global_steps += 1
     engine.global_samples += engine.samples_this_step()   # DeepSpeed's count (z_ua_boundary.py)
     engine.monitor.write_step(engine, None if loss is None else sq[1].item() / N)   # mean over ranks
-    engine.comm.reset_step()
+    reset_all(engine)                                # the engine's Comm and the MoE expert groups'
 
 
 def update_shards(engine, mult: float, in_place: bool) -> None:
