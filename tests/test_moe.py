@@ -35,6 +35,7 @@ from deepspeed.moe.layer import MoE
 from deepspeed.utils import safe_get_full_fp32_param
 
 out, eps, with_bf16 = sys.argv[1], [int(e) for e in sys.argv[2].split(",")], sys.argv[3] == "bf16"
+z0_bf16 = with_bf16 or sys.argv[3] == "z0_bf16"         # ZeRO-0 bf16 only (its first step's norm)
 deepspeed.init_distributed(dist_backend="gloo")
 rank = dist.get_rank()
 H, E = 16, 4
@@ -95,16 +96,17 @@ def run(ep, stage, bf16, client=False, clip=0.0):
     return rec
 
 
-cases = [(0, False), (1, False), (2, False)] + [(0, True), (2, True)] * with_bf16
+cases = [(0, False), (1, False), (2, False)] + [(0, True)] * z0_bf16 + [(2, True)] * with_bf16
 res = {f"ep{e}_z{s}{'_bf16' if b else ''}": run(e, s, b) for e in eps for s, b in cases}
 res.update({f"ep{e}_z{s}{'_bf16' if b else ''}_clip": run(e, s, b, clip=0.05) for e in eps
-            for s, b in [(0, False), (2, False)] + [(0, True)] * with_bf16})
+            for s, b in [(0, False), (2, False)] + [(0, True)] * z0_bf16})
 res.update({f"ep{e}_z0_client": run(e, 0, False, client=True) for e in eps})
 torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 '''
 
 
 def _run_both(tmp_path, world, eps, bf16):
+    """bf16: True (ZeRO-0 and ZeRO-2 bf16 cases too), False, or "z0_bf16" (ZeRO-0 bf16 only)."""
     script = tmp_path / "moe_script.py"
     script.write_text(SCRIPT)
     got = {}
@@ -112,12 +114,12 @@ def _run_both(tmp_path, world, eps, bf16):
         out = tmp_path / side
         out.mkdir()
         run_cmd(f"torchrun --nproc_per_node {world} --master_port {free_port()} {runner}{script} {out} {eps} "
-                f"{'bf16' if bf16 else 'fp32'}", timeout=900, env={"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"})
+                f"{'bf16' if bf16 is True else bf16 or 'fp32'}", timeout=900, env={"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"})
         got[side] = [torch.load(out / f"rank{r}.pt") for r in range(world)]
     return got
 
 
-def _compare(got, tol0, ptol0, norm_tol=1e-6):
+def _compare(got, tol0, ptol0, norm_tol=1e-6, z0_bf16_tol=1e-6):
     worst, norms = {}, {}
     for rank, (ds, rz) in enumerate(zip(got["deepspeed"], got["ringzero"])):
         assert rz.keys() == ds.keys()
@@ -128,7 +130,7 @@ def _compare(got, tol0, ptol0, norm_tol=1e-6):
             if "z0_bf16" in case:   # DeepSpeed's ZeRO-0 bf16 update (FP16_UnfusedOptimizer) differs from ringzero's
                 # (= both sides' ZeRO-2 bf16) from the first step on, MoE or not: the first step's norm only
                 assert have["loss"][:2] == want["loss"][:2] and have["counts"][:2] == want["counts"][:2], case
-                assert have["norm"][0] == pytest.approx(want["norm"][0], rel=norm_tol, abs=0), (case, rank)
+                assert have["norm"][0] == pytest.approx(want["norm"][0], rel=z0_bf16_tol, abs=0), (case, rank)
                 norms[case] = max(norms.get(case, 0.0), abs(have["norm"][0] / want["norm"][0] - 1))
                 continue
             assert have["groups"] == want["groups"] == [1 if "client" in case else 2], case   # dense + one "moe"
@@ -173,9 +175,13 @@ def test_moe_training_equals_deepspeed_on_4_ranks(tmp_path):
     {0, 2} / {1, 3} and divided by 4; and ep_size 1; fp32. The dense gradients are sums of 4 terms, added in
     gloo's order by DeepSpeed and in the ring's by ringzero: a few ulps apart, which Adam turns into ~1e-6 on
     the weights after 3 steps, as much with ep_size 1 as with 2 (the printed line): 5e-6 on the weights,
-    1e-6 on losses and l_aux; the routing must be identical."""
+    1e-6 on losses and l_aux; the routing must be identical. Clipping (0.05): the same bounds; get_global_grad_norm
+    within 1e-6 relative; ZeRO-0 bf16 (expert norms summed over the expert-parallel group {0, 1} / {2, 3}, left
+    out of FP16_UnfusedOptimizer's clip norm): its first step's norm within 5e-3: a sum of 4 bf16 gradients
+    rounds differently on the two sides, ep_size 1 as much as 2 (2.3e-3 and 2.1e-3 measured), so this bound
+    only catches gross errors; 2 ranks checks it to 1e-6."""
     pytest.importorskip("deepspeed")
-    _compare(_run_both(tmp_path, 4, "1,2", bf16=False), 1e-6, 5e-6)
+    _compare(_run_both(tmp_path, 4, "1,2", bf16="z0_bf16"), 1e-6, 5e-6, z0_bf16_tol=5e-3)
 
 
 # ----------------------------------------------------------------------------- one process: the layer itself
