@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zero_from_scratch.as_deepspeed import expert_groups as groups
-from zero_from_scratch.as_deepspeed.moe_gating import TopKGate
+from zero_from_scratch.as_deepspeed.moe_gating import TopKGate, timed
 from zero_from_scratch.as_deepspeed.utils import log_dist, logger
 
 
@@ -107,16 +107,22 @@ class MOELayer(nn.Module):
         self.gate._set_ep_group(ep_group)
 
     def forward(self, *input, **kwargs):
+        with timed(self, "time_moe"):
+            return self._forward(*input)
+
+    def _forward(self, *input):
         d_model = input[0].shape[-1]
         x = input[0].reshape(-1, d_model)
         self.l_aux, C, E, indices, locations, gates, self.exp_counts = self.gate(x, input[1], True, self.use_tutel)
         S, M, C = x.size(0), x.size(1), int(C)
         slots = _route_slots(indices, locations, E, C)
         dispatched = _sparse_encode(x, slots, E, C)
-        dispatched = _AllToAll.apply(self.ep_group, dispatched) if self.ep_size > 1 else dispatched.contiguous()
+        with timed(self, "time_falltoall"):
+            dispatched = _AllToAll.apply(self.ep_group, dispatched) if self.ep_size > 1 else dispatched.contiguous()
         dispatched = dispatched.reshape(self.ep_size, self.num_local_experts, -1, d_model)
         out = self.experts(dispatched).reshape(self.ep_size * self.num_local_experts, -1, d_model)
-        out = _AllToAll.apply(self.ep_group, out) if self.ep_size > 1 else out.contiguous()
+        with timed(self, "time_salltoall"):
+            out = _AllToAll.apply(self.ep_group, out) if self.ep_size > 1 else out.contiguous()
         return _sparse_decode(out.view(E * C, M), slots, gates, S).reshape(input[0].shape)
 
 

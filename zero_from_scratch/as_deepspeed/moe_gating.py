@@ -21,6 +21,9 @@ all-reduce (MAX) over the expert-parallel group when it spans more than one rank
 """
 from __future__ import annotations
 
+import contextlib
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -202,6 +205,10 @@ class TopKGate(torch.nn.Module):
         self.ep_group = ep_group
 
     def forward(self, input, used_token=None, sparse_routes=False, use_tutel=False):
+        with timed(self, "gate_time"):
+            return self._gate(input, used_token, sparse_routes, use_tutel)
+
+    def _gate(self, input, used_token, sparse_routes, use_tutel):
         _no_tutel(use_tutel)
         x = input.float()
         if self.noisy_gate_policy == "Jitter" and self.training:
@@ -218,3 +225,14 @@ class TopKGate(torch.nn.Module):
         return topkgating(logits, self.k, factor, self.min_capacity, self.drop_tokens, self.ep_group,
                           sparse_routes=sparse_routes)
 
+
+@contextlib.contextmanager
+def timed(module, attr: str):
+    """With module.wall_clock_breakdown (the engine sets it, as DeepSpeed's): the block's ms added to `attr`;
+    cumulative, as DeepSpeed's timers read with elapsed(reset=False) and never reset."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        if module.wall_clock_breakdown:
+            setattr(module, attr, getattr(module, attr) + (time.perf_counter() - t) * 1000)

@@ -253,3 +253,17 @@ DEEPSPEED_NAMES = {P.all_reduce: "all_reduce", P.reduce_scatter_single: "reduce_
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def expert_comms(engine) -> dict:
+    """group name → the Comm of an MoE expert-data-parallel group (ep_size > 1; moe_params.plan), whose
+    collectives the engine resets (reset_all) and reports with its own."""
+    return getattr(engine, "expert_comm_of", {})
+
+
+def reset_all(engine) -> None:
+    """reset_step of the engine's Comm and its expert groups' (the experts' init broadcast is not a per-step cost)."""
+    engine.comm.reset_step()
+    for c in expert_comms(engine).values():
+        c.usage.pop("init broadcast (expert data parallel)", None)
+        c.reset_step()

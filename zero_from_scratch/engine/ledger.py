@@ -37,6 +37,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from primitives.engine.cost import ring_fraction   # the one ring byte formula
+from zero_from_scratch.engine.comm import expert_comms
 from rich.table import Table
 from primitives.log import print0
 
@@ -131,6 +132,10 @@ def comm_report(engine, print_table: bool = True) -> dict:
     b = 2 if engine.mixed else 4
     rows = [{"purpose": k, "collective": u.collective, "calls": u.calls, "payload": u.payload,
              "ring_formula": u.formula, "sent": u.sent} for k, u in usage.items()]
+    for name, ec in expert_comms(engine).items():     # MoE expert-data-parallel groups: this rank's one
+        rows += [{"purpose": f"{k} [{name}, {ec.size} ranks]", "collective": u.collective, "calls": u.calls,
+                  "payload": u.payload, "ring_formula": u.formula, "sent": u.sent}
+                 for k, u in (ec.last_step if c.last_step else ec.usage).items()]
     data = [r for r in rows if r["purpose"] not in ("grad-norm all-reduce", "divergence check",
                                                              "monitor loss all-reduce")]
     rep = {"stage": engine.stage_id, "world_size": c.size, "impl": c.impl, "rows": rows,

@@ -21,20 +21,26 @@ units are cut where the expert group changes, so a unit is all dense or all one 
              memory for the experts here;
   norm       each member counts 1/M of a whole unit (norm_ranges), so the world's Σg² counts every
              expert element once, as DeepSpeed's (its per-group norm averaged over the group).
-ZeRO-0: each rank's norm is local (every rank holds every gradient, no all-reduce); with expert
-groups the ranks' norms differ, and DeepSpeed's fp32 clip (runtime/utils.py clip_grad_norm_) uses
-their mean over the world, in fp32 (stage0_norm: one 4-byte all-reduce per step).
+ZeRO-0 (stage0_norm): each rank's norm is local (every rank holds every gradient, no all-reduce); with expert
+groups the ranks' norms differ. DeepSpeed's fp32 clip (runtime/utils.py clip_grad_norm_) uses their mean over
+the world (one 4-byte all-reduce per step). In bf16/fp16 its FP16 optimizers decide: FP16_Optimizer (a FusedAdam)
+adds to the dense norm each "moe" group's Σg² summed over its expert-parallel group (get_norm_with_moe_layers;
+here one world all-reduce of Σg²/M, 8 bytes); FP16_UnfusedOptimizer (any other) clips by the norm of the
+non-expert gradients alone, the expert ones only checked for overflow. Both take one more pass over the gradients.
 Cost (Ψ_e: this rank's expert elements): their reduce sends 2(M-1)/M·Ψ_e per rank and step (an
 all-reduce over M ranks), and no all-gather; their fp32 Adam state is 8Ψ_e bytes per rank, not 8Ψ_e/M.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 import torch
 
-from zero_from_scratch.engine.moe_params import is_moe_param
+from zero_from_scratch.clip import sum_of_squares
+from zero_from_scratch.engine.moe_params import is_moe_param, is_moe_param_group
+from zero_from_scratch.engine.optimizers import FusedAdam
 from zero_from_scratch.sharding import Layout, Unit, shard_layout
 
 
@@ -101,13 +107,46 @@ def norm_ranges(engine):
     return out
 
 
-def stage0_norm(engine, norm: float) -> float:
-    """The global norm the step clips by: DeepSpeed's ZeRO-0 mean of the ranks' local norms with expert groups."""
-    if engine.stage_id != 0 or not getattr(engine, "expert_comms", {}):
+def stage0_norm(engine, norm: float, scale: float) -> float:
+    """The global norm ZeRO-0 clips by with MoE layers (module docstring, ZeRO-0); `norm`: the local one."""
+    if engine.stage_id != 0 or not getattr(engine, "has_moe_layers", False):
         return norm
-    t = torch.tensor([norm], dtype=torch.float32, device=engine.device) / engine.comm.size
-    engine.comm.all_reduce(t, purpose="grad-norm mean (ZeRO-0, expert groups)")
-    return t.item()
+    if not engine.mixed:                     # runtime/utils.py clip_grad_norm_: the mean of the local norms
+        if not getattr(engine, "expert_comms", {}):
+            return norm
+        t = torch.tensor([norm], dtype=torch.float32, device=engine.device) / engine.comm.size
+        engine.comm.all_reduce(t, purpose="grad-norm mean (ZeRO-0, expert groups)")
+        return t.item()
+    groups, dense = engine.optimizer.param_groups, torch.zeros((), dtype=torch.float64, device=engine.device)
+    experts = torch.zeros((), dtype=torch.float64, device=engine.device)
+    fused = fused_adam(engine)
+    for u in engine.layout.units:
+        g = engine.stage.grad_shard(u)
+        if fused:                            # by optimizer group: an "moe" group's norm over its ep group
+            if is_moe_param_group(groups[u.group]):
+                c = engine.expert_comm_of.get(groups[u.group]["name"])     # its expert-data-parallel group
+                experts += sum_of_squares(g[:u.numel]) / (engine.comm.size if c is None else c.size)
+            else:
+                dense += sum_of_squares(g[:u.numel])
+            continue
+        for sl in u.slots:                   # by parameter: expert gradients only checked for overflow
+            sq = sum_of_squares(g[sl.offset:sl.offset + sl.numel])
+            if is_moe_param(engine.params_by_name[sl.name]):
+                experts += 0 * sq            # 0 if finite; a non-finite one makes the total non-finite
+            else:
+                dense += sq
+    if fused:
+        engine.comm.all_reduce(experts, purpose="grad-norm expert all-reduce (ZeRO-0 fp16/bf16, MoE)")
+    total = (dense + experts).item()
+    return math.sqrt(total) / scale if math.isfinite(total) else float("inf")
+
+
+def fused_adam(engine) -> bool:
+    """Does DeepSpeed wrap this optimizer in FP16_Optimizer (FusedAdam) rather than FP16_UnfusedOptimizer?"""
+    if engine.client_optimizer is not None:
+        return isinstance(engine.client_optimizer, FusedAdam)
+    raw = (engine.config.raw.get("optimizer") or {}).get("params") or {}
+    return engine.config.optimizer.kind == "Adam" and not raw.get("torch_adam")
 
 
 class ExpertUnits:

@@ -35,6 +35,7 @@ import torch
 
 from zero_from_scratch.engine import client_optim
 from zero_from_scratch.engine.comm import Comm
+from zero_from_scratch.engine.precision import deepspeed_bf16_optimizer
 
 
 def is_moe_param(param) -> bool:
@@ -155,6 +156,10 @@ def plan(engine, model, model_parameters, param_groups):
     out = client_optim.plan(model, prepare(engine, model, model_parameters), engine.client_optimizer, engine.config,
                             engine.comm.global_rank, param_groups)
     check_groups(engine, out[1], out[0])
+    if engine.config.raw.get("wall_clock_breakdown"):      # engine.py: time_moe/time_*alltoall, the gates' gate_time
+        for m in model.modules():
+            if hasattr(m, "gate_time") or hasattr(m, "time_moe"):
+                m.wall_clock_breakdown = True
     edp = {m.expert_group_name: m.expert_data_parallel_group for m in moe_layers(model) if m.ep_size > 1}
     engine.expert_comm_of = {name: Comm(engine.comm.impl, g) for name, g in edp.items()}   # moe_grads.layout's
     by_name = dict(model.named_parameters())
@@ -169,17 +174,21 @@ def plan(engine, model, model_parameters, param_groups):
 
 
 def check_groups(engine, hypers: list[dict], names: list[list[str]]) -> None:
-    """DeepSpeed's ZeRO-1/2 optimizer's MoE asserts (stage_1_and_2.py _configure_moe_settings)."""
+    """DeepSpeed's ZeRO-1/2 optimizer's MoE asserts (stage_1_and_2.py _configure_moe_settings); where it builds
+    its BF16_Optimizer instead (precision.deepspeed_bf16_optimizer), only that one's (bf16_optimizer.py):
+    an "moe" group, holding MoE parameters only."""
     if not engine.has_moe_layers or engine.stage_id not in (1, 2):
         return
     z = engine.config.zero
-    if engine.stage_id == 2:
-        assert z.contiguous_gradients, ("Contiguous Gradients in ZeRO Stage 2 must be set to True for MoE. "
-                                        "Other code paths are not tested with MoE")
-    if engine.stage_id == 1 and not z.contiguous_gradients and engine.comm.global_rank == 0:
-        warnings.warn("ZeRO Stage 1 has not been thoroughly tested with MoE. This configuration is still experimental.")
-    assert z.reduce_scatter, ("Reduce Scatter in ZeRO Stage 2 must be set to True for MoE. "
-                              "Other code paths are not tested with MoE")
+    if not deepspeed_bf16_optimizer(engine.config, engine.stage_id):
+        if engine.stage_id == 2:
+            assert z.contiguous_gradients, ("Contiguous Gradients in ZeRO Stage 2 must be set to True for MoE. "
+                                            "Other code paths are not tested with MoE")
+        elif not z.contiguous_gradients and engine.comm.global_rank == 0:
+            warnings.warn("ZeRO Stage 1 has not been thoroughly tested with MoE. This configuration is still "
+                          "experimental.")
+        assert z.reduce_scatter, ("Reduce Scatter in ZeRO Stage 2 must be set to True for MoE. "
+                                  "Other code paths are not tested with MoE")
     assert any(is_moe_param_group(h) for h in hypers), (
         "The model has moe layers, but None of the param groups are marked as MoE. Create a param group with "
         "'moe' key set to True before creating optimizer")

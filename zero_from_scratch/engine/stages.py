@@ -48,11 +48,19 @@ def engine_inputs(engine) -> tuple:
 @contextlib.contextmanager
 def gathered_replicated(stage, params, modifier_rank=None):
     """gathered_parameters at stages 0-2: the full parameters are there already; with
-    modifier_rank, that rank's edits are broadcast on exit (and copied into the fp32 master)."""
+    modifier_rank, that rank's edits are broadcast on exit (and copied into the fp32 master).
+    Expert units (engine.expert_comms, ep_size > 1) are not broadcast: each rank holds other experts
+    at the same offsets, and keeps its own, as DeepSpeed's GatheredParameters does nothing below ZeRO-3."""
     yield
     if modifier_rank is not None:
-        for buf in stage.flat:
-            stage.comm.broadcast(buf, modifier_rank, purpose="gathered_parameters broadcast")
+        experts = getattr(stage.e, "expert_comms", {})
+        if not experts:
+            for buf in stage.flat:
+                stage.comm.broadcast(buf, modifier_rank, purpose="gathered_parameters broadcast")
+        for u in stage.layout.units if experts else ():
+            if u.index not in experts:
+                buf = stage.flat[u.group][u.flat_offset:u.flat_offset + u.padded]
+                stage.comm.broadcast(buf, modifier_rank, purpose="gathered_parameters broadcast")
         stage.e.refresh_master()
 
 

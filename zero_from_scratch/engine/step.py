@@ -19,6 +19,7 @@ import torch
 
 from zero_from_scratch.clip import clip_coef, sum_of_squares
 from zero_from_scratch.engine import moe_grads
+from zero_from_scratch.engine.comm import reset_all
 from zero_from_scratch.engine.offload import done_with
 from zero_from_scratch.engine.safe_api import apply_pending
 from zero_from_scratch.engine.z3_ds_tensor import restore_masters
@@ -55,7 +56,7 @@ def optimizer_step(engine) -> None:
         engine.mp.all_reduce(sq[:1], purpose="grad-norm all-reduce (model parallel)")
     # grads hold the SUM over ranks of loss_scale · pre · g: ÷ N·pre averaging, ÷ pre summing (grad_keys.py)
     scale = engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale
-    norm = moe_grads.stage0_norm(engine, math.sqrt(sq[0].item()) / scale)   # ZeRO-0, ep_size > 1: DeepSpeed's mean
+    norm = moe_grads.stage0_norm(engine, math.sqrt(sq[0].item()) / scale, scale)   # ZeRO-0 with MoE: DeepSpeed's
     overflow = not math.isfinite(norm) and checks_overflow(engine)
     engine.optimizer.overflow = overflow             # DeepSpeed's ZeRO optimizer attribute (accelerate reads it)
     engine.applied_at = None if overflow else engine.micro_steps     # surface.was_step_applied
@@ -88,7 +89,7 @@ def optimizer_step(engine) -> None:
     engine.global_steps += 1
     engine.global_samples += engine.samples_this_step()   # DeepSpeed's count (z_ua_boundary.py)
     engine.monitor.write_step(engine, None if loss is None else sq[1].item() / N)   # mean over ranks
-    engine.comm.reset_step()
+    reset_all(engine)                                # the engine's Comm and the MoE expert groups'
 
 
 def shared_step_turns(opt):

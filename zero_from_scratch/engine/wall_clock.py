@@ -24,6 +24,7 @@ import time
 
 from primitives.log import print0
 from zero_from_scratch.engine import comms_logger, flops_profiler
+from zero_from_scratch.engine.comm import expert_comms
 
 
 def parse(raw: dict) -> dict:
@@ -66,7 +67,8 @@ class Instruments:
             return out
 
         def optimizer_step():
-            grads = sum(u.seconds for p, u in engine.comm.usage.items() if p.startswith("grad "))
+            grads = sum(u.seconds for c in (engine.comm, *expert_comms(engine).values())
+                        for p, u in c.usage.items() if p.startswith("grad "))
             t0 = time.perf_counter()
             step()                                    # ends with comm.reset_step(): usage → last_step
             self.after_step(1e3 * grads, 1e3 * (time.perf_counter() - t0))
@@ -96,7 +98,8 @@ class Instruments:
                     f.write(text + "\n")
         cl = self.spec["comms_logger"]
         if cl is not None:
-            e.comms_log = comms_logger.rows(e.comm.last_step, e.comm.size, cl["prof_ops"])
+            e.comms_log = comms_logger.rows(e.comm.last_step, e.comm.size, cl["prof_ops"]) + [
+                r for c in expert_comms(e).values() for r in comms_logger.rows(c.last_step, c.size, cl["prof_ops"])]
             if due or spp is None:
                 print0(comms_logger.render(e.comms_log, e.global_steps))
 

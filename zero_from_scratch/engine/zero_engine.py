@@ -40,7 +40,7 @@ import torch.nn as nn
 
 from zero_from_scratch.engine import checkpoint as ckpt
 from zero_from_scratch.engine.coalesce import CoalesceGradReduction
-from zero_from_scratch.engine.comm import Comm
+from zero_from_scratch.engine.comm import Comm, reset_all
 from zero_from_scratch.engine.config import load_config
 from zero_from_scratch.engine.external import ExternalParams
 from zero_from_scratch.engine.frozen import FrozenParams
@@ -145,7 +145,7 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
         self.micro_steps = self.global_steps = self.skipped_steps = self.global_samples = 0
         self.monitor = Monitors(self.config.monitor, self.comm, self.config.train_batch_size)  # tensorboard/csv
         self.instruments = wall_clock.install(self)   # steps_per_print, wall_clock_breakdown, comms_logger
-        self.comm.reset_step()
+        reset_all(self)
 
     # ------------------------------------------------------------------ DeepSpeed's API
     def forward(self, *args, **kwargs):
