@@ -40,8 +40,10 @@ def _metrics(out):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow      # the default suite runs the launcher in the demo's test and chapter 07 (train, then predict)
 @pytest.mark.deepspeed
 def test_deepspeed_launcher_two_ranks_then_predict(easy):
+    """Two epochs under DeepSpeed's launcher learn the task (test accuracy ≥ 0.8) and predict.py reads the best."""
     out = easy / "ds"
     r = run_cmd(f"deepspeed --num_gpus 2 --master_port {free_port()} classification/train.py "
                 f"--dataset {easy}/easy.jsonl --config {easy}/tiny.json --epochs 2 {COMMON} --output-dir {out}",
