@@ -226,8 +226,6 @@ def in_own_session(module: str, argv) -> int | None:
 
 
 def main(argv=None) -> int:
-    if (rc := in_own_session("benchmarks.planner_local", argv)) is not None:
-        return rc
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=4)
@@ -238,6 +236,8 @@ def main(argv=None) -> int:
     if a.repredict:
         repredict(a.repredict)
         return 0
+    if (rc := in_own_session("benchmarks.planner_local", argv)) is not None:
+        return rc
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
     loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
