@@ -18,7 +18,8 @@ os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.e
 
 # `make test` runs the suite on two pytest-xdist workers: half of a serial run's wall time is ranks
 # waiting on each other. Tests that build network namespaces share one worker (`--dist loadgroup`), and
-# so do the `--help` checks, whose module fixture runs every script's --help once (~40 s) per worker.
+# so do the `--help` checks, whose module fixture runs every script's --help once (~40 s) per worker, and
+# the tests of a file that share a module-scoped fixture.
 SERIAL_FILES = {"test_multinode.py", "test_multinode_collectives.py", "test_multinode_launch.py"}
 
 
@@ -32,6 +33,18 @@ def pytest_configure(config):
         print(f"tests/upstream.py: copies not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
+# Files whose tests are end-to-end runs of tens of seconds each: started first, so that the run does
+# not end on one worker finishing a long test while the other has nothing left (xdist hands out work in
+# collection order, groups with the most tests first).
+LONG_FIRST = ("test_tutorials.py", "test_readme_commands.py", "test_classification_train.py", "test_recipes_lora.py",
+              "test_recipes_tied.py", "test_recipes_offload.py", "test_pipeline_parity.py", "test_tensor_parallel_model.py")
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return bool(info) and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -39,6 +52,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("netns"))
         elif item.path.name == "test_script_usage.py" and item.name.startswith("test_help["):
             item.add_marker(pytest.mark.xdist_group("help"))
+        elif _uses_module_fixture(item):    # one worker builds the file's module fixtures once, not each worker
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)     # stable: the order within each part stays
     yield       # pytest-xdist 3.8 puts a test in its group by renaming it: `item._nodeid = "...@group"`
     try:        # pytest 9 reads a test's name from `item._id`, where xdist's renaming would be lost
         from _pytest.nodeid import NodeId
