@@ -13,8 +13,18 @@ on overflow, if hysteresis is exhausted the scale halves (not below min_scale), 
 hysteresis counter drops by one; after `scale_window` clean iterations since the last
 overflow the scale doubles (and hysteresis refills). `cur_iter` counts every optimizer step,
 skipped or not.
+
+wrapper_first_step (the runner's, inside deepspeed_wrappers()): at ZeRO stage 0 in bf16/fp16 DeepSpeed
+wraps the optimizer in FP16_Optimizer (a FusedAdam) or FP16_UnfusedOptimizer (any other), whose
+constructor steps it once on zero gradients (initialize_optimizer_states): the step count starts at 1,
+weight decay acts once on the fp32 masters (and Adam's L2 / SGD's decay, fed back as a gradient, moves
+them and fills the states), the 16-bit weights keep their values until the first real step copies the
+masters over them. One pass over the masters at initialize, no communication.
 """
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import torch
 
@@ -50,6 +60,35 @@ def deepspeed_bf16_optimizer(cfg, stage: int) -> bool:
     device = (cfg.offload_optimizer or {}).get("device")
     return stage == 1 and grad_dtype(cfg, stage) == torch.float32 and model_dtype(cfg) == torch.bfloat16 \
         and device != "cpu"
+
+
+_AS_DEEPSPEED = contextvars.ContextVar("ringzero_deepspeed_wrappers", default=False)
+
+
+@contextlib.contextmanager
+def deepspeed_wrappers():
+    """Engines built inside follow DeepSpeed's 16-bit optimizer wrappers (the runner's initialize)."""
+    token = _AS_DEEPSPEED.set(True)
+    try:
+        yield
+    finally:
+        _AS_DEEPSPEED.reset(token)
+
+
+def wrapper_first_step(engine) -> None:
+    """DeepSpeed's FP16_Optimizer / FP16_UnfusedOptimizer construction step (module docstring), on the
+    engine's fp32 masters, before any LR scheduler exists (DeepSpeed builds it after the optimizer):
+    engine.py _do_optimizer_sanity_check (stage 0, 16-bit, gradients in the model dtype → FP16 /
+    DDP_BFLOAT16) → _configure_fp16_optimizer; fp16/unfused_optimizer.py and fp16/fused_optimizer.py
+    initialize_optimizer_states: every gradient zero, `self.optimizer.step()`, no copy to the 16-bit weights."""
+    if not _AS_DEEPSPEED.get() or engine.stage_id != 0 or not engine.mixed or engine.offload is not None:
+        return
+    first = set()
+    for u in engine.layout.units:
+        master = engine.master[u.group][u.local_offset:u.local_offset + u.shard]
+        engine.optimizer.step_group(u.group, master, torch.zeros_like(master), u.local_offset,
+                                    u.local_offset + u.shard, count=u.group not in first)
+        first.add(u.group)
 
 
 class StaticLossScaler:
