@@ -52,7 +52,7 @@ from zero_from_scratch.engine.lr_schedules import build_scheduler
 from zero_from_scratch.engine import client_optim, leaf, ledger, moe_grads, moe_params, offload, safe_api, surface, wall_clock, z3_grads
 from zero_from_scratch.engine.z_ua_boundary import AccumulationBoundary, check_config
 from zero_from_scratch.engine.params import broadcast_module_state, module_units, param_device, param_groups
-from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype, wrapper_first_step
+from zero_from_scratch.engine.precision import build_loss_scaler, model_dtype
 from zero_from_scratch.sharding import bucket_units
 from zero_from_scratch.engine.stage3 import ZeroStage3
 from zero_from_scratch.engine.stages import ZeroStage0, ZeroStage1, ZeroStage2
@@ -133,7 +133,6 @@ class ZeroEngine(AccumulationBoundary, CoalesceGradReduction, MixedPrecisionCast
         self.master = None if not self.mixed else (   # host: checkpoints read/write it where it lives
             self.offload.master if host else [torch.zeros(n, dtype=torch.float32, device=self.device) for n in in_ram])
         self.refresh_master()
-        wrapper_first_step(self)                     # the runner at stage 0 in bf16/fp16: DeepSpeed's (precision.py)
         self.basic_optimizer = client_optim.serve_basic(self, self.client_optimizer, names, w_mode, client_step)
         self.norm_ranges = counted_ranges(self, self.mp.rank) if self.mp is not None else moe_grads.norm_ranges(self)
         self.lr_scheduler = (build_scheduler(self.config.scheduler, self.optimizer) if lr_scheduler is None
