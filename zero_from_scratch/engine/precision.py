@@ -83,12 +83,27 @@ def wrapper_first_step(engine) -> None:
     initialize_optimizer_states: every gradient zero, `self.optimizer.step()`, no copy to the 16-bit weights."""
     if not _AS_DEEPSPEED.get() or engine.stage_id != 0 or not engine.mixed or engine.offload is not None:
         return
+    engine.ds_wrapper = True           # average_like_deepspeed reads it at every step
     first = set()
     for u in engine.layout.units:
         master = engine.master[u.group][u.local_offset:u.local_offset + u.shard]
         engine.optimizer.step_group(u.group, master, torch.zeros_like(master), u.local_offset,
                                     u.local_offset + u.shard, count=u.group not in first)
         first.add(u.group)
+
+
+def average_like_deepspeed(engine) -> float:
+    """The divisor the step still applies to the summed gradients (ringzero's own: reduction.post_divisor, in fp32
+    at the step). Under the runner at stage 0 in bf16/fp16 with the default averaging (no prescale_gradients,
+    gradient_predivide_factor 1) DeepSpeed multiplies each all-reduced bucket by 1/N in the model dtype (engine.py
+    allreduce_bucket: `tensor_to_allreduce.mul_(self.gradient_predivide_factor() / dp_world_size)`), rounded there:
+    done here on the gradient buffer, 1 left. Exact for N a power of two; one rounding of the 16-bit type otherwise."""
+    r = engine.config.reduction
+    if not getattr(engine, "ds_wrapper", False) or r.pre != 1.0 or r.post_divisor == 1.0:
+        return r.post_divisor
+    for u in engine.layout.units:
+        engine.stage.grad_shard(u).mul_(1.0 / r.post_divisor)
+    return 1.0
 
 
 class StaticLossScaler:
