@@ -9,7 +9,9 @@ steps it once on zero gradients (unfused_optimizer.py initialize_optimizer_state
 at 1 and weight decay acts once on the fp32 masters. The runner does the same (precision.wrapper_first_step);
 ringzero's own initialize does not, so its weights differ from DeepSpeed's after the first step (checked:
 the test can tell the two apart). Both sides then do the same roundings in the same order (bf16 sums of two
-gradients, ÷2 exact, the fp32 update, the bf16 copy), so the tolerance is 0: losses and bf16 weights equal.
+gradients, ÷2 exact, the fp32 update, the bf16 copy), so the tolerance is 0: losses and bf16 weights equal, and
+get_global_grad_norm (the wrapper's per-parameter fp32 norms summed in fp32 in each group's order:
+moe_grads.unfused_norm; a float64 sum was up to 1e-7 relative away).
 Cases: the config's Adam (torch_adam: AdamW, weight decay 0.01) with clipping that fires (norms ~0.6 > 0.3),
 and a client torch.optim.Adam (L2 decay 0.1: the construction step moves the masters and fills m and v).
 fp16: DeepSpeed 0.19.8's engine.backward does not scale the loss at stage 0 (FP16_UnfusedOptimizer is no
@@ -54,7 +56,7 @@ def _run(side, case, rank, same_data=False):
     init = {"deepspeed": deepspeed.initialize, "runner": top.initialize, "own": zero_from_scratch.initialize}[side]
     engine, *_ = init(model=m, config=cfg, **kw)
     g = torch.Generator().manual_seed(0 if same_data else rank)
-    losses, weights = [], []
+    losses, weights, norms = [], [], []
     for i in range(STEPS * GAS):
         x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
         loss = nn.functional.mse_loss(engine(x.to(dt)).float(), y)
@@ -64,7 +66,10 @@ def _run(side, case, rank, same_data=False):
         losses.append(loss.item())
         if i % GAS == GAS - 1:
             weights.append([p.detach().clone() for p in m.parameters()])
-    return losses, weights
+            # DeepSpeed's wrapper reports the norm of the gradients as they are (× the fp16 loss scale); ringzero ÷ it
+            scale = engine.optimizer.loss_scale if dt == torch.float16 and side == "runner" else 1.0
+            norms.append(engine.get_global_grad_norm() * scale)
+    return losses, weights, norms
 
 
 def _both(rank, world, cases=tuple(CASES), own=True, same_data=False):
@@ -87,8 +92,9 @@ def _three(rank, world):
 def _equal(res, cases):
     for rank, res in enumerate(res):
         for case in cases:
-            (ds_l, ds_w), (rz_l, rz_w) = res[case]["deepspeed"], res[case]["runner"]
+            (ds_l, ds_w, ds_n), (rz_l, rz_w, rz_n) = res[case]["deepspeed"], res[case]["runner"]
             assert rz_l == ds_l, (rank, case, rz_l, ds_l)
+            assert rz_n == ds_n, (rank, case, rz_n, ds_n)     # FP16_UnfusedOptimizer's norm, its arithmetic
             for step, (a, b) in enumerate(zip(ds_w, rz_w)):
                 for p, q in zip(a, b):
                     assert p.dtype == q.dtype == CASES[case][0] and torch.equal(p, q), (rank, case, step)

@@ -106,6 +106,17 @@ def average_like_deepspeed(engine) -> float:
     return 1.0
 
 
+def deepspeed_multiplier(norm: float, clip: float, loss_scale: float) -> float:
+    """The factor on each fp32 gradient in unscale_and_clip_grads (fp16/unfused_optimizer.py, fused_optimizer.py),
+    in its operation order: 1 / (loss_scale · max(1, (norm + 1e-6) / clip)); `norm` already ÷ loss_scale."""
+    combined = loss_scale
+    if clip > 0.0:
+        c = (norm + 1e-6) / clip
+        if c > 1:
+            combined = c * loss_scale
+    return 1.0 / combined
+
+
 class StaticLossScaler:
     dynamic = False
 

@@ -21,7 +21,7 @@ from zero_from_scratch.clip import clip_coef, sum_of_squares
 from zero_from_scratch.engine import moe_grads
 from zero_from_scratch.engine.comm import reset_all
 from zero_from_scratch.engine.offload import done_with
-from zero_from_scratch.engine.precision import average_like_deepspeed
+from zero_from_scratch.engine.precision import average_like_deepspeed, deepspeed_multiplier
 from zero_from_scratch.engine.safe_api import apply_pending
 from zero_from_scratch.engine.z3_ds_tensor import restore_masters
 
@@ -77,7 +77,8 @@ def optimizer_step(engine) -> None:
         if engine.offload is not None:        # the same Adam, through files or on the host (offload*.py)
             engine.offload.step(coef, scale)
         else:
-            update_shards(engine, coef / scale, in_place=True)
+            ds = getattr(engine, "ds_wrapper", False) and divisor == 1.0     # the runner, ZeRO-0 in 16 bits
+            update_shards(engine, deepspeed_multiplier(norm, clip, scale) if ds else coef / scale, in_place=True)
         shared_step_end(engine.optimizer, shared)
         engine.stage.after_step()
         sync_steps(engine)
