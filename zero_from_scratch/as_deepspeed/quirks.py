@@ -57,6 +57,13 @@ shared_step_load          a ZeRO-3 universal-checkpoint load of optimizer states
         torch Adam step advances in turn; the runner steps the groups the same way (engine.ds_shared_step:
         checkpoint_universal.py, step.py shared_step_turns) until a load of optimizer states gives them their own;
         where a group exceeds sub_group_size (DeepSpeed steps it in pieces) ringzero warns and keeps one step per group.
+zero0_wrapper_step        stage 0 in bf16/fp16: the fp32 masters take one optimizer step on zero gradients at
+        initialize (step count 1, weight decay once), as DeepSpeed's FP16_UnfusedOptimizer / FP16_Optimizer constructor
+        does (runtime/fp16/unfused_optimizer.py and fused_optimizer.py initialize_optimizer_states, reached from
+        engine.py _configure_fp16_optimizer); top.initialize builds the engine inside precision.deepspeed_wrappers().
+        And the average: the summed gradients × 1/N in the 16-bit dtype, rounded there (engine.py allreduce_bucket),
+        not ÷N in fp32 at the step (precision.average_like_deepspeed; the same bits when N is a power of two); the
+        norm and clip factor in the wrapper's arithmetic (moe_grads.unfused_norm, precision.deepspeed_multiplier).
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 prefetch_as_deepspeed     stage 3 with prefetch: DeepSpeed's coordinator order (prefetch.py ds_order):
         prefetch from the forward's start, a unit whose later use a prefetch passed stays gathered

@@ -35,6 +35,7 @@ from zero_from_scratch.as_deepspeed import quirks, served, z3lin_initialize, com
 from zero_from_scratch.as_deepspeed.accelerator import get_accelerator
 from zero_from_scratch.as_deepspeed.finder import NotServedError, message, resolve
 from zero_from_scratch.as_deepspeed.utils import COMM_STARTED, log_dist, logger
+from zero_from_scratch.engine.precision import deepspeed_wrappers
 
 DEFAULT_PORT = 29500   # deepspeed.constants.TORCH_DISTRIBUTED_DEFAULT_PORT
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
@@ -156,7 +157,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         # the config goes on as config=: a copy of args without it, so the engine does not see two configs
         args = copy.copy(args)
         args.deepspeed_config = None
-    out = build(args=args, model=model, config=config, **kwargs)
+    with deepspeed_wrappers():         # DeepSpeed's 16-bit optimizer wrappers' first step (precision.py)
+        out = build(args=args, model=model, config=config, **kwargs)
     quirks.expose_torch_optimizer(out[0])
     quirks.register_external_on_use(out[0])
     quirks.dp_change_load(out[0])

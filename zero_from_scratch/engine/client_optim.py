@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zero_from_scratch.engine import optimizers as O
+from zero_from_scratch.engine.precision import wrapper_first_step
 
 # DeepSpeed lower-cases these names; anything else is looked up in torch.optim as spelled
 DS_NAMES = {"adam": "Adam", "adamw": "AdamW", "lion": "Lion", "adagrad": "Adagrad"}
@@ -235,6 +236,7 @@ def serve_basic(engine, client, names: list[list[str]], w_mode: bool, client_ste
     clips first)."""
     sharded = engine.optimizer
     if engine.stage_id != 0 or engine.mixed or engine.offload is not None:
+        wrapper_first_step(engine)      # under the runner at stage 0 in bf16/fp16: the wrapper's first step (precision.py)
         return sharded                  # DeepSpeed's ZeRO / fp16 / bf16 wrapper: the sharded optimizer
     if client is None:
         opt = _ds_class(engine.config, [{**h, "params": [engine.params_by_name[n] for n in ns]}

@@ -26,7 +26,8 @@ groups the ranks' norms differ. DeepSpeed's fp32 clip (runtime/utils.py clip_gra
 the world (one 4-byte all-reduce per step). In bf16/fp16 its FP16 optimizers decide: FP16_Optimizer (a FusedAdam)
 adds to the dense norm each "moe" group's Σg² summed over its expert-parallel group (get_norm_with_moe_layers;
 here one world all-reduce of Σg²/M, 8 bytes); FP16_UnfusedOptimizer (any other) clips by the norm of the
-non-expert gradients alone, the expert ones only checked for overflow. Both take one more pass over the gradients.
+non-expert gradients alone, the expert ones only checked for overflow (under the runner, with or without MoE, in
+its arithmetic: unfused_norm). Both take one more pass over the gradients.
 Cost (Ψ_e: this rank's expert elements): their reduce sends 2(M-1)/M·Ψ_e per rank and step (an
 all-reduce over M ranks), and no all-gather; their fp32 Adam state is 8Ψ_e bytes per rank, not 8Ψ_e/M.
 """
@@ -108,7 +109,10 @@ def norm_ranges(engine):
 
 
 def stage0_norm(engine, norm: float, scale: float) -> float:
-    """The global norm ZeRO-0 clips by with MoE layers (module docstring, ZeRO-0); `norm`: the local one."""
+    """The global norm ZeRO-0 clips by with MoE layers (module docstring, ZeRO-0); `norm`: the local one. Under the
+    runner at stage 0 in 16 bits with any optimizer but FusedAdam: FP16_UnfusedOptimizer's own (unfused_norm)."""
+    if getattr(engine, "ds_wrapper", False) and engine.mp is None and not fused_adam(engine):
+        return unfused_norm(engine, scale)
     if engine.stage_id != 0 or not getattr(engine, "has_moe_layers", False):
         return norm
     if not engine.mixed:                     # runtime/utils.py clip_grad_norm_: the mean of the local norms
@@ -139,6 +143,28 @@ def stage0_norm(engine, norm: float, scale: float) -> float:
         engine.comm.all_reduce(experts, purpose="grad-norm expert all-reduce (ZeRO-0 fp16/bf16, MoE)")
     total = (dense + experts).item()
     return math.sqrt(total) / scale if math.isfinite(total) else float("inf")
+
+
+def unfused_norm(engine, scale: float) -> float:
+    """FP16_UnfusedOptimizer.step's norm in DeepSpeed's arithmetic (runtime/utils.py get_weight_norm, get_global_norm):
+    per group, each non-expert gradient's fp32 norm, their squares added in fp32 in the group's order, the root of
+    that sum taken in double; the groups' roots combined in double; an expert gradient only checked for overflow.
+    Divided by `scale` (the loss scale the gradients carry: 1 in bf16), as ringzero reports norms. One pass."""
+    where = {sl.name: (u, sl) for u in engine.layout.units for sl in u.slots}
+    groups, bad = [], False
+    for names in engine.group_names:            # DeepSpeed's order: each group's parameters as given
+        acc = None
+        for name in names:
+            u, sl = where[name]
+            t = engine.stage.grad_shard(u)[sl.offset:sl.offset + sl.numel].view(sl.shape)
+            if is_moe_param(engine.params_by_name[name]):
+                bad = bad or not bool(torch.isfinite(t).all())
+                continue
+            sq = t.float().norm(2) ** 2.0
+            acc = sq if acc is None else acc + sq
+        groups.append(0.0 if acc is None else float(acc.item()) ** 0.5)
+    total = sum(n ** 2.0 for n in groups)
+    return math.sqrt(total) / scale if math.isfinite(total) and not bad else float("inf")
 
 
 def fused_adam(engine) -> bool:

@@ -13,8 +13,18 @@ on overflow, if hysteresis is exhausted the scale halves (not below min_scale), 
 hysteresis counter drops by one; after `scale_window` clean iterations since the last
 overflow the scale doubles (and hysteresis refills). `cur_iter` counts every optimizer step,
 skipped or not.
+
+wrapper_first_step (the runner's, inside deepspeed_wrappers()): at ZeRO stage 0 in bf16/fp16 DeepSpeed
+wraps the optimizer in FP16_Optimizer (a FusedAdam) or FP16_UnfusedOptimizer (any other), whose
+constructor steps it once on zero gradients (initialize_optimizer_states): the step count starts at 1,
+weight decay acts once on the fp32 masters (and Adam's L2 / SGD's decay, fed back as a gradient, moves
+them and fills the states), the 16-bit weights keep their values until the first real step copies the
+masters over them. One pass over the masters at initialize, no communication.
 """
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import torch
 
@@ -50,6 +60,61 @@ def deepspeed_bf16_optimizer(cfg, stage: int) -> bool:
     device = (cfg.offload_optimizer or {}).get("device")
     return stage == 1 and grad_dtype(cfg, stage) == torch.float32 and model_dtype(cfg) == torch.bfloat16 \
         and device != "cpu"
+
+
+_AS_DEEPSPEED = contextvars.ContextVar("ringzero_deepspeed_wrappers", default=False)
+
+
+@contextlib.contextmanager
+def deepspeed_wrappers():
+    """Engines built inside follow DeepSpeed's 16-bit optimizer wrappers (the runner's initialize)."""
+    token = _AS_DEEPSPEED.set(True)
+    try:
+        yield
+    finally:
+        _AS_DEEPSPEED.reset(token)
+
+
+def wrapper_first_step(engine) -> None:
+    """DeepSpeed's FP16_Optimizer / FP16_UnfusedOptimizer construction step (module docstring), on the
+    engine's fp32 masters, before any LR scheduler exists (DeepSpeed builds it after the optimizer):
+    engine.py _do_optimizer_sanity_check (stage 0, 16-bit, gradients in the model dtype → FP16 /
+    DDP_BFLOAT16) → _configure_fp16_optimizer; fp16/unfused_optimizer.py and fp16/fused_optimizer.py
+    initialize_optimizer_states: every gradient zero, `self.optimizer.step()`, no copy to the 16-bit weights."""
+    if not _AS_DEEPSPEED.get() or engine.stage_id != 0 or not engine.mixed or engine.offload is not None:
+        return
+    engine.ds_wrapper = True           # average_like_deepspeed reads it at every step
+    first = set()
+    for u in engine.layout.units:
+        master = engine.master[u.group][u.local_offset:u.local_offset + u.shard]
+        engine.optimizer.step_group(u.group, master, torch.zeros_like(master), u.local_offset,
+                                    u.local_offset + u.shard, count=u.group not in first)
+        first.add(u.group)
+
+
+def average_like_deepspeed(engine) -> float:
+    """The divisor the step still applies to the summed gradients (ringzero's own: reduction.post_divisor, in fp32
+    at the step). Under the runner at stage 0 in bf16/fp16 with the default averaging (no prescale_gradients,
+    gradient_predivide_factor 1) DeepSpeed multiplies each all-reduced bucket by 1/N in the model dtype (engine.py
+    allreduce_bucket: `tensor_to_allreduce.mul_(self.gradient_predivide_factor() / dp_world_size)`), rounded there:
+    done here on the gradient buffer, 1 left. Exact for N a power of two; one rounding of the 16-bit type otherwise."""
+    r = engine.config.reduction
+    if not getattr(engine, "ds_wrapper", False) or r.pre != 1.0 or r.post_divisor == 1.0:
+        return r.post_divisor
+    for u in engine.layout.units:
+        engine.stage.grad_shard(u).mul_(1.0 / r.post_divisor)
+    return 1.0
+
+
+def deepspeed_multiplier(norm: float, clip: float, loss_scale: float) -> float:
+    """The factor on each fp32 gradient in unscale_and_clip_grads (fp16/unfused_optimizer.py, fused_optimizer.py),
+    in its operation order: 1 / (loss_scale · max(1, (norm + 1e-6) / clip)); `norm` already ÷ loss_scale."""
+    combined = loss_scale
+    if clip > 0.0:
+        c = (norm + 1e-6) / clip
+        if c > 1:
+            combined = c * loss_scale
+    return 1.0 / combined
 
 
 class StaticLossScaler:

@@ -21,6 +21,7 @@ from zero_from_scratch.clip import clip_coef, sum_of_squares
 from zero_from_scratch.engine import moe_grads
 from zero_from_scratch.engine.comm import reset_all
 from zero_from_scratch.engine.offload import done_with
+from zero_from_scratch.engine.precision import average_like_deepspeed, deepspeed_multiplier
 from zero_from_scratch.engine.safe_api import apply_pending
 from zero_from_scratch.engine.z3_ds_tensor import restore_masters
 
@@ -36,6 +37,7 @@ def checks_overflow(engine) -> bool:
 
 def optimizer_step(engine) -> None:
     N, units = engine.comm.size, engine.layout.units
+    divisor = average_like_deepspeed(engine)          # the runner at stage 0 in 16 bits: ÷N already (precision.py)
     loss = engine.monitor.local_loss()                 # None unless a monitor is enabled
     sq = torch.zeros(1 if loss is None else 2, dtype=torch.float64, device=engine.device)
     for i, u in enumerate(units):
@@ -55,7 +57,7 @@ def optimizer_step(engine) -> None:
     if engine.mp is not None:                          # tp ranks hold the same loss: only the norm
         engine.mp.all_reduce(sq[:1], purpose="grad-norm all-reduce (model parallel)")
     # grads hold the SUM over ranks of loss_scale · pre · g: ÷ N·pre averaging, ÷ pre summing (grad_keys.py)
-    scale = engine.config.reduction.post_divisor * engine.loss_scaler.loss_scale
+    scale = divisor * engine.loss_scaler.loss_scale
     norm = moe_grads.stage0_norm(engine, math.sqrt(sq[0].item()) / scale, scale)   # ZeRO-0 with MoE: DeepSpeed's
     overflow = not math.isfinite(norm) and checks_overflow(engine)
     engine.optimizer.overflow = overflow             # DeepSpeed's ZeRO optimizer attribute (accelerate reads it)
@@ -75,7 +77,8 @@ def optimizer_step(engine) -> None:
         if engine.offload is not None:        # the same Adam, through files or on the host (offload*.py)
             engine.offload.step(coef, scale)
         else:
-            update_shards(engine, coef / scale, in_place=True)
+            ds = getattr(engine, "ds_wrapper", False) and divisor == 1.0     # the runner, ZeRO-0 in 16 bits
+            update_shards(engine, deepspeed_multiplier(norm, clip, scale) if ds else coef / scale, in_place=True)
         shared_step_end(engine.optimizer, shared)
         engine.stage.after_step()
         sync_steps(engine)
