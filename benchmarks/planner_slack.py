@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import types
 from dataclasses import replace
 
 import torch
@@ -52,8 +53,10 @@ from rich.table import Table
 
 import benchmarks.planner_ranks as R
 import benchmarks.planner_ranks_tp as RT
+import pipeline_parallel.executor as X
 from benchmarks.planner_fit import CAL
 from benchmarks.planner_local import LOCAL_SW
+from pipeline_parallel.engine.draining import DrainingExecutor
 from planner import hardware as H
 from planner.layout import Layout
 from planner.memory import memory, shm_bytes
@@ -84,7 +87,6 @@ def _eager_adam() -> None:
 
 def _trim_after_backward(libc) -> None:
     """The pipeline engine gives the heap's free pages back after every micro-batch's backward."""
-    from pipeline_parallel.engine.draining import DrainingExecutor
     bwd = DrainingExecutor.bwd
 
     def bwd_trimmed(self, op):
@@ -98,10 +100,6 @@ def _reuse_blocks():
     dropped (the next step's backward accumulates into them: the same sums, 0 + g = g), and the
     received activations and gradients taken from a pool by shape, returned once their micro-batch's
     backward has used them (the textbook executor's torch.empty, pooled). Returns what undoes it."""
-    import types
-
-    import pipeline_parallel.executor as X
-    from pipeline_parallel.engine.draining import DrainingExecutor
     pool: dict = {}
     saved = X.torch, DrainingExecutor.bwd, DrainingExecutor.send_grad, torch.optim.Optimizer.zero_grad
     _, bwd, send_grad, zero_grad = saved
