@@ -11,6 +11,7 @@ without slack.
     python -m benchmarks.planner_slack --only gpt-cal --steps 4 --mb 2      # DDP, ZeRO-1, ZeRO-2 at the fit's shape
     python -m benchmarks.planner_slack --only small --steps 4 --trim        # the heap trimmed after every step
     python -m benchmarks.planner_slack --steps 4 --eager    # torch's Adam states made before the first step
+    python -m benchmarks.planner_slack --only pp2 --steps 6 --variant 131072 --variant trim-bwd --variant reuse
 
 Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
 each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
@@ -29,14 +30,22 @@ threshold, this run would give every row the slack of the highest rise. With --e
 Adam/AdamW (the DDP rows', the tp rows', the pipeline engine's) makes its step, m and v when built,
 as zero_from_scratch's ZeRO engine does and torch's first step() otherwise would (the same zeros,
 so the same updates): if m and v took the room the first step's activations left, the slack would
-shrink. Memory does not depend on the load; the step column does.
-Cost: two runs of --steps steps (2) per row, 2-4 ranks each.
+shrink. Each --variant adds a run per row of what a pipeline engine could do about the slack: a
+number fixes the mmap threshold at that many bytes (ZeRO-3's engine's remedy at a size chosen per
+stage, e.g. 131072, llama-small's k and v); trim-bwd gives the heap's free pages back after every
+micro-batch's backward (malloc_trim(0)); reuse keeps the engine's own blocks across micro-batches
+and steps, as DeepSpeed's PipelineEngine keeps its pipe buffers: the gradients zeroed in place
+instead of dropped, the receive buffers of activations and gradients pooled by shape. Memory does
+not depend on the load; the step columns do: beside the wall step, the slower rank's CPU
+seconds a step (thread_time, median after the first), which a loaded machine stretches less.
+Cost: two runs of --steps steps (2) per row, 2-4 ranks each, and one per --variant.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import os
+import types
 from dataclasses import replace
 
 import torch
@@ -44,8 +53,10 @@ from rich.table import Table
 
 import benchmarks.planner_ranks as R
 import benchmarks.planner_ranks_tp as RT
+import pipeline_parallel.executor as X
 from benchmarks.planner_fit import CAL
 from benchmarks.planner_local import LOCAL_SW
+from pipeline_parallel.engine.draining import DrainingExecutor
 from planner import hardware as H
 from planner.layout import Layout
 from planner.memory import memory, shm_bytes
@@ -74,12 +85,66 @@ def _eager_adam() -> None:
     torch.optim.Adam.__init__ = eager_init
 
 
+def _trim_after_backward(libc) -> None:
+    """The pipeline engine gives the heap's free pages back after every micro-batch's backward."""
+    bwd = DrainingExecutor.bwd
+
+    def bwd_trimmed(self, op):
+        bwd(self, op)
+        libc.malloc_trim(0)
+    DrainingExecutor.bwd = bwd_trimmed
+
+
+def _reuse_blocks():
+    """The pipeline engine keeps its own blocks: gradients zeroed in place at the step instead of
+    dropped (the next step's backward accumulates into them: the same sums, 0 + g = g), and the
+    received activations and gradients taken from a pool by shape, returned once their micro-batch's
+    backward has used them (the textbook executor's torch.empty, pooled). Returns what undoes it."""
+    pool: dict = {}
+    saved = X.torch, DrainingExecutor.bwd, DrainingExecutor.send_grad, torch.optim.Optimizer.zero_grad
+    _, bwd, send_grad, zero_grad = saved
+
+    def empty(shape, dtype=None, device=None):
+        free = pool.get((tuple(shape), dtype))
+        return free.pop() if free else torch.empty(shape, dtype=dtype, device=device)
+
+    def give(t):
+        if t is not None:
+            pool.setdefault((tuple(t.shape), t.dtype), []).append(t.detach())
+
+    def bwd_giving(self, op):
+        g = self.grad_in.get((op.mb, op.chunk))
+        bwd(self, op)
+        give(g)
+
+    def send_grad_giving(self, op):
+        x = self.x_in.get((op.mb, op.chunk))
+        send_grad(self, op)
+        if x is not None:
+            x.grad = None
+            give(x)
+
+    def undo():
+        X.torch, DrainingExecutor.bwd, DrainingExecutor.send_grad, torch.optim.Optimizer.zero_grad = saved
+    X.torch = types.SimpleNamespace(**{**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")}, "empty": empty})
+    DrainingExecutor.bwd, DrainingExecutor.send_grad = bwd_giving, send_grad_giving
+    torch.optim.Optimizer.zero_grad = lambda self, set_to_none=True: zero_grad(self, set_to_none=False)
+    return undo
+
+
 def _row(rank, world, mapped, module: str, fn: str, args: tuple, trim: bool = False, eager: bool = False) -> dict:
     """One rank of a planner_local row; with `mapped` True, glibc's mmap threshold fixed first at
     64 KiB; with "risen", at RISEN (and the trim threshold at twice it, as the dynamic rise sets it);
+    with an int, at that many bytes; with "trim-bwd" or "reuse", the pipeline engine so (--variant);
     with `trim`, malloc_trim(0) after every step (each step starts with its heap's free pages given back);
     with `eager`, torch's Adam states made when the optimizer is built."""
     libc = ctypes.CDLL("libc.so.6")
+    if mapped == "trim-bwd":
+        _trim_after_backward(libc)
+    elif mapped == "reuse":
+        _reuse_blocks()
+    elif isinstance(mapped, int) and not isinstance(mapped, bool):
+        libc.mallopt(-3, mapped)                             # M_MMAP_THRESHOLD, fixed at the variant's size
     if eager:
         _eager_adam()
     if trim:
@@ -91,7 +156,7 @@ def _row(rank, world, mapped, module: str, fn: str, args: tuple, trim: bool = Fa
     if mapped == "risen":
         libc.mallopt(-3, RISEN)                              # M_MMAP_THRESHOLD
         libc.mallopt(-1, 2 * RISEN)                          # M_TRIM_THRESHOLD
-    elif mapped:
+    elif mapped is True:
         libc.mallopt(-3, 64 * 1024)
     out = getattr(R if module == "R" else RT, fn)(rank, world, *args)
     return {**out, "shm": R._vm("RssShmem:")}
@@ -122,20 +187,29 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the peak is the largest step's)")
     ap.add_argument("--trim", action="store_true", help="malloc_trim(0) after every step, in both runs")
     ap.add_argument("--eager", action="store_true", help="torch's Adam/AdamW make m and v when built, not at the first step")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="a further run per row: a threshold in bytes, trim-bwd or reuse (module docstring)")
     ap.add_argument("--arenas", type=int, default=0, help="glibc's arena count for the ranks (MALLOC_ARENA_MAX; 0: its default)")
     a = ap.parse_args(argv)
     if a.arenas:      # read when a process starts: the fork server, started by the first spawn, passes it to the ranks
         os.environ["MALLOC_ARENA_MAX"] = str(a.arenas)
     t = Table(title="glibc's slack and the shared-memory pages per rank (MiB, the larger rank)"
                     + (f", MALLOC_ARENA_MAX={a.arenas}" if a.arenas else "") + (", Adam's states made when built" if a.eager else ""))
+    variants = [int(v) if v.isdigit() else v for v in a.variant]
+    if any(v not in ("trim-bwd", "reuse") and not isinstance(v, int) for v in variants):
+        ap.error(f"--variant: a threshold in bytes, trim-bwd or reuse, got {a.variant}")
     for c in ("row", "defaults (each rank)", "mapped", "slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes") \
-            + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step", "step ms defaults / mapped"):
+            + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step", "step ms defaults / mapped",
+                                                                            "CPU ms defaults / mapped") \
+            + tuple(c for v in variants for c in (f"{v}: peak", f"{v}: step / CPU ms")):
         t.add_column(c, justify="right")
     for name, m, lay, batch, module, fn, args in rows(a.steps, a.mb):
         if a.only not in name:
             continue
+        la = os.getloadavg()[0]
         got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args, a.trim, a.eager), timeout=900)
-               for mapped in (False, True) + (("risen",) if a.risen else ())}
+               for mapped in (False, True) + (("risen",) if a.risen else ()) + tuple(variants)}
+        console.print(f"{name}: load average {la:.1f} → {os.getloadavg()[0]:.1f}", highlight=False)
         peak = {k: max(g["peak"] for g in v) / MiB for k, v in got.items()}
         hw = replace(H.cpu_here(lay.gpus), alloc_slack=0.0)
         pred = memory(m, m.seq, lay, batch, hw, LOCAL_SW)
@@ -145,7 +219,10 @@ def main(argv=None) -> int:
                   f"{shm_bytes(m, m.seq, lay, hw) / MiB:.1f}",
                   *((f"{peak['risen']:.1f}", f"{peak['risen'] - peak[True]:.1f}") if a.risen else ()),
                   " ".join(f"{p / MiB:.0f}" for p in max(got[False], key=lambda g: g["peak"])["peaks"]),
-                  " / ".join(f"{max(g['step'] for g in got[k]) * 1e3:.0f}" for k in (False, True)))
+                  " / ".join(f"{max(g['step'] for g in got[k]) * 1e3:.0f}" for k in (False, True)),
+                  " / ".join(f"{max(g['cpu'] for g in got[k]) * 1e3:.0f}" for k in (False, True)),
+                  *(c for v in variants for c in (f"{max(g['peak'] for g in got[v]) / MiB:.1f}",
+                                                  f"{max(g['step'] for g in got[v]) * 1e3:.0f} / {max(g['cpu'] for g in got[v]) * 1e3:.0f}")))
     console.print(t)
     return 0
 

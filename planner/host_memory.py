@@ -58,7 +58,11 @@ def allocator_slack(lay, states: dict, hw) -> float:
     starts from, not on a row's tensor sizes alone. At the live peak the free chunks are holes of
     the row's own tensor sizes, tens activation-sized and, in the GPT and DistilBERT rows, 2-41
     of the large blocks (planner_slack_replay --holes); Adam's m and v made before the first step
-    (planner_slack --eager) move only llama-small's, by 2-5 MiB. The rule here is
+    (planner_slack --eager) move only llama-small's, by 2-5 MiB. What the pipeline engine could do
+    (planner_slack --variant): keeping its own blocks (pooled receive buffers, gradients zeroed in
+    place) leaves the slack in its spread; trimming the heap after each backward removes a third to a
+    half at 10-24 % more CPU a step; only mapping removes it, at 33-73 % more CPU, so no engine here
+    does either and the rule counts what a run at the defaults keeps. The rule here is
     calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack)
     and scaled by this stage's model-state bytes over the calibration step's, never above the
     calibrated bytes; the nearest of the two simple rules to benchmarks.planner_local's rows. The

@@ -183,3 +183,40 @@ def test_eager_adam_makes_the_same_updates():
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), twin.parameters()))
     assert all(torch.equal(lazy.state[a]["exp_avg_sq"], eager.state[b]["exp_avg_sq"])
                for a, b in zip(net.parameters(), twin.parameters()))
+
+
+def test_reuse_variant_keeps_gradients_and_makes_the_same_updates():
+    """benchmarks.planner_slack --variant reuse: the step zeroes the gradients in place and the next
+    backward accumulates into the same storage; the parameters are those of dropping them (set_to_none),
+    bit for bit, over steps of several micro-batches; undo restores torch's zero_grad and the executor."""
+    import copy
+    import torch
+    import pipeline_parallel.executor as X
+    from benchmarks import planner_slack
+    from pipeline_parallel.engine.draining import DrainingExecutor
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(net)
+    dropped, kept = torch.optim.AdamW(net.parameters(), lr=1e-2), torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    before = X.torch, DrainingExecutor.bwd, torch.optim.Optimizer.zero_grad
+    xs = torch.randn(3, 5, 8)
+    for _ in range(3):
+        for x in xs:
+            net(x).pow(2).sum().backward()
+        dropped.step()
+        dropped.zero_grad(set_to_none=True)
+    undo = planner_slack._reuse_blocks()
+    try:
+        ptrs = []
+        for _ in range(3):
+            for x in xs:
+                twin(x).pow(2).sum().backward()
+            ptrs.append([p.grad.data_ptr() for p in twin.parameters()])
+            kept.step()
+            kept.zero_grad(set_to_none=True)      # the engine's call: zeroed in place under the variant
+        assert X.torch.empty((2, 3), dtype=torch.float32).shape == (2, 3)
+    finally:
+        undo()
+    assert ptrs[0] == ptrs[1] == ptrs[2]
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), twin.parameters()))
+    assert (X.torch, DrainingExecutor.bwd, torch.optim.Optimizer.zero_grad) == before
