@@ -27,16 +27,15 @@ holds whole source slices (222 → 122: dp 0 reads files [0, 4] = stage 0's slic
 Names, signatures, checks and error messages are DeepSpeed's on purpose: scripts and DeepSpeed's own
 tests (unit/checkpoint/test_reshape_checkpoint.py, run by tests/ds_bulk) match on them, and
 tests/test_checkpoint_3d.py compares them with the installed DeepSpeed's; the code is ringzero's.
-Cost: integer lists; get_model_3d_descriptor loads each model-state file once (torch.load).
+Cost: integer lists; get_model_3d_descriptor loads each model-state file once (ds_pickle.load_file).
 """
 from __future__ import annotations
 
 import os
 import re
 
-import torch
-
 from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
+from zero_from_scratch.engine.ds_pickle import load_file
 
 PP_DIM, TP_DIM, DP_DIM = "PP", "TP", "DP"
 # checkpoint/constants.py's names for what this module reads, from their one home (as_deepspeed/constants.py)
@@ -265,7 +264,7 @@ def get_model_3d_descriptor(dir) -> model_3d_desc:
     files = get_files(dir)
     metadata = []
     for f in get_files_with_prefix(files, MODEL_FILE_PREFIX):
-        state = torch.load(f, map_location="cpu", weights_only=False)
+        state = load_file(f)         # DeepSpeed's pickled objects as stand-ins (ds_pickle.py)
         metadata.append((f, {CHECKPOINT_PARALLEL_DIMS: state.get(CHECKPOINT_PARALLEL_DIMS)}))
         del state
     return get_model_3d_descriptor_from_metadata(files, get_zero_files(dir), metadata)

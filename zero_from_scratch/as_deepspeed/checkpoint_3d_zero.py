@@ -11,7 +11,7 @@ Which files each rank reads is checkpoint_3d.py's rule (its docstring). A rank's
 key, lists item by item, tensors concatenated on dim 0), each optimizer-state tensor first cut to its
 group's unpadded length (group_paddings, then zeroed), partition_count set to the target dp degree.
 Its names and error messages are DeepSpeed's on purpose (checkpoint_3d.py's docstring says why).
-Cost: one torch.load per file a rank reads; the constructor loads the model-state files only when no
+Cost: one read per file a rank reads (ds_pickle.load_file); the constructor loads the model-state files only when no
 source layout is given (get_model_3d_descriptor).
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from zero_from_scratch.as_deepspeed.checkpoint_3d import (basic_folder_validatio
                                                           get_zero_files, model_3d_desc)
 from zero_from_scratch.as_deepspeed.constants import CHECKPOINT_KEYS
 from zero_from_scratch.as_deepspeed.finder import NotServedAttributeError, message
+from zero_from_scratch.engine.ds_pickle import load_file
 
 OPTIMIZER_STATE_DICT, BASE_OPTIMIZER_STATE = CHECKPOINT_KEYS["OPTIMIZER_STATE_DICT"], CHECKPOINT_KEYS["BASE_OPTIMIZER_STATE"]
 GROUP_PADDINGS, PARTITION_COUNT = CHECKPOINT_KEYS["GROUP_PADDINGS"], CHECKPOINT_KEYS["PARTITION_COUNT"]
@@ -45,7 +46,9 @@ def merge_state(state_a, state_b, key_list=()):
 
 
 def _load(path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """One file, DeepSpeed's pickled objects (loss scaler, ZeroStageEnum) as ds_pickle's stand-ins: a plain
+    torch.load would import the deepspeed package, which the runner serves from ringzero."""
+    return load_file(path)
 
 
 def missing_attribute(owner: str, attr: str, private: tuple[str, ...], nearest: str) -> AttributeError:

@@ -76,7 +76,6 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
         """The textbook's (rank 0's unit, broadcast), or zero.Init's shards gathered one at a time (zero_partition.py)."""
         held = any(zp.held_by_init(self.params[s.name]) for s in u.slots)
         return zp.unit_block(self, u) if held else super()._unit_block(u)
-
     stats = property(lambda self: self.pf.stats)
 
     def unit(self, i: int):
@@ -103,6 +102,7 @@ class ZeroStage3(Pooled, TimedWait, Stage3):
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u, kind: str, label: str) -> None:
+        z3_ds_tensor.check_bound(self.params, u)          # each use: a rebound p.ds_tensor is not what is gathered
         if u.index in self.pf.kept:
             self.pf.kept.remove(u.index)                  # in use again: not evictable
         self.saved.read_by(u, kind)                       # the model's forward: persistent as DeepSpeed's again

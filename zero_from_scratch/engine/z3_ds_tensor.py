@@ -21,8 +21,9 @@ partition the gathers read, not the fp32 master the optimizer holds; the step re
 partition from the master, so the write lasts until the next optimizer step. In bf16/fp16 the
 working shard is not the master, so nothing more is needed. In fp32 the engine keeps no separate
 master (precision.py; with offload_optimizer "nvme" the shard is still the master): the first use
-of a parameter's ds_tensor values (any argument of a torch call, nested ones included, and
-`ds_tensor.data`, itself such a view) keeps a copy of its shard aside, and the step puts it back
+of a parameter's ds_tensor values (any argument of a torch call, nested ones included, and any
+tensor sharing its storage: `.data`, a view, slice, reshape or detach, each itself such a view, so a
+handle held past a step is tracked too) keeps a copy of its shard aside, and the step puts it back
 before the update (`restore_masters`), so the write reaches forward and backward but not the
 optimizer, as in DeepSpeed; safe_get_*_fp32_param and checkpoint saves read the kept copy
 (`master_of`), as DeepSpeed's read and save its fp32 partition. A load drops the kept copies. With
@@ -31,9 +32,9 @@ copy, kept and put back all the same, changes nothing.
 `p.ds_tensor.data = t` copies t into the partition (DeepSpeed rebinds ds_tensor to t, then to its
 flat buffer at the step: the same values reach the gathers); a t of another shape, dtype or device
 would need storage the engine does not gather from, so it is refused rather than dropped.
-Rebinding the attribute itself, `p.ds_tensor = t`, is not seen: the gathers keep reading the
-engine's shard, where DeepSpeed would gather t (a plain attribute of the Parameter, which the
-engine and zero.Init assign themselves; write through `.data =` or in place instead).
+Rebinding the attribute itself, `p.ds_tensor = t`, is refused at the parameter's next gather
+(check_bound, on the rank that rebound it): DeepSpeed would gather t from then on, ringzero gathers
+the engine's shard. Not tracked: storage reached outside torch (`.numpy()`, `untyped_storage()`).
 Cost: none for a view; in fp32, one shard copy (⌈numel/N⌉ elements) per parameter whose ds_tensor
 is used, held until the next step.
 """
@@ -70,7 +71,8 @@ class PartitionView(torch.Tensor):
 
     def __deepcopy__(self, memo):       # copy.deepcopy(model) after initialize: a plain copy of the values
         out = self._plain().clone()
-        out.ds_numel = self.ds_numel
+        if hasattr(self, "ds_numel"):
+            out.ds_numel = self.ds_numel
         return out
 
     def __reduce_ex__(self, protocol):
@@ -95,9 +97,10 @@ class PartitionView(torch.Tensor):
             return args[0]._assign(args[1])
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **(kwargs or {}))
-        if (raw, name) == ("__get__", "data"):      # a handle kept past a step: its writes are tracked too
-            out = torch.Tensor._make_subclass(PartitionView, out)
-            out.ds_numel, out._ds_owner = args[0].ds_numel, args[0]._ds_owner
+            views = [a for a in torch.utils._pytree.tree_flatten((args, kwargs))[0] if isinstance(a, PartitionView)]
+            out = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: _aliased(t, views), out)
+        if (raw, name) == ("__get__", "data"):
+            out.ds_numel = args[0].ds_numel
         return out
 
     def _assign(self, value) -> None:
@@ -112,6 +115,36 @@ class PartitionView(torch.Tensor):
                     "written into it; DeepSpeed would gather the new tensor as it is")
             with torch.no_grad():
                 self.copy_(value)
+
+
+def _aliased(out: torch.Tensor, views: list) -> torch.Tensor:
+    """An output sharing a ds_tensor's storage (`.data`, a view, slice, reshape, detach) is a PartitionView
+    of the same owner, so a write through it, even one held past a step, keeps the master aside first."""
+    if isinstance(out, PartitionView) or out.is_meta or out.untyped_storage().data_ptr() == 0:
+        return out
+    for v in views:
+        if out.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
+            t = torch.Tensor._make_subclass(PartitionView, out)
+            t._ds_owner = v._ds_owner
+            return t
+    return out
+
+
+def bind(p, t) -> None:
+    """zero_partition.adopt: the engine's ds_tensor on p, remembered so that a rebinding is seen (check_bound)."""
+    p.ds_tensor = p._ds_bound = t
+
+
+def check_bound(params: dict, u) -> None:
+    """Before each all-gather of unit u (stage3.py): `p.ds_tensor = t` refused, on the rank that rebound it."""
+    for s in u.slots:
+        d = params[s.name].__dict__
+        if "_ds_bound" in d and d.get("ds_tensor") is not d["_ds_bound"]:
+            raise NotImplementedError(
+                f"{s.name}.ds_tensor was rebound (p.ds_tensor = t): DeepSpeed's all-gathers would read t from then on "
+                "while its optimizer steps the partition it holds, so the parameter would stay t; ringzero gathers the "
+                "engine's shard, which a rebinding does not reach: write into it instead (p.ds_tensor.copy_(t) or "
+                "p.ds_tensor.data = t), or edit p inside deepspeed.zero.GatheredParameters([p], modifier_rank=0)")
 
 
 class KeptMasters:

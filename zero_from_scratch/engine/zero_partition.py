@@ -281,5 +281,5 @@ def adopt(engine, units, params: dict, stage=None) -> None:
             p.ds_shape, p.ds_numel = torch.Size(s.shape), s.numel
             p.ds_status = ZeroParamStatus.NOT_AVAILABLE
             p.ds_process_group = getattr(engine.comm, "group", None)
-            p.ds_tensor = ds_tensors[s.name]
+            z3_ds_tensor.bind(p, ds_tensors[s.name])   # a later p.ds_tensor = t is refused at the gather
             p._zero_engine = weakref.ref(engine)
