@@ -39,6 +39,8 @@ def test_a_launched_process_failure_reports_its_cause():
             "E   torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nE   =====")
     assert run.last_line(text) == "ModuleNotFoundError: No module named 'evaluate'"
     assert run.last_line("E   assert 1 == 2\nE   AssertionError: boom") == "E   AssertionError: boom"
+    launched = "E   RuntimeError: 'accelerate launch x' failed\nE   [rank0]: ValueError: Type fp16 is not supported\nE   ====="
+    assert run.last_line(launched) == "ValueError: Type fp16 is not supported"
 
 
 def _git_blob(path: str) -> str:
@@ -51,7 +53,7 @@ def test_the_local_transformers_copy_is_the_listed_text():
     to the blob listed, so the results in the table came from that text."""
     listed = dict(re.findall(r"^\| (transformers/\S+) \| `[0-9a-f]{40}` \| \d+ \| `([0-9a-f]{40})` \|$",
                              open(os.path.join(run.HERE, "UPSTREAM.md")).read(), re.M))
-    assert set(run.LOCAL_FILES) <= set(listed) and len(listed) == 5
+    assert set(run.LOCAL_FILES) <= set(listed) and len(listed) == 10
     present = {f: b for f, b in listed.items() if os.path.exists(os.path.join(run.LOCAL, f))}
     if not present:
         pytest.skip(f"no local copy of transformers' tests under {run.LOCAL} (UPSTREAM.md)")
