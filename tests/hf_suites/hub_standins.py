@@ -14,8 +14,9 @@ stand-in keeps GPT-2's architecture and vocabulary at 2 layers of width 64 (the 
 `model.config`, never a weight's value). The Qwen2 stand-in's tokenizer is character-level (a BPE
 without merges over printable ASCII, eos `<|endoftext|>` as Qwen's): the scripts only tokenize English
 sentences and pad to a fixed length, so the model's vocabulary is cut to 128 rows (Qwen's 151k would make
-each CPU step's logits 1000 times larger for ids no text reaches). Both engines' runs read the same files. A test that needs a
-tokenizer, a data set or a script's own download still fails offline and is counted under "needs hub".
+each CPU step's logits 1000 times larger for ids no text reaches). Both engines' runs read the same
+files. A test that needs a tokenizer, a data set or a script's own download still fails offline and
+is counted under "needs hub".
 Cost: a few seconds, ~30 MB.
 """
 from __future__ import annotations

@@ -13,11 +13,12 @@ gloo), RUN_SLOW=1 (accelerate's multi-process tests, launched by `accelerate lau
 and transformers' launched ones, `accelerate launch` / `torchrun` of the copy's `scripts/`, are marked
 slow), and `-p cpu_gates` (the "needs an accelerator" gates opened, the CPU counted as one device,
 cpu_gates.py).
-Every process starts with site/sitecustomize.py (first on PYTHONPATH: the launched scripts get
-cpu_gates.py's bf16 gate too). Mode "ringzero" differs by one thing: RINGZERO_DEEPSPEED=1, so pytest and every process it launches get `import deepspeed` from ringzero
-(as under `python -m zero_from_scratch.as_deepspeed`); a DeepSpeed name ringzero does not serve fails
-in the test that uses it (RINGZERO_DEEPSPEED_DEFER=1). Each case's outcome, last line and whether it
-needed the hub go to tests/hf_suites/results/<mode>.json; table.py reads them. Cost: the tests' own.
+Every process starts with site/sitecustomize.py (first on PYTHONPATH: the launched scripts get cpu_gates.py's
+bf16 gate too). Mode "ringzero" differs by one thing: RINGZERO_DEEPSPEED=1, so pytest and every process it
+launches get `import deepspeed` from ringzero (as under `python -m zero_from_scratch.as_deepspeed`); a
+DeepSpeed name ringzero does not serve fails in the test that uses it (RINGZERO_DEEPSPEED_DEFER=1). Each
+case's outcome, last line and whether it needed the hub go to tests/hf_suites/results/<mode>.json; table.py
+reads them. Cost: the tests' own.
 """
 from __future__ import annotations
 
@@ -74,17 +75,18 @@ def environment(mode: str, repo: str = "accelerate") -> dict:
     return env
 
 
-# a launched process's failure ends in its launcher's lines; the error that stopped it is the one to report
-# (torchrun prefixes each worker's lines with "[rankN]: ")
-CAUSE = re.compile(r"^E\s+(?:\[rank\d+\]:\s*)?((?!RuntimeError|subprocess\.|torch\.distributed\.elastic)[\w.]*"
-                   r"(?:Error|Exception): .+)$", re.M)
+# a launched process's failure ends in its launcher's lines; the error that stopped it is the one to report:
+# a worker's last (torchrun prefixes each worker's lines with "[rankN]: "), else the first not the launcher's
+RANK_CAUSE = re.compile(r"^E\s+\[rank\d+\]:\s*([\w.]*(?:Error|Exception): .+)$", re.M)
+CAUSE = re.compile(r"^E\s+((?!RuntimeError|subprocess\.|torch\.distributed\.elastic)[\w.]*(?:Error|Exception): .+)$",
+                   re.M)
 WRAPPER = re.compile(r"^E\s+(?:=+|subprocess\.CalledProcessError|traceback|error_file|.*ChildFailedError)")
 
 
 def last_line(text: str) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     errs = [ln for ln in lines if ln.startswith("E ")]
-    cause = CAUSE.search(text or "")
+    cause = ([None] + list(RANK_CAUSE.finditer(text or "")))[-1] or CAUSE.search(text or "")
     if errs and WRAPPER.match(errs[-1]) and cause:
         return cause.group(1)[:300]
     return (errs[-1] if errs else lines[-1] if lines else "")[:300]
