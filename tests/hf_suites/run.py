@@ -9,14 +9,16 @@ where it comes from and how to rebuild it; absent, it is not run). One pytest pr
 rooted at the file's repository copy, offline (HF_HUB_OFFLINE=1) with tiny models built from configs
 under the hub names the tests load (hub_standins.py; a test that needs anything else from the hub fails
 at once, and the table counts it under "needs hub"), DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu,
-gloo), RUN_SLOW=1 for accelerate (its multi-process tests, launched by `accelerate launch
---num_processes=2`, are marked slow; transformers' slow tests launch scripts the copy lacks, so they
-stay skipped), and `-p cpu_gates` (the "needs an accelerator" gates opened, cpu_gates.py).
-Mode "ringzero" differs by one thing: tests/ds_bulk/site is first on PYTHONPATH with
-RINGZERO_DEEPSPEED=1, so pytest and every process it launches get `import deepspeed` from ringzero
-(as under `python -m zero_from_scratch.as_deepspeed`); a DeepSpeed name ringzero does not serve fails
-in the test that uses it (RINGZERO_DEEPSPEED_DEFER=1). Each case's outcome, last line and whether it
-needed the hub go to tests/hf_suites/results/<mode>.json; table.py reads them. Cost: the tests' own.
+gloo), RUN_SLOW=1 (accelerate's multi-process tests, launched by `accelerate launch --num_processes=2`,
+and transformers' launched ones, `accelerate launch` / `torchrun` of the copy's `scripts/`, are marked
+slow), and `-p cpu_gates` (the "needs an accelerator" gates opened, the CPU counted as one device,
+cpu_gates.py).
+Every process starts with site/sitecustomize.py (first on PYTHONPATH: the launched scripts get cpu_gates.py's
+bf16 gate too). Mode "ringzero" differs by one thing: RINGZERO_DEEPSPEED=1, so pytest and every process it
+launches get `import deepspeed` from ringzero (as under `python -m zero_from_scratch.as_deepspeed`); a
+DeepSpeed name ringzero does not serve fails in the test that uses it (RINGZERO_DEEPSPEED_DEFER=1). Each
+case's outcome, last line and whether it needed the hub go to tests/hf_suites/results/<mode>.json; table.py
+reads them. Cost: the tests' own.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from tests.hf_suites import hub_standins
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 UP = os.path.join(HERE, "upstream")
-SITE = os.path.join(ROOT, "tests", "ds_bulk", "site")     # the bulk run's sitecustomize: the runner's finder
+SITE = os.path.join(HERE, "site")     # sitecustomize: the bulk run's (the runner's finder), the launched bf16 gate
 RESULTS = os.path.join(HERE, "results")
 # transformers' files are not in git: a copy of the stored versions UPSTREAM.md names (and hashes) lives here
 LOCAL = os.environ.get("RINGZERO_HF_LOCAL", os.path.join(HERE, "local"))
@@ -62,26 +64,29 @@ def environment(mode: str, repo: str = "accelerate") -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT, HERE])    # HERE: `-p cpu_gates` (transformers has a `tests`)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])   # `accelerate launch`
-    # accelerate's 2-process tests are marked slow; transformers' slow ones launch scripts the copy lacks
-    slow = "0" if repo == "transformers" else "1"
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", RUN_SLOW=slow,
+    # accelerate's 2-process tests and transformers' launched ones are marked slow
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", RUN_SLOW="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                RINGZERO_DEEPSPEED="1" if mode == "ringzero" else "0", RINGZERO_DEEPSPEED_DEFER="1",
+               RINGZERO_HF_CPU_GATES="1",       # site/sitecustomize.py: the bf16 gate in launched scripts too
                HF_HUB_CACHE=hub_standins.build(),   # tiny models built from configs under the hub names
                # DeepSpeed's CPU Adam (offload_optimizer: cpu) builds its C++ op once, here, not behind another's lock
                TORCH_EXTENSIONS_DIR=os.path.join(tempfile.gettempdir(), "ringzero_hf_torch_extensions"))
     return env
 
 
-# a launched process's failure ends in its launcher's lines; the error that stopped it is the one to report
-CAUSE = re.compile(r"^E\s+((?!RuntimeError|subprocess\.|torch\.distributed\.elastic)[\w.]*(?:Error|Exception): .+)$", re.M)
+# a launched process's failure ends in its launcher's lines; the error that stopped it is the one to report:
+# a worker's last (torchrun prefixes each worker's lines with "[rankN]: "), else the first not the launcher's
+RANK_CAUSE = re.compile(r"^E\s+\[rank\d+\]:\s*([\w.]*(?:Error|Exception): .+)$", re.M)
+CAUSE = re.compile(r"^E\s+((?!RuntimeError|subprocess\.|torch\.distributed\.elastic)[\w.]*(?:Error|Exception): .+)$",
+                   re.M)
 WRAPPER = re.compile(r"^E\s+(?:=+|subprocess\.CalledProcessError|traceback|error_file|.*ChildFailedError)")
 
 
 def last_line(text: str) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     errs = [ln for ln in lines if ln.startswith("E ")]
-    cause = CAUSE.search(text or "")
+    cause = ([None] + list(RANK_CAUSE.finditer(text or "")))[-1] or CAUSE.search(text or "")
     if errs and WRAPPER.match(errs[-1]) and cause:
         return cause.group(1)[:300]
     return (errs[-1] if errs else lines[-1] if lines else "")[:300]
