@@ -84,7 +84,7 @@ def _read(d: str, name: str, state: str, numel: int) -> torch.Tensor | None:
     path = param_file(d, name, state)
     if not os.path.isfile(path):
         return None
-    t = torch.load(path, map_location="cpu", weights_only=False)
+    t = load_file(path)
     t = (t[PARAM] if isinstance(t, dict) else t).reshape(-1).float()
     if t.numel() != numel:
         raise CheckpointError(f"{path} holds {t.numel()} elements; parameter {name!r} here has {numel}")
@@ -202,5 +202,5 @@ def _ds_sub_groups(engine, numels: dict) -> int:
 
 def _step(d: str, name: str):
     path = param_file(d, name, "step")
-    return int(torch.load(path, map_location="cpu", weights_only=False)) if os.path.isfile(path) else None
+    return int(load_file(path)) if os.path.isfile(path) else None
 
