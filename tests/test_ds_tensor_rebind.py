@@ -26,6 +26,7 @@ def _run(rank, world):
     model = Net()
     engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=CFG)
     a, c = model.a.weight, model.c.weight
+    sparse = a.ds_tensor.to_sparse().to_dense(), a.ds_tensor.clone()   # an output without storage: not a view
     va, vc = a.ds_tensor[2:], c.ds_tensor.reshape(2, -1)     # a slice and a reshape, both views of the shard
     engine.backward(engine(X).sum())
     engine.step()                                  # drops every kept master copy
@@ -39,7 +40,7 @@ def _run(rank, world):
     model.b.weight.ds_tensor = torch.zeros_like(model.b.weight.ds_tensor)    # every rank: no one waits in a gather
     with pytest.raises(NotImplementedError) as e:
         engine(X)
-    return (hp, after, parts, full), str(e.value)
+    return (hp, after, parts, full), str(e.value), sparse
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +49,20 @@ def runs():
 
 
 def test_rebinding_ds_tensor_is_refused_at_the_next_gather(runs):
-    for _, msg in runs:
+    for _, msg, _ in runs:
         assert msg.startswith("b.weight.ds_tensor was rebound (p.ds_tensor = t): DeepSpeed's all-gathers would read t")
         assert "p.ds_tensor.copy_(t)" in msg
 
 
 def test_views_written_after_a_step_reach_the_partition_not_the_fp32_master(runs):
-    for r, ((hp, after, parts, full), _) in enumerate(runs):
+    for r, ((hp, after, parts, full), _, _) in enumerate(runs):
         assert torch.equal(after[0], hp[0]) and torch.equal(after[1], hp[1])     # the masters: unwritten
         assert torch.equal(parts[0], torch.cat([hp[0][:2], torch.full((6,), 4.0)]))
         assert torch.equal(parts[1], -3 * hp[1])
         s = parts[0].numel()                       # the gathers read the written partitions
         assert torch.equal(full[0].reshape(-1)[r * s:(r + 1) * s][2:], torch.full((min(s, 15 - r * s) - 2,), 4.0))
+
+
+def test_a_sparse_copy_of_ds_tensor_is_its_values(runs):
+    for _, _, (dense, part) in runs:
+        assert torch.equal(dense, part)

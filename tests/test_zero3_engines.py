@@ -65,3 +65,21 @@ def test_second_engine_leaves_none_of_the_first_engines_hooks(spawn):
         assert hooks == fresh_hooks
         for out in outs:
             torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)   # fp32, same ops: rounding only
+
+
+def _twice_threshold_0(rank, world):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    ref = copy.deepcopy(model)
+    cfg = {**CFG, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    zero_from_scratch.initialize(model=model, config=cfg)     # every unit partitioned, none kept gathered
+    second, *_ = zero_from_scratch.initialize(model=model, config=cfg)
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(rank))
+    return second(x).detach(), ref(x).detach()
+
+
+def test_second_initialize_re_partitions_units_of_two_parameters(spawn):
+    """The first engine gathers 0.weight's unit after re-partitioning 0.bias (or the other way round):
+    its own re-partition must not read as a user's `p.ds_tensor = t` (z3_ds_tensor.check_bound)."""
+    for out, want in spawn(_twice_threshold_0, 2):
+        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)   # fp32, same ops: rounding only

@@ -33,10 +33,11 @@ copy, kept and put back all the same, changes nothing.
 flat buffer at the step: the same values reach the gathers); a t of another shape, dtype or device
 would need storage the engine does not gather from, so it is refused rather than dropped.
 Rebinding the attribute itself, `p.ds_tensor = t`, is refused at the parameter's next gather
-(check_bound, on the rank that rebound it): DeepSpeed would gather t from then on, ringzero gathers
-the engine's shard. Not tracked: storage reached outside torch (`.numpy()`, `untyped_storage()`).
-Cost: none for a view; in fp32, one shard copy (⌈numel/N⌉ elements) per parameter whose ds_tensor
-is used, held until the next step.
+(check_bound, on the rank that rebound it; the other ranks wait in the gather until its timeout):
+DeepSpeed would gather t from then on, ringzero gathers the engine's shard. Not tracked: storage reached outside torch (`.numpy()`, `untyped_storage()`).
+Cost: per torch call on a ds_tensor or a view of it, two walks of its arguments and one storage
+compare per tensor output; per all-gather, one attribute check per parameter of the unit; in fp32,
+one shard copy (⌈numel/N⌉ elements) per parameter whose ds_tensor is used, held until the next step.
 """
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ class PartitionView(torch.Tensor):
 def _aliased(out: torch.Tensor, views: list) -> torch.Tensor:
     """An output sharing a ds_tensor's storage (`.data`, a view, slice, reshape, detach) is a PartitionView
     of the same owner, so a write through it, even one held past a step, keeps the master aside first."""
-    if isinstance(out, PartitionView) or out.is_meta or out.untyped_storage().data_ptr() == 0:
+    if (isinstance(out, PartitionView) or out.layout is not torch.strided or out.is_meta   # to_sparse(): no storage
+            or out.untyped_storage().data_ptr() == 0):
         return out
     for v in views:
         if out.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
@@ -136,7 +138,8 @@ def bind(p, t) -> None:
 
 
 def check_bound(params: dict, u) -> None:
-    """Before each all-gather of unit u (stage3.py): `p.ds_tensor = t` refused, on the rank that rebound it."""
+    """Before each all-gather of unit u (stage3.py): `p.ds_tensor = t` refused, on the rank that rebound it.
+    Only there: a rank that did not rebind enters the all-gather and waits until the collective timeout."""
     for s in u.slots:
         d = params[s.name].__dict__
         if "_ds_bound" in d and d.get("ds_tensor") is not d["_ds_bound"]:

@@ -201,6 +201,7 @@ def release_from_other_engines(model: torch.nn.Module, rank: int) -> None:
             with old.gathered_parameters([p]):
                 full = p.data.clone()
             p.data, p._zero_engine = full, None
+            p.__dict__.pop("_ds_bound", None)    # our own re-partition, not a user's rebinding (check_bound)
             partition(p, p.ds_process_group)
         old.destroy()
         if rank == 0:
