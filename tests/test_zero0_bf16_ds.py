@@ -16,8 +16,12 @@ Cases: the config's Adam (torch_adam: AdamW, weight decay 0.01) with clipping th
 and a client torch.optim.Adam (L2 decay 0.1: the construction step moves the masters and fills m and v).
 fp16: DeepSpeed 0.19.8's engine.backward does not scale the loss at stage 0 (FP16_UnfusedOptimizer is no
 ZeROOptimizer: engine.py backward `isinstance(self.optimizer, ZeROOptimizer)`; upstream PR #8393) while its
-step divides by the scale; the reference is given the scaled loss that step expects, and this CPU's fp16
-check is lifted (is_fp16_supported), so the fp16 case checks the wrapper's arithmetic, not that bug.
+step divides by the scale; the runner does not copy that (quirks.py zero0_fp16_loss_unscaled, warned once): the
+fp16 equality is against DeepSpeed given the scaled loss its step expects, and this CPU's fp16 check is lifted
+(is_fp16_supported), so the fp16 cases check the wrapper's arithmetic, not that bug. fp16_window2_noclip
+(loss_scale_window 2, hysteresis 1, 4 steps: the scale doubles at step 3): the wrapper updates the scale
+before it unscales, so on that step the gradients, carrying S, are divided by 2S; the runner does the same
+(precision.deepspeed_unscale; dividing by S instead, the weights part from DeepSpeed's at step 3, checked).
 3 ranks: DeepSpeed multiplies the bf16 sum by 1/3 in bf16 (engine.py allreduce_bucket), the runner too
 (precision.average_like_deepspeed; ÷3 in fp32 at the step moved the weights by 2e-3 in 4 steps, measured); every
 rank gets the same batches there, so the 3-term bf16 sum is the same in any order (gloo's and ringzero's ring
@@ -30,9 +34,10 @@ import torch.nn as nn
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.deepspeed
 
-STEPS, GAS = 3, 2
+STEPS, GAS = 4, 2
+WINDOW = {"enabled": True, "loss_scale_window": 2, "initial_scale_power": 8, "hysteresis": 1}   # doubles at step 3 (DynamicLossScaler)
 CASES = {"bf16_config_adamw_clip": (torch.bfloat16, "config", 0.3), "bf16_client_adam_l2": (torch.bfloat16, "client", 0.0),
-         "fp16_config_adamw_clip": (torch.float16, "config", 0.3)}
+         "fp16_config_adamw_clip": (torch.float16, "config", 0.3), "fp16_window2_noclip": (torch.float16, "config", 0.0)}
 
 
 def _model():
@@ -47,7 +52,8 @@ def _run(side, case, rank, same_data=False):
     dt, opt, clip = CASES[case]
     m = _model()
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": GAS, "gradient_clipping": clip,
-           "bf16" if dt == torch.bfloat16 else "fp16": {"enabled": True}, "zero_optimization": {"stage": 0}}
+           "bf16" if dt == torch.bfloat16 else "fp16": WINDOW if case == "fp16_window2_noclip" else {"enabled": True},
+           "zero_optimization": {"stage": 0}}
     if opt == "client":
         kw = {"optimizer": torch.optim.Adam(m.parameters(), lr=1e-2, weight_decay=0.1)}
     else:
@@ -62,12 +68,13 @@ def _run(side, case, rank, same_data=False):
         loss = nn.functional.mse_loss(engine(x.to(dt)).float(), y)
         pre = engine.optimizer.loss_scale if side == "deepspeed" and dt == torch.float16 else 1.0   # PR #8393
         engine.backward(loss * pre)
+        # DeepSpeed's wrapper reports the norm of the gradients as they are (× the fp16 loss scale they carry);
+        # ringzero ÷ that scale, read before the step (the step may grow it)
+        scale = engine.optimizer.loss_scale if dt == torch.float16 and side == "runner" else 1.0
         engine.step()
         losses.append(loss.item())
         if i % GAS == GAS - 1:
             weights.append([p.detach().clone() for p in m.parameters()])
-            # DeepSpeed's wrapper reports the norm of the gradients as they are (× the fp16 loss scale); ringzero ÷ it
-            scale = engine.optimizer.loss_scale if dt == torch.float16 and side == "runner" else 1.0
             norms.append(engine.get_global_grad_norm() * scale)
     return losses, weights, norms
 

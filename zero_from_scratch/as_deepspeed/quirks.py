@@ -63,7 +63,14 @@ zero0_wrapper_step        stage 0 in bf16/fp16: the fp32 masters take one optimi
         engine.py _configure_fp16_optimizer); top.initialize builds the engine inside precision.deepspeed_wrappers().
         And the average: the summed gradients × 1/N in the 16-bit dtype, rounded there (engine.py allreduce_bucket),
         not ÷N in fp32 at the step (precision.average_like_deepspeed; the same bits when N is a power of two); the
-        norm and clip factor in the wrapper's arithmetic (moe_grads.unfused_norm, precision.deepspeed_multiplier).
+        norm and clip factor in the wrapper's arithmetic (moe_grads.unfused_norm, precision.deepspeed_multiplier), the
+        dynamic fp16 scale updated before the unscale (precision.deepspeed_unscale). In fp16 the runner equals DeepSpeed
+        given the scaled loss (zero0_fp16_loss_unscaled); none of this without an optimizer in the config or the call.
+zero0_fp16_loss_unscaled  NOT copied: DeepSpeed 0.19.8's engine.backward scales the loss only for a ZeROOptimizer
+        (engine.py backward, `if isinstance(self.optimizer, ZeROOptimizer): loss = self.optimizer.scale_if_loss(loss)`),
+        which FP16_UnfusedOptimizer / FP16_Optimizer are not, while their step divides by the scale (upstream PR #8393):
+        at stage 0 in fp16 its updates are 1/scale too small. The runner scales the loss, as DeepSpeed intends, and
+        says so once on rank 0 at initialize (top.initialize).
 read_config               a config file read as DeepSpeed reads it: hjson, duplicate keys refused.
 prefetch_as_deepspeed     stage 3 with prefetch: DeepSpeed's coordinator order (prefetch.py ds_order):
         prefetch from the forward's start, a unit whose later use a prefetch passed stays gathered

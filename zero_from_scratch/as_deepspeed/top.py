@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import os
 import sys
 from datetime import timedelta
@@ -159,6 +160,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         args.deepspeed_config = None
     with deepspeed_wrappers():         # DeepSpeed's 16-bit optimizer wrappers' first step (precision.py)
         out = build(args=args, model=model, config=config, **kwargs)
+    _fp16_loss_note(out[0])
     quirks.expose_torch_optimizer(out[0])
     quirks.register_external_on_use(out[0])
     quirks.dp_change_load(out[0])
@@ -168,3 +170,17 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     comm_names.install(out[0])        # the engine's collectives by deepspeed.comm's names
     optimizer_classes.install(out[0])  # DeepSpeed's ZeRO-1/2 optimizer classes where it would build them
     return out
+
+
+_SAID: list[bool] = []     # the fp16 note is given once per process
+
+
+def _fp16_loss_note(engine) -> None:
+    """quirks.py zero0_fp16_loss_unscaled: the one DeepSpeed behaviour at ZeRO-0 fp16 the runner does not copy."""
+    if _SAID or not getattr(engine, "ds_wrapper", False) or not engine.config.fp16.enabled:
+        return
+    _SAID.append(True)
+    log_dist("ZeRO stage 0 with fp16: DeepSpeed 0.19.8's engine.backward does not multiply the loss by the loss scale "
+             "there (only for a ZeRO optimizer, engine.py backward; upstream PR #8393) while its step divides by it; "
+             "the runner scales the loss, so its updates are DeepSpeed's given the scaled loss", ranks=[0],
+             level=logging.WARNING)

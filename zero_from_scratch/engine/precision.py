@@ -83,6 +83,8 @@ def wrapper_first_step(engine) -> None:
     initialize_optimizer_states: every gradient zero, `self.optimizer.step()`, no copy to the 16-bit weights."""
     if not _AS_DEEPSPEED.get() or engine.stage_id != 0 or not engine.mixed or engine.offload is not None:
         return
+    if not engine.config.raw.get("optimizer") and engine.client_optimizer is None:
+        return      # no optimizer in the config nor from the client: DeepSpeed wraps none and steps nothing
     engine.ds_wrapper = True           # average_like_deepspeed reads it at every step
     first = set()
     for u in engine.layout.units:
@@ -97,7 +99,9 @@ def average_like_deepspeed(engine) -> float:
     at the step). Under the runner at stage 0 in bf16/fp16 with the default averaging (no prescale_gradients,
     gradient_predivide_factor 1) DeepSpeed multiplies each all-reduced bucket by 1/N in the model dtype (engine.py
     allreduce_bucket: `tensor_to_allreduce.mul_(self.gradient_predivide_factor() / dp_world_size)`), rounded there:
-    done here on the gradient buffer, 1 left. Exact for N a power of two; one rounding of the 16-bit type otherwise."""
+    done here on the gradient buffer, 1 left. Exact for N a power of two; one rounding of the 16-bit type otherwise.
+    A communication_data_type other than the model's (fp32 under bf16, where DeepSpeed multiplies the fp32 sum and
+    rounds once) never gets here: the engine refuses it (grad_keys.py), so the bucket is in the model dtype."""
     r = engine.config.reduction
     if not getattr(engine, "ds_wrapper", False) or r.pre != 1.0 or r.post_divisor == 1.0:
         return r.post_divisor
@@ -115,6 +119,17 @@ def deepspeed_multiplier(norm: float, clip: float, loss_scale: float) -> float:
         if c > 1:
             combined = c * loss_scale
     return 1.0 / combined
+
+
+def deepspeed_unscale(engine, norm: float, clip: float) -> float:
+    """FP16_UnfusedOptimizer.step / FP16_Optimizer.step's order on a step that applies: `_update_scale(False)`
+    before unscale_and_clip_grads, so on a step where the dynamic scale grows the gradients (which carry the
+    old scale S) are divided by the new one, 2S. Updates the scaler here (the caller then leaves it alone) and
+    returns the factor; `norm` is ÷ S, rescaled to ÷ the new scale (exact: both are powers of two)."""
+    old = engine.loss_scaler.loss_scale
+    engine.loss_scaler.update_scale(False)
+    new = engine.loss_scaler.loss_scale
+    return deepspeed_multiplier(norm * old / new, clip, new)
 
 
 class StaticLossScaler:

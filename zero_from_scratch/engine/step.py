@@ -21,7 +21,7 @@ from zero_from_scratch.clip import clip_coef, sum_of_squares
 from zero_from_scratch.engine import moe_grads
 from zero_from_scratch.engine.comm import reset_all
 from zero_from_scratch.engine.offload import done_with
-from zero_from_scratch.engine.precision import average_like_deepspeed, deepspeed_multiplier
+from zero_from_scratch.engine.precision import average_like_deepspeed, deepspeed_unscale
 from zero_from_scratch.engine.safe_api import apply_pending
 from zero_from_scratch.engine.z3_ds_tensor import restore_masters
 
@@ -60,6 +60,7 @@ def optimizer_step(engine) -> None:
     scale = divisor * engine.loss_scaler.loss_scale
     norm = moe_grads.stage0_norm(engine, math.sqrt(sq[0].item()) / scale, scale)   # ZeRO-0 with MoE: DeepSpeed's
     overflow = not math.isfinite(norm) and checks_overflow(engine)
+    ds = getattr(engine, "ds_wrapper", False) and divisor == 1.0     # the runner, ZeRO-0 in 16 bits
     engine.optimizer.overflow = overflow             # DeepSpeed's ZeRO optimizer attribute (accelerate reads it)
     engine.applied_at = None if overflow else engine.micro_steps     # surface.was_step_applied
     if overflow:
@@ -77,8 +78,8 @@ def optimizer_step(engine) -> None:
         if engine.offload is not None:        # the same Adam, through files or on the host (offload*.py)
             engine.offload.step(coef, scale)
         else:
-            ds = getattr(engine, "ds_wrapper", False) and divisor == 1.0     # the runner, ZeRO-0 in 16 bits
-            update_shards(engine, deepspeed_multiplier(norm, clip, scale) if ds else coef / scale, in_place=True)
+            # DeepSpeed's wrapper updates the loss scale before it unscales (precision.deepspeed_unscale)
+            update_shards(engine, deepspeed_unscale(engine, norm, clip) if ds else coef / scale, in_place=True)
         shared_step_end(engine.optimizer, shared)
         engine.stage.after_step()
         sync_steps(engine)
@@ -87,7 +88,8 @@ def optimizer_step(engine) -> None:
                 opt._opt_called = True                   # torch's LR schedulers check it: stepped, not skipped
         if engine.lr_scheduler is not None:
             engine.lr_scheduler.step(**(getattr(engine, "lr_kwargs", None) or {}))
-    engine.loss_scaler.update_scale(overflow)
+    if overflow or not ds:                           # a wrapper step that applied has updated it already
+        engine.loss_scaler.update_scale(overflow)
     engine.stage.zero_grad()
     engine.global_steps += 1
     engine.global_samples += engine.samples_this_step()   # DeepSpeed's count (z_ua_boundary.py)
