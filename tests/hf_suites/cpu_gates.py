@@ -47,4 +47,4 @@ def pytest_runtest_setup(item):
     if item.name.startswith("test_zero_to_fp32"):
         examples = os.path.join(str(item.config.rootpath), "examples", "pytorch")
         if not os.path.isdir(examples):
-            pytest.skip(f"launches transformers' examples/pytorch scripts: not in the local copy ({examples})")
+            pytest.skip("launches transformers' examples/pytorch scripts, not in the local copy (tests/hf_suites/UPSTREAM.md)")
