@@ -121,11 +121,13 @@ class PartitionView(torch.Tensor):
 def _aliased(out: torch.Tensor, views: list) -> torch.Tensor:
     """An output sharing a ds_tensor's storage (`.data`, a view, slice, reshape, detach) is a PartitionView
     of the same owner, so a write through it, even one held past a step, keeps the master aside first."""
-    if (isinstance(out, PartitionView) or out.layout is not torch.strided or out.is_meta   # to_sparse(): no storage
-            or out.untyped_storage().data_ptr() == 0):
+    if isinstance(out, PartitionView) or out.layout is not torch.strided or out.is_meta:   # to_sparse(): no storage
+        return out
+    ptr = out.untyped_storage().data_ptr()
+    if ptr == 0:
         return out
     for v in views:
-        if out.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
+        if ptr == v.untyped_storage().data_ptr():
             t = torch.Tensor._make_subclass(PartitionView, out)
             t._ds_owner = v._ds_owner
             return t
