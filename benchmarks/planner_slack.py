@@ -207,6 +207,9 @@ def main(argv=None) -> int:
         if a.only not in name:
             continue
         la = os.getloadavg()[0]
+        if lay.pp == 1 and {"trim-bwd", "reuse"} & set(variants):
+            console.print(f"[yellow]warning:[/yellow] {name}: --variant trim-bwd / reuse change the pipeline engine only; "
+                          "this row runs without it, so those columns are its defaults again", highlight=False)
         got = {mapped: spawn(_row, lay.gpus, args=(mapped, module, fn, args, a.trim, a.eager), timeout=900)
                for mapped in (False, True) + (("risen",) if a.risen else ()) + tuple(variants)}
         console.print(f"{name}: load average {la:.1f} → {os.getloadavg()[0]:.1f}", highlight=False)
