@@ -39,6 +39,10 @@ def test_utils_follow_deepspeed(served_ds):
     numpy.random.seed((2**40 + 3) % 2**32)
     torch.manual_seed(2**40 + 3)
     assert got == (random.random(), numpy.random.rand(), torch.rand(1).item())
+    # the "DeepSpeed" logger is process-wide: a test run earlier in this worker may have quieted it
+    # (real_deepspeed.prepare_deepspeed), so the level checked is the one the served module's import sets
+    from zero_from_scratch.as_deepspeed import utils as served_utils
+    assert served_utils._make_logger() is served_ds.utils.logger
     log = served_ds.utils.logger
     assert log is logging.getLogger("DeepSpeed") and log.level == logging.WARNING and not log.propagate
     seen = []
