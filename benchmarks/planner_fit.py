@@ -84,7 +84,7 @@ from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
 from benchmarks.planner_local import LOCAL_SW
 from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
-from planner.hardware import CPU_HERE, cpu_here
+from planner.hardware import CPU_HERE, cpu_here, this_cpu
 from planner.layout import Layout
 from planner.memory import memory, torch_head_bytes, torch_layer_activation_bytes
 from planner.model import Model
@@ -123,6 +123,7 @@ def layer_cpu(h: int, a: int, f: int, s: int, b: int, reps: int) -> float:
 
 def head_cpu(T: int, h: int, V: int, reps: int) -> float:
     norm, emb = torch.nn.LayerNorm(h), torch.nn.Embedding(V, h)
+    torch.nn.init.normal_(emb.weight, std=0.02)    # as the rows' tables (planner_ranks.Net): no subnormal softmax tail
     x, tgt = torch.randn(T, h, requires_grad=True), torch.randint(0, V, (T,))
     return cpu(lambda: torch.nn.functional.cross_entropy(norm(x) @ emb.weight.t(), tgt).backward(), reps)
 
@@ -265,6 +266,7 @@ def main(argv=None) -> int:
                         "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
+           "cpu": this_cpu(),
            "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)

@@ -39,6 +39,11 @@ class Net(torch.nn.Module):
         super().__init__()
         self.emb = torch.nn.Embedding(m.vocab, m.hidden)
         self.pos = torch.nn.Embedding(m.positions, m.hidden)
+        # GPT-2's N(0, 0.02), as pipeline_parallel's Embed: at torch's N(0, 1) the tied head's logit of a
+        # token's own input is |e|² ≈ h, the loss ≈ 0 and every gradient about 1e-29, so the backward
+        # multiplies subnormal floats, which some CPUs do 10-30× slower (a cost no planner term has)
+        for e in (self.emb, self.pos):
+            torch.nn.init.normal_(e.weight, std=0.02)
         self.layers = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(
             m.hidden, m.heads, m.f, dropout=0.0, batch_first=True, norm_first=True) for _ in range(m.layers))
         self.norm = torch.nn.LayerNorm(m.hidden)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 
 from planner.probe import probe_now
@@ -98,6 +99,37 @@ def _from_dict(d: dict) -> Hardware:
     return Hardware(**d)
 
 
+def this_cpu() -> str:
+    """This machine's processor as /proc/cpuinfo names it, with its family/model/stepping and core
+    count (a virtual machine's model name is often generic, the numbers are not)."""
+    info, cores = {}, os.cpu_count()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                info.setdefault(k.strip(), v.strip())
+    except OSError:
+        return f"unknown ({cores} cores)"
+    return (f"{info.get('model name', 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}, "
+            f"stepping {info.get('stepping', '?')}, {cores} cores)")
+
+
+_WARNED: set = set()
+
+
+def _check_cpu(fitted: dict) -> None:
+    """Say once, on stderr, when cpu_here.json was fitted on another processor: its rates are CPU
+    seconds of that processor's work (matmul, memory-bound ops, subnormal floats and Python's
+    per-op cost each move differently between models), so the planner's cpu-here times do not hold here."""
+    here, there = this_cpu(), fitted.get("cpu")
+    if there == here or there in _WARNED:
+        return
+    _WARNED.add(there)
+    said = f"was fitted on {there}" if there else "does not say which processor it was fitted on"
+    print(f"[planner] {CPU_HERE} {said}; this machine is {here}: its CPU-second rates may not hold here "
+          f"(refit with `python -m benchmarks.planner_fit`, ~3 min)", file=sys.stderr)
+
+
 def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = None) -> Hardware:
     """This machine: compute from benchmarks/planner_fit.py's CPU-time micro-benchmarks
     (cpu_here.json), the shared-memory link for that many ranks from the same file (its `links`,
@@ -110,7 +142,8 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
     if fitted is None:
         with open(CPU_HERE) as f:
             fitted = json.load(f)
-    d = {k: v for k, v in fitted.items() if k not in ("wait_fit", "engine_fit")}    # records of how a term was fitted
+        _check_cpu(fitted)
+    d = {k: v for k, v in fitted.items() if k not in ("wait_fit", "engine_fit", "cpu")}    # records of how and where it was fitted
     links = d.pop("links", None) or {}
     fits = sorted(int(n) for n in links)
     n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit

@@ -63,3 +63,20 @@ def test_cpu_here_loads():
     hw = H.load("cpu-here")
     assert hw.bytes_per_elem == 4 and hw.peak_flops > 1e9
     assert plan(PRESETS["tiny"], 2, hw, 32, 8)
+
+
+def test_cpu_here_says_when_fitted_on_another_processor(tmp_path, monkeypatch, capsys):
+    """cpu_here.json's rates are CPU seconds of the processor it was fitted on: loading it on
+    another one says so (both named) and how to refit; on the same one it says nothing."""
+    with open(H.CPU_HERE) as f:
+        doc = json.load(f)
+    for cpu, said in (("Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", True), (H.this_cpu(), False)):
+        p = tmp_path / f"{said}.json"
+        p.write_text(json.dumps({**doc, "cpu": cpu}))
+        monkeypatch.setattr(H, "CPU_HERE", str(p))
+        monkeypatch.setattr(H, "_WARNED", set())
+        hw = H.load("cpu-here")
+        err = capsys.readouterr().err
+        assert hw.peak_flops == doc["peak_flops"]
+        assert (cpu in err and H.this_cpu() in err and "benchmarks.planner_fit" in err) is said, err
+        assert bool(err) is said, err
