@@ -16,27 +16,16 @@ One process, one thread, CPU seconds (time.thread_time), the median of --steps a
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from rich.table import Table
 
+from benchmarks.planner_fit_loss import cpu as cpu_s     # median CPU seconds after a warm-up call
 from benchmarks.planner_ranks import SHAPES, Net
 from planner.hardware import this_cpu
 from primitives.log import console
 
 TINY = torch.finfo(torch.float32).tiny
-
-
-def cpu_s(fn, n: int) -> float:
-    fn()
-    out = []
-    for _ in range(n):
-        c0 = time.thread_time()
-        fn()
-        out.append(time.thread_time() - c0)
-    return statistics.median(out)
 
 
 def matmul_s(scale: float, n: int) -> float:
