@@ -60,9 +60,9 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   least-squares slope of it over (N − cores)/cores · (cores +
                                   load)/cores, through 0 (planner.cpu_host.wait_time: the ranks'
                                   own oversubscription, each slice stretched by the other
-                                  sessions' load). Three runs here gave 1.7, 2.2 and 2.9 ms
-                                  (at loads 3.2-4.4, 5.6-8.4, 5-11); the file keeps the first
-                                  run's, with its rows
+                                  sessions' load). Three runs on an earlier processor gave 1.7,
+                                  2.2 and 2.9 ms (at loads 3.2-4.4, 5.6-8.4, 5-11); the file
+                                  keeps this processor's whole fit, with its rows
     python -m benchmarks.planner_fit --waits         # only wait_s, into the existing file (~1 min)
     python -m benchmarks.planner_fit --links-median  # the 4-rank link on its fastest and its median try, printed
     python -m benchmarks.planner_fit --engine        # only the allocator slack, mmap_s, zero3_module_s (~3 min)
