@@ -1,7 +1,7 @@
 """Fit the planner's `cpu-here` hardware file on this machine: the rates of a core's work, each
 from a micro-benchmark at calibration shapes that no row of benchmarks.planner_local runs.
 
-    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~1 min idle)
+    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~3 min idle)
     python -m benchmarks.planner_fit --out /tmp/cpu.json --quick
 
 Every rate is CPU time (time.thread_time, one thread, fp32), not wall time: the work a step
@@ -204,6 +204,12 @@ def main(argv=None) -> int:
             console.print(f"4 ranks, the {name} try: α {p['alpha'] * 1e6:.0f} µs, {1e-9 / max(p['beta'], 1e-30):.2f} GB/s "
                           f"(load {load_now})")
         return 0
+    if a.waits or a.engine or a.loss or a.links:    # a part refitted into a file the rest of which is another processor's: refused
+        if not os.path.exists(a.out):
+            ap.error(f"{a.out} does not exist: a partial refit updates a whole fit's file; run the whole fit first")
+        if (there := json.load(open(a.out)).get("cpu")) != this_cpu():
+            ap.error(f"{a.out} was fitted on {there or 'a processor it does not name'}, this is {this_cpu()}: a partial "
+                     "refit would mix two processors' terms; run the whole fit (python -m benchmarks.planner_fit)")
     if a.waits or a.engine or a.loss:
         with open(a.out) as f:
             doc = json.load(f)

@@ -40,8 +40,8 @@ class Net(torch.nn.Module):
         self.emb = torch.nn.Embedding(m.vocab, m.hidden)
         self.pos = torch.nn.Embedding(m.positions, m.hidden)
         # GPT-2's N(0, 0.02), as pipeline_parallel's Embed: at torch's N(0, 1) the tied head's logit of a
-        # token's own input is |e|² ≈ h, the loss ≈ 0 and every gradient about 1e-29, so the backward
-        # multiplies subnormal floats, which some CPUs do 10-30× slower (a cost no planner term has)
+        # token's own input is |e|² ≈ h, the loss 0 and the gradients mostly zero or subnormal (≤ 1e-29), so
+        # the backward multiplies subnormal floats, which some CPUs do 10-30× slower (no planner term has it)
         for e in (self.emb, self.pos):
             torch.nn.init.normal_(e.weight, std=0.02)
         self.layers = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(

@@ -92,8 +92,11 @@ H100 = Hardware(
 BUILTIN = {h.name: h for h in (A100, A100_40G, H100)}
 
 
+RECORDS = ("wait_fit", "engine_fit", "cpu")     # how and where a fitted file's terms were fitted, not fields
+
+
 def _from_dict(d: dict) -> Hardware:
-    d = dict(d)
+    d = {k: v for k, v in d.items() if k not in RECORDS}
     for k in ("intra", "inter"):
         d[k] = Params(**d[k]) if isinstance(d[k], dict) else d[k]
     return Hardware(**d)
@@ -110,6 +113,9 @@ def this_cpu() -> str:
                 info.setdefault(k.strip(), v.strip())
     except OSError:
         return f"unknown ({cores} cores)"
+    if "model name" not in info and "CPU part" in info:      # Arm: implementer, part and revision name the core
+        return (f"Arm (implementer {info.get('CPU implementer', '?')}, part {info['CPU part']}, "
+                f"revision {info.get('CPU revision', '?')}, {cores} cores)")
     return (f"{info.get('model name', 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}, "
             f"stepping {info.get('stepping', '?')}, {cores} cores)")
 
@@ -127,7 +133,7 @@ def _check_cpu(fitted: dict) -> None:
     _WARNED.add(there)
     said = f"was fitted on {there}" if there else "does not say which processor it was fitted on"
     print(f"[planner] {CPU_HERE} {said}; this machine is {here}: its CPU-second rates may not hold here "
-          f"(refit with `python -m benchmarks.planner_fit`, ~3 min)", file=sys.stderr)
+          f"(refit with `python -m benchmarks.planner_fit`, ~3 min idle)", file=sys.stderr)
 
 
 def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = None) -> Hardware:
@@ -143,7 +149,7 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
         with open(CPU_HERE) as f:
             fitted = json.load(f)
         _check_cpu(fitted)
-    d = {k: v for k, v in fitted.items() if k not in ("wait_fit", "engine_fit", "cpu")}    # records of how and where it was fitted
+    d = {k: v for k, v in fitted.items() if k not in RECORDS}
     links = d.pop("links", None) or {}
     fits = sorted(int(n) for n in links)
     n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit

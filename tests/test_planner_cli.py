@@ -70,13 +70,33 @@ def test_cpu_here_says_when_fitted_on_another_processor(tmp_path, monkeypatch, c
     another one says so (both named) and how to refit; on the same one it says nothing."""
     with open(H.CPU_HERE) as f:
         doc = json.load(f)
-    for cpu, said in (("Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", True), (H.this_cpu(), False)):
-        p = tmp_path / f"{said}.json"
-        p.write_text(json.dumps({**doc, "cpu": cpu}))
+    doc.pop("cpu", None)
+    for cpu, said in (("Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", True), (None, True), (H.this_cpu(), False)):
+        p = tmp_path / f"{cpu is None}{said}.json"
+        p.write_text(json.dumps({**doc, **({"cpu": cpu} if cpu else {})}))
         monkeypatch.setattr(H, "CPU_HERE", str(p))
         monkeypatch.setattr(H, "_WARNED", set())
         hw = H.load("cpu-here")
         err = capsys.readouterr().err
         assert hw.peak_flops == doc["peak_flops"]
-        assert (cpu in err and H.this_cpu() in err and "benchmarks.planner_fit" in err) is said, err
+        assert (H.this_cpu() in err and (cpu or "does not say which processor") in err
+                and "benchmarks.planner_fit" in err) is said, err
         assert bool(err) is said, err
+        H.load("cpu-here")
+        assert not capsys.readouterr().err, "said once per file, not on every load"
+
+
+def test_partial_refit_refuses_another_processors_file(tmp_path, capsys):
+    """`planner_fit --loss/--waits/--engine/--links` update one term of a whole fit: into a file fitted on
+    another processor (or on one it does not name) they refuse before measuring, naming both."""
+    from benchmarks.planner_fit import main
+    with open(H.CPU_HERE) as f:
+        doc = json.load(f)
+    p = tmp_path / "other.json"
+    p.write_text(json.dumps({**doc, "cpu": "Elsewhere CPU"}))
+    for flag in ("--loss", "--waits", "--engine", "--links"):
+        with pytest.raises(SystemExit) as e:
+            main([flag, "--out", str(p)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "Elsewhere CPU" in err and H.this_cpu() in err and "whole fit" in err, err
+    assert json.loads(p.read_text()) == {**doc, "cpu": "Elsewhere CPU"}, "the file is untouched"
