@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import types
 from dataclasses import replace
 
 import torch
@@ -95,6 +94,16 @@ def _trim_after_backward(libc) -> None:
     DrainingExecutor.bwd = bwd_trimmed
 
 
+class _TorchWith:
+    """torch as the executor module sees it, with its torch.empty replaced (every other name: torch's)."""
+
+    def __init__(self, empty):
+        self.empty = empty
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
 def _reuse_blocks():
     """The pipeline engine keeps its own blocks: gradients zeroed in place at the step instead of
     dropped (the next step's backward accumulates into them: the same sums, 0 + g = g), and the
@@ -126,7 +135,7 @@ def _reuse_blocks():
 
     def undo():
         X.torch, DrainingExecutor.bwd, DrainingExecutor.send_grad, torch.optim.Optimizer.zero_grad = saved
-    X.torch = types.SimpleNamespace(**{**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")}, "empty": empty})
+    X.torch = _TorchWith(empty)
     DrainingExecutor.bwd, DrainingExecutor.send_grad = bwd_giving, send_grad_giving
     torch.optim.Optimizer.zero_grad = lambda self, set_to_none=True: zero_grad(self, set_to_none=False)
     return undo

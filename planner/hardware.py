@@ -19,6 +19,7 @@ small messages. `gemm_efficiency` is the one calibrated number, see its field.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -102,6 +103,7 @@ def _from_dict(d: dict) -> Hardware:
     return Hardware(**d)
 
 
+@functools.lru_cache(maxsize=None)
 def this_cpu() -> str:
     """This machine's processor as /proc/cpuinfo names it, with its family/model/stepping and core
     count (a virtual machine's model name is often generic, the numbers are not)."""
