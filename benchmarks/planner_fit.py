@@ -31,17 +31,16 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   backward a copy and a product, each a fresh T × V block)
     call_overhead                 CPU seconds of one small all-reduce through ringzero's default
                                   path (its check, plan, and the transport's waits)
-    alloc_slack, mmap_s,          benchmarks.planner_local's own measurement (2 ranks, median of 3) on a
-    zero3_module_s                calibration shape, CAL (L 3, h 192, V 12288, mb 4): the DDP
-                                  step's peak RSS at glibc's defaults minus the planner's count
-                                  without slack (the ZeRO-1 engine step's likewise, recorded in
-                                  engine_fit, not used: planner.host_memory.allocator_slack gives
-                                  that engine the same slack); the DDP step's CPU seconds with large blocks mapped
-                                  (mmap threshold 64 KiB) beyond the default's, per byte of saved
-                                  activations and logits, twice (each and its gradient are fresh
-                                  mappings); ZeRO-3's CPU seconds beyond ZeRO-1's and that mapping
-                                  (the engine maps at ZeRO-3) per module fetch or release (3 per
-                                  module with parameters and step)
+    mmap_s, map_layer, map_head   fresh mappings (benchmarks.planner_fit_map): CPU seconds per
+                                  byte first touched in a mapped block beyond a reused heap block,
+                                  and the bytes a layer (a top) touches afresh per saved byte (per
+                                  logit byte) with glibc's mmap threshold at 64 KiB, by page faults
+    alloc_slack, step_cpu,        whole steps (benchmarks.planner_fit_engine): the rows' own
+    zero3_module_s                measurement at a calibration shape, CAL (L 3, h 192, V 12288,
+                                  mb 4), 2 ranks, the median of 5 runs: the DDP step's peak beyond
+                                  the planner's live bytes; its CPU seconds over the planner's sum of
+                                  its parts at the rates above (a step's ops do not run as alone);
+                                  ZeRO-3's CPU beyond ZeRO-1's and its fresh pages, per module call
     links                         the shared-memory link per number of ranks (2, 4): an all-reduce
                                   through ringzero's default path at 1 KiB-16 MiB, the ranks lined
                                   up by a tiny all-reduce first, the fastest of `reps` tries (the
@@ -65,14 +64,13 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   keeps this processor's whole fit, with its rows
     python -m benchmarks.planner_fit --waits         # only wait_s, into the existing file (~1 min)
     python -m benchmarks.planner_fit --links-median  # the 4-rank link on its fastest and its median try, printed
-    python -m benchmarks.planner_fit --engine        # only the allocator slack, mmap_s, zero3_module_s (~3 min)
+    python -m benchmarks.planner_fit --engine        # only the mappings and the whole-step terms (~2 min)
     python -m benchmarks.planner_fit --loss          # only vp_loss_s, into the existing file (~10 s)
 Across nodes multinode/'s shaped veth (planner.hardware.cpu_here); `cores` from os.cpu_count().
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -80,16 +78,13 @@ import statistics
 import torch
 
 import primitives as P
+from benchmarks.planner_fit_engine import refit_engine
 from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
-from benchmarks.planner_local import LOCAL_SW
-from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
-from planner.hardware import CPU_HERE, cpu_here, this_cpu
+from planner.hardware import CPU_HERE, this_cpu
 from planner.layout import Layout
-from planner.memory import memory, torch_head_bytes, torch_layer_activation_bytes
+from planner.memory import torch_layer_activation_bytes
 from planner.model import Model
-from planner.plan import predict_layout
-from planner.steptime import zero3_units
 from primitives.launch import spawn
 from primitives.log import console
 
@@ -144,40 +139,6 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
             "call": call_cpu(20 if quick else 100)}
 
 
-CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
-
-
-def engine_fit(mb: int = 4, steps: int = 4, runs: int = 3) -> tuple[float, float, float, float]:
-    """(alloc_slack, the ZeRO-1 slack, mmap_s, zero3_module_s) from benchmarks.planner_local's own
-    measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
-    slack moves by tens of MiB from one run to the next): the DDP step's peak minus the planner's
-    live bytes for it (what glibc keeps beyond them at its defaults), the same for the ZeRO-1
-    engine's step; the DDP step's CPU seconds with large blocks mapped beyond the default's, per
-    byte mapped (each saved activation and logit, and its gradient); the CPU seconds ZeRO-3's step
-    spends beyond ZeRO-1's and that mapping, per module fetch or release (its hooks, gathers, frees)."""
-    lay = Layout(2, 1, 1, mb=mb)
-    bare = dataclasses.replace(cpu_here(2), alloc_slack=0.0)
-    pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, bare) for z in (0, 1))
-    cpu = lambda got: statistics.median(g["cpu"] for g in got)  # noqa: E731
-    mapped = 2 * (CAL.layers * torch_layer_activation_bytes(CAL, CAL.seq, lay) + 4 * mb * CAL.seq * CAL.vocab)
-    calls = 3 * (zero3_units(CAL, bare) * CAL.layers + 3)
-    fits = []
-    for _ in range(runs):
-        z0, tuned, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z, t), timeout=900)
-                             for z, t in ((None, False), (None, True), (1, False), (3, False)))
-        mmap_s = max(0.0, cpu(tuned) - cpu(z0)) / mapped
-        fits.append((max(0.0, max(g["peak"] for g in z0) - (pred["total"] - pred["reserved"])),
-                     max(0.0, max(g["peak"] for g in z1) - (pred1["total"] - pred1["reserved"])),
-                     mmap_s, max(0.0, (cpu(z3) - cpu(z1) - mapped * mmap_s) / calls)))
-    return tuple(statistics.median(f[i] for f in fits) for i in range(4))
-
-
-def zero_note(slack_zero: float) -> str:
-    """The ZeRO-1 engine step's slack, recorded beside the fit: the planner gives that engine the DDP
-    step's (planner.host_memory.allocator_slack says why)."""
-    return f"the ZeRO-1 engine step's slack {slack_zero / 2**20:.1f} MiB (recorded; the planner uses alloc_slack)"
-
-
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope), both kept ≥ 0."""
     mx, my = statistics.mean(xs), statistics.mean(ys)
@@ -194,7 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--waits", action="store_true", help="fit only wait_s, into the existing --out file")
     ap.add_argument("--links-median", action="store_true", help="print the 4-rank link fitted on the fastest and on the "
                                                                   "median try, write nothing")
-    ap.add_argument("--engine", action="store_true", help="fit only the engine steps' terms (slack, mmap_s, zero3_module_s)")
+    ap.add_argument("--engine", action="store_true", help="fit only the mappings and the engine steps' terms (slack, "
+                    "zero3_module_s, step_cpu)")
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     a = ap.parse_args(argv)
     load_now = open('/proc/loadavg').read().split()[0]
@@ -225,11 +187,7 @@ def main(argv=None) -> int:
             doc.update(wait_s=wait_s, wait_fit={"command": "python -m benchmarks.planner_fit --waits",
                                                 "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in rows]})
         if a.engine:
-            slack, slack_zero, mmap_s, module_s = engine_fit()
-            console.print(f"allocator slack {slack / 2**20:.1f} MiB (ZeRO-1/2 engine {slack_zero / 2**20:.1f}), "
-                          f"mmap {mmap_s * 2**20 * 1e3:.2f} ms per MiB, ZeRO-3 {module_s * 1e3:.2f} ms per module call")
-            doc.update(alloc_slack=slack, mmap_s=mmap_s, zero3_module_s=module_s,
-                       engine_fit=f"python -m benchmarks.planner_fit --engine, load {load_now}; {zero_note(slack_zero)}")
+            console.print(refit_engine(doc, LAYERS, a.ranks, f"python -m benchmarks.planner_fit --engine, load {load_now}"))
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
         return 0
@@ -256,7 +214,6 @@ def main(argv=None) -> int:
     op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
     logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
     vp_loss_s = vp_loss_fit(got)
-    slack, slack_zero, mmap_s, module_s = engine_fit()
     wait_s, wait_rows = wait_fit()
     bw = statistics.median(g["bw"] for g in got)
     with open("/proc/meminfo") as f:
@@ -266,14 +223,14 @@ def main(argv=None) -> int:
            "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
            "vp_loss_s": vp_loss_s,
-           "call_overhead": statistics.median(g["call"] for g in got), "alloc_slack": slack, "zero3_module_s": module_s,
-           "mmap_s": mmap_s, "engine_fit": zero_note(slack_zero), "links": links, "wait_s": wait_s,
+           "call_overhead": statistics.median(g["call"] for g in got), "links": links, "wait_s": wait_s,
            "wait_fit": {"command": "python -m benchmarks.planner_fit --waits",
                         "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
            "cpu": this_cpu(),
            "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
+    engine = refit_engine(doc, LAYERS, a.ranks, "python -m benchmarks.planner_fit")
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
@@ -282,12 +239,8 @@ def main(argv=None) -> int:
                   f"a layer's non-matmul work: {op_overhead * 1e3:.2f} ms + {elem_s * 1e9:.2f} ns per saved activation byte "
                   f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element "
                   f"(+{vp_loss_s * 1e9:.1f} vocab-parallel); "
-                  f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; allocator slack {slack / 2**20:.0f} MiB "
-                  f"(ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
-                  f"ZeRO-3 {module_s * 1e3:.2f} ms CPU per module fetch/release; a blocking collective's wait "
-                  f"{wait_s * 1e3:.2f} ms per unit of oversubscription; a mapped block "
-                  f"{mmap_s * 2**20 * 1e3:.2f} ms CPU per MiB; "
-                  f"{doc['cores']} cores → {a.out}")
+                  f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; {engine}; a blocking collective's wait "
+                  f"{wait_s * 1e3:.2f} ms per unit of oversubscription; {doc['cores']} cores → {a.out}")
     return 0
 
 

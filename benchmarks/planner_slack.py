@@ -53,7 +53,7 @@ from rich.table import Table
 import benchmarks.planner_ranks as R
 import benchmarks.planner_ranks_tp as RT
 import pipeline_parallel.executor as X
-from benchmarks.planner_fit import CAL
+from benchmarks.planner_fit_engine import CAL
 from benchmarks.planner_local import LOCAL_SW
 from pipeline_parallel.engine.draining import DrainingExecutor
 from planner import hardware as H

@@ -70,7 +70,11 @@ class Hardware:
                                  # fitted by benchmarks.planner_fit --waits)
     alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
-    mmap_s: float = 0.0          # CPU seconds per byte of a freshly mapped block (mmap, page faults, munmap)
+    mmap_s: float = 0.0          # CPU seconds per byte first touched in a freshly mapped block (page fault, mmap/munmap)
+    map_layer: float = 0.0       # bytes a layer's forward + backward touches afresh per byte it saves, and the top per
+    map_head: float = 0.0        # logit byte, when every large block is mapped (benchmarks.planner_fit_map)
+    step_cpu: float = 1.0        # a training step's CPU seconds over the sum of its parts at the micro-benchmarks'
+                                 # rates (fitted on a whole step, benchmarks.planner_fit.engine_fit; per_step applies it)
     calibrated_on: str = ""
     source: str = ""
 
@@ -167,8 +171,24 @@ def at_speed(hw: Hardware, speed: float) -> Hardware:
     if speed == 1.0:
         return hw
     return replace(hw, peak_flops=hw.peak_flops * speed, host_adam=hw.host_adam * speed,
-                   **{k: getattr(hw, k) / speed for k in ("op_overhead", "elementwise_s", "logit_s", "vp_loss_s",
-                                                          "call_overhead", "zero3_module_s", "mmap_s")})
+                   **{k: getattr(hw, k) / speed for k in (*MICRO, "mmap_s", "zero3_module_s")})
+
+
+MICRO = ("op_overhead", "elementwise_s", "logit_s", "vp_loss_s", "call_overhead")   # CPU seconds per unit of a step's
+# ops, fitted on micro-benchmarks (with peak_flops and host_adam, units per CPU second); a page fault (mmap_s) costs
+# the same in a step as alone, and zero3_module_s is fitted on whole steps
+
+
+def per_step(hw: Hardware) -> Hardware:
+    """hw with the micro-benchmarks' rates scaled to a step's: a micro-benchmark repeats one op on
+    warm caches and a reused heap block, a step runs many ops on data that has left the caches,
+    pages its allocator gives back and takes again, and autograd's and Python's work between them;
+    step_cpu (fitted on a whole step at a calibration shape) is how much more CPU that costs."""
+    k = hw.step_cpu
+    if k == 1.0:
+        return hw
+    return replace(hw, step_cpu=1.0, peak_flops=hw.peak_flops / k, host_adam=hw.host_adam / k,
+                   **{name: getattr(hw, name) * k for name in MICRO})
 
 
 def cpu_now(ranks_per_node: int = 2, seconds: float = 2.0) -> Hardware:

@@ -19,8 +19,10 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              pacing ranks share the session's P cores, each at most one (pipeline_stretch), and
              all ranks' CPU seconds over P bound the step (the "cores" term), whichever is larger;
              P = cores·ranks / (ranks + load), the load read just before the run (planner.probe). With the engine mapping large blocks (ZeRO-3
-             here, zero_from_scratch.engine.allocator) every saved activation and its gradient
-             is a fresh mapping: mmap_s per byte (the "allocator" term)
+             here, zero_from_scratch.engine.allocator) every large block is a fresh mapping: map_layer
+             bytes per saved activation byte, map_head per logit byte, mmap_s per byte (the
+             "allocator" term; benchmarks.planner_fit_map fits the three); at glibc's defaults
+             only a logit block of 32 MiB or more is (its dynamic threshold rises no further)
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring; on a CPU host the ranks' own
@@ -66,6 +68,7 @@ from primitives.engine.cost import Links, Params, predict, predict_2level
 from tensor_parallel.engine.formulas import layer_traffic
 
 from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores, tp_stretch, wait_time
+from planner.hardware import per_step
 from planner.memory import ZERO3_MAX_LIVE, layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
 
 
@@ -106,6 +109,9 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw, stretch: float
     return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
 
 
+GLIBC_MMAP_MAX = 32 << 20     # glibc's dynamic mmap threshold stops rising here (64-bit): larger blocks are always mapped
+
+
 def zero3_units(model, hw) -> int:
     """Modules a layer's ZeRO-3 fetches gather one by one (each a blocking all-gather): Megatron's
     layer 6 (fused qkv, proj, fc1, fc2, 2 norms); a llama layer 9 (q, k, v, o, gate, up, down, 2
@@ -130,6 +136,7 @@ def zero3_reused(psi: float, hw) -> float:
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
     """{term: seconds} for one optimizer step; 'total' their sum."""
+    hw = per_step(hw)
     bpe, t, p, v = hw.bytes_per_elem, lay.tp, lay.pp, lay.v
     m = lay.micro_batches(global_batch)
     tokens = lay.mb * seq
@@ -159,9 +166,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     head_flops = tokens * 6 * model.hidden * model.vocab * head_share / t
     head_elem = tokens * model.vocab * head_share / t * logit_s if hw.elementwise_s else 0.0
     mapped = maps_blocks(lay, hw, sw)
-    alloc = 2 * (Ls * act + tokens * model.vocab * head_share / t * 4) * hw.mmap_s if mapped else 0.0
+    logit_block = tokens * model.vocab * head_share / t * 4
+    head_maps = mapped or logit_block >= GLIBC_MMAP_MAX       # glibc maps a block that large at its defaults too
+    head_mapped = logit_block * hw.map_head * hw.mmap_s * head_maps
+    alloc = (Ls * act * hw.map_layer * hw.mmap_s if mapped else 0.0) + head_mapped
     cpu_mb = flops / rate + elem + alloc             # CPU seconds of one micro-batch on the pacing stage
-    other_mb = cpu_mb - (head_flops / rate + head_elem + 2 * tokens * model.vocab * head_share / t * 4 * hw.mmap_s * mapped
+    other_mb = cpu_mb - (head_flops / rate + head_elem + head_mapped
                          if not sw.balanced_stages and p > 1 else 0.0)     # a stage without the output layer
     pace = pipeline_stretch(lay, hw) if p > 1 else tp_stretch(lay, hw)
     flops_s, elem, alloc = flops / rate * pace, elem * pace, alloc * pace

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.planner_fit import CAL
+from benchmarks.planner_fit_engine import CAL
 from benchmarks.planner_mem import parts
 from benchmarks.planner_ranks import llama_planner_model
 from benchmarks.planner_ranks_tp import distilbert_planner_model

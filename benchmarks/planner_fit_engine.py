@@ -1,0 +1,99 @@
+"""The planner's terms fitted on whole steps (benchmarks.planner_fit calls these): the rows' own
+measurement (benchmarks.planner_ranks) at a calibration shape, CAL, that no row of
+benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.planner_fit_map).
+
+    python -m benchmarks.planner_fit --engine       # refits these and the mappings into cpu_here.json (~2 min idle)
+
+    alloc_slack     the DDP step's peak RSS at glibc's defaults minus the planner's count without
+                    slack (the ZeRO-1 engine step's likewise, recorded in engine_fit, not used:
+                    planner.host_memory.allocator_slack gives that engine the same slack)
+    step_cpu        the DDP step's CPU seconds over the planner's sum of its parts at the
+                    micro-benchmarks' rates, at the speed planner.probe reads just before (as a
+                    row is predicted): what a step costs beyond its ops run alone (caches its data
+                    has left, pages glibc returns and takes again, autograd's and Python's work)
+    zero3_module_s  ZeRO-3's CPU seconds beyond ZeRO-1's and beyond its fresh pages (the engine
+                    maps at ZeRO-3: the two steps' page faults × mmap_s) per module fetch or
+                    release (3 per module with parameters and step)
+
+Each is the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
+to a third from one run to the next on a shared virtual machine, the slack by tens of MiB.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+
+from benchmarks.planner_fit_map import map_fit
+from benchmarks.planner_local import LOCAL_SW
+from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
+from planner.hardware import at_speed, cpu_here
+from planner.layout import Layout
+from planner.memory import memory
+from planner.model import Model
+from planner.plan import predict_layout
+from planner.probe import Probe, read_for
+from planner.steptime import zero3_units
+from primitives.engine.cost import Params
+from primitives.launch import spawn
+
+CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
+
+
+def engine_fit(doc: dict, mb: int = 4, steps: int = 4, runs: int = 5) -> dict:
+    """{alloc_slack, the ZeRO-1 slack, zero3_module_s, step_cpu} from benchmarks.planner_local's own
+    measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
+    slack moves by tens of MiB from one run to the next, a step's CPU by up to a third), given the
+    rest of the fit (`doc`, cpu_here.json's fields): the DDP step's peak minus the planner's live
+    bytes for it (what glibc keeps beyond them at its defaults), the same for the ZeRO-1 engine's
+    step; the DDP step's CPU seconds over the planner's sum of its parts at the micro-benchmarks'
+    rates, scaled by planner.probe's reading just before (as a row is predicted); the CPU seconds
+    ZeRO-3's step spends beyond ZeRO-1's and beyond the pages it maps afresh (the two steps' fresh
+    bytes as counted, at mmap_s), per module fetch or release (its hooks, gathers, frees)."""
+    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "step_cpu": 1.0})
+    lay = Layout(2, 1, 1, mb=mb)
+    pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, hw) for z in (0, 1))
+    slowest = lambda got, key: max(g[key] for g in got)  # noqa: E731  (the rows' step is the slower rank's)
+    calls = 3 * (zero3_units(CAL, hw) * CAL.layers + 3)
+    free = Params(0.0, 0.0, 0.0)
+    probe = Probe(os.cpu_count())
+    probe.start()
+    probe.ready()
+    probe.pause()
+    fits = []
+    try:
+        for _ in range(runs):
+            probe.samples = []
+            probe.within([read_for([probe], 2.0)])
+            speed = probe.rate() / (hw.peak_flops * hw.gemm_efficiency)
+            alone = dataclasses.replace(at_speed(hw, speed), cores=0, intra=free, inter=free)    # CPU seconds only
+            parts = predict_layout(CAL, CAL.seq, lay, 2 * mb, alone, LOCAL_SW).time
+            z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
+            mapping = (slowest(z3, "fresh") - slowest(z1, "fresh")) * doc["mmap_s"]
+            fits.append((max(0.0, slowest(z0, "peak") - (pred["total"] - pred["reserved"])),
+                         max(0.0, slowest(z1, "peak") - (pred1["total"] - pred1["reserved"])),
+                         max(0.0, (slowest(z3, "cpu") - slowest(z1, "cpu") - mapping) / calls),
+                         slowest(z0, "cpu") / (parts["total"] - parts["bubble"])))
+    finally:
+        probe.stop()
+    return dict(zip(("alloc_slack", "slack_zero", "zero3_module_s", "step_cpu"),
+                    (statistics.median(f[i] for f in fits) for i in range(4))))
+
+
+def map_line(maps: dict) -> str:
+    return (f"a mapped page {maps['mmap_s'] * 2**20 * 1e3:.2f} ms CPU per MiB, {maps['map_layer']:.2f} bytes mapped per "
+            f"saved layer byte, {maps['map_head']:.2f} per logit byte")
+
+
+def refit_engine(doc: dict, layers, ranks: int, how: str) -> str:
+    """Fit the mappings (map_fit), then the engine steps' terms (engine_fit) given them and the rest
+    of `doc`, into `doc`; the ZeRO-1 engine step's slack is recorded beside the fit, not used (the
+    planner gives that engine the DDP step's: planner.host_memory.allocator_slack says why)."""
+    doc.update(map_fit(layers, ranks))
+    eng = engine_fit(doc)
+    slack_zero = eng.pop("slack_zero")
+    doc.update(eng, engine_fit=f"{how}; the ZeRO-1 engine step's slack {slack_zero / 2**20:.1f} MiB (recorded; the "
+                               "planner uses alloc_slack)")
+    return (f"allocator slack {doc['alloc_slack'] / 2**20:.0f} MiB (ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
+            f"{map_line(doc)}; ZeRO-3 {doc['zero3_module_s'] * 1e3:.2f} ms CPU per module fetch/release; a step's CPU "
+            f"{doc['step_cpu']:.2f}× its parts at the micro-benchmarks' rates")
