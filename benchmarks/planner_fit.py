@@ -1,7 +1,7 @@
 """Fit the planner's `cpu-here` hardware file on this machine: the rates of a core's work, each
 from a micro-benchmark at calibration shapes that no row of benchmarks.planner_local runs.
 
-    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~3 min idle)
+    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~4 min idle)
     python -m benchmarks.planner_fit --out /tmp/cpu.json --quick
 
 Every rate is CPU time (time.thread_time, one thread, fp32), not wall time: the work a step

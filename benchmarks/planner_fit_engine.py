@@ -9,11 +9,16 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     planner.host_memory.allocator_slack gives that engine the same slack)
     step_cpu        the DDP step's CPU seconds over the planner's sum of its parts at the
                     micro-benchmarks' rates, at the speed planner.probe reads just before (as a
-                    row is predicted): what a step costs beyond its ops run alone (caches its data
-                    has left, pages glibc returns and takes again, autograd's and Python's work)
-    zero3_module_s  ZeRO-3's CPU seconds beyond ZeRO-1's and beyond its fresh pages (the engine
-                    maps at ZeRO-3: the two steps' page faults × mmap_s) per module fetch or
-                    release (3 per module with parameters and step)
+                    row is predicted): what a step costs beyond its parts measured alone, one
+                    ratio for every row (what makes it up is not measured: the parts repeat one
+                    op or layer on warm caches and a reused heap block; a step's data has left
+                    the caches and glibc returns and takes back pages, which a mapped row also
+                    pays at mmap_s: counted twice there)
+    zero3_module_s  ZeRO-3's CPU seconds beyond ZeRO-1's and beyond what the planner counts for
+                    the difference (the fresh mappings the engine's 64 KiB threshold makes,
+                    map_layer and map_head at mmap_s; the collective calls) per module fetch or
+                    release (3 per module with parameters and step): the engine's hooks, gathers,
+                    frees and the pages of parameters and gradients it maps, at the probe's speed
 
 Each is the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
 to a third from one run to the next on a shared virtual machine, the slack by tens of MiB.
@@ -40,6 +45,12 @@ from primitives.launch import spawn
 CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
 
 
+def cpu_alone(lay: Layout, hw) -> float:
+    """The planner's CPU seconds of CAL's step (hw without cores or links: no stretch, no wait)."""
+    t = predict_layout(CAL, CAL.seq, lay, 2 * lay.mb, hw, LOCAL_SW).time
+    return t["total"] - t["bubble"]
+
+
 def engine_fit(doc: dict, mb: int = 4, steps: int = 4, runs: int = 5) -> dict:
     """{alloc_slack, the ZeRO-1 slack, zero3_module_s, step_cpu} from benchmarks.planner_local's own
     measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
@@ -47,40 +58,42 @@ def engine_fit(doc: dict, mb: int = 4, steps: int = 4, runs: int = 5) -> dict:
     rest of the fit (`doc`, cpu_here.json's fields): the DDP step's peak minus the planner's live
     bytes for it (what glibc keeps beyond them at its defaults), the same for the ZeRO-1 engine's
     step; the DDP step's CPU seconds over the planner's sum of its parts at the micro-benchmarks'
-    rates, scaled by planner.probe's reading just before (as a row is predicted); the CPU seconds
-    ZeRO-3's step spends beyond ZeRO-1's and beyond the pages it maps afresh (the two steps' fresh
-    bytes as counted, at mmap_s), per module fetch or release (its hooks, gathers, frees)."""
-    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "step_cpu": 1.0})
-    lay = Layout(2, 1, 1, mb=mb)
+    rates, at the speed planner.probe reads just before (as a row is predicted); the CPU seconds
+    ZeRO-3's step spends beyond ZeRO-1's and beyond the planner's own difference of the two
+    without it (the fresh mappings it counts, the collective calls), per module fetch or release
+    (its hooks, gathers, frees, and the pages it maps that the planner does not count), at the
+    fit's speed."""
+    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "step_cpu": 1.0, "zero3_module_s": 0.0})
     pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, hw) for z in (0, 1))
     slowest = lambda got, key: max(g[key] for g in got)  # noqa: E731  (the rows' step is the slower rank's)
     calls = 3 * (zero3_units(CAL, hw) * CAL.layers + 3)
     free = Params(0.0, 0.0, 0.0)
-    probe = Probe(os.cpu_count())
-    probe.start()
-    probe.ready()
-    probe.pause()
-    fits = []
+    fits, probe = [], None
     try:
+        probe = Probe(os.cpu_count())
+        probe.start()
+        probe.ready()
+        probe.pause()
         for _ in range(runs):
             probe.samples = []
             probe.within([read_for([probe], 2.0)])
             speed = probe.rate() / (hw.peak_flops * hw.gemm_efficiency)
             alone = dataclasses.replace(at_speed(hw, speed), cores=0, intra=free, inter=free)    # CPU seconds only
-            parts = predict_layout(CAL, CAL.seq, lay, 2 * mb, alone, LOCAL_SW).time
+            cpu0, cpu1, cpu3 = (cpu_alone(Layout(2, 1, 1, zero=z, mb=mb), alone) for z in (0, 1, 3))
             z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
-            mapping = (slowest(z3, "fresh") - slowest(z1, "fresh")) * doc["mmap_s"]
             fits.append((max(0.0, slowest(z0, "peak") - (pred["total"] - pred["reserved"])),
                          max(0.0, slowest(z1, "peak") - (pred1["total"] - pred1["reserved"])),
-                         max(0.0, (slowest(z3, "cpu") - slowest(z1, "cpu") - mapping) / calls),
-                         slowest(z0, "cpu") / (parts["total"] - parts["bubble"])))
+                         max(0.0, slowest(z3, "cpu") - slowest(z1, "cpu") - (cpu3 - cpu1)) / calls * speed,
+                         slowest(z0, "cpu") / cpu0))
     finally:
-        probe.stop()
+        if probe is not None:
+            probe.stop()
     return dict(zip(("alloc_slack", "slack_zero", "zero3_module_s", "step_cpu"),
                     (statistics.median(f[i] for f in fits) for i in range(4))))
 
 
 def map_line(maps: dict) -> str:
+    """The fresh mappings' terms, as the fit prints them."""
     return (f"a mapped page {maps['mmap_s'] * 2**20 * 1e3:.2f} ms CPU per MiB, {maps['map_layer']:.2f} bytes mapped per "
             f"saved layer byte, {maps['map_head']:.2f} per logit byte")
 

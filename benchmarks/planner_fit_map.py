@@ -1,7 +1,7 @@
 """Fresh mappings, fitted for the planner: how many bytes a step maps afresh when glibc maps every
 large block, and what a CPU second of mapping buys, each measured on its own (benchmarks.planner_fit).
 
-    python -m benchmarks.planner_fit --engine       # refits these with the engine's terms (~4 min)
+    python -m benchmarks.planner_fit --engine       # refits these with the whole-step terms (~2 min idle)
 
 With glibc's mmap threshold fixed at 64 KiB (zero_from_scratch's ZeRO-3 engine does it; the
 "malloc 64K" row of benchmarks.planner_local asks for it) every block of 64 KiB or more a step
@@ -18,8 +18,9 @@ its share of an mmap/munmap pair. The planner counts those bytes from what it al
                 reused heap block: 1 MiB blocks written once each (`x + 1`), glibc's defaults (the
                 block comes back from the heap) against the threshold fixed at 64 KiB
 
-Bytes are counted by the process's minor page faults (getrusage: exact, not timed); only mmap_s is
-a timing. Cost: a few hundred layer and head steps and 2 × 16 × reps block writes, ~10 s.
+Bytes are counted by the thread's minor page faults (getrusage, 4 KiB pages: refused when
+transparent huge pages are 'always'; not timed); only mmap_s is a timing. Cost: a few dozen layer
+and head steps and 2 × 16 × reps block writes per process, ~15 s.
 """
 from __future__ import annotations
 
@@ -36,17 +37,19 @@ from planner.model import Model
 from primitives.launch import spawn
 
 M_MMAP_THRESHOLD, THRESHOLD = -3, 64 << 10        # as zero_from_scratch.engine.allocator sets it
+THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 BLOCK = 1 << 20
 
 
 def touched(op, reps: int = 3) -> float:
-    """Bytes of fresh pages one op() touches: the fewest minor faults over `reps` calls after a warm-up, × the page size."""
+    """Bytes of fresh pages one op() touches on this thread: the fewest minor faults over `reps`
+    calls after a warm-up, × the page size (transparent huge pages not 'always': map_sweep checks)."""
     op()
     faults = []
     for _ in range(reps):
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         op()
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0)
     return min(faults) * resource.getpagesize()
 
 
@@ -66,14 +69,18 @@ def map_sweep(rank: int, world: int, layers, reps: int, mapped: bool) -> dict:
     threshold fixed before anything is allocated (a freed heap chunk would serve a large block
     before a mapping: the two cannot share a process): the block's cost and the fresh bytes."""
     torch.set_num_threads(1)
+    with open(THP) as f:
+        if "[always]" in f.read():    # pages of 2 MiB: a fault counts 512 of the 4 KiB pages it costs like
+            raise RuntimeError(f"rank {rank}: {THP} is 'always': page faults do not count the bytes touched; "
+                               "no mapped-block fit here")
     if not mapped:
         return {"block_s": block_cpu(reps)}
     if ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, THRESHOLD) != 1:
         raise RuntimeError(f"rank {rank}: glibc refused mallopt(M_MMAP_THRESHOLD, {THRESHOLD}): no mapped-block fit here")
     saved, fresh, logits, head = 0.0, 0.0, 0.0, 0.0
     for h, a, f, s, b in layers:
-        if b * s * h * 4 < THRESHOLD:     # its blocks stay in the heap at any threshold: not the ratio being fitted
-            continue
+        if b * s * h * 4 < THRESHOLD:     # its b·s·h blocks stay in the heap: the ratio of a layer too small to map
+            continue                      # (its FFN block may still reach 64 KiB), not the one the rows have
         layer = torch.nn.TransformerEncoderLayer(h, a, f, dropout=0.0, batch_first=True, norm_first=True)
         x = torch.randn(b, s, h, requires_grad=True)
         fresh += touched(lambda: layer(x).sum().backward())

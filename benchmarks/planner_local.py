@@ -32,9 +32,11 @@ AdamW. Rows (the label says which engine runs it):
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, the vocab-parallel loss's, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
-benchmarks.one_host fitted (primitives.engine.cost.FITTED); mmap_s, the ZeRO-3 module cost and
-the allocator's slack come from the same benchmark's DDP / ZeRO steps at a calibration shape;
-the wait a blocking collective pays for a descheduled peer once ranks outnumber the cores
+benchmarks.one_host fitted (primitives.engine.cost.FITTED); the pages a step maps afresh and
+a page's cost from page faults and a block micro-benchmark (benchmarks.planner_fit_map); the
+allocator's slack, the ZeRO-3 module cost and step_cpu (a step's CPU over its parts: one ratio,
+planner.hardware.per_step) from this benchmark's own DDP / ZeRO steps at a calibration shape
+(benchmarks.planner_fit_engine: the DDP rows run the same code at other shapes); the wait a blocking collective pays for a descheduled peer once ranks outnumber the cores
 (wait_s) from a ping-pong of 2-8 busy processes (`python -m benchmarks.planner_fit --waits`).
 No row's timing feeds any constant. Three inputs are read by planner.probe for PROBE_S seconds
 just before each row, and the prediction is made from that reading before the ranks start: as
@@ -50,7 +52,8 @@ PROBE_AFTER_S after the row (the JSON's "after": how far the machine moved while
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
-planner counts no allocator slack there and mmap_s per byte each step maps afresh.
+planner counts no allocator slack there and mmap_s per byte each step maps afresh (map_layer per
+saved layer byte, map_head per logit byte).
 Memory: the peak resident set (VmHWM, clear_refs reset) minus the RSS just before the model is
 built, per rank, the larger rank reported. Before the baseline a tiny model runs one step with
 AdamW and one all-reduce, so torch's lazily loaded modules and pools are in the baseline, not in

@@ -74,7 +74,7 @@ class Hardware:
     map_layer: float = 0.0       # bytes a layer's forward + backward touches afresh per byte it saves, and the top per
     map_head: float = 0.0        # logit byte, when every large block is mapped (benchmarks.planner_fit_map)
     step_cpu: float = 1.0        # a training step's CPU seconds over the sum of its parts at the micro-benchmarks'
-                                 # rates (fitted on a whole step, benchmarks.planner_fit.engine_fit; per_step applies it)
+                                 # rates (fitted on a whole step, benchmarks.planner_fit_engine; per_step applies it)
     calibrated_on: str = ""
     source: str = ""
 
@@ -139,7 +139,7 @@ def _check_cpu(fitted: dict) -> None:
     _WARNED.add(there)
     said = f"was fitted on {there}" if there else "does not say which processor it was fitted on"
     print(f"[planner] {CPU_HERE} {said}; this machine is {here}: its CPU-second rates may not hold here "
-          f"(refit with `python -m benchmarks.planner_fit`, ~3 min idle)", file=sys.stderr)
+          f"(refit with `python -m benchmarks.planner_fit`, ~4 min idle)", file=sys.stderr)
 
 
 def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = None) -> Hardware:
@@ -164,6 +164,11 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
     return _from_dict({**d, "load": load})
 
 
+MICRO = ("op_overhead", "elementwise_s", "logit_s", "vp_loss_s", "call_overhead")   # CPU seconds per unit of a step's
+# ops, fitted on micro-benchmarks (with peak_flops and host_adam, units per CPU second); a page fault (mmap_s) costs
+# the same in a step as alone, and zero3_module_s is fitted on whole steps
+
+
 def at_speed(hw: Hardware, speed: float) -> Hardware:
     """hw with every CPU-second rate scaled by `speed`: the FLOPs a CPU second buys now over what
     the fit measured (planner.probe); work per CPU second (FLOP/s, Adam's parameters/s) × speed,
@@ -174,16 +179,12 @@ def at_speed(hw: Hardware, speed: float) -> Hardware:
                    **{k: getattr(hw, k) / speed for k in (*MICRO, "mmap_s", "zero3_module_s")})
 
 
-MICRO = ("op_overhead", "elementwise_s", "logit_s", "vp_loss_s", "call_overhead")   # CPU seconds per unit of a step's
-# ops, fitted on micro-benchmarks (with peak_flops and host_adam, units per CPU second); a page fault (mmap_s) costs
-# the same in a step as alone, and zero3_module_s is fitted on whole steps
-
-
 def per_step(hw: Hardware) -> Hardware:
-    """hw with the micro-benchmarks' rates scaled to a step's: a micro-benchmark repeats one op on
-    warm caches and a reused heap block, a step runs many ops on data that has left the caches,
-    pages its allocator gives back and takes again, and autograd's and Python's work between them;
-    step_cpu (fitted on a whole step at a calibration shape) is how much more CPU that costs."""
+    """hw with the micro-benchmarks' rates scaled to a step's by step_cpu, the whole-step ratio
+    benchmarks.planner_fit_engine measures on a DDP step at its calibration shape: the parts are
+    fitted repeating one op or layer on warm caches and a reused heap block, a step's data has
+    left the caches and glibc returns and takes back pages between its ops. One ratio for every
+    layout and model (what makes it up is not measured); applied once (step_cpu becomes 1)."""
     k = hw.step_cpu
     if k == 1.0:
         return hw

@@ -16,7 +16,7 @@ from planner.model import Model
 from zero_from_scratch.engine.ledger import model_state_bytes
 
 CPU_MEM = os.path.join(os.path.dirname(__file__), "cpu_mem.json")     # written by python -m benchmarks.planner_mem_probe
-SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit's calibration shape (CAL)
+SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit_engine's calibration shape (CAL)
 
 
 def family(model) -> str:
@@ -63,7 +63,7 @@ def allocator_slack(lay, states: dict, hw) -> float:
     place) leaves the slack in its spread; trimming the heap after each backward removes a third to a
     half at 10-24 % more CPU a step; only mapping removes it, at 33-73 % more CPU, so no engine here
     does either and the rule counts what a run at the defaults keeps. The rule here is
-    calibrated by benchmarks.planner_fit on SLACK_CAL's DDP step (Hardware.alloc_slack)
+    calibrated by benchmarks.planner_fit_engine on SLACK_CAL's DDP step (Hardware.alloc_slack)
     and scaled by this stage's model-state bytes over the calibration step's, never above the
     calibrated bytes; the nearest of the two simple rules to benchmarks.planner_local's rows. The
     same slack serves zero_from_scratch's ZeRO-1/2 engine: on SLACK_CAL at micro-batch 2, 4 and 8

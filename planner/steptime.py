@@ -22,7 +22,8 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              here, zero_from_scratch.engine.allocator) every large block is a fresh mapping: map_layer
              bytes per saved activation byte, map_head per logit byte, mmap_s per byte (the
              "allocator" term; benchmarks.planner_fit_map fits the three); at glibc's defaults
-             only a logit block of 32 MiB or more is (its dynamic threshold rises no further)
+             only a logit block of 32 MiB or more is (its dynamic threshold rises no further):
+             the top's four, the logits, log-softmax and their gradients
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring; on a CPU host the ranks' own
@@ -167,8 +168,10 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     head_elem = tokens * model.vocab * head_share / t * logit_s if hw.elementwise_s else 0.0
     mapped = maps_blocks(lay, hw, sw)
     logit_block = tokens * model.vocab * head_share / t * 4
-    head_maps = mapped or logit_block >= GLIBC_MMAP_MAX       # glibc maps a block that large at its defaults too
-    head_mapped = logit_block * hw.map_head * hw.mmap_s * head_maps
+    if mapped:
+        head_mapped = logit_block * hw.map_head * hw.mmap_s
+    else:    # glibc maps a block that large at its defaults too: the logits, log-softmax and their gradients
+        head_mapped = 4 * logit_block * hw.mmap_s * (logit_block >= GLIBC_MMAP_MAX)
     alloc = (Ls * act * hw.map_layer * hw.mmap_s if mapped else 0.0) + head_mapped
     cpu_mb = flops / rate + elem + alloc             # CPU seconds of one micro-batch on the pacing stage
     other_mb = cpu_mb - (head_flops / rate + head_elem + head_mapped

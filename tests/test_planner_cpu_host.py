@@ -104,7 +104,7 @@ def test_the_vocab_parallel_loss_costs_its_own_rate_per_local_logit():
     logit element (b·s·V/t per micro-batch) on the stage holding the output layer; tp = 1 runs
     torch's fused loss and pays logit_s alone."""
     from dataclasses import replace
-    hw, m = replace(H.load("cpu-here"), cores=2, vp_loss_s=0.0), PRESETS["tiny"]
+    hw, m = replace(H.load("cpu-here"), cores=2, vp_loss_s=0.0, step_cpu=1.0), PRESETS["tiny"]
     sw = Software(False, False, False, balanced_stages=False)
     for lay, m_count in ((Layout(1, 2, 1, mb=2), 2), (Layout(1, 2, 2, mb=2), 4)):
         a = step_time(m, 32, lay, 8 if lay.pp > 1 else 4, hw, sw)
@@ -139,6 +139,55 @@ def test_mapped_blocks_keep_no_slack_and_cost_faults():
     assert memory(m, 32, Layout(2, 1, 1, mb=2), 4, hw, replace(sw, mapped_alloc=True))["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=1, mb=2), 4, hw, sw)["allocator"] == 0.0
     assert step_time(m, 32, Layout(2, 1, 1, zero=3, mb=2), 4, hw, sw)["allocator"] > 0.0
+
+
+def test_fresh_pages_cost_per_byte_and_logit_blocks_past_glibcs_maximum_are_mapped_anyway():
+    """The allocator term: a mapped step touches map_layer bytes afresh per saved layer byte and
+    map_head per logit byte, each at mmap_s (ZeRO-3 on this host); at glibc's defaults only a logit
+    block of 32 MiB or more is mapped (its dynamic threshold stops there): the top's four such
+    blocks (logits, log-softmax, their gradients) pay, nothing else."""
+    from dataclasses import replace
+    from planner.memory import torch_layer_activation_bytes
+    from planner.model import Model
+    hw = replace(H.load("cpu-here"), map_layer=5.0, map_head=4.0, mmap_s=1e-9, step_cpu=1.0)
+    sw = Software(False, False, False)
+    small, big = (Model("g", 2, 64, 4, V, 128, positions=128) for V in (4096, 16384))     # 4·512·V: 8 and 32 MiB
+    for m in (small, big):
+        lay = Layout(2, 1, 1, zero=3, mb=4)
+        act = torch_layer_activation_bytes(m, 128, lay)
+        z3 = step_time(m, 128, lay, 8, hw, sw)["allocator"]
+        assert z3 == pytest.approx((2 * act * 5.0 + 4 * 512 * m.vocab * 4.0) * 1e-9)
+    assert step_time(small, 128, Layout(2, 1, 1, mb=4), 8, hw, sw)["allocator"] == 0.0
+    assert step_time(big, 128, Layout(2, 1, 1, mb=4), 8, hw, sw)["allocator"] == pytest.approx(4 * (512 * 16384 * 4) * 1e-9)
+
+
+def test_a_steps_cpu_scales_the_micro_benchmarks_rates_only():
+    """step_cpu = k: every term of a step's ops (matmul, elementwise, optimizer) costs k times its
+    micro-benchmark rate; a page fault (mmap_s) costs what it costs alone and ZeRO-3's per-call cost
+    is fitted on whole steps: neither scales; per_step applies it once."""
+    from dataclasses import replace
+    hw, m = replace(H.load("cpu-here"), cores=2, step_cpu=1.0), PRESETS["tiny"]
+    sw = Software(False, False, False)
+    lay = Layout(2, 1, 1, zero=3, mb=2)
+    a, b = step_time(m, 32, lay, 4, hw, sw), step_time(m, 32, lay, 4, replace(hw, step_cpu=1.5), sw)
+    for k in ("matmul", "elementwise", "optimizer"):
+        assert b[k] == pytest.approx(1.5 * a[k]), k
+    assert b["allocator"] == pytest.approx(a["allocator"]) and a["allocator"] > 0
+    scaled = H.per_step(replace(hw, step_cpu=1.5))
+    assert scaled.step_cpu == 1.0 and H.per_step(scaled) is scaled
+    assert (scaled.zero3_module_s, scaled.mmap_s) == (hw.zero3_module_s, hw.mmap_s)
+    assert scaled.peak_flops == pytest.approx(hw.peak_flops / 1.5) and scaled.logit_s == pytest.approx(1.5 * hw.logit_s)
+
+
+def test_map_fit_counts_a_layers_fresh_pages():
+    """benchmarks.planner_fit_map in one process with glibc's threshold at 64 KiB: a layer's forward
+    and backward touch afresh several times the bytes it saves (its products and their gradients),
+    a head several times its logits; a layer whose blocks are all under 64 KiB is not counted."""
+    from benchmarks.planner_fit_map import map_sweep
+    from primitives.launch import spawn
+    got, = spawn(map_sweep, 1, args=(((64, 4, 256, 16, 2), (128, 4, 512, 64, 4)), 1, True), timeout=120)
+    assert 3.0 < got["map_layer"] < 10.0 and 3.0 < got["map_head"] < 8.0, got
+    assert got["block_s"] > 0.0
 
 
 def test_shm_segments_a_rank_touches():
