@@ -40,7 +40,8 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   mb 4), 2 ranks, the median of 5 runs: the DDP step's peak beyond
                                   the planner's live bytes; its CPU seconds over the planner's sum of
                                   its parts at the rates above (a step's ops do not run as alone);
-                                  ZeRO-3's CPU beyond ZeRO-1's and its fresh pages, per module call
+                                  ZeRO-3's CPU beyond ZeRO-1's and beyond the planner's own count of
+                                  the difference (fresh pages, calls), per module call
     links                         the shared-memory link per number of ranks (2, 4): an all-reduce
                                   through ringzero's default path at 1 KiB-16 MiB, the ranks lined
                                   up by a tiny all-reduce first, the fastest of `reps` tries (the

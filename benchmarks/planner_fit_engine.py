@@ -18,10 +18,12 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     the difference (the fresh mappings the engine's 64 KiB threshold makes,
                     map_layer and map_head at mmap_s; the collective calls) per module fetch or
                     release (3 per module with parameters and step): the engine's hooks, gathers,
-                    frees and the pages of parameters and gradients it maps, at the probe's speed
+                    frees and the pages of parameters and gradients it maps
 
 Each is the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
-to a third from one run to the next on a shared virtual machine, the slack by tens of MiB.
+to a third from one run to the next on a shared virtual machine, the slack by tens of MiB. The
+probe reads the speed of a CPU second before the mappings' fit and before each run, and CPU-second
+terms are stored at the fit's speed (× that reading; the planner's at_speed divides by a row's).
 """
 from __future__ import annotations
 
@@ -39,57 +41,66 @@ from planner.model import Model
 from planner.plan import predict_layout
 from planner.probe import Probe, read_for
 from planner.steptime import zero3_units
-from primitives.engine.cost import Params
 from primitives.launch import spawn
 
 CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)
 
 
 def cpu_alone(lay: Layout, hw) -> float:
-    """The planner's CPU seconds of CAL's step (hw without cores or links: no stretch, no wait)."""
-    t = predict_layout(CAL, CAL.seq, lay, 2 * lay.mb, hw, LOCAL_SW).time
+    """The planner's CPU seconds of CAL's step: hw without cores (no stretch, no wait); its links'
+    α-β kept, since on one host a collective is the ranks' own copies, inside their CPU seconds."""
+    t = predict_layout(CAL, CAL.seq, lay, 2 * lay.mb, dataclasses.replace(hw, cores=0), LOCAL_SW).time
     return t["total"] - t["bubble"]
 
 
-def engine_fit(doc: dict, mb: int = 4, steps: int = 4, runs: int = 5) -> dict:
-    """{alloc_slack, the ZeRO-1 slack, zero3_module_s, step_cpu} from benchmarks.planner_local's own
+def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs: int = 5) -> dict:
+    """{mmap_s, map_layer, map_head, alloc_slack, the ZeRO-1 slack, zero3_module_s, step_cpu}, given
+    the rest of the fit (`doc`, cpu_here.json's fields). planner.probe reads the speed of a CPU
+    second before each measurement, as before a row, and every CPU-second term is stored at the
+    fit's speed (× the reading), as the planner's at_speed divides it again. First the fresh
+    mappings (map_fit, at `layers`, `ranks` processes); then benchmarks.planner_local's own
     measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
-    slack moves by tens of MiB from one run to the next, a step's CPU by up to a third), given the
-    rest of the fit (`doc`, cpu_here.json's fields): the DDP step's peak minus the planner's live
-    bytes for it (what glibc keeps beyond them at its defaults), the same for the ZeRO-1 engine's
-    step; the DDP step's CPU seconds over the planner's sum of its parts at the micro-benchmarks'
-    rates, at the speed planner.probe reads just before (as a row is predicted); the CPU seconds
-    ZeRO-3's step spends beyond ZeRO-1's and beyond the planner's own difference of the two
-    without it (the fresh mappings it counts, the collective calls), per module fetch or release
-    (its hooks, gathers, frees, and the pages it maps that the planner does not count), at the
-    fit's speed."""
-    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "step_cpu": 1.0, "zero3_module_s": 0.0})
-    pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, hw) for z in (0, 1))
+    slack moves by tens of MiB from one run to the next, a step's CPU by up to a third): the DDP
+    step's peak minus the planner's live bytes for it (what glibc keeps beyond them at its
+    defaults), the same for the ZeRO-1 engine's step; the DDP step's CPU seconds over the
+    planner's for it at the micro-benchmarks' rates (step_cpu); the CPU seconds ZeRO-3's step
+    spends beyond ZeRO-1's and beyond the planner's own difference of the two at that step_cpu
+    (the fresh mappings it counts, the collectives), per module fetch or release (its hooks,
+    gathers, frees, and the pages it maps that the planner does not count)."""
     slowest = lambda got, key: max(g[key] for g in got)  # noqa: E731  (the rows' step is the slower rank's)
-    calls = 3 * (zero3_units(CAL, hw) * CAL.layers + 3)
-    free = Params(0.0, 0.0, 0.0)
-    fits, probe = [], None
+    fits, probe, maps = [], None, {}
+
+    ref = cpu_here(2, fitted=doc)
+
+    def speed_now() -> float:
+        probe.samples = []
+        probe.within([read_for([probe], 2.0)])
+        return probe.rate() / (ref.peak_flops * ref.gemm_efficiency)
     try:
         probe = Probe(os.cpu_count())
         probe.start()
         probe.ready()
         probe.pause()
+        speed = speed_now()
+        maps = map_fit(layers, ranks)
+        maps["mmap_s"] *= speed
+        hw = cpu_here(2, fitted={**doc, **maps, "alloc_slack": 0.0, "step_cpu": 1.0, "zero3_module_s": 0.0})
+        pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, hw) for z in (0, 1))
+        calls = 3 * (zero3_units(CAL, hw) * CAL.layers + 3)
         for _ in range(runs):
-            probe.samples = []
-            probe.within([read_for([probe], 2.0)])
-            speed = probe.rate() / (hw.peak_flops * hw.gemm_efficiency)
-            alone = dataclasses.replace(at_speed(hw, speed), cores=0, intra=free, inter=free)    # CPU seconds only
-            cpu0, cpu1, cpu3 = (cpu_alone(Layout(2, 1, 1, zero=z, mb=mb), alone) for z in (0, 1, 3))
+            speed = speed_now()
+            here = at_speed(hw, speed)
             z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
+            k = slowest(z0, "cpu") / cpu_alone(Layout(2, 1, 1, mb=mb), here)
+            cpu1, cpu3 = (cpu_alone(Layout(2, 1, 1, zero=z, mb=mb), dataclasses.replace(here, step_cpu=k)) for z in (1, 3))
             fits.append((max(0.0, slowest(z0, "peak") - (pred["total"] - pred["reserved"])),
                          max(0.0, slowest(z1, "peak") - (pred1["total"] - pred1["reserved"])),
-                         max(0.0, slowest(z3, "cpu") - slowest(z1, "cpu") - (cpu3 - cpu1)) / calls * speed,
-                         slowest(z0, "cpu") / cpu0))
+                         max(0.0, slowest(z3, "cpu") - slowest(z1, "cpu") - (cpu3 - cpu1)) / calls * speed, k))
     finally:
         if probe is not None:
             probe.stop()
-    return dict(zip(("alloc_slack", "slack_zero", "zero3_module_s", "step_cpu"),
-                    (statistics.median(f[i] for f in fits) for i in range(4))))
+    return {**maps, **dict(zip(("alloc_slack", "slack_zero", "zero3_module_s", "step_cpu"),
+                               (statistics.median(f[i] for f in fits) for i in range(4))))}
 
 
 def map_line(maps: dict) -> str:
@@ -99,11 +110,10 @@ def map_line(maps: dict) -> str:
 
 
 def refit_engine(doc: dict, layers, ranks: int, how: str) -> str:
-    """Fit the mappings (map_fit), then the engine steps' terms (engine_fit) given them and the rest
-    of `doc`, into `doc`; the ZeRO-1 engine step's slack is recorded beside the fit, not used (the
-    planner gives that engine the DDP step's: planner.host_memory.allocator_slack says why)."""
-    doc.update(map_fit(layers, ranks))
-    eng = engine_fit(doc)
+    """Fit the mappings and the whole-step terms (engine_fit) into `doc`; the ZeRO-1 engine step's
+    slack is recorded beside the fit, not used (the planner gives that engine the DDP step's:
+    planner.host_memory.allocator_slack says why)."""
+    eng = engine_fit(doc, layers, ranks)
     slack_zero = eng.pop("slack_zero")
     doc.update(eng, engine_fit=f"{how}; the ZeRO-1 engine step's slack {slack_zero / 2**20:.1f} MiB (recorded; the "
                                "planner uses alloc_slack)")

@@ -171,7 +171,7 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
     if mapped:
         head_mapped = logit_block * hw.map_head * hw.mmap_s
     else:    # glibc maps a block that large at its defaults too: the logits, log-softmax and their gradients
-        head_mapped = 4 * logit_block * hw.mmap_s * (logit_block >= GLIBC_MMAP_MAX)
+        head_mapped = 4 * logit_block * hw.mmap_s * (tokens * model.vocab / t * 4 >= GLIBC_MMAP_MAX)
     alloc = (Ls * act * hw.map_layer * hw.mmap_s if mapped else 0.0) + head_mapped
     cpu_mb = flops / rate + elem + alloc             # CPU seconds of one micro-batch on the pacing stage
     other_mb = cpu_mb - (head_flops / rate + head_elem + head_mapped
