@@ -82,6 +82,7 @@ import primitives as P
 from benchmarks.planner_fit_engine import refit_engine
 from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
+from benchmarks.planner_fit_map import head_step, layer_step
 from planner.hardware import CPU_HERE, this_cpu
 from planner.layout import Layout
 from planner.memory import torch_layer_activation_bytes
@@ -112,16 +113,11 @@ def adam_rate(n: int, reps: int) -> float:
 
 
 def layer_cpu(h: int, a: int, f: int, s: int, b: int, reps: int) -> float:
-    layer = torch.nn.TransformerEncoderLayer(h, a, f, dropout=0.0, batch_first=True, norm_first=True)
-    x = torch.randn(b, s, h, requires_grad=True)
-    return cpu(lambda: layer(x).sum().backward(), reps)
+    return cpu(layer_step(h, a, f, s, b), reps)
 
 
 def head_cpu(T: int, h: int, V: int, reps: int) -> float:
-    norm, emb = torch.nn.LayerNorm(h), torch.nn.Embedding(V, h)
-    torch.nn.init.normal_(emb.weight, std=0.02)    # as the rows' tables (planner_ranks.Net): no subnormal softmax tail
-    x, tgt = torch.randn(T, h, requires_grad=True), torch.randint(0, V, (T,))
-    return cpu(lambda: torch.nn.functional.cross_entropy(norm(x) @ emb.weight.t(), tgt).backward(), reps)
+    return cpu(head_step(T, h, V), reps)
 
 
 def call_cpu(reps: int) -> float:

@@ -41,6 +41,27 @@ THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 BLOCK = 1 << 20
 
 
+def huge_pages_always() -> bool:
+    """Transparent huge pages 'always': a fault maps 2 MiB, so faults do not count 4 KiB pages."""
+    with open(THP) as f:
+        return "[always]" in f.read()
+
+
+def layer_step(h: int, a: int, f: int, s: int, b: int):
+    """One forward + backward of torch's encoder layer at a calibration shape (the fit's layer)."""
+    layer = torch.nn.TransformerEncoderLayer(h, a, f, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(b, s, h, requires_grad=True)
+    return lambda: layer(x).sum().backward()
+
+
+def head_step(T: int, h: int, V: int):
+    """One forward + backward of the top (LayerNorm, tied logits, cross-entropy) at T × V (the fit's head)."""
+    norm, emb = torch.nn.LayerNorm(h), torch.nn.Embedding(V, h)
+    torch.nn.init.normal_(emb.weight, std=0.02)    # as the rows' tables (planner_ranks.Net): no subnormal softmax tail
+    x, tgt = torch.randn(T, h, requires_grad=True), torch.randint(0, V, (T,))
+    return lambda: torch.nn.functional.cross_entropy(norm(x) @ emb.weight.t(), tgt).backward()
+
+
 def touched(op, reps: int = 3) -> float:
     """Bytes of fresh pages one op() touches on this thread: the fewest minor faults over `reps`
     calls after a warm-up, × the page size (transparent huge pages not 'always': map_sweep checks)."""
@@ -69,10 +90,9 @@ def map_sweep(rank: int, world: int, layers, reps: int, mapped: bool) -> dict:
     threshold fixed before anything is allocated (a freed heap chunk would serve a large block
     before a mapping: the two cannot share a process): the block's cost and the fresh bytes."""
     torch.set_num_threads(1)
-    with open(THP) as f:
-        if "[always]" in f.read():    # pages of 2 MiB: a fault counts 512 of the 4 KiB pages it costs like
-            raise RuntimeError(f"rank {rank}: {THP} is 'always': page faults do not count the bytes touched; "
-                               "no mapped-block fit here")
+    if huge_pages_always():
+        raise RuntimeError(f"rank {rank}: {THP} is 'always': page faults do not count the bytes touched; "
+                           "no mapped-block fit here")
     if not mapped:
         return {"block_s": block_cpu(reps)}
     if ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, THRESHOLD) != 1:
@@ -81,15 +101,10 @@ def map_sweep(rank: int, world: int, layers, reps: int, mapped: bool) -> dict:
     for h, a, f, s, b in layers:
         if b * s * h * 4 < THRESHOLD:     # its b·s·h blocks stay in the heap: the ratio of a layer too small to map
             continue                      # (its FFN block may still reach 64 KiB), not the one the rows have
-        layer = torch.nn.TransformerEncoderLayer(h, a, f, dropout=0.0, batch_first=True, norm_first=True)
-        x = torch.randn(b, s, h, requires_grad=True)
-        fresh += touched(lambda: layer(x).sum().backward())
+        fresh += touched(layer_step(h, a, f, s, b))
         saved += torch_layer_activation_bytes(Model("cal", 1, h, a, 2, s, ffn=f), s, Layout(1, 1, 1, mb=b))
     for T, h, V in HEADS:
-        norm, emb = torch.nn.LayerNorm(h), torch.nn.Embedding(V, h)
-        torch.nn.init.normal_(emb.weight, std=0.02)
-        x, tgt = torch.randn(T, h, requires_grad=True), torch.randint(0, V, (T,))
-        head += touched(lambda: torch.nn.functional.cross_entropy(norm(x) @ emb.weight.t(), tgt).backward())
+        head += touched(head_step(T, h, V))
         logits += 4 * T * V
     return {"block_s": block_cpu(reps), "map_layer": fresh / saved, "map_head": head / logits}
 

@@ -36,8 +36,8 @@ benchmarks.one_host fitted (primitives.engine.cost.FITTED); the pages a step map
 a page's cost from page faults and a block micro-benchmark (benchmarks.planner_fit_map); the
 allocator's slack, the ZeRO-3 module cost and step_cpu (a step's CPU over its parts: one ratio,
 planner.hardware.per_step) from this benchmark's own DDP / ZeRO steps at a calibration shape
-(benchmarks.planner_fit_engine: the DDP rows run the same code at other shapes); the wait a blocking collective pays for a descheduled peer once ranks outnumber the cores
-(wait_s) from a ping-pong of 2-8 busy processes (`python -m benchmarks.planner_fit --waits`).
+(benchmarks.planner_fit_engine: the DDP rows run the same code at other shapes); the wait a
+blocking collective pays for a descheduled peer once ranks outnumber the cores (wait_s) from a ping-pong of 2-8 busy processes (`python -m benchmarks.planner_fit --waits`).
 No row's timing feeds any constant. Three inputs are read by planner.probe for PROBE_S seconds
 just before each row, and the prediction is made from that reading before the ranks start: as
 many busy processes as cores repeating the fit's matmuls give the share of a core a busy task

@@ -183,11 +183,10 @@ def test_map_fit_counts_a_layers_fresh_pages():
     """benchmarks.planner_fit_map in one process with glibc's threshold at 64 KiB: a layer's forward
     and backward touch afresh several times the bytes it saves (its products and their gradients),
     a head several times its logits; a layer whose blocks are all under 64 KiB is not counted."""
-    from benchmarks.planner_fit_map import THP, map_sweep
+    from benchmarks.planner_fit_map import huge_pages_always, map_sweep
     from primitives.launch import spawn
-    with open(THP) as f:
-        if "[always]" in f.read():
-            pytest.skip("transparent huge pages are 'always': a fault does not count one 4 KiB page")
+    if huge_pages_always():
+        pytest.skip("transparent huge pages are 'always': a fault does not count one 4 KiB page")
     got, = spawn(map_sweep, 1, args=(((64, 4, 256, 16, 2), (128, 4, 512, 64, 4)), 1, True), timeout=120)
     assert 3.0 < got["map_layer"] < 10.0 and 3.0 < got["map_head"] < 8.0, got
     assert got["block_s"] > 0.0
