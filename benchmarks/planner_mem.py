@@ -28,7 +28,7 @@ from rich.table import Table
 
 import benchmarks.planner_ranks as R
 import benchmarks.planner_ranks_tp as RT
-from benchmarks.planner_local import LOCAL_SW, TUNED, runs
+from benchmarks.planner_local import LOCAL_SW, runs
 from benchmarks.planner_nodes import on_two_nodes
 from planner import hardware as H
 from planner.memory import memory
@@ -122,8 +122,7 @@ def main(argv=None) -> int:
         if a.only not in name or fn is on_two_nodes:
             continue
         got = spawn(_row, lay.gpus, args=(a.mapped, fn, args), timeout=900)
-        sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED) or a.mapped)
-        pred = memory(m, m.seq, lay, batch, replace(H.cpu_here(lay.gpus), alloc_slack=0.0), sw)
+        pred = memory(m, m.seq, lay, batch, H.cpu_here(lay.gpus), replace(LOCAL_SW, mapped_alloc=True))   # without slack
         for r, g in enumerate(got):
             p = parts(g)
             t.add_row(name, str(r), *(f"{p[c]:.1f}" if isinstance(p[c], float) else str(p[c]) for c in cols),

@@ -2,11 +2,13 @@
 the code pages of the kernels it touches for the first time (file-backed) and the anonymous
 memory the runtime keeps beside the tensors (small-block heap, autograd's graph, oneDNN/MKL
 buffers) — a property of this machine's torch build, measured once and written to
-planner/cpu_mem.json for planner.memory (`runtime` term of cpu-here).
+planner/cpu_mem.json for planner.memory (`runtime` term of cpu-here); and the llama family's
+slack per activation byte (planner.host_memory.allocator_slack).
 
-    python -m benchmarks.planner_mem_probe              # ~30 s idle: one process per family
+    python -m benchmarks.planner_mem_probe              # ~80 s idle: one process per family, llama's slack
     python -m benchmarks.planner_mem_probe --dry-run    # print, write nothing
     python -m benchmarks.planner_mem_probe --dry-run --engines    # also each engine's slack, 2-4 ranks (~4 min)
+    python -m benchmarks.planner_mem_probe --vocab 8192 # llama's slack at another vocabulary against the planner's (prints)
 
 Each family runs one process, as benchmarks.planner_local's ranks run (the same warm-up and
 baseline, planner_ranks._warm), its own layer at a probe shape none of the rows uses
@@ -26,6 +28,7 @@ import json
 import os
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 import benchmarks.planner_ranks as R
@@ -45,6 +48,9 @@ MiB = 2**20
 OUT = os.path.join(os.path.dirname(__file__), "..", "planner", "cpu_mem.json")
 SHAPE = dict(layers=2, hidden=128, heads=4, vocab=2048, seq=64)
 MB, STEPS = 2, 3
+LLAMA_SLACK = dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=3,
+                   intermediate_size=512, vocab_size=1024, max_position_embeddings=128)
+SLACK_SEQ, SLACK_MBS = 128, (2, 4, 8)
 
 
 def probe_model(family: str) -> Model:
@@ -75,11 +81,12 @@ def _llama_rank(rank, world, steps: int):
     return R._timed(step, steps, base)
 
 
-def _probe(rank, world, fn, args: tuple, mapped: bool) -> dict:
+def _probe(rank, world, fn, args: tuple, mapped: bool, presets: dict | None = None) -> dict:
     """One rank of a probe step, glibc at its defaults or with every block of ≥ 64 KiB mapped; the
-    file and shared pages it added above the baseline."""
+    file and shared pages it added above the baseline. `presets`: llama presets to register first."""
     if mapped:
         ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD: no freed block stays resident
+    LL.PRESETS.update(presets or {})
     LL.PRESETS["probe"] = dict(hidden_size=SHAPE["hidden"], num_hidden_layers=SHAPE["layers"], vocab_size=SHAPE["vocab"],
                                num_attention_heads=SHAPE["heads"], num_key_value_heads=SHAPE["heads"],
                                intermediate_size=4 * SHAPE["hidden"], max_position_embeddings=SHAPE["seq"])
@@ -120,8 +127,7 @@ def measure(engines: bool = False) -> dict:
         got = {mp: spawn(_probe, lay.gpus, args=(fn, args, mp), timeout=600) for mp in (True, False)}
         peak = {mp: max(g["peak"] for g in v) for mp, v in got.items()}
         g = max(got[True], key=lambda g: g["peak"])
-        hw = replace(H.cpu_here(lay.gpus), alloc_slack=0.0)
-        pred = memory(m, m.seq, lay, batch, hw, replace(LOCAL_SW, mapped_alloc=True))
+        pred = memory(m, m.seq, lay, batch, H.cpu_here(lay.gpus), replace(LOCAL_SW, mapped_alloc=True))
         count = pred["total"] - pred["reserved"] - pred.get("runtime", 0.0)
         out[key] = {"file": float(g["file"]), "anon": float(g["peak"] - g["file"] - g["shm"] - count),
                     "mapped": float(peak[True]), "count": float(count), "default": float(peak[False]),
@@ -130,11 +136,42 @@ def measure(engines: bool = False) -> dict:
     return out
 
 
+def _unslacked(m, lay, batch):
+    """planner.memory of the llama row without slack (every large block mapped): its heavier stage by the count alone."""
+    return memory(m, SLACK_SEQ, lay, batch, H.cpu_here(2), replace(LOCAL_SW, mapped_alloc=True))
+
+
+def llama_slack(vocab: int | None = None, steps: int = 4) -> list[dict]:
+    """Per micro-batch of SLACK_MBS: the measured slack, the planner's activations (heavier stage,
+    counted without slack) and the planner's slack with planner/cpu_mem.json as it stands."""
+    LL.PRESETS["slack-cal"] = cfg = {**LLAMA_SLACK, **({"vocab_size": vocab} if vocab else {})}
+    m, out = R.llama_planner_model("slack-cal", SLACK_SEQ), []
+    for mb in SLACK_MBS:
+        lay, args = Layout(1, 1, 2, mb=mb), ("slack-cal", SLACK_SEQ, mb, 4, steps)
+        got = {mp: spawn(_probe, 2, args=(R._llama_pp_rank, args, mp, {"slack-cal": cfg}), timeout=600) for mp in (True, False)}
+        slack = max(g["peak"] for g in got[False]) - max(g["peak"] for g in got[True])
+        acts = _unslacked(m, lay, 4 * mb)["activations"]
+        out.append({"mb": mb, "slack": float(slack), "activations": acts,
+                    "planned": memory(m, SLACK_SEQ, lay, 4 * mb, H.cpu_here(2), LOCAL_SW)["allocator"]})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print only, do not write planner/cpu_mem.json")
     ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
+    ap.add_argument("--vocab", type=int, default=None, help="llama's slack only, at this vocabulary (printed, nothing written)")
     a = ap.parse_args(argv)
+    sweep = llama_slack(a.vocab)
+    for r in sweep:
+        console.print(f"llama slack, {LLAMA_SLACK['hidden_size']}×{LLAMA_SLACK['num_hidden_layers']}, vocabulary "
+                      f"{a.vocab or LLAMA_SLACK['vocab_size']}, pp2 mb{r['mb']}: {r['slack'] / MiB:.1f} MiB, activations "
+                      f"{r['activations'] / MiB:.1f} ({r['slack'] / r['activations']:.2f} per byte); the planner now {r['planned'] / MiB:.1f} ({r['planned'] / max(r['slack'], 1.0) - 1:+.0%})", highlight=False)
+    x, y = (np.array([r[k] for r in sweep]) for k in ("activations", "slack"))
+    per_act = float(x @ y / (x @ x))
+    console.print(f"llama slack per activation byte {per_act:.3f} (least squares through the origin)", highlight=False)
+    if a.vocab:
+        return 0
     got = measure(a.engines)
     for key, v in got.items():
         console.print(f"{key}: mapped {v['mapped'] / MiB:.1f} MiB, planner's count {v['count'] / MiB:.1f}, "
@@ -145,6 +182,8 @@ def main(argv=None) -> int:
         fam = ("torch", "distilbert", "llama")
         with open(OUT, "w") as f:
             json.dump({"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
+                       "slack": {"llama": {"per_activation": per_act, "shape": LLAMA_SLACK,
+                                           "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS)}},
                        "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE}, f, indent=1)
     return 0
 

@@ -223,8 +223,8 @@ def main(argv=None) -> int:
                for mapped in (False, True) + (("risen",) if a.risen else ()) + tuple(variants)}
         console.print(f"{name}: load average {la:.1f} → {os.getloadavg()[0]:.1f}", highlight=False)
         peak = {k: max(g["peak"] for g in v) / MiB for k, v in got.items()}
-        hw = replace(H.cpu_here(lay.gpus), alloc_slack=0.0)
-        pred = memory(m, m.seq, lay, batch, hw, LOCAL_SW)
+        hw = H.cpu_here(lay.gpus)
+        pred = memory(m, m.seq, lay, batch, hw, replace(LOCAL_SW, mapped_alloc=True))     # counted without slack
         count = (pred["total"] - pred["reserved"]) / MiB
         t.add_row(name, " / ".join(f"{g['peak'] / MiB:.1f}" for g in got[False]), f"{peak[True]:.1f}", f"{peak[False] - peak[True]:.1f}", f"{count:.1f}",
                   f"{count / peak[True] - 1:+.0%}", f"{max(g['shm'] for g in got[False]) / MiB:.1f}",

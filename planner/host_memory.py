@@ -1,7 +1,7 @@
 """What a CPU host's rank keeps resident beyond the tensors planner.memory counts (cpu-here):
 the runtime's pages per layer family and glibc's slack.
 
-    python -m benchmarks.planner_mem_probe      # measures the runtime's pages into planner/cpu_mem.json
+    python -m benchmarks.planner_mem_probe      # the runtime's pages and llama's slack into planner/cpu_mem.json
     python -m benchmarks.planner_mem            # a measured peak split into its parts
 
 Cost: one JSON read, cached.
@@ -29,7 +29,14 @@ def _cpu_mem() -> dict:
     if not os.path.exists(CPU_MEM):
         return {}
     with open(CPU_MEM) as f:
-        return json.load(f)["runtime"]
+        return json.load(f)
+
+
+def slack_per_activation(model) -> float | None:
+    """Slack bytes per activation byte of the model's layer family, where probed
+    (benchmarks.planner_mem_probe: llama's); None where the family's slack follows its model states."""
+    got = _cpu_mem().get("slack", {}).get(family(model))
+    return float(got["per_activation"]) if got else None
 
 
 def runtime_bytes(model) -> float:
@@ -38,40 +45,42 @@ def runtime_bytes(model) -> float:
     pages of the kernels the family touches after the warm-up (RssFile) and the anonymous memory
     the runtime keeps beside the tensors (small-block heap, the autograd graph, oneDNN/MKL
     buffers). 0 when not probed."""
-    got = _cpu_mem().get(family(model))
+    got = _cpu_mem().get("runtime", {}).get(family(model))
     return float(got["file"] + got["anon"]) if got else 0.0
 
 
-def allocator_slack(lay, states: dict, hw) -> float:
+def allocator_slack(model, stage: dict, hw) -> float:
     """Bytes glibc keeps resident beyond the live tensors at its defaults: free chunks below the
     heap's highest point in a step (benchmarks.planner_slack_replay). Torch asks for every tensor
     with posix_memalign (64 bytes); glibc's memalign takes size + alignment + MINSIZE from its bins
     and splits the chunk it gets, so a freed tensor's chunk serves the next request of its own size
     only once merged with a free neighbour, and the runtime's small blocks, carved from the
-    fragments, keep neighbours apart: the step's heap top rises above its live peak. With the heap
-    trimmed after every step (planner_slack --trim) llama-small pp2 keeps its slack, each step makes
-    it anew, and gpt-small dp2 keeps a fifth of it: there the rest is earlier steps' free pages.
-    Replaying a rank's logged calls through glibc reproduces its peak; the same calls unaligned keep
-    8-43 % of the slack, without the small blocks 23-62 %; with glibc's mmap threshold raised before
-    the first call rather than rising as the run's did, llama-small's unaligned replay keeps none:
-    which chunks stay split depends on the order of a step's calls and on the heap and threshold it
-    starts from, not on a row's tensor sizes alone. At the live peak the free chunks are holes of
-    the row's own tensor sizes, tens activation-sized and, in the GPT and DistilBERT rows, 2-41
-    of the large blocks (planner_slack_replay --holes); Adam's m and v made before the first step
-    (planner_slack --eager) move only llama-small's, by 2-5 MiB. What the pipeline engine could do
-    (planner_slack --variant): keeping its own blocks (pooled receive buffers, gradients zeroed in
-    place) leaves the slack in its spread; trimming the heap after each backward removes a third to a
-    half at 10-24 % more CPU a step; only mapping removes it, at 33-73 % more CPU, so no engine here
-    does either and the rule counts what a run at the defaults keeps. The rule here is
-    calibrated by benchmarks.planner_fit_engine on SLACK_CAL's DDP step (Hardware.alloc_slack)
-    and scaled by this stage's model-state bytes over the calibration step's, never above the
-    calibrated bytes; the nearest of the two simple rules to benchmarks.planner_local's rows. The
-    same slack serves zero_from_scratch's ZeRO-1/2 engine: on SLACK_CAL at micro-batch 2, 4 and 8
-    its ZeRO-1 and ZeRO-2 steps kept 41-78 MiB where the DDP step kept 31-81, one run each
-    (benchmarks.planner_slack --only gpt-cal --mb N; the fit's ZeRO-1 reading is recorded beside,
-    engine_fit). The probes and their numbers, with the load, are in tutorials/15_planner.md
-    ("Memory") and RESULTS.md.
+    fragments, keep neighbours apart: the step's heap top rises above its live peak. Which chunks
+    stay split depends on the order of a step's calls and the heap it starts from
+    (planner_slack_replay: the same calls unaligned keep 8-43 % of it, with the mmap threshold
+    raised first llama-small's keep none), so the rule is measured per layer family:
+      torch's layer and DistilBERT's: the slack follows the model states more than the micro-batch
+        (gpt-mini dp2 59 to 81 MiB from micro-batch 2 to 8, its pp2 56 to 45: planner_slack --mb N):
+        hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, scaled by
+        the stage's model-state bytes over the calibration step's, never above it. zero_from_scratch's
+        ZeRO-1/2 engine keeps the same (41-78 MiB on SLACK_CAL where DDP kept 31-81).
+      Hugging Face's llama layer: the slack follows the stage's activations at fixed model states,
+        slack_per_activation bytes per activation byte, fitted through micro-batch 2, 4 and 8 at a
+        shape no row uses (benchmarks.planner_mem_probe; llama-small's 18.6, 34.6 and 75.2 MiB at
+        the same micro-batches, planner_slack --only llama-small --mb N). Not where the vocabulary's
+        blocks are large: at vocabulary 8,192 the probe's shape keeps 3-6 times the rule
+        (planner_mem_probe --vocab 8192), as the torch rows do not.
+    What an engine could do about it (planner_slack --variant): keeping its own blocks leaves the
+    slack; trimming the heap after each backward removes a third to a half at 10-24 % more CPU a
+    step; only mapping removes it, at 33-73 % more, so none does and the rule counts what a run at
+    the defaults keeps. The probes and their numbers: tutorials/15_planner.md ("Memory"), RESULTS.md.
     """
+    per_act = slack_per_activation(model)
+    if per_act is not None:
+        return per_act * stage["activations"]
     cal = model_state_bytes(0, SLACK_CAL.params(), 2, False)     # its 2 ranks, fp32
-    here = states["params"] + states["grads"] + states["optimizer"]
-    return hw.alloc_slack * min(1.0, here / sum(cal.values()))
+    here = stage["params"] + stage["grads"] + stage["optimizer"]
+    per_act = slack_per_activation(model)
+    if per_act is None:
+        return hw.alloc_slack * min(1.0, here / sum(cal.values()))
+    return per_act * stage["activations"] + hw.alloc_slack * min(1.0, outside * here / sum(cal.values()))

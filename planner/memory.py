@@ -263,8 +263,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     Runtime: what the first steps map beside the tensors, per layer family (runtime_bytes: kernel
     code pages, the runtime's small blocks), probed once on this machine.
     Allocator: what glibc keeps resident beyond the live tensors at its defaults (allocator_slack:
-    the calibrated slack scaled by the stage's model states); nothing when large blocks are mapped
-    (maps_blocks: a freed block leaves the resident set at once)."""
+    the calibrated slack scaled by the stage's model states, llama's per activation byte);
+    nothing when large blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
@@ -290,6 +290,6 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
         out["runtime"] = runtime_bytes(model)
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(lay, out, hw)
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, out, hw)
         best = _heavier(best, out, work, hw, stage)
     return best

@@ -57,22 +57,47 @@ def test_slack_calibration_shape_is_planner_fits():
     assert HM.SLACK_CAL == CAL
 
 
-def test_slack_scales_with_the_stages_model_states_up_to_the_calibrated_bytes():
+def test_slack_scales_with_the_stages_model_states_up_to_the_calibrated_bytes(probed):
     hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB)
     cal = PM._states(Layout(2, 1, 1), CAL.params(), False)
-    assert HM.allocator_slack(Layout(2, 1, 1), cal, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
+    assert HM.allocator_slack(GPT, cal, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
     half = {k: v / 2 for k, v in cal.items()}
-    assert HM.allocator_slack(Layout(1, 1, 2), half, hw) == pytest.approx(25.0 * MiB)
+    assert HM.allocator_slack(GPT, half, hw) == pytest.approx(25.0 * MiB)
     double = {k: v * 2 for k, v in cal.items()}
-    assert HM.allocator_slack(Layout(2, 1, 1), double, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
+    assert HM.allocator_slack(GPT, double, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
     # zero_from_scratch's ZeRO-1/2 engine keeps the same slack, scaled by its sharded states
     z1 = PM._states(Layout(2, 1, 1, zero=1), CAL.params(), False)
-    assert HM.allocator_slack(Layout(2, 1, 1, zero=1), z1, hw) == pytest.approx(50.0 * MiB * sum(z1.values()) / sum(cal.values()))
-    # a model 1/40 the calibration's keeps 1/40 of its slack (llama tiny against 55 MiB: about 1.4 MiB)
+    assert HM.allocator_slack(GPT, z1, hw) == pytest.approx(50.0 * MiB * sum(z1.values()) / sum(cal.values()))
+    # a family without a probed factor keeps the states rule: llama tiny, 1/40 the calibration's states
     tiny = llama_planner_model("tiny", 128)
     mem = PM.memory(tiny, 128, Layout(1, 1, 2, mb=2), 8, replace(H.cpu_here(2), alloc_slack=55.0 * MiB))
     states = mem["params"] + mem["grads"] + mem["optimizer"]
     assert mem["allocator"] == pytest.approx(55.0 * MiB * states / sum(cal.values())) and mem["allocator"] < 2 * MiB
+
+
+def test_llama_slack_is_its_factor_times_the_stages_activations(probed):
+    """With a probed factor the llama family's slack is that many bytes per activation byte of the
+    stage the peak is on, whatever the calibrated slack; other families are untouched."""
+    data = json.loads(probed.read_text())
+    probed.write_text(json.dumps({**data, "slack": {"llama": {"per_activation": 0.5}}}))
+    HM._cpu_mem.cache_clear()
+    hw = replace(H.cpu_here(2), alloc_slack=55.0 * MiB)
+    small = llama_planner_model("small", 128)
+    two, eight = (PM.memory(small, 128, Layout(1, 1, 2, mb=mb), 4 * mb, hw) for mb in (2, 8))
+    for mem in (two, eight):
+        assert mem["allocator"] == pytest.approx(0.5 * mem["activations"])
+    assert eight["allocator"] == pytest.approx(4 * two["allocator"], rel=0.02)     # a larger micro-batch keeps more, as measured
+    assert PM.memory(small, 128, Layout(1, 1, 2, mb=2), 8, replace(hw, alloc_slack=0.0))["allocator"] == two["allocator"]
+    assert HM.allocator_slack(GPT, PM._states(Layout(2, 1, 1), CAL.params(), False), hw) == pytest.approx(55.0 * MiB)
+    assert PM.memory(small, 128, Layout(1, 1, 2, mb=2), 8, hw, Software(mapped_alloc=True))["allocator"] == 0.0
+
+
+def test_the_shipped_llama_factor_is_a_probed_fraction():
+    """planner/cpu_mem.json as benchmarks.planner_mem_probe writes it: llama's factor and the shape it was fitted at."""
+    with open(HM.CPU_MEM) as f:
+        got = json.load(f)["slack"]["llama"]
+    assert 0.0 < got["per_activation"] < 2.0 and got["micro_batches"] == [2, 4, 8]
+    assert got["shape"]["hidden_size"] not in (64, 256)        # not a row's preset (tiny, small)
 
 
 def test_mapped_blocks_keep_no_slack():
