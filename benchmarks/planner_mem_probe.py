@@ -3,12 +3,12 @@ the code pages of the kernels it touches for the first time (file-backed) and th
 memory the runtime keeps beside the tensors (small-block heap, autograd's graph, oneDNN/MKL
 buffers) — a property of this machine's torch build, measured once and written to
 planner/cpu_mem.json for planner.memory (`runtime` term of cpu-here); and the llama family's
-slack per activation byte (planner.host_memory.allocator_slack).
+slack per byte of the blocks a stage frees.
 
-    python -m benchmarks.planner_mem_probe              # ~80 s idle: one process per family, llama's slack
+    python -m benchmarks.planner_mem_probe              # ~2 min idle: one process per family, llama's slack
     python -m benchmarks.planner_mem_probe --dry-run    # print, write nothing
     python -m benchmarks.planner_mem_probe --dry-run --engines    # also each engine's slack, 2-4 ranks (~4 min)
-    python -m benchmarks.planner_mem_probe --vocab 8192 # llama's slack at another vocabulary against the planner's (prints)
+    python -m benchmarks.planner_mem_probe --vocab 4096 # llama's slack at another vocabulary against the planner's (prints)
 
 Each family runs one process, as benchmarks.planner_local's ranks run (the same warm-up and
 baseline, planner_ranks._warm), its own layer at a probe shape none of the rows uses
@@ -19,6 +19,14 @@ file pages (RssFile), and the anonymous rest less the planner's own count of the
 (defaults less mapped) as a fraction of the gradients and optimizer state, printed, as evidence
 for planner.host_memory.allocator_slack (not used by it); --engines does the same for each engine of
 benchmarks.planner_local at the probe shape. Memory only: the load does not enter.
+
+llama's slack: its pipeline (benchmarks.planner_ranks._llama_pp_rank, pp 2, 4 micro-batches, 4
+steps) at LLAMA_SLACK, a shape no row uses, at vocabulary 1,024 and 8,192 and micro-batch 2, 4
+and 8, at the defaults and mapped; the slack of each rank (defaults less mapped) against the
+planner's blocks of that rank's stage (activations, logit gradients, end matrices: what
+planner.memory hands allocator_slack), both ranks: a least-squares fit without a constant gives
+the bytes kept per byte of each, written for planner.host_memory.allocator_slack. --vocab N prints the same sweep at another vocabulary beside
+the planner's slack as the file stands: the check.
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ from benchmarks.planner_mem import snapshot
 import pipeline_parallel.models.llama as LL
 from pipeline_parallel.models.llama import llama_config, llama_model
 from planner import hardware as H
+from planner import host_memory as HM
+from planner import memory as PM
 from planner.layout import Layout
 from planner.memory import memory
 from planner.model import Model
@@ -50,7 +60,7 @@ SHAPE = dict(layers=2, hidden=128, heads=4, vocab=2048, seq=64)
 MB, STEPS = 2, 3
 LLAMA_SLACK = dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=3,
                    intermediate_size=512, vocab_size=1024, max_position_embeddings=128)
-SLACK_SEQ, SLACK_MBS = 128, (2, 4, 8)
+SLACK_SEQ, SLACK_MBS, SLACK_VOCABS = 128, (2, 4, 8), (1024, 8192)
 
 
 def probe_model(family: str) -> Model:
@@ -136,23 +146,34 @@ def measure(engines: bool = False) -> dict:
     return out
 
 
-def _unslacked(m, lay, batch):
-    """planner.memory of the llama row without slack (every large block mapped): its heavier stage by the count alone."""
-    return memory(m, SLACK_SEQ, lay, batch, H.cpu_here(2), replace(LOCAL_SW, mapped_alloc=True))
+def stage_blocks(m, lay, batch) -> dict:
+    """{stage: the blocks (bytes) planner.memory hands allocator_slack for it}, recorded as it counts."""
+    seen, real = [], PM.allocator_slack
+    PM.allocator_slack = lambda model, out, blocks, hw: seen.append(blocks) or 0.0
+    try:
+        memory(m, SLACK_SEQ, lay, batch, H.cpu_here(2), LOCAL_SW)
+    finally:
+        PM.allocator_slack = real
+    return dict(zip(("first", "last"), seen))
 
 
-def llama_slack(vocab: int | None = None, steps: int = 4) -> list[dict]:
-    """Per micro-batch of SLACK_MBS: the measured slack, the planner's activations (heavier stage,
-    counted without slack) and the planner's slack with planner/cpu_mem.json as it stands."""
-    LL.PRESETS["slack-cal"] = cfg = {**LLAMA_SLACK, **({"vocab_size": vocab} if vocab else {})}
-    m, out = R.llama_planner_model("slack-cal", SLACK_SEQ), []
-    for mb in SLACK_MBS:
-        lay, args = Layout(1, 1, 2, mb=mb), ("slack-cal", SLACK_SEQ, mb, 4, steps)
-        got = {mp: spawn(_probe, 2, args=(R._llama_pp_rank, args, mp, {"slack-cal": cfg}), timeout=600) for mp in (True, False)}
-        slack = max(g["peak"] for g in got[False]) - max(g["peak"] for g in got[True])
-        acts = _unslacked(m, lay, 4 * mb)["activations"]
-        out.append({"mb": mb, "slack": float(slack), "activations": acts,
-                    "planned": memory(m, SLACK_SEQ, lay, 4 * mb, H.cpu_here(2), LOCAL_SW)["allocator"]})
+def llama_slack(vocabs=SLACK_VOCABS, steps: int = 4) -> list[dict]:
+    """Per vocabulary, micro-batch of SLACK_MBS and stage (rank 0 the first, rank 1 the last): the
+    measured slack (the rank's peak at the defaults less mapped), the planner's blocks of that stage,
+    and its slack for them with planner/cpu_mem.json as it stands."""
+    out = []
+    for vocab in vocabs:
+        LL.PRESETS["slack-cal"] = cfg = {**LLAMA_SLACK, "vocab_size": vocab}
+        m = R.llama_planner_model("slack-cal", SLACK_SEQ)
+        for mb in SLACK_MBS:
+            lay, args = Layout(1, 1, 2, mb=mb), ("slack-cal", SLACK_SEQ, mb, 4, steps)
+            got = {mp: spawn(_probe, 2, args=(R._llama_pp_rank, args, mp, {"slack-cal": cfg}), timeout=600) for mp in (True, False)}
+            blocks = stage_blocks(m, lay, 4 * mb)
+            fitted = HM.llama_slack(m)
+            for rank, stage in enumerate(("first", "last")):
+                out.append({"vocab": vocab, "mb": mb, "stage": stage, "blocks": blocks[stage],
+                            "slack": float(got[False][rank]["peak"] - got[True][rank]["peak"]),
+                            "planned": sum(fitted[k] * blocks[stage][k] for k in HM.SLACK_BLOCKS) if fitted else None})
     return out
 
 
@@ -162,16 +183,21 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
     ap.add_argument("--vocab", type=int, default=None, help="llama's slack only, at this vocabulary (printed, nothing written)")
     a = ap.parse_args(argv)
-    sweep = llama_slack(a.vocab)
+    sweep = llama_slack((a.vocab,) if a.vocab else SLACK_VOCABS)
     for r in sweep:
-        console.print(f"llama slack, {LLAMA_SLACK['hidden_size']}×{LLAMA_SLACK['num_hidden_layers']}, vocabulary "
-                      f"{a.vocab or LLAMA_SLACK['vocab_size']}, pp2 mb{r['mb']}: {r['slack'] / MiB:.1f} MiB, activations "
-                      f"{r['activations'] / MiB:.1f} ({r['slack'] / r['activations']:.2f} per byte); the planner now {r['planned'] / MiB:.1f} ({r['planned'] / max(r['slack'], 1.0) - 1:+.0%})", highlight=False)
-    x, y = (np.array([r[k] for r in sweep]) for k in ("activations", "slack"))
-    per_act = float(x @ y / (x @ x))
-    console.print(f"llama slack per activation byte {per_act:.3f} (least squares through the origin)", highlight=False)
+        b = r["blocks"]
+        console.print(f"llama slack, {LLAMA_SLACK['hidden_size']}×{LLAMA_SLACK['num_hidden_layers']}, vocabulary {r['vocab']}, "
+                      f"pp2 mb{r['mb']}, {r['stage']} stage: {r['slack'] / MiB:.1f} MiB; activations {b['activations'] / MiB:.1f}, "
+                      f"logit gradients {b['logit_grads'] / MiB:.1f}, ends {b['ends'] / MiB:.1f}"
+                      + (f"; the planner now {r['planned'] / MiB:.1f} ({r['planned'] / max(r['slack'], 1.0) - 1:+.0%})"
+                         if r["planned"] is not None else ""), highlight=False)
     if a.vocab:
         return 0
+    factors, *_ = np.linalg.lstsq(np.array([[r["blocks"][k] for k in HM.SLACK_BLOCKS] for r in sweep]),
+                                  np.array([r["slack"] for r in sweep]), rcond=None)
+    fit = dict(zip(HM.SLACK_BLOCKS, map(float, factors)))
+    console.print("llama slack per byte (least squares, no constant): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in fit.items()), highlight=False)
     got = measure(a.engines)
     for key, v in got.items():
         console.print(f"{key}: mapped {v['mapped'] / MiB:.1f} MiB, planner's count {v['count'] / MiB:.1f}, "
@@ -182,8 +208,8 @@ def main(argv=None) -> int:
         fam = ("torch", "distilbert", "llama")
         with open(OUT, "w") as f:
             json.dump({"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
-                       "slack": {"llama": {"per_activation": per_act, "shape": LLAMA_SLACK,
-                                           "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS)}},
+                       "slack": {"llama": {**fit, "shape": LLAMA_SLACK,
+                                           "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS), "vocabularies": list(SLACK_VOCABS)}},
                        "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE}, f, indent=1)
     return 0
 

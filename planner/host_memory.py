@@ -32,11 +32,14 @@ def _cpu_mem() -> dict:
         return json.load(f)
 
 
-def slack_per_activation(model) -> float | None:
-    """Slack bytes per activation byte of the model's layer family, where probed
-    (benchmarks.planner_mem_probe: llama's); None where the family's slack follows its model states."""
+SLACK_BLOCKS = ("activations", "logit_grads", "ends")    # the blocks a llama stage's slack is fitted on
+
+
+def llama_slack(model) -> dict | None:
+    """{block: bytes of slack per byte of it} of the model's layer family where probed
+    (benchmarks.planner_mem_probe: llama's); None where its slack follows the model states."""
     got = _cpu_mem().get("slack", {}).get(family(model))
-    return float(got["per_activation"]) if got else None
+    return {k: float(got[k]) for k in SLACK_BLOCKS} if got else None
 
 
 def runtime_bytes(model) -> float:
@@ -49,7 +52,7 @@ def runtime_bytes(model) -> float:
     return float(got["file"] + got["anon"]) if got else 0.0
 
 
-def allocator_slack(model, stage: dict, hw) -> float:
+def allocator_slack(model, stage: dict, blocks: dict, hw) -> float:
     """Bytes glibc keeps resident beyond the live tensors at its defaults: free chunks below the
     heap's highest point in a step (benchmarks.planner_slack_replay). Torch asks for every tensor
     with posix_memalign (64 bytes); glibc's memalign takes size + alignment + MINSIZE from its bins
@@ -64,23 +67,22 @@ def allocator_slack(model, stage: dict, hw) -> float:
         hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, scaled by
         the stage's model-state bytes over the calibration step's, never above it. zero_from_scratch's
         ZeRO-1/2 engine keeps the same (41-78 MiB on SLACK_CAL where DDP kept 31-81).
-      Hugging Face's llama layer: the slack follows the stage's activations at fixed model states,
-        slack_per_activation bytes per activation byte, fitted through micro-batch 2, 4 and 8 at a
-        shape no row uses (benchmarks.planner_mem_probe; llama-small's 18.6, 34.6 and 75.2 MiB at
-        the same micro-batches, planner_slack --only llama-small --mb N). Not where the vocabulary's
-        blocks are large: at vocabulary 8,192 the probe's shape keeps 3-6 times the rule
-        (planner_mem_probe --vocab 8192), as the torch rows do not.
+      Hugging Face's llama layer: the slack grows with the micro-batch at fixed model states and
+        with the vocabulary at fixed activations: a few of the blocks of each size a step frees
+        stay as holes. So it is a sum over the stage's blocks (`blocks`, bytes): its activations,
+        the loss's logit gradients (the last stage) and its end matrices (embedding, head; their
+        gradient is a fresh dense block every micro-batch), each times its fitted factor, fitted
+        by least squares on both stages of a shape no row uses, vocabulary 1,024 and 8,192 at
+        micro-batch 2, 4 and 8 (benchmarks.planner_mem_probe); that shape at vocabulary 4,096 and
+        llama-small's rows are the check (planner_mem_probe --vocab 4096, planner_slack --mb N).
     What an engine could do about it (planner_slack --variant): keeping its own blocks leaves the
     slack; trimming the heap after each backward removes a third to a half at 10-24 % more CPU a
     step; only mapping removes it, at 33-73 % more, so none does and the rule counts what a run at
     the defaults keeps. The probes and their numbers: tutorials/15_planner.md ("Memory"), RESULTS.md.
     """
-    per_act = slack_per_activation(model)
-    if per_act is not None:
-        return per_act * stage["activations"]
+    fitted = llama_slack(model)
+    if fitted is not None:
+        return sum(fitted[k] * blocks[k] for k in SLACK_BLOCKS)
     cal = model_state_bytes(0, SLACK_CAL.params(), 2, False)     # its 2 ranks, fp32
     here = stage["params"] + stage["grads"] + stage["optimizer"]
-    per_act = slack_per_activation(model)
-    if per_act is None:
-        return hw.alloc_slack * min(1.0, here / sum(cal.values()))
-    return per_act * stage["activations"] + hw.alloc_slack * min(1.0, outside * here / sum(cal.values()))
+    return hw.alloc_slack * min(1.0, here / sum(cal.values()))

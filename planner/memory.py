@@ -47,6 +47,11 @@ def stage_params(model, lay, stage: str) -> int:
     return n
 
 
+def end_params(model, lay, stage: str) -> int:
+    """The stage's parameters beside its layers: the embedding, the head, the final norm (after tp)."""
+    return stage_params(model, lay, stage) - model.layers // lay.pp * model.layer_params() // lay.tp
+
+
 def layer_activation_bytes(model, seq: int, lay, bpe: int, recompute: str | None = None) -> float:
     rc = recompute or lay.recompute
     s, b, h, a, t = seq, lay.mb, model.hidden, model.heads, lay.tp
@@ -263,7 +268,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     Runtime: what the first steps map beside the tensors, per layer family (runtime_bytes: kernel
     code pages, the runtime's small blocks), probed once on this machine.
     Allocator: what glibc keeps resident beyond the live tensors at its defaults (allocator_slack:
-    the calibrated slack scaled by the stage's model states, llama's per activation byte);
+    the calibrated slack scaled by the stage's model states; llama's per byte of its freed blocks);
     nothing when large blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
@@ -290,6 +295,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
             u = zero_unit(model, lay, psi)
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
         out["runtime"] = runtime_bytes(model)
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, out, hw)
+        blocks = {"activations": acts, "logit_grads": transient, "ends": 4 * end_params(model, lay, stage)}
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, out, blocks, hw)
         best = _heavier(best, out, work, hw, stage)
     return best
