@@ -15,7 +15,7 @@ without slack.
 
 Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
 each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
-planner's count without the slack, the shared-memory pages the rank touched (RssShmem after the
+planner's slack (planner.host_memory.allocator_slack), the planner's count without the slack, the shared-memory pages the rank touched (RssShmem after the
 steps: planner.memory.shm_bytes's count beside it), the larger rank's peak step by step at the
 defaults (a run's peak is its largest step's) and the slower rank's step (median after the first,
 as planner_local times it) at the defaults and mapped: what mapping every large block costs a step
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     variants = [int(v) if v.isdigit() else v for v in a.variant]
     if any(v not in ("trim-bwd", "reuse") and not isinstance(v, int) for v in variants):
         ap.error(f"--variant: a threshold in bytes, trim-bwd or reuse, got {a.variant}")
-    for c in ("row", "defaults (each rank)", "mapped", "slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes") \
+    for c in ("row", "defaults (each rank)", "mapped", "slack", "the planner's slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes") \
             + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step", "step ms defaults / mapped",
                                                                             "CPU ms defaults / mapped") \
             + tuple(c for v in variants for c in (f"{v}: peak", f"{v}: step / CPU ms")):
@@ -226,7 +226,8 @@ def main(argv=None) -> int:
         hw = H.cpu_here(lay.gpus)
         pred = memory(m, m.seq, lay, batch, hw, replace(LOCAL_SW, mapped_alloc=True))     # counted without slack
         count = (pred["total"] - pred["reserved"]) / MiB
-        t.add_row(name, " / ".join(f"{g['peak'] / MiB:.1f}" for g in got[False]), f"{peak[True]:.1f}", f"{peak[False] - peak[True]:.1f}", f"{count:.1f}",
+        rule = memory(m, m.seq, lay, batch, hw, LOCAL_SW)["allocator"] / MiB        # the planner's slack
+        t.add_row(name, " / ".join(f"{g['peak'] / MiB:.1f}" for g in got[False]), f"{peak[True]:.1f}", f"{peak[False] - peak[True]:.1f}", f"{rule:.1f}", f"{count:.1f}",
                   f"{count / peak[True] - 1:+.0%}", f"{max(g['shm'] for g in got[False]) / MiB:.1f}",
                   f"{shm_bytes(m, m.seq, lay, hw) / MiB:.1f}",
                   *((f"{peak['risen']:.1f}", f"{peak['risen'] - peak[True]:.1f}") if a.risen else ()),
