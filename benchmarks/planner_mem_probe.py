@@ -8,7 +8,8 @@ slack per byte of the blocks a stage frees.
     python -m benchmarks.planner_mem_probe              # ~2 min idle: one process per family, llama's slack
     python -m benchmarks.planner_mem_probe --dry-run    # print, write nothing
     python -m benchmarks.planner_mem_probe --dry-run --engines    # also each engine's slack, 2-4 ranks (~4 min)
-    python -m benchmarks.planner_mem_probe --vocab 4096 # llama's slack at another vocabulary against the planner's (prints)
+    python -m benchmarks.planner_mem_probe --vocab 4096 # llama's slack at another vocabulary beside
+                                                        # the planner's (prints only)
 
 Each family runs one process, as benchmarks.planner_local's ranks run (the same warm-up and
 baseline, planner_ranks._warm), its own layer at a probe shape none of the rows uses
@@ -25,8 +26,9 @@ steps) at LLAMA_SLACK, a shape no row uses, at vocabulary 1,024 and 8,192 and mi
 and 8, at the defaults and mapped; the slack of each rank (defaults less mapped) against the
 planner's blocks of that rank's stage (activations, logit gradients, end matrices: what
 planner.memory hands allocator_slack), both ranks: a least-squares fit without a constant gives
-the bytes kept per byte of each, written for planner.host_memory.allocator_slack. --vocab N prints the same sweep at another vocabulary beside
-the planner's slack as the file stands: the check.
+the bytes kept per byte of each, written for planner.host_memory.allocator_slack. --vocab N
+prints the same sweep at another vocabulary beside the planner's slack as the file stands: the
+check (it writes nothing; --dry-run and --engines do not apply to it).
 """
 from __future__ import annotations
 
@@ -149,15 +151,16 @@ def measure(engines: bool = False) -> dict:
 def stage_blocks(m, lay, batch) -> dict:
     """{stage: the blocks (bytes) planner.memory hands allocator_slack for it}, recorded as it counts."""
     seen, real = [], PM.allocator_slack
-    PM.allocator_slack = lambda model, out, blocks, hw: seen.append(blocks) or 0.0
+    PM.allocator_slack = lambda model, lay, seq, out, blocks, hw: seen.append(blocks) or 0.0
     try:
         memory(m, SLACK_SEQ, lay, batch, H.cpu_here(2), LOCAL_SW)
     finally:
         PM.allocator_slack = real
+    assert len(seen) == 2, "planner.memory counts a cpu-here pipeline's two stages, first then last"
     return dict(zip(("first", "last"), seen))
 
 
-def llama_slack(vocabs=SLACK_VOCABS, steps: int = 4) -> list[dict]:
+def llama_slack_sweep(vocabs=SLACK_VOCABS, steps: int = 4) -> list[dict]:
     """Per vocabulary, micro-batch of SLACK_MBS and stage (rank 0 the first, rank 1 the last): the
     measured slack (the rank's peak at the defaults less mapped), the planner's blocks of that stage,
     and its slack for them with planner/cpu_mem.json as it stands."""
@@ -183,7 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
     ap.add_argument("--vocab", type=int, default=None, help="llama's slack only, at this vocabulary (printed, nothing written)")
     a = ap.parse_args(argv)
-    sweep = llama_slack((a.vocab,) if a.vocab else SLACK_VOCABS)
+    sweep = llama_slack_sweep((a.vocab,) if a.vocab else SLACK_VOCABS)
     for r in sweep:
         b = r["blocks"]
         console.print(f"llama slack, {LLAMA_SLACK['hidden_size']}×{LLAMA_SLACK['num_hidden_layers']}, vocabulary {r['vocab']}, "
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
         fam = ("torch", "distilbert", "llama")
         with open(OUT, "w") as f:
             json.dump({"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
-                       "slack": {"llama": {**fit, "shape": LLAMA_SLACK,
+                       "slack": {"llama": {**fit, "shape": {k: v for k, v in LLAMA_SLACK.items() if k != "vocab_size"},
                                            "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS), "vocabularies": list(SLACK_VOCABS)}},
                        "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE}, f, indent=1)
     return 0

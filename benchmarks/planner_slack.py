@@ -15,7 +15,8 @@ without slack.
 
 Per row: the peak resident set above the pre-model baseline (as planner_local reads it) of
 each rank at the defaults, the larger rank's mapped, their difference (the slack glibc keeps), the
-planner's slack (planner.host_memory.allocator_slack), the planner's count without the slack, the shared-memory pages the rank touched (RssShmem after the
+planner's slack (planner.host_memory.allocator_slack, of the stage it counts heavier), the
+planner's count without the slack, the shared-memory pages the rank touched (RssShmem after the
 steps: planner.memory.shm_bytes's count beside it), the larger rank's peak step by step at the
 defaults (a run's peak is its largest step's) and the slower rank's step (median after the first,
 as planner_local times it) at the defaults and mapped: what mapping every large block costs a step

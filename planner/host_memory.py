@@ -17,6 +17,7 @@ from zero_from_scratch.engine.ledger import model_state_bytes
 
 CPU_MEM = os.path.join(os.path.dirname(__file__), "cpu_mem.json")     # written by python -m benchmarks.planner_mem_probe
 SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit_engine's calibration shape (CAL)
+GLIBC_MMAP_MAX = 32 << 20     # glibc's dynamic mmap threshold stops rising here (64-bit): larger blocks are always mapped
 
 
 def family(model) -> str:
@@ -39,7 +40,11 @@ def llama_slack(model) -> dict | None:
     """{block: bytes of slack per byte of it} of the model's layer family where probed
     (benchmarks.planner_mem_probe: llama's); None where its slack follows the model states."""
     got = _cpu_mem().get("slack", {}).get(family(model))
-    return {k: float(got[k]) for k in SLACK_BLOCKS} if got else None
+    if got is None:
+        return None
+    if missing := [k for k in SLACK_BLOCKS if k not in got]:
+        raise ValueError(f"{CPU_MEM}: {family(model)}'s slack lacks {missing}: rerun python -m benchmarks.planner_mem_probe")
+    return {k: float(got[k]) for k in SLACK_BLOCKS}
 
 
 def runtime_bytes(model) -> float:
@@ -52,7 +57,7 @@ def runtime_bytes(model) -> float:
     return float(got["file"] + got["anon"]) if got else 0.0
 
 
-def allocator_slack(model, stage: dict, blocks: dict, hw) -> float:
+def allocator_slack(model, lay, seq: int, stage: dict, blocks: dict, hw) -> float:
     """Bytes glibc keeps resident beyond the live tensors at its defaults: free chunks below the
     heap's highest point in a step (benchmarks.planner_slack_replay). Torch asks for every tensor
     with posix_memalign (64 bytes); glibc's memalign takes size + alignment + MINSIZE from its bins
@@ -62,19 +67,22 @@ def allocator_slack(model, stage: dict, blocks: dict, hw) -> float:
     stay split depends on the order of a step's calls and the heap it starts from
     (planner_slack_replay: the same calls unaligned keep 8-43 % of it, with the mmap threshold
     raised first llama-small's keep none), so the rule is measured per layer family:
-      torch's layer and DistilBERT's: the slack follows the model states more than the micro-batch
-        (gpt-mini dp2 59 to 81 MiB from micro-batch 2 to 8, its pp2 56 to 45: planner_slack --mb N):
-        hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, scaled by
-        the stage's model-state bytes over the calibration step's, never above it. zero_from_scratch's
-        ZeRO-1/2 engine keeps the same (41-78 MiB on SLACK_CAL where DDP kept 31-81).
+      torch's layer (and DistilBERT's, not fitted apart): hw.alloc_slack, fitted on SLACK_CAL's DDP
+        step by benchmarks.planner_fit_engine, scaled by the stage's model-state bytes over the
+        calibration step's, never above it; gpt-mini's slack moves little with the micro-batch (dp2
+        59 to 81 MiB from micro-batch 2 to 8, pp2 56 to 45: planner_slack --mb N), DistilBERT tp2's
+        grows (24 to 70). zero_from_scratch's ZeRO-1/2 engine keeps the DDP step's (41-78 MiB on
+        SLACK_CAL where DDP kept 31-81).
       Hugging Face's llama layer: the slack grows with the micro-batch at fixed model states and
-        with the vocabulary at fixed activations: a few of the blocks of each size a step frees
-        stay as holes. So it is a sum over the stage's blocks (`blocks`, bytes): its activations,
-        the loss's logit gradients (the last stage) and its end matrices (embedding, head; their
-        gradient is a fresh dense block every micro-batch), each times its fitted factor, fitted
-        by least squares on both stages of a shape no row uses, vocabulary 1,024 and 8,192 at
-        micro-batch 2, 4 and 8 (benchmarks.planner_mem_probe); that shape at vocabulary 4,096 and
-        llama-small's rows are the check (planner_mem_probe --vocab 4096, planner_slack --mb N).
+        with the vocabulary at fixed activations: some of the blocks of each size a step frees stay
+        as holes. So it is a sum over the stage's blocks (`blocks`, bytes): its activations, the
+        loss's logit gradients (the last stage) and its end matrices (embedding, head), each times
+        a factor fitted by least squares on both stages of a shape no row uses, vocabulary 1,024
+        and 8,192, micro-batch 2, 4 and 8, 4 micro-batches a step (benchmarks.planner_mem_probe);
+        that shape at vocabulary 4,096 and llama-small's rows are the check (planner_mem_probe
+        --vocab 4096, planner_slack --mb N). A kind whose one block (b·s·h, b·s·V/t, V·h/t in fp32)
+        reaches GLIBC_MMAP_MAX is always mapped and leaves no hole, so it adds nothing: a 7 B
+        llama's stages keep none.
     What an engine could do about it (planner_slack --variant): keeping its own blocks leaves the
     slack; trimming the heap after each backward removes a third to a half at 10-24 % more CPU a
     step; only mapping removes it, at 33-73 % more, so none does and the rule counts what a run at
@@ -82,7 +90,9 @@ def allocator_slack(model, stage: dict, blocks: dict, hw) -> float:
     """
     fitted = llama_slack(model)
     if fitted is not None:
-        return sum(fitted[k] * blocks[k] for k in SLACK_BLOCKS)
+        b, h, V, t = seq * lay.mb, model.hidden, model.vocab, lay.tp
+        one = {"activations": 4 * b * h, "logit_grads": 4 * b * V / t, "ends": 4 * V * h / t}    # one block of each kind
+        return sum(fitted[k] * blocks[k] for k in SLACK_BLOCKS if one[k] < GLIBC_MMAP_MAX)
     cal = model_state_bytes(0, SLACK_CAL.params(), 2, False)     # its 2 ranks, fp32
     here = stage["params"] + stage["grads"] + stage["optimizer"]
     return hw.alloc_slack * min(1.0, here / sum(cal.values()))

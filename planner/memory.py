@@ -30,7 +30,6 @@ from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
 from tensor_parallel.engine.formulas import megatron_activation_bytes
 from zero_from_scratch.engine.ledger import model_state_bytes
 
-
 ZERO3_MAX_LIVE = 1e9      # DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance defaults (elements)
 
 
@@ -296,6 +295,6 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
         out["runtime"] = runtime_bytes(model)
         blocks = {"activations": acts, "logit_grads": transient, "ends": 4 * end_params(model, lay, stage)}
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, out, blocks, hw)
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, lay, seq, out, blocks, hw)
         best = _heavier(best, out, work, hw, stage)
     return best

@@ -70,6 +70,7 @@ from tensor_parallel.engine.formulas import layer_traffic
 
 from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores, tp_stretch, wait_time
 from planner.hardware import per_step
+from planner.host_memory import GLIBC_MMAP_MAX
 from planner.memory import ZERO3_MAX_LIVE, layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
 
 
@@ -110,7 +111,6 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw, stretch: float
     return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
 
 
-GLIBC_MMAP_MAX = 32 << 20     # glibc's dynamic mmap threshold stops rising here (64-bit): larger blocks are always mapped
 
 
 def zero3_units(model, hw) -> int:

@@ -17,7 +17,7 @@ from planner import hardware as H
 from planner import host_memory as HM
 from planner import memory as PM
 from planner.layout import Layout
-from planner.model import Model
+from planner.model import PRESETS, Model
 from planner.steptime import Software
 
 MiB = 2**20
@@ -60,14 +60,14 @@ def test_slack_calibration_shape_is_planner_fits():
 def test_slack_scales_with_the_stages_model_states_up_to_the_calibrated_bytes(probed):
     hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB)
     cal = PM._states(Layout(2, 1, 1), CAL.params(), False)
-    assert HM.allocator_slack(GPT, cal, {}, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
+    assert HM.allocator_slack(GPT, Layout(2, 1, 1), 128, cal, {}, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
     half = {k: v / 2 for k, v in cal.items()}
-    assert HM.allocator_slack(GPT, half, {}, hw) == pytest.approx(25.0 * MiB)
+    assert HM.allocator_slack(GPT, Layout(1, 1, 2), 128, half, {}, hw) == pytest.approx(25.0 * MiB)
     double = {k: v * 2 for k, v in cal.items()}
-    assert HM.allocator_slack(GPT, double, {}, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
+    assert HM.allocator_slack(GPT, Layout(2, 1, 1), 128, double, {}, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
     # zero_from_scratch's ZeRO-1/2 engine keeps the same slack, scaled by its sharded states
     z1 = PM._states(Layout(2, 1, 1, zero=1), CAL.params(), False)
-    assert HM.allocator_slack(GPT, z1, {}, hw) == pytest.approx(50.0 * MiB * sum(z1.values()) / sum(cal.values()))
+    assert HM.allocator_slack(GPT, Layout(2, 1, 1, zero=1), 128, z1, {}, hw) == pytest.approx(50.0 * MiB * sum(z1.values()) / sum(cal.values()))
     # a family without a probed factor keeps the states rule: llama tiny, 1/40 the calibration's states
     tiny = llama_planner_model("tiny", 128)
     mem = PM.memory(tiny, 128, Layout(1, 1, 2, mb=2), 8, replace(H.cpu_here(2), alloc_slack=55.0 * MiB))
@@ -95,16 +95,55 @@ def test_llama_slack_is_its_factors_times_the_stages_freed_blocks(probed):
     whole = PM.memory(small, 128, Layout(1, 1, 1, mb=2), 2, hw)
     ends = 4 * (small.vocab * small.hidden * 2 + small.hidden)       # embedding, untied head, final norm
     assert whole["allocator"] == pytest.approx(0.5 * whole["activations"] + 2.0 * 2 * 4 * 2 * 128 * small.vocab + 3.0 * ends)
-    assert HM.allocator_slack(GPT, PM._states(Layout(2, 1, 1), CAL.params(), False), {}, hw) == pytest.approx(55.0 * MiB)
+    assert HM.allocator_slack(GPT, Layout(2, 1, 1), 128, PM._states(Layout(2, 1, 1), CAL.params(), False), {}, hw) \
+        == pytest.approx(55.0 * MiB)
     assert PM.memory(small, 128, Layout(1, 1, 2, mb=2), 8, hw, Software(mapped_alloc=True))["allocator"] == 0.0
+
+
+def test_llama_blocks_glibc_always_maps_keep_no_slack(probed):
+    """A block of 32 MiB or more is mapped at glibc's defaults whatever its history, so a kind whose one
+    block reaches that adds nothing: a 7 B llama's stages keep none, and a large vocabulary's end
+    matrices drop out while the small activations still count."""
+    data = json.loads(probed.read_text())
+    probed.write_text(json.dumps({**data, "slack": {"llama": {"activations": 0.5, "logit_grads": 2.0, "ends": 3.0}}}))
+    HM._cpu_mem.cache_clear()
+    hw = H.cpu_here(2)
+    big = replace(llama_planner_model("small", 128), vocab=40_000)        # V·h·4 = 39 MiB, b·s·V·4 = 39 MiB at b·s = 256
+    mem = PM.memory(big, 128, Layout(1, 1, 2, mb=2), 8, hw)
+    assert mem["allocator"] == pytest.approx(0.5 * mem["activations"])
+    seven = PM.memory(PRESETS["llama-7b"], 4096, Layout(1, 1, 2, mb=1), 8, hw)
+    assert seven["allocator"] == 0.0 and seven["activations"] > 1e9
+
+
+def test_an_incomplete_llama_fit_is_refused(probed):
+    data = json.loads(probed.read_text())
+    probed.write_text(json.dumps({**data, "slack": {"llama": {"per_activation": 0.5}}}))
+    HM._cpu_mem.cache_clear()
+    with pytest.raises(ValueError, match="lacks.*planner_mem_probe"):
+        PM.memory(llama_planner_model("small", 128), 128, Layout(1, 1, 2, mb=2), 8, H.cpu_here(2))
+
+
+def test_the_slack_probe_reads_each_stages_blocks():
+    """benchmarks.planner_mem_probe fits each rank against the blocks planner.memory counts for its
+    stage: the first without logits, the last with them, and planner.memory left as it was."""
+    from benchmarks.planner_mem_probe import stage_blocks
+    small = llama_planner_model("small", 128)
+    got = stage_blocks(small, Layout(1, 1, 2, mb=2), 8)
+    assert set(got) == {"first", "last"} and all(set(b) == set(HM.SLACK_BLOCKS) for b in got.values())
+    assert got["first"]["logit_grads"] == 0.0 < got["last"]["logit_grads"]
+    assert got["first"]["activations"] > got["last"]["activations"]            # two micro-batches in flight
+    assert PM.allocator_slack is HM.allocator_slack
 
 
 def test_the_shipped_llama_factors_are_probed():
     """planner/cpu_mem.json as benchmarks.planner_mem_probe writes it: llama's factors and where they were fitted."""
+    from benchmarks.planner_mem_probe import LLAMA_SLACK, SLACK_MBS, SLACK_VOCABS
     with open(HM.CPU_MEM) as f:
         got = json.load(f)["slack"]["llama"]
-    assert all(0.0 < got[k] < 10.0 for k in HM.SLACK_BLOCKS) and got["micro_batches"] == [2, 4, 8]
-    assert got["shape"]["hidden_size"] not in (64, 256) and len(got["vocabularies"]) == 2   # not a row's preset (tiny, small)
+    assert all(0.0 < got[k] < 10.0 for k in HM.SLACK_BLOCKS)
+    assert got["micro_batches"] == list(SLACK_MBS) and got["vocabularies"] == list(SLACK_VOCABS)
+    assert got["shape"] == {k: v for k, v in LLAMA_SLACK.items() if k != "vocab_size"}
+    assert LLAMA_SLACK["hidden_size"] not in (64, 256)        # not a row's preset (tiny, small)
 
 
 def test_mapped_blocks_keep_no_slack():
