@@ -189,6 +189,13 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
     repredict(str(path))
     out = capsys.readouterr().out
     assert "+20% → +20%" in out and "-5% → -5%" in out
+    # with a reading after the row, the speed over it is the two readings' harmonic mean
+    from benchmarks.planner_local import row_speed
+    assert row_speed(0.5, 1.0) == pytest.approx(2 / 3) and row_speed(0.9, None) == 0.9
+    slow = predicted(m, label, lay, batch, False, 1.0, 0.5, row_speed(0.9, 0.45))[2].time["total"]
+    path.write_text(json.dumps([{**row, "after": {"speed": 0.45}}]))
+    repredict(str(path))
+    assert f"+20% → {slow / row['step_meas'] - 1:+.0%}" in capsys.readouterr().out and slow > p.time["total"]
 
 
 def test_slack_replay_counts_the_logged_blocks(tmp_path):
