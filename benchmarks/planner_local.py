@@ -51,8 +51,9 @@ user's run would, and its own processes are not counted as load; it reads again 
 PROBE_AFTER_S after the row (the JSON's "after": how far the machine moved while the row ran).
 This guest's speed moves by up to 1.8× within minutes, so the row's prediction takes the speed
 over the row as the harmonic mean of the two readings (row_speed: a step's CPU seconds go as
-1 / speed, and the row ran between them); the first prediction, from the reading before alone,
-is printed beside it ("before only").
+1 / speed and the row ran between them; exact if the speed changes evenly per unit of work, a
+heuristic otherwise). A plan made ahead has only the reading before: that first prediction is
+printed beside it ("before only").
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
@@ -93,7 +94,7 @@ from primitives.launch import spawn
 from primitives.log import console
 
 TUNED = "(malloc 64K)"
-PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row (the prediction's) and after it
+PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row and after it (the speed over the row)
 LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
 
 
@@ -213,6 +214,7 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
          "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
          "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
+         "row_speed": row_speed(speed, speed_after),
          "stretch": stretch, "after": {"load": probe.load(sleeper.used()), "share": probe.share(), "wake": sleeper.share(),
                                        "speed": speed_after},
          "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
@@ -256,7 +258,6 @@ def main(argv=None) -> int:
     if (rc := in_own_session("benchmarks.planner_local", argv)) is not None:
         return rc
     rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
-    loads = [r["load"] for r in rows]
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
                     f"{min(shares) / os.cpu_count():.2f}-{max(shares) / os.cpu_count():.2f} of a core, {os.cpu_count()} cores")
