@@ -10,7 +10,6 @@ Cost: the ranks' training steps; the resident-set reads are a /proc read per ste
 from __future__ import annotations
 
 import ctypes
-import resource
 import statistics
 import time
 
@@ -76,20 +75,16 @@ def _warm(tuned: bool = False) -> int:
 
 
 def _timed(one_step, steps: int, base: int) -> dict:
-    """Run `steps` steps, the peak reset before each. Step: the median after the first, wall and CPU;
-    `fresh`: the bytes of pages this thread first touched in a step (minor faults, the median after the first)."""
-    times, cpus, peaks, fresh = [], [], [], []
+    """Run `steps` steps, the peak reset before each. Step: the median after the first, wall and CPU."""
+    times, cpus, peaks = [], [], []
     for _ in range(steps):
         _reset_peak()
-        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         t0, c0 = time.perf_counter(), time.thread_time()
         one_step()
         times.append(time.perf_counter() - t0)
         cpus.append(time.thread_time() - c0)
-        fresh.append((resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0) * resource.getpagesize())
         peaks.append(_vm("VmHWM") - base)
-    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks), "peaks": peaks,
-            "fresh": statistics.median(fresh[1:])}
+    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks), "peaks": peaks}
 
 
 def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None, tuned: bool = False,
