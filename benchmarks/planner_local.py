@@ -204,7 +204,8 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     probe.within([after])
     sleeper.within([after])
     speed_after = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
-    hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, row_speed(speed, speed_after))
+    over_row = row_speed(speed, speed_after)
+    hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, over_row)
     idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
     free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
     cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
@@ -214,7 +215,7 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
          "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
          "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
-         "row_speed": row_speed(speed, speed_after),
+         "row_speed": over_row,
          "stretch": stretch, "after": {"load": probe.load(sleeper.used()), "share": probe.share(), "wake": sleeper.share(),
                                        "speed": speed_after},
          "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,

@@ -111,8 +111,6 @@ def group_time(name: str, n: int, nbytes: float, stride: int, hw, stretch: float
     return predict_2level(name.replace("_single", ""), "hierarchical", m, k, int(nbytes), Links(hw.intra, inter))
 
 
-
-
 def zero3_units(model, hw) -> int:
     """Modules a layer's ZeRO-3 fetches gather one by one (each a blocking all-gather): Megatron's
     layer 6 (fused qkv, proj, fc1, fc2, 2 norms); a llama layer 9 (q, k, v, o, gate, up, down, 2
