@@ -186,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
     ap.add_argument("--vocab", type=int, default=None, help="llama's slack only, at this vocabulary (printed, nothing written)")
     a = ap.parse_args(argv)
+    if a.vocab and (a.dry_run or a.engines):
+        ap.error("--vocab prints llama's slack at that vocabulary and nothing else: drop --dry-run / --engines")
     sweep = llama_slack_sweep((a.vocab,) if a.vocab else SLACK_VOCABS)
     for r in sweep:
         b = r["blocks"]

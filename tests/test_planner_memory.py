@@ -135,6 +135,13 @@ def test_the_slack_probe_reads_each_stages_blocks():
     assert PM.allocator_slack is HM.allocator_slack
 
 
+def test_the_slack_probes_check_refuses_the_flags_it_ignores(capsys):
+    from benchmarks.planner_mem_probe import main
+    with pytest.raises(SystemExit) as e:
+        main(["--vocab", "4096", "--engines"])
+    assert e.value.code == 2 and "--vocab" in capsys.readouterr().err
+
+
 def test_the_shipped_llama_factors_are_probed():
     """planner/cpu_mem.json as benchmarks.planner_mem_probe writes it: llama's factors and where they were fitted."""
     from benchmarks.planner_mem_probe import LLAMA_SLACK, SLACK_MBS, SLACK_VOCABS
