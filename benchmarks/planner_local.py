@@ -49,11 +49,13 @@ task gets while awake (→ hw.wake_share: the ranks that wait inside a step run 
 is paused (SIGSTOP) while the ranks run, so they run beside the machine's other work only, as a
 user's run would, and its own processes are not counted as load; it reads again for
 PROBE_AFTER_S after the row (the JSON's "after": how far the machine moved while the row ran).
-This guest's speed moves by up to 1.8× within minutes, so the row's prediction takes the speed
-over the row as the harmonic mean of the two readings (row_speed: a step's CPU seconds go as
-1 / speed and the row ran between them; exact if the speed changes evenly per unit of work, a
-heuristic otherwise). A plan made ahead has only the reading before: that first prediction is
-printed beside it ("before only").
+This guest's speed moves by up to 1.8× within minutes, so the speed is read within the row too:
+each rank runs the probe's products for 0.05 CPU seconds before each step and after the last,
+outside the timed step and allocating nothing (planner.probe.Rate, benchmarks.planner_ranks._timed),
+and the row is predicted at the harmonic mean of the readings that bracket the timed steps, every
+rank's (in_row_speed: a step's CPU seconds go as 1 / speed). A plan made ahead has only the reading
+before: that first prediction is printed beside it ("before only"), and so is the one at the
+harmonic mean of the probe's readings before and after the row ("probe before/after").
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
@@ -147,9 +149,17 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     return rows
 
 
+def in_row_speed(got: list[dict], fitted_rate: float) -> float | None:
+    """The speed over the row as its ranks read it (planner_ranks._timed): the harmonic mean of every
+    rank's readings from the one before the first timed step (the second) to the one after the
+    last, over the fit's rate; None where the ranks read none."""
+    rates = [x for g in got for x in g.get("rates", [])[1:]]
+    return statistics.harmonic_mean(rates) / fitted_rate if rates else None
+
+
 def row_speed(before: float, after: float | None) -> float:
-    """The speed of a CPU second over a row: the harmonic mean of the readings before and after it
-    (the reading before alone where none was taken after)."""
+    """The speed of a CPU second over a row from the probe alone: the harmonic mean of the readings
+    before and after it (the reading before alone where none was taken after)."""
     return before if not after else 2.0 / (1.0 / before + 1.0 / after)
 
 
@@ -164,7 +174,9 @@ def predicted(m, label, lay, batch, nodes: bool, load: float, wake: float, speed
 
 def repredict(path: str) -> None:
     """Each row of a --json file predicted again by this checkout's planner and cpu_here.json from
-    the probe's reading the run recorded, beside the run's own error; the measurements are the run's."""
+    the readings the run recorded (the load and woken share before it, the speed over the row:
+    `row_speed`, else the probe's before and after), beside the run's own error; the measurements
+    are the run's."""
     spec = {f"{m.name} {label}": (m, label, lay, batch, fn) for m, label, lay, batch, fn, _ in runs(False, 4)}
     t = Table(title=f"{path}: error then → now, %")
     for c in ("row", "load", "step", "memory"):
@@ -174,7 +186,7 @@ def repredict(path: str) -> None:
     now = []
     for r in rows:
         m, label, lay, batch, fn = spec[f"{r['model']} {r['layout']}"]
-        speed = row_speed(r["speed"], r.get("after", {}).get("speed"))
+        speed = r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))
         p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], speed)[2]
         now.append((p.time["total"] / r["step_meas"] - 1, (p.memory["total"] - p.memory["reserved"]) / r["mem_meas"] - 1))
         t.add_row(f"{r['model']} {label}", f"{r['load']:.1f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%} → {now[-1][0]:+.0%}",
@@ -186,8 +198,9 @@ def repredict(path: str) -> None:
 
 def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     """One row: the probe reads the machine for PROBE_S, paused, the planner predicts from that
-    reading, the ranks run alone; the probe reads again after them, and the row's prediction is
-    made again at the speed over the row (row_speed), the load and woken share as read before."""
+    reading, the ranks run alone, reading the speed between their steps; the probe reads again
+    after them. The row's prediction is made at the speed the ranks read (in_row_speed), the load
+    and woken share as the probe read them before; beside it, at the probe's readings alone."""
     nodes = fn is on_two_nodes
     probe.samples, sleeper.samples = [], []
     before = read_for([probe, sleeper], PROBE_S)
@@ -204,8 +217,10 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     probe.within([after])
     sleeper.within([after])
     speed_after = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
-    over_row = row_speed(speed, speed_after)
+    probe_row = row_speed(speed, speed_after)
+    over_row = in_row_speed(got, fitted.peak_flops * fitted.gemm_efficiency) or probe_row
     hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, over_row)
+    by_probe = predicted(m, label, lay, batch, nodes, load + nodes, wake, probe_row)[2]
     idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
     free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
     cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
@@ -215,13 +230,14 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
          "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
          "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
-         "row_speed": over_row,
+         "row_speed": over_row, "probe_row_speed": probe_row, "step_pred_probe": by_probe.time["total"],
          "stretch": stretch, "after": {"load": probe.load(sleeper.used()), "share": probe.share(), "wake": sleeper.share(),
                                        "speed": speed_after},
          "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
          "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]}
     console.print(f"{r['model']} {label}: load {r['load']:.1f} (after {r['after']['load']:.1f}), woken {r['wake']:.2f}, "
-                  f"step {r['step_pred'] / r['step_meas'] - 1:+.0%} (before only {r['step_pred_before'] / r['step_meas'] - 1:+.0%}), "
+                  f"speed {r['speed']:.2f} → {r['row_speed']:.2f} (ranks) → {r['after']['speed']:.2f}, "
+                  f"step {r['step_pred'] / r['step_meas'] - 1:+.0%} (probe before/after {r['step_pred_probe'] / r['step_meas'] - 1:+.0%}, before only {r['step_pred_before'] / r['step_meas'] - 1:+.0%}), "
                   f"memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}",
                   highlight=False)
     return r
@@ -262,14 +278,14 @@ def main(argv=None) -> int:
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
                     f"{min(shares) / os.cpu_count():.2f}-{max(shares) / os.cpu_count():.2f} of a core, {os.cpu_count()} cores")
-    for c in ("model", "params", "layout", "load", "after", "woken", "speed → after", "step ms predicted", "of it waits", "measured",
-              "error", "before only", "CPU ms pred", "CPU meas", "MiB predicted", "measured ", "error "):
+    for c in ("model", "params", "layout", "load", "after", "woken", "speed → row → after", "step ms predicted", "of it waits", "measured",
+              "error", "probe before/after", "before only", "CPU ms pred", "CPU meas", "MiB predicted", "measured ", "error "):
         t.add_column(c, justify="right")
     for r in rows:
         t.add_row(r["model"], f"{r['params'] / 1e6:.1f} M", r["layout"], f"{r['load']:.1f}", f"{r['after']['load']:.1f}", f"{r['wake']:.2f}",
-                  f"{r['speed']:.2f} → {r['after']['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
+                  f"{r['speed']:.2f} → {r['row_speed']:.2f} → {r['after']['speed']:.2f}", f"{r['step_pred'] * 1e3:.0f}",
                   f"{r['time_terms'].get('wait', 0.0) * 1e3:.0f}", f"{r['step_meas'] * 1e3:.0f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%}",
-                  f"{r['step_pred_before'] / r['step_meas'] - 1:+.0%}",
+                  f"{r['step_pred_probe'] / r['step_meas'] - 1:+.0%}", f"{r['step_pred_before'] / r['step_meas'] - 1:+.0%}",
                   f"{r['cpu_pred'] * 1e3:.0f}", f"{r['cpu_meas'] * 1e3:.0f}",
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
     console.print(t)
@@ -278,9 +294,11 @@ def main(argv=None) -> int:
                   f"memory {statistics.median(errs[1]):.0%}; "
                   f"misses (time > 25 %, memory > 10 %): "
                   + (", ".join(f"{r['model']} {r['layout']}" for r, et, em in zip(rows, *errs) if et > 0.25 or em > 0.10) or "none"))
-    first = [abs(r["step_pred_before"] / r["step_meas"] - 1) for r in rows]
-    console.print(f"step time from the speed read before each row alone: median |error| {statistics.median(first):.0%}, "
-                  f"{sum(e > 0.25 for e in first)} of {len(rows)} rows beyond 25 %")
+    for key, what in (("step_pred_probe", "the probe's readings before and after each row"),
+                      ("step_pred_before", "the probe's reading before each row alone")):
+        e = [abs(r[key] / r["step_meas"] - 1) for r in rows]
+        console.print(f"step time at the speed of {what}: median |error| {statistics.median(e):.0%}, "
+                      f"{sum(x > 0.25 for x in e)} of {len(rows)} rows beyond 25 %")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,11 +1,12 @@
 """What one rank of benchmarks.planner_local runs and measures: the model (planner.model.Model
 built in torch), its steps through torch, zero_from_scratch's or pipeline_parallel's engine, and
-the step's time, CPU seconds and peak resident memory (benchmarks.planner_local's docstring says
-how each is measured).
+the step's time, CPU seconds and peak resident memory, and the machine's speed between the steps
+(benchmarks.planner_local's docstring says how each is measured).
 
     python -m benchmarks.planner_local          # runs these on 2-4 ranks, with the planner's prediction beside
 
-Cost: the ranks' training steps; the resident-set reads are a /proc read per step.
+Cost: the ranks' training steps; the resident-set reads are a /proc read per step; the speed
+readings 0.05 CPU seconds per step and rank, outside the timed step.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import zero_from_scratch
 from planner.layout import Layout
 from planner.memory import stage_params
 from planner.model import Model
+from planner.probe import Rate
 from pipeline_parallel import LayerSpec, PipelineModule, TiedLayerSpec
 from pipeline_parallel import initialize as pipe_initialize
 from pipeline_parallel.engine.model import Embed, FinalNorm, head, lm_loss
@@ -60,6 +62,9 @@ def _reset_peak() -> None:
         f.write("5")          # VmHWM := VmRSS
 
 
+_RATE: list[Rate] = []     # this rank's speed reader, made before the baseline (_warm)
+
+
 def _warm(tuned: bool = False) -> int:
     """Load what a first step loads, then return the baseline RSS (module docstring)."""
     if tuned:
@@ -70,21 +75,27 @@ def _warm(tuned: bool = False) -> int:
     wopt.step()
     P.all_reduce(torch.zeros(16))
     del warm, wopt
+    _RATE[:] = [Rate()]
     _reset_peak()
     return _vm("VmRSS")
 
 
 def _timed(one_step, steps: int, base: int) -> dict:
-    """Run `steps` steps, the peak reset before each. Step: the median after the first, wall and CPU."""
-    times, cpus, peaks = [], [], []
+    """Run `steps` steps, the peak reset before each. Step: the median after the first, wall and CPU.
+    Rates: the FLOPs per CPU second of planner.probe's products read before each step and after the
+    last (outside the timed step, allocating nothing): the machine's speed while the row ran."""
+    times, cpus, peaks, rates = [], [], [], []
     for _ in range(steps):
+        rates.append(_RATE[0].read())
         _reset_peak()
         t0, c0 = time.perf_counter(), time.thread_time()
         one_step()
         times.append(time.perf_counter() - t0)
         cpus.append(time.thread_time() - c0)
         peaks.append(_vm("VmHWM") - base)
-    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks), "peaks": peaks}
+    rates.append(_RATE[0].read())
+    return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks), "peaks": peaks,
+            "rates": rates}
 
 
 def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None, tuned: bool = False,

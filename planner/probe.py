@@ -1,6 +1,7 @@
 """What this machine gives a run right now: the share of a core a busy task gets, the share a task
 that sleeps and wakes gets, and the rate of a CPU second (matmul FLOPs per CPU second), read just
-before and just after a run (paused while it runs) or just before a plan (the planner's `cpu-now`).
+before and just after a run (paused while it runs) or just before a plan (the planner's `cpu-now`);
+Rate reads the same rate inside a run's own processes, between its steps.
 
     python -m planner tiny --gpus 2 --hardware cpu-now      # cpu-here, probed for ~3 s first
     p = Probe(); p.start(); p.ready(); p.pause(); w = [read_for([p], 1.5)]; ...run...; w.append(read_for([p], 1.5)); p.within(w)
@@ -39,13 +40,15 @@ import sys
 import threading
 import time
 
+PRODUCTS = ((256, 64, 32), (256, 128, 8), (512, 256, 1))   # (tokens, h, times): tokens×h by h×4h, equal FLOPs each
+
 PROBE = """import ctypes, os, sys, time, torch
 torch.set_num_threads(1)
 for _ in range(int(sys.argv[1]) - 1):
     if os.fork() == 0:
         break
 ctypes.CDLL(None).prctl(1, 9)      # PR_SET_PDEATHSIG, SIGKILL: gone with its parent, paused or not
-mats = [(torch.randn(t, h), torch.randn(h, 4 * h), k) for t, h, k in ((256, 64, 32), (256, 128, 8), (512, 256, 1))]
+mats = [(torch.randn(t, h), torch.randn(h, 4 * h), k) for t, h, k in %r]
 per_round = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] * k for a, b, k in mats)
 while True:
     t0, c0, n = time.perf_counter(), time.thread_time(), 0
@@ -59,7 +62,7 @@ while True:
         os.write(1, f"{os.getpid()} {time.time() - wall} {time.time()} {cpu / wall} {n * per_round / cpu}\\n".encode())   # one write: atomic
     except BrokenPipeError:
         break
-"""
+""" % (PRODUCTS,)
 
 
 SLEEPER = """import ctypes, os, sys, time, torch
@@ -81,6 +84,29 @@ while True:
     except BrokenPipeError:
         break
 """
+
+
+class Rate:
+    """The probe's products inside a process that has work of its own (a rank between its steps):
+    read() runs them for `cpu_s` CPU seconds and returns their FLOPs per CPU second, the rate the
+    probe's processes report. The outputs are allocated once, here: a reading allocates nothing,
+    so it leaves the process's memory as it found it."""
+
+    def __init__(self, cpu_s: float = 0.05):
+        import torch      # here, not at import: the planner's own start (cpu-now) has no use for it
+        self.cpu_s, self.mm = cpu_s, torch.matmul
+        self.mats = [(torch.randn(t, h), torch.randn(h, 4 * h), torch.empty(t, 4 * h), k) for t, h, k in PRODUCTS]
+        self.per_round = sum(2 * t * h * 4 * h * k for t, h, k in PRODUCTS)
+        self.read()       # the first pass touches the outputs' pages and loads the kernels: not a reading
+
+    def read(self) -> float:
+        c0, n = time.thread_time(), 0
+        while (cpu := time.thread_time() - c0) < self.cpu_s:
+            for a, b, out, k in self.mats:
+                for _ in range(k):
+                    self.mm(a, b, out=out)
+            n += 1
+        return n * self.per_round / cpu
 
 
 class Probe(threading.Thread):

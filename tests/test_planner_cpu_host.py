@@ -1,6 +1,6 @@
 """The planner on a CPU host (cpu-here): ranks beyond the cores stretch compute, blocking collectives
 wait, pipelines are paced by the session's cores, the probed speed scales every CPU second, mapped
-blocks keep no slack, the probe reads the load. No rank runs here."""
+blocks keep no slack, the probe reads the load, a rank reads the speed. No rank runs here."""
 import pytest
 
 from planner import hardware as H
@@ -248,6 +248,32 @@ def test_probe_counts_other_tasks_not_its_own():
     read(0.75)
     assert p.load(beside=cores * 0.25) == pytest.approx(0.0)  # the Sleeper took the rest, not another task
     assert len(p.samples) == cores               # the sample over the window's end was dropped
+
+
+def test_ranks_read_the_speed_between_their_steps_and_the_row_is_predicted_at_it():
+    """planner.probe.Rate inside a rank: the probe's products into outputs made once (a reading
+    changes no output's storage and computes the products); benchmarks.planner_ranks._timed reads
+    it before each step and after the last; planner_local.in_row_speed is the harmonic mean of the
+    readings bracketing the timed steps (not the first), every rank's, over the fit's rate."""
+    import torch
+
+    from benchmarks import planner_ranks as R
+    from benchmarks.planner_local import in_row_speed
+    from planner.probe import PRODUCTS, Rate
+
+    rate = Rate(cpu_s=0.005)
+    ptrs = [out.data_ptr() for _, _, out, _ in rate.mats]
+    assert rate.read() > 0 and [out.data_ptr() for _, _, out, _ in rate.mats] == ptrs
+    a, b, out, _ = rate.mats[0]
+    torch.testing.assert_close(out, a @ b)
+    assert rate.per_round == sum(8 * t * h * h * k for t, h, k in PRODUCTS)
+    R._RATE[:] = [rate]
+    calls = []
+    got = R._timed(lambda: calls.append(len(calls)), 3, 0)
+    assert calls == [0, 1, 2] and len(got["rates"]) == 4 and min(got["rates"]) > 0
+    ranks = [{"rates": [9.0, 1.0, 2.0]}, {"rates": [9.0, 2.0, 2.0]}]
+    assert in_row_speed(ranks, 2.0) == pytest.approx(1.6 / 2.0)      # harmonic mean of 1, 2, 2, 2
+    assert in_row_speed([{"step": 1.0}], 2.0) is None                 # a run that read none
 
 
 def test_the_3d_rows_head_keeps_the_loss_exp_above_underflow():
