@@ -39,23 +39,21 @@ planner.hardware.per_step) from this benchmark's own DDP / ZeRO steps at a calib
 (benchmarks.planner_fit_engine: the DDP rows run the same code at other shapes); the wait a
 blocking collective pays for a descheduled peer once ranks outnumber the cores (wait_s) from a ping-pong of 2-8 busy processes (`python -m benchmarks.planner_fit --waits`).
 No row's timing feeds any constant. Three inputs are read by planner.probe for PROBE_S seconds
-just before each row, and a first prediction is made from that reading before the ranks start: as
-many busy processes as cores repeating the fit's matmuls give the share of a core a busy task
-gets and so the other runnable tasks (→ the load: the planner's cpu_stretch and pipeline_stretch
-turn CPU seconds into wall seconds with it) and the FLOPs a CPU second buys now (→ every fitted
-CPU-second rate scaled by it over the fit's, planner.hardware.at_speed); beside them
-planner.probe.Sleeper, one process that works and sleeps in turn, measures the share a woken
-task gets while awake (→ hw.wake_share: the ranks that wait inside a step run at it). The probe
-is paused (SIGSTOP) while the ranks run, so they run beside the machine's other work only, as a
-user's run would, and its own processes are not counted as load; it reads again for
-PROBE_AFTER_S after the row (the JSON's "after": how far the machine moved while the row ran).
-This guest's speed moves by up to 1.8× within minutes, so the speed is read within the row too:
-each rank runs the probe's products for 0.05 CPU seconds before each step and after the last,
-outside the timed step and allocating nothing (planner.probe.Rate, benchmarks.planner_ranks._timed),
-and the row is predicted at the harmonic mean of the readings that bracket the timed steps, every
-rank's (in_row_speed: a step's CPU seconds go as 1 / speed). A plan made ahead has only the reading
-before: that first prediction is printed beside it ("before only"), and so is the one at the
-harmonic mean of the probe's readings before and after the row ("probe before/after").
+just before each row, and a first prediction is made from them before the ranks start: as many
+busy processes as cores repeating the fit's matmuls give the share of a core a busy task gets, so
+the other runnable tasks (→ the load: cpu_stretch and pipeline_stretch turn CPU seconds into wall
+seconds with it), and the FLOPs a CPU second buys now (→ the speed: every fitted CPU-second rate
+scaled by it over the fit's, planner.hardware.at_speed); beside them planner.probe.Sleeper, which
+works and sleeps in turn, the share a woken task gets (→ hw.wake_share: ranks that wait inside a
+step run at it). The probe is paused (SIGSTOP) while the ranks run, so they run beside the
+machine's other work only, as a user's run would; it reads again for PROBE_AFTER_S after the row
+(the JSON's "after"). This guest's speed moves by up to 1.8× within minutes, so the ranks read it
+too: the probe's products for 0.05 CPU seconds before each step and after the last, outside the
+timed step (planner.probe.Rate, planner_ranks._timed); the row is predicted at the harmonic mean
+of every rank's readings from the one before the second step to the one after the last
+(in_row_speed: a step's CPU seconds go as 1 / speed). Beside it: the prediction from the probe's
+readings before and after ("probe before/after") and from the reading before alone ("before
+only"), which is what a plan made ahead gets.
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: the median step after the first, the slower rank; its CPU seconds (thread_time) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
@@ -63,8 +61,8 @@ planner counts no allocator slack there and mmap_s per byte each step maps afres
 saved layer byte, map_head per logit byte).
 Memory: the peak resident set (VmHWM, clear_refs reset) minus the RSS just before the model is
 built, per rank, the larger rank reported. Before the baseline a tiny model runs one step with
-AdamW and one all-reduce, so torch's lazily loaded modules and pools are in the baseline, not in
-the measurement (that is the planner's `reserved`, left out of both sides). At glibc's default
+AdamW and one all-reduce and the rank's Rate makes its outputs and runs once (its GEMM kernels'
+pages), so torch's lazily loaded modules and pools are in the baseline, not in the measurement (that is the planner's `reserved`, left out of both sides). At glibc's default
 the mmap threshold rises to the largest block freed (up to 32 MiB), so later blocks below it
 come from the heap and freed memory can stay resident: the measured peak includes that, as a
 user's would.
@@ -74,10 +72,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 from dataclasses import replace
 
 from rich.table import Table
@@ -88,7 +83,7 @@ from benchmarks.planner_ranks_tp import _tp_pp_rank, _tp_rank, distilbert_planne
 from planner import hardware as H
 from planner.layout import Layout
 from planner.plan import predict_layout
-from planner.probe import Probe, Sleeper, read_for
+from planner.probe import Probe, Sleeper, in_own_session, read_for
 from planner.cpu_host import cpu_stretch
 from planner.steptime import Software
 from primitives.engine.cost import Params
@@ -96,7 +91,7 @@ from primitives.launch import spawn
 from primitives.log import console
 
 TUNED = "(malloc 64K)"
-PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row and after it (the speed over the row)
+PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row and after it
 LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
 
 
@@ -151,8 +146,8 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
 
 def in_row_speed(got: list[dict], fitted_rate: float) -> float | None:
     """The speed over the row as its ranks read it (planner_ranks._timed): the harmonic mean of every
-    rank's readings from the one before the first timed step (the second) to the one after the
-    last, over the fit's rate; None where the ranks read none."""
+    rank's readings from the one before the second step (the first the median counts) to the one
+    after the last, over the fit's rate; None where the ranks read none."""
     rates = [x for g in got for x in g.get("rates", [])[1:]]
     return statistics.harmonic_mean(rates) / fitted_rate if rates else None
 
@@ -230,7 +225,7 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
          "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
          "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
-         "row_speed": over_row, "probe_row_speed": probe_row, "step_pred_probe": by_probe.time["total"],
+         "row_speed": over_row, "rates": [g.get("rates") for g in got], "probe_row_speed": probe_row, "step_pred_probe": by_probe.time["total"],
          "stretch": stretch, "after": {"load": probe.load(sleeper.used()), "share": probe.share(), "wake": sleeper.share(),
                                        "speed": speed_after},
          "mem_pred": pred.memory["total"] - pred.memory["reserved"], "mem_terms": pred.memory,
@@ -241,24 +236,6 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
                   f"memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}",
                   highlight=False)
     return r
-
-
-def in_own_session(module: str, argv) -> int | None:
-    """Run `python -m module argv` again as a session of its own (a user's run from its own
-    terminal) unless this process leads one, as planner.probe's processes are: with the
-    scheduler's autogroup on, ranks grouped with other work could get a share the probe cannot
-    see. Returns the child's exit status, or None when already in its own session."""
-    if os.getsid(0) == os.getpid():
-        return None
-    child = subprocess.Popen([sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)],
-                             start_new_session=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        return child.wait()
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
-            child.wait()
 
 
 def main(argv=None) -> int:

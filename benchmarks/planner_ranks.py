@@ -66,7 +66,8 @@ _RATE: list[Rate] = []     # this rank's speed reader, made before the baseline 
 
 
 def _warm(tuned: bool = False) -> int:
-    """Load what a first step loads, then return the baseline RSS (module docstring)."""
+    """Load what a first step loads and make this rank's speed reader, then return the baseline RSS
+    (benchmarks.planner_local's docstring)."""
     if tuned:
         ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD: the labelled tuned rows only
     warm = Net(Model("warm", 1, 64, 4, 64, 16, positions=16))     # torch's modules and pools load here, not below

@@ -18,7 +18,8 @@ import json
 import statistics
 import sys
 
-from benchmarks.planner_local import in_own_session, measure
+from benchmarks.planner_local import measure
+from planner.probe import in_own_session
 from figures.common import pyplot, save
 
 

@@ -1,7 +1,8 @@
 """What this machine gives a run right now: the share of a core a busy task gets, the share a task
 that sleeps and wakes gets, and the rate of a CPU second (matmul FLOPs per CPU second), read just
 before and just after a run (paused while it runs) or just before a plan (the planner's `cpu-now`);
-Rate reads the same rate inside a run's own processes, between its steps.
+Rate reads the same rate inside a run's own processes, between its steps; in_own_session starts
+a run as a session of its own, as the probe's processes are.
 
     python -m planner tiny --gpus 2 --hardware cpu-now      # cpu-here, probed for ~3 s first
     p = Probe(); p.start(); p.ready(); p.pause(); w = [read_for([p], 1.5)]; ...run...; w.append(read_for([p], 1.5)); p.within(w)
@@ -89,23 +90,27 @@ while True:
 class Rate:
     """The probe's products inside a process that has work of its own (a rank between its steps):
     read() runs them for `cpu_s` CPU seconds and returns their FLOPs per CPU second, the rate the
-    probe's processes report. The outputs are allocated once, here: a reading allocates nothing,
-    so it leaves the process's memory as it found it."""
+    probe's processes report, at one thread as theirs. The outputs are made, and the products run
+    once (their kernels' pages), here: a rank makes it before its memory baseline, and a reading
+    allocates nothing."""
 
     def __init__(self, cpu_s: float = 0.05):
         import torch      # here, not at import: the planner's own start (cpu-now) has no use for it
-        self.cpu_s, self.mm = cpu_s, torch.matmul
+        self.cpu_s, self.torch = cpu_s, torch
         self.mats = [(torch.randn(t, h), torch.randn(h, 4 * h), torch.empty(t, 4 * h), k) for t, h, k in PRODUCTS]
         self.per_round = sum(2 * t * h * 4 * h * k for t, h, k in PRODUCTS)
         self.read()       # the first pass touches the outputs' pages and loads the kernels: not a reading
 
     def read(self) -> float:
+        threads = self.torch.get_num_threads()
+        self.torch.set_num_threads(1)      # thread_time counts this thread's CPU only
         c0, n = time.thread_time(), 0
         while (cpu := time.thread_time() - c0) < self.cpu_s:
             for a, b, out, k in self.mats:
                 for _ in range(k):
-                    self.mm(a, b, out=out)
+                    self.torch.matmul(a, b, out=out)
             n += 1
+        self.torch.set_num_threads(threads)
         return n * self.per_round / cpu
 
 
@@ -213,3 +218,21 @@ def probe_now(seconds: float = 2.0) -> tuple[Probe, float, float]:
     p.within([(t0, time.time())])
     s.within([(t0, time.time())])
     return p, s.share(), s.used()
+
+
+def in_own_session(module: str, argv) -> int | None:
+    """Run `python -m module argv` again as a session of its own (a user's run from its own
+    terminal) unless this process leads one, as planner.probe's processes are: with the
+    scheduler's autogroup on, ranks grouped with other work could get a share the probe cannot
+    see. Returns the child's exit status, or None when already in its own session."""
+    if os.getsid(0) == os.getpid():
+        return None
+    child = subprocess.Popen([sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)],
+                             start_new_session=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return child.wait()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait()

@@ -267,10 +267,17 @@ def test_ranks_read_the_speed_between_their_steps_and_the_row_is_predicted_at_it
     a, b, out, _ = rate.mats[0]
     torch.testing.assert_close(out, a @ b)
     assert rate.per_round == sum(8 * t * h * h * k for t, h, k in PRODUCTS)
-    R._RATE[:] = [rate]
     calls = []
-    got = R._timed(lambda: calls.append(len(calls)), 3, 0)
-    assert calls == [0, 1, 2] and len(got["rates"]) == 4 and min(got["rates"]) > 0
+
+    class Reader:
+        def read(self):
+            calls.append("read")
+            return float(len(calls))
+
+    R._RATE[:] = [Reader()]
+    got = R._timed(lambda: calls.append("step"), 3, 0)         # every reading outside a step
+    assert calls == ["read", "step"] * 3 + ["read"] and got["rates"] == [1.0, 3.0, 5.0, 7.0]
+    R._RATE.clear()
     ranks = [{"rates": [9.0, 1.0, 2.0]}, {"rates": [9.0, 2.0, 2.0]}]
     assert in_row_speed(ranks, 2.0) == pytest.approx(1.6 / 2.0)      # harmonic mean of 1, 2, 2, 2
     assert in_row_speed([{"step": 1.0}], 2.0) is None                 # a run that read none
