@@ -87,6 +87,7 @@ from planner.hardware import CPU_HERE, this_cpu
 from planner.layout import Layout
 from planner.memory import torch_layer_activation_bytes
 from planner.model import Model
+from planner.probe import PRODUCTS
 from primitives.launch import spawn
 from primitives.log import console
 
@@ -129,7 +130,7 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
     torch.set_num_threads(1)
     reps = 3 if quick else 7
     return {"square": [rate(n, n, n, reps) for n in ((256, 512) if quick else (256, 512, 1024))],
-            "shaped": [rate(t, h, 4 * h, reps) for t, h in ((256, 64), (256, 128)) + (() if quick else ((512, 256),))],
+            "shaped": [rate(t, h, 4 * h, reps) for t, h, _ in (PRODUCTS[:2] if quick else PRODUCTS)],
             "bw": mem_rate(64 * 2**20, reps), "adam": adam_rate(2**22, reps),
             "layers": [layer_cpu(*shape, reps) for shape in LAYERS], "heads": [head_cpu(*shape, reps) for shape in HEADS],
             **loss_sweep(rank, world, reps),

@@ -203,7 +203,8 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     sleeper.within([before])
     load, share, wake, used, rate = probe.load(sleeper.used()), probe.share(), sleeper.share(), sleeper.used(), probe.rate()
     fitted = H.cpu_here(lay.gpus)
-    speed = rate / (fitted.peak_flops * fitted.gemm_efficiency)
+    fit_rate = fitted.peak_flops * fitted.gemm_efficiency      # the FLOPs per CPU second the fit's rates are at
+    speed = rate / fit_rate
     # one rank per node, the two nodes on these cores: the other node's rank is one more task
     first = predicted(m, label, lay, batch, nodes, load + nodes, wake, speed)[2]
     got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
@@ -211,9 +212,9 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     after = read_for([probe, sleeper], PROBE_AFTER_S)
     probe.within([after])
     sleeper.within([after])
-    speed_after = probe.rate() / (fitted.peak_flops * fitted.gemm_efficiency)
+    speed_after = probe.rate() / fit_rate
     probe_row = row_speed(speed, speed_after)
-    over_row = in_row_speed(got, fitted.peak_flops * fitted.gemm_efficiency) or probe_row
+    over_row = in_row_speed(got, fit_rate) or probe_row
     hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, over_row)
     by_probe = predicted(m, label, lay, batch, nodes, load + nodes, wake, probe_row)[2]
     idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
