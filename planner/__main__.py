@@ -10,6 +10,7 @@ a few seconds for a 70 B model on 512 GPUs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import replace
@@ -17,6 +18,7 @@ from dataclasses import replace
 from primitives.log import console
 
 from planner import hardware as H
+from planner.layout import check_fixed, why_none
 from planner.model import PRESETS, resolve
 from planner.plan import plan
 from planner.report import picture, table, write_json
@@ -24,25 +26,49 @@ from planner.steptime import Software
 
 
 def parse_fixed(text: str | None) -> dict:
+    """--fix "tp=8,pp=2,zero=1,recompute=full,sp=true": each field once, a Layout's, of its kind."""
     out = {}
-    for kv in filter(None, (text or "").split(",")):
-        k, _, v = kv.partition("=")
-        out[k.strip()] = v == "true" if v in ("true", "false") else (v if k.strip() == "recompute" else int(v))
+    for kv in filter(None, (s.strip() for s in (text or "").split(","))):
+        k, eq, v = (s.strip() for s in kv.partition("="))
+        if not eq or not v:
+            raise ValueError(f"--fix {kv!r}: expected FIELD=VALUE, e.g. tp=8")
+        if k in out:
+            raise ValueError(f"--fix: {k} is given twice")
+        out[k] = v == "true" if v in ("true", "false") else (int(v) if v.lstrip("-").isdigit() else v)
+    check_fixed(out)
     return out
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def writable(ap, flag: str, path: str | None) -> None:
+    """Refuse an output path whose folder is missing before any work is done."""
+    folder = os.path.dirname(os.path.abspath(path)) if path else None
+    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        ap.error(f"{flag} {path}: the folder {folder} does not exist or is not writable")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner", description=__doc__.split("\n\n")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", help="preset, config.json, or 'custom'")
-    ap.add_argument("--gpus", type=int, help="accelerators in all")
-    ap.add_argument("--gpus-per-node", type=int, help="override the hardware's node size")
+    ap.add_argument("--gpus", type=positive, help="accelerators in all")
+    ap.add_argument("--gpus-per-node", type=positive, help="override the hardware's node size")
     ap.add_argument("--hardware", default="h100")
-    ap.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    ap.add_argument("--global-batch", type=int, help="sequences per optimizer step (default 2 × gpus)")
+    ap.add_argument("--seq", type=positive, help="sequence length (default: the model's)")
+    ap.add_argument("--global-batch", type=positive, help="sequences per optimizer step (default 2 × gpus)")
     for k in ("layers", "hidden", "heads", "vocab", "ffn", "kv-heads"):
-        ap.add_argument(f"--{k}", type=int)
-    ap.add_argument("--top", type=int, default=15, help="rows to print")
+        ap.add_argument(f"--{k}", type=positive)
+    ap.add_argument("--top", type=positive, default=15, help="rows to print")
     ap.add_argument("--fix", help="pin layout fields, e.g. tp=8,pp=2,zero=1,recompute=full")
     ap.add_argument("--no-overlap", action="store_true", help="expose all communication (no engine overlap)")
     ap.add_argument("--all", action="store_true", help="keep layouts that do not fit (in --json too)")
@@ -56,10 +82,13 @@ def main(argv=None) -> int:
                           f"{m.params() / 1e9:8.2f} B  [dim]{m.source}[/dim]")
         console.print("hardware: " + ", ".join([*H.BUILTIN, "cpu-here", "cpu-now", "FILE.json"]))
         return 0
-    if not a.model or not a.gpus:
+    if not a.model or a.gpus is None:
         ap.error("MODEL and --gpus are required (or --list)")
+    writable(ap, "--json", a.json)
+    writable(ap, "--plot", a.plot)
     t0 = time.perf_counter()
     try:
+        fixed = parse_fixed(a.fix)
         model = resolve(a.model, layers=a.layers, hidden=a.hidden, heads=a.heads, vocab=a.vocab, ffn=a.ffn,
                         kv_heads=a.kv_heads, seq=a.seq)
         hw = H.load(a.hardware, min(a.gpus, a.gpus_per_node or 8))
@@ -71,22 +100,30 @@ def main(argv=None) -> int:
     seq = a.seq or model.seq
     batch = a.global_batch or 2 * a.gpus
     sw = Software(False, False, False) if a.no_overlap else Software()
-    preds = plan(model, a.gpus, hw, seq, batch, sw, fixed=parse_fixed(a.fix), keep_all=a.all)
+    preds = plan(model, a.gpus, hw, seq, batch, sw, fixed=fixed, keep_all=True)
     elapsed = time.perf_counter() - t0
     fits = [p for p in preds if p.fits]
-    if not fits:
+    if not preds:
+        per_node = min(hw.gpus_per_node, a.gpus)
+        why = why_none(model, a.gpus, per_node, batch, not hw.name.startswith("cpu"), fixed)
+        console.print(f"[red]no layout of {model.name} is legal on {a.gpus} GPUs ({per_node} per node) at global batch "
+                      f"{batch}{f' with --fix {a.fix}' if a.fix else ''}{f': {why}' if why else ''}[/red]")
+    elif not fits:
         console.print(f"[red]no layout of {model.name} fits {a.gpus} × {hw.name} "
                       f"({hw.memory / 2**30:.0f} GiB each) at global batch {batch}[/red]")
     else:
         console.print(table(fits, model, hw, a.gpus, seq, batch, a.top))
-    console.print(f"{len(preds)} layouts predicted in {elapsed:.2f} s; times in seconds; compute at "
+    console.print(f"{len(preds)} layouts predicted in {elapsed:.2f} s, {len(fits)} fit; times in seconds; compute at "
                   f"{hw.gemm_efficiency:.0%} of {hw.peak_flops / 1e12:,.3g} TFLOP/s ({hw.calibrated_on or 'fitted here'})")
+    preds = preds if a.all else fits
     if a.json:
         write_json(a.json, preds, model, hw, a.gpus, seq, batch)
         console.print(f"wrote {a.json}")
     if a.plot and fits:
         picture(a.plot, fits, f"{model.name} on {a.gpus} × {hw.name}: step-time and memory terms of the best layouts")
         console.print(f"wrote {a.plot}")
+    elif a.plot:
+        console.print(f"[yellow]--plot {a.plot}: not written, no layout fits to draw[/yellow]")
     return 0 if fits else 1
 
 

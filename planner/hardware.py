@@ -214,8 +214,12 @@ def load(name: str, ranks_per_node: int = 2) -> Hardware:
     if name == "cpu-now":
         return cpu_now(ranks_per_node)
     if os.path.exists(name):
-        with open(name) as f:
-            return _from_dict(json.load(f))
+        try:
+            with open(name) as f:
+                return _from_dict(json.load(f))
+        except (OSError, json.JSONDecodeError, TypeError, KeyError, AttributeError) as e:
+            raise ValueError(f"--hardware {name}: not a hardware file ({type(e).__name__}: {e}); expected "
+                             f"planner.hardware.Hardware's fields, as planner/cpu_here.json holds them") from e
     raise ValueError(f"unknown hardware {name!r}: one of {', '.join([*BUILTIN, 'cpu-here', 'cpu-now'])} or a JSON file")
 
 

@@ -9,7 +9,7 @@ node, pipeline neighbours are tp·dp ranks apart.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -73,6 +73,24 @@ def why_not(model, lay: Layout, gpus: int, per_node: int, global_batch: int, hos
     return ""
 
 
+def check_fixed(fixed: dict) -> None:
+    """Refuse a pinned field that is not a Layout's, or a value it cannot take, naming both."""
+    names = [f.name for f in fields(Layout)]
+    for k, v in fixed.items():
+        if k not in names:
+            raise ValueError(f"fixed field {k!r} is not a layout field: one of {', '.join(names)}")
+        if k == "recompute":
+            ok = v in RECOMPUTE
+        elif k in ("offload", "sp"):
+            ok = isinstance(v, bool)
+        else:
+            ok = isinstance(v, int) and not isinstance(v, bool) and (v in (0, 1, 2, 3) if k == "zero" else v >= 1)
+        if not ok:
+            want = {"recompute": " | ".join(RECOMPUTE), "offload": "true | false", "sp": "true | false",
+                    "zero": "0, 1, 2 or 3"}.get(k, "a positive integer")
+            raise ValueError(f"fixed {k}={v!r}: expected {want}")
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -80,14 +98,18 @@ def divisors(n: int) -> list[int]:
 def enumerate_layouts(model, gpus: int, per_node: int, global_batch: int, host_offload: bool = True,
                       mbs=(1, 2, 4, 8), zeros=(0, 1, 2, 3), recomputes=RECOMPUTE, max_v: int = 64,
                       fixed: dict | None = None):
-    """Every legal layout (interleaving: v chunks of whole layers, v ≤ max_v); `fixed` pins fields (e.g. {"tp": 8, "pp": 2} for a published run)."""
+    """Every legal layout (interleaving: v chunks of whole layers, v ≤ max_v); `fixed` pins fields
+    (e.g. {"tp": 8, "pp": 2} for a published run; dp too, as gpus / (tp·pp)), each checked first."""
     fixed = fixed or {}
+    check_fixed(fixed)
     pick = lambda k, opts: [fixed[k]] if k in fixed else list(opts)  # noqa: E731
     for tp in pick("tp", [t for t in divisors(per_node) if gpus % t == 0]):
         for pp in pick("pp", [p for p in divisors(gpus // tp) if model.layers % p == 0]):
             if gpus % (tp * pp):
                 continue
             dp = gpus // (tp * pp)
+            if fixed.get("dp", dp) != dp:
+                continue
             for zero in pick("zero", zeros):
                 for offload in pick("offload", (False, True)):
                     for mb in pick("mb", mbs):
@@ -97,3 +119,18 @@ def enumerate_layouts(model, gpus: int, per_node: int, global_batch: int, host_o
                                     lay = Layout(dp, tp, pp, zero, offload, mb, rc, v, sp)
                                     if not why_not(model, lay, gpus, per_node, global_batch, host_offload):
                                         yield lay
+
+
+def why_none(model, gpus: int, per_node: int, global_batch: int, host_offload: bool = True,
+             fixed: dict | None = None) -> str:
+    """Why no layout is legal, as the pinned fields' own layout (the rest at their defaults, dp =
+    gpus / (tp·pp)) fails why_not; '' when that one is legal."""
+    fixed = fixed or {}
+    tp, pp = fixed.get("tp", 1), fixed.get("pp", 1)
+    if gpus % (tp * pp):
+        return f"tp·pp = {tp * pp} does not divide {gpus} GPUs"
+    try:
+        lay = Layout(fixed.get("dp", gpus // (tp * pp)), tp, pp, **{k: v for k, v in fixed.items() if k not in ("dp", "tp", "pp")})
+    except ValueError as e:
+        return str(e)
+    return why_not(model, lay, gpus, per_node, global_batch, host_offload)

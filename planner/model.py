@@ -40,6 +40,12 @@ class Model:
     source: str = field(default="", compare=False)   # where the shape comes from
 
     def __post_init__(self):
+        bad = [f"{k} {getattr(self, k)}" for k in ("layers", "hidden", "heads", "vocab", "seq") if getattr(self, k) < 1]
+        bad += [f"{k} {getattr(self, k)}" for k in ("ffn", "kv_heads", "positions") if getattr(self, k) < 0]
+        if bad:
+            raise ValueError(f"{self.name}: sizes must be positive ({', '.join(bad)})")
+        if self.heads % self.kv:
+            raise ValueError(f"{self.name}: heads {self.heads} is not a multiple of kv heads {self.kv}")
         if self.hidden % self.heads:
             raise ValueError(f"{self.name}: hidden {self.hidden} is not a multiple of heads {self.heads}")
 
@@ -113,8 +119,13 @@ PRESETS: dict[str, Model] = {m.name: m for m in [
 def from_hf_config(path: str) -> Model:
     """A Hugging Face config.json: llama/mistral/qwen (num_hidden_layers, intermediate_size,
     num_key_value_heads), GPT-2 (n_layer, n_embd, n_head), BERT, DistilBERT (n_layers, dim)."""
-    with open(path) as f:
-        c = json.load(f)
+    try:
+        with open(path) as f:
+            c = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read a Hugging Face config.json ({e})") from e
+    if not isinstance(c, dict):
+        raise ValueError(f"{path}: a config.json holds a JSON object, got {type(c).__name__}")
     g = lambda *keys, default=None: next((c[k] for k in keys if k in c), default)  # noqa: E731
     L, h = g("num_hidden_layers", "n_layer", "n_layers"), g("hidden_size", "n_embd", "dim", "d_model")
     a, V = g("num_attention_heads", "n_head", "n_heads"), g("vocab_size")

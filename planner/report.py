@@ -6,9 +6,12 @@ stacked bar per layout (time terms, and memory terms beside them).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 
 from rich.table import Table
+
+from zero_from_scratch.engine.atomic import atomic_write
 
 TIME_TERMS = ("matmul", "elementwise", "tp comm", "pp comm", "bubble", "dp comm", "optimizer")
 MEM_TERMS = ("params", "grads", "optimizer", "activations", "working", "reserved")
@@ -46,8 +49,7 @@ def write_json(path: str, preds, model, hw, gpus: int, seq: int, batch: int) -> 
                                                                         for k, v in asdict(hw).items()},
            "gpus": gpus, "seq": seq, "global_batch": batch, "units": {"memory_bytes": "bytes", "time_s": "seconds"},
            "layouts": [p.as_dict() for p in preds]}
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+    atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))    # never half-written
 
 
 def picture(path: str, preds, title: str, top: int = 12) -> str:
@@ -70,6 +72,7 @@ def picture(path: str, preds, title: str, top: int = 12) -> str:
     ax.invert_yaxis()
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fmt = os.path.splitext(path)[1][1:] or "png"     # savefig to a file object needs the format named
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format=fmt))
     plt.close(fig)
     return path

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import run_cmd
 from planner import hardware as H
+from planner.__main__ import main as planner_main
 from planner.model import PRESETS, Model, from_hf_config, resolve
 from planner.plan import plan
 
@@ -100,3 +101,48 @@ def test_partial_refit_refuses_another_processors_file(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == 2 and "Elsewhere CPU" in err and H.this_cpu() in err and "whole fit" in err, err
     assert json.loads(p.read_text()) == {**doc, "cpu": "Elsewhere CPU"}, "the file is untouched"
+
+
+@pytest.mark.parametrize("args, said", [
+    ("llama-70b --gpus 0", "argument --gpus: expected a positive integer, got '0'"),
+    ("llama-70b --gpus 8 --seq -1", "argument --seq: expected a positive integer"),
+    ("llama-70b --gpus 8 --fix foo=1", "'foo' is not a layout field"),
+    ("llama-70b --gpus 8 --fix tp", "expected FIELD=VALUE"),
+    ("llama-70b --gpus 8 --fix zero=5", "zero=5: expected 0, 1, 2 or 3"),
+    ("llama-70b --gpus 8 --fix recompute=some", "expected none | selective | full"),
+    ("llama-70b --gpus 8 --fix sp=yes", "sp='yes': expected true | false"),
+    ("llama-70b --gpus 8 --fix tp=2,tp=4", "tp is given twice"),
+    ("llama-70b --gpus 8 --json /nonexistent-folder/x.json", "--json /nonexistent-folder/x.json: the folder"),
+    ("custom --layers 2 --hidden 64 --heads 3 --vocab 10 --gpus 2", "hidden 64 is not a multiple of heads 3"),
+])
+def test_cli_refuses_bad_input_naming_it(args, said, capsys):
+    """Nothing silent: an argument the planner cannot honour stops it at once (exit 2), the message
+    naming the argument and what was expected; no table is printed. (In process: the command line's
+    main, as `python -m planner` runs it.)"""
+    try:
+        rc = planner_main(args.split())
+    except SystemExit as e:     # argparse's refusals
+        rc = e.code
+    got = capsys.readouterr()
+    out = " ".join((got.out + got.err).split())
+    assert rc == 2 and said in out and "layouts predicted" not in out, out
+
+
+def test_cli_says_why_no_layout_is_legal_and_writes_whole_files(tmp_path, capsys):
+    """A pinned field no layout can take is named with the reason; a folder without config.json
+    or a file that is not one is an error naming the file; --fix dp pins dp; the JSON is written
+    whole (a temporary file renamed onto it: nothing else left in the folder). In process."""
+    def run(args):
+        rc = planner_main([str(a) for a in args])
+        return rc, " ".join(capsys.readouterr().out.split())
+    rc, out = run(["llama-70b", "--gpus", 8, "--fix", "tp=3"])
+    assert rc == 1 and "tp·pp = 3 does not divide 8 GPUs" in out
+    (tmp_path / "list.json").write_text("[1]")
+    for target, said in ((tmp_path, "cannot read a Hugging Face config.json"), (tmp_path / "list.json", "holds a JSON object")):
+        rc, out = run([target, "--gpus", 8])
+        assert rc == 2 and said in out
+    out = tmp_path / "dp2.json"
+    assert run(["llama-7b", "--gpus", 8, "--hardware", "a100", "--fix", "dp=2", "--all", "--json", out])[0] == 0
+    doc = json.loads(out.read_text())
+    assert doc["layouts"] and {x["layout"]["dp"] for x in doc["layouts"]} == {2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp2.json", "list.json"]
