@@ -3,7 +3,8 @@
 
 Predicts, for every layout of MODEL on N accelerators, the peak memory per GPU and the step time,
 each split into its terms; drops the layouts that do not fit; prints the best first.
-MODEL: a preset (python -m planner --list), a Hugging Face config.json (or its folder), or
+MODEL: a preset (python -m planner --list), a Hugging Face config.json (or its folder), a hub name
+(org/name, read by transformers.AutoConfig from the hub or its cache), or
 `custom` with --layers --hidden --heads --vocab. Cost: enumerating and predicting ~10⁴ layouts,
 a few seconds for a 70 B model on 512 GPUs.
 """
@@ -60,7 +61,7 @@ def writable(ap, flag: str, path: str | None) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner", description=__doc__.split("\n\n")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", nargs="?", help="preset, config.json, or 'custom'")
+    ap.add_argument("model", nargs="?", help="preset, config.json (or its folder), hub name org/name, or 'custom'")
     ap.add_argument("--gpus", type=positive, help="accelerators in all")
     ap.add_argument("--gpus-per-node", type=positive, help="override the hardware's node size")
     ap.add_argument("--hardware", default="h100")

@@ -124,35 +124,57 @@ def from_hf_config(path: str) -> Model:
             c = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a Hugging Face config.json ({e})") from e
+    name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return from_config_dict(c, name or (c.get("model_type") if isinstance(c, dict) else "") or "config",
+                            os.path.abspath(path))
+
+
+def from_hub(repo_id: str) -> Model:
+    """A model's config.json from the Hugging Face hub (or its local cache), as transformers'
+    AutoConfig reads it, e.g. meta-llama/Llama-2-7b-hf."""
+    try:
+        from transformers import AutoConfig      # only for a hub name: the planner needs no transformers otherwise
+        c = AutoConfig.from_pretrained(repo_id).to_dict()
+    except Exception as e:      # noqa: BLE001  (offline, unknown repository, gated, no transformers: one message)
+        raise ValueError(f"model {repo_id!r} is not a preset or a file here, and its config could not be read from "
+                         f"the Hugging Face hub or its cache ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                         "pass its config.json or a folder holding it") from e
+    return from_config_dict(c, repo_id.rsplit("/", 1)[-1], f"hub:{repo_id}")
+
+
+def from_config_dict(c, name: str, source: str) -> Model:
+    """A Model from a config's fields (from_hf_config's and from_hub's shared reading)."""
     if not isinstance(c, dict):
-        raise ValueError(f"{path}: a config.json holds a JSON object, got {type(c).__name__}")
-    g = lambda *keys, default=None: next((c[k] for k in keys if k in c), default)  # noqa: E731
+        raise ValueError(f"{source}: a config.json holds a JSON object, got {type(c).__name__}")
+    g = lambda *keys, default=None: next((c[k] for k in keys if c.get(k) is not None), default)  # noqa: E731
     L, h = g("num_hidden_layers", "n_layer", "n_layers"), g("hidden_size", "n_embd", "dim", "d_model")
     a, V = g("num_attention_heads", "n_head", "n_heads"), g("vocab_size")
     if None in (L, h, a, V):
-        raise ValueError(f"{path}: need layers, hidden size, heads and vocab_size; found {L}, {h}, {a}, {V}")
+        raise ValueError(f"{source}: need layers, hidden size, heads and vocab_size; found {L}, {h}, {a}, {V}")
     kind = c.get("model_type", "")
     gated = kind in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2") or c.get("hidden_act") == "silu"
     npos = g("max_position_embeddings", "n_positions", "n_ctx", default=2048)
     rotary = "rope_theta" in c or "rope_scaling" in c or gated
-    return Model(name=os.path.basename(os.path.dirname(os.path.abspath(path))) or kind or "config",
-                 layers=L, hidden=h, heads=a, vocab=V, seq=min(npos, 4096),
-                 ffn=g("intermediate_size", "n_inner", "hidden_dim", default=0) or 0,
-                 kv_heads=g("num_key_value_heads", default=0) or 0, gated=gated,
+    return Model(name=name, layers=L, hidden=h, heads=a, vocab=V, seq=min(npos, 4096),
+                 ffn=g("intermediate_size", "n_inner", "hidden_dim", default=0),
+                 kv_heads=g("num_key_value_heads", default=0), gated=gated,
                  bias=not gated,
                  tied=bool(c.get("tie_word_embeddings", not gated)), positions=0 if rotary else npos,
-                 source=os.path.abspath(path))
+                 source=source)
 
 
 def resolve(name: str | None, **shape) -> Model:
-    """A preset, a config.json path, or explicit --layers/--hidden/--heads/--vocab/--seq."""
+    """A preset, a config.json path (or its folder), a hub name, or explicit --layers/--hidden/--heads/--vocab/--seq."""
     explicit = {k: v for k, v in shape.items() if v is not None}
     if name and name in PRESETS:
         m = PRESETS[name]
     elif name and os.path.exists(name):
         m = from_hf_config(os.path.join(name, "config.json") if os.path.isdir(name) else name)
+    elif name and "/" in name.strip("/") and not name.startswith((".", "/")):      # org/name: the hub's
+        m = from_hub(name)
     elif name and name != "custom":
-        raise ValueError(f"unknown model {name!r}: a preset ({', '.join(PRESETS)}), a config.json, or 'custom' with --layers --hidden --heads --vocab")
+        raise ValueError(f"unknown model {name!r}: a preset ({', '.join(PRESETS)}), a config.json, a Hugging Face "
+                         "hub name (org/name), or 'custom' with --layers --hidden --heads --vocab")
     else:
         need = {"layers", "hidden", "heads", "vocab"} - explicit.keys()
         if need:

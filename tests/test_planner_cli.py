@@ -146,3 +146,23 @@ def test_cli_says_why_no_layout_is_legal_and_writes_whole_files(tmp_path, capsys
     doc = json.loads(out.read_text())
     assert doc["layouts"] and {x["layout"]["dp"] for x in doc["layouts"]} == {2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dp2.json", "list.json"]
+
+
+def test_hub_name_is_read_by_autoconfig_and_an_unreadable_one_says_so(monkeypatch):
+    """MODEL as org/name: transformers' AutoConfig reads its config (the hub or its cache) and the
+    planner counts what a config.json of it would give; one it cannot read is an error naming the
+    model and what to pass instead (here the hub is out of reach: offline)."""
+    import transformers
+    cfg = transformers.LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
+                                   intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096)
+    seen = []
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda name, *a, **k: seen.append(name) or cfg)
+    m = resolve("someone/llama-7b-copy")
+    assert seen == ["someone/llama-7b-copy"] and m.name == "llama-7b-copy" and m.source == "hub:someone/llama-7b-copy"
+    assert m.params() == PRESETS["llama-7b"].params()
+
+    def offline(name, *a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    with pytest.raises(ValueError, match="'nobody/nothing' is not a preset or a file here.*OSError.*pass its config.json"):
+        resolve("nobody/nothing")
