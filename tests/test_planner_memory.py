@@ -174,7 +174,7 @@ def test_slack_rows_run_the_layout_the_planner_is_given(mb):
     """benchmarks.planner_slack --mb: each row's ranks run the micro-batch and micro-batch count
     of the Layout and global batch its planner count is made for."""
     from benchmarks.planner_slack import rows
-    where = {"_rank": (1, None), "_pp_rank": (1, 2), "_tp_rank": (2, None), "_llama_pp_rank": (2, 3)}
+    where = {"_rank": (1, None), "_pp_rank": (1, 2), "_tp_rank": (2, None), "_llama_pp_rank": (2, 3), "_tp_pp_rank": (2, 3)}
     for name, m, lay, batch, module, fn, args in rows(3, mb):
         at, micro = where[fn]
         assert args[at] == lay.mb == (mb or lay.mb), name
