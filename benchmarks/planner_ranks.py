@@ -149,6 +149,9 @@ def _pp_rank(rank, world, m: Model, mb: int, micro: int, steps: int):
     """pp = 2 (× dp = world / 2) through pipeline_parallel's DeepSpeed-API engine (1F1B, `micro`
     micro-batches of mb): the same layers as Net (token + position embedding tied to the head,
     torch's encoder layer)."""
+    if m.layers % 2:
+        raise ValueError(f"rank {rank}: {m.name} has {m.layers} layers; pp 2 needs an even count (the planner "
+                         "counts L/2 layers per stage and refuses this layout)")
     base = _warm()
     layers = ([TiedLayerSpec("embed", Embed, m.vocab, m.hidden, m.positions)]
               + [LayerSpec(torch.nn.TransformerEncoderLayer, m.hidden, m.heads, m.f, dropout=0.0, batch_first=True,

@@ -178,6 +178,7 @@ def rows(steps: int = 2, mb: int | None = None):
     small, mid = R.SHAPES
     distil = RT.distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 128)
     untied = replace(distil, tied=False)     # as benchmarks.planner_local's 3D rows run it
+    cal4 = replace(CAL, name="gpt-cal L4", layers=4)     # the calibration shape with an even layer count: two stages
     tiny, lsmall = R.llama_planner_model("tiny", 128), R.llama_planner_model("small", 128)
     d, p, t = mb or 4, mb or 2, mb or 4
     return [("gpt-cal dp2", CAL, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (CAL, d, steps, None)),
@@ -185,7 +186,7 @@ def rows(steps: int = 2, mb: int | None = None):
             ("gpt-mini dp2", small, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (small, d, steps, None)),
             ("gpt-small dp2", mid, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (mid, d, steps, None)),
             ("gpt-mini pp2", small, Layout(1, 1, 2, mb=p), 4 * p, "R", "_pp_rank", (small, p, 4, steps)),
-            ("gpt-cal pp2", CAL, Layout(1, 1, 2, mb=p), 4 * p, "R", "_pp_rank", (CAL, p, 4, steps)),
+            ("gpt-cal L4 pp2", cal4, Layout(1, 1, 2, mb=p), 4 * p, "R", "_pp_rank", (cal4, p, 4, steps)),
             ("distil-mini tp2", distil, Layout(1, 2, 1, mb=t), t, "RT", "_tp_rank", (distil, 2, t, steps)),
             ("distil-mini pp2·tp2", untied, Layout(1, 2, 2, mb=p), 4 * p, "RT", "_tp_pp_rank", (untied, 2, p, 4, steps)),
             ("llama-tiny pp2", tiny, Layout(1, 1, 2, mb=p), 4 * p, "R", "_llama_pp_rank", ("tiny", 128, p, 4, steps)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -35,8 +36,11 @@ def parse_fixed(text: str | None) -> dict:
             raise ValueError(f"--fix {kv!r}: expected FIELD=VALUE, e.g. tp=8")
         if k in out:
             raise ValueError(f"--fix: {k} is given twice")
-        out[k] = v == "true" if v in ("true", "false") else (int(v) if v.lstrip("-").isdigit() else v)
-    check_fixed(out)
+        out[k] = v == "true" if v in ("true", "false") else (int(v) if re.fullmatch(r"[+-]?[0-9]+", v) else v)
+    try:
+        check_fixed(out)
+    except ValueError as e:
+        raise ValueError(f"--fix: {e}") from e
     return out
 
 
@@ -52,10 +56,18 @@ def positive(text: str) -> int:
 
 
 def writable(ap, flag: str, path: str | None) -> None:
-    """Refuse an output path whose folder is missing before any work is done."""
-    folder = os.path.dirname(os.path.abspath(path)) if path else None
-    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-        ap.error(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+    """Refuse an output path that is a folder or whose folder is missing, before any work is done;
+    for --plot also a format matplotlib cannot write."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        ap.error(f"{flag} {path}: expected a file in a writable folder")
+    if flag == "--plot":
+        from matplotlib.figure import Figure      # only when a picture is asked for
+        kinds = Figure().canvas.get_supported_filetypes()
+        if (ext := os.path.splitext(path)[1][1:].lower() or "png") not in kinds:
+            ap.error(f"--plot {path}: matplotlib cannot write .{ext}; one of {', '.join(sorted(kinds))}")
 
 
 def main(argv=None) -> int:

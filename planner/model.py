@@ -154,10 +154,16 @@ def from_config_dict(c, name: str, source: str) -> Model:
     kind = c.get("model_type", "")
     gated = kind in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2") or c.get("hidden_act") == "silu"
     npos = g("max_position_embeddings", "n_positions", "n_ctx", default=2048)
-    rotary = "rope_theta" in c or "rope_scaling" in c or gated
+    ffn, kv = g("intermediate_size", "n_inner", "hidden_dim", default=0), g("num_key_value_heads", default=0)
+    for key, v in (("layers", L), ("hidden size", h), ("heads", a), ("vocab_size", V), ("positions", npos), ("ffn", ffn),
+                   ("num_key_value_heads", kv)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{source}: {key} must be an integer, found {v!r}")
+    # rotary: the rope fields (transformers 5 writes rope_parameters), GPT-NeoX/GPT-J's rotary_pct/rotary_dim, or gated
+    rotary = gated or c.get("position_embedding_type") == "rotary" or any(
+        k in c for k in ("rope_theta", "rope_scaling", "rope_parameters", "rotary_pct", "rotary_dim", "rotary_emb_base"))
     return Model(name=name, layers=L, hidden=h, heads=a, vocab=V, seq=min(npos, 4096),
-                 ffn=g("intermediate_size", "n_inner", "hidden_dim", default=0),
-                 kv_heads=g("num_key_value_heads", default=0), gated=gated,
+                 ffn=ffn, kv_heads=kv, gated=gated,
                  bias=not gated,
                  tied=bool(c.get("tie_word_embeddings", not gated)), positions=0 if rotary else npos,
                  source=source)
@@ -170,8 +176,8 @@ def resolve(name: str | None, **shape) -> Model:
         m = PRESETS[name]
     elif name and os.path.exists(name):
         m = from_hf_config(os.path.join(name, "config.json") if os.path.isdir(name) else name)
-    elif name and "/" in name.strip("/") and not name.startswith((".", "/")):      # org/name: the hub's
-        m = from_hub(name)
+    elif name and name.strip("/").count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith(".json"):
+        m = from_hub(name.strip("/"))      # org/name: the hub's (a missing local file stays "unknown" below)
     elif name and name != "custom":
         raise ValueError(f"unknown model {name!r}: a preset ({', '.join(PRESETS)}), a config.json, a Hugging Face "
                          "hub name (org/name), or 'custom' with --layers --hidden --heads --vocab")

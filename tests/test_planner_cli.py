@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cmd
 from planner import hardware as H
 from planner.__main__ import main as planner_main
-from planner.model import PRESETS, Model, from_hf_config, resolve
+from planner.model import PRESETS, Model, from_config_dict, from_hf_config, resolve
 from planner.plan import plan
 
 
@@ -112,7 +112,10 @@ def test_partial_refit_refuses_another_processors_file(tmp_path, capsys):
     ("llama-70b --gpus 8 --fix recompute=some", "expected none | selective | full"),
     ("llama-70b --gpus 8 --fix sp=yes", "sp='yes': expected true | false"),
     ("llama-70b --gpus 8 --fix tp=2,tp=4", "tp is given twice"),
-    ("llama-70b --gpus 8 --json /nonexistent-folder/x.json", "--json /nonexistent-folder/x.json: the folder"),
+    ("llama-70b --gpus 8 --json /nonexistent-folder/x.json", "--json /nonexistent-folder/x.json: expected a file in a writable folder"),
+    ("llama-70b --gpus 8 --json /tmp", "--json /tmp: expected a file"),
+    ("llama-70b --gpus 8 --plot /tmp/plan.txt", "matplotlib cannot write .txt"),
+    ("llama-70b --gpus 8 --fix tp=--2", "--fix: fixed tp='--2': expected a positive integer"),
     ("custom --layers 2 --hidden 64 --heads 3 --vocab 10 --gpus 2", "hidden 64 is not a multiple of heads 3"),
 ])
 def test_cli_refuses_bad_input_naming_it(args, said, capsys):
@@ -166,3 +169,19 @@ def test_hub_name_is_read_by_autoconfig_and_an_unreadable_one_says_so(monkeypatc
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
     with pytest.raises(ValueError, match="'nobody/nothing' is not a preset or a file here.*OSError.*pass its config.json"):
         resolve("nobody/nothing")
+
+
+def test_config_fields_read_as_transformers_writes_them(tmp_path):
+    """A rotary model that is not gated (GPT-NeoX: transformers 5 writes rope_parameters and
+    rotary_pct) has no position table; a config whose sizes are not integers is an error naming
+    the field; a local .json path that does not exist is never sent to the hub."""
+    import transformers
+    neox = from_config_dict(transformers.GPTNeoXConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                       intermediate_size=256, vocab_size=1000).to_dict(), "neox", "test")
+    assert neox.positions == 0 and not neox.gated
+    gpt2 = from_config_dict(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000).to_dict(), "gpt2", "test")
+    assert gpt2.positions == 1024 and gpt2.ffn == 0
+    with pytest.raises(ValueError, match="layers must be an integer, found '32'"):
+        from_config_dict({"num_hidden_layers": "32", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}, "x", "t")
+    with pytest.raises(ValueError, match="unknown model 'configs/x.json'"):
+        resolve("configs/x.json")
