@@ -8,7 +8,7 @@ without slack.
     python -m benchmarks.planner_slack --only small --risen  # also with the threshold fixed at glibc's ceiling
     python -m benchmarks.planner_slack --mb 8 --steps 4      # every row at micro-batch 8, 4 steps per run
     python -m benchmarks.planner_slack --only small --steps 4 --arenas 1   # the ranks' malloc in one arena
-    python -m benchmarks.planner_slack --only gpt-cal --steps 4 --mb 2      # DDP, ZeRO-1, ZeRO-2 at the fit's shape
+    python -m benchmarks.planner_slack --only "gpt-cal dp" --steps 4 --mb 2  # DDP, ZeRO-1, ZeRO-2 at the fit's shape
     python -m benchmarks.planner_slack --only small --steps 4 --trim        # the heap trimmed after every step
     python -m benchmarks.planner_slack --steps 4 --eager    # torch's Adam states made before the first step
     python -m benchmarks.planner_slack --only pp2 --steps 6 --variant 131072 --variant trim-bwd --variant reuse

@@ -4,7 +4,7 @@ system's cc), every call of every rank written per step; the larger rank's calls
 replayed through glibc in a fresh process, at its defaults, three ways.
 
     python -m benchmarks.planner_slack_replay --only llama-small   # one row (~1 min idle)
-    python -m benchmarks.planner_slack_replay                      # the seven rows of planner_slack
+    python -m benchmarks.planner_slack_replay                      # every row of planner_slack
     python -m benchmarks.planner_slack_replay --only llama-small --early   # logged from before the warm-up
     python -m benchmarks.planner_slack_replay --only small --early --risen  # the replays' threshold raised first
     python -m benchmarks.planner_slack_replay --steps 4 --holes              # the heap's free chunks at the live peak

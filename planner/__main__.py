@@ -40,7 +40,7 @@ def parse_fixed(text: str | None) -> dict:
     try:
         check_fixed(out)
     except ValueError as e:
-        raise ValueError(f"--fix: {e}") from e
+        raise ValueError(f"--fix {text!r}: {e}") from e
     return out
 
 
@@ -64,7 +64,10 @@ def writable(ap, flag: str, path: str | None) -> None:
     if os.path.isdir(path) or not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
         ap.error(f"{flag} {path}: expected a file in a writable folder")
     if flag == "--plot":
-        from matplotlib.figure import Figure      # only when a picture is asked for
+        try:
+            from matplotlib.figure import Figure      # only when a picture is asked for
+        except ImportError:
+            ap.error("--plot needs matplotlib, an optional extra: pip install -e '.[figures]'")
         kinds = Figure().canvas.get_supported_filetypes()
         if (ext := os.path.splitext(path)[1][1:].lower() or "png") not in kinds:
             ap.error(f"--plot {path}: matplotlib cannot write .{ext}; one of {', '.join(sorted(kinds))}")
