@@ -89,6 +89,7 @@ from planner.steptime import Software
 from primitives.engine.cost import Params
 from primitives.launch import spawn
 from primitives.log import console
+from zero_from_scratch.engine.atomic import atomic_write
 
 TUNED = "(malloc 64K)"
 PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row and after it
@@ -242,17 +243,24 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, help="steps per row, at least 2: the median is after the first (default 4, --quick 3)")
     ap.add_argument("--json", help="write the rows (predicted terms, measured) to this file")
     ap.add_argument("--only", default="", help="rows whose layout label contains this text (e.g. pp2, Z3)")
     ap.add_argument("--repredict", metavar="JSON", help="run nothing: predict a --json file's rows again (this planner)")
     a = ap.parse_args(argv)
     if a.repredict:
+        if not os.path.isfile(a.repredict):
+            ap.error(f"--repredict {a.repredict}: no such file (a --json file of an earlier run)")
         repredict(a.repredict)
         return 0
+    steps = (3 if a.quick else 4) if a.steps is None else a.steps
+    if steps < 2 or not any(a.only in r[1] for r in runs(a.quick, steps)):
+        ap.error(f"--steps {steps}: expected at least 2" if steps < 2 else f"--only {a.only!r}: no row's layout contains it")
+    if a.json and not os.access(os.path.dirname(os.path.abspath(a.json)), os.W_OK):
+        ap.error(f"--json {a.json}: its folder is missing or not writable (checked before the runs)")
     if (rc := in_own_session("benchmarks.planner_local", argv)) is not None:
         return rc
-    rows = measure(a.quick, max(2, a.steps if not a.quick else 3), a.only)
+    rows = measure(a.quick, steps, a.only)
     shares = [r["share"] for r in rows]
     t = Table(title=f"planner vs this machine (CPU ranks, fp32, glibc defaults unless labelled), each busy task got "
                     f"{min(shares) / os.cpu_count():.2f}-{max(shares) / os.cpu_count():.2f} of a core, {os.cpu_count()} cores")
@@ -278,8 +286,7 @@ def main(argv=None) -> int:
         console.print(f"step time at the speed of {what}: median |error| {statistics.median(e):.0%}, "
                       f"{sum(x > 0.25 for x in e)} of {len(rows)} rows beyond 25 %")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        atomic_write(a.json, lambda f: f.write(json.dumps(rows, indent=1).encode()))
     return 0
 
 

@@ -291,3 +291,19 @@ def test_the_3d_rows_head_keeps_the_loss_exp_above_underflow():
     from benchmarks.planner_logits import UNDERFLOW, loss_inputs
     assert loss_inputs(None).min() > UNDERFLOW / 10
     assert (loss_inputs(1.0) < UNDERFLOW).any()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--steps", "1"], "--steps 1: expected at least 2"),
+    (["--quick", "--steps", "0"], "--steps 0: expected at least 2"),
+    (["--only", "nosuchrow"], "--only 'nosuchrow': no row's layout contains it"),
+    (["--repredict", "/nonexistent/rows.json"], "--repredict /nonexistent/rows.json: no such file"),
+    (["--quick", "--json", "/nonexistent-folder/rows.json"], "its folder is missing or not writable"),
+])
+def test_planner_local_refuses_bad_arguments_before_running(args, said, capsys):
+    """benchmarks.planner_local stops at once, naming the argument, where it would otherwise run for
+    minutes and then fail (an unwritable --json), find no row (--only), or quietly change --steps."""
+    from benchmarks.planner_local import main
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and said in " ".join(capsys.readouterr().err.split())
