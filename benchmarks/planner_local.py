@@ -2,7 +2,7 @@
 (hardware cpu-here) vs measured step time and peak memory per rank, at the allocator's defaults.
 
     python -m benchmarks.planner_local               # every row below, 4 steps each (~6 min idle)
-    python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps
+    python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps (unless --steps)
     python -m benchmarks.planner_local --only pp2 --json rows.json      # some rows; the rows as JSON
     python -m benchmarks.planner_local --repredict rows.json            # those rows predicted again, nothing run
 
@@ -255,9 +255,11 @@ def main(argv=None) -> int:
         return 0
     steps = (3 if a.quick else 4) if a.steps is None else a.steps
     if steps < 2 or not any(a.only in r[1] for r in runs(a.quick, steps)):
-        ap.error(f"--steps {steps}: expected at least 2" if steps < 2 else f"--only {a.only!r}: no row's layout contains it")
-    if a.json and not os.access(os.path.dirname(os.path.abspath(a.json)), os.W_OK):
-        ap.error(f"--json {a.json}: its folder is missing or not writable (checked before the runs)")
+        why = "" if a.quick else two_nodes_possible()
+        ap.error(f"--steps {steps}: expected at least 2" if steps < 2 else f"--only {a.only!r}: no row's layout "
+                 f"contains it" + (f" (the 2-node row is left out here: {why})" if why else ""))
+    if a.json and (os.path.isdir(a.json) or not os.access(os.path.dirname(os.path.abspath(a.json)), os.W_OK)):
+        ap.error(f"--json {a.json}: expected a file in a writable folder (checked before the runs)")
     if (rc := in_own_session("benchmarks.planner_local", argv)) is not None:
         return rc
     rows = measure(a.quick, steps, a.only)

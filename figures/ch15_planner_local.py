@@ -64,8 +64,10 @@ def draw(rows: list[dict]) -> str:
 def main(argv=None) -> list[str]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="rows written by `python -m benchmarks.planner_local --json FILE`")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="steps per row when measuring (at least 2)")
     a = ap.parse_args(argv if argv is not None else [])
+    if a.steps < 2:
+        ap.error(f"--steps {a.steps}: expected at least 2 (each row's median is over the steps after the first)")
     if a.json:
         with open(a.json) as f:
             rows = json.load(f)

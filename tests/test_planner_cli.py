@@ -1,6 +1,7 @@
 """The planner's command line: models from a Hugging Face config, the JSON and the picture, --fix and
 --all, the 70 B / 512 H100 run's time (printed), cpu-here's hardware file."""
 import json
+import sys
 import time
 
 import pytest
@@ -187,3 +188,11 @@ def test_config_fields_read_as_transformers_writes_them(tmp_path):
         from_config_dict({"num_hidden_layers": "32", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}, "x", "t")
     with pytest.raises(ValueError, match="unknown model 'configs/x.json'"):
         resolve("configs/x.json")
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
+    """matplotlib is an optional extra: without it --plot is refused at start, naming the extra."""
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)     # import raises ImportError
+    with pytest.raises(SystemExit) as e:
+        planner_main(["tiny", "--gpus", "2", "--plot", str(tmp_path / "p.png")])
+    assert e.value.code == 2 and "--plot needs matplotlib" in capsys.readouterr().err

@@ -298,7 +298,8 @@ def test_the_3d_rows_head_keeps_the_loss_exp_above_underflow():
     (["--quick", "--steps", "0"], "--steps 0: expected at least 2"),
     (["--only", "nosuchrow"], "--only 'nosuchrow': no row's layout contains it"),
     (["--repredict", "/nonexistent/rows.json"], "--repredict /nonexistent/rows.json: no such file"),
-    (["--quick", "--json", "/nonexistent-folder/rows.json"], "its folder is missing or not writable"),
+    (["--quick", "--json", "/nonexistent-folder/rows.json"], "expected a file in a writable folder"),
+    (["--quick", "--json", "/tmp"], "--json /tmp: expected a file in a writable folder"),
 ])
 def test_planner_local_refuses_bad_arguments_before_running(args, said, capsys):
     """benchmarks.planner_local stops at once, naming the argument, where it would otherwise run for
