@@ -90,6 +90,7 @@ from planner.model import Model
 from planner.probe import PRODUCTS
 from primitives.launch import spawn
 from primitives.log import console
+from zero_from_scratch.engine.atomic import atomic_write
 
 LAYERS = ((64, 4, 256, 32, 2), (128, 4, 512, 64, 4), (192, 4, 768, 64, 4))    # h, heads, f, s, b
 
@@ -137,6 +138,11 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
             "call": call_cpu(20 if quick else 100)}
 
 
+def write_json(path: str, doc: dict) -> None:
+    """The fit's file, whole or not at all (a temporary file renamed onto it)."""
+    atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope), both kept ≥ 0."""
     mx, my = statistics.mean(xs), statistics.mean(ys)
@@ -157,6 +163,8 @@ def main(argv=None) -> int:
                     "zero3_module_s, step_cpu)")
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     a = ap.parse_args(argv)
+    if a.ranks < 1 or not os.access(os.path.dirname(os.path.abspath(a.out)), os.W_OK) or os.path.isdir(a.out):
+        ap.error(f"--ranks {a.ranks}: expected at least 1" if a.ranks < 1 else f"--out {a.out}: expected a file in a writable folder")
     load_now = open('/proc/loadavg').read().split()[0]
     if a.links_median:
         for name, stat in (("fastest", min), ("median", statistics.median)):
@@ -186,8 +194,7 @@ def main(argv=None) -> int:
                                                 "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in rows]})
         if a.engine:
             console.print(refit_engine(doc, LAYERS, a.ranks, f"python -m benchmarks.planner_fit --engine, load {load_now}"))
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(a.out, doc)
         return 0
     links = {str(n): link_fit(n) for n in (2, 4)}
     console.print("links (α µs, GB/s): " + ", ".join(f"{n} ranks {p['alpha'] * 1e6:.0f}, {1e-9 / p['beta']:.2f}"
@@ -195,9 +202,8 @@ def main(argv=None) -> int:
     if a.links:
         with open(a.out) as f:
             doc = json.load(f)
-        with open(a.out, "w") as f:
-            json.dump({**doc, "links": links, "calibrated_on": doc["calibrated_on"].split("; links")[0]
-                       + f"; links at load {open('/proc/loadavg').read().split()[0]}"}, f, indent=1)
+        write_json(a.out, {**doc, "links": links, "calibrated_on": doc["calibrated_on"].split("; links")[0]
+                           + f"; links at load {open('/proc/loadavg').read().split()[0]}"})
         return 0
     got = spawn(sweep, a.ranks, args=(a.quick,), timeout=900)
     med = lambda key: [statistics.median(g[key][i] for g in got) for i in range(len(got[0][key]))]  # noqa: E731
@@ -229,8 +235,7 @@ def main(argv=None) -> int:
            "cpu": this_cpu(),
            "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
     engine = refit_engine(doc, LAYERS, a.ranks, "python -m benchmarks.planner_fit")
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_json(a.out, doc)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
                   f"transformer-shaped {[round(r / 1e9, 1) for r in shaped]}), memory {bw / 1e9:.1f} GB/s, "
                   f"Adam {doc['host_adam'] / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f}\n"

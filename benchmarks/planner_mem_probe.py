@@ -55,6 +55,7 @@ from planner.memory import memory
 from planner.model import Model
 from primitives.launch import spawn
 from primitives.log import console
+from zero_from_scratch.engine.atomic import atomic_write
 
 MiB = 2**20
 OUT = os.path.join(os.path.dirname(__file__), "..", "planner", "cpu_mem.json")
@@ -186,6 +187,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
     ap.add_argument("--vocab", type=int, default=None, help="llama's slack only, at this vocabulary (printed, nothing written)")
     a = ap.parse_args(argv)
+    if a.vocab is not None and a.vocab < 1:
+        ap.error(f"--vocab {a.vocab}: expected a positive vocabulary size")
     if a.vocab and (a.dry_run or a.engines):
         ap.error("--vocab prints llama's slack at that vocabulary and nothing else: drop --dry-run / --engines")
     sweep = llama_slack_sweep((a.vocab,) if a.vocab else SLACK_VOCABS)
@@ -211,11 +214,11 @@ def main(argv=None) -> int:
                       f"{v['slack']:.2f} of grads + optimizer", highlight=False)
     if not a.dry_run:
         fam = ("torch", "distilbert", "llama")
-        with open(OUT, "w") as f:
-            json.dump({"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
-                       "slack": {"llama": {**fit, "shape": {k: v for k, v in LLAMA_SLACK.items() if k != "vocab_size"},
-                                           "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS), "vocabularies": list(SLACK_VOCABS)}},
-                       "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE}, f, indent=1)
+        doc = {"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
+               "slack": {"llama": {**fit, "shape": {k: v for k, v in LLAMA_SLACK.items() if k != "vocab_size"},
+                                   "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS), "vocabularies": list(SLACK_VOCABS)}},
+               "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE}
+        atomic_write(OUT, lambda f: f.write(json.dumps(doc, indent=1).encode()))     # never half-written
     return 0
 
 

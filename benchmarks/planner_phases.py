@@ -112,6 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--head-std", type=float, help="the 3D rows' head table at this std (default: Hugging Face's 0.02)")
     a = ap.parse_args(argv)
+    if a.steps < 2 or a.dp < 1:
+        ap.error(f"--steps {a.steps}: expected at least 2" if a.steps < 2 else f"--dp {a.dp}: expected at least 1")
     d = T.distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 128)
     if a.tp_only:
         world, args = 2 * a.dp, (d, 2, 4, a.steps)

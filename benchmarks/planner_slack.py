@@ -205,6 +205,13 @@ def main(argv=None) -> int:
                     help="a further run per row: a threshold in bytes, trim-bwd or reuse (module docstring)")
     ap.add_argument("--arenas", type=int, default=0, help="glibc's arena count for the ranks (MALLOC_ARENA_MAX; 0: its default)")
     a = ap.parse_args(argv)
+    bad = [f"--steps {a.steps}: expected at least 2 (the step columns are medians after the first)"] * (a.steps < 2) \
+        + [f"--mb {a.mb}: expected a positive micro-batch"] * (a.mb is not None and a.mb < 1) \
+        + [f"--arenas {a.arenas}: expected 0 (glibc's default) or a positive count"] * (a.arenas < 0)
+    if not bad and not any(a.only in r[0] for r in rows(a.steps, a.mb)):
+        bad = [f"--only {a.only!r}: no row's name contains it; the rows: {', '.join(r[0] for r in rows(a.steps, a.mb))}"]
+    if bad:
+        ap.error("; ".join(bad))
     if a.arenas:      # read when a process starts: the fork server, started by the first spawn, passes it to the ranks
         os.environ["MALLOC_ARENA_MAX"] = str(a.arenas)
     t = Table(title="glibc's slack and the shared-memory pages per rank (MiB, the larger rank)"

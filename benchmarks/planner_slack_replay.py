@@ -228,6 +228,9 @@ def main(argv=None) -> int:
     if a.replay:
         print(json.dumps(replay(a.replay[3:], a.replay[0], a.replay[1] == "risen", int(a.replay[2]))))
         return 0
+    if a.steps < 2 or not any(a.only in r[0] for r in rows(a.steps)):
+        ap.error(f"--steps {a.steps}: expected at least 2" if a.steps < 2 else f"--only {a.only!r}: no row of "
+                 f"benchmarks.planner_slack contains it ({', '.join(r[0] for r in rows(a.steps))})")
     t = Table(title="glibc's slack replayed: the larger rank's peak per step above its start (MiB)")
     for c in ("row", "rank", "logged run", "replay as logged", "unaligned", "no small blocks", "live at the peak") \
             + (("free at the live peak", "its chunks ≥ 64 KiB (count × mean KiB)") if a.holes else ()):

@@ -308,3 +308,26 @@ def test_planner_local_refuses_bad_arguments_before_running(args, said, capsys):
     with pytest.raises(SystemExit) as e:
         main(args)
     assert e.value.code == 2 and said in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("module, args, said", [
+    ("planner_slack", ["--only", "nosuchrow"], "--only 'nosuchrow': no row's name contains it; the rows: gpt-cal dp2"),
+    ("planner_slack", ["--steps", "1"], "--steps 1: expected at least 2"),
+    ("planner_slack", ["--mb", "0"], "--mb 0: expected a positive micro-batch"),
+    ("planner_slack", ["--arenas", "-1"], "--arenas -1: expected 0"),
+    ("planner_slack_replay", ["--only", "nosuchrow"], "--only 'nosuchrow': no row of benchmarks.planner_slack"),
+    ("planner_mem", ["--steps", "0"], "--steps 0: expected at least 2"),
+    ("planner_phases", ["--dp", "0"], "--dp 0: expected at least 1"),
+    ("planner_fit", ["--ranks", "0"], "--ranks 0: expected at least 1"),
+    ("planner_fit", ["--out", "/nonexistent-folder/cpu.json"], "expected a file in a writable folder"),
+    ("planner_mem_probe", ["--vocab", "0"], "--vocab 0: expected a positive vocabulary size"),
+])
+def test_planner_benchmarks_refuse_bad_arguments_before_running(module, args, said, capsys):
+    """The planner's measuring commands stop at once, naming the argument and what was expected,
+    where they would otherwise print an empty table, fail after their runs, or take 0 for the default
+    (planner_mem_probe --vocab 0 ran the whole sweep and rewrote planner/cpu_mem.json)."""
+    import importlib
+    main = importlib.import_module(f"benchmarks.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and said in " ".join(capsys.readouterr().err.split())
