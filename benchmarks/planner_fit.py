@@ -163,7 +163,8 @@ def main(argv=None) -> int:
                     "zero3_module_s, step_cpu)")
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     a = ap.parse_args(argv)
-    if a.ranks < 1 or not os.access(os.path.dirname(os.path.abspath(a.out)), os.W_OK) or os.path.isdir(a.out):
+    if a.ranks < 1 or not a.links_median and (not os.access(os.path.dirname(os.path.abspath(a.out)), os.W_OK)
+                                              or os.path.isdir(a.out)):     # --links-median writes nothing
         ap.error(f"--ranks {a.ranks}: expected at least 1" if a.ranks < 1 else f"--out {a.out}: expected a file in a writable folder")
     load_now = open('/proc/loadavg').read().split()[0]
     if a.links_median:

@@ -205,9 +205,13 @@ def main(argv=None) -> int:
                     help="a further run per row: a threshold in bytes, trim-bwd or reuse (module docstring)")
     ap.add_argument("--arenas", type=int, default=0, help="glibc's arena count for the ranks (MALLOC_ARENA_MAX; 0: its default)")
     a = ap.parse_args(argv)
-    bad = [f"--steps {a.steps}: expected at least 2 (the step columns are medians after the first)"] * (a.steps < 2) \
-        + [f"--mb {a.mb}: expected a positive micro-batch"] * (a.mb is not None and a.mb < 1) \
-        + [f"--arenas {a.arenas}: expected 0 (glibc's default) or a positive count"] * (a.arenas < 0)
+    variants = [int(v) if v.isdigit() else v for v in a.variant]
+    checks = ((a.steps < 2, f"--steps {a.steps}: expected at least 2 (the step columns are medians after the first)"),
+              (any(v not in ("trim-bwd", "reuse") and not isinstance(v, int) for v in variants),
+               f"--variant: a threshold in bytes, trim-bwd or reuse, got {a.variant}"),
+              (a.mb is not None and a.mb < 1, f"--mb {a.mb}: expected a positive micro-batch"),
+              (a.arenas < 0, f"--arenas {a.arenas}: expected 0 (glibc's default) or a positive count"))
+    bad = [why for failed, why in checks if failed]
     if not bad and not any(a.only in r[0] for r in rows(a.steps, a.mb)):
         bad = [f"--only {a.only!r}: no row's name contains it; the rows: {', '.join(r[0] for r in rows(a.steps, a.mb))}"]
     if bad:
@@ -216,9 +220,6 @@ def main(argv=None) -> int:
         os.environ["MALLOC_ARENA_MAX"] = str(a.arenas)
     t = Table(title="glibc's slack and the shared-memory pages per rank (MiB, the larger rank)"
                     + (f", MALLOC_ARENA_MAX={a.arenas}" if a.arenas else "") + (", Adam's states made when built" if a.eager else ""))
-    variants = [int(v) if v.isdigit() else v for v in a.variant]
-    if any(v not in ("trim-bwd", "reuse") and not isinstance(v, int) for v in variants):
-        ap.error(f"--variant: a threshold in bytes, trim-bwd or reuse, got {a.variant}")
     for c in ("row", "defaults (each rank)", "mapped", "slack", "the planner's slack", "count without slack", "count / mapped", "RssShmem", "shm_bytes") \
             + (("threshold at 32 MiB", "its slack") if a.risen else ()) + ("defaults per step", "step ms defaults / mapped",
                                                                             "CPU ms defaults / mapped") \

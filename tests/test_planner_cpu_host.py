@@ -315,6 +315,8 @@ def test_planner_local_refuses_bad_arguments_before_running(args, said, capsys):
     ("planner_slack", ["--steps", "1"], "--steps 1: expected at least 2"),
     ("planner_slack", ["--mb", "0"], "--mb 0: expected a positive micro-batch"),
     ("planner_slack", ["--arenas", "-1"], "--arenas -1: expected 0"),
+    ("planner_slack", ["--variant", "foo"], "--variant: a threshold in bytes, trim-bwd or reuse, got ['foo']"),
+    ("planner_mem", ["--only", "2 nodes"], "no row contains it; the rows (the 2-node row is not split)"),
     ("planner_slack_replay", ["--only", "nosuchrow"], "--only 'nosuchrow': no row of benchmarks.planner_slack"),
     ("planner_mem", ["--steps", "0"], "--steps 0: expected at least 2"),
     ("planner_phases", ["--dp", "0"], "--dp 0: expected at least 1"),
