@@ -293,42 +293,38 @@ def test_the_3d_rows_head_keeps_the_loss_exp_above_underflow():
     assert (loss_inputs(1.0) < UNDERFLOW).any()
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--steps", "1"], "--steps 1: expected at least 2"),
-    (["--quick", "--steps", "0"], "--steps 0: expected at least 2"),
-    (["--only", "nosuchrow"], "--only 'nosuchrow': no row's layout contains it"),
-    (["--repredict", "/nonexistent/rows.json"], "--repredict /nonexistent/rows.json: no such file"),
-    (["--quick", "--json", "/nonexistent-folder/rows.json"], "expected a file in a writable folder"),
-    (["--quick", "--json", "/tmp"], "--json /tmp: expected a file in a writable folder"),
-])
-def test_planner_local_refuses_bad_arguments_before_running(args, said, capsys):
-    """benchmarks.planner_local stops at once, naming the argument, where it would otherwise run for
-    minutes and then fail (an unwritable --json), find no row (--only), or quietly change --steps."""
-    from benchmarks.planner_local import main
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    assert e.value.code == 2 and said in " ".join(capsys.readouterr().err.split())
+REFUSALS = """
+    planner_local --steps 1  =>  --steps 1: expected at least 2
+    planner_local --quick --steps 0  =>  --steps 0: expected at least 2
+    planner_local --only nosuchrow  =>  --only 'nosuchrow': no row's layout contains it
+    planner_local --repredict /nonexistent/rows.json  =>  --repredict /nonexistent/rows.json: no such file
+    planner_local --quick --json /nonexistent-folder/rows.json  =>  expected a file in a writable folder
+    planner_local --quick --json /tmp  =>  --json /tmp: expected a file in a writable folder
+    planner_slack --only nosuchrow  =>  --only 'nosuchrow': no row's name contains it; the rows: gpt-cal dp2
+    planner_slack --steps 1  =>  --steps 1: expected at least 2
+    planner_slack --mb 0  =>  --mb 0: expected a positive micro-batch
+    planner_slack --arenas -1  =>  --arenas -1: expected 0
+    planner_slack --variant foo  =>  --variant: a threshold in bytes, trim-bwd or reuse, got ['foo']
+    planner_mem --only '2 nodes'  =>  no row contains it; the rows (the 2-node row is not split)
+    planner_slack_replay --only nosuchrow  =>  --only 'nosuchrow': no row of benchmarks.planner_slack
+    planner_mem --steps 0  =>  --steps 0: expected at least 2
+    planner_phases --dp 0  =>  --dp 0: expected at least 1
+    planner_fit --ranks 0  =>  --ranks 0: expected at least 1
+    planner_fit --out /nonexistent-folder/cpu.json  =>  expected a file in a writable folder
+    planner_mem_probe --vocab 0  =>  --vocab 0: expected a positive vocabulary size
+"""     # module and arguments  =>  what its error says
 
 
-@pytest.mark.parametrize("module, args, said", [
-    ("planner_slack", ["--only", "nosuchrow"], "--only 'nosuchrow': no row's name contains it; the rows: gpt-cal dp2"),
-    ("planner_slack", ["--steps", "1"], "--steps 1: expected at least 2"),
-    ("planner_slack", ["--mb", "0"], "--mb 0: expected a positive micro-batch"),
-    ("planner_slack", ["--arenas", "-1"], "--arenas -1: expected 0"),
-    ("planner_slack", ["--variant", "foo"], "--variant: a threshold in bytes, trim-bwd or reuse, got ['foo']"),
-    ("planner_mem", ["--only", "2 nodes"], "no row contains it; the rows (the 2-node row is not split)"),
-    ("planner_slack_replay", ["--only", "nosuchrow"], "--only 'nosuchrow': no row of benchmarks.planner_slack"),
-    ("planner_mem", ["--steps", "0"], "--steps 0: expected at least 2"),
-    ("planner_phases", ["--dp", "0"], "--dp 0: expected at least 1"),
-    ("planner_fit", ["--ranks", "0"], "--ranks 0: expected at least 1"),
-    ("planner_fit", ["--out", "/nonexistent-folder/cpu.json"], "expected a file in a writable folder"),
-    ("planner_mem_probe", ["--vocab", "0"], "--vocab 0: expected a positive vocabulary size"),
-])
-def test_planner_benchmarks_refuse_bad_arguments_before_running(module, args, said, capsys):
+@pytest.mark.parametrize("case", REFUSALS.strip().splitlines())
+def test_planner_benchmarks_refuse_bad_arguments_before_running(case, capsys):
     """The planner's measuring commands stop at once, naming the argument and what was expected,
-    where they would otherwise print an empty table, fail after their runs, or take 0 for the default
+    where they would otherwise run for minutes and then fail (an unwritable --json), print an empty
+    table or find no row (--only), quietly change --steps, or take 0 for the default
     (planner_mem_probe --vocab 0 ran the whole sweep and rewrote planner/cpu_mem.json)."""
     import importlib
+    import shlex
+    command, said = (x.strip() for x in case.split("=>"))
+    module, *args = shlex.split(command)
     main = importlib.import_module(f"benchmarks.{module}").main
     with pytest.raises(SystemExit) as e:
         main(args)
