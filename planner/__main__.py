@@ -22,7 +22,7 @@ from primitives.log import console
 from planner import hardware as H
 from planner.layout import check_fixed, why_none
 from planner.model import PRESETS, resolve
-from planner.plan import plan
+from planner.plan import host_apart, plan
 from planner.report import picture, table, write_json
 from planner.steptime import Software
 
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     fits = [p for p in preds if p.fits]
     if not preds:
         per_node = min(hw.gpus_per_node, a.gpus)
-        why = why_none(model, a.gpus, per_node, batch, not hw.name.startswith("cpu"), fixed)
+        why = why_none(model, a.gpus, per_node, batch, host_apart(hw), fixed)
         console.print(f"[red]no layout of {model.name} is legal on {a.gpus} GPUs ({per_node} per node) at global batch "
                       f"{batch}{f' with --fix {a.fix}' if a.fix else ''}{f': {why}' if why else ''}[/red]")
     elif not fits:

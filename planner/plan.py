@@ -40,10 +40,15 @@ def predict_layout(model, seq: int, lay: Layout, global_batch: int, hw, sw: Soft
     return Prediction(lay, mem, tm, mem["total"] <= hw.memory, global_batch * seq / T, tf / 1e12, tf / hw.peak_flops)
 
 
+def host_apart(hw) -> bool:
+    """Whether the hardware has a host apart from its devices (offload possible): not a CPU host."""
+    return not hw.name.startswith("cpu")
+
+
 def plan(model, gpus: int, hw, seq: int, global_batch: int, sw: Software = Software(),
          fixed: dict | None = None, keep_all: bool = False) -> list[Prediction]:
     """Predictions of every legal layout, fitting ones first, each group by step time."""
-    host = not hw.name.startswith("cpu")
+    host = host_apart(hw)
     per_node = min(hw.gpus_per_node, gpus)
     preds = [predict_layout(model, seq, lay, global_batch, hw, sw)
              for lay in enumerate_layouts(model, gpus, per_node, global_batch, host, fixed=fixed)]
