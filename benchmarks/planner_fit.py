@@ -22,6 +22,10 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   matmul FLOPs at the fitted GEMM rate, fitted as
                                   op_overhead + elementwise_s × (the layer's saved activation
                                   bytes, planner.memory.torch_layer_activation_bytes) by least squares
+    llama_op_overhead,            the same line for Hugging Face's llama decoder layer, fitted on it
+    llama_elementwise_s           at three calibration shapes, each timed against torch's layers
+                                  above in the same round (benchmarks.planner_fit_llama)
+    python -m benchmarks.planner_fit --llama         # only llama's line, into the existing file (~30 s)
     logit_s                       the top (LayerNorm, logits, cross-entropy) forward + backward at
                                   two vocabularies: the rest after the matmuls, per logit element
     vp_loss_s                     tensor_parallel's vocab-parallel cross-entropy over a one-rank
@@ -81,6 +85,7 @@ import torch
 import primitives as P
 from benchmarks.planner_fit_engine import refit_engine
 from benchmarks.planner_fit_links import link_fit, wait_fit
+from benchmarks.planner_fit_llama import LLAMA, llama_points, llama_sweep
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
 from benchmarks.planner_fit_map import head_step, layer_step
 from planner.hardware import CPU_HERE, this_cpu
@@ -150,6 +155,20 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return max(0.0, my - slope * mx), slope
 
 
+def with_note(calibrated_on: str, key: str, text: str) -> str:
+    """calibrated_on with a partial refit's note `key text` in place of its last one, the others kept."""
+    return "; ".join([part for part in calibrated_on.split("; ") if not part.startswith(key)] + [f"{key} {text}"])
+
+
+def llama_fit(doc: dict, ranks: int, quick: bool) -> str:
+    """Fit llama's line into `doc` (benchmarks.planner_fit_llama), given torch's line there; what it printed."""
+    got = spawn(llama_sweep, ranks, args=(LAYERS, 15 if quick else 40), timeout=900)
+    points = llama_points(got, doc, LAYERS)
+    doc["llama_op_overhead"], doc["llama_elementwise_s"] = fit_line([x for x, _ in points], [y for _, y in points])
+    return (f"llama's layer: {doc['llama_op_overhead'] * 1e3:.2f} ms + {doc['llama_elementwise_s'] * 1e9:.2f} ns per saved "
+            f"byte (residuals {[round(y * 1e3, 2) for _, y in points]} ms)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=CPU_HERE)
@@ -162,6 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", action="store_true", help="fit only the mappings and the engine steps' terms (slack, "
                     "zero3_module_s, step_cpu)")
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
+    ap.add_argument("--llama", action="store_true", help="fit only llama's layer line, into the existing --out file")
     a = ap.parse_args(argv)
     if a.ranks < 1 or not a.links_median and (not os.access(os.path.dirname(os.path.abspath(a.out)), os.W_OK)
                                               or os.path.isdir(a.out)):     # --links-median writes nothing
@@ -173,20 +193,24 @@ def main(argv=None) -> int:
             console.print(f"4 ranks, the {name} try: α {p['alpha'] * 1e6:.0f} µs, {1e-9 / max(p['beta'], 1e-30):.2f} GB/s "
                           f"(load {load_now})")
         return 0
-    if a.waits or a.engine or a.loss or a.links:    # a part refitted into a file the rest of which is another processor's: refused
+    if a.waits or a.engine or a.loss or a.links or a.llama:    # a part refitted into a file the rest of which is another processor's: refused
         if not os.path.exists(a.out):
             ap.error(f"{a.out} does not exist: a partial refit updates a whole fit's file; run the whole fit first")
         if (there := json.load(open(a.out)).get("cpu")) != this_cpu():
             ap.error(f"{a.out} was fitted on {there or 'a processor it does not name'}, this is {this_cpu()}: a partial "
                      "refit would mix two processors' terms; run the whole fit (python -m benchmarks.planner_fit)")
-    if a.waits or a.engine or a.loss:
+    if a.waits or a.engine or a.loss or a.llama:
         with open(a.out) as f:
             doc = json.load(f)
+        if a.llama:
+            console.print(llama_fit(doc, a.ranks, a.quick) + f" (load {load_now})")
+            doc["calibrated_on"] = with_note(doc["calibrated_on"], "llama's line by",
+                                             f"python -m benchmarks.planner_fit --llama ({a.ranks} ranks at once, load {load_now})")
         if a.loss:
             vp = vp_loss_fit(spawn(loss_sweep, a.ranks, args=(3 if a.quick else 7,), timeout=900))
             console.print(f"the vocab-parallel loss: {vp * 1e9:.2f} ns per logit element beyond torch's (load {load_now})")
-            doc.update(vp_loss_s=vp, calibrated_on=doc["calibrated_on"].split("; vp_loss_s")[0]
-                       + f"; vp_loss_s by python -m benchmarks.planner_fit --loss ({a.ranks} ranks at once, load {load_now})")
+            doc.update(vp_loss_s=vp, calibrated_on=with_note(doc["calibrated_on"], "vp_loss_s by", "python -m benchmarks."
+                                                             f"planner_fit --loss ({a.ranks} ranks at once, load {load_now})"))
         if a.waits:
             wait_s, rows = wait_fit()
             console.print(f"wait per blocking collective per unit of oversubscription: {wait_s * 1e3:.2f} ms; "
@@ -203,8 +227,8 @@ def main(argv=None) -> int:
     if a.links:
         with open(a.out) as f:
             doc = json.load(f)
-        write_json(a.out, {**doc, "links": links, "calibrated_on": doc["calibrated_on"].split("; links")[0]
-                           + f"; links at load {open('/proc/loadavg').read().split()[0]}"})
+        write_json(a.out, {**doc, "links": links, "calibrated_on": with_note(doc["calibrated_on"], "links at",
+                                                                             f"load {open('/proc/loadavg').read().split()[0]}")})
         return 0
     got = spawn(sweep, a.ranks, args=(a.quick,), timeout=900)
     med = lambda key: [statistics.median(g[key][i] for g in got) for i in range(len(got[0][key]))]  # noqa: E731
@@ -232,9 +256,10 @@ def main(argv=None) -> int:
            "wait_fit": {"command": "python -m benchmarks.planner_fit --waits",
                         "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
-                            f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, heads V {[x[2] for x in HEADS]})",
+                            f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, llama layers h {[x[0] for x in LLAMA]}, heads V {[x[2] for x in HEADS]})",
            "cpu": this_cpu(),
            "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
+    llama = llama_fit(doc, a.ranks, a.quick)
     engine = refit_engine(doc, LAYERS, a.ranks, "python -m benchmarks.planner_fit")
     write_json(a.out, doc)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
@@ -242,7 +267,7 @@ def main(argv=None) -> int:
                   f"Adam {doc['host_adam'] / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f}\n"
                   f"a layer's non-matmul work: {op_overhead * 1e3:.2f} ms + {elem_s * 1e9:.2f} ns per saved activation byte "
                   f"(residuals {[round(y * 1e3, 2) for _, y in rest]} ms); logits {logit_s * 1e9:.1f} ns per element "
-                  f"(+{vp_loss_s * 1e9:.1f} vocab-parallel); "
+                  f"(+{vp_loss_s * 1e9:.1f} vocab-parallel); {llama}; "
                   f"one collective call {doc['call_overhead'] * 1e6:.0f} µs CPU; {engine}; a blocking collective's wait "
                   f"{wait_s * 1e3:.2f} ms per unit of oversubscription; {doc['cores']} cores → {a.out}")
     return 0

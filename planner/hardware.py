@@ -59,7 +59,9 @@ class Hardware:
     wake_share: float = 0.0      # share of a core a task that sleeps and wakes gets while awake (planner.probe.Sleeper,
                                  # read before a run or by cpu-now); 0: what a busy task gets
     op_overhead: float = 0.0     # CPU seconds per layer and micro-batch of non-matmul work that does
-    elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted)
+    elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted on torch's layer)
+    llama_op_overhead: float = 0.0    # the same two for Hugging Face's llama decoder layer, fitted on it
+    llama_elementwise_s: float = 0.0  # (0: the llama layer at torch's layer's line)
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
     vp_loss_s: float = 0.0       # beyond logit_s, per local logit element of tensor_parallel's vocab-parallel
                                  # cross-entropy (t > 1): its z − max, exp, softmax and backward are separate passes
@@ -164,9 +166,10 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
     return _from_dict({**d, "load": load})
 
 
-MICRO = ("op_overhead", "elementwise_s", "logit_s", "vp_loss_s", "call_overhead")   # CPU seconds per unit of a step's
-# ops, fitted on micro-benchmarks (with peak_flops and host_adam, units per CPU second); a page fault (mmap_s) costs
-# the same in a step as alone, and zero3_module_s is fitted on whole steps
+# CPU seconds per unit of a step's ops, fitted on micro-benchmarks (with peak_flops and host_adam, units per CPU
+# second); a page fault (mmap_s) costs the same in a step as alone, and zero3_module_s is fitted on whole steps
+MICRO = ("op_overhead", "elementwise_s", "llama_op_overhead", "llama_elementwise_s", "logit_s", "vp_loss_s",
+         "call_overhead")
 
 
 def at_speed(hw: Hardware, speed: float) -> Hardware:

@@ -9,7 +9,9 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              forward and backward, ~4× its bytes (6× with full recomputation, which runs the
              forward again) at the HBM rate. On a CPU host (cpu-here) the non-matmul work is
              fitted instead (benchmarks.planner_fit): per layer a fixed op_overhead plus
-             elementwise_s per byte the torch layer saves (planner.memory.torch_layer_activation_bytes),
+             elementwise_s per byte the layer saves (planner.memory.torch_layer_activation_bytes),
+             fitted on torch's layer; Hugging Face's llama layer has a line of its own
+             (llama_op_overhead, llama_elementwise_s: more ops, less work per saved byte),
              and logit_s per logit element (with tp, vp_loss_s more per local logit element:
              tensor_parallel's vocab-parallel cross-entropy makes z − max, exp, the softmax and
              its gradient separate passes where torch's log-softmax fuses them); every CPU
@@ -70,7 +72,7 @@ from tensor_parallel.engine.formulas import layer_traffic
 
 from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores, tp_stretch, wait_time
 from planner.hardware import per_step
-from planner.host_memory import GLIBC_MMAP_MAX
+from planner.host_memory import GLIBC_MMAP_MAX, family
 from planner.memory import ZERO3_MAX_LIVE, layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
 
 
@@ -133,6 +135,14 @@ def zero3_reused(psi: float, hw) -> float:
     return min(1.0, ZERO3_MAX_LIVE / psi) if hw.activations == "torch-eager-fp32" and psi else 0.0
 
 
+def layer_rates(model, hw) -> tuple[float, float]:
+    """(CPU seconds per layer, per saved byte) of a layer's non-matmul work on a CPU host: llama's
+    own line where the hardware file has one, else torch's layer's (DistilBERT's too)."""
+    if family(model) == "llama" and hw.llama_elementwise_s:
+        return hw.llama_op_overhead, hw.llama_elementwise_s
+    return hw.op_overhead, hw.elementwise_s
+
+
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
     """{term: seconds} for one optimizer step; 'total' their sum."""
     hw = per_step(hw)
@@ -158,7 +168,8 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         act = layer_activation_bytes(model, seq, lay, bpe, "selective" if sw.flash_attention else "none")
     logit_s = hw.logit_s + (hw.vp_loss_s if t > 1 else 0.0)     # t > 1: the vocab-parallel loss's own passes
     if hw.elementwise_s:    # fitted per layer: a fixed cost of its ops, and one per saved byte
-        elem = Ls * (hw.op_overhead + act * hw.elementwise_s) * (4 / 3 if full else 1) \
+        op_s, byte_s = layer_rates(model, hw)
+        elem = Ls * (op_s + act * byte_s) * (4 / 3 if full else 1) \
             + tokens * model.vocab * head_share / t * logit_s
     else:
         elem = Ls * act * (6 if full else 4) / hw.mem_bandwidth

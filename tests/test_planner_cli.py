@@ -89,14 +89,14 @@ def test_cpu_here_says_when_fitted_on_another_processor(tmp_path, monkeypatch, c
 
 
 def test_partial_refit_refuses_another_processors_file(tmp_path, capsys):
-    """`planner_fit --loss/--waits/--engine/--links` update one term of a whole fit: into a file fitted on
+    """`planner_fit --loss/--waits/--engine/--links/--llama` update one term of a whole fit: into a file fitted on
     another processor (or on one it does not name) they refuse before measuring, naming both."""
     from benchmarks.planner_fit import main
     with open(H.CPU_HERE) as f:
         doc = json.load(f)
     p = tmp_path / "other.json"
     p.write_text(json.dumps({**doc, "cpu": "Elsewhere CPU"}))
-    for flag in ("--loss", "--waits", "--engine", "--links"):
+    for flag in ("--loss", "--waits", "--engine", "--links", "--llama"):
         with pytest.raises(SystemExit) as e:
             main([flag, "--out", str(p)])
         err = capsys.readouterr().err

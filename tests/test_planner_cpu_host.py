@@ -1,6 +1,8 @@
 """The planner on a CPU host (cpu-here): ranks beyond the cores stretch compute, blocking collectives
 wait, pipelines are paced by the session's cores, the probed speed scales every CPU second, mapped
 blocks keep no slack, the probe reads the load, a rank reads the speed. No rank runs here."""
+import json
+
 import pytest
 
 from planner import hardware as H
@@ -51,6 +53,51 @@ def test_planner_fit_line():
     from benchmarks.planner_fit import fit_line
     assert fit_line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0]) == pytest.approx((1.0, 2.0))
     assert fit_line([1.0, 2.0], [2.0, 1.0])[1] == 0.0          # a negative slope is clamped: work never shrinks
+
+
+def test_llama_layers_pay_their_own_line():
+    """A llama model's layers (gated: Hugging Face's decoder layer) pay llama_op_overhead +
+    llama_elementwise_s per saved byte where the file has them, torch's line where it has none;
+    torch's and DistilBERT's layers never read llama's."""
+    from dataclasses import replace
+
+    from benchmarks.planner_ranks import llama_planner_model
+    from planner.memory import torch_layer_activation_bytes
+    hw = replace(H.load("cpu-here"), cores=0, step_cpu=1.0)
+    sw, lay = Software(False, False, False), Layout(1, 1, 1, mb=2)
+    llama, gpt = llama_planner_model("small", 64), PRESETS["tiny"]
+    none = replace(hw, llama_op_overhead=0.0, llama_elementwise_s=0.0)
+    own = replace(hw, llama_op_overhead=2e-3, llama_elementwise_s=0.5e-9)
+    act = torch_layer_activation_bytes(llama, 64, lay, "none")
+    diff = step_time(llama, 64, lay, 2, own, sw)["elementwise"] - step_time(llama, 64, lay, 2, none, sw)["elementwise"]
+    assert diff == pytest.approx(llama.layers * (2e-3 - hw.op_overhead + act * (0.5e-9 - hw.elementwise_s)))
+    assert step_time(gpt, 32, lay, 2, own, sw) == step_time(gpt, 32, lay, 2, none, sw)
+
+
+def test_llama_fit_points_at_the_fits_speed():
+    """benchmarks.planner_fit_llama: a llama shape's CPU at the fit's speed is its ratio to the torch
+    calibration layers times torch's line over them; less its matmuls, that is its point. A ratio
+    built from a known line gives that line back."""
+    from benchmarks.planner_fit import LAYERS, fit_line
+    from benchmarks.planner_fit_llama import LLAMA, llama_model, llama_points, matmul_s, torch_line
+    from planner.memory import torch_layer_activation_bytes
+    with open(H.CPU_HERE) as f:
+        doc = json.load(f)
+    base = sum(torch_line(*shape, doc) for shape in LAYERS)
+    true = []
+    for h, a, kv, f, s, b in LLAMA:
+        m = llama_model(h, a, kv, f, s)
+        true.append(matmul_s(m, s, b, doc) + 1.5e-3 + 0.8e-9 * torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)))
+    got = [[t / base for t in true], [t / base for t in true]]            # two ranks, the same ratios
+    points = llama_points(got, doc, LAYERS)
+    assert fit_line([x for x, _ in points], [y for _, y in points]) == pytest.approx((1.5e-3, 0.8e-9))
+
+
+def test_partial_refits_keep_each_others_notes():
+    from benchmarks.planner_fit import with_note
+    c = "python -m benchmarks.planner_fit (load 3.5; layers h [64]); vp_loss_s by A; links at load 1"
+    assert with_note(c, "vp_loss_s by", "B") == "python -m benchmarks.planner_fit (load 3.5; layers h [64]); links at load 1; vp_loss_s by B"
+    assert with_note(c, "llama's line by", "C").endswith("; vp_loss_s by A; links at load 1; llama's line by C")
 
 
 def test_zero3_pays_per_module_calls():
