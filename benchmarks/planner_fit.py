@@ -25,7 +25,7 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
     llama_op_overhead,            the same line for Hugging Face's llama decoder layer, fitted on it
     llama_elementwise_s           at three calibration shapes, each timed against torch's layers
                                   above in the same round (benchmarks.planner_fit_llama)
-    python -m benchmarks.planner_fit --llama         # only llama's line, into the existing file (~30 s)
+    python -m benchmarks.planner_fit --llama         # only llama's line, into the existing file (~25 s)
     logit_s                       the top (LayerNorm, logits, cross-entropy) forward + backward at
                                   two vocabularies: the rest after the matmuls, per logit element
     vp_loss_s                     tensor_parallel's vocab-parallel cross-entropy over a one-rank
@@ -85,7 +85,7 @@ import torch
 import primitives as P
 from benchmarks.planner_fit_engine import refit_engine
 from benchmarks.planner_fit_links import link_fit, wait_fit
-from benchmarks.planner_fit_llama import LLAMA, llama_points, llama_sweep
+from benchmarks.planner_fit_llama import LLAMA, llama_points, llama_sweep, matmul_s, torch_shares
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
 from benchmarks.planner_fit_map import head_step, layer_step
 from planner.hardware import CPU_HERE, this_cpu
@@ -156,17 +156,23 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def with_note(calibrated_on: str, key: str, text: str) -> str:
-    """calibrated_on with a partial refit's note `key text` in place of its last one, the others kept."""
+    """calibrated_on with a partial refit's earlier notes `key …` dropped and `key text` appended,
+    every other part kept."""
     return "; ".join([part for part in calibrated_on.split("; ") if not part.startswith(key)] + [f"{key} {text}"])
 
 
 def llama_fit(doc: dict, ranks: int, quick: bool) -> str:
-    """Fit llama's line into `doc` (benchmarks.planner_fit_llama), given torch's line there; what it printed."""
+    """Fit llama's line into `doc` (benchmarks.planner_fit_llama), given torch's line there; returns
+    the line to print: the fit, what torch's line would give these layers, and the torch layers'
+    shares of a round, timed against their line's (the ratio method's check)."""
     got = spawn(llama_sweep, ranks, args=(LAYERS, 15 if quick else 40), timeout=900)
     points = llama_points(got, doc, LAYERS)
-    doc["llama_op_overhead"], doc["llama_elementwise_s"] = fit_line([x for x, _ in points], [y for _, y in points])
+    doc["llama_op_overhead"], doc["llama_elementwise_s"] = fit_line([x for x, _, _ in points], [y for _, y, _ in points])
+    torch_err = [(mm + doc["op_overhead"] + x * doc["elementwise_s"]) / (mm + y) - 1 for x, y, mm in points]
     return (f"llama's layer: {doc['llama_op_overhead'] * 1e3:.2f} ms + {doc['llama_elementwise_s'] * 1e9:.2f} ns per saved "
-            f"byte (residuals {[round(y * 1e3, 2) for _, y in points]} ms)")
+            f"byte (residuals {[round(y * 1e3, 2) for _, y, _ in points]} ms; at torch's line these layers would read "
+            f"{', '.join(f'{e:+.0%}' for e in torch_err)}; torch's layers' shares of a round timed / by their line "
+            f"{', '.join(f'{t:.3f}/{ln:.3f}' for t, ln in torch_shares(got, doc, LAYERS))})")
 
 
 def main(argv=None) -> int:
@@ -186,6 +192,10 @@ def main(argv=None) -> int:
     if a.ranks < 1 or not a.links_median and (not os.access(os.path.dirname(os.path.abspath(a.out)), os.W_OK)
                                               or os.path.isdir(a.out)):     # --links-median writes nothing
         ap.error(f"--ranks {a.ranks}: expected at least 1" if a.ranks < 1 else f"--out {a.out}: expected a file in a writable folder")
+    parts = [flag for flag, on in (("--links", a.links), ("--links-median", a.links_median)) if on]
+    if parts and (a.waits or a.engine or a.loss or a.llama or len(parts) > 1):    # each returns before the others run
+        ap.error(f"{parts[0]} runs on its own: expected it without another of --links, --links-median, --waits, "
+                 "--engine, --loss, --llama")
     load_now = open('/proc/loadavg').read().split()[0]
     if a.links_median:
         for name, stat in (("fastest", min), ("median", statistics.median)):
@@ -238,8 +248,8 @@ def main(argv=None) -> int:
     rest = []
     for (h, heads, f, s, b), t in zip(LAYERS, med("layers")):
         m = Model("cal", 1, h, heads, 2, s, ffn=f)
-        rest.append((torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)), t - 3 * 2 * m.layer_linear_params() * s * b / gemm
-                     - 3 * 4 * s * s * h * b / gemm))
+        rest.append((torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)),
+                     t - matmul_s(m, s, b, {"peak_flops": peak, "gemm_efficiency": gemm / peak})))
     op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
     logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
     vp_loss_s = vp_loss_fit(got)
@@ -256,7 +266,8 @@ def main(argv=None) -> int:
            "wait_fit": {"command": "python -m benchmarks.planner_fit --waits",
                         "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
-                            f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, llama layers h {[x[0] for x in LLAMA]}, heads V {[x[2] for x in HEADS]})",
+                            f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, "
+                            f"llama layers h {[x[0] for x in LLAMA]}, heads V {[x[2] for x in HEADS]})",
            "cpu": this_cpu(),
            "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
     llama = llama_fit(doc, a.ranks, a.quick)

@@ -1,7 +1,7 @@
 """Hugging Face's llama decoder layer, fitted for the planner's cpu-here file: its own line of
 non-matmul work, as benchmarks.planner_fit fits torch's layer.
 
-    python -m benchmarks.planner_fit --llama        # only these two terms, into the existing file (~30 s)
+    python -m benchmarks.planner_fit --llama        # only these two terms, into the existing file (~25 s)
 
     llama_op_overhead, llama_elementwise_s    pipeline_parallel.models.llama's block (the rotary
                               tables made per call, HF's LlamaDecoderLayer at SDPA, causal) forward +
@@ -9,16 +9,18 @@ non-matmul work, as benchmarks.planner_fit fits torch's layer.
                               the fitted GEMM rate, fitted as llama_op_overhead + llama_elementwise_s
                               × (the layer's saved bytes, planner.memory.llama_layer_activation_bytes)
 
-Torch's line does not carry over: the llama layer runs more separate ops (two RMSNorms of five
+Torch's line does not carry over: the llama layer runs more separate ops (two RMSNorms of six
 each, the rotary products, SiLU and the gate's product) and does less work per byte it saves
-(its four ffn-wide tensors are each written once), so at torch's line its CPU seconds come out
-high where its ffn is wide and low where it is small. A machine whose speed moves within
-seconds would move a llama shape timed apart from torch's layers by as much as the difference,
-so every round times the torch calibration layers (benchmarks.planner_fit.LAYERS) and then each
-llama shape, and a llama shape's CPU at the fit's speed is the median of its ratio to those
-layers times what torch's line gives them (the fit's own rates: a partial refit reads them from
-the file). Each of `ranks` processes measures at once, as the rest of the fit; the medians are
-kept. Cost: `rounds` × (3 torch + 3 llama layers) per process, ~15 s.
+(its four ffn-wide tensors are each written once), so at torch's line a llama layer that saves
+many bytes comes out high and one that saves few low. A machine whose speed moves within seconds
+would move a llama shape timed apart from torch's layers by as much as the difference, so every
+round times the torch calibration layers (benchmarks.planner_fit.LAYERS) and then each llama
+shape, each op run once untimed and once timed (as the fit's other rates, warm), and a llama
+shape's CPU at the fit's speed is the median of its ratio to those layers times what torch's line
+gives them (the fit's own rates: a partial refit reads them from the file). That assumes the
+torch layers' line still holds them when timed in rounds: the fit prints each one's share of the
+round beside the line's share. Each of `ranks` processes measures at once, as the rest of the
+fit; the medians are kept. Cost: `rounds` × 2 × (3 torch + 3 llama layers) per process, ~25 s.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import torch
 
 from pipeline_parallel.models.llama import LlamaBlockPipe, llama_config
 from planner.layout import Layout
-from planner.memory import torch_layer_activation_bytes
+from planner.memory import llama_layer_activation_bytes, torch_layer_activation_bytes
 from planner.model import Model
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -52,24 +54,27 @@ def llama_step(h: int, a: int, kv: int, f: int, s: int, b: int):
 
 
 def _cpu(op) -> float:
+    """CPU seconds of op()'s second call: warm, as benchmarks.planner_fit_loss.cpu times every rate."""
+    op()
     t0 = time.thread_time()
     op()
     return time.thread_time() - t0
 
 
-def llama_sweep(rank: int, world: int, layers, rounds: int) -> list[float]:
-    """Per llama shape, the median over `rounds` of its CPU seconds over the torch layers' sum."""
+def llama_sweep(rank: int, world: int, layers, rounds: int) -> dict:
+    """Over `rounds`, the median of each llama shape's CPU seconds over the torch layers' sum
+    ("llama"), and of each torch layer's share of that sum ("torch")."""
     torch.set_num_threads(1)
     ref = [layer_step(*shape) for shape in layers]
     ours = [llama_step(*shape) for shape in LLAMA]
-    for op in ref + ours:
-        op()        # warm
-    ratios = [[] for _ in LLAMA]
+    llama, shares = [[] for _ in LLAMA], [[] for _ in layers]
     for _ in range(rounds):
-        base = sum(_cpu(op) for op in ref)
-        for r, op in zip(ratios, ours):
-            r.append(_cpu(op) / base)
-    return [statistics.median(r) for r in ratios]
+        times = [_cpu(op) for op in ref]
+        for s, t in zip(shares, times):
+            s.append(t / sum(times))
+        for r, op in zip(llama, ours):
+            r.append(_cpu(op) / sum(times))
+    return {"llama": [statistics.median(r) for r in llama], "torch": [statistics.median(s) for s in shares]}
 
 
 def torch_line(h: int, a: int, f: int, s: int, b: int, doc: dict) -> float:
@@ -84,13 +89,20 @@ def matmul_s(m: Model, s: int, b: int, doc: dict) -> float:
     return 3 * (2 * m.layer_linear_params() + 4 * s * m.hidden) * s * b / (doc["peak_flops"] * doc["gemm_efficiency"])
 
 
-def llama_points(got: list[list[float]], doc: dict, layers) -> list[tuple[float, float]]:
-    """(saved bytes, CPU seconds beyond the matmuls) of each llama shape at the fit's speed: the
-    ranks' median ratio times torch's line over the torch layers."""
+def torch_shares(got: list[dict], doc: dict, layers) -> list[tuple[float, float]]:
+    """Each torch calibration layer's share of a round: (timed in rounds, the ranks' median; by torch's line)."""
+    line = [torch_line(*shape, doc) for shape in layers]
+    return [(statistics.median(g["torch"][i] for g in got), t / sum(line)) for i, t in enumerate(line)]
+
+
+def llama_points(got: list[dict], doc: dict, layers) -> list[tuple[float, float, float]]:
+    """(saved bytes, CPU seconds beyond the matmuls, the matmuls') of each llama shape at the fit's
+    speed: the ranks' median ratio times torch's line over the torch layers."""
     base = sum(torch_line(*shape, doc) for shape in layers)
     points = []
     for i, (h, a, kv, f, s, b) in enumerate(LLAMA):
         m = llama_model(h, a, kv, f, s)
-        t = statistics.median(g[i] for g in got) * base
-        points.append((torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)), t - matmul_s(m, s, b, doc)))
+        t = statistics.median(g["llama"][i] for g in got) * base
+        mm = matmul_s(m, s, b, doc)
+        points.append((llama_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)), t - mm, mm))
     return points

@@ -138,7 +138,7 @@ def zero3_reused(psi: float, hw) -> float:
 def layer_rates(model, hw) -> tuple[float, float]:
     """(CPU seconds per layer, per saved byte) of a layer's non-matmul work on a CPU host: llama's
     own line where the hardware file has one, else torch's layer's (DistilBERT's too)."""
-    if family(model) == "llama" and hw.llama_elementwise_s:
+    if family(model) == "llama" and (hw.llama_op_overhead or hw.llama_elementwise_s):
         return hw.llama_op_overhead, hw.llama_elementwise_s
     return hw.op_overhead, hw.elementwise_s
 

@@ -7,7 +7,7 @@ import pytest
 
 from planner import hardware as H
 from planner.layout import Layout
-from planner.model import PRESETS, resolve
+from planner.model import PRESETS, Model, resolve
 from planner.steptime import Software, step_time
 
 
@@ -65,13 +65,33 @@ def test_llama_layers_pay_their_own_line():
     from planner.memory import torch_layer_activation_bytes
     hw = replace(H.load("cpu-here"), cores=0, step_cpu=1.0)
     sw, lay = Software(False, False, False), Layout(1, 1, 1, mb=2)
-    llama, gpt = llama_planner_model("small", 64), PRESETS["tiny"]
+    llama = llama_planner_model("small", 64)
     none = replace(hw, llama_op_overhead=0.0, llama_elementwise_s=0.0)
     own = replace(hw, llama_op_overhead=2e-3, llama_elementwise_s=0.5e-9)
     act = torch_layer_activation_bytes(llama, 64, lay, "none")
     diff = step_time(llama, 64, lay, 2, own, sw)["elementwise"] - step_time(llama, 64, lay, 2, none, sw)["elementwise"]
     assert diff == pytest.approx(llama.layers * (2e-3 - hw.op_overhead + act * (0.5e-9 - hw.elementwise_s)))
-    assert step_time(gpt, 32, lay, 2, own, sw) == step_time(gpt, 32, lay, 2, none, sw)
+    flat = replace(hw, llama_op_overhead=2e-3, llama_elementwise_s=0.0)     # a slope fitted to 0 is still llama's line
+    diff = step_time(llama, 64, lay, 2, flat, sw)["elementwise"] - step_time(llama, 64, lay, 2, none, sw)["elementwise"]
+    assert diff == pytest.approx(llama.layers * (2e-3 - hw.op_overhead - act * hw.elementwise_s))
+    from benchmarks.planner_ranks_tp import distilbert_planner_model
+    for other in (PRESETS["tiny"], distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 64)):
+        assert step_time(other, 32, lay, 2, own, sw) == step_time(other, 32, lay, 2, none, sw), other.name
+
+
+def test_the_fits_layer_matmuls_are_the_planners():
+    """benchmarks.planner_fit_llama.matmul_s, which the fit subtracts from a measured layer (torch's
+    and llama's), is the planner's matmul term of that layer: the step's matmuls less the head's."""
+    from dataclasses import replace
+
+    from benchmarks.planner_fit_llama import LLAMA, llama_model, matmul_s
+    hw = replace(H.load("cpu-here"), cores=0, step_cpu=1.0)
+    doc = {"peak_flops": hw.peak_flops, "gemm_efficiency": hw.gemm_efficiency}
+    for h, a, kv, f, s, b in LLAMA[:2]:
+        for m in (llama_model(h, a, kv, f, s), Model("t", 1, h, a, 2, s, ffn=f)):
+            head = 6 * s * b * m.hidden * m.vocab / (hw.peak_flops * hw.gemm_efficiency)
+            got = step_time(m, s, Layout(1, 1, 1, mb=b), b, hw, Software(False, False, False))["matmul"]
+            assert got - head == pytest.approx(matmul_s(m, s, b, doc)), m.name
 
 
 def test_llama_fit_points_at_the_fits_speed():
@@ -80,20 +100,21 @@ def test_llama_fit_points_at_the_fits_speed():
     built from a known line gives that line back."""
     from benchmarks.planner_fit import LAYERS, fit_line
     from benchmarks.planner_fit_llama import LLAMA, llama_model, llama_points, matmul_s, torch_line
-    from planner.memory import torch_layer_activation_bytes
+    from planner.memory import llama_layer_activation_bytes
     with open(H.CPU_HERE) as f:
         doc = json.load(f)
     base = sum(torch_line(*shape, doc) for shape in LAYERS)
     true = []
     for h, a, kv, f, s, b in LLAMA:
         m = llama_model(h, a, kv, f, s)
-        true.append(matmul_s(m, s, b, doc) + 1.5e-3 + 0.8e-9 * torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)))
-    got = [[t / base for t in true], [t / base for t in true]]            # two ranks, the same ratios
+        true.append(matmul_s(m, s, b, doc) + 1.5e-3 + 0.8e-9 * llama_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)))
+    got = [{"llama": [t / base for t in true]}] * 2            # two ranks, the same ratios
     points = llama_points(got, doc, LAYERS)
-    assert fit_line([x for x, _ in points], [y for _, y in points]) == pytest.approx((1.5e-3, 0.8e-9))
+    assert fit_line([x for x, _, _ in points], [y for _, y, _ in points]) == pytest.approx((1.5e-3, 0.8e-9))
 
 
 def test_partial_refits_keep_each_others_notes():
+    """A partial refit's note in calibrated_on replaces its own earlier one and keeps the others'."""
     from benchmarks.planner_fit import with_note
     c = "python -m benchmarks.planner_fit (load 3.5; layers h [64]); vp_loss_s by A; links at load 1"
     assert with_note(c, "vp_loss_s by", "B") == "python -m benchmarks.planner_fit (load 3.5; layers h [64]); links at load 1; vp_loss_s by B"
@@ -171,6 +192,8 @@ def test_probed_speed_scales_every_cpu_second():
     for k in ("matmul", "elementwise", "allocator", "optimizer"):
         assert b[k] == pytest.approx(2 * a[k]), k
     assert H.at_speed(hw, 1.0) is hw
+    slow = H.at_speed(hw, 0.5)      # llama's line too
+    assert (slow.llama_op_overhead, slow.llama_elementwise_s) == pytest.approx((2 * hw.llama_op_overhead, 2 * hw.llama_elementwise_s))
 
 
 def test_mapped_blocks_keep_no_slack_and_cost_faults():
@@ -224,6 +247,8 @@ def test_a_steps_cpu_scales_the_micro_benchmarks_rates_only():
     assert scaled.step_cpu == 1.0 and H.per_step(scaled) is scaled
     assert (scaled.zero3_module_s, scaled.mmap_s) == (hw.zero3_module_s, hw.mmap_s)
     assert scaled.peak_flops == pytest.approx(hw.peak_flops / 1.5) and scaled.logit_s == pytest.approx(1.5 * hw.logit_s)
+    assert (scaled.llama_op_overhead, scaled.llama_elementwise_s) == pytest.approx((1.5 * hw.llama_op_overhead,
+                                                                                   1.5 * hw.llama_elementwise_s))
 
 
 def test_map_fit_counts_a_layers_fresh_pages():
@@ -358,6 +383,9 @@ REFUSALS = """
     planner_phases --dp 0  =>  --dp 0: expected at least 1
     planner_fit --ranks 0  =>  --ranks 0: expected at least 1
     planner_fit --out /nonexistent-folder/cpu.json  =>  expected a file in a writable folder
+    planner_fit --llama --out /tmp/ringzero-no-such-fit.json  =>  does not exist: a partial refit updates a whole fit's file
+    planner_fit --links --llama  =>  --links runs on its own: expected it without another
+    planner_fit --links --links-median  =>  --links runs on its own
     planner_mem_probe --vocab 0  =>  --vocab 0: expected a positive vocabulary size
 """     # module and arguments  =>  what its error says
 
