@@ -25,7 +25,7 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
     llama_op_overhead,            the same line for Hugging Face's llama decoder layer, fitted on it
     llama_elementwise_s           at three calibration shapes, each timed against torch's layers
                                   above in the same round (benchmarks.planner_fit_llama)
-    python -m benchmarks.planner_fit --llama         # only llama's line, into the existing file (~25 s)
+    python -m benchmarks.planner_fit --llama         # only llama's line, into the existing file (~15 s)
     logit_s                       the top (LayerNorm, logits, cross-entropy) forward + backward at
                                   two vocabularies: the rest after the matmuls, per logit element
     vp_loss_s                     tensor_parallel's vocab-parallel cross-entropy over a one-rank
