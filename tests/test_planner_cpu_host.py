@@ -99,7 +99,7 @@ def test_llama_fit_points_at_the_fits_speed():
     calibration layers times torch's line over them; less its matmuls, that is its point. A ratio
     built from a known line gives that line back."""
     from benchmarks.planner_fit import LAYERS, fit_line
-    from benchmarks.planner_fit_llama import LLAMA, llama_model, llama_points, matmul_s, torch_line
+    from benchmarks.planner_fit_llama import LLAMA, llama_model, llama_points, matmul_s, torch_line, torch_shares
     from planner.memory import llama_layer_activation_bytes
     with open(H.CPU_HERE) as f:
         doc = json.load(f)
@@ -108,9 +108,11 @@ def test_llama_fit_points_at_the_fits_speed():
     for h, a, kv, f, s, b in LLAMA:
         m = llama_model(h, a, kv, f, s)
         true.append(matmul_s(m, s, b, doc) + 1.5e-3 + 0.8e-9 * llama_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)))
-    got = [{"llama": [t / base for t in true]}] * 2            # two ranks, the same ratios
+    line = [torch_line(*shape, doc) / base for shape in LAYERS]
+    got = [{"llama": [t / base for t in true], "torch": line}] * 2          # two ranks, the same ratios
     points = llama_points(got, doc, LAYERS)
     assert fit_line([x for x, _, _ in points], [y for _, y, _ in points]) == pytest.approx((1.5e-3, 0.8e-9))
+    assert [t for t, _ in torch_shares(got, doc, LAYERS)] == pytest.approx([ln for _, ln in torch_shares(got, doc, LAYERS)])
 
 
 def test_partial_refits_keep_each_others_notes():
