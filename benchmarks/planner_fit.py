@@ -170,7 +170,7 @@ def llama_fit(doc: dict, ranks: int, quick: bool) -> str:
     doc["llama_op_overhead"], doc["llama_elementwise_s"] = fit_line([x for x, _, _ in points], [y for _, y, _ in points])
     torch_err = [(mm + doc["op_overhead"] + x * doc["elementwise_s"]) / (mm + y) - 1 for x, y, mm in points]
     return (f"llama's layer: {doc['llama_op_overhead'] * 1e3:.2f} ms + {doc['llama_elementwise_s'] * 1e9:.2f} ns per saved "
-            f"byte (residuals {[round(y * 1e3, 2) for _, y, _ in points]} ms; at torch's line these layers would read "
+            f"byte (non-matmul {[round(y * 1e3, 2) for _, y, _ in points]} ms; at torch's line these layers would read "
             f"{', '.join(f'{e:+.0%}' for e in torch_err)}; torch's layers' shares of a round timed / by their line "
             f"{', '.join(f'{t:.3f}/{ln:.3f}' for t, ln in torch_shares(got, doc, LAYERS))})")
 

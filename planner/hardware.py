@@ -60,8 +60,8 @@ class Hardware:
                                  # read before a run or by cpu-now); 0: what a busy task gets
     op_overhead: float = 0.0     # CPU seconds per layer and micro-batch of non-matmul work that does
     elementwise_s: float = 0.0   # not scale, and per saved activation byte that does (fitted on torch's layer)
-    llama_op_overhead: float = 0.0    # the same two for Hugging Face's llama decoder layer, fitted on it
-    llama_elementwise_s: float = 0.0  # (both 0: the llama layer at torch's layer's line)
+    llama_op_overhead: float = 0.0    # the same two for Hugging Face's llama decoder layer, fitted on it (CPU
+    llama_elementwise_s: float = 0.0  # hosts, where elementwise_s is fitted; both 0: torch's layer's line)
     logit_s: float = 0.0         # CPU seconds per logit element: log-softmax + cross-entropy, fwd + bwd
     vp_loss_s: float = 0.0       # beyond logit_s, per local logit element of tensor_parallel's vocab-parallel
                                  # cross-entropy (t > 1): its z − max, exp, softmax and backward are separate passes
