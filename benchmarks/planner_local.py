@@ -48,8 +48,10 @@ works and sleeps in turn, the share a woken task gets (→ hw.wake_share: ranks 
 step run at it). The probe is paused (SIGSTOP) while the ranks run, so they run beside the
 machine's other work only, as a user's run would; it reads again for PROBE_AFTER_S after the row
 (the JSON's "after"). This guest's speed moves by up to 1.8× within minutes, so the ranks read it
-too: the probe's products for 0.05 CPU seconds before each step and after the last, outside the
-timed step (planner.probe.Rate, planner_ranks._timed); the row is predicted at the harmonic mean
+too: the probe's products for 0.2 CPU seconds before each step and after the last, outside the
+timed step (planner.probe.Rate, planner_ranks._timed: long enough that a dip of the guest's
+speed for a twentieth of a second, which often strikes both ranks' readings at once, counts for
+its length as it does in a step); the row is predicted at the harmonic mean
 of every rank's readings from the one before the second step to the one after the last
 (in_row_speed: a step's CPU seconds go as 1 / speed). Beside it: the prediction from the probe's
 readings before and after ("probe before/after") and from the reading before alone ("before
