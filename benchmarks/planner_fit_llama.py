@@ -14,15 +14,16 @@ each, the rotary products, SiLU and the gate's product) and does less work per b
 (its four ffn-wide tensors are each written once), so at torch's line a llama layer that saves
 many bytes comes out high and one that saves few low. Each round times the torch calibration
 layers (benchmarks.planner_fit.LAYERS) and then each llama shape, every op once, right after a
-different layer, as a step runs its layers (torch's line was fitted on each layer repeated, warm
+different layer, as a step runs its layers (torch's line is fitted on each layer repeated, warm
 on itself): a llama shape's CPU is the median of its ratio to the torch layers' sum, times what
 torch's line gives them. So it is on the scale of torch's line, and whatever a step adds to a
 layer beyond it (step_cpu, fitted on torch's layers in whole steps, benchmarks.planner_fit_engine)
 applies to it as to torch's: what a step adds need not be the same for both layers, and timed in
 a step's order the ratio carries llama's share of it. A machine whose speed moves within seconds
 moves both sides of the ratio. That needs at least torch's three layers to keep their line's
-proportions when timed so: the fit prints their shares of a round beside the line's. Each of `ranks` processes measures at once, as the rest of
-the fit; the medians are kept. Cost: `rounds` × (3 torch + 3 llama layers) per process, ~15 s.
+proportions when timed so: the fit prints their shares of a round beside the line's. Each of
+`ranks` processes measures at once, as the rest of the fit; the medians are kept. Cost: `rounds` ×
+(3 torch + 3 llama layers) per process, ~15 s.
 """
 from __future__ import annotations
 
