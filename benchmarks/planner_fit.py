@@ -249,7 +249,7 @@ def main(argv=None) -> int:
     for (h, heads, f, s, b), t in zip(LAYERS, med("layers")):
         m = Model("cal", 1, h, heads, 2, s, ffn=f)
         rest.append((torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)),
-                     t - matmul_s(m, s, b, {"peak_flops": peak, "gemm_efficiency": gemm / peak})))
+                     t - matmul_s(m, s, b, gemm)))
     op_overhead, elem_s = fit_line([x for x, _ in rest], [y for _, y in rest])
     logit_s = statistics.mean(max(0.0, t - 6 * T * h * V / gemm) / (T * V) for (T, h, V), t in zip(HEADS, med("heads")))
     vp_loss_s = vp_loss_fit(got)

@@ -84,13 +84,18 @@ def llama_sweep(rank: int, world: int, layers, rounds: int) -> dict:
 def torch_line(h: int, a: int, f: int, s: int, b: int, doc: dict) -> float:
     """Torch's layer at the fit's rates: its matmuls at the GEMM rate, op_overhead, elementwise_s per saved byte."""
     m = Model("cal", 1, h, a, 2, s, ffn=f)
-    return (matmul_s(m, s, b, doc) + doc["op_overhead"]
+    return (matmul_s(m, s, b, gemm_rate(doc)) + doc["op_overhead"]
             + torch_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)) * doc["elementwise_s"])
 
 
-def matmul_s(m: Model, s: int, b: int, doc: dict) -> float:
-    """CPU seconds of a layer's matmuls, forward + backward, at the fit's GEMM rate (planner.steptime's FLOPs)."""
-    return 3 * (2 * m.layer_linear_params() + 4 * s * m.hidden) * s * b / (doc["peak_flops"] * doc["gemm_efficiency"])
+def gemm_rate(doc: dict) -> float:
+    """The fit's GEMM rate, FLOPs per CPU second."""
+    return doc["peak_flops"] * doc["gemm_efficiency"]
+
+
+def matmul_s(m: Model, s: int, b: int, rate: float) -> float:
+    """CPU seconds of a layer's matmuls, forward + backward, at `rate` FLOPs per CPU second (planner.steptime's FLOPs)."""
+    return 3 * (2 * m.layer_linear_params() + 4 * s * m.hidden) * s * b / rate
 
 
 def torch_shares(got: list[dict], doc: dict, layers) -> list[tuple[float, float]]:
@@ -107,6 +112,6 @@ def llama_points(got: list[dict], doc: dict, layers) -> list[tuple[float, float,
     for i, (h, a, kv, f, s, b) in enumerate(LLAMA):
         m = llama_model(h, a, kv, f, s)
         t = statistics.median(g["llama"][i] for g in got) * base
-        mm = matmul_s(m, s, b, doc)
+        mm = matmul_s(m, s, b, gemm_rate(doc))
         points.append((llama_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)), t - mm, mm))
     return points

@@ -86,12 +86,12 @@ def test_the_fits_layer_matmuls_are_the_planners():
 
     from benchmarks.planner_fit_llama import LLAMA, llama_model, matmul_s
     hw = replace(H.load("cpu-here"), cores=0, step_cpu=1.0)
-    doc = {"peak_flops": hw.peak_flops, "gemm_efficiency": hw.gemm_efficiency}
+    rate = hw.peak_flops * hw.gemm_efficiency
     for h, a, kv, f, s, b in LLAMA[:2]:
         for m in (llama_model(h, a, kv, f, s), Model("t", 1, h, a, 2, s, ffn=f)):
-            head = 6 * s * b * m.hidden * m.vocab / (hw.peak_flops * hw.gemm_efficiency)
+            head = 6 * s * b * m.hidden * m.vocab / rate
             got = step_time(m, s, Layout(1, 1, 1, mb=b), b, hw, Software(False, False, False))["matmul"]
-            assert got - head == pytest.approx(matmul_s(m, s, b, doc)), m.name
+            assert got - head == pytest.approx(matmul_s(m, s, b, rate)), m.name
 
 
 def test_llama_fit_points_at_the_fits_speed():
@@ -99,15 +99,16 @@ def test_llama_fit_points_at_the_fits_speed():
     calibration layers times torch's line over them; less its matmuls, that is its point. A ratio
     built from a known line gives that line back."""
     from benchmarks.planner_fit import LAYERS, fit_line
-    from benchmarks.planner_fit_llama import LLAMA, llama_model, llama_points, matmul_s, torch_line, torch_shares
+    from benchmarks.planner_fit_llama import LLAMA, gemm_rate, llama_model, llama_points, matmul_s, torch_line, torch_shares
     from planner.memory import llama_layer_activation_bytes
     with open(H.CPU_HERE) as f:
         doc = json.load(f)
+    rate = gemm_rate(doc)
     base = sum(torch_line(*shape, doc) for shape in LAYERS)
     true = []
     for h, a, kv, f, s, b in LLAMA:
         m = llama_model(h, a, kv, f, s)
-        true.append(matmul_s(m, s, b, doc) + 1.5e-3 + 0.8e-9 * llama_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)))
+        true.append(matmul_s(m, s, b, rate) + 1.5e-3 + 0.8e-9 * llama_layer_activation_bytes(m, s, Layout(1, 1, 1, mb=b)))
     line = [torch_line(*shape, doc) / base for shape in LAYERS]
     got = [{"llama": [t / base for t in true], "torch": line}] * 2          # two ranks, the same ratios
     points = llama_points(got, doc, LAYERS)
