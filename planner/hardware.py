@@ -219,10 +219,15 @@ def load(name: str, ranks_per_node: int = 2) -> Hardware:
     if os.path.exists(name):
         try:
             with open(name) as f:
-                return _from_dict(json.load(f))
+                hw = _from_dict(json.load(f))
         except (OSError, json.JSONDecodeError, TypeError, KeyError, AttributeError) as e:
             raise ValueError(f"--hardware {name}: not a hardware file ({type(e).__name__}: {e}); expected "
                              f"planner.hardware.Hardware's fields, as planner/cpu_here.json holds them") from e
+        unread = [k for k in ("op_overhead", "llama_op_overhead", "llama_elementwise_s") if getattr(hw, k)]
+        if unread and not hw.elementwise_s:     # planner.steptime reads a fitted layer line only with elementwise_s
+            raise ValueError(f"--hardware {name}: {', '.join(unread)} set without elementwise_s; a CPU host's fitted "
+                             "layer line is read only with it: set elementwise_s or leave them 0")
+        return hw
     raise ValueError(f"unknown hardware {name!r}: one of {', '.join([*BUILTIN, 'cpu-here', 'cpu-now'])} or a JSON file")
 
 

@@ -196,3 +196,22 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         planner_main(["tiny", "--gpus", "2", "--plot", str(tmp_path / "p.png")])
     assert e.value.code == 2 and "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_a_hardware_file_with_a_layer_line_it_would_not_read_is_refused(tmp_path, capsys):
+    """A fitted layer line (op_overhead, llama's two terms) is read only with elementwise_s: a file
+    that sets one without it is refused, naming the file and the fields, not run without them."""
+    from dataclasses import asdict
+    p = tmp_path / "gpu.json"
+    p.write_text(json.dumps({**asdict(H.A100), "llama_op_overhead": 1e-3}))
+    with pytest.raises(ValueError, match="llama_op_overhead set without elementwise_s"):
+        H.load(str(p))
+    try:
+        rc = planner_main(["tiny", "--gpus", "2", "--hardware", str(p)])
+    except SystemExit as e:
+        rc = e.code
+    got = capsys.readouterr()
+    said = " ".join((got.out + got.err).split())
+    assert rc == 2 and "gpu.json" in said and "llama_op_overhead set without elementwise_s" in said, said
+    p.write_text(json.dumps(asdict(H.A100)))
+    assert H.load(str(p)) == H.A100                     # the same file without it loads
