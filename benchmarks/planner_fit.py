@@ -1,7 +1,7 @@
 """Fit the planner's `cpu-here` hardware file on this machine: the rates of a core's work, each
 from a micro-benchmark at calibration shapes that no row of benchmarks.planner_local runs.
 
-    python -m benchmarks.planner_fit                 # writes planner/cpu_here.json (~4 min idle)
+    python -m benchmarks.planner_fit                 # writes planner/cpus/PROCESSOR/cpu_here.json (~4 min idle)
     python -m benchmarks.planner_fit --out /tmp/cpu.json --quick
 
 Every rate is CPU time (time.thread_time, one thread, fp32), not wall time: the work a step
@@ -88,7 +88,7 @@ from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_fit_llama import LLAMA, llama_points, llama_sweep, matmul_s, torch_shares
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
 from benchmarks.planner_fit_map import head_step, layer_step
-from planner.hardware import CPU_HERE, this_cpu
+from planner.hosts import fit_path, this_cpu
 from planner.layout import Layout
 from planner.memory import torch_layer_activation_bytes
 from planner.model import Model
@@ -145,6 +145,7 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
 
 def write_json(path: str, doc: dict) -> None:
     """The fit's file, whole or not at all (a temporary file renamed onto it)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
 
 
@@ -177,7 +178,8 @@ def llama_fit(doc: dict, ranks: int, quick: bool) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=CPU_HERE)
+    ap.add_argument("--out", default=fit_path("cpu_here.json"), help="default: this processor's file, "
+                    f"{fit_path('cpu_here.json')} (planner.hosts)")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--ranks", type=int, default=2, help="processes measuring at once (as training ranks)")
     ap.add_argument("--links", action="store_true", help="fit only the links, into the existing --out file")
@@ -189,7 +191,10 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     ap.add_argument("--llama", action="store_true", help="fit only llama's layer line, into the existing --out file")
     a = ap.parse_args(argv)
-    if a.ranks < 1 or not a.links_median and (not os.access(os.path.dirname(os.path.abspath(a.out)), os.W_OK)
+    folder = os.path.dirname(os.path.abspath(a.out))
+    if a.out == fit_path("cpu_here.json") and not os.path.isdir(folder):     # this processor's folder: made at the write
+        folder = os.path.dirname(folder)
+    if a.ranks < 1 or not a.links_median and (not os.access(folder, os.W_OK)
                                               or os.path.isdir(a.out)):     # --links-median writes nothing
         ap.error(f"--ranks {a.ranks}: expected at least 1" if a.ranks < 1 else f"--out {a.out}: expected a file in a writable folder")
     parts = [flag for flag, on in (("--links", a.links), ("--links-median", a.links_median)) if on]

@@ -3,7 +3,7 @@ shared-memory link per number of ranks as a ring's α-β, and the wait a blockin
 for a descheduled member once ranks outnumber the cores (benchmarks/planner_fit.py's docstring
 says how each is read).
 
-    python -m benchmarks.planner_fit --links         # the links, into planner/cpu_here.json (~1 min)
+    python -m benchmarks.planner_fit --links         # the links, into this processor's cpu_here.json (~1 min)
     python -m benchmarks.planner_fit --waits         # the waits, likewise (~1-2 min)
 
 Cost: 2 and 4 ranks × 6 sizes × 15 all-reduces (links); 2, 3, 4, 8 ranks × 60 iterations of 4 ms

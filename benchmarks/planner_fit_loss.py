@@ -1,7 +1,7 @@
 """The planner's vp_loss_s, a part of benchmarks.planner_fit: what tensor parallelism's
 vocab-parallel cross-entropy costs a core beyond torch's fused loss, per logit element.
 
-    python -m benchmarks.planner_fit --loss          # only vp_loss_s, into planner/cpu_here.json (~10 s)
+    python -m benchmarks.planner_fit --loss          # only vp_loss_s, into this processor's cpu_here.json (~10 s)
 
 tensor_parallel.cross_entropy over a one-rank group (its all-reduces the identity) against
 torch.nn.functional.cross_entropy on the same T × V logits, forward + backward, at the fit's

@@ -31,7 +31,7 @@ AdamW. Rows (the label says which engine runs it):
 
 What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul work, the vocab-parallel loss's, Adam, one
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
-micro-benchmarks at other shapes (planner/cpu_here.json); the links are the α-β that
+micro-benchmarks at other shapes (planner/cpus/PROCESSOR/cpu_here.json, planner.hosts); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED); the pages a step maps afresh and
 a page's cost from page faults and a block micro-benchmark (benchmarks.planner_fit_map); the
 allocator's slack, the ZeRO-3 module cost and step_cpu (a step's CPU over its parts: one ratio,
@@ -83,6 +83,7 @@ from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
 from benchmarks.planner_ranks import SHAPES, _llama_pp_rank, _pp_rank, _rank, llama_planner_model
 from benchmarks.planner_ranks_tp import _tp_pp_rank, _tp_rank, distilbert_planner_model
 from planner import hardware as H
+from planner.hosts import slug, this_cpu
 from planner.layout import Layout
 from planner.plan import predict_layout
 from planner.probe import Probe, Sleeper, in_own_session, read_for
@@ -131,12 +132,11 @@ def runs(quick: bool, steps: int, mb: int = 4):
 def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     rows = []
     probe, sleeper = Probe(os.cpu_count()), Sleeper()    # as many busy processes as cores; a woken task
-    probe.start()
-    sleeper.start()
-    probe.ready()
-    sleeper.ready()
-    probe.pause()
-    sleeper.pause()
+    for p in (probe, sleeper):
+        p.start()
+    for p in (probe, sleeper):
+        p.ready()
+        p.pause()
     try:
         for m, label, lay, batch, fn, args in runs(quick, steps):
             if only in label:
@@ -171,16 +171,19 @@ def predicted(m, label, lay, batch, nodes: bool, load: float, wake: float, speed
 
 
 def repredict(path: str) -> None:
-    """Each row of a --json file predicted again by this checkout's planner and cpu_here.json from
-    the readings the run recorded (the load and woken share before it, the speed over the row:
-    `row_speed`, else the probe's before and after), beside the run's own error; the measurements
-    are the run's."""
+    """Each row of a --json file predicted again by this checkout's planner and its processor's fit from
+    the readings the run recorded (the load and woken share before it, the speed over the row: `row_speed`,
+    else the probe's before and after), beside the run's own error; the measurements are the run's."""
     spec = {f"{m.name} {label}": (m, label, lay, batch, fn) for m, label, lay, batch, fn, _ in runs(False, 4)}
     t = Table(title=f"{path}: error then → now, %")
     for c in ("row", "load", "step", "memory"):
         t.add_column(c, justify="right")
     with open(path) as f:
         rows = json.load(f)
+    there = os.path.basename(os.path.dirname(H.CPU_HERE))       # the processor whose fit is read (planner.hosts)
+    if other := {slug(r["cpu"]) if "cpu" in r else "a processor the file does not name" for r in rows} - {there}:
+        raise SystemExit(f"--repredict {path}: rows measured on {', '.join(sorted(other))}; the fit read here is {there}'s "
+                         f"({H.CPU_HERE}): a row's speed is a ratio to its own processor's fit")
     now = []
     for r in rows:
         m, label, lay, batch, fn = spec[f"{r['model']} {r['layout']}"]
@@ -224,7 +227,7 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
     cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
     stretch = cpu_stretch(lay, hw)
-    r = {"model": m.name, "params": m.params(), "layout": label,
+    r = {"model": m.name, "params": m.params(), "layout": label, "cpu": this_cpu(),
          "step_pred": pred.time["total"], "step_pred_before": first.time["total"], "step_idle": idle.time["total"],
          "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
@@ -280,8 +283,7 @@ def main(argv=None) -> int:
                   f"{r['mem_pred'] / 2**20:.0f}", f"{r['mem_meas'] / 2**20:.0f}", f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%}")
     console.print(t)
     errs = [abs(r["step_pred"] / r["step_meas"] - 1) for r in rows], [abs(r["mem_pred"] / r["mem_meas"] - 1) for r in rows]
-    console.print(f"median |error|: step time {statistics.median(errs[0]):.0%}, "
-                  f"memory {statistics.median(errs[1]):.0%}; "
+    console.print(f"median |error|: step time {statistics.median(errs[0]):.0%}, memory {statistics.median(errs[1]):.0%}; "
                   f"misses (time > 25 %, memory > 10 %): "
                   + (", ".join(f"{r['model']} {r['layout']}" for r, et, em in zip(rows, *errs) if et > 0.25 or em > 0.10) or "none"))
     for key, what in (("step_pred_probe", "the probe's readings before and after each row"),

@@ -2,7 +2,7 @@
 the code pages of the kernels it touches for the first time (file-backed) and the anonymous
 memory the runtime keeps beside the tensors (small-block heap, autograd's graph, oneDNN/MKL
 buffers) — a property of this machine's torch build, measured once and written to
-planner/cpu_mem.json for planner.memory (`runtime` term of cpu-here); and the llama family's
+planner/cpus/PROCESSOR/cpu_mem.json for planner.memory (`runtime` term of cpu-here); and the llama family's
 slack per byte of the blocks a stage frees.
 
     python -m benchmarks.planner_mem_probe              # ~2 min idle: one process per family, llama's slack
@@ -52,13 +52,14 @@ from planner import host_memory as HM
 from planner import memory as PM
 from planner.layout import Layout
 from planner.memory import memory
+from planner.hosts import fit_path, this_cpu
 from planner.model import Model
 from primitives.launch import spawn
 from primitives.log import console
 from zero_from_scratch.engine.atomic import atomic_write
 
 MiB = 2**20
-OUT = os.path.join(os.path.dirname(__file__), "..", "planner", "cpu_mem.json")
+OUT = fit_path("cpu_mem.json")      # this processor's folder (planner.hosts)
 SHAPE = dict(layers=2, hidden=128, heads=4, vocab=2048, seq=64)
 MB, STEPS = 2, 3
 LLAMA_SLACK = dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=3,
@@ -164,7 +165,7 @@ def stage_blocks(m, lay, batch) -> dict:
 def llama_slack_sweep(vocabs=SLACK_VOCABS, steps: int = 4) -> list[dict]:
     """Per vocabulary, micro-batch of SLACK_MBS and stage (rank 0 the first, rank 1 the last): the
     measured slack (the rank's peak at the defaults less mapped), the planner's blocks of that stage,
-    and its slack for them with planner/cpu_mem.json as it stands."""
+    and its slack for them with the cpu_mem.json the planner reads."""
     out = []
     for vocab in vocabs:
         LL.PRESETS["slack-cal"] = cfg = {**LLAMA_SLACK, "vocab_size": vocab}
@@ -183,7 +184,7 @@ def llama_slack_sweep(vocabs=SLACK_VOCABS, steps: int = 4) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="print only, do not write planner/cpu_mem.json")
+    ap.add_argument("--dry-run", action="store_true", help=f"print only, do not write {OUT}")
     ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
     ap.add_argument("--vocab", type=int, default=None, help="llama's slack only, at this vocabulary (printed, nothing written)")
     a = ap.parse_args(argv)
@@ -217,7 +218,8 @@ def main(argv=None) -> int:
         doc = {"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
                "slack": {"llama": {**fit, "shape": {k: v for k, v in LLAMA_SLACK.items() if k != "vocab_size"},
                                    "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS), "vocabularies": list(SLACK_VOCABS)}},
-               "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE}
+               "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE, "cpu": this_cpu()}
+        os.makedirs(os.path.dirname(OUT), exist_ok=True)
         atomic_write(OUT, lambda f: f.write(json.dumps(doc, indent=1).encode()))     # never half-written
     return 0
 

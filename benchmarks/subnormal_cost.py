@@ -22,7 +22,7 @@ from rich.table import Table
 
 from benchmarks.planner_fit_loss import cpu as cpu_s     # median CPU seconds after a warm-up call
 from benchmarks.planner_ranks import SHAPES, Net
-from planner.hardware import this_cpu
+from planner.hosts import this_cpu
 from primitives.log import console
 
 TINY = torch.finfo(torch.float32).tiny

@@ -19,17 +19,15 @@ small messages. `gemm_efficiency` is the one calibrated number, see its field.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass, replace
 
+from planner.hosts import check_cpu, fitted_path
 from planner.probe import probe_now
 from primitives.engine.cost import Params, params as fitted_params
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CPU_HERE = os.path.join(HERE, "cpu_here.json")
+CPU_HERE = fitted_path("cpu_here.json")     # this processor's fit, else the shipped one (planner.hosts)
 
 
 @dataclass(frozen=True)
@@ -109,41 +107,6 @@ def _from_dict(d: dict) -> Hardware:
     return Hardware(**d)
 
 
-@functools.lru_cache(maxsize=None)
-def this_cpu() -> str:
-    """This machine's processor as /proc/cpuinfo names it, with its family/model/stepping and core
-    count (a virtual machine's model name is often generic, the numbers are not)."""
-    info, cores = {}, os.cpu_count()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                info.setdefault(k.strip(), v.strip())
-    except OSError:
-        return f"unknown ({cores} cores)"
-    if "model name" not in info and "CPU part" in info:      # Arm: implementer, part and revision name the core
-        return (f"Arm (implementer {info.get('CPU implementer', '?')}, part {info['CPU part']}, "
-                f"revision {info.get('CPU revision', '?')}, {cores} cores)")
-    return (f"{info.get('model name', 'unknown')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}, "
-            f"stepping {info.get('stepping', '?')}, {cores} cores)")
-
-
-_WARNED: set = set()
-
-
-def _check_cpu(fitted: dict) -> None:
-    """Say once, on stderr, when cpu_here.json was fitted on another processor: its rates are CPU
-    seconds of that processor's work (matmul, memory-bound ops, subnormal floats and Python's
-    per-op cost each move differently between models), so the planner's cpu-here times do not hold here."""
-    here, there = this_cpu(), fitted.get("cpu")
-    if there == here or there in _WARNED:
-        return
-    _WARNED.add(there)
-    said = f"was fitted on {there}" if there else "does not say which processor it was fitted on"
-    print(f"[planner] {CPU_HERE} {said}; this machine is {here}: its CPU-second rates may not hold here "
-          f"(refit with `python -m benchmarks.planner_fit`, ~4 min idle)", file=sys.stderr)
-
-
 def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = None) -> Hardware:
     """This machine: compute from benchmarks/planner_fit.py's CPU-time micro-benchmarks
     (cpu_here.json), the shared-memory link for that many ranks from the same file (its `links`,
@@ -156,7 +119,7 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
     if fitted is None:
         with open(CPU_HERE) as f:
             fitted = json.load(f)
-        _check_cpu(fitted)
+        check_cpu(CPU_HERE, fitted.get("cpu"))
     d = {k: v for k, v in fitted.items() if k not in RECORDS}
     links = d.pop("links", None) or {}
     fits = sorted(int(n) for n in links)
@@ -222,7 +185,7 @@ def load(name: str, ranks_per_node: int = 2) -> Hardware:
                 hw = _from_dict(json.load(f))
         except (OSError, json.JSONDecodeError, TypeError, KeyError, AttributeError) as e:
             raise ValueError(f"--hardware {name}: not a hardware file ({type(e).__name__}: {e}); expected "
-                             f"planner.hardware.Hardware's fields, as planner/cpu_here.json holds them") from e
+                             f"planner.hardware.Hardware's fields, as planner/cpus/*/cpu_here.json hold them") from e
         unread = [k for k in ("op_overhead", "llama_op_overhead", "llama_elementwise_s") if getattr(hw, k)]
         if unread and not hw.elementwise_s:     # planner.steptime reads a fitted layer line only with elementwise_s
             raise ValueError(f"--hardware {name}: {', '.join(unread)} set without elementwise_s; a CPU host's fitted "

@@ -1,7 +1,7 @@
 """What a CPU host's rank keeps resident beyond the tensors planner.memory counts (cpu-here):
 the runtime's pages per layer family and glibc's slack.
 
-    python -m benchmarks.planner_mem_probe      # the runtime's pages and llama's slack into planner/cpu_mem.json
+    python -m benchmarks.planner_mem_probe      # the runtime's pages, llama's slack → planner/cpus/PROCESSOR/cpu_mem.json
     python -m benchmarks.planner_mem            # a measured peak split into its parts
 
 Cost: one JSON read, cached.
@@ -12,10 +12,11 @@ import functools
 import json
 import os
 
+from planner.hosts import check_cpu, fitted_path
 from planner.model import Model
 from zero_from_scratch.engine.ledger import model_state_bytes
 
-CPU_MEM = os.path.join(os.path.dirname(__file__), "cpu_mem.json")     # written by python -m benchmarks.planner_mem_probe
+CPU_MEM = fitted_path("cpu_mem.json")     # this processor's (benchmarks.planner_mem_probe), else the shipped one
 SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit_engine's calibration shape (CAL)
 GLIBC_MMAP_MAX = 32 << 20     # glibc's dynamic mmap threshold stops rising here (64-bit): larger blocks are always mapped
 
@@ -30,7 +31,9 @@ def _cpu_mem() -> dict:
     if not os.path.exists(CPU_MEM):
         return {}
     with open(CPU_MEM) as f:
-        return json.load(f)
+        got = json.load(f)
+    check_cpu(CPU_MEM, got.get("cpu"))
+    return got
 
 
 SLACK_BLOCKS = ("activations", "logit_grads", "ends")    # the blocks a llama stage's slack is fitted on

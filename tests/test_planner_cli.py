@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import run_cmd
-from planner import hardware as H
+from planner import hardware as H, hosts as HO
 from planner.__main__ import main as planner_main
 from planner.model import PRESETS, Model, from_config_dict, from_hf_config, resolve
 from planner.plan import plan
@@ -73,15 +73,15 @@ def test_cpu_here_says_when_fitted_on_another_processor(tmp_path, monkeypatch, c
     with open(H.CPU_HERE) as f:
         doc = json.load(f)
     doc.pop("cpu", None)
-    for cpu, said in (("Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", True), (None, True), (H.this_cpu(), False)):
+    for cpu, said in (("Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", True), (None, True), (HO.this_cpu(), False)):
         p = tmp_path / f"{cpu is None}{said}.json"
         p.write_text(json.dumps({**doc, **({"cpu": cpu} if cpu else {})}))
         monkeypatch.setattr(H, "CPU_HERE", str(p))
-        monkeypatch.setattr(H, "_WARNED", set())
+        monkeypatch.setattr(HO, "_WARNED", set())
         hw = H.load("cpu-here")
         err = capsys.readouterr().err
         assert hw.peak_flops == doc["peak_flops"]
-        assert (H.this_cpu() in err and (cpu or "does not say which processor") in err
+        assert (HO.this_cpu() in err and (cpu or "does not say which processor") in err
                 and "benchmarks.planner_fit" in err) is said, err
         assert bool(err) is said, err
         H.load("cpu-here")
@@ -100,7 +100,7 @@ def test_partial_refit_refuses_another_processors_file(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main([flag, "--out", str(p)])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and "Elsewhere CPU" in err and H.this_cpu() in err and "whole fit" in err, err
+        assert e.value.code == 2 and "Elsewhere CPU" in err and HO.this_cpu() in err and "whole fit" in err, err
     assert json.loads(p.read_text()) == {**doc, "cpu": "Elsewhere CPU"}, "the file is untouched"
 
 

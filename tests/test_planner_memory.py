@@ -192,6 +192,12 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
     row = {"model": m.name, "layout": label, "load": 1.0, "wake": 0.5, "speed": 0.9, "step_pred": p.time["total"],
            "step_meas": p.time["total"] / 1.2, "mem_pred": mem, "mem_meas": mem / 0.95}
     path = tmp_path / "rows.json"
+    for elsewhere in ({"cpu": "Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)"}, {}):   # another processor's rows
+        path.write_text(json.dumps([{**row, **elsewhere}]))
+        with pytest.raises(SystemExit, match="elsewhere-cpu-f6-m1-s0-2c" if elsewhere else "does not name"):
+            repredict(str(path))
+    with open(H.CPU_HERE) as f:
+        row["cpu"] = json.load(f)["cpu"]        # rows name the processor they ran on; its fit is the one read
     path.write_text(json.dumps([row]))
     repredict(str(path))
     out = capsys.readouterr().out
