@@ -88,14 +88,13 @@ from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_fit_llama import LLAMA, llama_points, llama_sweep, matmul_s, torch_shares
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
 from benchmarks.planner_fit_map import head_step, layer_step
-from planner.hosts import fit_path, this_cpu
+from planner.hosts import fit_path, fitted_on, rank_memory, this_cpu, writable, write_fit
 from planner.layout import Layout
 from planner.memory import torch_layer_activation_bytes
 from planner.model import Model
 from planner.probe import PRODUCTS
 from primitives.launch import spawn
 from primitives.log import console
-from zero_from_scratch.engine.atomic import atomic_write
 
 LAYERS = ((64, 4, 256, 32, 2), (128, 4, 512, 64, 4), (192, 4, 768, 64, 4))    # h, heads, f, s, b
 
@@ -143,12 +142,6 @@ def sweep(rank: int, world: int, quick: bool) -> dict:
             "call": call_cpu(20 if quick else 100)}
 
 
-def write_json(path: str, doc: dict) -> None:
-    """The fit's file, whole or not at all (a temporary file renamed onto it)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
-
-
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope), both kept ≥ 0."""
     mx, my = statistics.mean(xs), statistics.mean(ys)
@@ -191,11 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     ap.add_argument("--llama", action="store_true", help="fit only llama's layer line, into the existing --out file")
     a = ap.parse_args(argv)
-    folder = os.path.dirname(os.path.abspath(a.out))
-    if a.out == fit_path("cpu_here.json") and not os.path.isdir(folder):     # this processor's folder: made at the write
-        folder = os.path.dirname(folder)
-    if a.ranks < 1 or not a.links_median and (not os.access(folder, os.W_OK)
-                                              or os.path.isdir(a.out)):     # --links-median writes nothing
+    if a.ranks < 1 or not a.links_median and not writable(a.out):     # --links-median writes nothing
         ap.error(f"--ranks {a.ranks}: expected at least 1" if a.ranks < 1 else f"--out {a.out}: expected a file in a writable folder")
     parts = [flag for flag, on in (("--links", a.links), ("--links-median", a.links_median)) if on]
     if parts and (a.waits or a.engine or a.loss or a.llama or len(parts) > 1):    # each returns before the others run
@@ -211,7 +200,7 @@ def main(argv=None) -> int:
     if a.waits or a.engine or a.loss or a.links or a.llama:    # a part refitted into a file the rest of which is another processor's: refused
         if not os.path.exists(a.out):
             ap.error(f"{a.out} does not exist: a partial refit updates a whole fit's file; run the whole fit first")
-        if (there := json.load(open(a.out)).get("cpu")) != this_cpu():
+        if (there := fitted_on(a.out)) != this_cpu():
             ap.error(f"{a.out} was fitted on {there or 'a processor it does not name'}, this is {this_cpu()}: a partial "
                      "refit would mix two processors' terms; run the whole fit (python -m benchmarks.planner_fit)")
     if a.waits or a.engine or a.loss or a.llama:
@@ -234,7 +223,7 @@ def main(argv=None) -> int:
                                                 "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in rows]})
         if a.engine:
             console.print(refit_engine(doc, LAYERS, a.ranks, f"python -m benchmarks.planner_fit --engine, load {load_now}"))
-        write_json(a.out, doc)
+        write_fit(a.out, doc)
         return 0
     links = {str(n): link_fit(n) for n in (2, 4)}
     console.print("links (α µs, GB/s): " + ", ".join(f"{n} ranks {p['alpha'] * 1e6:.0f}, {1e-9 / p['beta']:.2f}"
@@ -242,7 +231,7 @@ def main(argv=None) -> int:
     if a.links:
         with open(a.out) as f:
             doc = json.load(f)
-        write_json(a.out, {**doc, "links": links, "calibrated_on": with_note(doc["calibrated_on"], "links at",
+        write_fit(a.out, {**doc, "links": links, "calibrated_on": with_note(doc["calibrated_on"], "links at",
                                                                              f"load {open('/proc/loadavg').read().split()[0]}")})
         return 0
     got = spawn(sweep, a.ranks, args=(a.quick,), timeout=900)
@@ -260,9 +249,7 @@ def main(argv=None) -> int:
     vp_loss_s = vp_loss_fit(got)
     wait_s, wait_rows = wait_fit()
     bw = statistics.median(g["bw"] for g in got)
-    with open("/proc/meminfo") as f:
-        total = int(f.readline().split()[1]) * 1024
-    doc = {"name": "cpu-here", "peak_flops": peak, "memory": total / 2, "mem_bandwidth": bw, "gpus_per_node": 8,
+    doc = {"name": "cpu-here", "peak_flops": peak, "memory": rank_memory(), "mem_bandwidth": bw, "gpus_per_node": 8,
            "intra": None, "inter": None, "host_link": bw, "host_adam": statistics.median(g["adam"] for g in got),
            "gemm_efficiency": gemm / peak, "reserved": 350 * 2**20, "bytes_per_elem": 4, "activations": "torch-eager-fp32",
            "cores": os.cpu_count(), "op_overhead": op_overhead, "elementwise_s": elem_s, "logit_s": logit_s,
@@ -277,7 +264,7 @@ def main(argv=None) -> int:
            "source": "measured here (links: the fastest all-reduce of each size, benchmarks.planner_fit_links.link_fit)"}
     llama = llama_fit(doc, a.ranks, a.quick)
     engine = refit_engine(doc, LAYERS, a.ranks, "python -m benchmarks.planner_fit")
-    write_json(a.out, doc)
+    write_fit(a.out, doc)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
                   f"transformer-shaped {[round(r / 1e9, 1) for r in shaped]}), memory {bw / 1e9:.1f} GB/s, "
                   f"Adam {doc['host_adam'] / 1e6:.0f} M params/s, gemm_efficiency {doc['gemm_efficiency']:.2f}\n"

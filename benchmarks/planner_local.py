@@ -83,7 +83,7 @@ from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
 from benchmarks.planner_ranks import SHAPES, _llama_pp_rank, _pp_rank, _rank, llama_planner_model
 from benchmarks.planner_ranks_tp import _tp_pp_rank, _tp_rank, distilbert_planner_model
 from planner import hardware as H
-from planner.hosts import slug, this_cpu
+from planner.hosts import fitted_on, this_cpu
 from planner.layout import Layout
 from planner.plan import predict_layout
 from planner.probe import Probe, Sleeper, in_own_session, read_for
@@ -180,14 +180,14 @@ def repredict(path: str) -> None:
         t.add_column(c, justify="right")
     with open(path) as f:
         rows = json.load(f)
-    there = os.path.basename(os.path.dirname(H.CPU_HERE))       # the processor whose fit is read (planner.hosts)
-    if other := {slug(r["cpu"]) if "cpu" in r else "a processor the file does not name" for r in rows} - {there}:
-        raise SystemExit(f"--repredict {path}: rows measured on {', '.join(sorted(other))}; the fit read here is {there}'s "
-                         f"({H.CPU_HERE}): a row's speed is a ratio to its own processor's fit")
+    fit = {"cpu": fitted_on(H.CPU_HERE), "rate": (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency}  # a speed is over it
+    if other := sorted({r.get("fit", {}).get("cpu", "a fit the file does not name") for r in rows} - {fit["cpu"]}):
+        raise SystemExit(f"--repredict {path}: its rows were predicted with {', '.join(other)}'s fit, the fit read here "
+                         f"({H.CPU_HERE}) is {fit['cpu']}'s: one processor's CPU seconds do not carry to another's")
     now = []
     for r in rows:
         m, label, lay, batch, fn = spec[f"{r['model']} {r['layout']}"]
-        speed = r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))
+        speed = (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / fit["rate"]
         p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], speed)[2]
         now.append((p.time["total"] / r["step_meas"] - 1, (p.memory["total"] - p.memory["reserved"]) / r["mem_meas"] - 1))
         t.add_row(f"{r['model']} {label}", f"{r['load']:.1f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%} → {now[-1][0]:+.0%}",
@@ -208,9 +208,8 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     probe.within([before])
     sleeper.within([before])
     load, share, wake, used, rate = probe.load(sleeper.used()), probe.share(), sleeper.share(), sleeper.used(), probe.rate()
-    fitted = H.cpu_here(lay.gpus)
-    fit_rate = fitted.peak_flops * fitted.gemm_efficiency      # the FLOPs per CPU second the fit's rates are at
-    speed = rate / fit_rate
+    at = (fitted := H.cpu_here(lay.gpus)).peak_flops * fitted.gemm_efficiency     # the FLOPs per CPU second the fit's rates are at
+    speed = rate / at
     # one rank per node, the two nodes on these cores: the other node's rank is one more task
     first = predicted(m, label, lay, batch, nodes, load + nodes, wake, speed)[2]
     got = fn(*args) if nodes else spawn(fn, lay.gpus, args=args, timeout=900)
@@ -218,16 +217,16 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     after = read_for([probe, sleeper], PROBE_AFTER_S)
     probe.within([after])
     sleeper.within([after])
-    speed_after = probe.rate() / fit_rate
+    speed_after = probe.rate() / at
     probe_row = row_speed(speed, speed_after)
-    over_row = in_row_speed(got, fit_rate) or probe_row
+    over_row = in_row_speed(got, at) or probe_row
     hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, over_row)
     by_probe = predicted(m, label, lay, batch, nodes, load + nodes, wake, probe_row)[2]
     idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
     free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
     cpu_only = predict_layout(m, m.seq, lay, batch, replace(hw, cores=0, intra=free, inter=free), sw)
     stretch = cpu_stretch(lay, hw)
-    r = {"model": m.name, "params": m.params(), "layout": label, "cpu": this_cpu(),
+    r = {"model": m.name, "params": m.params(), "layout": label, "cpu": this_cpu(), "fit": {"cpu": fitted_on(H.CPU_HERE), "rate": at},
          "step_pred": pred.time["total"], "step_pred_before": first.time["total"], "step_idle": idle.time["total"],
          "step_meas": max(g["step"] for g in got), "cpu_meas": max(g["cpu"] for g in got),
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 from dataclasses import replace
 
@@ -52,14 +51,12 @@ from planner import host_memory as HM
 from planner import memory as PM
 from planner.layout import Layout
 from planner.memory import memory
-from planner.hosts import fit_path, this_cpu
+from planner.hosts import fit_path, this_cpu, writable, write_fit
 from planner.model import Model
 from primitives.launch import spawn
 from primitives.log import console
-from zero_from_scratch.engine.atomic import atomic_write
 
 MiB = 2**20
-OUT = fit_path("cpu_mem.json")      # this processor's folder (planner.hosts)
 SHAPE = dict(layers=2, hidden=128, heads=4, vocab=2048, seq=64)
 MB, STEPS = 2, 3
 LLAMA_SLACK = dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=3,
@@ -184,7 +181,8 @@ def llama_slack_sweep(vocabs=SLACK_VOCABS, steps: int = 4) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help=f"print only, do not write {OUT}")
+    ap.add_argument("--dry-run", action="store_true", help="print only, do not write this processor's cpu_mem.json "
+                    f"({fit_path('cpu_mem.json')}, planner.hosts)")
     ap.add_argument("--engines", action="store_true", help="also each engine's slack at the probe shape (printed only)")
     ap.add_argument("--vocab", type=int, default=None, help="llama's slack only, at this vocabulary (printed, nothing written)")
     a = ap.parse_args(argv)
@@ -192,6 +190,8 @@ def main(argv=None) -> int:
         ap.error(f"--vocab {a.vocab}: expected a positive vocabulary size")
     if a.vocab and (a.dry_run or a.engines):
         ap.error("--vocab prints llama's slack at that vocabulary and nothing else: drop --dry-run / --engines")
+    if not (a.vocab or a.dry_run or writable(out := fit_path("cpu_mem.json"))):     # checked before minutes of probing
+        ap.error(f"{out}: expected a file in a writable folder (or --dry-run)")
     sweep = llama_slack_sweep((a.vocab,) if a.vocab else SLACK_VOCABS)
     for r in sweep:
         b = r["blocks"]
@@ -219,8 +219,7 @@ def main(argv=None) -> int:
                "slack": {"llama": {**fit, "shape": {k: v for k, v in LLAMA_SLACK.items() if k != "vocab_size"},
                                    "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS), "vocabularies": list(SLACK_VOCABS)}},
                "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE, "cpu": this_cpu()}
-        os.makedirs(os.path.dirname(OUT), exist_ok=True)
-        atomic_write(OUT, lambda f: f.write(json.dumps(doc, indent=1).encode()))     # never half-written
+        write_fit(fit_path("cpu_mem.json"), doc)
     return 0
 
 

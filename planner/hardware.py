@@ -23,7 +23,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, replace
 
-from planner.hosts import check_cpu, fitted_path
+from planner.hosts import check_cpu, fitted_path, rank_memory
 from planner.probe import probe_now
 from primitives.engine.cost import Params, params as fitted_params
 
@@ -121,6 +121,7 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
             fitted = json.load(f)
         check_cpu(CPU_HERE, fitted.get("cpu"))
     d = {k: v for k, v in fitted.items() if k not in RECORDS}
+    d.update(cores=os.cpu_count(), memory=rank_memory())     # the machine's own, whichever processor's fit it reads
     links = d.pop("links", None) or {}
     fits = sorted(int(n) for n in links)
     n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit

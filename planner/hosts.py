@@ -1,26 +1,32 @@
 """Which processor this machine has, and where the planner keeps each processor's fitted files.
 
-    python -m benchmarks.planner_fit          # this processor's rates → planner/cpus/PROCESSOR/cpu_here.json
     python -m benchmarks.planner_mem_probe    # its runtime pages, llama's slack → planner/cpus/PROCESSOR/cpu_mem.json
+    python -m benchmarks.planner_fit          # its rates → planner/cpus/PROCESSOR/cpu_here.json (after the
+                                              # probe: the fit's slack is a peak less the count with its pages)
 
 A CPU host's fitted terms are CPU seconds and resident bytes of one processor's work: matmuls,
 memory-bound ops and Python's per-op cost each move differently from one model to another, and
 the kernels whose code pages a rank maps follow its instruction set. So each processor has a
 folder of its own under planner/cpus/, named from /proc/cpuinfo (slug), and `cpu-here` reads the
-folder of the processor it runs on. Where the repository has none for it, the planner reads
-SHIPPED's and says so once (check_cpu).
+folder of the processor it runs on. The folder's name holds the core count as well: the rates are
+fitted with as many busy ranks as cores. Where the repository has none for this processor, the
+planner reads SHIPPED's and says so once per file (check_cpu); the core count and memory it plans
+with are still this machine's (planner.hardware.cpu_here).
 
 Cost: one read of /proc/cpuinfo, cached.
 """
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import sys
 
+from zero_from_scratch.engine.atomic import atomic_write
+
 CPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpus")
-SHIPPED = "intel-xeon-processor-f6-m207-s2-2c"     # read where this processor has no folder (tutorial 15's first machine)
+SHIPPED = "intel-xeon-processor-f6-m207-s2-2c"     # read where this processor has none: tutorial 15's local tables' machine
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,19 +68,48 @@ def fitted_path(name: str) -> str:
     return mine if os.path.exists(mine) else os.path.join(CPUS, SHIPPED, name)
 
 
+def fitted_on(path: str) -> str | None:
+    """The processor a fitted file names (its `cpu`, as this_cpu wrote it); None where it names none."""
+    with open(path) as f:
+        return json.load(f).get("cpu")
+
+
+def rank_memory() -> float:
+    """The memory a CPU rank plans against: half this machine's (MemTotal), as two ranks share it."""
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1]) * 1024 / 2
+
+
+def writable(path: str) -> bool:
+    """Whether a fit can write the file `path`: not a folder, in a writable folder, or in a
+    processor's folder under CPUS that write_fit makes on its first fit."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) and os.path.dirname(folder) == os.path.abspath(CPUS):
+        folder = CPUS
+    return not os.path.isdir(path) and os.path.isdir(folder) and os.access(folder, os.W_OK)
+
+
+def write_fit(path: str, doc: dict) -> None:
+    """A fit's file, whole or not at all (a temporary file renamed onto it); a processor's folder
+    under CPUS made first."""
+    if os.path.dirname(folder := os.path.dirname(os.path.abspath(path))) == os.path.abspath(CPUS):
+        os.makedirs(folder, exist_ok=True)
+    atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+
+
 _WARNED: set = set()
 
 
 def check_cpu(path: str, there: str | None) -> None:
-    """Say once per processor, on stderr, when a fitted file read here (`path`) was fitted on
-    another processor `there`: its CPU seconds and pages are that processor's, so the planner's
-    cpu-here times and memory need not hold here."""
+    """Say once per file, on stderr, when a fitted file read here (`path`) was fitted on another
+    processor `there`: its CPU seconds and pages are that processor's, so the planner's cpu-here
+    times and memory need not hold here."""
     here = this_cpu()
-    if there == here or there in _WARNED:
+    if there == here or (path, there) in _WARNED:
         return
-    _WARNED.add(there)
+    _WARNED.add((path, there))
     said = f"was fitted on {there}" if there else "does not say which processor it was fitted on"
     print(f"[planner] {path} {said}; this machine is {here}: its CPU-second rates and pages may not hold here "
-          f"(fit this processor with `python -m benchmarks.planner_fit`, ~4 min idle, and "
-          f"`python -m benchmarks.planner_mem_probe`, ~2 min: they write {os.path.dirname(fit_path('cpu_here.json'))}/)",
+          f"(fit this processor with `python -m benchmarks.planner_mem_probe`, ~3 min idle, then "
+          f"`python -m benchmarks.planner_fit`, ~4 min: they write {os.path.dirname(fit_path('cpu_here.json'))}/)",
           file=sys.stderr)

@@ -115,7 +115,7 @@ def host_hooks() -> float:
     cpu-here's zero3_module_s (benchmarks.planner_fit, ringzero's engine on this machine's CPU).
     The part of a ZeRO-3 step that does not depend on the accelerator: the same hooks run per
     module whatever computes the layer (assumed: DeepSpeed's hooks cost what ringzero's do, on a
-    host core as fast as this one). 0 when cpu_here.json is absent."""
+    host core as fast as this one). 0 when no cpu_here.json is there to read (planner.hosts)."""
     try:
         return H.cpu_here().zero3_module_s
     except ValueError:

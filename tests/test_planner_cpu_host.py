@@ -398,7 +398,7 @@ def test_planner_benchmarks_refuse_bad_arguments_before_running(case, capsys):
     """The planner's measuring commands stop at once, naming the argument and what was expected,
     where they would otherwise run for minutes and then fail (an unwritable --json), print an empty
     table or find no row (--only), quietly change --steps, or take 0 for the default
-    (planner_mem_probe --vocab 0 ran the whole sweep and rewrote planner/cpu_mem.json)."""
+    (planner_mem_probe --vocab 0 ran the whole sweep and rewrote cpu_mem.json)."""
     import importlib
     import shlex
     command, said = (x.strip() for x in case.split("=>"))

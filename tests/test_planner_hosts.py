@@ -27,41 +27,75 @@ def test_the_shipped_fit_is_in_the_repository():
 
 
 def test_every_folder_holds_its_own_processors_fit():
-    """A folder's files say which processor fitted them, and it is the folder's."""
+    """Each folder's files name the folder's processor, its cpu_here.json loads as a CPU host with the
+    shipped fit's fields, and its cpu_mem.json holds llama's slack factors as the probe writes them."""
+    from benchmarks.planner_mem_probe import SLACK_MBS, SLACK_VOCABS
+    from planner import hardware as H
+    from planner import host_memory as HM
+    with open(os.path.join(HO.CPUS, HO.SHIPPED, "cpu_here.json")) as f:
+        fields = set(json.load(f))
     for folder in os.listdir(HO.CPUS):
-        for name in os.listdir(os.path.join(HO.CPUS, folder)):
+        for name in ("cpu_here.json", "cpu_mem.json"):
             with open(os.path.join(HO.CPUS, folder, name)) as f:
-                assert HO.slug(json.load(f)["cpu"]) == folder, (folder, name)
+                doc = json.load(f)
+            assert HO.slug(doc["cpu"]) == folder, (folder, name)
+            if name == "cpu_here.json":
+                assert set(doc) == fields, (folder, set(doc) ^ fields)
+                hw = H.cpu_here(2, fitted=doc)
+                assert hw.peak_flops > 1e9 and hw.elementwise_s > 0 and hw.llama_elementwise_s > 0 and hw.wait_s >= 0
+            else:
+                llama = doc["slack"]["llama"]
+                assert all(0.0 < llama[k] < 10.0 for k in HM.SLACK_BLOCKS), folder
+                assert llama["micro_batches"] == list(SLACK_MBS) and llama["vocabularies"] == list(SLACK_VOCABS)
+                assert set(doc["runtime"]) == {"torch", "distilbert", "llama"}, folder
 
 
-def test_this_processors_folder_else_the_shipped_one(tmp_path, monkeypatch, capsys):
-    """fitted_path reads this processor's file where its folder has it, the shipped processor's
-    otherwise (file by file); check_cpu says once, naming both processors and this one's folder."""
+@pytest.fixture
+def elsewhere(tmp_path, monkeypatch):
+    """planner.hosts on an AMD EPYC whose folder is tmp_path/CPUS/amd-epyc-f25-m1-s1-2c."""
     monkeypatch.setattr(HO, "CPUS", str(tmp_path))
     monkeypatch.setattr(HO, "this_cpu", lambda: "AMD EPYC (family 25, model 1, stepping 1, 2 cores)")
     monkeypatch.setattr(HO, "_WARNED", set())
     (tmp_path / HO.SHIPPED).mkdir()
-    assert HO.fitted_path("cpu_here.json") == str(tmp_path / HO.SHIPPED / "cpu_here.json")
-    mine = tmp_path / "amd-epyc-f25-m1-s1-2c"
-    mine.mkdir()
-    (mine / "cpu_here.json").write_text("{}")
-    assert HO.fit_path("cpu_here.json") == HO.fitted_path("cpu_here.json") == str(mine / "cpu_here.json")
-    assert HO.fitted_path("cpu_mem.json") == str(tmp_path / HO.SHIPPED / "cpu_mem.json"), "file by file"
-    HO.check_cpu("x.json", "Intel(R) Xeon(R) Processor (family 6, model 207, stepping 2, 2 cores)")
+    return tmp_path / "amd-epyc-f25-m1-s1-2c"
+
+
+def test_this_processors_folder_else_the_shipped_one(elsewhere, capsys):
+    """fitted_path reads this processor's file where its folder has it, the shipped processor's
+    otherwise (file by file); check_cpu says so once per file, naming both processors and this one's folder."""
+    shipped = elsewhere.parent / HO.SHIPPED
+    assert HO.fitted_path("cpu_here.json") == str(shipped / "cpu_here.json")
+    elsewhere.mkdir()
+    (elsewhere / "cpu_here.json").write_text("{}")
+    assert HO.fit_path("cpu_here.json") == HO.fitted_path("cpu_here.json") == str(elsewhere / "cpu_here.json")
+    assert HO.fitted_path("cpu_mem.json") == str(shipped / "cpu_mem.json"), "file by file"
+    xeon = "Intel(R) Xeon(R) Processor (family 6, model 207, stepping 2, 2 cores)"
+    HO.check_cpu("x.json", xeon)
     err = capsys.readouterr().err
-    assert "x.json" in err and "Xeon" in err and "AMD EPYC" in err and str(mine) in err and "planner_mem_probe" in err
-    HO.check_cpu("y.json", "Intel(R) Xeon(R) Processor (family 6, model 207, stepping 2, 2 cores)")
-    HO.check_cpu("z.json", "AMD EPYC (family 25, model 1, stepping 1, 2 cores)")
-    assert not capsys.readouterr().err, "once per processor, nothing for this one"
+    assert "x.json" in err and "Xeon" in err and "AMD EPYC" in err and str(elsewhere) in err and "planner_mem_probe" in err
+    HO.check_cpu("x.json", xeon)
+    HO.check_cpu("z.json", HO.this_cpu())
+    assert not capsys.readouterr().err, "once per file, nothing for this processor's"
+    HO.check_cpu("y.json", xeon)
+    assert "y.json" in capsys.readouterr().err, "another file is named too"
 
 
-def test_a_whole_fit_writes_this_processors_folder(tmp_path, monkeypatch):
-    """planner_fit's --out and planner_mem_probe's file default to this processor's folder, made at
-    the write (a partial refit into a folder that is not there is refused, naming the file)."""
-    from benchmarks import planner_fit
-    monkeypatch.setattr(HO, "CPUS", str(tmp_path))
+def test_a_fit_writes_this_processors_folder(elsewhere, capsys):
+    """planner_fit's --out defaults to this processor's file, its folder made at the write; a partial
+    refit there before a whole fit is refused, naming the file, and makes no folder; planner_mem_probe
+    refuses a cpu_mem.json it could not write before it probes."""
+    from benchmarks import planner_fit, planner_mem_probe
     with pytest.raises(SystemExit) as e:
         planner_fit.main(["--loss"])
-    assert e.value.code == 2 and not os.listdir(tmp_path), "a refused refit makes no folder"
-    planner_fit.write_json(HO.fit_path("cpu_here.json"), {"cpu": HO.this_cpu()})
-    assert os.listdir(tmp_path) == [HO.slug(HO.this_cpu())]
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2 and f"{elsewhere / 'cpu_here.json'} does not exist: a partial refit" in err, err
+    assert not elsewhere.exists(), "a refused refit makes no folder"
+    assert HO.writable(HO.fit_path("cpu_here.json"))
+    assert not HO.writable(str(elsewhere.parent / "no-such" / "deeper" / "cpu_here.json")), "only a processor's folder is made"
+    HO.write_fit(HO.fit_path("cpu_here.json"), {"cpu": HO.this_cpu()})
+    assert HO.fitted_on(str(elsewhere / "cpu_here.json")) == HO.this_cpu()
+    (elsewhere / "cpu_mem.json").mkdir()                     # not a file it could write
+    assert not HO.writable(HO.fit_path("cpu_mem.json"))
+    with pytest.raises(SystemExit) as e:
+        planner_mem_probe.main([])
+    assert e.value.code == 2 and "cpu_mem.json: expected a file in a writable folder" in capsys.readouterr().err

@@ -143,7 +143,7 @@ def test_the_slack_probes_check_refuses_the_flags_it_ignores(capsys):
 
 
 def test_the_shipped_llama_factors_are_probed():
-    """planner/cpu_mem.json as benchmarks.planner_mem_probe writes it: llama's factors and where they were fitted."""
+    """The cpu_mem.json the planner reads, as benchmarks.planner_mem_probe writes it: llama's factors and where they were fitted."""
     from benchmarks.planner_mem_probe import LLAMA_SLACK, SLACK_MBS, SLACK_VOCABS
     with open(HM.CPU_MEM) as f:
         got = json.load(f)["slack"]["llama"]
@@ -186,18 +186,24 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
     """benchmarks.planner_local --repredict: a row predicted again from the probe's reading it
     recorded gives the recorded prediction when nothing changed, against the recorded measurement."""
     from benchmarks.planner_local import predicted, repredict, runs
+    from planner.hosts import fitted_on
     m, label, lay, batch, fn, _ = runs(True, 3)[0]
     p = predicted(m, label, lay, batch, False, 1.0, 0.5, 0.9)[2]
     mem = p.memory["total"] - p.memory["reserved"]
     row = {"model": m.name, "layout": label, "load": 1.0, "wake": 0.5, "speed": 0.9, "step_pred": p.time["total"],
            "step_meas": p.time["total"] / 1.2, "mem_pred": mem, "mem_meas": mem / 0.95}
     path = tmp_path / "rows.json"
-    for elsewhere in ({"cpu": "Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)"}, {}):   # another processor's rows
-        path.write_text(json.dumps([{**row, **elsewhere}]))
-        with pytest.raises(SystemExit, match="elsewhere-cpu-f6-m1-s0-2c" if elsewhere else "does not name"):
+    hw = H.cpu_here()
+    rate = hw.peak_flops * hw.gemm_efficiency
+    for elsewhere in ({"fit": {"cpu": "Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", "rate": rate}}, {}):
+        path.write_text(json.dumps([{**row, **elsewhere}]))        # predicted with another processor's fit, or unnamed
+        with pytest.raises(SystemExit, match="Elsewhere CPU" if elsewhere else "does not name"):
             repredict(str(path))
-    with open(H.CPU_HERE) as f:
-        row["cpu"] = json.load(f)["cpu"]        # rows name the processor they ran on; its fit is the one read
+    row["fit"] = {"cpu": fitted_on(H.CPU_HERE), "rate": rate / 2}     # a fit of this processor at half the rate:
+    path.write_text(json.dumps([{**row, "speed": 1.8}]))                # its speed 1.8 is 0.9 of this fit's
+    repredict(str(path))
+    assert "+20% → +20%" in capsys.readouterr().out
+    row["fit"]["rate"] = rate
     path.write_text(json.dumps([row]))
     repredict(str(path))
     out = capsys.readouterr().out
