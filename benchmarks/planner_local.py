@@ -180,14 +180,15 @@ def repredict(path: str) -> None:
         t.add_column(c, justify="right")
     with open(path) as f:
         rows = json.load(f)
-    fit = {"cpu": fitted_on(H.CPU_HERE), "rate": (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency}  # a speed is over it
-    if other := sorted({r.get("fit", {}).get("cpu", "a fit the file does not name") for r in rows} - {fit["cpu"]}):
-        raise SystemExit(f"--repredict {path}: its rows were predicted with {', '.join(other)}'s fit, the fit read here "
-                         f"({H.CPU_HERE}) is {fit['cpu']}'s: one processor's CPU seconds do not carry to another's")
+    rate, here = (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency, fitted_on(H.CPU_HERE)   # a speed is over a fit's rate
+    if other := sorted({str(r.get("cpu")) for r in rows if r.get("cpu") != here or "rate" not in r.get("fit", {})}):
+        raise SystemExit(f"--repredict {path}: rows measured on {', '.join(other)} (None: rows that do not name it and their "
+                         f"fit's rate; rerun them), the fit read here ({H.CPU_HERE}) is {here}'s: a processor's measurements "
+                         "are predicted with its own fit")
     now = []
     for r in rows:
         m, label, lay, batch, fn = spec[f"{r['model']} {r['layout']}"]
-        speed = (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / fit["rate"]
+        speed = (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / rate
         p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], speed)[2]
         now.append((p.time["total"] / r["step_meas"] - 1, (p.memory["total"] - p.memory["reserved"]) / r["mem_meas"] - 1))
         t.add_row(f"{r['model']} {label}", f"{r['load']:.1f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%} → {now[-1][0]:+.0%}",

@@ -5,7 +5,7 @@ buffers) — a property of this machine's torch build, measured once and written
 planner/cpus/PROCESSOR/cpu_mem.json for planner.memory (`runtime` term of cpu-here); and the llama family's
 slack per byte of the blocks a stage frees.
 
-    python -m benchmarks.planner_mem_probe              # ~2 min idle: one process per family, llama's slack
+    python -m benchmarks.planner_mem_probe              # ~3 min idle: one process per family, llama's slack
     python -m benchmarks.planner_mem_probe --dry-run    # print, write nothing
     python -m benchmarks.planner_mem_probe --dry-run --engines    # also each engine's slack, 2-4 ranks (~4 min)
     python -m benchmarks.planner_mem_probe --vocab 4096 # llama's slack at another vocabulary beside

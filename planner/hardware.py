@@ -121,7 +121,7 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
             fitted = json.load(f)
         check_cpu(CPU_HERE, fitted.get("cpu"))
     d = {k: v for k, v in fitted.items() if k not in RECORDS}
-    d.update(cores=os.cpu_count(), memory=rank_memory())     # the machine's own, whichever processor's fit it reads
+    d.update(cores=os.cpu_count(), memory=rank_memory() or d["memory"])    # the machine's, whichever processor's fit it reads
     links = d.pop("links", None) or {}
     fits = sorted(int(n) for n in links)
     n = next((k for k in fits if k >= ranks_per_node), fits[-1] if fits else 0)    # 8 ranks: the 4-rank fit

@@ -13,7 +13,7 @@ fitted with as many busy ranks as cores. Where the repository has none for this 
 planner reads SHIPPED's and says so once per file (check_cpu); the core count and memory it plans
 with are still this machine's (planner.hardware.cpu_here).
 
-Cost: one read of /proc/cpuinfo, cached.
+Cost: one read of /proc/cpuinfo (cached) and of /proc/meminfo per fit loaded.
 """
 from __future__ import annotations
 
@@ -74,10 +74,14 @@ def fitted_on(path: str) -> str | None:
         return json.load(f).get("cpu")
 
 
-def rank_memory() -> float:
-    """The memory a CPU rank plans against: half this machine's (MemTotal), as two ranks share it."""
-    with open("/proc/meminfo") as f:
-        return int(f.readline().split()[1]) * 1024 / 2
+def rank_memory() -> float | None:
+    """The memory a CPU rank plans against: half this machine's (MemTotal), as two ranks share it;
+    None where /proc/meminfo cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return int(f.readline().split()[1]) * 1024 / 2
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def writable(path: str) -> bool:

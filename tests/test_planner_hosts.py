@@ -91,7 +91,11 @@ def test_a_fit_writes_this_processors_folder(elsewhere, capsys):
     assert e.value.code == 2 and f"{elsewhere / 'cpu_here.json'} does not exist: a partial refit" in err, err
     assert not elsewhere.exists(), "a refused refit makes no folder"
     assert HO.writable(HO.fit_path("cpu_here.json"))
-    assert not HO.writable(str(elsewhere.parent / "no-such" / "deeper" / "cpu_here.json")), "only a processor's folder is made"
+    deeper = elsewhere.parent / "no-such" / "deeper" / "cpu_here.json"
+    assert not HO.writable(str(deeper)), "only a processor's folder is made"
+    with pytest.raises(OSError):
+        HO.write_fit(str(deeper), {})
+    assert not deeper.parent.parent.exists()
     HO.write_fit(HO.fit_path("cpu_here.json"), {"cpu": HO.this_cpu()})
     assert HO.fitted_on(str(elsewhere / "cpu_here.json")) == HO.this_cpu()
     (elsewhere / "cpu_mem.json").mkdir()                     # not a file it could write
@@ -99,3 +103,13 @@ def test_a_fit_writes_this_processors_folder(elsewhere, capsys):
     with pytest.raises(SystemExit) as e:
         planner_mem_probe.main([])
     assert e.value.code == 2 and "cpu_mem.json: expected a file in a writable folder" in capsys.readouterr().err
+
+
+def test_cpu_here_plans_with_this_machines_cores_and_memory():
+    """The rates are a processor's; the cores a rank shares and the memory it plans against are the
+    machine's, whichever processor's fit is read."""
+    from planner import hardware as H
+    with open(H.CPU_HERE) as f:
+        doc = json.load(f)
+    hw = H.cpu_here(2, fitted={**doc, "cores": 99, "memory": 1.0})
+    assert hw.cores == os.cpu_count() and hw.memory == HO.rank_memory() > 2**30

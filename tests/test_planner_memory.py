@@ -195,12 +195,14 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
     path = tmp_path / "rows.json"
     hw = H.cpu_here()
     rate = hw.peak_flops * hw.gemm_efficiency
-    for elsewhere in ({"fit": {"cpu": "Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", "rate": rate}}, {}):
-        path.write_text(json.dumps([{**row, **elsewhere}]))        # predicted with another processor's fit, or unnamed
-        with pytest.raises(SystemExit, match="Elsewhere CPU" if elsewhere else "does not name"):
+    here = fitted_on(H.CPU_HERE)
+    for bad in ({"cpu": "Elsewhere CPU (family 6, model 1, stepping 0, 2 cores)", "fit": {"rate": rate}},  # measured elsewhere
+                {"fit": {"rate": rate}}, {"cpu": here}):         # a row that names no processor, or no fit's rate
+        path.write_text(json.dumps([{**row, **bad}]))
+        with pytest.raises(SystemExit, match="Elsewhere CPU" if "Elsewhere" in str(bad) else "None"):
             repredict(str(path))
-    row["fit"] = {"cpu": fitted_on(H.CPU_HERE), "rate": rate / 2}     # a fit of this processor at half the rate:
-    path.write_text(json.dumps([{**row, "speed": 1.8}]))                # its speed 1.8 is 0.9 of this fit's
+    row.update(cpu=here, fit={"cpu": "another fit of this processor", "rate": rate / 2})   # at half this fit's rate:
+    path.write_text(json.dumps([{**row, "speed": 1.8}]))                                  # its 1.8 is 0.9 of this fit's
     repredict(str(path))
     assert "+20% → +20%" in capsys.readouterr().out
     row["fit"]["rate"] = rate
