@@ -218,9 +218,9 @@ def main(argv=None) -> int:
         if a.waits:
             wait_s, rows = wait_fit()
             console.print(f"wait per blocking collective per unit of oversubscription: {wait_s * 1e3:.2f} ms; "
-                          + ", ".join(f"{n} ranks at load {ld:.1f}: {w * 1e3:.2f} ms" for n, ld, _, w in rows))
-            doc.update(wait_s=wait_s, wait_fit={"command": "python -m benchmarks.planner_fit --waits",
-                                                "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in rows]})
+                          + ", ".join(f"{r['ranks']} ranks at load {r['load']:.1f}: {r['wait_s'] * 1e3:.2f} ms, a rank's CPU "
+                                      f"beyond its work {r['cpu_s'] * 1e3:.2f} ms" for r in rows))
+            doc.update(wait_s=wait_s, wait_fit={"command": "python -m benchmarks.planner_fit --waits", "rows": rows})
         if a.engine:
             console.print(refit_engine(doc, LAYERS, a.ranks, f"python -m benchmarks.planner_fit --engine, load {load_now}"))
         write_fit(a.out, doc)
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
            "vp_loss_s": vp_loss_s,
            "call_overhead": statistics.median(g["call"] for g in got), "links": links, "wait_s": wait_s,
            "wait_fit": {"command": "python -m benchmarks.planner_fit --waits",
-                        "rows": [dict(zip(("ranks", "load", "over", "wait_s"), r)) for r in wait_rows]},
+                        "rows": wait_rows},
            "calibrated_on": f"python -m benchmarks.planner_fit (CPU time, {a.ranks} ranks at once, load "
                             f"{open('/proc/loadavg').read().split()[0]}; layers h {[x[0] for x in LAYERS]}, "
                             f"llama layers h {[x[0] for x in LLAMA]}, heads V {[x[2] for x in HEADS]})",

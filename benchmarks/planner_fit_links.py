@@ -52,6 +52,7 @@ def link_fit(n: int, reps: int = 15, stat=min) -> dict:
 
 
 WAIT_RANKS, WAIT_WORK, WAIT_ITERS = (2, 3, 4, 8), 4e-3, 60
+WAIT_KEYS = ("ranks", "load", "over", "wait_s", "cpu_s")    # a row of wait_fit; cpu_s: a rank's CPU per iteration beyond its work
 
 
 def wait_rank(rank: int, world: int, work: float, iters: int) -> tuple[float, float]:
@@ -70,7 +71,9 @@ def wait_rank(rank: int, world: int, work: float, iters: int) -> tuple[float, fl
 
 def wait_fit(ranks=WAIT_RANKS, work: float = WAIT_WORK, iters: int = WAIT_ITERS) -> tuple[float, list]:
     """(wait_s, rows): the wait per blocking collective per unit of the ranks' oversubscription
-    (module docstring), and per N its (N, load, oversubscription, wait seconds)."""
+    (module docstring), and per N a dict of WAIT_KEYS: N, the load, the oversubscription, the wait,
+    and the CPU seconds a rank spent per iteration beyond its work (the all-reduce's, with its yields
+    and the context switches it pays for: not part of wait_s, recorded to compare processors)."""
     cores = os.cpu_count()
     probe, sleeper = Probe(cores), Sleeper()
     rows = []
@@ -89,10 +92,10 @@ def wait_fit(ranks=WAIT_RANKS, work: float = WAIT_WORK, iters: int = WAIT_ITERS)
             got = spawn(wait_rank, n, args=(work, iters), timeout=900)
             wall, cpu_s = max(g[0] for g in got), statistics.mean(g[1] for g in got)
             over = max(0.0, n - cores) / cores * (cores + load) / cores     # planner.cpu_host.wait_time
-            rows.append((n, load, over, wall - cpu_s * max(1.0, (n + load) / cores)))
+            rows.append(dict(zip(WAIT_KEYS, (n, load, over, wall - cpu_s * max(1.0, (n + load) / cores), cpu_s - work))))
     finally:
         probe.stop()
         sleeper.stop()
-    xs, ys = [r[2] for r in rows], [r[3] for r in rows]
+    xs, ys = [r["over"] for r in rows], [r["wait_s"] for r in rows]
     wait_s = max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)) if any(xs) else 0.0
     return wait_s, rows
