@@ -21,8 +21,8 @@ are set to --threads on every side. DeepSpeed runs with "torch_adam": true (torc
 ours and DDP) and without its shm comm op (inference-only), so nothing is JIT-built.
 Cost: (2 × stages × dtypes + 1) × repeats × (start-up + (steps + warmup) × step) wall time.
 Numbers on a shared machine are indicative (±30 %): re-run on a quiet one for the README.
-Peak RSS includes what every spawned rank inherits from the forkserver (torch imported, ~0.3 GiB),
-the same on every side.
+Peak RSS includes what every spawned rank inherits from the forkserver (torch and torch._dynamo
+imported: primitives.launch._preload), the same on every side.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import os
 import pickle
 import queue
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -177,8 +178,18 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")  # fork is unsafe once torch has started threads
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "primitives"])
+        _CTX.set_forkserver_preload(_preload())
     return _CTX
+
+
+def _preload() -> list[str]:
+    """What the forkserver imports once, so that each rank forks warm instead of importing it again:
+    torch, torch._dynamo (torch.optim imports it at a rank's first optimizer: ~2 CPU seconds on
+    a slow core), and transformers' models where this process imported them already (its ranks
+    will too). Not DeepSpeed: a rank may install zero_from_scratch's finder, so that its
+    `import deepspeed` is ringzero's engine (zero_from_scratch.as_deepspeed)."""
+    return ["torch", "torch.distributed", "torch._dynamo", "primitives"] + \
+        [m for m in ("transformers.modeling_utils",) if m in sys.modules]
 
 
 def spawn(fn, world_size: int, *, args: tuple = (), kwargs: dict | None = None, backend: str = "gloo",

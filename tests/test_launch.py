@@ -1,6 +1,7 @@
 """The launchers: torchrun exits non-zero when a rank dies, the spawn harness surfaces failing
 ranks and never hangs, and plain `python` gives a world of one."""
 import time
+import types
 
 import pytest
 import torch
@@ -64,6 +65,25 @@ def test_spawn_returns_per_rank_values_in_rank_order():
     out = spawn(_returns, 3, args=(7,))
     assert [o["rank"] for o in out] == [0, 1, 2] and all(o["n"] == 3 and o["k"] == 7 for o in out)
     assert torch.equal(out[2]["t"], torch.full((2,), 2))
+
+
+def _imported(rank, n):
+    import sys
+    return {m: m in sys.modules for m in ("torch._dynamo", "deepspeed")}
+
+
+def test_ranks_fork_warm_but_never_with_deepspeed(monkeypatch):
+    """A rank finds torch._dynamo imported (torch.optim's first optimizer would import it: ~2 CPU s
+    a rank) and never DeepSpeed, even where this process imported it: a rank may install
+    zero_from_scratch's finder, so that its `import deepspeed` is ringzero's engine."""
+    import sys
+    import deepspeed  # noqa: F401
+    from primitives import launch
+    assert spawn(_imported, 2) == [{"torch._dynamo": True, "deepspeed": False}] * 2
+    monkeypatch.delitem(sys.modules, "transformers.modeling_utils", raising=False)
+    assert "transformers.modeling_utils" not in launch._preload()   # a parent without HF's models: lean ranks
+    monkeypatch.setitem(sys.modules, "transformers.modeling_utils", types.ModuleType("transformers.modeling_utils"))
+    assert "transformers.modeling_utils" in launch._preload() and "deepspeed" not in launch._preload()
 
 
 def test_exit_leaves_no_gloo_threads_when_a_module_captured_the_group(tmp_path):
