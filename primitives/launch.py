@@ -136,9 +136,13 @@ class _Job:
     comm_timeout: float
     threads: int
     transport: str | None = None
+    env: dict | None = None
 
 
 def _child(rank: int, job: _Job, q) -> None:
+    if job.env is not None:     # the caller's environment at this spawn, not the forkserver's (its first)
+        os.environ.clear()
+        os.environ.update(job.env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
                       RINGZERO_TIMEOUT=str(job.comm_timeout))
     if job.transport:                            # shm transport: auto|shm|tcp for this run
@@ -201,11 +205,12 @@ def spawn(fn, world_size: int, *, args: tuple = (), kwargs: dict | None = None, 
     non-zero or does not finish within `timeout` seconds. With allow_fail=True it instead
     returns a list of ("ok", value) / ("error", traceback) / ("exit", code) per rank, for
     tests whose point is that a rank fails. transport: auto|shm|tcp (default $RINGZERO_TRANSPORT).
+    The ranks get this process's environment as it is at the call.
     """
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="ringzero-") as tmp:
         job = _Job(fn, tuple(args), dict(kwargs or {}), backend, world_size,
-                   os.path.join(tmp, "store"), comm_timeout, threads, transport)
+                   os.path.join(tmp, "store"), comm_timeout, threads, transport, dict(os.environ))
         q = ctx.Queue()
         procs = [ctx.Process(target=_child, args=(r, job, q), daemon=True) for r in range(world_size)]
         for p in procs:

@@ -86,6 +86,19 @@ def test_ranks_fork_warm_but_never_with_deepspeed(monkeypatch):
     assert "transformers.modeling_utils" in launch._preload() and "deepspeed" not in launch._preload()
 
 
+def _env(rank, n):
+    import os
+    return os.environ.get("RINGZERO_TEST_LATE"), os.environ["RANK"]
+
+
+def test_ranks_get_the_environment_as_it_is_at_each_spawn(monkeypatch):
+    spawn(_returns, 1, args=(0,))       # the forkserver has started by now, with the environment of then
+    monkeypatch.setenv("RINGZERO_TEST_LATE", "set after a first spawn")
+    assert spawn(_env, 2) == [("set after a first spawn", "0"), ("set after a first spawn", "1")]
+    monkeypatch.delenv("RINGZERO_TEST_LATE")
+    assert spawn(_env, 1) == [(None, "0")]
+
+
 def test_exit_leaves_no_gloo_threads_when_a_module_captured_the_group(tmp_path):
     # torch's ShardedGradScaler evaluates `process_group=dist.group.WORLD` when imported: imported
     # after init (transformers does), it would keep the group alive past destroy_process_group,

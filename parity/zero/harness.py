@@ -143,7 +143,7 @@ def train_jobs(rank: int, world_size: int, jobs: list[Job], init_states: dict, b
     """spawn target: run every job in turn in these same processes (imports and DeepSpeed's
     start-up are paid once, which keeps the test suite inside its time budget). With lockstep,
     jobs are (reference, ours) pairs trained side by side (train_lockstep)."""
-    os.environ.update(env or {})  # e.g. TORCH_EXTENSIONS_DIR: the forkserver froze the parent's env
+    os.environ.update(env or {})  # e.g. TORCH_EXTENSIONS_DIR, for these jobs only
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated")  # DeepSpeed's calls
 
     def data(j):
