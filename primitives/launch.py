@@ -140,7 +140,7 @@ class _Job:
 
 
 def _child(rank: int, job: _Job, q) -> None:
-    if job.env is not None:     # the caller's environment at this spawn, not the forkserver's (its first)
+    if job.env is not None:     # the caller's os.environ at this spawn, not the forkserver's (of the first)
         os.environ.clear()
         os.environ.update(job.env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(rank),
@@ -205,7 +205,8 @@ def spawn(fn, world_size: int, *, args: tuple = (), kwargs: dict | None = None, 
     non-zero or does not finish within `timeout` seconds. With allow_fail=True it instead
     returns a list of ("ok", value) / ("error", traceback) / ("exit", code) per rank, for
     tests whose point is that a rank fails. transport: auto|shm|tcp (default $RINGZERO_TRANSPORT).
-    The ranks get this process's environment as it is at the call.
+    The ranks get this process's os.environ as it is at the call; what a module reads from it when
+    imported stays what the forkserver read (it imports _preload's modules at the first spawn).
     """
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="ringzero-") as tmp:

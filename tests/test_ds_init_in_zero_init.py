@@ -8,8 +8,7 @@ engine). The runner gathers them whole, and the open context leaves that model w
 (zero_partition.make_whole); a module built later in the same context is still partitioned.
 Two ranks against the same script without zero.Init under the same seed (the reference): the
 weights after the block and the losses of three steps are equal, exactly (same values, same
-collectives, same order). -m slow: a stage-0 engine builds a torch.optim optimizer, whose first
-construction in a process imports torch._dynamo (~5 s a rank); the bulk run's
+collectives, same order). -m slow: the bulk run's
 test_zero_context.py::TestSerialContext::test_throughput_calculation builds this case too.
 """
 import pytest

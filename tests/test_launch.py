@@ -77,26 +77,27 @@ def test_ranks_fork_warm_but_never_with_deepspeed(monkeypatch):
     a rank) and never DeepSpeed, even where this process imported it: a rank may install
     zero_from_scratch's finder, so that its `import deepspeed` is ringzero's engine."""
     import sys
-    import deepspeed  # noqa: F401
     from primitives import launch
     assert spawn(_imported, 2) == [{"torch._dynamo": True, "deepspeed": False}] * 2
+    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))     # as if this process imported it
     monkeypatch.delitem(sys.modules, "transformers.modeling_utils", raising=False)
+    assert "torch._dynamo" in launch._preload() and "deepspeed" not in launch._preload()
     assert "transformers.modeling_utils" not in launch._preload()   # a parent without HF's models: lean ranks
     monkeypatch.setitem(sys.modules, "transformers.modeling_utils", types.ModuleType("transformers.modeling_utils"))
     assert "transformers.modeling_utils" in launch._preload() and "deepspeed" not in launch._preload()
 
 
-def _env(rank, n):
+def _env(rank, n, name):
     import os
-    return os.environ.get("RINGZERO_TEST_LATE"), os.environ["RANK"]
+    return os.environ.get(name), os.environ["RANK"]
 
 
 def test_ranks_get_the_environment_as_it_is_at_each_spawn(monkeypatch):
     spawn(_returns, 1, args=(0,))       # the forkserver has started by now, with the environment of then
     monkeypatch.setenv("RINGZERO_TEST_LATE", "set after a first spawn")
-    assert spawn(_env, 2) == [("set after a first spawn", "0"), ("set after a first spawn", "1")]
-    monkeypatch.delenv("RINGZERO_TEST_LATE")
-    assert spawn(_env, 1) == [(None, "0")]
+    assert spawn(_env, 2, args=("RINGZERO_TEST_LATE",)) == [("set after a first spawn", "0"), ("set after a first spawn", "1")]
+    monkeypatch.delenv("HOME")          # the forkserver has it: gone from the ranks too
+    assert spawn(_env, 1, args=("HOME",)) == [(None, "0")]
 
 
 def test_exit_leaves_no_gloo_threads_when_a_module_captured_the_group(tmp_path):

@@ -138,7 +138,7 @@ def _config_optimizers(rank, world):
 
 
 def test_client_and_config_optimizers_and_safe_api_equal_one_process_torch(spawn):
-    (res, msgs, safe), _ = spawn(_config_optimizers, 2)     # one spawn: torch.optim's first import is ~5 s a rank
+    (res, msgs, safe), _ = spawn(_config_optimizers, 2)     # one spawn for the four stages
     for stage in (0, 1, 2, 3):
         assert res[stage, "lr"] == pytest.approx(1e-2 / 4)   # LambdaLR stepped once per optimizer step (3)
     assert res.pop((0, "state")) == (3.0, True)
