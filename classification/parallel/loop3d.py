@@ -25,7 +25,7 @@ from classification.mesh_table import mesh_table
 from classification.model import distilbert_config, load_offline_model
 from classification.parallel.pipeline import (accuracy, classification_loss, distilbert_layers, pack,
                                               stage_bounds)
-from classification.parallel.tokens import tokenized
+from classification.parallel.tokens import Tokenized
 from pipeline_parallel.engine.module import PipelineModule
 from primitives.engine.cost import traffic
 from primitives.log import print0
@@ -34,13 +34,13 @@ from tensor_parallel.engine.formulas import layer_traffic
 from tensor_parallel.engine.state_dict import sharded_numel
 
 
-def _batches(ids, mask, labels, rows, mb: int, m: int, replica: int, replicas: int, steps: int):
-    """Micro-batch j of step t for `replica`: rows[(t·dp + replica)·m·mb + j·mb …] (wrapping)."""
+def _batches(rows, order, mb: int, m: int, replica: int, replicas: int, steps: int):
+    """Micro-batch j of step t for `replica`: rows[order[(t·dp + replica)·m·mb + j·mb …]] (wrapping)."""
     for t in range(steps):
         for j in range(m):
             start = ((t * replicas + replica) * m + j) * mb
-            idx = rows[(start + torch.arange(mb)) % len(rows)]
-            yield pack(ids[idx], mask[idx]), labels[idx]
+            ids, mask, labels = rows[order[(start + torch.arange(mb)) % len(order)]]
+            yield pack(ids, mask), labels
 
 
 def expected_bytes(engine, cfg, a, mb: int, stage_params: int) -> dict:
@@ -77,9 +77,9 @@ def run_pipeline(a, comm) -> dict:
     held, stage_full = sharded_numel(torch.nn.ModuleList(engine.chunks))
     print0(f"pp={a.pp} stages × {cfg.n_layers // a.pp} blocks, schedule {a.schedule}, m={a.micro_batches} micro-batches "
            f"of {mb} × {a.max_len} tokens per replica, global batch {a.batch * dp}, clip {a.clip}")
-    ids, mask, labels = tokenized(tok, bundle.train, a.max_len)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(a.seed))
-    it = _batches(ids, mask, labels, order, mb, a.micro_batches, engine.dp_rank, dp, a.steps)
+    rows = Tokenized(tok, bundle.train, a.max_len)
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(a.seed))
+    it = _batches(rows, order, mb, a.micro_batches, engine.dp_rank, dp, a.steps)
     sent = {"tp": 0, "pp": 0, "dp": 0}
     t0 = time.perf_counter()
     for step in range(a.steps):
@@ -116,10 +116,10 @@ def evaluate(engine, tok, split, a, mb: int, dp: int):
     over micro-batches and replicas, so with the accuracy as loss_fn it averages the accuracy."""
     if not a.eval_samples:
         return float("nan"), 0
-    ids, mask, labels = tokenized(tok, split, a.max_len)
+    rows = Tokenized(tok, split, a.max_len)
     per = a.micro_batches * mb * dp
-    n = max(1, min(a.eval_samples, len(labels)) // per)
-    it = _batches(ids, mask, labels, torch.arange(len(labels)), mb, a.micro_batches, engine.dp_rank, dp, n)
+    n = max(1, min(a.eval_samples, len(rows)) // per)
+    it = _batches(rows, torch.arange(len(rows)), mb, a.micro_batches, engine.dp_rank, dp, n)
     train_loss, engine.loss_fn = engine.loss_fn, accuracy
     try:
         acc = sum(engine.eval_batch(it) for _ in range(n)) / n

@@ -39,7 +39,7 @@ from classification.mesh_table import mesh_table
 from classification.model import load_offline_model
 from classification.parallel.loop3d import run_pipeline
 from classification.parallel.pipeline import StageError
-from classification.parallel.tokens import tokenized
+from classification.parallel.tokens import Tokenized
 from primitives.coalesced import all_reduce_coalesced
 from primitives.launch import add_launch_args, init_from_env
 from primitives.engine.ledger import LEDGER
@@ -109,16 +109,16 @@ def run(a, comm) -> dict:
     parallelize(model, mesh.tp_group, sequence_parallel=a.sequence_parallel)
     local, full = sharded_numel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
-    ids, mask, labels = tokenized(tok, bundle.train, a.max_len)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(a.seed))
+    rows = Tokenized(tok, bundle.train, a.max_len)
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(a.seed))
     dpc = P.get_comm(mesh.dp_group) if dp > 1 else None
     tp_bytes = dp_bytes = 0
     t0 = time.perf_counter()
     model.train()
     for step in range(a.steps):
-        idx = order[(step * a.batch * dp + d * a.batch + torch.arange(a.batch)) % len(order)]
+        ids, mask, labels = rows[order[(step * a.batch * dp + d * a.batch + torch.arange(a.batch)) % len(order)]]
         with LEDGER.track() as t:
-            loss = model(input_ids=ids[idx], attention_mask=mask[idx], labels=labels[idx]).loss
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
         with LEDGER.track() as g:
             if dpc:
@@ -154,13 +154,14 @@ def run(a, comm) -> dict:
 def evaluate(model, tok, split, a, mesh, dp, d):
     """Accuracy on the first eval_samples validation rows; dp replicas split them, tp ranks agree."""
     model.eval()
-    ids, mask, labels = tokenized(tok, split, a.max_len)
-    n = min(a.eval_samples, len(labels))
+    rows = Tokenized(tok, split, a.max_len)
+    n = min(a.eval_samples, len(rows))
     mine = torch.arange(n)[d::dp]
     correct = torch.zeros(2, dtype=torch.float64)
     for chunk in mine.split(64):
-        pred = model(input_ids=ids[chunk], attention_mask=mask[chunk]).logits.argmax(-1)
-        correct += torch.tensor([(pred == labels[chunk]).sum().item(), len(chunk)], dtype=torch.float64)
+        ids, mask, labels = rows[chunk]
+        pred = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+        correct += torch.tensor([(pred == labels).sum().item(), len(chunk)], dtype=torch.float64)
     if dp > 1:
         P.all_reduce(correct, group=mesh.dp_group)
     model.train()
