@@ -51,7 +51,9 @@ def _matrix_work(rank, n, numels, dtype, ops, layouts, names):
     return C.matrix(P.get_comm(), numels, dtype=dtype, ops=ops, layouts=layouts, names=names)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
+# 5 and 7 fold R = 1 and 3 ranks into P = 4, as 3 and 6 fold 1 and 2 into 2 and 4: in the slow sweep
+@pytest.mark.parametrize("n", [1, 2, 3, 4, pytest.param(5, marks=pytest.mark.slow), 6,
+                               pytest.param(7, marks=pytest.mark.slow), 8])
 def test_every_collective_and_algorithm_int64(spawn, n):
     """Bitwise vs gloo for numel 0, 1, a count not divisible by N, and ~10k; ledger == formulas."""
     numels = [0, 1, 2 * n + 1, 10007]
