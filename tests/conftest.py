@@ -71,13 +71,18 @@ def spawn():
     return functools.partial(_spawn, timeout=180.0)
 
 
-def run_cmd(cmd, timeout=300, env=None, check=True):
-    """Run a shell command from the repo root with this venv first on PATH; return the result."""
+def cmd_env(env=None) -> dict:
+    """The environment of a command run here: this venv first on PATH, one OpenMP thread, then `env`."""
     e = dict(os.environ)
     e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
     e.setdefault("OMP_NUM_THREADS", "1")
     e.update(env or {})
-    r = subprocess.run(cmd, shell=True, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+    return e
+
+
+def run_cmd(cmd, timeout=300, env=None, check=True):
+    """Run a shell command from the repo root with this venv first on PATH; return the result."""
+    r = subprocess.run(cmd, shell=True, cwd=ROOT, env=cmd_env(env), capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
         raise AssertionError(f"command failed ({r.returncode}): {cmd}\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-4000:]}")
     return r

@@ -3,7 +3,7 @@ per rank naming the valid range; and every script's --help, by path and by -m.
 
     python -m pytest -q tests/test_script_usage.py
 
-Cost: two short torchrun runs, and one forked interpreter per script for --help (tests/help_driver.py).
+Cost: two short torchrun runs, and one forked interpreter per script for --help (tests/warm_python.py).
 """
 import json
 import os
@@ -35,7 +35,7 @@ def test_bad_root_one_line_per_rank_with_the_range():
 
 
 
-# --help of every script with a command line, by path and by -m (tests/help_driver.py forks one warm
+# --help of every script with a command line, by path and by -m (tests/warm_python.py forks one warm
 # interpreter per script, with the sys.path either form gives it)
 NO_COMMAND_LINE = {   # run as their docstrings show, no arguments read (checked below)
     "benchmarks/textbook.py",
@@ -117,8 +117,8 @@ def test_scripts_without_a_command_line_read_no_arguments():
 
 @pytest.fixture(scope="module")
 def helps():
-    r = run_cmd(f"{sys.executable} tests/help_driver.py {' '.join(help_targets())}", timeout=600, env={"COLUMNS": "120"})
-    found = [json.loads(ln.split(" ", 1)[1]) for ln in r.stdout.splitlines() if ln.startswith("help-result ")]
+    r = run_cmd(f"{sys.executable} tests/warm_python.py --help-of {' '.join(help_targets())}", timeout=600, env={"COLUMNS": "120"})
+    found = [json.loads(ln.split(" ", 1)[1]) for ln in r.stdout.splitlines() if ln.startswith("warm-result ")]
     return {d["target"]: d for d in found}
 
 

@@ -6,14 +6,20 @@ checked against what the chapter's commands really printed: every table title, c
 and row name in the sample must appear in the real output (numbers may differ; names may not). So a
 table that lost a row, renamed a column or changed its title fails the chapter's test.
 Every picture a chapter embeds must exist and carry the metadata of the figure script that
-drew it (figures/common.py), so a hand-made or orphaned PNG fails too."""
+drew it (figures/common.py), so a hand-made or orphaned PNG fails too.
+
+A ```python block runs as `python BLOCK.py` would, in a child forked from one interpreter that has
+imported torch already (tests/warm_python.py): each block's own imports still run, torch's once.
+"""
+import json
 import os
 import re
+import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, run_cmd
+from conftest import ROOT, cmd_env, run_cmd
 
 TUT = os.path.join(ROOT, "tutorials")
 CHAPTERS = sorted(f for f in os.listdir(TUT) if re.match(r"\d\d_.*\.md$", f))
@@ -97,21 +103,71 @@ def test_chapter_pictures_come_from_the_figure_scripts(chapter):
             assert os.path.exists(mod), f"{chapter}: {rel} says it was drawn by {src}, which does not exist"
 
 
+ENV = {"COLUMNS": "160", "PYTHONPATH": ROOT}      # this checkout, whatever else is installed
+
+
+class Warm:
+    """`python FILE` for the python blocks: tests/warm_python.py --serve, started once."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "warm_python.py"), "--serve"],
+                                     cwd=ROOT, env=cmd_env(ENV), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+
+    def run(self, path, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
+        self.proc.stdin.write(json.dumps({"target": f"path:{path}", "timeout": timeout}) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("warm-result "):
+                res = json.loads(line.split(" ", 1)[1])
+                cmd = f"python {path}"
+                if check and res["rc"] != 0:
+                    raise AssertionError(f"command failed ({res['rc']}): {cmd}\n--- output\n{res['out'][-8000:]}")
+                return subprocess.CompletedProcess(cmd, res["rc"], res["out"], "")
+        raise AssertionError(f"tests/warm_python.py stopped (exit {self.proc.wait()}) running {path}")
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def warm():
+    w = Warm()
+    yield w
+    w.close()
+
+
+def test_a_warm_block_runs_as_python_file_would(warm, tmp_path):
+    """What the fork keeps from its parent does not show: a block that forgot an import fails, its
+    folder is sys.path[0], it is __main__, its exit code and atexit handlers are the interpreter's."""
+    cases = {
+        "x = torch.zeros(1)": (1, "NameError: name 'torch' is not defined"),
+        "import os, sys\nassert sys.path[0] == os.path.dirname(os.path.abspath(__file__)) and __name__ == '__main__'\n"
+        "import atexit\natexit.register(print, 'at exit')\nprint(os.getcwd())": (0, f"{ROOT}\nat exit"),
+        "raise SystemExit('refused: --x must be > 0')": (1, "refused: --x must be > 0"),
+        "import sys\nsys.exit(3)": (3, ""),
+    }
+    for i, (body, (rc, out)) in enumerate(cases.items()):
+        (tmp_path / f"b{i}.py").write_text(body)
+        r = warm.run(tmp_path / f"b{i}.py", timeout=60, check=False)
+        assert r.returncode == rc and out in r.stdout, (body, r.returncode, r.stdout)
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_chapter_runs(chapter, tmp_path):
+def test_chapter_runs(chapter, tmp_path, warm):
     found = blocks(os.path.join(TUT, chapter))
     assert any(lang in ("bash", "python") for lang, _, _ in found), f"{chapter} has no runnable block"
     outputs, samples = [], []
-    env = {"COLUMNS": "160", "PYTHONPATH": ROOT}      # this checkout, whatever else is installed
     for i, (lang, info, body) in enumerate(found):
         if lang == "bash":
             script = tmp_path / f"block{i}.sh"
             script.write_text("set -euo pipefail\n" + body)
-            r = run_cmd(f"bash {script}", timeout=600, env=env)
+            r = run_cmd(f"bash {script}", timeout=600, env=ENV)
         elif lang == "python":
             script = tmp_path / f"block{i}.py"
             script.write_text(body)
-            r = run_cmd(f"{sys.executable} {script}", timeout=600, env=env)
+            r = warm.run(script, timeout=600)
         else:
             src = FROM.search(info)
             if lang == "text" and src:
