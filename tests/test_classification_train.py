@@ -69,12 +69,13 @@ def test_deepspeed_launcher_two_ranks_then_predict(easy):
 @pytest.mark.deepspeed
 def test_single_process_resume_and_checkpoint_errors(easy):
     out, rows = easy / "single", "--max-train-samples 64"   # 8 steps an epoch: resuming needs no learning
+    model = _tiny_model(easy)                                # what is checked is the bookkeeping, not DistilBERT
     run_cmd(f"{sys.executable} classification/train.py --dataset {easy}/easy.jsonl --config {easy}/tiny.json "
-            f"--epochs 1 {COMMON} {rows} --output-dir {out}", timeout=240)
+            f"--model {model} --epochs 1 {COMMON} {rows} --output-dir {out}", timeout=240)
     m1 = _metrics(out)
     assert m1[-1]["event"] == "test" and m1[-1]["world_size"] == 1 and m1[-1]["steps"] == 8  # 64 / 8
     r = run_cmd(f"{sys.executable} classification/train.py --dataset {easy}/easy.jsonl --config {easy}/tiny.json "
-                f"--epochs 2 {COMMON} {rows} --output-dir {out} --resume", timeout=240)
+                f"--model {model} --epochs 2 {COMMON} {rows} --output-dir {out} --resume", timeout=240)
     assert "resumed from" in r.stdout
     m2 = _metrics(out)
     assert m2[:len(m1)] == m1  # appended, not rewritten
@@ -83,7 +84,7 @@ def test_single_process_resume_and_checkpoint_errors(easy):
     assert [x["epoch"] for x in new if x["event"] == "eval"] == [2] and new[-1]["steps"] == 16
     # resuming with a different setup is refused, naming what differs
     r = run_cmd(f"{sys.executable} classification/train.py --dataset {easy}/easy.jsonl --config {easy}/tiny.json "
-                f"--epochs 3 --max-len 32 {rows} --output-dir {out} --resume", check=False, timeout=240)
+                f"--model {model} --epochs 3 --max-len 32 {rows} --output-dir {out} --resume", check=False, timeout=240)
     assert r.returncode != 0 and "belongs to another run: max_len is 16 there, 32 here" in r.stderr + r.stdout
     # a checkpoint folder whose weights are another model's
     bad = easy / "bad_ckpt"
@@ -145,12 +146,14 @@ def test_other_engines_under_torchrun(easy, kind):
     assert test["engine"] == kind and test["world_size"] == 2 and test["test_accuracy"] >= 0.8
 
 
-def _tiny_model_dir(d):
-    """A dim-32 DistilBERT over the real vocabulary, saved with the offline tokenizer: --model d."""
-    from classification.model import VOCAB_SIZE, load_tokenizer, offline_model_dir
-    from zero_from_scratch.engine.models import tiny_distilbert
-    tiny_distilbert(vocab=VOCAB_SIZE, hidden=64, max_positions=512, seed=0).save_pretrained(d)
-    load_tokenizer(offline_model_dir()).save_pretrained(d)
+def _tiny_model(easy):
+    """A dim-32 DistilBERT (FFN 64) over the real vocabulary, saved once with the offline tokenizer: --model DIR."""
+    d = easy / "tiny_model"
+    if not d.is_dir():
+        from classification.model import VOCAB_SIZE, load_tokenizer, offline_model_dir
+        from zero_from_scratch.engine.models import tiny_distilbert
+        tiny_distilbert(vocab=VOCAB_SIZE, hidden=64, max_positions=512, seed=0).save_pretrained(d)
+        load_tokenizer(offline_model_dir()).save_pretrained(d)
     return d
 
 
@@ -163,10 +166,9 @@ def test_zero3_trains_evaluates_and_saves_a_model_predict_loads(easy, engine):
     cfg = dict(TINY, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
     with open(easy / "zero3.json", "w") as f:
         json.dump(cfg, f)
-    model = easy / "tiny_model"
     launch = (f"deepspeed --num_gpus 2 --master_port {free_port()}" if engine == "deepspeed"
               else "torchrun --standalone --nproc_per_node 2")
-    model = model if os.path.isdir(model) else _tiny_model_dir(model)
+    model = _tiny_model(easy)
     run_cmd(f"{launch} classification/train.py --engine {engine} --model {model} "
             f"--dataset {easy}/easy.jsonl --config {easy}/zero3.json --epochs 1 --max-steps 4 "
             f"--max-eval-samples 19 {COMMON} --output-dir {out}", timeout=300)
