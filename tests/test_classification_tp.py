@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import run_cmd
-from test_classification_train import COMMON, _metrics, _tiny_model_dir, easy  # noqa: F401  (fixture)
+from test_classification_train import COMMON, _metrics, _tiny_model, easy  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("args,expect", [
@@ -57,8 +57,7 @@ def test_tp_zero_real_model_test_split_and_predict(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["zero", "ddp", "deepspeed"])
 def test_tp_tiny_model_schedule_and_resume(easy, engine):  # noqa: F811
-    model = easy / "tiny_model"
-    model = model if os.path.isdir(model) else _tiny_model_dir(model)
+    model = _tiny_model(easy)
     out = easy / f"tp_{engine}"
     cmd = (f"torchrun --standalone --nproc_per_node 2 classification/train.py --tp 2 --engine {engine} "
            f"--model {model} --dataset {easy}/easy.jsonl --config {easy}/tiny.json {COMMON} --output-dir {out}")

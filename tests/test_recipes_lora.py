@@ -202,8 +202,8 @@ def test_train_py_lora_ddp_then_predict_reads_the_lora_checkpoint(easy_data):
     import json
 
     from conftest import run_cmd
-    from test_classification_train import _tiny_model_dir
-    out, model = easy_data / "lora_cli", _tiny_model_dir(easy_data / "tiny_model")
+    from test_classification_train import _tiny_model
+    out, model = easy_data / "lora_cli", _tiny_model(easy_data)
     run_cmd(f"torchrun --standalone --nproc_per_node 2 classification/train.py --engine ddp --lora 8 --model {model} "
             f"--dataset {easy_data}/easy.jsonl --config {easy_data}/tiny.json --epochs 1 --max-len 16 --lr 2e-2 "
             f"--warmup-frac 0.2 --dropout 0.0 --output-dir {out}", timeout=300)
