@@ -131,7 +131,7 @@ class Warm:
         self.proc.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")    # one per worker: a module fixture would put every chapter on one worker
 def warm():
     w = Warm()
     yield w
