@@ -2,7 +2,6 @@
 --all, the 70 B / 512 H100 run's time (printed), cpu-here's hardware file."""
 import json
 import sys
-import time
 
 import pytest
 
@@ -35,9 +34,6 @@ def test_cli_json_and_plot(tmp_path):
     assert sum(v for k, v in lay["memory_bytes"].items() if k != "total" and not isinstance(v, str)) == \
         pytest.approx(lay["memory_bytes"]["total"])
     assert png.exists() and png.stat().st_size > 10_000
-    assert run_cmd("python -m planner --help").returncode == 0
-    bad = run_cmd("python -m planner nosuchmodel --gpus 8", check=False)
-    assert bad.returncode == 2 and "unknown model" in bad.stdout
 
 
 def test_cli_custom_fix_and_all(tmp_path):
@@ -52,13 +48,6 @@ def test_cli_custom_fix_and_all(tmp_path):
                 f"--json {tight}", check=False)
     assert r.returncode == 1 and "no layout" in r.stdout          # 70 B × 16 bytes > 8 × 80 GB without offload
     assert not any(x["fits"] for x in json.loads(tight.read_text())["layouts"])
-
-
-def test_70b_on_512_h100s_finishes():
-    t0 = time.perf_counter()
-    r = run_cmd("python -m planner llama-70b --gpus 512 --hardware h100 --global-batch 1024 --top 5")
-    print(f"llama-70b on 512 H100s: {time.perf_counter() - t0:.1f} s wall (with interpreter start)")
-    assert "layouts predicted" in r.stdout
 
 
 def test_cpu_here_loads():
@@ -105,6 +94,7 @@ def test_partial_refit_refuses_another_processors_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, said", [
+    ("nosuchmodel --gpus 8", "unknown model 'nosuchmodel'"),
     ("llama-70b --gpus 0", "argument --gpus: expected a positive integer, got '0'"),
     ("llama-70b --gpus 8 --seq -1", "argument --seq: expected a positive integer"),
     ("llama-70b --gpus 8 --fix foo=1", "'foo' is not a layout field"),
