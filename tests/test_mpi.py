@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.skipif(not have_mpi(), reason="needs 
 ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "OMP_NUM_THREADS": "1", "RINGZERO_TIMEOUT": "30"}
 
 
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", [3, pytest.param(4, marks=pytest.mark.slow)])   # the algorithms at 4: gloo's sweep
 def test_every_collective_under_mpi(n):
     r = run_cmd(f"mpiexec -n {n} python tests/mpi_worker.py", env=ENV, timeout=240, check=False)
     assert r.returncode == 0 and f"MPI CHECK OK on {n} ranks" in r.stdout, \

@@ -83,7 +83,7 @@ def _dtype_work(rank, n):
     return errs, digests
 
 
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", [3, pytest.param(4, marks=pytest.mark.slow)])   # a power of two's paths: the int64 sweep
 def test_dtypes_and_ops(spawn, n):
     """float16/bfloat16/float32/float64/int32/int64 × SUM/PRODUCT/MIN/MAX/AVG(floats):
     bitwise for ints and MIN/MAX, floating SUM/AVG/PRODUCT within the summation-order bound
