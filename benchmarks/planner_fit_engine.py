@@ -20,7 +20,12 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     release (3 per module with parameters and step): the engine's hooks, gathers,
                     frees and the pages of parameters and gradients it maps
 
-Each is the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
+    slice_cpu       how a rank's CPU seconds per step grow once the ranks outnumber the cores C: the
+                    DDP step on C, 2C and 4C ranks (slice_fit; what makes it up is not measured
+                    apart: a time-sliced rank finds caches another rank filled). Not in --engine:
+    python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
+
+The --engine terms are each the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
 to a third from one run to the next on a shared virtual machine, the slack by tens of MiB. The
 probe reads the speed of a CPU second before the mappings' fit and before each run, and CPU-second
 terms are stored at the fit's speed (× that reading; the planner's at_speed divides by a row's).
@@ -103,6 +108,25 @@ def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs:
                                (statistics.median(f[i] for f in fits) for i in range(4))))}
 
 
+def slice_fit(runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[float, list]:
+    """(slice_cpu, rows): how much a rank's CPU seconds grow once the ranks outnumber the cores C.
+    CAL's DDP step (the rows' own measurement, benchmarks.planner_ranks) on C, 2C and 4C ranks, in
+    turn, `runs` times; per run the slower rank's CPU seconds per step at 2C and 4C over C's (a ratio
+    within a run: the machine's speed moves between runs); slice_cpu the least-squares slope of the
+    median ratio − 1 over 1 − C/ranks, through 0 (planner.cpu_host.slice_factor). Rows: ranks, the
+    median ratio, and each run's."""
+    cores = os.cpu_count()
+    ns = (cores, 2 * cores, 4 * cores)
+    cpu = {n: [] for n in ns}
+    for _ in range(runs):
+        for n in ns:
+            cpu[n].append(max(g["cpu"] for g in spawn(_rank, n, args=(CAL, mb, steps, None), timeout=900)))
+    rows = [{"ranks": n, "ratio": statistics.median(c / b for c, b in zip(cpu[n], cpu[cores])),
+             "runs": [c / b for c, b in zip(cpu[n], cpu[cores])]} for n in ns[1:]]
+    xs, ys = [1 - cores / r["ranks"] for r in rows], [r["ratio"] - 1 for r in rows]
+    return max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)), rows
+
+
 def map_line(maps: dict) -> str:
     """The fresh mappings' terms, as the fit prints them."""
     return (f"a mapped page {maps['mmap_s'] * 2**20 * 1e3:.2f} ms CPU per MiB, {maps['map_layer']:.2f} bytes mapped per "
@@ -120,3 +144,11 @@ def refit_engine(doc: dict, layers, ranks: int, how: str) -> str:
     return (f"allocator slack {doc['alloc_slack'] / 2**20:.0f} MiB (ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
             f"{map_line(doc)}; ZeRO-3 {doc['zero3_module_s'] * 1e3:.2f} ms CPU per module fetch/release; a step's CPU "
             f"{doc['step_cpu']:.2f}× its parts at the micro-benchmarks' rates")
+
+
+def refit_slices(doc: dict, how: str) -> str:
+    """Fit slice_cpu (slice_fit) into `doc`, its rows beside it."""
+    k, rows = slice_fit()
+    doc.update(slice_cpu=k, slice_fit={"command": how, "rows": rows})
+    grows = " and ".join(f"×{r['ratio']:.2f} at {r['ranks']} ranks" for r in rows)
+    return f"a rank's CPU per step {grows} of {os.cpu_count()}'s: slice_cpu {k:.3f}"

@@ -1,10 +1,11 @@
 """How a CPU host's cores turn a rank's CPU seconds into wall seconds (hardware cpu-here / cpu-now):
-the share of a core busy and woken ranks get, the pipeline's pacing ranks, and the wait a blocking
-collective pays for a descheduled member once ranks outnumber the cores.
+the share of a core busy and woken ranks get, the pipeline's pacing ranks, the wait a blocking
+collective pays for a descheduled member once ranks outnumber the cores, and what a rank's CPU
+seconds grow by then.
 
     python -m planner tiny --gpus 4 --hardware cpu-now        # the load and woken share probed now
 
-Used by planner.steptime; on a GPU (hw.cores = 0) every function returns 1 (stretch) or 0 (wait).
+Used by planner.steptime; on a GPU (hw.cores = 0) every function returns 1 (stretch, factor) or 0 (wait).
 Cost: arithmetic.
 """
 from __future__ import annotations
@@ -62,6 +63,18 @@ def tp_stretch(lay, hw) -> float:
     if not hw.cores or lay.tp == 1 or r <= hw.cores:
         return cpu_stretch(lay, hw)
     return 1.0 / wake_share(lay, hw, r)
+
+
+def slice_factor(lay, hw) -> float:
+    """CPU seconds of a rank's step per CPU second of the same step with a core per rank: once the
+    node's r ranks time-slice its C cores, 1 + slice_cpu·(1 − C/r), slice_cpu fitted on the DDP step
+    at a calibration shape on C, 2C and 4C ranks (benchmarks.planner_fit --slices). 1 with a core
+    per rank, on a GPU, or where the file has no slice_cpu. Other sessions' tasks are not counted
+    (the fit ran on an idle machine)."""
+    r = min(lay.gpus, hw.gpus_per_node)
+    if not hw.cores or r <= hw.cores or not hw.slice_cpu:
+        return 1.0
+    return 1.0 + hw.slice_cpu * (1.0 - hw.cores / r)
 
 
 def wait_time(lay, hw, k: int) -> float:

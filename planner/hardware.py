@@ -75,6 +75,8 @@ class Hardware:
     map_head: float = 0.0        # logit byte, when every large block is mapped (benchmarks.planner_fit_map)
     step_cpu: float = 1.0        # a training step's CPU seconds over the sum of its parts at the micro-benchmarks'
                                  # rates (fitted on a whole step, benchmarks.planner_fit_engine; per_step applies it)
+    slice_cpu: float = 0.0       # κ: a rank's CPU seconds grow by 1 + κ·(1 − cores/ranks) once a node's ranks outnumber
+                                 # its cores (planner.cpu_host.slice_factor; benchmarks.planner_fit --slices); 0: no term
     calibrated_on: str = ""
     source: str = ""
 
@@ -97,7 +99,7 @@ H100 = Hardware(
 BUILTIN = {h.name: h for h in (A100, A100_40G, H100)}
 
 
-RECORDS = ("wait_fit", "engine_fit", "cpu")     # how and where a fitted file's terms were fitted, not fields
+RECORDS = ("wait_fit", "engine_fit", "slice_fit", "cpu")     # how and where a fitted file's terms were fitted, not fields
 
 
 def _from_dict(d: dict) -> Hardware:

@@ -16,7 +16,8 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              tensor_parallel's vocab-parallel cross-entropy makes z − max, exp, the softmax and
              its gradient separate passes where torch's log-softmax fuses them); every CPU
              second is stretched by cpu_stretch when the ranks and other runnable tasks
-             outnumber the cores. A pipeline's micro-batches are
+             outnumber the cores, and grows by slice_factor once the ranks alone do (fitted on
+             the DDP step at C, 2C and 4C ranks). A pipeline's micro-batches are
              paced by one rank while its neighbours wait (asleep on a futex, no CPU): the r/p
              pacing ranks share the session's P cores, each at most one (pipeline_stretch), and
              all ranks' CPU seconds over P bound the step (the "cores" term), whichever is larger;
@@ -64,13 +65,13 @@ optimizer    Adam on the rank's shard, memory-bound (~36 bytes read+written per 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline_parallel.schedules.instructions import bubble_formula
 from primitives.engine.cost import Links, Params, predict, predict_2level
 from tensor_parallel.engine.formulas import layer_traffic
 
-from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores, tp_stretch, wait_time
+from planner.cpu_host import cpu_stretch, pipeline_stretch, session_cores, slice_factor, tp_stretch, wait_time
 from planner.hardware import per_step
 from planner.host_memory import GLIBC_MMAP_MAX, family
 from planner.memory import ZERO3_MAX_LIVE, layer_activation_bytes, maps_blocks, stage_params, torch_layer_activation_bytes
@@ -146,6 +147,7 @@ def layer_rates(model, hw) -> tuple[float, float]:
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
     """{term: seconds} for one optimizer step; 'total' their sum."""
     hw = per_step(hw)
+    hw = per_step(replace(hw, step_cpu=slice_factor(lay, hw)))     # ranks time-slicing the cores
     bpe, t, p, v = hw.bytes_per_elem, lay.tp, lay.pp, lay.v
     m = lay.micro_batches(global_batch)
     tokens = lay.mb * seq

@@ -49,6 +49,23 @@ def test_blocking_collectives_wait_once_ranks_outnumber_cores():
     assert tp == pytest.approx((2 * (4 * m.layers + 2 + 3) + 1) * 1e-3)
 
 
+def test_ranks_that_time_slice_the_cores_cost_more_cpu_per_step():
+    """slice_cpu = κ: once the node's r ranks outnumber its C cores every CPU second of a rank's
+    step's ops grows by 1 + κ·(1 − C/r); none with a core per rank (whatever the load), on a GPU,
+    or with κ = 0."""
+    from dataclasses import replace
+    from planner.cpu_host import slice_factor
+    hw, m = replace(H.load("cpu-here"), cores=2, slice_cpu=0.2, load=0.0), PRESETS["tiny"]
+    assert slice_factor(Layout(2, 1, 1), hw) == 1.0 and slice_factor(Layout(2, 1, 1), replace(hw, load=6.0)) == 1.0
+    assert slice_factor(Layout(2, 2, 1), hw) == pytest.approx(1.1) and slice_factor(Layout(2, 2, 2), hw) == pytest.approx(1.15)
+    assert slice_factor(Layout(8, 8, 1), replace(H.A100, slice_cpu=0.2)) == 1.0
+    assert slice_factor(Layout(2, 2, 2), replace(hw, slice_cpu=0.0)) == 1.0
+    sw, lay = Software(False, False, False), Layout(2, 2, 2, mb=2)
+    a, b = (step_time(m, 32, lay, 8, replace(hw, slice_cpu=k), sw) for k in (0.0, 0.2))
+    for k in ("matmul", "elementwise", "optimizer"):
+        assert b[k] == pytest.approx(1.15 * a[k]), k
+
+
 def test_planner_fit_line():
     from benchmarks.planner_fit import fit_line
     assert fit_line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0]) == pytest.approx((1.0, 2.0))
