@@ -192,7 +192,7 @@ def test_the_vocab_parallel_loss_costs_its_own_rate_per_local_logit():
     logit element (b·s·V/t per micro-batch) on the stage holding the output layer; tp = 1 runs
     torch's fused loss and pays logit_s alone."""
     from dataclasses import replace
-    hw, m = replace(H.load("cpu-here"), cores=2, vp_loss_s=0.0, step_cpu=1.0), PRESETS["tiny"]
+    hw, m = replace(H.load("cpu-here"), cores=2, vp_loss_s=0.0, step_cpu=1.0, slice_cpu=0.0), PRESETS["tiny"]
     sw = Software(False, False, False, balanced_stages=False)
     for lay, m_count in ((Layout(1, 2, 1, mb=2), 2), (Layout(1, 2, 2, mb=2), 4)):
         a = step_time(m, 32, lay, 8 if lay.pp > 1 else 4, hw, sw)
