@@ -21,8 +21,9 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     frees and the pages of parameters and gradients it maps
 
     slice_cpu       how a rank's CPU seconds per step grow once the ranks outnumber the cores C: the
-                    DDP step on C, 2C and 4C ranks (slice_fit; what makes it up is not measured
-                    apart: a time-sliced rank finds caches another rank filled). Not in --engine:
+                    DDP step on C, 2C and 4C ranks, each over the planner's CPU for it (slice_fit;
+                    what makes it up is not measured apart: a time-sliced rank finds caches
+                    another rank filled); up to 8 cores. Not in --engine:
     python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
 
 The --engine terms are each the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
@@ -49,12 +50,13 @@ from planner.steptime import zero3_units
 from primitives.launch import spawn
 
 CAL = SLACK_CAL     # L 3, h 192, V 12288: the shape planner.host_memory scales the slack from
+SLICE_MAX_CORES = 8     # slice_fit runs 4C ranks at once
 
 
 def cpu_alone(lay: Layout, hw) -> float:
     """The planner's CPU seconds of CAL's step: hw without cores (no stretch, no wait); its links'
     α-β kept, since on one host a collective is the ranks' own copies, inside their CPU seconds."""
-    t = predict_layout(CAL, CAL.seq, lay, 2 * lay.mb, dataclasses.replace(hw, cores=0), LOCAL_SW).time
+    t = predict_layout(CAL, CAL.seq, lay, lay.dp * lay.mb, dataclasses.replace(hw, cores=0), LOCAL_SW).time
     return t["total"] - t["bubble"]
 
 
@@ -108,19 +110,21 @@ def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs:
                                (statistics.median(f[i] for f in fits) for i in range(4))))}
 
 
-def slice_fit(runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[float, list]:
+def slice_fit(doc: dict, runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[float, list]:
     """(slice_cpu, rows): how much a rank's CPU seconds grow once the ranks outnumber the cores C.
     CAL's DDP step (the rows' own measurement, benchmarks.planner_ranks) on C, 2C and 4C ranks, in
-    turn, `runs` times; per run the slower rank's CPU seconds per step at 2C and 4C over C's (a ratio
-    within a run: the machine's speed moves between runs); slice_cpu the least-squares slope of the
-    median ratio − 1 over 1 − C/ranks, through 0 (planner.cpu_host.slice_factor). Rows: ranks, the
-    median ratio, and each run's."""
+    turn, `runs` times; per run and world the slower rank's CPU seconds per step over the planner's
+    for it (cpu_alone: its ring all-reduce grows with the world, which the planner counts already),
+    at 2C and 4C over C's (a ratio within a run: the machine's speed moves between runs);
+    slice_cpu the least-squares slope of the median ratio − 1 over 1 − C/ranks, through 0
+    (planner.cpu_host.slice_factor). Rows: ranks, the median ratio, and each run's."""
     cores = os.cpu_count()
     ns = (cores, 2 * cores, 4 * cores)
+    alone = {n: cpu_alone(Layout(n, 1, 1, mb=mb), cpu_here(n, fitted=doc)) for n in ns}
     cpu = {n: [] for n in ns}
     for _ in range(runs):
         for n in ns:
-            cpu[n].append(max(g["cpu"] for g in spawn(_rank, n, args=(CAL, mb, steps, None), timeout=900)))
+            cpu[n].append(max(g["cpu"] for g in spawn(_rank, n, args=(CAL, mb, steps, None), timeout=900)) / alone[n])
     rows = [{"ranks": n, "ratio": statistics.median(c / b for c, b in zip(cpu[n], cpu[cores])),
              "runs": [c / b for c, b in zip(cpu[n], cpu[cores])]} for n in ns[1:]]
     xs, ys = [1 - cores / r["ranks"] for r in rows], [r["ratio"] - 1 for r in rows]
@@ -147,8 +151,12 @@ def refit_engine(doc: dict, layers, ranks: int, how: str) -> str:
 
 
 def refit_slices(doc: dict, how: str) -> str:
-    """Fit slice_cpu (slice_fit) into `doc`, its rows beside it."""
-    k, rows = slice_fit()
+    """Fit slice_cpu (slice_fit) into `doc`, its rows beside it; on more than SLICE_MAX_CORES cores
+    (4C ranks at once) it is not fitted and stays 0 (no term), the record saying so."""
+    if (cores := os.cpu_count()) > SLICE_MAX_CORES:
+        doc.update(slice_cpu=0.0, slice_fit={"command": how, "rows": [], "skipped": f"{cores} cores: 4C ranks too many"})
+        return f"slice_cpu not fitted on {cores} cores (4C = {4 * cores} ranks at once): 0, no term"
+    k, rows = slice_fit(doc)
     doc.update(slice_cpu=k, slice_fit={"command": how, "rows": rows})
     grows = " and ".join(f"×{r['ratio']:.2f} at {r['ranks']} ranks" for r in rows)
-    return f"a rank's CPU per step {grows} of {os.cpu_count()}'s: slice_cpu {k:.3f}"
+    return f"a rank's CPU per step over the planner's {grows} of {cores}'s: slice_cpu {k:.3f}"

@@ -37,7 +37,7 @@ a page's cost from page faults and a block micro-benchmark (benchmarks.planner_f
 allocator's slack, the ZeRO-3 module cost and step_cpu (a step's CPU over its parts: one ratio,
 planner.hardware.per_step) from this benchmark's own DDP / ZeRO steps at a calibration shape
 (benchmarks.planner_fit_engine: the DDP rows run the same code at other shapes); the wait a
-blocking collective pays for a descheduled peer once ranks outnumber the cores (wait_s) from a ping-pong of 2-8 busy processes (`python -m benchmarks.planner_fit --waits`), and what a rank's CPU seconds grow by then (slice_cpu) from the DDP step at the calibration shape on 2, 4, 8 ranks (`--slices`).
+blocking collective pays for a descheduled peer once ranks outnumber the cores (wait_s) from a ping-pong of 2-8 busy processes (`python -m benchmarks.planner_fit --waits`), and what a rank's CPU seconds grow by then (slice_cpu) from the DDP step at the calibration shape on C, 2C, 4C ranks (`--slices`).
 No row's timing feeds any constant. Three inputs are read by planner.probe for PROBE_S seconds
 just before each row, and a first prediction is made from them before the ranks start: as many
 busy processes as cores repeating the fit's matmuls give the share of a core a busy task gets, so

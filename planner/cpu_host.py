@@ -66,11 +66,12 @@ def tp_stretch(lay, hw) -> float:
 
 
 def slice_factor(lay, hw) -> float:
-    """CPU seconds of a rank's step per CPU second of the same step with a core per rank: once the
+    """CPU seconds of a rank's step's ops per CPU second of the same with a core per rank: once the
     node's r ranks time-slice its C cores, 1 + slice_cpu·(1 − C/r), slice_cpu fitted on the DDP step
-    at a calibration shape on C, 2C and 4C ranks (benchmarks.planner_fit --slices). 1 with a core
-    per rank, on a GPU, or where the file has no slice_cpu. Other sessions' tasks are not counted
-    (the fit ran on an idle machine)."""
+    at a calibration shape on C, 2C and 4C ranks (benchmarks.planner_fit --slices); it scales the
+    rates planner.hardware.per_step scales (a page fault's and ZeRO-3's per-module cost are left as
+    fitted). 1 with a core per rank, on a GPU, or where the file has no slice_cpu. Other sessions'
+    tasks are not counted (the fit measures the ranks' own time-slicing, the machine otherwise idle)."""
     r = min(lay.gpus, hw.gpus_per_node)
     if not hw.cores or r <= hw.cores or not hw.slice_cpu:
         return 1.0

@@ -16,8 +16,8 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              tensor_parallel's vocab-parallel cross-entropy makes z − max, exp, the softmax and
              its gradient separate passes where torch's log-softmax fuses them); every CPU
              second is stretched by cpu_stretch when the ranks and other runnable tasks
-             outnumber the cores, and grows by slice_factor once the ranks alone do (fitted on
-             the DDP step at C, 2C and 4C ranks). A pipeline's micro-batches are
+             outnumber the cores, and the ops' rates grow by slice_factor once the ranks alone
+             do (fitted on the DDP step at C, 2C and 4C ranks). A pipeline's micro-batches are
              paced by one rank while its neighbours wait (asleep on a futex, no CPU): the r/p
              pacing ranks share the session's P cores, each at most one (pipeline_stretch), and
              all ranks' CPU seconds over P bound the step (the "cores" term), whichever is larger;

@@ -50,9 +50,9 @@ def test_blocking_collectives_wait_once_ranks_outnumber_cores():
 
 
 def test_ranks_that_time_slice_the_cores_cost_more_cpu_per_step():
-    """slice_cpu = κ: once the node's r ranks outnumber its C cores every CPU second of a rank's
-    step's ops grows by 1 + κ·(1 − C/r); none with a core per rank (whatever the load), on a GPU,
-    or with κ = 0."""
+    """slice_cpu = κ: once the node's r ranks outnumber its C cores the CPU seconds of a rank's
+    step's ops (matmuls, elementwise, Adam) grow by 1 + κ·(1 − C/r); none with a core per rank
+    (whatever the load), on a GPU, or with κ = 0."""
     from dataclasses import replace
     from planner.cpu_host import slice_factor
     hw, m = replace(H.load("cpu-here"), cores=2, slice_cpu=0.2, load=0.0), PRESETS["tiny"]

@@ -30,7 +30,7 @@ SMALL = {
     "benchmarks/collectives.py": ("--sizes 4096 --iters 2 --warmup 1 --reps 1", r"cost model vs measured"),
     # DistilBERT's 66,955,010 parameters; ZeRO-3 fp32 at N=4: 16Ψ/4 bytes = 255.4 MiB, comm 3·3/4·4Ψ = 574.7 MiB
     "zero_from_scratch.engine.report": ("", r"(?s)(?=.*66,955,010)(?=.*ZeRO-3)(?=.*255\.4)(?=.*574\.7).*paper 2 or 3"),
-    "planner": ("", r"(?s)tp.*layouts predicted in [\d.]+ s"),      # llama-70b on 512 H100s: the 10 s
+    "planner": ("", r"(?s)tp.*layouts predicted in [\d.]+ s"),      # llama-70b on 512 H100s, with its time
     "pipeline_parallel/train.py": ("--steps 1", r"(?s)step 0: loss \d.*held-out loss"),
     "classification/parallel/train.py": ("--steps 1 --batch 4 --eval-samples 0", r"(?s)mesh dp=2 × pp=1 × tp=2.*step +0 +loss \d"),
     "classification/train.py": ("--max-steps 1 --max-train-samples 64 --max-eval-samples 8 --epochs 1 "

@@ -14,8 +14,11 @@ imported torch already (tests/warm_python.py): each block's own imports still ru
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -107,28 +110,56 @@ ENV = {"COLUMNS": "160", "PYTHONPATH": ROOT}      # this checkout, whatever else
 
 
 class Warm:
-    """`python FILE` for the python blocks: tests/warm_python.py --serve, started once."""
+    """`python FILE` for the python blocks: tests/warm_python.py --serve, started once. A block gets
+    TIMEOUT seconds (SIGALRM in its child), and the answer is awaited a minute longer; a request
+    that does not get its own answer (an interrupted test, a child that outlived its alarm) leaves
+    the server killed, and the next request starts a fresh one."""
+    TIMEOUT = 480       # under pytest-timeout's 600 s for a whole chapter
 
     def __init__(self):
+        self.proc, self.sent = None, 0
+
+    def _start(self):
         self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "warm_python.py"), "--serve"],
                                      cwd=ROOT, env=cmd_env(ENV), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
 
-    def run(self, path, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
-        self.proc.stdin.write(json.dumps({"target": f"path:{path}", "timeout": timeout}) + "\n")
-        self.proc.stdin.flush()
-        for line in self.proc.stdout:
-            if line.startswith("warm-result "):
-                res = json.loads(line.split(" ", 1)[1])
-                cmd = f"python {path}"
-                if check and res["rc"] != 0:
-                    raise AssertionError(f"command failed ({res['rc']}): {cmd}\n--- output\n{res['out'][-8000:]}")
-                return subprocess.CompletedProcess(cmd, res["rc"], res["out"], "")
-        raise AssertionError(f"tests/warm_python.py stopped (exit {self.proc.wait()}) running {path}")
+    def run(self, path, timeout: int = TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.sent += 1
+        res = None
+        try:
+            self.proc.stdin.write(json.dumps({"target": f"path:{path}", "timeout": timeout, "id": self.sent}) + "\n")
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + timeout + 60
+            while res is None and select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("warm-result "):
+                    res = json.loads(line.split(" ", 1)[1])
+        finally:
+            if res is None or res.get("id") != self.sent:
+                self.close(kill=True)
+        cmd = f"python {path}"
+        if res is None or res.get("id") != self.sent:
+            raise AssertionError(f"{cmd}: no answer from tests/warm_python.py within {timeout + 60} s")
+        if res["rc"] == -signal.SIGALRM:
+            raise AssertionError(f"{cmd} did not finish within {timeout} s\n--- output\n{res['out'][-8000:]}")
+        if check and res["rc"] != 0:
+            raise AssertionError(f"command failed ({res['rc']}): {cmd}\n--- output\n{res['out'][-8000:]}")
+        return subprocess.CompletedProcess(cmd, res["rc"], res["out"], "")
 
-    def close(self):
-        self.proc.stdin.close()
+    def close(self, kill: bool = False):
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.stdin.close()
         self.proc.wait(timeout=60)
+        self.proc = None
 
 
 @pytest.fixture(scope="session")    # one per worker: a module fixture would put every chapter on one worker
@@ -152,6 +183,10 @@ def test_a_warm_block_runs_as_python_file_would(warm, tmp_path):
         (tmp_path / f"b{i}.py").write_text(body)
         r = warm.run(tmp_path / f"b{i}.py", timeout=60, check=False)
         assert r.returncode == rc and out in r.stdout, (body, r.returncode, r.stdout)
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(30)")
+    with pytest.raises(AssertionError, match="did not finish within 1 s"):
+        warm.run(tmp_path / "slow.py", timeout=1)
+    assert warm.run(tmp_path / "b1.py", timeout=60).stdout.endswith("at exit\n")     # the next answer is its own
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -167,7 +202,7 @@ def test_chapter_runs(chapter, tmp_path, warm):
         elif lang == "python":
             script = tmp_path / f"block{i}.py"
             script.write_text(body)
-            r = warm.run(script, timeout=600)
+            r = warm.run(script)
         else:
             src = FROM.search(info)
             if lang == "text" and src:

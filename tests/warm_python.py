@@ -8,8 +8,11 @@ place still fails here, and so does a script that uses a module it did not impor
     python tests/warm_python.py --serve       # a JSON request a line on stdin: {"target", "argv", "timeout"}
 
 Each run prints one line `warm-result {"target", "rc", "out"}` (out: stdout and stderr together; the
-first 4,000 characters under --help-of). --help-of runs TARGET --help for each target; --serve runs a
-request's target with its argv, and stops at the end of its input. Warm: torch, numpy and rich; and
+first 4,000 characters under --help-of; rc −14 when the timeout's SIGALRM ended it). --help-of runs
+TARGET --help for each target; --serve runs a request's target with its argv, answers with the
+request's "id", and stops at the end of its input. Unlike a fresh interpreter, a child inherits what
+the warm imports did: numpy's global random state (the same in every child), and torch imported
+before the script could set a variable torch reads at import. Warm: torch, numpy and rich; and
 for --help-of the modules most scripts import at the top (transformers' models, torch.distributed's
 checkpoint and elastic), which make every fork slower where a script does not need them.
 Cost: a fork and the script's own imports per run, instead of an interpreter and torch (~2.3 CPU s here).
@@ -90,7 +93,7 @@ def serve() -> None:
     for line in sys.stdin:
         req = json.loads(line)
         res = run(req["target"], req.get("argv", []), int(req.get("timeout", 600)))
-        print("warm-result", json.dumps(res), flush=True)
+        print("warm-result", json.dumps({**res, "id": req.get("id")}), flush=True)
 
 
 if __name__ == "__main__":

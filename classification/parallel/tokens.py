@@ -24,6 +24,9 @@ class Tokenized:
 
     def __getitem__(self, idx):
         idx = torch.as_tensor(idx).reshape(-1)
+        if not len(idx):        # a rank with no rows of a small split (the tokenizer refuses an empty batch)
+            none = torch.zeros(0, self.max_len, dtype=torch.long)
+            return none, none.clone(), self.labels[idx]
         enc = self.tok([self.texts[i] for i in idx.tolist()], padding="max_length", truncation=True,
                        max_length=self.max_len, return_tensors="pt")
         return enc["input_ids"], enc["attention_mask"], self.labels[idx]
