@@ -125,8 +125,8 @@ def slice_fit(doc: dict, runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[fl
     for _ in range(runs):
         for n in ns:
             cpu[n].append(max(g["cpu"] for g in spawn(_rank, n, args=(CAL, mb, steps, None), timeout=900)) / alone[n])
-    rows = [{"ranks": n, "ratio": statistics.median(c / b for c, b in zip(cpu[n], cpu[cores])),
-             "runs": [c / b for c, b in zip(cpu[n], cpu[cores])]} for n in ns[1:]]
+    ratios = {n: [c / b for c, b in zip(cpu[n], cpu[cores])] for n in ns[1:]}
+    rows = [{"ranks": n, "ratio": statistics.median(r), "runs": r} for n, r in ratios.items()]
     xs, ys = [1 - cores / r["ranks"] for r in rows], [r["ratio"] - 1 for r in rows]
     return max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)), rows
 

@@ -146,8 +146,7 @@ def layer_rates(model, hw) -> tuple[float, float]:
 
 def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Software()) -> dict:
     """{term: seconds} for one optimizer step; 'total' their sum."""
-    hw = per_step(hw)
-    hw = per_step(replace(hw, step_cpu=slice_factor(lay, hw)))     # ranks time-slicing the cores
+    hw = per_step(replace(hw, step_cpu=hw.step_cpu * slice_factor(lay, hw)))     # × ranks time-slicing the cores
     bpe, t, p, v = hw.bytes_per_elem, lay.tp, lay.pp, lay.v
     m = lay.micro_batches(global_batch)
     tokens = lay.mb * seq
