@@ -69,7 +69,10 @@ def allocator_slack(model, lay, seq: int, stage: dict, blocks: dict, hw) -> floa
     fragments, keep neighbours apart: the step's heap top rises above its live peak. Which chunks
     stay split depends on the order of a step's calls and the heap it starts from
     (planner_slack_replay: the same calls unaligned keep 8-43 % of it, with the mmap threshold
-    raised first llama-small's keep none), so the rule is measured per layer family:
+    raised first llama-small's keep none), and that heap is set at launch (planner_slack_seeds:
+    one process with PYTHONHASHSEED and its address layout fixed keeps the same slack twice; as
+    Python starts it, gpt-mini's 4-step slack is 38-73 MiB from launch to launch), so the rule is
+    measured per layer family and is at best the slack's middle:
       torch's layer (and DistilBERT's, not fitted apart): hw.alloc_slack, fitted on SLACK_CAL's DDP
         step by benchmarks.planner_fit_engine, scaled by the stage's model-state bytes over the
         calibration step's, never above it; gpt-mini's slack moves little with the micro-batch (dp2
