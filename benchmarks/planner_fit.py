@@ -41,9 +41,11 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   logit byte) with glibc's mmap threshold at 64 KiB, by page faults
     alloc_slack, step_cpu,        whole steps (benchmarks.planner_fit_engine): the rows' own
     zero3_module_s                measurement at a calibration shape, CAL (L 3, h 192, V 12288,
-                                  mb 4), 2 ranks, the median of 5 runs: the DDP step's peak beyond
-                                  the planner's live bytes; its CPU seconds over the planner's sum of
-                                  its parts at the rates above (a step's ops do not run as alone);
+                                  mb 4), 2 ranks: the DDP step's peak beyond the planner's live
+                                  bytes, the median of 8 fresh interpreters (each launch draws its
+                                  own slack: slack_fit); the median of 5 runs in one: its CPU
+                                  seconds over the planner's sum of its parts at the rates above
+                                  (a step's ops do not run as alone);
                                   ZeRO-3's CPU beyond ZeRO-1's and beyond the planner's own count of
                                   the difference (fresh pages, calls), per module call
     links                         the shared-memory link per number of ranks (2, 4): an all-reduce
@@ -74,6 +76,7 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
     slice_cpu                     a rank's CPU seconds per step once the ranks outnumber the cores
                                   (benchmarks.planner_fit_engine.slice_fit)
     python -m benchmarks.planner_fit --slices        # only slice_cpu, into the existing file (~1 min)
+    python -m benchmarks.planner_fit --slack         # only alloc_slack, into the existing file (~2 min)
 Across nodes multinode/'s shaped veth (planner.hardware.cpu_here); `cores` from os.cpu_count().
 """
 from __future__ import annotations
@@ -86,7 +89,7 @@ import statistics
 import torch
 
 import primitives as P
-from benchmarks.planner_fit_engine import refit_engine, refit_slices
+from benchmarks.planner_fit_engine import refit_engine, refit_slack, refit_slices
 from benchmarks.planner_fit_links import link_fit, wait_fit
 from benchmarks.planner_fit_llama import LLAMA, llama_points, llama_sweep, matmul_s, torch_shares
 from benchmarks.planner_fit_loss import HEADS, cpu, loss_sweep, vp_loss_fit
@@ -182,18 +185,19 @@ def main(argv=None) -> int:
     ap.add_argument("--waits", action="store_true", help="fit only wait_s, into the existing --out file")
     ap.add_argument("--links-median", action="store_true", help="print the 4-rank link fitted on the fastest and on the "
                                                                   "median try, write nothing")
-    ap.add_argument("--engine", action="store_true", help="fit only the mappings and the engine steps' terms (slack, "
-                    "zero3_module_s, step_cpu)")
+    ap.add_argument("--engine", action="store_true", help="fit only the mappings and the engine steps' terms "
+                    "(zero3_module_s, step_cpu; the slack: --slack)")
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     ap.add_argument("--slices", action="store_true", help="fit only slice_cpu, into the existing --out file")
+    ap.add_argument("--slack", action="store_true", help="fit only alloc_slack, into the existing --out file")
     ap.add_argument("--llama", action="store_true", help="fit only llama's layer line, into the existing --out file")
     a = ap.parse_args(argv)
     if a.ranks < 1 or not a.links_median and not writable(a.out):     # --links-median writes nothing
         ap.error(f"--ranks {a.ranks}: expected at least 1" if a.ranks < 1 else f"--out {a.out}: expected a file in a writable folder")
     parts = [flag for flag, on in (("--links", a.links), ("--links-median", a.links_median)) if on]
-    if parts and (a.waits or a.engine or a.loss or a.llama or a.slices or len(parts) > 1):    # each returns before the others run
+    if parts and (a.waits or a.engine or a.loss or a.llama or a.slices or a.slack or len(parts) > 1):    # each returns before the others run
         ap.error(f"{parts[0]} runs on its own: expected it without another of --links, --links-median, --waits, "
-                 "--engine, --loss, --llama, --slices")
+                 "--engine, --loss, --llama, --slices, --slack")
     load_now = open('/proc/loadavg').read().split()[0]
     if a.links_median:
         for name, stat in (("fastest", min), ("median", statistics.median)):
@@ -201,13 +205,13 @@ def main(argv=None) -> int:
             console.print(f"4 ranks, the {name} try: α {p['alpha'] * 1e6:.0f} µs, {1e-9 / max(p['beta'], 1e-30):.2f} GB/s "
                           f"(load {load_now})")
         return 0
-    if a.waits or a.engine or a.loss or a.links or a.llama or a.slices:    # a part refitted into a file the rest of which is another processor's: refused
+    if a.waits or a.engine or a.loss or a.links or a.llama or a.slices or a.slack:    # a part refitted into a file the rest of which is another processor's: refused
         if not os.path.exists(a.out):
             ap.error(f"{a.out} does not exist: a partial refit updates a whole fit's file; run the whole fit first")
         if (there := fitted_on(a.out)) != this_cpu():
             ap.error(f"{a.out} was fitted on {there or 'a processor it does not name'}, this is {this_cpu()}: a partial "
                      "refit would mix two processors' terms; run the whole fit (python -m benchmarks.planner_fit)")
-    if a.waits or a.engine or a.loss or a.llama or a.slices:
+    if a.waits or a.engine or a.loss or a.llama or a.slices or a.slack:
         with open(a.out) as f:
             doc = json.load(f)
         if a.llama:
@@ -229,6 +233,8 @@ def main(argv=None) -> int:
             console.print(refit_engine(doc, LAYERS, a.ranks, f"python -m benchmarks.planner_fit --engine, load {load_now}"))
         if a.slices:
             console.print(refit_slices(doc, f"python -m benchmarks.planner_fit --slices, load {load_now}"))
+        if a.slack:
+            console.print(refit_slack(doc, f"python -m benchmarks.planner_fit --slack, load {load_now}"))
         write_fit(a.out, doc)
         return 0
     links = {str(n): link_fit(n) for n in (2, 4)}
@@ -271,6 +277,7 @@ def main(argv=None) -> int:
     llama = llama_fit(doc, a.ranks, a.quick)
     engine = refit_engine(doc, LAYERS, a.ranks, "python -m benchmarks.planner_fit")
     engine += "; " + refit_slices(doc, "python -m benchmarks.planner_fit")
+    engine += "; " + refit_slack(doc, "python -m benchmarks.planner_fit")
     write_fit(a.out, doc)
     console.print(f"peak {peak / 1e9:.1f} GFLOP/s per CPU second (squares {[round(r / 1e9, 1) for r in square]}, "
                   f"transformer-shaped {[round(r / 1e9, 1) for r in shaped]}), memory {bw / 1e9:.1f} GB/s, "

@@ -5,8 +5,11 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
     python -m benchmarks.planner_fit --engine       # refits these and the mappings into cpu_here.json (~2 min idle)
 
     alloc_slack     the DDP step's peak RSS at glibc's defaults minus the planner's count without
-                    slack (the ZeRO-1 engine step's likewise, recorded in engine_fit, not used:
-                    planner.host_memory.allocator_slack gives that engine the same slack)
+                    slack, the median over SLACK_LAUNCHES fresh interpreters (slack_fit: the slack is
+                    drawn at launch, benchmarks.planner_slack_seeds; the ranks of one interpreter
+                    share its forkserver's draw) (the ZeRO-1 engine step's, in one interpreter,
+                    recorded in engine_fit, not used: planner.host_memory.allocator_slack gives that
+                    engine the same slack)
     step_cpu        the DDP step's CPU seconds over the planner's sum of its parts at the
                     micro-benchmarks' rates, at the speed planner.probe reads just before (as a
                     row is predicted): what a step costs beyond its parts measured alone, one
@@ -25,6 +28,7 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     what makes it up is not measured apart: a time-sliced rank finds caches
                     another rank filled); up to 8 cores. Not in --engine:
     python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
+    python -m benchmarks.planner_fit --slack        # only alloc_slack, into the existing file (~2 min idle)
 
 The --engine terms are each the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
 to a third from one run to the next on a shared virtual machine, the slack by tens of MiB. The
@@ -40,6 +44,8 @@ import statistics
 from benchmarks.planner_fit_map import map_fit
 from benchmarks.planner_local import LOCAL_SW
 from benchmarks.planner_ranks import _rank     # the rows' own measurement, run at another shape
+from benchmarks.planner_slack_seeds import MB as SLACK_MB
+from benchmarks.planner_slack_seeds import launch
 from planner.hardware import at_speed, cpu_here
 from planner.host_memory import SLACK_CAL
 from planner.layout import Layout
@@ -51,6 +57,7 @@ from primitives.launch import spawn
 
 CAL = SLACK_CAL     # L 3, h 192, V 12288: the shape planner.host_memory scales the slack from
 SLICE_MAX_CORES = 8     # slice_fit runs 4C ranks at once
+SLACK_LAUNCHES = 8      # slack_fit's fresh interpreters: one launch's slack is one draw (38-73 MiB for gpt-mini here)
 
 
 def cpu_alone(lay: Layout, hw) -> float:
@@ -61,15 +68,15 @@ def cpu_alone(lay: Layout, hw) -> float:
 
 
 def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs: int = 5) -> dict:
-    """{mmap_s, map_layer, map_head, alloc_slack, the ZeRO-1 slack, zero3_module_s, step_cpu}, given
+    """{mmap_s, map_layer, map_head, the ZeRO-1 slack, zero3_module_s, step_cpu}, given
     the rest of the fit (`doc`, cpu_here.json's fields). planner.probe reads the speed of a CPU
     second before each measurement, as before a row, and every CPU-second term is stored at the
     fit's speed (× the reading), as the planner's at_speed divides it again. First the fresh
     mappings (map_fit, at `layers`, `ranks` processes); then benchmarks.planner_local's own
     measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
-    slack moves by tens of MiB from one run to the next, a step's CPU by up to a third): the DDP
-    step's peak minus the planner's live bytes for it (what glibc keeps beyond them at its
-    defaults), the same for the ZeRO-1 engine's step; the DDP step's CPU seconds over the
+    slack moves by tens of MiB from one run to the next, a step's CPU by up to a third): the ZeRO-1
+    engine step's peak minus the planner's live bytes for it (what glibc keeps beyond them at its
+    defaults; the DDP step's is slack_fit's, over fresh interpreters); the DDP step's CPU seconds over the
     planner's for it at the micro-benchmarks' rates (step_cpu); the CPU seconds ZeRO-3's step
     spends beyond ZeRO-1's and beyond the planner's own difference of the two at that step_cpu
     (the fresh mappings it counts, the collectives), per module fetch or release (its hooks,
@@ -92,7 +99,7 @@ def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs:
         maps = map_fit(layers, ranks)
         maps["mmap_s"] *= speed
         hw = cpu_here(2, fitted={**doc, **maps, "alloc_slack": 0.0, "step_cpu": 1.0, "zero3_module_s": 0.0})
-        pred, pred1 = (memory(CAL, CAL.seq, Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, hw) for z in (0, 1))
+        pred1 = memory(CAL, CAL.seq, Layout(2, 1, 1, zero=1, mb=mb), 2 * mb, hw)
         calls = 3 * (zero3_units(CAL, hw) * CAL.layers + 3)
         for _ in range(runs):
             speed = speed_now()
@@ -100,14 +107,35 @@ def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs:
             z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
             k = slowest(z0, "cpu") / cpu_alone(Layout(2, 1, 1, mb=mb), here)
             cpu1, cpu3 = (cpu_alone(Layout(2, 1, 1, zero=z, mb=mb), dataclasses.replace(here, step_cpu=k)) for z in (1, 3))
-            fits.append((max(0.0, slowest(z0, "peak") - (pred["total"] - pred["reserved"])),
-                         max(0.0, slowest(z1, "peak") - (pred1["total"] - pred1["reserved"])),
+            fits.append((max(0.0, slowest(z1, "peak") - (pred1["total"] - pred1["reserved"])),
                          max(0.0, slowest(z3, "cpu") - slowest(z1, "cpu") - (cpu3 - cpu1)) / calls * speed, k))
     finally:
         if probe is not None:
             probe.stop()
-    return {**maps, **dict(zip(("alloc_slack", "slack_zero", "zero3_module_s", "step_cpu"),
-                               (statistics.median(f[i] for f in fits) for i in range(4))))}
+    return {**maps, **dict(zip(("slack_zero", "zero3_module_s", "step_cpu"),
+                               (statistics.median(f[i] for f in fits) for i in range(3))))}
+
+
+def slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, list]:
+    """(alloc_slack, each launch's): CAL's DDP step, 2 ranks, 4 steps, the rows' own measurement
+    (benchmarks.planner_ranks._rank), in `launches` fresh interpreters (benchmarks.planner_slack_seeds
+    .launch, as Python starts by default: each its own string-hash seed and address layout, so its
+    own draw of the heap a step starts from; spawn's ranks fork from one forkserver per
+    interpreter, so runs within one interpreter draw once), each the larger rank's peak less the
+    planner's count without slack; the median."""
+    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0})
+    pred = memory(CAL, CAL.seq, Layout(2, 1, 1, mb=SLACK_MB), 2 * SLACK_MB, hw)
+    count = pred["total"] - pred["reserved"]
+    got = [max(0.0, launch(CAL.name, 4, "ranks", None) - count) for _ in range(launches)]
+    return statistics.median(got), got
+
+
+def refit_slack(doc: dict, how: str) -> str:
+    """Fit alloc_slack (slack_fit) into `doc`, each launch's slack beside it."""
+    k, got = slack_fit(doc)
+    doc.update(alloc_slack=k, slack_fit={"command": how, "launches": got})
+    return (f"allocator slack {k / 2**20:.1f} MiB, the median of {len(got)} launches "
+            f"({min(got) / 2**20:.1f}-{max(got) / 2**20:.1f})")
 
 
 def slice_fit(doc: dict, runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[float, list]:
@@ -145,7 +173,7 @@ def refit_engine(doc: dict, layers, ranks: int, how: str) -> str:
     slack_zero = eng.pop("slack_zero")
     doc.update(eng, engine_fit=f"{how}; the ZeRO-1 engine step's slack {slack_zero / 2**20:.1f} MiB (recorded; the "
                                "planner uses alloc_slack)")
-    return (f"allocator slack {doc['alloc_slack'] / 2**20:.0f} MiB (ZeRO-1/2 engine {slack_zero / 2**20:.0f}); "
+    return (f"the ZeRO-1 engine's slack {slack_zero / 2**20:.0f} MiB (one interpreter); "
             f"{map_line(doc)}; ZeRO-3 {doc['zero3_module_s'] * 1e3:.2f} ms CPU per module fetch/release; a step's CPU "
             f"{doc['step_cpu']:.2f}× its parts at the micro-benchmarks' rates")
 

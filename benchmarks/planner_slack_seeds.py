@@ -9,7 +9,7 @@ model of the shape (mb 4, AdamW at torch's defaults, `--steps` steps), the peak 
 the pre-model baseline as benchmarks.planner_local reads it (the largest step's):
   fixed   one process, no process group, started with PYTHONHASHSEED=k for k = 1..--seeds and
           the address space unrandomized (setarch -R), each twice: if the peak is the same twice,
-          the allocator's calls and their order are set by the seed and the addresses;
+          the allocator's calls and their order are set by the hash seed and the addresses;
   random  the same process as Python and Linux start it by default (--seeds launches);
   ranks   planner_local's own DDP row (2 ranks through primitives.launch.spawn) at seed 1,
           unrandomized, --seeds launches: what the ranks' threads and their timing add.

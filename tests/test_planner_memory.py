@@ -329,3 +329,21 @@ def test_a_fixed_hash_seed_and_address_layout_give_one_process_the_same_peak():
     from benchmarks.planner_slack_seeds import launch
     first, again = (launch("gpt-mini", 2, "alone", 1) for _ in range(2))
     assert abs(first - again) <= 2**20, (first, again)
+
+
+def test_the_slack_fit_is_the_median_launch_less_the_planners_count(monkeypatch):
+    """benchmarks.planner_fit_engine.slack_fit: each launch is a fresh interpreter of the calibration
+    shape's DDP row (its own draw of the slack); alloc_slack is the median of the launches' peaks
+    less the planner's count without slack, a launch under the count giving 0, not a negative slack."""
+    from benchmarks import planner_fit_engine as FE
+    hw = H.cpu_here(2)
+    pred = PM.memory(CAL, CAL.seq, Layout(2, 1, 1, mb=4), 8, replace(hw, alloc_slack=0.0))
+    count = pred["total"] - pred["reserved"]
+    peaks = iter([count + 60 * MiB, count - 5 * MiB, count + 40 * MiB, count + 90 * MiB, count + 50 * MiB])
+    calls = []
+    monkeypatch.setattr(FE, "launch", lambda shape, steps, mode, seed: calls.append((shape, steps, mode, seed)) or next(peaks))
+    doc = {"alloc_slack": hw.alloc_slack}
+    monkeypatch.setattr(FE, "cpu_here", lambda n, fitted: replace(hw, alloc_slack=fitted["alloc_slack"]))
+    got, each = FE.slack_fit(doc, launches=5)
+    assert calls == [(CAL.name, 4, "ranks", None)] * 5     # a random seed each, as Python starts
+    assert each == pytest.approx([60 * MiB, 0.0, 40 * MiB, 90 * MiB, 50 * MiB]) and got == pytest.approx(50 * MiB)
