@@ -99,7 +99,7 @@ H100 = Hardware(
 BUILTIN = {h.name: h for h in (A100, A100_40G, H100)}
 
 
-RECORDS = ("wait_fit", "engine_fit", "slice_fit", "cpu")     # how and where a fitted file's terms were fitted, not fields
+RECORDS = ("wait_fit", "engine_fit", "slice_fit", "slack_fit", "cpu")     # how and where a fitted file's terms were fitted, not fields
 
 
 def _from_dict(d: dict) -> Hardware:
