@@ -1,7 +1,7 @@
 """Fit the planner's `cpu-here` hardware file on this machine: the rates of a core's work, each
 from a micro-benchmark at calibration shapes that no row of benchmarks.planner_local runs.
 
-    python -m benchmarks.planner_fit                 # writes planner/cpus/PROCESSOR/cpu_here.json (~4 min idle)
+    python -m benchmarks.planner_fit                 # writes planner/cpus/PROCESSOR/cpu_here.json (its parts' times below)
     python -m benchmarks.planner_fit --out /tmp/cpu.json --quick
 
 Every rate is CPU time (time.thread_time, one thread, fp32), not wall time: the work a step
@@ -71,7 +71,7 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   keeps this processor's whole fit, with its rows
     python -m benchmarks.planner_fit --waits         # only wait_s, into the existing file (~1 min)
     python -m benchmarks.planner_fit --links-median  # the 4-rank link on its fastest and its median try, printed
-    python -m benchmarks.planner_fit --engine        # only the mappings and the whole-step terms (~2 min)
+    python -m benchmarks.planner_fit --engine        # only the mappings, step_cpu and zero3_module_s (~2 min)
     python -m benchmarks.planner_fit --loss          # only vp_loss_s, into the existing file (~10 s)
     slice_cpu                     a rank's CPU seconds per step once the ranks outnumber the cores
                                   (benchmarks.planner_fit_engine.slice_fit)

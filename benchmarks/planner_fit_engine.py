@@ -2,14 +2,8 @@
 measurement (benchmarks.planner_ranks) at a calibration shape, CAL, that no row of
 benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.planner_fit_map).
 
-    python -m benchmarks.planner_fit --engine       # refits these and the mappings into cpu_here.json (~2 min idle)
+    python -m benchmarks.planner_fit --engine       # refits step_cpu, zero3_module_s and the mappings (~2 min idle)
 
-    alloc_slack     the DDP step's peak RSS at glibc's defaults minus the planner's count without
-                    slack, the median over SLACK_LAUNCHES fresh interpreters (slack_fit: the slack is
-                    drawn at launch, benchmarks.planner_slack_seeds; the ranks of one interpreter
-                    share its forkserver's draw) (the ZeRO-1 engine step's, in one interpreter,
-                    recorded in engine_fit, not used: planner.host_memory.allocator_slack gives that
-                    engine the same slack)
     step_cpu        the DDP step's CPU seconds over the planner's sum of its parts at the
                     micro-benchmarks' rates, at the speed planner.probe reads just before (as a
                     row is predicted): what a step costs beyond its parts measured alone, one
@@ -26,12 +20,18 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
     slice_cpu       how a rank's CPU seconds per step grow once the ranks outnumber the cores C: the
                     DDP step on C, 2C and 4C ranks, each over the planner's CPU for it (slice_fit;
                     what makes it up is not measured apart: a time-sliced rank finds caches
-                    another rank filled); up to 8 cores. Not in --engine:
+                    another rank filled); up to 8 cores.
+    alloc_slack     the DDP step's peak RSS at glibc's defaults minus the planner's count without
+                    slack, the median over SLACK_LAUNCHES fresh interpreters (slack_fit: the slack is
+                    drawn at launch, benchmarks.planner_slack_seeds; the ranks of one interpreter
+                    share its forkserver's draw). The ZeRO-1 engine step's slack, in one
+                    interpreter, is recorded by --engine, not used (planner.host_memory.allocator_slack
+                    gives that engine the same slack). Neither is in --engine:
     python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
     python -m benchmarks.planner_fit --slack        # only alloc_slack, into the existing file (~2 min idle)
 
 The --engine terms are each the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
-to a third from one run to the next on a shared virtual machine, the slack by tens of MiB. The
+to a third from one run to the next on a shared virtual machine. The
 probe reads the speed of a CPU second before the mappings' fit and before each run, and CPU-second
 terms are stored at the fit's speed (× that reading; the planner's at_speed divides by a row's).
 """

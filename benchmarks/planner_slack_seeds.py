@@ -20,7 +20,6 @@ Cost: 4 × --seeds launches of --steps steps (2 ranks in the last set).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -36,11 +35,13 @@ from planner.hardware import cpu_here
 from planner.host_memory import SLACK_CAL
 from planner.layout import Layout
 from planner.memory import memory
+from planner.model import Model
 from primitives.launch import spawn
 from primitives.log import console
 from rich.table import Table
 
 MiB = 2**20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository: the launches import from it
 MODELS = {m.name: m for m in (*SHAPES, SLACK_CAL)}
 MB = 4
 
@@ -48,7 +49,7 @@ MB = 4
 def _alone(m, steps: int) -> list[int]:
     """One process: planner_ranks._warm's warm-up without its collective and speed reader, then the steps."""
     torch.set_num_threads(1)
-    warm = Net(dataclasses.replace(m, name="warm", layers=1, hidden=64, vocab=64, seq=16, positions=16))
+    warm = Net(Model("warm", 1, 64, 4, 64, 16, positions=16))     # planner_ranks._warm's
     wopt = torch.optim.AdamW(warm.parameters())
     warm(torch.zeros(1, 16, dtype=torch.long)).sum().backward()
     wopt.step()
@@ -73,14 +74,15 @@ def launch(shape: str, steps: int, mode: str, seed: int | None) -> int:
     """One fresh interpreter's peak (bytes; the larger rank's in mode ranks); with a seed, its
     PYTHONHASHSEED and an unrandomized address space, else Python's and Linux's defaults."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])])
     fixed = []
     if seed is not None:
         env["PYTHONHASHSEED"] = str(seed)
         fixed = ["setarch", platform.machine(), "-R"]
     cmd = [*fixed, sys.executable, "-m", "benchmarks.planner_slack_seeds", "--child", mode, "--shape", shape, "--steps", str(steps)]
-    got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    got = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if got.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} (PYTHONHASHSEED={seed}) exited {got.returncode}:\n{got.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} (PYTHONHASHSEED={seed if seed is not None else 'random'}) exited {got.returncode}:\n{got.stderr[-2000:]}")
     return json.loads(got.stdout.strip().splitlines()[-1])["peak"]
 
 
