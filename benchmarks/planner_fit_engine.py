@@ -28,7 +28,7 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     interpreter, is recorded by --engine, not used (planner.host_memory.allocator_slack
                     gives that engine the same slack). Neither is in --engine:
     python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
-    python -m benchmarks.planner_fit --slack        # only alloc_slack, into the existing file (~2 min idle)
+    python -m benchmarks.planner_fit --slack        # only alloc_slack and pipe_slack, into the existing file (~5 min idle)
 
 The --engine terms are each the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
 to a third from one run to the next on a shared virtual machine. The
@@ -47,7 +47,7 @@ from benchmarks.planner_ranks import _rank     # the rows' own measurement, run 
 from benchmarks.planner_slack_seeds import MB as SLACK_MB
 from benchmarks.planner_slack_seeds import launch
 from planner.hardware import at_speed, cpu_here
-from planner.host_memory import SLACK_CAL
+from planner.host_memory import PIPE_CAL, SLACK_CAL, largest_freed
 from planner.layout import Layout
 from planner.memory import memory
 from planner.plan import predict_layout
@@ -125,17 +125,34 @@ def slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, list]:
     planner's count without slack; the median."""
     hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0})
     pred = memory(CAL, CAL.seq, Layout(2, 1, 1, mb=SLACK_MB), 2 * SLACK_MB, hw)
-    count = pred["total"] - pred["reserved"]
+    count = pred["total"] - pred["reserved"] - pred["allocator"]
     got = [max(0.0, launch(CAL.name, 4, "ranks", None) - count) for _ in range(launches)]
     return statistics.median(got), got
 
 
+def pipe_slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, list]:
+    """(pipe_slack, each launch's slack): PIPE_CAL through the pipeline engine (planner_ranks._pp_rank:
+    pp 2, mb 2, 4 micro-batches, 4 steps), in `launches` fresh interpreters as slack_fit's, each the
+    larger rank's peak less the planner's count of its heavier stage without slack; the median over
+    that stage's largest freed block (planner.host_memory.largest_freed): bytes kept per byte of it."""
+    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "pipe_slack": 0.0})
+    lay = Layout(1, 1, 2, mb=2)
+    pred = memory(PIPE_CAL, PIPE_CAL.seq, lay, 8, hw)
+    count = pred["total"] - pred["reserved"] - pred["allocator"]
+    kinds = {"activations": 1.0, "logit_grads": 1.0 if pred["stage"] == "last" else 0.0, "ends": 1.0}
+    got = [max(0.0, launch(PIPE_CAL.name, 4, "pipe", None) - count) for _ in range(launches)]
+    return statistics.median(got) / largest_freed(PIPE_CAL, lay, PIPE_CAL.seq, kinds), got
+
+
 def refit_slack(doc: dict, how: str) -> str:
-    """Fit alloc_slack (slack_fit) into `doc`, each launch's slack beside it."""
+    """Fit alloc_slack (slack_fit) and pipe_slack (pipe_slack_fit) into `doc`, each launch's slack beside them."""
     k, got = slack_fit(doc)
-    doc.update(alloc_slack=k, slack_fit={"command": how, "launches": got})
+    doc.update(alloc_slack=k)
+    pipe, piped = pipe_slack_fit(doc)
+    doc.update(pipe_slack=pipe, slack_fit={"command": how, "launches": got, "pipe_launches": piped})
     return (f"allocator slack {k / 2**20:.1f} MiB, the median of {len(got)} launches "
-            f"({min(got) / 2**20:.1f}-{max(got) / 2**20:.1f})")
+            f"({min(got) / 2**20:.1f}-{max(got) / 2**20:.1f}); a pipeline stage's {pipe:.2f} bytes per byte of its "
+            f"largest freed block ({min(piped) / 2**20:.1f}-{max(piped) / 2**20:.1f} MiB over {len(piped)} launches)")
 
 
 def slice_fit(doc: dict, runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[float, list]:

@@ -5,6 +5,7 @@
     python -m benchmarks.planner_local --quick       # one shape DDP, 3 steps (unless --steps)
     python -m benchmarks.planner_local --only pp2 --json rows.json      # some rows; the rows as JSON
     python -m benchmarks.planner_local --repredict rows.json            # those rows predicted again, nothing run
+    python -m benchmarks.planner_local --runs a.json b.json c.json      # several runs predicted again, memory at their median
 
 Each shape is planner.model.Model built in torch (token + position embeddings, pre-norm
 nn.TransformerEncoderLayer × L, a tied output layer: the planner's parameter count exactly), fp32,
@@ -80,53 +81,18 @@ from dataclasses import replace
 from rich.table import Table
 
 from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
-from benchmarks.planner_ranks import SHAPES, _llama_pp_rank, _pp_rank, _rank, llama_planner_model
-from benchmarks.planner_ranks_tp import _tp_pp_rank, _tp_rank, distilbert_planner_model
+from benchmarks.planner_rows import LOCAL_SW, TUNED, over_runs, predicted, repredict, row_speed, runs  # noqa: F401 (LOCAL_SW, TUNED: the rows' names, read from here)
 from planner import hardware as H
 from planner.hosts import fitted_on, this_cpu
-from planner.layout import Layout
 from planner.plan import predict_layout
 from planner.probe import Probe, Sleeper, in_own_session, read_for
 from planner.cpu_host import cpu_stretch
-from planner.steptime import Software
 from primitives.engine.cost import Params
 from primitives.launch import spawn
 from primitives.log import console
 from zero_from_scratch.engine.atomic import atomic_write
 
-TUNED = "(malloc 64K)"
 PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row and after it
-LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
-
-
-def runs(quick: bool, steps: int, mb: int = 4):
-    """(model, layout label, Layout, global batch, rank function, its args) of every row."""
-    small, mid = SHAPES
-    out = [(small, f"dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank, (small, mb, steps, None))]
-    if quick:
-        return out
-    out.append((mid, f"dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank, (mid, mb, steps, None)))
-    out += [(small, f"dp2 Z{z} (engine) mb{mb}", Layout(2, 1, 1, zero=z, mb=mb), 2 * mb, _rank, (small, mb, steps, z))
-            for z in (1, 2, 3)]
-    out.append((small, f"dp2 Z1+off (engine) mb{mb}", Layout(2, 1, 1, zero=1, offload=True, mb=mb), 2 * mb, _rank,
-                (small, mb, steps, 1, False, True)))
-    out.append((small, "pp2 1F1B m4 mb2 (engine)", Layout(1, 1, 2, mb=2), 8, _pp_rank, (small, 2, 4, steps)))
-    out.append((small, "pp2·dp2 1F1B m4 mb2 (engine)", Layout(2, 1, 2, mb=2), 16, _pp_rank, (small, 2, 4, steps)))
-    distil = distilbert_planner_model("distil-mini", 4, 256, 4, 8192, 128)
-    out += [(distil, f"{'dp2·' if dp > 1 else ''}tp2 mb{mb} (parallelize, HF DistilBERT)", Layout(dp, 2, 1, mb=mb), dp * mb,
-             _tp_rank, (distil, 2, mb, steps)) for dp in (1, 2)]
-    untied = replace(distil, name="distil-mini (untied)", tied=False)   # the last stage's own output layer, as built
-    out += [(untied, f"{'dp2·' if dp > 1 else ''}pp2·tp2 1F1B m4 mb2 (engine + parallelize, HF DistilBERT)",
-             Layout(dp, 2, 2, mb=2), 8 * dp, _tp_pp_rank, (untied, 2, 2, 4, steps)) for dp in (1, 2)]
-    for preset in ("tiny", "small"):     # pipeline_parallel/models/llama.py's presets, HF's decoder layer
-        lm = llama_planner_model(preset, 128)
-        out.append((lm, "pp2 1F1B m4 mb2 (engine, HF llama)", Layout(1, 1, 2, mb=2), 8, _llama_pp_rank,
-                    (preset, 128, 2, 4, steps)))
-    out.append((small, f"dp2 Z0 (torch) mb{mb} {TUNED}", Layout(2, 1, 1, mb=mb), 2 * mb, _rank,
-                (small, mb, steps, None, True)))
-    if not two_nodes_possible():
-        out.append((small, f"2 nodes × 1: dp2 Z0 (torch) mb{mb}", Layout(2, 1, 1, mb=mb), 2 * mb, on_two_nodes, (0, mb, steps)))
-    return out
 
 
 def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
@@ -153,49 +119,6 @@ def in_row_speed(got: list[dict], fitted_rate: float) -> float | None:
     after the last, over the fit's rate; None where the ranks read none."""
     rates = [x for g in got for x in g.get("rates", [])[1:]]
     return statistics.harmonic_mean(rates) / fitted_rate if rates else None
-
-
-def row_speed(before: float, after: float | None) -> float:
-    """The speed of a CPU second over a row from the probe alone: the harmonic mean of the readings
-    before and after it (the reading before alone where none was taken after)."""
-    return before if not after else 2.0 / (1.0 / before + 1.0 / after)
-
-
-def predicted(m, label, lay, batch, nodes: bool, load: float, wake: float, speed: float):
-    """(hw, sw, prediction) of one row from the probe's reading: the load (other runnable tasks),
-    the woken share, the speed of a CPU second over the fit's."""
-    hw = H.at_speed(replace(H.cpu_here(lay.gpus), load=load, wake_share=wake), speed)
-    hw = replace(hw, gpus_per_node=1) if nodes else hw
-    sw = replace(LOCAL_SW, mapped_alloc=label.endswith(TUNED))   # the tuned row maps every large block
-    return hw, sw, predict_layout(m, m.seq, lay, batch, hw, sw)
-
-
-def repredict(path: str) -> None:
-    """Each row of a --json file predicted again by this checkout's planner and its processor's fit from
-    the readings the run recorded (the load and woken share before it, the speed over the row: `row_speed`,
-    else the probe's before and after), beside the run's own error; the measurements are the run's."""
-    spec = {f"{m.name} {label}": (m, label, lay, batch, fn) for m, label, lay, batch, fn, _ in runs(False, 4)}
-    t = Table(title=f"{path}: error then → now, %")
-    for c in ("row", "load", "step", "memory"):
-        t.add_column(c, justify="right")
-    with open(path) as f:
-        rows = json.load(f)
-    rate, here = (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency, fitted_on(H.CPU_HERE)   # a speed is over a fit's rate
-    if other := sorted({str(r.get("cpu")) for r in rows if r.get("cpu") != here or "rate" not in r.get("fit", {})}):
-        raise SystemExit(f"--repredict {path}: rows measured on {', '.join(other)} (None: rows that do not name it and their "
-                         f"fit's rate; rerun them), the fit read here ({H.CPU_HERE}) is {here}'s: a processor's measurements "
-                         "are predicted with its own fit")
-    now = []
-    for r in rows:
-        m, label, lay, batch, fn = spec[f"{r['model']} {r['layout']}"]
-        speed = (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / rate
-        p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], speed)[2]
-        now.append((p.time["total"] / r["step_meas"] - 1, (p.memory["total"] - p.memory["reserved"]) / r["mem_meas"] - 1))
-        t.add_row(f"{r['model']} {label}", f"{r['load']:.1f}", f"{r['step_pred'] / r['step_meas'] - 1:+.0%} → {now[-1][0]:+.0%}",
-                  f"{r['mem_pred'] / r['mem_meas'] - 1:+.0%} → {now[-1][1]:+.0%}")
-    console.print(t)
-    console.print(f"median |error| now: step time {statistics.median(abs(x) for x, _ in now):.0%}, "
-                  f"memory {statistics.median(abs(y) for _, y in now):.0%}")
 
 
 def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
@@ -252,7 +175,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows (predicted terms, measured) to this file")
     ap.add_argument("--only", default="", help="rows whose layout label contains this text (e.g. pp2, Z3)")
     ap.add_argument("--repredict", metavar="JSON", help="run nothing: predict a --json file's rows again (this planner)")
+    ap.add_argument("--runs", metavar="JSON", nargs="+", help="run nothing: several --json files' rows predicted again, "
+                    "memory also against the median of their measurements")
     a = ap.parse_args(argv)
+    if a.runs:
+        if bad := [p for p in a.runs if not os.path.isfile(p)]:
+            ap.error(f"--runs {' '.join(bad)}: no such file (--json files of earlier runs)")
+        over_runs(a.runs)
+        return 0
     if a.repredict:
         if not os.path.isfile(a.repredict):
             ap.error(f"--repredict {a.repredict}: no such file (a --json file of an earlier run)")

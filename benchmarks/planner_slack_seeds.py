@@ -30,9 +30,9 @@ import sys
 
 import torch
 
-from benchmarks.planner_ranks import SHAPES, Net, _rank, _reset_peak, _vm
+from benchmarks.planner_ranks import SHAPES, Net, _pp_rank, _rank, _reset_peak, _vm
 from planner.hardware import cpu_here
-from planner.host_memory import SLACK_CAL
+from planner.host_memory import PIPE_CAL, SLACK_CAL
 from planner.layout import Layout
 from planner.memory import memory
 from planner.model import Model
@@ -42,7 +42,7 @@ from rich.table import Table
 
 MiB = 2**20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository: the launches import from it
-MODELS = {m.name: m for m in (*SHAPES, SLACK_CAL)}
+MODELS = {m.name: m for m in (*SHAPES, SLACK_CAL, PIPE_CAL)}
 MB = 4
 
 
@@ -70,16 +70,18 @@ def _alone(m, steps: int) -> list[int]:
     return peaks
 
 
-def launch(shape: str, steps: int, mode: str, seed: int | None) -> int:
-    """One fresh interpreter's peak (bytes; the larger rank's in mode ranks); with a seed, its
-    PYTHONHASHSEED and an unrandomized address space, else Python's and Linux's defaults."""
+def launch(shape: str, steps: int, mode: str, seed: int | None, module: str = "benchmarks.planner_slack_seeds",
+           extra: tuple = ()) -> int:
+    """One fresh interpreter's peak (bytes; the larger rank's in modes ranks and pipe) from `module`'s
+    child mode; with a seed, its PYTHONHASHSEED and an unrandomized address space, else Python's and
+    Linux's defaults."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])])
     fixed = []
     if seed is not None:
         env["PYTHONHASHSEED"] = str(seed)
         fixed = ["setarch", platform.machine(), "-R"]
-    cmd = [*fixed, sys.executable, "-m", "benchmarks.planner_slack_seeds", "--child", mode, "--shape", shape, "--steps", str(steps)]
+    cmd = [*fixed, sys.executable, "-m", module, "--child", mode, "--shape", shape, "--steps", str(steps), *extra]
     got = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if got.returncode:
         raise RuntimeError(f"{' '.join(cmd)} (PYTHONHASHSEED={seed if seed is not None else 'random'}) exited {got.returncode}:\n{got.stderr[-2000:]}")
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=8, help="hash seeds 1..N, N random launches, N ranks launches (default 8)")
     ap.add_argument("--steps", type=int, default=4, help="steps per launch; its peak is the largest step's "
                     "(default 4, planner_local's)")
-    ap.add_argument("--child", choices=("alone", "ranks"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("alone", "ranks", "pipe"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.seeds < 1 or a.steps < 1:
         ap.error(f"--seeds {a.seeds} --steps {a.steps}: expected positive counts")
@@ -116,8 +118,9 @@ def main(argv=None) -> int:
     if a.child == "alone":
         print(json.dumps({"peak": max(_alone(m, a.steps))}))
         return 0
-    if a.child == "ranks":
-        got = spawn(_rank, 2, args=(m, MB, a.steps, None), timeout=900)
+    if a.child in ("ranks", "pipe"):
+        got = (spawn(_rank, 2, args=(m, MB, a.steps, None), timeout=900) if a.child == "ranks"
+               else spawn(_pp_rank, 2, args=(m, 2, 4, a.steps), timeout=900))
         print(json.dumps({"peak": max(g["peak"] for g in got)}))
         return 0
     if shutil.which("setarch") is None:

@@ -70,6 +70,8 @@ class Hardware:
                                  # fitted by benchmarks.planner_fit --waits)
     alloc_slack: float = 0.0     # bytes the host allocator keeps resident beyond live tensors at its
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
+    pipe_slack: float = 0.0      # bytes a pipeline stage's heap keeps per byte of its largest freed block (0: no fit;
+                                 # planner.host_memory.allocator_slack)
     mmap_s: float = 0.0          # CPU seconds per byte first touched in a freshly mapped block (page fault, mmap/munmap)
     map_layer: float = 0.0       # bytes a layer's forward + backward touches afresh per byte it saves, and the top per
     map_head: float = 0.0        # logit byte, when every large block is mapped (benchmarks.planner_fit_map)

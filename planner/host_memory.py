@@ -13,8 +13,8 @@ import json
 import os
 
 from planner.hosts import check_cpu, fitted_path
+from planner.layout import Layout
 from planner.model import Model
-from zero_from_scratch.engine.ledger import model_state_bytes
 
 CPU_MEM = fitted_path("cpu_mem.json")     # this processor's (benchmarks.planner_mem_probe), else the shipped one
 SLACK_CAL = Model("gpt-cal", 3, 192, 4, 12288, 128, positions=128)   # benchmarks.planner_fit_engine's calibration shape (CAL)
@@ -60,7 +60,24 @@ def runtime_bytes(model) -> float:
     return float(got["file"] + got["anon"]) if got else 0.0
 
 
-def allocator_slack(model, lay, seq: int, stage: dict, blocks: dict, hw) -> float:
+def largest_freed(model, lay, seq: int, blocks: dict) -> float:
+    """The largest single block a stage's step frees that glibc may keep in its heap (below
+    GLIBC_MMAP_MAX), of the kinds the stage has: a layer's widest activation (b·s·f/t), the loss's
+    logits (b·s·V/t, the last stage), an end matrix (V·h/t: the embedding's or the head's weight,
+    its gradient, Adam's temporaries of its size); 0 when none is below."""
+    b, t = seq * lay.mb, lay.tp
+    one = [4 * b * model.f / t if blocks.get("activations") else 0.0,
+           4 * b * model.vocab / t if blocks.get("logit_grads") else 0.0,
+           4 * model.vocab * model.hidden / t if blocks.get("ends") else 0.0]
+    return max((x for x in one if x < GLIBC_MMAP_MAX), default=0.0)
+
+
+SLACK_CAL_MB = 4        # SLACK_CAL's micro-batch in its DDP step (benchmarks.planner_fit_engine.slack_fit)
+CAL_BLOCKS = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}       # that step's kinds: all of them
+PIPE_CAL = Model("gpt-pcal", 4, 256, 4, 16000, 128, positions=128)    # pipe_slack's shape: pp 2, mb 2, 4 micro-batches
+
+
+def allocator_slack(model, lay, seq: int, blocks: dict, hw) -> float:
     """Bytes glibc keeps resident beyond the live tensors at its defaults: free chunks below the
     heap's highest point in a step (benchmarks.planner_slack_replay). Torch asks for every tensor
     with posix_memalign (64 bytes); glibc's memalign takes size + alignment + MINSIZE from its bins
@@ -72,13 +89,21 @@ def allocator_slack(model, lay, seq: int, stage: dict, blocks: dict, hw) -> floa
     raised first llama-small's keep none), and that heap is set at launch (planner_slack_seeds:
     one process with PYTHONHASHSEED and its address layout fixed keeps the same slack twice; as
     Python starts it, gpt-mini's 4-step slack is 38-73 MiB from launch to launch), so the rule is
-    measured per layer family and is at best the slack's middle:
-      torch's layer (and DistilBERT's, not fitted apart): hw.alloc_slack, fitted on SLACK_CAL's DDP
-        step by benchmarks.planner_fit_engine, scaled by the stage's model-state bytes over the
-        calibration step's, never above it; gpt-mini's slack moves little with the micro-batch (dp2
-        59 to 81 MiB from micro-batch 2 to 8, pp2 56 to 45: planner_slack --mb N), DistilBERT tp2's
-        grows (24 to 70). zero_from_scratch's ZeRO-1/2 engine keeps the DDP step's (41-78 MiB on
-        SLACK_CAL where DDP kept 31-81).
+    measured per layer family and engine and is at best the slack's middle:
+      torch's layer (and DistilBERT's, not fitted apart), one micro-batch a step (DDP, ZeRO-1/2, tp):
+        hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, moved one
+        for one by the difference of S, the largest block the step frees below glibc's mmap
+        ceiling (largest_freed), from the calibration step's: an empirical line, not glibc's
+        mechanism (the slack is holes within the heap, not its untrimmed top: planner_slack
+        --risen keeps it with the trim threshold at its default), its slope chosen on
+        planner_local's rows (twice the difference left DistilBERT dp2·tp2 11 % short) and checked
+        at other vocabularies by benchmarks.planner_slack_across. zero_from_scratch's ZeRO-1/2
+        engine keeps the DDP step's (41-78 MiB on SLACK_CAL where DDP kept 31-81).
+      a pipeline stage of that layer (pp > 1): hw.pipe_slack bytes per byte of S, fitted on
+        PIPE_CAL's pipeline (benchmarks.planner_fit_engine.pipe_slack_fit): a stage runs its
+        micro-batches' forwards and backwards between its sends and receives and keeps more than
+        the one-micro-batch step at the same S (planner_slack_across: the ratio at 2, 4 and 8
+        micro-batches and at other vocabularies). Without the fit, the rule above.
       Hugging Face's llama layer: the slack grows with the micro-batch at fixed model states and
         with the vocabulary at fixed activations: some of the blocks of each size a step frees stay
         as holes. So it is a sum over the stage's blocks (`blocks`, bytes): its activations, the
@@ -99,6 +124,8 @@ def allocator_slack(model, lay, seq: int, stage: dict, blocks: dict, hw) -> floa
         b, h, V, t = seq * lay.mb, model.hidden, model.vocab, lay.tp
         one = {"activations": 4 * b * h, "logit_grads": 4 * b * V / t, "ends": 4 * V * h / t}    # one block of each kind
         return sum(fitted[k] * blocks[k] for k in SLACK_BLOCKS if one[k] < GLIBC_MMAP_MAX)
-    cal = model_state_bytes(0, SLACK_CAL.params(), 2, False)     # its 2 ranks, fp32
-    here = stage["params"] + stage["grads"] + stage["optimizer"]
-    return hw.alloc_slack * min(1.0, here / sum(cal.values()))
+    big = largest_freed(model, lay, seq, blocks)
+    if lay.pp > 1 and hw.pipe_slack:
+        return hw.pipe_slack * big
+    cal = largest_freed(SLACK_CAL, Layout(2, 1, 1, mb=SLACK_CAL_MB), SLACK_CAL.seq, CAL_BLOCKS)
+    return max(0.0, hw.alloc_slack + big - cal)

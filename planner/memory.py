@@ -266,9 +266,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         (engine/prefetch.py), so the pool holds 4·min(Ψ, ZERO3_MAX_LIVE) bytes at the peak.
     Runtime: what the first steps map beside the tensors, per layer family (runtime_bytes: kernel
     code pages, the runtime's small blocks), probed once on this machine.
-    Allocator: what glibc keeps resident beyond the live tensors at its defaults (allocator_slack:
-    the calibrated slack scaled by the stage's model states; llama's per byte of its freed blocks);
-    nothing when large blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
+    Allocator: glibc's slack at its defaults, per layer family and engine (allocator_slack); nothing
+    when large blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
     best = None
     for stage in ("first", "last"):
@@ -295,6 +294,6 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
             work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
         out["runtime"] = runtime_bytes(model)
         blocks = {"activations": acts, "logit_grads": transient, "ends": 4 * end_params(model, lay, stage)}
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, lay, seq, out, blocks, hw)
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, lay, seq, blocks, hw)
         best = _heavier(best, out, work, hw, stage)
     return best

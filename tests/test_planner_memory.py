@@ -1,5 +1,5 @@
 """planner.memory's terms for this machine's CPU ranks beyond the live tensors: the runtime's pages
-per layer family (probed once) and glibc's slack scaled from its calibration; the parts
+per layer family (probed once) and glibc's slack moved from its calibrations; the parts
 benchmarks.planner_mem splits a measured peak into. No rank runs here (the measurements are
 `python -m benchmarks.planner_mem` and `python -m benchmarks.planner_mem_probe`)."""
 import json
@@ -57,22 +57,38 @@ def test_slack_calibration_shape_is_planner_fits():
     assert HM.SLACK_CAL == CAL
 
 
-def test_slack_scales_with_the_stages_model_states_up_to_the_calibrated_bytes(probed):
-    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB)
-    cal = PM._states(Layout(2, 1, 1), CAL.params(), False)
-    assert HM.allocator_slack(GPT, Layout(2, 1, 1), 128, cal, {}, hw) == pytest.approx(50.0 * MiB)       # the calibration step itself
-    half = {k: v / 2 for k, v in cal.items()}
-    assert HM.allocator_slack(GPT, Layout(1, 1, 2), 128, half, {}, hw) == pytest.approx(25.0 * MiB)
-    double = {k: v * 2 for k, v in cal.items()}
-    assert HM.allocator_slack(GPT, Layout(2, 1, 1), 128, double, {}, hw) == pytest.approx(50.0 * MiB)    # never above the calibration
-    # zero_from_scratch's ZeRO-1/2 engine keeps the same slack, scaled by its sharded states
-    z1 = PM._states(Layout(2, 1, 1, zero=1), CAL.params(), False)
-    assert HM.allocator_slack(GPT, Layout(2, 1, 1, zero=1), 128, z1, {}, hw) == pytest.approx(50.0 * MiB * sum(z1.values()) / sum(cal.values()))
-    # a family without a probed factor keeps the states rule: llama tiny, 1/40 the calibration's states
+def test_slack_moves_with_the_largest_freed_block_from_the_calibrations(probed):
+    """One micro-batch a step (DDP, ZeRO-1/2, tp): the calibrated slack plus S − S_cal, S the
+    largest block the step frees below glibc's 32 MiB mmap ceiling; never below 0; the same for
+    the ZeRO-1 engine."""
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=0.0)
+    assert HM.allocator_slack(CAL, Layout(2, 1, 1, mb=4), 128, HM.CAL_BLOCKS, hw) == pytest.approx(50.0 * MiB)  # the calibration step
+    assert HM.largest_freed(CAL, Layout(2, 1, 1, mb=4), 128, HM.CAL_BLOCKS) == 4 * 4 * 128 * CAL.vocab      # its logits, 24 MiB
+    ddp = PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, hw)        # gpt-mini's logits: 16 MiB
+    assert ddp["allocator"] == pytest.approx(50.0 * MiB + (16 - 24) * MiB)
+    assert PM.memory(GPT, 128, Layout(2, 1, 1, zero=1, mb=4), 8, hw)["allocator"] == ddp["allocator"]
+    tp = PM.memory(GPT, 128, Layout(1, 2, 1, mb=4), 4, hw)         # the vocabulary split: 8 MiB of logits per rank
+    assert tp["allocator"] == pytest.approx(50.0 * MiB + (8 - 24) * MiB)
+    wide = replace(GPT, hidden=384, heads=6, vocab=16384)          # logits 32 MiB, always mapped: its ends (24 MiB) count
+    assert PM.memory(wide, 128, Layout(2, 1, 1, mb=4), 8, hw)["allocator"] == pytest.approx(50.0 * MiB)
+    assert PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, replace(hw, alloc_slack=5.0 * MiB))["allocator"] == 0.0
+
+
+def test_a_pipeline_stage_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_block(probed):
+    """pp > 1 with pipe_slack fitted: pipe_slack × S of the heavier stage (the last: its logits);
+    the first stage's S is its embedding; without the fit, the one-micro-batch rule."""
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0)
+    lay = Layout(1, 1, 2, mb=2)
+    last = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}
+    assert HM.allocator_slack(GPT, lay, 128, last, hw) == pytest.approx(5.0 * 8 * MiB)    # logits and ends: 8 MiB each
+    small_v = replace(GPT, vocab=2048)        # logits 2 MiB, ends 2 MiB: the FFN's b·s·4h, 1 MiB, is below them
+    assert HM.allocator_slack(small_v, lay, 128, last, hw) == pytest.approx(5.0 * 2 * MiB)
+    first = {"activations": 1.0, "logit_grads": 0.0, "ends": 1.0}
+    assert HM.largest_freed(replace(GPT, vocab=1024), lay, 128, first) == 4 * 2 * 128 * 1024      # the FFN's block, 1 MiB
+    assert HM.allocator_slack(GPT, lay, 128, last, replace(hw, pipe_slack=0.0)) == pytest.approx(50.0 * MiB + (8 - 24) * MiB)
+    # llama tiny without probed factors: the torch rule (its blocks are small, so 0 here)
     tiny = llama_planner_model("tiny", 128)
-    mem = PM.memory(tiny, 128, Layout(1, 1, 2, mb=2), 8, replace(H.cpu_here(2), alloc_slack=55.0 * MiB))
-    states = mem["params"] + mem["grads"] + mem["optimizer"]
-    assert mem["allocator"] == pytest.approx(55.0 * MiB * states / sum(cal.values())) and mem["allocator"] < 2 * MiB
+    assert PM.memory(tiny, 128, lay, 8, replace(hw, pipe_slack=5.0))["allocator"] < 2 * MiB
 
 
 def test_llama_slack_is_its_factors_times_the_stages_freed_blocks(probed):
@@ -95,8 +111,7 @@ def test_llama_slack_is_its_factors_times_the_stages_freed_blocks(probed):
     whole = PM.memory(small, 128, Layout(1, 1, 1, mb=2), 2, hw)
     ends = 4 * (small.vocab * small.hidden * 2 + small.hidden)       # embedding, untied head, final norm
     assert whole["allocator"] == pytest.approx(0.5 * whole["activations"] + 2.0 * 2 * 4 * 2 * 128 * small.vocab + 3.0 * ends)
-    assert HM.allocator_slack(GPT, Layout(2, 1, 1), 128, PM._states(Layout(2, 1, 1), CAL.params(), False), {}, hw) \
-        == pytest.approx(55.0 * MiB)
+    assert HM.allocator_slack(CAL, Layout(2, 1, 1, mb=4), 128, HM.CAL_BLOCKS, hw) == pytest.approx(55.0 * MiB)
     assert PM.memory(small, 128, Layout(1, 1, 2, mb=2), 8, hw, Software(mapped_alloc=True))["allocator"] == 0.0
 
 
@@ -217,6 +232,33 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
     path.write_text(json.dumps([{**row, "after": {"speed": 0.45}}]))
     repredict(str(path))
     assert f"+20% → {slow / row['step_meas'] - 1:+.0%}" in capsys.readouterr().out and slow > p.time["total"]
+
+
+def test_runs_judge_memory_at_the_median_of_the_runs_and_list_each_runs_misses(tmp_path, capsys):
+    """benchmarks.planner_local --runs: the same row in three runs, measured 0.85, 1.0 and 1.2 of the
+    prediction: each run's errors, the memory error against the median measurement, and the misses of
+    each run (memory beyond 10 %, step beyond 25 %) named with the run."""
+    from benchmarks.planner_local import main, predicted, runs
+    from planner.hosts import fitted_on
+    m, label, lay, batch, fn, _ = runs(True, 3)[0]
+    p = predicted(m, label, lay, batch, False, 1.0, 0.5, 0.9)[2]
+    mem = p.memory["total"] - p.memory["reserved"]
+    hw = H.cpu_here()
+    row = {"model": m.name, "layout": label, "load": 1.0, "wake": 0.5, "speed": 0.9, "step_pred": p.time["total"],
+           "step_meas": p.time["total"], "mem_pred": mem, "cpu": fitted_on(H.CPU_HERE),
+           "fit": {"rate": hw.peak_flops * hw.gemm_efficiency}}
+    paths = []
+    for i, f in enumerate((0.85, 1.0, 1.2)):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps([{**row, "mem_meas": mem * f, "step_meas": p.time["total"] * (1.5 if i == 2 else 1.0)}]))
+    assert main(["--runs", *map(str, paths)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "+17.6% +0.0% -16.7%" in out and "+0.0%" in out
+    assert f"{m.name} {label} (run 1: memory)" in out and f"{m.name} {label} (run 3: step memory)" in out
+    assert "memory beyond 10 % of the runs' median: none" in out
+    with pytest.raises(SystemExit) as e:
+        main(["--runs", str(tmp_path / "absent.json")])
+    assert e.value.code == 2
 
 
 def test_slack_replay_counts_the_logged_blocks(tmp_path):
@@ -350,3 +392,22 @@ def test_the_slack_fit_is_the_median_launch_less_the_planners_count(monkeypatch)
     got, each = FE.slack_fit(doc, launches=5)
     assert calls == [(CAL.name, 4, "ranks", None)] * 5     # a random seed each, as Python starts
     assert each == pytest.approx([60 * MiB, 0.0, 40 * MiB, 90 * MiB, 50 * MiB]) and got == pytest.approx(50 * MiB)
+
+
+def test_the_pipeline_slack_fit_is_the_median_launch_per_byte_of_the_stages_largest_block(monkeypatch):
+    """benchmarks.planner_fit_engine.pipe_slack_fit: PIPE_CAL's pipeline in fresh interpreters; the
+    median slack over the heavier stage's largest freed block (its logits, 15.6 MiB)."""
+    from benchmarks import planner_fit_engine as FE
+    hw = H.cpu_here(2)
+    lay = Layout(1, 1, 2, mb=2)
+    pred = PM.memory(HM.PIPE_CAL, 128, lay, 8, replace(hw, alloc_slack=0.0, pipe_slack=0.0))
+    count = pred["total"] - pred["reserved"] - pred["allocator"]
+    big = 4 * 2 * 128 * HM.PIPE_CAL.vocab
+    assert pred["stage"] == "last" and big < HM.GLIBC_MMAP_MAX
+    peaks = iter([count + 6 * big, count + 8 * big, count + 7 * big])
+    calls = []
+    monkeypatch.setattr(FE, "launch", lambda shape, steps, mode, seed: calls.append((shape, mode, seed)) or next(peaks))
+    monkeypatch.setattr(FE, "cpu_here", lambda n, fitted: replace(hw, **{k: fitted[k] for k in ("alloc_slack", "pipe_slack")}))
+    got, each = FE.pipe_slack_fit({"alloc_slack": 0.0, "pipe_slack": 0.0}, launches=3)
+    assert calls == [(HM.PIPE_CAL.name, "pipe", None)] * 3
+    assert got == pytest.approx(7.0) and each == pytest.approx([6 * big, 8 * big, 7 * big])

@@ -1,0 +1,95 @@
+"""The slack's rule across shapes and engines: the allocator's slack of the DDP step and of the
+pipeline's stages at shapes beside the rows', measured over fresh launches, against
+planner.host_memory.allocator_slack.
+
+    python -m benchmarks.planner_slack_across                 # every case, 6 launches each (~12 min idle)
+    python -m benchmarks.planner_slack_across --launches 3 --only pipe
+
+Cases (L 4, h 256 as gpt-mini, seq 128; the vocabulary and micro-batches move the largest block a
+step frees, S = planner.host_memory.largest_freed): the DDP step (benchmarks.planner_ranks._rank,
+2 ranks, mb 4 or 2) at vocabularies 4,096 and 16,000, and the pipeline (planner_ranks._pp_rank,
+pp 2, mb 2) at 4,096 and 16,000 with 4 micro-batches and at gpt-mini's 8,192 with 2, 4 and 8. Each
+launch is a fresh interpreter as Python starts by default (benchmarks.planner_slack_seeds.launch:
+its own draw of the heap), 4 steps; its slack is the larger rank's peak less the planner's count
+of its heavier stage without slack. Printed: each case's median and range, the median in bytes
+per byte of S, and the planner's slack term. The DDP rule adds S to a constant; the pipeline's
+is proportional to S at the fit's 4 micro-batches, which the m 2 and m 8 cases test.
+Cost: --launches × 7 launches of 4 steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from benchmarks.planner_ranks import _pp_rank, _rank
+from benchmarks.planner_slack_seeds import launch
+from planner.hardware import cpu_here
+from planner.host_memory import largest_freed
+from planner.layout import Layout
+from planner.memory import memory
+from planner.model import Model
+from primitives.launch import spawn
+from primitives.log import console
+from rich.table import Table
+
+MiB = 2**20
+CASES = [("ddp", 4096, 4, 1), ("ddp", 16000, 2, 1), ("pipe", 4096, 2, 4), ("pipe", 16000, 2, 4),
+         ("pipe", 8192, 2, 2), ("pipe", 8192, 2, 4), ("pipe", 8192, 2, 8)]      # (engine, vocabulary, mb, micro-batches)
+
+
+def shape(vocab: int) -> Model:
+    return Model(f"gpt-mini-v{vocab}", 4, 256, 4, vocab, 128, positions=128)
+
+
+def planned(engine: str, vocab: int, mb: int, micro: int) -> tuple[float, float, float]:
+    """(the planner's count without slack, its slack term, S) of the case's heavier stage."""
+    m = shape(vocab)
+    lay = Layout(2, 1, 1, mb=mb) if engine == "ddp" else Layout(1, 1, 2, mb=mb)
+    batch = 2 * mb if engine == "ddp" else mb * micro
+    hw = cpu_here(2)
+    full = memory(m, m.seq, lay, batch, hw)
+    kinds = {"activations": 1.0, "logit_grads": 1.0 if full["stage"] == "last" or lay.pp == 1 else 0.0, "ends": 1.0}
+    count = full["total"] - full["reserved"] - full["allocator"]
+    return count, full["allocator"], largest_freed(m, lay, m.seq, kinds)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--launches", type=int, default=6, help="fresh interpreters per case (default 6)")
+    ap.add_argument("--only", choices=("ddp", "pipe"), help="one engine's cases")
+    ap.add_argument("--child", choices=("ranks", "pipe"), help=argparse.SUPPRESS)
+    ap.add_argument("--shape", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=4, help=argparse.SUPPRESS)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        vocab, mb, micro = map(int, a.case.split(","))
+        m = shape(vocab)
+        got = (spawn(_rank, 2, args=(m, mb, a.steps, None), timeout=900) if a.child == "ranks"
+               else spawn(_pp_rank, 2, args=(m, mb, micro, a.steps), timeout=900))
+        print(json.dumps({"peak": max(g["peak"] for g in got)}))
+        return 0
+    if a.launches < 1:
+        ap.error(f"--launches {a.launches}: expected a positive count")
+    t = Table(title=f"the allocator's slack over {a.launches} launches a case, L 4, h 256, 4 steps (MiB)")
+    for col in ("engine", "V", "mb", "micro-batches", "S", "count", "slack median", "range", "per byte of S", "planner", "error"):
+        t.add_column(col, justify="right")
+    for engine, vocab, mb, micro in CASES:
+        if a.only and engine != a.only:
+            continue
+        count, term, big = planned(engine, vocab, mb, micro)
+        got = [launch("", 4, "ranks" if engine == "ddp" else "pipe", None, module="benchmarks.planner_slack_across",
+                      extra=("--case", f"{vocab},{mb},{micro}")) - count for _ in range(a.launches)]
+        med = statistics.median(got)
+        t.add_row(engine, f"{vocab:,}", str(mb), str(micro), f"{big / MiB:.1f}", f"{count / MiB:.1f}", f"{med / MiB:.1f}",
+                  f"{min(got) / MiB:.1f}-{max(got) / MiB:.1f}", f"{med / big:.2f}" if big else "", f"{term / MiB:.1f}",
+                  f"{(term - med) / MiB:+.1f}")
+    console.print(t)
+    console.print("error: the planner's slack less the measured median (MiB); the planner's slack term is "
+                  "planner.host_memory.allocator_slack at this processor's fit", highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
