@@ -47,7 +47,7 @@ from benchmarks.planner_ranks import _rank     # the rows' own measurement, run 
 from benchmarks.planner_slack_seeds import MB as SLACK_MB
 from benchmarks.planner_slack_seeds import launch
 from planner.hardware import at_speed, cpu_here
-from planner.host_memory import PIPE_CAL, SLACK_CAL, largest_freed
+from planner.host_memory import PIPE_CAL, PIPE_CAL_MICRO, SLACK_CAL, largest_freed
 from planner.layout import Layout
 from planner.memory import memory
 from planner.plan import predict_layout
@@ -132,12 +132,12 @@ def slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, list]:
 
 def pipe_slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, list]:
     """(pipe_slack, each launch's slack): PIPE_CAL through the pipeline engine (planner_ranks._pp_rank:
-    pp 2, mb 2, 4 micro-batches, 4 steps), in `launches` fresh interpreters as slack_fit's, each the
+    pp 2, mb 2, PIPE_CAL_MICRO micro-batches, 4 steps), in `launches` fresh interpreters as slack_fit's, each the
     larger rank's peak less the planner's count of its heavier stage without slack; the median over
     that stage's largest freed block (planner.host_memory.largest_freed): bytes kept per byte of it."""
     hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "pipe_slack": 0.0})
     lay = Layout(1, 1, 2, mb=2)
-    pred = memory(PIPE_CAL, PIPE_CAL.seq, lay, 8, hw)
+    pred = memory(PIPE_CAL, PIPE_CAL.seq, lay, 2 * PIPE_CAL_MICRO, hw)
     count = pred["total"] - pred["reserved"] - pred["allocator"]
     kinds = {"activations": 1.0, "logit_grads": 1.0 if pred["stage"] == "last" else 0.0, "ends": 1.0}
     got = [max(0.0, launch(PIPE_CAL.name, 4, "pipe", None) - count) for _ in range(launches)]

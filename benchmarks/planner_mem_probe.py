@@ -150,7 +150,7 @@ def measure(engines: bool = False) -> dict:
 def stage_blocks(m, lay, batch) -> dict:
     """{stage: the blocks (bytes) planner.memory hands allocator_slack for it}, recorded as it counts."""
     seen, real = [], PM.allocator_slack
-    PM.allocator_slack = lambda model, lay, seq, blocks, hw: seen.append(blocks) or 0.0
+    PM.allocator_slack = lambda model, lay, seq, blocks, hw, micro: seen.append(blocks) or 0.0
     try:
         memory(m, SLACK_SEQ, lay, batch, H.cpu_here(2), LOCAL_SW)
     finally:

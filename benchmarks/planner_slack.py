@@ -184,6 +184,7 @@ def rows(steps: int = 2, mb: int | None = None):
     return [("gpt-cal dp2", CAL, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (CAL, d, steps, None)),
             *((f"gpt-cal dp2 Z{z}", CAL, Layout(2, 1, 1, zero=z, mb=d), 2 * d, "R", "_rank", (CAL, d, steps, z)) for z in (1, 2)),
             ("gpt-mini dp2", small, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (small, d, steps, None)),
+            *((f"gpt-mini dp2 Z{z}", small, Layout(2, 1, 1, zero=z, mb=d), 2 * d, "R", "_rank", (small, d, steps, z)) for z in (1, 2)),
             ("gpt-small dp2", mid, Layout(2, 1, 1, mb=d), 2 * d, "R", "_rank", (mid, d, steps, None)),
             ("gpt-mini pp2", small, Layout(1, 1, 2, mb=p), 4 * p, "R", "_pp_rank", (small, p, 4, steps)),
             ("gpt-cal L4 pp2", cal4, Layout(1, 1, 2, mb=p), 4 * p, "R", "_pp_rank", (cal4, p, 4, steps)),

@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.planner_ranks import SHAPES, Net, _pp_rank, _rank, _reset_peak, _vm
 from planner.hardware import cpu_here
-from planner.host_memory import PIPE_CAL, SLACK_CAL
+from planner.host_memory import PIPE_CAL, PIPE_CAL_MICRO, SLACK_CAL
 from planner.layout import Layout
 from planner.memory import memory
 from planner.model import Model
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         return 0
     if a.child in ("ranks", "pipe"):
         got = (spawn(_rank, 2, args=(m, MB, a.steps, None), timeout=900) if a.child == "ranks"
-               else spawn(_pp_rank, 2, args=(m, 2, 4, a.steps), timeout=900))
+               else spawn(_pp_rank, 2, args=(m, 2, PIPE_CAL_MICRO, a.steps), timeout=900))
         print(json.dumps({"peak": max(g["peak"] for g in got)}))
         return 0
     if shutil.which("setarch") is None:

@@ -74,10 +74,11 @@ def largest_freed(model, lay, seq: int, blocks: dict) -> float:
 
 SLACK_CAL_MB = 4        # SLACK_CAL's micro-batch in its DDP step (benchmarks.planner_fit_engine.slack_fit)
 CAL_BLOCKS = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}       # that step's kinds: all of them
-PIPE_CAL = Model("gpt-pcal", 4, 256, 4, 16000, 128, positions=128)    # pipe_slack's shape: pp 2, mb 2, 4 micro-batches
+PIPE_CAL = Model("gpt-pcal", 4, 256, 4, 16000, 128, positions=128)    # pipe_slack's shape: pp 2, mb 2,
+PIPE_CAL_MICRO = 4                                                     # and its micro-batches a step
 
 
-def allocator_slack(model, lay, seq: int, blocks: dict, hw) -> float:
+def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> float:
     """Bytes glibc keeps resident beyond the live tensors at its defaults: free chunks below the
     heap's highest point in a step (benchmarks.planner_slack_replay). Torch asks for every tensor
     with posix_memalign (64 bytes); glibc's memalign takes size + alignment + MINSIZE from its bins
@@ -94,16 +95,18 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw) -> float:
         hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, moved one
         for one by the difference of S, the largest block the step frees below glibc's mmap
         ceiling (largest_freed), from the calibration step's: an empirical line, not glibc's
-        mechanism (the slack is holes within the heap, not its untrimmed top: planner_slack
-        --risen keeps it with the trim threshold at its default), its slope chosen on
-        planner_local's rows (twice the difference left DistilBERT dp2·tp2 11 % short) and checked
+        mechanism (with glibc's thresholds fixed at their ceiling llama-small keeps the same
+        slack, planner_slack --risen: not how far S raises them), its slope chosen on
+        planner_local's rows (twice the difference left DistilBERT's tp rows short) and checked
         at other vocabularies by benchmarks.planner_slack_across. zero_from_scratch's ZeRO-1/2
         engine keeps the DDP step's (41-78 MiB on SLACK_CAL where DDP kept 31-81).
       a pipeline stage of that layer (pp > 1): hw.pipe_slack bytes per byte of S, fitted on
-        PIPE_CAL's pipeline (benchmarks.planner_fit_engine.pipe_slack_fit): a stage runs its
+        PIPE_CAL's pipeline at PIPE_CAL_MICRO micro-batches a step (benchmarks.planner_fit_engine
+        .pipe_slack_fit), times the square root of the step's `micro` over that: a stage runs its
         micro-batches' forwards and backwards between its sends and receives and keeps more than
-        the one-micro-batch step at the same S (planner_slack_across: the ratio at 2, 4 and 8
-        micro-batches and at other vocabularies). Without the fit, the rule above.
+        the one-micro-batch step at the same S, more with more micro-batches (the square root
+        chosen on planner_slack_across's 2, 4 and 8 micro-batches, which are its only check).
+        Without the fit, the rule above.
       Hugging Face's llama layer: the slack grows with the micro-batch at fixed model states and
         with the vocabulary at fixed activations: some of the blocks of each size a step frees stay
         as holes. So it is a sum over the stage's blocks (`blocks`, bytes): its activations, the
@@ -124,8 +127,10 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw) -> float:
         b, h, V, t = seq * lay.mb, model.hidden, model.vocab, lay.tp
         one = {"activations": 4 * b * h, "logit_grads": 4 * b * V / t, "ends": 4 * V * h / t}    # one block of each kind
         return sum(fitted[k] * blocks[k] for k in SLACK_BLOCKS if one[k] < GLIBC_MMAP_MAX)
+    if not hw.alloc_slack:         # no fitted slack (a GPU's file, or a fit counting without it): no term
+        return 0.0
     big = largest_freed(model, lay, seq, blocks)
     if lay.pp > 1 and hw.pipe_slack:
-        return hw.pipe_slack * big
+        return hw.pipe_slack * big * (micro / PIPE_CAL_MICRO) ** 0.5
     cal = largest_freed(SLACK_CAL, Layout(2, 1, 1, mb=SLACK_CAL_MB), SLACK_CAL.seq, CAL_BLOCKS)
     return max(0.0, hw.alloc_slack + big - cal)

@@ -218,8 +218,9 @@ def zero_unit(model, lay, psi: int, bucket: int = 500_000_000) -> int:
 def shm_bytes(model, seq: int, lay, hw) -> float:
     """Bytes of the shared-memory transport's segments a rank touches (primitives.engine.shm_segment),
     resident in each process that maps them: a collective's group of k ranks on the host uses each
-    member's BUFS workspaces of WS_BYTES, up to its message per round (k·BUFS·min(WS_BYTES, S));
-    a pipeline's sends (activations, gradients, the tied weights' gradients, which the pipeline
+    member's BUFS workspaces of WS_BYTES, up to its message per round (k·BUFS·min(WS_BYTES, S)),
+    but zero_from_scratch's dp group runs rings over point-to-point (its comm forces them) through
+    one channel each way, SLOTS slots of SLOT_BYTES; a pipeline's sends (activations, gradients, the tied weights' gradients, which the pipeline
     engine sends point to point) go through one channel each way to the neighbour, SLOTS slots of
     SLOT_BYTES, up to the largest message (2·SLOTS·min(SLOT_BYTES, message)); each tp rank sends
     its stage's whole b·s·h output (pipeline_parallel does not scatter it over the tp ranks). Ranks on other hosts
@@ -228,8 +229,8 @@ def shm_bytes(model, seq: int, lay, hw) -> float:
     S = seq * lay.mb * model.hidden * hw.bytes_per_elem          # one micro-batch's b·s·h
     out = 0.0
     k_dp = min(lay.dp, max(1, G // t))                            # a dp group's ranks on this host
-    if k_dp > 1:                                                  # the gradients' reduction: buckets ≥ a workspace
-        out += k_dp * BUFS * WS_BYTES
+    if k_dp > 1:                                                  # the gradients' reduction: buckets ≥ a workspace or a channel
+        out += 2 * SLOTS * SLOT_BYTES if lay.zero >= 1 else k_dp * BUFS * WS_BYTES
     if min(t, G) > 1:                                             # the layers' all-reduces of b·s·h
         out += min(t, G) * BUFS * min(WS_BYTES, S)
     if lay.pp > 1 and t * lay.dp * lay.pp <= G:
@@ -258,8 +259,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
       the shared-memory transport's segments the rank touches (shm_bytes: its collectives'
         workspaces, its pipeline channels);
       ZeRO ≥ 1 through zero_from_scratch (u = zero_unit, its largest flat unit): the ring
-        reduce-scatter's two block-sized scratch buffers, 2·4u/N, kept by comm.scratch
-        (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
+        reduce-scatter's block-sized scratch buffers, kept by comm.scratch and written in turn,
+        one per step of N − 1, so min(2, N − 1)·4u/N (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
         4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 the
         gathered units' pool (engine/pools.py): at DeepSpeed's defaults the engine keeps each
         unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
@@ -291,9 +292,9 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         work += shm_bytes(model, seq, lay, hw)
         if lay.zero >= 1:
             u = zero_unit(model, lay, psi)
-            work += 2 * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
+            work += min(2, lay.dp - 1) * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
         out["runtime"] = runtime_bytes(model)
         blocks = {"activations": acts, "logit_grads": transient, "ends": 4 * end_params(model, lay, stage)}
-        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, lay, seq, blocks, hw)
+        out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, lay, seq, blocks, hw, m)
         best = _heavier(best, out, work, hw, stage)
     return best

@@ -75,8 +75,8 @@ def test_slack_moves_with_the_largest_freed_block_from_the_calibrations(probed):
 
 
 def test_a_pipeline_stage_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_block(probed):
-    """pp > 1 with pipe_slack fitted: pipe_slack × S of the heavier stage (the last: its logits);
-    the first stage's S is its embedding; without the fit, the one-micro-batch rule."""
+    """pp > 1 with pipe_slack fitted: pipe_slack × S of the heavier stage (the last: its logits) ×
+    √(micro-batches / 4); the first stage's S is its widest block; without the fit, the one-micro-batch rule."""
     hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0)
     lay = Layout(1, 1, 2, mb=2)
     last = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}
@@ -86,6 +86,9 @@ def test_a_pipeline_stage_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_b
     first = {"activations": 1.0, "logit_grads": 0.0, "ends": 1.0}
     assert HM.largest_freed(replace(GPT, vocab=1024), lay, 128, first) == 4 * 2 * 128 * 1024      # the FFN's block, 1 MiB
     assert HM.allocator_slack(GPT, lay, 128, last, replace(hw, pipe_slack=0.0)) == pytest.approx(50.0 * MiB + (8 - 24) * MiB)
+    # the square root of the micro-batches over the fit's four: 16 keep twice what 4 do
+    assert HM.allocator_slack(GPT, lay, 128, last, hw, micro=16) == pytest.approx(2 * 5.0 * 8 * MiB)
+    assert PM.memory(GPT, 128, lay, 32, hw)["allocator"] == pytest.approx(2 * PM.memory(GPT, 128, lay, 8, hw)["allocator"])
     # llama tiny without probed factors: the torch rule (its blocks are small, so 0 here)
     tiny = llama_planner_model("tiny", 128)
     assert PM.memory(tiny, 128, lay, 8, replace(hw, pipe_slack=5.0))["allocator"] < 2 * MiB
