@@ -55,7 +55,7 @@ from planner.probe import Probe, read_for
 from planner.steptime import zero3_units
 from primitives.launch import spawn
 
-CAL = SLACK_CAL     # L 3, h 192, V 12288: the shape planner.host_memory scales the slack from
+CAL = SLACK_CAL     # L 3, h 192, V 12288: the shape planner.host_memory moves the slack from
 SLICE_MAX_CORES = 8     # slice_fit runs 4C ranks at once
 SLACK_LAUNCHES = 8      # slack_fit's fresh interpreters: one launch's slack is one draw (38-73 MiB for gpt-mini here)
 

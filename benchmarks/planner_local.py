@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", metavar="JSON", nargs="+", help="run nothing: several --json files' rows predicted again, "
                     "memory also against the median of their measurements")
     a = ap.parse_args(argv)
+    if a.runs and a.repredict:
+        ap.error("--runs and --repredict: give one (--runs reads one file too)")
     if a.runs:
         if bad := [p for p in a.runs if not os.path.isfile(p)]:
             ap.error(f"--runs {' '.join(bad)}: no such file (--json files of earlier runs)")

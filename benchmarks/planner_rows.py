@@ -27,7 +27,6 @@ from planner.steptime import Software
 from primitives.log import console
 
 TUNED = "(malloc 64K)"
-PROBE_S, PROBE_AFTER_S = 2.0, 1.0      # seconds the probe reads the machine before a row and after it
 LOCAL_SW = Software(overlap_dp=False, overlap_tp=False, overlap_pp=False, flash_attention=False, balanced_stages=False)
 
 
@@ -117,24 +116,24 @@ def repredict(path: str) -> None:
 
 
 def over_runs(paths: list[str]) -> None:
-    """Rows of several --json files (runs) predicted by this checkout (_again): each run's errors, and
+    """Rows of several --json files (runs, numbered in the order given) predicted by this checkout (_again): each run's errors, and
     memory against the median of the runs' measurements, since a run's rows fork from one
     interpreter and share its draw of the allocator's heap (benchmarks.planner_slack_seeds)."""
     got: dict[str, list] = {}
-    for path in paths:
+    for i, path in enumerate(paths):
         for r in _read_rows(path):
-            got.setdefault(f"{r['model']} {r['layout']}", []).append((r, *_again(r)))
+            got.setdefault(f"{r['model']} {r['layout']}", []).append((r, *_again(r), i + 1))
     t = Table(title=f"{len(paths)} runs predicted by this checkout: error %, each run, and memory at the runs' median")
     for c in ("row", "runs", "step, each run", "memory, each run", "MiB predicted", "measured median (range)", "error "):
         t.add_column(c, justify="right")
     misses, on_median = [], []
     for key, rs in got.items():
-        step = [s / r["step_meas"] - 1 for r, s, _ in rs]
-        mem = [m / r["mem_meas"] - 1 for r, _, m in rs]
-        meas = [r["mem_meas"] for r, _, _ in rs]
+        step = [s / r["step_meas"] - 1 for r, s, _, _ in rs]
+        mem = [m / r["mem_meas"] - 1 for r, _, m, _ in rs]
+        meas = [r["mem_meas"] for r, _, _, _ in rs]
         med = rs[0][2] / statistics.median(meas) - 1
-        misses += [f"{key} (run {i + 1}: {'step ' if abs(a) > 0.25 else ''}{'memory' if abs(b) > 0.10 else ''})"
-                   for i, (a, b) in enumerate(zip(step, mem)) if abs(a) > 0.25 or abs(b) > 0.10]
+        misses += [f"{key} (run {run}: {' and '.join(w for w, bad in (('step', abs(a) > 0.25), ('memory', abs(b) > 0.10)) if bad)})"
+                   for (_, _, _, run), a, b in zip(rs, step, mem) if abs(a) > 0.25 or abs(b) > 0.10]
         on_median += [key] if abs(med) > 0.10 else []
         t.add_row(key, str(len(rs)), " ".join(f"{x:+.0%}" for x in step), " ".join(f"{x:+.1%}" for x in mem),
                   f"{rs[0][2] / 2**20:.1f}", f"{statistics.median(meas) / 2**20:.1f} ({min(meas) / 2**20:.1f}-{max(meas) / 2**20:.1f})",

@@ -64,6 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--case", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
+        if not a.case or len(a.case.split(",")) != 3:
+            ap.error(f"--child {a.child}: expected --case VOCAB,MB,MICRO")
         vocab, mb, micro = map(int, a.case.split(","))
         m = shape(vocab)
         got = (spawn(_rank, 2, args=(m, mb, a.steps, None), timeout=900) if a.child == "ranks"

@@ -93,8 +93,10 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> f
     measured per layer family and engine and is at best the slack's middle:
       torch's layer (and DistilBERT's, not fitted apart), one micro-batch a step (DDP, ZeRO-1/2, tp):
         hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, moved one
-        for one by the difference of S, the largest block the step frees below glibc's mmap
-        ceiling (largest_freed), from the calibration step's: an empirical line, not glibc's
+        for one by the difference of S, the largest of the blocks the planner tracks (a layer's
+        widest activation, the logits, an end matrix) below glibc's mmap ceiling (largest_freed;
+        DDP's flat gradient copy is not among them), from the calibration step's; a stage whose
+        blocks are all mapped (S = 0) keeps alloc_slack − S_cal, no row here tests that: an empirical line, not glibc's
         mechanism (with glibc's thresholds fixed at their ceiling llama-small keeps the same
         slack, planner_slack --risen: not how far S raises them), its slope chosen on
         planner_local's rows (twice the difference left DistilBERT's tp rows short) and checked

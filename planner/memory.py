@@ -28,6 +28,7 @@ from __future__ import annotations
 from planner.host_memory import allocator_slack, runtime_bytes
 from primitives.engine.shm_segment import BUFS, SLOT_BYTES, SLOTS, WS_BYTES
 from tensor_parallel.engine.formulas import megatron_activation_bytes
+from zero_from_scratch.engine.comm import RS_PIECE_BYTES
 from zero_from_scratch.engine.ledger import model_state_bytes
 
 ZERO3_MAX_LIVE = 1e9      # DeepSpeed's stage3_max_live_parameters and stage3_max_reuse_distance defaults (elements)
@@ -215,22 +216,21 @@ def zero_unit(model, lay, psi: int, bucket: int = 500_000_000) -> int:
     return max(model.vocab * h, 3 * h * h, h * model.f) // lay.tp
 
 
-def shm_bytes(model, seq: int, lay, hw) -> float:
+def shm_bytes(model, seq: int, lay, hw, piece: float = RS_PIECE_BYTES) -> float:
     """Bytes of the shared-memory transport's segments a rank touches (primitives.engine.shm_segment),
-    resident in each process that maps them: a collective's group of k ranks on the host uses each
-    member's BUFS workspaces of WS_BYTES, up to its message per round (k·BUFS·min(WS_BYTES, S)),
-    but zero_from_scratch's dp group runs rings over point-to-point (its comm forces them) through
-    one channel each way, SLOTS slots of SLOT_BYTES; a pipeline's sends (activations, gradients, the tied weights' gradients, which the pipeline
-    engine sends point to point) go through one channel each way to the neighbour, SLOTS slots of
-    SLOT_BYTES, up to the largest message (2·SLOTS·min(SLOT_BYTES, message)); each tp rank sends
-    its stage's whole b·s·h output (pipeline_parallel does not scatter it over the tp ranks). Ranks on other hosts
-    share no segment. Measured (RssShmem) on the rows of benchmarks.planner_local."""
+    resident in each process that maps them; ranks on other hosts share none. A collective's group of
+    k ranks on the host uses each member's BUFS workspaces of WS_BYTES up to its message per round
+    (k·BUFS·min(WS_BYTES, S)); zero_from_scratch's dp rings (its comm forces them) and a pipeline's
+    sends (activations, gradients, the tied weights' gradients; a tp rank sends its stage's whole
+    b·s·h) go point to point through one channel each way, SLOTS slots of SLOT_BYTES up to the
+    largest send (2·SLOTS·min(SLOT_BYTES, send); the ring's, `piece`). Measured (RssShmem) on the
+    rows of benchmarks.planner_local."""
     G, t = hw.gpus_per_node, lay.tp
     S = seq * lay.mb * model.hidden * hw.bytes_per_elem          # one micro-batch's b·s·h
     out = 0.0
     k_dp = min(lay.dp, max(1, G // t))                            # a dp group's ranks on this host
     if k_dp > 1:                                                  # the gradients' reduction: buckets ≥ a workspace or a channel
-        out += 2 * SLOTS * SLOT_BYTES if lay.zero >= 1 else k_dp * BUFS * WS_BYTES
+        out += 2 * SLOTS * min(SLOT_BYTES, piece) if lay.zero >= 1 else k_dp * BUFS * WS_BYTES
     if min(t, G) > 1:                                             # the layers' all-reduces of b·s·h
         out += min(t, G) * BUFS * min(WS_BYTES, S)
     if lay.pp > 1 and t * lay.dp * lay.pp <= G:
@@ -251,16 +251,15 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
     ledger (fp32: 4 + 4 + 8 bytes per parameter, sharded by stage). Activations: L/p layers ×
     in-flight micro-batches (1F1B: min(p, m) on the first stage); the embedding keeps only its
     indices (DistilBERT's also its LayerNorm's input, mean and rstd), the last stage its top
-    (torch_head_bytes). Working, what lives beside them at the
-    peak:
+    (torch_head_bytes). Working, what lives beside them at the peak:
       the loss backward's two logit gradients (last stage), or for ZeRO-0 the flat gradient copy
         that is all-reduced after backward when the activations are gone (4Ψ minus the
         activations it outlives), whichever is larger;
-      the shared-memory transport's segments the rank touches (shm_bytes: its collectives'
-        workspaces, its pipeline channels);
+      the shared-memory transport's segments the rank touches (shm_bytes);
       ZeRO ≥ 1 through zero_from_scratch (u = zero_unit, its largest flat unit): the ring
-        reduce-scatter's block-sized scratch buffers, kept by comm.scratch and written in turn,
-        one per step of N − 1, so min(2, N − 1)·4u/N (primitives/reduce_scatter.py::ring); ZeRO-2/3 the gradient bucket pool's one buffer of
+        reduce-scatter's scratch, kept by comm.scratch and written in turn, one per step of N − 1,
+        each a block 4u/N or the engine's piece (RS_PIECE_BYTES) when smaller (reduce_scatter.py::
+        ring, engine/comm.py::_rs_pieces); ZeRO-2/3 the gradient bucket pool's one buffer of
         4u (zero_from_scratch/engine/stages.py::BucketPool, overlap_comm off); ZeRO-3 the
         gathered units' pool (engine/pools.py): at DeepSpeed's defaults the engine keeps each
         unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
@@ -289,10 +288,11 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         work = transient
         if lay.zero == 0 and lay.dp > 1:
             work = max(work, 4 * psi - acts)
-        work += shm_bytes(model, seq, lay, hw)
+        u = zero_unit(model, lay, psi)
+        piece = min(4 * u / lay.dp, RS_PIECE_BYTES)          # one send of the ring reduce-scatter
+        work += shm_bytes(model, seq, lay, hw, piece)
         if lay.zero >= 1:
-            u = zero_unit(model, lay, psi)
-            work += min(2, lay.dp - 1) * 4 * u / lay.dp + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
+            work += min(2, lay.dp - 1) * piece + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
         out["runtime"] = runtime_bytes(model)
         blocks = {"activations": acts, "logit_grads": transient, "ends": 4 * end_params(model, lay, stage)}
         out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, lay, seq, blocks, hw, m)

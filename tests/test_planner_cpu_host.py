@@ -297,6 +297,7 @@ def test_shm_segments_a_rank_touches():
     assert (BUFS, WS_BYTES, SLOTS, SLOT_BYTES) == (3, 2 * MiB, 8, MiB // 2)    # the sizes the measurements were made at
     assert shm_bytes(gpt, 128, Layout(2, 1, 1, mb=4), hw) == 12 * MiB
     assert shm_bytes(gpt, 128, Layout(2, 1, 1, zero=1, mb=4), hw) == 8 * MiB    # ZeRO's rings: one channel each way
+    assert shm_bytes(gpt, 128, Layout(2, 1, 1, zero=1, mb=4), hw, piece=64 << 10) == 1 * MiB      # up to the ring's send
     assert shm_bytes(llama, 128, Layout(1, 1, 2, mb=2), hw) == 1 * MiB          # 64 KiB sends, 8 slots each way
     assert shm_bytes(gpt, 128, Layout(2, 1, 1, mb=4), replace(hw, gpus_per_node=1)) == 0.0
 
