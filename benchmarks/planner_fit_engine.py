@@ -47,7 +47,7 @@ from benchmarks.planner_ranks import _rank     # the rows' own measurement, run 
 from benchmarks.planner_slack_seeds import MB as SLACK_MB
 from benchmarks.planner_slack_seeds import launch
 from planner.hardware import at_speed, cpu_here
-from planner.host_memory import PIPE_CAL, PIPE_CAL_MICRO, SLACK_CAL, largest_freed
+from planner.host_memory import PIPE_CAL, PIPE_CAL_MICRO, SLACK_CAL, largest_freed, stage_kinds
 from planner.layout import Layout
 from planner.memory import memory
 from planner.plan import predict_layout
@@ -139,9 +139,8 @@ def pipe_slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, li
     lay = Layout(1, 1, 2, mb=2)
     pred = memory(PIPE_CAL, PIPE_CAL.seq, lay, 2 * PIPE_CAL_MICRO, hw)
     count = pred["total"] - pred["reserved"] - pred["allocator"]
-    kinds = {"activations": 1.0, "logit_grads": 1.0 if pred["stage"] == "last" else 0.0, "ends": 1.0}
     got = [max(0.0, launch(PIPE_CAL.name, 4, "pipe", None) - count) for _ in range(launches)]
-    return statistics.median(got) / largest_freed(PIPE_CAL, lay, PIPE_CAL.seq, kinds), got
+    return statistics.median(got) / largest_freed(PIPE_CAL, lay, PIPE_CAL.seq, stage_kinds(lay, pred["stage"])), got
 
 
 def refit_slack(doc: dict, how: str) -> str:

@@ -10,6 +10,7 @@ Cost: one prediction per row (milliseconds).
 """
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from dataclasses import replace
@@ -87,11 +88,16 @@ def _read_rows(path: str) -> list[dict]:
     return rows
 
 
+@functools.lru_cache(maxsize=1)
+def _spec() -> dict:
+    """{"model layout": (model, label, Layout, batch, rank function)} of every row, built once."""
+    return {f"{m.name} {label}": (m, label, lay, batch, fn) for m, label, lay, batch, fn, _ in runs(False, 4)}
+
+
 def _again(r: dict) -> tuple[float, float]:
     """(step, memory) of a recorded row predicted by this checkout at the readings the run recorded
     (the load and woken share before it, the speed over the row: `row_speed`, else the probe's)."""
-    spec = {f"{m.name} {label}": (m, label, lay, batch, fn) for m, label, lay, batch, fn, _ in runs(False, 4)}
-    m, label, lay, batch, fn = spec[f"{r['model']} {r['layout']}"]
+    m, label, lay, batch, fn = _spec()[f"{r['model']} {r['layout']}"]
     rate = (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency      # a speed is over a fit's rate
     speed = (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / rate
     p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], speed)[2]

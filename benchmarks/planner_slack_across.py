@@ -25,7 +25,7 @@ import statistics
 from benchmarks.planner_ranks import _pp_rank, _rank
 from benchmarks.planner_slack_seeds import launch
 from planner.hardware import cpu_here
-from planner.host_memory import largest_freed
+from planner.host_memory import largest_freed, stage_kinds
 from planner.layout import Layout
 from planner.memory import memory
 from planner.model import Model
@@ -49,9 +49,8 @@ def planned(engine: str, vocab: int, mb: int, micro: int) -> tuple[float, float,
     batch = 2 * mb if engine == "ddp" else mb * micro
     hw = cpu_here(2)
     full = memory(m, m.seq, lay, batch, hw)
-    kinds = {"activations": 1.0, "logit_grads": 1.0 if full["stage"] == "last" or lay.pp == 1 else 0.0, "ends": 1.0}
     count = full["total"] - full["reserved"] - full["allocator"]
-    return count, full["allocator"], largest_freed(m, lay, m.seq, kinds)
+    return count, full["allocator"], largest_freed(m, lay, m.seq, stage_kinds(lay, full["stage"]))
 
 
 def main(argv=None) -> int:

@@ -72,8 +72,14 @@ def largest_freed(model, lay, seq: int, blocks: dict) -> float:
     return max((x for x in one if x < GLIBC_MMAP_MAX), default=0.0)
 
 
+def stage_kinds(lay, stage: str) -> dict:
+    """The kinds of block a stage frees (largest_freed's `blocks`, as flags): the logits only where the loss runs."""
+    return {"activations": 1.0, "logit_grads": 1.0 if stage == "last" or lay.pp == 1 else 0.0, "ends": 1.0}
+
+
 SLACK_CAL_MB = 4        # SLACK_CAL's micro-batch in its DDP step (benchmarks.planner_fit_engine.slack_fit)
 CAL_BLOCKS = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}       # that step's kinds: all of them
+CAL_S = largest_freed(SLACK_CAL, Layout(2, 1, 1, mb=SLACK_CAL_MB), SLACK_CAL.seq, CAL_BLOCKS)   # its S, once
 PIPE_CAL = Model("gpt-pcal", 4, 256, 4, 16000, 128, positions=128)    # pipe_slack's shape: pp 2, mb 2,
 PIPE_CAL_MICRO = 4                                                     # and its micro-batches a step
 
@@ -134,5 +140,4 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> f
     big = largest_freed(model, lay, seq, blocks)
     if lay.pp > 1 and hw.pipe_slack:
         return hw.pipe_slack * big * (micro / PIPE_CAL_MICRO) ** 0.5
-    cal = largest_freed(SLACK_CAL, Layout(2, 1, 1, mb=SLACK_CAL_MB), SLACK_CAL.seq, CAL_BLOCKS)
-    return max(0.0, hw.alloc_slack + big - cal)
+    return max(0.0, hw.alloc_slack + big - CAL_S)
