@@ -180,6 +180,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.runs and a.repredict:
         ap.error("--runs and --repredict: give one (--runs reads one file too)")
+    if (a.runs or a.repredict) and (ignored := [f for f, on in (("--quick", a.quick), ("--steps", a.steps is not None),
+                                                                 ("--json", a.json), ("--only", a.only)) if on]):
+        ap.error(f"{' '.join(ignored)}: {'--runs' if a.runs else '--repredict'} runs nothing, so it takes none of these")
     if a.runs:
         if bad := [p for p in a.runs if not os.path.isfile(p)]:
             ap.error(f"--runs {' '.join(bad)}: no such file (--json files of earlier runs)")

@@ -58,17 +58,19 @@ def main(argv=None) -> int:
     ap.add_argument("--launches", type=int, default=6, help="fresh interpreters per case (default 6)")
     ap.add_argument("--only", choices=("ddp", "pipe"), help="one engine's cases")
     ap.add_argument("--child", choices=("ranks", "pipe"), help=argparse.SUPPRESS)
-    ap.add_argument("--shape", help=argparse.SUPPRESS)
-    ap.add_argument("--steps", type=int, default=4, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if not a.child and (a.steps is not None or a.case):
+        ap.error("--steps and --case are a launched child's (each launch runs 4 steps); expected --launches / --only")
     if a.child:
         if not a.case or len(a.case.split(",")) != 3:
             ap.error(f"--child {a.child}: expected --case VOCAB,MB,MICRO")
         vocab, mb, micro = map(int, a.case.split(","))
         m = shape(vocab)
-        got = (spawn(_rank, 2, args=(m, mb, a.steps, None), timeout=900) if a.child == "ranks"
-               else spawn(_pp_rank, 2, args=(m, mb, micro, a.steps), timeout=900))
+        steps = a.steps or 4
+        got = (spawn(_rank, 2, args=(m, mb, steps, None), timeout=900) if a.child == "ranks"
+               else spawn(_pp_rank, 2, args=(m, mb, micro, steps), timeout=900))
         print(json.dumps({"peak": max(g["peak"] for g in got)}))
         return 0
     if a.launches < 1:

@@ -81,7 +81,7 @@ def launch(shape: str, steps: int, mode: str, seed: int | None, module: str = "b
     if seed is not None:
         env["PYTHONHASHSEED"] = str(seed)
         fixed = ["setarch", platform.machine(), "-R"]
-    cmd = [*fixed, sys.executable, "-m", module, "--child", mode, "--shape", shape, "--steps", str(steps), *extra]
+    cmd = [*fixed, sys.executable, "-m", module, "--child", mode, *(("--shape", shape) if shape else ()), "--steps", str(steps), *extra]
     got = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if got.returncode:
         raise RuntimeError(f"{' '.join(cmd)} (PYTHONHASHSEED={seed if seed is not None else 'random'}) exited {got.returncode}:\n{got.stderr[-2000:]}")

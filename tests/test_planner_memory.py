@@ -435,3 +435,18 @@ def test_zeros_reduce_scatter_scratch_is_one_piece_per_ring_step_up_to_two():
         piece = min(4 * PM.zero_unit(GPT, lay, PM.stage_params(GPT, lay, "first")) / n, RS_PIECE_BYTES)
         got[n] = one["working"] - PM.torch_head_bytes(GPT, 128, lay)[1] - PM.shm_bytes(GPT, 128, lay, hw, piece)
     assert got == pytest.approx({1: 0.0, 2: RS_PIECE_BYTES, 3: 2 * RS_PIECE_BYTES})
+
+
+def test_the_replays_and_the_across_benchmark_refuse_the_flags_they_would_ignore(capsys):
+    """--runs and --repredict run nothing, so a row filter or a step count beside them is refused;
+    planner_slack_across's child flags are refused without --child."""
+    from benchmarks.planner_local import main as local
+    from benchmarks.planner_slack_across import main as across
+    for argv in (["--runs", __file__, "--only", "pp2"], ["--repredict", __file__, "--steps", "3"]):
+        with pytest.raises(SystemExit) as e:
+            local(argv)
+        assert e.value.code == 2 and "runs nothing" in capsys.readouterr().err
+    for argv in (["--steps", "2"], ["--case", "4096,4,1"], ["--child", "pipe"]):
+        with pytest.raises(SystemExit) as e:
+            across(argv)
+        assert e.value.code == 2
