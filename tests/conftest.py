@@ -12,6 +12,10 @@ import pytest
 from primitives.launch import spawn as _spawn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the suite starts hundreds of interpreters that import the same modules: they share the bytecode
+# Python caches in __pycache__ (git ignores it), even where the environment turned the cache off
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # every process a test starts (torchrun, deepspeed, scripts run by path) imports this checkout
 os.environ["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
 
