@@ -97,7 +97,7 @@ def _timed(one_step, steps: int, base: int) -> dict:
         peaks.append(_vm("VmHWM") - base)
     rates.append(_RATE[0].read())
     return {"step": statistics.median(times[1:]), "cpu": statistics.median(cpus[1:]), "peak": max(peaks), "peaks": peaks,
-            "rates": rates}
+            "rates": rates, "times": times, "cpus": cpus}
 
 
 def _rank(rank, world, m: Model, mb: int, steps: int, zero: int | None = None, tuned: bool = False,
