@@ -17,7 +17,7 @@ Cost, S = bytes of one block (each input holds N·S):
           sums (primitives/engine/subcomm.py); m(k-1)·S intra-node and (m-1)·S inter-node bytes per rank.
 The engine's checked call carries direct's blocks (≤ 64 KiB each) inside its check round.
 The caller's input is never modified (two block-sized scratch buffers, used in turn, so a
-buffer is never overwritten while its send is in flight).
+buffer is never overwritten while its send is in flight; one at N = 2, which has one step).
 """
 from primitives.ops import combine_, wait_all
 from primitives.reduce import linear as reduce_linear
@@ -40,7 +40,7 @@ def linear(comm, blocks, out, op):
 def ring(comm, blocks, out, op):
     n, r = comm.size, comm.rank
     nxt, prev = (r + 1) % n, (r - 1) % n
-    slots = [comm.scratch(out.numel(), out.dtype, slot=i, device=out.device) for i in (0, 1)]
+    slots = [comm.scratch(out.numel(), out.dtype, slot=i, device=out.device) for i in range(min(2, n - 1))]
     send = blocks[(r - 1) % n]
     for s in range(n - 1):                        # one group per step (prev == nxt at N = 2)
         inc = slots[s % 2]                         # never the slot whose send is in this group

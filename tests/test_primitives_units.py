@@ -169,3 +169,20 @@ def test_recording_communicator_logs_what_the_ledger_counts(spawn):
         assert (msgs, nbytes) == (led_msgs, led_bytes) == (2 * (n - 1), 2 * (n - 1) * 6 * 4), rank
         assert control == n - 1 and peers == [(rank + 1) % n], (rank, control, peers)
         assert x == [float(3 * i + sum(range(n))) for i in range(6 * n)]
+
+
+def test_ring_reduce_scatter_keeps_one_scratch_block_per_step_up_to_two(spawn):
+    # N − 1 steps use their receive blocks in turn: one at N = 2, two from N = 3 (planner.memory counts these)
+    for n in (2, 3):
+        assert spawn(_ring_rs_scratch, n) == [min(2, n - 1)] * n
+
+
+def _ring_rs_scratch(rank, world):
+    import torch
+    from primitives import get_comm
+    comm = get_comm()
+    blocks = [torch.full((6,), float(rank + 10 * b)) for b in range(world)]
+    out = torch.empty(6)
+    comm.reduce_scatter(out, blocks, algorithm="ring")
+    assert torch.equal(out, torch.full((6,), float(sum(range(world)) + 10 * rank * world))), out
+    return sum(1 for (_, dtype, slot) in comm.__dict__.get("_scratch", {}) if dtype == torch.float32 and slot in (0, 1))

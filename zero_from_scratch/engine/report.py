@@ -90,9 +90,9 @@ def working_set(cfg, layout, n: int, activations: int = 0) -> dict:
            "gathered units (max_live)": b * live_bound([u.padded for u in units], z.stage3_max_live_parameters),
            # backward: one idle buffer per shard size (each reduce is written out at once)
            "gradient shard buffers": b * sum(set(sizes)) if nvme_opt else 0,
-           # the ring reduce-scatter's receive block (primitives/comm.py scratch, kept by the
-           # communicator): one shard of the largest unit, or comm.py's piece when that is smaller
-           "reduce-scatter scratch": min(b * max(sizes), comm.RS_PIECE_BYTES) if n > 1 else 0,
+           # the ring reduce-scatter's receive blocks (primitives/comm.py scratch, kept by the communicator,
+           # one per step up to two): each a shard of the largest unit, or comm.py's piece if smaller
+           "reduce-scatter scratch": min(2, n - 1) * min(b * max(sizes), comm.RS_PIECE_BYTES) if n > 1 else 0,
            # the shared-memory transport (primitives/engine/shm_segment.py), ranks on one host
            "shm transport pages": BUFS * WS_BYTES + SHM_SLOT_PAGES if n > 1 else 0,
            "process overhead": PROCESS_OVERHEAD + UNIT_OVERHEAD * len(units),
