@@ -16,7 +16,9 @@ baseline, planner_ranks._warm), its own layer at a probe shape none of the rows 
 (L 2, h 128, 4 heads, V 2048, s 64, b 2), with glibc's mmap threshold fixed at 64 KiB so that no
 freed block stays resident; three steps of AdamW; then, above the baseline at the peak: the
 file pages (RssFile), and the anonymous rest less the planner's own count of the step
-(planner.memory.memory, one rank). Beside them, the same step at glibc's defaults: the slack
+(planner.memory.memory, one rank); the same for the torch family's step through zero_from_scratch's
+ZeRO-1 engine, one rank, less the torch family's (the engine's own runtime, "zero"). Beside them,
+the same step at glibc's defaults: the slack
 (defaults less mapped) as a fraction of the gradients and optimizer state, printed, as evidence
 for planner.host_memory.allocator_slack (not used by it); --engines does the same for each engine of
 benchmarks.planner_local at the probe shape. Memory only: the load does not enter.
@@ -116,12 +118,14 @@ def _probe(rank, world, fn, args: tuple, mapped: bool, presets: dict | None = No
 
 def probes():
     """(key, Model, Layout, global batch, rank function, its args): one process per layer family
-    (the runtime term), then each engine of benchmarks.planner_local at the probe shape (the slack)."""
+    and the ZeRO engine's step on the torch family's (the runtime term), then each engine of
+    benchmarks.planner_local at the probe shape (the slack)."""
     torch_m, distil, llama = (probe_model(f) for f in ("torch", "distilbert", "llama"))
     untied = replace(distil, tied=False)
     return [("torch", torch_m, Layout(1, 1, 1, mb=MB), MB, R._rank, (torch_m, MB, STEPS)),
             ("distilbert", distil, Layout(1, 1, 1, mb=MB), MB, RT._tp_rank, (distil, 1, MB, STEPS)),
             ("llama", llama, Layout(1, 1, 1, mb=MB), MB, _llama_rank, (STEPS,)),
+            ("zero", torch_m, Layout(1, 1, 1, zero=1, mb=MB), MB, R._rank, (torch_m, MB, STEPS, 1)),
             ("ddp-torch", torch_m, Layout(2, 1, 1, mb=MB), 2 * MB, R._rank, (torch_m, MB, STEPS)),
             ("zero-torch", torch_m, Layout(2, 1, 1, zero=1, mb=MB), 2 * MB, R._rank, (torch_m, MB, STEPS, 1)),
             ("pipeline-torch", torch_m, Layout(1, 1, 2, mb=MB), 4 * MB, R._pp_rank, (torch_m, MB, 4, STEPS)),
@@ -215,7 +219,10 @@ def main(argv=None) -> int:
                       f"{v['slack']:.2f} of grads + optimizer", highlight=False)
     if not a.dry_run:
         fam = ("torch", "distilbert", "llama")
-        doc = {"runtime": {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam},
+        runtime = {k: {"file": got[k]["file"], "anon": got[k]["anon"]} for k in fam}
+        # the ZeRO engine's own: its step beside torch's same step, one rank (no transport, no scratch)
+        runtime["zero"] = {k: got["zero"][k] - got["torch"][k] for k in ("file", "anon")}
+        doc = {"runtime": runtime,
                "slack": {"llama": {**fit, "shape": {k: v for k, v in LLAMA_SLACK.items() if k != "vocab_size"},
                                    "seq": SLACK_SEQ, "micro_batches": list(SLACK_MBS), "vocabularies": list(SLACK_VOCABS)}},
                "source": "python -m benchmarks.planner_mem_probe", "shape": SHAPE, "cpu": this_cpu()}

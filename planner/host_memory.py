@@ -50,14 +50,16 @@ def llama_slack(model) -> dict | None:
     return {k: float(got[k]) for k in SLACK_BLOCKS}
 
 
-def runtime_bytes(model) -> float:
+def runtime_bytes(model, lay=None) -> float:
     """Resident bytes a rank's first steps add beyond its tensors, a property of this machine's torch
     build per layer family (benchmarks.planner_mem_probe, one process at a probe shape): the code
     pages of the kernels the family touches after the warm-up (RssFile) and the anonymous memory
     the runtime keeps beside the tensors (small-block heap, the autograd graph, oneDNN/MKL
-    buffers). 0 when not probed."""
-    got = _cpu_mem().get("runtime", {}).get(family(model))
-    return float(got["file"] + got["anon"]) if got else 0.0
+    buffers); at ZeRO ≥ 1 also what zero_from_scratch's engine adds to the same step (the probe's
+    "zero": the modules initialize imports, its units, hooks and ledgers). 0 when not probed."""
+    runtime = _cpu_mem().get("runtime", {})
+    parts = [runtime.get(family(model))] + ([runtime.get("zero")] if lay is not None and lay.zero >= 1 else [])
+    return sum(float(got["file"] + got["anon"]) for got in parts if got)
 
 
 def largest_freed(model, lay, seq: int, blocks: dict) -> float:

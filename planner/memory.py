@@ -264,8 +264,8 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         gathered units' pool (engine/pools.py): at DeepSpeed's defaults the engine keeps each
         unit gathered from its forward to its backward up to ZERO3_MAX_LIVE elements
         (engine/prefetch.py), so the pool holds 4·min(Ψ, ZERO3_MAX_LIVE) bytes at the peak.
-    Runtime: what the first steps map beside the tensors, per layer family (runtime_bytes: kernel
-    code pages, the runtime's small blocks), probed once on this machine.
+    Runtime: what the first steps map beside the tensors, per layer family and the ZeRO engine
+    (runtime_bytes: kernel code pages, the runtime's small blocks), probed once on this machine.
     Allocator: glibc's slack at its defaults, per layer family and engine (allocator_slack); nothing
     when large blocks are mapped (maps_blocks: a freed block leaves the resident set at once)."""
     m = lay.micro_batches(global_batch)
@@ -293,7 +293,7 @@ def torch_memory(model, seq: int, lay, global_batch: int, hw, sw=None) -> dict:
         work += shm_bytes(model, seq, lay, hw, piece)
         if lay.zero >= 1:
             work += min(2, lay.dp - 1) * piece + (4 * u if lay.zero >= 2 else 0) + (4 * min(psi, ZERO3_MAX_LIVE) if lay.zero == 3 else 0)
-        out["runtime"] = runtime_bytes(model)
+        out["runtime"] = runtime_bytes(model, lay)
         blocks = {"activations": acts, "logit_grads": transient, "ends": 4 * end_params(model, lay, stage)}
         out["allocator"] = 0.0 if maps_blocks(lay, hw, sw) else allocator_slack(model, lay, seq, blocks, hw, m)
         best = _heavier(best, out, work, hw, stage)

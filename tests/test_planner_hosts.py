@@ -51,7 +51,8 @@ def test_every_folder_holds_its_own_processors_fit():
                 llama = doc["slack"]["llama"]
                 assert all(0.0 < llama[k] < 10.0 for k in HM.SLACK_BLOCKS), folder
                 assert llama["micro_batches"] == list(SLACK_MBS) and llama["vocabularies"] == list(SLACK_VOCABS)
-                assert set(doc["runtime"]) == {"torch", "distilbert", "llama"}, folder
+                # the ZeRO engine's own runtime ("zero") where the probe that measures it ran
+                assert set(doc["runtime"]) - {"zero"} == {"torch", "distilbert", "llama"}, folder
 
 
 @pytest.fixture

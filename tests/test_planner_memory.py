@@ -30,7 +30,8 @@ def probed(tmp_path, monkeypatch):
     path = tmp_path / "cpu_mem.json"
     path.write_text(json.dumps({"runtime": {"torch": {"file": 1.0 * MiB, "anon": 2.0 * MiB},
                                             "distilbert": {"file": 8.0 * MiB, "anon": 2.0 * MiB},
-                                            "llama": {"file": 3.0 * MiB, "anon": 2.0 * MiB}}}))
+                                            "llama": {"file": 3.0 * MiB, "anon": 2.0 * MiB},
+                                            "zero": {"file": 0.5 * MiB, "anon": 1.5 * MiB}}}))
     monkeypatch.setattr(HM, "CPU_MEM", str(path))
     HM._cpu_mem.cache_clear()
     yield path
@@ -42,6 +43,10 @@ def test_runtime_term_is_the_probed_family(probed):
     assert [HM.runtime_bytes(m) / MiB for m in (GPT, distil, llama_planner_model("tiny", 128))] == [3.0, 10.0, 5.0]
     mem = PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, H.cpu_here(2))
     assert mem["runtime"] == 3.0 * MiB and mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k not in ("total", "stage")))
+    # the ZeRO engine's own runtime on top of the family's, at every stage ≥ 1 (with a pipeline too)
+    for z in (1, 2, 3):
+        assert PM.memory(GPT, 128, Layout(2, 1, 1, zero=z, mb=4), 8, H.cpu_here(2))["runtime"] == 5.0 * MiB
+    assert HM.runtime_bytes(GPT, Layout(2, 1, 2, zero=1, mb=2)) == 5.0 * MiB and HM.runtime_bytes(GPT, Layout(2, 1, 1, mb=4)) == 3.0 * MiB
 
 
 def test_runtime_term_is_zero_unprobed(tmp_path, monkeypatch):
