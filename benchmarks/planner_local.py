@@ -60,7 +60,7 @@ one after the last ("every reading", in_row_speed), from the probe's readings be
 made ahead gets.
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: of the steps after the first, the one whose slower rank's time is the median (the lower of
-two); the median of each rank's CPU seconds (thread_time) beside.
+two); that step's CPU seconds (thread_time, the larger rank's) beside.
 The tuned row and ZeRO-3 (whose engine fixes the same threshold) map every large block: the
 planner counts no allocator slack there and mmap_s per byte each step maps afresh (map_layer per
 saved layer byte, map_head per logit byte).
@@ -115,16 +115,16 @@ def measure(quick: bool, steps: int, only: str = "") -> list[dict]:
     return rows
 
 
-def median_step(got: list[dict], fitted_rate: float) -> tuple[float, float] | None:
-    """(seconds, speed) of the step a row reports: of the steps after the first, the one whose slower
-    rank's time is the median (the lower of two), and the harmonic mean of every rank's readings just
-    before and after it over the fit's rate, so a step is predicted at the speed read around it;
-    None where the ranks recorded no times (planner_ranks._timed)."""
+def median_step(got: list[dict], fitted_rate: float) -> tuple[int, float, float] | None:
+    """(index, seconds, speed) of the step a row reports: of the steps after the first, the one whose
+    slower rank's time is the median (the lower of two), and the harmonic mean of every rank's
+    readings just before and after it over the fit's rate, so a step is predicted at the speed read
+    around it; None where the ranks recorded no times (planner_ranks._timed)."""
     if not all(g.get("times") for g in got):
         return None
-    slower = [max(g["times"][i] for g in got) for i in range(1, len(got[0]["times"]))]
+    slower = [max(g["times"][i] for g in got) for i in range(1, min(len(g["times"]) for g in got))]
     k = slower.index(statistics.median_low(slower)) + 1
-    return slower[k - 1], statistics.harmonic_mean([x for g in got for x in g["rates"][k:k + 2]]) / fitted_rate
+    return k, slower[k - 1], statistics.harmonic_mean([x for g in got for x in g["rates"][k:k + 2]]) / fitted_rate
 
 
 def in_row_speed(got: list[dict], fitted_rate: float) -> float | None:
@@ -159,7 +159,8 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     speed_after = probe.rate() / at
     probe_row = row_speed(speed, speed_after)
     over_row = in_row_speed(got, at) or probe_row
-    step_meas, at_step = median_step(got, at) or (max(g["step"] for g in got), over_row)
+    k, step_meas, at_step = median_step(got, at) or (None, max(g["step"] for g in got), over_row)
+    cpu_meas = max(g["cpus"][k] for g in got) if k else max(g["cpu"] for g in got)     # that step's CPU seconds
     hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, at_step)
     whole_row = predicted(m, label, lay, batch, nodes, load + nodes, wake, over_row)[2]
     by_probe = predicted(m, label, lay, batch, nodes, load + nodes, wake, probe_row)[2]
@@ -169,7 +170,7 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     stretch = cpu_stretch(lay, hw)
     r = {"model": m.name, "params": m.params(), "layout": label, "cpu": this_cpu(), "fit": {"cpu": fitted_on(H.CPU_HERE), "rate": at},
          "step_pred": pred.time["total"], "step_pred_before": first.time["total"], "step_idle": idle.time["total"],
-         "step_meas": step_meas, "cpu_meas": max(g["cpu"] for g in got),
+         "step_meas": step_meas, "cpu_meas": cpu_meas,
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
          "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
          "row_speed": at_step, "in_row_speed": over_row, "step_pred_in_row": whole_row.time["total"], "rates": [g.get("rates") for g in got],

@@ -85,7 +85,8 @@ def _warm(tuned: bool = False) -> int:
 def _timed(one_step, steps: int, base: int) -> dict:
     """Run `steps` steps, the peak reset before each. Step: the median after the first, wall and CPU.
     Rates: the FLOPs per CPU second of planner.probe's products read before each step and after the
-    last (outside the timed step, allocating nothing): the machine's speed while the row ran."""
+    last (outside the timed step, allocating nothing): the machine's speed while the row ran.
+    Times, cpus: every step's wall and CPU seconds."""
     times, cpus, peaks, rates = [], [], [], []
     for _ in range(steps):
         rates.append(_RATE[0].read())

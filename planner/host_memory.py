@@ -58,8 +58,9 @@ def runtime_bytes(model, lay=None) -> float:
     buffers); at ZeRO ≥ 1 also what zero_from_scratch's engine adds to the same step (the probe's
     "zero": the modules initialize imports, its units, hooks and ledgers). 0 when not probed."""
     runtime = _cpu_mem().get("runtime", {})
-    parts = [runtime.get(family(model))] + ([runtime.get("zero")] if lay is not None and lay.zero >= 1 else [])
-    return sum(float(got["file"] + got["anon"]) for got in parts if got)
+    got, engine = runtime.get(family(model)), runtime.get("zero") if lay is not None and lay.zero >= 1 else None
+    # the engine's is a difference of two probes (measured at ZeRO-1, the same code at 2 and 3): never below 0
+    return (float(got["file"] + got["anon"]) if got else 0.0) + (max(0.0, float(engine["file"] + engine["anon"])) if engine else 0.0)
 
 
 def largest_freed(model, lay, seq: int, blocks: dict) -> float:

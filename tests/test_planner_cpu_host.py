@@ -379,9 +379,9 @@ def test_ranks_read_the_speed_between_their_steps_and_the_row_is_predicted_at_it
     # readings rates[3:5] of each rank: harmonic mean of 4, 1, 4, 4 = 16 / 7; a dip at step 3 left out
     ranks = [{"times": [9.0, 1.0, 3.0, 2.0], "rates": [8.0, 8.0, 1.0, 4.0, 1.0]},
              {"times": [9.0, 0.5, 2.0, 1.9], "rates": [8.0, 8.0, 1.0, 4.0, 4.0]}]
-    t, speed = median_step(ranks, 2.0)
-    assert t == 2.0 and speed == pytest.approx(16 / 7 / 2.0)
-    assert median_step([{"step": 1.0, "rates": [1.0]}], 2.0) is None  # recorded before times were
+    k, t, speed = median_step(ranks, 2.0)
+    assert (k, t) == (3, 2.0) and speed == pytest.approx(16 / 7 / 2.0)
+    assert median_step([{"step": 1.0, "rates": [1.0]}], 2.0) is None  # a rank that kept no times
 
 
 def test_the_3d_rows_head_keeps_the_loss_exp_above_underflow():
