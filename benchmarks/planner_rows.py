@@ -96,8 +96,9 @@ def _spec() -> dict:
 
 def _again(r: dict) -> tuple[float, float]:
     """(step, memory) of a recorded row predicted by this checkout at the readings the run recorded
-    (the load and woken share before it; the speed the row was predicted at, `row_speed`: around its
-    reported step, or over the row in files without step times; else the probe's)."""
+    (the load and woken share before it; the speed the row was predicted at, `row_speed`, as that run
+    took it: planner_local.in_row_speed's, or in older files another mean of the ranks' readings; else
+    the probe's)."""
     m, label, lay, batch, fn = _spec()[f"{r['model']} {r['layout']}"]
     rate = (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency      # a speed is over a fit's rate
     speed = (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / rate
