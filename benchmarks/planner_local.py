@@ -52,14 +52,14 @@ machine's other work only, as a user's run would; it reads again for PROBE_AFTER
 too: the probe's products for 0.2 CPU seconds before each step and after the last, outside the
 timed step (planner.probe.Rate, planner_ranks._timed: long enough that a dip of the guest's
 speed for a twentieth of a second, which often strikes both ranks' readings at once, counts for
-its length as it does in a step). The row reports its median step, and predicts it at the median
-of every rank's readings from the one before the second step to the one after the last
-(in_row_speed): the guest's dips are short (a step beside one runs up to half again as long), so
-a median step is one they spared, and a median reading too, wherever the dips fell, in a step
-or between two. Beside it: the prediction at the harmonic mean of the same readings ("harmonic":
-a step's CPU seconds go as 1 / speed, the right mean for a speed that moves slowly), at the probe's
-readings before and after ("probe before/after") and from the reading before alone ("before
-only"), which is what a plan made ahead gets.
+its length as it does in a step). The row reports its median step (median_step) and predicts it
+at the harmonic mean of every rank's readings from the one before the second step to the one
+after the last (planner_rows.in_row_speed: a step's CPU seconds go as 1 / speed). Beside it: the
+prediction at their median ("median reading": the guest's dips are short, a step beside one runs
+up to half again as long, so a median step is one they spared; when they strike most of a row's
+readings neither mean sees the steps between them), at the probe's readings before and after
+("probe before/after") and from the reading before alone ("before only"), which is what a plan
+made ahead gets.
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: of the steps after the first, the one whose slower rank's time is the median (the lower of
 two); that step's CPU seconds (thread_time, the larger rank's) beside.
@@ -85,7 +85,7 @@ from dataclasses import replace
 from rich.table import Table
 
 from benchmarks.planner_nodes import on_two_nodes, two_nodes_possible
-from benchmarks.planner_rows import LOCAL_SW, TUNED, over_runs, predicted, repredict, row_speed, runs  # noqa: F401 (LOCAL_SW, TUNED: the rows' names, read from here)
+from benchmarks.planner_rows import LOCAL_SW, TUNED, in_row_speed, over_runs, predicted, repredict, row_speed, runs  # noqa: F401 (LOCAL_SW, TUNED: the rows' names, read from here)
 from planner import hardware as H
 from planner.hosts import fitted_on, this_cpu
 from planner.plan import predict_layout
@@ -127,20 +127,12 @@ def median_step(got: list[dict]) -> tuple[int, float] | None:
     return k, slower[k - 1]
 
 
-def in_row_speed(got: list[dict], fitted_rate: float, mean=statistics.median) -> float | None:
-    """The speed over the row as its ranks read it (planner_ranks._timed): the median (or `mean`) of
-    every rank's readings from the one before the second step (the first the median counts) to the
-    one after the last, over the fit's rate; None where the ranks read none."""
-    rates = [x for g in got for x in g.get("rates", [])[1:]]
-    return mean(rates) / fitted_rate if rates else None
-
-
 def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     """One row: the probe reads the machine for PROBE_S, paused, the planner predicts from that
     reading, the ranks run alone, reading the speed between their steps; the probe reads again
-    after them. The row's median step (median_step) is predicted at the median of its ranks' readings
-    (in_row_speed), the load and woken share as the probe read them before; beside it, at their
-    harmonic mean and at the probe's readings alone."""
+    after them. The row's median step (median_step) is predicted at the harmonic mean of its ranks'
+    readings (in_row_speed), the load and woken share as the probe read them before; beside it, at
+    their median and at the probe's readings alone."""
     nodes = fn is on_two_nodes
     probe.samples, sleeper.samples = [], []
     before = read_for([probe, sleeper], PROBE_S)
@@ -159,11 +151,11 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
     speed_after = probe.rate() / at
     probe_row = row_speed(speed, speed_after)
     over_row = in_row_speed(got, at) or probe_row
-    harmonic = in_row_speed(got, at, statistics.harmonic_mean) or probe_row
+    by_median = in_row_speed(got, at, statistics.median) or probe_row
     k, step_meas = median_step(got) or (None, max(g["step"] for g in got))
     cpu_meas = max(g["cpus"][k] for g in got) if k else max(g["cpu"] for g in got)     # that step's CPU seconds
     hw, sw, pred = predicted(m, label, lay, batch, nodes, load + nodes, wake, over_row)
-    by_mean = predicted(m, label, lay, batch, nodes, load + nodes, wake, harmonic)[2]
+    at_median = predicted(m, label, lay, batch, nodes, load + nodes, wake, by_median)[2]
     by_probe = predicted(m, label, lay, batch, nodes, load + nodes, wake, probe_row)[2]
     idle = predict_layout(m, m.seq, lay, batch, replace(hw, load=0.0), sw)
     free = Params(0.0, 0.0, 0.0)        # CPU seconds only: no stretch, links without wait
@@ -174,7 +166,7 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
          "step_meas": step_meas, "cpu_meas": cpu_meas,
          "cpu_pred": cpu_only.time["total"] - cpu_only.time["bubble"],
          "time_terms": pred.time, "load": hw.load, "share": share, "wake": wake, "sleeper_cores": used, "speed": speed,
-         "row_speed": over_row, "harmonic_speed": harmonic, "step_pred_harmonic": by_mean.time["total"], "rates": [g.get("rates") for g in got],
+         "row_speed": over_row, "median_speed": by_median, "step_pred_median": at_median.time["total"], "rates": [g.get("rates") for g in got],
          "times": [g.get("times") for g in got], "cpus": [g.get("cpus") for g in got], "probe_row_speed": probe_row, "step_pred_probe": by_probe.time["total"],
          "stretch": stretch, "after": {"load": probe.load(sleeper.used()), "share": probe.share(), "wake": sleeper.share(),
                                        "speed": speed_after},
@@ -182,7 +174,7 @@ def _row(m, label, lay, batch, fn, args, probe, sleeper) -> dict:
          "mem_meas": max(g["peak"] for g in got), "mem_per_rank": [g["peak"] for g in got]}
     console.print(f"{r['model']} {label}: load {r['load']:.1f} (after {r['after']['load']:.1f}), woken {r['wake']:.2f}, "
                   f"speed {r['speed']:.2f} → {r['row_speed']:.2f} (ranks) → {r['after']['speed']:.2f}, "
-                  f"step {r['step_pred'] / r['step_meas'] - 1:+.0%} (harmonic {r['step_pred_harmonic'] / r['step_meas'] - 1:+.0%}, probe before/after {r['step_pred_probe'] / r['step_meas'] - 1:+.0%}, before only {r['step_pred_before'] / r['step_meas'] - 1:+.0%}), "
+                  f"step {r['step_pred'] / r['step_meas'] - 1:+.0%} (median reading {r['step_pred_median'] / r['step_meas'] - 1:+.0%}, probe before/after {r['step_pred_probe'] / r['step_meas'] - 1:+.0%}, before only {r['step_pred_before'] / r['step_meas'] - 1:+.0%}), "
                   f"memory {r['mem_pred'] / r['mem_meas'] - 1:+.0%}",
                   highlight=False)
     return r
@@ -241,7 +233,7 @@ def main(argv=None) -> int:
     console.print(f"median |error|: step time {statistics.median(errs[0]):.0%}, memory {statistics.median(errs[1]):.0%}; "
                   f"misses (time > 25 %, memory > 10 %): "
                   + (", ".join(f"{r['model']} {r['layout']}" for r, et, em in zip(rows, *errs) if et > 0.25 or em > 0.10) or "none"))
-    for key, what in (("step_pred_harmonic", "the harmonic mean of the ranks' readings from the second step on"),
+    for key, what in (("step_pred_median", "the median of the ranks' readings from the second step on"),
                       ("step_pred_probe", "the probe's readings before and after each row"),
                       ("step_pred_before", "the probe's reading before each row alone")):
         e = [abs(r[key] / r["step_meas"] - 1) for r in rows]

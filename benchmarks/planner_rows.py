@@ -67,6 +67,15 @@ def row_speed(before: float, after: float | None) -> float:
     return before if not after else 2.0 / (1.0 / before + 1.0 / after)
 
 
+def in_row_speed(got: list[dict], fitted_rate: float, mean=statistics.harmonic_mean) -> float | None:
+    """The speed over a row as its ranks read it (planner_ranks._timed): the harmonic mean (a step's
+    CPU seconds go as 1 / speed), or `mean`, of every rank's readings from the one before the second
+    step (the first the median counts) to the one after the last, over the fit's rate; None where
+    the ranks read none."""
+    rates = [x for g in got for x in (g.get("rates") or [])[1:]]
+    return mean(rates) / fitted_rate if rates else None
+
+
 def predicted(m, label, lay, batch, nodes: bool, load: float, wake: float, speed: float):
     """(hw, sw, prediction) of one row from the probe's reading: the load (other runnable tasks),
     the woken share, the speed of a CPU second over the fit's."""
@@ -96,12 +105,13 @@ def _spec() -> dict:
 
 def _again(r: dict) -> tuple[float, float]:
     """(step, memory) of a recorded row predicted by this checkout at the readings the run recorded
-    (the load and woken share before it; the speed the row was predicted at, `row_speed`, as that run
-    took it: planner_local.in_row_speed's, or in older files another mean of the ranks' readings; else
-    the probe's)."""
+    (the load and woken share before it; the speed: in_row_speed of the ranks' readings, else the
+    speed the run predicted at, else the probe's)."""
     m, label, lay, batch, fn = _spec()[f"{r['model']} {r['layout']}"]
     rate = (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency      # a speed is over a fit's rate
-    speed = (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / rate
+    ranks = in_row_speed([{"rates": x} for x in r.get("rates") or []], 1.0)
+    speed = (ranks / r["fit"]["rate"] if ranks else r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) \
+        * r["fit"]["rate"] / rate
     p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], speed)[2]
     return p.time["total"], p.memory["total"] - p.memory["reserved"]
 

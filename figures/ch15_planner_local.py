@@ -5,8 +5,8 @@ against the measured ones, one point per layout run on 2-4 CPU ranks (benchmarks
     python -m figures.ch15_planner_local --json local.json     # draw a saved `benchmarks.planner_local --json` run
 
 Left: step time, predicted from cpu_here.json's CPU-time rates, the cores a session got and the
-speed of a CPU second the ranks read between their steps, the median of their readings (planner.probe.Rate,
-benchmarks.planner_local.in_row_speed); the band is ±25 %. Right: peak resident memory above the
+speed of a CPU second the ranks read between their steps (planner.probe.Rate,
+benchmarks.planner_rows.in_row_speed); the band is ±25 %. Right: peak resident memory above the
 pre-model baseline at glibc's defaults, predicted vs measured, band ±10 %. Each point is labelled
 with its row and the load it ran under; a point outside its band is red; each panel's title
 gives the median |error|.

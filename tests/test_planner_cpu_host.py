@@ -347,7 +347,7 @@ def test_probe_counts_other_tasks_not_its_own():
 def test_ranks_read_the_speed_between_their_steps_and_the_row_is_predicted_at_it():
     """planner.probe.Rate inside a rank: the probe's products into outputs made once (a reading
     changes no output's storage and computes the products); benchmarks.planner_ranks._timed reads
-    it before each step and after the last; planner_local.in_row_speed is the median of the
+    it before each step and after the last; planner_local.in_row_speed is the harmonic mean of the
     readings bracketing the timed steps (not the first), every rank's, over the fit's rate (or
     a mean given); median_step's the median step of the slower rank's times."""
     import torch
@@ -374,8 +374,8 @@ def test_ranks_read_the_speed_between_their_steps_and_the_row_is_predicted_at_it
     assert calls == ["read", "step"] * 3 + ["read"] and got["rates"] == [1.0, 3.0, 5.0, 7.0]
     R._RATE.clear()
     ranks = [{"rates": [9.0, 1.0, 2.0]}, {"rates": [9.0, 2.0, 2.0]}]
-    assert in_row_speed(ranks, 2.0) == pytest.approx(2.0 / 2.0)                       # median of 1, 2, 2, 2
-    assert in_row_speed(ranks, 2.0, statistics.harmonic_mean) == pytest.approx(1.6 / 2.0)
+    assert in_row_speed(ranks, 2.0) == pytest.approx(1.6 / 2.0)                       # harmonic mean of 1, 2, 2, 2
+    assert in_row_speed(ranks, 2.0, statistics.median) == pytest.approx(2.0 / 2.0)
     assert in_row_speed([{"step": 1.0}], 2.0) is None                 # a run that read none
     # steps 2-4 (the first is not counted); the slower rank's: 1.0, 3.0, 2.0 -> step 4 (index 3), 2.0 s
     ranks = [{"times": [9.0, 1.0, 3.0, 2.0]}, {"times": [9.0, 0.5, 2.0, 1.9]}]
