@@ -109,9 +109,8 @@ def _again(r: dict) -> tuple[float, float]:
     speed the run predicted at, else the probe's)."""
     m, label, lay, batch, fn = _spec()[f"{r['model']} {r['layout']}"]
     rate = (hw := H.cpu_here()).peak_flops * hw.gemm_efficiency      # a speed is over a fit's rate
-    ranks = in_row_speed([{"rates": x} for x in r.get("rates") or []], 1.0)
-    speed = (ranks / r["fit"]["rate"] if ranks else r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) \
-        * r["fit"]["rate"] / rate
+    ranks = in_row_speed([{"rates": x} for x in r.get("rates") or []], rate)     # FLOPs per CPU second over this fit's
+    speed = ranks or (r.get("row_speed") or row_speed(r["speed"], r.get("after", {}).get("speed"))) * r["fit"]["rate"] / rate
     p = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], speed)[2]
     return p.time["total"], p.memory["total"] - p.memory["reserved"]
 

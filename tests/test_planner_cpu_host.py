@@ -347,13 +347,14 @@ def test_probe_counts_other_tasks_not_its_own():
 def test_ranks_read_the_speed_between_their_steps_and_the_row_is_predicted_at_it():
     """planner.probe.Rate inside a rank: the probe's products into outputs made once (a reading
     changes no output's storage and computes the products); benchmarks.planner_ranks._timed reads
-    it before each step and after the last; planner_local.in_row_speed is the harmonic mean of the
+    it before each step and after the last; planner_rows.in_row_speed is the harmonic mean of the
     readings bracketing the timed steps (not the first), every rank's, over the fit's rate (or
     a mean given); median_step's the median step of the slower rank's times."""
     import torch
 
     from benchmarks import planner_ranks as R
-    from benchmarks.planner_local import in_row_speed, median_step
+    from benchmarks.planner_local import median_step
+    from benchmarks.planner_rows import in_row_speed
     from planner.probe import PRODUCTS, Rate
 
     rate = Rate(cpu_s=0.005)
