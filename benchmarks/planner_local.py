@@ -57,9 +57,9 @@ at the harmonic mean of every rank's readings from the one before the second ste
 after the last (planner_rows.in_row_speed: a step's CPU seconds go as 1 / speed). Beside it: the
 prediction at their median ("median reading": the guest's dips are short, a step beside one runs
 up to half again as long, so a median step is one they spared; when they strike most of a row's
-readings neither the harmonic mean nor the median sees the steps between them), at the probe's readings before and after
-("probe before/after") and from the reading before alone ("before only"), which is what a plan
-made ahead gets.
+readings neither the harmonic mean nor the median sees the steps between them), at the probe's
+readings before and after ("probe before/after") and from the reading before alone ("before
+only"), which is what a plan made ahead gets.
 The benchmark runs itself as a session of its own, as a run from its own terminal would.
 Time: of the steps after the first, the one whose slower rank's time is the median (the lower of
 two); that step's CPU seconds (thread_time, the larger rank's) beside.
