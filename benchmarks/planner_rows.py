@@ -76,6 +76,13 @@ def in_row_speed(got: list[dict], fitted_rate: float, mean=statistics.harmonic_m
     return mean(rates) / fitted_rate if rates else None
 
 
+def least_worst(measured: list[float]) -> float:
+    """The smallest worst-run |error| any one predicted figure can have against these measurements:
+    2·lo·hi / (lo + hi) is as far below the highest as above the lowest, (hi − lo) / (hi + lo) from each."""
+    lo, hi = min(measured), max(measured)
+    return (hi - lo) / (hi + lo)
+
+
 def predicted(m, label, lay, batch, nodes: bool, load: float, wake: float, speed: float):
     """(hw, sw, prediction) of one row from the probe's reading: the load (other runnable tasks),
     the woken share, the speed of a CPU second over the fit's."""
@@ -143,7 +150,7 @@ def over_runs(paths: list[str]) -> None:
     t = Table(title=f"{len(paths)} runs predicted by this checkout: error %, each run, and memory at the runs' median")
     for c in ("row", "runs", "step, each run", "memory, each run", "MiB predicted", "measured median (range)", "error "):
         t.add_column(c, justify="right")
-    misses, on_median = [], []
+    misses, on_median, spread = [], [], []
     for key, rs in got.items():
         step = [s / r["step_meas"] - 1 for r, s, _, _ in rs]
         mem = [m / r["mem_meas"] - 1 for r, _, m, _ in rs]
@@ -152,9 +159,13 @@ def over_runs(paths: list[str]) -> None:
         misses += [f"{key} (run {run}: {' and '.join(w for w, bad in (('step', abs(a) > 0.25), ('memory', abs(b) > 0.10)) if bad)})"
                    for (_, _, _, run), a, b in zip(rs, step, mem) if abs(a) > 0.25 or abs(b) > 0.10]
         on_median += [key] if abs(med) > 0.10 else []
+        if (least := least_worst(meas)) > 0.10:
+            spread.append(f"{key} ({min(meas) / 2**20:.1f}-{max(meas) / 2**20:.1f} MiB: ±{least:.1%})")
         t.add_row(key, str(len(rs)), " ".join(f"{x:+.0%}" for x in step), " ".join(f"{x:+.1%}" for x in mem),
                   f"{rs[0][2] / 2**20:.1f}", f"{statistics.median(meas) / 2**20:.1f} ({min(meas) / 2**20:.1f}-{max(meas) / 2**20:.1f})",
                   f"{med:+.1%}")
     console.print(t)
     console.print(f"misses in a run (step > 25 %, memory > 10 %): {'; '.join(misses) or 'none'}\n"
-                  f"memory beyond 10 % of the runs' median: {', '.join(on_median) or 'none'}", highlight=False)
+                  f"memory beyond 10 % of the runs' median: {', '.join(on_median) or 'none'}\n"
+                  f"rows whose measured peak no single figure meets within 10 % in every run (least_worst): "
+                  f"{'; '.join(spread) or 'none'}", highlight=False)

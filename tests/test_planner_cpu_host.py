@@ -384,6 +384,17 @@ def test_ranks_read_the_speed_between_their_steps_and_the_row_is_predicted_at_it
     assert median_step([{"step": 1.0, "rates": [1.0]}]) is None       # a rank that kept no times
 
 
+def test_least_worst_is_the_best_any_one_figure_can_do_against_every_run():
+    """planner_rows.least_worst: against runs measuring 200 and 250 MiB the figure 222.2 is 11.1 % from
+    both, and any other figure is farther from one of them; one run (or equal ones) allows 0."""
+    from benchmarks.planner_rows import least_worst
+    got = least_worst([200.0, 240.0, 250.0])
+    p = 2 * 200.0 * 250.0 / 450.0
+    assert got == pytest.approx(1 / 9) and abs(p / 200 - 1) == pytest.approx(got) == pytest.approx(1 - p / 250)
+    assert all(max(abs(q / 200 - 1), abs(q / 250 - 1)) > got for q in (p - 1, p + 1))
+    assert least_worst([210.0]) == least_worst([5.0, 5.0]) == 0.0
+
+
 def test_the_3d_rows_head_keeps_the_loss_exp_above_underflow():
     """benchmarks.planner_local's 3D rows build their last stage's head table as Hugging Face
     initialises DistilBERT's (std 0.02): the loss's exp(z − max z) then never sees an input below
