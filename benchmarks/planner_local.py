@@ -34,7 +34,7 @@ What calibrates what: the rates (GEMM, the layer's and the logits' non-matmul wo
 collective call's CPU) are CPU seconds fitted by `python -m benchmarks.planner_fit` on
 micro-benchmarks at other shapes (planner/cpus/PROCESSOR/cpu_here.json, planner.hosts); the links are the α-β that
 benchmarks.one_host fitted (primitives.engine.cost.FITTED); the pages a step maps afresh and
-a page's cost from page faults and a block micro-benchmark (benchmarks.planner_fit_map); the
+a page's cost from page faults and the calibration step mapped and not (benchmarks.planner_fit_map); the
 allocator's slack, the ZeRO-3 module cost and step_cpu (a step's CPU over its parts: one ratio,
 planner.hardware.per_step) from this benchmark's own DDP / ZeRO steps at a calibration shape
 (benchmarks.planner_fit_engine: the DDP rows run the same code at other shapes); the wait a

@@ -26,7 +26,8 @@ compute      FLOPs of one micro-batch on one stage (planner.model) at peak·gemm
              bytes per saved activation byte, map_head per logit byte, mmap_s per byte (the
              "allocator" term; benchmarks.planner_fit_map fits the three); at glibc's defaults
              only a logit block of 32 MiB or more is (its dynamic threshold rises no further):
-             the top's four, the logits, log-softmax and their gradients
+             the top's four, the logits, log-softmax and their gradients. Mapped, a step also maps
+             Adam's two temporaries of the shard and ZeRO-0's flat gradient copy afresh
 tp           each collective of Megatron's layer (tensor_parallel.engine.formulas.layer_traffic:
              4 all-reduces of b·s·h, or 6 all-gathers + 4 reduce-scatters with sp) at the α-β cost
              of the node's link (primitives.engine.cost.predict, ring; on a CPU host the ranks' own
@@ -269,7 +270,12 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         opt = shard / hw.host_adam * stretch
     else:
         opt = shard * 36 / hw.mem_bandwidth
-    out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc, "tp comm": m * tp_exposed_mb,
+    if mapped:     # beside the layers and the top a step maps afresh Adam's two temporaries of the shard (torch's
+        # single-tensor AdamW and the ZeRO engine's: the denominator's square root and quotient) and ZeRO-0's flat copy
+        alloc_step = (2 * shard * bpe + (psi * gb if lay.zero == 0 and lay.dp > 1 else 0.0)) * hw.mmap_s * stretch
+    else:
+        alloc_step = 0.0
+    out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc + alloc_step, "tp comm": m * tp_exposed_mb,
            "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt,
            "wait": m * (blocking_mb * wait_time(lay, hw, t) + recvs_mb * wait_time(lay, hw, 2)) + dp_calls * wait_time(lay, hw, lay.dp)}
     if hw.cores and p > 1:   # the session's cores bound its ranks' CPU seconds together: r/p pipelines of p stages

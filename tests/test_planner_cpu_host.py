@@ -222,8 +222,8 @@ def test_mapped_blocks_keep_no_slack_and_cost_faults():
     nothing beyond live tensors, and each step's fresh mappings cost mmap_s per byte."""
     from dataclasses import replace
     from planner.memory import memory
-    hw, m = replace(H.load("cpu-here"), alloc_slack=40 * 2**20, mmap_s=1e-9), PRESETS["distilbert"]
-    sw = Software(False, False, False)
+    hw = replace(H.load("cpu-here"), alloc_slack=40 * 2**20, zero1_slack=0.0, zero2_slack=0.0, mmap_s=1e-9)
+    m, sw = PRESETS["distilbert"], Software(False, False, False)
     z0, z1, z2, z3 = (memory(m, 32, Layout(2, 1, 1, zero=z, mb=2), 4, hw, sw)["allocator"] for z in (0, 1, 2, 3))
     assert z0 == z1 == z2 > 0.0 == z3
     assert memory(m, 32, Layout(2, 1, 1, mb=2), 4, hw, replace(sw, mapped_alloc=True))["allocator"] == 0.0
@@ -233,9 +233,10 @@ def test_mapped_blocks_keep_no_slack_and_cost_faults():
 
 def test_fresh_pages_cost_per_byte_and_logit_blocks_past_glibcs_maximum_are_mapped_anyway():
     """The allocator term: a mapped step touches map_layer bytes afresh per saved layer byte and
-    map_head per logit byte, each at mmap_s (ZeRO-3 on this host); at glibc's defaults only a logit
-    block of 32 MiB or more is mapped (its dynamic threshold stops there): the top's four such
-    blocks (logits, log-softmax, their gradients) pay, nothing else."""
+    map_head per logit byte, each at mmap_s (ZeRO-3 on this host), and once a step Adam's two
+    temporaries of the rank's shard and ZeRO-0's flat gradient copy (the tuned DDP row); at glibc's
+    defaults only a logit block of 32 MiB or more is mapped (its dynamic threshold stops there): the
+    top's four such blocks (logits, log-softmax, their gradients) pay, nothing else."""
     from dataclasses import replace
     from planner.memory import torch_layer_activation_bytes
     from planner.model import Model
@@ -245,16 +246,20 @@ def test_fresh_pages_cost_per_byte_and_logit_blocks_past_glibcs_maximum_are_mapp
     for m in (small, big):
         lay = Layout(2, 1, 1, zero=3, mb=4)
         act = torch_layer_activation_bytes(m, 128, lay)
-        z3 = step_time(m, 128, lay, 8, hw, sw)["allocator"]
-        assert z3 == pytest.approx((2 * act * 5.0 + 4 * 512 * m.vocab * 4.0) * 1e-9)
+        layers_top = (2 * act * 5.0 + 4 * 512 * m.vocab * 4.0) * 1e-9
+        assert step_time(m, 128, lay, 8, hw, sw)["allocator"] == pytest.approx(layers_top + 2 * 4 * m.params() / 2 * 1e-9)
+        ddp = step_time(m, 128, Layout(2, 1, 1, mb=4), 8, hw, replace(sw, mapped_alloc=True))["allocator"]
+        assert ddp == pytest.approx(layers_top + 3 * 4 * m.params() * 1e-9)     # Adam's two of Ψ, the flat copy
+        z1 = step_time(m, 128, Layout(2, 1, 1, zero=1, mb=4), 8, hw, replace(sw, mapped_alloc=True))["allocator"]
+        assert z1 == pytest.approx(layers_top + 2 * 4 * m.params() / 2 * 1e-9)     # ZeRO-1 makes no flat copy
     assert step_time(small, 128, Layout(2, 1, 1, mb=4), 8, hw, sw)["allocator"] == 0.0
     assert step_time(big, 128, Layout(2, 1, 1, mb=4), 8, hw, sw)["allocator"] == pytest.approx(4 * (512 * 16384 * 4) * 1e-9)
 
 
 def test_a_steps_cpu_scales_the_micro_benchmarks_rates_only():
     """step_cpu = k: every term of a step's ops (matmul, elementwise, optimizer) costs k times its
-    micro-benchmark rate; a page fault (mmap_s) costs what it costs alone and ZeRO-3's per-call cost
-    is fitted on whole steps: neither scales; per_step applies it once."""
+    micro-benchmark rate; a page fault (mmap_s) and ZeRO-3's per-call cost are fitted on whole
+    steps: neither scales; per_step applies it once."""
     from dataclasses import replace
     hw, m = replace(H.load("cpu-here"), cores=2, step_cpu=1.0), PRESETS["tiny"]
     sw = Software(False, False, False)
@@ -274,14 +279,20 @@ def test_a_steps_cpu_scales_the_micro_benchmarks_rates_only():
 def test_map_fit_counts_a_layers_fresh_pages():
     """benchmarks.planner_fit_map in one process with glibc's threshold at 64 KiB: a layer's forward
     and backward touch afresh several times the bytes it saves (its products and their gradients),
-    a head several times its logits; a layer whose blocks are all under 64 KiB is not counted."""
+    a head several times its logits; a layer whose blocks are all under 64 KiB is not counted; the
+    calibration step's fresh bytes include what a step maps beside its layers and top."""
     from benchmarks.planner_fit_map import huge_pages_always, map_sweep
+    from planner.host_memory import SLACK_CAL
     from primitives.launch import spawn
     if huge_pages_always():
         pytest.skip("transparent huge pages are 'always': a fault does not count one 4 KiB page")
     got, = spawn(map_sweep, 1, args=(((64, 4, 256, 16, 2), (128, 4, 512, 64, 4)), 1, True), timeout=120)
     assert 3.0 < got["map_layer"] < 10.0 and 3.0 < got["map_head"] < 8.0, got
-    assert got["block_s"] > 0.0
+    # beside its layers and top the calibration step maps afresh its flat gradient copy and Adam's two
+    # temporaries, 12 bytes a parameter (planner.steptime's mapped step; its few small tensors stay in the heap)
+    psi = SLACK_CAL.params()
+    assert got["tail_fresh"] == pytest.approx(12 * psi, rel=0.03), (got, 12 * psi)
+    assert got["step_s"] > 0.0 and got["step_fresh"] > got["tail_fresh"]
 
 
 def test_shm_segments_a_rank_touches():
