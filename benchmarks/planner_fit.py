@@ -36,15 +36,19 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
     call_overhead                 CPU seconds of one small all-reduce through ringzero's default
                                   path (its check, plan, and the transport's waits)
     mmap_s, map_layer, map_head   fresh mappings (benchmarks.planner_fit_map): CPU seconds per
-                                  byte first touched in a mapped block beyond a reused heap block,
+                                  byte first touched in a mapped block beyond a reused heap block
+                                  (the calibration step mapped against the same at glibc's defaults),
                                   and the bytes a layer (a top) touches afresh per saved byte (per
                                   logit byte) with glibc's mmap threshold at 64 KiB, by page faults
-    alloc_slack, pipe_slack,      whole steps (benchmarks.planner_fit_engine): the rows' own
+    alloc_slack, zero1_slack,     whole steps (benchmarks.planner_fit_engine): the rows' own
+    zero2_slack, pipe_slack,
     step_cpu, zero3_module_s      measurement at a calibration shape, CAL (L 3, h 192, V 12288,
                                   mb 4), 2 ranks: the DDP step's peak beyond the planner's live
-                                  bytes, the median of 8 fresh interpreters (each launch draws its
-                                  own slack: slack_fit); PIPE_CAL's pipeline (L 4, pp 2, mb 2) the
-                                  same way, per byte of its largest freed block (pipe_slack_fit);
+                                  bytes, the median of 16 fresh interpreters (each launch draws its
+                                  own slack: slack_fit); zero_from_scratch's ZeRO-1 and ZeRO-2
+                                  steps there (zero1_slack, zero2_slack) and PIPE_CAL's pipeline
+                                  (L 4, pp 2, mb 2, pipe_slack_fit) the same way, per byte of
+                                  their largest freed block;
                                   the median of 5 runs in one: its CPU
                                   seconds over the planner's sum of its parts at the rates above
                                   (a step's ops do not run as alone);
@@ -78,7 +82,7 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
     slice_cpu                     a rank's CPU seconds per step once the ranks outnumber the cores
                                   (benchmarks.planner_fit_engine.slice_fit)
     python -m benchmarks.planner_fit --slices        # only slice_cpu, into the existing file (~1 min)
-    python -m benchmarks.planner_fit --slack         # only alloc_slack and pipe_slack, into the existing file (~5 min)
+    python -m benchmarks.planner_fit --slack         # only the slacks, into the existing file (~20 min)
 Across nodes multinode/'s shaped veth (planner.hardware.cpu_here); `cores` from os.cpu_count().
 """
 from __future__ import annotations
@@ -191,7 +195,7 @@ def main(argv=None) -> int:
                     "(zero3_module_s, step_cpu; the slack: --slack)")
     ap.add_argument("--loss", action="store_true", help="fit only vp_loss_s, into the existing --out file")
     ap.add_argument("--slices", action="store_true", help="fit only slice_cpu, into the existing --out file")
-    ap.add_argument("--slack", action="store_true", help="fit only alloc_slack and pipe_slack, into the existing --out file")
+    ap.add_argument("--slack", action="store_true", help="fit only the slacks (alloc, zero1, zero2, pipe), into the existing --out file")
     ap.add_argument("--llama", action="store_true", help="fit only llama's layer line, into the existing --out file")
     a = ap.parse_args(argv)
     if a.ranks < 1 or not a.links_median and not writable(a.out):     # --links-median writes nothing

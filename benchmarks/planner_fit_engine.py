@@ -2,18 +2,18 @@
 measurement (benchmarks.planner_ranks) at a calibration shape, CAL, that no row of
 benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.planner_fit_map).
 
-    python -m benchmarks.planner_fit --engine       # refits step_cpu, zero3_module_s and the mappings (~2 min idle)
+    python -m benchmarks.planner_fit --engine       # refits step_cpu, zero3_module_s and the mappings (~3 min idle)
 
     step_cpu        the DDP step's CPU seconds over the planner's sum of its parts at the
                     micro-benchmarks' rates, at the speed planner.probe reads just before (as a
                     row is predicted): what a step costs beyond its parts measured alone, one
                     ratio for every row (what makes it up is not measured: the parts repeat one
                     op or layer on warm caches and a reused heap block; a step's data has left
-                    the caches and glibc returns and takes back pages, which a mapped row also
-                    pays at mmap_s: counted twice there)
+                    the caches and glibc returns and takes back pages; mmap_s, fitted on a whole
+                    step against the same step at glibc's defaults, is charged beside it)
     zero3_module_s  ZeRO-3's CPU seconds beyond ZeRO-1's and beyond what the planner counts for
                     the difference (the fresh mappings the engine's 64 KiB threshold makes,
-                    map_layer and map_head at mmap_s; the collective calls) per module fetch or
+                    map_layer, map_head and Adam's temporaries at mmap_s; the collective calls) per module fetch or
                     release (3 per module with parameters and step): the engine's hooks, gathers,
                     frees and the pages of parameters and gradients it maps
 
@@ -24,11 +24,11 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
     alloc_slack     the DDP step's peak RSS at glibc's defaults minus the planner's count without
                     slack, the median over SLACK_LAUNCHES fresh interpreters (slack_fit: the slack is
                     drawn at launch, benchmarks.planner_slack_seeds; the ranks of one interpreter
-                    share its forkserver's draw). The ZeRO-1 engine step's slack, in one
-                    interpreter, is recorded by --engine, not used (planner.host_memory.allocator_slack
-                    gives that engine the same slack). Neither is in --engine:
+                    share its forkserver's draw); zero1_slack and zero2_slack the same for
+                    zero_from_scratch's ZeRO-1 and ZeRO-2 step, per byte of its largest freed
+                    block. None of the four is in --engine:
     python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
-    python -m benchmarks.planner_fit --slack        # only alloc_slack and pipe_slack, into the existing file (~5 min idle)
+    python -m benchmarks.planner_fit --slack        # only the slacks, into the existing file (~20 min idle)
 
 The --engine terms are each the median of 5 runs of 2 ranks × (DDP, ZeRO-1, ZeRO-3) × 4 steps: a step's CPU moves by up
 to a third from one run to the next on a shared virtual machine. The
@@ -57,7 +57,7 @@ from primitives.launch import spawn
 
 CAL = SLACK_CAL     # L 3, h 192, V 12288: the shape planner.host_memory moves the slack from
 SLICE_MAX_CORES = 8     # slice_fit runs 4C ranks at once
-SLACK_LAUNCHES = 8      # slack_fit's fresh interpreters: one launch's slack is one draw (38-73 MiB for gpt-mini here)
+SLACK_LAUNCHES = 16     # slack_fit's fresh interpreters: each launch's slack is one draw (38-73 MiB for gpt-mini here)
 
 
 def cpu_alone(lay: Layout, hw) -> float:
@@ -68,15 +68,13 @@ def cpu_alone(lay: Layout, hw) -> float:
 
 
 def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs: int = 5) -> dict:
-    """{mmap_s, map_layer, map_head, the ZeRO-1 slack, zero3_module_s, step_cpu}, given
+    """{mmap_s, map_layer, map_head, mmap_block_s (map_fit), zero3_module_s, step_cpu}, given
     the rest of the fit (`doc`, cpu_here.json's fields). planner.probe reads the speed of a CPU
     second before each measurement, as before a row, and every CPU-second term is stored at the
     fit's speed (× the reading), as the planner's at_speed divides it again. First the fresh
     mappings (map_fit, at `layers`, `ranks` processes); then benchmarks.planner_local's own
-    measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (the allocator's
-    slack moves by tens of MiB from one run to the next, a step's CPU by up to a third): the ZeRO-1
-    engine step's peak minus the planner's live bytes for it (what glibc keeps beyond them at its
-    defaults; the DDP step's is slack_fit's, over fresh interpreters); the DDP step's CPU seconds over the
+    measurement on the calibration shape CAL, 2 ranks, each the median of `runs` (a step's CPU moves
+    by up to a third from one run to the next): the DDP step's CPU seconds over the
     planner's for it at the micro-benchmarks' rates (step_cpu); the CPU seconds ZeRO-3's step
     spends beyond ZeRO-1's and beyond the planner's own difference of the two at that step_cpu
     (the fresh mappings it counts, the collectives), per module fetch or release (its hooks,
@@ -98,8 +96,9 @@ def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs:
         speed = speed_now()
         maps = map_fit(layers, ranks)
         maps["mmap_s"] *= speed
-        hw = cpu_here(2, fitted={**doc, **maps, "alloc_slack": 0.0, "step_cpu": 1.0, "zero3_module_s": 0.0})
-        pred1 = memory(CAL, CAL.seq, Layout(2, 1, 1, zero=1, mb=mb), 2 * mb, hw)
+        maps["mmap_block_s"] *= speed
+        hw = cpu_here(2, fitted={**doc, **{k: v for k, v in maps.items() if k != "mmap_block_s"}, "alloc_slack": 0.0,
+                                 "step_cpu": 1.0, "zero3_module_s": 0.0})
         calls = 3 * (zero3_units(CAL, hw) * CAL.layers + 3)
         for _ in range(runs):
             speed = speed_now()
@@ -107,27 +106,28 @@ def engine_fit(doc: dict, layers, ranks: int, mb: int = 4, steps: int = 4, runs:
             z0, z1, z3 = (spawn(_rank, 2, args=(CAL, mb, steps, z), timeout=900) for z in (None, 1, 3))
             k = slowest(z0, "cpu") / cpu_alone(Layout(2, 1, 1, mb=mb), here)
             cpu1, cpu3 = (cpu_alone(Layout(2, 1, 1, zero=z, mb=mb), dataclasses.replace(here, step_cpu=k)) for z in (1, 3))
-            fits.append((max(0.0, slowest(z1, "peak") - (pred1["total"] - pred1["reserved"])),
-                         max(0.0, slowest(z3, "cpu") - slowest(z1, "cpu") - (cpu3 - cpu1)) / calls * speed, k))
+            fits.append((max(0.0, slowest(z3, "cpu") - slowest(z1, "cpu") - (cpu3 - cpu1)) / calls * speed, k))
     finally:
         if probe is not None:
             probe.stop()
-    return {**maps, **dict(zip(("slack_zero", "zero3_module_s", "step_cpu"),
-                               (statistics.median(f[i] for f in fits) for i in range(3))))}
+    return {**maps, **dict(zip(("zero3_module_s", "step_cpu"), (statistics.median(f[i] for f in fits) for i in range(2))))}
 
 
-def slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, list]:
+def slack_fit(doc: dict, launches: int = SLACK_LAUNCHES, zero: int = 0) -> tuple[float, list]:
     """(alloc_slack, each launch's): CAL's DDP step, 2 ranks, 4 steps, the rows' own measurement
     (benchmarks.planner_ranks._rank), in `launches` fresh interpreters (benchmarks.planner_slack_seeds
     .launch, as Python starts by default: each its own string-hash seed and address layout, so its
     own draw of the heap a step starts from; spawn's ranks fork from one forkserver per
     interpreter, so runs within one interpreter draw once), each the larger rank's peak less the
-    planner's count without slack; the median."""
-    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0})
-    pred = memory(CAL, CAL.seq, Layout(2, 1, 1, mb=SLACK_MB), 2 * SLACK_MB, hw)
+    planner's count without slack; the median. `zero` 1 or 2: the same through zero_from_scratch's
+    engine at that stage, the median over the step's largest freed block (zero1_slack, zero2_slack:
+    bytes per byte, planner.host_memory.allocator_slack)."""
+    hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "zero1_slack": 0.0, "zero2_slack": 0.0})
+    pred = memory(CAL, CAL.seq, Layout(2, 1, 1, zero=zero, mb=SLACK_MB), 2 * SLACK_MB, hw)
     count = pred["total"] - pred["reserved"] - pred["allocator"]
-    got = [max(0.0, launch(CAL.name, 4, "ranks", None) - count) for _ in range(launches)]
-    return statistics.median(got), got
+    got = [max(0.0, launch(CAL.name, 4, f"zero{zero}" if zero else "ranks", None) - count) for _ in range(launches)]
+    lay = Layout(2, 1, 1, zero=zero, mb=SLACK_MB)
+    return statistics.median(got) / (largest_freed(CAL, lay, CAL.seq, stage_kinds(lay, pred["stage"])) if zero else 1.0), got
 
 
 def pipe_slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, list]:
@@ -144,14 +144,18 @@ def pipe_slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, li
 
 
 def refit_slack(doc: dict, how: str) -> str:
-    """Fit alloc_slack (slack_fit) and pipe_slack (pipe_slack_fit) into `doc`, each launch's slack beside them."""
+    """Fit alloc_slack (slack_fit), the ZeRO-1 and ZeRO-2 engine steps' (slack_fit at that stage) and
+    pipe_slack (pipe_slack_fit) into `doc`, each launch's slack beside them."""
     k, got = slack_fit(doc)
-    doc.update(alloc_slack=k)
+    (z1, got1), (z2, got2) = (slack_fit(doc, zero=z) for z in (1, 2))
+    doc.update(alloc_slack=k, zero1_slack=z1, zero2_slack=z2)
     pipe, piped = pipe_slack_fit(doc)
-    doc.update(pipe_slack=pipe, slack_fit={"command": how, "launches": got, "pipe_launches": piped})
-    return (f"allocator slack {k / 2**20:.1f} MiB, the median of {len(got)} launches "
-            f"({min(got) / 2**20:.1f}-{max(got) / 2**20:.1f}); a pipeline stage's {pipe:.2f} bytes per byte of its "
-            f"largest freed block ({min(piped) / 2**20:.1f}-{max(piped) / 2**20:.1f} MiB over {len(piped)} launches)")
+    doc.update(pipe_slack=pipe, slack_fit={"command": how, "launches": got, "zero1_launches": got1, "zero2_launches": got2,
+                                           "pipe_launches": piped})
+    span = lambda xs: f"{min(xs) / 2**20:.1f}-{max(xs) / 2**20:.1f}"  # noqa: E731
+    return (f"allocator slack {k / 2**20:.1f} MiB, the median of {len(got)} launches ({span(got)}); per byte of the largest "
+            f"freed block, the ZeRO-1 engine's step {z1:.2f} ({span(got1)} MiB), ZeRO-2's {z2:.2f} ({span(got2)} MiB), "
+            f"a pipeline stage's {pipe:.2f} ({span(piped)} MiB), {len(piped)} launches each")
 
 
 def slice_fit(doc: dict, runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[float, list]:
@@ -182,15 +186,12 @@ def map_line(maps: dict) -> str:
 
 
 def refit_engine(doc: dict, layers, ranks: int, how: str) -> str:
-    """Fit the mappings and the whole-step terms (engine_fit) into `doc`; the ZeRO-1 engine step's
-    slack is recorded beside the fit, not used (the planner gives that engine the DDP step's:
-    planner.host_memory.allocator_slack says why)."""
+    """Fit the mappings and the whole-step terms (engine_fit) into `doc`; a 1 MiB block's page cost
+    alone is printed beside the step's, not kept."""
     eng = engine_fit(doc, layers, ranks)
-    slack_zero = eng.pop("slack_zero")
-    doc.update(eng, engine_fit=f"{how}; the ZeRO-1 engine step's slack {slack_zero / 2**20:.1f} MiB (recorded; the "
-                               "planner uses alloc_slack)")
-    return (f"the ZeRO-1 engine's slack {slack_zero / 2**20:.0f} MiB (one interpreter); "
-            f"{map_line(doc)}; ZeRO-3 {doc['zero3_module_s'] * 1e3:.2f} ms CPU per module fetch/release; a step's CPU "
+    block = eng.pop("mmap_block_s")
+    doc.update(eng, engine_fit=how)
+    return (f"{map_line(doc)} (a 1 MiB block alone {block * 2**20 * 1e3:.2f} ms per MiB); ZeRO-3 {doc['zero3_module_s'] * 1e3:.2f} ms CPU per module fetch/release; a step's CPU "
             f"{doc['step_cpu']:.2f}× its parts at the micro-benchmarks' rates")
 
 

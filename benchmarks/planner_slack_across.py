@@ -2,19 +2,22 @@
 pipeline's stages at shapes beside the rows', measured over fresh launches, against
 planner.host_memory.allocator_slack.
 
-    python -m benchmarks.planner_slack_across                 # every case, 6 launches each (~12 min idle)
+    python -m benchmarks.planner_slack_across                 # every case, 6 launches each (~20 min idle)
+    python -m benchmarks.planner_slack_across --only zero1    # one engine's cases
     python -m benchmarks.planner_slack_across --launches 3 --only pipe
 
 Cases (L 4, h 256 as gpt-mini, seq 128; the vocabulary and micro-batches move the largest block a
 step frees, S = planner.host_memory.largest_freed): the DDP step (benchmarks.planner_ranks._rank,
-2 ranks, mb 4 or 2) at vocabularies 4,096 and 16,000, and the pipeline (planner_ranks._pp_rank,
+2 ranks, mb 4 or 2) at vocabularies 4,096 and 16,000, the same through zero_from_scratch's ZeRO-1
+and ZeRO-2 engine, and the pipeline (planner_ranks._pp_rank,
 pp 2, mb 2) at 4,096 and 16,000 with 4 micro-batches and at gpt-mini's 8,192 with 2, 4 and 8. Each
 launch is a fresh interpreter as Python starts by default (benchmarks.planner_slack_seeds.launch:
 its own draw of the heap), 4 steps; its slack is the larger rank's peak less the planner's count
 of its heavier stage without slack. Printed: each case's median and range, the median in bytes
-per byte of S, and the planner's slack term. The DDP rule adds S to a constant; the pipeline's
-is proportional to S at the fit's 4 micro-batches, which the m 2 and m 8 cases test.
-Cost: --launches × 7 launches of 4 steps.
+per byte of S, and the planner's slack term. The DDP rule adds twice S to a constant; the ZeRO
+engine's is proportional to S, as the pipeline's at the fit's 4 micro-batches (the m 2 and m 8
+cases test its square root).
+Cost: --launches × 11 launches of 4 steps.
 """
 from __future__ import annotations
 
@@ -34,8 +37,11 @@ from primitives.log import console
 from rich.table import Table
 
 MiB = 2**20
-CASES = [("ddp", 4096, 4, 1), ("ddp", 16000, 2, 1), ("pipe", 4096, 2, 4), ("pipe", 16000, 2, 4),
+CASES = [("ddp", 4096, 4, 1), ("ddp", 16000, 2, 1), ("zero1", 4096, 4, 1), ("zero1", 16000, 2, 1),
+         ("zero2", 4096, 4, 1), ("zero2", 16000, 2, 1), ("pipe", 4096, 2, 4), ("pipe", 16000, 2, 4),
          ("pipe", 8192, 2, 2), ("pipe", 8192, 2, 4), ("pipe", 8192, 2, 8)]      # (engine, vocabulary, mb, micro-batches)
+CHILD = {"ddp": "ranks", "zero1": "zero1", "zero2": "zero2", "pipe": "pipe"}     # a case's launched child
+ZERO = {"ddp": 0, "zero1": 1, "zero2": 2}
 
 
 def shape(vocab: int) -> Model:
@@ -45,8 +51,8 @@ def shape(vocab: int) -> Model:
 def planned(engine: str, vocab: int, mb: int, micro: int) -> tuple[float, float, float]:
     """(the planner's count without slack, its slack term, S) of the case's heavier stage."""
     m = shape(vocab)
-    lay = Layout(2, 1, 1, mb=mb) if engine == "ddp" else Layout(1, 1, 2, mb=mb)
-    batch = 2 * mb if engine == "ddp" else mb * micro
+    lay = Layout(2, 1, 1, zero=ZERO[engine], mb=mb) if engine in ZERO else Layout(1, 1, 2, mb=mb)
+    batch = 2 * mb if engine in ZERO else mb * micro
     hw = cpu_here(2)
     full = memory(m, m.seq, lay, batch, hw)
     count = full["total"] - full["reserved"] - full["allocator"]
@@ -56,8 +62,8 @@ def planned(engine: str, vocab: int, mb: int, micro: int) -> tuple[float, float,
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--launches", type=int, default=6, help="fresh interpreters per case (default 6)")
-    ap.add_argument("--only", choices=("ddp", "pipe"), help="one engine's cases")
-    ap.add_argument("--child", choices=("ranks", "pipe"), help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=tuple(CHILD), help="one engine's cases")
+    ap.add_argument("--child", choices=tuple(CHILD.values()), help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -69,7 +75,8 @@ def main(argv=None) -> int:
         vocab, mb, micro = map(int, a.case.split(","))
         m = shape(vocab)
         steps = a.steps or 4
-        got = (spawn(_rank, 2, args=(m, mb, steps, None), timeout=900) if a.child == "ranks"
+        zero = {CHILD[e]: z for e, z in ZERO.items()}
+        got = (spawn(_rank, 2, args=(m, mb, steps, zero[a.child] or None), timeout=900) if a.child in zero
                else spawn(_pp_rank, 2, args=(m, mb, micro, steps), timeout=900))
         print(json.dumps({"peak": max(g["peak"] for g in got)}))
         return 0
@@ -82,7 +89,7 @@ def main(argv=None) -> int:
         if a.only and engine != a.only:
             continue
         count, term, big = planned(engine, vocab, mb, micro)
-        got = [launch("", 4, "ranks" if engine == "ddp" else "pipe", None, module="benchmarks.planner_slack_across",
+        got = [launch("", 4, CHILD[engine], None, module="benchmarks.planner_slack_across",
                       extra=("--case", f"{vocab},{mb},{micro}")) - count for _ in range(a.launches)]
         med = statistics.median(got)
         t.add_row(engine, f"{vocab:,}", str(mb), str(micro), f"{big / MiB:.1f}", f"{count / MiB:.1f}", f"{med / MiB:.1f}",

@@ -44,6 +44,7 @@ MiB = 2**20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository: the launches import from it
 MODELS = {m.name: m for m in (*SHAPES, SLACK_CAL, PIPE_CAL)}
 MB = 4
+CHILD_ZERO = {"ranks": None, "zero1": 1, "zero2": 2}     # a launch's 2 ranks: the DDP row, zero_from_scratch's ZeRO-1 / 2 rows
 
 
 def _alone(m, steps: int) -> list[int]:
@@ -72,7 +73,7 @@ def _alone(m, steps: int) -> list[int]:
 
 def launch(shape: str, steps: int, mode: str, seed: int | None, module: str = "benchmarks.planner_slack_seeds",
            extra: tuple = ()) -> int:
-    """One fresh interpreter's peak (bytes; the larger rank's in modes ranks and pipe) from `module`'s
+    """One fresh interpreter's peak (bytes; the larger rank's in modes ranks, zero1, zero2 and pipe) from `module`'s
     child mode; with a seed, its PYTHONHASHSEED and an unrandomized address space, else Python's and
     Linux's defaults."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=8, help="hash seeds 1..N, N random launches, N ranks launches (default 8)")
     ap.add_argument("--steps", type=int, default=4, help="steps per launch; its peak is the largest step's "
                     "(default 4, planner_local's)")
-    ap.add_argument("--child", choices=("alone", "ranks", "pipe"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("alone", *CHILD_ZERO, "pipe"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.seeds < 1 or a.steps < 1:
         ap.error(f"--seeds {a.seeds} --steps {a.steps}: expected positive counts")
@@ -118,8 +119,8 @@ def main(argv=None) -> int:
     if a.child == "alone":
         print(json.dumps({"peak": max(_alone(m, a.steps))}))
         return 0
-    if a.child in ("ranks", "pipe"):
-        got = (spawn(_rank, 2, args=(m, MB, a.steps, None), timeout=900) if a.child == "ranks"
+    if a.child in (*CHILD_ZERO, "pipe"):
+        got = (spawn(_rank, 2, args=(m, MB, a.steps, CHILD_ZERO[a.child]), timeout=900) if a.child in CHILD_ZERO
                else spawn(_pp_rank, 2, args=(m, 2, PIPE_CAL_MICRO, a.steps), timeout=900))
         print(json.dumps({"peak": max(g["peak"] for g in got)}))
         return 0

@@ -72,6 +72,8 @@ class Hardware:
                                  # defaults (glibc: freed heap blocks once its mmap threshold has risen)
     pipe_slack: float = 0.0      # bytes a pipeline stage's heap keeps per byte of its largest freed block (0: no fit;
                                  # planner.host_memory.allocator_slack)
+    zero1_slack: float = 0.0     # bytes zero_from_scratch's ZeRO-1 / ZeRO-2 step keeps per byte of its largest freed
+    zero2_slack: float = 0.0     # block (benchmarks.planner_fit --slack); 0: no fit, alloc_slack's rule
     mmap_s: float = 0.0          # CPU seconds per byte first touched in a freshly mapped block (page fault, mmap/munmap)
     map_layer: float = 0.0       # bytes a layer's forward + backward touches afresh per byte it saves, and the top per
     map_head: float = 0.0        # logit byte, when every large block is mapped (benchmarks.planner_fit_map)
@@ -135,7 +137,7 @@ def cpu_here(ranks_per_node: int = 2, load: float = 0.0, fitted: dict | None = N
 
 
 # CPU seconds per unit of a step's ops, fitted on micro-benchmarks (with peak_flops and host_adam, units per CPU
-# second); a page fault (mmap_s) costs the same in a step as alone, and zero3_module_s is fitted on whole steps
+# second); a page fault (mmap_s) and zero3_module_s are fitted on whole steps, so step_cpu does not scale them
 MICRO = ("op_overhead", "elementwise_s", "llama_op_overhead", "llama_elementwise_s", "logit_s", "vp_loss_s",
          "call_overhead")
 

@@ -83,6 +83,9 @@ def stage_kinds(lay, stage: str) -> dict:
 SLACK_CAL_MB = 4        # SLACK_CAL's micro-batch in its DDP step (benchmarks.planner_fit_engine.slack_fit)
 CAL_BLOCKS = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}       # that step's kinds: all of them
 CAL_S = largest_freed(SLACK_CAL, Layout(2, 1, 1, mb=SLACK_CAL_MB), SLACK_CAL.seq, CAL_BLOCKS)   # its S, once
+# the DDP step's slack per byte of S between two shapes no row runs: the calibration step's (alloc_slack, 72.6
+# MiB over 16 launches at S 24 MiB) and benchmarks.planner_slack_across's V 4,096 (41.1 MiB at S 8 MiB), RESULTS.md
+SLACK_SLOPE = 2.0
 PIPE_CAL = Model("gpt-pcal", 4, 256, 4, 16000, 128, positions=128)    # pipe_slack's shape: pp 2, mb 2,
 PIPE_CAL_MICRO = 4                                                     # and its micro-batches a step
 
@@ -100,17 +103,23 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> f
     one process with PYTHONHASHSEED and its address layout fixed keeps the same slack twice; as
     Python starts it, gpt-mini's 4-step slack is 38-73 MiB from launch to launch), so the rule is
     measured per layer family and engine and is at best the slack's middle:
-      torch's layer (and DistilBERT's, not fitted apart), one micro-batch a step (DDP, ZeRO-1/2, tp):
-        hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, moved one
-        for one by the difference of S, the largest of the blocks the planner tracks (a layer's
-        widest activation, the logits, an end matrix) below glibc's mmap ceiling (largest_freed;
-        DDP's flat gradient copy is not among them), from the calibration step's; a stage whose
-        blocks are all mapped (S = 0) keeps alloc_slack − S_cal, no row here tests that: an empirical line, not glibc's
-        mechanism (with glibc's thresholds fixed at their ceiling llama-small keeps the same
-        slack, planner_slack --risen: not how far S raises them), its slope chosen on
-        planner_local's rows (twice the difference left DistilBERT's tp rows short) and checked
-        at other vocabularies by benchmarks.planner_slack_across. zero_from_scratch's ZeRO-1/2
-        engine keeps the DDP step's (41-78 MiB on SLACK_CAL where DDP kept 31-81).
+      torch's layer (and DistilBERT's, not fitted apart), one micro-batch a step (DDP, tp; ZeRO-1/2 without their fit):
+        hw.alloc_slack, fitted on SLACK_CAL's DDP step by benchmarks.planner_fit_engine, moved by
+        SLACK_SLOPE bytes per byte of the difference of S, the largest of the blocks the planner
+        tracks (a layer's widest activation, the logits, an end matrix) below glibc's mmap ceiling
+        (largest_freed; DDP's flat gradient copy is not among them), from the calibration step's; a
+        stage whose blocks are all mapped (S = 0) keeps alloc_slack − SLACK_SLOPE·S_cal, never
+        below 0, no row here tests that: an empirical line, not glibc's mechanism (with glibc's
+        thresholds fixed at their ceiling llama-small keeps the same slack, planner_slack --risen:
+        not how far S raises them), its slope from the DDP step at two shapes no row runs (the
+        calibration shape, S 24 MiB, and planner_slack_across's V 4,096, S 8 MiB) and checked at
+        V 16,000 by planner_slack_across.
+      zero_from_scratch's ZeRO-1 or ZeRO-2 step (pp 1; with or without offload, which was not
+        fitted apart): hw.zero1_slack / zero2_slack bytes per byte of S, each fitted on that
+        engine's step at SLACK_CAL as alloc_slack is (benchmarks.planner_fit --slack); the engine
+        keeps more than torch's step there and about as much at a small S (planner_slack_across at
+        V 4,096); proportional, as the pipeline's: a form checked by planner_slack_across at V
+        4,096 and 16,000, not derived. Without the fit, the rule above.
       a pipeline stage of that layer (pp > 1): hw.pipe_slack bytes per byte of S, fitted on
         PIPE_CAL's pipeline at PIPE_CAL_MICRO micro-batches a step (benchmarks.planner_fit_engine
         .pipe_slack_fit), times the square root of the step's `micro` over that: a stage runs its
@@ -143,4 +152,6 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> f
     big = largest_freed(model, lay, seq, blocks)
     if lay.pp > 1 and hw.pipe_slack:
         return hw.pipe_slack * big * (micro / PIPE_CAL_MICRO) ** 0.5
-    return max(0.0, hw.alloc_slack + big - CAL_S)
+    if lay.pp == 1 and (per_byte := {1: hw.zero1_slack, 2: hw.zero2_slack}.get(lay.zero, 0.0)):
+        return per_byte * big
+    return max(0.0, hw.alloc_slack + SLACK_SLOPE * (big - CAL_S))

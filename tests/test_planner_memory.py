@@ -64,20 +64,52 @@ def test_slack_calibration_shape_is_planner_fits():
 
 
 def test_slack_moves_with_the_largest_freed_block_from_the_calibrations(probed):
-    """One micro-batch a step (DDP, ZeRO-1/2, tp): the calibrated slack plus S − S_cal, S the
-    largest block the step frees below glibc's 32 MiB mmap ceiling; never below 0; the same for
-    the ZeRO-1 engine."""
-    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=0.0)
+    """One micro-batch a step (DDP, tp; ZeRO-1/2 without their own fit): the calibrated slack plus
+    SLACK_SLOPE·(S − S_cal), S the largest block the step frees below glibc's 32 MiB mmap ceiling; never below 0."""
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=0.0, zero1_slack=0.0, zero2_slack=0.0)
     assert HM.allocator_slack(CAL, Layout(2, 1, 1, mb=4), 128, HM.CAL_BLOCKS, hw) == pytest.approx(50.0 * MiB)  # the calibration step
     assert HM.largest_freed(CAL, Layout(2, 1, 1, mb=4), 128, HM.CAL_BLOCKS) == 4 * 4 * 128 * CAL.vocab      # its logits, 24 MiB
     ddp = PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, hw)        # gpt-mini's logits: 16 MiB
-    assert ddp["allocator"] == pytest.approx(50.0 * MiB + (16 - 24) * MiB)
+    assert ddp["allocator"] == pytest.approx(50.0 * MiB + 2 * (16 - 24) * MiB)
     assert PM.memory(GPT, 128, Layout(2, 1, 1, zero=1, mb=4), 8, hw)["allocator"] == ddp["allocator"]
     tp = PM.memory(GPT, 128, Layout(1, 2, 1, mb=4), 4, hw)         # the vocabulary split: 8 MiB of logits per rank
-    assert tp["allocator"] == pytest.approx(50.0 * MiB + (8 - 24) * MiB)
+    assert tp["allocator"] == pytest.approx(50.0 * MiB + 2 * (8 - 24) * MiB)
     wide = replace(GPT, hidden=384, heads=6, vocab=16384)          # logits 32 MiB, always mapped: its ends (24 MiB) count
     assert PM.memory(wide, 128, Layout(2, 1, 1, mb=4), 8, hw)["allocator"] == pytest.approx(50.0 * MiB)
     assert PM.memory(GPT, 128, Layout(2, 1, 1, mb=4), 8, replace(hw, alloc_slack=5.0 * MiB))["allocator"] == 0.0
+
+
+def test_the_zero_engines_step_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_block(probed):
+    """zero_from_scratch's ZeRO-1 and ZeRO-2 steps with their fits: zero1_slack / zero2_slack × S (gpt-mini's
+    logits, 16 MiB), whatever alloc_slack; DDP and ZeRO-3 (mapped: none) keep theirs; a pipeline's stage its own."""
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0, zero1_slack=4.0, zero2_slack=3.0)
+    z1, z2, z3, ddp = (PM.memory(GPT, 128, Layout(2, 1, 1, zero=z, mb=4), 8, hw)["allocator"] for z in (1, 2, 3, 0))
+    assert (z1, z2, z3) == (pytest.approx(4.0 * 16 * MiB), pytest.approx(3.0 * 16 * MiB), 0.0)
+    assert ddp == pytest.approx(50.0 * MiB + 2 * (16 - 24) * MiB)
+    piped = PM.memory(GPT, 128, Layout(2, 1, 2, zero=1, mb=2), 16, hw)
+    assert piped["allocator"] == pytest.approx(5.0 * 8 * MiB)      # the pipeline's rule: its last stage's 8 MiB blocks
+    assert PM.memory(GPT, 128, Layout(2, 1, 1, zero=1, mb=4), 8, replace(hw, zero1_slack=0.0))["allocator"] == ddp
+    # a pipeline without its own fit takes the one-micro-batch rule, not the ZeRO engine's (fitted on one stage)
+    unfit = PM.memory(GPT, 128, Layout(2, 1, 2, zero=1, mb=2), 16, replace(hw, pipe_slack=0.0))
+    assert unfit["allocator"] == pytest.approx(50.0 * MiB + 2 * (8 - 24) * MiB)
+
+
+def test_the_zero_engines_slack_fit_is_the_median_launch_per_byte_of_its_largest_block(monkeypatch):
+    """benchmarks.planner_fit_engine.slack_fit at stage 1: the calibration shape's ZeRO-1 engine step in
+    fresh interpreters (launch mode zero1); the median slack over its largest freed block (its logits, 24 MiB)."""
+    from benchmarks import planner_fit_engine as FE
+    hw = H.cpu_here(2)
+    lay = Layout(2, 1, 1, zero=1, mb=4)
+    pred = PM.memory(CAL, CAL.seq, lay, 8, replace(hw, alloc_slack=0.0, zero1_slack=0.0, zero2_slack=0.0))
+    count = pred["total"] - pred["reserved"] - pred["allocator"]
+    big = 4 * 4 * 128 * CAL.vocab
+    peaks, calls = iter([count + 3 * big, count + 5 * big, count + 4 * big]), []
+    monkeypatch.setattr(FE, "launch", lambda shape, steps, mode, seed: calls.append((shape, steps, mode, seed)) or next(peaks))
+    monkeypatch.setattr(FE, "cpu_here", lambda n, fitted: replace(hw, **{k: fitted[k] for k in ("alloc_slack", "zero1_slack",
+                                                                                               "zero2_slack")}))
+    got, each = FE.slack_fit({"alloc_slack": 0.0, "zero1_slack": 0.0, "zero2_slack": 0.0}, launches=3, zero=1)
+    assert calls == [(CAL.name, 4, "zero1", None)] * 3
+    assert got == pytest.approx(4.0) and each == pytest.approx([3 * big, 5 * big, 4 * big])
 
 
 def test_a_pipeline_stage_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_block(probed):
@@ -92,7 +124,7 @@ def test_a_pipeline_stage_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_b
     first = {"activations": 1.0, "logit_grads": 0.0, "ends": 1.0}
     assert HM.largest_freed(replace(GPT, vocab=512), lay, 128, first) == 4 * 2 * 128 * 1024      # the FFN's b·s·4h, 1 MiB
     assert HM.largest_freed(GPT, lay, 128, first) == 4 * GPT.vocab * GPT.hidden                  # the embedding, 8 MiB
-    assert HM.allocator_slack(GPT, lay, 128, last, replace(hw, pipe_slack=0.0)) == pytest.approx(50.0 * MiB + (8 - 24) * MiB)
+    assert HM.allocator_slack(GPT, lay, 128, last, replace(hw, pipe_slack=0.0)) == pytest.approx(50.0 * MiB + 2 * (8 - 24) * MiB)
     # the square root of the micro-batches over the fit's four: 16 keep twice what 4 do
     assert HM.allocator_slack(GPT, lay, 128, last, hw, micro=16) == pytest.approx(2 * 5.0 * 8 * MiB)
     assert PM.memory(GPT, 128, lay, 32, hw)["allocator"] == pytest.approx(2 * PM.memory(GPT, 128, lay, 8, hw)["allocator"])
