@@ -25,8 +25,9 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     slack, the median over SLACK_LAUNCHES fresh interpreters (slack_fit: the slack is
                     drawn at launch, benchmarks.planner_slack_seeds; the ranks of one interpreter
                     share its forkserver's draw); zero1_slack and zero2_slack the same for
-                    zero_from_scratch's ZeRO-1 and ZeRO-2 step, per byte of its largest freed
-                    block. None of the four is in --engine:
+                    zero_from_scratch's ZeRO-1 and ZeRO-2 steps, per byte of their largest freed
+                    block, and pipe_slack for PIPE_CAL's pipeline (pipe_slack_fit). None of these
+                    is in --engine:
     python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
     python -m benchmarks.planner_fit --slack        # only the slacks, into the existing file (~20 min idle)
 

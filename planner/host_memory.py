@@ -112,14 +112,14 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> f
         below 0, no row here tests that: an empirical line, not glibc's mechanism (with glibc's
         thresholds fixed at their ceiling llama-small keeps the same slack, planner_slack --risen:
         not how far S raises them), its slope from the DDP step at two shapes no row runs (the
-        calibration shape, S 24 MiB, and planner_slack_across's V 4,096, S 8 MiB) and checked at
-        V 16,000 by planner_slack_across.
-      zero_from_scratch's ZeRO-1 or ZeRO-2 step (pp 1; with or without offload, which was not
-        fitted apart): hw.zero1_slack / zero2_slack bytes per byte of S, each fitted on that
-        engine's step at SLACK_CAL as alloc_slack is (benchmarks.planner_fit --slack); the engine
-        keeps more than torch's step there and about as much at a small S (planner_slack_across at
-        V 4,096); proportional, as the pipeline's: a form checked by planner_slack_across at V
-        4,096 and 16,000, not derived. Without the fit, the rule above.
+        calibration shape, S 24 MiB, and planner_slack_across's V 4,096, S 8 MiB); at V 16,000,
+        micro-batch 2 (the embedding as large as the logits) planner_slack_across finds 14 MiB more.
+      zero_from_scratch's ZeRO-1 or ZeRO-2 step (pp 1; with or without offload, not fitted
+        apart): hw.zero1_slack / zero2_slack bytes per byte of S, each fitted on that engine's step
+        at SLACK_CAL as alloc_slack is (benchmarks.planner_fit --slack); the engine keeps more than
+        torch's step there and about as much at a small S; proportional, as the pipeline's, a form,
+        not derived: planner_slack_across finds it 6-14 MiB under at V 4,096 and 46-47 under at V
+        16,000, micro-batch 2. Without the fit, the rule above.
       a pipeline stage of that layer (pp > 1): hw.pipe_slack bytes per byte of S, fitted on
         PIPE_CAL's pipeline at PIPE_CAL_MICRO micro-batches a step (benchmarks.planner_fit_engine
         .pipe_slack_fit), times the square root of the step's `micro` over that: a stage runs its
