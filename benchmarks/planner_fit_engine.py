@@ -124,10 +124,10 @@ def slack_fit(doc: dict, launches: int = SLACK_LAUNCHES, zero: int = 0) -> tuple
     engine at that stage, the median over the step's largest freed block (zero1_slack, zero2_slack:
     bytes per byte, planner.host_memory.allocator_slack)."""
     hw = cpu_here(2, fitted={**doc, "alloc_slack": 0.0, "zero1_slack": 0.0, "zero2_slack": 0.0})
-    pred = memory(CAL, CAL.seq, Layout(2, 1, 1, zero=zero, mb=SLACK_MB), 2 * SLACK_MB, hw)
+    lay = Layout(2, 1, 1, zero=zero, mb=SLACK_MB)
+    pred = memory(CAL, CAL.seq, lay, 2 * SLACK_MB, hw)
     count = pred["total"] - pred["reserved"] - pred["allocator"]
     got = [max(0.0, launch(CAL.name, 4, f"zero{zero}" if zero else "ranks", None) - count) for _ in range(launches)]
-    lay = Layout(2, 1, 1, zero=zero, mb=SLACK_MB)
     return statistics.median(got) / (largest_freed(CAL, lay, CAL.seq, stage_kinds(lay, pred["stage"])) if zero else 1.0), got
 
 

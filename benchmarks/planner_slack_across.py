@@ -26,7 +26,7 @@ import json
 import statistics
 
 from benchmarks.planner_ranks import _pp_rank, _rank
-from benchmarks.planner_slack_seeds import launch
+from benchmarks.planner_slack_seeds import CHILD_ZERO, launch
 from planner.hardware import cpu_here
 from planner.host_memory import largest_freed, stage_kinds
 from planner.layout import Layout
@@ -41,7 +41,7 @@ CASES = [("ddp", 4096, 4, 1), ("ddp", 16000, 2, 1), ("zero1", 4096, 4, 1), ("zer
          ("zero2", 4096, 4, 1), ("zero2", 16000, 2, 1), ("pipe", 4096, 2, 4), ("pipe", 16000, 2, 4),
          ("pipe", 8192, 2, 2), ("pipe", 8192, 2, 4), ("pipe", 8192, 2, 8)]      # (engine, vocabulary, mb, micro-batches)
 CHILD = {"ddp": "ranks", "zero1": "zero1", "zero2": "zero2", "pipe": "pipe"}     # a case's launched child
-ZERO = {"ddp": 0, "zero1": 1, "zero2": 2}
+ZERO = {e: CHILD_ZERO[c] or 0 for e, c in CHILD.items() if c in CHILD_ZERO}      # its ZeRO stage (planner_slack_seeds')
 
 
 def shape(vocab: int) -> Model:
@@ -72,11 +72,12 @@ def main(argv=None) -> int:
     if a.child:
         if not a.case or len(a.case.split(",")) != 3:
             ap.error(f"--child {a.child}: expected --case VOCAB,MB,MICRO")
+        if a.steps is not None and a.steps < 2:
+            ap.error(f"--steps {a.steps}: expected at least 2 (the first step is not timed)")
         vocab, mb, micro = map(int, a.case.split(","))
         m = shape(vocab)
         steps = a.steps or 4
-        zero = {CHILD[e]: z for e, z in ZERO.items()}
-        got = (spawn(_rank, 2, args=(m, mb, steps, zero[a.child] or None), timeout=900) if a.child in zero
+        got = (spawn(_rank, 2, args=(m, mb, steps, CHILD_ZERO[a.child]), timeout=900) if a.child in CHILD_ZERO
                else spawn(_pp_rank, 2, args=(m, mb, micro, steps), timeout=900))
         print(json.dumps({"peak": max(g["peak"] for g in got)}))
         return 0

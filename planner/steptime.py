@@ -270,11 +270,9 @@ def step_time(model, seq: int, lay, global_batch: int, hw, sw: Software = Softwa
         opt = shard / hw.host_adam * stretch
     else:
         opt = shard * 36 / hw.mem_bandwidth
-    if mapped:     # beside the layers and the top a step maps afresh Adam's two temporaries of the shard (torch's
-        # single-tensor AdamW and the ZeRO engine's: the denominator's square root and quotient) and ZeRO-0's flat copy
-        alloc_step = (2 * shard * bpe + (psi * gb if lay.zero == 0 and lay.dp > 1 else 0.0)) * hw.mmap_s * stretch
-    else:
-        alloc_step = 0.0
+    # mapped, beside the layers and the top a step maps afresh Adam's two temporaries of the shard (torch's
+    # single-tensor AdamW and the ZeRO engine's: the denominator's square root and quotient) and ZeRO-0's flat copy
+    alloc_step = (2 * shard * bpe + (psi * gb if lay.zero == 0 and lay.dp > 1 else 0.0)) * hw.mmap_s * stretch if mapped else 0.0
     out = {"matmul": m * flops_s, "elementwise": m * elem, "allocator": m * alloc + alloc_step, "tp comm": m * tp_exposed_mb,
            "pp comm": pp_fill, "bubble": bubble, "dp comm": exposed_dp, "optimizer": opt,
            "wait": m * (blocking_mb * wait_time(lay, hw, t) + recvs_mb * wait_time(lay, hw, 2)) + dp_calls * wait_time(lay, hw, lay.dp)}
