@@ -26,8 +26,9 @@ benchmarks.planner_local runs, after the fresh mappings' terms (benchmarks.plann
                     drawn at launch, benchmarks.planner_slack_seeds; the ranks of one interpreter
                     share its forkserver's draw); zero1_slack and zero2_slack the same for
                     zero_from_scratch's ZeRO-1 and ZeRO-2 steps, per byte of their largest freed
-                    block, and pipe_slack for PIPE_CAL's pipeline (pipe_slack_fit). None of these
-                    is in --engine:
+                    block, and pipe_slack for PIPE_CAL's pipeline (pipe_slack_fit); slack_sigma the
+                    spread of ln(slack) over all their launches (planner.host_memory.slack_sigma).
+                    None of these is in --engine:
     python -m benchmarks.planner_fit --slices       # only slice_cpu, into the existing file (~1 min idle)
     python -m benchmarks.planner_fit --slack        # only the slacks, into the existing file (~20 min idle)
 
@@ -48,7 +49,7 @@ from benchmarks.planner_ranks import _rank     # the rows' own measurement, run 
 from benchmarks.planner_slack_seeds import MB as SLACK_MB
 from benchmarks.planner_slack_seeds import launch
 from planner.hardware import at_speed, cpu_here
-from planner.host_memory import PIPE_CAL, PIPE_CAL_MICRO, SLACK_CAL, largest_freed, stage_kinds
+from planner.host_memory import PIPE_CAL, PIPE_CAL_MICRO, SLACK_CAL, largest_freed, slack_sigma, stage_kinds
 from planner.layout import Layout
 from planner.memory import memory
 from planner.plan import predict_layout
@@ -145,18 +146,20 @@ def pipe_slack_fit(doc: dict, launches: int = SLACK_LAUNCHES) -> tuple[float, li
 
 
 def refit_slack(doc: dict, how: str) -> str:
-    """Fit alloc_slack (slack_fit), the ZeRO-1 and ZeRO-2 engine steps' (slack_fit at that stage) and
-    pipe_slack (pipe_slack_fit) into `doc`, each launch's slack beside them."""
+    """Fit alloc_slack (slack_fit), the ZeRO-1 and ZeRO-2 engine steps' (slack_fit at that stage),
+    pipe_slack (pipe_slack_fit) and the launches' spread (planner.host_memory.slack_sigma) into
+    `doc`, each launch's slack beside them."""
     k, got = slack_fit(doc)
     (z1, got1), (z2, got2) = (slack_fit(doc, zero=z) for z in (1, 2))
     doc.update(alloc_slack=k, zero1_slack=z1, zero2_slack=z2)
     pipe, piped = pipe_slack_fit(doc)
-    doc.update(pipe_slack=pipe, slack_fit={"command": how, "launches": got, "zero1_launches": got1, "zero2_launches": got2,
-                                           "pipe_launches": piped})
+    doc.update(pipe_slack=pipe, slack_sigma=slack_sigma([got, got1, got2, piped]),
+               slack_fit={"command": how, "launches": got, "zero1_launches": got1, "zero2_launches": got2, "pipe_launches": piped})
     span = lambda xs: f"{min(xs) / 2**20:.1f}-{max(xs) / 2**20:.1f}"  # noqa: E731
     return (f"allocator slack {k / 2**20:.1f} MiB, the median of {len(got)} launches ({span(got)}); per byte of the largest "
             f"freed block, the ZeRO-1 engine's step {z1:.2f} ({span(got1)} MiB), ZeRO-2's {z2:.2f} ({span(got2)} MiB), "
-            f"a pipeline stage's {pipe:.2f} ({span(piped)} MiB), {len(piped)} launches each")
+            f"a pipeline stage's {pipe:.2f} ({span(piped)} MiB), {len(piped)} launches each; σ of ln(slack) between launches "
+            f"{doc['slack_sigma']:.3f}")
 
 
 def slice_fit(doc: dict, runs: int = 3, mb: int = 4, steps: int = 4) -> tuple[float, list]:

@@ -74,6 +74,8 @@ class Hardware:
                                  # planner.host_memory.allocator_slack)
     zero1_slack: float = 0.0     # bytes zero_from_scratch's ZeRO-1 / ZeRO-2 step keeps per byte of its largest freed
     zero2_slack: float = 0.0     # block (benchmarks.planner_fit --slack); 0: no fit, alloc_slack's rule
+    slack_sigma: float = 0.0     # σ of ln(slack) from launch to launch (the slack fits' launches, pooled): how far the
+                                 # fullest of a stage's ranks lies above one (planner.host_memory.worst_of); 0: no term
     mmap_s: float = 0.0          # CPU seconds per byte first touched in a freshly mapped block (page fault, mmap/munmap)
     map_layer: float = 0.0       # bytes a layer's forward + backward touches afresh per byte it saves, and the top per
     map_head: float = 0.0        # logit byte, when every large block is mapped (benchmarks.planner_fit_map)

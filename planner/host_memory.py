@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import statistics
 
 from planner.hosts import check_cpu, fitted_path
 from planner.layout import Layout
@@ -90,6 +92,30 @@ PIPE_CAL = Model("gpt-pcal", 4, 256, 4, 16000, 128, positions=128)    # pipe_sla
 PIPE_CAL_MICRO = 4                                                     # and its micro-batches a step
 
 
+FIT_RANKS = {"ddp": 2, "zero": 2, "pipe": 1, "llama": 1}    # ranks of the fitted stage each rule's launch takes its peak over
+
+
+def slack_sigma(launches: list[list[float]]) -> float:
+    """σ of ln(slack) from launch to launch, pooled over the fits' sets of launches (each about its
+    own mean: the rules differ in level, not, as far as 16 launches a set show, in spread)."""
+    logs = [[math.log(x) for x in xs if x > 0] for xs in launches]
+    logs = [xs for xs in logs if len(xs) > 1]
+    return math.sqrt(statistics.fmean(statistics.variance(xs) for xs in logs)) if logs else 0.0
+
+
+def worst_of(ranks: int, fit_ranks: int, sigma: float) -> float:
+    """The median of the largest of `ranks` draws of a stage's slack over the median of the largest of
+    `fit_ranks` (what its fit measured): a layout's peak per GPU is its fullest rank's, and the ranks
+    of one stage end their steps with heaps apart (one launch's draw, each rank's own timing:
+    benchmarks.planner_local's pp2·dp2 row, 18 runs, has its two last-stage ranks' median of the
+    larger at their single 0.707 quantile). With ln(slack) normal of spread σ, the largest of k draws is below x
+    with probability F(x)^k, so its median is the single draw's 0.5^(1/k) quantile."""
+    if sigma <= 0 or ranks == fit_ranks:
+        return 1.0
+    z = statistics.NormalDist().inv_cdf
+    return math.exp(sigma * (z(0.5 ** (1 / ranks)) - z(0.5 ** (1 / fit_ranks))))
+
+
 def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> float:
     """Bytes glibc keeps resident beyond the live tensors at its defaults: free chunks below the
     heap's highest point in a step (benchmarks.planner_slack_replay). Torch asks for every tensor
@@ -137,21 +163,26 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> f
         --vocab 4096, planner_slack --mb N). A kind whose one block (b·s·h, b·s·V/t, V·h/t in fp32)
         reaches GLIBC_MMAP_MAX is always mapped and leaves no hole, so it adds nothing: a 7 B
         llama's stages keep none.
+    Each rule gives the median of what its fit measured: the fullest of FIT_RANKS ranks of one stage.
+    A layout whose stages are held by lay.dp·lay.tp ranks each is measured at its fullest rank, so the
+    rule is moved to the median of the largest of that many draws (worst_of, hw.slack_sigma: the
+    spread of the fits' launches, benchmarks.planner_fit --slack).
     What an engine could do about it (planner_slack --variant): keeping its own blocks leaves the
     slack; trimming the heap after each backward removes a third to a half at 10-24 % more CPU a
     step; only mapping removes it, at 33-73 % more, so none does and the rule counts what a run at
     the defaults keeps. The probes and their numbers: tutorials/15_planner.md ("Memory"), RESULTS.md.
     """
+    worst = functools.partial(worst_of, lay.dp * lay.tp, sigma=hw.slack_sigma)
     fitted = llama_slack(model)
     if fitted is not None:
         b, h, V, t = seq * lay.mb, model.hidden, model.vocab, lay.tp
         one = {"activations": 4 * b * h, "logit_grads": 4 * b * V / t, "ends": 4 * V * h / t}    # one block of each kind
-        return sum(fitted[k] * blocks[k] for k in SLACK_BLOCKS if one[k] < GLIBC_MMAP_MAX)
+        return sum(fitted[k] * blocks[k] for k in SLACK_BLOCKS if one[k] < GLIBC_MMAP_MAX) * worst(FIT_RANKS["llama"])
     if not hw.alloc_slack:         # no fitted slack (a GPU's file, or a fit counting without it): no term
         return 0.0
     big = largest_freed(model, lay, seq, blocks)
     if lay.pp > 1 and hw.pipe_slack:
-        return hw.pipe_slack * big * (micro / PIPE_CAL_MICRO) ** 0.5
+        return hw.pipe_slack * big * (micro / PIPE_CAL_MICRO) ** 0.5 * worst(FIT_RANKS["pipe"])
     if lay.pp == 1 and (per_byte := {1: hw.zero1_slack, 2: hw.zero2_slack}.get(lay.zero, 0.0)):
-        return per_byte * big
-    return max(0.0, hw.alloc_slack + SLACK_SLOPE * (big - CAL_S))
+        return per_byte * big * worst(FIT_RANKS["zero"])
+    return max(0.0, hw.alloc_slack + SLACK_SLOPE * (big - CAL_S)) * worst(FIT_RANKS["ddp"])

@@ -26,7 +26,7 @@ def test_the_shipped_fit_is_in_the_repository():
             assert HO.slug(json.load(f)["cpu"]) == HO.SHIPPED, f"{path} was fitted on another processor"
 
 
-SINCE = {"slice_cpu", "slice_fit", "slack_fit", "pipe_slack", "zero1_slack", "zero2_slack"}     # a term fitted after some files were: where absent, 0 (no term)
+SINCE = {"slice_cpu", "slice_fit", "slack_fit", "pipe_slack", "zero1_slack", "zero2_slack", "slack_sigma"}     # a term fitted after some files were: where absent, 0 (no term)
 
 
 def test_every_folder_holds_its_own_processors_fit():

@@ -82,7 +82,7 @@ def test_slack_moves_with_the_largest_freed_block_from_the_calibrations(probed):
 def test_the_zero_engines_step_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_block(probed):
     """zero_from_scratch's ZeRO-1 and ZeRO-2 steps with their fits: zero1_slack / zero2_slack × S (gpt-mini's
     logits, 16 MiB), whatever alloc_slack; DDP and ZeRO-3 (mapped: none) keep theirs; a pipeline's stage its own."""
-    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0, zero1_slack=4.0, zero2_slack=3.0)
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0, zero1_slack=4.0, zero2_slack=3.0, slack_sigma=0.0)
     z1, z2, z3, ddp = (PM.memory(GPT, 128, Layout(2, 1, 1, zero=z, mb=4), 8, hw)["allocator"] for z in (1, 2, 3, 0))
     assert (z1, z2, z3) == (pytest.approx(4.0 * 16 * MiB), pytest.approx(3.0 * 16 * MiB), 0.0)
     assert ddp == pytest.approx(50.0 * MiB + 2 * (16 - 24) * MiB)
@@ -92,6 +92,35 @@ def test_the_zero_engines_step_keeps_its_fitted_bytes_per_byte_of_its_largest_fr
     # a pipeline without its own fit takes the one-micro-batch rule, not the ZeRO engine's (fitted on one stage)
     unfit = PM.memory(GPT, 128, Layout(2, 1, 2, zero=1, mb=2), 16, replace(hw, pipe_slack=0.0))
     assert unfit["allocator"] == pytest.approx(50.0 * MiB + 2 * (8 - 24) * MiB)
+
+
+def test_the_fullest_of_k_ranks_is_the_median_of_the_largest_of_k_draws():
+    """worst_of against a simulation: ln(slack) normal with σ, the median over many trials of the
+    largest of k draws over the median of the largest of k_fit; 1 at k = k_fit or σ = 0, growing with k."""
+    import numpy as np
+    sigma = 0.2
+    draws = np.exp(np.random.default_rng(0).normal(0.0, sigma, size=(40_000, 8)))
+    med = lambda k: np.median(draws[:, :k].max(axis=1))     # noqa: E731
+    for k, k_fit in ((2, 1), (4, 1), (4, 2), (8, 2), (1, 2)):
+        assert HM.worst_of(k, k_fit, sigma) == pytest.approx(med(k) / med(k_fit), rel=0.01), (k, k_fit)
+    assert HM.worst_of(2, 2, sigma) == HM.worst_of(4, 1, 0.0) == 1.0
+    assert 1.0 < HM.worst_of(2, 1, sigma) < HM.worst_of(4, 1, sigma) < HM.worst_of(8, 1, sigma)
+    # the spread pooled over the fits' sets, each about its own level
+    assert HM.slack_sigma([[1.0, np.e ** 0.2, np.e ** -0.2], [5.0, 5 * np.e ** 0.2, 5 * np.e ** -0.2], [7.0]]) == pytest.approx(0.2)
+
+
+def test_a_stage_held_by_more_ranks_than_its_fit_keeps_its_fullest_ranks_slack(probed):
+    """allocator_slack moves each rule by worst_of(dp·tp, the ranks its fit took the larger of): a
+    pipeline stage (fitted on one rank) held by two ranks, a DDP step on four; DDP on two as fitted."""
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0, zero1_slack=4.0, zero2_slack=0.0, slack_sigma=0.2)
+    flat = replace(hw, slack_sigma=0.0)
+    last = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}
+    for lay, k_fit in ((Layout(2, 1, 2, mb=2), HM.FIT_RANKS["pipe"]), (Layout(4, 1, 1, mb=4), HM.FIT_RANKS["ddp"]),
+                       (Layout(2, 2, 1, zero=1, mb=4), HM.FIT_RANKS["zero"]), (Layout(2, 1, 1, mb=4), HM.FIT_RANKS["ddp"])):
+        got, rule = (HM.allocator_slack(GPT, lay, 128, last, h) for h in (hw, flat))
+        assert got == pytest.approx(rule * HM.worst_of(lay.dp * lay.tp, k_fit, 0.2)), lay
+    assert HM.allocator_slack(GPT, Layout(2, 1, 1, mb=4), 128, last, hw) == HM.allocator_slack(GPT, Layout(2, 1, 1, mb=4), 128, last, flat)
+    assert HM.allocator_slack(GPT, Layout(2, 1, 2, mb=2), 128, last, hw) > HM.allocator_slack(GPT, Layout(1, 1, 2, mb=2), 128, last, hw)
 
 
 def test_the_zero_engines_slack_fit_is_the_median_launch_per_byte_of_its_largest_block(monkeypatch):
@@ -115,7 +144,7 @@ def test_the_zero_engines_slack_fit_is_the_median_launch_per_byte_of_its_largest
 def test_a_pipeline_stage_keeps_its_fitted_bytes_per_byte_of_its_largest_freed_block(probed):
     """pp > 1 with pipe_slack fitted: pipe_slack × S of the heavier stage (the last: its logits) ×
     √(micro-batches / 4); the first stage's S is its widest block; without the fit, the one-micro-batch rule."""
-    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0)
+    hw = replace(H.cpu_here(2), alloc_slack=50.0 * MiB, pipe_slack=5.0, slack_sigma=0.0)
     lay = Layout(1, 1, 2, mb=2)
     last = {"activations": 1.0, "logit_grads": 1.0, "ends": 1.0}
     assert HM.allocator_slack(GPT, lay, 128, last, hw) == pytest.approx(5.0 * 8 * MiB)    # logits and ends: 8 MiB each
