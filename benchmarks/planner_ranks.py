@@ -196,11 +196,11 @@ def llama_planner_model(preset: str, seq: int) -> Model:
                  ffn=c.intermediate_size, kv_heads=c.num_key_value_heads, gated=True, bias=False, tied=False)
 
 
-def _llama_pp_rank(rank, world, preset: str, seq: int, mb: int, micro: int, steps: int):
-    """pp = 2 (× dp = world / 2) of pipeline_parallel.models.llama's preset through the pipeline
-    engine (1F1B, `micro` micro-batches of mb): its embedding, HF LlamaDecoderLayer blocks (SDPA),
-    the final RMSNorm and the untied head, each built by a LayerSpec on its own stage only."""
-    base = _warm()
+def llama_pp_engine(rank, world, preset: str, seq: int, mb: int, micro: int):
+    """(engine, one step, the batch) of pp = 2 (× dp = world / 2) of pipeline_parallel.models.llama's
+    preset through the pipeline engine (1F1B, `micro` micro-batches of mb): its embedding, HF
+    LlamaDecoderLayer blocks (SDPA), the final RMSNorm and the untied head, each built by a
+    LayerSpec on its own stage only."""
     cfg = llama_config(preset)
     m = llama_planner_model(preset, seq)
     L = cfg.num_hidden_layers
@@ -217,4 +217,10 @@ def _llama_pp_rank(rank, world, preset: str, seq: int, mb: int, micro: int, step
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
         "pipeline": {"schedule": "1f1b"}}, dp=world // 2)
     x = torch.randint(0, cfg.vocab_size, (mb, seq), generator=torch.Generator().manual_seed(rank))
-    return _timed(lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), steps, base)
+    return engine, lambda: engine.train_batch(data_iter=iter([(x, x)] * micro)), x
+
+
+def _llama_pp_rank(rank, world, preset: str, seq: int, mb: int, micro: int, steps: int):
+    """llama_pp_engine's steps, timed (_timed) after the warm-up."""
+    base = _warm()
+    return _timed(llama_pp_engine(rank, world, preset, seq, mb, micro)[1], steps, base)

@@ -11,7 +11,10 @@ Cost: one prediction per row (milliseconds).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import math
+import random
 import statistics
 from dataclasses import replace
 
@@ -139,10 +142,29 @@ def repredict(path: str) -> None:
                   f"memory {statistics.median(abs(y) for _, y in now):.0%}")
 
 
+def held_sets(got: dict, runs: int, k: int, most: int = 2000) -> tuple[int, int]:
+    """(sets that hold, sets tried): of the sets of k of the runs (all, or a seeded sample of `most`),
+    those in which every row's median step error is within 25 % and its predicted peak within 10 %
+    of its measured peaks' median: how many runs a judgement at the median needs."""
+    every = list(itertools.combinations(range(1, runs + 1), k))
+    sets = every if len(every) <= most else random.Random(0).sample(every, most)
+
+    def holds(chosen) -> bool:
+        for rs in got.values():
+            rs = [x for x in rs if x[3] in chosen]
+            if rs and (abs(statistics.median(s / r["step_meas"] - 1 for r, s, _, _ in rs)) > 0.25
+                       or abs(rs[0][2] / statistics.median(r["mem_meas"] for r, *_ in rs) - 1) > 0.10):
+                return False
+        return True
+    return sum(holds(set(c)) for c in sets), len(sets)
+
+
 def over_runs(paths: list[str]) -> None:
     """Rows of several --json files (runs, numbered in the order given) predicted by this checkout (_again): each run's errors, and
     memory against the median of the runs' measurements, since a run's rows fork from one
-    interpreter and share its draw of the allocator's heap (benchmarks.planner_slack_seeds)."""
+    interpreter and share its draw of the allocator's heap (benchmarks.planner_slack_seeds); the
+    rows no single figure meets in every run (least_worst) and how many sets of 1, 3, 5 runs hold
+    every row at their medians (held_sets)."""
     got: dict[str, list] = {}
     for i, path in enumerate(paths):
         for r in _read_rows(path):
@@ -165,6 +187,9 @@ def over_runs(paths: list[str]) -> None:
                   f"{rs[0][2] / 2**20:.1f}", f"{statistics.median(meas) / 2**20:.1f} ({min(meas) / 2**20:.1f}-{max(meas) / 2**20:.1f})",
                   f"{med:+.1%}")
     console.print(t)
+    held = ", ".join(f"{k}: {a:,} of {n:,}{' (a sample)' if n < math.comb(len(paths), k) else ''}"
+                     for k in (1, 3, 5) if k <= len(paths) for a, n in [held_sets(got, len(paths), k)])
+    console.print(f"sets of k runs whose medians hold every row (step ≤ 25 %, memory ≤ 10 %): {held}", highlight=False)
     console.print(f"misses in a run (step > 25 %, memory > 10 %): {'; '.join(misses) or 'none'}\n"
                   f"memory beyond 10 % of the runs' median: {', '.join(on_median) or 'none'}\n"
                   f"rows whose measured peak no single figure meets within 10 % in every run (least_worst): "

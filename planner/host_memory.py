@@ -106,9 +106,7 @@ def slack_sigma(launches: list[list[float]]) -> float:
 def worst_of(ranks: int, fit_ranks: int, sigma: float) -> float:
     """The median of the largest of `ranks` draws of a stage's slack over the median of the largest of
     `fit_ranks` (what its fit measured): a layout's peak per GPU is its fullest rank's, and the ranks
-    of one stage end their steps with heaps apart (one launch's draw, each rank's own timing:
-    benchmarks.planner_local's pp2·dp2 row, 18 runs, has its two last-stage ranks' median of the
-    larger at their single 0.707 quantile). With ln(slack) normal of spread σ, the largest of k draws is below x
+    of one stage end their steps with heaps apart (one launch's draw, each rank's own timing). With ln(slack) normal of spread σ, the largest of k draws is below x
     with probability F(x)^k, so its median is the single draw's 0.5^(1/k) quantile."""
     if sigma <= 0 or ranks == fit_ranks:
         return 1.0

@@ -439,6 +439,7 @@ REFUSALS = """
     planner_fit --links --links-median  =>  --links runs on its own
     planner_mem_probe --vocab 0  =>  --vocab 0: expected a positive vocabulary size
     planner_slack_seeds --seeds 0  =>  --seeds 0 --steps 4: expected positive counts
+    planner_pipe_cpu --rounds 2  =>  --rounds 2: expected at least 3
 """     # module and arguments  =>  what its error says
 
 

@@ -310,7 +310,8 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
 def test_runs_judge_memory_at_the_median_of_the_runs_and_list_each_runs_misses(tmp_path, capsys):
     """benchmarks.planner_local --runs: the same row in three runs, measured 0.85, 1.0 and 1.2 of the
     prediction: each run's errors, the memory error against the median measurement, and the misses of
-    each run (memory beyond 10 %, step beyond 25 %) named with the run."""
+    each run (memory beyond 10 %, step beyond 25 %) named with the run, and how many sets of k runs
+    hold every row at their medians."""
     from benchmarks.planner_local import main, predicted, runs
     from planner.hosts import fitted_on
     m, label, lay, batch, fn, _ = runs(True, 3)[0]
@@ -332,6 +333,8 @@ def test_runs_judge_memory_at_the_median_of_the_runs_and_list_each_runs_misses(t
     assert e.value.code == 2
     assert f"{m.name} {label} (run 1: memory)" in out and f"{m.name} {label} (run 3: step and memory)" in out
     assert "memory beyond 10 % of the runs' median: none" in out
+    # alone, only the second run holds; the three together hold at their medians (step 0 %, memory 0 %)
+    assert "sets of k runs whose medians hold every row (step ≤ 25 %, memory ≤ 10 %): 1: 1 of 3, 3: 1 of 1" in out
     with pytest.raises(SystemExit) as e:
         main(["--runs", str(tmp_path / "absent.json")])
     assert e.value.code == 2
