@@ -41,17 +41,14 @@ once, as training ranks would (they share caches and memory bandwidth); the medi
                                   and the bytes a layer (a top) touches afresh per saved byte (per
                                   logit byte) with glibc's mmap threshold at 64 KiB, by page faults
     alloc_slack, zero1_slack,     whole steps (benchmarks.planner_fit_engine): the rows' own
-    zero2_slack, pipe_slack,
-    slack_sigma,
-    step_cpu, zero3_module_s      measurement at a calibration shape, CAL (L 3, h 192, V 12288,
-                                  mb 4), 2 ranks: the DDP step's peak beyond the planner's live
-                                  bytes, the median of 16 fresh interpreters (each launch draws its
+    zero2_slack, pipe_slack,      measurement at a calibration shape, CAL (L 3, h 192, V 12288,
+    slack_sigma, step_cpu,        mb 4), 2 ranks: the DDP step's peak beyond the planner's live
+    zero3_module_s                bytes, the median of 16 fresh interpreters (each launch draws its
                                   own slack: slack_fit); zero_from_scratch's ZeRO-1 and ZeRO-2
                                   steps there (zero1_slack, zero2_slack) and PIPE_CAL's pipeline
                                   (L 4, pp 2, mb 2, pipe_slack_fit) the same way, per byte of
-                                  their largest freed block; slack_sigma, the spread of ln(slack)
-                                  over those launches (how far a layout's fullest rank lies above one);
-                                  the median of 5 runs in one: its CPU
+                                  their largest freed block; slack_sigma, ln(slack)'s spread over
+                                  those launches; step_cpu: the median of 5 runs in one: its CPU
                                   seconds over the planner's sum of its parts at the rates above
                                   (a step's ops do not run as alone);
                                   ZeRO-3's CPU beyond ZeRO-1's and beyond the planner's own count of

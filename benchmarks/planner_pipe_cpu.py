@@ -7,14 +7,16 @@ run alone, back to back in the same ranks, beside the planner's count of each pa
 Each of the 2 ranks builds benchmarks.planner_local's llama row (planner_ranks.llama_pp_engine) and,
 for --rounds rounds, reads the speed of a CPU second (planner.probe.Rate, as the rows do), runs one
 engine step, then its own stage's chunk forward + backward for the step's micro-batches, one after
-another, alone (no sends, no optimizer). CPU seconds of the rank's thread throughout. The engine's
-step is split by its executor's instruction kinds: forward + backward; the step op (the engine's
-step: Adam, through pipeline_parallel/engine/step.py); the rest (receives, sends, shape headers, the
-reductions). A pair taken back to back shares the machine's speed, which moves within seconds on a
-shared guest, so each ratio is read per round and its median printed. Beside them the planner's
-terms for the rank's stage at the rounds' speed: its layers' CPU per step (matmul, elementwise at
-the fit's rates; the last stage with its head) and the optimizer term (Ψ / host_adam). What the
-planner does not count shows as the rows' gaps: the engine's own instructions, and the rest.
+another, alone (no sends, no optimizer; the gradients cleared after, as the engine's step leaves
+them). CPU seconds of the rank's thread throughout. The engine's step is split by its executor's
+instruction kinds: forward + backward; the step op (pipeline_parallel/engine/step.py: the gradient
+norm where clipping asks, the status all-reduce, the optimizer's step, of it timed apart, and
+zero_grad); the rest (everything else train_batch does: receives with their waits, sends, shape
+headers, the reductions, the engine's bookkeeping). A pair taken back to back shares the machine's
+speed, which moves within seconds on a shared guest, so each ratio is read per round and its median
+printed. Beside them the planner's terms for the rank's stage at the rounds' speed: its layers' CPU
+per step (matmul, elementwise at the fit's rates; the last stage with its head) and the optimizer
+term (Ψ / host_adam at step_cpu). What the planner does not count shows as the gaps.
 Cost: 2 ranks × --rounds × (a step + its micro-batches alone + a 0.2 s speed reading).
 """
 from __future__ import annotations
@@ -25,12 +27,15 @@ import statistics
 import time
 from dataclasses import replace
 
+import torch
 from rich.table import Table
 
 from benchmarks.planner_ranks import llama_planner_model, llama_pp_engine
+from pipeline_parallel.models.llama import llama_config, llama_loss
 from planner import hardware as H
 from planner.cpu_host import pipeline_stretch
 from planner.layout import Layout
+from planner.probe import Rate
 from planner.steptime import step_time
 from primitives.launch import spawn
 from primitives.log import console
@@ -39,30 +44,38 @@ SEQ, MB, MICRO = 128, 2, 4
 
 
 def _rank(rank, world, preset: str, rounds: int) -> dict:
-    import torch
-    from planner.probe import Rate
-    from pipeline_parallel.models.llama import llama_loss
     engine, one_step, x = llama_pp_engine(rank, world, preset, SEQ, MB, MICRO)
     ex, chunk, last = engine.executor, engine.executor.chunks[0], rank == world - 1
-    cpu, do = collections.Counter(), ex.do
+    cpu, do, adam = collections.Counter(), ex.do, engine.optimizer.step
 
     def timed_do(op):                  # the executor's instructions, each's CPU seconds by kind
         c0 = time.thread_time()
         do(op)
         cpu[op.kind] += time.thread_time() - c0
-    ex.do = timed_do
-    width = _width(chunk) if last else 0
+
+    def timed_adam(*args, **kwargs):   # the optimizer's own step, inside the step op
+        c0 = time.thread_time()
+        out = adam(*args, **kwargs)
+        cpu["adam"] += time.thread_time() - c0
+        return out
+    ex.do, engine.optimizer.step = timed_do, timed_adam
+    received = torch.randn(MB, SEQ, llama_config(preset).hidden_size, requires_grad=True) if last else None
 
     def alone():                       # the stage's micro-batches, forward + backward, nothing else
         for _ in range(MICRO):
             if last:
-                llama_loss(chunk(torch.randn(MB, SEQ, width, requires_grad=True)), x).backward()
+                llama_loss(chunk(received), x).backward()
             else:
                 chunk(x).sum().backward()
+
+    def clear():                       # the engine's step starts from no gradients, as after its own step
+        for p in [*chunk.parameters(), *([received] if last else [])]:
+            p.grad = None
     reader = Rate(cpu_s=0.2)
     for _ in range(2):
         one_step()
         alone()
+        clear()
     rows = []
     for _ in range(rounds):
         rate = reader.read()
@@ -73,17 +86,10 @@ def _rank(rank, world, preset: str, rounds: int) -> dict:
         c0 = time.thread_time()
         alone()
         solo = time.thread_time() - c0
-        rows.append({"rate": rate, "step": step, "fwd_bwd": cpu["fwd"] + cpu["bwd"], "step_op": cpu["step"],
+        clear()
+        rows.append({"rate": rate, "step": step, "fwd_bwd": cpu["fwd"] + cpu["bwd"], "step_op": cpu["step"], "adam": cpu["adam"],
                      "rest": step - cpu["fwd"] - cpu["bwd"] - cpu["step"], "alone": solo})
     return {"rows": rows, "params": sum(p.numel() for p in chunk.parameters())}
-
-
-def _width(chunk) -> int:
-    """The hidden width the last stage receives: the first layer's input features."""
-    for p in chunk.parameters():
-        if p.dim() == 2:
-            return p.shape[1]
-    raise ValueError("rank 1: the last stage has no matrix to read its input width from")
 
 
 def main(argv=None) -> int:
@@ -98,23 +104,23 @@ def main(argv=None) -> int:
     fit = H.cpu_here(2)
     at = fit.peak_flops * fit.gemm_efficiency
     t = Table(title=f"llama-{a.preset} pp2 1F1B m{MICRO} mb{MB}: CPU ms per step, the median of {a.rounds} rounds")
-    for c in ("rank", "engine step", "fwd + bwd", "step op", "rest", "layers alone", "engine / alone", "fwd+bwd / alone",
-              "planner: layers", "planner: optimizer"):
+    for c in ("rank", "engine step", "fwd + bwd", "step op", "of it Adam", "rest", "layers alone", "engine / alone",
+              "fwd+bwd / alone", "planner: layers", "planner: optimizer"):
         t.add_column(c, justify="right")
     for rank, g in enumerate(got):
         rows = g["rows"]
         med = lambda k: statistics.median(r[k] for r in rows) * 1e3      # noqa: E731
         ratio = lambda k: statistics.median(r[k] / r["alone"] for r in rows)   # noqa: E731
         speed = statistics.harmonic_mean(r["rate"] for r in rows) / at
-        hw = replace(H.at_speed(fit, speed), cores=0)
+        hw = replace(H.at_speed(fit, speed), cores=0)      # step_time applies per_step itself
         terms = step_time(model, SEQ, lay, MB * MICRO, hw)
         layers = (terms["matmul"] + terms["elementwise"] + terms["allocator"]) / pipeline_stretch(lay, hw)
         t.add_row(f"{rank} ({'last' if rank else 'first'})", f"{med('step'):.1f}", f"{med('fwd_bwd'):.1f}", f"{med('step_op'):.1f}",
-                  f"{med('rest'):.1f}", f"{med('alone'):.1f}", f"{ratio('step'):.2f}", f"{ratio('fwd_bwd'):.2f}",
-                  f"{layers * 1e3:.1f}" if rank else "", f"{g['params'] / hw.host_adam * 1e3:.1f}")
+                  f"{med('adam'):.1f}", f"{med('rest'):.1f}", f"{med('alone'):.1f}", f"{ratio('step'):.2f}", f"{ratio('fwd_bwd'):.2f}",
+                  f"{layers * 1e3:.1f}" if rank else "", f"{g['params'] / H.per_step(hw).host_adam * 1e3:.1f}")
     console.print(t)
     console.print("planner: layers is the pacing (last) stage's; the optimizer term is Ψ of each rank's stage over host_adam "
-                  f"at the rounds' speed ({H.CPU_HERE})", highlight=False)
+                  f"at the rounds' speed and step_cpu ({H.CPU_HERE})", highlight=False)
     return 0
 
 

@@ -159,12 +159,33 @@ def held_sets(got: dict, runs: int, k: int, most: int = 2000) -> tuple[int, int]
     return sum(holds(set(c)) for c in sets), len(sets)
 
 
+def rank_spread(got: dict) -> dict[str, float]:
+    """{row: σ of ln(slack) between the ranks of its fullest stage within one run, pooled over the
+    runs} for the rows whose stage is held by several ranks with a slack term (tp 1, dp ≥ 2, not
+    mapped): slack is each rank's peak less the planner's count without it. How far apart one run's
+    ranks end, against planner.host_memory.worst_of's σ, fitted from launch to launch."""
+    out = {}
+    for key, rs in got.items():
+        m, label, lay, batch, fn = _spec()[key]
+        r = rs[0][0]
+        mem = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], 1.0)[2].memory
+        count = mem["total"] - mem["reserved"] - mem["allocator"]
+        if lay.tp > 1 or lay.dp < 2 or not mem["allocator"]:
+            continue
+        stage = range((lay.pp - 1) * lay.dp, lay.pp * lay.dp)      # the last stage's ranks (pipe-major ranks)
+        logs = [[math.log(x[i] - count) for i in stage] for x in (r["mem_per_rank"] for r, *_ in rs if r.get("mem_per_rank"))
+                if all(x[i] > count for i in stage)]
+        if logs:
+            out[key] = math.sqrt(statistics.fmean(statistics.variance(v) for v in logs))
+    return out
+
+
 def over_runs(paths: list[str]) -> None:
     """Rows of several --json files (runs, numbered in the order given) predicted by this checkout (_again): each run's errors, and
     memory against the median of the runs' measurements, since a run's rows fork from one
     interpreter and share its draw of the allocator's heap (benchmarks.planner_slack_seeds); the
-    rows no single figure meets in every run (least_worst) and how many sets of 1, 3, 5 runs hold
-    every row at their medians (held_sets)."""
+    rows no single figure meets in every run (least_worst), how many sets of 1, 3, 5 runs hold
+    every row at their medians (held_sets), and how far apart one run's ranks of a stage end (rank_spread)."""
     got: dict[str, list] = {}
     for i, path in enumerate(paths):
         for r in _read_rows(path):
@@ -190,6 +211,9 @@ def over_runs(paths: list[str]) -> None:
     held = ", ".join(f"{k}: {a:,} of {n:,}{' (a sample)' if n < math.comb(len(paths), k) else ''}"
                      for k in (1, 3, 5) if k <= len(paths) for a, n in [held_sets(got, len(paths), k)])
     console.print(f"sets of k runs whose medians hold every row (step ≤ 25 %, memory ≤ 10 %): {held}", highlight=False)
+    apart = ", ".join(f"{k} {v:.3f}" for k, v in rank_spread(got).items())
+    console.print(f"σ of ln(slack) between the ranks of one stage within a run (the fit's, from launch to launch: "
+                  f"{H.cpu_here().slack_sigma:.3f}): {apart or 'no row with several ranks a stage'}", highlight=False)
     console.print(f"misses in a run (step > 25 %, memory > 10 %): {'; '.join(misses) or 'none'}\n"
                   f"memory beyond 10 % of the runs' median: {', '.join(on_median) or 'none'}\n"
                   f"rows whose measured peak no single figure meets within 10 % in every run (least_worst): "

@@ -96,18 +96,20 @@ FIT_RANKS = {"ddp": 2, "zero": 2, "pipe": 1, "llama": 1}    # ranks of the fitte
 
 
 def slack_sigma(launches: list[list[float]]) -> float:
-    """σ of ln(slack) from launch to launch, pooled over the fits' sets of launches (each about its
-    own mean: the rules differ in level, not, as far as 16 launches a set show, in spread)."""
+    """σ of ln(slack) from launch to launch, pooled over the fits' sets of launches, each about its
+    own mean (16 launches a set tell the rules' levels apart better than their spreads)."""
     logs = [[math.log(x) for x in xs if x > 0] for xs in launches]
     logs = [xs for xs in logs if len(xs) > 1]
     return math.sqrt(statistics.fmean(statistics.variance(xs) for xs in logs)) if logs else 0.0
 
 
 def worst_of(ranks: int, fit_ranks: int, sigma: float) -> float:
-    """The median of the largest of `ranks` draws of a stage's slack over the median of the largest of
-    `fit_ranks` (what its fit measured): a layout's peak per GPU is its fullest rank's, and the ranks
-    of one stage end their steps with heaps apart (one launch's draw, each rank's own timing). With ln(slack) normal of spread σ, the largest of k draws is below x
-    with probability F(x)^k, so its median is the single draw's 0.5^(1/k) quantile."""
+    """The median of the largest of `ranks` draws of a stage's slack over the median of the largest
+    of `fit_ranks` (what its fit measured): a layout's peak per GPU is its fullest rank's, and the
+    ranks of one stage end their steps with heaps as far apart as launches do (benchmarks.planner_local
+    --runs prints the spread between the ranks of one stage within a run). With ln(slack) normal of
+    spread σ, the largest of k draws is below x with probability F(x)^k, so its median is one draw's
+    0.5^(1/k) quantile. Below the fit's ranks it is under 1: one rank's median is below the larger of two's."""
     if sigma <= 0 or ranks == fit_ranks:
         return 1.0
     z = statistics.NormalDist().inv_cdf
@@ -161,7 +163,8 @@ def allocator_slack(model, lay, seq: int, blocks: dict, hw, micro: int = 4) -> f
         --vocab 4096, planner_slack --mb N). A kind whose one block (b·s·h, b·s·V/t, V·h/t in fp32)
         reaches GLIBC_MMAP_MAX is always mapped and leaves no hole, so it adds nothing: a 7 B
         llama's stages keep none.
-    Each rule gives the median of what its fit measured: the fullest of FIT_RANKS ranks of one stage.
+    Each rule is fitted on what its fit measured, the fullest of FIT_RANKS ranks of one stage (the
+    median over launches; llama's, a least-squares line over the probe's shapes).
     A layout whose stages are held by lay.dp·lay.tp ranks each is measured at its fullest rank, so the
     rule is moved to the median of the largest of that many draws (worst_of, hw.slack_sigma: the
     spread of the fits' launches, benchmarks.planner_fit --slack).

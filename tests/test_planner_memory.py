@@ -3,6 +3,7 @@ per layer family (probed once) and glibc's slack moved from its calibrations; th
 benchmarks.planner_mem splits a measured peak into. No rank runs here (the measurements are
 `python -m benchmarks.planner_mem` and `python -m benchmarks.planner_mem_probe`)."""
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -310,8 +311,8 @@ def test_repredict_reads_a_recorded_run_back(tmp_path, capsys):
 def test_runs_judge_memory_at_the_median_of_the_runs_and_list_each_runs_misses(tmp_path, capsys):
     """benchmarks.planner_local --runs: the same row in three runs, measured 0.85, 1.0 and 1.2 of the
     prediction: each run's errors, the memory error against the median measurement, and the misses of
-    each run (memory beyond 10 %, step beyond 25 %) named with the run, and how many sets of k runs
-    hold every row at their medians."""
+    each run (memory beyond 10 %, step beyond 25 %) named with the run, how many sets of k runs
+    hold every row at their medians, and the spread of ln(slack) between the ranks of one run."""
     from benchmarks.planner_local import main, predicted, runs
     from planner.hosts import fitted_on
     m, label, lay, batch, fn, _ = runs(True, 3)[0]
@@ -321,10 +322,13 @@ def test_runs_judge_memory_at_the_median_of_the_runs_and_list_each_runs_misses(t
     row = {"model": m.name, "layout": label, "load": 1.0, "wake": 0.5, "speed": 0.9, "step_pred": p.time["total"],
            "step_meas": p.time["total"], "mem_pred": mem, "cpu": fitted_on(H.CPU_HERE),
            "fit": {"rate": hw.peak_flops * hw.gemm_efficiency}}
+    count, slack = mem - p.memory["allocator"], p.memory["allocator"]
+    ranks = [count + slack * math.exp(0.1), count + slack * math.exp(-0.1)]     # ln(slack) 0.2 apart: σ √0.02
     paths = []
     for i, f in enumerate((0.85, 1.0, 1.2)):
         paths.append(tmp_path / f"run{i}.json")
-        paths[-1].write_text(json.dumps([{**row, "mem_meas": mem * f, "step_meas": p.time["total"] * (1.5 if i == 2 else 1.0)}]))
+        paths[-1].write_text(json.dumps([{**row, "mem_meas": mem * f, "step_meas": p.time["total"] * (1.5 if i == 2 else 1.0),
+                                          "mem_per_rank": ranks}]))
     assert main(["--runs", *map(str, paths)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "+17.6% +0.0% -16.7%" in out
@@ -335,6 +339,8 @@ def test_runs_judge_memory_at_the_median_of_the_runs_and_list_each_runs_misses(t
     assert "memory beyond 10 % of the runs' median: none" in out
     # alone, only the second run holds; the three together hold at their medians (step 0 %, memory 0 %)
     assert "sets of k runs whose medians hold every row (step ≤ 25 %, memory ≤ 10 %): 1: 1 of 3, 3: 1 of 1" in out
+    assert f"within a run (the fit's, from launch to launch: {hw.slack_sigma:.3f}): {m.name} {label} 0.141" in out
+    assert f"no single figure meets within 10 % in every run (least_worst): {m.name} {label} (" in out     # 0.85-1.2: ±17 %
     with pytest.raises(SystemExit) as e:
         main(["--runs", str(tmp_path / "absent.json")])
     assert e.value.code == 2
