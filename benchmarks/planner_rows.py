@@ -167,10 +167,12 @@ def rank_spread(got: dict) -> dict[str, float]:
     out = {}
     for key, rs in got.items():
         m, label, lay, batch, fn = _spec()[key]
+        if lay.tp > 1 or lay.dp < 2:
+            continue
         r = rs[0][0]
         mem = predicted(m, label, lay, batch, fn is on_two_nodes, r["load"], r["wake"], 1.0)[2].memory
         count = mem["total"] - mem["reserved"] - mem["allocator"]
-        if lay.tp > 1 or lay.dp < 2 or not mem["allocator"]:
+        if not mem["allocator"]:
             continue
         stage = range((lay.pp - 1) * lay.dp, lay.pp * lay.dp)      # the last stage's ranks (pipe-major ranks)
         logs = [[math.log(x[i] - count) for i in stage] for x in (r["mem_per_rank"] for r, *_ in rs if r.get("mem_per_rank"))
